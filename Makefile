@@ -1,0 +1,27 @@
+# herald: the two commands of a fresh machine are `make demo` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: install demo test bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# The main job.
+demo: $(STAMP)
+	$(VENV)/bin/herald demo
+
+# Every test, including integration tests against real PS processes and a real Kafka broker.
+test: $(STAMP)
+	$(PY) -m pytest -q --timeout=900 tests
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,5 @@
+import sys
+
+from herald.cli import main
+
+sys.exit(main())

@@ -1,0 +1,74 @@
+"""The ``herald`` command line.
+
+Each subpackage owns its subcommands in its own ``cli.py`` with a function
+``register(commands, bench, serve)`` that adds parsers to the three
+``argparse`` sub-command groups: top-level commands (``herald datagen``),
+``herald bench ...`` and ``herald serve ...``. A parser sets ``func`` to a
+callable taking the parsed namespace and returning an exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from herald.errors import HeraldError
+
+# Order decides the order in --help.
+_COMMAND_MODULES = (
+    "herald.loader.cli",
+    "herald.scheduler.cli",
+    "herald.ps.cli",
+    "herald.worker.cli",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argument parser (all subcommands registered)."""
+    parser = argparse.ArgumentParser(
+        prog="herald",
+        description=(
+            "herald: data loader and embedding scheduler for recommendation-model training. "
+            "Reads samples (Parquet, Criteo TSV, Avazu CSV, libFM, MovieLens, Kafka, synthetic), "
+            "allocates them to workers (Herald's LAIA), plans embedding synchronisation "
+            "(Herald's communication plan) and serves embeddings from a CPU parameter server."
+        ),
+    )
+    from herald import __version__
+
+    parser.add_argument("--version", action="version", version=f"herald {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    bench_parser = commands.add_parser("bench", help="benchmarks that compare against a baseline measured in the same run")
+    bench = bench_parser.add_subparsers(dest="bench_command", metavar="BENCHMARK")
+    serve_parser = commands.add_parser("serve", help="run one role (PS shard, dispatcher, worker) as a process")
+    serve = serve_parser.add_subparsers(dest="serve_command", metavar="ROLE")
+    bench_parser.set_defaults(func=lambda args: _missing(bench_parser))
+    serve_parser.set_defaults(func=lambda args: _missing(serve_parser))
+    for name in _COMMAND_MODULES:
+        importlib.import_module(name).register(commands, bench, serve)
+    parser.set_defaults(func=lambda args: _missing(parser))
+    return parser
+
+
+def _missing(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``herald`` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except HeraldError as exc:
+        print(f"herald: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("herald: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""The error hierarchy. Every message names the fix.
+
+``HeraldError`` is the root; ``retriable`` tells a caller whether repeating the
+same call may succeed (as in kafka-python's ``kafka.errors``).
+"""
+
+from __future__ import annotations
+
+
+class HeraldError(Exception):
+    """Root of every error herald raises on purpose."""
+
+    retriable = False
+
+
+class ConfigError(HeraldError, ValueError):
+    """A setting is unknown, out of range, or inconsistent with another setting."""
+
+
+class DataError(HeraldError, ValueError):
+    """Input data is malformed. Carries where (``source``, ``position``) and why (``reason``).
+
+    Args:
+        message: human-readable description, naming the fix.
+        source: file path, topic/partition or other source name.
+        position: line number (1-based), row index or offset within ``source``.
+        reason: a short machine-readable reason (e.g. ``"field_count"``).
+    """
+
+    def __init__(self, message: str, *, source: str | None = None,
+                 position: int | None = None, reason: str | None = None):
+        where = ""
+        if source is not None:
+            where = f" [{source}" + (f":{position}" if position is not None else "") + "]"
+        super().__init__(message + where)
+        self.source = source
+        self.position = position
+        self.reason = reason
+
+
+class PeerTimeout(HeraldError, TimeoutError):
+    """A network peer did not answer within its timeout. The message names the peer."""
+
+    retriable = True
+
+    def __init__(self, message: str, *, peer: str | None = None, op: str | None = None):
+        super().__init__(message)
+        self.peer = peer
+        self.op = op
+
+
+class ProtocolError(HeraldError):
+    """A message on the wire broke the protocol (bad header, sizes, unknown op or table)."""

@@ -1,0 +1,1 @@
+"""The embedding parameter server (one process per shard) and its client."""

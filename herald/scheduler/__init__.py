@@ -1,0 +1,1 @@
+"""Allocation (LAIA), cache snapshots, communication plan and accounting. Pure computation."""

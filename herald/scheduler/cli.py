@@ -1,0 +1,7 @@
+"""``herald`` subcommands of :mod:`herald.scheduler`; see :mod:`herald.cli`."""
+
+from __future__ import annotations
+
+
+def register(commands, bench, serve) -> None:
+    """Add this subpackage's parsers to the herald command groups."""

@@ -1,0 +1,1 @@
+"""Dispatcher, worker embedding cache, PyTorch-facing API and models."""

@@ -1,0 +1,20 @@
+"""Shared fixtures: where the real data lives."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+DATA = pathlib.Path(os.environ.get("HERALD_DATA", REPO.parent / "shared" / "data"))
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> pathlib.Path:
+    """``../shared/data`` relative to the repository root (override with HERALD_DATA)."""
+    if not DATA.is_dir():
+        pytest.fail(f"real data folder {DATA} is missing: the tests read ../shared/data beside the repository "
+                    "(set HERALD_DATA to its path)")
+    return DATA
