@@ -15,9 +15,9 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# The main job.
+# The main job: train DLRM on the embedded synthetic Criteo-shaped stream with 2 workers.
 demo: $(STAMP)
-	$(VENV)/bin/herald demo
+	$(VENV)/bin/herald train
 
 # Every test, including integration tests against real PS processes and a real Kafka broker.
 test: $(STAMP)

@@ -1,0 +1,110 @@
+"""The worker's embedding cache, driven by the scheduler's cache plan.
+
+A dense slot array ``rows float32 [capacity_rows, row_width]`` (embedding then
+optimizer state, the PS's row layout) and a (table, id) -> slot map. The cache
+makes no decisions: it evicts, inserts and updates exactly what the plan says
+(NOTE [step protocol] in herald/scheduler/plan.py), so its contents equal the
+scheduler's snapshot by construction; :meth:`EmbeddingCache.keys` lets a debug
+check compare them (HET §4.3 for the cache, Herald §4.2 for the snapshot).
+
+Rows stay in host memory so that the sparse optimizer runs the PS's numba kernels
+(bit-identical updates); the rows a micro-batch uses are gathered into a tensor on
+the training device each step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from herald.errors import ConfigError, ProtocolError
+from herald.scheduler.plan import KeySet
+from herald.worker.kernels import map_delete_jit, map_insert_jit, map_lookup_jit
+
+
+class EmbeddingCache:
+    """Fixed-capacity cache of embedding rows keyed by (table, id).
+
+    Args:
+        capacity_rows: slots (rows) in the cache, > 0; the scheduler's per-worker capacity.
+        row_width: floats per row (embedding dim + optimizer state dim).
+
+    Raises:
+        ConfigError: non-positive capacity or width.
+    """
+
+    def __init__(self, capacity_rows: int, row_width: int):
+        if capacity_rows <= 0 or row_width <= 0:
+            raise ConfigError(f"cache needs capacity_rows > 0 and row_width > 0, got {capacity_rows}, {row_width}")
+        self.capacity_rows = int(capacity_rows)
+        self.row_width = int(row_width)
+        self.rows = np.zeros((self.capacity_rows, self.row_width), np.float32)
+        size = 1 << max(4, int(2 * self.capacity_rows - 1).bit_length())
+        self._tab = np.full(size, -1, np.int32)
+        self._key = np.zeros(size, np.uint64)
+        self._val = np.zeros(size, np.int64)
+        self._free = list(range(self.capacity_rows - 1, -1, -1))  # stack of free slots
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    # ---------------------------------------------------------------- lookups
+    def slots(self, keys: KeySet, *, must_exist: bool = True) -> np.ndarray:
+        """int64 [n] slots of ``keys`` (-1 where absent unless ``must_exist``).
+
+        Raises:
+            ProtocolError: ``must_exist`` and a key is not cached: the cache and the
+                scheduler's snapshot disagree (a protocol bug, never expected).
+        """
+        out = np.empty(len(keys), np.int64)
+        map_lookup_jit(self._tab, self._key, self._val, keys.table, keys.ids, out)
+        if must_exist and len(keys) and out.min() < 0:
+            i = int(np.argmin(out))
+            raise ProtocolError(f"key (table {keys.table[i]}, id {keys.ids[i]}) is not in the worker cache although "
+                                "the plan uses it: cache and scheduler snapshot disagree")
+        return out
+
+    def table_slots(self, table: int, ids: np.ndarray) -> np.ndarray:
+        """Slots of ``ids`` (uint64 [n]) of one table; every id must be cached."""
+        return self.slots(KeySet(np.full(ids.shape[0], table, np.int32), ids))
+
+    def keys(self) -> set[tuple[int, int]]:
+        """Every cached (table, id), for debug checks against the snapshot."""
+        used = self._tab != -1
+        return set(zip(self._tab[used].tolist(), self._key[used].tolist()))
+
+    # -------------------------------------------------------------- mutations
+    def evict(self, keys: KeySet, write_back: np.ndarray) -> np.ndarray:
+        """Drop ``keys``; returns a copy of the rows flagged in ``write_back`` (bool [n]).
+
+        Raises:
+            ProtocolError: a key to evict is not cached.
+        """
+        slots = self.slots(keys)
+        out = self.rows[slots[write_back]].copy()
+        gone = np.empty(len(keys), np.int64)
+        map_delete_jit(self._tab, self._key, self._val, keys.table, keys.ids, gone)
+        self._free.extend(slots.tolist())
+        self._size -= len(keys)
+        return out
+
+    def put(self, keys: KeySet, rows: np.ndarray) -> None:
+        """Store ``rows`` (float32 [n, row_width]) for ``keys``: overwrite cached ones
+        in place, insert the rest into free slots.
+
+        Raises:
+            ProtocolError: more new keys than free slots (the plan broke capacity).
+        """
+        if rows.shape != (len(keys), self.row_width):
+            raise ProtocolError(f"put: rows {rows.shape} do not match {len(keys)} keys x width {self.row_width}")
+        slots = self.slots(keys, must_exist=False)
+        new = np.flatnonzero(slots < 0)
+        if new.shape[0] > len(self._free):
+            raise ProtocolError(f"plan inserts {new.shape[0]} rows into a cache with {len(self._free)} free slots "
+                                f"(capacity {self.capacity_rows}): cache and scheduler snapshot disagree")
+        if new.shape[0]:
+            fresh = np.array([self._free.pop() for _ in range(new.shape[0])], np.int64)
+            slots[new] = fresh
+            map_insert_jit(self._tab, self._key, self._val, keys.table[new], keys.ids[new], fresh)
+            self._size += new.shape[0]
+        self.rows[slots] = rows

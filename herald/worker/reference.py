@@ -1,0 +1,67 @@
+"""Single-process reference training: the model BSP training must equal (Herald §3.3).
+
+One process, every embedding row in a dict, the whole global batch at once: the
+gradient of the mean loss over the global batch, the sparse optimizer applied once
+per row per step with the PS's kernel, the dense optimizer stepped once. The
+exactness test compares herald's distributed result against this.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from herald.loader.batch import SampleBatch
+from herald.ps import TableConfig, apply_gradients, init_rows
+from herald.worker.trainer import build_dense_optimizer, model_from_job
+
+
+def train_reference(job: dict[str, Any], batches: Iterable[SampleBatch]):
+    """Train on ``batches`` (global batches) as one process.
+
+    Args:
+        job: the same job dict the dispatcher sends (tables, model, seed, dense_optimizer, dense_dim).
+        batches: global batches, in order.
+
+    Returns:
+        ``(model, rows)`` where ``rows[(table, id)]`` is the final float32 row
+        (embedding + optimizer state) of every key touched.
+    """
+    tables = [TableConfig.from_dict(t) for t in job["tables"]]
+    seed = int(job["seed"])
+    model = model_from_job(job)
+    opt = build_dense_optimizer(model.parameters(), job["dense_optimizer"])
+    rows: dict[tuple[int, int], np.ndarray] = {}
+    dim = tables[0].dim
+    for batch in batches:
+        uniq, inv = [], []
+        for t, v in enumerate(batch.values):
+            u, i = np.unique(v, return_inverse=True)
+            uniq.append(u), inv.append(i)
+            new = [k for k in u.tolist() if (t, k) not in rows]
+            if new:
+                fresh = init_rows(tables[t], t, np.array(new, np.uint64), seed)
+                rows.update({(t, k): r for k, r in zip(new, fresh)})
+        pooled, leaves = [], []
+        for t in range(batch.num_tables):
+            w = torch.from_numpy(np.stack([rows[(t, k)][:dim] for k in uniq[t].tolist()])
+                                 if uniq[t].size else np.zeros((0, dim), np.float32)).requires_grad_(True)
+            leaves.append(w)
+            pooled.append(F.embedding_bag(torch.from_numpy(inv[t].astype(np.int64)), w,
+                                          torch.from_numpy(batch.offsets[t][:-1]), mode="sum"))
+        emb = torch.stack(pooled, dim=1)
+        logits = model(torch.from_numpy(batch.dense), emb)
+        loss = F.binary_cross_entropy_with_logits(logits, torch.from_numpy(batch.labels))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+        for t, w in enumerate(leaves):
+            if w.grad is None or not uniq[t].size:
+                continue
+            cur = np.stack([rows[(t, k)] for k in uniq[t].tolist()])
+            apply_gradients(cur, np.ascontiguousarray(w.grad.numpy(), dtype=np.float32), tables[t])
+            rows.update({(t, k): r for k, r in zip(uniq[t].tolist(), cur)})
+    return model, rows

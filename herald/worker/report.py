@@ -1,0 +1,174 @@
+"""Progress output, held-out evaluation and the end-of-job report of ``herald train``."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import time
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from herald.errors import HeraldError
+from herald.ps import PSClient, TableConfig
+from herald.scheduler.plan import CAUSES
+from herald.worker.dispatcher import StepRecord
+from herald.worker.metrics import log_loss, roc_auc
+from herald.worker.trainer import model_from_job
+
+_PULLS = ("miss_pull", "update_pull")
+_PUSHES = ("grad_push", "plan_push", "evict_push")
+
+
+class Progress:
+    """A tqdm bar over steps showing samples/s, loss, hit rate and transmissions/step."""
+
+    def __init__(self, cfg: Any, *, enabled: bool = True):
+        self.cfg, self.enabled = cfg, enabled
+        self._bar = None
+        self._t0 = time.perf_counter()
+        self._samples = 0
+        if enabled:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=cfg.steps, unit="step", desc=f"train [{cfg.schedule}]", dynamic_ncols=True)
+
+    def update(self, rec: StepRecord) -> None:
+        self._samples += self.cfg.global_batch
+        if self._bar is None:
+            return
+        c = rec.counts.sum(axis=0)
+        used = c[CAUSES.index("hit")] + c[CAUSES.index("miss_pull")] + c[CAUSES.index("update_pull")]
+        hit = c[CAUSES.index("hit")] / used if used else float("nan")
+        moved = int(sum(c[CAUSES.index(k)] for k in _PULLS + _PUSHES))
+        rate = self._samples / max(1e-9, time.perf_counter() - self._t0)
+        self._bar.set_postfix_str(f"{rate:,.0f} samples/s loss {rec.loss:.4f} hit {hit:.2f} tx/step {moved}",
+                                  refresh=False)
+        self._bar.update(1)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+def evaluate(job: dict[str, Any], source, run_dir: pathlib.Path, ps_addresses, batch_rows: int = 4096) -> dict:
+    """Log loss and AUC of the trained model on ``source`` (the held-out split).
+
+    Reads rank 0's dense parameters from ``run_dir`` and the embeddings from the PS
+    (after the final flush the PS holds every latest row). Also checks that every
+    rank ended with identical dense parameters.
+
+    Raises:
+        HeraldError: a rank's dense parameters are missing.
+    """
+    ranks = sorted(pathlib.Path(run_dir).glob("dense-rank*.pt"))
+    if not ranks:
+        raise HeraldError(f"no dense-rank*.pt in {run_dir}: the workers did not save their parameters")
+    states = [torch.load(p, weights_only=True) for p in ranks]
+    replicas_equal = all(all(torch.equal(s[k], states[0][k]) for k in states[0]) for s in states[1:])
+    model = model_from_job(job)
+    model.load_state_dict(states[0])
+    model.eval()
+    tables = [TableConfig.from_dict(t) for t in job["tables"]]
+    dim = tables[0].dim
+    labels, probs = [], []
+    with PSClient(list(ps_addresses), tables=tables, timeout_ms=int(job.get("ps_timeout_ms", 30_000))) as client, \
+            torch.no_grad():
+        while (batch := source.read(batch_rows)) is not None:
+            uniq = [np.unique(v, return_inverse=True) for v in batch.values]
+            got = client.pull_async({t: u for t, (u, _) in enumerate(uniq) if u.size}).wait()
+            pooled = []
+            for t, (u, inv) in enumerate(uniq):
+                w = torch.from_numpy(np.ascontiguousarray(got[t][:, :dim]) if u.size else np.zeros((0, dim), np.float32))
+                pooled.append(F.embedding_bag(torch.from_numpy(inv.astype(np.int64)), w,
+                                              torch.from_numpy(batch.offsets[t][:-1]), mode="sum"))
+            logits = model(torch.from_numpy(batch.dense), torch.stack(pooled, dim=1))
+            probs.append(torch.sigmoid(logits).numpy())
+            labels.append(batch.labels)
+    source.close()
+    if not labels:
+        return {"eval_rows": 0}
+    y, p = np.concatenate(labels), np.concatenate(probs)
+    return {"eval_rows": int(y.shape[0]), "auc": roc_auc(y, p), "logloss": log_loss(y, p),
+            "dense_replicas_equal": bool(replicas_equal)}
+
+
+def build(cfg: Any, records: list[StepRecord], train_s: float, metrics: dict, *, batches_info: dict,
+          split_info: dict, scheduler: Any) -> dict[str, Any]:
+    """The report dict: throughput, metrics, transmissions by cause and in bytes."""
+    counts = np.sum([r.counts.sum(axis=0) for r in records], axis=0) if records else np.zeros(len(CAUSES), np.int64)
+    by_cause = {c: int(v) for c, v in zip(CAUSES, counts)}
+    row_bytes = cfg.embedding_dim * 4
+    pulls = sum(by_cause[c] for c in _PULLS)
+    pushes = sum(by_cause[c] for c in _PUSHES)
+    steps = len(records)
+    samples = steps * cfg.global_batch
+    return {
+        "config": {k: v for k, v in vars(cfg).items() if k != "source_options"},
+        "capacity_rows_per_worker": int(scheduler.capacity_rows),
+        "split": split_info,
+        "data": batches_info,
+        "steps": steps,
+        "samples": samples,
+        "train_seconds": train_s,
+        "samples_per_second": samples / train_s if train_s > 0 else float("nan"),
+        "final_loss": float(np.mean([r.loss for r in records[-10:]])) if records else float("nan"),
+        "metrics": metrics,
+        "transmissions": {**by_cause, "pulls": pulls, "pushes": pushes, "total": pulls + pushes,
+                          "embedding_bytes": (pulls + pushes) * row_bytes},
+        "wire_bytes": {"pulled": int(sum(r.bytes_pulled for r in records)),
+                       "pushed": int(sum(r.bytes_pushed for r in records))},
+        "scheduling_ms": {"median": float(np.median([r.schedule_ms for r in records])) if records else 0.0,
+                          "p99": float(np.percentile([r.schedule_ms for r in records], 99)) if records else 0.0},
+    }
+
+
+def format_text(rep: dict[str, Any]) -> str:
+    m, tx = rep["metrics"], rep["transmissions"]
+    lines = [
+        f"schedule {rep['config']['schedule']}  workers {rep['config']['workers']}  batch {rep['config']['batch_size']}"
+        f"  cache {rep['capacity_rows_per_worker']} rows/worker",
+        f"steps {rep['steps']}  samples {rep['samples']:,}  time {rep['train_seconds']:.1f} s  "
+        f"throughput {rep['samples_per_second']:,.0f} samples/s  (not trained, partial last batch: "
+        f"{rep['data']['dropped_samples']})",
+        f"final train loss {rep['final_loss']:.4f}",
+    ]
+    if m.get("eval_rows"):
+        lines.append(f"held-out ({m['eval_rows']:,} rows): AUC {m['auc']:.4f}  logloss {m['logloss']:.4f}  "
+                     f"dense replicas equal: {m['dense_replicas_equal']}")
+    lines.append("transmissions: " + "  ".join(f"{c} {tx[c]:,}" for c in CAUSES))
+    lines.append(f"  pulls {tx['pulls']:,}  pushes {tx['pushes']:,}  total {tx['total']:,}  "
+                 f"({tx['embedding_bytes'] / 2**20:.1f} MiB of embeddings); on the wire: pulled "
+                 f"{rep['wire_bytes']['pulled'] / 2**20:.1f} MiB, pushed {rep['wire_bytes']['pushed'] / 2**20:.1f} MiB")
+    return "\n".join(lines)
+
+
+def write(rep: dict[str, Any], records: list[StepRecord], run_dir: pathlib.Path) -> None:
+    """Write ``report.json``, ``report.txt`` and ``report.png`` (loss and transmissions per step)."""
+    run_dir = pathlib.Path(run_dir)
+    (run_dir / "report.json").write_text(json.dumps(rep, indent=2, default=float))
+    text = format_text(rep)
+    (run_dir / "report.txt").write_text(text + "\n")
+    print(text)
+    if not records:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [r.step for r in records]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    ax1.plot(steps, [r.loss for r in records], lw=0.8)
+    ax1.set(xlabel="step", ylabel="train loss (mean over workers)", title="loss")
+    per_cause = np.array([r.counts.sum(axis=0) for r in records])
+    for c in ("miss_pull", "update_pull", "grad_push", "plan_push", "evict_push"):
+        ax2.plot(steps, per_cause[:, CAUSES.index(c)], lw=0.8, label=c)
+    ax2.set(xlabel="step", ylabel="embeddings moved", title=f"transmissions per step [{rep['config']['schedule']}]")
+    ax2.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(run_dir / "report.png", dpi=110)
+    plt.close(fig)
+    print(f"report: {run_dir / 'report.txt'}, {run_dir / 'report.json'}, {run_dir / 'report.png'}")

@@ -1,0 +1,153 @@
+"""Train / evaluation splits and the global-batch stream that ``herald train`` feeds
+to the dispatcher.
+
+The held-out split is the *last* ``eval_fraction`` of the source's rows: for the
+time-ordered sources (MovieLens by timestamp, Criteo and Avazu by log order) the
+model is evaluated on later interactions than it was trained on.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import numpy as np
+
+from herald.errors import ConfigError
+from herald.loader import GlobalBatcher, open_source
+from herald.loader.batch import SampleBatch
+from herald.loader.source import Source, state_int
+
+
+class RowRange(Source):
+    """Rows ``[start, stop)`` of another source (``stop=None``: to the end).
+
+    Rows before ``start`` are read and discarded once, when reading begins.
+    """
+
+    format_name = "row_range"
+
+    def __init__(self, inner: Source, start: int = 0, stop: int | None = None):
+        super().__init__()
+        if start < 0 or (stop is not None and stop < start):
+            raise ConfigError(f"row range [{start}, {stop}) is empty or negative")
+        self.inner, self.start, self.stop = inner, start, stop
+        self._pos = 0  # rows of ``inner`` consumed
+
+    @property
+    def schema(self):
+        return self.inner.schema
+
+    @property
+    def num_rows(self) -> int | None:
+        n = self.inner.num_rows
+        end = n if self.stop is None else (self.stop if n is None else min(n, self.stop))
+        return None if end is None else max(0, end - self.start)
+
+    @property
+    def stats(self) -> dict:
+        return {**self.inner.stats, "rows": self._rows}
+
+    def _read(self, max_rows: int) -> SampleBatch | None:
+        while self._pos < self.start:
+            skipped = self.inner.read(min(65536, self.start - self._pos))
+            if skipped is None:
+                return None
+            self._pos += len(skipped)
+        if self.stop is not None:
+            max_rows = min(max_rows, self.stop - self._pos)
+            if max_rows <= 0:
+                return None
+        batch = self.inner.read(max_rows)
+        if batch is not None:
+            self._pos += len(batch)
+        return batch
+
+    def _get_state(self) -> dict:
+        return {"pos": self._pos, "inner": self.inner.state_dict()}
+
+    def _set_state(self, state: dict) -> None:
+        self._pos = state_int(state, "pos")
+        self.inner.load_state_dict(state.get("inner"))
+
+    def close(self) -> None:
+        self.inner.close()
+        super().close()
+
+
+def _total_rows(spec: str, options: dict[str, Any]) -> int:
+    with open_source(spec, **options) as src:
+        if src.num_rows is not None:
+            return int(src.num_rows)
+        return sum(len(b) for b in src)
+
+
+def open_train_eval(spec: str, eval_fraction: float, options: dict[str, Any]):
+    """``(train source, eval source or None, info)`` for ``spec``.
+
+    ``info`` has ``total_rows``, ``train_rows`` and ``eval_rows``.
+
+    Raises:
+        ConfigError: the source has too few rows for the split.
+    """
+    total = _total_rows(spec, options)
+    n_eval = int(round(total * eval_fraction))
+    n_train = total - n_eval
+    if n_train <= 0:
+        raise ConfigError(f"{spec}: {total} rows leave nothing to train on with --eval-fraction {eval_fraction}")
+    train = RowRange(open_source(spec, **options), 0, n_train)
+    ev = RowRange(open_source(spec, **options), n_train) if n_eval else None
+    return train, ev, {"total_rows": total, "train_rows": n_train, "eval_rows": n_eval}
+
+
+def count_distinct_keys(spec: str, options: dict[str, Any], rows: int, *, progress: bool = False) -> int:
+    """Number of distinct (table, id) keys in the first ``rows`` rows (the pre-pass that
+    sizes a cache given as a fraction of the distinct keys)."""
+    seen: list[list[np.ndarray]] = []
+    with RowRange(open_source(spec, **options), 0, rows) as src:
+        for batch in src:
+            if not seen:
+                seen = [[] for _ in range(batch.num_tables)]
+            for t, v in enumerate(batch.values):
+                seen[t].append(np.unique(v))
+            if sum(len(parts) for parts in seen) > 256:
+                seen = [[np.unique(np.concatenate(parts))] for parts in seen]
+    return int(sum(np.unique(np.concatenate(parts)).shape[0] for parts in seen if parts))
+
+
+class GlobalBatches:
+    """Global batches of exactly ``global_batch`` samples over ``epochs`` epochs of
+    the first ``train_rows`` rows, stopping after ``max_steps`` batches if given.
+
+    The final partial global batch of each epoch cannot be split evenly between the
+    workers and is not trained (drop_last); :attr:`info` reports how many samples
+    that left out, so nothing is dropped silently.
+    """
+
+    def __init__(self, spec: str, options: dict[str, Any], train_rows: int, global_batch: int, epochs: int,
+                 max_steps: int | None):
+        self.spec, self.options = spec, options
+        self.train_rows, self.global_batch, self.epochs, self.max_steps = train_rows, global_batch, epochs, max_steps
+        if train_rows < global_batch:
+            raise ConfigError(f"{train_rows} training rows are fewer than one global batch "
+                              f"({global_batch} = workers x batch size); lower --batch-size or --workers")
+        self.info = {"batches": 0, "samples": 0, "dropped_samples": 0}
+
+    def __iter__(self) -> Iterator[SampleBatch]:
+        for _ in range(self.epochs):
+            src = RowRange(open_source(self.spec, **self.options), 0, self.train_rows)
+            with GlobalBatcher(src, self.global_batch, drop_last=False) as batcher:
+                for batch in batcher:
+                    if len(batch) < self.global_batch:
+                        self.info["dropped_samples"] += len(batch)
+                        continue
+                    if self.max_steps is not None and self.info["batches"] >= self.max_steps:
+                        return
+                    self.info["batches"] += 1
+                    self.info["samples"] += len(batch)
+                    yield batch
+
+
+def global_batches(spec: str, options: dict[str, Any], train_rows: int, global_batch: int, epochs: int,
+                   max_steps: int | None) -> GlobalBatches:
+    """See :class:`GlobalBatches`."""
+    return GlobalBatches(spec, options, train_rows, global_batch, epochs, max_steps)

@@ -1,0 +1,59 @@
+"""The training loop a worker process runs (``herald serve worker``), built only on
+the public API of :mod:`herald.worker.api`."""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from herald.errors import ConfigError
+from herald.worker.api import ScheduledLoader
+from herald.worker.models import build_model
+
+DENSE_OPTIMIZERS = {"sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad, "adam": torch.optim.Adam}
+
+
+def build_dense_optimizer(params, spec: dict[str, Any]) -> torch.optim.Optimizer:
+    """Dense optimizer from ``{"name": "sgd"|"adagrad"|"adam", "lr": float}``.
+
+    Raises:
+        ConfigError: unknown optimizer name.
+    """
+    name = spec.get("name", "sgd")
+    if name not in DENSE_OPTIMIZERS:
+        raise ConfigError(f"unknown dense optimizer {name!r}; choose one of {sorted(DENSE_OPTIMIZERS)}")
+    return DENSE_OPTIMIZERS[name](params, lr=float(spec.get("lr", 0.01)))
+
+
+def model_from_job(job: dict[str, Any]) -> torch.nn.Module:
+    """The dense model described by a job (same parameters on every rank: seeded)."""
+    return build_model(job["model"], int(job["dense_dim"]), len(job["tables"]), int(job["tables"][0]["dim"]),
+                       seed=int(job["seed"]))
+
+
+def run_worker(dispatcher: str, rank: int, world_size: int, *, device: str | None = None,
+               timeout_ms: int = 120_000) -> int:
+    """Train until the dispatcher says end; rank files ``dense-rank<r>.pt`` in the job's run_dir.
+
+    Returns:
+        Number of steps trained.
+    """
+    with ScheduledLoader.connect(dispatcher, rank=rank, world_size=world_size, device=device,
+                                 timeout_ms=timeout_ms) as loader:
+        job = loader.job
+        model = model_from_job(job).to(loader.device)
+        embedding = loader.embedding()
+        loader.attach(model, build_dense_optimizer(model.parameters(), job["dense_optimizer"]))
+        for batch in loader:
+            logits = model(batch.dense, embedding(batch))
+            loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
+            loss.backward()
+            loader.step(loss)
+        if job.get("run_dir"):
+            out = pathlib.Path(job["run_dir"]) / f"dense-rank{rank}.pt"
+            torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, out.with_suffix(".tmp"))
+            out.with_suffix(".tmp").replace(out)
+        return loader.steps
