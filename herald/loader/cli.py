@@ -1,7 +1,78 @@
-"""``herald`` subcommands of :mod:`herald.loader`; see :mod:`herald.cli`."""
+"""``herald`` subcommands of :mod:`herald.loader`; see :mod:`herald.cli`.
+
+- ``herald datagen --out DIR_OR_FILE.parquet --rows N --seed S [--fit FILE | --preset NAME]``
+- ``herald convert SRC DST.parquet [--format F] [--bad-records skip] [--quarantine FILE]``
+- ``herald bench loader [--rows N] [--repeats R] [--quick]``
+"""
 
 from __future__ import annotations
 
 
+def _datagen(args) -> int:
+    from herald.loader.convert import datagen
+
+    out = datagen(args.out, rows=args.rows, seed=args.seed, fit=args.fit, preset=args.preset,
+                  fit_rows=args.fit_rows, row_group_rows=args.row_group_rows, progress=not args.quiet)
+    print(f"wrote {out['rows']:,} rows to {out['path']}")
+    return 0
+
+
+def _convert(args) -> int:
+    from herald.loader.convert import convert
+
+    options = {"bad_records": args.bad_records}
+    if args.quarantine:
+        options["quarantine_path"] = args.quarantine
+    out = convert(args.src, args.dst, format=args.format, row_group_rows=args.row_group_rows,
+                  progress=not args.quiet, **options)
+    skipped = out["source"].get("skipped", {})
+    print(f"wrote {out['rows']:,} rows to {out['path']}; skipped: {skipped or 'none'}")
+    return 0
+
+
+def _bench(args) -> int:
+    from herald.loader.benchmark import main as bench_main
+
+    return bench_main(args)
+
+
+def add_bench_arguments(parser) -> None:
+    """Arguments of ``herald bench loader`` (also used by ``bench/bench_loader.py``)."""
+    parser.add_argument("--rows", type=int, default=1_048_576, help="synthetic Criteo-shaped rows (default 1M)")
+    parser.add_argument("--batch-size", type=int, default=4096)
+    parser.add_argument("--repeats", type=int, default=3, help="repeats per measurement; medians are reported")
+    parser.add_argument("--torch-rows", type=int, default=65536,
+                        help="rows read through the torch DataLoader baseline (it is slow)")
+    parser.add_argument("--criteo", default=None,
+                        help="Criteo TSV to time (default: ../shared/data/criteo/criteo_kaggle_sample_train.tsv)")
+    parser.add_argument("--workdir", default=None, help="where to write the Parquet file (default: a temp dir)")
+    parser.add_argument("--quick", action="store_true", help="small sizes, one repeat (smoke test)")
+
+
 def register(commands, bench, serve) -> None:
     """Add this subpackage's parsers to the herald command groups."""
+    p = commands.add_parser("datagen", help="write synthetic samples calibrated on real data to Parquet")
+    p.add_argument("--out", required=True, help="output .parquet file or directory")
+    p.add_argument("--rows", type=int, required=True)
+    p.add_argument("--seed", type=int, default=0)
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--fit", help="real data file to fit cardinalities, skew, dense stats and CTR to")
+    g.add_argument("--preset", help="built-in spec: criteo-kaggle (default)")
+    p.add_argument("--fit-rows", type=int, default=1_000_000, help="rows of --fit to read")
+    p.add_argument("--row-group-rows", type=int, default=131072)
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_datagen)
+
+    p = commands.add_parser("convert", help="convert Criteo/Avazu/libFM/MovieLens/Parquet/synthetic to Parquet")
+    p.add_argument("src", help="input path or synthetic:// URL")
+    p.add_argument("dst", help="output .parquet file")
+    p.add_argument("--format", default=None, help="input format (default: inferred from the name)")
+    p.add_argument("--bad-records", choices=("strict", "skip"), default="strict")
+    p.add_argument("--quarantine", default=None, help="file for raw bad records (with --bad-records skip)")
+    p.add_argument("--row-group-rows", type=int, default=131072)
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_convert)
+
+    p = bench.add_parser("loader", help="samples/s: Parquet and Criteo TSV vs a torch DataLoader")
+    add_bench_arguments(p)
+    p.set_defaults(func=_bench)

@@ -1,0 +1,22 @@
+"""Loader benchmark (same as ``herald bench loader``): samples/s of 4,096-sample
+Criteo-shaped batches from Parquet, Criteo TSV and a plain torch DataLoader.
+
+Run: ``python bench/bench_loader.py [--rows N] [--repeats R] [--quick]``.
+See :mod:`herald.loader.benchmark` for what is measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # run from a checkout
+
+from herald.loader.benchmark import main
+from herald.loader.cli import add_bench_arguments
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    add_bench_arguments(parser)
+    sys.exit(main(parser.parse_args()))

@@ -1,0 +1,262 @@
+"""GlobalBatcher: fixed-size global batches from a Source, prefetched by a thread.
+
+NOTE [batcher protocol]:
+
+- A background thread produces batches into a queue of ``prefetch_batches`` slots
+  (bounded in-flight work: at most ``prefetch_batches + 1`` batches exist beyond
+  the consumer's). Each queued batch carries the batcher state *after* it, and the
+  consumer's ``state_dict()`` is the state of the last batch it received, so a
+  saved state never includes batches that were prefetched but not consumed.
+- An exception in the thread is queued and re-raised by the consumer's next
+  ``__next__``; the thread never dies silently. Every queue wait has a timeout
+  and checks that the thread is alive.
+- ``close(timeout_s)`` sets a stop flag, drains the queue and joins the thread for
+  at most ``timeout_s``; a thread blocked in ``source.read`` is a daemon and is
+  left behind (reported by the return value). The batcher does not close the source.
+- Epochs: at the end of the source the batcher reloads the source state it saw at
+  construction (normally the start) and reads it again. Each epoch ends with a
+  short batch of the remaining rows, unless ``drop_last`` drops it.
+- Shuffle: NOTE [shuffle buffer] in :mod:`herald.loader.shuffle`, a buffer of
+  ``max(shuffle_buffer, batch_size)`` rows; each step emits ``batch_size`` rows drawn
+  uniformly (without replacement) from the buffer with
+  ``np.random.default_rng([seed, epoch])`` and refills their slots with the next
+  source rows; at the end of the source the buffer is permuted and emitted (a short
+  final batch unless ``drop_last``). Resume with shuffle restores the
+  position by replay (torchdata's snapshot + skip-ahead): the epoch is re-read from
+  its start and the first ``batches`` batches are regenerated and dropped; without
+  shuffle the source position is restored directly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+
+import numpy as np
+
+from herald.config import require
+from herald.errors import ConfigError, DataError
+from herald.loader.batch import SampleBatch
+from herald.loader.shuffle import ShuffleBuffer
+from herald.loader.source import Source
+
+
+@dataclasses.dataclass(frozen=True)
+class BatcherSettings:
+    """Args: batch_size: samples per global batch (>= 1); drop_last: drop each epoch's
+    short final batch; shuffle_buffer: rows in the shuffle buffer (0 = no shuffle);
+    seed: shuffle seed; epochs: passes over the source (>= 1); prefetch_batches:
+    queue slots (>= 1); poll_ms: queue wait granularity for liveness checks."""
+
+    batch_size: int
+    drop_last: bool = False
+    shuffle_buffer: int = 0
+    seed: int = 0
+    epochs: int = 1
+    prefetch_batches: int = 2
+    poll_ms: int = 50
+
+    def __post_init__(self) -> None:
+        require(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
+        require(self.shuffle_buffer >= 0, f"shuffle_buffer must be >= 0, got {self.shuffle_buffer}")
+        require(self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}")
+        require(self.prefetch_batches >= 1, f"prefetch_batches must be >= 1, got {self.prefetch_batches}")
+        require(self.poll_ms >= 1, f"poll_ms must be >= 1, got {self.poll_ms}")
+
+
+def _read_exact(source: Source, n: int) -> list[SampleBatch]:
+    """Read up to ``n`` rows (fewer only at the end of the source)."""
+    parts, have = [], 0
+    while have < n:
+        b = source.read(n - have)
+        if b is None:
+            break
+        parts.append(b)
+        have += len(b)
+    return parts
+
+
+class GlobalBatcher:
+    """Iterable of SampleBatch with exactly ``batch_size`` samples (see NOTE [batcher protocol]).
+
+    Args: source: any Source; the others as :class:`BatcherSettings`.
+
+    Raises:
+        ConfigError: invalid settings; DataError: from the source, re-raised by ``__next__``.
+    """
+
+    def __init__(self, source: Source, batch_size: int, *, drop_last: bool = False,
+                 shuffle_buffer: int = 0, seed: int = 0, epochs: int = 1, prefetch_batches: int = 2):
+        self.settings = BatcherSettings(batch_size, drop_last, shuffle_buffer, seed, epochs, prefetch_batches)
+        self.source = source
+        self._start_state = source.state_dict()
+        self._state = {"epoch": 0, "batches": 0, "source": self._start_state}
+        self._thread: threading.Thread | None = None
+        self._queue: queue.Queue | None = None
+        self._stop = threading.Event()
+        self._done = False
+        self._batches = self._rows = 0
+
+    # --------------------------------------------------------------- consumer
+    def __iter__(self) -> "GlobalBatcher":
+        return self
+
+    def __next__(self) -> SampleBatch:
+        if self._done:
+            raise StopIteration
+        if self._thread is None:
+            self._start()
+        timeout = self.settings.poll_ms / 1000
+        while True:
+            try:
+                kind, payload, state = self._queue.get(timeout=timeout)
+                break
+            except queue.Empty:
+                if not self._thread.is_alive() and self._queue.empty():
+                    self._done = True
+                    raise DataError("the prefetch thread ended without a result; this is a bug") from None
+        if kind == "batch":
+            self._state = state
+            self._batches += 1
+            self._rows += len(payload)
+            return payload
+        self._done = True
+        self._join(0.0)
+        if kind == "error":
+            raise payload
+        raise StopIteration
+
+    @property
+    def stats(self) -> dict:
+        """Batches and rows delivered, the current epoch, and the source's stats."""
+        return {"batches": self._batches, "rows": self._rows, "epoch": self._state["epoch"],
+                "source": self.source.stats}
+
+    def state_dict(self) -> dict:
+        """Position after the last batch returned by ``__next__``."""
+        s = self.settings
+        return {"format": "global_batcher", "batch_size": s.batch_size, "shuffle_buffer": s.shuffle_buffer,
+                "seed": s.seed, "drop_last": s.drop_last, **self._state}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume at ``state``; stops a running prefetch thread first.
+
+        Raises:
+            DataError: malformed state; ConfigError: saved with other settings.
+        """
+        if not isinstance(state, dict) or state.get("format") != "global_batcher":
+            raise DataError("not a GlobalBatcher state; pass GlobalBatcher.state_dict()")
+        for key in ("epoch", "batches"):
+            if not isinstance(state.get(key), int) or state[key] < 0:
+                raise DataError(f"malformed batcher state: {key!r} must be an int >= 0")
+        s = self.settings
+        for key in ("batch_size", "shuffle_buffer", "seed", "drop_last"):
+            if state.get(key) != getattr(s, key):
+                raise ConfigError(f"state saved with {key}={state.get(key)!r}, this batcher has "
+                                  f"{getattr(s, key)!r}; construct it with the same settings")
+        if not isinstance(state.get("source"), dict):
+            raise DataError("malformed batcher state: 'source' must be a source state dict")
+        self.close()
+        self._stop = threading.Event()
+        self._thread, self._done = None, state["epoch"] >= s.epochs
+        self._state = {"epoch": state["epoch"], "batches": state["batches"], "source": state["source"]}
+
+    def close(self, timeout_s: float = 5.0) -> bool:
+        """Stop the prefetch thread within ``timeout_s`` seconds; idempotent.
+
+        Returns:
+            True when the thread has ended (or never ran), False when it is still
+            blocked in ``source.read`` (a daemon thread, abandoned).
+        """
+        self._stop.set()
+        self._done = True
+        return self._join(timeout_s)
+
+    def _join(self, timeout_s: float) -> bool:
+        if self._thread is None:
+            return True
+        if self._queue is not None:
+            try:
+                while True:
+                    self._queue.get_nowait()
+            except queue.Empty:
+                pass
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    def __enter__(self) -> "GlobalBatcher":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # --------------------------------------------------------------- producer
+    def _start(self) -> None:
+        self._queue = queue.Queue(maxsize=self.settings.prefetch_batches)
+        self._thread = threading.Thread(target=self._run, args=(dict(self._state), self._stop, self._queue),
+                                        name="herald-prefetch", daemon=True)
+        self._thread.start()
+
+    def _run(self, state: dict, stop: threading.Event, q: queue.Queue) -> None:
+        def put(item) -> bool:
+            while not stop.is_set():
+                try:
+                    q.put(item, timeout=self.settings.poll_ms / 1000)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        try:
+            shuffle = self.settings.shuffle_buffer > 0
+            skip = state["batches"] if shuffle else 0
+            self.source.load_state_dict(self._start_state if shuffle else state["source"])
+            for epoch in range(state["epoch"], self.settings.epochs):
+                n = 0 if shuffle else state["batches"]
+                for batch in (self._shuffled(epoch) if shuffle else self._sequential()):
+                    n += 1
+                    if skip:
+                        skip -= 1
+                        continue
+                    after = {"epoch": epoch, "batches": n, "source": self.source.state_dict()}
+                    if not put(("batch", batch, after)):
+                        return
+                    if stop.is_set():
+                        return
+                state = {"batches": 0}
+                if epoch + 1 < self.settings.epochs:
+                    self.source.load_state_dict(self._start_state)
+            put(("end", None, None))
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+            put(("error", exc, None))
+
+    def _sequential(self):
+        b, drop = self.settings.batch_size, self.settings.drop_last
+        while True:
+            parts = _read_exact(self.source, b)
+            have = sum(len(p) for p in parts)
+            if have == b or (have and not drop):
+                yield SampleBatch.concat(parts)
+            if have < b:
+                return
+
+    def _shuffled(self, epoch: int):
+        s = self.settings
+        buf = ShuffleBuffer(np.random.default_rng([s.seed, epoch]), s.batch_size)
+        parts = _read_exact(self.source, max(s.shuffle_buffer, s.batch_size))
+        if parts:
+            buf.fill(SampleBatch.concat(parts))
+        while True:
+            new = _read_exact(self.source, s.batch_size)
+            if sum(len(p) for p in new) == s.batch_size:
+                yield buf.step(SampleBatch.concat(new))
+                continue
+            rest = buf.drain(SampleBatch.concat(new) if new else None)
+            if rest is None:
+                return
+            for i in range(0, len(rest), s.batch_size):
+                out = rest.slice(i, i + s.batch_size)
+                if len(out) == s.batch_size or not s.drop_last:
+                    yield out
+            return
