@@ -18,6 +18,7 @@ from herald.errors import HeraldError
 # Order decides the order in --help.
 _COMMAND_MODULES = (
     "herald.loader.cli",
+    "herald.kafka_cli",
     "herald.scheduler.cli",
     "herald.ps.cli",
     "herald.worker.cli",

@@ -105,6 +105,16 @@ register_format("parquet", _parquet)
 register_format("synthetic", _synthetic)
 
 
+def _kafka(spec, **options) -> Source:
+    # imported on use, so that kafka-python loads only for kafka:// sources
+    from herald.loader.kafka import open_kafka
+
+    return open_kafka(spec, **options)
+
+
+register_format("kafka", _kafka)
+
+
 def infer_format(spec: str) -> str:
     """The format name for ``spec`` (see the module docstring). Raises ConfigError."""
     if "://" in spec:

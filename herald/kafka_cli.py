@@ -1,0 +1,111 @@
+"""``herald produce``: publish a dataset into a Kafka topic (see :mod:`herald.loader.kafka_produce`).
+
+Registered by :mod:`herald.cli` (module list ``_COMMAND_MODULES``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from herald.errors import ConfigError
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    key, value = text.split("=", 1)
+    return key.strip(), value
+
+
+def register(commands, bench, serve) -> None:
+    """Add ``herald produce`` to the top-level commands."""
+    p = commands.add_parser(
+        "produce", help="publish a dataset into a Kafka topic (arrow batches or raw tsv/csv lines)",
+        description="Publish SOURCE (any path or URL the loader opens) into a Kafka topic that "
+                    "herald's Kafka source (kafka://HOST:PORT/TOPIC?format=...&group=...) reads. "
+                    "--format arrow: one Arrow IPC record batch of --rows-per-message samples per message, "
+                    "from any source. --format tsv/csv: raw Criteo/Avazu lines, one per message, "
+                    "from a Criteo .tsv / Avazu .csv file only.")
+    p.add_argument("source", metavar="SOURCE", help="dataset path or URL (e.g. data.tsv, dir/, synthetic://criteo?rows=1000)")
+    p.add_argument("--bootstrap", required=True, metavar="HOST:PORT", help="broker(s), comma-separated")
+    p.add_argument("--topic", required=True)
+    p.add_argument("--format", choices=("arrow", "tsv", "csv"), default="arrow")
+    p.add_argument("--rows-per-message", type=int, default=1024, metavar="N", help="samples per Arrow message")
+    p.add_argument("--rate", type=float, default=None, metavar="SAMPLES_PER_S", help="throttle (default: unthrottled)")
+    p.add_argument("--limit", type=int, default=None, metavar="N", help="publish at most N samples")
+    p.add_argument("--client-option", type=_key_value, action="append", default=[], metavar="KEY=VALUE",
+                   help="kafka-python KafkaProducer setting, repeatable (e.g. api_version=0.9, acks=all)")
+    p.add_argument("--source-option", type=_key_value, action="append", default=[], metavar="KEY=VALUE",
+                   help="loader option for SOURCE (arrow only; e.g. bad_records=skip)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run_produce)
+
+
+def _parse(key: str, value: str):
+    if key == "api_version":
+        try:
+            return tuple(int(x) for x in value.replace(",", ".").split("."))
+        except ValueError as exc:
+            raise ConfigError(f"api_version must look like 0.9 or 2.6.0, got {value!r}") from exc
+    if value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    if value.lower() == "none":
+        return None
+    for cast in (int, float):
+        try:
+            return cast(value)
+        except ValueError:
+            pass
+    return value
+
+
+def run_produce(args) -> int:
+    """Entry of ``herald produce``; prints a one-line summary."""
+    from herald.loader.kafka_produce import ProduceSettings, check_text_source, produce
+
+    settings = ProduceSettings(
+        bootstrap_servers=args.bootstrap, topic=args.topic, format=args.format,
+        rows_per_message=args.rows_per_message, rate_samples_per_s=args.rate, limit_rows=args.limit,
+        client_options={k: _parse(k, v) for k, v in args.client_option})
+    source_options = {k: _parse(k, v) for k, v in args.source_option}
+    if settings.format != "arrow":
+        check_text_source(args.source, settings.format)     # before the progress bar appears
+    bar = None
+    if not args.no_progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=args.limit, unit="sample", unit_scale=True, desc=f"produce {args.topic}",
+                   file=sys.stderr)
+    try:
+        stats = produce(args.source, settings, source_options=source_options,
+                        progress=bar.update if bar is not None else None)
+    finally:
+        if bar is not None:
+            bar.close()
+    rate = stats["rows"] / stats["seconds"] if stats["seconds"] > 0 else float("inf")
+    print(f"published {stats['rows']} samples in {stats['messages']} messages ({stats['bytes'] / 1e6:.1f} MB) "
+          f"to {args.topic} in {stats['seconds']:.2f} s ({rate:,.0f} samples/s)")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``herald produce`` alone (before herald.cli lists this module): ``python -m herald.kafka_cli produce ...``."""
+    from herald.errors import HeraldError
+
+    parser = argparse.ArgumentParser(prog="herald")
+    commands = parser.add_subparsers(dest="command")
+    register(commands, None, None)
+    args = parser.parse_args(argv)
+    if not hasattr(args, "func"):
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except HeraldError as exc:
+        print(f"herald: error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,355 @@
+"""Kafka topic -> SampleBatch, with a per-partition position committed only on request.
+
+NOTE [kafka position]: the position of a partition is ``(offset, skip)``: the next
+record to read and how many of its samples were already delivered (``skip > 0``
+only inside an ``arrow`` record, which holds many samples). After every ``read()``
+the source's position covers exactly the rows returned so far, in every partition
+(``last_read_position``). Nothing is committed automatically
+(``enable_auto_commit=False``): the dispatcher calls ``commit(position)`` with the
+position of the last batch whose samples are fully trained, so a restart re-delivers
+every sample not yet trained and none that was (``skip`` travels in the commit
+metadata as ``herald:skip=N``). On start the consumer resumes from the group's
+committed positions, or from ``auto_offset_reset`` (``earliest``) without one;
+``load_state_dict`` overrides both.
+
+Record formats (a setting, never guessed): ``tsv`` one Criteo line per message,
+``csv`` one Avazu line per message, ``arrow`` one Arrow IPC stream (a record batch
+of many samples, :mod:`herald.loader.arrow` layout) per message. Bad records follow
+NOTE [bad records] (:mod:`herald.loader.policy`); Kafka adds the reasons
+``bad_arrow`` (unreadable payload) and ``schema_mismatch``.
+
+Clients must talk the broker's protocol: pass ``client_options={"api_version": (0, 9)}``
+for a 0.9 broker (the test broker, ``tests/integration/kafka_broker.py``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import MappingProxyType
+
+import kafka.errors as ke
+import numpy as np
+from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
+
+from herald.errors import ConfigError, DataError, PeerTimeout, ProtocolError
+from herald.loader.batch import SampleBatch, Schema
+from herald.loader.kafka_config import (_META_PREFIX, KafkaPosition, KafkaSourceConfig, check_reachable,
+                                        config_from_url, known_client_options, timeout_kw)
+from herald.loader.kafka_records import Chunk, make_decoder
+from herald.loader.source import Source
+
+__all__ = ["KafkaPosition", "KafkaSource", "KafkaSourceConfig", "config_from_url", "known_client_options",
+           "open_kafka"]
+
+# Consumer defaults the caller's client_options may override.
+_CLIENT_DEFAULTS = {"max_poll_records": 10000, "fetch_max_wait_ms": 100, "auto_offset_reset": "earliest"}
+
+
+
+class KafkaSource(Source):
+    """Samples from a Kafka topic (see NOTE [kafka position] for offsets and commits).
+
+    Args:
+        config: :class:`KafkaSourceConfig`.
+        consumer: a ready ``KafkaConsumer``-like object (tests); default: build one.
+
+    Raises:
+        ConfigError: invalid settings. PeerTimeout: no broker reachable at
+        ``bootstrap_servers`` within ``connect_timeout_ms`` (at start, at the idle end of
+        data, and every ``connect_timeout_ms`` without records in unbounded mode).
+    """
+
+    format_name = "kafka"
+
+    def __init__(self, config: KafkaSourceConfig, *, consumer=None) -> None:
+        super().__init__()
+        self.config = config
+        self._decoder = make_decoder(config.format, config.bucket_count)
+        self._chunks: list[Chunk] = []
+        self._next: dict[int, tuple[int, int]] = {}      # partition -> position of delivered rows
+        self._resume: dict[int, tuple[int, int]] = {}    # partition -> position to skip to
+        self._pending_start: set = set()                 # newly assigned partitions (group mode)
+        self._skipped_counts: dict[str, int] = {}
+        self._error: DataError | None = None
+        self._interrupted = threading.Event()
+        self.last_read_position = KafkaPosition(config.topic, MappingProxyType({}))
+        self.last_read_records = (np.zeros(0, np.int32), np.zeros(0, np.int64))
+        self._consumer = consumer if consumer is not None else self._connect()
+        self._last_data = time.monotonic()
+        self._next_check_ms = config.connect_timeout_ms   # quiet time before the next liveness check
+
+    # ------------------------------------------------------------- connection
+    def _connect(self):
+        opts = {**_CLIENT_DEFAULTS, **self.config.client_options}
+        check_reachable(self.config.bootstrap_servers, self.config.connect_timeout_ms)
+        try:
+            consumer = KafkaConsumer(bootstrap_servers=self.config.bootstrap_servers.split(","),
+                                     group_id=self.config.group_id, enable_auto_commit=False, **opts)
+        except ke.NoBrokersAvailable as exc:
+            raise PeerTimeout(f"no Kafka broker answered at {self.config.bootstrap_servers}; check the address "
+                              "and that client_options['api_version'] matches the broker (e.g. (0, 9))",
+                              peer=self.config.bootstrap_servers, op="bootstrap") from exc
+        except ke.KafkaConfigurationError as exc:
+            raise ConfigError(f"kafka-python rejected client_options: {exc}") from exc
+        if self.config.partitions is None:
+            consumer.subscribe([self.config.topic], listener=_Rebalance(self))
+        else:
+            tps = [TopicPartition(self.config.topic, p) for p in self.config.partitions]
+            consumer.assign(tps)
+            for tp in tps:
+                self._start_partition(consumer, tp)
+        return consumer
+
+    def _start_partition(self, consumer, tp, first_offset: int | None = None) -> bool:
+        """Seek ``tp`` to its resume position: ``load_state_dict``'s, else the group's commit.
+
+        ``first_offset`` is the offset of the first record already fetched for ``tp``
+        (group mode), if any. Returns True when the consumer was moved elsewhere, so
+        those fetched records must be dropped (they come again from the new position).
+        """
+        p = tp.partition
+        if p not in self._resume:
+            committed = self._committed(consumer, tp)
+            if committed is None:
+                return False                   # auto_offset_reset decides; fetched records are right
+            self._resume[p] = committed
+        self._next[p] = self._resume[p]
+        if first_offset == self._resume[p][0]:
+            return False
+        consumer.seek(tp, self._resume[p][0])
+        return first_offset is not None
+
+    def _committed(self, consumer, tp) -> tuple[int, int] | None:
+        try:
+            meta = consumer.committed(tp, metadata=True,
+                                      **timeout_kw(consumer.committed, self.config.commit_timeout_ms))
+        except ke.KafkaTimeoutError as exc:
+            raise PeerTimeout(f"group coordinator of {self.config.bootstrap_servers} did not return the "
+                              f"committed offset of {tp} within {self.config.commit_timeout_ms} ms",
+                              peer=self.config.bootstrap_servers, op="committed") from exc
+        if meta is None or meta.offset is None or meta.offset < 0:
+            return None
+        skip = 0
+        if meta.metadata and meta.metadata.startswith(_META_PREFIX):
+            skip = int(meta.metadata[len(_META_PREFIX):] or 0)
+        return int(meta.offset), skip
+
+    # --------------------------------------------------------------- reading
+    @property
+    def schema(self) -> Schema:
+        """Criteo/Avazu columns for ``tsv``/``csv``; for ``arrow`` those of the first message
+        (waits up to ``schema_timeout_ms``; raises DataError if none arrives)."""
+        if self._decoder.schema is None:
+            deadline = time.monotonic() + self.config.schema_timeout_ms / 1000
+            while self._decoder.schema is None and time.monotonic() < deadline and not self._error:
+                self._poll(min(self.config.poll_timeout_ms, self.config.schema_timeout_ms))
+            if self._decoder.schema is None:
+                raise DataError(f"no readable Arrow message within schema_timeout_ms="
+                                f"{self.config.schema_timeout_ms}; produce to the topic first or raise "
+                                "the timeout", source=self.config.source_name)
+        return self._decoder.schema
+
+    @property
+    def position(self) -> KafkaPosition:
+        """The current position (same as ``last_read_position`` between reads)."""
+        return KafkaPosition(self.config.topic, MappingProxyType(dict(self._next)))
+
+    # NOTE: after each read(), ``last_read_position`` (a KafkaPosition: where to resume once
+    # this batch and all before it are trained; pass it to commit()) and ``last_read_records``
+    # (partition int32 [B], offset int64 [B]: the record each returned row came from) describe
+    # the batch just returned.
+
+    def interrupt(self) -> None:
+        """Make a blocked ``read()`` return None at its next poll (thread-safe)."""
+        self._interrupted.set()
+
+    def _read(self, max_rows: int) -> SampleBatch | None:
+        while not any(c.remaining for c in self._chunks):
+            self._drain_empty()
+            if self._error is not None:
+                raise self._error
+            if self._interrupted.is_set():
+                return None
+            idle = self.config.idle_timeout_ms
+            quiet_ms = (time.monotonic() - self._last_data) * 1000
+            if idle is not None and quiet_ms >= idle:
+                check_reachable(self.config.bootstrap_servers, self.config.connect_timeout_ms)
+                return None                 # end of data, not a dead broker
+            if quiet_ms >= self._next_check_ms:
+                check_reachable(self.config.bootstrap_servers, self.config.connect_timeout_ms)
+                self._next_check_ms = quiet_ms + self.config.connect_timeout_ms
+            self._poll(self.config.poll_timeout_ms if idle is None else
+                       max(1, min(self.config.poll_timeout_ms, idle)))
+        parts, partitions, offsets, need = [], [], [], max_rows
+        while need and self._chunks:
+            chunk = self._chunks[0]
+            take = min(need, chunk.remaining)
+            if take:
+                parts.append(chunk.batch.slice(chunk.cursor, chunk.cursor + take))
+                partitions.append(np.full(take, chunk.partition, np.int32))
+                offsets.append(chunk.offsets[chunk.cursor:chunk.cursor + take])
+                chunk.cursor += take
+                need -= take
+                self._advance(chunk, chunk.position_after(chunk.cursor))
+            if chunk.remaining == 0:
+                self._finish(self._chunks.pop(0))
+        self.last_read_position = self.position
+        self.last_read_records = (np.concatenate(partitions), np.concatenate(offsets))
+        return SampleBatch.concat(parts)
+
+    def _drain_empty(self) -> None:
+        while self._chunks and self._chunks[0].remaining == 0:
+            self._finish(self._chunks.pop(0))
+
+    def _finish(self, chunk: Chunk) -> None:
+        """A drained chunk: move to its end (past trailing bad records); strict raises at its bad one."""
+        self._advance(chunk, chunk.end)
+        if self.config.bad_records == "strict" and chunk.bad_reasons and self._error is None:
+            off, row = int(chunk.bad_offsets[0]), int(chunk.bad_rows[0])
+            self._error = DataError(
+                f"bad {self.config.format} record: {chunk.bad_reasons[0]}"
+                + (f" (sample {row} of the message)" if row else "")
+                + "; fix the producer or open the source with bad_records='skip' to drop and count bad records",
+                source=f"{self.config.source_name}/{chunk.partition}", position=off, reason=chunk.bad_reasons[0])
+
+    def _advance(self, chunk: Chunk, position: tuple[int, int]) -> None:
+        self._next[chunk.partition] = position
+        if self.config.bad_records == "skip":
+            n = chunk.bad_before(position)
+            for reason in chunk.bad_reasons[chunk.bad_counted:n]:
+                self._skipped_counts[reason] = self._skipped_counts.get(reason, 0) + 1
+            chunk.bad_counted = max(n, chunk.bad_counted)
+
+    def _poll(self, timeout_ms: int) -> None:
+        try:
+            polled = self._consumer.poll(timeout_ms=timeout_ms)
+        except ke.KafkaError as exc:
+            raise ProtocolError(f"Kafka poll from {self.config.source_name} failed: {exc!r}") from exc
+        starting, self._pending_start = self._pending_start, set()
+        moved = {tp for tp in starting
+                 if self._start_partition(self._consumer, tp, polled[tp][0].offset if polled.get(tp) else None)}
+        if starting or any(polled.values()):
+            self._last_data = time.monotonic()   # joining the group is activity, not idleness
+            self._next_check_ms = self.config.connect_timeout_ms
+        for tp in sorted(polled, key=lambda t: t.partition):
+            records = polled[tp]
+            if not records or tp in moved:
+                continue                      # the partition was moved: its records come again
+            offsets = np.fromiter((r.offset for r in records), np.int64, len(records))
+            chunk = self._decoder.decode(tp.partition, offsets, [r.value for r in records])
+            resume = self._resume.get(tp.partition)
+            if resume is not None:
+                chunk = chunk.drop_before(resume)
+                if chunk.end[0] > resume[0]:
+                    del self._resume[tp.partition]
+            if self.config.bad_records == "strict":
+                chunk = chunk.truncate_at_first_bad()
+            self._chunks.append(chunk)
+            if self.config.bad_records == "strict" and chunk.bad_reasons:
+                # Stop fetching this partition past the bad record: the error ends the read.
+                self._consumer.pause(tp)
+
+    # -------------------------------------------------------------- commits
+    def commit(self, position: KafkaPosition | None = None) -> None:
+        """Commit ``position`` (default: ``last_read_position``) to the group, synchronously.
+
+        Call it with the position of a batch once all its samples are trained.
+
+        Raises:
+            PeerTimeout: the group coordinator did not acknowledge within ``commit_timeout_ms``.
+            ProtocolError: the broker refused the commit (e.g. the group rebalanced).
+        """
+        position = self.last_read_position if position is None else position
+        if position.topic != self.config.topic:
+            raise ConfigError(f"position is for topic {position.topic!r}, this source reads {self.config.topic!r}")
+        if not position.offsets:
+            return
+        try:
+            self._consumer.commit(position.to_commit(),
+                                  **timeout_kw(self._consumer.commit, self.config.commit_timeout_ms))
+        except ke.KafkaTimeoutError as exc:
+            raise PeerTimeout(f"commit to {self.config.source_name} not acknowledged within "
+                              f"{self.config.commit_timeout_ms} ms", peer=self.config.bootstrap_servers,
+                              op="commit") from exc
+        except ke.KafkaError as exc:
+            raise ProtocolError(f"commit to {self.config.source_name} failed: {exc!r}; after a group "
+                                "rebalance, re-read from the committed position") from exc
+
+    def committed(self) -> KafkaPosition:
+        """The group's committed position for this source's partitions (blocking, bounded)."""
+        parts = self.config.partitions
+        if parts is None:
+            parts = tuple(sorted(tp.partition for tp in self._consumer.assignment())) or tuple(self._next)
+        out = {}
+        for p in parts:
+            c = self._committed(self._consumer, TopicPartition(self.config.topic, p))
+            if c is not None:
+                out[p] = c
+        return KafkaPosition(self.config.topic, MappingProxyType(out))
+
+    # ---------------------------------------------------------------- state
+    @property
+    def stats(self) -> dict:
+        return {**super().stats, "position": self.position.to_dict()["positions"]}
+
+    def _skipped(self) -> dict:
+        return self._skipped_counts
+
+    def _get_state(self) -> dict:
+        return {**self.position.to_dict(), "skipped": dict(self._skipped_counts)}
+
+    def _set_state(self, state: dict) -> None:
+        pos = KafkaPosition.from_dict(state)
+        if pos.topic != self.config.topic:
+            raise DataError(f"state is for topic {pos.topic!r}, this source reads {self.config.topic!r}")
+        skipped = state.get("skipped", {})
+        if not isinstance(skipped, dict):
+            raise DataError(f"malformed kafka state: 'skipped' must map reason -> count, got {skipped!r}")
+        self._chunks.clear()
+        self._error = None
+        self._skipped_counts = dict(skipped)
+        self._resume = dict(pos.offsets)
+        self._next = dict(pos.offsets)
+        assigned = {tp.partition: tp for tp in self._consumer.assignment()}
+        for p, (off, _) in pos.offsets.items():
+            if p in assigned:
+                self._consumer.seek(assigned[p], off)
+                self._consumer.resume(assigned[p])
+        self.last_read_position = self.position
+
+    def close(self) -> None:
+        """Leave the group and close the connection (bounded by ``close_timeout_ms``); idempotent.
+
+        Never commits: uncommitted samples are re-delivered to the group.
+        """
+        if not self._closed and self._consumer is not None:
+            try:
+                self._consumer.close(autocommit=False,
+                                     **timeout_kw(self._consumer.close, self.config.close_timeout_ms))
+            except Exception:  # noqa: BLE001 - closing must not raise over a dead broker
+                pass
+        super().close()
+
+
+class _Rebalance(ConsumerRebalanceListener):
+    """Group-assignment hooks (``partitions=None``): drop revoked partitions, seek assigned ones."""
+
+    def __init__(self, source: KafkaSource):
+        self.source = source
+
+    def on_partitions_revoked(self, revoked) -> None:
+        gone = {tp.partition for tp in revoked}
+        self.source._chunks = [c for c in self.source._chunks if c.partition not in gone]
+        for p in gone:
+            self.source._next.pop(p, None)
+
+    def on_partitions_assigned(self, assigned) -> None:
+        # Runs on kafka-python's IO thread, where blocking calls (committed()) are refused:
+        # the source starts these partitions after poll() returns (KafkaSource._poll).
+        self.source._pending_start.update(assigned)
+
+
+def open_kafka(spec: str, **options) -> KafkaSource:
+    """``open_source`` factory for ``kafka://`` URLs (see :func:`config_from_url`)."""
+    return KafkaSource(config_from_url(spec, **options))

@@ -1,0 +1,52 @@
+"""Fixtures for integration tests that start real services.
+
+``kafka_broker``: one real Kafka 0.9.0.1 broker per test session (see
+``kafka_broker.py``), yielding its bootstrap address ``"127.0.0.1:PORT"``.
+When it cannot start, the tests that need it fail under ``CI=true`` and are
+skipped (with the reason) otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import sys
+import uuid
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+from kafka_broker import API_VERSION, BrokerError, KafkaBroker  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def kafka_broker():
+    """Bootstrap address of a real Kafka broker started once for the session (clients: api_version=(0, 9))."""
+    broker = KafkaBroker()
+    try:
+        broker.start()
+    except (BrokerError, OSError) as exc:
+        broker.stop()
+        message = f"could not start the Kafka test broker: {exc}"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message + " (set CI=true to make this a failure)")
+    try:
+        yield broker.bootstrap
+    finally:
+        broker.stop()
+
+
+@pytest.fixture
+def kafka_topic(request) -> str:
+    """A fresh topic name for one test (auto-created by the broker on first use)."""
+    name = re.sub(r"[^a-zA-Z0-9._-]", "-", request.node.name)[:60]
+    return f"herald-{name}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="session")
+def kafka_api_version() -> tuple[int, int]:
+    """The ``api_version`` every client must pass to the test broker."""
+    return API_VERSION
