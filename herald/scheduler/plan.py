@@ -36,6 +36,11 @@ Copies of a key updated at the PS in step 4 go stale in *every* cache that
 holds them, including workers that did not use the key: the scheduler tracks
 this, and plans an ``update_pull`` when a stale copy is needed again.
 
+The worker cache runs no eviction policy of its own: it evicts exactly the
+``evict`` lists, with capacity ``Scheduler.capacity_rows``. The scheduler's exact
+conventions (canonical key order, LRU/LFU victim order, plan-push order) are in
+docs/scheduler.md, "Exact semantics".
+
 Keys are (table index, id) pairs: ``table`` int32 [n] and ``ids`` uint64 [n].
 """
 

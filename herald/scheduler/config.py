@@ -1,0 +1,123 @@
+"""Scheduler settings: one frozen, validated dataclass (STYLE habit 3)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from herald.config import require
+
+#: schedule name -> (allocation policy, full-set sync?). DESIGN "Consistency protocol":
+#: vanilla = random + full-set sync, laia = LAIA + full-set sync, plan = random + plan,
+#: herald = LAIA + plan; costaware = ours (allocation by marginal transmissions) + plan;
+#: optimal = brute-force step-optimal allocation + plan (tiny cases only, Herald App. C).
+SCHEDULES = {
+    "vanilla": ("random", True),
+    "laia": ("laia", True),
+    "plan": ("random", False),
+    "herald": ("laia", False),
+    "costaware": ("costaware", False),
+    "optimal": ("bruteforce", False),
+}
+CACHE_POLICIES = ("lru", "lfu")
+MAX_WORKERS = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class SchedulerConfig:
+    """Settings of :class:`herald.scheduler.Scheduler` (Herald §4, DESIGN).
+
+    Args:
+        num_workers: workers W, 1..64 (snapshots keep one bit per worker per key).
+        batch_size_per_worker: samples per micro-batch; a global batch has exactly
+            ``num_workers * batch_size_per_worker`` samples.
+        schedule: one of :data:`SCHEDULES` (``vanilla``, ``laia``, ``plan``, ``herald``,
+            ``costaware``; ``optimal`` needs batch_size_per_worker 1 and <= 8 workers).
+        cache_policy: ``"lru"`` or ``"lfu"`` (HET §4.3), the same in workers and snapshots.
+        cache_capacity_rows: rows per worker cache; overrides ``cache_ratio``.
+        cache_ratio: capacity as a fraction of the distinct keys (``distinct_keys`` given
+            to the scheduler), in (0, 1]. Default 0.1 (Herald §6.1).
+        seed: seed of the tie-breaking / partition RNG (splitmix64).
+        scheduling_budget_ms: adaptive LAIA (Herald §4.3) when set: allocation scores
+            only the k tables with the highest degree of infrequency, k chosen online so
+            that the measured scheduling time per global batch fits this budget.
+            ``None`` = static (all tables).
+        adaptive_num_tables: force k (tests, experiments); needs ``scheduling_budget_ms``
+            unset. ``None`` = static or budget-driven.
+        profile_interval_steps: steps between table-profiler (DoI) refreshes.
+        costaware_contain_samples: ``costaware`` only: a key used by at most this many
+            samples of a global batch is *containable* (one micro-batch can hold all its
+            uses), so co-locating its samples is rewarded. ``None`` = batch_size_per_worker // 4
+            (tuned on the five datasets; see docs/scheduler.md).
+        costaware_share_cost: ``costaware`` only: cost, in transmissions, of adding a
+            worker to a containable key that another worker already uses this step.
+
+    Raises:
+        ConfigError: a value is out of range or settings conflict.
+    """
+
+    num_workers: int = 8
+    batch_size_per_worker: int = 128
+    schedule: str = "herald"
+    cache_policy: str = "lru"
+    cache_capacity_rows: Optional[int] = None
+    cache_ratio: float = 0.1
+    seed: int = 0
+    scheduling_budget_ms: Optional[float] = None
+    adaptive_num_tables: Optional[int] = None
+    profile_interval_steps: int = 16
+    costaware_contain_samples: Optional[int] = None
+    costaware_share_cost: float = 0.0
+
+    def __post_init__(self) -> None:
+        require(isinstance(self.num_workers, int) and 1 <= self.num_workers <= MAX_WORKERS,
+                f"num_workers must be an int in 1..{MAX_WORKERS}, got {self.num_workers!r}")
+        require(isinstance(self.batch_size_per_worker, int) and self.batch_size_per_worker >= 1,
+                f"batch_size_per_worker must be an int >= 1, got {self.batch_size_per_worker!r}")
+        require(self.schedule in SCHEDULES,
+                f"unknown schedule {self.schedule!r}; choose one of {sorted(SCHEDULES)}")
+        require(self.schedule != "optimal" or (self.batch_size_per_worker == 1 and self.num_workers <= 8),
+                "schedule 'optimal' (brute force) needs batch_size_per_worker=1 and num_workers <= 8")
+        require(self.cache_policy in CACHE_POLICIES,
+                f"unknown cache_policy {self.cache_policy!r}; choose one of {list(CACHE_POLICIES)}")
+        require(self.cache_capacity_rows is None
+                or (isinstance(self.cache_capacity_rows, int) and self.cache_capacity_rows >= 1),
+                f"cache_capacity_rows must be None or an int >= 1, got {self.cache_capacity_rows!r}")
+        require(0.0 < float(self.cache_ratio) <= 1.0,
+                f"cache_ratio must be in (0, 1], got {self.cache_ratio!r}")
+        require(self.scheduling_budget_ms is None or float(self.scheduling_budget_ms) > 0,
+                f"scheduling_budget_ms must be None or > 0, got {self.scheduling_budget_ms!r}")
+        require(self.adaptive_num_tables is None
+                or (isinstance(self.adaptive_num_tables, int) and self.adaptive_num_tables >= 1),
+                f"adaptive_num_tables must be None or an int >= 1, got {self.adaptive_num_tables!r}")
+        require(self.adaptive_num_tables is None or self.scheduling_budget_ms is None,
+                "set either scheduling_budget_ms (k measured online) or adaptive_num_tables "
+                "(fixed k), not both")
+        require(isinstance(self.profile_interval_steps, int) and self.profile_interval_steps >= 1,
+                f"profile_interval_steps must be an int >= 1, got {self.profile_interval_steps!r}")
+        require(self.costaware_contain_samples is None
+                or (isinstance(self.costaware_contain_samples, int) and self.costaware_contain_samples >= 1),
+                f"costaware_contain_samples must be None or an int >= 1, got {self.costaware_contain_samples!r}")
+        require(float(self.costaware_share_cost) >= 0,
+                f"costaware_share_cost must be >= 0, got {self.costaware_share_cost!r}")
+        require(isinstance(self.seed, int) and self.seed >= 0, f"seed must be an int >= 0, got {self.seed!r}")
+
+    @property
+    def global_batch_size(self) -> int:
+        """Samples per global batch: ``num_workers * batch_size_per_worker``."""
+        return self.num_workers * self.batch_size_per_worker
+
+    @property
+    def allocation(self) -> str:
+        """Allocation policy of the schedule: ``random``, ``laia``, ``costaware`` or ``bruteforce``."""
+        return SCHEDULES[self.schedule][0]
+
+    @property
+    def full_sync(self) -> bool:
+        """True for full-set synchronisation (``vanilla``, ``laia``)."""
+        return SCHEDULES[self.schedule][1]
+
+    @property
+    def adaptive(self) -> bool:
+        """True when allocation scores a subset of tables (adaptive LAIA, Herald §4.3)."""
+        return self.scheduling_budget_ms is not None or self.adaptive_num_tables is not None

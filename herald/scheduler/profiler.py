@@ -1,0 +1,78 @@
+"""Adaptive LAIA (Herald §4.3): table profiler (degree of infrequency) and budget control.
+
+An in-cache key is *infrequent* when its popularity so far is below the number of
+samples each worker has trained so far (Herald §3.2, applied online). A table's DoI
+is the fraction of its in-cache keys (cached by any worker) that are infrequent. The
+allocation scores only the ``k`` tables with the highest DoI; ``k`` comes from the
+scheduling budget and the scheduling time measured online.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from herald.scheduler import kernels as K
+
+
+class TableProfiler:
+    """Online DoI per table, refreshed every ``interval_steps`` steps.
+
+    Args:
+        num_tables: T. interval_steps: refresh period in steps.
+    """
+
+    def __init__(self, num_tables: int, interval_steps: int) -> None:
+        self.num_tables = num_tables
+        self.interval_steps = interval_steps
+        self.doi = np.ones(num_tables, np.float64)
+        self._infrequent = np.zeros(num_tables, np.int64)
+        self._total = np.zeros(num_tables, np.int64)
+        self._since = interval_steps  # refresh on the first call
+
+    def maybe_refresh(self, snaps, samples_per_worker_seen: int) -> None:
+        """Recompute the DoI from ``snaps`` (a :class:`Snapshots`) if the period elapsed."""
+        self._since += 1
+        if self._since < self.interval_steps:
+            return
+        self._since = 0
+        K.doi_jit(snaps.freq, snaps.slot_tab, snaps.cached, snaps.num_keys, samples_per_worker_seen,
+                  self.num_tables, self._infrequent, self._total)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            doi = self._infrequent / self._total
+        self.doi = np.where(self._total > 0, doi, 1.0)
+
+    def top_tables(self, k: int) -> np.ndarray:
+        """bool [T]: the ``k`` tables with the highest DoI (ties: lower table index)."""
+        order = np.argsort(-self.doi, kind="stable")[:k]
+        mask = np.zeros(self.num_tables, np.bool_)
+        mask[order] = True
+        return mask
+
+
+class BudgetController:
+    """Choose ``k`` so that the scheduling time per global batch fits ``budget_ms``.
+
+    Model: time = fixed + k * per_table, both measured online (exponential moving
+    averages of the allocation time divided by k, and of the rest of the step).
+    Herald §4.3: the budget left for allocation is the necessary iteration time minus
+    the plan-generation time; ``fixed`` is that plan-generation (and snapshot) time.
+    """
+
+    def __init__(self, budget_ms: float, num_tables: int, alpha: float = 0.2) -> None:
+        self.budget_s = budget_ms / 1e3
+        self.num_tables = num_tables
+        self.alpha = alpha
+        self.k = num_tables
+        self.fixed_s: float | None = None
+        self.per_table_s: float | None = None
+
+    def observe(self, k: int, alloc_s: float, rest_s: float) -> int:
+        """Record one step's timings; returns the ``k`` for the next step."""
+        per = alloc_s / max(k, 1)
+        a = self.alpha
+        self.per_table_s = per if self.per_table_s is None else (1 - a) * self.per_table_s + a * per
+        self.fixed_s = rest_s if self.fixed_s is None else (1 - a) * self.fixed_s + a * rest_s
+        room = self.budget_s - self.fixed_s
+        k_new = int(room // self.per_table_s) if self.per_table_s > 0 else self.num_tables
+        self.k = int(min(max(k_new, 1), self.num_tables))
+        return self.k

@@ -1,0 +1,338 @@
+"""The scheduler front class: allocation, cache snapshots, communication plan, accounting.
+
+Pipeline (Herald §4.2, Fig. 9): ``submit(batch of step t+1)`` allocates it on the
+snapshots left by step ``t``, derives step ``t``'s plan pushes from that allocation
+(Alg. 2), then runs step ``t+1``'s before-forward (evict, pull) and after-backward
+(grad push, local update) parts on the snapshots, and returns the finished plan of
+step ``t``. Worker caches executing the plans in NOTE [step protocol]
+(:mod:`herald.scheduler.plan`) equal the snapshots by construction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Optional
+
+import numpy as np
+
+from herald.config import require
+from herald.errors import ConfigError, DataError, HeraldError
+from herald.scheduler import kernels as K
+from herald.scheduler.bruteforce import bruteforce_alloc
+from herald.scheduler.config import SchedulerConfig
+from herald.scheduler.plan import CAUSES, CachePlan, KeySet
+from herald.scheduler.profiler import BudgetController, TableProfiler
+from herald.scheduler.state import Snapshots
+
+
+@dataclasses.dataclass
+class StepPlan:
+    """Everything the workers need for one step.
+
+    Attributes:
+        step: step index (0-based, in submit order).
+        assignment: per worker, int64 [batch_size_per_worker] indices into that step's
+            global batch, ascending.
+        plans: per worker, its :class:`CachePlan` (empty list when the scheduler was
+            built with ``build_plans=False``).
+        counts: int64 [num_workers, len(CAUSES)] transmissions by cause.
+    """
+
+    step: int
+    assignment: list
+    plans: list
+    counts: np.ndarray
+
+
+@dataclasses.dataclass
+class _Pending:
+    step: int
+    worker_of: np.ndarray
+    counts: np.ndarray
+    keys: np.ndarray
+    off: np.ndarray
+    before: tuple
+    after: tuple
+
+
+def count_distinct_keys(batches) -> int:
+    """Distinct ``(table, id)`` keys in a sequence of SampleBatch (a pre-pass for ``cache_ratio``)."""
+    per_table: dict[int, list] = {}
+    for b in batches:
+        for t in range(b.num_tables):
+            per_table.setdefault(t, []).append(b.values[t])
+    return int(sum(np.unique(np.concatenate(v)).shape[0] for v in per_table.values()))
+
+
+class Scheduler:
+    """Herald's embedding scheduler (Herald §3-§4, Alg. 1, 2) under DESIGN's BSP protocol.
+
+    Args:
+        config: :class:`SchedulerConfig`.
+        num_tables: T, tables of every submitted batch (<= 32767).
+        distinct_keys: keys expected over the run; with ``cache_ratio`` gives the capacity
+            ``ceil(cache_ratio * distinct_keys)``. Not needed when
+            ``config.cache_capacity_rows`` is set. If both are missing, raises
+            :class:`ConfigError` (a capacity cannot change once workers allocated caches).
+        build_plans: materialise :class:`CachePlan` objects (the dispatcher needs them;
+            simulations only need counts).
+
+    Raises:
+        ConfigError: no capacity can be derived, or ``num_tables`` is out of range.
+    """
+
+    def __init__(self, config: SchedulerConfig, num_tables: int, distinct_keys: Optional[int] = None,
+                 *, build_plans: bool = True) -> None:
+        require(isinstance(config, SchedulerConfig), "config must be a SchedulerConfig")
+        require(1 <= num_tables <= 32767, f"num_tables must be in 1..32767, got {num_tables}")
+        self.config = config
+        self.num_tables = num_tables
+        if config.cache_capacity_rows is not None:
+            cap = config.cache_capacity_rows
+        elif distinct_keys is not None:
+            require(distinct_keys >= 1, f"distinct_keys must be >= 1, got {distinct_keys}")
+            cap = max(1, math.ceil(config.cache_ratio * distinct_keys))
+        else:
+            raise ConfigError("cannot size the worker caches: pass distinct_keys (e.g. from "
+                              "herald.scheduler.count_distinct_keys over a pre-pass) to use cache_ratio, "
+                              "or set cache_capacity_rows")
+        self.capacity_rows = int(cap)
+        self.build_plans = build_plans
+        W = config.num_workers
+        # with distinct_keys known, reserve the key state once (no regrowth while scheduling)
+        self._snap = Snapshots(W, self.capacity_rows, config.cache_policy,
+                               initial_slots=int(distinct_keys) + 1024 if distinct_keys else 1 << 10)
+        self._rng = np.array([config.seed], np.uint64)
+        self._pending: Optional[_Pending] = None
+        self._next_step = 0
+        self._finished = False
+        self._totals = np.zeros((W, len(CAUSES)), np.int64)
+        self._all_tables = np.ones(num_tables, np.bool_)
+        self._profiler = TableProfiler(num_tables, config.profile_interval_steps) if config.adaptive else None
+        self._budget = (BudgetController(config.scheduling_budget_ms, num_tables)
+                        if config.scheduling_budget_ms is not None else None)
+        self.num_scored_tables = num_tables if config.adaptive_num_tables is None else min(
+            config.adaptive_num_tables, num_tables)
+        #: seconds spent in each submit() (scheduling time per global batch).
+        self.submit_seconds: list[float] = []
+        self._samples_seen = 0
+        contain = (config.costaware_contain_samples if config.costaware_contain_samples is not None
+                   else max(1, config.batch_size_per_worker // 4))
+        # gains: valid copy, in-use containable key, in-use hot key, sharing cost, containable
+        # limit (samples), sort by affinity (see kernels.costaware_alloc_jit)
+        self._ca_params = np.array([1.0, 1.0, 0.0, config.costaware_share_cost, contain, 1.0], np.float64)
+
+    # ------------------------------------------------------------------ public
+    @property
+    def snapshots(self) -> Snapshots:
+        """The cache snapshots (read-only use)."""
+        return self._snap
+
+    @property
+    def table_doi(self):
+        """float64 [T]: degree of infrequency per table (adaptive LAIA), or None when static."""
+        return None if self._profiler is None else self._profiler.doi.copy()
+
+    def scored_tables(self) -> np.ndarray:
+        """bool [T]: tables the next allocation scores (all for static LAIA)."""
+        return self._table_mask().copy()
+
+    def totals(self) -> np.ndarray:
+        """int64 [num_workers, len(CAUSES)]: counts accumulated over finished steps."""
+        return self._totals.copy()
+
+    def submit(self, batch) -> Optional[StepPlan]:
+        """Schedule ``batch`` as step t+1 and return the finished plan of step t (None first).
+
+        Args:
+            batch: SampleBatch of exactly ``num_workers * batch_size_per_worker`` samples
+                and ``num_tables`` tables.
+
+        Raises:
+            DataError: wrong batch size or table count.
+            ConfigError: a micro-batch uses more distinct keys than ``capacity_rows``
+                (fix: a bigger cache or smaller micro-batches).
+            HeraldError: called after :meth:`finish`.
+
+        The batch checks run before any state changes; after a ConfigError raised by a
+        step the snapshots are partially updated: discard the scheduler.
+        """
+        t0 = time.perf_counter()
+        if self._finished:
+            raise HeraldError("submit() after finish(): the final step has no plan pushes; "
+                              "create a new Scheduler for a new run")
+        cfg = self.config
+        if len(batch) != cfg.global_batch_size:
+            raise DataError(f"global batch must have num_workers*batch_size_per_worker="
+                            f"{cfg.global_batch_size} samples, got {len(batch)}; use drop_last or pad upstream")
+        if batch.num_tables != self.num_tables:
+            raise DataError(f"batch has {batch.num_tables} tables, scheduler was built for {self.num_tables}")
+        self._snap.renew_tokens()
+        samp_off, samp_slot, samp_tab = self._prepare(batch)
+        table_on = self._table_mask()
+        ta = time.perf_counter()
+        worker_of = self._allocate(samp_off, samp_slot, samp_tab, table_on)
+        alloc_s = time.perf_counter() - ta
+        W, Bw = cfg.num_workers, cfg.batch_size_per_worker
+        order = np.argsort(worker_of, kind="stable")
+        wstart = np.arange(W + 1, dtype=np.int64) * Bw
+        keys = np.empty(samp_slot.shape[0], np.int32)
+        off = np.empty(W + 1, np.int64)
+        s = self._snap
+        K.collect_keys_jit(samp_off, samp_slot, order, wstart, s.mark, s.token, s.use_mask, s.freq,
+                           self._profiler is not None, keys, off)
+        keys = keys[: off[-1]]
+        prev = self._pending
+        pp = self._plan_pushes(keys, off) if prev is not None and not cfg.full_sync else None
+        self._pending = self._run_step(worker_of, keys, off)
+        self._samples_seen += Bw
+        done = self._finalize(prev, pp) if prev is not None else None
+        total_s = time.perf_counter() - t0
+        self.submit_seconds.append(total_s)
+        if self._profiler is not None:
+            self._profiler.maybe_refresh(s, self._samples_seen)
+            if self._budget is not None:
+                self.num_scored_tables = self._budget.observe(self.num_scored_tables, alloc_s, total_s - alloc_s)
+        return done
+
+    def finish(self) -> Optional[StepPlan]:
+        """Finish the last submitted step (no plan pushes: there is no next step)."""
+        self._finished = True
+        prev, self._pending = self._pending, None
+        return self._finalize(prev, None) if prev is not None else None
+
+    def flush(self) -> list:
+        """Per worker, a :class:`KeySet` of keys whose only latest copy is in its cache.
+
+        Call after :meth:`finish`: the trainer writes these rows back to the PS so that
+        the PS holds the final model. The snapshots then record the PS copy as latest.
+        """
+        s = self._snap
+        n = s.num_keys
+        owner = s.owner[:n]
+        out = []
+        for w in range(self.config.num_workers):
+            idx = np.flatnonzero(owner == w)
+            out.append(KeySet(s.slot_tab[idx].astype(np.int32), s.slot_ids[idx]))
+        owner[owner >= 0] = -1
+        return out
+
+    # ------------------------------------------------------------------ parts
+    def _prepare(self, batch):
+        """Key lookup and the sample-major CSR (int64 [B+1], int32 [nnz], int16 [nnz])."""
+        T = self.num_tables
+        nnz = np.array([v.shape[0] for v in batch.values], np.int64)
+        ids = np.concatenate(batch.values) if T > 1 else batch.values[0]
+        if ids.dtype != np.uint64:
+            raise DataError(f"key ids must be uint64, got {ids.dtype}")
+        tabs = np.repeat(np.arange(T, dtype=np.int16), nnz)
+        slots = self._snap.lookup(tabs, ids)
+        offsets = np.stack(batch.offsets)
+        base = np.zeros(T, np.int64)
+        np.cumsum(nnz[:-1], out=base[1:])
+        B = len(batch)
+        samp_off = np.empty(B + 1, np.int64)
+        samp_slot = np.empty(slots.shape[0], np.int32)
+        samp_tab = np.empty(slots.shape[0], np.int16)
+        K.gather_samples_jit(offsets, base, slots, samp_off, samp_slot, samp_tab)
+        return samp_off, samp_slot, samp_tab
+
+    def _table_mask(self) -> np.ndarray:
+        if self._profiler is None or self.num_scored_tables >= self.num_tables:
+            return self._all_tables
+        return self._profiler.top_tables(self.num_scored_tables)
+
+    def _allocate(self, samp_off, samp_slot, samp_tab, table_on) -> np.ndarray:
+        cfg = self.config
+        s = self._snap
+        B = samp_off.shape[0] - 1
+        out = np.empty(B, np.int32)
+        kind = cfg.allocation
+        if kind == "random":
+            K.random_alloc_jit(B, cfg.batch_size_per_worker, self._rng, out)
+        elif kind == "laia":
+            K.laia_alloc_jit(samp_off, samp_slot, samp_tab, table_on, s.valid, s.mark, s.token,
+                             cfg.num_workers, cfg.batch_size_per_worker, self._rng, out)
+        elif kind == "costaware":
+            K.costaware_alloc_jit(samp_off, samp_slot, samp_tab, table_on, s.valid, s.owner, s.use_mask,
+                                  s.bcount, s.mark, s.token, cfg.num_workers, cfg.batch_size_per_worker,
+                                  self._ca_params, self._rng, out)
+        elif kind == "bruteforce":
+            bruteforce_alloc(s, samp_off, samp_slot, cfg.num_workers, out)
+        else:  # pragma: no cover - SchedulerConfig validates the name
+            raise ConfigError(f"unknown allocation {kind!r}")
+        return out
+
+    def _plan_pushes(self, keys, off):
+        n = keys.shape[0]
+        pp_slot = np.empty(n, np.int32)
+        pp_w = np.empty(n, np.int32)
+        c = K.plan_push_jit(keys, off, self._snap.owner, pp_slot, pp_w)
+        return pp_slot[:c], pp_w[:c]
+
+    def _run_step(self, worker_of, keys, off) -> _Pending:
+        cfg = self.config
+        W = cfg.num_workers
+        counts = np.zeros((W, len(CAUSES)), np.int64)
+        s = self._snap
+        before = s.before_forward(keys, off, counts)
+        err = before[-1]
+        if err[0] == 1:
+            w = int(err[1])
+            raise ConfigError(f"worker {w} needs {int(off[w + 1] - off[w])} distinct keys in step "
+                              f"{self._next_step} but its cache holds {self.capacity_rows} rows: "
+                              "use a bigger cache (cache_capacity_rows / cache_ratio) or a smaller "
+                              "batch_size_per_worker")
+        if err[0] == 2:  # pragma: no cover - would be a scheduler bug
+            raise HeraldError(f"protocol violation: worker {int(err[1])} must pull a key whose latest "
+                              "copy is not at the PS (NOTE [step protocol])")
+        n = keys.shape[0]
+        gp_slot = np.empty(n, np.int32)
+        gp_contrib = np.empty(n, np.uint16)
+        ul_slot = np.empty(n, np.int32)
+        gp_cnt = np.zeros(W, np.int64)
+        ul_cnt = np.zeros(W, np.int64)
+        K.update_after_step_jit(keys, off, s.use_mask, s.valid, s.owner, cfg.full_sync, gp_slot,
+                                gp_contrib, ul_slot, gp_cnt, ul_cnt)
+        counts[:, K.GRAD_PUSH] = gp_cnt
+        step = self._next_step
+        self._next_step += 1
+        return _Pending(step, worker_of, counts, keys, off, before[:5], (gp_slot, gp_contrib, ul_slot, gp_cnt, ul_cnt))
+
+    def _finalize(self, p: _Pending, pp) -> StepPlan:
+        W = self.config.num_workers
+        counts = p.counts
+        if pp is not None:
+            counts[:, K.PLAN_PUSH] = np.bincount(pp[1], minlength=W)
+        self._totals += counts
+        order = np.argsort(p.worker_of, kind="stable")
+        Bw = self.config.batch_size_per_worker
+        assignment = [order[w * Bw:(w + 1) * Bw].astype(np.int64) for w in range(W)]
+        plans = self._build_plans(p, pp) if self.build_plans else []
+        return StepPlan(p.step, assignment, plans, counts)
+
+    def _keyset(self, slots) -> KeySet:
+        s = self._snap
+        return KeySet(s.slot_tab[slots].astype(np.int32), s.slot_ids[slots])
+
+    def _build_plans(self, p: _Pending, pp) -> list:
+        ev_slot, ev_wb, ev_cnt, pull_slot, pull_cnt = p.before
+        gp_slot, gp_contrib, ul_slot, gp_cnt, ul_cnt = p.after
+        if pp is not None:
+            pp_order = np.argsort(pp[1], kind="stable")
+            pp_sorted = pp[0][pp_order]
+            pp_bounds = np.searchsorted(pp[1][pp_order], np.arange(self.config.num_workers + 1))
+        plans = []
+        for w in range(self.config.num_workers):
+            lo = int(p.off[w])
+            e, q, g, u = int(ev_cnt[w]), int(pull_cnt[w]), int(gp_cnt[w]), int(ul_cnt[w])
+            push = (self._keyset(pp_sorted[pp_bounds[w]:pp_bounds[w + 1]]) if pp is not None
+                    else KeySet.empty())
+            plans.append(CachePlan(
+                evict=self._keyset(ev_slot[lo:lo + e]), write_back=ev_wb[lo:lo + e].copy(),
+                pull=self._keyset(pull_slot[lo:lo + q]), grad_push=self._keyset(gp_slot[lo:lo + g]),
+                contributors=gp_contrib[lo:lo + g].copy(), update_local=self._keyset(ul_slot[lo:lo + u]),
+                plan_push=push))
+        return plans
