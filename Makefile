@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test bench-ps clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,10 @@ demo: $(STAMP)
 # Every test, including integration tests against real PS processes and a real Kafka broker.
 test: $(STAMP)
 	$(PY) -m pytest -q --timeout=900 tests
+
+# PS pull/push throughput vs memcpy and bare ZeroMQ (one shard, ~45 s).
+bench-ps: $(STAMP)
+	$(VENV)/bin/herald bench ps
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,378 @@
+"""Client of the PS shards: routes keys with :func:`shard_of`, talks NOTE [ps wire
+protocol] (docs/ps.md) over one DEALER socket per shard.
+
+ps-lite style: every operation has a non-blocking ``*_async`` form returning a
+:class:`Handle`; requests to several shards go out at once and ``wait()`` collects
+them. Every request has a deadline; on expiry the shard's socket is closed and
+reopened and its outstanding requests re-sent (zguide "Lazy Pirate"), up to
+``retries`` times, then :class:`~herald.errors.PeerTimeout` names the shard address
+and the operation. Retrying is safe for every op: shards answer a repeated mutating
+request (same client id and request id) from a reply cache instead of applying it
+twice. A client is not thread-safe: use one per thread.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import secrets
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import msgpack
+import numpy as np
+import zmq
+
+from herald.errors import ConfigError, HeraldError, PeerTimeout, ProtocolError
+from herald.ps import wire
+from herald.ps.checkpoint import CheckpointError
+from herald.ps.config import TableConfig, check_tables
+from herald.ps.rows import shard_of
+
+_ERRORS = {"protocol": ProtocolError, "config": ConfigError, "checkpoint": CheckpointError,
+           "internal": ProtocolError}
+
+
+class _Request:
+    __slots__ = ("shard", "rid", "op", "frames", "deadline", "tries", "timeout_ms")
+
+    def __init__(self, shard, rid, op, frames, timeout_ms):
+        self.shard, self.rid, self.op, self.frames = shard, rid, op, frames
+        self.timeout_ms = timeout_ms
+        self.deadline = time.monotonic() + timeout_ms / 1000.0
+        self.tries = 0
+
+
+class Handle:
+    """An operation in flight; :meth:`wait` returns its result (once computed, cached)."""
+
+    def __init__(self, client: "PSClient", rids: list[int], finish: Callable[[list], Any]):
+        self._client, self._rids, self._finish = client, rids, finish
+        self._done = False
+        self._result = None
+
+    def wait(self) -> Any:
+        """Block until every shard answered (bounded by the client's timeouts and retries).
+
+        Raises:
+            PeerTimeout: a shard did not answer after all retries (names address and op).
+            ProtocolError / ConfigError / CheckpointError: a shard rejected the request.
+        """
+        if not self._done:
+            replies = self._client._collect(self._rids)
+            self._result = self._finish(replies)
+            self._done = True
+        return self._result
+
+
+class PSClient:
+    """Talks to every shard of one PS.
+
+    Args:
+        addresses: shard endpoints, index = shard number (e.g. ``LocalShards.addresses``).
+        tables: the table list; a table is named by its index in it or its name.
+        timeout_ms: deadline of each request attempt.
+        retries: reconnect-and-resend attempts after a timeout (Lazy Pirate).
+        declare: send the tables to every shard now (idempotent; a conflicting
+            declaration raises :class:`ConfigError`).
+
+    Raises:
+        ConfigError: bad settings or tables.
+    """
+
+    def __init__(self, addresses: Sequence[str], tables: Sequence[TableConfig], timeout_ms: int = 5000,
+                 retries: int = 3, declare: bool = True):
+        if not addresses:
+            raise ConfigError("PSClient needs at least one shard address")
+        if timeout_ms <= 0 or retries < 0:
+            raise ConfigError(f"timeout_ms must be > 0 and retries >= 0, got {timeout_ms}, {retries}")
+        self.addresses = list(addresses)
+        self.tables = check_tables(tables)
+        self._index = {t.name: i for i, t in enumerate(self.tables)}
+        self.timeout_ms, self.retries = int(timeout_ms), int(retries)
+        self._cid = secrets.randbits(63)
+        self._rids = itertools.count(1)
+        self._ctx = zmq.Context.instance()
+        self._socks: list[zmq.Socket | None] = [None] * len(self.addresses)
+        self._pending: dict[int, _Request] = {}
+        self._replies: dict[int, tuple[dict, list]] = {}
+        self._closed = False
+        for s in range(len(self.addresses)):
+            self._connect(s)
+        if declare:
+            self.declare()
+
+    # ------------------------------------------------------------------ plumbing
+    @property
+    def num_shards(self) -> int:
+        return len(self.addresses)
+
+    def table_index(self, table: int | str) -> int:
+        """Index of ``table`` (an index or a name). Raises ConfigError if unknown."""
+        if isinstance(table, str):
+            if table not in self._index:
+                raise ConfigError(f"unknown table {table!r}; known: {list(self._index)}")
+            return self._index[table]
+        t = int(table)
+        if not 0 <= t < len(self.tables):
+            raise ConfigError(f"table index {t} out of range [0, {len(self.tables)})")
+        return t
+
+    def _connect(self, shard: int) -> None:
+        old = self._socks[shard]
+        if old is not None:
+            old.close(linger=0)
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.copy_threshold = wire.COPY_THRESHOLD_BYTES
+        sock.connect(self.addresses[shard])
+        self._socks[shard] = sock
+
+    def _send(self, shard: int, op: str, header: dict, arrays=(), timeout_ms: int | None = None) -> int:
+        if self._closed:
+            raise ConfigError("PSClient is closed")
+        rid = next(self._rids)
+        header = dict(header, op=op, rid=rid, cid=self._cid)
+        frames = wire.encode(header, arrays)
+        req = _Request(shard, rid, op, frames, timeout_ms or self.timeout_ms)
+        self._pending[rid] = req
+        self._socks[shard].send_multipart(frames, copy=False)
+        return rid
+
+    def _collect(self, rids: list[int]) -> list[tuple[dict, list]]:
+        """Wait for the replies of ``rids`` (in order), retrying shards that time out.
+
+        On any failure the whole operation is abandoned: its other requests are
+        forgotten (late replies are dropped), so nothing accumulates.
+        """
+        try:
+            self._await(rids)
+        except BaseException:
+            for r in rids:
+                self._pending.pop(r, None)
+                self._replies.pop(r, None)
+            raise
+        out, error = [], None
+        for r in rids:  # pop every reply before raising the first error
+            try:
+                out.append(self._pop(r))
+            except HeraldError as exc:
+                error = error or exc
+        if error is not None:
+            raise error
+        return out
+
+    def _await(self, rids: list[int]) -> None:
+        while any(r not in self._replies for r in rids):
+            lost = [r for r in rids if r not in self._replies and r not in self._pending]
+            if lost:
+                raise ProtocolError(f"request {lost[0]} was abandoned after an earlier timeout of its shard; "
+                                    "issue the operation again")
+            waiting = [self._pending[r] for r in rids if r not in self._replies]
+            now = time.monotonic()
+            for req in waiting:
+                if now >= req.deadline:
+                    self._expire(req)
+            poller = zmq.Poller()
+            shards = sorted({r.shard for r in waiting})
+            for s in shards:
+                poller.register(self._socks[s], zmq.POLLIN)
+            wait_ms = max(0, int((min(r.deadline for r in waiting) - time.monotonic()) * 1000) + 1)
+            for sock, _ in poller.poll(wait_ms):
+                while True:
+                    try:
+                        frames = sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+                    except zmq.Again:
+                        break
+                    self._accept(frames)
+
+    def _accept(self, frames) -> None:
+        try:
+            header = msgpack.unpackb(frames[0].bytes, raw=False)
+            rid = header.get("rid")
+            req = self._pending.pop(rid, None) if type(rid) is int else None
+        except Exception:
+            return  # not a reply we can match: drop it
+        if req is None:
+            return  # a late duplicate of a retried request
+        self._replies[rid] = (header, frames[1:], req)
+
+    def _pop(self, rid: int):
+        header, frames, req = self._replies.pop(rid)
+        if not header.get("ok"):
+            exc = _ERRORS.get(header.get("error"), ProtocolError)
+            raise exc(f"shard {req.shard} ({self.addresses[req.shard]}) rejected {req.op}: "
+                      f"{header.get('message')}")
+        return header, wire.decode_arrays(header, frames)
+
+    def _expire(self, req: _Request) -> None:
+        if req.tries >= self.retries:
+            for r in [r for r in self._pending.values() if r.shard == req.shard]:
+                del self._pending[r.rid]
+            self._connect(req.shard)
+            raise PeerTimeout(f"PS shard {req.shard} at {self.addresses[req.shard]} did not answer {req.op} "
+                              f"within {req.timeout_ms} ms after {req.tries + 1} attempts; is the shard "
+                              "running (herald serve ps) and reachable?",
+                              peer=self.addresses[req.shard], op=req.op)
+        self._connect(req.shard)  # Lazy Pirate: new socket, resend everything outstanding
+        for r in sorted((r for r in self._pending.values() if r.shard == req.shard), key=lambda r: r.rid):
+            r.tries += 1
+            r.deadline = time.monotonic() + r.timeout_ms / 1000.0
+            self._socks[r.shard].send_multipart(r.frames, copy=False)
+
+    def _split(self, table: int, keys: np.ndarray) -> list[tuple[int, np.ndarray | None]]:
+        """``[(shard, positions or None for all)]`` for the shards that own some of ``keys``."""
+        keys = np.asarray(keys)
+        if keys.dtype != np.uint64 or keys.ndim != 1:
+            raise ConfigError(f"keys must be a 1-d uint64 array, got {keys.dtype} {keys.shape}")
+        if self.num_shards == 1:
+            return [(0, None)]
+        owner = shard_of(table, keys, self.num_shards)
+        out = []
+        for s in range(self.num_shards):
+            idx = np.flatnonzero(owner == s)
+            if idx.size == keys.shape[0]:
+                return [(s, None)]
+            if idx.size:
+                out.append((s, idx))
+        return out
+
+    def _by_shard(self, batch: Mapping, arity: int) -> tuple[dict, dict]:
+        """Group per-table arrays by shard: ``{shard: [(table, positions, arrays)]}``."""
+        groups: dict[int, list] = {}
+        sizes = {}
+        for t, arrays in batch.items():
+            ti = self.table_index(t)
+            arrays = arrays if isinstance(arrays, tuple) else (arrays,)
+            if len(arrays) != arity:
+                raise ConfigError(f"table {t!r}: expected {arity} arrays, got {len(arrays)}")
+            keys = np.asarray(arrays[0])
+            sizes[t] = keys.shape[0]
+            for s, idx in self._split(ti, keys):
+                sub = [np.ascontiguousarray(a if idx is None else np.asarray(a)[idx]) for a in arrays]
+                groups.setdefault(s, []).append((t, ti, idx, sub))
+        return groups, sizes
+
+    # ------------------------------------------------------------------ operations
+    def declare(self, timeout_ms: int | None = None) -> None:
+        """Declare this client's tables on every shard (idempotent)."""
+        decl = [t.to_dict() for t in self.tables]
+        rids = [self._send(s, "declare", {"tables": decl}, timeout_ms=timeout_ms)
+                for s in range(self.num_shards)]
+        self._collect(rids)
+
+    def pull_async(self, batch: Mapping[int | str, np.ndarray]) -> Handle:
+        """Start pulling ``{table: keys uint64 [n]}``; ``wait()`` gives ``{table: rows}``.
+
+        Rows are float32 [n, row_width] (embedding then optimizer state) in key order;
+        duplicate keys are allowed (each gets its row). The array may be read-only
+        when one shard served every key (zero copy).
+        """
+        groups, sizes = self._by_shard(batch, 1)
+        sent = []
+        for s, items in groups.items():
+            rid = self._send(s, "pull", {"parts": [{"table": ti} for _, ti, _, _ in items]},
+                             [sub[0] for _, _, _, sub in items])
+            sent.append((rid, items))
+
+        def finish(replies):
+            out = {}
+            for (header, arrays), (_, items) in zip(replies, sent):
+                for (t, ti, idx, _), rows in zip(items, arrays):
+                    if idx is None:
+                        out[t] = rows
+                    else:
+                        if t not in out:
+                            out[t] = np.empty((sizes[t], self.tables[ti].row_width), np.float32)
+                        out[t][idx] = rows
+            for t in batch:
+                if t not in out:
+                    out[t] = np.empty((0, self.tables[self.table_index(t)].row_width), np.float32)
+            return out
+
+        return Handle(self, [rid for rid, _ in sent], finish)
+
+    def pull(self, table: int | str, keys: np.ndarray) -> np.ndarray:
+        """Rows of ``keys`` in ``table``: float32 [n, row_width]. See :meth:`pull_async`."""
+        return self.pull_async({table: keys}).wait()[table]
+
+    def push_grad_async(self, batch: Mapping, step: int, rank: int) -> Handle:
+        """Start pushing ``{table: (keys uint64 [n] unique, grads float32 [n, dim],
+        contributors uint16 [n])}`` for ``step`` from worker ``rank`` (NOTE [ps
+        aggregation]). ``wait()`` returns the number of rows the shards updated. Do not
+        modify the arrays before ``wait()`` returns."""
+        batch = {t: (np.asarray(k), np.asarray(g, np.float32), np.asarray(c, np.uint16))
+                 for t, (k, g, c) in batch.items()}
+        groups, _ = self._by_shard(batch, 3)
+        rids = [self._send(s, "push_grad", {"step": int(step), "rank": int(rank),
+                                            "parts": [{"table": ti} for _, ti, _, _ in items]},
+                           [a for _, _, _, sub in items for a in sub])
+                for s, items in groups.items()]
+        return Handle(self, rids, lambda replies: sum(h.get("applied", 0) for h, _ in replies))
+
+    def push_grad(self, table: int | str, keys, grads, step: int, contributors, rank: int = 0) -> int:
+        """Push one table's gradients and wait for the acks; see :meth:`push_grad_async`."""
+        return self.push_grad_async({table: (keys, grads, contributors)}, step, rank).wait()
+
+    def push_rows_async(self, batch: Mapping) -> Handle:
+        """Start writing back ``{table: (keys uint64 [n] unique, rows float32 [n, row_width])}``
+        (embedding and optimizer state; NOTE [step protocol] steps 1 and 6)."""
+        batch = {t: (np.asarray(k), np.asarray(r, np.float32)) for t, (k, r) in batch.items()}
+        groups, _ = self._by_shard(batch, 2)
+        rids = [self._send(s, "push_rows", {"parts": [{"table": ti} for _, ti, _, _ in items]},
+                           [a for _, _, _, sub in items for a in sub])
+                for s, items in groups.items()]
+        return Handle(self, rids, lambda replies: None)
+
+    def push_rows(self, table: int | str, keys, rows) -> None:
+        """Write back one table's rows and wait for the acks."""
+        self.push_rows_async({table: (keys, rows)}).wait()
+
+    def _all(self, op: str, header: dict | None = None, timeout_ms: int | None = None) -> list[dict]:
+        rids = [self._send(s, op, header or {}, timeout_ms=timeout_ms) for s in range(self.num_shards)]
+        return [h for h, _ in self._collect(rids)]
+
+    def stats(self) -> list[dict]:
+        """Per-shard statistics (counters, open aggregations, rows per table)."""
+        return [h["stats"] for h in self._all("stats")]
+
+    def ping(self) -> None:
+        self._all("ping")
+
+    def checkpoint(self, path: str, timeout_ms: int = 120_000) -> list[str]:
+        """Every shard writes its checkpoint under ``path`` (atomic per shard; a relative
+        path is made absolute here, so shards on this host use the caller's folder).
+
+        Call between steps: a shard with open aggregations refuses (ProtocolError).
+        """
+        return [h["path"] for h in self._all("checkpoint", {"dir": os.path.abspath(path)}, timeout_ms)]
+
+    def restore(self, path: str, timeout_ms: int = 120_000) -> None:
+        """Every shard replaces its rows by its checkpoint under ``path``.
+
+        Raises:
+            CheckpointError: missing, torn or corrupt checkpoint, or another layout.
+        """
+        self._all("restore", {"dir": os.path.abspath(path)}, timeout_ms)
+
+    def shutdown(self, timeout_ms: int | None = None) -> None:
+        """Ask every shard to exit (after acknowledging)."""
+        self._all("shutdown", timeout_ms=timeout_ms)
+
+    def close(self) -> None:
+        """Close the sockets (immediately; idempotent). Unanswered requests are dropped."""
+        if self._closed:
+            return
+        self._closed = True
+        for s, sock in enumerate(self._socks):
+            if sock is not None:
+                sock.close(linger=0)
+            self._socks[s] = None
+        self._pending.clear()
+        self._replies.clear()
+
+    def __enter__(self) -> "PSClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,122 @@
+"""Row-level functions shared by the PS and the worker cache: sharding, initialisation,
+sparse-optimizer application. All of them call the numba kernels in
+:mod:`herald.ps.kernels`, so a worker and a shard compute bit-identical rows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from herald.errors import ConfigError
+from herald.ps import kernels as K
+from herald.ps.config import TableConfig
+
+_SHARD_SALT = 0x5EED_5AA2_D0C5_1DE5
+_SEED_SALT = 0x1217_0B5E_EDC0_FFEE
+
+
+def _mix(x: int) -> int:
+    m = (1 << 64) - 1
+    x = (x + 0x9E3779B97F4A7C15) & m
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & m
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & m
+    return x ^ (x >> 31)
+
+
+def table_salt(table_index: int) -> np.uint64:
+    """Per-table salt of the shard hash: ``mix64(table_index ^ SHARD_SALT)``."""
+    return np.uint64(_mix((int(table_index) ^ _SHARD_SALT) & ((1 << 64) - 1)))
+
+
+def table_seed(seed: int, table_index: int) -> np.uint64:
+    """Per-(seed, table) state of the initialiser: ``mix64(mix64(seed ^ SEED_SALT) ^ table_index)``."""
+    m = (1 << 64) - 1
+    return np.uint64(_mix(_mix((int(seed) ^ _SEED_SALT) & m) ^ (int(table_index) & m)))
+
+
+def _keys(keys) -> np.ndarray:
+    keys = np.asarray(keys)
+    if keys.dtype != np.uint64 or keys.ndim != 1:
+        raise ConfigError(f"keys must be a 1-d uint64 array, got {keys.dtype} {keys.shape}; "
+                          "ids are never narrowed to 32 bits or floats")
+    return np.ascontiguousarray(keys)
+
+
+def shard_of(table_index: int, keys: np.ndarray, num_shards: int) -> np.ndarray:
+    """Shard of each key: ``mix64(key ^ table_salt(table_index)) mod num_shards``.
+
+    Persia §4.2.3: a mixing hash spreads every table (hot ones included) uniformly.
+
+    Args:
+        table_index: the table's position in the declared table list.
+        keys: uint64 [n].
+        num_shards: > 0.
+
+    Returns:
+        int64 [n] in ``[0, num_shards)``.
+
+    Raises:
+        ConfigError: keys not 1-d uint64 or ``num_shards < 1``.
+    """
+    keys = _keys(keys)
+    if num_shards < 1:
+        raise ConfigError(f"num_shards must be >= 1, got {num_shards}")
+    out = np.empty(keys.shape[0], np.int64)
+    return K.shard_of_jit(table_salt(table_index), keys, int(num_shards), out)
+
+
+def init_args(tcfg: TableConfig, table_index: int, seed: int) -> tuple:
+    """The trailing kernel arguments of :func:`herald.ps.kernels.init_row_jit`."""
+    return (table_seed(seed, table_index), tcfg.dim, ("uniform", "normal", "zeros").index(tcfg.init),
+            float(tcfg.init_scale), tcfg.optimizer.kind, float(tcfg.optimizer.initial_accumulator))
+
+
+def init_rows(tcfg: TableConfig, table_index: int, keys: np.ndarray, seed: int) -> np.ndarray:
+    """Initial rows of ``keys``: what a shard stores for a key it has never seen.
+
+    Deterministic from (seed, table_index, key): every process and restart agrees.
+
+    Args:
+        tcfg: the table.
+        table_index: its position in the declared table list.
+        keys: uint64 [n].
+        seed: the job's seed (the same on every shard and worker).
+
+    Returns:
+        float32 [n, tcfg.row_width]: embedding by ``tcfg.init``, then optimizer state
+        (``initial_accumulator`` for the adagrad variants, zeros for Adam).
+    """
+    keys = _keys(keys)
+    rows = np.empty((keys.shape[0], tcfg.row_width), np.float32)
+    return K.init_rows_jit(rows, keys, *init_args(tcfg, table_index, seed))
+
+
+def hyper_params(tcfg: TableConfig) -> np.ndarray:
+    """float32 [5] = (lr, eps, beta1, beta2, weight_decay): the kernels' ``hp``."""
+    o = tcfg.optimizer
+    return np.array([o.lr, o.eps, o.beta1, o.beta2, o.weight_decay], np.float32)
+
+
+def apply_gradients(rows: np.ndarray, grads: np.ndarray, tcfg: TableConfig) -> np.ndarray:
+    """Apply one sparse-optimizer step in place (the PS's kernel: bit-identical results).
+
+    Args:
+        rows: float32 [n, row_width], C-contiguous (may be a gathered copy).
+        grads: float32 [n, dim], the summed gradient of each row.
+        tcfg: the table (optimizer, dim).
+
+    Returns:
+        ``rows`` (updated in place).
+
+    Raises:
+        ConfigError: wrong dtype, shape or layout.
+    """
+    if not (isinstance(rows, np.ndarray) and rows.dtype == np.float32 and rows.ndim == 2
+            and rows.shape[1] == tcfg.row_width and rows.flags.c_contiguous and rows.flags.writeable):
+        raise ConfigError(f"rows must be a writeable C-contiguous float32 [n, {tcfg.row_width}] array")
+    grads = np.ascontiguousarray(grads)
+    if grads.dtype != np.float32 or grads.shape != (rows.shape[0], tcfg.dim):
+        raise ConfigError(f"grads must be float32 [{rows.shape[0]}, {tcfg.dim}], "
+                          f"got {grads.dtype} {grads.shape}")
+    K.apply_rows_jit(rows, grads, tcfg.optimizer.kind, tcfg.dim, hyper_params(tcfg))
+    return rows

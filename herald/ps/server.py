@@ -1,0 +1,311 @@
+"""One PS shard: a single-threaded ZeroMQ ROUTER loop over :class:`EmbeddingTable` s.
+
+Implements NOTE [ps wire protocol] (docs/ps.md) and NOTE [ps aggregation]
+(herald/ps/aggregate.py). Every malformed message gets an error reply and the loop
+keeps serving; nothing received is unpickled.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import sys
+import time
+import traceback
+from typing import Any, Sequence
+
+import numpy as np
+import zmq
+
+from herald.errors import ConfigError, HeraldError, ProtocolError
+from herald.ps import checkpoint, wire
+from herald.ps import kernels as K
+from herald.ps.config import TableConfig, check_tables
+from herald.ps.rows import table_salt
+from herald.ps.table import EmbeddingTable
+
+MAX_PARTS = 1024
+MAX_MESSAGE_BYTES = 1 << 31
+
+
+def _error_kind(exc: BaseException) -> str:
+    if isinstance(exc, checkpoint.CheckpointError):
+        return "checkpoint"
+    if isinstance(exc, ConfigError):
+        return "config"
+    if isinstance(exc, ProtocolError):
+        return "protocol"
+    return "internal"
+
+
+class ShardServer:
+    """Shard ``shard`` of ``num_shards``: owns the keys with ``shard_of(...) == shard``.
+
+    Args:
+        shard, num_shards: this shard's position (0 <= shard < num_shards).
+        bind: ZeroMQ endpoint, e.g. ``tcp://127.0.0.1:5555`` (``*`` picks a free port).
+        tables: tables declared at start (more may come by the ``declare`` op).
+        seed: initialiser seed, equal on every shard and worker.
+        reply_cache: replies of mutating requests remembered for retries.
+
+    Raises:
+        ConfigError: bad shard numbers or tables.
+    """
+
+    def __init__(self, shard: int, num_shards: int, bind: str = "tcp://127.0.0.1:*",
+                 tables: Sequence[TableConfig] = (), seed: int = 0, reply_cache: int = 4096):
+        if not (0 <= shard < num_shards):
+            raise ConfigError(f"shard {shard} is not in [0, {num_shards}); pass --shard below --num-shards")
+        self.shard, self.num_shards, self.seed = int(shard), int(num_shards), int(seed)
+        self.bind = bind
+        self.tables: list[EmbeddingTable] = []
+        self._salts: list[np.uint64] = []
+        self._replies: collections.OrderedDict = collections.OrderedDict()
+        self._reply_cache = reply_cache
+        self._stop = False
+        self.counters = collections.Counter()
+        self.declare(check_tables(tables))
+
+    # ------------------------------------------------------------------ tables
+    def declare(self, tables: Sequence[TableConfig]) -> None:
+        """Declare tables: the known list must be a prefix of ``tables`` (idempotent;
+        appending is allowed, a different config at an existing index is rejected)."""
+        tables = check_tables(tables)
+        for i, t in enumerate(tables[: len(self.tables)]):
+            if t != self.tables[i].cfg:
+                raise ConfigError(f"table {i} is declared as {self.tables[i].cfg} on shard {self.shard}; "
+                                  f"conflicting redeclaration {t} rejected (restart the shard to change it)")
+        for i in range(len(self.tables), len(tables)):
+            self.tables.append(EmbeddingTable(tables[i], i, self.seed))
+            self._salts.append(table_salt(i))
+
+    # ------------------------------------------------------------------ requests
+    def handle(self, frames: Sequence) -> list:
+        """Reply frames (header + arrays) for one request's frames (no routing id)."""
+        rid = -1
+        op = None
+        try:
+            if not frames:
+                raise ProtocolError("empty message")
+            header = wire.decode_header(frames[0].buffer if hasattr(frames[0], "buffer") else frames[0])
+            rid = header.get("rid") if type(header.get("rid")) is int else -1
+            op = header.get("op")
+            if op not in wire.OPS:
+                raise ProtocolError(f"unknown op {op!r}; known ops: {list(wire.OPS)}")
+            key = None
+            if op in wire.MUTATING:
+                key = (wire.get_int(header, "cid", 0, (1 << 64) - 1), wire.get_int(header, "rid", 0, (1 << 64) - 1))
+                cached = self._replies.get(key)
+                if cached is not None:
+                    self.counters["duplicate_requests"] += 1
+                    return [cached]
+            arrays = wire.decode_arrays(header, frames[1:])
+            reply_header, reply_arrays = getattr(self, "_op_" + op)(header, arrays)
+            reply_header.update(op=op, rid=rid, ok=True)
+            out = wire.encode(reply_header, reply_arrays)
+            if key is not None:
+                self._replies[key] = out[0]
+                if len(self._replies) > self._reply_cache:
+                    self._replies.popitem(last=False)
+            self.counters["requests"] += 1
+            return out
+        except Exception as exc:  # every failure becomes an error reply; the loop goes on
+            kind = _error_kind(exc)
+            self.counters["errors"] += 1
+            self.counters["errors_" + kind] += 1
+            if kind == "internal":
+                traceback.print_exc(file=sys.stderr)
+            msg = str(exc) if isinstance(exc, HeraldError) else f"{type(exc).__name__}: {exc}"
+            return wire.encode({"op": op if isinstance(op, str) else None, "rid": rid, "ok": False,
+                                "error": kind, "message": msg[:2000]})
+
+    def _parts(self, header: dict[str, Any], arrays: list, op: str) -> list:
+        """Validate ``parts`` against the arrays: ``[(table, arrays of the part)]``."""
+        parts = header.get("parts")
+        spec = wire.PART_FRAMES[op]
+        if not isinstance(parts, list) or len(parts) > MAX_PARTS:
+            raise ProtocolError(f"{op}: header 'parts' must be a list of at most {MAX_PARTS} maps")
+        if len(arrays) != len(parts) * len(spec):
+            raise ProtocolError(f"{op}: {len(parts)} parts need {len(parts) * len(spec)} frames, got {len(arrays)}")
+        out, seen = [], set()
+        for k, part in enumerate(parts):
+            if not isinstance(part, dict):
+                raise ProtocolError(f"{op}: part {k} must be a map")
+            ti = part.get("table")
+            if type(ti) is not int or not 0 <= ti < len(self.tables):
+                raise ProtocolError(f"{op}: unknown table {ti!r}; this shard has {len(self.tables)} "
+                                    "tables (declare them first)")
+            if op != "pull" and ti in seen:
+                raise ProtocolError(f"{op}: table {ti} appears in two parts; merge them")
+            seen.add(ti)
+            table = self.tables[ti]
+            arrs = arrays[k * len(spec):(k + 1) * len(spec)]
+            for (name, dt), a in zip(spec, arrs):
+                if a.dtype != wire.DTYPES[dt]:
+                    raise ProtocolError(f"{op}: {name} must be {wire.DTYPES[dt]}, got {a.dtype}")
+            keys = arrs[0]
+            if keys.ndim != 1:
+                raise ProtocolError(f"{op}: keys must be 1-d, got shape {keys.shape}")
+            n = keys.shape[0]
+            width = {"grads": table.cfg.dim, "rows": table.width}
+            for (name, _), a in zip(spec[1:], arrs[1:]):
+                want = (n, width[name]) if name in width else (n,)
+                if a.shape != want:
+                    raise ProtocolError(f"{op}: {name} of table {table.cfg.name!r} must have shape {want}, "
+                                        f"got {a.shape}")
+            keys = np.array(keys)  # small: an aligned, writeable copy
+            owner = K.shard_of_jit(self._salts[ti], keys, self.num_shards, np.empty(n, np.int64))
+            bad = np.flatnonzero(owner != self.shard)
+            if bad.size:
+                raise ProtocolError(f"{op}: key {int(keys[bad[0]])} of table {ti} belongs to shard "
+                                    f"{int(owner[bad[0]])}, not {self.shard}; route keys with shard_of()")
+            rest = []
+            for (name, _), a in zip(spec[1:], arrs[1:]):
+                if name == "contributors" or not a.flags.aligned:
+                    a = np.array(a)  # small, or unaligned: copy
+                if name != "contributors":
+                    a.setflags(write=False)  # one kernel variant: read-only float32
+                rest.append(a)
+            out.append((table, keys, rest))
+        return out
+
+    def _op_ping(self, header, arrays):
+        return {}, []
+
+    def _op_declare(self, header, arrays):
+        decl = header.get("tables")
+        if not isinstance(decl, list):
+            raise ProtocolError("declare: header 'tables' must be a list of table maps")
+        self.declare([TableConfig.from_dict(d) for d in decl])
+        return {"n_tables": len(self.tables)}, []
+
+    def _op_pull(self, header, arrays):
+        parts = self._parts(header, arrays, "pull")
+        out = []
+        for table, keys, _ in parts:
+            rows, pending = table.pull(keys)
+            self.counters["pull_keys"] += keys.shape[0]
+            self.counters["pull_pending_keys"] += pending
+            out.append(rows)
+        return {"parts": [{"table": t.index} for t, _, _ in parts]}, out
+
+    def _op_push_grad(self, header, arrays):
+        step = wire.get_int(header, "step", -(1 << 62), 1 << 62)
+        rank = wire.get_int(header, "rank", 0, 1 << 30)
+        parts = self._parts(header, arrays, "push_grad")
+        slots = [t.check_push_grad(k, rest[1], step, rank) for t, k, rest in parts]
+        applied = 0
+        for (table, keys, (grads, contributors)), s in zip(parts, slots):
+            applied += table.push_grad(keys, grads, contributors, step, rank, slots=s)
+            self.counters["push_grad_keys"] += keys.shape[0]
+        self.counters["rows_updated"] += applied
+        return {"applied": applied}, []
+
+    def _op_push_rows(self, header, arrays):
+        parts = self._parts(header, arrays, "push_rows")
+        for table, keys, (rows,) in parts:
+            table.push_rows(keys, rows)
+            self.counters["push_rows_keys"] += keys.shape[0]
+        return {}, []
+
+    def _op_stats(self, header, arrays):
+        return {"stats": self.stats()}, []
+
+    def _op_checkpoint(self, header, arrays):
+        path = wire.get_str(header, "dir")
+        open_aggs = sum(t.open_aggregations for t in self.tables)
+        if open_aggs:
+            raise ProtocolError(f"checkpoint refused: {open_aggs} gradient aggregations are open; "
+                                "checkpoint between steps (after every push of the step is acked)")
+        final = checkpoint.save(path, self.shard, self.num_shards, self.seed, self.tables)
+        return {"path": str(final)}, []
+
+    def _op_restore(self, header, arrays):
+        path = wire.get_str(header, "dir")
+        data = checkpoint.load(path, self.shard, self.num_shards, self.seed, self.tables)
+        for table, (keys, rows) in zip(self.tables, data):
+            table.load(keys, rows)
+        return {"rows": int(sum(k.shape[0] for k, _ in data))}, []
+
+    def _op_shutdown(self, header, arrays):
+        self._stop = True
+        return {}, []
+
+    def stats(self) -> dict[str, Any]:
+        """Counters and per-table sizes (plain types, msgpack-able)."""
+        return {
+            "shard": self.shard, "num_shards": self.num_shards, "pid": os.getpid(),
+            "counters": dict(self.counters),
+            "open_aggregations": sum(t.open_aggregations for t in self.tables),
+            "pull_pending_keys": self.counters["pull_pending_keys"],
+            "tables": {t.cfg.name: {"index": t.index, "rows": t.n_rows, "row_width": t.width,
+                                    "capacity_rows": int(t.rows.shape[0]), "bytes": int(t.rows.nbytes)}
+                       for t in self.tables},
+        }
+
+    # ------------------------------------------------------------------ loop
+    def stop(self, *_args) -> None:
+        """Ask the loop to end (safe from a signal handler)."""
+        self._stop = True
+
+    def serve(self, ready_file: str | None = None, poll_ms: int = 100) -> None:
+        """Bind and serve until :meth:`stop`, SIGTERM or a ``shutdown`` request.
+
+        Writes the bound endpoint to ``ready_file`` (atomically) once serving.
+        """
+        warm_up()
+        ctx = zmq.Context.instance()
+        sock = ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 1000)
+        sock.copy_threshold = wire.COPY_THRESHOLD_BYTES
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        sock.bind(self.bind)
+        self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        print(f"herald ps shard {self.shard}/{self.num_shards}: serving on {self.endpoint} "
+              f"({len(self.tables)} tables, seed {self.seed})", file=sys.stderr, flush=True)
+        if ready_file:
+            tmp = f"{ready_file}.tmp"
+            with open(tmp, "w") as f:
+                f.write(self.endpoint)
+            os.replace(tmp, ready_file)
+        try:
+            while not self._stop:
+                if not sock.poll(poll_ms):
+                    continue
+                frames = sock.recv_multipart(copy=False)
+                reply = self.handle(frames[1:])
+                sock.send_multipart([frames[0]] + reply, copy=False)
+        finally:
+            sock.close(linger=1000)
+
+
+def warm_up() -> None:
+    """Compile (or load from numba's cache) every kernel variant the server uses."""
+    from herald.ps.config import OptimizerConfig
+
+    for name in ("sgd", "adagrad", "rowwise_adagrad", "adam"):
+        t = EmbeddingTable(TableConfig("warm", 2, OptimizerConfig(name=name)), 0, 0, 16)
+        keys = np.arange(4, dtype=np.uint64)
+        t.pull(keys)
+        grads = np.frombuffer(np.ones((4, 2), np.float32).tobytes(), np.float32).reshape(4, 2)
+        t.push_grad(keys, grads, np.ones(4, np.uint16), 0, 0)
+        t.push_grad(keys, grads, np.full(4, 2, np.uint16), 1, 0)
+        t.push_grad(keys, grads, np.full(4, 2, np.uint16), 1, 1)
+        rows = np.frombuffer(np.ones((4, t.width), np.float32).tobytes(), np.float32).reshape(4, t.width)
+        t.push_rows(keys, rows)
+        t.pull(keys)
+
+
+def run_shard(shard: int, num_shards: int, bind: str, tables=(), seed: int = 0,
+              ready_file: str | None = None) -> int:
+    """Entry of ``herald serve ps``: serve until SIGTERM/SIGINT or a shutdown request."""
+    server = ShardServer(shard, num_shards, bind, tables, seed)
+    signal.signal(signal.SIGTERM, server.stop)
+    signal.signal(signal.SIGINT, server.stop)
+    t0 = time.monotonic()
+    server.serve(ready_file=ready_file)
+    print(f"herald ps shard {shard}/{num_shards}: stopped after {time.monotonic() - t0:.1f} s",
+          file=sys.stderr)
+    return 0

@@ -1,0 +1,209 @@
+"""One embedding table of a shard: key -> slot map and the contiguous row array.
+
+Persia §4.2.2: rows live in one array (embedding and optimizer state together), so a
+checkpoint is a memory copy of ``rows[:n_rows]`` and ``row_keys[:n_rows]``; our own
+open-addressing map (``herald.ps.kernels``) indexes it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from herald.errors import ProtocolError
+from herald.ps import kernels as K
+from herald.ps.aggregate import PendingStep
+from herald.ps.config import TableConfig
+from herald.ps.rows import hyper_params, init_args
+
+#: Completed steps whose key maps are kept to reject late contributions (NOTE [ps aggregation]).
+RETAIN_STEPS = 4
+
+
+
+def _empty_step(dim: int) -> PendingStep:
+    return PendingStep(dim, 0)
+
+
+class EmbeddingTable:
+    """Storage and updates of one table on one shard (single-threaded use).
+
+    Args:
+        tcfg: the table.
+        table_index: its index in the declared table list (seeds the initialiser).
+        seed: the job's seed.
+        capacity_rows: initial row capacity (grows by doubling).
+    """
+
+    def __init__(self, tcfg: TableConfig, table_index: int, seed: int, capacity_rows: int = 1024):
+        self.cfg = tcfg
+        self.index = table_index
+        self.width = tcfg.row_width
+        self._init = init_args(tcfg, table_index, seed)
+        self._hp = hyper_params(tcfg)
+        self._kind = tcfg.optimizer.kind
+        self.n_rows = 0
+        cap = max(16, int(capacity_rows))
+        self.rows = np.zeros((cap, self.width), np.float32)
+        self.row_keys = np.zeros(cap, np.uint64)
+        self.row_marks = np.zeros(cap, np.int32)   # open aggregations per row
+        self.stamps = np.zeros(cap, np.uint32)     # duplicate detection per request
+        self._stamp = 0
+        self._alloc_map(4 * cap)
+        self.pending: dict[int, PendingStep] = {}
+        self._retired: list[int] = []
+        self._no_step = _empty_step(tcfg.dim)
+
+    def _alloc_map(self, hcap: int) -> None:
+        size = 16
+        while size < hcap:
+            size *= 2
+        self.ht_keys = np.zeros(size, np.uint64)
+        self.ht_slots = np.full(size, -1, np.int64)
+        K.ht_rebuild_jit(self.ht_keys, self.ht_slots, self.row_keys, self.n_rows)
+
+    def reserve(self, n: int) -> None:
+        """Room for ``n`` more rows (arrays double; the map stays at load <= 1/2)."""
+        need = self.n_rows + n
+        cap = self.rows.shape[0]
+        if need > cap:
+            while cap < need:
+                cap *= 2
+            rows = np.empty((cap, self.width), np.float32)
+            K.copy_rows_jit(rows, self.rows, self.n_rows)
+            self.rows = rows
+            for name in ("row_keys", "row_marks", "stamps"):
+                old = getattr(self, name)
+                new = np.zeros(cap, old.dtype)
+                new[: old.shape[0]] = old
+                setattr(self, name, new)
+        if 2 * need > self.ht_keys.shape[0]:
+            self._alloc_map(4 * need)
+
+    def _check(self, keys: np.ndarray, arr: np.ndarray | None = None, width: int = 0,
+               contributors: np.ndarray | None = None) -> None:
+        """Shapes and dtypes the kernels rely on (they do no bounds checks)."""
+        ok = isinstance(keys, np.ndarray) and keys.dtype == np.uint64 and keys.ndim == 1
+        n = keys.shape[0] if ok else -1
+        if arr is not None:
+            ok = ok and arr.dtype == np.float32 and arr.shape == (n, width) and arr.flags.c_contiguous
+        if contributors is not None:
+            ok = ok and contributors.dtype == np.uint16 and contributors.shape == (n,)
+        if not ok:
+            raise ProtocolError(f"table {self.cfg.name!r}: expected keys uint64 [n]"
+                                + (f", float32 [n, {width}] C-contiguous" if arr is not None else "")
+                                + (", contributors uint16 [n]" if contributors is not None else ""))
+
+    def slots(self, keys: np.ndarray) -> np.ndarray:
+        """Row slots of ``keys`` (uint64 [n]), inserting initialised rows for unseen keys."""
+        self._check(keys)
+        self.reserve(keys.shape[0])
+        out = np.empty(keys.shape[0], np.int64)
+        self.n_rows = int(K.lookup_or_insert_jit(self.ht_keys, self.ht_slots, self.row_keys, self.rows,
+                                                 self.n_rows, keys, out, *self._init))
+        return out
+
+    def _unique_slots(self, keys: np.ndarray, op: str) -> np.ndarray:
+        slots = self.slots(keys)
+        self._stamp = (self._stamp + 1) & 0xFFFFFFFF
+        if self._stamp == 0:
+            self.stamps[:] = 0
+            self._stamp = 1
+        dup = K.first_duplicate_jit(self.stamps, np.uint32(self._stamp), slots)
+        if dup >= 0:
+            raise ProtocolError(f"{op} on table {self.cfg.name!r}: key {int(keys[dup])} appears twice; "
+                                "send each key once per request (sum its gradients first)")
+        return slots
+
+    def pull(self, keys: np.ndarray) -> tuple[np.ndarray, int]:
+        """Rows of ``keys`` (float32 [n, width], duplicates allowed) and how many of them
+        have an open aggregation (NOTE [ps aggregation])."""
+        slots = self.slots(keys)
+        out = np.empty((keys.shape[0], self.width), np.float32)
+        K.gather_jit(self.rows, slots, out)
+        pending = int(K.count_marked_jit(self.row_marks, slots)) if self.open_aggregations else 0
+        return out, pending
+
+    def push_rows(self, keys: np.ndarray, rows: np.ndarray) -> None:
+        """Overwrite rows (embedding + state) of unique ``keys`` with ``rows`` [n, width]."""
+        self._check(keys, rows, self.width)
+        slots = self._unique_slots(keys, "push_rows")
+        K.scatter_jit(self.rows, slots, rows)
+
+    def check_push_grad(self, keys, contributors, step: int, rank: int) -> np.ndarray:
+        """Validate a gradient push without changing any row; returns the keys' slots.
+
+        Raises:
+            ProtocolError: duplicate keys, or the push breaks NOTE [ps aggregation].
+        """
+        self._check(keys, None, 0, contributors)
+        slots = self._unique_slots(keys, "push_grad")
+        step_state = self.pending.get(step)
+        (step_state if step_state is not None else self._no_step).check(keys, contributors, rank)
+        return slots
+
+    def push_grad(self, keys, grads, contributors, step: int, rank: int, slots=None) -> int:
+        """One contributor's gradients for ``step`` (NOTE [ps aggregation]); returns rows updated.
+
+        Args:
+            keys: uint64 [n], unique; grads: float32 [n, dim]; contributors: uint16 [n].
+            slots: the result of :meth:`check_push_grad` (computed here if None).
+
+        Raises:
+            ProtocolError: duplicate keys, or the push breaks the aggregation rules
+                (nothing is changed then).
+        """
+        self._check(keys, grads, self.cfg.dim)
+        if slots is None:
+            slots = self.check_push_grad(keys, contributors, step, rank)
+        step_state = self.pending.get(step)
+        check = step_state if step_state is not None else self._no_step
+        if step_state is None:
+            if not np.any(contributors > 1):
+                return int(K.push_grad_jit(self.rows, self.row_marks, slots, keys, grads, contributors,
+                                           np.int64(rank), check.pk, check.pi, check.p_key, check.p_slot,
+                                           check.p_expected, check.p_arrived, check.p_head, check.e_rank,
+                                           check.e_next, check.e_grad, check.cnt, self._kind,
+                                           self.cfg.dim, self._hp))
+            step_state = self.pending[step] = PendingStep(self.cfg.dim, keys.shape[0])
+        applied = step_state.push(self.rows, self.row_marks, slots, keys, grads, contributors, rank,
+                                  self._kind, self._hp)
+        if step_state.open == 0:
+            self._retire(step)
+        return applied
+
+    def _retire(self, step: int) -> None:
+        """A step without open aggregations keeps its key map (so late or repeated
+        contributions are still rejected) but frees its gradients; only the last
+        ``RETAIN_STEPS`` such steps are kept."""
+        state = self.pending[step]
+        state.e_grad = np.zeros((0, self.cfg.dim), np.float32)
+        if step in self._retired:
+            self._retired.remove(step)
+        self._retired.append(step)
+        while len(self._retired) > RETAIN_STEPS:
+            old = self._retired.pop(0)
+            if old in self.pending and self.pending[old].open == 0:
+                del self.pending[old]
+
+    @property
+    def open_aggregations(self) -> int:
+        return sum(s.open for s in self.pending.values())
+
+    def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
+        """(row_keys uint64 [n], rows float32 [n, width]): views, copy before mutating."""
+        return self.row_keys[: self.n_rows], self.rows[: self.n_rows]
+
+    def load(self, keys: np.ndarray, rows: np.ndarray) -> None:
+        """Replace the whole table by (keys, rows); drops open aggregations."""
+        n = keys.shape[0]
+        cap = max(16, 1 << max(0, int(n - 1).bit_length()))
+        self.rows = np.zeros((cap, self.width), np.float32)
+        self.rows[:n] = rows
+        self.row_keys = np.zeros(cap, np.uint64)
+        self.row_keys[:n] = keys
+        self.row_marks = np.zeros(cap, np.int32)
+        self.stamps = np.zeros(cap, np.uint32)
+        self.n_rows = n
+        self.pending = {}
+        self._retired = []
+        self._alloc_map(4 * cap)

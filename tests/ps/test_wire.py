@@ -1,0 +1,91 @@
+"""NOTE [ps wire protocol]: encoding, size validation, and the server's error replies."""
+
+from __future__ import annotations
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+
+from herald.errors import ProtocolError
+from herald.ps import TableConfig, shard_of
+from herald.ps import wire
+from herald.ps.server import ShardServer
+
+
+def _frames(msg):
+    return [zmq.Frame(bytes(m)) for m in msg]
+
+
+def test_round_trip_is_zero_copy_views():
+    keys = np.arange(5, dtype=np.uint64)
+    grads = np.ones((5, 3), np.float32)
+    msg = wire.encode({"op": "x"}, [keys, grads])
+    header = wire.decode_header(msg[0])
+    a, b = wire.decode_arrays(header, _frames(msg[1:]))
+    assert a.dtype == np.uint64 and np.array_equal(a, keys) and b.shape == (5, 3)
+
+
+@pytest.mark.parametrize("bad", [
+    b"", b"\xc1", msgpack.packb([1, 2]), msgpack.packb({"v": 2, "frames": []}),
+    msgpack.packb({"v": 1, "frames": [["f8", [3]]]}), msgpack.packb({"v": 1, "frames": [["u8", [-1]]]}),
+    msgpack.packb({"v": 1, "frames": "no"}),
+])
+def test_bad_headers_raise(bad):
+    with pytest.raises(ProtocolError):
+        wire.decode_header(bad)
+
+
+def test_frame_sizes_must_match_header():
+    header = wire.decode_header(wire.encode({}, [np.zeros(4, np.uint64)])[0])
+    with pytest.raises(ProtocolError, match="bytes"):
+        wire.decode_arrays(header, _frames([b"\0" * 31]))
+    with pytest.raises(ProtocolError, match="frames"):
+        wire.decode_arrays(header, [])
+
+
+def _reply(server, header, arrays=()):
+    msg = wire.encode(header, arrays)
+    out = server.handle(_frames(msg))
+    h = msgpack.unpackb(out[0])
+    return h, wire.decode_arrays(h, _frames(out[1:])) if h["ok"] else []
+
+
+def test_server_rejects_and_keeps_state():
+    t = TableConfig("t", 4)
+    server = ShardServer(0, 2, tables=[t], seed=1)
+    keys = np.arange(100, dtype=np.uint64)
+    mine = keys[shard_of(0, keys, 2) == 0]
+    other = keys[shard_of(0, keys, 2) == 1]
+    h, (rows,) = _reply(server, {"op": "pull", "rid": 1, "cid": 1, "parts": [{"table": 0}]}, [mine])
+    assert h["ok"] and rows.shape == (mine.size, 4)
+    cases = [
+        ({"op": "pull", "rid": 2, "cid": 1, "parts": [{"table": 0}]}, [other], "belongs to shard 1"),
+        ({"op": "pull", "rid": 3, "cid": 1, "parts": [{"table": 9}]}, [mine], "unknown table"),
+        ({"op": "fly", "rid": 4, "cid": 1}, [], "unknown op"),
+        ({"op": "pull", "rid": 5, "cid": 1, "parts": [{"table": 0}]}, [mine.astype(np.float32)], "must be"),
+        ({"op": "push_rows", "rid": 6, "cid": 1, "parts": [{"table": 0}]},
+         [mine, np.zeros((mine.size, 5), np.float32)], "shape"),
+        ({"op": "push_grad", "rid": 7, "cid": 1, "step": 0, "rank": 0, "parts": [{"table": 0}]},
+         [mine, np.zeros((mine.size, 4), np.float32)], "frames"),
+        ({"op": "declare", "rid": 8, "cid": 1, "tables": [{"name": "t", "dim": 5}]}, [], "conflicting"),
+    ]
+    for header, arrays, match in cases:
+        h, _ = _reply(server, header, arrays)
+        assert not h["ok"] and match in h["message"], (header, h)
+        assert h["rid"] == header["rid"]
+    h, (rows2,) = _reply(server, {"op": "pull", "rid": 9, "cid": 1, "parts": [{"table": 0}]}, [mine])
+    assert np.array_equal(rows, rows2)
+    assert server.stats()["counters"]["errors"] == len(cases)
+
+
+def test_repeated_mutating_request_is_answered_from_the_reply_cache():
+    t = TableConfig("t", 2)
+    server = ShardServer(0, 1, tables=[t])
+    keys = np.arange(3, dtype=np.uint64)
+    push = {"op": "push_grad", "rid": 11, "cid": 42, "step": 0, "rank": 0, "parts": [{"table": 0}]}
+    arrays = [keys, np.ones((3, 2), np.float32), np.ones(3, np.uint16)]
+    assert _reply(server, push, arrays)[0]["applied"] == 3
+    assert _reply(server, push, arrays)[0]["applied"] == 3  # retry: same reply, not applied twice
+    assert server.stats()["counters"]["duplicate_requests"] == 1
+    assert server.stats()["counters"]["rows_updated"] == 3
