@@ -100,7 +100,7 @@ def _serve_dispatcher(args: argparse.Namespace) -> int:
     scheduler = Scheduler(SchedulerConfig(num_workers=cfg.workers, batch_size_per_worker=cfg.batch_size,
                                           schedule=cfg.schedule, cache_policy=cfg.cache_policy,
                                           cache_capacity_rows=cfg.cache_rows,
-                                          cache_ratio=None if cfg.cache_rows else cfg.cache_ratio, seed=cfg.seed),
+                                          cache_ratio=cfg.cache_ratio, seed=cfg.seed),
                           num_tables=train.schema.num_tables, distinct_keys=distinct)
     job = build_job(cfg, train.schema, args.ps.split(","))
     job["run_dir"] = None
@@ -148,3 +148,13 @@ def register(commands, bench, serve) -> None:
     d.add_argument("--dist-init", default=None, help="torch.distributed init method for the workers, "
                                                      "e.g. tcp://127.0.0.1:29500 (default: workers use env://)")
     d.set_defaults(func=_serve_dispatcher)
+    register_bench(bench)
+
+
+def register_bench(bench) -> None:
+    from herald.worker import bench as bench_mod
+
+    b = bench.add_parser("e2e", help="herald vs vanilla end to end: samples/s and bytes moved (same run)",
+                         description=bench_mod.__doc__)
+    bench_mod.add_arguments(b)
+    b.set_defaults(func=lambda args: (bench_mod.run(args), 0)[1])

@@ -168,7 +168,7 @@ def run_train(cfg: TrainConfig, *, progress: bool = True, on_finish=None) -> dic
     sched_cfg = SchedulerConfig(num_workers=cfg.workers, batch_size_per_worker=cfg.batch_size,
                                 schedule=cfg.schedule, cache_policy=cfg.cache_policy,
                                 cache_capacity_rows=cfg.cache_rows,
-                                cache_ratio=None if cfg.cache_rows else cfg.cache_ratio, seed=cfg.seed)
+                                cache_ratio=cfg.cache_ratio, seed=cfg.seed)
     scheduler = Scheduler(sched_cfg, num_tables=schema.num_tables, distinct_keys=distinct)
     batches = splits.global_batches(cfg.source, options, split_info["train_rows"], cfg.global_batch, cfg.epochs,
                                     cfg.steps)
