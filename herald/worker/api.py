@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import time
+import pathlib
 from datetime import timedelta
 from typing import Any, Iterator
 
@@ -145,8 +145,16 @@ class ScheduledLoader:
         return CachedEmbedding(self)
 
     def attach(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        """Register the dense model and its optimizer (all-reduced and stepped in :meth:`step`)."""
+        """Register the dense model and its optimizer (all-reduced and stepped in :meth:`step`).
+
+        A resumed job (``job["resume_dense"]``, a checkpoint folder) loads both states here.
+        """
         self._model, self._optimizer = model, optimizer
+        if self.job.get("resume_dense"):
+            state = torch.load(pathlib.Path(self.job["resume_dense"]) / "dense.pt", weights_only=True,
+                               map_location=self.device)
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
 
     # ----------------------------------------------------------- iteration
     def __iter__(self) -> Iterator[Batch]:
@@ -160,7 +168,9 @@ class ScheduledLoader:
                     yield Batch(torch.from_numpy(mb.labels.copy()).to(self.device),
                                 torch.from_numpy(mb.dense.copy()).to(self.device), mb.sample_ids, mb.step, mb)
                 elif op == "flush":
-                    self._flush(KeySet(arrays[0], arrays[1]))
+                    self._flush(KeySet(arrays[0], arrays[1]), reset=bool(header.get("reset")))
+                elif op == "save":
+                    self._save(str(header["path"]))
                 elif op == "end":
                     return
                 else:
@@ -178,7 +188,7 @@ class ScheduledLoader:
             self._push_rows(KeySet(plan.evict.table[wb], plan.evict.ids[wb]), rows)
         if len(plan.pull):
             rows = np.empty((len(plan.pull), self.cache.row_width), np.float32)
-            masks = {t: plan.pull.table == t for t in np.unique(plan.pull.table).tolist()}
+            masks = dict(_table_masks(plan.pull.table))
             got = self.ps.pull_async({t: plan.pull.ids[m] for t, m in masks.items()}).wait()
             for t, m in masks.items():
                 rows[m] = got[t]
@@ -203,8 +213,13 @@ class ScheduledLoader:
         return pooled.view(mb.num_tables, len(mb), self.dim).transpose(0, 1)
 
     # ---------------------------------------------------------------- step
-    def step(self, loss: torch.Tensor | float | None = None) -> None:
+    def step(self, loss: torch.Tensor | float | None = None, logits: torch.Tensor | None = None) -> None:
         """Finish the step: steps 4-7 of NOTE [step protocol], then ack to the dispatcher.
+
+        Args:
+            loss: the micro-batch's mean loss (reported, not used for the update).
+            logits: float [b] predictions made before this update; sent with the ack for
+                progressive validation (AUC / log loss of unseen samples).
 
         Raises:
             HeraldError: called before the embedding was used in this step, or without
@@ -223,8 +238,7 @@ class ScheduledLoader:
             if len(plan.update_local):
                 slots = self.cache.slots(plan.update_local)
                 g = grads[self._positions(mb, plan.update_local, row_base)]
-                for t in np.unique(plan.update_local.table).tolist():
-                    m = plan.update_local.table == t
+                for t, m in _table_masks(plan.update_local.table):
                     local = np.ascontiguousarray(self.cache.rows[slots[m]])
                     apply_gradients(local, np.ascontiguousarray(g[m]), self.tables[t])
                     self.cache.rows[slots[m]] = local
@@ -232,9 +246,12 @@ class ScheduledLoader:
                 self._push_rows(plan.plan_push, self.cache.rows[self.cache.slots(plan.plan_push)])
             self._dense_step()
             value = float(loss.detach()) if isinstance(loss, torch.Tensor) else (float("nan") if loss is None else float(loss))
+            preds = []
+            if logits is not None:
+                preds = [mb.labels, torch.sigmoid(logits.detach()).to("cpu", torch.float32).numpy().reshape(-1)]
             self._sock.send_multipart(wire.pack({
                 "op": "ack", "rank": self.rank, "step": mb.step, "loss": value,
-                "bytes_pulled": self.bytes_pulled, "bytes_pushed": self.bytes_pushed}), copy=False)
+                "bytes_pulled": self.bytes_pulled, "bytes_pushed": self.bytes_pushed}, preds), copy=False)
             self.bytes_pulled = self.bytes_pushed = 0
             self.steps += 1
         except Exception as exc:
@@ -242,15 +259,15 @@ class ScheduledLoader:
             raise
 
     def _push_grads(self, mb: MicroBatch, plan: Any, grads: np.ndarray, row_base: np.ndarray) -> None:
+        """Step 4: one multi-table request per shard, sent in parallel; waits for the acks."""
         if not len(plan.grad_push):
             return
         g = grads[self._positions(mb, plan.grad_push, row_base)]
-        for t in np.unique(plan.grad_push.table).tolist():
-            m = plan.grad_push.table == t
-            ids = plan.grad_push.ids[m]
-            self.ps.push_grad(t, ids, np.ascontiguousarray(g[m]), step=mb.step,
-                              contributors=plan.contributors[m], rank=self.rank)
-            self.bytes_pushed += ids.nbytes + g[m].nbytes
+        parts = {}
+        for t, m in _table_masks(plan.grad_push.table):
+            parts[t] = (plan.grad_push.ids[m], np.ascontiguousarray(g[m]), plan.contributors[m])
+        self.ps.push_grad_async(parts, step=mb.step, rank=self.rank).wait()
+        self.bytes_pushed += plan.grad_push.ids.nbytes + g.nbytes
 
     def _dense_step(self) -> None:
         params = [p for p in self._model.parameters() if p.requires_grad]
@@ -280,15 +297,32 @@ class ScheduledLoader:
         return out
 
     def _push_rows(self, keys: KeySet, rows: np.ndarray) -> None:
-        for t in np.unique(keys.table).tolist():
-            m = keys.table == t
-            self.ps.push_rows(t, keys.ids[m], np.ascontiguousarray(rows[m]))
-            self.bytes_pushed += keys.ids[m].nbytes + rows[m].nbytes
+        """Write back rows (embedding + optimizer state) of several tables; waits for the acks."""
+        if not len(keys):
+            return
+        parts = {t: (keys.ids[m], np.ascontiguousarray(rows[m])) for t, m in _table_masks(keys.table)}
+        self.ps.push_rows_async(parts).wait()
+        self.bytes_pushed += keys.ids.nbytes + rows.nbytes
 
-    def _flush(self, keys: KeySet) -> None:
+    def _flush(self, keys: KeySet, reset: bool) -> None:
+        """Write back the only-latest rows; with ``reset`` then empty the cache
+        (NOTE [checkpoint barrier] in herald/worker/dispatcher.py)."""
         if len(keys):
             self._push_rows(keys, self.cache.rows[self.cache.slots(keys)])
+        if reset:
+            self.cache = EmbeddingCache(self.cache.capacity_rows, self.cache.row_width)
         self._sock.send_multipart(wire.pack({"op": "flushed", "rank": self.rank}), copy=False)
+
+    def _save(self, path: str) -> None:
+        """Write the dense model and optimizer state to ``path/dense.pt`` (atomically)."""
+        if self._model is None or self._optimizer is None:
+            raise HeraldError("save requested before attach(model, optimizer)")
+        out = pathlib.Path(path)
+        out.mkdir(parents=True, exist_ok=True)
+        tmp = out / "dense.pt.tmp"
+        torch.save({"model": self._model.state_dict(), "optimizer": self._optimizer.state_dict()}, tmp)
+        tmp.replace(out / "dense.pt")
+        self._sock.send_multipart(wire.pack({"op": "saved", "rank": self.rank}), copy=False)
 
     # ------------------------------------------------------------- closing
     def _report_error(self, exc: BaseException) -> None:
@@ -311,6 +345,12 @@ class ScheduledLoader:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _table_masks(table: np.ndarray):
+    """``(table index, bool mask)`` for each table present in ``table`` (int32 [n])."""
+    for t in np.unique(table).tolist():
+        yield t, table == t
 
 
 def _recv(sock: zmq.Socket, timeout_ms: int, peer: str, what: str):

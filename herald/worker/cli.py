@@ -56,6 +56,17 @@ def _add_job_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=d.seed, help="(default: %(default)s)")
     p.add_argument("--timeout-ms", type=int, default=d.timeout_ms,
                    help="longest wait for any peer before it is reported by name (default: %(default)s)")
+    p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every, metavar="STEPS",
+                   help="checkpoint PS rows, dense state and source position every STEPS steps; kafka:// sources "
+                        "commit their offsets only with a checkpoint (0: at the end only for kafka://, "
+                        "never for files; default: %(default)s)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue a kafka:// job from the latest checkpoint in --run-dir")
+    p.add_argument("--eval-every", type=int, default=d.eval_every, metavar="STEPS",
+                   help="print progressive validation (AUC, log loss of predictions made before each update) "
+                        "every STEPS steps (default: %(default)s)")
+    p.add_argument("--log-sample-ids", action="store_true",
+                   help="append the sample ids of every trained step to RUN_DIR/trained_sample_ids.u64")
 
 
 def _config(args: argparse.Namespace):
@@ -67,7 +78,9 @@ def _config(args: argparse.Namespace):
                        dense_optimizer=args.dense_optimizer, dense_lr=args.dense_lr, model=args.model,
                        epochs=args.epochs, steps=args.steps, eval_fraction=args.eval_fraction,
                        ps_shards=args.ps_shards, seed=args.seed, run_dir=getattr(args, "run_dir", "runs/latest"),
-                       timeout_ms=args.timeout_ms, source_options=tuple(args.source_option))
+                       timeout_ms=args.timeout_ms, checkpoint_every=args.checkpoint_every, resume=args.resume,
+                       eval_every=args.eval_every, log_sample_ids=args.log_sample_ids,
+                       source_options=tuple(args.source_option))
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -97,18 +110,17 @@ def _serve_dispatcher(args: argparse.Namespace) -> int:
     options = dict(cfg.source_options)
     train, _, info = splits.open_train_eval(cfg.source, cfg.eval_fraction, options)
     distinct = None if cfg.cache_rows else splits.count_distinct_keys(cfg.source, options, info["train_rows"])
-    scheduler = Scheduler(SchedulerConfig(num_workers=cfg.workers, batch_size_per_worker=cfg.batch_size,
-                                          schedule=cfg.schedule, cache_policy=cfg.cache_policy,
-                                          cache_capacity_rows=cfg.cache_rows,
-                                          cache_ratio=cfg.cache_ratio, seed=cfg.seed),
-                          num_tables=train.schema.num_tables, distinct_keys=distinct)
+    sched_cfg = SchedulerConfig(num_workers=cfg.workers, batch_size_per_worker=cfg.batch_size,
+                                schedule=cfg.schedule, cache_policy=cfg.cache_policy,
+                                cache_capacity_rows=cfg.cache_rows, cache_ratio=cfg.cache_ratio, seed=cfg.seed)
+    num_tables = train.schema.num_tables
     job = build_job(cfg, train.schema, args.ps.split(","))
     job["run_dir"] = None
     if args.dist_init:
         job["dist_init"] = args.dist_init
     batches = splits.global_batches(cfg.source, options, info["train_rows"], cfg.global_batch, cfg.epochs, cfg.steps)
     with Dispatcher(DispatcherConfig(num_workers=cfg.workers, bind=args.bind, peer_timeout_ms=cfg.timeout_ms),
-                    batches, scheduler, job) as disp:
+                    batches, lambda: Scheduler(sched_cfg, num_tables=num_tables, distinct_keys=distinct), job) as disp:
         print(f"dispatcher listening on {disp.address}", flush=True)
         records = disp.serve()
     print(f"dispatcher: {len(records)} steps acked by all {cfg.workers} workers")

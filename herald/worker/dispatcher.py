@@ -7,10 +7,13 @@ identity ``worker-<rank>``; every message is :mod:`herald.wire` framed):
     dispatcher -> worker   config {job}                     once all ranks said hello
     dispatcher -> worker   microbatch {step, ...}           at most ``max_inflight_steps``
                                                             steps ahead of the slowest ack
-    worker -> dispatcher   ack {step, loss, bytes_pulled, bytes_pushed}
-    dispatcher -> worker   flush [table, ids]               after the last step: write back
-                                                            every only-latest cached row
+    worker -> dispatcher   ack {step, loss, bytes_*} [labels, probs]
+    dispatcher -> worker   flush {reset} [table, ids]       write back every only-latest
+                                                            cached row (then, with reset,
+                                                            empty the cache)
     worker -> dispatcher   flushed {}
+    dispatcher -> worker   save {path}                      rank 0 writes dense state
+    worker -> dispatcher   saved {}
     dispatcher -> worker   end {steps}
     worker -> dispatcher   error {message}                  a worker failed; the job stops
 
@@ -19,16 +22,24 @@ allocates exactly ``batch_size_per_worker`` samples to each), so all ranks stop 
 the same step and no collective ever waits on a rank that ran out of data.
 The scheduler runs one step ahead: the plan of step t needs the allocation of
 step t+1 (Herald Alg. 2), so step t is sent once batch t+1 has been scheduled.
+
+NOTE [checkpoint barrier]: every ``checkpoint_every_steps`` steps (and at the end)
+the dispatcher stops reading, finishes the scheduler's last step (no plan pushes),
+waits for every ack, has the workers write back every only-latest row and empty
+their caches, has rank 0 save the dense state, then calls ``on_checkpoint`` (which
+checkpoints the PS and commits the source position). The PS then holds the whole
+model as of that step. Training goes on with a fresh scheduler and empty caches,
+exactly as a job restarted from that checkpoint would.
 A peer that sends nothing for ``peer_timeout_ms`` while the dispatcher waits on
 it is reported by rank (:class:`~herald.errors.PeerTimeout`).
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
+import threading
 import time
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, BinaryIO, Callable, Iterable, Iterator
 
 import numpy as np
 import zmq
@@ -37,7 +48,8 @@ from herald import wire
 from herald.config import require
 from herald.errors import HeraldError, PeerTimeout, ProtocolError
 from herald.loader.batch import SampleBatch
-from herald.scheduler.plan import CAUSES, KeySet
+from herald.scheduler.plan import CAUSES
+from herald.worker.idbuffer import IdFeatureBuffer
 from herald.worker.microbatch import MicroBatch, make_sample_ids
 
 
@@ -51,6 +63,9 @@ class DispatcherConfig:
         max_inflight_steps: steps sent but not yet acked by every worker (credits).
         peer_timeout_ms: longest wait for any expected worker message.
         dispatcher_rank: the top 8 bits of every sample id (Persia §4.1), 0-255.
+        checkpoint_every_steps: steps between checkpoint barriers (0: only at the end,
+            and only if ``on_checkpoint`` is given).
+        first_step: number of the first step (a resumed job continues its count).
     """
 
     num_workers: int
@@ -58,58 +73,25 @@ class DispatcherConfig:
     max_inflight_steps: int = 2
     peer_timeout_ms: int = 120_000
     dispatcher_rank: int = 0
+    checkpoint_every_steps: int = 0
+    first_step: int = 0
 
     def __post_init__(self) -> None:
         require(self.num_workers >= 1, f"num_workers must be >= 1, got {self.num_workers}")
         require(self.max_inflight_steps >= 1, "max_inflight_steps must be >= 1")
         require(self.peer_timeout_ms > 0, "peer_timeout_ms must be > 0")
         require(0 <= self.dispatcher_rank < 256, "dispatcher_rank must be in [0, 255]")
-
-
-class IdFeatureBuffer:
-    """ID features of in-flight samples, keyed by sample id (Persia §4.2.1's buffer).
-
-    Holds the micro-batches of steps sent but not yet acked by every worker; bounded
-    by ``capacity_samples`` (the credits keep it from filling: a full buffer is a bug
-    and raises rather than growing).
-    """
-
-    def __init__(self, capacity_samples: int):
-        self.capacity_samples = capacity_samples
-        self._steps: "collections.OrderedDict[int, list[MicroBatch]]" = collections.OrderedDict()
-        self._first_id: dict[int, int] = {}
-        self.size_samples = 0
-
-    def put(self, step: int, micro_batches: list[MicroBatch]) -> None:
-        n = sum(len(mb) for mb in micro_batches)
-        if self.size_samples + n > self.capacity_samples:
-            raise ProtocolError(f"ID-feature buffer full ({self.size_samples}+{n} > {self.capacity_samples} samples)")
-        self._steps[step] = micro_batches
-        self.size_samples += n
-
-    def get(self, sample_id: int) -> tuple[int, dict[int, np.ndarray]]:
-        """(rank, {table: ids}) of one in-flight sample.
-
-        Raises:
-            KeyError: the sample is not in flight (never sent, or already acked).
-        """
-        for mbs in self._steps.values():
-            for mb in mbs:
-                hit = np.flatnonzero(mb.sample_ids == np.uint64(sample_id))
-                if hit.size:
-                    i = int(hit[0])
-                    return mb.rank, {t: mb.values(t)[mb.offsets[t][i]:mb.offsets[t][i + 1]]
-                                     for t in range(mb.num_tables)}
-        raise KeyError(f"sample id {sample_id} is not in flight")
-
-    def release(self, step: int) -> None:
-        mbs = self._steps.pop(step, [])
-        self.size_samples -= sum(len(mb) for mb in mbs)
+        require(self.checkpoint_every_steps >= 0, "checkpoint_every_steps must be >= 0")
+        require(self.first_step >= 0, "first_step must be >= 0")
 
 
 @dataclasses.dataclass
 class StepRecord:
-    """What the dispatcher learned about one finished step."""
+    """What the dispatcher learned about one finished step.
+
+    ``labels`` and ``probs`` (float32 [global batch]) are the workers' predictions made
+    *before* the step's update: progressive validation.
+    """
 
     step: int
     loss: float
@@ -117,6 +99,8 @@ class StepRecord:
     bytes_pulled: int
     bytes_pushed: int
     schedule_ms: float
+    labels: np.ndarray
+    probs: np.ndarray
 
 
 class Dispatcher:
@@ -125,26 +109,36 @@ class Dispatcher:
     Args:
         config: :class:`DispatcherConfig`.
         batches: global batches of exactly ``num_workers * batch_size_per_worker``
-            samples (use the loader's batcher with ``drop_last=True``).
-        scheduler: a :class:`herald.scheduler.Scheduler` for the same workers.
-        job: JSON-serialisable settings sent to every worker in ``config``
-            (tables, model, PS addresses, ...).
+            samples. If it has ``sample_ids(i)`` (e.g. :class:`~herald.worker.stream.
+            KafkaGlobalBatches`), those are the sample ids of batch ``i``; else ids
+            are ``rank << 56 | sequence number``.
+        scheduler_factory: returns a fresh :class:`herald.scheduler.Scheduler` (called at
+            the start and after every checkpoint barrier).
+        job: JSON-serialisable settings sent to every worker in ``config``.
         on_step: called with each :class:`StepRecord` once every worker acked it.
-        liveness: called about every 0.5 s while waiting on workers; raise from it to
-            abort (``herald train`` checks that its worker processes are alive).
+        on_checkpoint: ``on_checkpoint(step, batch_index, save_path)`` at each barrier,
+            after the workers flushed and saved (NOTE [checkpoint barrier]);
+            ``save_path`` is where rank 0 wrote the dense state.
+        checkpoint_path: ``checkpoint_path(step) -> str``, the folder the workers save to.
+        liveness: called about every 0.5 s while waiting on workers; raise from it to abort.
+        sample_id_log: a binary file; the uint64 ids of every fully acked step are appended.
 
-    Use as a context manager; :attr:`address` is the bound endpoint.
+    Use as a context manager; :attr:`address` is the bound endpoint; :meth:`stop`
+    (thread-safe) ends the job cleanly after the step in progress.
     """
 
-    def __init__(self, config: DispatcherConfig, batches: Iterable[SampleBatch], scheduler: Any,
-                 job: dict[str, Any], on_step: Callable[[StepRecord], None] | None = None,
-                 liveness: Callable[[], None] | None = None):
+    def __init__(self, config: DispatcherConfig, batches: Iterable[SampleBatch], scheduler_factory: Callable[[], Any],
+                 job: dict[str, Any], *, on_step: Callable[[StepRecord], None] | None = None,
+                 on_checkpoint: Callable[[int, int, str], None] | None = None,
+                 checkpoint_path: Callable[[int], str] | None = None,
+                 liveness: Callable[[], None] | None = None, sample_id_log: BinaryIO | None = None):
         self.config = config
         self._batches = batches
-        self._scheduler = scheduler
+        self._factory = scheduler_factory
+        self.scheduler = scheduler_factory()
         self._job = job
-        self._on_step = on_step
-        self._liveness = liveness
+        self._on_step, self._on_checkpoint, self._checkpoint_path = on_step, on_checkpoint, checkpoint_path
+        self._liveness, self._id_log = liveness, sample_id_log
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -153,10 +147,12 @@ class Dispatcher:
         self.address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._identities: dict[int, bytes] = {}
         self._buffer: IdFeatureBuffer | None = None  # sized on the first global batch
-        self._acks: dict[int, dict[int, dict[str, Any]]] = collections.defaultdict(dict)
-        self._pending: dict[int, tuple[np.ndarray, float]] = {}
+        self._acks: dict[int, dict[int, tuple[dict[str, Any], list[np.ndarray]]]] = {}
+        self._pending: dict[int, tuple[np.ndarray, float, np.ndarray]] = {}
+        self._stop = threading.Event()
         self.records: list[StepRecord] = []
-        self.steps_sent = 0
+        self.next_step = config.first_step
+        self.checkpoints: list[int] = []
         self._closed = False
 
     # ------------------------------------------------------------ lifecycle
@@ -172,48 +168,71 @@ class Dispatcher:
             self._closed = True
             self._sock.close(linger=0)
 
+    def stop(self) -> None:
+        """Stop reading new batches; the job ends at the next step boundary (thread-safe)."""
+        self._stop.set()
+
     # ---------------------------------------------------------------- serve
     def serve(self) -> list[StepRecord]:
-        """Run the whole job: handshake, all steps, flush, end. Returns the step records.
+        """Run the whole job: handshake, all steps (with barriers), final flush, end.
 
         Raises:
             PeerTimeout: a worker sent nothing for ``peer_timeout_ms`` while awaited.
             HeraldError: a worker reported an error (the message names its rank).
         """
         self._handshake()
-        for step_plan, batch in self._scheduled():
-            self._wait_for_credit(step_plan.step)
-            self._send_step(step_plan, batch)
-        self._wait_for_credit(self.steps_sent, drain=True)
-        self._flush()
+        last = None
+        for item in self._scheduled():
+            if item[0] == "step":
+                _, step_plan, batch, index = item
+                self._wait_for_credit(drain=False)
+                self._send_step(step_plan, batch, index)
+            else:
+                last = item[1]
+                self._barrier(item[1], item[2], final=item[3])
+        if last is None:  # no batch at all
+            self._wait_for_credit(drain=True)
         for rank in range(self.config.num_workers):
-            self._send(rank, {"op": "end", "steps": self.steps_sent})
+            self._send(rank, {"op": "end", "steps": self.next_step})
         return self.records
 
-    def _scheduled(self) -> Iterator[tuple[Any, SampleBatch]]:
-        """(StepPlan of step t, global batch t), one step behind the batches read."""
-        held: collections.deque[SampleBatch] = collections.deque()
-        for batch in self._batches:
-            held.append(batch)
+    def _scheduled(self) -> Iterator[tuple]:
+        """("step", StepPlan, batch, batch index) items, one step behind the batches read,
+        and ("barrier", last step, its batch index, final) items."""
+        held: list[tuple[SampleBatch, int]] = []
+        every = self.config.checkpoint_every_steps
+        index = -1
+        for index, batch in enumerate(self._batches):
+            held.append((batch, index))
             t0 = time.perf_counter()
-            plan = self._scheduler.submit(batch)
-            self._last_schedule_ms = (time.perf_counter() - t0) * 1e3
+            plan = self.scheduler.submit(batch)
+            self._schedule_ms = (time.perf_counter() - t0) * 1e3
             if plan is not None:
-                yield plan, held.popleft()
+                yield ("step", plan, *held.pop(0))
+            due = every and (index + 1) % every == 0
+            if due or self._stop.is_set():
+                yield from self._finish_scheduler(held)
+                yield ("barrier", self.next_step - 1, index, self._stop.is_set())
+                if self._stop.is_set():
+                    return
+                self.scheduler = self._factory()
+        if held:
+            yield from self._finish_scheduler(held)
+        if index >= 0:
+            yield ("barrier", self.next_step - 1, index, True)
+
+    def _finish_scheduler(self, held: list) -> Iterator[tuple]:
         t0 = time.perf_counter()
-        plan = self._scheduler.finish()
-        self._last_schedule_ms = (time.perf_counter() - t0) * 1e3
+        plan = self.scheduler.finish()
+        self._schedule_ms = (time.perf_counter() - t0) * 1e3
         if plan is not None:
-            yield plan, held.popleft()
+            yield ("step", plan, *held.pop(0))
 
     def _handshake(self) -> None:
         deadline = time.monotonic() + self.config.peer_timeout_ms / 1e3
         while len(self._identities) < self.config.num_workers:
-            msg = self._recv(deadline, waiting_for="hello from workers "
-                             f"{sorted(set(range(self.config.num_workers)) - set(self._identities))}")
-            if msg is None:
-                continue
-            ident, header, _ = msg
+            missing = sorted(set(range(self.config.num_workers)) - set(self._identities))
+            ident, header, _ = self._recv(deadline, waiting_for=f"hello from workers {missing}")
             if header["op"] != "hello":
                 raise ProtocolError(f"expected hello, got {header['op']!r}")
             rank = header.get("rank")
@@ -224,72 +243,88 @@ class Dispatcher:
                 raise ProtocolError(f"worker {rank} expects world size {header.get('world_size')}, "
                                     f"dispatcher serves {self.config.num_workers}")
             self._identities[rank] = ident
-        job = dict(self._job, capacity_rows=int(self._scheduler.capacity_rows), num_workers=self.config.num_workers)
+        job = dict(self._job, capacity_rows=int(self.scheduler.capacity_rows), num_workers=self.config.num_workers)
         for rank in range(self.config.num_workers):
             self._send(rank, {"op": "config", "job": job})
 
-    def _send_step(self, step_plan: Any, batch: SampleBatch) -> None:
-        n_workers = self.config.num_workers
-        gb = len(batch)
-        ids = make_sample_ids(self.config.dispatcher_rank, step_plan.step * gb, gb)
-        mbs = []
-        for rank in range(n_workers):
-            idx = step_plan.assignment[rank]
-            mb = MicroBatch.build(step_plan.step, rank, batch.take(idx), ids[idx], step_plan.plans[rank])
-            mbs.append(mb)
+    def _send_step(self, step_plan: Any, batch: SampleBatch, index: int) -> None:
+        step, gb = self.next_step, len(batch)
+        if hasattr(self._batches, "sample_ids"):
+            ids = self._batches.sample_ids(index)
+        else:
+            ids = make_sample_ids(self.config.dispatcher_rank, index * gb, gb)
+        mbs = [MicroBatch.build(step, rank, batch.take(step_plan.assignment[rank]), ids[step_plan.assignment[rank]],
+                                step_plan.plans[rank]) for rank in range(self.config.num_workers)]
         if self._buffer is None:
             self._buffer = IdFeatureBuffer((self.config.max_inflight_steps + 1) * gb)
-        self._buffer.put(step_plan.step, mbs)
-        self._pending[step_plan.step] = (np.asarray(step_plan.counts), self._last_schedule_ms)
+        self._buffer.put(step, mbs)
+        self._pending[step] = (np.asarray(step_plan.counts), self._schedule_ms, ids)
+        self._acks[step] = {}
         for mb in mbs:
-            header, arrays = mb.to_frames()
-            self._send(mb.rank, header, arrays)
-        self.steps_sent = step_plan.step + 1
+            self._send(mb.rank, *mb.to_frames())
+        self.next_step = step + 1
 
-    def _wait_for_credit(self, next_step: int, drain: bool = False) -> None:
-        """Block until at most ``max_inflight_steps - 1`` steps are unacked (0 if ``drain``)."""
+    def _wait_for_credit(self, drain: bool) -> None:
+        """Block until at most ``max_inflight_steps - 1`` steps are unacked (none if ``drain``)."""
         limit = 0 if drain else self.config.max_inflight_steps - 1
         while len(self._pending) > limit:
             oldest = min(self._pending)
             missing = sorted(set(range(self.config.num_workers)) - set(self._acks[oldest]))
             deadline = time.monotonic() + self.config.peer_timeout_ms / 1e3
-            msg = self._recv(deadline, waiting_for=f"ack of step {oldest} from workers {missing}")
-            if msg is None:
-                continue
-            _, header, _ = msg
+            _, header, arrays = self._recv(deadline, waiting_for=f"ack of step {oldest} from workers {missing}")
             if header["op"] != "ack":
                 raise ProtocolError(f"expected ack, got {header['op']!r}")
-            self._record_ack(header)
+            self._record_ack(header, arrays)
 
-    def _record_ack(self, header: dict[str, Any]) -> None:
+    def _record_ack(self, header: dict[str, Any], arrays: list[np.ndarray]) -> None:
         step, rank = header.get("step"), header.get("rank")
         if step not in self._pending or not isinstance(rank, int) or rank in self._acks[step]:
             raise ProtocolError(f"unexpected ack of step {step!r} from rank {rank!r}")
-        self._acks[step][rank] = header
-        if len(self._acks[step]) == self.config.num_workers:
-            acks = self._acks.pop(step)
-            counts, sched_ms = self._pending.pop(step)
-            self._buffer.release(step)
-            rec = StepRecord(step, float(np.mean([a.get("loss", float("nan")) for a in acks.values()])), counts,
-                             sum(int(a.get("bytes_pulled", 0)) for a in acks.values()),
-                             sum(int(a.get("bytes_pushed", 0)) for a in acks.values()), sched_ms)
-            self.records.append(rec)
-            if self._on_step is not None:
-                self._on_step(rec)
+        self._acks[step][rank] = (header, arrays)
+        if len(self._acks[step]) < self.config.num_workers:
+            return
+        by_rank = self._acks.pop(step)
+        acks = [by_rank[r] for r in range(self.config.num_workers)]
+        counts, sched_ms, ids = self._pending.pop(step)
+        self._buffer.release(step)
+        preds = [a for _, a in acks if len(a) == 2]
+        rec = StepRecord(step, float(np.mean([h.get("loss", float("nan")) for h, _ in acks])), counts,
+                         sum(int(h.get("bytes_pulled", 0)) for h, _ in acks),
+                         sum(int(h.get("bytes_pushed", 0)) for h, _ in acks), sched_ms,
+                         np.concatenate([a[0] for a in preds]) if preds else np.zeros(0, np.float32),
+                         np.concatenate([a[1] for a in preds]) if preds else np.zeros(0, np.float32))
+        self.records.append(rec)
+        if self._id_log is not None:
+            self._id_log.write(np.ascontiguousarray(ids, np.uint64).tobytes())
+            self._id_log.flush()
+        if self._on_step is not None:
+            self._on_step(rec)
 
-    def _flush(self) -> None:
-        keysets: list[KeySet] = self._scheduler.flush()
-        for rank, ks in enumerate(keysets):
-            self._send(rank, {"op": "flush"}, [ks.table, ks.ids])
+    def _barrier(self, step: int, batch_index: int, final: bool) -> None:
+        """NOTE [checkpoint barrier]."""
+        self._wait_for_credit(drain=True)
+        self._flush(reset=not final)
+        if self._on_checkpoint is None or step < self.config.first_step:
+            return
+        path = self._checkpoint_path(step) if self._checkpoint_path else ""
+        if path:
+            self._send(0, {"op": "save", "path": path})
+            self._expect({0}, "saved")
+        self._on_checkpoint(step, batch_index, path)
+        self.checkpoints.append(step)
+
+    def _flush(self, reset: bool) -> None:
+        for rank, ks in enumerate(self.scheduler.flush()):
+            self._send(rank, {"op": "flush", "reset": reset}, [ks.table, ks.ids])
+        self._expect(set(range(self.config.num_workers)), "flushed")
+
+    def _expect(self, ranks: set[int], op: str) -> None:
         done: set[int] = set()
         deadline = time.monotonic() + self.config.peer_timeout_ms / 1e3
-        while len(done) < self.config.num_workers:
-            msg = self._recv(deadline, waiting_for=f"flushed from workers {sorted(set(range(self.config.num_workers)) - done)}")
-            if msg is None:
-                continue
-            _, header, _ = msg
-            if header["op"] != "flushed":
-                raise ProtocolError(f"expected flushed, got {header['op']!r}")
+        while done != ranks:
+            _, header, _ = self._recv(deadline, waiting_for=f"{op} from workers {sorted(ranks - done)}")
+            if header["op"] != op:
+                raise ProtocolError(f"expected {op}, got {header['op']!r}")
             done.add(int(header["rank"]))
 
     # --------------------------------------------------------------- socket

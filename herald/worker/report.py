@@ -30,6 +30,7 @@ class Progress:
         self._bar = None
         self._t0 = time.perf_counter()
         self._samples = 0
+        self._window: list[StepRecord] = []
         if enabled:
             from tqdm import tqdm
 
@@ -37,6 +38,16 @@ class Progress:
 
     def update(self, rec: StepRecord) -> None:
         self._samples += self.cfg.global_batch
+        self._window.append(rec)
+        if len(self._window) >= self.cfg.eval_every:
+            pv = progressive(self._window)
+            line = (f"step {rec.step}: progressive validation over {pv['samples']:,} samples: "
+                    f"AUC {pv['auc']:.4f} logloss {pv['logloss']:.4f}")
+            if self._bar is not None:
+                self._bar.write(line)
+            elif self.enabled:
+                print(line)
+            self._window = []
         if self._bar is None:
             return
         c = rec.counts.sum(axis=0)
@@ -51,6 +62,16 @@ class Progress:
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
+
+
+def progressive(records: list[StepRecord]) -> dict[str, float]:
+    """AUC and log loss of the predictions made before each step's update (progressive
+    validation: every sample is scored before the model trains on it)."""
+    y = np.concatenate([r.labels for r in records]) if records else np.zeros(0)
+    p = np.concatenate([r.probs for r in records]) if records else np.zeros(0)
+    if y.size == 0:
+        return {"samples": 0, "auc": float("nan"), "logloss": float("nan")}
+    return {"samples": int(y.size), "auc": roc_auc(y, p), "logloss": log_loss(y, p)}
 
 
 def evaluate(job: dict[str, Any], source, run_dir: pathlib.Path, ps_addresses, batch_rows: int = 4096) -> dict:
@@ -96,7 +117,7 @@ def evaluate(job: dict[str, Any], source, run_dir: pathlib.Path, ps_addresses, b
 
 
 def build(cfg: Any, records: list[StepRecord], train_s: float, metrics: dict, *, batches_info: dict,
-          split_info: dict, scheduler: Any) -> dict[str, Any]:
+          split_info: dict, capacity_rows: int) -> dict[str, Any]:
     """The report dict: throughput, metrics, transmissions by cause and in bytes."""
     counts = np.sum([r.counts.sum(axis=0) for r in records], axis=0) if records else np.zeros(len(CAUSES), np.int64)
     by_cause = {c: int(v) for c, v in zip(CAUSES, counts)}
@@ -107,7 +128,7 @@ def build(cfg: Any, records: list[StepRecord], train_s: float, metrics: dict, *,
     samples = steps * cfg.global_batch
     return {
         "config": {k: v for k, v in vars(cfg).items() if k != "source_options"},
-        "capacity_rows_per_worker": int(scheduler.capacity_rows),
+        "capacity_rows_per_worker": int(capacity_rows),
         "split": split_info,
         "data": batches_info,
         "steps": steps,
@@ -116,6 +137,7 @@ def build(cfg: Any, records: list[StepRecord], train_s: float, metrics: dict, *,
         "samples_per_second": samples / train_s if train_s > 0 else float("nan"),
         "final_loss": float(np.mean([r.loss for r in records[-10:]])) if records else float("nan"),
         "metrics": metrics,
+        "progressive_validation": progressive(records),
         "transmissions": {**by_cause, "pulls": pulls, "pushes": pushes, "total": pulls + pushes,
                           "embedding_bytes": (pulls + pushes) * row_bytes},
         "wire_bytes": {"pulled": int(sum(r.bytes_pulled for r in records)),
@@ -138,6 +160,10 @@ def format_text(rep: dict[str, Any]) -> str:
     if m.get("eval_rows"):
         lines.append(f"held-out ({m['eval_rows']:,} rows): AUC {m['auc']:.4f}  logloss {m['logloss']:.4f}  "
                      f"dense replicas equal: {m['dense_replicas_equal']}")
+    pv = rep["progressive_validation"]
+    if pv["samples"]:
+        lines.append(f"progressive validation ({pv['samples']:,} training samples, scored before each update): "
+                     f"AUC {pv['auc']:.4f}  logloss {pv['logloss']:.4f}")
     lines.append("transmissions: " + "  ".join(f"{c} {tx[c]:,}" for c in CAUSES))
     lines.append(f"  pulls {tx['pulls']:,}  pushes {tx['pushes']:,}  total {tx['total']:,}  "
                  f"({tx['embedding_bytes'] / 2**20:.1f} MiB of embeddings); on the wire: pulled "

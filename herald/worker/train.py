@@ -9,24 +9,22 @@ the whole job stops (children are terminated with a bounded wait: no orphans).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import pathlib
+import signal
 import socket
 import subprocess
 import sys
 import time
 from typing import Any
 
-import numpy as np
-
 from herald.config import require
-from herald.errors import ConfigError, HeraldError
-from herald.loader.batch import SampleBatch
-from herald.ps import LocalShards, OptimizerConfig, TableConfig
+from herald.errors import HeraldError
+from herald.ps import LocalShards, OptimizerConfig, PSClient, TableConfig
 from herald.scheduler import Scheduler, SchedulerConfig
 from herald.worker.dispatcher import Dispatcher, DispatcherConfig, StepRecord
-from herald.worker import splits
+from herald.worker import checkpoints, splits
+from herald.worker.stream import KafkaGlobalBatches
 
 DEFAULT_SOURCE = "synthetic://criteo?rows=60000&seed=0"
 
@@ -56,6 +54,10 @@ class TrainConfig:
     run_dir: str = "runs/latest"
     max_inflight_steps: int = 2
     timeout_ms: int = 120_000
+    checkpoint_every: int = 0
+    resume: bool = False
+    eval_every: int = 100
+    log_sample_ids: bool = False
     source_options: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
@@ -66,6 +68,16 @@ class TrainConfig:
         require(self.epochs >= 1, "--epochs must be >= 1")
         require(self.steps is None or self.steps >= 1, "--steps must be >= 1")
         require(self.workers <= 255, "at most 255 workers per dispatcher")
+        require(self.checkpoint_every >= 0, "--checkpoint-every must be >= 0")
+        require(self.eval_every >= 1, "--eval-every must be >= 1")
+        require(not self.is_stream or self.cache_rows is not None,
+                "a kafka:// stream has no known set of keys to size the cache from: pass --cache-rows")
+        require(not self.resume or self.is_stream,
+                "--resume continues a kafka:// stream from its latest checkpoint; file sources are re-run")
+
+    @property
+    def is_stream(self) -> bool:
+        return self.source.startswith("kafka://")
 
     @property
     def global_batch(self) -> int:
@@ -95,6 +107,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _die_with_parent() -> None:
+    """In the child: SIGKILL when the parent dies (Linux prctl PR_SET_PDEATHSIG), so a
+    killed ``herald train`` leaves no orphan workers. Elsewhere the workers' own peer
+    timeouts end them."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
 class _Children:
     """Worker processes, checked for liveness while the dispatcher waits."""
 
@@ -106,7 +130,8 @@ class _Children:
         log = open(self.run_dir / f"{name}.log", "wb")
         env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
         self.procs[name] = subprocess.Popen([sys.executable, "-m", "herald", *args], stdout=log,
-                                            stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                                            stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                            preexec_fn=_die_with_parent)
         log.close()
 
     def check(self) -> None:
@@ -150,7 +175,8 @@ def run_train(cfg: TrainConfig, *, progress: bool = True, on_finish=None) -> dic
     """Run a whole training job; returns the report dict (also written to ``run_dir``).
 
     ``on_finish(ps_addresses, job)``, if given, runs after the final flush while the PS
-    shards are still up (tests read the trained rows there).
+    shards are still up (tests read the trained rows there). SIGINT / SIGTERM end the
+    job cleanly at the next step (with a final checkpoint when checkpointing is on).
 
     Raises:
         ConfigError: bad settings; HeraldError: a child process failed (named).
@@ -159,49 +185,135 @@ def run_train(cfg: TrainConfig, *, progress: bool = True, on_finish=None) -> dic
 
     run_dir = pathlib.Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    options = dict(cfg.source_options)
-    train_source, eval_source, split_info = splits.open_train_eval(cfg.source, cfg.eval_fraction, options)
-    schema = train_source.schema
-    distinct = None
-    if cfg.cache_rows is None:
-        distinct = splits.count_distinct_keys(cfg.source, options, split_info["train_rows"], progress=progress)
+    data = _Data(cfg)
+    resume = checkpoints.latest(run_dir / "checkpoints") if cfg.resume else None
+    if resume is not None:
+        data.seek(resume.meta["source_position"])
     sched_cfg = SchedulerConfig(num_workers=cfg.workers, batch_size_per_worker=cfg.batch_size,
                                 schedule=cfg.schedule, cache_policy=cfg.cache_policy,
-                                cache_capacity_rows=cfg.cache_rows,
-                                cache_ratio=cfg.cache_ratio, seed=cfg.seed)
-    scheduler = Scheduler(sched_cfg, num_tables=schema.num_tables, distinct_keys=distinct)
-    batches = splits.global_batches(cfg.source, options, split_info["train_rows"], cfg.global_batch, cfg.epochs,
-                                    cfg.steps)
+                                cache_capacity_rows=cfg.cache_rows, cache_ratio=cfg.cache_ratio, seed=cfg.seed)
+    num_tables = data.schema.num_tables
+
+    def new_scheduler() -> Scheduler:
+        return Scheduler(sched_cfg, num_tables=num_tables, distinct_keys=data.distinct_keys)
+
     children = _Children(run_dir)
     records: list[StepRecord] = []
+    id_log = open(run_dir / "trained_sample_ids.u64", "ab") if cfg.log_sample_ids else None
     t_start = time.perf_counter()
-    with LocalShards(num_shards=cfg.ps_shards, tables=_tables(cfg, schema), seed=cfg.seed) as shards:
-        job = build_job(cfg, schema, list(shards.addresses))
+    with LocalShards(num_shards=cfg.ps_shards, tables=_tables(cfg, data.schema), seed=cfg.seed) as shards, \
+            PSClient(list(shards.addresses), tables=_tables(cfg, data.schema), timeout_ms=cfg.timeout_ms) as ps:
+        if resume is not None:
+            ps.restore(str(resume.path / "ps"))
+        job = build_job(cfg, data.schema, list(shards.addresses))
         job["dist_init"] = f"tcp://127.0.0.1:{_free_port()}"
+        if resume is not None:
+            job["resume_dense"] = str(resume.path)
+        ckpt = checkpoints.Checkpointer(run_dir / "checkpoints", lambda path: ps.checkpoint(path),
+                                        position=data.position, commit=data.commit)
+        use_ckpt = bool(cfg.checkpoint_every or cfg.is_stream)
         bar = report_mod.Progress(cfg, enabled=progress)
         disp_cfg = DispatcherConfig(num_workers=cfg.workers, max_inflight_steps=cfg.max_inflight_steps,
-                                    peer_timeout_ms=cfg.timeout_ms)
+                                    peer_timeout_ms=cfg.timeout_ms, checkpoint_every_steps=cfg.checkpoint_every,
+                                    first_step=resume.step + 1 if resume else 0)
         try:
-            with Dispatcher(disp_cfg, batches, scheduler, job, on_step=bar.update, liveness=children.check) as disp:
+            with Dispatcher(disp_cfg, data.batches, new_scheduler, job, on_step=bar.update,
+                            on_checkpoint=ckpt.save if use_ckpt else None,
+                            checkpoint_path=ckpt.staging_path if use_ckpt else None,
+                            liveness=children.check, sample_id_log=id_log) as disp, \
+                    _stop_on_signals(disp, data):
                 for rank in range(cfg.workers):
                     children.start(f"worker-{rank}", ["serve", "worker", "--dispatcher", disp.address, "--rank",
                                                       str(rank), "--world-size", str(cfg.workers),
                                                       "--timeout-ms", str(cfg.timeout_ms)])
                 records = disp.serve()
+                capacity_rows = disp.scheduler.capacity_rows
             children.wait(timeout_s=60)
         except BaseException:
             children.stop()
             raise
         finally:
             bar.close()
+            if id_log is not None:
+                id_log.close()
         train_s = time.perf_counter() - t_start
         if on_finish is not None:
             on_finish(list(shards.addresses), job)
-        metrics = report_mod.evaluate(job, eval_source, run_dir, shards.addresses) if eval_source is not None else {}
-    rep = report_mod.build(cfg, records, train_s, metrics, batches_info=batches.info, split_info=split_info,
-                           scheduler=scheduler)
+        metrics = (report_mod.evaluate(job, data.eval_source, run_dir, shards.addresses)
+                   if data.eval_source is not None else {})
+        data.close()
+    rep = report_mod.build(cfg, records, train_s, metrics, batches_info=data.batches.info, split_info=data.split_info,
+                           capacity_rows=capacity_rows)
     report_mod.write(rep, records, run_dir)
     return rep
+
+
+class _Data:
+    """What a job reads: schema, global batches, held-out split, position and commit."""
+
+    def __init__(self, cfg: TrainConfig):
+        options = dict(cfg.source_options)
+        self.source = None
+        if cfg.is_stream:
+            from herald.loader import open_source
+
+            self.source = open_source(cfg.source, **options)
+            self.schema = self.source.schema
+            self.batches = KafkaGlobalBatches(self.source, cfg.global_batch, cfg.steps)
+            self.eval_source, self.distinct_keys = None, None
+            self.split_info = {"total_rows": None, "train_rows": None, "eval_rows": 0}
+            return
+        train, self.eval_source, self.split_info = splits.open_train_eval(cfg.source, cfg.eval_fraction, options)
+        self.schema = train.schema
+        train.close()
+        self.distinct_keys = None if cfg.cache_rows else splits.count_distinct_keys(
+            cfg.source, options, self.split_info["train_rows"])
+        self.batches = splits.global_batches(cfg.source, options, self.split_info["train_rows"], cfg.global_batch,
+                                             cfg.epochs, cfg.steps)
+
+    def position(self, batch_index: int):
+        return self.batches.position(batch_index).to_dict() if self.source is not None else None
+
+    def commit(self, batch_index: int) -> None:
+        if self.source is not None:
+            self.source.commit(self.batches.position(batch_index))
+            self.batches.release(batch_index)
+
+    def seek(self, position: dict | None) -> None:
+        if self.source is not None and position is not None:
+            self.source.load_state_dict({"format": self.source.format_name, "rows": 0, **position})
+
+    def interrupt(self) -> None:
+        if self.source is not None:
+            self.source.interrupt()
+
+    def close(self) -> None:
+        if self.source is not None:
+            self.source.close()
+
+
+class _stop_on_signals:
+    """While active, SIGINT and SIGTERM stop the dispatcher at the next step boundary."""
+
+    def __init__(self, disp: Dispatcher, data: _Data):
+        self.disp, self.data, self.saved = disp, data, {}
+
+    def _handler(self, signum, frame) -> None:
+        print(f"herald train: {signal.Signals(signum).name}: stopping after the current step", file=sys.stderr)
+        self.disp.stop()
+        self.data.interrupt()
+
+    def __enter__(self):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self.saved[sig] = signal.signal(sig, self._handler)
+            except ValueError:  # not the main thread
+                pass
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, old in self.saved.items():
+            signal.signal(sig, old)
 
 
 def _tables(cfg: TrainConfig, schema) -> list[TableConfig]:

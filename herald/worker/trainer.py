@@ -51,7 +51,7 @@ def run_worker(dispatcher: str, rank: int, world_size: int, *, device: str | Non
             logits = model(batch.dense, embedding(batch))
             loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
             loss.backward()
-            loader.step(loss)
+            loader.step(loss, logits)
         if job.get("run_dir"):
             out = pathlib.Path(job["run_dir"]) / f"dense-rank{rank}.pt"
             torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, out.with_suffix(".tmp"))

@@ -1,0 +1,114 @@
+"""Training checkpoints: PS rows + dense state + source position, one folder per step.
+
+Layout under ``<run_dir>/checkpoints``::
+
+    step-00000123/ps/...        the PS shards' checkpoint (herald.ps, with its manifest)
+    step-00000123/dense.pt      rank 0's dense model + optimizer state
+    step-00000123/meta.json     {"step", "batch_index", "source_position", "samples"}
+    latest                      the name of the newest complete checkpoint
+
+A checkpoint is assembled in ``.tmp-step-...``, renamed into place when complete, and
+only then named in ``latest`` (written to a temporary file and renamed): a crash at
+any point leaves ``latest`` naming a complete checkpoint. The source position is
+committed (Kafka) after ``latest`` is updated: NOTE [kafka delivery] in
+herald/worker/stream.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import shutil
+from typing import Any, Callable
+
+from herald.errors import DataError
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+    """A complete checkpoint found on disk."""
+
+    path: pathlib.Path
+    step: int
+    meta: dict[str, Any]
+
+
+def latest(root: str | os.PathLike) -> Checkpoint | None:
+    """The newest complete checkpoint under ``root`` (``<run_dir>/checkpoints``), or None.
+
+    Raises:
+        DataError: ``latest`` names a folder that is missing or has no readable meta.json.
+    """
+    root = pathlib.Path(root)
+    pointer = root / "latest"
+    if not pointer.exists():
+        return None
+    path = root / pointer.read_text().strip()
+    try:
+        meta = json.loads((path / "meta.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise DataError(f"checkpoint {path} named by {pointer} is unreadable ({exc}); "
+                        "delete the run folder's checkpoints to start afresh") from None
+    return Checkpoint(path, int(meta["step"]), meta)
+
+
+class Checkpointer:
+    """Writes checkpoints at the dispatcher's barriers (``Dispatcher(on_checkpoint=...)``).
+
+    Args:
+        root: ``<run_dir>/checkpoints``.
+        ps_checkpoint: ``ps_checkpoint(folder)`` checkpoints every PS shard into ``folder``.
+        position: ``position(batch_index)`` -> JSON-able source position after that batch,
+            or None for sources without one.
+        commit: ``commit(batch_index)`` commits the source position (Kafka), or None.
+        keep: complete checkpoints to keep (older ones are deleted).
+    """
+
+    def __init__(self, root: str | os.PathLike, ps_checkpoint: Callable[[str], Any],
+                 position: Callable[[int], Any] | None = None, commit: Callable[[int], None] | None = None,
+                 keep: int = 2):
+        self.root = pathlib.Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._ps, self._position, self._commit, self.keep = ps_checkpoint, position, commit, keep
+
+    def staging_path(self, step: int) -> str:
+        """Where the workers save the dense state of the checkpoint of ``step``."""
+        path = self.root / f".tmp-step-{step:08d}"
+        shutil.rmtree(path, ignore_errors=True)
+        path.mkdir(parents=True)
+        return str(path)
+
+    def save(self, step: int, batch_index: int, staging: str) -> pathlib.Path:
+        """Complete the checkpoint of ``step`` (dense state already in ``staging``)."""
+        staging_path = pathlib.Path(staging)
+        self._ps(str(staging_path / "ps"))
+        meta = {"step": step, "batch_index": batch_index,
+                "source_position": self._position(batch_index) if self._position else None}
+        (staging_path / "meta.json").write_text(json.dumps(meta, indent=2))
+        _fsync_dir(staging_path)
+        final = self.root / f"step-{step:08d}"
+        shutil.rmtree(final, ignore_errors=True)
+        staging_path.rename(final)
+        tmp = self.root / "latest.tmp"
+        tmp.write_text(final.name)
+        os.replace(tmp, self.root / "latest")
+        _fsync_dir(self.root)
+        if self._commit is not None:
+            self._commit(batch_index)
+        self._prune()
+        return final
+
+    def _prune(self) -> None:
+        done = sorted(p for p in self.root.glob("step-*") if p.is_dir())
+        for old in done[: max(0, len(done) - self.keep)]:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _fsync_dir(path: pathlib.Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
