@@ -165,6 +165,9 @@ class KafkaSource(Source):
         self._interrupted.set()
 
     def _read(self, max_rows: int) -> SampleBatch | None:
+        # Idle time counts only while this read waits: time the caller spent between
+        # reads (training, checkpointing) is not a quiet topic.
+        waiting_since = time.monotonic()
         while not any(c.remaining for c in self._chunks):
             self._drain_empty()
             if self._error is not None:
@@ -172,7 +175,7 @@ class KafkaSource(Source):
             if self._interrupted.is_set():
                 return None
             idle = self.config.idle_timeout_ms
-            quiet_ms = (time.monotonic() - self._last_data) * 1000
+            quiet_ms = (time.monotonic() - max(self._last_data, waiting_since)) * 1000
             if idle is not None and quiet_ms >= idle:
                 check_reachable(self.config.bootstrap_servers, self.config.connect_timeout_ms)
                 return None                 # end of data, not a dead broker

@@ -13,6 +13,7 @@ import time
 from typing import Sequence
 
 from herald.errors import ConfigError, PeerTimeout
+from herald.procs import die_with_parent
 from herald.ps.config import TableConfig, check_tables, tables_to_json
 
 _REPO_ROOT = str(pathlib.Path(__file__).resolve().parents[2])
@@ -77,7 +78,7 @@ class LocalShards:
                "--seed", str(self.seed), "--ready-file", str(self._ready_file(i))]
         with open(self.workdir / f"shard-{i}.log", "ab") as log:
             self.procs[i] = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                             env=env)
+                                             env=env, preexec_fn=die_with_parent)
 
     def _wait_ready(self, i: int) -> str:
         deadline = time.monotonic() + self.startup_timeout_ms / 1000.0

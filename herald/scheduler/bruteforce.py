@@ -41,7 +41,7 @@ def _victims(snaps, w: int, need: int, exclude: set) -> list:
     if snaps.policy == "lru":
         for i in range(int(snaps.head[w]), int(snaps.tail[w])):
             s = int(snaps.log[w, i])
-            if int(snaps.pos[s, w]) == i and s not in exclude:
+            if s >= 0 and int(snaps.pos[s, w]) == i and s not in exclude:  # -1: stale entry
                 out.append(s)
                 if len(out) == need:
                     break

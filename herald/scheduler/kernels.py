@@ -4,7 +4,8 @@ Pure functions over preallocated arrays (STYLE habit 2); validation, allocation 
 orchestration live in the Python modules around them. Every kernel is ``nogil``.
 
 The cache-snapshot kernels (LRU lists, LFU heaps) are in
-:mod:`herald.scheduler.snapshot_kernels` to keep each module small.
+:mod:`herald.scheduler.snapshot_kernels` and the key map in
+:mod:`herald.scheduler.keymap_kernels`, to keep each module small.
 
 Shared vocabulary (see :mod:`herald.scheduler.state` for the arrays):
 
@@ -24,8 +25,13 @@ from __future__ import annotations
 
 import numba as nb
 import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 JIT = dict(nogil=True, cache=True)
+_AHEAD = 16  # keys ahead whose record is prefetched in the per-key passes
 
 HIT, MISS_PULL, UPDATE_PULL, GRAD_PUSH, PLAN_PUSH, EVICT_PUSH = 0, 1, 2, 3, 4, 5
 
@@ -40,6 +46,30 @@ _DEBRUIJN_TABLE = np.array(
 
 
 # ----------------------------------------------------------------------------- helpers
+@intrinsic
+def prefetch_jit(typingctx, arr, idx):
+    """Software prefetch (read, keep in all levels) of ``arr[idx]``, 1-d array of any
+    layout; a hint only: no effect on results. Lets the memory system fetch the random
+    records of keys a kernel will visit a few iterations later."""
+    if not isinstance(arr, types.Array) or arr.ndim != 1 or not isinstance(idx, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        aryty, idxty = signature.args
+        ary = context.make_array(aryty)(context, builder, args[0])
+        i = context.cast(builder, args[1], idxty, types.intp)
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [i], wraparound=False)
+        i8p = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
+        builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, 0), ir.Constant(i32, 3),
+                          ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return types.void(arr, idx), codegen
+
+
 @nb.njit(**JIT)
 def mix64_jit(z):
     """splitmix64 finalizer of a uint64."""
@@ -74,81 +104,6 @@ def popcount_jit(m):
 @nb.njit(**JIT)
 def key_hash_jit(table, key):
     return mix64_jit(key ^ (np.uint64(table + 1) * _GOLDEN))
-
-
-# ----------------------------------------------------------------------------- key map
-@nb.njit(**JIT)
-def keymap_lookup_jit(hk_slot, slot_ids, slot_tab, n_slots, tables, ids, out_slot):
-    """Map keys to dense slots, inserting unseen keys (open addressing, linear probing).
-
-    Args:
-        hk_slot: int32 [H], H a power of two >= 2 S, -1 = empty.
-        slot_ids: uint64 [S]; slot_tab: int16 [S]: the key of each slot.
-        n_slots: int64 [1], number of slots in use (updated).
-        tables: int16 [n]; ids: uint64 [n]; out_slot: int32 [n] (written).
-
-    Returns:
-        entries processed: fewer than n when a new key found all S slots in use (grow the
-        arrays and call again on the rest).
-    """
-    mask = np.uint64(hk_slot.shape[0] - 1)
-    S = slot_ids.shape[0]
-    n = n_slots[0]
-    for i in range(ids.shape[0]):
-        t = tables[i]
-        v = ids[i]
-        h = key_hash_jit(t, v) & mask
-        while True:
-            s = hk_slot[h]
-            if s < 0:
-                if n == S:
-                    n_slots[0] = n
-                    return i
-                hk_slot[h] = n
-                slot_ids[n] = v
-                slot_tab[n] = t
-                out_slot[i] = n
-                n += 1
-                break
-            if slot_ids[s] == v and slot_tab[s] == t:
-                out_slot[i] = s
-                break
-            h = (h + np.uint64(1)) & mask
-    n_slots[0] = n
-    return ids.shape[0]
-
-
-@nb.njit(**JIT)
-def keymap_rehash_jit(hk_slot, slot_ids, slot_tab, n):
-    """Fill an all -1 ``hk_slot`` int32 [H] with slots ``0..n-1``."""
-    mask = np.uint64(hk_slot.shape[0] - 1)
-    for s in range(n):
-        h = key_hash_jit(slot_tab[s], slot_ids[s]) & mask
-        while hk_slot[h] >= 0:
-            h = (h + np.uint64(1)) & mask
-        hk_slot[h] = s
-
-
-@nb.njit(**JIT)
-def gather_samples_jit(offsets, value_base, slots_flat, out_off, out_slot, out_tab):
-    """Sample-major CSR of a batch: sample ``i`` uses ``out_slot[out_off[i]:out_off[i+1]]``.
-
-    Args:
-        offsets: int64 [T, B+1] per-table offsets; value_base: int64 [T] start of table t
-            in ``slots_flat`` int32 [nnz]. out_off int64 [B+1], out_slot int32 [nnz],
-            out_tab int16 [nnz] (written; tables in order within a sample).
-    """
-    T = offsets.shape[0]
-    B = offsets.shape[1] - 1
-    out_off[0] = 0
-    p = 0
-    for i in range(B):
-        for t in range(T):
-            for j in range(offsets[t, i], offsets[t, i + 1]):
-                out_slot[p] = slots_flat[value_base[t] + j]
-                out_tab[p] = t
-                p += 1
-        out_off[i + 1] = p
 
 
 # ----------------------------------------------------------------------------- allocation
@@ -204,16 +159,26 @@ def laia_alloc_jit(samp_off, samp_slot, samp_tab, table_on, valid, mark, token, 
     load = np.zeros(num_workers, np.int64)
     ties = np.zeros(num_workers, np.int64)
     tok = token[0]
+    nnz = samp_slot.shape[0]
     for i in range(samp_off.shape[0] - 1):
         score[:] = 0.0
         tok += 1
-        for p in range(samp_off[i], samp_off[i + 1]):
+        lo = samp_off[i]
+        hi = samp_off[i + 1]
+        dedup = False  # keys of different tables differ: only a repeated table can repeat a key
+        for p in range(lo + 1, hi):
+            if samp_tab[p] <= samp_tab[p - 1]:
+                dedup = True
+        for p in range(lo, hi):
+            if p + _AHEAD < nnz:
+                prefetch_jit(valid, samp_slot[p + _AHEAD])
             if not table_on[samp_tab[p]]:
                 continue
             s = samp_slot[p]
-            if mark[s] == tok:
-                continue
-            mark[s] = tok
+            if dedup:
+                if mark[s] == tok:
+                    continue
+                mark[s] = tok
             m = valid[s]
             while m:
                 score[lowbit_index_jit(m)] += 1.0
@@ -254,10 +219,13 @@ def costaware_alloc_jit(samp_off, samp_slot, samp_tab, table_on, valid, owner, u
     aff = np.zeros(W, np.float64)
     best_aff = np.zeros(B, np.float64)
     tok = token[0]
+    nnz = samp_slot.shape[0]
     for i in range(B):
         aff[:] = 0
         tok += 1
         for p in range(samp_off[i], samp_off[i + 1]):
+            if p + _AHEAD < nnz:
+                prefetch_jit(valid, samp_slot[p + _AHEAD])
             s = samp_slot[p]
             if mark[s] == tok:
                 continue
@@ -279,6 +247,10 @@ def costaware_alloc_jit(samp_off, samp_slot, samp_tab, table_on, valid, owner, u
     ties = np.zeros(W, np.int64)
     for oi in range(B):
         i = order[oi]
+        if oi + 1 < B:  # the next sample's records
+            i1 = order[oi + 1]
+            for p in range(samp_off[i1], samp_off[i1 + 1]):
+                prefetch_jit(valid, samp_slot[p])
         gain[:] = 0.0
         base = 0.0
         tok += 1
@@ -318,29 +290,43 @@ def costaware_alloc_jit(samp_off, samp_slot, samp_tab, table_on, valid, owner, u
 
 # ----------------------------------------------------------------------------- step keys
 @nb.njit(**JIT)
-def collect_keys_jit(samp_off, samp_slot, order, wstart, mark, token, use_mask, freq, count_freq,
-                     out_keys, out_off):
-    """Distinct keys per worker in canonical order (samples in ``order``, tables, values).
+def collect_keys_jit(samp_off, samp_slot, order, wstart, mark, token, use_mask, freq, count_freq, clear_use,
+                     owner, plan_push, out_keys, out_off, pp_slot, pp_worker):
+    """Distinct keys per worker in canonical order (samples in ``order``, tables, values),
+    and, when ``plan_push``, the previous step's plan pushes (Herald Alg. 2 under DESIGN).
 
     Args:
         order: int64 [B] samples grouped by worker, ascending within a worker;
         wstart: int64 [W+1] group bounds in ``order``.
-        use_mask: uint64 [S] (cleared for these keys, then bit w set for K_w).
+        use_mask: uint64 [S]: bit w set for K_w; zero on entry for these keys unless
+            ``clear_use`` (then cleared first: an allocation used it as scratch).
         freq: int32 [S] popularity (+1 per sample occurrence; the table profiler), updated
             only when ``count_freq``.
+        owner: int32 [S]; with ``plan_push``, every key of K_w held dirty by ``o != w`` is
+            pushed once by ``o`` in this (worker, canonical) order and ``owner`` becomes
+            -1: ``pp_slot`` / ``pp_worker`` int32 [nnz] (written).
         out_keys: int32 [nnz]; out_off: int64 [W+1] (written).
+
+    Returns:
+        the number of plan pushes.
     """
-    for p in range(samp_slot.shape[0]):
-        use_mask[samp_slot[p]] = 0
+    if clear_use:
+        for p in range(samp_slot.shape[0]):
+            use_mask[samp_slot[p]] = 0
     W = wstart.shape[0] - 1
     tok = token[0]
     n = 0
+    c = 0
     out_off[0] = 0
     for w in range(W):
         tok += 1
         bit = np.uint64(1) << np.uint64(w)
         for q in range(wstart[w], wstart[w + 1]):
             i = order[q]
+            if q + 1 < wstart[W]:  # the next sample's records
+                i1 = order[q + 1]
+                for p in range(samp_off[i1], samp_off[i1 + 1]):
+                    prefetch_jit(use_mask, samp_slot[p])
             for p in range(samp_off[i], samp_off[i + 1]):
                 s = samp_slot[p]
                 if count_freq:
@@ -350,30 +336,14 @@ def collect_keys_jit(samp_off, samp_slot, order, wstart, mark, token, use_mask, 
                     out_keys[n] = s
                     n += 1
                     use_mask[s] |= bit
+                    o = owner[s]
+                    if plan_push and o >= 0 and o != w:
+                        pp_slot[c] = s
+                        pp_worker[c] = o
+                        owner[s] = -1
+                        c += 1
         out_off[w + 1] = n
     token[0] = tok
-
-
-@nb.njit(**JIT)
-def plan_push_jit(keys, off, owner, out_slot, out_worker):
-    """Herald Alg. 2 under DESIGN: the dirty owner pushes a key some other worker uses next.
-
-    Iterates the next step's keys (worker rank order, canonical order); each dirty key
-    used by a worker other than its owner is pushed once by its owner and the PS copy
-    becomes latest (``owner = -1``). Returns the number of pushes written to
-    ``out_slot`` int32 / ``out_worker`` int32.
-    """
-    W = off.shape[0] - 1
-    c = 0
-    for w in range(W):
-        for i in range(off[w], off[w + 1]):
-            s = keys[i]
-            o = owner[s]
-            if o >= 0 and o != w:
-                out_slot[c] = s
-                out_worker[c] = o
-                owner[s] = -1
-                c += 1
     return c
 
 
@@ -387,15 +357,17 @@ def update_after_step_jit(keys, off, use_mask, valid, owner, full_sync, gp_slot,
     go to ``update_local``. Outputs are written at ``off[w] + i`` (int32 / uint16 arrays
     [nnz]); counts in ``gp_cnt`` / ``ul_cnt`` int64 [W]. Then: sole-user keys are valid
     only at their user, which owns them (dirty) unless full sync; shared keys are stale
-    everywhere and latest at the PS. Finally clears ``use_mask`` for these keys.
+    everywhere and latest at the PS. The last user (highest worker) of a key clears its
+    ``use_mask`` (workers are visited in rank order).
     """
     W = off.shape[0] - 1
-    for w in range(W):
+    for w in range(W):  # one pass: lists, then the key's new state (same for every user)
         g = off[w]
         u = off[w]
         for i in range(off[w], off[w + 1]):
             s = keys[i]
-            n = popcount_jit(use_mask[s])
+            um = use_mask[s]
+            n = popcount_jit(um)
             if n >= 2 or full_sync:
                 gp_slot[g] = s
                 gp_contrib[g] = n
@@ -403,20 +375,15 @@ def update_after_step_jit(keys, off, use_mask, valid, owner, full_sync, gp_slot,
             if n == 1:
                 ul_slot[u] = s
                 u += 1
-        gp_cnt[w] = g - off[w]
-        ul_cnt[w] = u - off[w]
-    for w in range(W):
-        for i in range(off[w], off[w + 1]):
-            s = keys[i]
-            um = use_mask[s]
-            if popcount_jit(um) == 1:
                 valid[s] = um
                 owner[s] = -1 if full_sync else w
             else:
                 valid[s] = 0
                 owner[s] = -1
-    for i in range(keys.shape[0]):  # use_mask holds no state between steps
-        use_mask[keys[i]] = 0
+            if (um >> np.uint64(w)) == np.uint64(1):  # w is its last user: use_mask holds no
+                use_mask[s] = 0                        # state between steps
+        gp_cnt[w] = g - off[w]
+        ul_cnt[w] = u - off[w]
 
 
 @nb.njit(**JIT)

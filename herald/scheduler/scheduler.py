@@ -20,9 +20,11 @@ import numpy as np
 from herald.config import require
 from herald.errors import ConfigError, DataError, HeraldError
 from herald.scheduler import kernels as K
+from herald.scheduler import keymap_kernels as KM
 from herald.scheduler.bruteforce import bruteforce_alloc
 from herald.scheduler.config import SchedulerConfig
-from herald.scheduler.plan import CAUSES, CachePlan, KeySet
+from herald.scheduler.plan import CAUSES, KeySet
+from herald.scheduler.plan_build import build_plans
 from herald.scheduler.profiler import BudgetController, TableProfiler
 from herald.scheduler.state import Snapshots
 
@@ -50,6 +52,7 @@ class StepPlan:
 class _Pending:
     step: int
     worker_of: np.ndarray
+    order: np.ndarray
     counts: np.ndarray
     keys: np.ndarray
     off: np.ndarray
@@ -178,15 +181,21 @@ class Scheduler:
         W, Bw = cfg.num_workers, cfg.batch_size_per_worker
         order = np.argsort(worker_of, kind="stable")
         wstart = np.arange(W + 1, dtype=np.int64) * Bw
-        keys = np.empty(samp_slot.shape[0], np.int32)
+        nnz = samp_slot.shape[0]
+        keys = np.empty(nnz, np.int32)
         off = np.empty(W + 1, np.int64)
+        pp_slot = np.empty(nnz, np.int32)
+        pp_w = np.empty(nnz, np.int32)
         s = self._snap
-        K.collect_keys_jit(samp_off, samp_slot, order, wstart, s.mark, s.token, s.use_mask, s.freq,
-                           self._profiler is not None, keys, off)
-        keys = keys[: off[-1]]
         prev = self._pending
-        pp = self._plan_pushes(keys, off) if prev is not None and not cfg.full_sync else None
-        self._pending = self._run_step(worker_of, keys, off)
+        plan_push = prev is not None and not cfg.full_sync
+        # one pass: K_w in canonical order and step t's plan pushes (Alg. 2, same order)
+        c = K.collect_keys_jit(samp_off, samp_slot, order, wstart, s.mark, s.token, s.use_mask, s.freq,
+                               self._profiler is not None, cfg.allocation == "costaware", s.owner, plan_push,
+                               keys, off, pp_slot, pp_w)
+        keys = keys[: off[-1]]
+        pp = (pp_slot[:c], pp_w[:c]) if plan_push else None
+        self._pending = self._run_step(worker_of, order, keys, off)
         self._samples_seen += Bw
         done = self._finalize(prev, pp) if prev is not None else None
         total_s = time.perf_counter() - t0
@@ -236,7 +245,7 @@ class Scheduler:
         samp_off = np.empty(B + 1, np.int64)
         samp_slot = np.empty(slots.shape[0], np.int32)
         samp_tab = np.empty(slots.shape[0], np.int16)
-        K.gather_samples_jit(offsets, base, slots, samp_off, samp_slot, samp_tab)
+        KM.gather_samples_jit(offsets, base, slots, samp_off, samp_slot, samp_tab)
         return samp_off, samp_slot, samp_tab
 
     def _table_mask(self) -> np.ndarray:
@@ -265,14 +274,7 @@ class Scheduler:
             raise ConfigError(f"unknown allocation {kind!r}")
         return out
 
-    def _plan_pushes(self, keys, off):
-        n = keys.shape[0]
-        pp_slot = np.empty(n, np.int32)
-        pp_w = np.empty(n, np.int32)
-        c = K.plan_push_jit(keys, off, self._snap.owner, pp_slot, pp_w)
-        return pp_slot[:c], pp_w[:c]
-
-    def _run_step(self, worker_of, keys, off) -> _Pending:
+    def _run_step(self, worker_of, order, keys, off) -> _Pending:
         cfg = self.config
         W = cfg.num_workers
         counts = np.zeros((W, len(CAUSES)), np.int64)
@@ -299,7 +301,7 @@ class Scheduler:
         counts[:, K.GRAD_PUSH] = gp_cnt
         step = self._next_step
         self._next_step += 1
-        return _Pending(step, worker_of, counts, keys, off, before[:5], (gp_slot, gp_contrib, ul_slot, gp_cnt, ul_cnt))
+        return _Pending(step, worker_of, order, counts, keys, off, before[:5], (gp_slot, gp_contrib, ul_slot, gp_cnt, ul_cnt))
 
     def _finalize(self, p: _Pending, pp) -> StepPlan:
         W = self.config.num_workers
@@ -307,32 +309,11 @@ class Scheduler:
         if pp is not None:
             counts[:, K.PLAN_PUSH] = np.bincount(pp[1], minlength=W)
         self._totals += counts
-        order = np.argsort(p.worker_of, kind="stable")
         Bw = self.config.batch_size_per_worker
-        assignment = [order[w * Bw:(w + 1) * Bw].astype(np.int64) for w in range(W)]
+        assignment = [p.order[w * Bw:(w + 1) * Bw].copy() for w in range(W)]
         plans = self._build_plans(p, pp) if self.build_plans else []
         return StepPlan(p.step, assignment, plans, counts)
 
-    def _keyset(self, slots) -> KeySet:
-        s = self._snap
-        return KeySet(s.slot_tab[slots].astype(np.int32), s.slot_ids[slots])
-
     def _build_plans(self, p: _Pending, pp) -> list:
-        ev_slot, ev_wb, ev_cnt, pull_slot, pull_cnt = p.before
-        gp_slot, gp_contrib, ul_slot, gp_cnt, ul_cnt = p.after
-        if pp is not None:
-            pp_order = np.argsort(pp[1], kind="stable")
-            pp_sorted = pp[0][pp_order]
-            pp_bounds = np.searchsorted(pp[1][pp_order], np.arange(self.config.num_workers + 1))
-        plans = []
-        for w in range(self.config.num_workers):
-            lo = int(p.off[w])
-            e, q, g, u = int(ev_cnt[w]), int(pull_cnt[w]), int(gp_cnt[w]), int(ul_cnt[w])
-            push = (self._keyset(pp_sorted[pp_bounds[w]:pp_bounds[w + 1]]) if pp is not None
-                    else KeySet.empty())
-            plans.append(CachePlan(
-                evict=self._keyset(ev_slot[lo:lo + e]), write_back=ev_wb[lo:lo + e].copy(),
-                pull=self._keyset(pull_slot[lo:lo + q]), grad_push=self._keyset(gp_slot[lo:lo + g]),
-                contributors=gp_contrib[lo:lo + g].copy(), update_local=self._keyset(ul_slot[lo:lo + u]),
-                plan_push=push))
-        return plans
+        s = self._snap
+        return build_plans(p.off, p.before, p.after, pp, s.slot_tab, s.slot_ids)

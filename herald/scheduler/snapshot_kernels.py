@@ -10,7 +10,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from herald.scheduler.kernels import EVICT_PUSH, HIT, JIT, MISS_PULL, UPDATE_PULL
+from herald.scheduler.kernels import EVICT_PUSH, HIT, JIT, MISS_PULL, UPDATE_PULL, prefetch_jit
 
 # Both cache policies share one step semantics (tests/scheduler/reference.py mirrors it):
 # 1. hits and stale copies of K_w are touched in canonical order (LRU: become most
@@ -20,44 +20,37 @@ from herald.scheduler.kernels import EVICT_PUSH, HIT, JIT, MISS_PULL, UPDATE_PUL
 #    keys in canonical order.
 _COUNT_SHIFT = np.int64(40)
 _COUNT_MAX = np.int64((1 << 23) - 1)
+_PREFETCH = 16  # LRU victims whose records are prefetched ahead of the eviction
 
 
 @nb.njit(**JIT)
-def _lru_compact_jit(w, log, pos, head, tail):
-    """Drop stale entries of worker w's LRU log, keeping order; positions renumbered."""
+def _lru_compact_jit(w, log, pos, hd, t):
+    """Drop the stale entries (-1) of worker w's LRU log ``[hd, t)``, keeping order, and
+    renumber positions; returns the new tail (the head becomes 0). Reads the log
+    sequentially; the position writes are on no branch, so their misses overlap."""
     j = 0
-    for i in range(head[w], tail[w]):
+    for i in range(hd, t):
         s = log[w, i]
-        if pos[s, w] == i:
+        if s >= 0:
             log[w, j] = s
             pos[s, w] = j
             j += 1
-    head[w] = 0
-    tail[w] = j
+    return j
 
 
 @nb.njit(**JIT)
-def _lru_append_jit(w, s, log, pos, head, tail):
-    """Make ``s`` the most recent key of worker w (its older entry becomes stale)."""
-    if tail[w] == log.shape[1]:
-        _lru_compact_jit(w, log, pos, head, tail)
-    t = tail[w]
-    log[w, t] = s
-    pos[s, w] = t
-    tail[w] = t + 1
-
-
-@nb.njit(**JIT)
-def _evict_record_jit(w, s, cached, valid, owner, ev_slot, ev_wb, e, counts):
-    bit = np.uint64(1) << np.uint64(w)
-    cached[s] &= ~bit
-    valid[s] &= ~bit
-    wb = owner[s] == w
-    if wb:
-        owner[s] = -1
-        counts[w, EVICT_PUSH] += 1
+def _evict_record_jit(w, s, cached, valid, owner, ev_slot, ev_wb, e):
+    """Drop ``s`` from worker w's snapshot (branch-free); returns True if its copy was
+    the only latest one (a write-back)."""
+    keep = ~(np.uint64(1) << np.uint64(w))
+    cached[s] &= keep
+    valid[s] &= keep
+    o = owner[s]
+    wb = o == w
+    owner[s] = -1 if wb else o
     ev_slot[e] = s
     ev_wb[e] = wb
+    return wb
 
 
 @nb.njit(**JIT)
@@ -66,11 +59,15 @@ def snapshot_lru_step_jit(keys, off, cached, valid, owner, cap, pos, log, head, 
     """Before-forward part of a step (DESIGN step 1) for LRU snapshots.
 
     Per worker: touch, evict (write-back when the victim is the only latest copy), pull.
-    LRU order per worker is an append-only log ``log`` int32 [W, L] (L > C) of slots,
-    oldest first from ``head[w]`` to ``tail[w]`` (int64 [W]); ``pos`` int32 [S, W] is the
-    log index of a cached key's live entry (else -1); an entry whose slot's ``pos`` points
-    elsewhere is stale and skipped; a full log is compacted in place (amortised O(1)).
-    Touches and inserts are sequential writes; only victims cost a random access.
+    LRU order per worker is an append-only log ``log`` int32 [W, L] (L > 2C) of slots,
+    oldest first from ``head[w]`` to ``tail[w]`` (int64 [W]), used up to
+    ``L - w C / W`` entries (different lengths: workers filling at the same rate would
+    otherwise all compact in the same step, a latency spike); ``pos`` int32 [S, W] is the
+    log index of a cached key's live entry (else -1); a touch overwrites the key's older
+    entry with -1 (stale, skipped); a full log is compacted in place (amortised O(1)).
+    Touches and inserts are sequential writes; only victims cost a random access, and
+    their records are prefetched ``_PREFETCH`` entries ahead. Head, tail, size and the
+    counters live in registers within a worker.
     Outputs at ``off[w] + i``: ev_slot int32, ev_wb bool, pull_slot int32; ev_cnt /
     pull_cnt int64 [W]. err int64 [2]: (1, w) if |K_w| > cap, (2, w) if a pull found the
     PS copy not latest (a protocol bug); state is then partially updated.
@@ -84,28 +81,53 @@ def snapshot_lru_step_jit(keys, off, cached, valid, owner, cap, pos, log, head, 
             err[1] = w
             return
         bit = np.uint64(1) << np.uint64(w)
+        L = log.shape[1] - (w * cap) // W  # staggered: workers do not all compact in one step
+        hd = head[w]
+        t = tail[w]
+        hit = 0
+        upd = 0
         miss = 0
         for i in range(lo, hi):  # count and touch in canonical order
+            if i + _PREFETCH < hi:
+                prefetch_jit(cached, keys[i + _PREFETCH])
             s = keys[i]
             if cached[s] & bit:
-                counts[w, HIT if valid[s] & bit else UPDATE_PULL] += 1
-                _lru_append_jit(w, s, log, pos, head, tail)
+                if valid[s] & bit:
+                    hit += 1
+                else:
+                    upd += 1
+                log[w, pos[s, w]] = -1  # the older entry is stale
+                if t == L:
+                    t = _lru_compact_jit(w, log, pos, hd, t)
+                    hd = 0
+                log[w, t] = s
+                pos[s, w] = t
+                t += 1
             else:
                 miss += 1
+        counts[w, HIT] += hit
+        counts[w, UPDATE_PULL] += upd
         counts[w, MISS_PULL] += miss
-        need = size[w] + miss - cap
+        sz = size[w]
+        need = sz + miss - cap
         e = lo
+        wbs = 0
+        pf = hd
         while need > 0:
-            j = head[w]
-            head[w] = j + 1
-            s = log[w, j]
-            if pos[s, w] != j:
+            s = log[w, hd]
+            hd += 1
+            if s < 0:
                 continue
+            while pf < t and pf < hd + _PREFETCH:  # victims' records, ahead
+                if log[w, pf] >= 0:
+                    prefetch_jit(cached, log[w, pf])
+                pf += 1
             pos[s, w] = -1
-            size[w] -= 1
-            _evict_record_jit(w, s, cached, valid, owner, ev_slot, ev_wb, e, counts)
+            sz -= 1
+            wbs += _evict_record_jit(w, s, cached, valid, owner, ev_slot, ev_wb, e)
             e += 1
             need -= 1
+        counts[w, EVICT_PUSH] += wbs
         ev_cnt[w] = e - lo
         pc = lo
         for i in range(lo, hi):
@@ -114,75 +136,80 @@ def snapshot_lru_step_jit(keys, off, cached, valid, owner, cap, pos, log, head, 
                 if owner[s] >= 0:
                     err[0] = 2
                     err[1] = w
-                    return
+                    break
                 if (cached[s] & bit) == 0:
-                    _lru_append_jit(w, s, log, pos, head, tail)
-                    size[w] += 1
+                    if t == L:
+                        t = _lru_compact_jit(w, log, pos, hd, t)
+                        hd = 0
+                    log[w, t] = s
+                    pos[s, w] = t
+                    t += 1
+                    sz += 1
                     cached[s] |= bit
                 valid[s] |= bit
                 pull_slot[pc] = s
                 pc += 1
         pull_cnt[w] = pc - lo
+        head[w] = hd
+        tail[w] = t
+        size[w] = sz
+        if err[0] != 0:
+            return
 
 
 @nb.njit(**JIT)
-def _heap_swap_jit(w, i, j, hslot, hprio, pos):
-    si = hslot[w, i]
-    sj = hslot[w, j]
-    pi = hprio[w, i]
-    hslot[w, i] = sj
-    hprio[w, i] = hprio[w, j]
-    hslot[w, j] = si
-    hprio[w, j] = pi
-    pos[sj, w] = i
-    pos[si, w] = j
+def _heap_place_jit(w, i, s, prio, hslot, hprio, pos):
+    hslot[w, i] = s
+    hprio[w, i] = prio
+    pos[s, w] = i
 
 
 @nb.njit(**JIT)
-def _heap_up_jit(w, i, hslot, hprio, pos):
+def _heap_up_jit(w, i, s, prio, hslot, hprio, pos):
+    """Sift ``(s, prio)`` up from the hole at ``i`` (one position write per level)."""
     while i > 0:
         p = (i - 1) >> 1
-        if hprio[w, p] <= hprio[w, i]:
+        if hprio[w, p] <= prio:
             break
-        _heap_swap_jit(w, i, p, hslot, hprio, pos)
+        _heap_place_jit(w, i, hslot[w, p], hprio[w, p], hslot, hprio, pos)
         i = p
+    _heap_place_jit(w, i, s, prio, hslot, hprio, pos)
 
 
 @nb.njit(**JIT)
-def _heap_down_jit(w, i, n, hslot, hprio, pos):
+def _heap_down_jit(w, i, n, s, prio, hslot, hprio, pos):
+    """Sift ``(s, prio)`` down from the hole at ``i`` in a heap of ``n`` entries (the same
+    moves as swapping, with one position write per level)."""
     while True:
         c = 2 * i + 1
         if c >= n:
             break
         if c + 1 < n and hprio[w, c + 1] < hprio[w, c]:
             c += 1
-        if hprio[w, i] <= hprio[w, c]:
+        if prio <= hprio[w, c]:
             break
-        _heap_swap_jit(w, i, c, hslot, hprio, pos)
+        _heap_place_jit(w, i, hslot[w, c], hprio[w, c], hslot, hprio, pos)
         i = c
+    _heap_place_jit(w, i, s, prio, hslot, hprio, pos)
 
 
 @nb.njit(**JIT)
-def _heap_push_jit(w, s, prio, hslot, hprio, pos, size):
-    i = size[w]
-    hslot[w, i] = s
-    hprio[w, i] = prio
-    pos[s, w] = i
-    size[w] += 1
-    _heap_up_jit(w, i, hslot, hprio, pos)
+def _heap_push_jit(w, s, prio, hslot, hprio, pos, n):
+    """Push into worker w's heap of ``n`` entries; returns the new size."""
+    _heap_up_jit(w, n, s, prio, hslot, hprio, pos)
+    return n + 1
 
 
 @nb.njit(**JIT)
-def _heap_pop_jit(w, hslot, hprio, pos, size):
+def _heap_pop_jit(w, hslot, hprio, pos, n):
+    """Pop the minimum of worker w's heap of ``n`` entries: ``(slot, prio, new size)``."""
     s = hslot[w, 0]
     pr = hprio[w, 0]
-    size[w] -= 1
-    last = size[w]
+    last = n - 1
     if last > 0:
-        _heap_swap_jit(w, 0, last, hslot, hprio, pos)
-        _heap_down_jit(w, 0, last, hslot, hprio, pos)
+        _heap_down_jit(w, 0, last, hslot[w, last], hprio[w, last], hslot, hprio, pos)
     pos[s, w] = -1
-    return s, pr
+    return s, pr, last
 
 
 @nb.njit(**JIT)
@@ -193,7 +220,8 @@ def snapshot_lfu_step_jit(keys, off, use_mask, cached, valid, owner, cap, pos, h
     Priority int64 = count << 40 | recency seq (per worker, int64 [W]); min-heap per
     worker hslot int32 / hprio int64 [W, C]; pos int32 [S, W] heap index (else -1).
     Victims are popped in priority order, skipping keys of K_w (use_mask bit w), which
-    are pushed back with their priority.
+    are pushed back with their priority. Sizes, sequences and counters live in registers
+    within a worker.
     """
     W = off.shape[0] - 1
     aside_s = np.empty(cap + 1, np.int32)
@@ -206,34 +234,44 @@ def snapshot_lfu_step_jit(keys, off, use_mask, cached, valid, owner, cap, pos, h
             err[1] = w
             return
         bit = np.uint64(1) << np.uint64(w)
+        n = size[w]
+        sq = seq[w]
+        hit = 0
+        upd = 0
         miss = 0
         for i in range(lo, hi):  # count and touch in canonical order
             s = keys[i]
             if (cached[s] & bit) == 0:
                 miss += 1
             else:
-                counts[w, HIT if valid[s] & bit else UPDATE_PULL] += 1
+                if valid[s] & bit:
+                    hit += 1
+                else:
+                    upd += 1
                 j = pos[s, w]
                 cnt = min((hprio[w, j] >> _COUNT_SHIFT) + 1, _COUNT_MAX)
-                seq[w] += 1
-                hprio[w, j] = (cnt << _COUNT_SHIFT) | seq[w]
-                _heap_down_jit(w, j, size[w], hslot, hprio, pos)
+                sq += 1
+                _heap_down_jit(w, j, n, s, (cnt << _COUNT_SHIFT) | sq, hslot, hprio, pos)
+        counts[w, HIT] += hit
+        counts[w, UPDATE_PULL] += upd
         counts[w, MISS_PULL] += miss
-        need = size[w] + miss - cap
+        need = n + miss - cap
         e = lo
         na = 0
+        wbs = 0
         while need > 0:
-            s, pr = _heap_pop_jit(w, hslot, hprio, pos, size)
+            s, pr, n = _heap_pop_jit(w, hslot, hprio, pos, n)
             if use_mask[s] & bit:
                 aside_s[na] = s
                 aside_p[na] = pr
                 na += 1
                 continue
-            _evict_record_jit(w, s, cached, valid, owner, ev_slot, ev_wb, e, counts)
+            wbs += _evict_record_jit(w, s, cached, valid, owner, ev_slot, ev_wb, e)
             e += 1
             need -= 1
+        counts[w, EVICT_PUSH] += wbs
         for a in range(na):
-            _heap_push_jit(w, aside_s[a], aside_p[a], hslot, hprio, pos, size)
+            n = _heap_push_jit(w, aside_s[a], aside_p[a], hslot, hprio, pos, n)
         ev_cnt[w] = e - lo
         pc = lo
         for i in range(lo, hi):
@@ -242,15 +280,16 @@ def snapshot_lfu_step_jit(keys, off, use_mask, cached, valid, owner, cap, pos, h
                 if owner[s] >= 0:
                     err[0] = 2
                     err[1] = w
-                    return
+                    break
                 if (cached[s] & bit) == 0:
-                    seq[w] += 1
-                    _heap_push_jit(w, s, (np.int64(1) << _COUNT_SHIFT) | seq[w], hslot, hprio,
-                                   pos, size)
+                    sq += 1
+                    n = _heap_push_jit(w, s, (np.int64(1) << _COUNT_SHIFT) | sq, hslot, hprio, pos, n)
                     cached[s] |= bit
                 valid[s] |= bit
                 pull_slot[pc] = s
                 pc += 1
         pull_cnt[w] = pc - lo
-
-
+        size[w] = n
+        seq[w] = sq
+        if err[0] != 0:
+            return

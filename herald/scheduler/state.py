@@ -37,6 +37,7 @@ from __future__ import annotations
 import numpy as np
 
 from herald.scheduler import kernels as K
+from herald.scheduler import keymap_kernels as KM
 from herald.scheduler import snapshot_kernels as SK
 
 
@@ -69,8 +70,9 @@ class Snapshots:
         self._aux_views()
         self.size = np.zeros(W, np.int64)
         if policy == "lru":
-            # LRU order: append-only log of slots per worker, compacted when full
-            self.log = np.zeros((W, 2 * C + 16), np.int32)
+            # LRU order: append-only log of slots per worker, compacted when full; worker w
+            # uses 3C + 16 - wC/W entries (staggered compactions, snapshot_lru_step_jit)
+            self.log = np.zeros((W, 3 * C + 16), np.int32)
             self.head = np.zeros(W, np.int64)
             self.tail = np.zeros(W, np.int64)
         else:
@@ -127,7 +129,7 @@ class Snapshots:
             self._record_views()
             if 2 * newS > self.hk_slot.shape[0]:
                 self.hk_slot = np.full(_pow2_at_least(2 * newS), -1, np.int32)
-                K.keymap_rehash_jit(self.hk_slot, self.slot_ids, self.slot_tab, int(self.n_slots[0]))
+                KM.keymap_rehash_jit(self.hk_slot, self.slot_ids, self.slot_tab, int(self.n_slots[0]))
 
     def renew_tokens(self) -> None:
         """Keep dedup tokens within int32 (call between steps; O(S) once per ~10**6 steps)."""
@@ -140,7 +142,7 @@ class Snapshots:
         out = np.empty(ids.shape[0], np.int32)
         done = 0
         while done < ids.shape[0]:
-            done += K.keymap_lookup_jit(self.hk_slot, self.slot_ids, self.slot_tab, self.n_slots,
+            done += KM.keymap_lookup_jit(self.hk_slot, self.slot_ids, self.slot_tab, self.n_slots,
                                         tables[done:], ids[done:], out[done:])
             if done < ids.shape[0]:
                 self.reserve(1)

@@ -66,6 +66,10 @@ class KafkaGlobalBatches:
         self.info = {"batches": 0, "samples": 0, "dropped_samples": 0}
 
     def __iter__(self) -> Iterator[SampleBatch]:
+        # A resumed source starts ``skip`` samples into a record: number its rows from there.
+        for partition, (offset, skip) in self.source.position.offsets.items():
+            if skip:
+                self._row_of[(int(partition), int(offset))] = int(skip)
         while self.max_steps is None or self.info["batches"] < self.max_steps:
             parts, ids, need = [], [], self.global_batch
             while need:

@@ -20,6 +20,7 @@ from typing import Any
 
 from herald.config import require
 from herald.errors import HeraldError
+from herald.procs import die_with_parent
 from herald.ps import LocalShards, OptimizerConfig, PSClient, TableConfig
 from herald.scheduler import Scheduler, SchedulerConfig
 from herald.worker.dispatcher import Dispatcher, DispatcherConfig, StepRecord
@@ -107,18 +108,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _die_with_parent() -> None:
-    """In the child: SIGKILL when the parent dies (Linux prctl PR_SET_PDEATHSIG), so a
-    killed ``herald train`` leaves no orphan workers. Elsewhere the workers' own peer
-    timeouts end them."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
-
-
 class _Children:
     """Worker processes, checked for liveness while the dispatcher waits."""
 
@@ -131,7 +120,7 @@ class _Children:
         env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
         self.procs[name] = subprocess.Popen([sys.executable, "-m", "herald", *args], stdout=log,
                                             stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                            preexec_fn=_die_with_parent)
+                                            preexec_fn=die_with_parent)
         log.close()
 
     def check(self) -> None:
