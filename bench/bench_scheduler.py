@@ -4,19 +4,134 @@ batch, and optionally brute-force quality, scaling and snapshot memory.
 
 Run: ``python bench/bench_scheduler.py --data ../shared/data/movielens/ml-latest-small/ratings.csv
 --workers 8 --batch-size 128 --cache-ratio 0.1``. See :mod:`herald.scheduler.benchmark`.
+
+``--compare-ref REF`` instead times ``submit`` of this checkout against the scheduler of git
+revision ``REF`` (``git archive``) in the same run: for each case (Criteo sample, synthetic
+Criteo, 64 workers, 8,192-sample batches) and schedule, baseline and current run in
+alternating subprocesses (``--rounds`` each), the warm per-step times are pooled, and the
+per-step counts of both must be identical (the optimisation may not change any
+transmission). Prints a before / after table (median and p99, ms per global batch).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import pathlib
+import subprocess
 import sys
+import tempfile
+import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # run from a checkout
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+if sys.argv[1:2] != ["--timing-worker"]:  # a timing worker imports herald from its PYTHONPATH
+    sys.path.insert(0, str(ROOT))  # run from a checkout
 
-from herald.scheduler.benchmark import add_bench_arguments, main
+CRITEO = str(ROOT.parent / "shared/data/criteo/criteo_kaggle_sample_train.tsv")
+#: (label, data, workers, samples per worker): 7, 195, 40, 12 and 12 global batches
+CASES = (("Criteo sample, 8 x 128", CRITEO, 8, 128),
+         ("synthetic Criteo, 8 x 128", "synthetic://criteo?rows=200000&seed=0", 8, 128),
+         ("synthetic Criteo, 64 x 16", "synthetic://criteo?rows=40960&seed=0", 64, 16),
+         ("synthetic Criteo, 8 x 1,024", "synthetic://criteo?rows=98304&seed=0", 8, 1024),
+         ("synthetic Criteo, 64 x 128", "synthetic://criteo?rows=98304&seed=0", 64, 128))
+
+
+def timing_worker(data: str, schedule: str, workers: int, per_worker: int, build_plans: bool) -> None:
+    """Child process: one run of ``Scheduler.submit`` over ``data``; prints JSON."""
+    import hashlib
+
+    import numpy as np
+
+    from herald.scheduler.benchmark import load_batches
+    from herald.scheduler.config import SchedulerConfig
+    from herald.scheduler.scheduler import Scheduler, count_distinct_keys
+
+    batches, tables, _ = load_batches(data, workers * per_worker)
+    distinct = count_distinct_keys(batches)
+    cfg = SchedulerConfig(num_workers=workers, batch_size_per_worker=per_worker, schedule=schedule,
+                          cache_ratio=0.1, seed=0)
+    warm = Scheduler(cfg, len(tables), distinct, build_plans=build_plans)  # compile every kernel
+    for b in batches[:3]:
+        warm.submit(b)
+    warm.finish()
+    sched = Scheduler(cfg, len(tables), distinct, build_plans=build_plans)
+    digest = hashlib.sha256()
+    cpu_ms = []
+    for b in batches + [None]:
+        t0 = time.thread_time()
+        p = sched.submit(b) if b is not None else sched.finish()
+        if b is not None:
+            cpu_ms.append(1e3 * (time.thread_time() - t0))
+        if p is not None:
+            digest.update(np.ascontiguousarray(p.counts).tobytes())
+    print(json.dumps({"submit_ms": [1e3 * s for s in sched.submit_seconds], "cpu_ms": cpu_ms,
+                      "counts": digest.hexdigest()}))
+
+
+def _run_child(root: str, case, schedule: str, build_plans: bool) -> dict:
+    _, data, W, Bw = case
+    cmd = [sys.executable, str(ROOT / "bench" / "bench_scheduler.py"), "--timing-worker", data, schedule,
+           str(W), str(Bw), str(int(build_plans))]
+    env = dict(os.environ, PYTHONPATH=root, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def compare(ref: str, rounds: int, schedules: list, build_plans: bool, after_root: str = str(ROOT)) -> int:
+    """Before (git ``ref``) / after (this checkout) table, measured in the same run."""
+    import numpy as np
+
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "herald"], check=True,
+                                 capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
+        roots = {"before": tmp, "after": after_root}
+        print(f"ms per global batch, median / p99 of warm steps, {rounds} alternating runs per side; "
+              "wall = perf_counter around submit (what Scheduler.submit_seconds records), "
+              "cpu = thread CPU time (excludes time the shared machine ran other processes)")
+        print("| case | schedule | wall before | wall after | speed-up | cpu before | cpu after | speed-up |")
+        print("|---|---|---|---|---|---|---|---|")
+        for case in CASES:
+            for schedule in schedules:
+                ms = {k: [] for k in roots}
+                cpu = {k: [] for k in roots}
+                digests = {}
+                for _ in range(rounds):
+                    for k, root in roots.items():  # alternate: both see the same machine load
+                        r = _run_child(root, case, schedule, build_plans)
+                        skip = 10 if len(r["submit_ms"]) > 20 else 1  # warm steps only
+                        ms[k].extend(r["submit_ms"][skip:])
+                        cpu[k].extend(r["cpu_ms"][skip:])
+                        digests.setdefault(k, set()).add(r["counts"])
+                if digests["before"] != digests["after"] or len(digests["after"]) != 1:
+                    raise SystemExit(f"{case[0]} {schedule}: per-step counts differ from {ref}")
+                cells = []
+                for series in (ms, cpu):
+                    med = {k: float(np.median(v)) for k, v in series.items()}
+                    p99 = {k: float(np.percentile(v, 99)) for k, v in series.items()}
+                    cells += [f"{med[k]:.2f} / {p99[k]:.2f}" for k in roots]
+                    cells.append(f"{med['before'] / med['after']:.2f}x")
+                print(f"| {case[0]} | {schedule} | " + " | ".join(cells) + " |", flush=True)
+    return 0
+
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__)
+    if len(sys.argv) > 1 and sys.argv[1] == "--timing-worker":
+        d, s, w, b, plans = sys.argv[2:7]
+        timing_worker(d, s, int(w), int(b), bool(int(plans)))
+        sys.exit(0)
+    from herald.scheduler.benchmark import add_bench_arguments, main
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_bench_arguments(parser)
-    sys.exit(main(parser.parse_args()))
+    parser.add_argument("--compare-ref", default=None,
+                        help="time submit() of this checkout against git revision REF, same run")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating runs per side (--compare-ref)")
+    parser.add_argument("--no-plans", action="store_true", help="--compare-ref: counts only (build_plans=False)")
+    parser.add_argument("--after-root", default=str(ROOT), help=argparse.SUPPRESS)  # a frozen copy
+    args = parser.parse_args()
+    if args.compare_ref:
+        sys.exit(compare(args.compare_ref, args.rounds, args.schedules.split(","), not args.no_plans,
+                         args.after_root))
+    sys.exit(main(args))

@@ -67,7 +67,8 @@ def snapshot_lru_step_jit(keys, off, cached, valid, owner, cap, pos, log, head, 
     entry with -1 (stale, skipped); a full log is compacted in place (amortised O(1)).
     Touches and inserts are sequential writes; only victims cost a random access, and
     their records are prefetched ``_PREFETCH`` entries ahead. Head, tail, size and the
-    counters live in registers within a worker.
+    counters live in registers within a worker (the reason this kernel is one function
+    of ~100 lines: through arrays they cost 3x, docs/scheduler.md "Speed").
     Outputs at ``off[w] + i``: ev_slot int32, ev_wb bool, pull_slot int32; ev_cnt /
     pull_cnt int64 [W]. err int64 [2]: (1, w) if |K_w| > cap, (2, w) if a pull found the
     PS copy not latest (a protocol bug); state is then partially updated.

@@ -23,20 +23,21 @@ record array ``rec`` uint64 [S, 8 * ceil((4 + ceil(W / 2)) / 8)]: the state of a
 one 64-byte line for W <= 8.
 
 plus per-worker structures sized by the capacity ``C`` (LRU: an append-only log of slots
-int32 [W, 2C + 16]; LFU: heap slot int32 and priority int64 [W, C]).
+int32 [W, 3C + 16], stale entries -1; LFU: heap slot int32 and priority int64 [W, C]).
 
 Memory per tracked key: ``18 + 64 * ceil((4 + ceil(W / 2)) / 8)`` bytes of per-key arrays
 (ids 8, table 2, record 64 for W <= 8, aux 8: 82 B at W = 8, 338 B at W = 64), plus the
 hash table (4 B entries, 2-4 per key: 8-16 B), plus the per-worker cache structures,
-``8 W C`` bytes (LRU log) or ``12 W C`` (LFU heap), i.e. 6.4 B per key for W = 8 and 10%
-caches. Measured at 100M keys, W = 8, 10% LRU caches: 99.1 B per key (docs/scheduler.md).
+``12 W C`` bytes (LRU log, 3C entries: staggered compactions, see
+``snapshot_lru_step_jit``) or ``12 W C`` (LFU heap), i.e. 9.6 B per key for W = 8 and 10%
+caches. Measured with W = 8, 10% LRU caches: 105.0 B per key at 10M keys; 99.1 B at 100M
+keys with the former 2C-entry log, i.e. 102.3 B now (docs/scheduler.md).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from herald.scheduler import kernels as K
 from herald.scheduler import keymap_kernels as KM
 from herald.scheduler import snapshot_kernels as SK
 
