@@ -43,7 +43,10 @@ __all__ = ["KafkaPosition", "KafkaSource", "KafkaSourceConfig", "config_from_url
            "open_kafka"]
 
 # Consumer defaults the caller's client_options may override.
-_CLIENT_DEFAULTS = {"max_poll_records": 10000, "fetch_max_wait_ms": 100, "auto_offset_reset": "earliest"}
+# metadata_max_age_ms: a topic created after the consumer subscribed (trainer started
+# before the producer) is found within seconds, not kafka-python's default 5 minutes.
+_CLIENT_DEFAULTS = {"max_poll_records": 10000, "fetch_max_wait_ms": 100, "auto_offset_reset": "earliest",
+                    "metadata_max_age_ms": 2000}
 
 
 

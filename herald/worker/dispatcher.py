@@ -181,6 +181,18 @@ class Dispatcher:
             HeraldError: a worker reported an error (the message names its rank).
         """
         self._handshake()
+        try:
+            return self._serve_steps()
+        except BaseException as exc:
+            # tell every worker, so none waits out its timeout on a dead dispatcher
+            for rank in self._identities:
+                try:
+                    self._send(rank, {"op": "error", "message": f"{type(exc).__name__}: {exc}"})
+                except zmq.ZMQError:
+                    pass
+            raise
+
+    def _serve_steps(self) -> list[StepRecord]:
         last = None
         for item in self._scheduled():
             if item[0] == "step":

@@ -125,11 +125,23 @@ class _Children:
 
     def check(self) -> None:
         """Raise naming the first child that exited (with the tail of its log)."""
-        for name, p in self.procs.items():
-            code = p.poll()
-            if code is not None and code != 0:
-                raise HeraldError(f"{name} exited with code {code}; last lines of {self.run_dir / (name + '.log')}:\n"
-                                  + self.tail(name))
+        failure = self.failure()
+        if failure:
+            raise HeraldError(failure)
+
+    def failure(self, grace_s: float = 0.0) -> str | None:
+        """A message naming the first child that exited with an error, waiting up to
+        ``grace_s`` for one to exit (a worker's error is often the echo of a peer's death)."""
+        deadline = time.monotonic() + grace_s
+        while True:
+            for name, p in self.procs.items():
+                code = p.poll()
+                if code is not None and code != 0:
+                    how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+                    return f"{name} {how}; last lines of {self.run_dir / (name + '.log')}:\n{self.tail(name)}"
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.1)
 
     def tail(self, name: str, lines: int = 15) -> str:
         try:
@@ -218,6 +230,12 @@ def run_train(cfg: TrainConfig, *, progress: bool = True, on_finish=None) -> dic
                 records = disp.serve()
                 capacity_rows = disp.scheduler.capacity_rows
             children.wait(timeout_s=60)
+        except HeraldError as exc:
+            cause = children.failure(grace_s=2.0)
+            children.stop()
+            if cause and cause not in str(exc):
+                raise HeraldError(f"{cause}\n(then: {exc})") from exc
+            raise
         except BaseException:
             children.stop()
             raise
