@@ -42,7 +42,7 @@ class TrainConfig:
     cache_rows: int | None = None
     cache_policy: str = "lru"
     embedding_dim: int = 16
-    optimizer: str = "adagrad"
+    optimizer: str = "rowwise_adagrad"
     lr: float = 0.05
     dense_optimizer: str = "adam"
     dense_lr: float = 0.001
@@ -202,7 +202,10 @@ def run_train(cfg: TrainConfig, *, progress: bool = True, on_finish=None) -> dic
     records: list[StepRecord] = []
     id_log = open(run_dir / "trained_sample_ids.u64", "ab") if cfg.log_sample_ids else None
     t_start = time.perf_counter()
-    with LocalShards(num_shards=cfg.ps_shards, tables=_tables(cfg, data.schema), seed=cfg.seed) as shards, \
+    # ipc: every process is local, and ZeroMQ over Unix sockets moves ~2x the bytes of
+    # TCP loopback here (docs/ps.md, benchmark)
+    with LocalShards(num_shards=cfg.ps_shards, tables=_tables(cfg, data.schema), seed=cfg.seed,
+                     transport="ipc") as shards, \
             PSClient(list(shards.addresses), tables=_tables(cfg, data.schema), timeout_ms=cfg.timeout_ms) as ps:
         if resume is not None:
             ps.restore(str(resume.path / "ps"))
