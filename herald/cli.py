@@ -52,6 +52,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def key_value(text: str) -> tuple[str, str]:
+    """argparse ``type`` for repeatable ``KEY=VALUE`` options (value kept as a string)."""
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    key, value = text.split("=", 1)
+    return key.strip(), value
+
+
 def _missing(parser: argparse.ArgumentParser) -> int:
     parser.print_help(sys.stderr)
     return 2

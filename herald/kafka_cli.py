@@ -8,14 +8,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from herald.cli import key_value
 from herald.errors import ConfigError
-
-
-def _key_value(text: str) -> tuple[str, str]:
-    if "=" not in text:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    key, value = text.split("=", 1)
-    return key.strip(), value
 
 
 def register(commands, bench, serve) -> None:
@@ -34,9 +28,9 @@ def register(commands, bench, serve) -> None:
     p.add_argument("--rows-per-message", type=int, default=1024, metavar="N", help="samples per Arrow message")
     p.add_argument("--rate", type=float, default=None, metavar="SAMPLES_PER_S", help="throttle (default: unthrottled)")
     p.add_argument("--limit", type=int, default=None, metavar="N", help="publish at most N samples")
-    p.add_argument("--client-option", type=_key_value, action="append", default=[], metavar="KEY=VALUE",
+    p.add_argument("--client-option", type=key_value, action="append", default=[], metavar="KEY=VALUE",
                    help="kafka-python KafkaProducer setting, repeatable (e.g. api_version=0.9, acks=all)")
-    p.add_argument("--source-option", type=_key_value, action="append", default=[], metavar="KEY=VALUE",
+    p.add_argument("--source-option", type=key_value, action="append", default=[], metavar="KEY=VALUE",
                    help="loader option for SOURCE (arrow only; e.g. bad_records=skip)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run_produce)

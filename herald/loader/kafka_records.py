@@ -116,33 +116,25 @@ def _empty_chunk(partition: int, schema: Schema, end_offset: int, bad: list) -> 
 class TextDecoder:
     """``tsv`` (Criteo) and ``csv`` (Avazu) records: one raw line per Kafka message.
 
-    Same contract as :func:`herald.loader.decode.decode_records` (and the same
-    parsers, :mod:`herald.loader.formats`): a trailing ``\\n`` or ``\\r\\n`` is
-    removed, a message with an inner newline is a ``field_count`` error, an empty
-    message an ``empty_line`` error. Decoded here rather than through
-    ``decode_records`` because the source needs each bad record's offset.
+    Decoded by :func:`herald.loader.decode.decode_lines` (the contract of
+    ``decode_records``: a trailing ``\\n`` or ``\\r\\n`` is removed, a message with an
+    inner newline is a ``field_count`` error, an empty message an ``empty_line``
+    error), which keeps each record's status so the source can name bad offsets.
     """
 
     def __init__(self, fmt: str, bucket_count: int = 0):
         from herald.loader import formats
 
         self.format = fmt
-        make = formats.criteo_format if fmt == "tsv" else formats.avazu_format
-        self._fmt = make(bucket_count)
-        self.schema = self._fmt.schema
+        self._name = "criteo" if fmt == "tsv" else "avazu"
+        self._bucket_count = bucket_count
+        self.schema = (formats.criteo_format if fmt == "tsv" else formats.avazu_format)(bucket_count).schema
 
     def decode(self, partition: int, offsets: np.ndarray, values: list[bytes]) -> Chunk:
         """Decode the ``values`` (one line per record) at ``offsets`` (int64 [m]) of ``partition``."""
-        clean = [b"" if r is None else r[:-2] if r.endswith(b"\r\n") else r[:-1] if r.endswith(b"\n") else r
-                 for r in values]
-        lengths = np.fromiter((len(r) for r in clean), np.int64, len(clean))
-        ends = np.cumsum(lengths)
-        starts = ends - lengths
-        buf = np.frombuffer(b"".join(clean), np.uint8)
-        decoded = self._fmt.decode(buf, starts, ends)
-        inner_nl = [i for i, r in enumerate(clean) if b"\n" in r]
-        if inner_nl:
-            decoded.status[inner_nl] = REASONS.index("field_count")
+        from herald.loader.decode import decode_lines
+
+        decoded = decode_lines(self._name, values, bucket_count=self._bucket_count)
         good = np.flatnonzero(decoded.status == 0)
         bad = np.flatnonzero(decoded.status != 0)
         zeros = np.zeros(good.shape[0], np.int64)

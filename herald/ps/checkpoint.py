@@ -48,7 +48,8 @@ def _write(path: pathlib.Path, arr: np.ndarray) -> dict:
             "bytes": int(arr.nbytes), "sha256": hashlib.sha256(data).hexdigest()}
 
 
-def _fsync_dir(path: pathlib.Path) -> None:
+def fsync_dir(path: pathlib.Path) -> None:
+    """fsync a directory, so that renames inside it are durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -81,12 +82,12 @@ def save(root, shard: int, num_shards: int, seed: int, tables) -> pathlib.Path:
         json.dump(manifest, f, indent=1)
         f.flush()
         os.fsync(f.fileno())
-    _fsync_dir(tmp)
+    fsync_dir(tmp)
     old = root / f".{final.name}.old-{os.getpid()}"
     if final.exists():
         os.replace(final, old)
     os.replace(tmp, final)
-    _fsync_dir(root)
+    fsync_dir(root)
     if old.exists():
         shutil.rmtree(old, ignore_errors=True)
     return final

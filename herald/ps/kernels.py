@@ -15,17 +15,10 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+from herald.loader.hashing import splitmix64_jit as mix64_jit  # the splitmix64 finaliser
+
 SGD, ADAGRAD, ROWWISE_ADAGRAD, ADAM = 0, 1, 2, 3
 INIT_UNIFORM, INIT_NORMAL, INIT_ZEROS = 0, 1, 2
-
-
-@nb.njit(nb.uint64(nb.uint64), cache=True, nogil=True)
-def mix64_jit(x):
-    """splitmix64 finaliser (Steele et al.): a bijective mixing hash of uint64."""
-    x = x + nb.uint64(0x9E3779B97F4A7C15)
-    x = (x ^ (x >> nb.uint64(30))) * nb.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> nb.uint64(27))) * nb.uint64(0x94D049BB133111EB)
-    return x ^ (x >> nb.uint64(31))
 
 
 @nb.njit(cache=True, nogil=True)

@@ -24,6 +24,7 @@ import shutil
 from typing import Any, Callable
 
 from herald.errors import DataError
+from herald.ps.checkpoint import fsync_dir
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,14 +88,14 @@ class Checkpointer:
         meta = {"step": step, "batch_index": batch_index,
                 "source_position": self._position(batch_index) if self._position else None}
         (staging_path / "meta.json").write_text(json.dumps(meta, indent=2))
-        _fsync_dir(staging_path)
+        fsync_dir(staging_path)
         final = self.root / f"step-{step:08d}"
         shutil.rmtree(final, ignore_errors=True)
         staging_path.rename(final)
         tmp = self.root / "latest.tmp"
         tmp.write_text(final.name)
         os.replace(tmp, self.root / "latest")
-        _fsync_dir(self.root)
+        fsync_dir(self.root)
         if self._commit is not None:
             self._commit(batch_index)
         self._prune()
@@ -105,10 +106,3 @@ class Checkpointer:
         for old in done[: max(0, len(done) - self.keep)]:
             shutil.rmtree(old, ignore_errors=True)
 
-
-def _fsync_dir(path: pathlib.Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

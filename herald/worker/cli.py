@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import argparse
 
+from herald.cli import key_value
 from herald.errors import ConfigError
 
 SCHEDULES_HELP = "herald (LAIA + communication plan), laia, plan, vanilla (random + full-set sync), or our policy"
 
 
 def _source_option(text: str) -> tuple[str, object]:
-    if "=" not in text:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    key, value = text.split("=", 1)
+    """``KEY=VALUE`` with the value read as an int or float when it is one."""
+    key, value = key_value(text)
     for conv in (int, float):
         try:
             return key, conv(value)
