@@ -25,7 +25,7 @@ _PUSHES = ("grad_push", "plan_push", "evict_push")
 class Progress:
     """A tqdm bar over steps showing samples/s, loss, hit rate and transmissions/step."""
 
-    def __init__(self, cfg: Any, *, enabled: bool = True):
+    def __init__(self, cfg: Any, *, enabled: bool = True, total_steps: int | None = None):
         self.cfg, self.enabled = cfg, enabled
         self._bar = None
         self._t0 = time.perf_counter()
@@ -34,7 +34,7 @@ class Progress:
         if enabled:
             from tqdm import tqdm
 
-            self._bar = tqdm(total=cfg.steps, unit="step", desc=f"train [{cfg.schedule}]", dynamic_ncols=True)
+            self._bar = tqdm(total=total_steps, unit="step", desc=f"train [{cfg.schedule}]", dynamic_ncols=True)
 
     def update(self, rec: StepRecord) -> None:
         self._samples += self.cfg.global_batch

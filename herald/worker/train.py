@@ -216,7 +216,7 @@ def run_train(cfg: TrainConfig, *, progress: bool = True, on_finish=None) -> dic
         ckpt = checkpoints.Checkpointer(run_dir / "checkpoints", lambda path: ps.checkpoint(path),
                                         position=data.position, commit=data.commit)
         use_ckpt = bool(cfg.checkpoint_every or cfg.is_stream)
-        bar = report_mod.Progress(cfg, enabled=progress)
+        bar = report_mod.Progress(cfg, enabled=progress, total_steps=data.total_steps(cfg))
         disp_cfg = DispatcherConfig(num_workers=cfg.workers, max_inflight_steps=cfg.max_inflight_steps,
                                     peer_timeout_ms=cfg.timeout_ms, checkpoint_every_steps=cfg.checkpoint_every,
                                     first_step=resume.step + 1 if resume else 0)
@@ -280,6 +280,14 @@ class _Data:
             cfg.source, options, self.split_info["train_rows"])
         self.batches = splits.global_batches(cfg.source, options, self.split_info["train_rows"], cfg.global_batch,
                                              cfg.epochs, cfg.steps)
+
+    def total_steps(self, cfg: TrainConfig) -> int | None:
+        """Steps the job will train, when known (None for an unbounded stream)."""
+        rows = self.split_info["train_rows"]
+        steps = None if rows is None else (rows // cfg.global_batch) * cfg.epochs
+        if cfg.steps is not None:
+            steps = cfg.steps if steps is None else min(steps, cfg.steps)
+        return steps
 
     def position(self, batch_index: int):
         return self.batches.position(batch_index).to_dict() if self.source is not None else None
