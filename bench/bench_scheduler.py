@@ -11,6 +11,7 @@ Criteo, 64 workers, 8,192-sample batches) and schedule, baseline and current run
 alternating subprocesses (``--rounds`` each), the warm per-step times are pooled, and the
 per-step counts of both must be identical (the optimisation may not change any
 transmission). Prints a before / after table (median and p99, ms per global batch).
+``--cases 0,1`` measures only those cases (indices into ``CASES``).
 """
 
 from __future__ import annotations
@@ -78,8 +79,12 @@ def _run_child(root: str, case, schedule: str, build_plans: bool) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def compare(ref: str, rounds: int, schedules: list, build_plans: bool, after_root: str = str(ROOT)) -> int:
-    """Before (git ``ref``) / after (this checkout) table, measured in the same run."""
+def compare(ref: str, rounds: int, schedules: list, build_plans: bool, after_root: str = str(ROOT),
+            cases=None) -> int:
+    """Before (git ``ref``) / after (this checkout) table, measured in the same run.
+
+    ``cases``: indices into :data:`CASES` (default all).
+    """
     import numpy as np
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -92,7 +97,7 @@ def compare(ref: str, rounds: int, schedules: list, build_plans: bool, after_roo
               "cpu = thread CPU time (excludes time the shared machine ran other processes)")
         print("| case | schedule | wall before | wall after | speed-up | cpu before | cpu after | speed-up |")
         print("|---|---|---|---|---|---|---|---|")
-        for case in CASES:
+        for case in (CASES if cases is None else [CASES[i] for i in cases]):
             for schedule in schedules:
                 ms = {k: [] for k in roots}
                 cpu = {k: [] for k in roots}
@@ -129,9 +134,12 @@ if __name__ == "__main__":
                         help="time submit() of this checkout against git revision REF, same run")
     parser.add_argument("--rounds", type=int, default=3, help="alternating runs per side (--compare-ref)")
     parser.add_argument("--no-plans", action="store_true", help="--compare-ref: counts only (build_plans=False)")
+    parser.add_argument("--cases", default=None,
+                        help="--compare-ref: comma-separated indices into CASES (default all)")
     parser.add_argument("--after-root", default=str(ROOT), help=argparse.SUPPRESS)  # a frozen copy
     args = parser.parse_args()
     if args.compare_ref:
         sys.exit(compare(args.compare_ref, args.rounds, args.schedules.split(","), not args.no_plans,
-                         args.after_root))
+                         args.after_root,
+                         None if args.cases is None else [int(c) for c in args.cases.split(",")]))
     sys.exit(main(args))

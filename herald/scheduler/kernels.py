@@ -31,7 +31,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 JIT = dict(nogil=True, cache=True)
-_AHEAD = 16  # keys ahead whose record is prefetched in the per-key passes
+_AHEAD = 32  # keys ahead whose record is prefetched in the per-key passes
 
 HIT, MISS_PULL, UPDATE_PULL, GRAD_PUSH, PLAN_PUSH, EVICT_PUSH = 0, 1, 2, 3, 4, 5
 
@@ -213,13 +213,16 @@ def costaware_alloc_jit(samp_off, samp_slot, samp_tab, table_on, valid, owner, u
     one = np.uint64(1)
     w_valid, w_inuse, w_inuse_hot, w_share, contain, sort_order = (params[0], params[1], params[2],
                                                                    params[3], params[4], params[5])
-    for p in range(samp_slot.shape[0]):
+    nnz = samp_slot.shape[0]
+    for p in range(nnz):
+        if p + _AHEAD < nnz:
+            prefetch_jit(use_mask, samp_slot[p + _AHEAD])
+            prefetch_jit(bcount, samp_slot[p + _AHEAD])
         use_mask[samp_slot[p]] = 0
         bcount[samp_slot[p]] = 0
     aff = np.zeros(W, np.float64)
     best_aff = np.zeros(B, np.float64)
     tok = token[0]
-    nnz = samp_slot.shape[0]
     for i in range(B):
         aff[:] = 0
         tok += 1
@@ -290,6 +293,28 @@ def costaware_alloc_jit(samp_off, samp_slot, samp_tab, table_on, valid, owner, u
 
 # ----------------------------------------------------------------------------- step keys
 @nb.njit(**JIT)
+def group_by_worker_jit(worker_of, out_order, out_start):
+    """Samples grouped by worker, ascending within a worker (a stable counting sort: the
+    same as ``np.argsort(worker_of, kind="stable")``).
+
+    Args:
+        worker_of: int32 [B] in ``0..W-1``; out_order: int64 [B]; out_start: int64 [W+1]
+            (written: worker w's samples are ``out_order[out_start[w]:out_start[w+1]]``).
+    """
+    W = out_start.shape[0] - 1
+    out_start[:] = 0
+    for i in range(worker_of.shape[0]):
+        out_start[worker_of[i] + 1] += 1
+    for w in range(W):
+        out_start[w + 1] += out_start[w]
+    cur = out_start[:W].copy()
+    for i in range(worker_of.shape[0]):
+        w = worker_of[i]
+        out_order[cur[w]] = i
+        cur[w] += 1
+
+
+@nb.njit(**JIT)
 def collect_keys_jit(samp_off, samp_slot, order, wstart, mark, token, use_mask, freq, count_freq, clear_use,
                      owner, plan_push, out_keys, out_off, pp_slot, pp_worker):
     """Distinct keys per worker in canonical order (samples in ``order``, tables, values),
@@ -311,7 +336,10 @@ def collect_keys_jit(samp_off, samp_slot, order, wstart, mark, token, use_mask, 
         the number of plan pushes.
     """
     if clear_use:
-        for p in range(samp_slot.shape[0]):
+        nnz = samp_slot.shape[0]
+        for p in range(nnz):
+            if p + _AHEAD < nnz:
+                prefetch_jit(use_mask, samp_slot[p + _AHEAD])
             use_mask[samp_slot[p]] = 0
     W = wstart.shape[0] - 1
     tok = token[0]
@@ -364,7 +392,10 @@ def update_after_step_jit(keys, off, use_mask, valid, owner, full_sync, gp_slot,
     for w in range(W):  # one pass: lists, then the key's new state (same for every user)
         g = off[w]
         u = off[w]
-        for i in range(off[w], off[w + 1]):
+        hi = off[w + 1]
+        for i in range(off[w], hi):
+            if i + _AHEAD < hi:
+                prefetch_jit(use_mask, keys[i + _AHEAD])
             s = keys[i]
             um = use_mask[s]
             n = popcount_jit(um)

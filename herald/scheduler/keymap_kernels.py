@@ -13,7 +13,7 @@ import numpy as np
 
 from herald.scheduler.kernels import JIT, key_hash_jit, prefetch_jit
 
-_AHEAD1, _AHEAD2, _RING = 16, 8, 32  # pipeline distances (keys) and ring of hashes (a power of 2)
+_AHEAD1, _AHEAD2, _RING = 8, 4, 16  # pipeline distances (keys) and ring of hashes (a power of 2)
 
 
 @nb.njit(**JIT)
@@ -104,3 +104,100 @@ def gather_samples_jit(offsets, value_base, slots_flat, out_off, out_slot, out_t
                 p += 1
         out_off[i + 1] = p
 
+
+
+@nb.njit(**JIT)
+def keymap_lookup_tables_jit(hk_slot, slot_ids, slot_tab, n_slots, values, out_slot):
+    """:func:`keymap_lookup_jit` over the per-table id arrays of a batch, without
+    concatenating them: keys in table-major order (table 0's ids, then table 1's, ...).
+
+    Args:
+        values: tuple of T uint64 [nnz_t] arrays; out_slot: int32 [sum nnz_t] (written).
+        Others as :func:`keymap_lookup_jit`.
+
+    Returns:
+        entries processed (table-major); fewer than ``out_slot.shape[0]`` when a new key
+        found all slots in use (grow and finish the rest with :func:`keymap_lookup_jit`).
+    """
+    mask = np.uint64(hk_slot.shape[0] - 1)
+    S = slot_ids.shape[0]
+    n = n_slots[0]
+    T = len(values)
+    ring = np.empty(_RING, np.uint64)  # hashes of the keys up to _AHEAD1 ahead
+    ta = 0  # (table, index) of the next key to hash (stage 1)
+    ja = 0
+    a = 0   # its table-major position
+    i = 0
+    for t in range(T):
+        v_t = values[t]
+        tt = np.int16(t)
+        for j in range(v_t.shape[0]):
+            while a < i + _AHEAD1 and ta < T:  # stage 1: hash and prefetch buckets ahead
+                va = values[ta]
+                if ja < va.shape[0]:
+                    ha = key_hash_jit(np.int16(ta), va[ja]) & mask
+                    ring[a & (_RING - 1)] = ha
+                    prefetch_jit(hk_slot, ha)
+                    ja += 1
+                    a += 1
+                else:
+                    ta += 1
+                    ja = 0
+            b = i + _AHEAD2
+            if b < a:  # stage 2: the bucket of key b is near; prefetch its slot's id
+                sb = hk_slot[ring[b & (_RING - 1)]]
+                if sb >= 0:
+                    prefetch_jit(slot_ids, sb)
+            v = v_t[j]
+            h = ring[i & (_RING - 1)]
+            while True:
+                s = hk_slot[h]
+                if s < 0:
+                    if n == S:
+                        n_slots[0] = n
+                        return i
+                    hk_slot[h] = n
+                    slot_ids[n] = v
+                    slot_tab[n] = tt
+                    out_slot[i] = n
+                    n += 1
+                    break
+                if slot_ids[s] == v and slot_tab[s] == tt:
+                    out_slot[i] = s
+                    break
+                h = (h + np.uint64(1)) & mask
+            i += 1
+    n_slots[0] = n
+    return i
+
+
+@nb.njit(**JIT)
+def gather_samples_tables_jit(offsets, slots_flat, out_off, out_slot, out_tab):
+    """:func:`gather_samples_jit` reading the per-table offsets of a batch directly.
+
+    Args:
+        offsets: tuple of T int64 [B+1] arrays; slots_flat: int32 [nnz] table-major.
+        out_off int64 [B+1], out_slot int32 [nnz], out_tab int16 [nnz] (written).
+    """
+    T = len(offsets)
+    B = out_off.shape[0] - 1
+    out_off[:] = 0
+    for t in range(T):  # sample lengths, then their prefix sums
+        o = offsets[t]
+        for i in range(B):
+            out_off[i + 1] += o[i + 1] - o[i]
+    for i in range(B):
+        out_off[i + 1] += out_off[i]
+    cur = out_off[:B].copy()  # next free position of each sample (tables in order)
+    base = 0
+    for t in range(T):
+        o = offsets[t]
+        tt = np.int16(t)
+        for i in range(B):
+            p = cur[i]
+            for j in range(o[i], o[i + 1]):
+                out_slot[p] = slots_flat[base + j]
+                out_tab[p] = tt
+                p += 1
+            cur[i] = p
+        base += o[B]

@@ -13,8 +13,10 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from herald.scheduler.kernels import JIT
+from herald.scheduler.kernels import JIT, prefetch_jit
 from herald.scheduler.plan import CachePlan, KeySet
+
+_AHEAD = 16  # slots ahead whose key is prefetched
 
 #: Lists of a plan in buffer order: evict, pull, grad_push, update_local, plan_push.
 NUM_LISTS = 5
@@ -22,7 +24,11 @@ NUM_LISTS = 5
 
 @nb.njit(**JIT)
 def _copy_keys_jit(src, lo, m, slot_tab, slot_ids, out_tab, out_ids, n):
-    for i in range(lo, lo + m):
+    hi = lo + m
+    for i in range(lo, hi):
+        if i + _AHEAD < hi:  # the key map entries of the slot _AHEAD ahead
+            prefetch_jit(slot_ids, src[i + _AHEAD])
+            prefetch_jit(slot_tab, src[i + _AHEAD])
         s = src[i]
         out_tab[n] = slot_tab[s]
         out_ids[n] = slot_ids[s]
@@ -31,17 +37,18 @@ def _copy_keys_jit(src, lo, m, slot_tab, slot_ids, out_tab, out_ids, n):
 
 
 @nb.njit(**JIT)
-def gather_plan_keys_jit(off, ev_slot, pull_slot, gp_slot, ul_slot, counts, pp_slot, pp_worker, slot_tab,
-                         slot_ids, out_tab, out_ids, out_bounds):
+def gather_plan_keys_jit(off, ev_slot, pull_slot, gp_slot, ul_slot, ev_cnt, pull_cnt, gp_cnt, ul_cnt, pp_slot,
+                         pp_worker, slot_tab, slot_ids, out_tab, out_ids, out_bounds):
     """Keys of all plan lists of all workers, worker-major then list order.
 
     Args:
         off: int64 [W+1]; list k of worker w is ``(ev_slot, pull_slot, gp_slot,
-            ul_slot)[k][off[w]:off[w] + counts[w, k]]`` (int32 slots [nnz]).
-        counts: int64 [W, 4]. pp_slot / pp_worker: int32 [P] plan pushes in push order and
-            the pushing worker (grouped by worker here, push order kept).
+            ul_slot)[k][off[w]:off[w] + counts[k][w]]`` (int32 slots [nnz]) with counts
+            ``(ev_cnt, pull_cnt, gp_cnt, ul_cnt)``, int64 [W] each (no stacking in Python).
+        pp_slot / pp_worker: int32 [P] plan pushes in push order and the pushing worker
+            (grouped by worker here, push order kept).
         slot_tab: int16 [S]; slot_ids: uint64 [S].
-        out_tab: int32 [N], out_ids: uint64 [N] with N = counts.sum() + P (written);
+        out_tab: int32 [N], out_ids: uint64 [N] with N = the sum of the counts + P (written);
         out_bounds: int64 [W, NUM_LISTS + 1] (written): list k of worker w is
             ``out[out_bounds[w, k]:out_bounds[w, k + 1]]``.
     """
@@ -51,18 +58,20 @@ def gather_plan_keys_jit(off, ev_slot, pull_slot, gp_slot, ul_slot, counts, pp_s
         out_bounds[pp_worker[i], 5] += 1
     n = 0
     for w in range(W):
-        for k in range(4):
-            out_bounds[w, k] = n
-            n += counts[w, k]
+        out_bounds[w, 0] = n
+        out_bounds[w, 1] = n = n + ev_cnt[w]
+        out_bounds[w, 2] = n = n + pull_cnt[w]
+        out_bounds[w, 3] = n = n + gp_cnt[w]
+        n += ul_cnt[w]
         out_bounds[w, 4] = n
         n += out_bounds[w, 5]
         out_bounds[w, 5] = n
     for w in range(W):
         lo = off[w]
-        n = _copy_keys_jit(ev_slot, lo, counts[w, 0], slot_tab, slot_ids, out_tab, out_ids, out_bounds[w, 0])
-        n = _copy_keys_jit(pull_slot, lo, counts[w, 1], slot_tab, slot_ids, out_tab, out_ids, n)
-        n = _copy_keys_jit(gp_slot, lo, counts[w, 2], slot_tab, slot_ids, out_tab, out_ids, n)
-        _copy_keys_jit(ul_slot, lo, counts[w, 3], slot_tab, slot_ids, out_tab, out_ids, n)
+        n = _copy_keys_jit(ev_slot, lo, ev_cnt[w], slot_tab, slot_ids, out_tab, out_ids, out_bounds[w, 0])
+        n = _copy_keys_jit(pull_slot, lo, pull_cnt[w], slot_tab, slot_ids, out_tab, out_ids, n)
+        n = _copy_keys_jit(gp_slot, lo, gp_cnt[w], slot_tab, slot_ids, out_tab, out_ids, n)
+        _copy_keys_jit(ul_slot, lo, ul_cnt[w], slot_tab, slot_ids, out_tab, out_ids, n)
     for w in range(W):  # cursor of w's plan pushes, reset below
         out_bounds[w, 5] = out_bounds[w, 4]
     for i in range(pp_slot.shape[0]):
@@ -100,14 +109,14 @@ def build_plans(off, before, after, pp, slot_tab, slot_ids) -> list:
     ev_slot, ev_wb, ev_cnt, pull_slot, pull_cnt = before
     gp_slot, gp_contrib, ul_slot, gp_cnt, ul_cnt = after
     W = off.shape[0] - 1
-    counts = np.stack((ev_cnt, pull_cnt, gp_cnt, ul_cnt), axis=1)
     if pp is None:
         pp = (np.zeros(0, np.int32), np.zeros(0, np.int32))
-    N = int(counts.sum()) + pp[0].shape[0]
+    N = int(ev_cnt.sum() + pull_cnt.sum() + gp_cnt.sum() + ul_cnt.sum()) + pp[0].shape[0]
     tab = np.empty(N, np.int32)
     ids = np.empty(N, np.uint64)
     bounds = np.empty((W, NUM_LISTS + 1), np.int64)
-    gather_plan_keys_jit(off, ev_slot, pull_slot, gp_slot, ul_slot, counts, pp[0], pp[1], slot_tab, slot_ids, tab, ids, bounds)
+    gather_plan_keys_jit(off, ev_slot, pull_slot, gp_slot, ul_slot, ev_cnt, pull_cnt, gp_cnt, ul_cnt, pp[0], pp[1],
+                         slot_tab, slot_ids, tab, ids, bounds)
     plans = []
     for w, b in enumerate(bounds.tolist()):
         ks = [_keyset(tab[b[k]:b[k + 1]], ids[b[k]:b[k + 1]]) for k in range(NUM_LISTS)]

@@ -29,6 +29,10 @@ from herald.scheduler.profiler import BudgetController, TableProfiler
 from herald.scheduler.state import Snapshots
 
 
+#: most tables whose arrays ``_prepare`` passes to the kernels as tuples (else it concatenates)
+_MAX_TUPLE_TABLES = 64
+
+
 @dataclasses.dataclass
 class StepPlan:
     """Everything the workers need for one step.
@@ -179,8 +183,9 @@ class Scheduler:
         worker_of = self._allocate(samp_off, samp_slot, samp_tab, table_on)
         alloc_s = time.perf_counter() - ta
         W, Bw = cfg.num_workers, cfg.batch_size_per_worker
-        order = np.argsort(worker_of, kind="stable")
-        wstart = np.arange(W + 1, dtype=np.int64) * Bw
+        order = np.empty(worker_of.shape[0], np.int64)
+        wstart = np.empty(W + 1, np.int64)  # = Bw * arange(W + 1): every worker gets Bw samples
+        K.group_by_worker_jit(worker_of, order, wstart)
         nnz = samp_slot.shape[0]
         keys = np.empty(nnz, np.int32)
         off = np.empty(W + 1, np.int64)
@@ -230,7 +235,35 @@ class Scheduler:
 
     # ------------------------------------------------------------------ parts
     def _prepare(self, batch):
-        """Key lookup and the sample-major CSR (int64 [B+1], int32 [nnz], int16 [nnz])."""
+        """Key lookup and the sample-major CSR (int64 [B+1], int32 [nnz], int16 [nnz]).
+
+        The kernels read the batch's per-table arrays directly (a tuple of arrays) when
+        they are all C-contiguous uint64 ids and int64 offsets and there are at most
+        ``_MAX_TUPLE_TABLES`` tables (numba compiles one kernel per tuple length, with a
+        branch per table at each runtime index); otherwise the ids are concatenated and
+        the offsets stacked first (:meth:`_prepare_concat`). Both give the same CSR.
+        """
+        values = tuple(batch.values)
+        offsets = tuple(batch.offsets)
+        B = len(batch)
+        nnz = 0
+        direct = len(values) <= _MAX_TUPLE_TABLES
+        for v, o in zip(values, offsets):
+            nnz += v.shape[0]
+            if (v.dtype != np.uint64 or o.dtype != np.int64 or not v.flags.c_contiguous
+                    or not o.flags.c_contiguous):
+                direct = False
+        if not direct:
+            return self._prepare_concat(batch)
+        slots = self._snap.lookup_tables(values, nnz)
+        samp_off = np.empty(B + 1, np.int64)
+        samp_slot = np.empty(nnz, np.int32)
+        samp_tab = np.empty(nnz, np.int16)
+        KM.gather_samples_tables_jit(offsets, slots, samp_off, samp_slot, samp_tab)
+        return samp_off, samp_slot, samp_tab
+
+    def _prepare_concat(self, batch):
+        """:meth:`_prepare` for batches whose arrays the kernels cannot take as a tuple."""
         T = self.num_tables
         nnz = np.array([v.shape[0] for v in batch.values], np.int64)
         ids = np.concatenate(batch.values) if T > 1 else batch.values[0]

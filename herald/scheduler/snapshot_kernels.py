@@ -88,6 +88,7 @@ def snapshot_lru_step_jit(keys, off, cached, valid, owner, cap, pos, log, head, 
         hit = 0
         upd = 0
         miss = 0
+        pc = lo  # pulls: stale or missing keys of K_w in canonical order
         for i in range(lo, hi):  # count and touch in canonical order
             if i + _PREFETCH < hi:
                 prefetch_jit(cached, keys[i + _PREFETCH])
@@ -97,6 +98,8 @@ def snapshot_lru_step_jit(keys, off, cached, valid, owner, cap, pos, log, head, 
                     hit += 1
                 else:
                     upd += 1
+                    pull_slot[pc] = s
+                    pc += 1
                 log[w, pos[s, w]] = -1  # the older entry is stale
                 if t == L:
                     t = _lru_compact_jit(w, log, pos, hd, t)
@@ -106,6 +109,8 @@ def snapshot_lru_step_jit(keys, off, cached, valid, owner, cap, pos, log, head, 
                 t += 1
             else:
                 miss += 1
+                pull_slot[pc] = s
+                pc += 1
         counts[w, HIT] += hit
         counts[w, UPDATE_PULL] += upd
         counts[w, MISS_PULL] += miss
@@ -130,26 +135,25 @@ def snapshot_lru_step_jit(keys, off, cached, valid, owner, cap, pos, log, head, 
             need -= 1
         counts[w, EVICT_PUSH] += wbs
         ev_cnt[w] = e - lo
-        pc = lo
-        for i in range(lo, hi):
-            s = keys[i]
-            if (valid[s] & bit) == 0:
-                if owner[s] >= 0:
-                    err[0] = 2
-                    err[1] = w
-                    break
-                if (cached[s] & bit) == 0:
-                    if t == L:
-                        t = _lru_compact_jit(w, log, pos, hd, t)
-                        hd = 0
-                    log[w, t] = s
-                    pos[s, w] = t
-                    t += 1
-                    sz += 1
-                    cached[s] |= bit
-                valid[s] |= bit
-                pull_slot[pc] = s
-                pc += 1
+        # victims are never keys of K_w, so the pull list of the touch pass stands: insert
+        # its missing keys in that (canonical) order; hits are not visited again
+        for i in range(lo, pc):
+            s = pull_slot[i]
+            if owner[s] >= 0:
+                err[0] = 2
+                err[1] = w
+                pc = i
+                break
+            if (cached[s] & bit) == 0:
+                if t == L:
+                    t = _lru_compact_jit(w, log, pos, hd, t)
+                    hd = 0
+                log[w, t] = s
+                pos[s, w] = t
+                t += 1
+                sz += 1
+                cached[s] |= bit
+            valid[s] |= bit
         pull_cnt[w] = pc - lo
         head[w] = hd
         tail[w] = t

@@ -149,6 +149,18 @@ class Snapshots:
                 self.reserve(1)
         return out
 
+    def lookup_tables(self, values: tuple, nnz: int) -> np.ndarray:
+        """Slots (int32 [nnz]) of a batch's keys, table-major, from ``values``: a tuple of
+        T uint64 C-contiguous arrays (``nnz`` ids in all), inserting new ones; the same
+        slots as :meth:`lookup` of the concatenation, without building it."""
+        out = np.empty(nnz, np.int32)
+        done = KM.keymap_lookup_tables_jit(self.hk_slot, self.slot_ids, self.slot_tab, self.n_slots, values, out)
+        if done < nnz:  # all slots in use: grow and finish the rest one table-major key list
+            T = len(values)
+            tabs = np.repeat(np.arange(T, dtype=np.int16), [v.shape[0] for v in values])
+            out[done:] = self.lookup(tabs[done:], np.concatenate(values)[done:])
+        return out
+
     @property
     def num_keys(self) -> int:
         """Distinct keys tracked so far."""
