@@ -65,11 +65,19 @@ class _Pending:
 
 
 def count_distinct_keys(batches) -> int:
-    """Distinct ``(table, id)`` keys in a sequence of SampleBatch (a pre-pass for ``cache_ratio``)."""
+    """Distinct ``(table, id)`` keys in a sequence of SampleBatch (a pre-pass for ``cache_ratio``).
+
+    Memory stays bounded by the distinct keys: the ids seen are deduplicated as they pile up.
+    """
     per_table: dict[int, list] = {}
+    pending = 0
     for b in batches:
         for t in range(b.num_tables):
-            per_table.setdefault(t, []).append(b.values[t])
+            per_table.setdefault(t, []).append(np.unique(b.values[t]))
+        pending += b.num_tables
+        if pending > 256:
+            per_table = {t: [np.unique(np.concatenate(v))] for t, v in per_table.items()}
+            pending = 0
     return int(sum(np.unique(np.concatenate(v)).shape[0] for v in per_table.values()))
 
 

@@ -16,6 +16,7 @@ from herald.errors import ConfigError
 from herald.loader import GlobalBatcher, open_source
 from herald.loader.batch import SampleBatch
 from herald.loader.source import Source, state_int
+from herald.scheduler import count_distinct_keys as scheduler_count_distinct_keys
 
 
 class RowRange(Source):
@@ -99,19 +100,11 @@ def open_train_eval(spec: str, eval_fraction: float, options: dict[str, Any]):
     return train, ev, {"total_rows": total, "train_rows": n_train, "eval_rows": n_eval}
 
 
-def count_distinct_keys(spec: str, options: dict[str, Any], rows: int, *, progress: bool = False) -> int:
+def count_distinct_keys(spec: str, options: dict[str, Any], rows: int) -> int:
     """Number of distinct (table, id) keys in the first ``rows`` rows (the pre-pass that
     sizes a cache given as a fraction of the distinct keys)."""
-    seen: list[list[np.ndarray]] = []
     with RowRange(open_source(spec, **options), 0, rows) as src:
-        for batch in src:
-            if not seen:
-                seen = [[] for _ in range(batch.num_tables)]
-            for t, v in enumerate(batch.values):
-                seen[t].append(np.unique(v))
-            if sum(len(parts) for parts in seen) > 256:
-                seen = [[np.unique(np.concatenate(parts))] for parts in seen]
-    return int(sum(np.unique(np.concatenate(parts)).shape[0] for parts in seen if parts))
+        return scheduler_count_distinct_keys(src)
 
 
 class GlobalBatches:
