@@ -11,6 +11,7 @@ the frames before touching any array; nothing is ever unpickled.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import msgpack
@@ -21,6 +22,7 @@ from herald.errors import ProtocolError
 ALLOWED_DTYPES = frozenset({"<f4", "<f2", "<f8", "<u8", "<i8", "<i4", "<u4", "<u2", "<i2", "|u1", "|b1", "|i1"})
 MAX_HEADER_BYTES = 1 << 20
 MAX_DIMS = 4
+_DTYPES = {name: np.dtype(name) for name in ALLOWED_DTYPES}
 
 
 def pack(header: dict[str, Any], arrays: Sequence[np.ndarray] = ()) -> list:
@@ -77,10 +79,10 @@ def _array(i: int, spec: Any, buf: memoryview) -> np.ndarray:
             or not all(isinstance(d, int) and 0 <= d < 2**40 for d in spec[1])):
         raise ProtocolError(f"array {i}: spec must be [dtype, [dims...]] with at most {MAX_DIMS} dims, got {spec!r:.80}")
     dtype, shape = spec
-    if dtype not in ALLOWED_DTYPES:
+    dt = _DTYPES.get(dtype)
+    if dt is None:
         raise ProtocolError(f"array {i}: dtype {dtype!r} not allowed; allowed: {sorted(ALLOWED_DTYPES)}")
-    dt = np.dtype(dtype)
-    expected = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    expected = math.prod(shape) * dt.itemsize  # exact: Python ints, dims < 2**40 checked above
     if expected != len(buf):
         raise ProtocolError(f"array {i}: header says {expected} bytes ({dtype} {shape}) but the frame has {len(buf)}")
     return np.frombuffer(buf, dtype=dt).reshape(shape)

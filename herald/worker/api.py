@@ -40,6 +40,7 @@ from herald.errors import ConfigError, HeraldError, PeerTimeout, ProtocolError
 from herald.ps import PSClient, TableConfig, apply_gradients
 from herald.scheduler.plan import KeySet
 from herald.worker.cache import EmbeddingCache
+from herald.worker.kernels import positions_jit
 from herald.worker.microbatch import MicroBatch
 
 
@@ -95,7 +96,9 @@ class ScheduledLoader:
         self.ps = PSClient(job["ps"], tables=self.tables, timeout_ms=int(job.get("ps_timeout_ms", 30_000)))
         self._model: nn.Module | None = None
         self._optimizer: torch.optim.Optimizer | None = None
-        self._current: tuple[MicroBatch, torch.Tensor, np.ndarray] | None = None
+        self._current: tuple[MicroBatch, torch.Tensor, tuple[np.ndarray, np.ndarray]] | None = None
+        self._flat_grad: torch.Tensor | None = None  # dense grads, one buffer (see _dense_step)
+        self._grad_views: list[torch.Tensor] = []
         self.bytes_pulled = 0
         self.bytes_pushed = 0
         self.steps = 0
@@ -197,19 +200,22 @@ class ScheduledLoader:
 
     def _lookup(self, batch: Batch) -> torch.Tensor:
         mb = batch.micro_batch
-        sizes = [u.shape[0] for u in mb.unique_ids]
-        keys = KeySet(np.repeat(np.arange(mb.num_tables, dtype=np.int32), sizes),
-                      np.concatenate(mb.unique_ids) if sizes else np.zeros(0, np.uint64))
-        slots = self.cache.slots(keys)
+        sizes = np.array([u.shape[0] for u in mb.unique_ids], np.int64)
+        bounds = np.zeros(mb.num_tables + 1, np.int64)
+        np.cumsum(sizes, out=bounds[1:])
+        uniq = np.concatenate(mb.unique_ids) if mb.num_tables else np.zeros(0, np.uint64)
+        slots = self.cache.slots(KeySet(np.repeat(np.arange(mb.num_tables, dtype=np.int32), sizes), uniq))
         rows = torch.from_numpy(self.cache.rows[slots, : self.dim]).to(self.device).requires_grad_(True)
-        row_base = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-        nnz = [i.shape[0] for i in mb.inverse]
-        nnz_base = np.concatenate([[0], np.cumsum(nnz)[:-1]]).astype(np.int64)
-        inputs = np.concatenate([i.astype(np.int64) + b for i, b in zip(mb.inverse, row_base)])
-        bags = np.concatenate([o[:-1] + b for o, b in zip(mb.offsets, nnz_base)])
+        nnz = np.array([i.shape[0] for i in mb.inverse], np.int64)
+        nnz_base = np.zeros(mb.num_tables, np.int64)
+        np.cumsum(nnz[:-1], out=nnz_base[1:])
+        inputs = np.concatenate(mb.inverse).astype(np.int64) if mb.num_tables else np.zeros(0, np.int64)
+        inputs += np.repeat(bounds[:-1], nnz)
+        bags = np.concatenate([o[:-1] for o in mb.offsets]) if mb.num_tables else np.zeros(0, np.int64)
+        bags += np.repeat(nnz_base, len(mb))
         pooled = F.embedding_bag(torch.from_numpy(inputs).to(self.device), rows,
                                  torch.from_numpy(bags).to(self.device), mode="sum")
-        self._current = (mb, rows, row_base)
+        self._current = (mb, rows, (uniq, bounds))
         return pooled.view(mb.num_tables, len(mb), self.dim).transpose(0, 1)
 
     # ---------------------------------------------------------------- step
@@ -227,17 +233,17 @@ class ScheduledLoader:
         """
         if self._current is None or self._model is None or self._optimizer is None:
             raise HeraldError("step() needs attach(model, optimizer) and one embedding(batch) call per batch")
-        mb, rows, row_base = self._current
+        mb, rows, layout = self._current
         self._current = None
         try:
             grads = np.zeros((rows.shape[0], self.dim), np.float32)
             if rows.grad is not None:
                 grads = (rows.grad.detach().to("cpu").numpy() / np.float32(self.world_size)).astype(np.float32)
             plan = mb.plan
-            self._push_grads(mb, plan, grads, row_base)
+            self._push_grads(mb, plan, grads, layout)
             if len(plan.update_local):
                 slots = self.cache.slots(plan.update_local)
-                g = grads[self._positions(mb, plan.update_local, row_base)]
+                g = grads[self._positions(*layout, plan.update_local)]
                 for t, m in _table_masks(plan.update_local.table):
                     local = np.ascontiguousarray(self.cache.rows[slots[m]])
                     apply_gradients(local, np.ascontiguousarray(g[m]), self.tables[t])
@@ -258,11 +264,11 @@ class ScheduledLoader:
             self._report_error(exc)
             raise
 
-    def _push_grads(self, mb: MicroBatch, plan: Any, grads: np.ndarray, row_base: np.ndarray) -> None:
+    def _push_grads(self, mb: MicroBatch, plan: Any, grads: np.ndarray, layout: tuple) -> None:
         """Step 4: one multi-table request per shard, sent in parallel; waits for the acks."""
         if not len(plan.grad_push):
             return
-        g = grads[self._positions(mb, plan.grad_push, row_base)]
+        g = grads[self._positions(*layout, plan.grad_push)]
         parts = {}
         for t, m in _table_masks(plan.grad_push.table):
             parts[t] = (plan.grad_push.ids[m], np.ascontiguousarray(g[m]), plan.contributors[m])
@@ -270,30 +276,43 @@ class ScheduledLoader:
         self.bytes_pushed += plan.grad_push.ids.nbytes + g.nbytes
 
     def _dense_step(self) -> None:
+        """Average the dense gradients over the ranks (one all-reduce), then step.
+
+        The gradients live in one flat buffer: after the first step every ``p.grad`` is a
+        view into it, so ``backward()`` accumulates in place (grads are zeroed, not freed)
+        and the all-reduce needs no concatenation or copy-back (DDP's gradient-as-bucket-view).
+        """
         params = [p for p in self._model.parameters() if p.requires_grad]
         if self.world_size > 1 and params:
-            flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+            flat = self._flat_grad
+            if flat is None or not all(p.grad is not None and p.grad.data_ptr() == v.data_ptr()
+                                       for p, v in zip(params, self._grad_views)):
+                flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                                  for p in params])
+                self._flat_grad, self._grad_views = flat, []
+                offset = 0
+                for p in params:
+                    n = p.numel()
+                    p.grad = flat[offset: offset + n].view_as(p)
+                    self._grad_views.append(p.grad)
+                    offset += n
             dist.all_reduce(flat)
             flat /= self.world_size
-            offset = 0
-            for p in params:
-                n = p.numel()
-                p.grad = flat[offset: offset + n].view_as(p).clone()
-                offset += n
         self._optimizer.step()
         self._optimizer.zero_grad(set_to_none=False)
 
     @staticmethod
-    def _positions(mb: MicroBatch, keys: KeySet, row_base: np.ndarray) -> np.ndarray:
-        """Rows of ``keys`` in this step's gathered tensor (unique ids are sorted per table)."""
+    def _positions(uniq: np.ndarray, bounds: np.ndarray, keys: KeySet) -> np.ndarray:
+        """int64 [n]: rows of ``keys`` in this step's gathered tensor, whose rows are
+        ``uniq`` (uint64, each table's unique ids sorted, table t at ``bounds[t]:bounds[t+1]``).
+
+        Raises:
+            ProtocolError: a key is not used by the micro-batch.
+        """
         out = np.empty(len(keys), np.int64)
-        for t in np.unique(keys.table).tolist():
-            m = keys.table == t
-            u = mb.unique_ids[t]
-            pos = np.searchsorted(u, keys.ids[m])
-            if pos.size and (pos.max() >= u.shape[0] or not np.array_equal(u[pos], keys.ids[m])):
-                raise ProtocolError(f"plan names a key of table {t} that the micro-batch does not use")
-            out[m] = row_base[t] + pos
+        bad = positions_jit(uniq, bounds, keys.table, keys.ids, out)
+        if bad >= 0:
+            raise ProtocolError(f"plan names a key of table {keys.table[bad]} that the micro-batch does not use")
         return out
 
     def _push_rows(self, keys: KeySet, rows: np.ndarray) -> None:
@@ -348,9 +367,18 @@ class ScheduledLoader:
 
 
 def _table_masks(table: np.ndarray):
-    """``(table index, bool mask)`` for each table present in ``table`` (int32 [n])."""
-    for t in np.unique(table).tolist():
-        yield t, table == t
+    """``(table index, int64 positions)`` for each table present in ``table`` (int32 [n]),
+    tables ascending, positions ascending: indexing with them selects exactly what the
+    boolean mask ``table == t`` would, in one stable sort instead of one pass per table."""
+    if table.shape[0] == 0:
+        return
+    order = np.argsort(table, kind="stable")
+    sorted_t = table[order]
+    cuts = np.flatnonzero(sorted_t[1:] != sorted_t[:-1]) + 1
+    starts = np.concatenate(([0], cuts)).tolist()
+    ends = np.concatenate((cuts, [table.shape[0]])).tolist()
+    for t, a, b in zip(sorted_t[starts].tolist(), starts, ends):
+        yield t, order[a:b]
 
 
 def _recv(sock: zmq.Socket, timeout_ms: int, peer: str, what: str):

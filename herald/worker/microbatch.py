@@ -17,6 +17,7 @@ import numpy as np
 from herald.errors import ProtocolError
 from herald.loader.batch import SampleBatch
 from herald.scheduler.plan import CachePlan, KeySet
+from herald.worker.kernels import segment_unique_jit
 
 #: sample id = dispatcher rank in the top 8 bits, sequence number below (Persia §4.1).
 SAMPLE_ID_RANK_SHIFT = 56
@@ -73,11 +74,19 @@ class MicroBatch:
     @classmethod
     def build(cls, step: int, rank: int, batch: SampleBatch, sample_ids: np.ndarray, plan: CachePlan) -> "MicroBatch":
         """Compress ``batch`` (this worker's samples) into unique ids + inverse index."""
+        # one kernel call for all tables (np.unique per table costs ~12 us of Python each)
+        lengths = [v.shape[0] for v in batch.values]
+        bounds = np.zeros(len(lengths) + 1, np.int64)
+        np.cumsum(lengths, out=bounds[1:])
+        values = (np.concatenate(batch.values) if lengths else np.zeros(0, np.uint64)).astype(np.uint64, copy=False)
+        flat_u = np.empty(values.shape[0], np.uint64)
+        flat_i = np.empty(values.shape[0], np.int64)
+        u_bounds = np.empty(len(lengths) + 1, np.int64)
+        segment_unique_jit(values, bounds, flat_u, flat_i, u_bounds)
         uniq, inv = [], []
-        for v in batch.values:
-            u, i = np.unique(v, return_inverse=True)
-            uniq.append(u)
-            inv.append(i.astype(np.uint16 if v.shape[0] < 65536 else np.int32))
+        for t, n in enumerate(lengths):
+            uniq.append(flat_u[u_bounds[t]: u_bounds[t + 1]].copy())
+            inv.append(flat_i[bounds[t]: bounds[t + 1]].astype(np.uint16 if n < 65536 else np.int32))
         return cls(step, rank, sample_ids, batch.labels, batch.dense, uniq, inv, list(batch.offsets), plan)
 
     def values(self, table: int) -> np.ndarray:

@@ -3,6 +3,7 @@ the public API of :mod:`herald.worker.api`."""
 
 from __future__ import annotations
 
+import os
 import pathlib
 from typing import Any
 
@@ -34,6 +35,19 @@ def model_from_job(job: dict[str, Any]) -> torch.nn.Module:
                        seed=int(job["seed"]))
 
 
+def worker_threads(world_size: int) -> int:
+    """Intra-op threads for one of ``world_size`` worker processes on this host: the
+    host's cores split evenly, at least 1.
+
+    The workers share the host with each other (and with the dispatcher and PS), and
+    torch's default (one thread per core, each) makes OpenMP threads spin against the
+    other processes: on 2 cores and 2 workers, 1 thread each halves the CPU time of a
+    run. ``OMP_NUM_THREADS`` in the environment wins over this.
+    """
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // max(1, world_size))
+
+
 def run_worker(dispatcher: str, rank: int, world_size: int, *, device: str | None = None,
                timeout_ms: int = 120_000) -> int:
     """Train until the dispatcher says end; rank files ``dense-rank<r>.pt`` in the job's run_dir.
@@ -41,6 +55,8 @@ def run_worker(dispatcher: str, rank: int, world_size: int, *, device: str | Non
     Returns:
         Number of steps trained.
     """
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(worker_threads(world_size))
     with ScheduledLoader.connect(dispatcher, rank=rank, world_size=world_size, device=device,
                                  timeout_ms=timeout_ms) as loader:
         job = loader.job
