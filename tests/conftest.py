@@ -6,6 +6,13 @@ import os
 import pathlib
 
 import pytest
+from hypothesis import settings
+
+# CI replays the same examples every run (a red CI must mean a regression, not a new
+# random draw); locally every run explores new inputs.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI", "").lower() == "true":
+    settings.load_profile("ci")
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DATA = pathlib.Path(os.environ.get("HERALD_DATA", REPO.parent / "shared" / "data"))

@@ -9,13 +9,27 @@ Public API (see docs/loader.md):
 - :func:`convert`, :func:`datagen`, :class:`SyntheticSpec`, :class:`SyntheticSource`
 """
 
-from herald.loader.batch import SampleBatch, Schema
-from herald.loader.batcher import GlobalBatcher
-from herald.loader.convert import convert, datagen
-from herald.loader.decode import decode_records
-from herald.loader.registry import open_source, register_format
-from herald.loader.source import Source
-from herald.loader.synthetic import SyntheticSource, SyntheticSpec
+import importlib
 
-__all__ = ["Schema", "SampleBatch", "Source", "open_source", "register_format", "decode_records",
-           "GlobalBatcher", "convert", "datagen", "SyntheticSpec", "SyntheticSource"]
+# Names are imported on first use (PEP 562): a process that needs one module (a PS
+# shard hashing keys, a worker reading SampleBatch) does not load every parser kernel.
+_EXPORTS = {
+    "SampleBatch": "batch", "Schema": "batch", "GlobalBatcher": "batcher", "convert": "conversion",
+    "datagen": "conversion", "decode_records": "decode", "open_source": "registry",
+    "register_format": "registry", "Source": "source", "SyntheticSource": "synthetic",
+    "SyntheticSpec": "synthetic",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f"herald.loader.{_EXPORTS[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'herald.loader' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))

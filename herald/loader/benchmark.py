@@ -27,7 +27,7 @@ import numpy as np
 
 from herald.loader.batch import SampleBatch
 from herald.loader.batcher import GlobalBatcher
-from herald.loader.convert import datagen
+from herald.loader.conversion import datagen
 from herald.loader.parquet import ParquetSettings, ParquetSource
 from herald.loader.raw import CriteoSource
 

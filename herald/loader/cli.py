@@ -9,7 +9,7 @@ from __future__ import annotations
 
 
 def _datagen(args) -> int:
-    from herald.loader.convert import datagen
+    from herald.loader.conversion import datagen
 
     out = datagen(args.out, rows=args.rows, seed=args.seed, fit=args.fit, preset=args.preset,
                   fit_rows=args.fit_rows, row_group_rows=args.row_group_rows, progress=not args.quiet)
@@ -18,7 +18,7 @@ def _datagen(args) -> int:
 
 
 def _convert(args) -> int:
-    from herald.loader.convert import convert
+    from herald.loader.conversion import convert
 
     options = {"bad_records": args.bad_records}
     if args.quarantine:

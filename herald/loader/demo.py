@@ -13,7 +13,7 @@ import tempfile
 import time
 
 from herald.loader.batcher import GlobalBatcher
-from herald.loader.convert import datagen
+from herald.loader.conversion import datagen
 from herald.loader.parquet import ParquetSource
 
 

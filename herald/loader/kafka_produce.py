@@ -101,7 +101,7 @@ def text_lines(path: str, fmt: str, limit_rows: int | None) -> Iterator[bytes]:
         n = 0
         for i, line in enumerate(f):
             line = line.rstrip(b"\r\n")
-            if i == 0 and fmt == "csv" and line.startswith(b"id,"):
+            if i == 0 and fmt == "csv" and line.startswith(b"id,click,"):
                 continue
             if limit_rows is not None and n >= limit_rows:
                 return

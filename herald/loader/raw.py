@@ -30,11 +30,13 @@ class CriteoSource(TextFileSource):
 
 
 class AvazuSource(TextFileSource):
-    """Avazu CSV, with or without the header line (detected: first line starts with ``id,``)."""
+    """Avazu CSV, with or without the header line (detected: the first line starts with
+    ``id,click,``, the published header; any other first line is a record, so a
+    malformed one is counted as bad rather than dropped as a header)."""
 
     def __init__(self, path, *, bucket_count: int = 0, bad=BadRecordSettings(), text=TextSettings()):
         super().__init__(path, formats.avazu_format(bucket_count), bad=bad, text=text,
-                         header=lambda line: line.startswith(b"id,"))
+                         header=lambda line: line.startswith(b"id,click,"))
 
 
 class LibfmSource(TextFileSource):
