@@ -187,7 +187,13 @@ def write(rep: dict[str, Any], records: list[StepRecord], run_dir: pathlib.Path)
 
     steps = [r.step for r in records]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    ax1.plot(steps, [r.loss for r in records], lw=0.8)
+    losses = np.array([r.loss for r in records])
+    ax1.plot(steps, losses, lw=0.5, alpha=0.4, label="per step")
+    window = max(1, len(losses) // 50)
+    if window > 1:
+        smooth = np.convolve(losses, np.ones(window) / window, mode="valid")
+        ax1.plot(steps[window - 1:], smooth, lw=1.5, label=f"mean of {window} steps")
+    ax1.legend(fontsize=8)
     ax1.set(xlabel="step", ylabel="train loss (mean over workers)", title="loss")
     per_cause = np.array([r.counts.sum(axis=0) for r in records])
     for c in ("miss_pull", "update_pull", "grad_push", "plan_push", "evict_push"):

@@ -27,7 +27,7 @@ from herald.worker.dispatcher import Dispatcher, DispatcherConfig, StepRecord
 from herald.worker import checkpoints, splits
 from herald.worker.stream import KafkaGlobalBatches
 
-DEFAULT_SOURCE = "synthetic://criteo?rows=60000&seed=0"
+DEFAULT_SOURCE = "synthetic://criteo?rows=600000&seed=0"
 
 
 @dataclasses.dataclass(frozen=True)
