@@ -3,9 +3,12 @@
     python bench/bench_e2e.py [--rows 200000] [--workers 2 4] [--out runs/bench-e2e]
 """
 
+import pathlib
 import sys
 
-from herald.worker.bench import main
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # run from a checkout
+
+from herald.worker.bench import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -26,6 +26,7 @@ import time
 import uuid
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run from a checkout
 DATA = pathlib.Path(os.environ.get("HERALD_DATA", REPO.parent / "shared" / "data"))
 CLIENT = {"api_version": (0, 9), "max_partition_fetch_bytes": 16 << 20, "fetch_max_bytes": 64 << 20}
 

@@ -21,7 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-ratio", type=float, default=0.1)
     p.add_argument("--embedding-dim", type=int, default=16)
     p.add_argument("--optimizer", default="sgd")
-    p.add_argument("--schedules", nargs="+", default=["vanilla", "herald"])
+    p.add_argument("--schedules", nargs="+", default=["vanilla", "herald", "costaware"])
     p.add_argument("--out", default="runs/bench-e2e")
 
 
