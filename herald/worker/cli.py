@@ -37,7 +37,8 @@ def _add_job_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-ratio", type=float, default=d.cache_ratio,
                    help="worker cache size as a fraction of the distinct keys in the training split "
                         "(default: %(default)s)")
-    p.add_argument("--cache-rows", type=int, default=None, help="worker cache size in rows (overrides --cache-ratio)")
+    p.add_argument("--cache-rows", type=int, default=None,
+                   help="worker cache size in rows (overrides --cache-ratio; default for a kafka:// stream: 100000)")
     p.add_argument("--cache-policy", default=d.cache_policy, choices=["lru", "lfu"], help="(default: %(default)s)")
     p.add_argument("--embedding-dim", type=int, default=d.embedding_dim, help="(default: %(default)s)")
     p.add_argument("--optimizer", default=d.optimizer, choices=["sgd", "adagrad", "rowwise_adagrad", "adam"],

@@ -28,6 +28,9 @@ from herald.worker import checkpoints, splits
 from herald.worker.stream import KafkaGlobalBatches
 
 DEFAULT_SOURCE = "synthetic://criteo?rows=600000&seed=0"
+#: Worker cache rows for a kafka:// stream without --cache-rows: a stream has no known
+#: set of keys to take --cache-ratio of.
+STREAM_CACHE_ROWS = 100_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,8 +74,6 @@ class TrainConfig:
         require(self.workers <= 255, "at most 255 workers per dispatcher")
         require(self.checkpoint_every >= 0, "--checkpoint-every must be >= 0")
         require(self.eval_every >= 1, "--eval-every must be >= 1")
-        require(not self.is_stream or self.cache_rows is not None,
-                "a kafka:// stream has no known set of keys to size the cache from: pass --cache-rows")
         require(not self.resume or self.is_stream,
                 "--resume continues a kafka:// stream from its latest checkpoint; file sources are re-run")
 
@@ -190,9 +191,10 @@ def run_train(cfg: TrainConfig, *, progress: bool = True, on_finish=None) -> dic
     resume = checkpoints.latest(run_dir / "checkpoints") if cfg.resume else None
     if resume is not None:
         data.seek(resume.meta["source_position"])
+    cache_rows = cfg.cache_rows if cfg.cache_rows or not cfg.is_stream else STREAM_CACHE_ROWS
     sched_cfg = SchedulerConfig(num_workers=cfg.workers, batch_size_per_worker=cfg.batch_size,
                                 schedule=cfg.schedule, cache_policy=cfg.cache_policy,
-                                cache_capacity_rows=cfg.cache_rows, cache_ratio=cfg.cache_ratio, seed=cfg.seed)
+                                cache_capacity_rows=cache_rows, cache_ratio=cfg.cache_ratio, seed=cfg.seed)
     num_tables = data.schema.num_tables
 
     def new_scheduler() -> Scheduler:
