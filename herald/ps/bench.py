@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import pathlib
 import statistics
 import threading
 import time
@@ -185,11 +186,14 @@ def format_table(results: list[dict]) -> str:
 
 
 def main(args: argparse.Namespace | None = None) -> int:
-    """Entry of ``herald bench ps`` (prints a markdown table and a JSON line)."""
+    """Entry of ``herald bench ps``: prints a markdown table, writes the rows as JSON to ``--out``."""
     kw = {} if args is None else {"dim": args.dim, "keys": tuple(args.keys), "threads": tuple(args.threads),
                                   "seconds": args.seconds, "repeats": args.repeats,
                                   "table_rows": args.table_rows, "transports": tuple(args.transport)}
     results = run(**kw)
     print(format_table(results))
-    print(json.dumps(results))
+    out = pathlib.Path(getattr(args, "out", None) or "runs/bench-ps.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
+    print(f"wrote {out}")
     return 0

@@ -53,4 +53,5 @@ def register(commands, bench, serve) -> None:
     b.add_argument("--transport", nargs="+", default=["tcp", "ipc"], choices=["tcp", "ipc"],
                    help="ZeroMQ transports to measure")
     b.add_argument("--table-rows", type=int, default=200_000, help="distinct keys in the table")
+    b.add_argument("--out", default="runs/bench-ps.json", help="JSON file for the results (default: %(default)s)")
     b.set_defaults(func=_bench)
