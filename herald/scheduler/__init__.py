@@ -13,7 +13,7 @@ See docs/scheduler.md.
 
 from herald.scheduler.config import SCHEDULES, SchedulerConfig
 from herald.scheduler.plan import CAUSES, CachePlan, KeySet
-from herald.scheduler.scheduler import Scheduler, StepPlan, count_distinct_keys
+from herald.scheduler.scheduler import Scheduler, StepPlan, count_distinct_keys, distinct_keys_per_table
 
 __all__ = ["CAUSES", "CachePlan", "KeySet", "SCHEDULES", "Scheduler", "SchedulerConfig", "StepPlan",
-           "count_distinct_keys"]
+           "count_distinct_keys", "distinct_keys_per_table"]

@@ -64,8 +64,8 @@ class _Pending:
     after: tuple
 
 
-def count_distinct_keys(batches) -> int:
-    """Distinct ``(table, id)`` keys in a sequence of SampleBatch (a pre-pass for ``cache_ratio``).
+def distinct_keys_per_table(batches) -> list[int]:
+    """Distinct ids of each table in a sequence of SampleBatch (a pre-pass).
 
     Memory stays bounded by the distinct keys: the ids seen are deduplicated as they pile up.
     """
@@ -78,7 +78,12 @@ def count_distinct_keys(batches) -> int:
         if pending > 256:
             per_table = {t: [np.unique(np.concatenate(v))] for t, v in per_table.items()}
             pending = 0
-    return int(sum(np.unique(np.concatenate(v)).shape[0] for v in per_table.values()))
+    return [int(np.unique(np.concatenate(per_table[t])).shape[0]) for t in sorted(per_table)]
+
+
+def count_distinct_keys(batches) -> int:
+    """Distinct ``(table, id)`` keys in a sequence of SampleBatch (a pre-pass for ``cache_ratio``)."""
+    return sum(distinct_keys_per_table(batches))
 
 
 class Scheduler:

@@ -42,6 +42,7 @@ from herald.scheduler.plan import KeySet
 from herald.worker.cache import EmbeddingCache
 from herald.worker.kernels import positions_jit
 from herald.worker.microbatch import MicroBatch
+from herald.worker.replicas import ReplicaStore
 
 
 @dataclasses.dataclass
@@ -94,6 +95,10 @@ class ScheduledLoader:
         self.dim, row_width = dims.pop()
         self.cache = EmbeddingCache(int(job["capacity_rows"]), row_width)
         self.ps = PSClient(job["ps"], tables=self.tables, timeout_ms=int(job.get("ps_timeout_ms", 30_000)))
+        self._replicated = np.array(job.get("replicated_tables", []), np.int32)
+        self.replicas = (ReplicaStore(int(job["replica_rows"]), row_width, self.dim, self.tables, self.ps, world_size)
+                         if self._replicated.size else None)
+        self.bytes_allreduced = 0
         self._model: nn.Module | None = None
         self._optimizer: torch.optim.Optimizer | None = None
         self._current: tuple[MicroBatch, torch.Tensor, tuple[np.ndarray, np.ndarray]] | None = None
@@ -197,6 +202,8 @@ class ScheduledLoader:
                 rows[m] = got[t]
             self.bytes_pulled += rows.nbytes + plan.pull.ids.nbytes
             self.cache.put(plan.pull, rows)
+        if self.replicas is not None:
+            self.bytes_pulled += self.replicas.ensure(mb.replicated)
 
     def _lookup(self, batch: Batch) -> torch.Tensor:
         mb = batch.micro_batch
@@ -204,8 +211,16 @@ class ScheduledLoader:
         bounds = np.zeros(mb.num_tables + 1, np.int64)
         np.cumsum(sizes, out=bounds[1:])
         uniq = np.concatenate(mb.unique_ids) if mb.num_tables else np.zeros(0, np.uint64)
-        slots = self.cache.slots(KeySet(np.repeat(np.arange(mb.num_tables, dtype=np.int32), sizes), uniq))
-        rows = torch.from_numpy(self.cache.rows[slots, : self.dim]).to(self.device).requires_grad_(True)
+        keys = KeySet(np.repeat(np.arange(mb.num_tables, dtype=np.int32), sizes), uniq)
+        if self.replicas is None:
+            gathered = self.cache.rows[self.cache.slots(keys), : self.dim]
+        else:  # NOTE [replicated tables]: those rows come from the replica, the rest from the cache
+            rep = np.isin(keys.table, self._replicated)
+            gathered = np.empty((len(keys), self.dim), np.float32)
+            gathered[rep] = self.replicas.rows(KeySet(keys.table[rep], keys.ids[rep]))
+            rest = ~rep
+            gathered[rest] = self.cache.rows[self.cache.slots(KeySet(keys.table[rest], keys.ids[rest])), : self.dim]
+        rows = torch.from_numpy(gathered).to(self.device).requires_grad_(True)
         nnz = np.array([i.shape[0] for i in mb.inverse], np.int64)
         nnz_base = np.zeros(mb.num_tables, np.int64)
         np.cumsum(nnz[:-1], out=nnz_base[1:])
@@ -250,6 +265,11 @@ class ScheduledLoader:
                     self.cache.rows[slots[m]] = local
             if len(plan.plan_push):
                 self._push_rows(plan.plan_push, self.cache.rows[self.cache.slots(plan.plan_push)])
+            if self.replicas is not None:
+                uniq, bounds = layout
+                tab = np.repeat(np.arange(mb.num_tables, dtype=np.int32), np.diff(bounds))
+                rep = np.isin(tab, self._replicated)
+                self.bytes_allreduced += self.replicas.update(mb.replicated, KeySet(tab[rep], uniq[rep]), grads[rep])
             self._dense_step()
             value = float(loss.detach()) if isinstance(loss, torch.Tensor) else (float("nan") if loss is None else float(loss))
             preds = []
@@ -257,8 +277,9 @@ class ScheduledLoader:
                 preds = [mb.labels, torch.sigmoid(logits.detach()).to("cpu", torch.float32).numpy().reshape(-1)]
             self._sock.send_multipart(wire.pack({
                 "op": "ack", "rank": self.rank, "step": mb.step, "loss": value,
-                "bytes_pulled": self.bytes_pulled, "bytes_pushed": self.bytes_pushed}, preds), copy=False)
-            self.bytes_pulled = self.bytes_pushed = 0
+                "bytes_pulled": self.bytes_pulled, "bytes_pushed": self.bytes_pushed,
+                "bytes_allreduced": self.bytes_allreduced}, preds), copy=False)
+            self.bytes_pulled = self.bytes_pushed = self.bytes_allreduced = 0
             self.steps += 1
         except Exception as exc:
             self._report_error(exc)
@@ -328,6 +349,11 @@ class ScheduledLoader:
         (NOTE [checkpoint barrier] in herald/worker/dispatcher.py)."""
         if len(keys):
             self._push_rows(keys, self.cache.rows[self.cache.slots(keys)])
+        if self.replicas is not None:
+            if self.rank == 0:
+                self.replicas.write_back()
+            if reset:
+                self.replicas.clear()
         if reset:
             self.cache = EmbeddingCache(self.cache.capacity_rows, self.cache.row_width)
         self._sock.send_multipart(wire.pack({"op": "flushed", "rank": self.rank}), copy=False)

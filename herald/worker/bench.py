@@ -3,7 +3,8 @@
 Both schedules train the same model on the same synthetic Criteo-shaped stream, in the
 same run, with 2 and 4 CPU workers; the stream is long enough for the caches to warm.
 Bytes are counted on the wire by the workers (keys + rows/gradients, optimizer state
-included), not estimated. Run as ``herald bench e2e`` or ``python bench/bench_e2e.py``.
+included), not estimated. ``NAME+replicated`` schedules hold the small tables on every
+worker (NOTE [replicated tables]); their all-reduce payload is reported in its own column. Run as ``herald bench e2e`` or ``python bench/bench_e2e.py``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-ratio", type=float, default=0.1)
     p.add_argument("--embedding-dim", type=int, default=16)
     p.add_argument("--optimizer", default="sgd")
-    p.add_argument("--schedules", nargs="+", default=["vanilla", "herald", "costaware"])
+    p.add_argument("--schedules", nargs="+", default=["vanilla", "herald", "costaware", "herald+replicated"],
+                   help="schedules to compare; NAME+replicated also holds the tables with at most "
+                        "--replicate-below ids on every worker (NOTE [replicated tables])")
+    p.add_argument("--replicate-below", type=int, default=15_000, help="(default: %(default)s)")
     p.add_argument("--out", default="runs/bench-e2e")
 
 
@@ -33,21 +37,25 @@ def run(args: argparse.Namespace) -> dict:
     results: dict = {}
     for workers in args.workers:
         for schedule in args.schedules:
-            cfg = TrainConfig(source=source, schedule=schedule, workers=workers, batch_size=args.batch_size,
+            name, _, variant = schedule.partition("+")
+            cfg = TrainConfig(source=source, schedule=name, workers=workers, batch_size=args.batch_size,
                               cache_ratio=args.cache_ratio, embedding_dim=args.embedding_dim,
                               optimizer=args.optimizer, eval_fraction=0.0,
+                              replicate_below=args.replicate_below if variant == "replicated" else 0,
                               run_dir=str(out / f"{schedule}-w{workers}"))
             print(f"--- {schedule}, {workers} workers", flush=True)
             rep = run_train(cfg, progress=False)
             results[f"{schedule}-w{workers}"] = {
                 "samples_per_second": rep["samples_per_second"],
                 "wire_bytes": rep["wire_bytes"]["pulled"] + rep["wire_bytes"]["pushed"],
+                "allreduce_bytes": rep["wire_bytes"]["allreduced"],
                 "embeddings_moved": rep["transmissions"]["total"],
                 "train_seconds": rep["train_seconds"],
                 "steps": rep["steps"],
             }
-    print("\n| workers | schedule | samples/s | wire MiB | embeddings moved | bytes vs vanilla | time vs vanilla |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| workers | schedule | samples/s | worker<->PS MiB | embeddings moved | bytes vs vanilla "
+          "| all-reduce MiB | time vs vanilla |")
+    print("|---|---|---|---|---|---|---|---|")
     for workers in args.workers:
         base = results.get(f"vanilla-w{workers}")
         for schedule in args.schedules:
@@ -56,7 +64,7 @@ def run(args: argparse.Namespace) -> dict:
             tratio = r["train_seconds"] / base["train_seconds"] if base else float("nan")
             r["bytes_ratio_vs_vanilla"], r["time_ratio_vs_vanilla"] = ratio, tratio
             print(f"| {workers} | {schedule} | {r['samples_per_second']:,.0f} | {r['wire_bytes'] / 2**20:,.1f} | "
-                  f"{r['embeddings_moved']:,} | {ratio:.3f}x | {tratio:.3f}x |")
+                  f"{r['embeddings_moved']:,} | {ratio:.3f}x | {r['allreduce_bytes'] / 2**20:,.1f} | {tratio:.3f}x |")
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_e2e.json").write_text(json.dumps(results, indent=2))
     print(f"\nwritten {out / 'bench_e2e.json'}")

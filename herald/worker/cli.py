@@ -66,6 +66,10 @@ def _add_job_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-every", type=int, default=d.eval_every, metavar="STEPS",
                    help="print progressive validation (AUC, log loss of predictions made before each update) "
                         "every STEPS steps (default: %(default)s)")
+    p.add_argument("--replicate-below", type=int, default=d.replicate_below, metavar="IDS",
+                   help="hold every table with at most IDS distinct ids (training split) whole on every worker, "
+                        "synchronised by all-reduce instead of the PS (hybrid embeddings; 0: off; default: "
+                        "%(default)s)")
     p.add_argument("--log-sample-ids", action="store_true",
                    help="append the sample ids of every trained step to RUN_DIR/trained_sample_ids.u64")
 
@@ -81,6 +85,7 @@ def _config(args: argparse.Namespace):
                        ps_shards=args.ps_shards, seed=args.seed, run_dir=getattr(args, "run_dir", "runs/latest"),
                        timeout_ms=args.timeout_ms, checkpoint_every=args.checkpoint_every, resume=args.resume,
                        eval_every=args.eval_every, log_sample_ids=args.log_sample_ids,
+                       replicate_below=args.replicate_below,
                        source_options=tuple(args.source_option))
 
 

@@ -48,7 +48,7 @@ from herald import wire
 from herald.config import require
 from herald.errors import HeraldError, PeerTimeout, ProtocolError
 from herald.loader.batch import SampleBatch
-from herald.scheduler.plan import CAUSES
+from herald.scheduler.plan import CAUSES, KeySet
 from herald.worker.idbuffer import IdFeatureBuffer
 from herald.worker.microbatch import MicroBatch, make_sample_ids
 
@@ -101,6 +101,7 @@ class StepRecord:
     schedule_ms: float
     labels: np.ndarray
     probs: np.ndarray
+    bytes_allreduced: int = 0
 
 
 class Dispatcher:
@@ -137,6 +138,7 @@ class Dispatcher:
         self._factory = scheduler_factory
         self.scheduler = scheduler_factory()
         self._job = job
+        self._replicated = tuple(int(t) for t in job.get("replicated_tables", ()))
         self._on_step, self._on_checkpoint, self._checkpoint_path = on_step, on_checkpoint, checkpoint_path
         self._liveness, self._id_log = liveness, sample_id_log
         self._ctx = zmq.Context.instance()
@@ -217,7 +219,7 @@ class Dispatcher:
         for index, batch in enumerate(self._batches):
             held.append((batch, index))
             t0 = time.perf_counter()
-            plan = self.scheduler.submit(batch)
+            plan = self.scheduler.submit(self._scheduled_view(batch))
             self._schedule_ms = (time.perf_counter() - t0) * 1e3
             if plan is not None:
                 yield ("step", plan, *held.pop(0))
@@ -232,6 +234,24 @@ class Dispatcher:
             yield from self._finish_scheduler(held)
         if index >= 0:
             yield ("barrier", self.next_step - 1, index, True)
+
+    def _scheduled_view(self, batch: SampleBatch) -> SampleBatch:
+        """``batch`` with the replicated tables emptied: the scheduler never sees their
+        keys (every worker holds them; docs/design.md, "Replicated tables")."""
+        if not self._replicated:
+            return batch
+        empty_values, empty_offsets = np.zeros(0, np.uint64), np.zeros(len(batch) + 1, np.int64)
+        values = [empty_values if t in self._replicated else v for t, v in enumerate(batch.values)]
+        offsets = [empty_offsets if t in self._replicated else o for t, o in enumerate(batch.offsets)]
+        return SampleBatch(batch.labels, batch.dense, values, offsets, batch.table_names, validate=False)
+
+    def _replicated_union(self, batch: SampleBatch) -> KeySet:
+        """The replicated keys the whole global batch uses, sorted by (table, id)."""
+        if not self._replicated:
+            return KeySet.empty()
+        ids = [np.unique(batch.values[t]) for t in self._replicated]
+        tables = [np.full(u.shape[0], t, np.int32) for t, u in zip(self._replicated, ids)]
+        return KeySet(np.concatenate(tables), np.concatenate(ids))
 
     def _finish_scheduler(self, held: list) -> Iterator[tuple]:
         t0 = time.perf_counter()
@@ -265,8 +285,9 @@ class Dispatcher:
             ids = self._batches.sample_ids(index)
         else:
             ids = make_sample_ids(self.config.dispatcher_rank, index * gb, gb)
+        union = self._replicated_union(batch)
         mbs = [MicroBatch.build(step, rank, batch.take(step_plan.assignment[rank]), ids[step_plan.assignment[rank]],
-                                step_plan.plans[rank]) for rank in range(self.config.num_workers)]
+                                step_plan.plans[rank], union) for rank in range(self.config.num_workers)]
         if self._buffer is None:
             self._buffer = IdFeatureBuffer((self.config.max_inflight_steps + 1) * gb)
         self._buffer.put(step, mbs)
@@ -304,7 +325,8 @@ class Dispatcher:
                          sum(int(h.get("bytes_pulled", 0)) for h, _ in acks),
                          sum(int(h.get("bytes_pushed", 0)) for h, _ in acks), sched_ms,
                          np.concatenate([a[0] for a in preds]) if preds else np.zeros(0, np.float32),
-                         np.concatenate([a[1] for a in preds]) if preds else np.zeros(0, np.float32))
+                         np.concatenate([a[1] for a in preds]) if preds else np.zeros(0, np.float32),
+                         sum(int(h.get("bytes_allreduced", 0)) for h, _ in acks))
         self.records.append(rec)
         if self._id_log is not None:
             self._id_log.write(np.ascontiguousarray(ids, np.uint64).tobytes())

@@ -52,6 +52,9 @@ class MicroBatch:
             ``unique_ids[t][inverse[t][j]]``.
         offsets: per table, int64 [b+1] (as in :class:`SampleBatch`).
         plan: the worker's :class:`CachePlan` for this step.
+        replicated: the keys of replicated tables that any worker uses this step,
+            sorted by (table, id) and equal on every rank: the rows all-reduced and
+            updated on every replica (docs/design.md, "Replicated tables").
     """
 
     step: int
@@ -63,6 +66,7 @@ class MicroBatch:
     inverse: list[np.ndarray]
     offsets: list[np.ndarray]
     plan: CachePlan
+    replicated: KeySet = dataclasses.field(default_factory=KeySet.empty)
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
@@ -72,7 +76,8 @@ class MicroBatch:
         return len(self.unique_ids)
 
     @classmethod
-    def build(cls, step: int, rank: int, batch: SampleBatch, sample_ids: np.ndarray, plan: CachePlan) -> "MicroBatch":
+    def build(cls, step: int, rank: int, batch: SampleBatch, sample_ids: np.ndarray, plan: CachePlan,
+              replicated: KeySet | None = None) -> "MicroBatch":
         """Compress ``batch`` (this worker's samples) into unique ids + inverse index."""
         # one kernel call for all tables (np.unique per table costs ~12 us of Python each)
         lengths = [v.shape[0] for v in batch.values]
@@ -87,7 +92,8 @@ class MicroBatch:
         for t, n in enumerate(lengths):
             uniq.append(flat_u[u_bounds[t]: u_bounds[t + 1]].copy())
             inv.append(flat_i[bounds[t]: bounds[t + 1]].astype(np.uint16 if n < 65536 else np.int32))
-        return cls(step, rank, sample_ids, batch.labels, batch.dense, uniq, inv, list(batch.offsets), plan)
+        return cls(step, rank, sample_ids, batch.labels, batch.dense, uniq, inv, list(batch.offsets), plan,
+                   replicated if replicated is not None else KeySet.empty())
 
     def values(self, table: int) -> np.ndarray:
         """uint64 [nnz_t]: the table's ids per sample, decompressed."""
@@ -102,7 +108,8 @@ class MicroBatch:
             arrays += [u, i, o]
         arrays += [p.evict.table, p.evict.ids, p.write_back.astype(np.bool_), p.pull.table, p.pull.ids,
                    p.grad_push.table, p.grad_push.ids, p.contributors.astype(np.uint16),
-                   p.update_local.table, p.update_local.ids, p.plan_push.table, p.plan_push.ids]
+                   p.update_local.table, p.update_local.ids, p.plan_push.table, p.plan_push.ids,
+                   self.replicated.table, self.replicated.ids]
         header = {"op": "microbatch", "step": self.step, "rank": self.rank, "tables": self.num_tables}
         return header, arrays
 
@@ -114,8 +121,8 @@ class MicroBatch:
             ProtocolError: the arrays do not form a micro-batch (count, dtype or length).
         """
         t = header.get("tables")
-        if not isinstance(t, int) or t < 0 or len(arrays) != 3 + 3 * t + 12:
-            raise ProtocolError(f"microbatch: expected {3 + 3 * (t or 0) + 12} arrays for {t} tables, got {len(arrays)}")
+        if not isinstance(t, int) or t < 0 or len(arrays) != 3 + 3 * t + 14:
+            raise ProtocolError(f"microbatch: expected {3 + 3 * (t or 0) + 14} arrays for {t} tables, got {len(arrays)}")
         sample_ids, labels, dense = arrays[:3]
         b = labels.shape[0]
         _check(sample_ids.dtype == np.uint64 and sample_ids.shape == (b,), "sample_ids must be uint64 [b]")
@@ -133,12 +140,13 @@ class MicroBatch:
         try:
             plan = CachePlan(KeySet(q[0], q[1]), q[2].astype(bool), KeySet(q[3], q[4]), KeySet(q[5], q[6]),
                              q[7], KeySet(q[8], q[9]), KeySet(q[10], q[11]))
+            replicated = KeySet(q[12], q[13])
         except (TypeError, ValueError) as exc:
             raise ProtocolError(f"microbatch plan: {exc}") from None
         _check(plan.write_back.shape == plan.evict.ids.shape and plan.contributors.shape == plan.grad_push.ids.shape,
                "plan: write_back/contributors lengths must match evict/grad_push")
         return cls(int(header.get("step", -1)), int(header.get("rank", -1)), sample_ids, labels, dense,
-                   uniq, inv, offs, plan)
+                   uniq, inv, offs, plan, replicated)
 
 
 def _check(ok: bool, message: str) -> None:

@@ -141,7 +141,8 @@ def build(cfg: Any, records: list[StepRecord], train_s: float, metrics: dict, *,
         "transmissions": {**by_cause, "pulls": pulls, "pushes": pushes, "total": pulls + pushes,
                           "embedding_bytes": (pulls + pushes) * row_bytes},
         "wire_bytes": {"pulled": int(sum(r.bytes_pulled for r in records)),
-                       "pushed": int(sum(r.bytes_pushed for r in records))},
+                       "pushed": int(sum(r.bytes_pushed for r in records)),
+                       "allreduced": int(sum(r.bytes_allreduced for r in records))},
         "scheduling_ms": {"median": float(np.median([r.schedule_ms for r in records])) if records else 0.0,
                           "p99": float(np.percentile([r.schedule_ms for r in records], 99)) if records else 0.0},
     }
@@ -167,7 +168,9 @@ def format_text(rep: dict[str, Any]) -> str:
     lines.append("transmissions: " + "  ".join(f"{c} {tx[c]:,}" for c in CAUSES))
     lines.append(f"  pulls {tx['pulls']:,}  pushes {tx['pushes']:,}  total {tx['total']:,}  "
                  f"({tx['embedding_bytes'] / 2**20:.1f} MiB of embeddings); on the wire: pulled "
-                 f"{rep['wire_bytes']['pulled'] / 2**20:.1f} MiB, pushed {rep['wire_bytes']['pushed'] / 2**20:.1f} MiB")
+                 f"{rep['wire_bytes']['pulled'] / 2**20:.1f} MiB, pushed {rep['wire_bytes']['pushed'] / 2**20:.1f} MiB"
+                 + (f"; replicated tables all-reduced {rep['wire_bytes']['allreduced'] / 2**20:.1f} MiB"
+                    if rep['wire_bytes']['allreduced'] else ""))
     return "\n".join(lines)
 
 

@@ -16,7 +16,7 @@ from herald.errors import ConfigError
 from herald.loader import GlobalBatcher, open_source
 from herald.loader.batch import SampleBatch
 from herald.loader.source import Source, state_int
-from herald.scheduler import count_distinct_keys as scheduler_count_distinct_keys
+from herald.scheduler import distinct_keys_per_table as scheduler_distinct_keys_per_table
 
 
 class RowRange(Source):
@@ -103,8 +103,13 @@ def open_train_eval(spec: str, eval_fraction: float, options: dict[str, Any]):
 def count_distinct_keys(spec: str, options: dict[str, Any], rows: int) -> int:
     """Number of distinct (table, id) keys in the first ``rows`` rows (the pre-pass that
     sizes a cache given as a fraction of the distinct keys)."""
+    return sum(distinct_keys_per_table(spec, options, rows))
+
+
+def distinct_keys_per_table(spec: str, options: dict[str, Any], rows: int) -> list[int]:
+    """Distinct ids of each table in the first ``rows`` rows."""
     with RowRange(open_source(spec, **options), 0, rows) as src:
-        return scheduler_count_distinct_keys(src)
+        return scheduler_distinct_keys_per_table(src)
 
 
 class GlobalBatches:

@@ -62,6 +62,7 @@ class TrainConfig:
     resume: bool = False
     eval_every: int = 100
     log_sample_ids: bool = False
+    replicate_below: int = 0
     source_options: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
@@ -74,6 +75,9 @@ class TrainConfig:
         require(self.workers <= 255, "at most 255 workers per dispatcher")
         require(self.checkpoint_every >= 0, "--checkpoint-every must be >= 0")
         require(self.eval_every >= 1, "--eval-every must be >= 1")
+        require(self.replicate_below >= 0, "--replicate-below must be >= 0")
+        require(not (self.replicate_below and self.is_stream),
+                "--replicate-below needs the distinct ids of each table from a pre-pass; a kafka:// stream has none")
         require(not self.resume or self.is_stream,
                 "--resume continues a kafka:// stream from its latest checkpoint; file sources are re-run")
 
@@ -213,6 +217,8 @@ def run_train(cfg: TrainConfig, *, progress: bool = True, on_finish=None) -> dic
             ps.restore(str(resume.path / "ps"))
         job = build_job(cfg, data.schema, list(shards.addresses))
         job["dist_init"] = f"tcp://127.0.0.1:{_free_port()}"
+        if data.replicated:
+            job["replicated_tables"], job["replica_rows"] = data.replicated, data.replica_rows
         if resume is not None:
             job["resume_dense"] = str(resume.path)
         ckpt = checkpoints.Checkpointer(run_dir / "checkpoints", lambda path: ps.checkpoint(path),
@@ -256,6 +262,8 @@ def run_train(cfg: TrainConfig, *, progress: bool = True, on_finish=None) -> dic
         data.close()
     rep = report_mod.build(cfg, records, train_s, metrics, batches_info=data.batches.info, split_info=data.split_info,
                            capacity_rows=capacity_rows)
+    rep["replicated_tables"] = [data.schema.table_names[t] for t in data.replicated]
+    rep["replica_rows_per_worker"] = data.replica_rows
     report_mod.write(rep, records, run_dir)
     return rep
 
@@ -273,13 +281,19 @@ class _Data:
             self.schema = self.source.schema
             self.batches = KafkaGlobalBatches(self.source, cfg.global_batch, cfg.steps)
             self.eval_source, self.distinct_keys = None, None
+            self.replicated, self.replica_rows = [], 0
             self.split_info = {"total_rows": None, "train_rows": None, "eval_rows": 0}
             return
         train, self.eval_source, self.split_info = splits.open_train_eval(cfg.source, cfg.eval_fraction, options)
         self.schema = train.schema
         train.close()
-        self.distinct_keys = None if cfg.cache_rows else splits.count_distinct_keys(
-            cfg.source, options, self.split_info["train_rows"])
+        self.replicated, self.replica_rows, self.distinct_keys = [], 0, None
+        if cfg.cache_rows is None or cfg.replicate_below:
+            per_table = splits.distinct_keys_per_table(cfg.source, options, self.split_info["train_rows"])
+            # NOTE [replicated tables] (herald/worker/replicas.py): small tables live on every worker
+            self.replicated = [t for t, n in enumerate(per_table) if n <= cfg.replicate_below]
+            self.replica_rows = sum(per_table[t] for t in self.replicated)
+            self.distinct_keys = max(1, sum(n for t, n in enumerate(per_table) if t not in self.replicated))
         self.batches = splits.global_batches(cfg.source, options, self.split_info["train_rows"], cfg.global_batch,
                                              cfg.epochs, cfg.steps)
 

@@ -31,14 +31,17 @@ BATCH = 8
 LR = {"sgd": 0.1, "adagrad": 0.01}
 
 
-@pytest.mark.parametrize("workers,schedule,optimizer",
-                         list(itertools.product([2, 4], ["herald", "vanilla"], ["sgd", "adagrad"])))
-def test_distributed_training_equals_single_process(tmp_path, data_dir, workers, schedule, optimizer):
+@pytest.mark.parametrize("workers,schedule,optimizer,replicate_below",
+                         [(*c, 0) for c in itertools.product([2, 4], ["herald", "vanilla"], ["sgd", "adagrad"])]
+                         # NOTE [replicated tables]: the small tables live on every worker, all-reduced
+                         + [(2, "herald", "adagrad", 200), (4, "costaware", "sgd", 200)])
+def test_distributed_training_equals_single_process(tmp_path, data_dir, workers, schedule, optimizer,
+                                                    replicate_below):
     source = str(data_dir / "criteo" / "criteo_kaggle_sample_train.tsv")
     cfg = TrainConfig(source=source, schedule=schedule, workers=workers, batch_size=BATCH, cache_rows=260,
                       embedding_dim=4, optimizer=optimizer, lr=LR[optimizer], dense_optimizer="sgd", dense_lr=0.05,
                       model="dlrm", steps=STEPS, eval_fraction=0.0, seed=3, run_dir=str(tmp_path),
-                      timeout_ms=60_000)
+                      timeout_ms=60_000, replicate_below=replicate_below)
     seen: dict = {}
 
     def grab(addresses, job):
@@ -60,6 +63,8 @@ def test_distributed_training_equals_single_process(tmp_path, data_dir, workers,
 
     rep = run_train(cfg, progress=False, on_finish=grab)
     assert rep["steps"] == STEPS
+    assert bool(rep["replicated_tables"]) == bool(replicate_below)
+    assert (rep["wire_bytes"]["allreduced"] > 0) == bool(replicate_below and workers > 1)
     tx = rep["transmissions"]
     assert tx["evict_push"] + tx["update_pull"] > 0 or schedule == "vanilla", "the cache was never under pressure"
     assert seen["diff"] < 1e-5, f"embeddings differ from the single-process reference by {seen['diff']}"
