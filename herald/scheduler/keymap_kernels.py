@@ -16,6 +16,24 @@ from herald.scheduler.kernels import JIT, key_hash_jit, prefetch_jit
 _AHEAD1, _AHEAD2, _RING = 8, 4, 16  # pipeline distances (keys) and ring of hashes (a power of 2)
 
 
+@nb.njit(inline="always", nogil=True, cache=True)
+def _find_or_insert_jit(hk_slot, slot_ids, slot_tab, h, t, v, n, S, mask):
+    """Slot of key (t, v) probing from bucket ``h``; a new key gets slot ``n`` (the next
+    free one), or -1 when all ``S`` slots are taken."""
+    while True:
+        s = hk_slot[h]
+        if s < 0:
+            if n == S:
+                return -1
+            hk_slot[h] = n
+            slot_ids[n] = v
+            slot_tab[n] = t
+            return n
+        if slot_ids[s] == v and slot_tab[s] == t:
+            return s
+        h = (h + np.uint64(1)) & mask
+
+
 @nb.njit(**JIT)
 def keymap_lookup_jit(hk_slot, slot_ids, slot_tab, n_slots, tables, ids, out_slot):
     """Map keys to dense slots, inserting unseen keys (open addressing, linear probing).
@@ -49,25 +67,13 @@ def keymap_lookup_jit(hk_slot, slot_ids, slot_tab, n_slots, tables, ids, out_slo
             sb = hk_slot[ring[b & (_RING - 1)]]
             if sb >= 0:
                 prefetch_jit(slot_ids, sb)
-        t = tables[i]
-        v = ids[i]
-        h = ring[i & (_RING - 1)]
-        while True:
-            s = hk_slot[h]
-            if s < 0:
-                if n == S:
-                    n_slots[0] = n
-                    return i
-                hk_slot[h] = n
-                slot_ids[n] = v
-                slot_tab[n] = t
-                out_slot[i] = n
-                n += 1
-                break
-            if slot_ids[s] == v and slot_tab[s] == t:
-                out_slot[i] = s
-                break
-            h = (h + np.uint64(1)) & mask
+        s = _find_or_insert_jit(hk_slot, slot_ids, slot_tab, ring[i & (_RING - 1)], tables[i], ids[i], n, S, mask)
+        if s < 0:  # the key state is full
+            n_slots[0] = n
+            return i
+        out_slot[i] = s
+        if s == n:
+            n += 1
     n_slots[0] = n
     return m
 
@@ -148,24 +154,13 @@ def keymap_lookup_tables_jit(hk_slot, slot_ids, slot_tab, n_slots, values, out_s
                 sb = hk_slot[ring[b & (_RING - 1)]]
                 if sb >= 0:
                     prefetch_jit(slot_ids, sb)
-            v = v_t[j]
-            h = ring[i & (_RING - 1)]
-            while True:
-                s = hk_slot[h]
-                if s < 0:
-                    if n == S:
-                        n_slots[0] = n
-                        return i
-                    hk_slot[h] = n
-                    slot_ids[n] = v
-                    slot_tab[n] = tt
-                    out_slot[i] = n
-                    n += 1
-                    break
-                if slot_ids[s] == v and slot_tab[s] == tt:
-                    out_slot[i] = s
-                    break
-                h = (h + np.uint64(1)) & mask
+            s = _find_or_insert_jit(hk_slot, slot_ids, slot_tab, ring[i & (_RING - 1)], tt, v_t[j], n, S, mask)
+            if s < 0:  # the key state is full
+                n_slots[0] = n
+                return i
+            out_slot[i] = s
+            if s == n:
+                n += 1
             i += 1
     n_slots[0] = n
     return i
