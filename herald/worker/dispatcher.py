@@ -48,7 +48,7 @@ from herald import wire
 from herald.config import require
 from herald.errors import HeraldError, PeerTimeout, ProtocolError
 from herald.loader.batch import SampleBatch
-from herald.scheduler.plan import CAUSES, KeySet
+from herald.scheduler.plan import KeySet
 from herald.worker.idbuffer import IdFeatureBuffer
 from herald.worker.microbatch import MicroBatch, make_sample_ids
 
@@ -386,10 +386,3 @@ class Dispatcher:
             raise HeraldError(f"worker {header.get('rank')} failed: {header.get('message')}")
         return ident, header, arrays
 
-
-def counts_table(records: list[StepRecord]) -> dict[str, int]:
-    """Total transmissions by cause over ``records`` (all workers)."""
-    if not records:
-        return {c: 0 for c in CAUSES}
-    total = np.sum([r.counts.sum(axis=0) for r in records], axis=0)
-    return {c: int(v) for c, v in zip(CAUSES, total)}

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-import numpy as np
 
 from herald.errors import ConfigError
 from herald.loader import GlobalBatcher, open_source

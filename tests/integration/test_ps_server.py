@@ -95,13 +95,13 @@ def test_exact_aggregation_in_any_arrival_order(shards):
         orders = list(itertools.permutations(range(3)))
         keysets = [np.arange(200, dtype=np.uint64) + 1000 * (i + 1) for i in range(len(orders))]
         rng = np.random.default_rng(3)
+        expected = np.zeros((200, TABLES[4].row_width), np.float32)
         for step in range(2):
             grads = [rng.standard_normal((200, 8)).astype(np.float32) * 10.0 ** r for r in range(3)]
             for keys, order in zip(keysets, orders):
                 for r in order:
                     clients[r].push_grad("agg", keys, grads[r], step=step,
                                          contributors=np.full(200, 3, np.uint16), rank=r)
-            expected = np.zeros((200, TABLES[4].row_width), np.float32) if step == 0 else expected
             total = np.zeros((200, 8), np.float32)
             for r in range(3):
                 total += grads[r]
