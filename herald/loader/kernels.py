@@ -168,6 +168,19 @@ def parse_float_jit(buf, s, e):
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
+def _record_jit(buf, s, e):
+    """(end without a trailing ``\\r``, status) of the record ``buf[s:e]``: ``EMPTY_LINE``,
+    ``BAD_UTF8`` or ``OK`` (NOTE [record status])."""
+    if e > s and buf[e - 1] == 13:
+        e -= 1
+    if e == s:
+        return e, EMPTY_LINE
+    if not utf8_valid_jit(buf, s, e):
+        return e, BAD_UTF8
+    return e, OK
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
 def _field(buf, fs, fe, r, kind, slot, seeds, bucket_count, labels, dense, ids, has, aux):
     """Decode one field of record ``r`` into its output slot; returns a status code."""
     if kind == K_SKIP:
@@ -229,14 +242,9 @@ def parse_delimited_jit(buf, starts, ends, sep, kinds, slots, seeds, bucket_coun
     ncol = kinds.shape[0]
     for r in range(starts.shape[0]):
         s = starts[r]
-        e = ends[r]
-        if e > s and buf[e - 1] == 13:
-            e -= 1
-        if e == s:
-            status[r] = EMPTY_LINE
-            continue
-        if not utf8_valid_jit(buf, s, e):
-            status[r] = BAD_UTF8
+        e, st = _record_jit(buf, s, ends[r])
+        if st != OK:
+            status[r] = st
             continue
         nf = 1
         for i in range(s, e):
@@ -292,14 +300,9 @@ def parse_libfm_jit(buf, starts, ends, labels, ids, status):
     nfield = ids.shape[0]
     for r in range(starts.shape[0]):
         s = starts[r]
-        e = ends[r]
-        if e > s and buf[e - 1] == 13:
-            e -= 1
-        if e == s:
-            status[r] = EMPTY_LINE
-            continue
-        if not utf8_valid_jit(buf, s, e):
-            status[r] = BAD_UTF8
+        e, st = _record_jit(buf, s, ends[r])
+        if st != OK:
+            status[r] = st
             continue
         st = OK
         tok = -1

@@ -20,18 +20,22 @@ def _bucket(t, key, mask):
     return nb.int64(h & nb.uint64(mask))
 
 
+@nb.njit(cache=True, nogil=True, inline="always")
+def _probe(m_tab, m_key, t, key, mask):
+    """Bucket holding (t, key), or the empty bucket where it would go."""
+    b = _bucket(t, key, mask)
+    while m_tab[b] != -1 and not (m_tab[b] == t and m_key[b] == key):
+        b = (b + 1) & mask
+    return b
+
+
 @nb.njit(cache=True, nogil=True)
 def map_lookup_jit(m_tab, m_key, m_val, q_tab, q_key, out):
     """out[i] = slot of (q_tab[i], q_key[i]), or -1 when absent."""
     mask = m_tab.shape[0] - 1
     for i in range(q_key.shape[0]):
-        b = _bucket(q_tab[i], q_key[i], mask)
-        out[i] = -1
-        while m_tab[b] != -1:
-            if m_tab[b] == q_tab[i] and m_key[b] == q_key[i]:
-                out[i] = m_val[b]
-                break
-            b = (b + 1) & mask
+        b = _probe(m_tab, m_key, q_tab[i], q_key[i], mask)
+        out[i] = m_val[b] if m_tab[b] != -1 else -1
     return out
 
 
@@ -41,9 +45,7 @@ def map_insert_jit(m_tab, m_key, m_val, q_tab, q_key, q_val):
     mask = m_tab.shape[0] - 1
     new = 0
     for i in range(q_key.shape[0]):
-        b = _bucket(q_tab[i], q_key[i], mask)
-        while m_tab[b] != -1 and not (m_tab[b] == q_tab[i] and m_key[b] == q_key[i]):
-            b = (b + 1) & mask
+        b = _probe(m_tab, m_key, q_tab[i], q_key[i], mask)
         if m_tab[b] == -1:
             new += 1
         m_tab[b] = q_tab[i]
@@ -57,12 +59,8 @@ def map_delete_jit(m_tab, m_key, m_val, q_tab, q_key, out):
     """Remove keys; out[i] = the slot it held, or -1 when absent."""
     mask = m_tab.shape[0] - 1
     for i in range(q_key.shape[0]):
-        b = _bucket(q_tab[i], q_key[i], mask)
+        b = _probe(m_tab, m_key, q_tab[i], q_key[i], mask)
         out[i] = -1
-        while m_tab[b] != -1:
-            if m_tab[b] == q_tab[i] and m_key[b] == q_key[i]:
-                break
-            b = (b + 1) & mask
         if m_tab[b] == -1:
             continue
         out[i] = m_val[b]
