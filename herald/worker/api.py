@@ -40,7 +40,7 @@ from herald.errors import ConfigError, HeraldError, PeerTimeout, ProtocolError
 from herald.ps import PSClient, TableConfig, apply_gradients
 from herald.scheduler.plan import KeySet
 from herald.worker.cache import EmbeddingCache
-from herald.worker.kernels import positions_jit
+from herald.worker import psio
 from herald.worker.microbatch import MicroBatch
 from herald.worker.replicas import ReplicaStore
 
@@ -193,13 +193,9 @@ class ScheduledLoader:
         if len(plan.evict):
             rows = self.cache.evict(plan.evict, plan.write_back)
             wb = plan.write_back
-            self._push_rows(KeySet(plan.evict.table[wb], plan.evict.ids[wb]), rows)
+            self.bytes_pushed += psio.push_rows(self.ps, KeySet(plan.evict.table[wb], plan.evict.ids[wb]), rows)
         if len(plan.pull):
-            rows = np.empty((len(plan.pull), self.cache.row_width), np.float32)
-            masks = dict(_table_masks(plan.pull.table))
-            got = self.ps.pull_async({t: plan.pull.ids[m] for t, m in masks.items()}).wait()
-            for t, m in masks.items():
-                rows[m] = got[t]
+            rows = psio.pull_keys(self.ps, plan.pull, self.cache.row_width)
             self.bytes_pulled += rows.nbytes + plan.pull.ids.nbytes
             self.cache.put(plan.pull, rows)
         if self.replicas is not None:
@@ -258,13 +254,14 @@ class ScheduledLoader:
             self._push_grads(mb, plan, grads, layout)
             if len(plan.update_local):
                 slots = self.cache.slots(plan.update_local)
-                g = grads[self._positions(*layout, plan.update_local)]
-                for t, m in _table_masks(plan.update_local.table):
+                g = grads[psio.positions(*layout, plan.update_local)]
+                for t, m in psio.table_groups(plan.update_local.table):
                     local = np.ascontiguousarray(self.cache.rows[slots[m]])
                     apply_gradients(local, np.ascontiguousarray(g[m]), self.tables[t])
                     self.cache.rows[slots[m]] = local
             if len(plan.plan_push):
-                self._push_rows(plan.plan_push, self.cache.rows[self.cache.slots(plan.plan_push)])
+                self.bytes_pushed += psio.push_rows(self.ps, plan.plan_push,
+                                                    self.cache.rows[self.cache.slots(plan.plan_push)])
             if self.replicas is not None:
                 uniq, bounds = layout
                 tab = np.repeat(np.arange(mb.num_tables, dtype=np.int32), np.diff(bounds))
@@ -289,9 +286,9 @@ class ScheduledLoader:
         """Step 4: one multi-table request per shard, sent in parallel; waits for the acks."""
         if not len(plan.grad_push):
             return
-        g = grads[self._positions(*layout, plan.grad_push)]
+        g = grads[psio.positions(*layout, plan.grad_push)]
         parts = {}
-        for t, m in _table_masks(plan.grad_push.table):
+        for t, m in psio.table_groups(plan.grad_push.table):
             parts[t] = (plan.grad_push.ids[m], np.ascontiguousarray(g[m]), plan.contributors[m])
         self.ps.push_grad_async(parts, step=mb.step, rank=self.rank).wait()
         self.bytes_pushed += plan.grad_push.ids.nbytes + g.nbytes
@@ -322,33 +319,11 @@ class ScheduledLoader:
         self._optimizer.step()
         self._optimizer.zero_grad(set_to_none=False)
 
-    @staticmethod
-    def _positions(uniq: np.ndarray, bounds: np.ndarray, keys: KeySet) -> np.ndarray:
-        """int64 [n]: rows of ``keys`` in this step's gathered tensor, whose rows are
-        ``uniq`` (uint64, each table's unique ids sorted, table t at ``bounds[t]:bounds[t+1]``).
-
-        Raises:
-            ProtocolError: a key is not used by the micro-batch.
-        """
-        out = np.empty(len(keys), np.int64)
-        bad = positions_jit(uniq, bounds, keys.table, keys.ids, out)
-        if bad >= 0:
-            raise ProtocolError(f"plan names a key of table {keys.table[bad]} that the micro-batch does not use")
-        return out
-
-    def _push_rows(self, keys: KeySet, rows: np.ndarray) -> None:
-        """Write back rows (embedding + optimizer state) of several tables; waits for the acks."""
-        if not len(keys):
-            return
-        parts = {t: (keys.ids[m], np.ascontiguousarray(rows[m])) for t, m in _table_masks(keys.table)}
-        self.ps.push_rows_async(parts).wait()
-        self.bytes_pushed += keys.ids.nbytes + rows.nbytes
-
     def _flush(self, keys: KeySet, reset: bool) -> None:
         """Write back the only-latest rows; with ``reset`` then empty the cache
         (NOTE [checkpoint barrier] in herald/worker/dispatcher.py)."""
         if len(keys):
-            self._push_rows(keys, self.cache.rows[self.cache.slots(keys)])
+            self.bytes_pushed += psio.push_rows(self.ps, keys, self.cache.rows[self.cache.slots(keys)])
         if self.replicas is not None:
             if self.rank == 0:
                 self.replicas.write_back()
@@ -390,21 +365,6 @@ class ScheduledLoader:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-def _table_masks(table: np.ndarray):
-    """``(table index, int64 positions)`` for each table present in ``table`` (int32 [n]),
-    tables ascending, positions ascending: indexing with them selects exactly what the
-    boolean mask ``table == t`` would, in one stable sort instead of one pass per table."""
-    if table.shape[0] == 0:
-        return
-    order = np.argsort(table, kind="stable")
-    sorted_t = table[order]
-    cuts = np.flatnonzero(sorted_t[1:] != sorted_t[:-1]) + 1
-    starts = np.concatenate(([0], cuts)).tolist()
-    ends = np.concatenate((cuts, [table.shape[0]])).tolist()
-    for t, a, b in zip(sorted_t[starts].tolist(), starts, ends):
-        yield t, order[a:b]
 
 
 def _recv(sock: zmq.Socket, timeout_ms: int, peer: str, what: str):

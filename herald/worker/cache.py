@@ -68,10 +68,16 @@ class EmbeddingCache:
         """Slots of ``ids`` (uint64 [n]) of one table; every id must be cached."""
         return self.slots(KeySet(np.full(ids.shape[0], table, np.int32), ids))
 
+    def key_set(self) -> KeySet:
+        """Every cached key, sorted by (table, id)."""
+        used = self._tab != -1
+        tab, ids = self._tab[used], self._key[used]
+        order = np.lexsort((ids, tab))
+        return KeySet(tab[order], ids[order])
+
     def keys(self) -> set[tuple[int, int]]:
         """Every cached (table, id), for debug checks against the snapshot."""
-        used = self._tab != -1
-        return set(zip(self._tab[used].tolist(), self._key[used].tolist()))
+        return self.key_set().as_set()
 
     # -------------------------------------------------------------- mutations
     def evict(self, keys: KeySet, write_back: np.ndarray) -> np.ndarray:

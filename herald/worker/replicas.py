@@ -33,6 +33,7 @@ import torch.distributed as dist
 
 from herald.ps import PSClient, TableConfig, apply_gradients
 from herald.scheduler.plan import KeySet
+from herald.worker import psio
 from herald.worker.cache import EmbeddingCache
 
 
@@ -62,11 +63,7 @@ class ReplicaStore:
         if not missing.any():
             return 0
         need = KeySet(union.table[missing], union.ids[missing])
-        masks = {t: need.table == t for t in np.unique(need.table).tolist()}
-        got = self.ps.pull_async({t: need.ids[m] for t, m in masks.items()}).wait()
-        rows = np.empty((len(need), self.store.row_width), np.float32)
-        for t, m in masks.items():
-            rows[m] = got[t]
+        rows = psio.pull_keys(self.ps, need, self.store.row_width)
         self.store.put(need, rows)
         return rows.nbytes + need.ids.nbytes
 
@@ -76,20 +73,20 @@ class ReplicaStore:
 
     def update(self, union: KeySet, keys: KeySet, grads: np.ndarray) -> int:
         """Step 2: all-reduce this worker's ``grads`` (float32 [len(keys), dim], for its
-        ``keys``, a subset of ``union`` in the same (table, id) order) and apply the
-        optimizer to every union row. Returns the all-reduce payload in bytes."""
+        ``keys``, a subset of ``union``) and apply the optimizer to every union row.
+        Returns the all-reduce payload in bytes."""
         if not len(union):
             return 0
         buf = np.zeros((len(union), self.dim), np.float32)
         if len(keys):
-            buf[_positions(union, keys)] = grads
+            bounds = np.searchsorted(union.table, np.arange(len(self.tables) + 1, dtype=np.int32))
+            buf[psio.positions(union.ids, bounds, keys)] = grads
         if self.world_size > 1:
             summed = torch.from_numpy(buf)
             dist.all_reduce(summed)
             buf = summed.numpy()
         slots = self.store.slots(union)
-        for t in np.unique(union.table).tolist():
-            m = union.table == t
+        for t, m in psio.table_groups(union.table):
             local = np.ascontiguousarray(self.store.rows[slots[m]])
             apply_gradients(local, np.ascontiguousarray(buf[m]), self.tables[t])
             self.store.rows[slots[m]] = local
@@ -97,30 +94,9 @@ class ReplicaStore:
 
     def write_back(self) -> int:
         """Step 3: push every replicated row to the PS (call on one rank). Returns bytes."""
-        keys = _all_keys(self.store)
-        if not len(keys):
-            return 0
-        rows = self.store.rows[self.store.slots(keys)]
-        parts = {t: (keys.ids[keys.table == t], np.ascontiguousarray(rows[keys.table == t]))
-                 for t in np.unique(keys.table).tolist()}
-        self.ps.push_rows_async(parts).wait()
-        return rows.nbytes + keys.ids.nbytes
+        keys = self.store.key_set()
+        return psio.push_rows(self.ps, keys, self.store.rows[self.store.slots(keys)])
 
     def clear(self) -> None:
         """Forget every row (after a write-back at a checkpoint barrier with reset)."""
         self.store = EmbeddingCache(*self._args)
-
-
-def _positions(union: KeySet, keys: KeySet) -> np.ndarray:
-    """Index in ``union`` of each of ``keys`` (both sorted by (table, id); keys ⊆ union)."""
-    out = np.empty(len(keys), np.int64)
-    for t in np.unique(keys.table).tolist():
-        in_union = np.flatnonzero(union.table == t)
-        m = keys.table == t
-        out[m] = in_union[np.searchsorted(union.ids[in_union], keys.ids[m])]
-    return out
-
-
-def _all_keys(cache: EmbeddingCache) -> KeySet:
-    pairs = sorted(cache.keys())
-    return KeySet(np.array([p[0] for p in pairs], np.int32), np.array([p[1] for p in pairs], np.uint64))

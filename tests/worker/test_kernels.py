@@ -5,7 +5,7 @@ import pytest
 
 from herald.errors import ProtocolError
 from herald.scheduler.plan import KeySet
-from herald.worker.api import ScheduledLoader, _table_masks
+from herald.worker.psio import positions, table_groups
 from herald.worker.kernels import segment_unique_jit
 
 
@@ -28,7 +28,7 @@ def test_table_masks_select_what_boolean_masks_select():
     rng = np.random.default_rng(1)
     for n in (0, 1, 7, 500):
         table = rng.integers(0, 26, n).astype(np.int32)
-        got = [(t, idx.tolist()) for t, idx in _table_masks(table)]
+        got = [(t, idx.tolist()) for t, idx in table_groups(table)]
         assert got == [(int(t), np.flatnonzero(table == t).tolist()) for t in np.unique(table)]
 
 
@@ -36,7 +36,7 @@ def test_positions_finds_rows_and_rejects_unused_keys():
     uniq = np.array([3, 9, 2**63 + 1, 5], np.uint64)  # table 0: [3, 9, 2**63+1], table 1: [5], table 2: []
     bounds = np.array([0, 3, 4, 4], np.int64)
     keys = KeySet(np.array([1, 0, 0, 0], np.int32), np.array([5, 2**63 + 1, 3, 9], np.uint64))
-    assert ScheduledLoader._positions(uniq, bounds, keys).tolist() == [3, 2, 0, 1]
+    assert positions(uniq, bounds, keys).tolist() == [3, 2, 0, 1]
     for t, i in ((0, 4), (1, 3), (2, 3), (3, 3)):
         with pytest.raises(ProtocolError):
-            ScheduledLoader._positions(uniq, bounds, KeySet(np.array([t], np.int32), np.array([i], np.uint64)))
+            positions(uniq, bounds, KeySet(np.array([t], np.int32), np.array([i], np.uint64)))
