@@ -105,30 +105,22 @@ def _serve_worker(args: argparse.Namespace) -> int:
 
 
 def _serve_dispatcher(args: argparse.Namespace) -> int:
-    from herald.scheduler import Scheduler, SchedulerConfig
-    from herald.worker import splits
     from herald.worker.dispatcher import Dispatcher, DispatcherConfig
-    from herald.worker.train import build_job
+    from herald.worker.train import JobData, build_job
 
     cfg = _config(args)
     if not args.ps:
         raise ConfigError("herald serve dispatcher needs --ps ADDRESS[,ADDRESS...] (the PS shards' endpoints)")
-    options = dict(cfg.source_options)
-    train, _, info = splits.open_train_eval(cfg.source, cfg.eval_fraction, options)
-    distinct = None if cfg.cache_rows else splits.count_distinct_keys(cfg.source, options, info["train_rows"])
-    sched_cfg = SchedulerConfig(num_workers=cfg.workers, batch_size_per_worker=cfg.batch_size,
-                                schedule=cfg.schedule, cache_policy=cfg.cache_policy,
-                                cache_capacity_rows=cfg.cache_rows, cache_ratio=cfg.cache_ratio, seed=cfg.seed)
-    num_tables = train.schema.num_tables
-    job = build_job(cfg, train.schema, args.ps.split(","))
+    data = JobData(cfg)
+    job = build_job(cfg, data, args.ps.split(","))
     job["run_dir"] = None
     if args.dist_init:
         job["dist_init"] = args.dist_init
-    batches = splits.global_batches(cfg.source, options, info["train_rows"], cfg.global_batch, cfg.epochs, cfg.steps)
     with Dispatcher(DispatcherConfig(num_workers=cfg.workers, bind=args.bind, peer_timeout_ms=cfg.timeout_ms),
-                    batches, lambda: Scheduler(sched_cfg, num_tables=num_tables, distinct_keys=distinct), job) as disp:
+                    data.batches, data.scheduler_factory(cfg), job) as disp:
         print(f"dispatcher listening on {disp.address}", flush=True)
         records = disp.serve()
+    data.close()
     print(f"dispatcher: {len(records)} steps acked by all {cfg.workers} workers")
     return 0
 

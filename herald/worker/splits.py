@@ -99,12 +99,6 @@ def open_train_eval(spec: str, eval_fraction: float, options: dict[str, Any]):
     return train, ev, {"total_rows": total, "train_rows": n_train, "eval_rows": n_eval}
 
 
-def count_distinct_keys(spec: str, options: dict[str, Any], rows: int) -> int:
-    """Number of distinct (table, id) keys in the first ``rows`` rows (the pre-pass that
-    sizes a cache given as a fraction of the distinct keys)."""
-    return sum(distinct_keys_per_table(spec, options, rows))
-
-
 def distinct_keys_per_table(spec: str, options: dict[str, Any], rows: int) -> list[int]:
     """Distinct ids of each table in the first ``rows`` rows."""
     with RowRange(open_source(spec, **options), 0, rows) as src:

@@ -85,19 +85,22 @@ class TrainConfig:
     def is_stream(self) -> bool:
         return self.source.startswith("kafka://")
 
+    def tables(self, schema) -> list[TableConfig]:
+        """One table config per table of ``schema`` (same dim and sparse optimizer)."""
+        opt = OptimizerConfig(name=self.optimizer, lr=self.lr)
+        return [TableConfig(name=n, dim=self.embedding_dim, optimizer=opt) for n in schema.table_names]
+
     @property
     def global_batch(self) -> int:
         return self.workers * self.batch_size
 
 
-def build_job(cfg: TrainConfig, schema, ps_addresses: list[str]) -> dict[str, Any]:
+def build_job(cfg: TrainConfig, data: "JobData", ps_addresses: list[str]) -> dict[str, Any]:
     """The job dict every worker receives in the dispatcher's config message."""
-    opt = OptimizerConfig(name=cfg.optimizer, lr=cfg.lr)
-    tables = [TableConfig(name=n, dim=cfg.embedding_dim, optimizer=opt) for n in schema.table_names]
-    return {
-        "tables": [t.to_dict() for t in tables],
-        "table_names": list(schema.table_names),
-        "dense_dim": schema.dense_dim,
+    job = {
+        "tables": [t.to_dict() for t in cfg.tables(data.schema)],
+        "table_names": list(data.schema.table_names),
+        "dense_dim": data.schema.dense_dim,
         "model": cfg.model,
         "seed": cfg.seed,
         "dense_optimizer": {"name": cfg.dense_optimizer, "lr": cfg.dense_lr},
@@ -105,6 +108,9 @@ def build_job(cfg: TrainConfig, schema, ps_addresses: list[str]) -> dict[str, An
         "run_dir": str(pathlib.Path(cfg.run_dir).resolve()),
         "ps_timeout_ms": cfg.timeout_ms,
     }
+    if data.replicated:  # NOTE [replicated tables] (herald/worker/replicas.py)
+        job["replicated_tables"], job["replica_rows"] = data.replicated, data.replica_rows
+    return job
 
 
 def _free_port() -> int:
@@ -191,18 +197,11 @@ def run_train(cfg: TrainConfig, *, progress: bool = True, on_finish=None) -> dic
 
     run_dir = pathlib.Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    data = _Data(cfg)
+    data = JobData(cfg)
     resume = checkpoints.latest(run_dir / "checkpoints") if cfg.resume else None
     if resume is not None:
         data.seek(resume.meta["source_position"])
-    cache_rows = cfg.cache_rows if cfg.cache_rows or not cfg.is_stream else STREAM_CACHE_ROWS
-    sched_cfg = SchedulerConfig(num_workers=cfg.workers, batch_size_per_worker=cfg.batch_size,
-                                schedule=cfg.schedule, cache_policy=cfg.cache_policy,
-                                cache_capacity_rows=cache_rows, cache_ratio=cfg.cache_ratio, seed=cfg.seed)
-    num_tables = data.schema.num_tables
-
-    def new_scheduler() -> Scheduler:
-        return Scheduler(sched_cfg, num_tables=num_tables, distinct_keys=data.distinct_keys)
+    new_scheduler = data.scheduler_factory(cfg)
 
     children = _Children(run_dir)
     records: list[StepRecord] = []
@@ -210,15 +209,13 @@ def run_train(cfg: TrainConfig, *, progress: bool = True, on_finish=None) -> dic
     t_start = time.perf_counter()
     # ipc: every process is local, and ZeroMQ over Unix sockets moves ~2x the bytes of
     # TCP loopback here (docs/ps.md, benchmark)
-    with LocalShards(num_shards=cfg.ps_shards, tables=_tables(cfg, data.schema), seed=cfg.seed,
+    with LocalShards(num_shards=cfg.ps_shards, tables=cfg.tables(data.schema), seed=cfg.seed,
                      transport="ipc") as shards, \
-            PSClient(list(shards.addresses), tables=_tables(cfg, data.schema), timeout_ms=cfg.timeout_ms) as ps:
+            PSClient(list(shards.addresses), tables=cfg.tables(data.schema), timeout_ms=cfg.timeout_ms) as ps:
         if resume is not None:
             ps.restore(str(resume.path / "ps"))
-        job = build_job(cfg, data.schema, list(shards.addresses))
+        job = build_job(cfg, data, list(shards.addresses))
         job["dist_init"] = f"tcp://127.0.0.1:{_free_port()}"
-        if data.replicated:
-            job["replicated_tables"], job["replica_rows"] = data.replicated, data.replica_rows
         if resume is not None:
             job["resume_dense"] = str(resume.path)
         ckpt = checkpoints.Checkpointer(run_dir / "checkpoints", lambda path: ps.checkpoint(path),
@@ -268,8 +265,9 @@ def run_train(cfg: TrainConfig, *, progress: bool = True, on_finish=None) -> dic
     return rep
 
 
-class _Data:
-    """What a job reads: schema, global batches, held-out split, position and commit."""
+class JobData:
+    """What a job reads: schema, global batches, held-out split, replicated tables,
+    the cache size of its schedulers, and (Kafka) position and commit."""
 
     def __init__(self, cfg: TrainConfig):
         options = dict(cfg.source_options)
@@ -296,6 +294,16 @@ class _Data:
             self.distinct_keys = max(1, sum(n for t, n in enumerate(per_table) if t not in self.replicated))
         self.batches = splits.global_batches(cfg.source, options, self.split_info["train_rows"], cfg.global_batch,
                                              cfg.epochs, cfg.steps)
+
+    def scheduler_factory(self, cfg: TrainConfig):
+        """A callable returning a fresh :class:`Scheduler` for this job (the dispatcher
+        makes one at the start and one after every checkpoint barrier)."""
+        cache_rows = cfg.cache_rows if cfg.cache_rows or not cfg.is_stream else STREAM_CACHE_ROWS
+        sched_cfg = SchedulerConfig(num_workers=cfg.workers, batch_size_per_worker=cfg.batch_size,
+                                    schedule=cfg.schedule, cache_policy=cfg.cache_policy,
+                                    cache_capacity_rows=cache_rows, cache_ratio=cfg.cache_ratio, seed=cfg.seed)
+        num_tables, distinct = self.schema.num_tables, self.distinct_keys
+        return lambda: Scheduler(sched_cfg, num_tables=num_tables, distinct_keys=distinct)
 
     def total_steps(self, cfg: TrainConfig) -> int | None:
         """Steps the job will train, when known (None for an unbounded stream)."""
@@ -329,7 +337,7 @@ class _Data:
 class _stop_on_signals:
     """While active, SIGINT and SIGTERM stop the dispatcher at the next step boundary."""
 
-    def __init__(self, disp: Dispatcher, data: _Data):
+    def __init__(self, disp: Dispatcher, data: JobData):
         self.disp, self.data, self.saved = disp, data, {}
 
     def _handler(self, signum, frame) -> None:
@@ -349,7 +357,3 @@ class _stop_on_signals:
         for sig, old in self.saved.items():
             signal.signal(sig, old)
 
-
-def _tables(cfg: TrainConfig, schema) -> list[TableConfig]:
-    opt = OptimizerConfig(name=cfg.optimizer, lr=cfg.lr)
-    return [TableConfig(name=n, dim=cfg.embedding_dim, optimizer=opt) for n in schema.table_names]
