@@ -63,8 +63,8 @@ def _consume(src, rows: int, batch: int) -> tuple[float, float, int]:
 
 def run(bootstrap: str, rows: int, batch: int, rows_per_message: int) -> list[tuple[str, float, float, int]]:
     from herald.loader.batch import SampleBatch
-    from herald.loader.kafka import KafkaSource, KafkaSourceConfig
-    from herald.loader.kafka_produce import arrow_messages
+    from herald.loader.kafka.source import KafkaSource, KafkaSourceConfig
+    from herald.loader.kafka.produce import arrow_messages
     from herald.loader.registry import open_source
 
     lines = _lines(rows)
@@ -91,7 +91,7 @@ def run(bootstrap: str, rows: int, batch: int, rows_per_message: int) -> list[tu
 
         import pyarrow.parquet as pq
 
-        from herald.loader.arrow import batch_to_arrow
+        from herald.loader.formats.arrow import batch_to_arrow
 
         pq_path = pathlib.Path(tmp) / "rows.parquet"
         pq.write_table(pa_table(data, batch_to_arrow), pq_path, row_group_size=65536)

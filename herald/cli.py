@@ -18,10 +18,11 @@ from herald.errors import HeraldError
 # Order decides the order in --help.
 _COMMAND_MODULES = (
     "herald.loader.cli",
-    "herald.kafka_cli",
     "herald.scheduler.cli",
     "herald.ps.cli",
+    "herald.dispatch.cli",
     "herald.worker.cli",
+    "herald.job.cli",
 )
 
 
@@ -51,13 +52,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.set_defaults(func=lambda args: _missing(parser))
     return parser
 
-
-def key_value(text: str) -> tuple[str, str]:
-    """argparse ``type`` for repeatable ``KEY=VALUE`` options (value kept as a string)."""
-    if "=" not in text:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    key, value = text.split("=", 1)
-    return key.strip(), value
 
 
 def _missing(parser: argparse.ArgumentParser) -> int:

@@ -32,6 +32,37 @@ def from_mapping(cls: type[T], mapping: Mapping[str, Any] | None, *, where: str 
     return cls(**mapping)  # type: ignore[call-arg]
 
 
+def parse_value(text: Any) -> Any:
+    """The one string-to-value converter of settings given as text (``KEY=VALUE`` options,
+    URL query strings): ``true``/``false`` -> bool, ``none`` -> None, then int, then
+    float, else the string itself. Non-strings are returned unchanged.
+    """
+    if not isinstance(text, str):
+        return text
+    lowered = text.strip().lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    if lowered == "none":
+        return None
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def key_value(text: str) -> tuple[str, str]:
+    """argparse ``type`` for repeatable ``KEY=VALUE`` options (value kept as a string;
+    convert it with :func:`parse_value` or a setting-specific parser)."""
+    import argparse
+
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    key, value = text.split("=", 1)
+    return key.strip(), value
+
+
 def require(condition: bool, message: str) -> None:
     """Raise :class:`ConfigError` with ``message`` unless ``condition`` holds.
 

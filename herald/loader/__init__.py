@@ -4,7 +4,7 @@ Public API (see docs/loader.md):
 
 - :func:`open_source`, :func:`register_format`, :class:`Source`
 - :func:`decode_records` (one raw text line per record, e.g. a Kafka message)
-- :mod:`herald.loader.arrow` (``batch_to_arrow`` / ``arrow_to_batch``)
+- :mod:`herald.loader.formats.arrow` (``batch_to_arrow`` / ``arrow_to_batch``)
 - :class:`GlobalBatcher`
 - :func:`convert`, :func:`datagen`, :class:`SyntheticSpec`, :class:`SyntheticSource`
 """
@@ -15,7 +15,7 @@ import importlib
 # shard hashing keys, a worker reading SampleBatch) does not load every parser kernel.
 _EXPORTS = {
     "SampleBatch": "batch", "Schema": "batch", "GlobalBatcher": "batcher", "convert": "conversion",
-    "datagen": "conversion", "decode_records": "decode", "open_source": "registry",
+    "datagen": "conversion", "decode_records": "formats.decode", "open_source": "registry",
     "register_format": "registry", "Source": "source", "SyntheticSource": "synthetic",
     "SyntheticSpec": "synthetic",
 }

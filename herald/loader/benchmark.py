@@ -28,8 +28,8 @@ import numpy as np
 from herald.loader.batch import SampleBatch
 from herald.loader.batcher import GlobalBatcher
 from herald.loader.conversion import datagen
-from herald.loader.parquet import ParquetSettings, ParquetSource
-from herald.loader.raw import CriteoSource
+from herald.loader.formats.parquet import ParquetSettings, ParquetSource
+from herald.loader.formats.raw import CriteoSource
 
 
 def _time_batches(make_iter, max_rows: int | None = None) -> float:

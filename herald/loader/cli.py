@@ -3,6 +3,7 @@
 - ``herald datagen --out DIR_OR_FILE.parquet --rows N --seed S [--fit FILE | --preset NAME]``
 - ``herald convert SRC DST.parquet [--format F] [--bad-records skip] [--quarantine FILE]``
 - ``herald bench loader [--rows N] [--repeats R] [--quick]``
+- ``herald produce SOURCE --bootstrap HOST:PORT --topic T`` (:mod:`herald.loader.kafka.cli`)
 """
 
 from __future__ import annotations
@@ -72,6 +73,10 @@ def register(commands, bench, serve) -> None:
     p.add_argument("--row-group-rows", type=int, default=131072)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_convert)
+
+    from herald.loader.kafka.cli import register as register_produce
+
+    register_produce(commands)
 
     p = bench.add_parser("loader", help="samples/s: Parquet and Criteo TSV vs a torch DataLoader")
     add_bench_arguments(p)

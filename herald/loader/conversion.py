@@ -1,6 +1,6 @@
 """``herald convert`` (any source -> Parquet) and ``herald datagen`` (synthetic -> Parquet).
 
-Files are written in NOTE [arrow layout] (:mod:`herald.loader.arrow`) with the
+Files are written in NOTE [arrow layout] (:mod:`herald.loader.formats.arrow`) with the
 ``herald.schema`` metadata, row groups of ``row_group_rows`` rows, Snappy
 compression. ``datagen`` also stores ``herald.synthetic`` (spec JSON) and
 ``herald.seed``; reading the file back gives exactly the rows that
@@ -15,7 +15,7 @@ import pathlib
 import pyarrow.parquet as pq
 
 from herald.config import require
-from herald.loader.arrow import arrow_schema, batch_to_arrow
+from herald.loader.formats.arrow import arrow_schema, batch_to_arrow
 from herald.loader.source import Source
 
 DEFAULT_ROW_GROUP_ROWS = 131072

@@ -24,11 +24,11 @@ import urllib.parse
 from typing import Callable
 
 from herald.errors import ConfigError
-from herald.loader.parquet import ParquetSettings, ParquetSource
+from herald.loader.formats.parquet import ParquetSettings, ParquetSource
 from herald.loader.policy import BadRecordSettings
-from herald.loader.raw import AvazuSource, CriteoSource, LibfmSource, MovieLensSettings, MovieLensSource
+from herald.loader.formats.raw import AvazuSource, CriteoSource, LibfmSource, MovieLensSettings, MovieLensSource
 from herald.loader.source import Source
-from herald.loader.text import TextSettings
+from herald.loader.formats.text import TextSettings
 
 _REGISTRY: dict[str, Callable[..., Source]] = {}
 
@@ -107,7 +107,7 @@ register_format("synthetic", _synthetic)
 
 def _kafka(spec, **options) -> Source:
     # imported on use, so that kafka-python loads only for kafka:// sources
-    from herald.loader.kafka import open_kafka
+    from herald.loader.kafka.source import open_kafka
 
     return open_kafka(spec, **options)
 

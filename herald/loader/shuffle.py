@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from herald.loader.batch import KEY_DTYPE, SampleBatch
-from herald.loader.formats import Decoded
+from herald.loader.formats.layouts import Decoded
 
 
 def _single_hot_or_empty(batch: SampleBatch) -> bool:

@@ -17,7 +17,7 @@ micro-batches, so the mean of the ranks' gradients is the gradient of the mean l
 over the global batch: the job equals single-process training on the same global
 batches (Herald §3.3). The order of operations is NOTE [step protocol] in
 ``herald/scheduler/plan.py``; the messages are NOTE [dispatch protocol] in
-``herald/worker/dispatcher.py``.
+``herald/dispatch/dispatcher.py``.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from herald.ps import PSClient, TableConfig, apply_gradients
 from herald.scheduler.plan import KeySet
 from herald.worker.cache import EmbeddingCache
 from herald.worker import psio
-from herald.worker.microbatch import MicroBatch
+from herald.dispatch.microbatch import MicroBatch
 from herald.worker.replicas import ReplicaStore
 
 
@@ -321,7 +321,7 @@ class ScheduledLoader:
 
     def _flush(self, keys: KeySet, reset: bool) -> None:
         """Write back the only-latest rows; with ``reset`` then empty the cache
-        (NOTE [checkpoint barrier] in herald/worker/dispatcher.py)."""
+        (NOTE [checkpoint barrier] in herald/dispatch/dispatcher.py)."""
         if len(keys):
             self.bytes_pushed += psio.push_rows(self.ps, keys, self.cache.rows[self.cache.slots(keys)])
         if self.replicas is not None:

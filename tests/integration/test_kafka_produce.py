@@ -7,10 +7,10 @@ import argparse
 import pytest
 
 from herald.errors import ConfigError
-from herald.kafka_cli import register
+from herald.loader.kafka.cli import register
 from herald.loader.batch import SampleBatch
-from herald.loader.kafka import KafkaSourceConfig, config_from_url
-from herald.loader.kafka_produce import ProduceSettings, produce
+from herald.loader.kafka.source import KafkaSourceConfig, config_from_url
+from herald.loader.kafka.produce import ProduceSettings, produce
 from herald.loader.registry import open_source
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -20,7 +20,7 @@ def herald_produce(argv):
     """Run ``herald produce ARGV`` through this module's parser (as herald.cli does)."""
     parser = argparse.ArgumentParser(prog="herald")
     commands = parser.add_subparsers(dest="command")
-    register(commands, None, None)
+    register(commands)
     args = parser.parse_args(["produce", *argv])
     return args.func(args)
 
@@ -96,7 +96,7 @@ def test_config_from_url():
 
 def test_unreachable_broker_raises_peer_timeout_naming_it():
     from herald.errors import PeerTimeout
-    from herald.loader.kafka import KafkaSource
+    from herald.loader.kafka.source import KafkaSource
 
     with pytest.raises(PeerTimeout, match="127.0.0.1:1"):
         KafkaSource(KafkaSourceConfig("127.0.0.1:1", "t", "g", "tsv", connect_timeout_ms=500))

@@ -1,6 +1,6 @@
 """Online training from a real Kafka broker: at-least-once delivery across a kill -9.
 
-NOTE [kafka delivery] (herald/worker/stream.py): offsets are committed only with a
+NOTE [kafka delivery] (herald/loader/global_batches.py): offsets are committed only with a
 checkpoint taken after every sample before them was trained; a restart resumes from
 the latest checkpoint and replays what came after it.
 """
@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
-from herald.loader.kafka_config import KafkaPosition
-from herald.worker.stream import record_sample_ids
+from herald.loader.kafka.config import KafkaPosition
+from herald.loader.global_batches import record_sample_ids
 
 pytestmark = pytest.mark.integration
 

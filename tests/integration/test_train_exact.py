@@ -15,9 +15,10 @@ import torch
 
 from herald.loader import GlobalBatcher, open_source
 from herald.ps import PSClient, TableConfig
-from herald.worker.reference import train_reference
-from herald.worker.splits import RowRange
-from herald.worker.train import TrainConfig, run_train
+from herald.job.reference import train_reference
+from herald.loader.splits import RowRange
+from herald.job.launcher import run_train
+from herald.job.spec import TrainConfig
 
 pytestmark = pytest.mark.integration
 

@@ -5,7 +5,7 @@ import pyarrow as pa
 import pytest
 
 from herald.errors import DataError
-from herald.loader.arrow import META_KEY, arrow_to_batch, batch_to_arrow
+from herald.loader.formats.arrow import META_KEY, arrow_to_batch, batch_to_arrow
 from herald.loader.batch import SampleBatch
 
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from herald.loader import kernels as K
-from herald.loader.formats import split_lines
+from herald.loader.formats.layouts import split_lines
 
 
 def _b(s):

@@ -67,7 +67,7 @@ def test_multi_hot_list_columns_roundtrip(tmp_path):
     import numpy as np
     import pyarrow as pa
 
-    from herald.loader.arrow import batch_to_arrow
+    from herald.loader.formats.arrow import batch_to_arrow
 
     b = SampleBatch(np.array([1, 0, 1], np.float32), np.zeros((3, 0), np.float32),
                     [np.array([7, 9, 7], np.uint64), np.array([11, 12, 13, 2 ** 64 - 2], np.uint64)],

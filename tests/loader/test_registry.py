@@ -61,7 +61,7 @@ def test_decode_records_strict_and_skip(data_dir):
 
 
 def test_decode_lines_status_per_record():
-    from herald.loader.decode import decode_lines
+    from herald.loader.formats.decode import decode_lines
 
     good = b"1,0," + b",".join([b"ab"] * 22)
     d = decode_lines("avazu", [good, b"", good + b"\n", b"x\ny", None])

@@ -8,7 +8,6 @@ the whole job stops (children are terminated with a bounded wait: no orphans).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import pathlib
 import signal
@@ -18,100 +17,13 @@ import sys
 import time
 from typing import Any
 
-from herald.config import require
 from herald.errors import HeraldError
 from herald.procs import die_with_parent
-from herald.ps import LocalShards, OptimizerConfig, PSClient, TableConfig
-from herald.scheduler import Scheduler, SchedulerConfig
-from herald.worker.dispatcher import Dispatcher, DispatcherConfig, StepRecord
-from herald.worker import checkpoints, splits
-from herald.worker.stream import KafkaGlobalBatches
-
-DEFAULT_SOURCE = "synthetic://criteo?rows=600000&seed=0"
-#: Worker cache rows for a kafka:// stream without --cache-rows: a stream has no known
-#: set of keys to take --cache-ratio of.
-STREAM_CACHE_ROWS = 100_000
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainConfig:
-    """Settings of one ``herald train`` job (see ``herald train --help``)."""
-
-    source: str = DEFAULT_SOURCE
-    schedule: str = "herald"
-    workers: int = 2
-    batch_size: int = 128
-    cache_ratio: float = 0.1
-    cache_rows: int | None = None
-    cache_policy: str = "lru"
-    embedding_dim: int = 16
-    optimizer: str = "rowwise_adagrad"
-    lr: float = 0.05
-    dense_optimizer: str = "adam"
-    dense_lr: float = 0.001
-    model: str = "auto"
-    epochs: int = 1
-    steps: int | None = None
-    eval_fraction: float = 0.1
-    ps_shards: int = 1
-    seed: int = 0
-    run_dir: str = "runs/latest"
-    max_inflight_steps: int = 2
-    timeout_ms: int = 120_000
-    checkpoint_every: int = 0
-    resume: bool = False
-    eval_every: int = 100
-    log_sample_ids: bool = False
-    replicate_below: int = 0
-    source_options: tuple[tuple[str, Any], ...] = ()
-
-    def __post_init__(self) -> None:
-        require(self.workers >= 1, f"--workers must be >= 1, got {self.workers}")
-        require(self.batch_size >= 1, f"--batch-size must be >= 1, got {self.batch_size}")
-        require(0 <= self.eval_fraction < 1, f"--eval-fraction must be in [0, 1), got {self.eval_fraction}")
-        require(self.ps_shards >= 1, "--ps-shards must be >= 1")
-        require(self.epochs >= 1, "--epochs must be >= 1")
-        require(self.steps is None or self.steps >= 1, "--steps must be >= 1")
-        require(self.workers <= 255, "at most 255 workers per dispatcher")
-        require(self.checkpoint_every >= 0, "--checkpoint-every must be >= 0")
-        require(self.eval_every >= 1, "--eval-every must be >= 1")
-        require(self.replicate_below >= 0, "--replicate-below must be >= 0")
-        require(not (self.replicate_below and self.is_stream),
-                "--replicate-below needs the distinct ids of each table from a pre-pass; a kafka:// stream has none")
-        require(not self.resume or self.is_stream,
-                "--resume continues a kafka:// stream from its latest checkpoint; file sources are re-run")
-
-    @property
-    def is_stream(self) -> bool:
-        return self.source.startswith("kafka://")
-
-    def tables(self, schema) -> list[TableConfig]:
-        """One table config per table of ``schema`` (same dim and sparse optimizer)."""
-        opt = OptimizerConfig(name=self.optimizer, lr=self.lr)
-        return [TableConfig(name=n, dim=self.embedding_dim, optimizer=opt) for n in schema.table_names]
-
-    @property
-    def global_batch(self) -> int:
-        return self.workers * self.batch_size
-
-
-def build_job(cfg: TrainConfig, data: "JobData", ps_addresses: list[str]) -> dict[str, Any]:
-    """The job dict every worker receives in the dispatcher's config message."""
-    job = {
-        "tables": [t.to_dict() for t in cfg.tables(data.schema)],
-        "table_names": list(data.schema.table_names),
-        "dense_dim": data.schema.dense_dim,
-        "model": cfg.model,
-        "seed": cfg.seed,
-        "dense_optimizer": {"name": cfg.dense_optimizer, "lr": cfg.dense_lr},
-        "ps": ps_addresses,
-        "run_dir": str(pathlib.Path(cfg.run_dir).resolve()),
-        "ps_timeout_ms": cfg.timeout_ms,
-    }
-    if data.replicated:  # NOTE [replicated tables] (herald/worker/replicas.py)
-        job["replicated_tables"], job["replica_rows"] = data.replicated, data.replica_rows
-    return job
-
+from herald.ps import LocalShards, PSClient
+from herald.dispatch.dispatcher import Dispatcher, DispatcherConfig, StepRecord
+from herald.job import checkpoints
+from herald.job.data import JobData
+from herald.job.spec import TrainConfig, build_job
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -193,7 +105,7 @@ def run_train(cfg: TrainConfig, *, progress: bool = True, on_finish=None) -> dic
     Raises:
         ConfigError: bad settings; HeraldError: a child process failed (named).
     """
-    from herald.worker import report as report_mod
+    from herald.job import report as report_mod
 
     run_dir = pathlib.Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -263,75 +175,6 @@ def run_train(cfg: TrainConfig, *, progress: bool = True, on_finish=None) -> dic
     rep["replica_rows_per_worker"] = data.replica_rows
     report_mod.write(rep, records, run_dir)
     return rep
-
-
-class JobData:
-    """What a job reads: schema, global batches, held-out split, replicated tables,
-    the cache size of its schedulers, and (Kafka) position and commit."""
-
-    def __init__(self, cfg: TrainConfig):
-        options = dict(cfg.source_options)
-        self.source = None
-        if cfg.is_stream:
-            from herald.loader import open_source
-
-            self.source = open_source(cfg.source, **options)
-            self.schema = self.source.schema
-            self.batches = KafkaGlobalBatches(self.source, cfg.global_batch, cfg.steps)
-            self.eval_source, self.distinct_keys = None, None
-            self.replicated, self.replica_rows = [], 0
-            self.split_info = {"total_rows": None, "train_rows": None, "eval_rows": 0}
-            return
-        train, self.eval_source, self.split_info = splits.open_train_eval(cfg.source, cfg.eval_fraction, options)
-        self.schema = train.schema
-        train.close()
-        self.replicated, self.replica_rows, self.distinct_keys = [], 0, None
-        if cfg.cache_rows is None or cfg.replicate_below:
-            per_table = splits.distinct_keys_per_table(cfg.source, options, self.split_info["train_rows"])
-            # NOTE [replicated tables] (herald/worker/replicas.py): small tables live on every worker
-            self.replicated = [t for t, n in enumerate(per_table) if n <= cfg.replicate_below]
-            self.replica_rows = sum(per_table[t] for t in self.replicated)
-            self.distinct_keys = max(1, sum(n for t, n in enumerate(per_table) if t not in self.replicated))
-        self.batches = splits.global_batches(cfg.source, options, self.split_info["train_rows"], cfg.global_batch,
-                                             cfg.epochs, cfg.steps)
-
-    def scheduler_factory(self, cfg: TrainConfig):
-        """A callable returning a fresh :class:`Scheduler` for this job (the dispatcher
-        makes one at the start and one after every checkpoint barrier)."""
-        cache_rows = cfg.cache_rows if cfg.cache_rows or not cfg.is_stream else STREAM_CACHE_ROWS
-        sched_cfg = SchedulerConfig(num_workers=cfg.workers, batch_size_per_worker=cfg.batch_size,
-                                    schedule=cfg.schedule, cache_policy=cfg.cache_policy,
-                                    cache_capacity_rows=cache_rows, cache_ratio=cfg.cache_ratio, seed=cfg.seed)
-        num_tables, distinct = self.schema.num_tables, self.distinct_keys
-        return lambda: Scheduler(sched_cfg, num_tables=num_tables, distinct_keys=distinct)
-
-    def total_steps(self, cfg: TrainConfig) -> int | None:
-        """Steps the job will train, when known (None for an unbounded stream)."""
-        rows = self.split_info["train_rows"]
-        steps = None if rows is None else (rows // cfg.global_batch) * cfg.epochs
-        if cfg.steps is not None:
-            steps = cfg.steps if steps is None else min(steps, cfg.steps)
-        return steps
-
-    def position(self, batch_index: int):
-        return self.batches.position(batch_index).to_dict() if self.source is not None else None
-
-    def commit(self, batch_index: int) -> None:
-        if self.source is not None:
-            self.source.commit(self.batches.position(batch_index))
-            self.batches.release(batch_index)
-
-    def seek(self, position: dict | None) -> None:
-        if self.source is not None and position is not None:
-            self.source.load_state_dict({"format": self.source.format_name, "rows": 0, **position})
-
-    def interrupt(self) -> None:
-        if self.source is not None:
-            self.source.interrupt()
-
-    def close(self) -> None:
-        if self.source is not None:
-            self.source.close()
 
 
 class _stop_on_signals:

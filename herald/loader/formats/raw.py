@@ -1,7 +1,7 @@
 """The raw-format file sources: Criteo TSV, Avazu CSV, libFM, MovieLens.
 
 Each is a :class:`herald.loader.source.Source`; layouts are documented in
-:mod:`herald.loader.formats`. ``open_source`` (:mod:`herald.loader.registry`)
+:mod:`herald.loader.formats.layouts`. ``open_source`` (:mod:`herald.loader.registry`)
 builds them from a path and keyword options.
 """
 
@@ -14,11 +14,11 @@ import numpy as np
 
 from herald.config import require
 from herald.errors import DataError
-from herald.loader import formats
+from herald.loader.formats import layouts as formats
 from herald.loader.batch import SampleBatch, Schema
 from herald.loader.policy import BadRecordLog, BadRecordSettings
 from herald.loader.source import Source, state_int
-from herald.loader.text import TextFileSource, TextSettings
+from herald.loader.formats.text import TextFileSource, TextSettings
 
 
 class CriteoSource(TextFileSource):

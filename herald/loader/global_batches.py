@@ -47,7 +47,7 @@ class KafkaGlobalBatches:
     """Global batches of exactly ``global_batch`` samples read from a Kafka source.
 
     Args:
-        source: a :class:`herald.loader.kafka.KafkaSource`.
+        source: a :class:`herald.loader.kafka.source.KafkaSource`.
         global_batch: samples per batch (workers x batch size).
         max_steps: stop after this many batches (None: until the source ends or is
             interrupted).

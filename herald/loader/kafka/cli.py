@@ -1,18 +1,16 @@
-"""``herald produce``: publish a dataset into a Kafka topic (see :mod:`herald.loader.kafka_produce`).
+"""``herald produce``: publish a dataset into a Kafka topic (see :mod:`herald.loader.kafka.produce`).
 
-Registered by :mod:`herald.cli` (module list ``_COMMAND_MODULES``).
+Registered by :mod:`herald.loader.cli`.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 
-from herald.cli import key_value
-from herald.errors import ConfigError
+from herald.config import key_value, parse_value
 
 
-def register(commands, bench, serve) -> None:
+def register(commands) -> None:
     """Add ``herald produce`` to the top-level commands."""
     p = commands.add_parser(
         "produce", help="publish a dataset into a Kafka topic (arrow batches or raw tsv/csv lines)",
@@ -36,33 +34,17 @@ def register(commands, bench, serve) -> None:
     p.set_defaults(func=run_produce)
 
 
-def _parse(key: str, value: str):
-    if key == "api_version":
-        try:
-            return tuple(int(x) for x in value.replace(",", ".").split("."))
-        except ValueError as exc:
-            raise ConfigError(f"api_version must look like 0.9 or 2.6.0, got {value!r}") from exc
-    if value.lower() in ("true", "false"):
-        return value.lower() == "true"
-    if value.lower() == "none":
-        return None
-    for cast in (int, float):
-        try:
-            return cast(value)
-        except ValueError:
-            pass
-    return value
-
 
 def run_produce(args) -> int:
     """Entry of ``herald produce``; prints a one-line summary."""
-    from herald.loader.kafka_produce import ProduceSettings, check_text_source, produce
+    from herald.loader.kafka.config import parse_kafka_value
+    from herald.loader.kafka.produce import ProduceSettings, check_text_source, produce
 
     settings = ProduceSettings(
         bootstrap_servers=args.bootstrap, topic=args.topic, format=args.format,
         rows_per_message=args.rows_per_message, rate_samples_per_s=args.rate, limit_rows=args.limit,
-        client_options={k: _parse(k, v) for k, v in args.client_option})
-    source_options = {k: _parse(k, v) for k, v in args.source_option}
+        client_options={k: parse_kafka_value(k, v) for k, v in args.client_option})
+    source_options = {k: parse_value(v) for k, v in args.source_option}
     if settings.format != "arrow":
         check_text_source(args.source, settings.format)     # before the progress bar appears
     bar = None
@@ -82,24 +64,3 @@ def run_produce(args) -> int:
           f"to {args.topic} in {stats['seconds']:.2f} s ({rate:,.0f} samples/s)")
     return 0
 
-
-def main(argv: list[str] | None = None) -> int:
-    """Run ``herald produce`` alone (before herald.cli lists this module): ``python -m herald.kafka_cli produce ...``."""
-    from herald.errors import HeraldError
-
-    parser = argparse.ArgumentParser(prog="herald")
-    commands = parser.add_subparsers(dest="command")
-    register(commands, None, None)
-    args = parser.parse_args(argv)
-    if not hasattr(args, "func"):
-        parser.print_help(sys.stderr)
-        return 2
-    try:
-        return int(args.func(args) or 0)
-    except HeraldError as exc:
-        print(f"herald: error: {exc}", file=sys.stderr)
-        return 1
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

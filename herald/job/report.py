@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from herald.errors import HeraldError
 from herald.ps import PSClient, TableConfig
 from herald.scheduler.plan import CAUSES
-from herald.worker.dispatcher import StepRecord
-from herald.worker.metrics import log_loss, roc_auc
+from herald.dispatch.dispatcher import StepRecord
+from herald.job.metrics import log_loss, roc_auc
 from herald.worker.trainer import model_from_job
 
 _PULLS = ("miss_pull", "update_pull")

@@ -3,7 +3,7 @@
 A format turns records (lines without their newline) held in one byte buffer into
 per-record columns with :mod:`herald.loader.kernels`, then builds a
 :class:`SampleBatch` from the good records. File sources
-(:mod:`herald.loader.text`) and :func:`herald.loader.decode.decode_records`
+(:mod:`herald.loader.formats.text`) and :func:`herald.loader.formats.decode.decode_records`
 (Kafka messages) share this code.
 
 Layouts (NOTE [id hash] for hashed tables; table salt = table index):

@@ -7,7 +7,7 @@ import collections
 import numpy as np
 
 from herald.errors import ProtocolError
-from herald.worker.microbatch import MicroBatch
+from herald.dispatch.microbatch import MicroBatch
 
 
 class IdFeatureBuffer:

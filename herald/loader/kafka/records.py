@@ -8,8 +8,8 @@ Bad records stay in the chunk as (offset, row, reason) so the source counts them
 when its position passes them (NOTE [bad records] in :mod:`herald.loader.policy`).
 
 Decoding itself is the loader's: text lines go through
-:mod:`herald.loader.formats` (the same kernels as the file sources), Arrow through
-:mod:`herald.loader.arrow`.
+:mod:`herald.loader.formats.layouts` (the same kernels as the file sources), Arrow through
+:mod:`herald.loader.formats.arrow`.
 """
 
 from __future__ import annotations
@@ -116,14 +116,14 @@ def _empty_chunk(partition: int, schema: Schema, end_offset: int, bad: list) -> 
 class TextDecoder:
     """``tsv`` (Criteo) and ``csv`` (Avazu) records: one raw line per Kafka message.
 
-    Decoded by :func:`herald.loader.decode.decode_lines` (the contract of
+    Decoded by :func:`herald.loader.formats.decode.decode_lines` (the contract of
     ``decode_records``: a trailing ``\\n`` or ``\\r\\n`` is removed, a message with an
     inner newline is a ``field_count`` error, an empty message an ``empty_line``
     error), which keeps each record's status so the source can name bad offsets.
     """
 
     def __init__(self, fmt: str, bucket_count: int = 0):
-        from herald.loader import formats
+        from herald.loader.formats import layouts as formats
 
         self.format = fmt
         self._name = "criteo" if fmt == "tsv" else "avazu"
@@ -132,7 +132,7 @@ class TextDecoder:
 
     def decode(self, partition: int, offsets: np.ndarray, values: list[bytes]) -> Chunk:
         """Decode the ``values`` (one line per record) at ``offsets`` (int64 [m]) of ``partition``."""
-        from herald.loader.decode import decode_lines
+        from herald.loader.formats.decode import decode_lines
 
         decoded = decode_lines(self._name, values, bucket_count=self._bucket_count)
         good = np.flatnonzero(decoded.status == 0)
@@ -159,7 +159,7 @@ class ArrowDecoder:
     def _read(self, value: bytes) -> SampleBatch:
         import pyarrow as pa
 
-        from herald.loader.arrow import arrow_to_batch
+        from herald.loader.formats.arrow import arrow_to_batch
 
         try:
             table = pa.ipc.open_stream(pa.py_buffer(value)).read_all()

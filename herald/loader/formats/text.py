@@ -1,7 +1,7 @@
 """Line-oriented file sources (Criteo TSV, Avazu CSV, libFM) read in byte chunks.
 
 The file is read ``chunk_bytes`` at a time; complete lines of a chunk are decoded in
-one kernel call (:mod:`herald.loader.formats`) and served by ``read``. Position =
+one kernel call (:mod:`herald.loader.formats.layouts`) and served by ``read``. Position =
 (byte offset of the next unread line, number of lines consumed); resume seeks to the
 offset. Bad records follow NOTE [bad records] in :mod:`herald.loader.policy`.
 """
@@ -117,7 +117,7 @@ class TextFileSource(Source):
             data += more
         if not data:
             return False
-        from herald.loader.formats import split_lines
+        from herald.loader.formats.layouts import split_lines
 
         buf = np.frombuffer(data, np.uint8)
         starts, ends, consumed = split_lines(buf, final)

@@ -2,7 +2,7 @@
 
 - ``arrow``: any loader source (:func:`herald.loader.registry.open_source`) is read in
   batches of ``rows_per_message`` samples; each batch becomes one Arrow IPC stream
-  (NOTE [arrow layout] in :mod:`herald.loader.arrow`) in one message. A message
+  (NOTE [arrow layout] in :mod:`herald.loader.formats.arrow`) in one message. A message
   larger than ``max_message_bytes`` is split in halves until it fits.
 - ``tsv`` / ``csv``: raw Criteo / Avazu lines, one per message, byte for byte as in
   the file (the Avazu header line is not published). Only a raw file of that format
@@ -78,7 +78,7 @@ def arrow_messages(batch: SampleBatch, multi_hot=frozenset(),
     """
     import pyarrow as pa
 
-    from herald.loader.arrow import batch_to_arrow
+    from herald.loader.formats.arrow import batch_to_arrow
 
     record = batch_to_arrow(batch, multi_hot)
     sink = pa.BufferOutputStream()
@@ -158,7 +158,7 @@ def produce(spec: str, settings: ProduceSettings, *, source_options: Mapping[str
         check_text_source(spec, settings.format)
         if source_options:
             raise ConfigError(f"source options {sorted(source_options)} apply to --format arrow only")
-    from herald.loader.kafka_config import check_reachable
+    from herald.loader.kafka.config import check_reachable
 
     check_reachable(settings.bootstrap_servers, 10_000)
     opts = {"linger_ms": 20, "max_block_ms": 30_000, "batch_size": 1 << 20, "max_request_size": settings.max_message_bytes + 4096,

@@ -1,6 +1,6 @@
 """Decoding of individual text records (one Kafka message = one raw line).
 
-Shares the parsers of the file sources (:mod:`herald.loader.formats`).
+Shares the parsers of the file sources (:mod:`herald.loader.formats.layouts`).
 """
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 
 from herald.errors import ConfigError, DataError
-from herald.loader import formats
+from herald.loader.formats import layouts as formats
 from herald.loader.batch import SampleBatch
-from herald.loader.formats import Decoded
+from herald.loader.formats.layouts import Decoded
 from herald.loader.kernels import REASONS
 from herald.loader.policy import POLICIES
 

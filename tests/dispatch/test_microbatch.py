@@ -6,7 +6,7 @@ from herald import wire
 from herald.errors import ProtocolError
 from herald.loader.batch import SampleBatch
 from herald.scheduler.plan import CachePlan, KeySet
-from herald.worker.microbatch import MicroBatch, make_sample_ids
+from herald.dispatch.microbatch import MicroBatch, make_sample_ids
 
 
 def _plan():

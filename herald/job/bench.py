@@ -30,7 +30,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from herald.worker.train import TrainConfig, run_train
+    from herald.job.launcher import run_train
+    from herald.job.spec import TrainConfig
 
     source = args.source or f"synthetic://criteo?rows={args.rows}&seed=1"
     out = pathlib.Path(args.out)

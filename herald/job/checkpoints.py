@@ -11,7 +11,7 @@ A checkpoint is assembled in ``.tmp-step-...``, renamed into place when complete
 only then named in ``latest`` (written to a temporary file and renamed): a crash at
 any point leaves ``latest`` naming a complete checkpoint. The source position is
 committed (Kafka) after ``latest`` is updated: NOTE [kafka delivery] in
-herald/worker/stream.py.
+herald/loader/global_batches.py.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Settings and position of the Kafka source: :class:`KafkaSourceConfig`, :class:`KafkaPosition`
-and ``kafka://`` URL parsing (NOTE [kafka position] in :mod:`herald.loader.kafka`)."""
+and ``kafka://`` URL parsing (NOTE [kafka position] in :mod:`herald.loader.kafka.source`)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import dataclasses
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from herald.config import require
+from herald.config import parse_value, require
 from herald.errors import ConfigError, DataError, PeerTimeout
-from herald.loader.kafka_records import FORMATS
+from herald.loader.kafka.records import FORMATS
 from herald.loader.policy import POLICIES
 
 # Set by the source itself; a client option naming one of these raises.
@@ -186,8 +186,14 @@ _INT_FIELDS = ("poll_timeout_ms", "idle_timeout_ms", "bucket_count", "schema_tim
                "commit_timeout_ms", "connect_timeout_ms", "close_timeout_ms")
 
 
-def _parse_value(key: str, value: Any) -> Any:
-    """A query-string value as the type kafka-python / the config expects."""
+def parse_kafka_value(key: str, value: Any) -> Any:
+    """A text value (URL query, ``KEY=VALUE`` option) as the type kafka-python / the
+    config expects: ``api_version=0.9`` -> ``(0, 9)``, ``partitions=0,1`` -> ``(0, 1)``,
+    anything else by :func:`herald.config.parse_value`.
+
+    Raises:
+        ValueError: a malformed ``api_version`` or ``partitions``.
+    """
     if not isinstance(value, str):
         return value
     if key == "api_version":
@@ -196,11 +202,7 @@ def _parse_value(key: str, value: Any) -> Any:
         return tuple(int(x) for x in value.split(",") if x != "")
     if key == "idle_timeout_ms" and value.lower() in ("", "none", "inf"):
         return None
-    if value.lower() in ("true", "false"):
-        return value.lower() == "true"
-    if value.lstrip("-").isdigit():
-        return int(value)
-    return value
+    return parse_value(value)
 
 
 def config_from_url(spec: str, **options) -> KafkaSourceConfig:
@@ -229,7 +231,7 @@ def config_from_url(spec: str, **options) -> KafkaSourceConfig:
     for key, value in raw.items():
         key = _URL_ALIASES.get(key, key)
         try:
-            parsed = _parse_value(key, value)
+            parsed = parse_kafka_value(key, value)
         except ValueError as exc:
             raise ConfigError(f"kafka URL option {key}={value!r}: {exc}") from exc
         if key in fields:

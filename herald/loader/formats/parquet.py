@@ -1,4 +1,4 @@
-"""Parquet source: row groups read with pyarrow, converted by :mod:`herald.loader.arrow`.
+"""Parquet source: row groups read with pyarrow, converted by :mod:`herald.loader.formats.arrow`.
 
 A path is one ``.parquet`` file or a directory (its ``*.parquet`` files in name
 order, one dataset). Position = (file index, row group, row within the row group);
@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 
 from herald.config import require
 from herald.errors import DataError
-from herald.loader.arrow import arrow_to_batch, infer_layout
+from herald.loader.formats.arrow import arrow_to_batch, infer_layout
 from herald.loader.batch import SampleBatch, Schema
 from herald.loader.source import Source, state_int
 

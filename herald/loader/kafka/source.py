@@ -14,7 +14,7 @@ committed positions, or from ``auto_offset_reset`` (``earliest``) without one;
 
 Record formats (a setting, never guessed): ``tsv`` one Criteo line per message,
 ``csv`` one Avazu line per message, ``arrow`` one Arrow IPC stream (a record batch
-of many samples, :mod:`herald.loader.arrow` layout) per message. Bad records follow
+of many samples, :mod:`herald.loader.formats.arrow` layout) per message. Bad records follow
 NOTE [bad records] (:mod:`herald.loader.policy`); Kafka adds the reasons
 ``bad_arrow`` (unreadable payload) and ``schema_mismatch``.
 
@@ -34,9 +34,9 @@ from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
 
 from herald.errors import ConfigError, DataError, PeerTimeout, ProtocolError
 from herald.loader.batch import SampleBatch, Schema
-from herald.loader.kafka_config import (_META_PREFIX, KafkaPosition, KafkaSourceConfig, check_reachable,
+from herald.loader.kafka.config import (_META_PREFIX, KafkaPosition, KafkaSourceConfig, check_reachable,
                                         config_from_url, known_client_options, timeout_kw)
-from herald.loader.kafka_records import Chunk, make_decoder
+from herald.loader.kafka.records import Chunk, make_decoder
 from herald.loader.source import Source
 
 __all__ = ["KafkaPosition", "KafkaSource", "KafkaSourceConfig", "config_from_url", "known_client_options",

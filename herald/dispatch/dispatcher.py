@@ -49,8 +49,8 @@ from herald.config import require
 from herald.errors import HeraldError, PeerTimeout, ProtocolError
 from herald.loader.batch import SampleBatch
 from herald.scheduler.plan import KeySet
-from herald.worker.idbuffer import IdFeatureBuffer
-from herald.worker.microbatch import MicroBatch, make_sample_ids
+from herald.dispatch.idbuffer import IdFeatureBuffer
+from herald.dispatch.microbatch import MicroBatch, make_sample_ids
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,7 +110,7 @@ class Dispatcher:
     Args:
         config: :class:`DispatcherConfig`.
         batches: global batches of exactly ``num_workers * batch_size_per_worker``
-            samples. If it has ``sample_ids(i)`` (e.g. :class:`~herald.worker.stream.
+            samples. If it has ``sample_ids(i)`` (e.g. :class:`~herald.loader.global_batches.
             KafkaGlobalBatches`), those are the sample ids of batch ``i``; else ids
             are ``rank << 56 | sequence number``.
         scheduler_factory: returns a fresh :class:`herald.scheduler.Scheduler` (called at

@@ -1,0 +1,1 @@
+"""The dispatcher: global batches -> scheduler -> micro-batches over ZeroMQ (docs/dispatch.md)."""

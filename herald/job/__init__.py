@@ -1,0 +1,1 @@
+"""``herald train``: the job launcher, checkpoints, progress, metrics and the report (docs/job.md)."""

@@ -1,0 +1,78 @@
+"""What a job reads: schema, global batches, held-out split, replicated tables, and the
+cache size of its schedulers (shared by ``herald train`` and ``herald serve dispatcher``)."""
+
+from __future__ import annotations
+
+from herald.job.spec import STREAM_CACHE_ROWS, TrainConfig
+from herald.loader import splits
+from herald.loader.global_batches import KafkaGlobalBatches
+from herald.scheduler import Scheduler, SchedulerConfig
+
+
+class JobData:
+    """What a job reads: schema, global batches, held-out split, replicated tables,
+    the cache size of its schedulers, and (Kafka) position and commit."""
+
+    def __init__(self, cfg: TrainConfig):
+        options = dict(cfg.source_options)
+        self.source = None
+        if cfg.is_stream:
+            from herald.loader import open_source
+
+            self.source = open_source(cfg.source, **options)
+            self.schema = self.source.schema
+            self.batches = KafkaGlobalBatches(self.source, cfg.global_batch, cfg.steps)
+            self.eval_source, self.distinct_keys = None, None
+            self.replicated, self.replica_rows = [], 0
+            self.split_info = {"total_rows": None, "train_rows": None, "eval_rows": 0}
+            return
+        train, self.eval_source, self.split_info = splits.open_train_eval(cfg.source, cfg.eval_fraction, options)
+        self.schema = train.schema
+        train.close()
+        self.replicated, self.replica_rows, self.distinct_keys = [], 0, None
+        if cfg.cache_rows is None or cfg.replicate_below:
+            per_table = splits.distinct_keys_per_table(cfg.source, options, self.split_info["train_rows"])
+            # NOTE [replicated tables] (herald/worker/replicas.py): small tables live on every worker
+            self.replicated = [t for t, n in enumerate(per_table) if n <= cfg.replicate_below]
+            self.replica_rows = sum(per_table[t] for t in self.replicated)
+            self.distinct_keys = max(1, sum(n for t, n in enumerate(per_table) if t not in self.replicated))
+        self.batches = splits.global_batches(cfg.source, options, self.split_info["train_rows"], cfg.global_batch,
+                                             cfg.epochs, cfg.steps)
+
+    def scheduler_factory(self, cfg: TrainConfig):
+        """A callable returning a fresh :class:`Scheduler` for this job (the dispatcher
+        makes one at the start and one after every checkpoint barrier)."""
+        cache_rows = cfg.cache_rows if cfg.cache_rows or not cfg.is_stream else STREAM_CACHE_ROWS
+        sched_cfg = SchedulerConfig(num_workers=cfg.workers, batch_size_per_worker=cfg.batch_size,
+                                    schedule=cfg.schedule, cache_policy=cfg.cache_policy,
+                                    cache_capacity_rows=cache_rows, cache_ratio=cfg.cache_ratio, seed=cfg.seed)
+        num_tables, distinct = self.schema.num_tables, self.distinct_keys
+        return lambda: Scheduler(sched_cfg, num_tables=num_tables, distinct_keys=distinct)
+
+    def total_steps(self, cfg: TrainConfig) -> int | None:
+        """Steps the job will train, when known (None for an unbounded stream)."""
+        rows = self.split_info["train_rows"]
+        steps = None if rows is None else (rows // cfg.global_batch) * cfg.epochs
+        if cfg.steps is not None:
+            steps = cfg.steps if steps is None else min(steps, cfg.steps)
+        return steps
+
+    def position(self, batch_index: int):
+        return self.batches.position(batch_index).to_dict() if self.source is not None else None
+
+    def commit(self, batch_index: int) -> None:
+        if self.source is not None:
+            self.source.commit(self.batches.position(batch_index))
+            self.batches.release(batch_index)
+
+    def seek(self, position: dict | None) -> None:
+        if self.source is not None and position is not None:
+            self.source.load_state_dict({"format": self.source.format_name, "rows": 0, **position})
+
+    def interrupt(self) -> None:
+        if self.source is not None:
+            self.source.interrupt()
+
+    def close(self) -> None:
+        if self.source is not None:
+            self.source.close()

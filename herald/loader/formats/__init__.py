@@ -1,0 +1,1 @@
+"""Record formats and file sources: text (Criteo, Avazu, libFM), MovieLens, Parquet/Arrow."""

@@ -1,0 +1,1 @@
+"""The Kafka source, its settings and position, record decoding, and ``herald produce``."""
