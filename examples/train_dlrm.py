@@ -33,8 +33,8 @@ def main() -> None:
 
     with ScheduledLoader.connect(args.dispatcher, rank=args.rank, world_size=args.world_size) as loader:
         job = loader.job                                   # tables, dense features, seed, ... from the dispatcher
-        torch.manual_seed(job["seed"])                     # identical dense replicas on every rank
-        model = DLRM(job["dense_dim"], len(job["tables"]), loader.dim).to(loader.device)
+        torch.manual_seed(job.seed)                        # identical dense replicas on every rank
+        model = DLRM(job.dense_dim, len(job.tables), loader.dim).to(loader.device)
         embedding = loader.embedding()                     # batch -> [b, tables, dim], from the worker cache
         loader.attach(model, torch.optim.Adam(model.parameters(), lr=args.lr))
         for step, batch in enumerate(loader):              # evictions and pulls of the plan are done here

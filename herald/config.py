@@ -70,3 +70,59 @@ def require(condition: bool, message: str) -> None:
     """
     if not condition:
         raise ConfigError(message)
+
+
+def setting(default: Any, help: str, **cli: Any) -> Any:
+    """A dataclass field that is also a command-line option (see :func:`add_arguments`).
+
+    ``cli`` may hold ``flag`` (default ``--field-name``), ``metavar``, ``choices``,
+    ``type`` (the argparse type; default from the annotation) and ``action``
+    (``"append"`` collects repeated options into a tuple).
+    """
+    return dataclasses.field(default=default, metadata={"help": help, **cli})
+
+
+def add_arguments(parser: Any, cls: type, *, exclude: tuple[str, ...] = ()) -> None:
+    """Add one argparse option per :func:`setting` field of the dataclass ``cls``.
+
+    Defaults, types and help come from the dataclass, so they live in one place;
+    ``--help`` shows each default.
+    """
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        meta = f.metadata
+        if "help" not in meta or f.name in exclude:
+            continue
+        flag = meta.get("flag", "--" + f.name.replace("_", "-"))
+        kwargs: dict[str, Any] = {"dest": f.name, "help": meta["help"]}
+        for key in ("metavar", "choices"):
+            if key in meta:
+                kwargs[key] = meta[key]
+        if meta.get("action") == "append":
+            kwargs.update(action="append", default=[], type=meta["type"])
+        elif hints[f.name] is bool:
+            kwargs.update(action="store_true", default=f.default)
+        else:
+            kind = meta.get("type") or next((t for t in typing.get_args(hints[f.name]) if t is not type(None)),
+                                            hints[f.name])
+            kwargs.update(type=kind, default=f.default)
+            if f.default is not None:
+                kwargs["help"] += " (default: %(default)s)"
+        parser.add_argument(flag, **kwargs)
+
+
+def from_arguments(cls: type[T], args: Any, **overrides: Any) -> T:
+    """``cls`` built from the options :func:`add_arguments` added (plus ``overrides``).
+
+    Raises:
+        ConfigError: a value the dataclass rejects (its message names the flag).
+    """
+    values = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if "help" in f.metadata and hasattr(args, f.name):
+            value = getattr(args, f.name)
+            values[f.name] = tuple(value) if f.metadata.get("action") == "append" else value
+    values.update(overrides)
+    return cls(**values)  # type: ignore[call-arg]

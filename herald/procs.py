@@ -1,8 +1,21 @@
-"""Child-process helpers shared by the launchers (``herald train``, ``LocalShards``)."""
+"""Child processes of the launchers (``herald train``'s workers, ``LocalShards``' PS shards).
+
+:class:`Supervisor` starts named children, each logging to its own file, tells which one
+died (with the end of its log), and stops them all within a bound.
+"""
 
 from __future__ import annotations
 
+import os
+import pathlib
 import signal
+import subprocess
+import time
+from typing import Mapping, Sequence
+
+from herald.errors import ConfigError, HeraldError
+
+_REAP_S = 2.0  # after SIGKILL: how long to wait for the kernel to reap a child
 
 
 def die_with_parent() -> None:
@@ -17,4 +30,161 @@ def die_with_parent() -> None:
 
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
     except (OSError, AttributeError):
+        pass
+
+
+class Supervisor:
+    """Named child processes, each writing stdout and stderr to ``log_dir/<name>.log``.
+
+    Children die with this process (:func:`die_with_parent`) and read nothing from stdin.
+    A child's first start truncates its log; a restart under the same name appends to it.
+    A child that exits with a non-zero code is a failure (:meth:`check`, :meth:`failure`)
+    unless this supervisor ended it (:meth:`kill`, :meth:`terminate`, :meth:`stop` of a
+    running child).
+
+    Args:
+        log_dir: folder of the logs (created if missing).
+        env: variables set for every child on top of this process's environment.
+        new_session: start each child in a session of its own, so that a Ctrl-C at the
+            terminal reaches only this process, which then stops the children itself.
+
+    Used by ``herald train`` (workers: :func:`herald.job.launcher.run_train`) and
+    :class:`herald.ps.LocalShards`; exercised in tests/test_procs.py.
+    """
+
+    def __init__(self, log_dir: str | os.PathLike, *, env: Mapping[str, str] | None = None,
+                 new_session: bool = False):
+        self.log_dir = pathlib.Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.env = dict(env or {})
+        self.new_session = bool(new_session)
+        self.procs: dict[str, subprocess.Popen] = {}
+        self._stopped: set[str] = set()
+        self._closed = False
+
+    # ---------------------------------------------------------------- start
+    def log_path(self, name: str) -> pathlib.Path:
+        return self.log_dir / f"{name}.log"
+
+    def start(self, name: str, argv: Sequence[str]) -> subprocess.Popen:
+        """Start ``argv`` as child ``name`` (a finished child's name may be reused: a restart).
+
+        Raises:
+            ConfigError: ``name`` is still running, or the supervisor is closed.
+        """
+        if self._closed:
+            raise ConfigError(f"cannot start {name}: the supervisor is closed")
+        old = self.procs.get(name)
+        if old is not None and old.poll() is None:
+            raise ConfigError(f"{name} is already running (pid {old.pid}); stop it before starting it again")
+        with open(self.log_path(name), "ab" if old is not None else "wb") as log:
+            self.procs[name] = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=log,
+                                                stderr=subprocess.STDOUT, env={**os.environ, **self.env},
+                                                start_new_session=self.new_session,
+                                                preexec_fn=die_with_parent)
+        self._stopped.discard(name)
+        return self.procs[name]
+
+    # ---------------------------------------------------------------- liveness
+    def tail(self, name: str, lines: int = 15) -> str:
+        """The last ``lines`` lines of ``name``'s log (``"(no log)"`` if unreadable)."""
+        try:
+            return "\n".join(self.log_path(name).read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def failure(self, grace_s: float = 0.0) -> str | None:
+        """A message naming the first child that exited with an error, with the end of its
+        log, waiting up to ``grace_s`` for one to exit (a worker's error is often the echo
+        of a peer's death); None when none did."""
+        deadline = time.monotonic() + grace_s
+        while True:
+            for name, p in self.procs.items():
+                code = p.poll()
+                if code is not None and code != 0 and name not in self._stopped:
+                    how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+                    return f"{name} {how}; last lines of {self.log_path(name)}:\n{self.tail(name)}"
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.1)
+
+    def check(self) -> None:
+        """Raise :class:`HeraldError` naming the first child that exited with an error."""
+        failure = self.failure()
+        if failure:
+            raise HeraldError(failure)
+
+    def wait(self, timeout_s: float, *, context: str = "") -> None:
+        """Wait up to ``timeout_s`` in all for every child to exit, then :meth:`check`.
+
+        Raises:
+            HeraldError: a child is still running at the deadline (named, ``context``
+                appended to the message), or one exited with an error.
+        """
+        deadline = time.monotonic() + timeout_s
+        for name, p in self.procs.items():
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                raise HeraldError(f"{name} did not exit within {timeout_s:.0f} s{context}; last lines of "
+                                  f"{self.log_path(name)}:\n{self.tail(name)}") from None
+        self.check()
+
+    # ---------------------------------------------------------------- stop
+    def kill(self, name: str) -> None:
+        """SIGKILL child ``name`` (no shutdown: a crash) and reap it."""
+        p = self.procs[name]
+        if p.poll() is None:
+            self._stopped.add(name)
+            p.kill()
+            _reap(p)
+
+    def terminate(self, name: str, timeout_s: float = 5.0) -> int | None:
+        """SIGTERM child ``name`` (graceful), SIGKILL after ``timeout_s``; returns its exit code."""
+        p = self.procs.get(name)
+        if p is None:
+            return None
+        if p.poll() is None:
+            self._stopped.add(name)
+            p.terminate()
+            try:
+                p.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                _reap(p)
+        return p.returncode
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop every child still running: SIGTERM, then SIGKILL at ``timeout_s``; bounded
+        by about ``timeout_s`` plus a short reap."""
+        for name, p in self.procs.items():
+            if p.poll() is None:
+                self._stopped.add(name)
+                p.terminate()
+        deadline = time.monotonic() + timeout_s
+        for p in self.procs.values():
+            try:
+                p.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                _reap(p)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """:meth:`stop`, once; later calls do nothing (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self.stop(timeout_s)
+
+    def __enter__(self) -> "Supervisor":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _reap(p: subprocess.Popen) -> None:
+    try:
+        p.wait(_REAP_S)
+    except subprocess.TimeoutExpired:  # stuck in the kernel (uninterruptible I/O): give up
         pass

@@ -1,88 +1,218 @@
 """Multipart message codec: one msgpack header frame, then raw array frames.
 
-NOTE [wire format] (DESIGN "Wire format"): a message is ``[header, a_0, ..., a_k]``.
-``header`` is a msgpack map with at least ``op`` (str) and ``arrays``: a list of
-``[dtype, shape]`` pairs, one per following frame, where ``dtype`` is a numpy
-dtype string from :data:`ALLOWED_DTYPES` and ``shape`` a list of non-negative ints.
+NOTE [wire format] (DESIGN "Wire format"; every herald socket speaks it): a message
+is ``[header, a_0, ..., a_k]``.
+
+``header`` is a msgpack map (str keys; no bin or ext values) with at least
+
+- ``v`` (int): the :class:`Protocol` version; a receiver rejects any other,
+- ``op`` (str): the message kind, interpreted by the protocol's user,
+- ``arrays``: a list of ``[dtype, shape]`` pairs, one per following frame, in frame
+  order. ``dtype`` is a numpy dtype string (``"<f4"``, ``"<u8"``, ``"|b1"``, ...) from
+  the protocol's allowed set; ``shape`` a list of at most ``max_dims`` ints, each in
+  ``[0, 2**40)``.
+
 Each array frame holds exactly ``prod(shape) * itemsize`` bytes, C order, little
-endian, and is sent with ``copy=False``. The receiver checks the header against
-the frames before touching any array; nothing is ever unpickled.
+endian. Example: ``pack({"op": "pull"}, [np.arange(3, dtype=np.uint64)])`` sends the
+header ``{"op": "pull", "v": 1, "arrays": [["<u8", [3]]]}`` and one 24-byte frame.
+
+Frames are sent with ``send_multipart(frames, copy=False)``; a socket configured by
+:meth:`Protocol.configure` still copies frames under ``copy_threshold_bytes`` (a
+memcpy of a small frame is cheaper than pyzmq's zero-copy bookkeeping). Received
+arrays are ``np.frombuffer`` views of the frames (zero copy, possibly unaligned).
+
+The receiver checks, in order, before touching any array: header size
+(``max_header_bytes``), msgpack with no bin/ext values and str keys, a map, version,
+``op`` a str, ``arrays`` a list of at most ``max_frames`` well-formed descriptors with
+allowed dtypes; then the frame count and every frame's byte size against its
+descriptor. Each failure is a :class:`~herald.errors.ProtocolError` naming the
+protocol and the problem. Nothing is ever unpickled.
+
+Two protocols use it: :data:`DISPATCH` (dispatcher <-> workers, the module-level
+:func:`pack` / :func:`unpack`) and ``herald.ps.wire.PS`` (NOTE [ps wire protocol] in
+docs/ps.md).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
 
 import msgpack
 import numpy as np
 
-from herald.errors import ProtocolError
+from herald.errors import ConfigError, ProtocolError
 
-ALLOWED_DTYPES = frozenset({"<f4", "<f2", "<f8", "<u8", "<i8", "<i4", "<u4", "<u2", "<i2", "|u1", "|b1", "|i1"})
-MAX_HEADER_BYTES = 1 << 20
-MAX_DIMS = 4
-_DTYPES = {name: np.dtype(name) for name in ALLOWED_DTYPES}
-
-
-def pack(header: dict[str, Any], arrays: Sequence[np.ndarray] = ()) -> list:
-    """Frames for ``header`` and ``arrays`` (the header gains an ``arrays`` entry).
-
-    Returns:
-        ``[bytes, ndarray, ...]``, ready for ``socket.send_multipart(frames, copy=False)``.
-    """
-    arrays = [np.ascontiguousarray(a) for a in arrays]
-    head = dict(header)
-    head["arrays"] = [[a.dtype.str, list(a.shape)] for a in arrays]
-    return [msgpack.packb(head, use_bin_type=True), *arrays]
+#: Every dtype the format can carry: fixed size, little endian or single byte.
+KNOWN_DTYPES = {name: np.dtype(name) for name in (
+    "<f2", "<f4", "<f8", "|i1", "<i2", "<i4", "<i8", "|u1", "<u2", "<u4", "<u8", "|b1")}
+#: Exclusive bound of one dimension: keeps ``prod(shape) * itemsize`` meaningful.
+MAX_DIM = 1 << 40
 
 
-def unpack(frames: Sequence[Any]) -> tuple[dict[str, Any], list[np.ndarray]]:
-    """Decode and validate a message from :func:`pack` (frames may be ``zmq.Frame``).
+@dataclass(frozen=True)
+class Protocol:
+    """One protocol over NOTE [wire format]: its name, version, dtypes and limits.
 
-    Returns:
-        ``(header, arrays)``; arrays are read-only views on the received buffers.
+    Args:
+        name: shown in every error, e.g. ``"ps"``.
+        version: int >= 0 written as ``v`` in every header; the receiver accepts only it.
+        dtypes: allowed numpy dtype strings, a subset of :data:`KNOWN_DTYPES`.
+        max_header_bytes: largest header frame accepted (and produced).
+        max_frames: most array frames in one message.
+        max_dims: most dimensions of one array.
+        copy_threshold_bytes: frames below this size are copied by
+            ``send_multipart(copy=False)`` on sockets passed to :meth:`configure`;
+            ``None`` leaves pyzmq's default (64 KiB).
 
     Raises:
-        ProtocolError: a malformed header, a dtype outside :data:`ALLOWED_DTYPES`,
-            a bad shape, or a frame whose size does not match its header entry.
+        ConfigError: an unknown dtype or a non-positive limit.
     """
-    if not frames:
-        raise ProtocolError("empty message")
-    raw = _buffer(frames[0])
-    if len(raw) > MAX_HEADER_BYTES:
-        raise ProtocolError(f"header of {len(raw)} bytes exceeds {MAX_HEADER_BYTES}")
-    try:
-        header = msgpack.unpackb(raw, raw=False, strict_map_key=True, max_bin_len=0, max_ext_len=0)
-    except Exception as exc:  # msgpack raises several unrelated types
-        raise ProtocolError(f"header is not valid msgpack: {type(exc).__name__}") from None
-    if not isinstance(header, dict) or not isinstance(header.get("op"), str):
-        raise ProtocolError("header must be a map with a string 'op'")
-    specs = header.get("arrays", [])
-    if not isinstance(specs, list) or len(specs) != len(frames) - 1:
-        raise ProtocolError(f"header describes {len(specs) if isinstance(specs, list) else '?'} arrays "
-                            f"but {len(frames) - 1} array frames arrived")
-    arrays = []
-    for i, (spec, frame) in enumerate(zip(specs, frames[1:])):
-        arrays.append(_array(i, spec, _buffer(frame)))
-    return header, arrays
+
+    name: str
+    version: int
+    dtypes: frozenset
+    max_header_bytes: int = 1 << 20
+    max_frames: int = 4096
+    max_dims: int = 4
+    copy_threshold_bytes: int | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "dtypes", frozenset(self.dtypes))
+        unknown = sorted(self.dtypes.difference(KNOWN_DTYPES))
+        if unknown or not self.dtypes:
+            raise ConfigError(f"protocol {self.name!r}: dtypes {unknown or '(none)'} cannot go on the wire; "
+                              f"pick from {sorted(KNOWN_DTYPES)}")
+        positive = (self.max_header_bytes, self.max_frames, self.max_dims)
+        threshold = 0 if self.copy_threshold_bytes is None else self.copy_threshold_bytes
+        if (any(type(x) is not int or x <= 0 for x in positive)
+                or any(type(x) is not int or x < 0 for x in (self.version, threshold))):
+            raise ConfigError(f"protocol {self.name!r}: max_header_bytes, max_frames and max_dims must be "
+                              f"ints > 0, version and copy_threshold_bytes ints >= 0; got {self}")
+
+    # ------------------------------------------------------------------ send
+    def pack(self, header: dict[str, Any], arrays: Iterable[np.ndarray] = ()) -> list:
+        """Frames of one message: ``header`` plus ``v`` and ``arrays``, then the arrays.
+
+        Args:
+            header: msgpack-able map with a str ``op`` (not modified).
+            arrays: each of an allowed dtype and at most ``max_dims`` dims; copied
+                only if not C-contiguous.
+
+        Returns:
+            ``[bytes, ndarray, ...]`` for ``socket.send_multipart(frames, copy=False)``;
+            do not modify the arrays until sent.
+
+        Raises:
+            ProtocolError: a dtype not allowed, too many dims or arrays, an oversized header.
+        """
+        descs, frames = [], [b""]
+        dtypes, max_dims = self.dtypes, self.max_dims
+        for a in arrays:
+            a = np.ascontiguousarray(a)
+            dt = a.dtype.str
+            if dt not in dtypes or a.ndim > max_dims:
+                raise ProtocolError(f"{self.name}: cannot send a {dt} array of shape {a.shape}; allowed dtypes "
+                                    f"{sorted(self.dtypes)}, at most {self.max_dims} dims (convert it first)")
+            descs.append([dt, list(a.shape)])
+            frames.append(a)
+        if len(descs) > self.max_frames:
+            raise ProtocolError(f"{self.name}: {len(descs)} arrays exceed {self.max_frames} per message; "
+                                "split the message")
+        head = dict(header)
+        head["v"] = self.version
+        head["arrays"] = descs
+        frames[0] = msgpack.packb(head, use_bin_type=True)
+        if len(frames[0]) > self.max_header_bytes:
+            raise ProtocolError(f"{self.name}: header of {len(frames[0])} bytes exceeds {self.max_header_bytes}; "
+                                "move bulk data into arrays")
+        return frames
+
+    def configure(self, sock) -> None:
+        """Apply the protocol's socket settings (``copy_threshold_bytes``) to a zmq socket."""
+        if self.copy_threshold_bytes is not None:
+            sock.copy_threshold = self.copy_threshold_bytes
+
+    # ------------------------------------------------------------------ receive
+    def unpack(self, frames: Sequence[Any]) -> tuple[dict[str, Any], list[np.ndarray]]:
+        """Decode and validate one message (frames: ``zmq.Frame``, bytes or buffers).
+
+        Returns:
+            ``(header, arrays)``; arrays are views on the received buffers.
+
+        Raises:
+            ProtocolError: see :meth:`unpack_header` and :meth:`unpack_arrays`.
+        """
+        if not frames:
+            raise ProtocolError(f"{self.name}: empty message (no header frame)")
+        header = self.unpack_header(frames[0])
+        return header, self.unpack_arrays(header, frames[1:])
+
+    def unpack_header(self, frame: Any) -> dict[str, Any]:
+        """Parse and check a header frame, its array descriptors included.
+
+        Raises:
+            ProtocolError: too large, not msgpack, not a map, another version, no str
+                ``op``, or a bad ``arrays`` list (count, dtype, dims).
+        """
+        raw = memoryview(getattr(frame, "buffer", frame))
+        if raw.nbytes > self.max_header_bytes:
+            raise ProtocolError(f"{self.name}: header of {raw.nbytes} bytes exceeds {self.max_header_bytes}")
+        try:
+            header = msgpack.unpackb(raw, raw=False, strict_map_key=True, max_bin_len=0, max_ext_len=0)
+        except Exception as exc:  # msgpack raises several unrelated types on garbage
+            raise ProtocolError(f"{self.name}: header is not valid msgpack ({type(exc).__name__})") from None
+        if type(header) is not dict:
+            raise ProtocolError(f"{self.name}: header must be a msgpack map, got {type(header).__name__}")
+        v = header.get("v")
+        if type(v) is not int or v != self.version:
+            raise ProtocolError(f"{self.name}: message of protocol version {v!r:.20}, expected version "
+                                f"{self.version}; run the same herald release on both ends")
+        if type(header.get("op")) is not str:
+            raise ProtocolError(f"{self.name}: header must carry a str 'op'")
+        descs = header.get("arrays")
+        if type(descs) is not list or len(descs) > self.max_frames:
+            raise ProtocolError(f"{self.name}: header 'arrays' must be a list of at most {self.max_frames} "
+                                f"[dtype, shape] pairs, got {type(descs).__name__}")
+        dtypes, max_dims = self.dtypes, self.max_dims
+        for i, d in enumerate(descs):
+            if not (type(d) is list and len(d) == 2 and type(d[0]) is str and type(d[1]) is list
+                    and len(d[1]) <= max_dims and all(type(n) is int and 0 <= n < MAX_DIM for n in d[1])):
+                raise ProtocolError(f"{self.name}: array {i}: descriptor must be [dtype, [dims...]] with at most "
+                                    f"{max_dims} dims, each in [0, 2**40); got {d!r:.80}")
+            if d[0] not in dtypes:
+                raise ProtocolError(f"{self.name}: array {i}: dtype {d[0]!r:.20} not allowed; "
+                                    f"allowed: {sorted(dtypes)}")
+        return header
+
+    def unpack_arrays(self, header: dict[str, Any], frames: Sequence[Any]) -> list[np.ndarray]:
+        """Zero-copy arrays of the array frames, checked against ``header["arrays"]``.
+
+        Args:
+            header: from :meth:`unpack_header` (its descriptors are trusted here).
+            frames: the frames after the header.
+
+        Raises:
+            ProtocolError: frame count or a frame's byte size disagrees with the header.
+        """
+        descs = header["arrays"]
+        if len(descs) != len(frames):
+            raise ProtocolError(f"{self.name}: header describes {len(descs)} arrays "
+                                f"but {len(frames)} array frames arrived")
+        out = []
+        for i, ((dt, shape), frame) in enumerate(zip(descs, frames)):
+            buf = memoryview(getattr(frame, "buffer", frame))
+            dtype = KNOWN_DTYPES[dt]
+            expected = math.prod(shape) * dtype.itemsize  # exact: Python ints
+            if buf.nbytes != expected:
+                raise ProtocolError(f"{self.name}: array {i}: header says {expected} bytes ({dt} {shape}) "
+                                    f"but the frame has {buf.nbytes}")
+            out.append(np.frombuffer(buf, dtype=dtype).reshape(shape))
+        return out
 
 
-def _buffer(frame: Any) -> memoryview:
-    buf = getattr(frame, "buffer", frame)
-    return memoryview(buf).cast("B") if not isinstance(buf, (bytes, bytearray)) else memoryview(buf)
-
-
-def _array(i: int, spec: Any, buf: memoryview) -> np.ndarray:
-    if (not isinstance(spec, list) or len(spec) != 2 or not isinstance(spec[0], str)
-            or not isinstance(spec[1], list) or len(spec[1]) > MAX_DIMS
-            or not all(isinstance(d, int) and 0 <= d < 2**40 for d in spec[1])):
-        raise ProtocolError(f"array {i}: spec must be [dtype, [dims...]] with at most {MAX_DIMS} dims, got {spec!r:.80}")
-    dtype, shape = spec
-    dt = _DTYPES.get(dtype)
-    if dt is None:
-        raise ProtocolError(f"array {i}: dtype {dtype!r} not allowed; allowed: {sorted(ALLOWED_DTYPES)}")
-    expected = math.prod(shape) * dt.itemsize  # exact: Python ints, dims < 2**40 checked above
-    if expected != len(buf):
-        raise ProtocolError(f"array {i}: header says {expected} bytes ({dtype} {shape}) but the frame has {len(buf)}")
-    return np.frombuffer(buf, dtype=dt).reshape(shape)
+DISPATCH = Protocol("dispatch", 1, KNOWN_DTYPES.keys(), max_dims=4)
+#: :meth:`Protocol.pack` / :meth:`Protocol.unpack` of :data:`DISPATCH`.
+pack = DISPATCH.pack
+unpack = DISPATCH.unpack

@@ -29,14 +29,35 @@ waits for every ack, has the workers write back every only-latest row and empty
 their caches, has rank 0 save the dense state, then calls ``on_checkpoint`` (which
 checkpoints the PS and commits the source position). The PS then holds the whole
 model as of that step. Training goes on with a fresh scheduler and empty caches,
-exactly as a job restarted from that checkpoint would.
+exactly as a job restarted from that checkpoint would. ``on_checkpoint`` also gets
+:meth:`Dispatcher.state_dict` (next step, next batch index, checkpoints, and the
+global-batch producer's position after the barrier's batch), the one moment that
+state is complete: a dispatcher given it by ``load_state_dict`` before ``serve``, with
+the PS rows and dense state of the same checkpoint, continues the job exactly.
+A barrier is never repeated for the same step (a periodic barrier on the last batch
+is also the final one).
 A peer that sends nothing for ``peer_timeout_ms`` while the dispatcher waits on
 it is reported by rank (:class:`~herald.errors.PeerTimeout`).
+
+NOTE [early pulls]: during step t the PS copy of a key changes only if some worker
+pushes its gradient (grad_push), plan-pushes it (plan_push) or writes it back on
+eviction at step t. Every other key's PS copy is already final for step t + 1 once
+every worker has finished step t - 1 (whose all-reduce orders every push of t - 1
+before any step-t work). So each micro-batch of step t + 1 carries ``pull_early``:
+True for the pulls whose key is not touched at step t (by any worker). A worker may
+fetch those while it computes step t (it has passed step t - 1's all-reduce when it
+receives micro-batch t + 1) and the rest after step t's all-reduce, and still read
+exactly what the serial protocol reads. A key a worker writes back at step t + 1 is
+never pulled by another worker at t + 1 (that worker held the only latest copy, and
+Herald Alg. 2 would have plan-pushed it at step t), so write-backs may finish any time
+before the writer's all-reduce of step t + 1. Touched keys are compared by a 64-bit
+hash of (table, id): a collision can only mark a pull "wait", never "early".
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import threading
 import time
 from typing import Any, BinaryIO, Callable, Iterable, Iterator
@@ -46,8 +67,11 @@ import zmq
 
 from herald import wire
 from herald.config import require
-from herald.errors import HeraldError, PeerTimeout, ProtocolError
+from herald.errors import ConfigError, DataError, HeraldError, PeerTimeout, ProtocolError
+from herald.job.spec import JobSpec
+from herald.phases import PhaseTimer
 from herald.loader.batch import SampleBatch
+from herald.loader.source import state_int
 from herald.scheduler.plan import KeySet
 from herald.dispatch.idbuffer import IdFeatureBuffer
 from herald.dispatch.microbatch import MicroBatch, make_sample_ids
@@ -102,6 +126,47 @@ class StepRecord:
     labels: np.ndarray
     probs: np.ndarray
     bytes_allreduced: int = 0
+    #: the workers' phases of this step (:data:`herald.phases.WORKER_PHASES`), ms, mean over workers
+    phases_ms: dict[str, float] = dataclasses.field(default_factory=dict)
+    #: ``time.perf_counter()`` when the last worker's ack arrived
+    acked_at: float = 0.0
+
+
+_KEY_MIX = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _key_hash(keys: KeySet) -> np.ndarray:
+    """uint64 [n]: ``id ^ (table * golden)``; equal keys hash equal (NOTE [early pulls])."""
+    return keys.ids ^ (keys.table.astype(np.uint64) * _KEY_MIX)
+
+
+def touched_keys(plans: list) -> np.ndarray:
+    """Sorted unique hashes of every key whose PS copy a step's plans change (grad push,
+    plan push, write-back on eviction), over all workers."""
+    parts = [_key_hash(p.grad_push) for p in plans] + [_key_hash(p.plan_push) for p in plans]
+    parts += [_key_hash(KeySet(p.evict.table[p.write_back], p.evict.ids[p.write_back])) for p in plans]
+    return np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.uint64)
+
+
+def early_pulls(pull: KeySet, touched_before: np.ndarray | None) -> np.ndarray:
+    """bool [len(pull)]: pulls whose key the previous step does not touch (all False when
+    the previous step is unknown)."""
+    if touched_before is None:
+        return np.zeros(len(pull), bool)
+    return ~np.isin(_key_hash(pull), touched_before, assume_unique=False)
+
+
+def _mean_phases(acks: list[tuple[dict[str, Any], list]]) -> dict[str, float]:
+    """The workers' ``phases_ms`` of one step, averaged over the workers (ignoring
+    malformed entries: they are measurements, not protocol)."""
+    total: dict[str, float] = {}
+    for header, _ in acks:
+        phases = header.get("phases_ms")
+        if isinstance(phases, dict):
+            for k, v in phases.items():
+                if isinstance(k, str) and isinstance(v, (int, float)):
+                    total[k] = total.get(k, 0.0) + float(v)
+    return {k: v / len(acks) for k, v in total.items()}
 
 
 class Dispatcher:
@@ -110,16 +175,19 @@ class Dispatcher:
     Args:
         config: :class:`DispatcherConfig`.
         batches: global batches of exactly ``num_workers * batch_size_per_worker``
-            samples. If it has ``sample_ids(i)`` (e.g. :class:`~herald.loader.global_batches.
-            KafkaGlobalBatches`), those are the sample ids of batch ``i``; else ids
-            are ``rank << 56 | sequence number``.
+            samples, normally a :class:`~herald.loader.global_batches.GlobalBatches`.
+            If it has ``sample_ids(i)`` returning an array (Kafka), those are the sample
+            ids of batch ``i``; else ids are ``rank << 56 | sequence number``. With
+            ``state_dict``/``load_state_dict`` its position is part of this dispatcher's.
         scheduler_factory: returns a fresh :class:`herald.scheduler.Scheduler` (called at
             the start and after every checkpoint barrier).
-        job: JSON-serialisable settings sent to every worker in ``config``.
+        job: the :class:`~herald.job.spec.JobSpec` sent to every worker in ``config``
+            (with the scheduler's ``capacity_rows`` and ``num_workers`` filled in).
         on_step: called with each :class:`StepRecord` once every worker acked it.
-        on_checkpoint: ``on_checkpoint(step, batch_index, save_path)`` at each barrier,
-            after the workers flushed and saved (NOTE [checkpoint barrier]);
-            ``save_path`` is where rank 0 wrote the dense state.
+        on_checkpoint: ``on_checkpoint(step, batch_index, save_path, state)`` at each
+            barrier, after the workers flushed and saved (NOTE [checkpoint barrier]);
+            ``save_path`` is where rank 0 wrote the dense state, ``state`` is
+            :meth:`state_dict` (JSON-able).
         checkpoint_path: ``checkpoint_path(step) -> str``, the folder the workers save to.
         liveness: called about every 0.5 s while waiting on workers; raise from it to abort.
         sample_id_log: a binary file; the uint64 ids of every fully acked step are appended.
@@ -129,8 +197,8 @@ class Dispatcher:
     """
 
     def __init__(self, config: DispatcherConfig, batches: Iterable[SampleBatch], scheduler_factory: Callable[[], Any],
-                 job: dict[str, Any], *, on_step: Callable[[StepRecord], None] | None = None,
-                 on_checkpoint: Callable[[int, int, str], None] | None = None,
+                 job: JobSpec, *, on_step: Callable[[StepRecord], None] | None = None,
+                 on_checkpoint: Callable[[int, int, str, dict], None] | None = None,
                  checkpoint_path: Callable[[int], str] | None = None,
                  liveness: Callable[[], None] | None = None, sample_id_log: BinaryIO | None = None):
         self.config = config
@@ -138,7 +206,7 @@ class Dispatcher:
         self._factory = scheduler_factory
         self.scheduler = scheduler_factory()
         self._job = job
-        self._replicated = tuple(int(t) for t in job.get("replicated_tables", ()))
+        self._replicated = job.replicated_tables
         self._on_step, self._on_checkpoint, self._checkpoint_path = on_step, on_checkpoint, checkpoint_path
         self._liveness, self._id_log = liveness, sample_id_log
         self._ctx = zmq.Context.instance()
@@ -154,7 +222,14 @@ class Dispatcher:
         self._stop = threading.Event()
         self.records: list[StepRecord] = []
         self.next_step = config.first_step
+        self._first_step = config.first_step    # first step of this process (resumed: the state's)
+        self._next_batch = 0                    # index of the next global batch to read
+        self._at_barrier = True                 # nothing held or in flight (state_dict is valid)
+        self._serving = False
         self.checkpoints: list[int] = []
+        #: seconds per stage (:data:`herald.phases.DISPATCHER_PHASES`) over the whole job
+        self.timer = PhaseTimer()
+        self._touched: np.ndarray | None = None   # NOTE [early pulls]: keys the last step sent changes
         self._closed = False
 
     # ------------------------------------------------------------ lifecycle
@@ -182,6 +257,7 @@ class Dispatcher:
             PeerTimeout: a worker sent nothing for ``peer_timeout_ms`` while awaited.
             HeraldError: a worker reported an error (the message names its rank).
         """
+        self._serving = True
         self._handshake()
         try:
             return self._serve_steps()
@@ -215,24 +291,33 @@ class Dispatcher:
         and ("barrier", last step, its batch index, final) items."""
         held: list[tuple[SampleBatch, int]] = []
         every = self.config.checkpoint_every_steps
-        index = -1
-        for index, batch in enumerate(self._batches):
+        index = barrier_at = self._next_batch - 1
+        batches = iter(self._batches)
+        for index in itertools.count(self._next_batch):
+            with self.timer("read"):
+                batch = next(batches, None)
+            if batch is None:
+                break
+            self._next_batch, self._at_barrier = index + 1, False
             held.append((batch, index))
             t0 = time.perf_counter()
             plan = self.scheduler.submit(self._scheduled_view(batch))
             self._schedule_ms = (time.perf_counter() - t0) * 1e3
+            self.timer.add("schedule", self._schedule_ms / 1e3)
             if plan is not None:
                 yield ("step", plan, *held.pop(0))
             due = every and (index + 1) % every == 0
             if due or self._stop.is_set():
                 yield from self._finish_scheduler(held)
                 yield ("barrier", self.next_step - 1, index, self._stop.is_set())
+                barrier_at = index
                 if self._stop.is_set():
                     return
                 self.scheduler = self._factory()
+        index = self._next_batch - 1
         if held:
             yield from self._finish_scheduler(held)
-        if index >= 0:
+        if index > barrier_at:   # batches since the last barrier (else that barrier was the final one)
             yield ("barrier", self.next_step - 1, index, True)
 
     def _scheduled_view(self, batch: SampleBatch) -> SampleBatch:
@@ -275,44 +360,56 @@ class Dispatcher:
                 raise ProtocolError(f"worker {rank} expects world size {header.get('world_size')}, "
                                     f"dispatcher serves {self.config.num_workers}")
             self._identities[rank] = ident
-        job = dict(self._job, capacity_rows=int(self.scheduler.capacity_rows), num_workers=self.config.num_workers)
+        job = self._job.replace(capacity_rows=int(self.scheduler.capacity_rows), num_workers=self.config.num_workers)
         for rank in range(self.config.num_workers):
-            self._send(rank, {"op": "config", "job": job})
+            self._send(rank, {"op": "config", "job": job.to_dict()})
 
     def _send_step(self, step_plan: Any, batch: SampleBatch, index: int) -> None:
         step, gb = self.next_step, len(batch)
-        if hasattr(self._batches, "sample_ids"):
-            ids = self._batches.sample_ids(index)
-        else:
+        ids = self._batches.sample_ids(index) if hasattr(self._batches, "sample_ids") else None
+        if ids is None:
             ids = make_sample_ids(self.config.dispatcher_rank, index * gb, gb)
         union = self._replicated_union(batch)
-        mbs = [MicroBatch.build(step, rank, batch.take(step_plan.assignment[rank]), ids[step_plan.assignment[rank]],
-                                step_plan.plans[rank], union) for rank in range(self.config.num_workers)]
+        with self.timer("build"):
+            plans = step_plan.plans
+            mbs = [MicroBatch.build(step, rank, batch.take(step_plan.assignment[rank]),
+                                    ids[step_plan.assignment[rank]], plans[rank], union,
+                                    early_pulls(plans[rank].pull, self._touched))
+                   for rank in range(self.config.num_workers)]
+            self._touched = touched_keys(plans)
         if self._buffer is None:
             self._buffer = IdFeatureBuffer((self.config.max_inflight_steps + 1) * gb)
         self._buffer.put(step, mbs)
         self._pending[step] = (np.asarray(step_plan.counts), self._schedule_ms, ids)
         self._acks[step] = {}
-        for mb in mbs:
-            self._send(mb.rank, *mb.to_frames())
+        with self.timer("send"):
+            for mb in mbs:
+                self._send(mb.rank, *mb.to_frames())
         self.next_step = step + 1
 
     def _wait_for_credit(self, drain: bool) -> None:
         """Block until at most ``max_inflight_steps - 1`` steps are unacked (none if ``drain``)."""
         limit = 0 if drain else self.config.max_inflight_steps - 1
-        while len(self._pending) > limit:
-            oldest = min(self._pending)
-            missing = sorted(set(range(self.config.num_workers)) - set(self._acks[oldest]))
-            deadline = time.monotonic() + self.config.peer_timeout_ms / 1e3
-            _, header, arrays = self._recv(deadline, waiting_for=f"ack of step {oldest} from workers {missing}")
-            if header["op"] != "ack":
-                raise ProtocolError(f"expected ack, got {header['op']!r}")
-            self._record_ack(header, arrays)
+        with self.timer("wait_credit"):
+            while len(self._pending) > limit:
+                self._await_ack()
+
+    def _await_ack(self) -> None:
+        """Receive one ack (PeerTimeout naming the ranks the oldest step still waits for)."""
+        oldest = min(self._pending)
+        missing = sorted(set(range(self.config.num_workers)) - set(self._acks[oldest]))
+        deadline = time.monotonic() + self.config.peer_timeout_ms / 1e3
+        _, header, arrays = self._recv(deadline, waiting_for=f"ack of step {oldest} from workers {missing}")
+        if header["op"] != "ack":
+            raise ProtocolError(f"expected ack, got {header['op']!r}")
+        self._record_ack(header, arrays)
 
     def _record_ack(self, header: dict[str, Any], arrays: list[np.ndarray]) -> None:
         step, rank = header.get("step"), header.get("rank")
-        if step not in self._pending or not isinstance(rank, int) or rank in self._acks[step]:
-            raise ProtocolError(f"unexpected ack of step {step!r} from rank {rank!r}")
+        if (not isinstance(step, int) or step not in self._pending or not isinstance(rank, int)
+                or not 0 <= rank < self.config.num_workers or rank in self._acks[step]):
+            raise ProtocolError(f"unexpected ack of step {step!r} from rank {rank!r} (steps in flight: "
+                                f"{sorted(self._pending)}, ranks 0-{self.config.num_workers - 1}, one ack each)")
         self._acks[step][rank] = (header, arrays)
         if len(self._acks[step]) < self.config.num_workers:
             return
@@ -326,7 +423,8 @@ class Dispatcher:
                          sum(int(h.get("bytes_pushed", 0)) for h, _ in acks), sched_ms,
                          np.concatenate([a[0] for a in preds]) if preds else np.zeros(0, np.float32),
                          np.concatenate([a[1] for a in preds]) if preds else np.zeros(0, np.float32),
-                         sum(int(h.get("bytes_allreduced", 0)) for h, _ in acks))
+                         sum(int(h.get("bytes_allreduced", 0)) for h, _ in acks), _mean_phases(acks),
+                         time.perf_counter())
         self.records.append(rec)
         if self._id_log is not None:
             self._id_log.write(np.ascontiguousarray(ids, np.uint64).tobytes())
@@ -338,14 +436,67 @@ class Dispatcher:
         """NOTE [checkpoint barrier]."""
         self._wait_for_credit(drain=True)
         self._flush(reset=not final)
-        if self._on_checkpoint is None or step < self.config.first_step:
+        self._at_barrier = True
+        if self._on_checkpoint is None or step < self._first_step:
             return
         path = self._checkpoint_path(step) if self._checkpoint_path else ""
         if path:
             self._send(0, {"op": "save", "path": path})
             self._expect({0}, "saved")
-        self._on_checkpoint(step, batch_index, path)
         self.checkpoints.append(step)
+        self._on_checkpoint(step, batch_index, path, self.state_dict())
+
+    # ---------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        """The job's position at a checkpoint barrier (or before :meth:`serve`, or after it).
+
+        ``{"format": "dispatcher", "num_workers", "next_step", "next_batch" (index of
+        the next global batch), "checkpoints" (steps checkpointed), "batches" (the
+        producer's ``state_dict()``, or None when it has none)}``; JSON-able.
+
+        Raises:
+            HeraldError: called between barriers, where batches sit in the scheduler and
+                steps are in flight (NOTE [checkpoint barrier]: take it in ``on_checkpoint``).
+        """
+        if not self._at_barrier or self._pending:
+            raise HeraldError("Dispatcher.state_dict() is complete only at a checkpoint barrier (NOTE [checkpoint "
+                              "barrier]): between barriers the scheduler holds batches and steps are in flight; "
+                              "take the state given to on_checkpoint")
+        get = getattr(self._batches, "state_dict", None)
+        return {"format": "dispatcher", "num_workers": self.config.num_workers, "next_step": self.next_step,
+                "next_batch": self._next_batch, "checkpoints": list(self.checkpoints),
+                "batches": get() if get is not None else None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` (a :meth:`state_dict` taken at a barrier); call before
+        :meth:`serve`, with the PS rows and dense state of the same checkpoint restored.
+
+        Raises:
+            DataError: malformed state. ConfigError: saved with another number of workers,
+                or it holds a producer position and ``batches`` cannot load one.
+            HeraldError: called after :meth:`serve` started.
+        """
+        if self._serving:
+            raise HeraldError("Dispatcher.load_state_dict() must come before serve(); make a new Dispatcher")
+        if not isinstance(state, dict) or state.get("format") != "dispatcher":
+            raise DataError("not a Dispatcher state; pass Dispatcher.state_dict() (a checkpoint's meta.json "
+                            "'dispatcher')")
+        if state.get("num_workers") != self.config.num_workers:
+            raise ConfigError(f"state saved by a dispatcher of {state.get('num_workers')!r} workers, this one serves "
+                              f"{self.config.num_workers}; resume with the same number of workers")
+        next_step, next_batch = state_int(state, "next_step"), state_int(state, "next_batch")
+        done = state.get("checkpoints")
+        if not isinstance(done, list) or not all(isinstance(s, int) and 0 <= s < next_step for s in done):
+            raise DataError(f"malformed dispatcher state: 'checkpoints' must list steps < next_step, got {done!r}")
+        if state.get("batches") is not None:
+            load = getattr(self._batches, "load_state_dict", None)
+            if load is None:
+                raise ConfigError("the state holds a global-batch position but these batches cannot load one; "
+                                  "pass a herald.loader.global_batches.GlobalBatches")
+            load(state["batches"])
+        self.next_step = self._first_step = next_step
+        self._next_batch = next_batch
+        self.checkpoints = list(done)
 
     def _flush(self, reset: bool) -> None:
         for rank, ks in enumerate(self.scheduler.flush()):
@@ -359,7 +510,10 @@ class Dispatcher:
             _, header, _ = self._recv(deadline, waiting_for=f"{op} from workers {sorted(ranks - done)}")
             if header["op"] != op:
                 raise ProtocolError(f"expected {op}, got {header['op']!r}")
-            done.add(int(header["rank"]))
+            rank = header.get("rank")
+            if not isinstance(rank, int) or rank not in ranks - done:
+                raise ProtocolError(f"unexpected {op} from rank {rank!r}; waiting for workers {sorted(ranks - done)}")
+            done.add(rank)
 
     # --------------------------------------------------------------- socket
     def _send(self, rank: int, header: dict[str, Any], arrays: list[np.ndarray] = ()) -> None:

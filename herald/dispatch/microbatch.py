@@ -67,6 +67,13 @@ class MicroBatch:
     offsets: list[np.ndarray]
     plan: CachePlan
     replicated: KeySet = dataclasses.field(default_factory=KeySet.empty)
+    #: bool [len(plan.pull)]: the PS copy of this key is final before the previous step's
+    #: pushes (NOTE [early pulls] in herald/dispatch/dispatcher.py); all False (wait) by default
+    pull_early: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.pull_early is None:
+            self.pull_early = np.zeros(len(self.plan.pull), bool)
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
@@ -77,7 +84,7 @@ class MicroBatch:
 
     @classmethod
     def build(cls, step: int, rank: int, batch: SampleBatch, sample_ids: np.ndarray, plan: CachePlan,
-              replicated: KeySet | None = None) -> "MicroBatch":
+              replicated: KeySet | None = None, pull_early: np.ndarray | None = None) -> "MicroBatch":
         """Compress ``batch`` (this worker's samples) into unique ids + inverse index."""
         # one kernel call for all tables (np.unique per table costs ~12 us of Python each)
         lengths = [v.shape[0] for v in batch.values]
@@ -93,7 +100,7 @@ class MicroBatch:
             uniq.append(flat_u[u_bounds[t]: u_bounds[t + 1]].copy())
             inv.append(flat_i[bounds[t]: bounds[t + 1]].astype(np.uint16 if n < 65536 else np.int32))
         return cls(step, rank, sample_ids, batch.labels, batch.dense, uniq, inv, list(batch.offsets), plan,
-                   replicated if replicated is not None else KeySet.empty())
+                   replicated if replicated is not None else KeySet.empty(), pull_early)
 
     def values(self, table: int) -> np.ndarray:
         """uint64 [nnz_t]: the table's ids per sample, decompressed."""
@@ -109,7 +116,7 @@ class MicroBatch:
         arrays += [p.evict.table, p.evict.ids, p.write_back.astype(np.bool_), p.pull.table, p.pull.ids,
                    p.grad_push.table, p.grad_push.ids, p.contributors.astype(np.uint16),
                    p.update_local.table, p.update_local.ids, p.plan_push.table, p.plan_push.ids,
-                   self.replicated.table, self.replicated.ids]
+                   self.replicated.table, self.replicated.ids, self.pull_early.astype(np.bool_)]
         header = {"op": "microbatch", "step": self.step, "rank": self.rank, "tables": self.num_tables}
         return header, arrays
 
@@ -121,8 +128,8 @@ class MicroBatch:
             ProtocolError: the arrays do not form a micro-batch (count, dtype or length).
         """
         t = header.get("tables")
-        if not isinstance(t, int) or t < 0 or len(arrays) != 3 + 3 * t + 14:
-            raise ProtocolError(f"microbatch: expected {3 + 3 * (t or 0) + 14} arrays for {t} tables, got {len(arrays)}")
+        if not isinstance(t, int) or t < 0 or len(arrays) != 3 + 3 * t + 15:
+            raise ProtocolError(f"microbatch: expected {3 + 3 * (t or 0) + 15} arrays for {t} tables, got {len(arrays)}")
         sample_ids, labels, dense = arrays[:3]
         b = labels.shape[0]
         _check(sample_ids.dtype == np.uint64 and sample_ids.shape == (b,), "sample_ids must be uint64 [b]")
@@ -141,12 +148,14 @@ class MicroBatch:
             plan = CachePlan(KeySet(q[0], q[1]), q[2].astype(bool), KeySet(q[3], q[4]), KeySet(q[5], q[6]),
                              q[7], KeySet(q[8], q[9]), KeySet(q[10], q[11]))
             replicated = KeySet(q[12], q[13])
+            pull_early = q[14].astype(bool)
         except (TypeError, ValueError) as exc:
             raise ProtocolError(f"microbatch plan: {exc}") from None
         _check(plan.write_back.shape == plan.evict.ids.shape and plan.contributors.shape == plan.grad_push.ids.shape,
                "plan: write_back/contributors lengths must match evict/grad_push")
+        _check(pull_early.shape == plan.pull.ids.shape, "plan: pull_early length must match pull")
         return cls(int(header.get("step", -1)), int(header.get("rank", -1)), sample_ids, labels, dense,
-                   uniq, inv, offs, plan, replicated)
+                   uniq, inv, offs, plan, replicated, pull_early)
 
 
 def _check(ok: bool, message: str) -> None:

@@ -1,11 +1,18 @@
-"""Training checkpoints: PS rows + dense state + source position, one folder per step.
+"""Training checkpoints: PS rows + dense state + dispatcher state, one folder per step.
 
 Layout under ``<run_dir>/checkpoints``::
 
     step-00000123/ps/...        the PS shards' checkpoint (herald.ps, with its manifest)
     step-00000123/dense.pt      rank 0's dense model + optimizer state
-    step-00000123/meta.json     {"step", "batch_index", "source_position", "samples"}
+    step-00000123/meta.json     {"step", "batch_index", "source_position", "dispatcher"}
     latest                      the name of the newest complete checkpoint
+
+``dispatcher`` is :meth:`herald.dispatch.dispatcher.Dispatcher.state_dict` at the
+barrier (next step, next batch, the global-batch producer's position: for a file, the
+source state after the batch; for Kafka, the topic position, also in
+``source_position``). ``herald train --resume`` restores all three parts, and since a
+barrier leaves empty caches and a fresh scheduler (NOTE [checkpoint barrier]) the
+resumed job trains exactly what the uninterrupted one would.
 
 A checkpoint is assembled in ``.tmp-step-...``, renamed into place when complete, and
 only then named in ``latest`` (written to a temporary file and renamed): a crash at
@@ -35,6 +42,19 @@ class Checkpoint:
     step: int
     meta: dict[str, Any]
 
+    @property
+    def dispatcher_state(self) -> dict[str, Any]:
+        """The dispatcher's state at the barrier (``Dispatcher.load_state_dict``).
+
+        Raises:
+            DataError: the checkpoint has none (written by an older herald).
+        """
+        state = self.meta.get("dispatcher")
+        if not isinstance(state, dict):
+            raise DataError(f"checkpoint {self.path} has no dispatcher state (written by an older herald); "
+                            f"delete {self.path.parent} to start afresh")
+        return state
+
 
 def latest(root: str | os.PathLike) -> Checkpoint | None:
     """The newest complete checkpoint under ``root`` (``<run_dir>/checkpoints``), or None.
@@ -52,7 +72,10 @@ def latest(root: str | os.PathLike) -> Checkpoint | None:
     except (OSError, ValueError) as exc:
         raise DataError(f"checkpoint {path} named by {pointer} is unreadable ({exc}); "
                         "delete the run folder's checkpoints to start afresh") from None
-    return Checkpoint(path, int(meta["step"]), meta)
+    if not isinstance(meta, dict) or not isinstance(meta.get("step"), int):
+        raise DataError(f"checkpoint {path} has a malformed meta.json (no integer 'step'); "
+                        "delete the run folder's checkpoints to start afresh")
+    return Checkpoint(path, meta["step"], meta)
 
 
 class Checkpointer:
@@ -81,12 +104,13 @@ class Checkpointer:
         path.mkdir(parents=True)
         return str(path)
 
-    def save(self, step: int, batch_index: int, staging: str) -> pathlib.Path:
-        """Complete the checkpoint of ``step`` (dense state already in ``staging``)."""
+    def save(self, step: int, batch_index: int, staging: str, state: dict | None = None) -> pathlib.Path:
+        """Complete the checkpoint of ``step`` (dense state already in ``staging``);
+        ``state``: the dispatcher's state at this barrier (JSON-able)."""
         staging_path = pathlib.Path(staging)
         self._ps(str(staging_path / "ps"))
         meta = {"step": step, "batch_index": batch_index,
-                "source_position": self._position(batch_index) if self._position else None}
+                "source_position": self._position(batch_index) if self._position else None, "dispatcher": state}
         (staging_path / "meta.json").write_text(json.dumps(meta, indent=2))
         fsync_dir(staging_path)
         final = self.root / f"step-{step:08d}"

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 from herald.job.spec import STREAM_CACHE_ROWS, TrainConfig
 from herald.loader import splits
-from herald.loader.global_batches import KafkaGlobalBatches
+from herald.loader.global_batches import GlobalBatches, KafkaRecords
 from herald.scheduler import Scheduler, SchedulerConfig
 
 
 class JobData:
-    """What a job reads: schema, global batches, held-out split, replicated tables,
-    the cache size of its schedulers, and (Kafka) position and commit."""
+    """What a job reads: schema, global batches (one :class:`GlobalBatches` producer for
+    every source; its state is part of the dispatcher's, so checkpoints resume it),
+    held-out split, replicated tables, the cache size of its schedulers, and (Kafka)
+    position and commit."""
 
     def __init__(self, cfg: TrainConfig):
         options = dict(cfg.source_options)
@@ -21,14 +23,17 @@ class JobData:
 
             self.source = open_source(cfg.source, **options)
             self.schema = self.source.schema
-            self.batches = KafkaGlobalBatches(self.source, cfg.global_batch, cfg.steps)
+            # prefetch_batches=0: kafka-python's consumer is not thread-safe, and the
+            # checkpoint commits through it from the dispatcher's thread
+            self.batches = GlobalBatches(self.source, cfg.global_batch, max_steps=cfg.steps, tracker=KafkaRecords(),
+                                         prefetch_batches=0)
             self.eval_source, self.distinct_keys = None, None
             self.replicated, self.replica_rows = [], 0
             self.split_info = {"total_rows": None, "train_rows": None, "eval_rows": 0}
             return
         train, self.eval_source, self.split_info = splits.open_train_eval(cfg.source, cfg.eval_fraction, options)
         self.schema = train.schema
-        train.close()
+        self.batches = GlobalBatches(train, cfg.global_batch, epochs=cfg.epochs, max_steps=cfg.steps)
         self.replicated, self.replica_rows, self.distinct_keys = [], 0, None
         if cfg.cache_rows is None or cfg.replicate_below:
             per_table = splits.distinct_keys_per_table(cfg.source, options, self.split_info["train_rows"])
@@ -36,8 +41,6 @@ class JobData:
             self.replicated = [t for t, n in enumerate(per_table) if n <= cfg.replicate_below]
             self.replica_rows = sum(per_table[t] for t in self.replicated)
             self.distinct_keys = max(1, sum(n for t, n in enumerate(per_table) if t not in self.replicated))
-        self.batches = splits.global_batches(cfg.source, options, self.split_info["train_rows"], cfg.global_batch,
-                                             cfg.epochs, cfg.steps)
 
     def scheduler_factory(self, cfg: TrainConfig):
         """A callable returning a fresh :class:`Scheduler` for this job (the dispatcher
@@ -58,21 +61,21 @@ class JobData:
         return steps
 
     def position(self, batch_index: int):
-        return self.batches.position(batch_index).to_dict() if self.source is not None else None
+        """JSON-able source position after batch ``batch_index`` (Kafka), else None."""
+        position = self.batches.position(batch_index)
+        return None if position is None else position.to_dict()
 
     def commit(self, batch_index: int) -> None:
+        """Commit the position after batch ``batch_index`` (Kafka; NOTE [kafka delivery])."""
         if self.source is not None:
             self.source.commit(self.batches.position(batch_index))
-            self.batches.release(batch_index)
-
-    def seek(self, position: dict | None) -> None:
-        if self.source is not None and position is not None:
-            self.source.load_state_dict({"format": self.source.format_name, "rows": 0, **position})
+        self.batches.release(batch_index)
 
     def interrupt(self) -> None:
+        """Make a blocked Kafka read return (thread-safe; files need nothing)."""
         if self.source is not None:
             self.source.interrupt()
 
     def close(self) -> None:
-        if self.source is not None:
-            self.source.close()
+        """Close the producer and its source (the eval source is closed by the evaluation)."""
+        self.batches.close()

@@ -12,87 +12,22 @@ import os
 import pathlib
 import signal
 import socket
-import subprocess
 import sys
 import time
 from typing import Any
 
 from herald.errors import HeraldError
-from herald.procs import die_with_parent
+from herald.procs import Supervisor
 from herald.ps import LocalShards, PSClient
 from herald.dispatch.dispatcher import Dispatcher, DispatcherConfig, StepRecord
 from herald.job import checkpoints
 from herald.job.data import JobData
-from herald.job.spec import TrainConfig, build_job
+from herald.job.spec import JobSpec, TrainConfig
 
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-class _Children:
-    """Worker processes, checked for liveness while the dispatcher waits."""
-
-    def __init__(self, run_dir: pathlib.Path):
-        self.run_dir = run_dir
-        self.procs: dict[str, subprocess.Popen] = {}
-
-    def start(self, name: str, args: list[str]) -> None:
-        log = open(self.run_dir / f"{name}.log", "wb")
-        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-        self.procs[name] = subprocess.Popen([sys.executable, "-m", "herald", *args], stdout=log,
-                                            stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                            preexec_fn=die_with_parent)
-        log.close()
-
-    def check(self) -> None:
-        """Raise naming the first child that exited (with the tail of its log)."""
-        failure = self.failure()
-        if failure:
-            raise HeraldError(failure)
-
-    def failure(self, grace_s: float = 0.0) -> str | None:
-        """A message naming the first child that exited with an error, waiting up to
-        ``grace_s`` for one to exit (a worker's error is often the echo of a peer's death)."""
-        deadline = time.monotonic() + grace_s
-        while True:
-            for name, p in self.procs.items():
-                code = p.poll()
-                if code is not None and code != 0:
-                    how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-                    return f"{name} {how}; last lines of {self.run_dir / (name + '.log')}:\n{self.tail(name)}"
-            if time.monotonic() >= deadline:
-                return None
-            time.sleep(0.1)
-
-    def tail(self, name: str, lines: int = 15) -> str:
-        try:
-            return "\n".join((self.run_dir / f"{name}.log").read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
-
-    def wait(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        for name, p in self.procs.items():
-            try:
-                p.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                raise HeraldError(f"{name} did not exit within {timeout_s:.0f} s after the end of training") from None
-        self.check()
-
-    def stop(self, timeout_s: float = 5.0) -> None:
-        """Terminate every child still running (SIGTERM, then SIGKILL); bounded."""
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.terminate()
-        deadline = time.monotonic() + timeout_s
-        for p in self.procs.values():
-            try:
-                p.wait(max(0.05, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(2)
 
 
 def run_train(cfg: TrainConfig, *, progress: bool = True, on_finish=None) -> dict[str, Any]:
@@ -110,12 +45,17 @@ def run_train(cfg: TrainConfig, *, progress: bool = True, on_finish=None) -> dic
     run_dir = pathlib.Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     data = JobData(cfg)
+    # --resume: PS rows, dense state and the dispatcher's state (next step, next batch,
+    # producer position) of the latest checkpoint (herald/job/checkpoints.py)
     resume = checkpoints.latest(run_dir / "checkpoints") if cfg.resume else None
-    if resume is not None:
-        data.seek(resume.meta["source_position"])
+    resume_state = resume.dispatcher_state if resume is not None else None
+    if cfg.resume and resume is None:
+        print(f"herald train --resume: no checkpoint in {run_dir / 'checkpoints'}; starting at step 0",
+              file=sys.stderr)
     new_scheduler = data.scheduler_factory(cfg)
 
-    children = _Children(run_dir)
+    children = Supervisor(run_dir, new_session=True, env={
+        "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
     records: list[StepRecord] = []
     id_log = open(run_dir / "trained_sample_ids.u64", "ab") if cfg.log_sample_ids else None
     t_start = time.perf_counter()
@@ -126,30 +66,31 @@ def run_train(cfg: TrainConfig, *, progress: bool = True, on_finish=None) -> dic
             PSClient(list(shards.addresses), tables=cfg.tables(data.schema), timeout_ms=cfg.timeout_ms) as ps:
         if resume is not None:
             ps.restore(str(resume.path / "ps"))
-        job = build_job(cfg, data, list(shards.addresses))
-        job["dist_init"] = f"tcp://127.0.0.1:{_free_port()}"
-        if resume is not None:
-            job["resume_dense"] = str(resume.path)
+        job = JobSpec.build(cfg, data, list(shards.addresses)).replace(
+            dist_init=f"tcp://127.0.0.1:{_free_port()}", resume_dense=str(resume.path) if resume else None)
         ckpt = checkpoints.Checkpointer(run_dir / "checkpoints", lambda path: ps.checkpoint(path),
                                         position=data.position, commit=data.commit)
         use_ckpt = bool(cfg.checkpoint_every or cfg.is_stream)
         bar = report_mod.Progress(cfg, enabled=progress, total_steps=data.total_steps(cfg))
         disp_cfg = DispatcherConfig(num_workers=cfg.workers, max_inflight_steps=cfg.max_inflight_steps,
-                                    peer_timeout_ms=cfg.timeout_ms, checkpoint_every_steps=cfg.checkpoint_every,
-                                    first_step=resume.step + 1 if resume else 0)
+                                    peer_timeout_ms=cfg.timeout_ms, checkpoint_every_steps=cfg.checkpoint_every)
         try:
             with Dispatcher(disp_cfg, data.batches, new_scheduler, job, on_step=bar.update,
                             on_checkpoint=ckpt.save if use_ckpt else None,
                             checkpoint_path=ckpt.staging_path if use_ckpt else None,
                             liveness=children.check, sample_id_log=id_log) as disp, \
                     _stop_on_signals(disp, data):
+                if resume_state is not None:
+                    disp.load_state_dict(resume_state)
                 for rank in range(cfg.workers):
-                    children.start(f"worker-{rank}", ["serve", "worker", "--dispatcher", disp.address, "--rank",
-                                                      str(rank), "--world-size", str(cfg.workers),
+                    children.start(f"worker-{rank}", [sys.executable, "-m", "herald", "serve", "worker",
+                                                      "--dispatcher", disp.address, "--rank", str(rank),
+                                                      "--world-size", str(cfg.workers),
                                                       "--timeout-ms", str(cfg.timeout_ms)])
                 records = disp.serve()
                 capacity_rows = disp.scheduler.capacity_rows
-            children.wait(timeout_s=60)
+                dispatcher_s = {k: v / 1e3 for k, v in disp.timer.take().items()}
+            children.wait(timeout_s=60, context=" after the end of training")
         except HeraldError as exc:
             cause = children.failure(grace_s=2.0)
             children.stop()
@@ -164,13 +105,14 @@ def run_train(cfg: TrainConfig, *, progress: bool = True, on_finish=None) -> dic
             if id_log is not None:
                 id_log.close()
         train_s = time.perf_counter() - t_start
+        ps_stats = ps.stats()
         if on_finish is not None:
             on_finish(list(shards.addresses), job)
         metrics = (report_mod.evaluate(job, data.eval_source, run_dir, shards.addresses)
                    if data.eval_source is not None else {})
         data.close()
     rep = report_mod.build(cfg, records, train_s, metrics, batches_info=data.batches.info, split_info=data.split_info,
-                           capacity_rows=capacity_rows)
+                           capacity_rows=capacity_rows, dispatcher_s=dispatcher_s, ps_stats=ps_stats)
     rep["replicated_tables"] = [data.schema.table_names[t] for t in data.replicated]
     rep["replica_rows_per_worker"] = data.replica_rows
     report_mod.write(rep, records, run_dir)

@@ -8,32 +8,33 @@ exactness test compares herald's distributed result against this.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Iterable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from herald.loader.batch import SampleBatch
-from herald.ps import TableConfig, apply_gradients, init_rows
+from herald.job.spec import JobSpec
+from herald.ps import apply_gradients, init_rows
 from herald.worker.trainer import build_dense_optimizer, model_from_job
 
 
-def train_reference(job: dict[str, Any], batches: Iterable[SampleBatch]):
+def train_reference(job: JobSpec, batches: Iterable[SampleBatch]):
     """Train on ``batches`` (global batches) as one process.
 
     Args:
-        job: the same job dict the dispatcher sends (tables, model, seed, dense_optimizer, dense_dim).
+        job: the :class:`JobSpec` the dispatcher sends (tables, model, seed, dense optimizer, dense_dim).
         batches: global batches, in order.
 
     Returns:
         ``(model, rows)`` where ``rows[(table, id)]`` is the final float32 row
         (embedding + optimizer state) of every key touched.
     """
-    tables = [TableConfig.from_dict(t) for t in job["tables"]]
-    seed = int(job["seed"])
+    tables = list(job.tables)
+    seed = job.seed
     model = model_from_job(job)
-    opt = build_dense_optimizer(model.parameters(), job["dense_optimizer"])
+    opt = build_dense_optimizer(model.parameters(), job.dense_optimizer, job.dense_lr)
     rows: dict[tuple[int, int], np.ndarray] = {}
     dim = tables[0].dim
     for batch in batches:

@@ -12,9 +12,10 @@ import torch
 import torch.nn.functional as F
 
 from herald.errors import HeraldError
-from herald.ps import PSClient, TableConfig
+from herald.ps import PSClient
 from herald.scheduler.plan import CAUSES
 from herald.dispatch.dispatcher import StepRecord
+from herald.job.breakdown import format_breakdown, phase_breakdown, plot_breakdown
 from herald.job.metrics import log_loss, roc_auc
 from herald.worker.trainer import model_from_job
 
@@ -92,10 +93,10 @@ def evaluate(job: dict[str, Any], source, run_dir: pathlib.Path, ps_addresses, b
     model = model_from_job(job)
     model.load_state_dict(states[0])
     model.eval()
-    tables = [TableConfig.from_dict(t) for t in job["tables"]]
+    tables = list(job.tables)
     dim = tables[0].dim
     labels, probs = [], []
-    with PSClient(list(ps_addresses), tables=tables, timeout_ms=int(job.get("ps_timeout_ms", 30_000))) as client, \
+    with PSClient(list(ps_addresses), tables=tables, timeout_ms=job.ps_timeout_ms) as client, \
             torch.no_grad():
         while (batch := source.read(batch_rows)) is not None:
             uniq = [np.unique(v, return_inverse=True) for v in batch.values]
@@ -117,8 +118,16 @@ def evaluate(job: dict[str, Any], source, run_dir: pathlib.Path, ps_addresses, b
 
 
 def build(cfg: Any, records: list[StepRecord], train_s: float, metrics: dict, *, batches_info: dict,
-          split_info: dict, capacity_rows: int) -> dict[str, Any]:
-    """The report dict: throughput, metrics, transmissions by cause and in bytes."""
+          split_info: dict, capacity_rows: int, dispatcher_s: dict[str, float] | None = None,
+          ps_stats: list[dict] | None = None) -> dict[str, Any]:
+    """The report dict: throughput, metrics, transmissions by cause and in bytes, and
+    where the time went (:func:`herald.job.breakdown.phase_breakdown`).
+
+    ``samples_per_second`` is the steady training throughput: the samples of steps
+    1..n over the time from step 0's ack to step n's (start-up, the first step's
+    compilation and the evaluation are not in it); ``wall_samples_per_second`` divides
+    every sample by ``train_seconds``, start-up included.
+    """
     counts = np.sum([r.counts.sum(axis=0) for r in records], axis=0) if records else np.zeros(len(CAUSES), np.int64)
     by_cause = {c: int(v) for c, v in zip(CAUSES, counts)}
     row_bytes = cfg.embedding_dim * 4
@@ -126,6 +135,8 @@ def build(cfg: Any, records: list[StepRecord], train_s: float, metrics: dict, *,
     pushes = sum(by_cause[c] for c in _PUSHES)
     steps = len(records)
     samples = steps * cfg.global_batch
+    steady_s = records[-1].acked_at - records[0].acked_at if steps > 1 else 0.0
+    steady = (steps - 1) * cfg.global_batch / steady_s if steady_s > 0 else float("nan")
     return {
         "config": {k: v for k, v in vars(cfg).items() if k != "source_options"},
         "capacity_rows_per_worker": int(capacity_rows),
@@ -134,7 +145,9 @@ def build(cfg: Any, records: list[StepRecord], train_s: float, metrics: dict, *,
         "steps": steps,
         "samples": samples,
         "train_seconds": train_s,
-        "samples_per_second": samples / train_s if train_s > 0 else float("nan"),
+        "samples_per_second": steady,
+        "wall_samples_per_second": samples / train_s if train_s > 0 else float("nan"),
+        "startup_seconds": max(0.0, train_s - steady_s) if steps > 1 else train_s,
         "final_loss": float(np.mean([r.loss for r in records[-10:]])) if records else float("nan"),
         "metrics": metrics,
         "progressive_validation": progressive(records),
@@ -143,6 +156,7 @@ def build(cfg: Any, records: list[StepRecord], train_s: float, metrics: dict, *,
         "wire_bytes": {"pulled": int(sum(r.bytes_pulled for r in records)),
                        "pushed": int(sum(r.bytes_pushed for r in records)),
                        "allreduced": int(sum(r.bytes_allreduced for r in records))},
+        "phases": phase_breakdown(records, steady_s or train_s, dispatcher_s, ps_stats),
         "scheduling_ms": {"median": float(np.median([r.schedule_ms for r in records])) if records else 0.0,
                           "p99": float(np.percentile([r.schedule_ms for r in records], 99)) if records else 0.0},
     }
@@ -153,8 +167,9 @@ def format_text(rep: dict[str, Any]) -> str:
     lines = [
         f"schedule {rep['config']['schedule']}  workers {rep['config']['workers']}  batch {rep['config']['batch_size']}"
         f"  cache {rep['capacity_rows_per_worker']} rows/worker",
-        f"steps {rep['steps']}  samples {rep['samples']:,}  time {rep['train_seconds']:.1f} s  "
-        f"throughput {rep['samples_per_second']:,.0f} samples/s  (not trained, partial last batch: "
+        f"steps {rep['steps']}  samples {rep['samples']:,}  time {rep['train_seconds']:.1f} s "
+        f"(start-up {rep['startup_seconds']:.1f} s)  throughput {rep['samples_per_second']:,.0f} samples/s "
+        f"(wall {rep['wall_samples_per_second']:,.0f})  (not trained, partial last batch: "
         f"{rep['data']['dropped_samples']})",
         f"final train loss {rep['final_loss']:.4f}",
     ]
@@ -171,6 +186,7 @@ def format_text(rep: dict[str, Any]) -> str:
                  f"{rep['wire_bytes']['pulled'] / 2**20:.1f} MiB, pushed {rep['wire_bytes']['pushed'] / 2**20:.1f} MiB"
                  + (f"; replicated tables all-reduced {rep['wire_bytes']['allreduced'] / 2**20:.1f} MiB"
                     if rep['wire_bytes']['allreduced'] else ""))
+    lines.extend(format_breakdown(rep.get("phases", {})))
     return "\n".join(lines)
 
 
@@ -189,7 +205,7 @@ def write(rep: dict[str, Any], records: list[StepRecord], run_dir: pathlib.Path)
     import matplotlib.pyplot as plt
 
     steps = [r.step for r in records]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 4), gridspec_kw={"width_ratios": [1, 1, 0.7]})
     losses = np.array([r.loss for r in records])
     ax1.plot(steps, losses, lw=0.5, alpha=0.4, label="per step")
     window = max(1, len(losses) // 50)
@@ -203,6 +219,7 @@ def write(rep: dict[str, Any], records: list[StepRecord], run_dir: pathlib.Path)
         ax2.plot(steps, per_cause[:, CAUSES.index(c)], lw=0.8, label=c)
     ax2.set(xlabel="step", ylabel="embeddings moved", title=f"transmissions per step [{rep['config']['schedule']}]")
     ax2.legend(fontsize=8)
+    plot_breakdown(ax3, rep.get("phases", {}))
     fig.tight_layout()
     fig.savefig(run_dir / "report.png", dpi=110)
     plt.close(fig)

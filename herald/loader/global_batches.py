@@ -1,5 +1,12 @@
-"""Global batches from a Kafka topic, with the position after each batch and
-record-derived sample ids (Persia §4.1), for online training.
+"""GlobalBatches: the one producer of the exact global batches a job trains on, over
+any Source (a file's training split, synthetic data, a Kafka topic).
+
+Built on :class:`~herald.loader.batcher.GlobalBatcher` (``drop_last=False``, no
+shuffle): epochs over the first ``train_rows`` rows, ``max_steps`` counted over the
+whole job (a resumed producer goes on counting), and the final partial global batch
+of each epoch dropped and counted in :attr:`GlobalBatches.info`. What a source adds
+per batch (Kafka: the topic position after it and record-derived sample ids) comes
+from a :class:`~herald.loader.batcher.ReadTracker` strategy such as :class:`KafkaRecords`.
 
 NOTE [kafka delivery] (docs/kafka.md, "Training from Kafka"): the dispatcher
 commits the position after global batch t only when step t and every step before
@@ -21,12 +28,16 @@ sample gets the same id as its first delivery::
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
-from herald.errors import DataError
+from herald.errors import ConfigError, DataError
 from herald.loader.batch import SampleBatch
+from herald.loader.batcher import GlobalBatcher, ReadTracker
+from herald.loader.source import Source
+
+_INFO_KEYS = ("batches", "samples", "dropped_samples")
 
 
 def record_sample_ids(dispatcher_rank: int, partitions: np.ndarray, offsets: np.ndarray,
@@ -43,73 +54,161 @@ def record_sample_ids(dispatcher_rank: int, partitions: np.ndarray, offsets: np.
             | (offsets.astype(np.uint64) << np.uint64(16)) | rows.astype(np.uint64))
 
 
-class KafkaGlobalBatches:
-    """Global batches of exactly ``global_batch`` samples read from a Kafka source.
+class KafkaRecords(ReadTracker):
+    """Tracker of a :class:`~herald.loader.kafka.source.KafkaSource`: each batch carries
+    ``(sample ids uint64 [rows], KafkaPosition after it)`` (NOTE [kafka delivery]).
 
     Args:
-        source: a :class:`herald.loader.kafka.source.KafkaSource`.
-        global_batch: samples per batch (workers x batch size).
-        max_steps: stop after this many batches (None: until the source ends or is
-            interrupted).
-        dispatcher_rank: top 8 bits of the sample ids.
-
-    After batch ``i`` is yielded, :meth:`position` gives the source position right
-    after it and :meth:`sample_ids` its sample ids.
+        dispatcher_rank: top 8 bits of the sample ids, 0-255.
     """
 
-    def __init__(self, source: Any, global_batch: int, max_steps: int | None = None, dispatcher_rank: int = 0):
-        self.source, self.global_batch, self.max_steps = source, global_batch, max_steps
+    def __init__(self, dispatcher_rank: int = 0):
         self.dispatcher_rank = dispatcher_rank
-        self._positions: dict[int, Any] = {}
-        self._ids: dict[int, np.ndarray] = {}
         self._row_of: dict[tuple[int, int], int] = {}   # (partition, offset) -> rows of it seen so far
-        self.info = {"batches": 0, "samples": 0, "dropped_samples": 0}
+        self._ids: list[np.ndarray] = []
+        self._position = None
 
-    def __iter__(self) -> Iterator[SampleBatch]:
+    def reset(self, source: Source) -> None:
         # A resumed source starts ``skip`` samples into a record: number its rows from there.
-        for partition, (offset, skip) in self.source.position.offsets.items():
+        self._row_of, self._ids = {}, []
+        self._position = source.position
+        for partition, (offset, skip) in source.position.offsets.items():
             if skip:
                 self._row_of[(int(partition), int(offset))] = int(skip)
-        while self.max_steps is None or self.info["batches"] < self.max_steps:
-            parts, ids, need = [], [], self.global_batch
-            while need:
-                batch = self.source.read(need)
-                if batch is None:
-                    self.info["dropped_samples"] += sum(len(p) for p in parts)
-                    return
-                parts.append(batch)
-                ids.append(self._ids_of_read())
-                need -= len(batch)
-            i = self.info["batches"]
-            self._positions[i] = self.source.last_read_position
-            self._ids[i] = np.concatenate(ids)
-            self.info["batches"] += 1
-            self.info["samples"] += self.global_batch
-            yield SampleBatch.concat(parts)
 
-    def _ids_of_read(self) -> np.ndarray:
-        partitions, offsets = self.source.last_read_records
-        rows = np.empty(offsets.shape[0], np.int64)
+    def after_read(self, source: Source, rows: int) -> None:
+        partitions, offsets = source.last_read_records
+        row = np.empty(offsets.shape[0], np.int64)
         for j, key in enumerate(zip(partitions.tolist(), offsets.tolist())):
-            rows[j] = self._row_of.get(key, 0)
-            self._row_of[key] = rows[j] + 1
+            row[j] = self._row_of.get(key, 0)
+            self._row_of[key] = row[j] + 1
         if len(self._row_of) > 1 << 16:  # forget records long behind: keep the newest per partition
-            newest = {}
+            newest: dict[int, int] = {}
             for p, o in self._row_of:
                 newest[p] = max(o, newest.get(p, -1))
             self._row_of = {k: v for k, v in self._row_of.items() if k[1] == newest[k[0]]}
-        return record_sample_ids(self.dispatcher_rank, partitions, offsets, rows)
+        self._ids.append(record_sample_ids(self.dispatcher_rank, partitions, offsets, row))
+        self._position = source.last_read_position
 
-    def sample_ids(self, batch_index: int) -> np.ndarray:
-        """uint64 [global_batch] ids of batch ``batch_index`` (until :meth:`release`)."""
-        return self._ids[batch_index]
+    def take(self, rows: int) -> tuple[np.ndarray, Any]:
+        ids = np.concatenate(self._ids) if self._ids else np.zeros(0, np.uint64)
+        self._ids = []
+        if ids.shape[0] != rows:
+            raise DataError(f"KafkaRecords saw {ids.shape[0]} rows read for a batch of {rows}; this is a bug")
+        return ids, self._position
+
+
+class GlobalBatches:
+    """Iterator of global batches of exactly ``global_batch`` samples from ``source``.
+
+    Args:
+        source: any :class:`Source`, positioned at its start (or where a batch should
+            begin); owned (and closed) by the producer.
+        global_batch: samples per batch (workers x batch size), >= 1.
+        epochs: passes over the rows (>= 1; a stream has one).
+        train_rows: read only the first ``train_rows`` rows each epoch (None: all).
+        max_steps: stop once this many batches were produced in total, counting
+            those before a restored state (None: until the data ends).
+        tracker: a :class:`ReadTracker` giving each batch ``(sample ids, position)``,
+            e.g. :class:`KafkaRecords`; None: the source gives neither.
+        prefetch_batches: batches read ahead by a thread (0: read in the caller's thread).
+
+    :attr:`info` counts ``batches`` and ``samples`` produced and ``dropped_samples``
+    (each epoch's final partial batch: not trained, never silently). After batch ``i``
+    is returned, :meth:`sample_ids` and :meth:`position` give what the tracker recorded
+    for it, until :meth:`release`.
+
+    Raises:
+        ConfigError: fewer rows than one global batch, or invalid settings.
+    """
+
+    def __init__(self, source: Source, global_batch: int, *, epochs: int = 1, train_rows: int | None = None,
+                 max_steps: int | None = None, tracker: ReadTracker | None = None, prefetch_batches: int = 2):
+        if train_rows is not None:
+            from herald.loader.splits import RowRange
+
+            source = RowRange(source, 0, train_rows)
+        rows = source.num_rows
+        if rows is not None and rows < global_batch:
+            source.close()
+            raise ConfigError(f"{rows} training rows are fewer than one global batch "
+                              f"({global_batch} = workers x batch size); lower --batch-size or --workers")
+        if max_steps is not None and max_steps < 1:
+            raise ConfigError(f"max_steps must be >= 1 or None, got {max_steps}")
+        self.source, self.global_batch, self.max_steps, self.rows_per_epoch = source, global_batch, max_steps, rows
+        self._batcher = GlobalBatcher(source, global_batch, drop_last=False, epochs=epochs,
+                                      prefetch_batches=prefetch_batches, tracker=tracker)
+        self.info = dict.fromkeys(_INFO_KEYS, 0)
+        self._tracked: dict[int, tuple[np.ndarray | None, Any]] = {}
+
+    def __iter__(self) -> "GlobalBatches":
+        return self
+
+    def __next__(self) -> SampleBatch:
+        while self.max_steps is None or self.info["batches"] < self.max_steps:
+            batch = next(self._batcher)
+            if len(batch) < self.global_batch:
+                self.info["dropped_samples"] += len(batch)
+                continue
+            if self._batcher.last_tracked is not None:
+                self._tracked[self.info["batches"]] = self._batcher.last_tracked
+            self.info["batches"] += 1
+            self.info["samples"] += len(batch)
+            return batch
+        raise StopIteration
+
+    def sample_ids(self, batch_index: int) -> np.ndarray | None:
+        """uint64 [global_batch] ids of batch ``batch_index`` from the tracker (None without one)."""
+        tracked = self._tracked.get(batch_index)
+        return None if tracked is None else tracked[0]
 
     def position(self, batch_index: int) -> Any:
-        """The source position right after batch ``batch_index``."""
-        return self._positions[batch_index]
+        """The tracker's source position right after batch ``batch_index`` (None without one)."""
+        tracked = self._tracked.get(batch_index)
+        return None if tracked is None else tracked[1]
 
     def release(self, upto: int) -> None:
-        """Forget the bookkeeping of batches ``<= upto`` (trained and committed)."""
-        for d in (self._positions, self._ids):
-            for k in [k for k in d if k <= upto]:
-                del d[k]
+        """Forget what was tracked for batches ``<= upto`` (trained and committed)."""
+        for k in [k for k in self._tracked if k <= upto]:
+            del self._tracked[k]
+
+    def state_dict(self) -> dict:
+        """Position after the last batch returned: epoch and batches consumed (the
+        batcher's state, holding the source's) and the :attr:`info` counts."""
+        return {"format": "global_batches", "global_batch": self.global_batch, "rows_per_epoch": self.rows_per_epoch,
+                "info": dict(self.info), "batcher": self._batcher.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue after the batch ``state`` was saved at: the source is moved by its own
+        (exact) state; ``info`` and the ``max_steps`` count go on from the saved counts.
+
+        Raises:
+            DataError: malformed state; ConfigError: saved with another global batch or
+            training split (resume with the same --workers, --batch-size, --eval-fraction).
+        """
+        if not isinstance(state, dict) or state.get("format") != "global_batches":
+            raise DataError("not a GlobalBatches state; pass GlobalBatches.state_dict()")
+        for key in ("global_batch", "rows_per_epoch"):
+            if state.get(key) != getattr(self, key):
+                raise ConfigError(f"state saved with {key}={state.get(key)!r}, this producer has "
+                                  f"{getattr(self, key)!r}; resume with the same source, --workers, "
+                                  "--batch-size and --eval-fraction")
+        info = state.get("info")
+        if (not isinstance(info, dict) or set(info) != set(_INFO_KEYS)
+                or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in info.values())):
+            raise DataError(f"malformed GlobalBatches state: 'info' must map {list(_INFO_KEYS)} to ints >= 0, "
+                            f"got {info!r}")
+        self._batcher.load_state_dict(state.get("batcher"))
+        self.info = dict(info)
+        self._tracked.clear()
+
+    def close(self) -> None:
+        """Stop the prefetch thread (bounded) and close the source; idempotent."""
+        self._batcher.close()
+        self.source.close()
+
+    def __enter__(self) -> "GlobalBatches":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -59,7 +59,8 @@ def hash_fields_jit(buf, starts, ends, seed, bucket_count, out):
     return out
 
 
-def _splitmix64_py(x: int) -> int:
+def splitmix64(x: int) -> int:
+    """splitmix64 of a Python int in ``[0, 2**64)`` (the reference of :func:`splitmix64_jit`)."""
     x = (x + 0x9E3779B97F4A7C15) & _MASK
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
@@ -68,7 +69,7 @@ def _splitmix64_py(x: int) -> int:
 
 def table_seed(table_salt: int) -> np.uint64:
     """The FNV starting state for table ``table_salt`` (see NOTE [id hash])."""
-    return np.uint64(int(FNV_OFFSET) ^ _splitmix64_py(int(table_salt) & _MASK))
+    return np.uint64(int(FNV_OFFSET) ^ splitmix64(int(table_salt) & _MASK))
 
 
 def hash_value(value: str | bytes, table_salt: int = 0, bucket_count: int = 0) -> int:
@@ -91,7 +92,7 @@ def hash_value(value: str | bytes, table_salt: int = 0, bucket_count: int = 0) -
     h = int(table_seed(table_salt))
     for byte in data:
         h = ((h ^ byte) * 0x100000001B3) & _MASK
-    h = _splitmix64_py(h)
+    h = splitmix64(h)
     return h % bucket_count if bucket_count > 0 else h
 
 

@@ -1,5 +1,5 @@
-"""Train / evaluation splits and the global-batch stream that ``herald train`` feeds
-to the dispatcher.
+"""Train / evaluation splits of a file source (the global batches of the training split
+come from :class:`herald.loader.global_batches.GlobalBatches`).
 
 The held-out split is the *last* ``eval_fraction`` of the source's rows: for the
 time-ordered sources (MovieLens by timestamp, Criteo and Avazu by log order) the
@@ -8,11 +8,10 @@ model is evaluated on later interactions than it was trained on.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
-
+from typing import Any
 
 from herald.errors import ConfigError
-from herald.loader import GlobalBatcher, open_source
+from herald.loader.registry import open_source
 from herald.loader.batch import SampleBatch
 from herald.loader.source import Source, state_int
 from herald.scheduler import distinct_keys_per_table as scheduler_distinct_keys_per_table
@@ -103,42 +102,3 @@ def distinct_keys_per_table(spec: str, options: dict[str, Any], rows: int) -> li
     """Distinct ids of each table in the first ``rows`` rows."""
     with RowRange(open_source(spec, **options), 0, rows) as src:
         return scheduler_distinct_keys_per_table(src)
-
-
-class GlobalBatches:
-    """Global batches of exactly ``global_batch`` samples over ``epochs`` epochs of
-    the first ``train_rows`` rows, stopping after ``max_steps`` batches if given.
-
-    The final partial global batch of each epoch cannot be split evenly between the
-    workers and is not trained (drop_last); :attr:`info` reports how many samples
-    that left out, so nothing is dropped silently.
-    """
-
-    def __init__(self, spec: str, options: dict[str, Any], train_rows: int, global_batch: int, epochs: int,
-                 max_steps: int | None):
-        self.spec, self.options = spec, options
-        self.train_rows, self.global_batch, self.epochs, self.max_steps = train_rows, global_batch, epochs, max_steps
-        if train_rows < global_batch:
-            raise ConfigError(f"{train_rows} training rows are fewer than one global batch "
-                              f"({global_batch} = workers x batch size); lower --batch-size or --workers")
-        self.info = {"batches": 0, "samples": 0, "dropped_samples": 0}
-
-    def __iter__(self) -> Iterator[SampleBatch]:
-        for _ in range(self.epochs):
-            src = RowRange(open_source(self.spec, **self.options), 0, self.train_rows)
-            with GlobalBatcher(src, self.global_batch, drop_last=False) as batcher:
-                for batch in batcher:
-                    if len(batch) < self.global_batch:
-                        self.info["dropped_samples"] += len(batch)
-                        continue
-                    if self.max_steps is not None and self.info["batches"] >= self.max_steps:
-                        return
-                    self.info["batches"] += 1
-                    self.info["samples"] += len(batch)
-                    yield batch
-
-
-def global_batches(spec: str, options: dict[str, Any], train_rows: int, global_batch: int, epochs: int,
-                   max_steps: int | None) -> GlobalBatches:
-    """See :class:`GlobalBatches`."""
-    return GlobalBatches(spec, options, train_rows, global_batch, epochs, max_steps)

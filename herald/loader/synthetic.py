@@ -26,7 +26,7 @@ from herald.config import require
 from herald.errors import ConfigError, DataError
 from herald.loader import kernels as K
 from herald.loader.batch import KEY_DTYPE, SampleBatch, Schema
-from herald.loader.hashing import _splitmix64_py
+from herald.loader.hashing import splitmix64
 from herald.loader.source import Source, state_int
 
 # Criteo Kaggle (DAC) per-field cardinalities, as published with DLRM/TorchRec.
@@ -75,14 +75,6 @@ class SyntheticSpec:
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str) -> "SyntheticSpec":
-        try:
-            d = json.loads(text)
-            return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
-        except (ValueError, TypeError) as exc:
-            raise DataError(f"malformed synthetic spec: {exc}") from exc
 
 
 def preset_spec(name: str) -> SyntheticSpec:
@@ -135,7 +127,7 @@ class Generator:
 
     def __init__(self, spec: SyntheticSpec, seed: int):
         t, d = len(spec.table_names), len(spec.dense_mean)
-        self.spec, self.seed = spec, np.uint64(_splitmix64_py(int(seed) & ((1 << 64) - 1)))
+        self.spec, self.seed = spec, np.uint64(splitmix64(int(seed) & ((1 << 64) - 1)))
         self.cards = np.asarray(spec.cardinalities, np.int64)
         alphas = np.asarray(spec.alphas, np.float64)
         top = self.cards.astype(np.float64) + 1.0
@@ -144,7 +136,7 @@ class Generator:
         self.pl_scale = np.where(unit, np.log(top), top ** (1.0 - safe) - 1.0)
         self.pl_power = np.where(unit, 0.0, 1.0 / (1.0 - safe))
         self.missing = np.asarray(spec.missing_rates, np.float64)
-        self.key_seeds = np.array([_splitmix64_py(0x5EED0000 + i) for i in range(t)], np.uint64)
+        self.key_seeds = np.array([splitmix64(0x5EED0000 + i) for i in range(t)], np.uint64)
         self.table_w = np.array([0.8 if i < 4 else 0.0 for i in range(t)], np.float64)
         self.mean = np.asarray(spec.dense_mean, np.float64)
         self.std = np.asarray(spec.dense_std, np.float64)

@@ -1,5 +1,5 @@
 """Client of the PS shards: routes keys with :func:`shard_of`, talks NOTE [ps wire
-protocol] (docs/ps.md) over one DEALER socket per shard.
+protocol] (docs/ps.md; framing: NOTE [wire format]) over one DEALER socket per shard.
 
 ps-lite style: every operation has a non-blocking ``*_async`` form returning a
 :class:`Handle`; requests to several shards go out at once and ``wait()`` collects
@@ -24,13 +24,23 @@ import numpy as np
 import zmq
 
 from herald.errors import ConfigError, HeraldError, PeerTimeout, ProtocolError
-from herald.ps import wire
+from herald.ps.wire import PS
 from herald.ps.checkpoint import CheckpointError
 from herald.ps.config import TableConfig, check_tables
 from herald.ps.rows import shard_of
 
 _ERRORS = {"protocol": ProtocolError, "config": ConfigError, "checkpoint": CheckpointError,
            "internal": ProtocolError}
+
+
+def _loose_header(frame) -> dict:
+    """A reply header :data:`PS` rejected, decoded without its checks (only to find its
+    ``rid``; plain types only); ``{}`` if even that fails."""
+    try:
+        header = msgpack.unpackb(getattr(frame, "buffer", frame), raw=False, max_bin_len=0, max_ext_len=0)
+    except Exception:  # msgpack raises several unrelated types on garbage
+        return {}
+    return header if type(header) is dict else {}
 
 
 class _Request:
@@ -124,7 +134,7 @@ class PSClient:
             old.close(linger=0)
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
-        sock.copy_threshold = wire.COPY_THRESHOLD_BYTES
+        PS.configure(sock)
         sock.connect(self.addresses[shard])
         self._socks[shard] = sock
 
@@ -133,7 +143,7 @@ class PSClient:
             raise ConfigError("PSClient is closed")
         rid = next(self._rids)
         header = dict(header, op=op, rid=rid, cid=self._cid)
-        frames = wire.encode(header, arrays)
+        frames = PS.pack(header, arrays)
         req = _Request(shard, rid, op, frames, timeout_ms or self.timeout_ms)
         self._pending[rid] = req
         self._socks[shard].send_multipart(frames, copy=False)
@@ -188,22 +198,25 @@ class PSClient:
 
     def _accept(self, frames) -> None:
         try:
-            header = msgpack.unpackb(frames[0].bytes, raw=False)
-            rid = header.get("rid")
-            req = self._pending.pop(rid, None) if type(rid) is int else None
-        except Exception:
-            return  # not a reply we can match: drop it
+            header, error = PS.unpack_header(frames[0]), None
+        except ProtocolError as exc:  # still match it to its request, to raise there
+            header, error = _loose_header(frames[0]), exc
+        rid = header.get("rid")
+        req = self._pending.pop(rid, None) if type(rid) is int else None
         if req is None:
-            return  # a late duplicate of a retried request
-        self._replies[rid] = (header, frames[1:], req)
+            return  # a late duplicate of a retried request, or no request id at all: drop it
+        self._replies[rid] = (header, frames[1:], req, error)
 
     def _pop(self, rid: int):
-        header, frames, req = self._replies.pop(rid)
+        header, frames, req, error = self._replies.pop(rid)
+        if error is not None:
+            raise ProtocolError(f"shard {req.shard} ({self.addresses[req.shard]}) sent a malformed reply to "
+                                f"{req.op}: {error}")
         if not header.get("ok"):
             exc = _ERRORS.get(header.get("error"), ProtocolError)
             raise exc(f"shard {req.shard} ({self.addresses[req.shard]}) rejected {req.op}: "
                       f"{header.get('message')}")
-        return header, wire.decode_arrays(header, frames)
+        return header, PS.unpack_arrays(header, frames)
 
     def _expire(self, req: _Request) -> None:
         if req.tries >= self.retries:

@@ -4,10 +4,10 @@ Pure functions over preallocated arrays; the Python around them validates, alloc
 and grows arrays. Nothing here is fastmath: the same kernel gives bit-identical results
 in every process (NOTE [ps exactness] in docs/ps.md).
 
-Hash map (Persia §4.2.2 keeps rows in an array list; we index it with our own
-open-addressing table): ``ht_keys uint64 [cap]``, ``ht_slots int64 [cap]`` (``-1`` =
-empty, so every uint64 is a valid key), ``cap`` a power of two, linear probing, load
-<= 1/2. ``ht_slots[h]`` is the row slot of ``ht_keys[h]``; ``row_keys[slot]`` maps back.
+The key -> row map of a table is the shared one (NOTE [key map] in :mod:`herald.keymap`;
+Persia §4.2.2 keeps rows in an array list, the map indexes it): buckets hold row slots,
+``row_keys[slot]`` holds the key, one map per table. The pending-step map of the
+aggregation (below) keeps its keys in its own buckets (``pk``/``pi``).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+from herald.keymap import key_hash_jit
 from herald.loader.hashing import splitmix64_jit as mix64_jit  # the splitmix64 finaliser
 
 SGD, ADAGRAD, ROWWISE_ADAGRAD, ADAM = 0, 1, 2, 3
@@ -135,14 +136,18 @@ def apply_rows_jit(rows, grads, kind, dim, hp):
         apply_row_jit(rows[i], grads[i], kind, dim, hp)
 
 
-# ----------------------------------------------------------------------------- hash map
+# ----------------------------------------------------------------------------- pending-step map
+#
+# Not herald.keymap: PendingStep (herald/ps/aggregate.py) allocates this map with its keys in
+# the buckets (``pk uint64 [hcap]`` beside ``pi int64 [hcap]``, -1 = empty); moving it onto the
+# shared map (buckets -> p, key in ``p_key[p]``) needs aggregate.py to drop ``pk``. Same mixer.
 
 
 @nb.njit(cache=True, nogil=True)
 def ht_probe_jit(ht_keys, ht_slots, key):
     """Position of ``key`` in the map, or of the empty bucket where it would go."""
     mask = nb.uint64(ht_keys.shape[0] - 1)
-    h = mix64_jit(key) & mask
+    h = key_hash_jit(0, key) & mask
     while True:
         if ht_slots[h] < 0 or ht_keys[h] == key:
             return h
@@ -156,42 +161,6 @@ def ht_rebuild_jit(ht_keys, ht_slots, row_keys, n_rows):
         h = ht_probe_jit(ht_keys, ht_slots, row_keys[s])
         ht_keys[h] = row_keys[s]
         ht_slots[h] = s
-
-
-@nb.njit(cache=True, nogil=True)
-def lookup_jit(ht_keys, ht_slots, keys, out_slots):
-    """``out_slots[i]`` = slot of ``keys[i]`` or -1; returns the number found."""
-    found = 0
-    for i in range(keys.shape[0]):
-        h = ht_probe_jit(ht_keys, ht_slots, nb.uint64(keys[i]))
-        out_slots[i] = ht_slots[h]
-        if ht_slots[h] >= 0:
-            found += 1
-    return found
-
-
-@nb.njit(cache=True, nogil=True)
-def lookup_or_insert_jit(ht_keys, ht_slots, row_keys, rows, n_rows, keys, out_slots,
-                         table_seed, dim, init_kind, scale, state_kind, init_acc):
-    """Slots of ``keys`` (uint64 [n]) into ``out_slots`` (int64 [n]), inserting unseen keys.
-
-    A new key gets slot ``n_rows`` (then ``n_rows + 1``...) and a row initialised by
-    :func:`init_row_jit`. The caller guarantees room: ``rows`` has ``n_rows + n`` rows
-    and the map stays at load <= 1/2. Returns the new ``n_rows``.
-    """
-    for i in range(keys.shape[0]):
-        key = nb.uint64(keys[i])
-        h = ht_probe_jit(ht_keys, ht_slots, key)
-        s = ht_slots[h]
-        if s < 0:
-            s = n_rows
-            n_rows += 1
-            ht_keys[h] = key
-            ht_slots[h] = s
-            row_keys[s] = key
-            init_row_jit(rows[s], key, table_seed, dim, init_kind, scale, state_kind, init_acc)
-        out_slots[i] = s
-    return n_rows
 
 
 @nb.njit(cache=True, nogil=True)

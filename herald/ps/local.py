@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import pathlib
-import signal
 import subprocess
 import sys
 import tempfile
@@ -13,7 +12,7 @@ import time
 from typing import Sequence
 
 from herald.errors import ConfigError, PeerTimeout
-from herald.procs import die_with_parent
+from herald.procs import Supervisor
 from herald.ps.config import TableConfig, check_tables, tables_to_json
 
 _REPO_ROOT = str(pathlib.Path(__file__).resolve().parents[2])
@@ -35,6 +34,7 @@ class LocalShards:
     Attributes:
         addresses: list of shard endpoints (``tcp://127.0.0.1:PORT``), index = shard.
         workdir: folder with the tables file and each shard's log (``shard-I.log``).
+        procs: the shard processes (``subprocess.Popen``), index = shard.
 
     Raises:
         PeerTimeout: a shard did not become ready in time (the message quotes its log).
@@ -54,7 +54,8 @@ class LocalShards:
         self.workdir = pathlib.Path(self._tmp.name)
         self._tables_file = self.workdir / "tables.json"
         self._tables_file.write_text(tables_to_json(self.tables))
-        self.procs: list[subprocess.Popen | None] = [None] * self.num_shards
+        env = {"PYTHONPATH": _REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        self._children = Supervisor(self.workdir, env=env)
         self.addresses: list[str] = [""] * self.num_shards
         self._closed = False
         try:
@@ -66,63 +67,50 @@ class LocalShards:
             self.close()
             raise
 
+    @property
+    def procs(self) -> list[subprocess.Popen | None]:
+        return [self._children.procs.get(_name(i)) for i in range(self.num_shards)]
+
     def _ready_file(self, i: int) -> pathlib.Path:
         return self.workdir / f"shard-{i}.ready"
 
     def _spawn(self, i: int, bind: str) -> None:
         self._ready_file(i).unlink(missing_ok=True)
-        env = dict(os.environ)
-        env["PYTHONPATH"] = _REPO_ROOT + os.pathsep + env.get("PYTHONPATH", "")
-        cmd = [sys.executable, "-m", "herald", "serve", "ps", "--shard", str(i), "--num-shards",
-               str(self.num_shards), "--bind", bind, "--tables", str(self._tables_file),
-               "--seed", str(self.seed), "--ready-file", str(self._ready_file(i))]
-        with open(self.workdir / f"shard-{i}.log", "ab") as log:
-            self.procs[i] = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                             env=env, preexec_fn=die_with_parent)
+        self._children.start(_name(i), [
+            sys.executable, "-m", "herald", "serve", "ps", "--shard", str(i), "--num-shards",
+            str(self.num_shards), "--bind", bind, "--tables", str(self._tables_file),
+            "--seed", str(self.seed), "--ready-file", str(self._ready_file(i))])
 
     def _wait_ready(self, i: int) -> str:
         deadline = time.monotonic() + self.startup_timeout_ms / 1000.0
         path = self._ready_file(i)
+        p = self._children.procs[_name(i)]
         while time.monotonic() < deadline:
             if path.exists():
                 return path.read_text().strip()
-            if self.procs[i].poll() is not None:
+            if p.poll() is not None:
                 break
             time.sleep(0.02)
-        log = (self.workdir / f"shard-{i}.log").read_text(errors="replace")[-2000:]
         raise PeerTimeout(f"PS shard {i} did not become ready within {self.startup_timeout_ms} ms "
-                          f"(exit code {self.procs[i].poll()}); its log ends with:\n{log}",
-                          peer=f"shard {i} pid {self.procs[i].pid}", op="start")
+                          f"(exit code {p.poll()}); its log ends with:\n{self._children.tail(_name(i), 30)}",
+                          peer=f"shard {i} pid {p.pid}", op="start")
 
     def pid(self, i: int) -> int:
-        return self.procs[i].pid
+        return self._children.procs[_name(i)].pid
 
     def kill(self, i: int) -> None:
         """SIGKILL shard ``i`` (no shutdown, no flush: a crash) and reap it."""
-        p = self.procs[i]
-        if p is not None and p.poll() is None:
-            p.send_signal(signal.SIGKILL)
-            p.wait(timeout=10)
+        if _name(i) in self._children.procs:
+            self._children.kill(_name(i))
 
     def terminate(self, i: int, timeout_ms: int = 5000) -> int | None:
         """SIGTERM shard ``i`` (graceful), SIGKILL after ``timeout_ms``; returns its exit code."""
-        p = self.procs[i]
-        if p is None:
-            return None
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-            try:
-                p.wait(timeout=timeout_ms / 1000.0)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=10)
-        return p.returncode
+        return self._children.terminate(_name(i), timeout_ms / 1000.0)
 
     def restart(self, i: int) -> None:
         """Start a fresh shard ``i`` on the same address (after :meth:`kill`/:meth:`terminate`);
         it comes up empty (tables declared) until restored."""
-        if self.procs[i] is not None and self.procs[i].poll() is None:
-            self.terminate(i)
+        self.terminate(i)
         self._spawn(i, self.addresses[i])
         self.addresses[i] = self._wait_ready(i)
 
@@ -131,18 +119,7 @@ class LocalShards:
         if self._closed:
             return
         self._closed = True
-        for p in self.procs:
-            if p is not None and p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout_ms / 1000.0
-        for p in self.procs:
-            if p is None:
-                continue
-            try:
-                p.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=10)
+        self._children.close(timeout_ms / 1000.0)
         self._tmp.cleanup()
 
     def __enter__(self) -> "LocalShards":
@@ -150,3 +127,7 @@ class LocalShards:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _name(i: int) -> str:
+    return f"shard-{i}"  # its log: workdir / "shard-I.log"

@@ -8,19 +8,12 @@ from __future__ import annotations
 import numpy as np
 
 from herald.errors import ConfigError
+from herald.loader.hashing import splitmix64 as _mix
 from herald.ps import kernels as K
 from herald.ps.config import TableConfig
 
 _SHARD_SALT = 0x5EED_5AA2_D0C5_1DE5
 _SEED_SALT = 0x1217_0B5E_EDC0_FFEE
-
-
-def _mix(x: int) -> int:
-    m = (1 << 64) - 1
-    x = (x + 0x9E3779B97F4A7C15) & m
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & m
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & m
-    return x ^ (x >> 31)
 
 
 def table_salt(table_index: int) -> np.uint64:

@@ -1,8 +1,8 @@
 """One PS shard: a single-threaded ZeroMQ ROUTER loop over :class:`EmbeddingTable` s.
 
-Implements NOTE [ps wire protocol] (docs/ps.md) and NOTE [ps aggregation]
-(herald/ps/aggregate.py). Every malformed message gets an error reply and the loop
-keeps serving; nothing received is unpickled.
+Implements NOTE [ps wire protocol] (docs/ps.md; framing: NOTE [wire format] in
+herald/wire.py) and NOTE [ps aggregation] (herald/ps/aggregate.py). Every malformed
+message gets an error reply and the loop keeps serving; nothing received is unpickled.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import zmq
 
 from herald.errors import ConfigError, HeraldError, ProtocolError
 from herald.ps import checkpoint, wire
+from herald.ps.wire import PS
 from herald.ps import kernels as K
 from herald.ps.config import TableConfig, check_tables
 from herald.ps.rows import table_salt
@@ -65,6 +66,9 @@ class ShardServer:
         self._reply_cache = reply_cache
         self._stop = False
         self.counters = collections.Counter()
+        #: seconds spent handling each op (``busy_s[op] / wall time`` = busy fraction)
+        self.busy_s: collections.Counter = collections.Counter()
+        self._started = time.monotonic()
         self.declare(check_tables(tables))
 
     # ------------------------------------------------------------------ tables
@@ -82,13 +86,20 @@ class ShardServer:
 
     # ------------------------------------------------------------------ requests
     def handle(self, frames: Sequence) -> list:
-        """Reply frames (header + arrays) for one request's frames (no routing id)."""
+        """Reply frames (header + arrays) for one request's frames (no routing id); the
+        time taken is added to :attr:`busy_s` under the request's op."""
+        t0 = time.perf_counter()
+        reply, op = self._handle(frames)
+        self.busy_s[op if op in wire.OPS else "malformed"] += time.perf_counter() - t0
+        return reply
+
+    def _handle(self, frames: Sequence) -> tuple[list, Any]:
         rid = -1
         op = None
         try:
             if not frames:
                 raise ProtocolError("empty message")
-            header = wire.decode_header(frames[0].buffer if hasattr(frames[0], "buffer") else frames[0])
+            header = PS.unpack_header(frames[0])
             rid = header.get("rid") if type(header.get("rid")) is int else -1
             op = header.get("op")
             if op not in wire.OPS:
@@ -99,17 +110,17 @@ class ShardServer:
                 cached = self._replies.get(key)
                 if cached is not None:
                     self.counters["duplicate_requests"] += 1
-                    return [cached]
-            arrays = wire.decode_arrays(header, frames[1:])
+                    return [cached], op
+            arrays = PS.unpack_arrays(header, frames[1:])
             reply_header, reply_arrays = getattr(self, "_op_" + op)(header, arrays)
             reply_header.update(op=op, rid=rid, ok=True)
-            out = wire.encode(reply_header, reply_arrays)
+            out = PS.pack(reply_header, reply_arrays)
             if key is not None:
                 self._replies[key] = out[0]
                 if len(self._replies) > self._reply_cache:
                     self._replies.popitem(last=False)
             self.counters["requests"] += 1
-            return out
+            return out, op
         except Exception as exc:  # every failure becomes an error reply; the loop goes on
             kind = _error_kind(exc)
             self.counters["errors"] += 1
@@ -117,8 +128,9 @@ class ShardServer:
             if kind == "internal":
                 traceback.print_exc(file=sys.stderr)
             msg = str(exc) if isinstance(exc, HeraldError) else f"{type(exc).__name__}: {exc}"
-            return wire.encode({"op": op if isinstance(op, str) else None, "rid": rid, "ok": False,
-                                "error": kind, "message": msg[:2000]})
+            # echo only a known op: an arbitrary one could push the reply past the header limit
+            return PS.pack({"op": op if op in wire.OPS else "", "rid": rid, "ok": False,
+                            "error": kind, "message": msg[:2000]}), op
 
     def _parts(self, header: dict[str, Any], arrays: list, op: str) -> list:
         """Validate ``parts`` against the arrays: ``[(table, arrays of the part)]``."""
@@ -142,8 +154,8 @@ class ShardServer:
             table = self.tables[ti]
             arrs = arrays[k * len(spec):(k + 1) * len(spec)]
             for (name, dt), a in zip(spec, arrs):
-                if a.dtype != wire.DTYPES[dt]:
-                    raise ProtocolError(f"{op}: {name} must be {wire.DTYPES[dt]}, got {a.dtype}")
+                if a.dtype.str != dt:
+                    raise ProtocolError(f"{op}: {name} must be {dt}, got {a.dtype.str}")
             keys = arrs[0]
             if keys.ndim != 1:
                 raise ProtocolError(f"{op}: keys must be 1-d, got shape {keys.shape}")
@@ -237,6 +249,8 @@ class ShardServer:
         return {
             "shard": self.shard, "num_shards": self.num_shards, "pid": os.getpid(),
             "counters": dict(self.counters),
+            "busy_s": {op: round(s, 6) for op, s in self.busy_s.items()},
+            "uptime_s": round(time.monotonic() - self._started, 6),
             "open_aggregations": sum(t.open_aggregations for t in self.tables),
             "pull_pending_keys": self.counters["pull_pending_keys"],
             "tables": {t.cfg.name: {"index": t.index, "rows": t.n_rows, "row_width": t.width,
@@ -258,7 +272,7 @@ class ShardServer:
         ctx = zmq.Context.instance()
         sock = ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 1000)
-        sock.copy_threshold = wire.COPY_THRESHOLD_BYTES
+        PS.configure(sock)
         sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
         sock.bind(self.bind)

@@ -1,14 +1,15 @@
 """One embedding table of a shard: key -> slot map and the contiguous row array.
 
 Persia §4.2.2: rows live in one array (embedding and optimizer state together), so a
-checkpoint is a memory copy of ``rows[:n_rows]`` and ``row_keys[:n_rows]``; our own
-open-addressing map (``herald.ps.kernels``) indexes it.
+checkpoint is a memory copy of ``rows[:n_rows]`` and ``row_keys[:n_rows]``; the shared
+key map (NOTE [key map] in :mod:`herald.keymap`) indexes it.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from herald import keymap
 from herald.errors import ProtocolError
 from herald.ps import kernels as K
 from herald.ps.aggregate import PendingStep
@@ -18,6 +19,8 @@ from herald.ps.rows import hyper_params, init_args
 #: Completed steps whose key maps are kept to reject late contributions (NOTE [ps aggregation]).
 RETAIN_STEPS = 4
 
+#: The table of every key in a table's map (one map per table: NOTE [key map]).
+_ONE_TABLE = 0
 
 
 def _empty_step(dim: int) -> PendingStep:
@@ -48,18 +51,14 @@ class EmbeddingTable:
         self.row_marks = np.zeros(cap, np.int32)   # open aggregations per row
         self.stamps = np.zeros(cap, np.uint32)     # duplicate detection per request
         self._stamp = 0
-        self._alloc_map(4 * cap)
+        self._rebuild_map(2 * cap)
         self.pending: dict[int, PendingStep] = {}
         self._retired: list[int] = []
         self._no_step = _empty_step(tcfg.dim)
 
-    def _alloc_map(self, hcap: int) -> None:
-        size = 16
-        while size < hcap:
-            size *= 2
-        self.ht_keys = np.zeros(size, np.uint64)
-        self.ht_slots = np.full(size, -1, np.int64)
-        K.ht_rebuild_jit(self.ht_keys, self.ht_slots, self.row_keys, self.n_rows)
+    def _rebuild_map(self, max_keys: int) -> None:
+        """Buckets (int64 slots) for ``max_keys`` keys at load <= 1/2, holding the rows so far."""
+        self.buckets = keymap.new_buckets(max_keys, self.row_keys, _ONE_TABLE, self.n_rows, np.int64)
 
     def reserve(self, n: int) -> None:
         """Room for ``n`` more rows (arrays double; the map stays at load <= 1/2)."""
@@ -76,8 +75,8 @@ class EmbeddingTable:
                 new = np.zeros(cap, old.dtype)
                 new[: old.shape[0]] = old
                 setattr(self, name, new)
-        if 2 * need > self.ht_keys.shape[0]:
-            self._alloc_map(4 * need)
+        if 2 * need > self.buckets.shape[0]:
+            self._rebuild_map(2 * need)
 
     def _check(self, keys: np.ndarray, arr: np.ndarray | None = None, width: int = 0,
                contributors: np.ndarray | None = None) -> None:
@@ -98,8 +97,12 @@ class EmbeddingTable:
         self._check(keys)
         self.reserve(keys.shape[0])
         out = np.empty(keys.shape[0], np.int64)
-        self.n_rows = int(K.lookup_or_insert_jit(self.ht_keys, self.ht_slots, self.row_keys, self.rows,
-                                                 self.n_rows, keys, out, *self._init))
+        n0 = self.n_rows
+        n = np.array([n0], np.int64)
+        keymap.find_or_insert_many_jit(self.buckets, self.row_keys, _ONE_TABLE, n, _ONE_TABLE, keys, out)
+        self.n_rows = int(n[0])
+        if self.n_rows > n0:  # keys seen for the first time: slots n0.. in order, rows initialised
+            K.init_rows_jit(self.rows[n0:self.n_rows], self.row_keys[n0:self.n_rows], *self._init)
         return out
 
     def _unique_slots(self, keys: np.ndarray, op: str) -> np.ndarray:
@@ -206,4 +209,4 @@ class EmbeddingTable:
         self.n_rows = n
         self.pending = {}
         self._retired = []
-        self._alloc_map(4 * cap)
+        self._rebuild_map(2 * cap)

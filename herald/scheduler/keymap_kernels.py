@@ -1,9 +1,9 @@
-"""Numba kernels of the key map: ``(table, uint64 id) -> dense slot``, and the batch CSR.
+"""Numba kernels of the batch CSR: a global batch's keys, as key-map slots, per sample.
 
-Split from :mod:`herald.scheduler.kernels` (same conventions: ``nogil``, preallocated
-outputs). The lookup is software-pipelined: the bucket of the key ``_AHEAD1`` ahead and
-the id of the slot found in the bucket of the key ``_AHEAD2`` ahead are prefetched, so
-the random accesses of consecutive keys overlap. Slots are assigned in lookup order.
+The key map itself (``(table, uint64 id) -> dense slot``, slots in lookup order, also
+straight from a batch's per-table id arrays) is the shared one: NOTE [key map] in
+:mod:`herald.keymap`, used by :class:`herald.scheduler.state.Snapshots`. Same conventions
+as :mod:`herald.scheduler.kernels` (``nogil``, preallocated outputs).
 """
 
 from __future__ import annotations
@@ -11,82 +11,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from herald.scheduler.kernels import JIT, key_hash_jit, prefetch_jit
-
-_AHEAD1, _AHEAD2, _RING = 8, 4, 16  # pipeline distances (keys) and ring of hashes (a power of 2)
-
-
-@nb.njit(inline="always", nogil=True, cache=True)
-def _find_or_insert_jit(hk_slot, slot_ids, slot_tab, h, t, v, n, S, mask):
-    """Slot of key (t, v) probing from bucket ``h``; a new key gets slot ``n`` (the next
-    free one), or -1 when all ``S`` slots are taken."""
-    while True:
-        s = hk_slot[h]
-        if s < 0:
-            if n == S:
-                return -1
-            hk_slot[h] = n
-            slot_ids[n] = v
-            slot_tab[n] = t
-            return n
-        if slot_ids[s] == v and slot_tab[s] == t:
-            return s
-        h = (h + np.uint64(1)) & mask
-
-
-@nb.njit(**JIT)
-def keymap_lookup_jit(hk_slot, slot_ids, slot_tab, n_slots, tables, ids, out_slot):
-    """Map keys to dense slots, inserting unseen keys (open addressing, linear probing).
-
-    Args:
-        hk_slot: int32 [H], H a power of two >= 2 S, -1 = empty.
-        slot_ids: uint64 [S]; slot_tab: int16 [S]: the key of each slot.
-        n_slots: int64 [1], number of slots in use (updated).
-        tables: int16 [n]; ids: uint64 [n]; out_slot: int32 [n] (written).
-
-    Returns:
-        entries processed: fewer than n when a new key found all S slots in use (grow the
-        arrays and call again on the rest).
-    """
-    mask = np.uint64(hk_slot.shape[0] - 1)
-    S = slot_ids.shape[0]
-    n = n_slots[0]
-    m = ids.shape[0]
-    ring = np.empty(_RING, np.uint64)  # hashes of the keys _AHEAD1 ahead (software pipeline)
-    for i in range(min(_AHEAD1, m)):
-        ring[i] = key_hash_jit(tables[i], ids[i]) & mask
-        prefetch_jit(hk_slot, ring[i])
-    for i in range(m):
-        a = i + _AHEAD1
-        if a < m:  # stage 1: hash and prefetch the bucket of key a
-            ha = key_hash_jit(tables[a], ids[a]) & mask
-            ring[a & (_RING - 1)] = ha
-            prefetch_jit(hk_slot, ha)
-        b = i + _AHEAD2
-        if b < m:  # stage 2: the bucket of key b is near; prefetch its slot's id
-            sb = hk_slot[ring[b & (_RING - 1)]]
-            if sb >= 0:
-                prefetch_jit(slot_ids, sb)
-        s = _find_or_insert_jit(hk_slot, slot_ids, slot_tab, ring[i & (_RING - 1)], tables[i], ids[i], n, S, mask)
-        if s < 0:  # the key state is full
-            n_slots[0] = n
-            return i
-        out_slot[i] = s
-        if s == n:
-            n += 1
-    n_slots[0] = n
-    return m
-
-
-@nb.njit(**JIT)
-def keymap_rehash_jit(hk_slot, slot_ids, slot_tab, n):
-    """Fill an all -1 ``hk_slot`` int32 [H] with slots ``0..n-1``."""
-    mask = np.uint64(hk_slot.shape[0] - 1)
-    for s in range(n):
-        h = key_hash_jit(slot_tab[s], slot_ids[s]) & mask
-        while hk_slot[h] >= 0:
-            h = (h + np.uint64(1)) & mask
-        hk_slot[h] = s
+from herald.scheduler.kernels import JIT
 
 
 @nb.njit(**JIT)
@@ -109,61 +34,6 @@ def gather_samples_jit(offsets, value_base, slots_flat, out_off, out_slot, out_t
                 out_tab[p] = t
                 p += 1
         out_off[i + 1] = p
-
-
-
-@nb.njit(**JIT)
-def keymap_lookup_tables_jit(hk_slot, slot_ids, slot_tab, n_slots, values, out_slot):
-    """:func:`keymap_lookup_jit` over the per-table id arrays of a batch, without
-    concatenating them: keys in table-major order (table 0's ids, then table 1's, ...).
-
-    Args:
-        values: tuple of T uint64 [nnz_t] arrays; out_slot: int32 [sum nnz_t] (written).
-        Others as :func:`keymap_lookup_jit`.
-
-    Returns:
-        entries processed (table-major); fewer than ``out_slot.shape[0]`` when a new key
-        found all slots in use (grow and finish the rest with :func:`keymap_lookup_jit`).
-    """
-    mask = np.uint64(hk_slot.shape[0] - 1)
-    S = slot_ids.shape[0]
-    n = n_slots[0]
-    T = len(values)
-    ring = np.empty(_RING, np.uint64)  # hashes of the keys up to _AHEAD1 ahead
-    ta = 0  # (table, index) of the next key to hash (stage 1)
-    ja = 0
-    a = 0   # its table-major position
-    i = 0
-    for t in range(T):
-        v_t = values[t]
-        tt = np.int16(t)
-        for j in range(v_t.shape[0]):
-            while a < i + _AHEAD1 and ta < T:  # stage 1: hash and prefetch buckets ahead
-                va = values[ta]
-                if ja < va.shape[0]:
-                    ha = key_hash_jit(np.int16(ta), va[ja]) & mask
-                    ring[a & (_RING - 1)] = ha
-                    prefetch_jit(hk_slot, ha)
-                    ja += 1
-                    a += 1
-                else:
-                    ta += 1
-                    ja = 0
-            b = i + _AHEAD2
-            if b < a:  # stage 2: the bucket of key b is near; prefetch its slot's id
-                sb = hk_slot[ring[b & (_RING - 1)]]
-                if sb >= 0:
-                    prefetch_jit(slot_ids, sb)
-            s = _find_or_insert_jit(hk_slot, slot_ids, slot_tab, ring[i & (_RING - 1)], tt, v_t[j], n, S, mask)
-            if s < 0:  # the key state is full
-                n_slots[0] = n
-                return i
-            out_slot[i] = s
-            if s == n:
-                n += 1
-            i += 1
-    n_slots[0] = n
-    return i
 
 
 @nb.njit(**JIT)

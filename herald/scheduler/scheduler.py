@@ -128,6 +128,8 @@ class Scheduler:
         self._pending: Optional[_Pending] = None
         self._next_step = 0
         self._finished = False
+        self._used = False        # submit() was called (load_state_dict only on an unused scheduler)
+        self._in_flight = False   # submitted and not yet finish() + flush(): state_dict() raises
         self._totals = np.zeros((W, len(CAUSES)), np.int64)
         self._all_tables = np.ones(num_tables, np.bool_)
         self._profiler = TableProfiler(num_tables, config.profile_interval_steps) if config.adaptive else None
@@ -189,6 +191,7 @@ class Scheduler:
                             f"{cfg.global_batch_size} samples, got {len(batch)}; use drop_last or pad upstream")
         if batch.num_tables != self.num_tables:
             raise DataError(f"batch has {batch.num_tables} tables, scheduler was built for {self.num_tables}")
+        self._used = self._in_flight = True
         self._snap.renew_tokens()
         samp_off, samp_slot, samp_tab = self._prepare(batch)
         table_on = self._table_mask()
@@ -244,7 +247,70 @@ class Scheduler:
             idx = np.flatnonzero(owner == w)
             out.append(KeySet(s.slot_tab[idx].astype(np.int32), s.slot_ids[idx]))
         owner[owner >= 0] = -1
+        if self._finished:
+            self._in_flight = False
         return out
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict:
+        """The scheduler's state at a checkpoint barrier (JSON-able).
+
+        NOTE [scheduler state]: the cache snapshots are *not* serialised. The state is
+        complete only where they carry nothing forward: before the first :meth:`submit`,
+        or after :meth:`finish` + :meth:`flush` at a checkpoint barrier, where the
+        workers empty their caches and the job goes on with a fresh scheduler (NOTE
+        [checkpoint barrier] in :mod:`herald.dispatch.dispatcher`). It describes that
+        fresh scheduler: ``{"format": "scheduler", "config": SchedulerConfig fields,
+        "num_tables", "capacity_rows", "next_step", "totals": int [W][len(CAUSES)]}``;
+        a scheduler given it by :meth:`load_state_dict` starts with empty snapshots and
+        the seed's RNG, numbers its steps from ``next_step`` and keeps the totals.
+
+        Raises:
+            HeraldError: steps are in flight (submitted and not yet finished and flushed).
+        """
+        if self._in_flight:
+            raise HeraldError("Scheduler.state_dict() is valid only at a checkpoint barrier (NOTE [scheduler "
+                              "state]): call finish() and flush() first; the cache snapshots are not serialised")
+        return {"format": "scheduler", "config": dataclasses.asdict(self.config), "num_tables": self.num_tables,
+                "capacity_rows": self.capacity_rows, "next_step": self._next_step, "totals": self._totals.tolist()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state`` (:meth:`state_dict`; NOTE [scheduler state]) on a
+        scheduler that has not scheduled anything yet.
+
+        Raises:
+            DataError: malformed state. ConfigError: saved with another configuration,
+                table count or capacity (build this scheduler with the same settings).
+            HeraldError: this scheduler already scheduled a batch.
+        """
+        if self._used:
+            raise HeraldError("Scheduler.load_state_dict() needs a fresh scheduler (nothing submitted); "
+                              "create a new Scheduler")
+        if not isinstance(state, dict) or state.get("format") != "scheduler":
+            raise DataError("not a Scheduler state; pass Scheduler.state_dict()")
+        config = state.get("config")
+        mine = dataclasses.asdict(self.config)
+        if not isinstance(config, dict) or set(config) != set(mine):
+            raise DataError(f"malformed scheduler state: 'config' must hold the SchedulerConfig fields "
+                            f"{sorted(mine)}, got {config!r}")
+        theirs = {**config, "num_tables": state.get("num_tables"), "capacity_rows": state.get("capacity_rows")}
+        mine.update(num_tables=self.num_tables, capacity_rows=self.capacity_rows)
+        differ = sorted(k for k in mine if theirs[k] != mine[k])
+        if differ:
+            raise ConfigError("state saved by a scheduler with other settings: "
+                              + ", ".join(f"{k}={theirs[k]!r} (this one: {mine[k]!r})" for k in differ)
+                              + "; build the scheduler with the same settings")
+        step = state.get("next_step")
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise DataError(f"malformed scheduler state: 'next_step' must be an int >= 0, got {step!r}")
+        try:
+            totals = np.array(state.get("totals"))
+        except (TypeError, ValueError, OverflowError):
+            totals = None
+        if totals is None or totals.dtype.kind not in "iu" or totals.shape != self._totals.shape or (totals < 0).any():
+            raise DataError(f"malformed scheduler state: 'totals' must be {self._totals.shape[0]} x "
+                            f"{self._totals.shape[1]} counts >= 0")
+        self._next_step, self._totals = step, totals.astype(np.int64)
 
     # ------------------------------------------------------------------ parts
     def _prepare(self, batch):

@@ -5,7 +5,7 @@ One object holds, for every tracked key (slot):
 ==================  =====================  ==========================================
 array               dtype [shape]          meaning
 ==================  =====================  ==========================================
-``hk_slot``         int32 [H]              open-addressing table -> slot (H >= 2 S)
+``hk_slot``         int32 [H]              buckets of the key map -> slot (H >= 2 S)
 ``slot_ids``        uint64 [S]             id of the slot's key (never narrowed)
 ``slot_tab``        int16 [S]              table of the slot's key
 ``cached``          uint64 [S]             bit w: worker w caches the key
@@ -38,12 +38,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from herald.scheduler import keymap_kernels as KM
+from herald import keymap
 from herald.scheduler import snapshot_kernels as SK
-
-
-def _pow2_at_least(n: int) -> int:
-    return 1 << max(4, int(n - 1).bit_length())
 
 
 class Snapshots:
@@ -62,7 +58,7 @@ class Snapshots:
         self.n_slots = np.zeros(1, np.int64)
         self.token = np.zeros(1, np.int64)
         S = max(16, int(initial_slots))
-        self.hk_slot = np.full(_pow2_at_least(2 * S), -1, np.int32)
+        self.hk_slot = np.full(keymap.bucket_count(S), -1, np.int32)
         self.slot_ids = np.zeros(S, np.uint64)
         self.slot_tab = np.zeros(S, np.int16)
         self.rec = self._new_records(S)
@@ -129,8 +125,7 @@ class Snapshots:
             self.rec = rec
             self._record_views()
             if 2 * newS > self.hk_slot.shape[0]:
-                self.hk_slot = np.full(_pow2_at_least(2 * newS), -1, np.int32)
-                KM.keymap_rehash_jit(self.hk_slot, self.slot_ids, self.slot_tab, int(self.n_slots[0]))
+                self.hk_slot = keymap.new_buckets(newS, self.slot_ids, self.slot_tab, int(self.n_slots[0]))
 
     def renew_tokens(self) -> None:
         """Keep dedup tokens within int32 (call between steps; O(S) once per ~10**6 steps)."""
@@ -143,8 +138,8 @@ class Snapshots:
         out = np.empty(ids.shape[0], np.int32)
         done = 0
         while done < ids.shape[0]:
-            done += KM.keymap_lookup_jit(self.hk_slot, self.slot_ids, self.slot_tab, self.n_slots,
-                                        tables[done:], ids[done:], out[done:])
+            done += keymap.find_or_insert_many_jit(self.hk_slot, self.slot_ids, self.slot_tab, self.n_slots,
+                                                   tables[done:], ids[done:], out[done:])
             if done < ids.shape[0]:
                 self.reserve(1)
         return out
@@ -154,7 +149,8 @@ class Snapshots:
         T uint64 C-contiguous arrays (``nnz`` ids in all), inserting new ones; the same
         slots as :meth:`lookup` of the concatenation, without building it."""
         out = np.empty(nnz, np.int32)
-        done = KM.keymap_lookup_tables_jit(self.hk_slot, self.slot_ids, self.slot_tab, self.n_slots, values, out)
+        done = keymap.find_or_insert_tables_jit(self.hk_slot, self.slot_ids, self.slot_tab, self.n_slots,
+                                                values, out)
         if done < nnz:  # all slots in use: grow and finish the rest one table-major key list
             T = len(values)
             tabs = np.repeat(np.arange(T, dtype=np.int16), [v.shape[0] for v in values])

@@ -18,31 +18,36 @@ over the global batch: the job equals single-process training on the same global
 batches (Herald §3.3). The order of operations is NOTE [step protocol] in
 ``herald/scheduler/plan.py``; the messages are NOTE [dispatch protocol] in
 ``herald/dispatch/dispatcher.py``.
+
+The loader is a thin iterator over the dispatcher's messages. What happens to the
+embeddings is the consistency protocol's (:mod:`herald.worker.protocol`), carried out by
+the plan executor (:mod:`herald.worker.executor`: cache, PS I/O, replicated tables); the
+dense model is synchronised by :class:`~herald.worker.dense.DenseSync`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import pathlib
+import time
 from datetime import timedelta
 from typing import Any, Iterator
 
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 import zmq
 from torch import nn
 
 from herald import wire
-from herald.errors import ConfigError, HeraldError, PeerTimeout, ProtocolError
-from herald.ps import PSClient, TableConfig, apply_gradients
-from herald.scheduler.plan import KeySet
-from herald.worker.cache import EmbeddingCache
-from herald.worker import psio
 from herald.dispatch.microbatch import MicroBatch
-from herald.worker.replicas import ReplicaStore
+from herald.errors import ConfigError, HeraldError, PeerTimeout, ProtocolError
+from herald.job.spec import JobSpec
+from herald.phases import PhaseTimer
+from herald.scheduler.plan import KeySet
+from herald.worker.dense import DenseSync
+from herald.worker.executor import PlanExecutor, StepRows
+from herald.worker.protocol import make_protocol
 
 
 @dataclasses.dataclass
@@ -52,6 +57,9 @@ class Batch:
     Attributes:
         labels: float32 [b]; dense: float32 [b, D]; sample_ids: uint64 numpy [b];
         step: global step; micro_batch: the decoded :class:`MicroBatch`.
+        rows: the embedding rows this batch used, set by :class:`CachedEmbedding`
+            (None until the embedding is called); :meth:`ScheduledLoader.step` reads
+            their gradient.
     """
 
     labels: torch.Tensor
@@ -59,55 +67,63 @@ class Batch:
     sample_ids: np.ndarray
     step: int
     micro_batch: MicroBatch
+    rows: StepRows | None = None
 
 
 class CachedEmbedding(nn.Module):
     """Sum-pooled embedding lookup from the worker cache: ``batch -> float32 [b, T, dim]``.
 
     Holds no parameters: the rows a micro-batch uses are gathered from the cache into
-    one leaf tensor per step; :meth:`ScheduledLoader.step` reads its gradient.
+    one leaf tensor per step, recorded in ``batch.rows``.
+
+    Args:
+        executor: the worker's :class:`PlanExecutor` (``ScheduledLoader.embedding()``).
     """
 
-    def __init__(self, loader: "ScheduledLoader"):
+    def __init__(self, executor: PlanExecutor):
         super().__init__()
-        self._loader = loader
+        self.executor = executor
 
     def forward(self, batch: Batch) -> torch.Tensor:
-        return self._loader._lookup(batch)
+        pooled, batch.rows = self.executor.lookup(batch.micro_batch)
+        return pooled
 
 
 class ScheduledLoader:
     """Worker ``rank``'s micro-batches, with the plan-driven embedding cache underneath.
 
     Use :meth:`connect`. Iterating yields :class:`Batch` objects; call :meth:`step`
-    once per batch after ``backward()``.
+    once per batch after ``backward()``: it finishes the batch yielded last.
+
+    Attributes:
+        job: the :class:`JobSpec`; executor: the :class:`PlanExecutor`; protocol: the
+        job's :class:`~herald.worker.protocol.ConsistencyProtocol`; steps: steps finished.
     """
 
-    def __init__(self, sock: zmq.Socket, dispatcher: str, rank: int, world_size: int, job: dict[str, Any],
+    def __init__(self, sock: zmq.Socket, dispatcher: str, rank: int, world_size: int, job: JobSpec,
                  device: torch.device, timeout_ms: int):
         self.rank, self.world_size, self.job, self.device = rank, world_size, job, device
         self._sock, self._dispatcher, self._timeout_ms = sock, dispatcher, timeout_ms
-        self.tables = [TableConfig.from_dict(t) for t in job["tables"]]
-        dims = {(t.dim, t.row_width) for t in self.tables}
-        if len(dims) != 1:
-            raise ConfigError("the worker cache needs every table to share dim and optimizer state width, got "
-                              f"{sorted(dims)}; give all tables the same dim and optimizer")
-        self.dim, row_width = dims.pop()
-        self.cache = EmbeddingCache(int(job["capacity_rows"]), row_width)
-        self.ps = PSClient(job["ps"], tables=self.tables, timeout_ms=int(job.get("ps_timeout_ms", 30_000)))
-        self._replicated = np.array(job.get("replicated_tables", []), np.int32)
-        self.replicas = (ReplicaStore(int(job["replica_rows"]), row_width, self.dim, self.tables, self.ps, world_size)
-                         if self._replicated.size else None)
-        self.bytes_allreduced = 0
-        self._model: nn.Module | None = None
-        self._optimizer: torch.optim.Optimizer | None = None
-        self._current: tuple[MicroBatch, torch.Tensor, tuple[np.ndarray, np.ndarray]] | None = None
-        self._flat_grad: torch.Tensor | None = None  # dense grads, one buffer (see _dense_step)
-        self._grad_views: list[torch.Tensor] = []
-        self.bytes_pulled = 0
-        self.bytes_pushed = 0
+        self.executor = PlanExecutor(job, rank, world_size, device)
+        self.protocol = make_protocol(job.consistency, self.executor)
+        self.dense: DenseSync | None = None
+        self._batch: Batch | None = None
         self.steps = 0
+        self._yielded: tuple[float, float] | None = None   # (when, phase seconds then): see step()
+        self._ahead: tuple | None = None   # (header, arrays, MicroBatch or None) received early
         self._closed = False
+
+    @property
+    def timer(self) -> PhaseTimer:
+        """The step's :class:`~herald.phases.PhaseTimer`: a training loop may time its own
+        phases (``with loader.timer("forward"): ...``); they travel with the ack. Time between
+        the yield of a batch and :meth:`step` that no phase claims is ``compute``."""
+        return self.executor.timer
+
+    @property
+    def dim(self) -> int:
+        """Embedding dim of every table."""
+        return self.executor.dim
 
     # ------------------------------------------------------------ creation
     @classmethod
@@ -125,58 +141,76 @@ class ScheduledLoader:
 
         Raises:
             PeerTimeout: the dispatcher did not send the job within ``timeout_ms``.
+            ConfigError: the job spec is of another version or malformed.
+            On any failure the dispatcher is sent an ``error`` message (if it is there).
         """
         ctx = zmq.Context.instance()
         sock = ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.IDENTITY, f"worker-{rank}".encode())
         sock.connect(dispatcher)
-        sock.send_multipart(wire.pack({"op": "hello", "rank": rank, "world_size": world_size}), copy=False)
-        header, _ = _recv(sock, timeout_ms, dispatcher, "config")
-        if header["op"] != "config":
-            raise ProtocolError(f"expected config from the dispatcher, got {header['op']!r}")
-        job = header["job"]
-        dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        loader = cls(sock, dispatcher, rank, world_size, job, dev, timeout_ms)
-        if world_size > 1 and not dist.is_initialized():
-            method = dist_init or ("env://" if "MASTER_ADDR" in os.environ else job.get("dist_init"))
-            if not method:
-                raise ConfigError("no torch.distributed init method: pass dist_init, run under torchrun, "
-                                  "or set dist_init in the job")
-            backend = "nccl" if dev.type == "cuda" else "gloo"
-            dist.init_process_group(backend, init_method=method, rank=rank, world_size=world_size,
-                                    timeout=timedelta(milliseconds=timeout_ms))
+        loader = None
+        try:
+            sock.send_multipart(wire.pack({"op": "hello", "rank": rank, "world_size": world_size}), copy=False)
+            header, _ = _recv(sock, timeout_ms, dispatcher, "config")
+            if header["op"] != "config":
+                raise ProtocolError(f"expected config from the dispatcher, got {header['op']!r}")
+            job = JobSpec.from_dict(header.get("job"))
+            dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+            loader = cls(sock, dispatcher, rank, world_size, job, dev, timeout_ms)
+            if world_size > 1 and not dist.is_initialized():
+                method = dist_init or ("env://" if "MASTER_ADDR" in os.environ else job.dist_init)
+                if not method:
+                    raise ConfigError("no torch.distributed init method: pass dist_init, run under torchrun, "
+                                      "or set dist_init in the job")
+                backend = "nccl" if dev.type == "cuda" else "gloo"
+                dist.init_process_group(backend, init_method=method, rank=rank, world_size=world_size,
+                                        timeout=timedelta(milliseconds=timeout_ms))
+        except BaseException as exc:  # tell the dispatcher (else it waits out its timeout); free the socket
+            message = f"{type(exc).__name__}: {exc}"
+            try:
+                sock.send_multipart(wire.pack({"op": "error", "rank": rank, "message": message}), flags=zmq.NOBLOCK)
+            except zmq.ZMQError:  # no dispatcher connected: nobody to tell
+                pass
+            if loader is not None:
+                loader.executor.close()
+            sock.close(linger=1000)  # bounded: lets the error report leave
+            raise
         return loader
 
     def embedding(self) -> CachedEmbedding:
         """The embedding module to call inside the model's forward."""
-        return CachedEmbedding(self)
+        return CachedEmbedding(self.executor)
 
     def attach(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """Register the dense model and its optimizer (all-reduced and stepped in :meth:`step`).
 
-        A resumed job (``job["resume_dense"]``, a checkpoint folder) loads both states here.
+        A resumed job (``job.resume_dense``, a checkpoint folder) loads both states here.
         """
-        self._model, self._optimizer = model, optimizer
-        if self.job.get("resume_dense"):
-            state = torch.load(pathlib.Path(self.job["resume_dense"]) / "dense.pt", weights_only=True,
-                               map_location=self.device)
-            model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
+        self.dense = DenseSync(model, optimizer, self.world_size)
+        if self.job.resume_dense:
+            self.dense.load(self.job.resume_dense, self.device)
 
     # ----------------------------------------------------------- iteration
     def __iter__(self) -> Iterator[Batch]:
         try:
             while True:
-                header, arrays = _recv(self._sock, self._timeout_ms, self._dispatcher, "micro-batch")
+                with self.timer("wait"):
+                    header, arrays, mb = self._ahead or (*_recv(self._sock, self._timeout_ms, self._dispatcher,
+                                                                "micro-batch"), None)
+                    self._ahead = None
                 op = header["op"]
                 if op == "microbatch":
-                    mb = MicroBatch.from_frames(header, arrays)
-                    self._before_forward(mb)
-                    yield Batch(torch.from_numpy(mb.labels.copy()).to(self.device),
-                                torch.from_numpy(mb.dense.copy()).to(self.device), mb.sample_ids, mb.step, mb)
+                    mb = mb or MicroBatch.from_frames(header, arrays)
+                    self.protocol.before_forward(mb)
+                    self._look_ahead()
+                    self._batch = Batch(torch.from_numpy(mb.labels.copy()).to(self.device),
+                                        torch.from_numpy(mb.dense.copy()).to(self.device), mb.sample_ids, mb.step, mb)
+                    self._yielded = (time.perf_counter(), sum(self.timer.seconds.values()))
+                    yield self._batch
                 elif op == "flush":
-                    self._flush(KeySet(arrays[0], arrays[1]), reset=bool(header.get("reset")))
+                    self.executor.flush(KeySet(arrays[0], arrays[1]), reset=bool(header.get("reset")))
+                    self._send({"op": "flushed", "rank": self.rank})
                 elif op == "save":
                     self._save(str(header["path"]))
                 elif op == "end":
@@ -187,51 +221,23 @@ class ScheduledLoader:
             self._report_error(exc)
             raise
 
-    def _before_forward(self, mb: MicroBatch) -> None:
-        """Steps 1-2 of NOTE [step protocol]: evict (+ write back), then pull."""
-        plan = mb.plan
-        if len(plan.evict):
-            rows = self.cache.evict(plan.evict, plan.write_back)
-            wb = plan.write_back
-            self.bytes_pushed += psio.push_rows(self.ps, KeySet(plan.evict.table[wb], plan.evict.ids[wb]), rows)
-        if len(plan.pull):
-            rows = psio.pull_keys(self.ps, plan.pull, self.cache.row_width)
-            self.bytes_pulled += rows.nbytes + plan.pull.ids.nbytes
-            self.cache.put(plan.pull, rows)
-        if self.replicas is not None:
-            self.bytes_pulled += self.replicas.ensure(mb.replicated)
-
-    def _lookup(self, batch: Batch) -> torch.Tensor:
-        mb = batch.micro_batch
-        sizes = np.array([u.shape[0] for u in mb.unique_ids], np.int64)
-        bounds = np.zeros(mb.num_tables + 1, np.int64)
-        np.cumsum(sizes, out=bounds[1:])
-        uniq = np.concatenate(mb.unique_ids) if mb.num_tables else np.zeros(0, np.uint64)
-        keys = KeySet(np.repeat(np.arange(mb.num_tables, dtype=np.int32), sizes), uniq)
-        if self.replicas is None:
-            gathered = self.cache.rows[self.cache.slots(keys), : self.dim]
-        else:  # NOTE [replicated tables]: those rows come from the replica, the rest from the cache
-            rep = np.isin(keys.table, self._replicated)
-            gathered = np.empty((len(keys), self.dim), np.float32)
-            gathered[rep] = self.replicas.rows(KeySet(keys.table[rep], keys.ids[rep]))
-            rest = ~rep
-            gathered[rest] = self.cache.rows[self.cache.slots(KeySet(keys.table[rest], keys.ids[rest])), : self.dim]
-        rows = torch.from_numpy(gathered).to(self.device).requires_grad_(True)
-        nnz = np.array([i.shape[0] for i in mb.inverse], np.int64)
-        nnz_base = np.zeros(mb.num_tables, np.int64)
-        np.cumsum(nnz[:-1], out=nnz_base[1:])
-        inputs = np.concatenate(mb.inverse).astype(np.int64) if mb.num_tables else np.zeros(0, np.int64)
-        inputs += np.repeat(bounds[:-1], nnz)
-        bags = np.concatenate([o[:-1] for o in mb.offsets]) if mb.num_tables else np.zeros(0, np.int64)
-        bags += np.repeat(nnz_base, len(mb))
-        pooled = F.embedding_bag(torch.from_numpy(inputs).to(self.device), rows,
-                                 torch.from_numpy(bags).to(self.device), mode="sum")
-        self._current = (mb, rows, (uniq, bounds))
-        return pooled.view(mb.num_tables, len(mb), self.dim).transpose(0, 1)
+    def _look_ahead(self) -> None:
+        """Receive the next message if it is already here; if it is a micro-batch, let the
+        protocol start its early reads while this step computes (NOTE [early pulls] in
+        herald/dispatch/dispatcher.py: this worker has finished the step before this one)."""
+        if not self._sock.poll(0):
+            return
+        with self.timer("prefetch"):
+            header, arrays = _recv(self._sock, 0, self._dispatcher, "micro-batch")
+            mb = MicroBatch.from_frames(header, arrays) if header["op"] == "microbatch" else None
+            if mb is not None:
+                self.protocol.prefetch(mb)
+            self._ahead = (header, arrays, mb)
 
     # ---------------------------------------------------------------- step
     def step(self, loss: torch.Tensor | float | None = None, logits: torch.Tensor | None = None) -> None:
-        """Finish the step: steps 4-7 of NOTE [step protocol], then ack to the dispatcher.
+        """Finish the batch yielded last: the protocol's after-backward part (steps 4-6 of
+        NOTE [step protocol]), the dense all-reduce and step (7), then the ack.
 
         Args:
             loss: the micro-batch's mean loss (reported, not used for the update).
@@ -239,116 +245,48 @@ class ScheduledLoader:
                 progressive validation (AUC / log loss of unseen samples).
 
         Raises:
-            HeraldError: called before the embedding was used in this step, or without
-                :meth:`attach`.
+            HeraldError: no batch was yielded, its embedding was not called, or
+                :meth:`attach` was not called.
         """
-        if self._current is None or self._model is None or self._optimizer is None:
+        batch = self._batch
+        if batch is None or batch.rows is None or self.dense is None:
             raise HeraldError("step() needs attach(model, optimizer) and one embedding(batch) call per batch")
-        mb, rows, layout = self._current
-        self._current = None
+        self._batch = None
         try:
-            grads = np.zeros((rows.shape[0], self.dim), np.float32)
-            if rows.grad is not None:
-                grads = (rows.grad.detach().to("cpu").numpy() / np.float32(self.world_size)).astype(np.float32)
-            plan = mb.plan
-            self._push_grads(mb, plan, grads, layout)
-            if len(plan.update_local):
-                slots = self.cache.slots(plan.update_local)
-                g = grads[psio.positions(*layout, plan.update_local)]
-                for t, m in psio.table_groups(plan.update_local.table):
-                    local = np.ascontiguousarray(self.cache.rows[slots[m]])
-                    apply_gradients(local, np.ascontiguousarray(g[m]), self.tables[t])
-                    self.cache.rows[slots[m]] = local
-            if len(plan.plan_push):
-                self.bytes_pushed += psio.push_rows(self.ps, plan.plan_push,
-                                                    self.cache.rows[self.cache.slots(plan.plan_push)])
-            if self.replicas is not None:
-                uniq, bounds = layout
-                tab = np.repeat(np.arange(mb.num_tables, dtype=np.int32), np.diff(bounds))
-                rep = np.isin(tab, self._replicated)
-                self.bytes_allreduced += self.replicas.update(mb.replicated, KeySet(tab[rep], uniq[rep]), grads[rep])
-            self._dense_step()
+            mb = batch.micro_batch
+            if self._yielded is not None:  # forward + backward not timed by the training loop
+                since, claimed = self._yielded
+                self.timer.add("compute", max(0.0, time.perf_counter() - since
+                                              - (sum(self.timer.seconds.values()) - claimed)))
+            self.protocol.after_backward(mb, batch.rows)
+            with self.timer("dense_allreduce"):
+                self.dense.step()
             value = float(loss.detach()) if isinstance(loss, torch.Tensor) else (float("nan") if loss is None else float(loss))
             preds = []
             if logits is not None:
                 preds = [mb.labels, torch.sigmoid(logits.detach()).to("cpu", torch.float32).numpy().reshape(-1)]
-            self._sock.send_multipart(wire.pack({
-                "op": "ack", "rank": self.rank, "step": mb.step, "loss": value,
-                "bytes_pulled": self.bytes_pulled, "bytes_pushed": self.bytes_pushed,
-                "bytes_allreduced": self.bytes_allreduced}, preds), copy=False)
-            self.bytes_pulled = self.bytes_pushed = self.bytes_allreduced = 0
+            with self.timer("ack"):
+                self._send({"op": "ack", "rank": self.rank, "step": mb.step, "loss": value,
+                            "phases_ms": self.timer.take(), **self.executor.take_traffic()}, preds)
             self.steps += 1
         except Exception as exc:
             self._report_error(exc)
             raise
 
-    def _push_grads(self, mb: MicroBatch, plan: Any, grads: np.ndarray, layout: tuple) -> None:
-        """Step 4: one multi-table request per shard, sent in parallel; waits for the acks."""
-        if not len(plan.grad_push):
-            return
-        g = grads[psio.positions(*layout, plan.grad_push)]
-        parts = {}
-        for t, m in psio.table_groups(plan.grad_push.table):
-            parts[t] = (plan.grad_push.ids[m], np.ascontiguousarray(g[m]), plan.contributors[m])
-        self.ps.push_grad_async(parts, step=mb.step, rank=self.rank).wait()
-        self.bytes_pushed += plan.grad_push.ids.nbytes + g.nbytes
-
-    def _dense_step(self) -> None:
-        """Average the dense gradients over the ranks (one all-reduce), then step.
-
-        The gradients live in one flat buffer: after the first step every ``p.grad`` is a
-        view into it, so ``backward()`` accumulates in place (grads are zeroed, not freed)
-        and the all-reduce needs no concatenation or copy-back (DDP's gradient-as-bucket-view).
-        """
-        params = [p for p in self._model.parameters() if p.requires_grad]
-        if self.world_size > 1 and params:
-            flat = self._flat_grad
-            if flat is None or not all(p.grad is not None and p.grad.data_ptr() == v.data_ptr()
-                                       for p, v in zip(params, self._grad_views)):
-                flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                                  for p in params])
-                self._flat_grad, self._grad_views = flat, []
-                offset = 0
-                for p in params:
-                    n = p.numel()
-                    p.grad = flat[offset: offset + n].view_as(p)
-                    self._grad_views.append(p.grad)
-                    offset += n
-            dist.all_reduce(flat)
-            flat /= self.world_size
-        self._optimizer.step()
-        self._optimizer.zero_grad(set_to_none=False)
-
-    def _flush(self, keys: KeySet, reset: bool) -> None:
-        """Write back the only-latest rows; with ``reset`` then empty the cache
-        (NOTE [checkpoint barrier] in herald/dispatch/dispatcher.py)."""
-        if len(keys):
-            self.bytes_pushed += psio.push_rows(self.ps, keys, self.cache.rows[self.cache.slots(keys)])
-        if self.replicas is not None:
-            if self.rank == 0:
-                self.replicas.write_back()
-            if reset:
-                self.replicas.clear()
-        if reset:
-            self.cache = EmbeddingCache(self.cache.capacity_rows, self.cache.row_width)
-        self._sock.send_multipart(wire.pack({"op": "flushed", "rank": self.rank}), copy=False)
-
     def _save(self, path: str) -> None:
         """Write the dense model and optimizer state to ``path/dense.pt`` (atomically)."""
-        if self._model is None or self._optimizer is None:
+        if self.dense is None:
             raise HeraldError("save requested before attach(model, optimizer)")
-        out = pathlib.Path(path)
-        out.mkdir(parents=True, exist_ok=True)
-        tmp = out / "dense.pt.tmp"
-        torch.save({"model": self._model.state_dict(), "optimizer": self._optimizer.state_dict()}, tmp)
-        tmp.replace(out / "dense.pt")
-        self._sock.send_multipart(wire.pack({"op": "saved", "rank": self.rank}), copy=False)
+        self.dense.save(path)
+        self._send({"op": "saved", "rank": self.rank})
 
     # ------------------------------------------------------------- closing
+    def _send(self, header: dict[str, Any], arrays: list[np.ndarray] = ()) -> None:
+        self._sock.send_multipart(wire.pack(header, arrays), copy=False)
+
     def _report_error(self, exc: BaseException) -> None:
         try:
-            self._sock.send_multipart(wire.pack({"op": "error", "rank": self.rank,
-                                                 "message": f"{type(exc).__name__}: {exc}"}), copy=False)
+            self._send({"op": "error", "rank": self.rank, "message": f"{type(exc).__name__}: {exc}"})
         except Exception:
             pass
 
@@ -357,7 +295,7 @@ class ScheduledLoader:
         if self._closed:
             return
         self._closed = True
-        self.ps.close()
+        self.executor.close()
         self._sock.close(linger=0)
 
     def __enter__(self) -> "ScheduledLoader":

@@ -1,7 +1,9 @@
 """The worker's embedding cache, driven by the scheduler's cache plan.
 
 A dense slot array ``rows float32 [capacity_rows, row_width]`` (embedding then
-optimizer state, the PS's row layout) and a (table, id) -> slot map. The cache
+optimizer state, the PS's row layout) and a (table, id) -> slot map (the shared one,
+NOTE [key map] in :mod:`herald.keymap`: fixed size, at least twice the capacity,
+deletion without tombstones, so inserting and evicting every step never degrades it). The cache
 makes no decisions: it evicts, inserts and updates exactly what the plan says
 (NOTE [step protocol] in herald/scheduler/plan.py), so its contents equal the
 scheduler's snapshot by construction; :meth:`EmbeddingCache.keys` lets a debug
@@ -16,9 +18,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from herald import keymap
 from herald.errors import ConfigError, ProtocolError
 from herald.scheduler.plan import KeySet
-from herald.worker.kernels import map_delete_jit, map_insert_jit, map_lookup_jit
 
 
 class EmbeddingCache:
@@ -38,10 +40,9 @@ class EmbeddingCache:
         self.capacity_rows = int(capacity_rows)
         self.row_width = int(row_width)
         self.rows = np.zeros((self.capacity_rows, self.row_width), np.float32)
-        size = 1 << max(4, int(2 * self.capacity_rows - 1).bit_length())
-        self._tab = np.full(size, -1, np.int32)
-        self._key = np.zeros(size, np.uint64)
-        self._val = np.zeros(size, np.int64)
+        self._buckets = np.full(keymap.bucket_count(self.capacity_rows), -1, np.int32)
+        self._slot_ids = np.zeros(self.capacity_rows, np.uint64)  # key of each slot in use
+        self._slot_tab = np.zeros(self.capacity_rows, np.int32)
         self._free = list(range(self.capacity_rows - 1, -1, -1))  # stack of free slots
         self._size = 0
 
@@ -57,21 +58,17 @@ class EmbeddingCache:
                 scheduler's snapshot disagree (a protocol bug, never expected).
         """
         out = np.empty(len(keys), np.int64)
-        map_lookup_jit(self._tab, self._key, self._val, keys.table, keys.ids, out)
+        keymap.find_many_jit(self._buckets, self._slot_ids, self._slot_tab, keys.table, keys.ids, out)
         if must_exist and len(keys) and out.min() < 0:
             i = int(np.argmin(out))
             raise ProtocolError(f"key (table {keys.table[i]}, id {keys.ids[i]}) is not in the worker cache although "
                                 "the plan uses it: cache and scheduler snapshot disagree")
         return out
 
-    def table_slots(self, table: int, ids: np.ndarray) -> np.ndarray:
-        """Slots of ``ids`` (uint64 [n]) of one table; every id must be cached."""
-        return self.slots(KeySet(np.full(ids.shape[0], table, np.int32), ids))
-
     def key_set(self) -> KeySet:
         """Every cached key, sorted by (table, id)."""
-        used = self._tab != -1
-        tab, ids = self._tab[used], self._key[used]
+        used = self._buckets[self._buckets >= 0]
+        tab, ids = self._slot_tab[used], self._slot_ids[used]
         order = np.lexsort((ids, tab))
         return KeySet(tab[order], ids[order])
 
@@ -89,7 +86,7 @@ class EmbeddingCache:
         slots = self.slots(keys)
         out = self.rows[slots[write_back]].copy()
         gone = np.empty(len(keys), np.int64)
-        map_delete_jit(self._tab, self._key, self._val, keys.table, keys.ids, gone)
+        keymap.delete_many_jit(self._buckets, self._slot_ids, self._slot_tab, keys.table, keys.ids, gone)
         self._free.extend(slots.tolist())
         self._size -= len(keys)
         return out
@@ -111,6 +108,6 @@ class EmbeddingCache:
         if new.shape[0]:
             fresh = np.array([self._free.pop() for _ in range(new.shape[0])], np.int64)
             slots[new] = fresh
-            map_insert_jit(self._tab, self._key, self._val, keys.table[new], keys.ids[new], fresh)
+            keymap.insert_many_jit(self._buckets, self._slot_ids, self._slot_tab, keys.table[new], keys.ids[new], fresh)
             self._size += new.shape[0]
         self.rows[slots] = rows

@@ -7,7 +7,7 @@ multi-table request per shard, in parallel, and waits for the answers.
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -32,23 +32,42 @@ def table_groups(table: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
         yield t, order[a:b]
 
 
+def pull_keys_async(ps: PSClient, keys: KeySet, row_width: int) -> Callable[[], np.ndarray]:
+    """Start pulling ``keys``; the returned ``wait()`` gives float32 [len(keys), row_width]:
+    the PS rows (embedding + optimizer state) in key order."""
+    groups = dict(table_groups(keys.table))
+    handle = ps.pull_async({t: keys.ids[m] for t, m in groups.items()})
+
+    def wait() -> np.ndarray:
+        rows = np.empty((len(keys), row_width), np.float32)
+        got = handle.wait()
+        for t, m in groups.items():
+            rows[m] = got[t]
+        return rows
+
+    return wait
+
+
 def pull_keys(ps: PSClient, keys: KeySet, row_width: int) -> np.ndarray:
     """float32 [len(keys), row_width]: the PS rows (embedding + optimizer state) of ``keys``, in order."""
-    rows = np.empty((len(keys), row_width), np.float32)
-    groups = dict(table_groups(keys.table))
-    got = ps.pull_async({t: keys.ids[m] for t, m in groups.items()}).wait()
-    for t, m in groups.items():
-        rows[m] = got[t]
-    return rows
+    return pull_keys_async(ps, keys, row_width)()
+
+
+def push_rows_async(ps: PSClient, keys: KeySet, rows: np.ndarray):
+    """Start writing ``rows`` (float32 [len(keys), row_width]) back for ``keys``; returns
+    ``(handle or None, bytes sent)``. ``rows`` must not change until ``handle.wait()``."""
+    if not len(keys):
+        return None, 0
+    parts = {t: (keys.ids[m], np.ascontiguousarray(rows[m])) for t, m in table_groups(keys.table)}
+    return ps.push_rows_async(parts), keys.ids.nbytes + rows.nbytes
 
 
 def push_rows(ps: PSClient, keys: KeySet, rows: np.ndarray) -> int:
-    """Write ``rows`` (float32 [len(keys), row_width]) back for ``keys``; returns the bytes sent."""
-    if not len(keys):
-        return 0
-    parts = {t: (keys.ids[m], np.ascontiguousarray(rows[m])) for t, m in table_groups(keys.table)}
-    ps.push_rows_async(parts).wait()
-    return keys.ids.nbytes + rows.nbytes
+    """Write ``rows`` (float32 [len(keys), row_width]) back for ``keys`` and wait; returns the bytes sent."""
+    handle, sent = push_rows_async(ps, keys, rows)
+    if handle is not None:
+        handle.wait()
+    return sent
 
 
 def positions(uniq: np.ndarray, bounds: np.ndarray, keys: KeySet) -> np.ndarray:

@@ -5,34 +5,32 @@ from __future__ import annotations
 
 import os
 import pathlib
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from herald.errors import ConfigError
+from herald.job.spec import JobSpec
 from herald.worker.api import ScheduledLoader
 from herald.worker.models import build_model
 
 DENSE_OPTIMIZERS = {"sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad, "adam": torch.optim.Adam}
 
 
-def build_dense_optimizer(params, spec: dict[str, Any]) -> torch.optim.Optimizer:
-    """Dense optimizer from ``{"name": "sgd"|"adagrad"|"adam", "lr": float}``.
+def build_dense_optimizer(params, name: str, lr: float) -> torch.optim.Optimizer:
+    """Dense optimizer ``name`` (``sgd``, ``adagrad`` or ``adam``) with learning rate ``lr``.
 
     Raises:
         ConfigError: unknown optimizer name.
     """
-    name = spec.get("name", "sgd")
     if name not in DENSE_OPTIMIZERS:
         raise ConfigError(f"unknown dense optimizer {name!r}; choose one of {sorted(DENSE_OPTIMIZERS)}")
-    return DENSE_OPTIMIZERS[name](params, lr=float(spec.get("lr", 0.01)))
+    return DENSE_OPTIMIZERS[name](params, lr=lr)
 
 
-def model_from_job(job: dict[str, Any]) -> torch.nn.Module:
+def model_from_job(job: JobSpec) -> torch.nn.Module:
     """The dense model described by a job (same parameters on every rank: seeded)."""
-    return build_model(job["model"], int(job["dense_dim"]), len(job["tables"]), int(job["tables"][0]["dim"]),
-                       seed=int(job["seed"]))
+    return build_model(job.model, job.dense_dim, len(job.tables), job.dim, seed=job.seed)
 
 
 def worker_threads(world_size: int) -> int:
@@ -62,14 +60,17 @@ def run_worker(dispatcher: str, rank: int, world_size: int, *, device: str | Non
         job = loader.job
         model = model_from_job(job).to(loader.device)
         embedding = loader.embedding()
-        loader.attach(model, build_dense_optimizer(model.parameters(), job["dense_optimizer"]))
+        loader.attach(model, build_dense_optimizer(model.parameters(), job.dense_optimizer, job.dense_lr))
+        timer = loader.timer
         for batch in loader:
-            logits = model(batch.dense, embedding(batch))
-            loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
-            loss.backward()
+            with timer("forward"):
+                logits = model(batch.dense, embedding(batch))
+                loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
+            with timer("backward"):
+                loss.backward()
             loader.step(loss, logits)
-        if job.get("run_dir"):
-            out = pathlib.Path(job["run_dir"]) / f"dense-rank{rank}.pt"
+        if job.run_dir:
+            out = pathlib.Path(job.run_dir) / f"dense-rank{rank}.pt"
             torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, out.with_suffix(".tmp"))
             out.with_suffix(".tmp").replace(out)
         return loader.steps

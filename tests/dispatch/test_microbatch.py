@@ -38,7 +38,7 @@ def test_header_and_frame_sizes_are_checked():
         wire.unpack([frames[0]])
     import msgpack
     with pytest.raises(ProtocolError, match="not allowed"):
-        wire.unpack([msgpack.packb({"op": "x", "arrays": [["|O", [1]]]}), b"\0" * 8])
+        wire.unpack([msgpack.packb({"v": 1, "op": "x", "arrays": [["|O", [1]]]}), b"\0" * 8])
 
 
 @settings(max_examples=300, deadline=None)

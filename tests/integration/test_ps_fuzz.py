@@ -11,7 +11,7 @@ import pytest
 import zmq
 
 from herald.ps import LocalShards, OptimizerConfig, PSClient, TableConfig, shard_of
-from herald.ps import wire
+from herald.ps.wire import PS
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -38,7 +38,7 @@ def _valid(rng: random.Random, fuzz_keys: list[np.ndarray], rid: int):
 
 
 def _mutate(rng: random.Random, header: dict, arrays: list) -> list[bytes]:
-    frames = [bytes(f) for f in wire.encode(header, arrays)]
+    frames = [bytes(memoryview(f)) for f in PS.pack(header, arrays)]
     kind = rng.randrange(10)
     if kind == 0:  # pure garbage
         return [rng.randbytes(rng.randrange(0, 64)) for _ in range(rng.randrange(1, 4))]
@@ -49,9 +49,10 @@ def _mutate(rng: random.Random, header: dict, arrays: list) -> list[bytes]:
         frames[0] = bytes(h)
     elif kind == 2:  # replace a header field by a wrong value
         h = msgpack.unpackb(frames[0])
-        field = rng.choice(["op", "rid", "cid", "parts", "frames", "v", "step", "rank"])
+        field = rng.choice(["op", "rid", "cid", "parts", "arrays", "v", "step", "rank"])
         h[field] = rng.choice([None, -1, 2**63, "x", [], {}, [[1]], 3.5, "shutdownx",
-                               [{"table": 99}], [{"table": -1}], [["u8", [5]]], [["f4", [1, 2, 3]]]])
+                               [{"table": 99}], [{"table": -1}], [["<u8", [5]]], [["<f4", [1, 2, 3]]], 1, 2, True,
+                               [[[1], [2]]], [["<u8", [2**40]]], [["<u8", [2**39, 2**39]]]])
         frames[0] = msgpack.packb(h)
     elif kind == 3 and len(frames) > 1:  # drop a frame
         del frames[rng.randrange(1, len(frames))]
@@ -62,9 +63,9 @@ def _mutate(rng: random.Random, header: dict, arrays: list) -> list[bytes]:
         frames[i] = frames[i][:-rng.randrange(1, 9)] if rng.random() < 0.5 else frames[i] + b"\0" * 4
     elif kind == 6 and len(frames) > 1:  # wrong dtype/shape in the descriptor, sizes kept
         h = msgpack.unpackb(frames[0])
-        i = rng.randrange(len(h["frames"]))
-        dt, shape = h["frames"][i]
-        h["frames"][i] = [rng.choice(["u8", "f4", "u2"]), list(reversed(shape)) if rng.random() < 0.5 else shape]
+        i = rng.randrange(len(h["arrays"]))
+        dt, shape = h["arrays"][i]
+        h["arrays"][i] = [rng.choice(sorted(PS.dtypes)), list(reversed(shape)) if rng.random() < 0.5 else shape]
         frames[0] = msgpack.packb(h)
     elif kind == 7:  # keys of another shard / random keys (valid shape)
         if len(frames) > 1:

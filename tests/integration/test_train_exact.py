@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from herald.loader import GlobalBatcher, open_source
-from herald.ps import PSClient, TableConfig
+from herald.ps import PSClient
 from herald.job.reference import train_reference
 from herald.loader.splits import RowRange
 from herald.job.launcher import run_train
@@ -46,7 +46,7 @@ def test_distributed_training_equals_single_process(tmp_path, data_dir, workers,
     seen: dict = {}
 
     def grab(addresses, job):
-        tables = [TableConfig.from_dict(t) for t in job["tables"]]
+        tables = list(job.tables)
         seen["job"] = job
         seen["client"] = PSClient(addresses, tables=tables, timeout_ms=10_000)
         ref_model, ref_rows = _reference(job, source, workers * BATCH)

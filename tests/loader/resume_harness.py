@@ -1,9 +1,13 @@
-"""One save/restore harness for every source and for the GlobalBatcher (STYLE habit 8).
+"""One save/restore harness for every source, for the GlobalBatcher and for the
+GlobalBatches producer (STYLE habit 8).
 
 ``check_source_resume`` reads a source with random read sizes, stops at random
 points, saves ``state_dict()`` (through JSON, as a checkpoint would), opens a fresh
 source, loads the state and reads on; the concatenation must equal an
 uninterrupted run row for row, and the final skip counts must match.
+``check_batcher_resume`` does the same batch by batch for any batch iterator with
+``state_dict``/``load_state_dict`` (and, when it has them, equal ``info`` counts and
+equal ``sample_ids``/``position`` of every batch).
 """
 
 from __future__ import annotations
@@ -52,20 +56,42 @@ def check_source_resume(make_source, *, trials=3, seed=0, max_read=700):
     return full
 
 
+def _tracked(b, i):
+    """(sample ids, position) recorded for batch ``i``, when the iterator records them."""
+    if not hasattr(b, "sample_ids"):
+        return None
+    ids, pos = b.sample_ids(i), b.position(i)
+    return (None if ids is None else ids.tolist(), pos)
+
+
+def _drain(b, start, n=None):
+    out, tracked = [], []
+    for batch in b:
+        tracked.append(_tracked(b, start + len(out)))
+        out.append(batch)
+        if n is not None and len(out) == n:
+            break
+    return out, tracked
+
+
 def check_batcher_resume(make_batcher, *, trials=2, seed=0):
     rng = np.random.default_rng(seed)
     with make_batcher() as b:
-        full = list(b)
+        full, full_tracked = _drain(b, 0)
+        full_info = getattr(b, "info", None)
     assert full
     for _ in range(trials):
         stop = int(rng.integers(0, len(full) + 1))
         with make_batcher() as b:
-            got = [next(b) for _ in range(stop)]
+            got, tracked = _drain(b, 0, stop) if stop else ([], [])
             state = json.loads(json.dumps(b.state_dict()))
         with make_batcher() as b2:
             b2.load_state_dict(state)
-            got += list(b2)
+            more, more_tracked = _drain(b2, stop)
+            got, tracked = got + more, tracked + more_tracked
+            assert getattr(b2, "info", None) == full_info, f"resume after {stop} batches: info differs"
         assert len(got) == len(full), f"resume after {stop} batches: {len(got)} != {len(full)} batches"
         for i, (x, y) in enumerate(zip(got, full)):
             assert x.equals(y), f"resume after {stop} batches: batch {i} differs"
+        assert tracked == full_tracked, f"resume after {stop} batches: sample ids or positions differ"
     return full

@@ -27,7 +27,7 @@ def test_map_grows_and_finds_every_key():
     rows, pending = table.pull(keys[::-1])
     assert pending == 0
     assert np.array_equal(rows, init_rows(t, 2, keys[::-1], 5))
-    assert table.ht_keys.shape[0] >= 2 * table.n_rows  # load <= 1/2
+    assert table.buckets.shape[0] >= 2 * table.n_rows  # load <= 1/2
 
 
 def test_pull_allows_duplicates_push_rows_rejects_them():

@@ -1,4 +1,4 @@
-"""NOTE [ps wire protocol]: encoding, size validation, and the server's error replies."""
+"""NOTE [ps wire protocol]: the PS protocol over herald.wire, and the server's error replies."""
 
 from __future__ import annotations
 
@@ -9,46 +9,57 @@ import zmq
 
 from herald.errors import ProtocolError
 from herald.ps import TableConfig, shard_of
-from herald.ps import wire
 from herald.ps.server import ShardServer
+from herald.ps.wire import PART_FRAMES, PS
 
 
 def _frames(msg):
-    return [zmq.Frame(bytes(m)) for m in msg]
+    return [zmq.Frame(bytes(memoryview(m))) for m in msg]
 
 
 def test_round_trip_is_zero_copy_views():
     keys = np.arange(5, dtype=np.uint64)
     grads = np.ones((5, 3), np.float32)
-    msg = wire.encode({"op": "x"}, [keys, grads])
-    header = wire.decode_header(msg[0])
-    a, b = wire.decode_arrays(header, _frames(msg[1:]))
+    msg = PS.pack({"op": "x"}, [keys, grads])
+    header = PS.unpack_header(msg[0])
+    frames = _frames(msg[1:])
+    a, b = PS.unpack_arrays(header, frames)
     assert a.dtype == np.uint64 and np.array_equal(a, keys) and b.shape == (5, 3)
+    assert np.shares_memory(a, np.frombuffer(frames[0].buffer, np.uint8))
+
+
+def test_part_frames_use_the_protocol_dtypes():
+    assert {dt for spec in PART_FRAMES.values() for _, dt in spec} == PS.dtypes
 
 
 @pytest.mark.parametrize("bad", [
-    b"", b"\xc1", msgpack.packb([1, 2]), msgpack.packb({"v": 2, "frames": []}),
-    msgpack.packb({"v": 1, "frames": [["f8", [3]]]}), msgpack.packb({"v": 1, "frames": [["u8", [-1]]]}),
-    msgpack.packb({"v": 1, "frames": "no"}),
+    b"", b"\xc1", msgpack.packb([1, 2]), msgpack.packb({"v": 1, "op": "x", "arrays": []}),
+    msgpack.packb({"v": 2, "op": "x", "arrays": [["<f8", [3]]]}),
+    msgpack.packb({"v": 2, "op": "x", "arrays": [["<u8", [-1]]]}),
+    msgpack.packb({"v": 2, "op": "x", "arrays": [["<u8", [1, 2, 3]]]}),
+    msgpack.packb({"v": 2, "op": "x", "arrays": "no"}),
+    msgpack.packb({"v": 2, "op": "x", "frames": []}),
 ])
 def test_bad_headers_raise(bad):
-    with pytest.raises(ProtocolError):
-        wire.decode_header(bad)
+    with pytest.raises(ProtocolError, match="ps: "):
+        PS.unpack_header(bad)
+
+
+def test_pack_refuses_dtypes_the_ps_does_not_carry():
+    with pytest.raises(ProtocolError, match="cannot send"):
+        PS.pack({"op": "pull"}, [np.zeros(3, np.int64)])
 
 
 def test_frame_sizes_must_match_header():
-    header = wire.decode_header(wire.encode({}, [np.zeros(4, np.uint64)])[0])
+    header = PS.unpack_header(PS.pack({"op": "x"}, [np.zeros(4, np.uint64)])[0])
     with pytest.raises(ProtocolError, match="bytes"):
-        wire.decode_arrays(header, _frames([b"\0" * 31]))
+        PS.unpack_arrays(header, _frames([b"\0" * 31]))
     with pytest.raises(ProtocolError, match="frames"):
-        wire.decode_arrays(header, [])
+        PS.unpack_arrays(header, [])
 
 
 def _reply(server, header, arrays=()):
-    msg = wire.encode(header, arrays)
-    out = server.handle(_frames(msg))
-    h = msgpack.unpackb(out[0])
-    return h, wire.decode_arrays(h, _frames(out[1:])) if h["ok"] else []
+    return PS.unpack(_frames(server.handle(_frames(PS.pack(header, arrays)))))
 
 
 def test_server_rejects_and_keeps_state():
@@ -89,3 +100,11 @@ def test_repeated_mutating_request_is_answered_from_the_reply_cache():
     assert _reply(server, push, arrays)[0]["applied"] == 3  # retry: same reply, not applied twice
     assert server.stats()["counters"]["duplicate_requests"] == 1
     assert server.stats()["counters"]["rows_updated"] == 3
+
+
+def test_server_answers_another_version_with_the_expected_one():
+    server = ShardServer(0, 1, tables=[TableConfig("t", 2)])
+    old = msgpack.packb({"v": 1, "op": "ping", "rid": 3, "cid": 1, "frames": []})
+    h, arrays = PS.unpack(_frames(server.handle([zmq.Frame(old)])))
+    assert not h["ok"] and h["error"] == "protocol" and "expected version 2" in h["message"]
+    assert h["rid"] == -1 and h["op"] == "" and arrays == []

@@ -1,0 +1,256 @@
+"""The plan executor: one worker's embedding cache, PS I/O and replicated tables.
+
+It carries out the operations of a :class:`~herald.scheduler.plan.CachePlan` (evict
+with write-back, pull, gradient push, local sparse update, plan push) and the
+embedding lookup of a micro-batch; it decides nothing. The order of the calls is the
+consistency protocol's (:mod:`herald.worker.protocol`, NOTE [step protocol] in
+``herald/scheduler/plan.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from herald.dispatch.microbatch import MicroBatch
+from herald.job.spec import JobSpec
+from herald.phases import PhaseTimer
+from herald.ps import PSClient, apply_gradients
+from herald.scheduler.plan import CachePlan, KeySet
+from herald.worker import psio
+from herald.worker.cache import EmbeddingCache
+from herald.worker.replicas import ReplicaStore
+
+
+@dataclasses.dataclass
+class StepRows:
+    """The embedding rows one micro-batch uses, gathered by :meth:`PlanExecutor.lookup`.
+
+    Attributes:
+        rows: float32 [n, dim] leaf tensor on the training device; after backward its
+            ``grad`` is the micro-batch's gradient of each row.
+        uniq: uint64 [n]: the ids, table by table, each table's ids sorted.
+        bounds: int64 [T + 1]: table t's ids are ``uniq[bounds[t]:bounds[t + 1]]``.
+    """
+
+    rows: torch.Tensor
+    uniq: np.ndarray
+    bounds: np.ndarray
+
+    def tables(self) -> np.ndarray:
+        """int32 [n]: the table of each row."""
+        return np.repeat(np.arange(self.bounds.shape[0] - 1, dtype=np.int32), np.diff(self.bounds))
+
+    def positions(self, keys: KeySet) -> np.ndarray:
+        """int64 [len(keys)]: the row of each key (:class:`ProtocolError` if one is missing)."""
+        return psio.positions(self.uniq, self.bounds, keys)
+
+
+class PlanExecutor:
+    """Worker ``rank``'s embedding state and its traffic with the PS.
+
+    Args:
+        job: the :class:`JobSpec` the dispatcher sent.
+        rank, world_size: this worker and the number of workers (gradients are divided
+            by ``world_size``: docs/design.md, "Loss scaling").
+        device: where :meth:`lookup` puts the rows (the model's device).
+
+    Attributes:
+        cache: the :class:`EmbeddingCache` (rows = embedding + optimizer state).
+        ps: the :class:`PSClient` of the job's shards.
+        replicas: the :class:`ReplicaStore` of replicated tables, or None.
+        bytes_pulled, bytes_pushed, bytes_allreduced: traffic since :meth:`take_traffic`.
+        timer: a :class:`~herald.phases.PhaseTimer`; each operation adds its time under
+            its phase name (``evict``, ``pull``, ``lookup``, ``grad_push``, ...).
+
+    Raises:
+        ConfigError: the tables differ in dim or optimizer state width.
+    """
+
+    def __init__(self, job: JobSpec, rank: int, world_size: int, device: torch.device):
+        self.rank, self.world_size, self.device = rank, world_size, device
+        self.tables = list(job.tables)
+        self.dim = job.dim
+        row_width = self.tables[0].row_width
+        self.cache = EmbeddingCache(job.capacity_rows, row_width)
+        self.ps = PSClient(list(job.ps), tables=self.tables, timeout_ms=job.ps_timeout_ms)
+        self._replicated = np.array(job.replicated_tables, np.int32)
+        self.replicas = (ReplicaStore(job.replica_rows, row_width, self.dim, self.tables, self.ps, world_size)
+                         if self._replicated.size else None)
+        self.bytes_pulled = self.bytes_pushed = self.bytes_allreduced = 0
+        self.timer = PhaseTimer()
+        self._early: dict[int, tuple[np.ndarray, object]] = {}   # step -> (pull_early mask, wait())
+        self._writes: list = []                                   # write-backs in flight
+
+    # ------------------------------------------------------ before forward
+    def evict(self, plan: CachePlan) -> None:
+        """Drop ``plan.evict``; start writing back the rows flagged in ``plan.write_back``
+        (finished by :meth:`wait_writes`: NOTE [early pulls] in herald/dispatch/dispatcher.py)."""
+        if not len(plan.evict):
+            return
+        with self.timer("evict"):
+            rows = self.cache.evict(plan.evict, plan.write_back)
+            wb = plan.write_back
+            handle, sent = psio.push_rows_async(self.ps, KeySet(plan.evict.table[wb], plan.evict.ids[wb]), rows)
+            self.bytes_pushed += sent
+            if handle is not None:
+                self._writes.append(handle)
+
+    def wait_writes(self) -> None:
+        """Wait until the PS acknowledged every write-back started by :meth:`evict`."""
+        if self._writes:
+            with self.timer("evict"):
+                for handle in self._writes:
+                    handle.wait()
+                self._writes.clear()
+
+    def prefetch(self, mb: MicroBatch) -> None:
+        """Start pulling the pulls of ``mb`` marked ``pull_early`` (NOTE [early pulls]); call
+        only once the step before ``mb.step - 1`` is finished on this worker."""
+        early = mb.pull_early
+        if early.any() and mb.step not in self._early:
+            keys = KeySet(mb.plan.pull.table[early], mb.plan.pull.ids[early])
+            self._early[mb.step] = (early, psio.pull_keys_async(self.ps, keys, self.cache.row_width))
+
+    def pull(self, mb: MicroBatch) -> None:
+        """Fetch ``mb.plan.pull`` (rows with optimizer state) from the PS into the cache:
+        the prefetched rows (:meth:`prefetch`), then the others."""
+        pull = mb.plan.pull
+        if not len(pull):
+            return
+        with self.timer("pull"):
+            early, wait = self._early.pop(mb.step, (None, None))
+            if early is None:
+                rows = psio.pull_keys(self.ps, pull, self.cache.row_width)
+            else:
+                rows = np.empty((len(pull), self.cache.row_width), np.float32)
+                late = ~early
+                late_wait = (psio.pull_keys_async(self.ps, KeySet(pull.table[late], pull.ids[late]),
+                                                  self.cache.row_width) if late.any() else None)
+                rows[early] = wait()
+                if late_wait is not None:
+                    rows[late] = late_wait()
+            self.bytes_pulled += rows.nbytes + pull.ids.nbytes
+            self.cache.put(pull, rows)
+
+    def pull_replicas(self, mb: MicroBatch) -> None:
+        """Make the replicated rows of the global batch present (NOTE [replicated tables])."""
+        if self.replicas is not None:
+            with self.timer("replicas"):
+                self.bytes_pulled += self.replicas.ensure(mb.replicated)
+
+    # -------------------------------------------------------------- lookup
+    def lookup(self, mb: MicroBatch) -> tuple[torch.Tensor, StepRows]:
+        """Sum-pooled embeddings of ``mb``: float32 [b, T, dim] on the device, and the
+        :class:`StepRows` whose gradient the after-backward operations read."""
+        with self.timer("lookup"):
+            return self._lookup(mb)
+
+    def _lookup(self, mb: MicroBatch) -> tuple[torch.Tensor, StepRows]:
+        sizes = np.array([u.shape[0] for u in mb.unique_ids], np.int64)
+        bounds = np.zeros(mb.num_tables + 1, np.int64)
+        np.cumsum(sizes, out=bounds[1:])
+        uniq = np.concatenate(mb.unique_ids) if mb.num_tables else np.zeros(0, np.uint64)
+        keys = KeySet(np.repeat(np.arange(mb.num_tables, dtype=np.int32), sizes), uniq)
+        if self.replicas is None:
+            gathered = self.cache.rows[self.cache.slots(keys), : self.dim]
+        else:  # NOTE [replicated tables]: those rows come from the replica, the rest from the cache
+            rep = np.isin(keys.table, self._replicated)
+            gathered = np.empty((len(keys), self.dim), np.float32)
+            gathered[rep] = self.replicas.rows(KeySet(keys.table[rep], keys.ids[rep]))
+            rest = ~rep
+            gathered[rest] = self.cache.rows[self.cache.slots(KeySet(keys.table[rest], keys.ids[rest])), : self.dim]
+        rows = torch.from_numpy(gathered).to(self.device).requires_grad_(True)
+        nnz = np.array([i.shape[0] for i in mb.inverse], np.int64)
+        nnz_base = np.zeros(mb.num_tables, np.int64)
+        np.cumsum(nnz[:-1], out=nnz_base[1:])
+        inputs = np.concatenate(mb.inverse).astype(np.int64) if mb.num_tables else np.zeros(0, np.int64)
+        inputs += np.repeat(bounds[:-1], nnz)
+        bags = np.concatenate([o[:-1] for o in mb.offsets]) if mb.num_tables else np.zeros(0, np.int64)
+        bags += np.repeat(nnz_base, len(mb))
+        pooled = F.embedding_bag(torch.from_numpy(inputs).to(self.device), rows,
+                                 torch.from_numpy(bags).to(self.device), mode="sum")
+        return pooled.view(mb.num_tables, len(mb), self.dim).transpose(0, 1), StepRows(rows, uniq, bounds)
+
+    # ------------------------------------------------------ after backward
+    def gradients(self, step_rows: StepRows) -> np.ndarray:
+        """float32 [n, dim]: each row's gradient divided by the number of workers (zeros
+        when backward did not reach the rows)."""
+        grad = step_rows.rows.grad
+        if grad is None:
+            return np.zeros((step_rows.rows.shape[0], self.dim), np.float32)
+        return (grad.detach().to("cpu").numpy() / np.float32(self.world_size)).astype(np.float32)
+
+    def push_grads(self, mb: MicroBatch, grads: np.ndarray, step_rows: StepRows) -> None:
+        """Send the gradients of ``plan.grad_push`` with their contributor counts: one
+        multi-table request per shard, in parallel; waits for the acknowledgements."""
+        plan = mb.plan
+        if not len(plan.grad_push):
+            return
+        with self.timer("grad_push"):
+            g = grads[step_rows.positions(plan.grad_push)]
+            parts = {t: (plan.grad_push.ids[m], np.ascontiguousarray(g[m]), plan.contributors[m])
+                     for t, m in psio.table_groups(plan.grad_push.table)}
+            self.ps.push_grad_async(parts, step=mb.step, rank=self.rank).wait()
+            self.bytes_pushed += plan.grad_push.ids.nbytes + g.nbytes
+
+    def update_local(self, plan: CachePlan, grads: np.ndarray, step_rows: StepRows) -> None:
+        """Apply the sparse optimizer (the PS's kernels) to the cached rows of ``plan.update_local``."""
+        if not len(plan.update_local):
+            return
+        with self.timer("local_update"):
+            slots = self.cache.slots(plan.update_local)
+            g = grads[step_rows.positions(plan.update_local)]
+            for t, m in psio.table_groups(plan.update_local.table):
+                local = np.ascontiguousarray(self.cache.rows[slots[m]])
+                apply_gradients(local, np.ascontiguousarray(g[m]), self.tables[t])
+                self.cache.rows[slots[m]] = local
+
+    def push_plan(self, plan: CachePlan) -> None:
+        """Send the rows of ``plan.plan_push`` (with optimizer state) to the PS (Herald Alg. 2)."""
+        if len(plan.plan_push):
+            with self.timer("plan_push"):
+                self.bytes_pushed += psio.push_rows(self.ps, plan.plan_push,
+                                                    self.cache.rows[self.cache.slots(plan.plan_push)])
+
+    def update_replicas(self, mb: MicroBatch, grads: np.ndarray, step_rows: StepRows) -> None:
+        """All-reduce and apply the replicated tables' gradients (NOTE [replicated tables])."""
+        if self.replicas is None:
+            return
+        with self.timer("replicas"):
+            tab = step_rows.tables()
+            rep = np.isin(tab, self._replicated)
+            self.bytes_allreduced += self.replicas.update(mb.replicated, KeySet(tab[rep], step_rows.uniq[rep]),
+                                                          grads[rep])
+
+    # ------------------------------------------------------------- barrier
+    def flush(self, keys: KeySet, reset: bool) -> None:
+        """Write back the only-latest rows ``keys``; with ``reset`` then empty the cache
+        (NOTE [checkpoint barrier] in herald/dispatch/dispatcher.py)."""
+        if len(keys):
+            self.bytes_pushed += psio.push_rows(self.ps, keys, self.cache.rows[self.cache.slots(keys)])
+        if self.replicas is not None:
+            if self.rank == 0:
+                self.replicas.write_back()
+            if reset:
+                self.replicas.clear()
+        if reset:
+            self.cache = EmbeddingCache(self.cache.capacity_rows, self.cache.row_width)
+
+    def forget_prefetches(self) -> None:
+        """Drop prefetched rows not used yet (their replies are discarded on arrival)."""
+        self._early.clear()
+
+    def take_traffic(self) -> dict[str, int]:
+        """Bytes pulled, pushed and all-reduced since the last call (then reset to 0)."""
+        out = {"bytes_pulled": self.bytes_pulled, "bytes_pushed": self.bytes_pushed,
+               "bytes_allreduced": self.bytes_allreduced}
+        self.bytes_pulled = self.bytes_pushed = self.bytes_allreduced = 0
+        return out
+
+    def close(self) -> None:
+        """Close the PS client (idempotent, bounded)."""
+        self.ps.close()

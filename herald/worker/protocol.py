@@ -1,0 +1,92 @@
+"""The consistency-protocol seam: what a worker pulls before forward, what it pushes
+after backward, and when a step may start.
+
+A :class:`ConsistencyProtocol` orders the operations of the :class:`~herald.worker.
+executor.PlanExecutor` for one micro-batch; the worker runtime (:mod:`herald.worker.api`)
+calls :meth:`~ConsistencyProtocol.before_forward` when a micro-batch arrives and
+:meth:`~ConsistencyProtocol.after_backward` from ``step()``, then synchronises the dense
+model and acks. A relaxed mode (HET bounded staleness, Persia hybrid, GBA) is another
+implementation registered in :data:`PROTOCOLS`, chosen by the job's ``consistency``.
+
+:class:`BSP` is the exact protocol: NOTE [step protocol] in ``herald/scheduler/plan.py``.
+A BSP step may start as soon as its micro-batch arrives: the dispatcher sends step
+``t + 1`` only within its credit window, and the dense all-reduce of step ``t`` (which
+every worker enters after its pushes and write-backs of step ``t`` were acknowledged)
+orders every push of step ``t`` before any pull of step ``t + 1`` that the step may
+change. Pulls it cannot change are issued early, while step ``t`` computes
+(:meth:`ConsistencyProtocol.prefetch`, NOTE [early pulls] in herald/dispatch/dispatcher.py).
+"""
+
+from __future__ import annotations
+
+import abc
+
+from herald.dispatch.microbatch import MicroBatch
+from herald.errors import ConfigError
+from herald.worker.executor import PlanExecutor, StepRows
+
+
+class ConsistencyProtocol(abc.ABC):
+    """Orders a worker's embedding reads and writes around forward/backward.
+
+    Args:
+        executor: the worker's :class:`PlanExecutor`.
+    """
+
+    name: str = ""
+
+    def __init__(self, executor: PlanExecutor):
+        self.executor = executor
+
+    def prefetch(self, mb: MicroBatch) -> None:
+        """Start reading what ``mb`` (the next micro-batch, received while the current step
+        runs) may read before the current step's updates land; default: nothing."""
+
+    @abc.abstractmethod
+    def before_forward(self, mb: MicroBatch) -> None:
+        """Make every row ``mb`` reads valid in the cache (evictions, pulls)."""
+
+    @abc.abstractmethod
+    def after_backward(self, mb: MicroBatch, step_rows: StepRows) -> None:
+        """Send or apply the embedding updates of ``mb`` (gradients in ``step_rows.rows.grad``)."""
+
+
+class BSP(ConsistencyProtocol):
+    """Bulk-synchronous, exact: NOTE [step protocol] steps 1-2 before forward, 4-6 after
+    backward (step 7, the dense all-reduce, is the runtime's). Equals single-process
+    training on the same global batches (Herald §3.3; tests/integration/test_train_exact.py).
+    """
+
+    name = "bsp"
+
+    def prefetch(self, mb: MicroBatch) -> None:
+        self.executor.prefetch(mb)          # 2a. pulls not touched by the current step (NOTE [early pulls])
+
+    def before_forward(self, mb: MicroBatch) -> None:
+        self.executor.evict(mb.plan)        # 1. evict (write-backs in flight until before the all-reduce)
+        self.executor.pull(mb)              # 2. pull: every key used is now cached and latest
+        self.executor.pull_replicas(mb)
+
+    def after_backward(self, mb: MicroBatch, step_rows: StepRows) -> None:
+        ex, plan = self.executor, mb.plan
+        grads = ex.gradients(step_rows)
+        ex.push_grads(mb, grads, step_rows)     # 4. shared keys: the PS applies the summed gradient
+        ex.update_local(plan, grads, step_rows)  # 5. keys only this worker used: update the cached row
+        ex.push_plan(plan)                      # 6. rows another worker reads at t + 1
+        ex.update_replicas(mb, grads, step_rows)
+        ex.wait_writes()                        # 1's write-backs land before the all-reduce (7)
+
+
+#: consistency mode name -> protocol class (the job's ``consistency``).
+PROTOCOLS: dict[str, type[ConsistencyProtocol]] = {BSP.name: BSP}
+
+
+def make_protocol(name: str, executor: PlanExecutor) -> ConsistencyProtocol:
+    """The protocol ``name`` over ``executor``.
+
+    Raises:
+        ConfigError: an unknown mode (the message lists the known ones).
+    """
+    if name not in PROTOCOLS:
+        raise ConfigError(f"unknown consistency mode {name!r}; choose one of {sorted(PROTOCOLS)}")
+    return PROTOCOLS[name](executor)

@@ -1,0 +1,453 @@
+"""A real :class:`Dispatcher` against scripted ZeroMQ DEALER peers (fake workers).
+
+Each test serves a tiny job (2 workers, global batches of 8 samples, 2 tables) on a
+background thread and plays the workers from the test thread, message by message, as
+NOTE [dispatch protocol] and NOTE [checkpoint barrier] describe. Every wait is bounded:
+peers poll with a deadline and the dispatcher runs with a short ``peer_timeout_ms``,
+so a broken protocol fails the test instead of hanging it.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import threading
+import time
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+import zmq
+
+from herald import wire
+from herald.dispatch.dispatcher import Dispatcher, DispatcherConfig, StepRecord
+from herald.dispatch.microbatch import MicroBatch
+from herald.errors import HeraldError, PeerTimeout, ProtocolError
+from herald.job.spec import JobSpec
+from herald.loader.batch import SampleBatch
+from herald.ps import TableConfig
+from herald.scheduler import Scheduler
+from herald.scheduler.config import SchedulerConfig
+
+WORKERS, PER_WORKER, TABLES, VOCAB = 2, 4, 2, 12
+CAPACITY_ROWS = 10           # >= the 8 keys of a micro-batch, < the 24 keys of the job: evictions happen
+WAIT_S = 4.0                 # longest a scripted exchange may take before the test fails
+PEER_TIMEOUT_MS = 1000
+
+
+def make_batches(n: int, seed: int = 0) -> list[SampleBatch]:
+    """``n`` global batches of ``WORKERS * PER_WORKER`` single-hot samples over ``TABLES``
+    tables of ``VOCAB`` ids (small enough that keys repeat across batches and workers)."""
+    rng = np.random.default_rng(seed)
+    gb = WORKERS * PER_WORKER
+    out = []
+    for _ in range(n):
+        values = [rng.integers(0, VOCAB, gb).astype(np.uint64) for _ in range(TABLES)]
+        offsets = [np.arange(gb + 1, dtype=np.int64) for _ in range(TABLES)]
+        out.append(SampleBatch(rng.integers(0, 2, gb).astype(np.float32),
+                               rng.standard_normal((gb, 3)).astype(np.float32), values, offsets))
+    return out
+
+
+def make_job() -> JobSpec:
+    tables = tuple(TableConfig(f"t{i}", 4) for i in range(TABLES))
+    return JobSpec(tables=tables, dense_dim=3, ps=("tcp://127.0.0.1:1",))  # never dialled: no worker is real
+
+
+def scheduler_factory() -> Scheduler:
+    cfg = SchedulerConfig(num_workers=WORKERS, batch_size_per_worker=PER_WORKER, cache_capacity_rows=CAPACITY_ROWS)
+    return Scheduler(cfg, num_tables=TABLES)
+
+
+class Peer:
+    """A scripted worker: a DEALER with identity ``worker-<rank>``; every receive is bounded."""
+
+    def __init__(self, address: str, rank: int, log: list):
+        self.rank, self.log = rank, log
+        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.IDENTITY, f"worker-{rank}".encode())
+        self.sock.connect(address)
+        self.received: list[str] = []   # ops in arrival order
+        self.steps: list[int] = []      # micro-batch steps in arrival order
+        self.micro_batches: list[MicroBatch] = []
+        self.sent_keys: set = set()     # (table, id) of every micro-batch received
+        self.job: JobSpec | None = None
+        self.ended: int | None = None   # the end message's step count
+        self.error: str | None = None   # the dispatcher's error message
+
+    def send(self, header: dict[str, Any], arrays: list[np.ndarray] = ()) -> None:
+        self.log.append((self.rank, "sent", header["op"]))
+        self.sock.send_multipart(wire.pack(header, arrays), copy=False)
+
+    def recv(self, timeout_s: float = WAIT_S) -> tuple[dict, list]:
+        if not self.sock.poll(int(timeout_s * 1e3)):
+            raise AssertionError(f"peer {self.rank}: no message from the dispatcher within {timeout_s} s "
+                                 f"(received so far: {self.received})")
+        return self.take()
+
+    def take(self) -> tuple[dict, list]:
+        """Decode one waiting message and remember what it was."""
+        header, arrays = wire.unpack(self.sock.recv_multipart())
+        op = header["op"]
+        self.received.append(op)
+        self.log.append((self.rank, "got", op))
+        if op == "config":
+            self.job = JobSpec.from_dict(header["job"])
+        elif op == "microbatch":
+            mb = MicroBatch.from_frames(header, arrays)
+            assert mb.rank == self.rank and len(mb) == PER_WORKER
+            self.steps.append(mb.step)
+            self.micro_batches.append(mb)
+            for t in range(mb.num_tables):
+                self.sent_keys |= {(t, int(i)) for i in mb.unique_ids[t]}
+        elif op == "end":
+            self.ended = header["steps"]
+        elif op == "error":
+            self.error = header["message"]
+        return header, arrays
+
+    def hello(self) -> None:
+        self.send({"op": "hello", "rank": self.rank, "world_size": WORKERS})
+
+    def ack(self, step: int, loss: float = 0.5) -> None:
+        labels = np.full(PER_WORKER, self.rank, np.float32)
+        self.send({"op": "ack", "rank": self.rank, "step": step, "loss": loss,
+                   "bytes_pulled": 10 + self.rank, "bytes_pushed": 100 + self.rank},
+                  [labels, np.full(PER_WORKER, 0.25, np.float32)])
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+
+
+class Served:
+    """``dispatcher.serve()`` on a daemon thread; its result or exception is kept."""
+
+    def __init__(self, dispatcher: Dispatcher):
+        self.dispatcher = dispatcher
+        self.result: list[StepRecord] | None = None
+        self.error: BaseException | None = None
+        self.ended_at: float | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True, name="dispatcher-serve")
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.result = self.dispatcher.serve()
+        except BaseException as exc:  # handed to the test thread
+            self.error = exc
+        finally:
+            self.ended_at = time.monotonic()
+
+    def join(self, timeout_s: float = WAIT_S) -> None:
+        self.thread.join(timeout_s)
+        assert not self.thread.is_alive(), f"serve() still running after {timeout_s} s"
+
+
+@pytest.fixture
+def job_of():
+    """``job_of(batches, hello=ranks, log=list, **settings) -> (dispatcher, served, peers, log)``.
+
+    ``settings`` are :class:`DispatcherConfig` fields or the callbacks of :class:`Dispatcher`;
+    the peers of ``hello`` said hello (all: and received their config); ``log`` gets
+    ``(rank, "sent"/"got", op)`` of every peer message. Everything is closed after the test."""
+    made: list = []
+
+    def start(batches, hello: tuple[int, ...] = (0, 1), log: list | None = None, **kwargs):
+        log = [] if log is None else log
+        kwargs.setdefault("peer_timeout_ms", PEER_TIMEOUT_MS)
+        extra = {k: kwargs.pop(k) for k in ("on_step", "on_checkpoint", "checkpoint_path", "sample_id_log")
+                 if k in kwargs}
+        d = Dispatcher(DispatcherConfig(num_workers=WORKERS, **kwargs), batches, scheduler_factory, make_job(),
+                       **extra)
+        peers = [Peer(d.address, r, log) for r in range(WORKERS)]
+        served = Served(d)
+        made.append((d, peers, served))
+        for r in hello:
+            peers[r].hello()
+        if len(hello) == WORKERS:
+            for p in peers:
+                header, _ = p.recv()
+                assert header["op"] == "config"
+                assert p.job.num_workers == WORKERS and p.job.capacity_rows == CAPACITY_ROWS
+                assert p.job.tables == make_job().tables and p.job.ps == make_job().ps
+        return d, served, peers, log
+
+    yield start
+    for d, peers, served in made:
+        served.thread.join(PEER_TIMEOUT_MS / 1e3 + 2)  # every serve ends by itself within peer_timeout_ms
+        for p in peers:
+            p.close()
+        if not served.thread.is_alive():
+            d.close()
+
+
+def drive(peers: list[Peer], react: Callable[[Peer, dict, list], None], until: Callable[[], bool],
+          timeout_s: float = WAIT_S) -> None:
+    """Deliver every dispatcher message to ``react(peer, header, arrays)`` until ``until()``."""
+    poller = zmq.Poller()
+    for p in peers:
+        poller.register(p.sock, zmq.POLLIN)
+    deadline = time.monotonic() + timeout_s
+    while not until():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"script did not finish within {timeout_s} s; received: "
+                                 f"{[p.received for p in peers]}")
+        ready = dict(poller.poll(50))
+        for p in peers:
+            if p.sock in ready:
+                header, arrays = p.take()
+                if p.error is not None:
+                    raise AssertionError(f"peer {p.rank}: the dispatcher failed: {p.error}")
+                react(p, header, arrays)
+
+
+def cooperative(p: Peer, header: dict, arrays: list = ()) -> None:
+    """A well-behaved worker: ack every step at once, answer flush and save."""
+    op = header["op"]
+    if op == "microbatch":
+        p.ack(header["step"], loss=0.5 + p.rank)
+    elif op == "flush":
+        p.send({"op": "flushed", "rank": p.rank})
+    elif op == "save":
+        p.send({"op": "saved", "rank": p.rank})
+
+
+def ack_only(p: Peer, header: dict, arrays: list = ()) -> None:
+    """Ack micro-batches; ignore everything else (the test answers the rest)."""
+    if header["op"] == "microbatch":
+        p.ack(header["step"])
+
+
+def all_ended(peers: list[Peer]) -> Callable[[], bool]:
+    return lambda: all(p.ended is not None for p in peers)
+
+
+# ------------------------------------------------------------------ happy path
+def test_happy_path_every_step_is_recorded_in_order_and_end_counts_steps(job_of):
+    n, gb = 5, WORKERS * PER_WORKER
+    seen: list[int] = []
+    id_log = io.BytesIO()
+    batches = make_batches(n)
+    d, served, peers, _ = job_of(batches, on_step=lambda rec: seen.append(rec.step), sample_id_log=id_log)
+    drive(peers, cooperative, all_ended(peers))
+    served.join()
+    assert served.error is None, served.error
+    records = served.result
+    assert [r.step for r in records] == list(range(n)) == seen
+    # every sample of batch t goes to exactly one worker at step t, with its own data
+    for step, batch in enumerate(batches):
+        positions = []
+        for p in peers:
+            mb = p.micro_batches[step]
+            pos = (mb.sample_ids - np.uint64(step * gb)).astype(np.int64)  # ids are sequence numbers
+            assert np.array_equal(mb.labels, batch.labels[pos]) and np.array_equal(mb.dense, batch.dense[pos])
+            for t in range(TABLES):
+                assert np.array_equal(mb.values(t), batch.values[t][pos])
+            positions += pos.tolist()
+        assert sorted(positions) == list(range(gb))
+    assert np.array_equal(np.sort(np.frombuffer(id_log.getvalue(), np.uint64)), np.arange(n * gb, dtype=np.uint64))
+    for p in peers:
+        assert p.steps == list(range(n))
+        assert p.ended == n
+        # the final barrier flushes (reset=False) before the end; then nothing else
+        assert p.received == ["config"] + ["microbatch"] * n + ["flush", "end"]
+    for r in records:
+        assert r.loss == pytest.approx(1.0)              # mean of 0.5 and 1.5
+        assert (r.bytes_pulled, r.bytes_pushed) == (21, 201)
+        assert r.counts.shape[0] == WORKERS
+        assert r.labels.tolist() == [0.0] * PER_WORKER + [1.0] * PER_WORKER   # rank order
+        assert r.probs.shape == (WORKERS * PER_WORKER,)
+
+
+def test_final_flush_names_only_keys_the_worker_was_sent(job_of):
+    flushed: dict[int, set] = {}
+
+    def react(p: Peer, header: dict, arrays: list) -> None:
+        if header["op"] == "flush":
+            assert header["reset"] is False  # the final barrier keeps the caches
+            flushed[p.rank] = set(zip(arrays[0].tolist(), arrays[1].tolist()))
+        cooperative(p, header, arrays)
+
+    d, served, peers, _ = job_of(make_batches(4))
+    drive(peers, react, all_ended(peers))
+    served.join()
+    assert served.error is None, served.error
+    for p in peers:
+        assert flushed[p.rank] <= p.sent_keys
+    assert not flushed[0] & flushed[1], "a key has one only-latest copy"
+    assert flushed[0] | flushed[1], "the scheduler owes some write-backs after 4 steps"
+
+
+# ------------------------------------------------------------- out-of-order acks
+def test_acks_of_two_inflight_steps_may_interleave_across_ranks(job_of):
+    d, served, peers, _ = job_of(make_batches(3), max_inflight_steps=2)
+    p0, p1 = peers
+    for p in peers:       # two steps in flight: both arrive before any ack
+        for step in (0, 1):
+            header, _ = p.recv()
+            assert (header["op"], header["step"]) == ("microbatch", step)
+    assert not p0.sock.poll(200), "a third step was sent beyond max_inflight_steps=2"
+    p1.ack(0)
+    p1.ack(1)             # rank 1 acks step 1 before rank 0 acked step 0
+    p0.ack(0)
+    p0.ack(1)
+    drive(peers, cooperative, all_ended(peers))
+    served.join()
+    assert served.error is None, served.error
+    assert [r.step for r in served.result] == [0, 1, 2]
+    assert [p.ended for p in peers] == [3, 3]
+
+
+# -------------------------------------------------------------- protocol errors
+@pytest.mark.parametrize("bad", ["duplicate", "unknown_rank", "not_in_flight"])
+def test_bad_ack_is_a_protocol_error_naming_step_and_rank(job_of, bad):
+    d, served, peers, _ = job_of(make_batches(3), max_inflight_steps=2)
+    p0, p1 = peers
+    for p in peers:
+        p.recv(), p.recv()
+    if bad == "duplicate":
+        p0.ack(0)
+        p0.ack(0)
+        want = r"step 0 .*rank 0"
+    elif bad == "unknown_rank":
+        p0.ack(0)
+        p1.send({"op": "ack", "rank": 7, "step": 0, "loss": 0.0})  # rank 7 of a 2-worker job
+        want = r"step 0 .*rank 7"
+    else:
+        p1.ack(5)
+        want = r"step 5 .*rank 1"
+    served.join()
+    assert isinstance(served.error, ProtocolError), served.error
+    assert re.search(want, str(served.error)), str(served.error)
+    for p in peers:       # every worker is told, so none waits out its own timeout
+        header, _ = p.recv()
+        while header["op"] != "error":
+            header, _ = p.recv()
+        assert "ProtocolError" in header["message"]
+
+
+@pytest.mark.parametrize("phase", ["step", "flush", "hello"])
+def test_unknown_op_from_a_peer_is_a_protocol_error_naming_the_op(job_of, phase):
+    hello = (0,) if phase == "hello" else (0, 1)
+    d, served, peers, _ = job_of(make_batches(1), hello=hello)
+    p0, p1 = peers
+    if phase == "hello":
+        p1.send({"op": "frobnicate", "rank": 1})
+    elif phase == "step":
+        p0.recv()
+        p1.recv()
+        p0.send({"op": "frobnicate", "rank": 0})
+    else:
+        drive(peers, ack_only, lambda: all("flush" in p.received for p in peers))
+        p0.send({"op": "flushed", "rank": 0})
+        p1.send({"op": "frobnicate", "rank": 1})
+    served.join()
+    assert isinstance(served.error, ProtocolError), served.error
+    assert "'frobnicate'" in str(served.error)
+
+
+def test_flushed_from_a_rank_not_awaited_is_a_protocol_error(job_of):
+    d, served, peers, _ = job_of(make_batches(1))
+    drive(peers, ack_only, lambda: all("flush" in p.received for p in peers))
+    peers[0].send({"op": "flushed", "rank": 0})
+    peers[1].send({"op": "flushed", "rank": 0})   # rank 1 answers in rank 0's name
+    served.join()
+    assert isinstance(served.error, ProtocolError), served.error
+    assert "rank 0" in str(served.error) and "flushed" in str(served.error)
+
+
+# ------------------------------------------------------------------- timeouts
+def test_silent_peer_is_a_peer_timeout_naming_the_missing_rank(job_of):
+    d, served, peers, _ = job_of(make_batches(3), max_inflight_steps=2)
+    p0, p1 = peers
+    for _ in range(2):    # rank 1 receives its steps and never answers
+        assert p1.recv()[0]["op"] == "microbatch"
+    for _ in range(2):
+        p0.ack(p0.recv()[0]["step"])
+    last_message = time.monotonic()
+    served.join(PEER_TIMEOUT_MS / 1e3 + 2)
+    assert isinstance(served.error, PeerTimeout), served.error
+    waited = served.ended_at - last_message
+    assert 0.8 * PEER_TIMEOUT_MS / 1e3 <= waited <= PEER_TIMEOUT_MS / 1e3 + 1.0, waited
+    msg = str(served.error)
+    assert "ack of step 0 from workers [1]" in msg and f"{PEER_TIMEOUT_MS} ms" in msg
+    assert served.error.peer is not None and "[1]" in served.error.peer
+    header, _ = p0.recv()                     # the live worker learns why the job stopped
+    assert header["op"] == "error" and "PeerTimeout" in header["message"]
+
+
+def test_peer_missing_at_handshake_is_a_peer_timeout_naming_it(job_of):
+    t0 = time.monotonic()
+    d, served, peers, _ = job_of(make_batches(1), hello=(0,))
+    served.join(PEER_TIMEOUT_MS / 1e3 + 2)
+    assert isinstance(served.error, PeerTimeout), served.error
+    assert "hello from workers [1]" in str(served.error)
+    assert served.ended_at - t0 <= PEER_TIMEOUT_MS / 1e3 + 1.0
+
+
+# ------------------------------------------------------------ a worker's error
+def test_worker_error_stops_the_job_and_the_others_are_told(job_of):
+    d, served, peers, _ = job_of(make_batches(3))
+    p0, p1 = peers
+    p0.recv()
+    p1.recv()
+    p1.send({"op": "error", "rank": 1, "message": "CUDA out of memory"})
+    served.join()
+    assert type(served.error) is HeraldError, served.error
+    assert "worker 1" in str(served.error) and "CUDA out of memory" in str(served.error)
+    header, _ = p0.recv()
+    while header["op"] == "microbatch":
+        header, _ = p0.recv()
+    assert header["op"] == "error" and "worker 1" in header["message"]
+    assert served.result is None
+
+
+# -------------------------------------------------------- checkpoint barrier
+def test_checkpoint_barrier_flushes_saves_calls_back_and_goes_on(job_of, tmp_path):
+    calls: list = []
+    log: list = []
+
+    def on_checkpoint(step, batch_index, path, state):
+        log.append(("dispatcher", "on_checkpoint", step))
+        calls.append((step, batch_index, path, state))
+
+    def path(step: int) -> str:
+        return str(tmp_path / f"ckpt-{step}")
+
+    d, served, peers, _ = job_of(make_batches(4), log=log, checkpoint_every_steps=2,
+                                 on_checkpoint=on_checkpoint, checkpoint_path=path)
+    saves: list[str] = []
+    resets: list[bool] = []
+
+    def react(p: Peer, header: dict, arrays: list) -> None:
+        if header["op"] == "save":
+            saves.append(header["path"])
+        if header["op"] == "flush":
+            resets.append(header["reset"])
+        cooperative(p, header, arrays)
+
+    drive(peers, react, all_ended(peers))
+    served.join()
+    assert served.error is None, served.error
+    assert [r.step for r in served.result] == [0, 1, 2, 3]
+    assert [c[:3] for c in calls] == [(1, 1, path(1)), (3, 3, path(3))]
+    assert saves == [path(1), path(3)]
+    assert resets == [True] * 4      # two periodic barriers (caches emptied), two workers each
+    first = calls[0][3]
+    assert (first["next_step"], first["next_batch"], first["checkpoints"]) == (2, 2, [1])
+    assert d.checkpoints == [1, 3]
+    # each rank's view: steps, then the barrier, then training goes on
+    assert peers[0].received == ["config", "microbatch", "microbatch", "flush", "save",
+                                 "microbatch", "microbatch", "flush", "save", "end"]
+    assert peers[1].received == ["config", "microbatch", "microbatch", "flush",
+                                 "microbatch", "microbatch", "flush", "end"]
+    # across ranks: both flushed before rank 0 is asked to save; on_checkpoint after saved
+    # and before any micro-batch of the next step is sent
+    events = list(log)
+    first_save = events.index((0, "got", "save"))
+    assert (0, "sent", "flushed") in events[:first_save] and (1, "sent", "flushed") in events[:first_save]
+    first_cb = events.index(("dispatcher", "on_checkpoint", 1))
+    assert events.index((0, "sent", "saved")) < first_cb
+    got_mb = [i for i, e in enumerate(events) if e[1:] == ("got", "microbatch")]
+    assert sum(i < first_cb for i in got_mb) == 4 and sum(i > first_cb for i in got_mb) == 4

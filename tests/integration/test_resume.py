@@ -1,0 +1,186 @@
+"""``herald train --resume`` for file sources: a job stopped after a checkpoint (at a
+checkpoint step, or by a real kill -9 of ``herald train``) and resumed from the same
+run folder trains exactly the model of an uninterrupted run.
+
+Why it is exact: NOTE [checkpoint barrier] (herald/dispatch/dispatcher.py). At a
+barrier the caches are emptied and a fresh scheduler starts, so the job goes on from
+the PS rows, the dense state and the dispatcher's state (next step, next batch, the
+producer's source position) alone, which is what a checkpoint holds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from herald.dispatch.dispatcher import Dispatcher, DispatcherConfig
+from herald.errors import ConfigError, DataError, HeraldError
+from herald.job.launcher import run_train
+from herald.job.spec import JobSpec, TrainConfig
+from herald.loader import datagen, open_source
+from herald.loader.global_batches import GlobalBatches
+from herald.ps import TableConfig
+
+pytestmark = pytest.mark.integration
+
+WORKERS, BATCH, EVERY, STEPS = 2, 32, 8, 24
+GB = WORKERS * BATCH
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory, data_dir):
+    root = tmp_path_factory.mktemp("resume-data")
+    pq = root / "synthetic.parquet"
+    datagen(pq, rows=3000, seed=11, progress=False)
+    tsv = root / "criteo_prefix.tsv"   # a prefix of the real Criteo sample
+    lines = (data_dir / "criteo" / "criteo_kaggle_sample_train.tsv").read_bytes().splitlines(keepends=True)
+    tsv.write_bytes(b"".join(lines[:2500]))
+    return {"parquet": pq, "tsv": tsv}
+
+
+def _flags(source, run_dir, steps):
+    return {"source": str(source), "workers": WORKERS, "batch_size": BATCH, "cache_rows": 1200, "embedding_dim": 4,
+            "dense_optimizer": "adam", "dense_lr": 0.01, "steps": steps, "eval_fraction": 0.0, "seed": 3,
+            "checkpoint_every": EVERY, "run_dir": str(run_dir), "timeout_ms": 60_000, "log_sample_ids": True}
+
+
+def _train(source, run_dir, steps, resume=False):
+    return run_train(TrainConfig(**_flags(source, run_dir, steps), resume=resume), progress=False)
+
+
+def _cli(source, run_dir, steps):
+    args = [sys.executable, "-m", "herald", "train", "--quiet"]
+    for key, value in _flags(source, run_dir, steps).items():
+        flag = "--" + key.replace("_", "-")
+        args += [flag] if value is True else [flag, str(value)]
+    return args
+
+
+def _ps_rows(checkpoint: pathlib.Path) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Every PS row (embedding + optimizer state) of a checkpoint: table -> (keys, rows), key-sorted."""
+    out = {}
+    for manifest in sorted(checkpoint.glob("ps/shard-*/manifest.json")):
+        for t, entry in enumerate(json.loads(manifest.read_text())["tables"]):
+            keys = np.fromfile(manifest.parent / entry["keys"]["file"], entry["keys"]["dtype"])
+            rows = np.fromfile(manifest.parent / entry["rows"]["file"], entry["rows"]["dtype"])
+            rows = rows.reshape(entry["rows"]["shape"])
+            have_k, have_r = out.get(t, (np.zeros(0, np.uint64), np.zeros((0, rows.shape[1]), np.float32)))
+            out[t] = (np.concatenate([have_k, keys]), np.concatenate([have_r, rows]))
+    return {t: (k[np.argsort(k)], r[np.argsort(k)]) for t, (k, r) in out.items()}
+
+
+def _ids(run_dir) -> np.ndarray:
+    return np.fromfile(pathlib.Path(run_dir) / "trained_sample_ids.u64", np.uint64)
+
+
+def _assert_same_model(resumed: pathlib.Path, whole: pathlib.Path) -> None:
+    final = f"checkpoints/step-{STEPS - 1:08d}"
+    a, b = _ps_rows(resumed / final), _ps_rows(whole / final)
+    assert a.keys() == b.keys() and a
+    for t in a:
+        assert np.array_equal(a[t][0], b[t][0]), f"table {t}: the resumed job's PS holds other keys"
+        worst = float(np.abs(a[t][1] - b[t][1]).max())
+        assert worst <= 1e-6, f"table {t}: PS rows differ by {worst}"
+    da = torch.load(resumed / "dense-rank0.pt", weights_only=True)
+    db = torch.load(whole / "dense-rank0.pt", weights_only=True)
+    assert da.keys() == db.keys()
+    worst = max(float((da[k] - db[k]).abs().max()) for k in da)
+    assert worst <= 1e-6, f"dense parameters differ by {worst}"
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def _kill_after_first_checkpoint(args: list[str], run_dir: pathlib.Path) -> int:
+    """Run ``herald train`` and kill -9 it as soon as a checkpoint is complete; the step of it."""
+    job = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        latest = run_dir / "checkpoints" / "latest"
+        deadline = time.monotonic() + 120
+        while not latest.exists():
+            assert job.poll() is None, f"herald train ended before its first checkpoint: {job.stderr.read()[-2000:]}"
+            assert time.monotonic() < deadline, "no checkpoint within 120 s"
+            time.sleep(0.01)
+        children = _children(job.pid)
+        os.kill(job.pid, signal.SIGKILL)
+        assert job.wait(10) == -signal.SIGKILL, "herald train had already finished: kill it earlier"
+        gone = time.monotonic() + 10   # its PS shard and workers die with it
+        while any(pathlib.Path(f"/proc/{c}").exists() for c in children) and time.monotonic() < gone:
+            time.sleep(0.05)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait(10)
+        job.stderr.close()
+    step = json.loads((run_dir / "checkpoints" / latest.read_text().strip() / "meta.json").read_text())["step"]
+    assert step < STEPS - 1, f"the killed job had already checkpointed step {step}"
+    return step
+
+
+@pytest.mark.parametrize("kind,stop", [("parquet", "at_checkpoint_step"), ("tsv", "kill_minus_9")])
+def test_resumed_job_trains_the_uninterrupted_model(tmp_path, sources, kind, stop):
+    source = sources[kind]
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    rep = _train(source, whole, STEPS)
+    assert rep["steps"] == STEPS and rep["transmissions"]["evict_push"] > 0, "the cache was never under pressure"
+
+    if stop == "at_checkpoint_step":
+        _train(source, parts, 2 * EVERY)        # stops right after the checkpoint of step 2 * EVERY - 1
+        stopped_at = 2 * EVERY - 1
+        trained_before = _ids(parts).size
+    else:
+        stopped_at = _kill_after_first_checkpoint(_cli(source, parts, STEPS), parts)
+        trained_before = _ids(parts).size       # may include steps after the checkpoint (replayed)
+    assert (stopped_at + 1) % EVERY == 0
+
+    rep = _train(source, parts, STEPS, resume=True)
+    assert rep["steps"] == STEPS - stopped_at - 1, "--steps counts the job's total steps"
+    # the resumed dispatcher continues at the next step and the next global batch
+    ids = _ids(whole)
+    assert np.array_equal(_ids(parts)[trained_before:], ids[(stopped_at + 1) * GB:])
+    assert np.array_equal(_ids(parts)[:(stopped_at + 1) * GB], ids[:(stopped_at + 1) * GB])
+    _assert_same_model(parts, whole)
+    meta = json.loads((parts / f"checkpoints/step-{STEPS - 1:08d}/meta.json").read_text())
+    assert meta["dispatcher"]["next_step"] == meta["dispatcher"]["next_batch"] == STEPS
+    assert meta["dispatcher"]["batches"]["info"]["batches"] == STEPS
+
+
+def test_dispatcher_state_is_validated(sources):
+    tables = tuple(TableConfig(name=f"t{i}", dim=4) for i in range(26))
+    job = JobSpec(tables=tables, dense_dim=13, ps=("ipc:///nowhere",))
+    batches = GlobalBatches(open_source(sources["parquet"]), GB)
+    with Dispatcher(DispatcherConfig(num_workers=WORKERS), batches, lambda: None, job) as disp:
+        good = json.loads(json.dumps(disp.state_dict()))
+        assert good["next_step"] == good["next_batch"] == 0 and good["batches"]["format"] == "global_batches"
+        for bad, err in [(None, DataError), ({**good, "format": "scheduler"}, DataError),
+                         ({**good, "next_step": -1}, DataError), ({**good, "next_batch": "2"}, DataError),
+                         ({**good, "checkpoints": [5]}, DataError), ({**good, "num_workers": 3}, ConfigError),
+                         ({**good, "batches": {**good["batches"], "global_batch": 32}}, ConfigError)]:
+            with pytest.raises(err):
+                disp.load_state_dict(bad)
+        disp.load_state_dict({**good, "next_step": 7, "next_batch": 7, "checkpoints": [3]})
+        assert disp.next_step == 7 and disp.state_dict()["checkpoints"] == [3]
+    batches.close()
+    with Dispatcher(DispatcherConfig(num_workers=WORKERS), [], lambda: None, job) as disp:
+        with pytest.raises(ConfigError, match="cannot load"):
+            disp.load_state_dict(good)
+        disp._at_barrier = False   # as between two barriers
+        with pytest.raises(HeraldError, match="checkpoint barrier"):
+            disp.state_dict()

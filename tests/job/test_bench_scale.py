@@ -1,0 +1,42 @@
+"""``herald bench scale`` end to end on a tiny stream: the JSON it writes, and a baseline that trains."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from herald.job import bench_scale
+
+pytestmark = pytest.mark.integration
+
+SOURCE = "synthetic://criteo?rows=20000&seed=1"
+
+
+def test_worker_counts_are_powers_of_two_up_to_the_maximum():
+    assert bench_scale.worker_counts(1) == [1]
+    assert bench_scale.worker_counts(4) == [1, 2, 4]
+    assert bench_scale.worker_counts(6) == [1, 2, 4, 6]
+
+
+def test_the_plain_torch_baseline_trains():
+    losses = bench_scale.plain_torch_losses(SOURCE, steps=60)
+    assert len(losses) == 60
+    assert np.mean(losses[-10:]) < np.mean(losses[:10]) - 0.02, losses
+
+
+def test_bench_scale_writes_every_run(tmp_path):
+    out = tmp_path / "scale.json"
+    assert bench_scale.main(["--rows", "20000", "--max-workers", "2", "--schedules", "herald",
+                             "--out", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert got["plain_torch"]["samples_per_s"] > 0
+    assert [(r["workers"], r["schedule"]) for r in got["runs"]] == [(1, "herald"), (2, "herald")]
+    for r in got["runs"]:
+        assert r["samples_per_s"] > 0
+        assert isinstance(r["phases_ms"], dict)
+        assert r["ratio_vs_plain_torch"] > 0 and r["scaling_factor"] > 0
+    assert got["runs"][0]["scaling_factor"] == pytest.approx(1.0)
+    cap = got["dispatcher_capacity_samples_per_s"]
+    assert cap is None or cap > 0

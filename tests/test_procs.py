@@ -1,0 +1,85 @@
+"""The process supervisor shared by ``herald train`` and ``LocalShards``."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+
+from herald.errors import ConfigError, HeraldError
+from herald.procs import Supervisor
+
+
+def _python(code: str) -> list[str]:
+    return [sys.executable, "-c", code]
+
+
+def test_check_names_the_child_that_exited_with_its_log_tail(tmp_path):
+    with Supervisor(tmp_path, env={"HERALD_TEST_WORD": "marmot"}) as sup:
+        sup.start("fine", _python("import time; time.sleep(30)"))
+        sup.start("bad", _python("import os, sys\n"
+                                 "for i in range(40): print('line', i)\n"
+                                 "print('dying:', os.environ['HERALD_TEST_WORD'], file=sys.stderr)\n"
+                                 "sys.exit(3)"))
+        sup.procs["bad"].wait(30)
+        with pytest.raises(HeraldError) as info:
+            sup.check()
+        msg = str(info.value)
+        assert msg.startswith("bad exited with code 3") and str(tmp_path / "bad.log") in msg
+        assert "dying: marmot" in msg and "line 39" in msg and "line 20" not in msg  # the tail only
+        assert sup.failure() == msg
+    assert sup.procs["fine"].poll() is not None  # closed: stopped
+    assert sup.failure() == msg  # a crash before the stop stays a failure
+    sup.close()  # idempotent
+
+
+def test_failure_waits_up_to_grace_and_ignores_clean_exits(tmp_path):
+    with Supervisor(tmp_path) as sup:
+        sup.start("ok", _python("pass"))
+        sup.procs["ok"].wait(30)
+        assert sup.failure() is None
+        sup.start("late", _python("import time, sys; time.sleep(0.5); sys.exit(2)"))
+        assert sup.failure(grace_s=0.0) is None
+        msg = sup.failure(grace_s=20.0)
+        assert msg is not None and msg.startswith("late exited with code 2")
+
+
+def test_stop_kills_a_child_that_ignores_sigterm_within_the_bound(tmp_path):
+    sup = Supervisor(tmp_path, new_session=True)
+    p = sup.start("stubborn", _python("import signal, time\n"
+                                      "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                                      "print('ready', flush=True)\n"
+                                      "time.sleep(60)"))
+    deadline = time.monotonic() + 30
+    while "ready" not in sup.tail("stubborn") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    t0 = time.monotonic()
+    sup.stop(timeout_s=0.5)
+    assert time.monotonic() - t0 < 3.0
+    assert p.poll() == -9  # SIGKILL after the bound
+    assert sup.failure() is None  # stopped on purpose: not a failure
+    sup.close()
+
+
+def test_wait_is_bounded_and_names_the_child(tmp_path):
+    with Supervisor(tmp_path) as sup:
+        sup.start("sleeper", _python("import time; time.sleep(60)"))
+        t0 = time.monotonic()
+        with pytest.raises(HeraldError, match="sleeper did not exit within 0 s after the test"):
+            sup.wait(timeout_s=0.3, context=" after the test")
+        assert time.monotonic() - t0 < 3.0
+
+
+def test_restart_appends_to_the_log_and_a_running_name_is_refused(tmp_path):
+    with Supervisor(tmp_path) as sup:
+        sup.start("w", _python("print('first')"))
+        sup.procs["w"].wait(30)
+        sup.start("w", _python("print('second', flush=True); import time; time.sleep(30)"))
+        with pytest.raises(ConfigError, match="already running"):
+            sup.start("w", _python("pass"))
+        deadline = time.monotonic() + 30
+        while "second" not in sup.tail("w") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sup.terminate("w", timeout_s=5.0) == -15
+        assert (tmp_path / "w.log").read_text().split() == ["first", "second"]
