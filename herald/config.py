@@ -21,15 +21,23 @@ def from_mapping(cls: type[T], mapping: Mapping[str, Any] | None, *, where: str 
         ConfigError: a key is not a field of ``cls`` (the message lists the known keys),
             or ``cls.__post_init__`` rejected a value.
     """
-    mapping = dict(mapping or {})
-    known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(set(mapping) - known)
+    return split_options(dict(mapping or {}), cls, where=where or cls.__name__)[0]
+
+
+def split_options(options: Mapping[str, Any], *classes: type, extra: tuple[str, ...] = (), where: str = "") -> list:
+    """Build one settings dataclass per class from ``options`` (each key goes to the class
+    that has it as a field); the keys named in ``extra`` are returned last as a dict.
+
+    Raises:
+        ConfigError: a key no class knows (the message lists the known settings).
+    """
+    known = {f.name: c for c in classes for f in dataclasses.fields(c)}
+    unknown = sorted(set(options) - set(known) - set(extra))
     if unknown:
-        label = where or cls.__name__
-        raise ConfigError(
-            f"unknown setting(s) {unknown} for {label}; known settings: {sorted(known)}"
-        )
-    return cls(**mapping)  # type: ignore[call-arg]
+        raise ConfigError(f"unknown setting(s) {unknown} for {where}; known settings: "
+                          f"{sorted(set(known) | set(extra))}")
+    out = [c(**{k: v for k, v in options.items() if known.get(k) is c}) for c in classes]
+    return out + [{k: v for k, v in options.items() if k in extra}]
 
 
 def parse_value(text: Any) -> Any:

@@ -21,18 +21,21 @@ Criteo-shaped stream of ``--rows`` rows: 13 dense features, 26 tables):
    0.02. Samples/s is the report's ``samples_per_second``: steady throughput, from the
    first step's ack to the last (start-up and the first step are out, as the baseline's
    warm-up is); the report's ``wall_samples_per_second`` (start-up in) is kept beside it.
-3. the dispatcher's capacity (:func:`herald.dispatch.capacity.measure_capacity`: workers
-   replaced by peers that ack at once, 8 workers x 256, herald schedule), when that
-   module exists; else ``null``.
+3. the dispatcher's capacity (:func:`herald.dispatch.capacity.measure_capacity`: a real
+   dispatcher, herald schedule, 8 workers x 256 replaced by peers that ack at once, on
+   its own synthetic Criteo rows, ``--capacity-seconds`` long): the ceiling of any job;
+   ``null`` when that module is not in the tree.
 
 The table gives, per run, samples/s, the ratio to plain PyTorch, the scaling factor
 ``T_N / (N * T_1)`` of its schedule (Herald §6.3, after [51]: ``T_1`` is that schedule's
 1-worker throughput) and the worker phases taking most of a step (the report's
 ``phases``, ms per step). ``--repeats R`` runs everything R times and reports medians.
 
-Runtime on 2 cores: ``--rows 300000 --max-workers 2`` takes about 2.5 minutes;
-the default ``--rows 1200000`` about 9 minutes (per repeat). Run as
-``herald bench scale`` or ``python bench/bench_scale.py``.
+Runtime per repeat on 2 cores: ``--rows 300000 --max-workers 2`` took 3.3 minutes (each
+herald job also spends 7-25 s starting up and evaluating); the default ``--rows 1200000``
+needs about 4x the training time, roughly 11 minutes (scaled, not measured). The
+baseline holds the training split and its tables in memory (under 1 GB at 1.2M rows,
+estimated). Run as ``herald bench scale`` or ``python bench/bench_scale.py``.
 """
 
 from __future__ import annotations
@@ -40,7 +43,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import inspect
 import io
 import json
 import os
@@ -78,6 +80,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--schedules", nargs="+", default=["vanilla", "herald"], help="(default: %(default)s)")
     p.add_argument("--repeats", type=int, default=1, help="run everything R times, report medians (default: 1)")
     p.add_argument("--seed", type=int, default=0, help="model seed of every run (default: %(default)s)")
+    p.add_argument("--capacity-seconds", type=float, default=5.0,
+                   help="how long the dispatcher capacity is measured (default: %(default)s)")
     p.add_argument("--no-capacity", action="store_true", help="skip the dispatcher capacity measurement")
     p.add_argument("--out", default=None, metavar="FILE.json", help="also write the results as JSON")
 
@@ -242,24 +246,21 @@ def run_herald(source: str, workers: int, schedule: str, batch_size: int, run_di
             "steps": rep["steps"]}
 
 
-def dispatcher_capacity() -> float | None:
-    """Samples/s the dispatcher alone sustains (:mod:`herald.dispatch.capacity`, built
-    elsewhere), or None when that module is not in this tree."""
+def dispatcher_capacity(seconds: float = 5.0) -> float | None:
+    """Samples/s the dispatcher alone sustains over ``seconds`` s
+    (:func:`herald.dispatch.capacity.measure_capacity`: fake workers that ack at once,
+    8 workers x 256, herald schedule), or None when that module is not in this tree."""
     try:
         from herald.dispatch.capacity import measure_capacity
     except ModuleNotFoundError as exc:
-        if exc.name not in ("herald.dispatch.capacity",):
+        if exc.name != "herald.dispatch.capacity":
             raise
         print("dispatcher capacity: not measured (herald.dispatch.capacity is not in this tree)")
         return None
-    # the module's arguments are not settled yet: pass those of ours it names
-    wanted = {"workers": CAPACITY_WORKERS, "num_workers": CAPACITY_WORKERS, "batch_size": CAPACITY_BATCH_SIZE,
-              "batch_size_per_worker": CAPACITY_BATCH_SIZE, "schedule": CAPACITY_SCHEDULE}
-    params = inspect.signature(measure_capacity).parameters
-    result = measure_capacity(**{k: v for k, v in wanted.items() if k in params})
-    if isinstance(result, dict):
-        result = next(result[k] for k in ("samples_per_s", "samples_per_second") if k in result)
-    return float(getattr(result, "samples_per_s", result))
+    got = measure_capacity(workers=CAPACITY_WORKERS, batch_size=CAPACITY_BATCH_SIZE, schedule=CAPACITY_SCHEDULE,
+                           seconds=seconds)
+    print(f"dispatcher capacity: {got['samples_per_s']:,.0f} samples/s", flush=True)
+    return float(got["samples_per_s"])
 
 
 # ------------------------------------------------------------------ the run
@@ -276,6 +277,8 @@ def _validate(args: argparse.Namespace) -> None:
     for name in ("rows", "max_workers", "batch_size", "repeats"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.capacity_seconds <= 0:
+        raise ConfigError(f"--capacity-seconds must be > 0, got {args.capacity_seconds}")
     unknown = [s for s in args.schedules if s not in SCHEDULES]
     if unknown:
         raise ConfigError(f"unknown schedules {unknown}; choose from {sorted(SCHEDULES)}")
@@ -329,7 +332,7 @@ def run(args: argparse.Namespace) -> dict:
     source = args.source or f"synthetic://criteo?rows={args.rows}&seed=1"
     plain = _plain(source, args)
     runs = _herald_runs(source, args, plain["samples_per_s"])
-    capacity = None if args.no_capacity else dispatcher_capacity()
+    capacity = None if args.no_capacity else dispatcher_capacity(args.capacity_seconds)
     results = {"plain_torch": plain, "runs": runs, "dispatcher_capacity_samples_per_s": capacity,
                "cores": _cores(), "source": source, "rows": args.rows, "batch_size": args.batch_size,
                "repeats": args.repeats}
@@ -349,7 +352,8 @@ def print_table(results: dict) -> None:
     """The comparison as a Markdown table (one row per run, plain PyTorch first)."""
     plain = results["plain_torch"]
     print(f"\n{results['cores']} cores, batch {results['batch_size']} per worker, median of "
-          f"{results['repeats']} run(s); plain PyTorch: 1 process, 1 thread, batches pre-read\n")
+          f"{results['repeats']} run(s); plain PyTorch: 1 process, 1 thread, batches pre-read; a herald step "
+          "is workers x batch samples\n")
     print("| workers | schedule | samples/s | vs plain PyTorch | scaling T_N/(N*T_1) | wall ms/step "
           "| top worker phases (ms/step) |")
     print("|---|---|---|---|---|---|---|")
@@ -360,7 +364,8 @@ def print_table(results: dict) -> None:
               f"{r['scaling_factor']:.2f} | {r['wall_ms_per_step']:.2f} | {_top_phases(r['phases_ms'])} |")
     cap = results["dispatcher_capacity_samples_per_s"]
     print(f"\ndispatcher capacity ({CAPACITY_WORKERS} workers x {CAPACITY_BATCH_SIZE}, {CAPACITY_SCHEDULE}): "
-          + (f"{cap:,.0f} samples/s" if cap is not None else "not measured"))
+          + (f"{cap:,.0f} samples/s, {cap / max(r['samples_per_s'] for r in results['runs']):.1f}x the fastest "
+             "herald run" if cap is not None else "not measured"))
 
 
 def main(argv: list[str] | None = None) -> int:

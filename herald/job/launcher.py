@@ -61,7 +61,7 @@ def run_train(cfg: TrainConfig, *, progress: bool = True, on_finish=None) -> dic
     t_start = time.perf_counter()
     # ipc: every process is local, and ZeroMQ over Unix sockets moves ~2x the bytes of
     # TCP loopback here (docs/ps.md, benchmark)
-    with LocalShards(num_shards=cfg.ps_shards, tables=cfg.tables(data.schema), seed=cfg.seed,
+    with LocalShards(num_shards=cfg.num_ps_shards, tables=cfg.tables(data.schema), seed=cfg.seed,
                      transport="ipc") as shards, \
             PSClient(list(shards.addresses), tables=cfg.tables(data.schema), timeout_ms=cfg.timeout_ms) as ps:
         if resume is not None:

@@ -6,6 +6,7 @@ dispatcher`` are given; their options are generated from it) and :class:`JobSpec
 from __future__ import annotations
 
 import dataclasses
+import os
 import pathlib
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -68,7 +69,8 @@ class TrainConfig:
     epochs: int = setting(1, "passes over the training split")
     steps: int | None = setting(None, "stop after this many steps of the job (default: all data)")
     eval_fraction: float = setting(0.1, "the last fraction of the rows is held out for evaluation")
-    ps_shards: int = setting(1, "parameter-server shards (processes)")
+    ps_shards: int | None = setting(None, "parameter-server shards (processes; default: one per 4 cores of this "
+                                          "host, at most 8, at least 1)")
     seed: int = setting(0, "seed of the model initialisation and of the random allocations")
     run_dir: str = setting("runs/latest", "where logs, checkpoints and the report go")
     max_inflight_steps: int = setting(2, "steps the dispatcher sends ahead of the slowest worker's ack (credits)",
@@ -93,7 +95,7 @@ class TrainConfig:
         require(self.workers >= 1, f"--workers must be >= 1, got {self.workers}")
         require(self.batch_size >= 1, f"--batch-size must be >= 1, got {self.batch_size}")
         require(0 <= self.eval_fraction < 1, f"--eval-fraction must be in [0, 1), got {self.eval_fraction}")
-        require(self.ps_shards >= 1, "--ps-shards must be >= 1")
+        require(self.ps_shards is None or self.ps_shards >= 1, f"--ps-shards must be >= 1, got {self.ps_shards}")
         require(self.epochs >= 1, "--epochs must be >= 1")
         require(self.steps is None or self.steps >= 1, "--steps must be >= 1")
         require(self.workers <= 255, "at most 255 workers per dispatcher")
@@ -116,6 +118,14 @@ class TrainConfig:
         """One table config per table of ``schema`` (same dim and sparse optimizer)."""
         opt = OptimizerConfig(name=self.optimizer, lr=self.lr)
         return [TableConfig(name=n, dim=self.embedding_dim, optimizer=opt) for n in schema.table_names]
+
+    @property
+    def num_ps_shards(self) -> int:
+        """``ps_shards``, or the default for this host's cores (a PS shard is one thread)."""
+        if self.ps_shards is not None:
+            return self.ps_shards
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        return max(1, min(8, cores // 4))
 
     @property
     def global_batch(self) -> int:

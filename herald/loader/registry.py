@@ -18,11 +18,11 @@ the spec to a real file. Query keys: ``rows`` (default 1,000,000), ``seed`` (0),
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import urllib.parse
 from typing import Callable
 
+from herald.config import split_options
 from herald.errors import ConfigError
 from herald.loader.formats.parquet import ParquetSettings, ParquetSource
 from herald.loader.policy import BadRecordSettings
@@ -44,18 +44,6 @@ def register_format(name: str, factory: Callable[..., Source]) -> None:
 def formats() -> list[str]:
     """Registered format names."""
     return sorted(_REGISTRY)
-
-
-def split_options(options: dict, *classes, extra: tuple[str, ...] = (), where: str = "") -> list:
-    """Build one settings dataclass per class from ``options``; the keys named in ``extra``
-    are returned last as a dict. Raises ConfigError listing the known options."""
-    known = {f.name: c for c in classes for f in dataclasses.fields(c)}
-    unknown = sorted(set(options) - set(known) - set(extra))
-    if unknown:
-        raise ConfigError(f"unknown option(s) {unknown} for {where}; known options: "
-                          f"{sorted(set(known) | set(extra))}")
-    out = [c(**{k: v for k, v in options.items() if known.get(k) is c}) for c in classes]
-    return out + [{k: v for k, v in options.items() if k in extra}]
 
 
 def _text(cls, name, extra=()):

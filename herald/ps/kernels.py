@@ -136,6 +136,14 @@ def apply_rows_jit(rows, grads, kind, dim, hp):
         apply_row_jit(rows[i], grads[i], kind, dim, hp)
 
 
+@nb.njit(cache=True, nogil=True)
+def apply_rows_at_jit(rows, slots, grads, grad_rows, kind, dim, hp):
+    """``apply_row_jit`` on ``rows[slots[i]]`` with ``grads[grad_rows[i]]``, in place: the
+    same arithmetic as :func:`apply_rows_jit` without gathering the rows."""
+    for i in range(slots.shape[0]):
+        apply_row_jit(rows[slots[i]], grads[grad_rows[i]], kind, dim, hp)
+
+
 # ----------------------------------------------------------------------------- pending-step map
 #
 # Not herald.keymap: PendingStep (herald/ps/aggregate.py) allocates this map with its keys in

@@ -113,3 +113,27 @@ def apply_gradients(rows: np.ndarray, grads: np.ndarray, tcfg: TableConfig) -> n
                           f"got {grads.dtype} {grads.shape}")
     K.apply_rows_jit(rows, grads, tcfg.optimizer.kind, tcfg.dim, hyper_params(tcfg))
     return rows
+
+
+def apply_gradients_at(rows: np.ndarray, slots: np.ndarray, grads: np.ndarray, grad_rows: np.ndarray,
+                       tcfg: TableConfig) -> None:
+    """:func:`apply_gradients` on ``rows[slots[i]]`` with ``grads[grad_rows[i]]``, in place
+    (no gather/scatter copies; bit-identical to gathering, applying and scattering).
+
+    Args:
+        rows: float32 [capacity, row_width], C-contiguous, writeable (e.g. the worker cache).
+        slots: int64 [n], distinct rows to update; grads: float32 [m, dim];
+        grad_rows: int64 [n], the gradient row of each slot.
+        tcfg: the table (optimizer, dim); every updated row must belong to such a table.
+
+    Raises:
+        ConfigError: wrong dtype, shape or layout.
+    """
+    if not (rows.dtype == np.float32 and rows.ndim == 2 and rows.shape[1] == tcfg.row_width
+            and rows.flags.c_contiguous and rows.flags.writeable):
+        raise ConfigError(f"rows must be a writeable C-contiguous float32 [n, {tcfg.row_width}] array")
+    grads = np.ascontiguousarray(grads, np.float32)
+    if grads.ndim != 2 or grads.shape[1] != tcfg.dim or slots.shape != grad_rows.shape:
+        raise ConfigError(f"grads must be float32 [m, {tcfg.dim}] and slots/grad_rows of one length")
+    K.apply_rows_at_jit(rows, slots.astype(np.int64, copy=False), grads, grad_rows.astype(np.int64, copy=False),
+                        tcfg.optimizer.kind, tcfg.dim, hyper_params(tcfg))

@@ -32,6 +32,13 @@ in this order; every list comes from its :class:`CachePlan`:
 
 Steps 4-6 of every worker finish before any worker starts step ``t + 1`` (the
 all-reduce in 7 is the barrier), so each pull in step ``t + 1`` sees them.
+
+As executed (herald/worker/protocol.py, ``BSP``), the messages overlap without changing
+what any read sees: the write-backs of 1 and the pushes of 4 and 6 are sent without
+waiting and are all acknowledged just before 7 (a write's PS effect is only read after
+7); the pulls of step ``t + 1`` whose keys no worker's 1, 4 or 6 touches at step ``t``
+are issued while step ``t`` computes (NOTE [early pulls] in herald/dispatch/dispatcher.py),
+the others after 7.
 Copies of a key updated at the PS in step 4 go stale in *every* cache that
 holds them, including workers that did not use the key: the scheduler tracks
 this, and plans an ``update_pull`` when a stale copy is needed again.

@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from herald.dispatch.microbatch import MicroBatch
 from herald.job.spec import JobSpec
 from herald.phases import PhaseTimer
-from herald.ps import PSClient, apply_gradients
+from herald.ps import PSClient
+from herald.ps.rows import apply_gradients_at
 from herald.scheduler.plan import CachePlan, KeySet
 from herald.worker import psio
 from herald.worker.cache import EmbeddingCache
@@ -74,6 +75,7 @@ class PlanExecutor:
         self.rank, self.world_size, self.device = rank, world_size, device
         self.tables = list(job.tables)
         self.dim = job.dim
+        self._one_optimizer = len({t.optimizer for t in self.tables}) == 1   # dims are equal (job.dim)
         row_width = self.tables[0].row_width
         self.cache = EmbeddingCache(job.capacity_rows, row_width)
         self.ps = PSClient(list(job.ps), tables=self.tables, timeout_ms=job.ps_timeout_ms)
@@ -83,7 +85,7 @@ class PlanExecutor:
         self.bytes_pulled = self.bytes_pushed = self.bytes_allreduced = 0
         self.timer = PhaseTimer()
         self._early: dict[int, tuple[np.ndarray, object]] = {}   # step -> (pull_early mask, wait())
-        self._writes: list = []                                   # write-backs in flight
+        self._writes: list = []                                   # pushes and write-backs in flight
 
     # ------------------------------------------------------ before forward
     def evict(self, plan: CachePlan) -> None:
@@ -100,9 +102,10 @@ class PlanExecutor:
                 self._writes.append(handle)
 
     def wait_writes(self) -> None:
-        """Wait until the PS acknowledged every write-back started by :meth:`evict`."""
+        """Wait until the PS acknowledged every write this step started (write-backs of
+        :meth:`evict`, :meth:`push_grads`, :meth:`push_plan`)."""
         if self._writes:
-            with self.timer("evict"):
+            with self.timer("push_wait"):
                 for handle in self._writes:
                     handle.wait()
                 self._writes.clear()
@@ -186,7 +189,7 @@ class PlanExecutor:
 
     def push_grads(self, mb: MicroBatch, grads: np.ndarray, step_rows: StepRows) -> None:
         """Send the gradients of ``plan.grad_push`` with their contributor counts: one
-        multi-table request per shard, in parallel; waits for the acknowledgements."""
+        multi-table request per shard, in parallel; acknowledged by :meth:`wait_writes`."""
         plan = mb.plan
         if not len(plan.grad_push):
             return
@@ -194,7 +197,7 @@ class PlanExecutor:
             g = grads[step_rows.positions(plan.grad_push)]
             parts = {t: (plan.grad_push.ids[m], np.ascontiguousarray(g[m]), plan.contributors[m])
                      for t, m in psio.table_groups(plan.grad_push.table)}
-            self.ps.push_grad_async(parts, step=mb.step, rank=self.rank).wait()
+            self._writes.append(self.ps.push_grad_async(parts, step=mb.step, rank=self.rank))
             self.bytes_pushed += plan.grad_push.ids.nbytes + g.nbytes
 
     def update_local(self, plan: CachePlan, grads: np.ndarray, step_rows: StepRows) -> None:
@@ -203,18 +206,22 @@ class PlanExecutor:
             return
         with self.timer("local_update"):
             slots = self.cache.slots(plan.update_local)
-            g = grads[step_rows.positions(plan.update_local)]
+            at = step_rows.positions(plan.update_local)
+            if self._one_optimizer:  # one in-place kernel call over every table
+                apply_gradients_at(self.cache.rows, slots, grads, at, self.tables[0])
+                return
             for t, m in psio.table_groups(plan.update_local.table):
-                local = np.ascontiguousarray(self.cache.rows[slots[m]])
-                apply_gradients(local, np.ascontiguousarray(g[m]), self.tables[t])
-                self.cache.rows[slots[m]] = local
+                apply_gradients_at(self.cache.rows, slots[m], grads, at[m], self.tables[t])
 
     def push_plan(self, plan: CachePlan) -> None:
-        """Send the rows of ``plan.plan_push`` (with optimizer state) to the PS (Herald Alg. 2)."""
+        """Send the rows of ``plan.plan_push`` (with optimizer state) to the PS (Herald Alg. 2);
+        acknowledged by :meth:`wait_writes`."""
         if len(plan.plan_push):
             with self.timer("plan_push"):
-                self.bytes_pushed += psio.push_rows(self.ps, plan.plan_push,
+                handle, sent = psio.push_rows_async(self.ps, plan.plan_push,
                                                     self.cache.rows[self.cache.slots(plan.plan_push)])
+                self._writes.append(handle)
+                self.bytes_pushed += sent
 
     def update_replicas(self, mb: MicroBatch, grads: np.ndarray, step_rows: StepRows) -> None:
         """All-reduce and apply the replicated tables' gradients (NOTE [replicated tables])."""

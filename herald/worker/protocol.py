@@ -74,7 +74,7 @@ class BSP(ConsistencyProtocol):
         ex.update_local(plan, grads, step_rows)  # 5. keys only this worker used: update the cached row
         ex.push_plan(plan)                      # 6. rows another worker reads at t + 1
         ex.update_replicas(mb, grads, step_rows)
-        ex.wait_writes()                        # 1's write-backs land before the all-reduce (7)
+        ex.wait_writes()                        # 1, 4 and 6 acknowledged before the all-reduce (7)
 
 
 #: consistency mode name -> protocol class (the job's ``consistency``).

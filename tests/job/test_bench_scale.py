@@ -29,7 +29,7 @@ def test_the_plain_torch_baseline_trains():
 def test_bench_scale_writes_every_run(tmp_path):
     out = tmp_path / "scale.json"
     assert bench_scale.main(["--rows", "20000", "--max-workers", "2", "--schedules", "herald",
-                             "--out", str(out)]) == 0
+                             "--capacity-seconds", "1", "--out", str(out)]) == 0
     got = json.loads(out.read_text())
     assert got["plain_torch"]["samples_per_s"] > 0
     assert [(r["workers"], r["schedule"]) for r in got["runs"]] == [(1, "herald"), (2, "herald")]
