@@ -59,13 +59,46 @@ def _missing(parser: argparse.ArgumentParser) -> int:
     return 2
 
 
+def _check_train_options(argv: list[str]) -> int | None:
+    """``herald train``'s options checked before the full parser is built (building it
+    imports every subcommand, torch included: seconds), so that a bad value is reported
+    at once, before anything starts. Returns the exit status when they are invalid."""
+    if argv[:1] != ["train"] or "-h" in argv or "--help" in argv:
+        return None
+    from herald.errors import ConfigError
+    from herald.job.cli import add_job_arguments, config_from_args
+
+    parser = argparse.ArgumentParser(prog="herald train", add_help=False)
+    add_job_arguments(parser)
+    args, _ = parser.parse_known_args(argv[1:])    # a malformed value exits 2 here, as the full parser would
+    try:
+        config_from_args(args)
+    except ConfigError as exc:
+        print(f"herald: error: {exc}", file=sys.stderr)
+        return 2
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``herald`` console script."""
+    """Entry point of the ``herald`` console script.
+
+    Exit status: 0 done; 1 an error (the message names the fix); 2 invalid command-line
+    options (nothing was started); 128 + N a job stopped by signal N after a clean stop
+    (130 SIGINT, 143 SIGTERM: report and final checkpoint written).
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    early = _check_train_options(argv)
+    if early is not None:
+        return early
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except HeraldError as exc:
+        code = getattr(exc, "exit_code", None)
+        if code is not None:   # a job that stopped cleanly on a signal: not an error
+            print(f"herald: {exc}", file=sys.stderr)
+            return int(code)
         print(f"herald: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

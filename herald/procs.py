@@ -93,16 +93,25 @@ class Supervisor:
         except OSError:
             return "(no log)"
 
+    def exit_status(self, name: str) -> str | None:
+        """How child ``name`` ended (``"was killed by signal 9"``, ``"exited with code 1"``,
+        ``"exited with code 0"``) when it ended without this supervisor stopping it; None
+        while it runs, after a stop by this supervisor, or for an unknown name."""
+        p = self.procs.get(name)
+        code = None if p is None else p.poll()
+        if code is None or name in self._stopped:
+            return None
+        return f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+
     def failure(self, grace_s: float = 0.0) -> str | None:
         """A message naming the first child that exited with an error, with the end of its
         log, waiting up to ``grace_s`` for one to exit (a worker's error is often the echo
         of a peer's death); None when none did."""
         deadline = time.monotonic() + grace_s
         while True:
-            for name, p in self.procs.items():
-                code = p.poll()
-                if code is not None and code != 0 and name not in self._stopped:
-                    how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+            for name in self.procs:
+                how = self.exit_status(name)
+                if how is not None and how != "exited with code 0":
                     return f"{name} {how}; last lines of {self.log_path(name)}:\n{self.tail(name)}"
             if time.monotonic() >= deadline:
                 return None
@@ -146,7 +155,7 @@ class Supervisor:
             return None
         if p.poll() is None:
             self._stopped.add(name)
-            p.terminate()
+            _term(p)
             try:
                 p.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
@@ -160,7 +169,7 @@ class Supervisor:
         for name, p in self.procs.items():
             if p.poll() is None:
                 self._stopped.add(name)
-                p.terminate()
+                _term(p)
         deadline = time.monotonic() + timeout_s
         for p in self.procs.values():
             try:
@@ -181,6 +190,15 @@ class Supervisor:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _term(p: subprocess.Popen) -> None:
+    """SIGTERM, then SIGCONT: a stopped child (SIGSTOP, a debugger) acts on it at once."""
+    p.terminate()
+    try:
+        p.send_signal(signal.SIGCONT)
+    except OSError:  # already gone
+        pass
 
 
 def _reap(p: subprocess.Popen) -> None:

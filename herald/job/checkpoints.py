@@ -4,13 +4,16 @@ Layout under ``<run_dir>/checkpoints``::
 
     step-00000123/ps/...        the PS shards' checkpoint (herald.ps, with its manifest)
     step-00000123/dense.pt      rank 0's dense model + optimizer state
-    step-00000123/meta.json     {"step", "batch_index", "source_position", "dispatcher"}
+    step-00000123/meta.json     {"step", "batch_index", "source_position", "skipped", "dispatcher"}
     latest                      the name of the newest complete checkpoint
 
 ``dispatcher`` is :meth:`herald.dispatch.dispatcher.Dispatcher.state_dict` at the
 barrier (next step, next batch, the global-batch producer's position: for a file, the
 source state after the batch; for Kafka, the topic position, also in
-``source_position``). ``herald train --resume`` restores all three parts, and since a
+``source_position``). ``skipped`` is the bad records skipped up to that batch
+(reason -> count, NOTE [bad records]; the producer's counts, also inside ``dispatcher``
+from which a resumed job restores them, so its report counts the whole job).
+``herald train --resume`` restores all three parts, and since a
 barrier leaves empty caches and a fresh scheduler (NOTE [checkpoint barrier]) the
 resumed job trains exactly what the uninterrupted one would.
 
@@ -109,8 +112,10 @@ class Checkpointer:
         ``state``: the dispatcher's state at this barrier (JSON-able)."""
         staging_path = pathlib.Path(staging)
         self._ps(str(staging_path / "ps"))
+        batches = (state or {}).get("batches") or {}
         meta = {"step": step, "batch_index": batch_index,
-                "source_position": self._position(batch_index) if self._position else None, "dispatcher": state}
+                "source_position": self._position(batch_index) if self._position else None,
+                "skipped": dict(batches.get("skipped", {})), "dispatcher": state}
         (staging_path / "meta.json").write_text(json.dumps(meta, indent=2))
         fsync_dir(staging_path)
         final = self.root / f"step-{step:08d}"

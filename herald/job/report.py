@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import pathlib
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -24,10 +24,14 @@ _PUSHES = ("grad_push", "plan_push", "evict_push")
 
 
 class Progress:
-    """A tqdm bar over steps showing samples/s, loss, hit rate and transmissions/step."""
+    """A tqdm bar over steps showing samples/s, loss, hit rate, transmissions/step and,
+    once there are any, the bad records skipped so far per reason (``skipped()``:
+    reason -> count, e.g. ``GlobalBatches.skipped``; NOTE [bad records])."""
 
-    def __init__(self, cfg: Any, *, enabled: bool = True, total_steps: int | None = None):
+    def __init__(self, cfg: Any, *, enabled: bool = True, total_steps: int | None = None,
+                 skipped: Callable[[], dict[str, int]] | None = None):
         self.cfg, self.enabled = cfg, enabled
+        self._skipped = skipped
         self._bar = None
         self._t0 = time.perf_counter()
         self._samples = 0
@@ -44,6 +48,9 @@ class Progress:
             pv = progressive(self._window)
             line = (f"step {rec.step}: progressive validation over {pv['samples']:,} samples: "
                     f"AUC {pv['auc']:.4f} logloss {pv['logloss']:.4f}")
+            skipped = format_skipped(self._skipped() if self._skipped else {})
+            if skipped:
+                line += f"  (bad records skipped: {skipped})"
             if self._bar is not None:
                 self._bar.write(line)
             elif self.enabled:
@@ -56,13 +63,20 @@ class Progress:
         hit = c[CAUSES.index("hit")] / used if used else float("nan")
         moved = int(sum(c[CAUSES.index(k)] for k in _PULLS + _PUSHES))
         rate = self._samples / max(1e-9, time.perf_counter() - self._t0)
-        self._bar.set_postfix_str(f"{rate:,.0f} samples/s loss {rec.loss:.4f} hit {hit:.2f} tx/step {moved}",
-                                  refresh=False)
+        skipped = format_skipped(self._skipped() if self._skipped else {})
+        self._bar.set_postfix_str(f"{rate:,.0f} samples/s loss {rec.loss:.4f} hit {hit:.2f} tx/step {moved}"
+                                  + (f" skipped {skipped}" if skipped else ""), refresh=False)
         self._bar.update(1)
 
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
+
+
+def format_skipped(skipped: dict[str, int]) -> str:
+    """``"bad_label 3, bad_dense 1"`` (largest first), or ``""`` when nothing was skipped."""
+    items = sorted(((k, v) for k, v in skipped.items() if v), key=lambda kv: (-kv[1], kv[0]))
+    return ", ".join(f"{k} {v:,}" for k, v in items)
 
 
 def progressive(records: list[StepRecord]) -> dict[str, float]:
@@ -119,9 +133,15 @@ def evaluate(job: dict[str, Any], source, run_dir: pathlib.Path, ps_addresses, b
 
 def build(cfg: Any, records: list[StepRecord], train_s: float, metrics: dict, *, batches_info: dict,
           split_info: dict, capacity_rows: int, dispatcher_s: dict[str, float] | None = None,
-          ps_stats: list[dict] | None = None) -> dict[str, Any]:
+          ps_stats: list[dict] | None = None, skipped: dict[str, dict[str, int]] | None = None,
+          interrupted: dict[str, Any] | None = None) -> dict[str, Any]:
     """The report dict: throughput, metrics, transmissions by cause and in bytes, and
     where the time went (:func:`herald.job.breakdown.phase_breakdown`).
+
+    ``skipped``: the bad records skipped per split, ``{"train": {reason: count}, "eval":
+    {...}}`` (NOTE [bad records]); ``interrupted``: ``{"signal": "SIGINT", "at_step": N (steps
+    trained in the job, where --resume continues), "checkpoint": its folder name or None}``
+    when a signal stopped the job (None: it ran to its end).
 
     ``samples_per_second`` is the steady training throughput: the samples of steps
     1..n over the time from step 0's ack to step n's (start-up, the first step's
@@ -139,6 +159,8 @@ def build(cfg: Any, records: list[StepRecord], train_s: float, metrics: dict, *,
     steady = (steps - 1) * cfg.global_batch / steady_s if steady_s > 0 else float("nan")
     return {
         "config": {k: v for k, v in vars(cfg).items() if k != "source_options"},
+        "interrupted": interrupted,
+        "skipped": {"train": dict((skipped or {}).get("train", {})), "eval": dict((skipped or {}).get("eval", {}))},
         "capacity_rows_per_worker": int(capacity_rows),
         "split": split_info,
         "data": batches_info,
@@ -173,6 +195,15 @@ def format_text(rep: dict[str, Any]) -> str:
         f"{rep['data']['dropped_samples']})",
         f"final train loss {rep['final_loss']:.4f}",
     ]
+    stop = rep.get("interrupted")
+    if stop:
+        lines.insert(0, f"interrupted at step {stop['at_step']} by {stop['signal']} ({stop['at_step']} steps trained; "
+                        + (f"checkpoint {stop['checkpoint']} written: continue with --resume)"
+                           if stop.get("checkpoint") is not None else "no checkpoint)"))
+    for split, counts in (rep.get("skipped") or {}).items():
+        if any(counts.values()):
+            name = {"train": "training", "eval": "held-out"}.get(split, split)
+            lines.append(f"bad records skipped ({name} split): {sum(counts.values()):,} ({format_skipped(counts)})")
     if m.get("eval_rows"):
         lines.append(f"held-out ({m['eval_rows']:,} rows): AUC {m['auc']:.4f}  logloss {m['logloss']:.4f}  "
                      f"dense replicas equal: {m['dense_replicas_equal']}")

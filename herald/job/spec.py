@@ -5,18 +5,30 @@ dispatcher`` are given; their options are generated from it) and :class:`JobSpec
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import math
+import numbers
 import os
 import pathlib
-from typing import TYPE_CHECKING, Any, Mapping
+import re
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from herald.config import from_mapping, key_value, parse_value, require, setting
 from herald.errors import ConfigError
-from herald.ps import OptimizerConfig, TableConfig
-from herald.scheduler.config import SCHEDULES
 
 if TYPE_CHECKING:
     from herald.job.data import JobData
+    from herald.ps import TableConfig
+
+# This module imports no numba/torch/zmq package (herald.ps, herald.scheduler are
+# imported where used), so that ``herald train`` checks its options in well under a
+# second, before anything starts (herald/cli.py). tests/job/test_spec.py checks that
+# these copies equal herald.scheduler.config's SCHEDULES and MAX_WORKERS.
+SCHEDULES = ("costaware", "herald", "laia", "optimal", "plan", "vanilla")
+MAX_WORKERS = 64
+MAX_EMBEDDING_DIM = 4096
+MAX_TIMEOUT_MS = 86_400_000   # a day
 
 DEFAULT_SOURCE = "synthetic://criteo?rows=600000&seed=0"
 #: Worker cache rows for a kafka:// stream without --cache-rows: a stream has no known
@@ -25,6 +37,7 @@ STREAM_CACHE_ROWS = 100_000
 SPARSE_OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad", "adam")
 DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam")
 MODELS = ("auto", "dlrm", "ncf")
+CACHE_POLICIES = ("lru", "lfu")
 CONSISTENCY_MODES = ("bsp",)
 
 
@@ -32,6 +45,64 @@ def source_option(text: str) -> tuple[str, Any]:
     """argparse type of ``--source-option KEY=VALUE`` (value by :func:`herald.config.parse_value`)."""
     key, value = key_value(text)
     return key, parse_value(value)
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _integer(cfg: Any, name: str, low: int, high: int | None = None, *, optional: bool = False) -> None:
+    value = getattr(cfg, name)
+    if optional and value is None:
+        return
+    ok = isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= low \
+        and (high is None or value <= high)
+    span = f"in {low}..{high}" if high is not None else f">= {low}"
+    require(ok, f"{_flag(name)} must be an integer {span}{' (or unset)' if optional else ''}, got {value!r}")
+
+
+def _number(cfg: Any, name: str, span: str, check) -> None:
+    value = getattr(cfg, name)
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and check(value)
+    require(ok, f"{_flag(name)} must be a finite number {span}, got {value!r}")
+
+
+#: Where an internal config's setting comes from: (pattern in its error message, the
+#: ``herald train`` flag). Errors raised while a job is built from a TrainConfig
+#: (SchedulerConfig, TableConfig, OptimizerConfig, DispatcherConfig, PSClient) are
+#: re-worded with it (:func:`flag_errors`), so the user reads the option to change.
+FLAG_OF = (
+    (r"table '[^']*': dim\b", "--embedding-dim"),
+    (r"\boptimizer lr\b", "--lr"),
+    (r"\bcache_capacity_rows\b", "--cache-rows"),
+    (r"\bcache_ratio\b", "--cache-ratio"),
+    (r"\bcache_policy\b", "--cache-policy"),
+    (r"\bbatch_size_per_worker(=|\b)", "--batch-size "),
+    (r"\bnum_workers(=|\b)", "--workers "),
+    (r"\bschedule '", "--schedule '"),
+    (r"\bseed\b", "--seed"),
+    (r"\btimeout_ms must be > 0 and retries >= 0, got (\S+), \S+", r"--timeout-ms must be > 0, got \1"),
+    (r"\b(peer_)?timeout_ms\b", "--timeout-ms"),
+    (r"\bmax_inflight_steps\b", "--max-inflight-steps"),
+    (r"\bcheckpoint_every_steps\b", "--checkpoint-every"),
+    (r"\bnum_shards\b", "--ps-shards"),
+)
+
+
+def in_flag_terms(message: str) -> str:
+    """``message`` (from an internal config) with its setting names replaced by the flags (:data:`FLAG_OF`)."""
+    for pattern, flag in FLAG_OF:
+        message = re.sub(pattern, flag, message)
+    return re.sub(r"  +", " ", message)
+
+
+@contextlib.contextmanager
+def flag_errors() -> Iterator[None]:
+    """Re-raise a :class:`ConfigError` of an internal config in the words of ``herald train``'s flags."""
+    try:
+        yield
+    except ConfigError as exc:
+        raise ConfigError(in_flag_terms(str(exc))) from exc
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +122,7 @@ class TrainConfig:
         action="append", type=source_option, metavar="KEY=VALUE")
     schedule: str = setting("herald", "herald (LAIA + communication plan), costaware (our cost-aware allocation + "
                                       "plan), laia, plan, vanilla (random + full-set sync), optimal (brute force, "
-                                      "tiny jobs only)", choices=sorted(SCHEDULES))
+                                      "tiny jobs only)", choices=SCHEDULES)
     consistency: str = setting("bsp", "consistency protocol of the embeddings: bsp (exact, equal to "
                                       "single-process training)", choices=CONSISTENCY_MODES)
     workers: int = setting(2, "number of workers")
@@ -59,7 +130,7 @@ class TrainConfig:
     cache_ratio: float = setting(0.1, "worker cache size as a fraction of the distinct keys in the training split")
     cache_rows: int | None = setting(None, "worker cache size in rows (overrides --cache-ratio; default for a "
                                            f"kafka:// stream: {STREAM_CACHE_ROWS})")
-    cache_policy: str = setting("lru", "worker cache eviction policy", choices=("lru", "lfu"))
+    cache_policy: str = setting("lru", "worker cache eviction policy", choices=CACHE_POLICIES)
     embedding_dim: int = setting(16, "embedding dimension of every table")
     optimizer: str = setting("rowwise_adagrad", "sparse optimizer of the embeddings", choices=SPARSE_OPTIMIZERS)
     lr: float = setting(0.05, "sparse learning rate")
@@ -92,21 +163,42 @@ class TrainConfig:
                                    metavar="IDS")
 
     def __post_init__(self) -> None:
-        require(self.workers >= 1, f"--workers must be >= 1, got {self.workers}")
-        require(self.batch_size >= 1, f"--batch-size must be >= 1, got {self.batch_size}")
-        require(0 <= self.eval_fraction < 1, f"--eval-fraction must be in [0, 1), got {self.eval_fraction}")
-        require(self.ps_shards is None or self.ps_shards >= 1, f"--ps-shards must be >= 1, got {self.ps_shards}")
-        require(self.epochs >= 1, "--epochs must be >= 1")
-        require(self.steps is None or self.steps >= 1, "--steps must be >= 1")
-        require(self.workers <= 255, "at most 255 workers per dispatcher")
-        require(self.checkpoint_every >= 0, "--checkpoint-every must be >= 0")
-        require(self.eval_every >= 1, "--eval-every must be >= 1")
-        require(self.max_inflight_steps >= 1, "--max-inflight-steps must be >= 1")
-        require(self.timeout_ms >= 1, "--timeout-ms must be >= 1")
-        require(self.replicate_below >= 0, "--replicate-below must be >= 0")
-        require(self.schedule in SCHEDULES, f"--schedule must be one of {sorted(SCHEDULES)}, got {self.schedule!r}")
-        require(self.consistency in CONSISTENCY_MODES,
-                f"--consistency must be one of {CONSISTENCY_MODES}, got {self.consistency!r}")
+        """Check every setting before any process starts, naming the flag (STYLE habit 3)."""
+        require(isinstance(self.source, str) and self.source.strip() != "",
+                f"--source must be a path or URL, got {self.source!r}")
+        require(isinstance(self.source_options, tuple) and all(
+            isinstance(kv, tuple) and len(kv) == 2 and isinstance(kv[0], str) and kv[0] for kv in self.source_options),
+            f"--source-option must be KEY=VALUE pairs, got {self.source_options!r}")
+        for name, choices in (("schedule", SCHEDULES), ("consistency", CONSISTENCY_MODES),
+                              ("cache_policy", CACHE_POLICIES), ("optimizer", SPARSE_OPTIMIZERS),
+                              ("dense_optimizer", DENSE_OPTIMIZERS), ("model", MODELS)):
+            value = getattr(self, name)
+            require(value in choices, f"{_flag(name)} must be one of {', '.join(choices)}, got {value!r}")
+        _integer(self, "workers", 1, MAX_WORKERS)
+        _integer(self, "batch_size", 1)
+        _integer(self, "cache_rows", 1, optional=True)
+        _integer(self, "embedding_dim", 1, MAX_EMBEDDING_DIM)
+        _integer(self, "epochs", 1)
+        _integer(self, "steps", 1, optional=True)
+        _integer(self, "ps_shards", 1, 64, optional=True)
+        _integer(self, "seed", 0, 2**63 - 1)
+        _integer(self, "max_inflight_steps", 1)
+        _integer(self, "timeout_ms", 100, MAX_TIMEOUT_MS)
+        _integer(self, "checkpoint_every", 0)
+        _integer(self, "eval_every", 1)
+        _integer(self, "replicate_below", 0)
+        _number(self, "lr", "> 0", lambda x: x > 0)
+        _number(self, "dense_lr", "> 0", lambda x: x > 0)
+        _number(self, "cache_ratio", "in (0, 1]", lambda x: 0 < x <= 1)
+        _number(self, "eval_fraction", "in [0, 1)", lambda x: 0 <= x < 1)
+        require(isinstance(self.run_dir, str) and self.run_dir.strip() != "",
+                f"--run-dir must be a folder path, got {self.run_dir!r}")
+        for name in ("resume", "log_sample_ids"):
+            require(isinstance(getattr(self, name), bool), f"{_flag(name)} is a switch (True/False), got "
+                                                            f"{getattr(self, name)!r}")
+        require(self.schedule != "optimal" or (self.batch_size == 1 and self.workers <= 8),
+                "--schedule optimal (brute force) needs --batch-size 1 and --workers <= 8, got "
+                f"--batch-size {self.batch_size} --workers {self.workers}")
         require(not (self.replicate_below and self.is_stream),
                 "--replicate-below needs the distinct ids of each table from a pre-pass; a kafka:// stream has none")
 
@@ -115,9 +207,16 @@ class TrainConfig:
         return self.source.startswith("kafka://")
 
     def tables(self, schema) -> list[TableConfig]:
-        """One table config per table of ``schema`` (same dim and sparse optimizer)."""
-        opt = OptimizerConfig(name=self.optimizer, lr=self.lr)
-        return [TableConfig(name=n, dim=self.embedding_dim, optimizer=opt) for n in schema.table_names]
+        """One table config per table of ``schema`` (same dim and sparse optimizer).
+
+        Raises:
+            ConfigError: worded with the flags (:func:`flag_errors`).
+        """
+        from herald.ps import OptimizerConfig, TableConfig
+
+        with flag_errors():
+            opt = OptimizerConfig(name=self.optimizer, lr=self.lr)
+            return [TableConfig(name=n, dim=self.embedding_dim, optimizer=opt) for n in schema.table_names]
 
     @property
     def num_ps_shards(self) -> int:
@@ -175,6 +274,8 @@ class JobSpec:
     num_workers: int = 0
 
     def __post_init__(self) -> None:
+        from herald.ps import TableConfig
+
         require(len(self.tables) >= 1 and all(isinstance(t, TableConfig) for t in self.tables),
                 "a job needs at least one TableConfig")
         require(len(self.ps) >= 1, "a job needs at least one PS shard endpoint")
@@ -192,11 +293,12 @@ class JobSpec:
     @classmethod
     def build(cls, cfg: TrainConfig, data: "JobData", ps_addresses: list[str]) -> "JobSpec":
         """The spec of the job ``cfg`` reading ``data``, served by the PS at ``ps_addresses``."""
-        return cls(tables=tuple(cfg.tables(data.schema)), dense_dim=data.schema.dense_dim, ps=tuple(ps_addresses),
-                   model=cfg.model, seed=cfg.seed, dense_optimizer=cfg.dense_optimizer, dense_lr=cfg.dense_lr,
-                   ps_timeout_ms=cfg.timeout_ms, consistency=cfg.consistency,
-                   run_dir=str(pathlib.Path(cfg.run_dir).resolve()),
-                   replicated_tables=tuple(data.replicated), replica_rows=data.replica_rows)
+        with flag_errors():
+            return cls(tables=tuple(cfg.tables(data.schema)), dense_dim=data.schema.dense_dim,
+                       ps=tuple(ps_addresses), model=cfg.model, seed=cfg.seed, dense_optimizer=cfg.dense_optimizer,
+                       dense_lr=cfg.dense_lr, ps_timeout_ms=cfg.timeout_ms, consistency=cfg.consistency,
+                       run_dir=str(pathlib.Path(cfg.run_dir).resolve()),
+                       replicated_tables=tuple(data.replicated), replica_rows=data.replica_rows)
 
     def replace(self, **changes: Any) -> "JobSpec":
         """A copy with ``changes`` applied (validated again)."""
@@ -223,6 +325,8 @@ class JobSpec:
         if version != cls.VERSION:
             raise ConfigError(f"job spec version {version!r} is not {cls.VERSION}: run the same herald version "
                               "on the dispatcher and every worker")
+        from herald.ps import TableConfig
+
         try:
             values["tables"] = tuple(TableConfig.from_dict(t) for t in values.get("tables", ()))
             values["ps"] = tuple(values.get("ps", ()))

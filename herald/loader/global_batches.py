@@ -78,6 +78,13 @@ class KafkaRecords(ReadTracker):
 
     def after_read(self, source: Source, rows: int) -> None:
         partitions, offsets = source.last_read_records
+        in_record = getattr(source, "last_read_rows", None)
+        if in_record is not None and in_record.shape[0] == offsets.shape[0]:
+            # the source knows each row's index in its record (bad rows included): ids stay
+            # those of the first delivery when a resumed source skips into a record
+            self._ids.append(record_sample_ids(self.dispatcher_rank, partitions, offsets, in_record))
+            self._position = source.last_read_position
+            return
         row = np.empty(offsets.shape[0], np.int64)
         for j, key in enumerate(zip(partitions.tolist(), offsets.tolist())):
             row[j] = self._row_of.get(key, 0)
@@ -114,7 +121,9 @@ class GlobalBatches:
         prefetch_batches: batches read ahead by a thread (0: read in the caller's thread).
 
     :attr:`info` counts ``batches`` and ``samples`` produced and ``dropped_samples``
-    (each epoch's final partial batch: not trained, never silently). After batch ``i``
+    (each epoch's final partial batch: not trained, never silently). :attr:`skipped`
+    counts the bad records (reason -> n, NOTE [bad records]) the source passed up to
+    the last batch returned, each once however many epochs re-read it. After batch ``i``
     is returned, :meth:`sample_ids` and :meth:`position` give what the tracker recorded
     for it, until :meth:`release`.
 
@@ -139,6 +148,7 @@ class GlobalBatches:
         self._batcher = GlobalBatcher(source, global_batch, drop_last=False, epochs=epochs,
                                       prefetch_batches=prefetch_batches, tracker=tracker)
         self.info = dict.fromkeys(_INFO_KEYS, 0)
+        self.skipped: dict[str, int] = {}
         self._tracked: dict[int, tuple[np.ndarray | None, Any]] = {}
 
     def __iter__(self) -> "GlobalBatches":
@@ -146,7 +156,12 @@ class GlobalBatches:
 
     def __next__(self) -> SampleBatch:
         while self.max_steps is None or self.info["batches"] < self.max_steps:
-            batch = next(self._batcher)
+            try:
+                batch = next(self._batcher)
+            except StopIteration:   # the source is at its end: bad records after the last row count too
+                self._count_skipped(self.source.stats.get("skipped", {}))
+                raise
+            self._count_skipped(self._batcher.state_dict()["source"].get("skipped", {}))
             if len(batch) < self.global_batch:
                 self.info["dropped_samples"] += len(batch)
                 continue
@@ -156,6 +171,12 @@ class GlobalBatches:
             self.info["samples"] += len(batch)
             return batch
         raise StopIteration
+
+    def _count_skipped(self, at_position: dict) -> None:
+        # Every epoch passes the same records, and counts grow along an epoch: the largest
+        # count seen per reason is the number of distinct bad records passed.
+        if any(v > self.skipped.get(k, 0) for k, v in at_position.items()):
+            self.skipped = {k: max(v, self.skipped.get(k, 0)) for k, v in {**self.skipped, **at_position}.items()}
 
     def sample_ids(self, batch_index: int) -> np.ndarray | None:
         """uint64 [global_batch] ids of batch ``batch_index`` from the tracker (None without one)."""
@@ -174,9 +195,9 @@ class GlobalBatches:
 
     def state_dict(self) -> dict:
         """Position after the last batch returned: epoch and batches consumed (the
-        batcher's state, holding the source's) and the :attr:`info` counts."""
+        batcher's state, holding the source's), the :attr:`info` and :attr:`skipped` counts."""
         return {"format": "global_batches", "global_batch": self.global_batch, "rows_per_epoch": self.rows_per_epoch,
-                "info": dict(self.info), "batcher": self._batcher.state_dict()}
+                "info": dict(self.info), "skipped": dict(self.skipped), "batcher": self._batcher.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue after the batch ``state`` was saved at: the source is moved by its own
@@ -198,8 +219,14 @@ class GlobalBatches:
                 or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in info.values())):
             raise DataError(f"malformed GlobalBatches state: 'info' must map {list(_INFO_KEYS)} to ints >= 0, "
                             f"got {info!r}")
+        skipped = state.get("skipped", {})   # absent in states of older versions
+        if not isinstance(skipped, dict) or not all(
+                isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                for k, v in skipped.items()):
+            raise DataError(f"malformed GlobalBatches state: 'skipped' must map reason -> count, got {skipped!r}")
         self._batcher.load_state_dict(state.get("batcher"))
         self.info = dict(info)
+        self.skipped = dict(skipped)
         self._tracked.clear()
 
     def close(self) -> None:

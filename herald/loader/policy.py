@@ -1,13 +1,25 @@
 """Bad-record policy: ``strict`` raises, ``skip`` counts per reason and may quarantine.
 
 NOTE [bad records]: a record is bad when its decoder gives a non-zero status
-(NOTE [record status] in :mod:`herald.loader.kernels`). Under ``strict`` the
-source first returns every good record before the bad one, then raises
-:class:`DataError` naming the file, the 1-based line (or row) and the reason.
-Under ``skip`` the record is dropped, ``stats["skipped"][reason]`` grows by one and,
-with a quarantine path, the raw record bytes are appended to that file, one per
-line. Counting happens when the source's position passes the record, so counts
-restored by ``load_state_dict`` match an uninterrupted run.
+(NOTE [record status] in :mod:`herald.loader.kernels`), or, for columnar data
+(Parquet, Arrow records from Kafka), when its label or dense values fail NOTE
+[value checks] (:mod:`herald.loader.validation`: ``bad_label``, ``bad_dense``).
+Under ``strict`` the source first returns every good record before the bad one,
+then raises :class:`DataError` naming the file, the 1-based line (Parquet: the
+0-based row of the file) and the reason. Under ``skip`` the record is dropped,
+``stats["skipped"][reason]`` grows by one and, with a quarantine path, the raw
+record is appended to that file, one per line (text formats: the line's bytes;
+Parquet: a JSON object with file, row, reason, label and dense values). Counting
+happens when the source's position passes the record, so counts restored by
+``load_state_dict`` match an uninterrupted run; every source state carries them
+(``state["skipped"]``).
+
+A job reads its input several times (row count, distinct keys, epochs, the rows
+before the held-out split): :func:`herald.loader.splits.open_train_eval` lets only
+its row-count pass quarantine (after emptying the file), so the quarantine holds
+each bad record once; :class:`herald.loader.global_batches.GlobalBatches` counts
+each once however many epochs pass it, and ``herald train`` reports the counts per
+split (docs/operations.md).
 """
 
 from __future__ import annotations
@@ -52,12 +64,18 @@ class BadRecordLog:
     def strict(self) -> bool:
         return self.settings.bad_records == "strict"
 
-    def error(self, code: int, position: int, unit: str = "line") -> DataError:
+    def error(self, code: int, position: int, unit: str = "line", *, source: str | None = None,
+              detail: str = "") -> DataError:
+        """The strict policy's error for the record at ``position`` (``unit`` names what
+        ``position`` counts, e.g. ``"line"`` or ``"row (0-based) {position} of FILE"`` with the
+        position in it; ``source`` overrides the source name, e.g. one file of a directory;
+        ``detail`` says what is wrong with the record)."""
         reason = REASONS[code]
+        at = unit.format(position=position) if "{position}" in unit else f"{unit} {position}"
         return DataError(
-            f"bad record at {unit} {position}: {reason}; fix the input or open the source with "
-            "bad_records='skip' to drop and count bad records",
-            source=self.source_name, position=position, reason=reason)
+            f"bad record at {at}: {reason}{': ' + detail if detail else ''}; fix the input, or drop "
+            "and count bad records with bad_records='skip' (herald train --source-option bad_records=skip)",
+            source=source or self.source_name, position=position, reason=reason)
 
     def record(self, codes: np.ndarray, raw: Iterable[bytes] = ()) -> None:
         """Count bad records (int8 status codes [k], zeros ignored) and quarantine ``raw``."""

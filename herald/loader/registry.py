@@ -59,8 +59,8 @@ def _movielens(spec, **options):
 
 
 def _parquet(spec, **options):
-    settings, _ = split_options(options, ParquetSettings, where="parquet")
-    return ParquetSource(spec, settings=settings)
+    settings, bad, _ = split_options(options, ParquetSettings, BadRecordSettings, where="parquet")
+    return ParquetSource(spec, settings=settings, bad=bad)
 
 
 def _synthetic(spec, **options):

@@ -67,8 +67,10 @@ class Source:
         return batch
 
     def state_dict(self) -> dict:
-        """The position after the last row returned (JSON-serialisable dict)."""
-        return {"format": self.format_name, "rows": self._rows, **self._get_state()}
+        """The position after the last row returned (JSON-serialisable dict); its
+        ``skipped`` (reason -> count, NOTE [bad records]) are the counts at that position."""
+        return {"format": self.format_name, "rows": self._rows, "skipped": dict(self._skipped()),
+                **self._get_state()}
 
     def load_state_dict(self, state: dict) -> None:
         """Move to ``state`` (from ``state_dict()`` of a source over the same data).

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from herald.errors import ConfigError
+from herald.errors import ConfigError, DataError
 from herald.loader.registry import open_source
 from herald.loader.batch import SampleBatch
 from herald.loader.source import Source, state_int
@@ -20,7 +20,9 @@ from herald.scheduler import distinct_keys_per_table as scheduler_distinct_keys_
 class RowRange(Source):
     """Rows ``[start, stop)`` of another source (``stop=None``: to the end).
 
-    Rows before ``start`` are read and discarded once, when reading begins.
+    Rows before ``start`` are read and discarded once, when reading begins. The skipped
+    counts (``stats["skipped"]``, NOTE [bad records]) are this range's own: the bad records
+    the inner source passed before ``start`` belong to the rows before it.
     """
 
     format_name = "row_range"
@@ -31,6 +33,8 @@ class RowRange(Source):
             raise ConfigError(f"row range [{start}, {stop}) is empty or negative")
         self.inner, self.start, self.stop = inner, start, stop
         self._pos = 0  # rows of ``inner`` consumed
+        # the inner source's skipped counts once it reached ``start`` (None: not yet there)
+        self._before: dict | None = {} if start == 0 else None
 
     @property
     def schema(self):
@@ -44,7 +48,14 @@ class RowRange(Source):
 
     @property
     def stats(self) -> dict:
-        return {**self.inner.stats, "rows": self._rows}
+        return {**self.inner.stats, **super().stats}
+
+    def _skipped(self) -> dict:
+        if self._before is None:
+            return {}
+        inner = self.inner.stats["skipped"]
+        out = {k: v - self._before.get(k, 0) for k, v in inner.items()}
+        return {k: v for k, v in out.items() if v}
 
     def _read(self, max_rows: int) -> SampleBatch | None:
         while self._pos < self.start:
@@ -52,6 +63,8 @@ class RowRange(Source):
             if skipped is None:
                 return None
             self._pos += len(skipped)
+        if self._before is None:
+            self._before = dict(self.inner.stats["skipped"])
         if self.stop is not None:
             max_rows = min(max_rows, self.stop - self._pos)
             if max_rows <= 0:
@@ -62,11 +75,16 @@ class RowRange(Source):
         return batch
 
     def _get_state(self) -> dict:
-        return {"pos": self._pos, "inner": self.inner.state_dict()}
+        return {"pos": self._pos, "inner": self.inner.state_dict(), "skipped_before": self._before}
 
     def _set_state(self, state: dict) -> None:
         self._pos = state_int(state, "pos")
+        before = state.get("skipped_before", {} if self.start == 0 else None)
+        if before is not None and not (isinstance(before, dict) and all(
+                isinstance(k, str) and isinstance(v, int) for k, v in before.items())):
+            raise DataError(f"malformed row range state: 'skipped_before' must map reason -> count, got {before!r}")
         self.inner.load_state_dict(state.get("inner"))
+        self._before = before
 
     def close(self) -> None:
         self.inner.close()
@@ -80,15 +98,31 @@ def _total_rows(spec: str, options: dict[str, Any]) -> int:
         return sum(len(b) for b in src)
 
 
+def _without_quarantine(options: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in options.items() if k != "quarantine_path"}
+
+
 def open_train_eval(spec: str, eval_fraction: float, options: dict[str, Any]):
     """``(train source, eval source or None, info)`` for ``spec``.
 
-    ``info`` has ``total_rows``, ``train_rows`` and ``eval_rows``.
+    ``info`` has ``total_rows``, ``train_rows`` and ``eval_rows``: good rows (bad
+    records skipped under ``bad_records="skip"`` are not rows).
+
+    The row count is a pass over the whole input (unless the source knows its rows
+    without decoding), and it is the only pass that writes ``options["quarantine_path"]``:
+    the file is emptied first and receives every bad record of the input exactly once
+    (a resumed job rewrites the same content). The training and evaluation sources,
+    which may read records several times (epochs, the rows before the held-out split),
+    never quarantine.
 
     Raises:
         ConfigError: the source has too few rows for the split.
     """
+    quarantine = options.get("quarantine_path")
+    if quarantine is not None and options.get("bad_records") == "skip":
+        open(quarantine, "wb").close()
     total = _total_rows(spec, options)
+    options = _without_quarantine(options)
     n_eval = int(round(total * eval_fraction))
     n_train = total - n_eval
     if n_train <= 0:
@@ -99,6 +133,6 @@ def open_train_eval(spec: str, eval_fraction: float, options: dict[str, Any]):
 
 
 def distinct_keys_per_table(spec: str, options: dict[str, Any], rows: int) -> list[int]:
-    """Distinct ids of each table in the first ``rows`` rows."""
-    with RowRange(open_source(spec, **options), 0, rows) as src:
+    """Distinct ids of each table in the first ``rows`` rows (a pre-pass: never quarantines)."""
+    with RowRange(open_source(spec, **_without_quarantine(options)), 0, rows) as src:
         return scheduler_distinct_keys_per_table(src)

@@ -18,9 +18,20 @@ The sum order makes the result bit-identical whatever the arrival order. Rules:
 - when a step has no open (key, step) left, its gradients are freed but its key map is
   kept for the last ``RETAIN_STEPS`` (4) such steps, so a late or repeated contribution
   to a completed (key, step) is still rejected; older completed steps are forgotten.
+- ``contributors`` is at most the job's workers and ``rank`` below it (NOTE [ps limits]:
+  ``max_contributors``, or the ``workers`` of a declare); a gradient holding a NaN or
+  an infinity is refused whole (nothing stored).
+- an aggregation still open ``aggregation_timeout_ms`` after its (table, step) opened
+  (a rank died, or a caller declared a contributor that never pushes) is aborted: its
+  rows are unmarked and its gradients dropped, the shard counts it
+  (``stats()["counters"]["aggregations_aborted"]``), logs it and lists it in
+  ``stats()["aborted"]`` with the ranks that did not push, and every later push to
+  that (table, step) is rejected. Checkpoints are accepted again.
 """
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 
@@ -55,10 +66,26 @@ class PendingStep:
         self.e_next = np.zeros(cap, np.int64)
         self.e_grad = np.zeros((cap, dim), np.float32)
         self.cnt = np.zeros(3, np.int64)
+        #: ``time.monotonic()`` when the step last went from no open aggregation to some
+        self.opened_at = time.monotonic()
+        #: set when the open aggregations were aborted (NOTE [ps aggregation]): the report
+        self.aborted: dict | None = None
 
     @property
     def open(self) -> int:
         return int(self.cnt[2])
+
+    def abort(self, row_marks: np.ndarray) -> tuple[int, list[int]]:
+        """Drop every open aggregation: unmark its row in ``row_marks`` (int32 [rows]).
+
+        Returns (open keys dropped, the distinct ``contributors`` they expected).
+        """
+        n = int(self.cnt[0])
+        open_idx = np.flatnonzero(self.p_arrived[:n] < self.p_expected[:n])
+        np.subtract.at(row_marks, self.p_slot[open_idx], 1)
+        self.p_arrived[open_idx] = self.p_expected[open_idx]   # nothing open is left
+        self.cnt[2] = 0
+        return int(open_idx.size), sorted(set(self.p_expected[open_idx].tolist()))
 
     def reserve(self, n: int) -> None:
         """Make room for ``n`` more pending keys and entries."""
@@ -92,6 +119,12 @@ class PendingStep:
 
     def check(self, keys: np.ndarray, contributors: np.ndarray, rank: int) -> None:
         """Raise :class:`ProtocolError` if the push breaks NOTE [ps aggregation]."""
+        if self.aborted is not None:
+            a = self.aborted
+            raise ProtocolError(f"push_grad rejected: the aggregation of step {a['step']} on table "
+                                f"{a['table']!r} was aborted after {a['waited_ms']} ms (ranks that did not "
+                                f"push: {a['missing_ranks']}); restore the latest checkpoint and resume; "
+                                "see NOTE [ps aggregation]")
         code, i = K.check_push_grad_jit(self.pk, self.pi, self.p_expected, self.p_arrived,
                                         self.p_head, self.e_rank, self.e_next, keys,
                                         contributors, np.int64(rank))

@@ -1,7 +1,9 @@
 """``herald`` subcommands of :mod:`herald.ps`; see :mod:`herald.cli`.
 
 - ``herald serve ps --shard I --num-shards N [--bind tcp://127.0.0.1:PORT] [--tables tables.json]
-  [--seed S] [--ready-file F]``: one shard process (SIGTERM or a shutdown request stops it).
+  [--seed S] [--ready-file F] [--max-keys-per-request K] [--max-dim D] [--max-table-bytes B]
+  [--max-contributors C] [--aggregation-timeout-ms T]``: one shard process (SIGTERM or a
+  shutdown request stops it); the ``--max-*`` options are NOTE [ps limits] (docs/ps.md).
 - ``herald bench ps``: pull/push throughput against one shard next to a numpy memcpy.
 """
 
@@ -11,7 +13,7 @@ import pathlib
 
 
 def _serve(args) -> int:
-    from herald.ps.config import tables_from_json
+    from herald.ps.config import ShardLimits, tables_from_json
     from herald.ps.server import run_shard
 
     from herald.errors import ConfigError
@@ -23,13 +25,23 @@ def _serve(args) -> int:
         except OSError as exc:
             raise ConfigError(f"cannot read the tables file {args.tables}: {exc}") from None
         tables = tables_from_json(text)
-    return run_shard(args.shard, args.num_shards, args.bind, tables, args.seed, args.ready_file)
+    limits = ShardLimits(**{name: getattr(args, name) for name in _LIMITS})
+    return run_shard(args.shard, args.num_shards, args.bind, tables, args.seed, args.ready_file, limits)
 
 
 def _bench(args) -> int:
     from herald.ps.bench import main as bench_main
 
     return bench_main(args)
+
+
+_LIMITS = {
+    "max_keys_per_request": "keys in one pull/push request (PSClient splits larger operations)",
+    "max_dim": "largest embedding dim a table may declare",
+    "max_table_bytes": "largest row array of one table on this shard, bytes",
+    "max_contributors": "largest contributors value and bound on rank (set it to the job's workers)",
+    "aggregation_timeout_ms": "abort an aggregation still open this long after its step opened",
+}
 
 
 def register(commands, bench, serve) -> None:
@@ -42,6 +54,12 @@ def register(commands, bench, serve) -> None:
     p.add_argument("--tables", default=None, help="JSON file: list of table declarations (docs/ps.md)")
     p.add_argument("--seed", type=int, default=0, help="initialiser seed, equal on every shard")
     p.add_argument("--ready-file", default=None, help="write the bound endpoint here once serving")
+    from herald.ps.config import ShardLimits
+
+    defaults = ShardLimits()
+    for name, text in _LIMITS.items():
+        p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name),
+                       help=f"{text} (NOTE [ps limits]; default: %(default)s)")
     p.set_defaults(func=_serve)
 
     b = bench.add_parser("ps", help="PS pull/push throughput vs numpy memcpy (one shard)")

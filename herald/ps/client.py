@@ -3,12 +3,20 @@ protocol] (docs/ps.md; framing: NOTE [wire format]) over one DEALER socket per s
 
 ps-lite style: every operation has a non-blocking ``*_async`` form returning a
 :class:`Handle`; requests to several shards go out at once and ``wait()`` collects
-them. Every request has a deadline; on expiry the shard's socket is closed and
-reopened and its outstanding requests re-sent (zguide "Lazy Pirate"), up to
-``retries`` times, then :class:`~herald.errors.PeerTimeout` names the shard address
-and the operation. Retrying is safe for every op: shards answer a repeated mutating
-request (same client id and request id) from a reply cache instead of applying it
-twice. A client is not thread-safe: use one per thread.
+them. An operation over more keys than a shard takes in one request (NOTE [ps
+limits]: ``max_keys_per_request``, announced in the declare reply) is split into
+several requests per shard; each request is validated and applied on its own.
+
+Timeouts (NOTE [ps client deadline]): the user's ``timeout_ms`` bounds the whole wait
+for a request, retries included. It is cut into ``retries + 1`` attempts of
+``timeout_ms / (retries + 1)`` each: when an attempt expires, the shard's socket is
+closed and reopened and its outstanding requests re-sent (zguide "Lazy Pirate"); when
+the last one expires, :class:`~herald.errors.PeerTimeout` names the shard (index and
+address) and the operation. So a request waited on from the moment it is sent is
+answered or fails within ``timeout_ms``, never ``(retries + 1) x timeout_ms``.
+Retrying is safe for every op: shards answer a repeated mutating request (same client
+id and request id) from a reply cache instead of applying it twice. A client is not
+thread-safe: use one per thread.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ import zmq
 from herald.errors import ConfigError, HeraldError, PeerTimeout, ProtocolError
 from herald.ps.wire import PS
 from herald.ps.checkpoint import CheckpointError
-from herald.ps.config import TableConfig, check_tables
+from herald.ps.config import ShardLimits, TableConfig, check_tables
 from herald.ps.rows import shard_of
 
 _ERRORS = {"protocol": ProtocolError, "config": ConfigError, "checkpoint": CheckpointError,
@@ -44,12 +52,13 @@ def _loose_header(frame) -> dict:
 
 
 class _Request:
-    __slots__ = ("shard", "rid", "op", "frames", "deadline", "tries", "timeout_ms")
+    __slots__ = ("shard", "rid", "op", "frames", "deadline", "tries", "timeout_ms", "attempt_s")
 
-    def __init__(self, shard, rid, op, frames, timeout_ms):
+    def __init__(self, shard, rid, op, frames, timeout_ms, attempts):
         self.shard, self.rid, self.op, self.frames = shard, rid, op, frames
         self.timeout_ms = timeout_ms
-        self.deadline = time.monotonic() + timeout_ms / 1000.0
+        self.attempt_s = timeout_ms / 1000.0 / attempts   # NOTE [ps client deadline]
+        self.deadline = time.monotonic() + self.attempt_s
         self.tries = 0
 
 
@@ -81,21 +90,32 @@ class PSClient:
     Args:
         addresses: shard endpoints, index = shard number (e.g. ``LocalShards.addresses``).
         tables: the table list; a table is named by its index in it or its name.
-        timeout_ms: deadline of each request attempt.
-        retries: reconnect-and-resend attempts after a timeout (Lazy Pirate).
+        timeout_ms: longest wait for one request, its retries included (NOTE [ps client
+            deadline]: each of the ``retries + 1`` attempts gets ``timeout_ms / (retries + 1)``).
+        retries: reconnect-and-resend attempts after an attempt expired (Lazy Pirate).
         declare: send the tables to every shard now (idempotent; a conflicting
-            declaration raises :class:`ConfigError`).
+            declaration raises :class:`ConfigError`); the replies give the shards'
+            ``max_keys_per_request``.
+        num_workers: the job's worker count, sent with the declaration: the shards then
+            refuse a ``contributors`` above it or a ``rank`` at or above it, and name the
+            missing ranks of an aborted aggregation (NOTE [ps aggregation]). None: not sent.
 
     Raises:
-        ConfigError: bad settings or tables.
+        ConfigError: bad settings or tables; a shard refused the declaration.
+        PeerTimeout: a shard did not answer the declaration within ``timeout_ms``.
     """
 
     def __init__(self, addresses: Sequence[str], tables: Sequence[TableConfig], timeout_ms: int = 5000,
-                 retries: int = 3, declare: bool = True):
+                 retries: int = 3, declare: bool = True, num_workers: int | None = None):
         if not addresses:
             raise ConfigError("PSClient needs at least one shard address")
         if timeout_ms <= 0 or retries < 0:
             raise ConfigError(f"timeout_ms must be > 0 and retries >= 0, got {timeout_ms}, {retries}")
+        if num_workers is not None and (type(num_workers) is not int or num_workers < 1):
+            raise ConfigError(f"num_workers must be an int >= 1 or None, got {num_workers!r}")
+        self.num_workers = num_workers
+        #: keys per request (NOTE [ps limits]); lowered to the shards' limit by :meth:`declare`
+        self.max_keys_per_request = ShardLimits().max_keys_per_request
         self.addresses = list(addresses)
         self.tables = check_tables(tables)
         self._index = {t.name: i for i, t in enumerate(self.tables)}
@@ -144,7 +164,7 @@ class PSClient:
         rid = next(self._rids)
         header = dict(header, op=op, rid=rid, cid=self._cid)
         frames = PS.pack(header, arrays)
-        req = _Request(shard, rid, op, frames, timeout_ms or self.timeout_ms)
+        req = _Request(shard, rid, op, frames, timeout_ms or self.timeout_ms, self.retries + 1)
         self._pending[rid] = req
         self._socks[shard].send_multipart(frames, copy=False)
         return rid
@@ -224,13 +244,14 @@ class PSClient:
                 del self._pending[r.rid]
             self._connect(req.shard)
             raise PeerTimeout(f"PS shard {req.shard} at {self.addresses[req.shard]} did not answer {req.op} "
-                              f"within {req.timeout_ms} ms after {req.tries + 1} attempts; is the shard "
-                              "running (herald serve ps) and reachable?",
+                              f"within {req.timeout_ms} ms ({req.tries + 1} attempts of "
+                              f"{req.attempt_s * 1000:.0f} ms); is the shard running (herald serve ps), "
+                              "reachable and not stopped? Its log names the cause",
                               peer=self.addresses[req.shard], op=req.op)
         self._connect(req.shard)  # Lazy Pirate: new socket, resend everything outstanding
         for r in sorted((r for r in self._pending.values() if r.shard == req.shard), key=lambda r: r.rid):
             r.tries += 1
-            r.deadline = time.monotonic() + r.timeout_ms / 1000.0
+            r.deadline = time.monotonic() + r.attempt_s
             self._socks[r.shard].send_multipart(r.frames, copy=False)
 
     def _split(self, table: int, keys: np.ndarray) -> list[tuple[int, np.ndarray | None]]:
@@ -250,8 +271,9 @@ class PSClient:
                 out.append((s, idx))
         return out
 
-    def _by_shard(self, batch: Mapping, arity: int) -> tuple[dict, dict]:
-        """Group per-table arrays by shard: ``{shard: [(table, positions, arrays)]}``."""
+    def _by_shard(self, batch: Mapping, arity: int) -> tuple[list, dict]:
+        """Group per-table arrays into requests: ``[(shard, [(table, ti, positions, arrays)])]``,
+        at most :attr:`max_keys_per_request` keys per request (positions None: all keys)."""
         groups: dict[int, list] = {}
         sizes = {}
         for t, arrays in batch.items():
@@ -264,15 +286,41 @@ class PSClient:
             for s, idx in self._split(ti, keys):
                 sub = [np.ascontiguousarray(a if idx is None else np.asarray(a)[idx]) for a in arrays]
                 groups.setdefault(s, []).append((t, ti, idx, sub))
-        return groups, sizes
+        limit = self.max_keys_per_request
+        requests = []
+        for s, items in groups.items():
+            current, room = [], limit
+            for t, ti, idx, sub in items:
+                n, start = sub[0].shape[0], 0
+                while True:
+                    if room == 0:
+                        requests.append((s, current))
+                        current, room = [], limit
+                    take = min(room, n - start)
+                    if take == n:
+                        current.append((t, ti, idx, sub))
+                    else:  # a piece of the table's keys on this shard
+                        pos = np.arange(start, start + take) if idx is None else idx[start:start + take]
+                        current.append((t, ti, pos, [a[start:start + take] for a in sub]))
+                    start, room = start + take, room - take
+                    if start >= n:
+                        break
+            if current:
+                requests.append((s, current))
+        return requests, sizes
 
     # ------------------------------------------------------------------ operations
     def declare(self, timeout_ms: int | None = None) -> None:
-        """Declare this client's tables on every shard (idempotent)."""
-        decl = [t.to_dict() for t in self.tables]
-        rids = [self._send(s, "declare", {"tables": decl}, timeout_ms=timeout_ms)
-                for s in range(self.num_shards)]
-        self._collect(rids)
+        """Declare this client's tables (and ``num_workers``) on every shard (idempotent);
+        adopt the smallest ``max_keys_per_request`` the shards announce."""
+        header = {"tables": [t.to_dict() for t in self.tables]}
+        if self.num_workers is not None:
+            header["workers"] = self.num_workers
+        rids = [self._send(s, "declare", header, timeout_ms=timeout_ms) for s in range(self.num_shards)]
+        for h, _ in self._collect(rids):
+            limit = (h.get("limits") or {}).get("max_keys_per_request")
+            if type(limit) is int and limit >= 1:
+                self.max_keys_per_request = min(self.max_keys_per_request, limit)
 
     def pull_async(self, batch: Mapping[int | str, np.ndarray]) -> Handle:
         """Start pulling ``{table: keys uint64 [n]}``; ``wait()`` gives ``{table: rows}``.
@@ -283,7 +331,7 @@ class PSClient:
         """
         groups, sizes = self._by_shard(batch, 1)
         sent = []
-        for s, items in groups.items():
+        for s, items in groups:
             rid = self._send(s, "pull", {"parts": [{"table": ti} for _, ti, _, _ in items]},
                              [sub[0] for _, _, _, sub in items])
             sent.append((rid, items))
@@ -320,7 +368,7 @@ class PSClient:
         rids = [self._send(s, "push_grad", {"step": int(step), "rank": int(rank),
                                             "parts": [{"table": ti} for _, ti, _, _ in items]},
                            [a for _, _, _, sub in items for a in sub])
-                for s, items in groups.items()]
+                for s, items in groups]
         return Handle(self, rids, lambda replies: sum(h.get("applied", 0) for h, _ in replies))
 
     def push_grad(self, table: int | str, keys, grads, step: int, contributors, rank: int = 0) -> int:
@@ -334,7 +382,7 @@ class PSClient:
         groups, _ = self._by_shard(batch, 2)
         rids = [self._send(s, "push_rows", {"parts": [{"table": ti} for _, ti, _, _ in items]},
                            [a for _, _, _, sub in items for a in sub])
-                for s, items in groups.items()]
+                for s, items in groups]
         return Handle(self, rids, lambda replies: None)
 
     def push_rows(self, table: int | str, keys, rows) -> None:

@@ -149,3 +149,56 @@ def check_tables(tables: Sequence[TableConfig]) -> list[TableConfig]:
     if len(set(names)) != len(names):
         raise ConfigError(f"table names must be unique, got {names}")
     return tables
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardLimits:
+    """What one PS shard accepts (NOTE [ps limits] in docs/ps.md); every request over a
+    limit is refused with an error naming the limit and its ``herald serve ps`` option,
+    before any state changes.
+
+    Args:
+        max_keys_per_request: keys in one pull / push request, summed over its parts
+            (``--max-keys-per-request``; :class:`~herald.ps.PSClient` splits larger
+            operations by itself). 1,048,576 by default: a pull of that many unseen keys
+            of a 128-dim SGD table adds 512 MiB of rows, about a second of the shard's time.
+        max_dim: largest embedding dimension a table may declare (``--max-dim``).
+        max_table_bytes: largest row array of one table on this shard, in bytes
+            (``--max-table-bytes``): checked at declare (one row must fit) and whenever
+            new keys would grow the table past it.
+        max_contributors: largest ``contributors`` value of a gradient push and the
+            bound on ``rank`` (``--max-contributors``; set it to the job's workers). A
+            ``declare`` carrying ``workers`` lowers the bound to that count.
+        aggregation_timeout_ms: an open aggregation (NOTE [ps aggregation]) that has
+            not completed this long after its step's first contribution is aborted,
+            counted and reported with the missing ranks (``--aggregation-timeout-ms``).
+
+    Raises:
+        ConfigError: a value out of range.
+    """
+
+    max_keys_per_request: int = 1 << 20
+    max_dim: int = 4096
+    max_table_bytes: int = 16 << 30
+    max_contributors: int = 1024
+    aggregation_timeout_ms: int = 120_000
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            require(type(v) is int and v >= 1, f"PS limit {f.name} must be an int >= 1, got {v!r}")
+        require(self.max_contributors <= 65535,
+                f"max_contributors must be <= 65535 (contributors travel as uint16), got {self.max_contributors}")
+
+    def check_table(self, tcfg: TableConfig) -> None:
+        """Raise :class:`ConfigError` unless ``tcfg`` fits these limits (Python ints: no overflow)."""
+        if tcfg.dim > self.max_dim:
+            raise ConfigError(f"table {tcfg.name!r}: dim {tcfg.dim} exceeds this shard's max_dim={self.max_dim}; "
+                              "use a smaller dim or start the shards with a larger --max-dim")
+        row_bytes = int(tcfg.row_width) * 4
+        if row_bytes > self.max_table_bytes:
+            raise ConfigError(f"table {tcfg.name!r}: one row takes {row_bytes} bytes, more than this shard's "
+                              f"max_table_bytes={self.max_table_bytes}; raise --max-table-bytes")
+
+    def to_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)

@@ -215,6 +215,17 @@ def first_duplicate_jit(stamps, stamp, slots):
     return -1
 
 
+@nb.njit(cache=True, nogil=True)
+def first_nonfinite_row_jit(a):
+    """The first row of the float32 [n, d] array ``a`` holding a NaN or an infinity, or -1."""
+    for i in range(a.shape[0]):
+        r = a[i]
+        for j in range(r.shape[0]):
+            if not np.isfinite(r[j]):
+                return i
+    return -1
+
+
 # ----------------------------------------------------------------------------- aggregation
 #
 # One pending step (NOTE [ps aggregation] in herald/ps/aggregate.py):

@@ -1,5 +1,5 @@
 """Run PS shards as local processes (``herald serve ps``) for tests, benchmarks and
-``herald train``."""
+``herald train``; their liveness (NOTE [ps liveness] in :mod:`herald.ps.watch`)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import tempfile
 import time
 from typing import Sequence
 
-from herald.errors import ConfigError, PeerTimeout
+from herald.errors import ConfigError, HeraldError, PeerTimeout
 from herald.procs import Supervisor
-from herald.ps.config import TableConfig, check_tables, tables_to_json
+from herald.ps.watch import ShardWatch
+from herald.ps.config import ShardLimits, TableConfig, check_tables, tables_to_json
 
 _REPO_ROOT = str(pathlib.Path(__file__).resolve().parents[2])
 
@@ -30,10 +31,14 @@ class LocalShards:
             in :attr:`workdir`: same host only, ~2.7x the bandwidth of TCP loopback).
         startup_timeout_ms: how long a shard may take to become ready (kernel
             compilation on a cold numba cache included).
+        limits: NOTE [ps limits] of every shard (``herald serve ps --max-*`` options);
+            None: the :class:`~herald.ps.config.ShardLimits` defaults.
+        log_dir: folder of the shard logs (``ps-shard-I.log``; kept after :meth:`close`),
+            e.g. the run folder of a job; None: :attr:`workdir` (deleted by :meth:`close`).
 
     Attributes:
         addresses: list of shard endpoints (``tcp://127.0.0.1:PORT``), index = shard.
-        workdir: folder with the tables file and each shard's log (``shard-I.log``).
+        workdir: temporary folder with the tables file, ready files and IPC sockets.
         procs: the shard processes (``subprocess.Popen``), index = shard.
 
     Raises:
@@ -42,21 +47,28 @@ class LocalShards:
     """
 
     def __init__(self, num_shards: int, tables: Sequence[TableConfig], seed: int = 0,
-                 host: str = "127.0.0.1", startup_timeout_ms: int = 120_000, transport: str = "tcp"):
+                 host: str = "127.0.0.1", startup_timeout_ms: int = 120_000, transport: str = "tcp",
+                 limits: ShardLimits | None = None, log_dir: str | os.PathLike | None = None):
         if num_shards < 1:
             raise ConfigError(f"num_shards must be >= 1, got {num_shards}")
         if transport not in ("tcp", "ipc"):
             raise ConfigError(f"transport must be 'tcp' or 'ipc', got {transport!r}")
         self.num_shards, self.seed, self.host = int(num_shards), int(seed), host
         self.tables = check_tables(tables)
+        self.limits = limits if limits is not None else ShardLimits()
+        if not isinstance(self.limits, ShardLimits):
+            raise ConfigError(f"limits must be a ShardLimits, got {type(self.limits).__name__}")
+        for t in self.tables:
+            self.limits.check_table(t)
         self.startup_timeout_ms = startup_timeout_ms
         self._tmp = tempfile.TemporaryDirectory(prefix="herald-ps-")
         self.workdir = pathlib.Path(self._tmp.name)
         self._tables_file = self.workdir / "tables.json"
         self._tables_file.write_text(tables_to_json(self.tables))
         env = {"PYTHONPATH": _REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-        self._children = Supervisor(self.workdir, env=env)
+        self._children = Supervisor(self.workdir if log_dir is None else log_dir, env=env)
         self.addresses: list[str] = [""] * self.num_shards
+        self._watches: list[ShardWatch] = []
         self._closed = False
         try:
             for i in range(self.num_shards):
@@ -79,7 +91,8 @@ class LocalShards:
         self._children.start(_name(i), [
             sys.executable, "-m", "herald", "serve", "ps", "--shard", str(i), "--num-shards",
             str(self.num_shards), "--bind", bind, "--tables", str(self._tables_file),
-            "--seed", str(self.seed), "--ready-file", str(self._ready_file(i))])
+            "--seed", str(self.seed), "--ready-file", str(self._ready_file(i)),
+            *[a for name, v in self.limits.to_dict().items() for a in ("--" + name.replace("_", "-"), str(v))]])
 
     def _wait_ready(self, i: int) -> str:
         deadline = time.monotonic() + self.startup_timeout_ms / 1000.0
@@ -94,6 +107,39 @@ class LocalShards:
         raise PeerTimeout(f"PS shard {i} did not become ready within {self.startup_timeout_ms} ms "
                           f"(exit code {p.poll()}); its log ends with:\n{self._children.tail(_name(i), 30)}",
                           peer=f"shard {i} pid {p.pid}", op="start")
+
+    def log_path(self, i: int) -> pathlib.Path:
+        """Shard ``i``'s log file (stdout and stderr)."""
+        return self._children.log_path(_name(i))
+
+    def describe(self, i: int, lines: int = 15) -> str:
+        """Where shard ``i`` logs and the last ``lines`` lines of that log."""
+        return f"its log {self.log_path(i)} ends with:\n{self._children.tail(_name(i), lines)}"
+
+    def failure(self) -> str | None:
+        """A message naming the first shard process that ended without :meth:`kill`,
+        :meth:`terminate` or :meth:`close` (index, address, pid, how, log path and tail);
+        None while every shard runs. Non-blocking."""
+        for i in range(self.num_shards):
+            how = self._children.exit_status(_name(i))
+            if how is not None:
+                return (f"PS shard {i} at {self.addresses[i] or '(not ready)'} (pid {self.pid(i)}) {how}; "
+                        f"{self.describe(i)}")
+        return None
+
+    def check(self) -> None:
+        """Raise :class:`HeraldError` naming a shard process that ended (see :meth:`failure`)."""
+        failure = self.failure()
+        if failure:
+            raise HeraldError(failure)
+
+    def watch(self, silent_ms: int) -> ShardWatch:
+        """A liveness check of these shards (NOTE [ps liveness]): call it every ~0.5 s; it
+        raises naming a shard process that ended, or a shard that left a ping unanswered
+        for ``silent_ms``. Closed by :meth:`close`."""
+        w = ShardWatch(self.addresses, silent_ms, describe=self.describe, dead=self.failure)
+        self._watches.append(w)
+        return w
 
     def pid(self, i: int) -> int:
         return self._children.procs[_name(i)].pid
@@ -119,6 +165,8 @@ class LocalShards:
         if self._closed:
             return
         self._closed = True
+        for w in self._watches:
+            w.close()
         self._children.close(timeout_ms / 1000.0)
         self._tmp.cleanup()
 
@@ -130,4 +178,4 @@ class LocalShards:
 
 
 def _name(i: int) -> str:
-    return f"shard-{i}"  # its log: workdir / "shard-I.log"
+    return f"ps-shard-{i}"  # its log: log_dir / "ps-shard-I.log"

@@ -1,7 +1,8 @@
 """One PS shard: a single-threaded ZeroMQ ROUTER loop over :class:`EmbeddingTable` s.
 
 Implements NOTE [ps wire protocol] (docs/ps.md; framing: NOTE [wire format] in
-herald/wire.py) and NOTE [ps aggregation] (herald/ps/aggregate.py). Every malformed
+herald/wire.py), NOTE [ps aggregation] (herald/ps/aggregate.py) and NOTE [ps limits]
+(docs/ps.md, :class:`~herald.ps.config.ShardLimits`). Every malformed or over-limit
 message gets an error reply and the loop keeps serving; nothing received is unpickled.
 """
 
@@ -22,12 +23,16 @@ from herald.errors import ConfigError, HeraldError, ProtocolError
 from herald.ps import checkpoint, wire
 from herald.ps.wire import PS
 from herald.ps import kernels as K
-from herald.ps.config import TableConfig, check_tables
+from herald.ps.config import ShardLimits, TableConfig, check_tables
 from herald.ps.rows import table_salt
 from herald.ps.table import EmbeddingTable
 
 MAX_PARTS = 1024
 MAX_MESSAGE_BYTES = 1 << 31
+#: Steps whose pushing ranks are remembered (to name the missing ones of an aborted step).
+PUSHER_STEPS = 256
+#: Seconds between two scans for expired aggregations in the serve loop.
+EXPIRE_EVERY_S = 0.1
 
 
 def _error_kind(exc: BaseException) -> str:
@@ -49,13 +54,16 @@ class ShardServer:
         tables: tables declared at start (more may come by the ``declare`` op).
         seed: initialiser seed, equal on every shard and worker.
         reply_cache: replies of mutating requests remembered for retries.
+        limits: what a request and a table may hold (NOTE [ps limits]); defaults:
+            :class:`ShardLimits`.
 
     Raises:
-        ConfigError: bad shard numbers or tables.
+        ConfigError: bad shard numbers, limits or tables.
     """
 
     def __init__(self, shard: int, num_shards: int, bind: str = "tcp://127.0.0.1:*",
-                 tables: Sequence[TableConfig] = (), seed: int = 0, reply_cache: int = 4096):
+                 tables: Sequence[TableConfig] = (), seed: int = 0, reply_cache: int = 4096,
+                 limits: ShardLimits | None = None):
         if not (0 <= shard < num_shards):
             raise ConfigError(f"shard {shard} is not in [0, {num_shards}); pass --shard below --num-shards")
         self.shard, self.num_shards, self.seed = int(shard), int(num_shards), int(seed)
@@ -69,6 +77,15 @@ class ShardServer:
         #: seconds spent handling each op (``busy_s[op] / wall time`` = busy fraction)
         self.busy_s: collections.Counter = collections.Counter()
         self._started = time.monotonic()
+        self.limits = limits if limits is not None else ShardLimits()
+        if not isinstance(self.limits, ShardLimits):
+            raise ConfigError(f"limits must be a ShardLimits, got {type(self.limits).__name__}")
+        #: the job's worker count, once a declare carried it (bounds contributors and ranks)
+        self.workers: int | None = None
+        self._pushers: collections.OrderedDict = collections.OrderedDict()   # step -> ranks that pushed
+        #: reports of the last aborted aggregations (NOTE [ps aggregation])
+        self.aborted: collections.deque = collections.deque(maxlen=16)
+        self._next_expiry = 0.0
         self.declare(check_tables(tables))
 
     # ------------------------------------------------------------------ tables
@@ -76,12 +93,14 @@ class ShardServer:
         """Declare tables: the known list must be a prefix of ``tables`` (idempotent;
         appending is allowed, a different config at an existing index is rejected)."""
         tables = check_tables(tables)
+        for t in tables[len(self.tables):]:
+            self.limits.check_table(t)
         for i, t in enumerate(tables[: len(self.tables)]):
             if t != self.tables[i].cfg:
                 raise ConfigError(f"table {i} is declared as {self.tables[i].cfg} on shard {self.shard}; "
                                   f"conflicting redeclaration {t} rejected (restart the shard to change it)")
         for i in range(len(self.tables), len(tables)):
-            self.tables.append(EmbeddingTable(tables[i], i, self.seed))
+            self.tables.append(EmbeddingTable(tables[i], i, self.seed, max_bytes=self.limits.max_table_bytes))
             self._salts.append(table_salt(i))
 
     # ------------------------------------------------------------------ requests
@@ -140,6 +159,11 @@ class ShardServer:
             raise ProtocolError(f"{op}: header 'parts' must be a list of at most {MAX_PARTS} maps")
         if len(arrays) != len(parts) * len(spec):
             raise ProtocolError(f"{op}: {len(parts)} parts need {len(parts) * len(spec)} frames, got {len(arrays)}")
+        n_keys = sum(int(arrays[k * len(spec)].shape[0]) for k in range(len(parts)) if arrays[k * len(spec)].ndim)
+        if n_keys > self.limits.max_keys_per_request:
+            raise ProtocolError(f"{op}: {n_keys} keys in one request exceed this shard's max_keys_per_request="
+                                f"{self.limits.max_keys_per_request}; send fewer keys per request (PSClient "
+                                "splits by the limit the shards announce) or raise --max-keys-per-request")
         out, seen = [], set()
         for k, part in enumerate(parts):
             if not isinstance(part, dict):
@@ -189,8 +213,20 @@ class ShardServer:
         decl = header.get("tables")
         if not isinstance(decl, list):
             raise ProtocolError("declare: header 'tables' must be a list of table maps")
-        self.declare([TableConfig.from_dict(d) for d in decl])
-        return {"n_tables": len(self.tables)}, []
+        workers = header.get("workers")
+        if workers is not None:
+            bound = self.limits.max_contributors
+            if type(workers) is not int or not 1 <= workers <= bound:
+                raise ConfigError(f"declare: workers must be an int in [1, {bound}] (this shard's "
+                                  f"max_contributors; raise --max-contributors), got {workers!r:.40}")
+            if self.workers is not None and workers != self.workers:
+                raise ConfigError(f"declare: this shard serves a job of {self.workers} workers; a declare of "
+                                  f"{workers} is rejected (restart the shards for another job)")
+        tables = [TableConfig.from_dict(d) for d in decl]
+        self.declare(tables)
+        if workers is not None:
+            self.workers = workers
+        return {"n_tables": len(self.tables), "limits": self.limits.to_dict()}, []
 
     def _op_pull(self, header, arrays):
         parts = self._parts(header, arrays, "pull")
@@ -204,15 +240,71 @@ class ShardServer:
 
     def _op_push_grad(self, header, arrays):
         step = wire.get_int(header, "step", -(1 << 62), 1 << 62)
+        bound = self.contributor_bound
         rank = wire.get_int(header, "rank", 0, 1 << 30)
+        if rank >= bound:
+            raise ProtocolError(f"push_grad: rank {rank} is not below {self._bound_name()}; "
+                                "ranks run from 0 to workers - 1")
         parts = self._parts(header, arrays, "push_grad")
+        for table, keys, (grads, contributors) in parts:  # NOTE [ps limits], before any change
+            if contributors.shape[0] and int(contributors.max()) > bound:
+                i = int(np.argmax(contributors))
+                raise ProtocolError(f"push_grad: contributors {int(contributors[i])} of key {int(keys[i])} in "
+                                    f"table {table.cfg.name!r} exceed {self._bound_name()}; a key has at most "
+                                    "one contributor per worker (NOTE [ps aggregation])")
+            bad = K.first_nonfinite_row_jit(grads)
+            if bad >= 0:
+                raise ProtocolError(f"push_grad: the gradient of key {int(keys[bad])} in table "
+                                    f"{table.cfg.name!r} (step {step}, rank {rank}) holds NaN or infinity; "
+                                    "nothing was stored: fix the model's loss (or clip the gradients) first")
         slots = [t.check_push_grad(k, rest[1], step, rank) for t, k, rest in parts]
+        ranks = self._pushers.setdefault(step, set())
+        ranks.add(rank)
+        self._pushers.move_to_end(step)
+        while len(self._pushers) > PUSHER_STEPS:
+            self._pushers.popitem(last=False)
         applied = 0
         for (table, keys, (grads, contributors)), s in zip(parts, slots):
             applied += table.push_grad(keys, grads, contributors, step, rank, slots=s)
             self.counters["push_grad_keys"] += keys.shape[0]
         self.counters["rows_updated"] += applied
         return {"applied": applied}, []
+
+    @property
+    def contributor_bound(self) -> int:
+        """Largest ``contributors`` value accepted, and the bound on ``rank`` (NOTE [ps limits])."""
+        return min(self.limits.max_contributors, self.workers or self.limits.max_contributors)
+
+    def _bound_name(self) -> str:
+        if self.workers is not None and self.workers <= self.limits.max_contributors:
+            return f"the job's {self.workers} workers (declared)"
+        return f"this shard's max_contributors={self.limits.max_contributors} (--max-contributors)"
+
+    def expire_aggregations(self, now: float | None = None) -> list[dict]:
+        """Abort every aggregation open longer than ``aggregation_timeout_ms`` (NOTE [ps
+        aggregation]): count, log (stderr: the shard's log) and keep a report naming the
+        ranks that did not push. Returns the reports of this call."""
+        now = time.monotonic() if now is None else now
+        timeout_s = self.limits.aggregation_timeout_ms / 1000.0
+        out = []
+        for table in self.tables:
+            for report in table.expire(now, timeout_s):
+                pushed = sorted(self._pushers.get(report["step"], ()))
+                report["ranks_pushed"] = pushed
+                if self.workers is not None:
+                    report["missing_ranks"] = [r for r in range(self.workers) if r not in pushed]
+                else:
+                    report["missing_ranks"] = "unknown (declare the job's workers: PSClient(num_workers=...))"
+                self.counters["aggregations_aborted"] += 1
+                self.counters["aggregation_keys_aborted"] += report["open_keys"]
+                self.aborted.append(report)
+                out.append(report)
+                print(f"herald ps shard {self.shard}/{self.num_shards}: aborted {report['open_keys']} open "
+                      f"aggregations of step {report['step']} on table {report['table']!r} after "
+                      f"{report['waited_ms']} ms (aggregation_timeout_ms={self.limits.aggregation_timeout_ms}); "
+                      f"expected {report['contributors']} contributors, ranks that pushed {pushed}, "
+                      f"missing ranks {report['missing_ranks']}", file=sys.stderr, flush=True)
+        return out
 
     def _op_push_rows(self, header, arrays):
         parts = self._parts(header, arrays, "push_rows")
@@ -229,7 +321,9 @@ class ShardServer:
         open_aggs = sum(t.open_aggregations for t in self.tables)
         if open_aggs:
             raise ProtocolError(f"checkpoint refused: {open_aggs} gradient aggregations are open; "
-                                "checkpoint between steps (after every push of the step is acked)")
+                                "checkpoint between steps (after every push of the step is acked); an "
+                                "aggregation whose contributors never come is aborted after "
+                                f"aggregation_timeout_ms={self.limits.aggregation_timeout_ms}")
         final = checkpoint.save(path, self.shard, self.num_shards, self.seed, self.tables)
         return {"path": str(final)}, []
 
@@ -252,6 +346,8 @@ class ShardServer:
             "busy_s": {op: round(s, 6) for op, s in self.busy_s.items()},
             "uptime_s": round(time.monotonic() - self._started, 6),
             "open_aggregations": sum(t.open_aggregations for t in self.tables),
+            "aborted": list(self.aborted),
+            "limits": self.limits.to_dict(), "workers": self.workers,
             "pull_pending_keys": self.counters["pull_pending_keys"],
             "tables": {t.cfg.name: {"index": t.index, "rows": t.n_rows, "row_width": t.width,
                                     "capacity_rows": int(t.rows.shape[0]), "bytes": int(t.rows.nbytes)}
@@ -286,6 +382,10 @@ class ShardServer:
             os.replace(tmp, ready_file)
         try:
             while not self._stop:
+                now = time.monotonic()
+                if now >= self._next_expiry:
+                    self._next_expiry = now + EXPIRE_EVERY_S
+                    self.expire_aggregations(now)
                 if not sock.poll(poll_ms):
                     continue
                 frames = sock.recv_multipart(copy=False)
@@ -310,12 +410,13 @@ def warm_up() -> None:
         rows = np.frombuffer(np.ones((4, t.width), np.float32).tobytes(), np.float32).reshape(4, t.width)
         t.push_rows(keys, rows)
         t.pull(keys)
+        K.first_nonfinite_row_jit(grads)
 
 
 def run_shard(shard: int, num_shards: int, bind: str, tables=(), seed: int = 0,
-              ready_file: str | None = None) -> int:
+              ready_file: str | None = None, limits: ShardLimits | None = None) -> int:
     """Entry of ``herald serve ps``: serve until SIGTERM/SIGINT or a shutdown request."""
-    server = ShardServer(shard, num_shards, bind, tables, seed)
+    server = ShardServer(shard, num_shards, bind, tables, seed, limits=limits)
     signal.signal(signal.SIGTERM, server.stop)
     signal.signal(signal.SIGINT, server.stop)
     t0 = time.monotonic()

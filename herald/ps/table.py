@@ -7,6 +7,8 @@ key map (NOTE [key map] in :mod:`herald.keymap`) indexes it.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from herald import keymap
@@ -35,17 +37,26 @@ class EmbeddingTable:
         table_index: its index in the declared table list (seeds the initialiser).
         seed: the job's seed.
         capacity_rows: initial row capacity (grows by doubling).
+        max_bytes: largest row array (NOTE [ps limits]: ``max_table_bytes``); None: no limit.
+            New keys that would grow the table past it are refused (:class:`ProtocolError`)
+            before anything is stored.
     """
 
-    def __init__(self, tcfg: TableConfig, table_index: int, seed: int, capacity_rows: int = 1024):
+    def __init__(self, tcfg: TableConfig, table_index: int, seed: int, capacity_rows: int = 1024,
+                 max_bytes: int | None = None):
         self.cfg = tcfg
         self.index = table_index
         self.width = tcfg.row_width
+        # Python ints: a row count times a row size never overflows
+        self.max_bytes = None if max_bytes is None else int(max_bytes)
+        self.max_rows = None if max_bytes is None else max(1, int(max_bytes) // (4 * int(self.width)))
         self._init = init_args(tcfg, table_index, seed)
         self._hp = hyper_params(tcfg)
         self._kind = tcfg.optimizer.kind
         self.n_rows = 0
         cap = max(16, int(capacity_rows))
+        if self.max_rows is not None:
+            cap = max(16, min(cap, self.max_rows))
         self.rows = np.zeros((cap, self.width), np.float32)
         self.row_keys = np.zeros(cap, np.uint64)
         self.row_marks = np.zeros(cap, np.int32)   # open aggregations per row
@@ -67,6 +78,8 @@ class EmbeddingTable:
         if need > cap:
             while cap < need:
                 cap *= 2
+            if self.max_rows is not None:
+                cap = max(need, min(cap, self.max_rows))
             rows = np.empty((cap, self.width), np.float32)
             K.copy_rows_jit(rows, self.rows, self.n_rows)
             self.rows = rows
@@ -95,8 +108,11 @@ class EmbeddingTable:
     def slots(self, keys: np.ndarray) -> np.ndarray:
         """Row slots of ``keys`` (uint64 [n]), inserting initialised rows for unseen keys."""
         self._check(keys)
-        self.reserve(keys.shape[0])
         out = np.empty(keys.shape[0], np.int64)
+        grow = keys.shape[0]
+        if self.max_rows is not None and self.n_rows + grow > self.max_rows:
+            grow = self._check_growth(keys, out)
+        self.reserve(grow)
         n0 = self.n_rows
         n = np.array([n0], np.int64)
         keymap.find_or_insert_many_jit(self.buckets, self.row_keys, _ONE_TABLE, n, _ONE_TABLE, keys, out)
@@ -104,6 +120,18 @@ class EmbeddingTable:
         if self.n_rows > n0:  # keys seen for the first time: slots n0.. in order, rows initialised
             K.init_rows_jit(self.rows[n0:self.n_rows], self.row_keys[n0:self.n_rows], *self._init)
         return out
+
+    def _check_growth(self, keys: np.ndarray, scratch: np.ndarray) -> int:
+        """The number of distinct unseen ``keys``; :class:`ProtocolError` if they would grow the
+        table past ``max_bytes``."""
+        keymap.find_many_jit(self.buckets, self.row_keys, _ONE_TABLE, _ONE_TABLE, keys, scratch)
+        unseen = int(np.unique(keys[scratch < 0]).shape[0])
+        if self.n_rows + unseen > self.max_rows:
+            need = (self.n_rows + unseen) * 4 * self.width
+            raise ProtocolError(f"table {self.cfg.name!r}: {unseen} new keys would grow it to "
+                                f"{self.n_rows + unseen} rows ({need} bytes) on this shard, past its "
+                                f"max_table_bytes={self.max_bytes}; add PS shards or raise --max-table-bytes")
+        return unseen
 
     def _unique_slots(self, keys: np.ndarray, op: str) -> np.ndarray:
         slots = self.slots(keys)
@@ -160,6 +188,8 @@ class EmbeddingTable:
             slots = self.check_push_grad(keys, contributors, step, rank)
         step_state = self.pending.get(step)
         check = step_state if step_state is not None else self._no_step
+        if step_state is not None and step_state.open == 0:
+            step_state.opened_at = time.monotonic()   # reopened after it had completed
         if step_state is None:
             if not np.any(contributors > 1):
                 return int(K.push_grad_jit(self.rows, self.row_marks, slots, keys, grads, contributors,
@@ -188,6 +218,22 @@ class EmbeddingTable:
             if old in self.pending and self.pending[old].open == 0:
                 del self.pending[old]
 
+    def expire(self, now: float, timeout_s: float) -> list[dict]:
+        """Abort the steps whose open aggregations are older than ``timeout_s`` (NOTE [ps
+        aggregation]); returns one report per aborted step: ``table``, ``step``,
+        ``open_keys`` dropped, ``contributors`` expected, ``waited_ms``, ``missing_ranks``
+        (None here: the caller, who knows the ranks that pushed, fills it in place)."""
+        out = []
+        for step, state in list(self.pending.items()):
+            if state.open and now - state.opened_at >= timeout_s:
+                dropped, expected = state.abort(self.row_marks)
+                state.aborted = {"table": self.cfg.name, "step": int(step), "open_keys": dropped,
+                                 "contributors": expected, "waited_ms": int((now - state.opened_at) * 1000),
+                                 "missing_ranks": None}
+                out.append(state.aborted)
+                self._retire(step)
+        return out
+
     @property
     def open_aggregations(self) -> int:
         return sum(s.open for s in self.pending.values())
@@ -199,6 +245,9 @@ class EmbeddingTable:
     def load(self, keys: np.ndarray, rows: np.ndarray) -> None:
         """Replace the whole table by (keys, rows); drops open aggregations."""
         n = keys.shape[0]
+        if self.max_rows is not None and n > self.max_rows:
+            raise ProtocolError(f"table {self.cfg.name!r}: {n} rows ({n * 4 * self.width} bytes) exceed this "
+                                f"shard's max_table_bytes={self.max_bytes}; raise --max-table-bytes")
         cap = max(16, 1 << max(0, int(n - 1).bit_length()))
         self.rows = np.zeros((cap, self.width), np.float32)
         self.rows[:n] = rows

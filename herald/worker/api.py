@@ -28,6 +28,7 @@ dense model is synchronised by :class:`~herald.worker.dense.DenseSync`.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import time
 from datetime import timedelta
@@ -68,6 +69,11 @@ class Batch:
     step: int
     micro_batch: MicroBatch
     rows: StepRows | None = None
+
+
+class TrainingDiverged(HeraldError):
+    """A worker's loss or gradient turned non-finite (NaN or inf); the message names the
+    step, the rank and the likely cause (learning rate too high, or bad input)."""
 
 
 class CachedEmbedding(nn.Module):
@@ -247,6 +253,8 @@ class ScheduledLoader:
         Raises:
             HeraldError: no batch was yielded, its embedding was not called, or
                 :meth:`attach` was not called.
+            TrainingDiverged: the loss or a gradient is NaN or infinite (nothing of the
+                step is applied; the message names the step, the rank and the likely cause).
         """
         batch = self._batch
         if batch is None or batch.rows is None or self.dense is None:
@@ -254,6 +262,7 @@ class ScheduledLoader:
         self._batch = None
         try:
             mb = batch.micro_batch
+            self._check_finite(mb, loss, batch.rows)
             if self._yielded is not None:  # forward + backward not timed by the training loop
                 since, claimed = self._yielded
                 self.timer.add("compute", max(0.0, time.perf_counter() - since
@@ -272,6 +281,30 @@ class ScheduledLoader:
         except Exception as exc:
             self._report_error(exc)
             raise
+
+    def _check_finite(self, mb: MicroBatch, loss: torch.Tensor | float | None, rows: StepRows) -> None:
+        """Stop the job on a non-finite loss or gradient, before anything is pushed or
+        all-reduced (the PS rows and the other ranks' replicas stay clean): a NaN pushed
+        once spreads to every row and replica it reaches, and training goes on silently.
+
+        Raises:
+            TrainingDiverged: naming the step, this rank and the likely cause.
+        """
+        value = float(loss.detach()) if isinstance(loss, torch.Tensor) else (None if loss is None else float(loss))
+        grads = [g for g in [rows.rows.grad] + [p.grad for p in self.dense.model.parameters()] if g is not None]
+        what = None
+        if value is not None and not math.isfinite(value):
+            what = f"the loss is {value}"
+        elif grads and not bool(torch.stack([torch.isfinite(g).all() for g in grads]).all()):
+            what = "a gradient is not finite" + (f" (loss {value:.4g})" if value is not None else "")
+        if what is None:
+            return
+        lr = self.job.tables[0].optimizer.lr
+        raise TrainingDiverged(
+            f"rank {self.rank}: {what} at step {mb.step}: training diverged. Likely cause: a learning rate too high "
+            f"(--lr {lr:g}, --dense-lr {self.job.dense_lr:g}: lower them) or bad input values (the loader drops "
+            "non-finite and out-of-range labels and dense values; look for extreme ones). Nothing of this step "
+            "was applied; fix and continue from the last checkpoint with --resume (docs/operations.md)")
 
     def _save(self, path: str) -> None:
         """Write the dense model and optimizer state to ``path/dense.pt`` (atomically)."""

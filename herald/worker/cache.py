@@ -43,7 +43,8 @@ class EmbeddingCache:
         self._buckets = np.full(keymap.bucket_count(self.capacity_rows), -1, np.int32)
         self._slot_ids = np.zeros(self.capacity_rows, np.uint64)  # key of each slot in use
         self._slot_tab = np.zeros(self.capacity_rows, np.int32)
-        self._free = list(range(self.capacity_rows - 1, -1, -1))  # stack of free slots
+        self._free = np.arange(self.capacity_rows, dtype=np.int64)  # free slots: a stack, top at _free[_nfree - 1]
+        self._nfree = self.capacity_rows
         self._size = 0
 
     def __len__(self) -> int:
@@ -87,7 +88,8 @@ class EmbeddingCache:
         out = self.rows[slots[write_back]].copy()
         gone = np.empty(len(keys), np.int64)
         keymap.delete_many_jit(self._buckets, self._slot_ids, self._slot_tab, keys.table, keys.ids, gone)
-        self._free.extend(slots.tolist())
+        self._free[self._nfree: self._nfree + slots.shape[0]] = slots
+        self._nfree += slots.shape[0]
         self._size -= len(keys)
         return out
 
@@ -102,11 +104,12 @@ class EmbeddingCache:
             raise ProtocolError(f"put: rows {rows.shape} do not match {len(keys)} keys x width {self.row_width}")
         slots = self.slots(keys, must_exist=False)
         new = np.flatnonzero(slots < 0)
-        if new.shape[0] > len(self._free):
-            raise ProtocolError(f"plan inserts {new.shape[0]} rows into a cache with {len(self._free)} free slots "
+        if new.shape[0] > self._nfree:
+            raise ProtocolError(f"plan inserts {new.shape[0]} rows into a cache with {self._nfree} free slots "
                                 f"(capacity {self.capacity_rows}): cache and scheduler snapshot disagree")
         if new.shape[0]:
-            fresh = np.array([self._free.pop() for _ in range(new.shape[0])], np.int64)
+            self._nfree -= new.shape[0]
+            fresh = self._free[self._nfree: self._nfree + new.shape[0]].copy()
             slots[new] = fresh
             keymap.insert_many_jit(self._buckets, self._slot_ids, self._slot_tab, keys.table[new], keys.ids[new], fresh)
             self._size += new.shape[0]

@@ -196,9 +196,10 @@ def test_timeout_names_shard_and_op_then_sigterm_and_shutdown():
 
 
 def test_retried_push_is_applied_once(shards):
-    """A shard frozen past the client's timeout receives the push twice (original and
-    Lazy Pirate resend); its reply cache makes the second a no-op."""
-    client = PSClient(shards.addresses, TABLES, timeout_ms=300, retries=20)
+    """A shard frozen past one attempt's deadline (NOTE [ps client deadline]: 4000 ms / 11
+    attempts = 364 ms) receives the push twice (original and Lazy Pirate resend); its
+    reply cache makes the second a no-op."""
+    client = PSClient(shards.addresses, TABLES, timeout_ms=4000, retries=10)
     try:
         keys = np.arange(50, dtype=np.uint64) + 99_000
         before = client.pull("sgd", keys)
@@ -211,7 +212,7 @@ def test_retried_push_is_applied_once(shards):
             with PSClient(shards.addresses, TABLES, timeout_ms=100, retries=0, declare=False) as other:
                 with pytest.raises(PeerTimeout):  # a frozen shard: the deadline holds
                     other.ping()
-            time.sleep(0.7)  # > 2 timeouts: the push was resent
+            time.sleep(0.7)  # > one attempt: wait() resends the push
         finally:
             for p in shards.procs:
                 p.send_signal(signal.SIGCONT)
@@ -219,5 +220,68 @@ def test_retried_push_is_applied_once(shards):
         after = client.pull("sgd", keys)
         np.testing.assert_array_equal(after[:, :16], before[:, :16] - np.float32(LR) * np.float32(1.0))
         assert sum(s["counters"].get("duplicate_requests", 0) for s in client.stats()) > dups
+    finally:
+        client.close()
+
+
+def test_limits_on_real_shards_client_splits_and_aborts_are_reported(tmp_path):
+    """NOTE [ps limits] through `herald serve ps` options: the client splits a pull over
+    max_keys_per_request, a raw oversized request is refused, a NaN gradient is refused,
+    and a 2-contributor push from a single rank is aborted after aggregation_timeout_ms
+    with the missing rank named in stats and in the shard's log; checkpoints work again."""
+    from herald.ps.config import ShardLimits
+
+    tables = [TableConfig("t", 8, OptimizerConfig("sgd", lr=LR), init="zeros")]
+    limits = ShardLimits(max_keys_per_request=1000, max_dim=64, aggregation_timeout_ms=500)
+    with LocalShards(num_shards=2, tables=tables, seed=SEED, limits=limits, log_dir=tmp_path / "logs") as sh, \
+            PSClient(sh.addresses, tables, timeout_ms=10_000, num_workers=2) as client:
+        assert client.max_keys_per_request == 1000
+        keys = np.arange(5000, dtype=np.uint64)
+        assert client.pull("t", keys).shape == (5000, 8)
+        assert sum(s["counters"]["pull_keys"] for s in client.stats()) == 5000
+        with PSClient(sh.addresses[:1], tables, timeout_ms=10_000, declare=False) as raw:
+            mine = keys[shard_of(0, keys, 2) == 0]
+            with pytest.raises(ProtocolError, match="max_keys_per_request=1000"):
+                raw._collect([raw._send(0, "pull", {"parts": [{"table": 0}]}, [mine])])
+        with pytest.raises(ConfigError, match="max_dim=64"):
+            PSClient(sh.addresses, tables + [TableConfig("wide", 128)], timeout_ms=10_000).close()
+        g = np.ones((500, 8), np.float32)   # one request per shard: refused whole
+        g[432, 0] = np.nan
+        with pytest.raises(ProtocolError, match="'t'.*NaN"):
+            client.push_grad("t", keys[:500], g, step=0, contributors=np.ones(500, np.uint16), rank=0)
+        on_bad_shard = shard_of(0, keys[:500], 2) == shard_of(0, keys[432:433], 2)[0]
+        assert np.array_equal(client.pull("t", keys[:500][on_bad_shard]), np.zeros((on_bad_shard.sum(), 8)))
+        few = keys[:20]
+        client.push_grad("t", few, np.ones((20, 8), np.float32), step=1, contributors=np.full(20, 2, np.uint16), rank=0)
+        assert sum(s["open_aggregations"] for s in client.stats()) == 20
+        deadline = time.monotonic() + 10
+        while sum(s["open_aggregations"] for s in client.stats()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        stats = client.stats()
+        assert sum(s["open_aggregations"] for s in stats) == 0
+        reports = [r for s in stats for r in s["aborted"]]
+        assert reports and all(r["missing_ranks"] == [1] and r["step"] == 1 for r in reports)
+        assert sum(s["counters"]["aggregation_keys_aborted"] for s in stats) == 20
+        assert client.checkpoint(str(tmp_path / "ckpt"))
+        logs = "".join((tmp_path / "logs" / f"ps-shard-{i}.log").read_text() for i in range(2))
+        assert "aborted" in logs and "missing ranks [1]" in logs
+
+
+def test_a_silent_shard_is_named_within_one_timeout_retries_included(shards):
+    """NOTE [ps client deadline]: 3 retries fit inside the 1000 ms the caller gave (4
+    attempts of 250 ms), instead of 4 x 1000 ms."""
+    client = PSClient(shards.addresses, TABLES, timeout_ms=1000, retries=3)
+    try:
+        keys = np.arange(100, dtype=np.uint64)
+        client.pull("sgd", keys)
+        shards.procs[1].send_signal(signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(PeerTimeout, match=r"PS shard 1 at .* within 1000 ms \(4 attempts of 250 ms\)"):
+                client.pull("sgd", keys)
+            assert time.monotonic() - t0 < 1.5
+        finally:
+            shards.procs[1].send_signal(signal.SIGCONT)
+        client.pull("sgd", keys)   # the shard serves again: a new request succeeds
     finally:
         client.close()

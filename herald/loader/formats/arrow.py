@@ -81,21 +81,32 @@ def batch_to_arrow(batch: SampleBatch, multi_hot=frozenset(), schema: pa.Schema 
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
-def infer_layout(schema: pa.Schema) -> dict:
-    """The herald layout of an Arrow schema: from its metadata, else by column types."""
+def infer_layout(schema: pa.Schema, where: str = "") -> dict:
+    """The herald layout of an Arrow schema: from its metadata, else by column types.
+
+    Args:
+        schema: the Arrow schema; where: the file (or stream) it belongs to, named in errors.
+
+    Raises:
+        DataError: malformed metadata, no ``label`` column, or (without metadata) a column
+            of a type herald cannot map (:func:`check_layout` names the fix).
+    """
+    at = f"{where}: " if where else ""
     meta = schema.metadata or {}
     if META_KEY in meta:
         try:
             layout = json.loads(meta[META_KEY])
             [(t["name"], t["column"]) for t in layout["tables"]]
-            return layout
+            layout["label"]
         except (ValueError, KeyError, TypeError) as exc:
-            raise DataError(f"malformed {META_KEY.decode()} metadata: {exc}; rewrite the file "
+            raise DataError(f"{at}malformed {META_KEY.decode()} metadata: {exc}; rewrite the file "
                             "with herald convert") from exc
+        check_layout(schema, layout, where)
+        return layout
     if "label" not in schema.names:
-        raise DataError("no 'label' column and no herald.schema metadata; write the file with "
+        raise DataError(f"{at}no 'label' column and no herald.schema metadata; write the file with "
                         f"herald convert (columns: {schema.names})")
-    dense, tables = [], []
+    dense, tables, unmapped = [], [], []
     for f in schema:
         t = f.type
         if f.name == "label":
@@ -108,7 +119,67 @@ def infer_layout(schema: pa.Schema) -> dict:
             tables.append({"name": f.name, "column": f.name, "kind": "single"})
         elif (pa.types.is_list(t) or pa.types.is_large_list(t)) and pa.types.is_integer(t.value_type):
             tables.append({"name": f.name, "column": f.name, "kind": "multi"})
-    return {"version": 1, "label": "label", "dense": dense or None, "tables": tables}
+        else:
+            unmapped.append(f"{f.name!r} ({t})")
+    if unmapped:
+        raise DataError(f"{at}column(s) {', '.join(unmapped)} map to nothing herald reads (label: a float or "
+                        "integer column; dense: float columns or a fixed_size_list<float32> 'dense'; tables: "
+                        "integer or list<integer> id columns); drop them, cast them, or write the file with "
+                        "herald convert")
+    layout = {"version": 1, "label": "label", "dense": dense or None, "tables": tables}
+    check_layout(schema, layout, where)
+    return layout
+
+
+def _numeric(t: pa.DataType) -> bool:
+    return pa.types.is_floating(t) or pa.types.is_integer(t) or pa.types.is_boolean(t)
+
+
+def check_layout(schema: pa.Schema, layout: dict, where: str = "") -> None:
+    """Check that ``schema`` holds every column ``layout`` maps, with a type herald reads.
+
+    Label: a float, integer or bool column. Dense: a ``fixed_size_list`` of numbers or
+    number columns. Tables: at least one; integer ids (>= 0, uint64 kept as is) or
+    lists of integers. Values are checked per sample when read (NOTE [value checks]).
+
+    Raises:
+        DataError: naming ``where`` (the file), the column and the fix.
+    """
+    at = f"{where}: " if where else ""
+
+    def field(column: str, role: str) -> pa.Field:
+        if column not in schema.names:
+            raise DataError(f"{at}the {role} column {column!r} named by the herald layout is missing (columns: "
+                            f"{schema.names}); rewrite the file with herald convert")
+        return schema.field(column)
+
+    label = field(layout["label"], "label")
+    if not _numeric(label.type):
+        raise DataError(f"{at}column {label.name!r} is {label.type}: label must be a float or integer column "
+                        "(0/1 or a probability); cast it to float32, or write the file from the raw data with "
+                        "herald convert")
+    spec = layout.get("dense")
+    for column in ([spec] if isinstance(spec, str) else list(spec or [])):
+        f = field(column, "dense")
+        ok = (pa.types.is_fixed_size_list(f.type) and _numeric(f.type.value_type)) if isinstance(spec, str) \
+            else _numeric(f.type)
+        if not ok:
+            want = "a fixed_size_list<float32>" if isinstance(spec, str) else "a float column"
+            raise DataError(f"{at}column {column!r} is {f.type}: dense features must be {want}; cast it, or "
+                            "write the file from the raw data with herald convert")
+    if not layout["tables"]:
+        raise DataError(f"{at}no table column: herald needs at least one id column (integer, e.g. uint64, or "
+                        f"list<integer>) beside the label and dense features (columns: {schema.names}); write the "
+                        "file with herald convert")
+    for t in layout["tables"]:
+        f = field(t["column"], "table")
+        ty = f.type
+        ok = pa.types.is_integer(ty) or ((pa.types.is_list(ty) or pa.types.is_large_list(ty))
+                                         and pa.types.is_integer(ty.value_type))
+        if not ok:
+            raise DataError(f"{at}table column {t['column']!r} is {ty}: ids must be integers (uint64) or lists of "
+                            "integers; hash categorical strings to ids (herald convert does, from a text format) "
+                            "or cast the column")
 
 
 def _column(data, name: str) -> pa.Array:
@@ -159,7 +230,8 @@ def arrow_to_batch(data, layout: dict | None = None) -> SampleBatch:
         data: Arrow columns; layout: as :func:`infer_layout` (default: from ``data.schema``).
 
     Raises:
-        DataError: a mapped column is missing or has an unsupported type.
+        DataError: a mapped column is missing or has an unsupported type. Values are
+            not checked here (NOTE [value checks]: :mod:`herald.loader.validation`).
     """
     layout = layout or infer_layout(data.schema)
     b = data.num_rows
@@ -178,7 +250,10 @@ def arrow_to_batch(data, layout: dict | None = None) -> SampleBatch:
         arange = np.arange(b + 1, dtype=OFFSET_DTYPE)
         values, offsets, names = [], [], []
         for t in layout["tables"]:
-            v, o = _table(_column(data, t["column"]), arange)
+            try:
+                v, o = _table(_column(data, t["column"]), arange)
+            except DataError as exc:
+                raise DataError(f"table column {t['column']!r}: {exc}") from exc
             values.append(v)
             offsets.append(o)
             names.append(t["name"])

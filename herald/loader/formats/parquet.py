@@ -1,23 +1,39 @@
 """Parquet source: row groups read with pyarrow, converted by :mod:`herald.loader.formats.arrow`.
 
 A path is one ``.parquet`` file or a directory (its ``*.parquet`` files in name
-order, one dataset). Position = (file index, row group, row within the row group);
+order, one dataset). Every file's schema is checked when the source opens (the column
+types of NOTE [arrow layout], the same layout and dense width in every file), so a
+bad file is named before anything is read; in a directory, any other file is an error
+that names it (names starting with ``_`` or ``.``, such as Spark's ``_SUCCESS`` and
+``.crc`` files, are metadata and ignored). Each row group's labels and dense values
+are checked when it is decoded (NOTE [value checks] in :mod:`herald.loader.validation`)
+and bad rows follow NOTE [bad records] (:mod:`herald.loader.policy`): ``strict`` raises
+naming the file and the row (0-based, within the file), ``skip`` counts per reason
+and quarantines one JSON line per bad row.
+
+Position = (file index, row group, row within the row group, bad rows included);
 resume reads that row group again and skips the rows before the position.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import pathlib
 
+import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from herald.config import require
 from herald.errors import DataError
-from herald.loader.formats.arrow import arrow_to_batch, infer_layout
 from herald.loader.batch import SampleBatch, Schema
+from herald.loader.formats.arrow import arrow_to_batch, infer_layout
+from herald.loader.kernels import REASONS
+from herald.loader.policy import BadRecordLog, BadRecordSettings
 from herald.loader.source import Source, state_int
+from herald.loader.validation import describe, value_status
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,39 +46,78 @@ class ParquetSettings:
         require(isinstance(self.use_threads, bool), "use_threads must be a bool")
 
 
+def dataset_files(folder: pathlib.Path) -> list[pathlib.Path]:
+    """The ``*.parquet`` files of ``folder`` in name order.
+
+    Raises:
+        DataError: the folder holds other entries (not starting with ``_`` or ``.``),
+            naming them: herald would not read them, and a silently smaller dataset
+            is worse than an error.
+    """
+    files, others = [], []
+    for entry in sorted(folder.iterdir()):
+        if entry.name.startswith(("_", ".")):
+            continue
+        (files if entry.is_file() and entry.name.endswith(".parquet") else others).append(entry.name)
+    if others:
+        shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+        raise DataError(f"{folder} holds {len(others)} entr{'y' if len(others) == 1 else 'ies'} herald does not "
+                        f"read: {shown}. A directory source reads only *.parquet files (names starting with '_' "
+                        "or '.' are ignored as metadata); convert the others with herald convert (e.g. a .tsv to "
+                        ".parquet) or move them out of the directory", source=str(folder))
+    return [folder / name for name in files]
+
+
 class ParquetSource(Source):
     """Rows of one Parquet file or a directory of them (NOTE [arrow layout] columns).
 
+    Args:
+        path: a ``.parquet`` file or a directory of them.
+        settings: :class:`ParquetSettings`; bad: the bad-record policy (NOTE [bad records]).
+
     Raises:
-        DataError: no such file, no ``.parquet`` file in the directory, files with
-            different layouts, or a column layout that cannot be mapped.
+        DataError: no such file, entries other than ``.parquet`` files in the directory,
+            an unreadable file, files with different layouts, a column that cannot be
+            mapped (each naming the file and column); bad rows under ``strict`` (file, row).
     """
 
     format_name = "parquet"
 
-    def __init__(self, path, *, settings: ParquetSettings = ParquetSettings()):
+    def __init__(self, path, *, settings: ParquetSettings = ParquetSettings(),
+                 bad: BadRecordSettings = BadRecordSettings()):
         super().__init__()
         p = pathlib.Path(path)
         self.path = os.fspath(path)
-        files = sorted(p.glob("*.parquet")) if p.is_dir() else [p]
+        files = dataset_files(p) if p.is_dir() else [p]
         if not files or not files[0].exists():
             raise DataError(f"no Parquet file at {path}; write one with herald convert or herald datagen",
                             source=self.path)
         self._settings = settings
-        try:
-            self._files = [pq.ParquetFile(f) for f in files]
-        except (OSError, ValueError) as exc:
-            raise DataError(f"cannot read Parquet {path}: {exc}", source=self.path) from exc
+        self._files = []
+        for f in files:
+            try:
+                self._files.append(pq.ParquetFile(f))
+            except (OSError, ValueError, pa.ArrowException) as exc:
+                raise DataError(f"cannot read Parquet file {f}: {exc}; rewrite it with herald convert",
+                                source=str(f)) from exc
+        self._paths = [str(f) for f in files]
         self._names = [f.name for f in files]
-        self._layout = infer_layout(self._files[0].schema_arrow)
-        for f, name in zip(self._files[1:], self._names[1:]):
-            if infer_layout(f.schema_arrow) != self._layout:
-                raise DataError(f"{name} has another column layout than {self._names[0]}; "
-                                "a directory must hold one dataset", source=self.path)
-        self._schema = Schema(tuple(t["name"] for t in self._layout["tables"]),
-                              self._dense_dim(self._files[0].schema_arrow))
+        self._layout = infer_layout(self._files[0].schema_arrow, self._paths[0])
+        dense_dim = self._dense_dim(self._files[0].schema_arrow)
+        for f, where in zip(self._files[1:], self._paths[1:]):
+            if infer_layout(f.schema_arrow, where) != self._layout:
+                raise DataError(f"{where} has another column layout than {self._paths[0]}; a directory must hold "
+                                "one dataset (the same label, dense and table columns in every file)",
+                                source=self.path)
+            if self._dense_dim(f.schema_arrow) != dense_dim:
+                raise DataError(f"{where} has {self._dense_dim(f.schema_arrow)} dense features, {self._paths[0]} "
+                                f"has {dense_dim}; a directory must hold one dataset", source=self.path)
+        self._schema = Schema(tuple(t["name"] for t in self._layout["tables"]), dense_dim)
+        self._log = BadRecordLog(bad, self.path)
         self._pos = (0, 0, 0)
         self._group: SampleBatch | None = None
+        self._status: np.ndarray | None = None   # NOTE [record status] codes of the group, None: all good
+        self._good: np.ndarray | None = None     # rows to serve (strict: only those before the first bad one)
 
     def _dense_dim(self, schema) -> int:
         spec = self._layout.get("dense")
@@ -79,13 +134,60 @@ class ParquetSource(Source):
         return frozenset(t["name"] for t in self._layout["tables"] if t.get("kind") == "multi")
 
     @property
-    def num_rows(self) -> int:
+    def num_rows(self) -> int | None:
+        """Rows in the files' metadata under ``strict`` (a bad row raises, so every row
+        served is one of them); None under ``skip``, where the good rows are known only
+        after decoding."""
+        if not self._log.strict:
+            return None
         return sum(f.metadata.num_rows for f in self._files)
 
     @property
     def metadata(self) -> dict[bytes, bytes]:
         """Key-value metadata of the first file (e.g. ``herald.synthetic``)."""
         return dict(self._files[0].schema_arrow.metadata or {})
+
+    def _skipped(self) -> dict:
+        return self._log.skipped
+
+    # ----------------------------------------------------------------- reading
+    def _load_group(self, fi: int, gi: int) -> None:
+        try:
+            table = self._files[fi].read_row_group(gi, use_threads=self._settings.use_threads)
+            group = arrow_to_batch(table, self._layout)
+        except DataError as exc:
+            raise DataError(f"{self._paths[fi]}, row group {gi}: {exc}", source=self._paths[fi]) from exc
+        except (OSError, ValueError, TypeError, pa.ArrowException) as exc:
+            raise DataError(f"cannot decode row group {gi} of {self._paths[fi]}: {exc}; rewrite the file with "
+                            "herald convert", source=self._paths[fi]) from exc
+        self._group = group
+        self._status = value_status(group.labels, group.dense)
+        self._good = None
+        if self._status is not None:
+            good = self._status == 0
+            if self._log.strict:
+                good[int(np.flatnonzero(~good)[0]):] = False
+            self._good = np.flatnonzero(good)
+
+    def _file_row(self, fi: int, gi: int, row: int) -> int:
+        md = self._files[fi].metadata
+        return sum(md.row_group(g).num_rows for g in range(gi)) + row
+
+    def _pass(self, fi: int, gi: int, start: int, stop: int) -> None:
+        """Move over rows ``[start, stop)`` of the group: count (and quarantine) its bad rows."""
+        if self._status is None or self._log.strict or stop <= start:
+            return
+        codes = self._status[start:stop]
+        bad = np.flatnonzero(codes) + start
+        if not bad.size:
+            return
+        raw = ()
+        if self._log.settings.quarantine_path is not None:
+            first = self._file_row(fi, gi, 0)
+            g = self._group
+            raw = [json.dumps({"file": self._paths[fi], "row": first + int(r), "reason": REASONS[self._status[r]],
+                               "label": float(g.labels[r]), "dense": g.dense[r].tolist()}).encode() for r in bad]
+        self._log.record(codes, raw)
 
     def _read(self, max_rows: int) -> SampleBatch | None:
         fi, gi, row = self._pos
@@ -98,22 +200,42 @@ class ParquetSource(Source):
                 fi, gi, row, self._group = fi + 1, 0, 0, None
                 continue
             if self._group is None:
-                table = f.read_row_group(gi, use_threads=self._settings.use_threads)
-                self._group = arrow_to_batch(table, self._layout)
-            if row >= len(self._group):
+                self._load_group(fi, gi)
+            n = len(self._group)
+            if row >= n:
                 gi, row, self._group = gi + 1, 0, None
                 continue
-            out = self._group.slice(row, row + max_rows)
-            row += len(out)
-            if row >= len(self._group):
+            if self._good is None:
+                out = self._group.slice(row, row + max_rows)
+                row += len(out)
+            else:
+                idx = self._good[np.searchsorted(self._good, row):][:max_rows]
+                if idx.size == 0:     # nothing to serve from ``row`` on: pass the rest (strict: stop at the bad row)
+                    bad = np.flatnonzero(self._status[row:]) + row
+                    if self._log.strict and bad.size:
+                        self._pos = (fi, gi, int(bad[0]))
+                        r = int(bad[0])
+                        raise self._log.error(int(self._status[r]), self._file_row(fi, gi, r),
+                                              f"row {{position}} (0-based) of {self._paths[fi]}",
+                                              source=self._paths[fi],
+                                              detail=describe(self._group.labels, self._group.dense, r))
+                    self._pass(fi, gi, row, n)
+                    gi, row, self._group = gi + 1, 0, None
+                    continue
+                out = self._group.take(idx)
+                self._pass(fi, gi, row, int(idx[-1]) + 1)
+                row = int(idx[-1]) + 1
+            if row >= n:
+                self._pass(fi, gi, row, n)
                 gi, row, self._group = gi + 1, 0, None
             self._pos = (fi, gi, row)
             return out
 
+    # ------------------------------------------------------------------- state
     def _get_state(self) -> dict:
         fi, gi, row = self._pos
         name = self._names[fi] if fi < len(self._names) else None
-        return {"file_index": fi, "file": name, "row_group": gi, "row": row}
+        return {"file_index": fi, "file": name, "row_group": gi, "row": row, "skipped": dict(self._log.skipped)}
 
     def _set_state(self, state: dict) -> None:
         fi, gi, row = state_int(state, "file_index"), state_int(state, "row_group"), state_int(state, "row")
@@ -125,4 +247,10 @@ class ParquetSource(Source):
                 raise DataError(f"malformed state: row group {gi} of {self._names[fi]} does not exist")
         elif fi > len(self._files):
             raise DataError(f"malformed state: file index {fi} > {len(self._files)} files")
+        self._log.load(state.get("skipped", {}))
         self._pos, self._group = (fi, gi, row), None
+
+    def close(self) -> None:
+        if not self._closed:
+            self._log.close()
+        super().close()

@@ -16,6 +16,9 @@ from herald.loader.policy import POLICIES
 _RESERVED = ("bootstrap_servers", "group_id", "enable_auto_commit", "key_deserializer",
              "value_deserializer")
 _META_PREFIX = "herald:skip="
+#: Added to the consumer's session timeout to bound the wait for a group assignment
+#: (NOTE [kafka assignment]): coordinator lookup, join and sync round trips.
+ASSIGNMENT_MARGIN_MS = 10_000
 
 
 def known_client_options() -> frozenset[str]:
@@ -75,6 +78,10 @@ class KafkaSourceConfig:
         connect_timeout_ms: bound on the TCP reachability check of the brokers, done at
             start and whenever no record came for this long (ms).
         close_timeout_ms: bound on ``close()`` (ms).
+        assignment_timeout_ms: group mode: longest wait for the group's partition
+            assignment (NOTE [kafka assignment]); idle time counts only after it. None:
+            the consumer's ``session_timeout_ms`` plus :data:`ASSIGNMENT_MARGIN_MS` (a
+            crashed run's consumer holds its partitions until its session times out).
 
     Raises:
         ConfigError: a value out of range or an unknown/reserved client option.
@@ -94,6 +101,7 @@ class KafkaSourceConfig:
     commit_timeout_ms: int = 10000
     connect_timeout_ms: int = 10000
     close_timeout_ms: int = 5000
+    assignment_timeout_ms: int | None = None
 
     def __post_init__(self) -> None:
         require(bool(self.bootstrap_servers), "bootstrap_servers must name at least one host:port")
@@ -110,6 +118,9 @@ class KafkaSourceConfig:
         for name in ("poll_timeout_ms", "schema_timeout_ms", "commit_timeout_ms", "connect_timeout_ms",
                      "close_timeout_ms"):
             require(int(getattr(self, name)) >= 1, f"{name} must be >= 1 ms, got {getattr(self, name)}")
+        require(self.assignment_timeout_ms is None or self.assignment_timeout_ms >= 1,
+                f"assignment_timeout_ms must be >= 1 ms or None (session timeout + margin), "
+                f"got {self.assignment_timeout_ms}")
         require(self.idle_timeout_ms is None or self.idle_timeout_ms >= 1,
                 f"idle_timeout_ms must be >= 1 ms or None (unbounded), got {self.idle_timeout_ms}")
         require(self.bucket_count >= 0, f"bucket_count must be >= 0, got {self.bucket_count}")
@@ -183,7 +194,7 @@ def timeout_kw(method, timeout_ms: int) -> dict:
 # ------------------------------------------------------------------ kafka:// URLs
 _URL_ALIASES = {"group": "group_id", "bad": "bad_records"}
 _INT_FIELDS = ("poll_timeout_ms", "idle_timeout_ms", "bucket_count", "schema_timeout_ms",
-               "commit_timeout_ms", "connect_timeout_ms", "close_timeout_ms")
+               "commit_timeout_ms", "connect_timeout_ms", "close_timeout_ms", "assignment_timeout_ms")
 
 
 def parse_kafka_value(key: str, value: Any) -> Any:
@@ -200,6 +211,8 @@ def parse_kafka_value(key: str, value: Any) -> Any:
         return tuple(int(x) for x in value.replace(",", ".").split("."))
     if key == "partitions":
         return tuple(int(x) for x in value.split(",") if x != "")
+    if key == "assignment_timeout_ms" and value.lower() in ("", "none"):
+        return None
     if key == "idle_timeout_ms" and value.lower() in ("", "none", "inf"):
         return None
     return parse_value(value)

@@ -21,6 +21,7 @@ import numpy as np
 from herald.errors import DataError
 from herald.loader.batch import SampleBatch, Schema
 from herald.loader.kernels import REASONS
+from herald.loader.validation import value_status
 
 # Kafka-only reasons, beside NOTE [record status]'s REASONS.
 BAD_ARROW = "bad_arrow"            # payload is not a readable Arrow IPC stream
@@ -149,6 +150,9 @@ class ArrowDecoder:
     A payload that pyarrow cannot read (truncated, corrupt) is a bad record
     ``bad_arrow``; a readable one whose columns differ from the source's schema
     is ``schema_mismatch``. ``schema`` is fixed by the first good message unless given.
+    Inside a good message, each sample's label and dense values are checked (NOTE
+    [value checks] in :mod:`herald.loader.validation`): a bad sample is a bad record
+    ``bad_label`` / ``bad_dense`` at (offset, its row in the message), the others are kept.
     """
 
     format = "arrow"
@@ -184,13 +188,17 @@ class ArrowDecoder:
                 bad.append((off, 0, exc.reason))
                 continue
             n = len(b)
-            if n:
+            status = value_status(b.labels, b.dense)
+            keep = np.arange(n, dtype=np.int64)
+            if status is not None:
+                bad.extend((off, int(r), REASONS[status[r]]) for r in np.flatnonzero(status))
+                keep = np.flatnonzero(status == 0)
+                b = b.take(keep)
+            if keep.size:
                 batches.append(b)
-                offs.append(np.full(n, off, np.int64))
-                rows.append(np.arange(n, dtype=np.int64))
-                last = np.zeros(n, bool)
-                last[-1] = True
-                lasts.append(last)
+                offs.append(np.full(keep.size, off, np.int64))
+                rows.append(keep)
+                lasts.append(keep == n - 1)
         end = int(offsets[-1]) + 1
         if not batches:
             return _empty_chunk(partition, self.schema or Schema((), 0), end, bad)
@@ -198,7 +206,7 @@ class ArrowDecoder:
         return Chunk(partition, SampleBatch.concat(batches), np.concatenate(offs), np.concatenate(rows),
                      np.concatenate(lasts), (end, 0),
                      np.array([b[0] for b in bad], np.int64) if bad else z,
-                     np.zeros(len(bad), np.int64), [b[2] for b in bad])
+                     np.array([b[1] for b in bad], np.int64) if bad else z, [b[2] for b in bad])
 
 
 class _Bad(Exception):

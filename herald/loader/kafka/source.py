@@ -18,6 +18,20 @@ of many samples, :mod:`herald.loader.formats.arrow` layout) per message. Bad rec
 NOTE [bad records] (:mod:`herald.loader.policy`); Kafka adds the reasons
 ``bad_arrow`` (unreadable payload) and ``schema_mismatch``.
 
+NOTE [kafka assignment]: in group mode (``partitions=None``) a consumer reads nothing
+until the group coordinator assigns it partitions, and a consumer of a crashed run
+(``kill -9``) stays a member, holding its partitions, until its session times out
+(``session_timeout_ms``: 30 s for kafka-python 3 against a broker older than 3.0).
+So the source first waits for its assignment, without counting idle time, for at most
+``assignment_timeout_ms`` (default: the session timeout + ``ASSIGNMENT_MARGIN_MS``),
+then raises :class:`~herald.errors.PeerTimeout` naming the brokers, group and topic;
+the idle timeout (end of data) and an ``arrow`` topic's ``schema_timeout_ms`` count
+only from the assignment on (again after every revocation). At the idle end of a source
+that delivered nothing since it started (or since ``load_state_dict``), the end
+offsets are compared with its position (else the group's committed one): records left
+there mean this consumer was not given them (another live member of the group holds
+the partition), not the end of data, and raise :class:`PeerTimeout` saying what to do.
+
 Clients must talk the broker's protocol: pass ``client_options={"api_version": (0, 9)}``
 for a 0.9 broker (the test broker, ``tests/integration/kafka_broker.py``).
 """
@@ -34,8 +48,8 @@ from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
 
 from herald.errors import ConfigError, DataError, PeerTimeout, ProtocolError
 from herald.loader.batch import SampleBatch, Schema
-from herald.loader.kafka.config import (_META_PREFIX, KafkaPosition, KafkaSourceConfig, check_reachable,
-                                        config_from_url, known_client_options, timeout_kw)
+from herald.loader.kafka.config import (_META_PREFIX, ASSIGNMENT_MARGIN_MS, KafkaPosition, KafkaSourceConfig,
+                                        check_reachable, config_from_url, known_client_options, timeout_kw)
 from herald.loader.kafka.records import Chunk, make_decoder
 from herald.loader.source import Source
 
@@ -60,7 +74,9 @@ class KafkaSource(Source):
     Raises:
         ConfigError: invalid settings. PeerTimeout: no broker reachable at
         ``bootstrap_servers`` within ``connect_timeout_ms`` (at start, at the idle end of
-        data, and every ``connect_timeout_ms`` without records in unbounded mode).
+        data, and every ``connect_timeout_ms`` without records in unbounded mode); no
+        group assignment within ``assignment_timeout_ms``; records left after the
+        position of a source that delivered nothing (NOTE [kafka assignment]).
     """
 
     format_name = "kafka"
@@ -76,11 +92,94 @@ class KafkaSource(Source):
         self._skipped_counts: dict[str, int] = {}
         self._error: DataError | None = None
         self._interrupted = threading.Event()
+        # NOTE [kafka assignment]: since when this group member waits for an assignment
+        # (None: assigned, or manual partitions); set and cleared by _Rebalance as well
+        self._unassigned_since: float | None = time.monotonic() if config.partitions is None else None
+        self._delivered = 0                              # rows returned since start / load_state_dict
         self.last_read_position = KafkaPosition(config.topic, MappingProxyType({}))
         self.last_read_records = (np.zeros(0, np.int32), np.zeros(0, np.int64))
+        self.last_read_rows = np.zeros(0, np.int64)
         self._consumer = consumer if consumer is not None else self._connect()
         self._last_data = time.monotonic()
         self._next_check_ms = config.connect_timeout_ms   # quiet time before the next liveness check
+
+    # ------------------------------------------------------------- assignment
+    @property
+    def assignment_timeout_ms(self) -> int:
+        """The bound on the wait for a group assignment (NOTE [kafka assignment])."""
+        if self.config.assignment_timeout_ms is not None:
+            return self.config.assignment_timeout_ms
+        return self._session_timeout_ms() + ASSIGNMENT_MARGIN_MS
+
+    def _session_timeout_ms(self) -> int:
+        """The consumer's effective session timeout: the caller's option, else what
+        kafka-python chose for the broker version (its coordinator's config)."""
+        if "session_timeout_ms" in self.config.client_options:
+            return int(self.config.client_options["session_timeout_ms"])
+        for owner in (getattr(self._consumer, "_coordinator", None), self._consumer):
+            value = (getattr(owner, "config", None) or {}).get("session_timeout_ms")
+            if isinstance(value, int):
+                return value
+        return 45_000
+
+    def _awaiting_assignment(self) -> bool:
+        """True while this group member has no assignment yet; PeerTimeout past the bound."""
+        since = self._unassigned_since
+        if since is None:
+            return False
+        waited_ms = (time.monotonic() - since) * 1000
+        bound = self.assignment_timeout_ms
+        if waited_ms < bound:
+            return True
+        check_reachable(self.config.bootstrap_servers, self.config.connect_timeout_ms)
+        raise PeerTimeout(
+            f"{self.config.source_name}: consumer group {self.config.group_id!r} assigned this consumer no "
+            f"partitions of topic {self.config.topic!r} within {bound} ms (assignment_timeout_ms; the session "
+            f"timeout is {self._session_timeout_ms()} ms). A consumer of a crashed run holds its partitions until "
+            "its session times out, and the group waits for every member to rejoin: check that no other "
+            "consumer of the group is stuck, then retry, or raise assignment_timeout_ms",
+            peer=self.config.bootstrap_servers, op="join_group")
+
+    def _records_left(self) -> list[tuple[int, int, int]]:
+        """``[(partition, position, end offset)]`` of the topic's partitions with records after
+        this source's position (or the group's committed one); NOTE [kafka assignment]."""
+        positions = {p: off for p, (off, _) in self._next.items()}
+        try:
+            for p in self._consumer.partitions_for_topic(self.config.topic) or ():
+                if p not in positions and (self.config.partitions is None or p in self.config.partitions):
+                    committed = self._committed(self._consumer, TopicPartition(self.config.topic, p))
+                    if committed is not None:
+                        positions[p] = committed[0]
+            if not positions:
+                return []
+            tps = [TopicPartition(self.config.topic, p) for p in sorted(positions)]
+            ends = self._consumer.end_offsets(tps, **timeout_kw(self._consumer.end_offsets,
+                                                                self.config.commit_timeout_ms))
+        except ke.KafkaTimeoutError as exc:
+            raise PeerTimeout(f"{self.config.source_name}: the brokers did not return the end offsets within "
+                              f"{self.config.commit_timeout_ms} ms", peer=self.config.bootstrap_servers,
+                              op="end_offsets") from exc
+        except ke.KafkaError as exc:
+            raise ProtocolError(f"{self.config.source_name}: end offsets lookup failed: {exc!r}") from exc
+        return [(tp.partition, positions[tp.partition], int(ends[tp]))
+                for tp in tps if ends.get(tp) is not None and int(ends[tp]) > positions[tp.partition]]
+
+    def _check_end_of_data(self) -> None:
+        """At the idle end: raise if nothing was delivered while records are left (NOTE [kafka assignment])."""
+        if self._delivered:
+            return
+        left = self._records_left()
+        if not left:
+            return
+        what = ", ".join(f"partition {p}: offsets {pos}..{end - 1}" for p, pos, end in left)
+        raise PeerTimeout(
+            f"{self.config.source_name}: no record arrived within idle_timeout_ms={self.config.idle_timeout_ms} "
+            f"although records are left after this consumer's position ({what}; group "
+            f"{self.config.group_id!r}), so this is not the end of the data. Another live member of the group "
+            "holds those partitions: after a crash its consumer stays a member until its session times out "
+            f"({self._session_timeout_ms()} ms): wait that long and run --resume again; if another job reads "
+            "with the same group, give this one its own group (group=...), or raise idle_timeout_ms",
+            peer=self.config.bootstrap_servers, op="fetch")
 
     # ------------------------------------------------------------- connection
     def _connect(self):
@@ -144,8 +243,14 @@ class KafkaSource(Source):
         """Criteo/Avazu columns for ``tsv``/``csv``; for ``arrow`` those of the first message
         (waits up to ``schema_timeout_ms``; raises DataError if none arrives)."""
         if self._decoder.schema is None:
-            deadline = time.monotonic() + self.config.schema_timeout_ms / 1000
-            while self._decoder.schema is None and time.monotonic() < deadline and not self._error:
+            deadline = None   # counts from the group assignment on (NOTE [kafka assignment])
+            while self._decoder.schema is None and not self._error:
+                if self._awaiting_assignment():
+                    deadline = None
+                elif deadline is None:
+                    deadline = time.monotonic() + self.config.schema_timeout_ms / 1000
+                elif time.monotonic() >= deadline:
+                    break
                 self._poll(min(self.config.poll_timeout_ms, self.config.schema_timeout_ms))
             if self._decoder.schema is None:
                 raise DataError(f"no readable Arrow message within schema_timeout_ms="
@@ -160,8 +265,9 @@ class KafkaSource(Source):
 
     # NOTE: after each read(), ``last_read_position`` (a KafkaPosition: where to resume once
     # this batch and all before it are trained; pass it to commit()) and ``last_read_records``
-    # (partition int32 [B], offset int64 [B]: the record each returned row came from) describe
-    # the batch just returned.
+    # (partition int32 [B], offset int64 [B]: the record each returned row came from) and
+    # ``last_read_rows`` (int64 [B]: each row's index inside its record, bad rows counted)
+    # describe the batch just returned.
 
     def interrupt(self) -> None:
         """Make a blocked ``read()`` return None at its next poll (thread-safe)."""
@@ -177,17 +283,22 @@ class KafkaSource(Source):
                 raise self._error
             if self._interrupted.is_set():
                 return None
+            if self._awaiting_assignment():   # NOTE [kafka assignment]: not idle yet
+                waiting_since = time.monotonic()
+                self._poll(self.config.poll_timeout_ms)
+                continue
             idle = self.config.idle_timeout_ms
             quiet_ms = (time.monotonic() - max(self._last_data, waiting_since)) * 1000
             if idle is not None and quiet_ms >= idle:
                 check_reachable(self.config.bootstrap_servers, self.config.connect_timeout_ms)
+                self._check_end_of_data()   # records left for another member are not the end
                 return None                 # end of data, not a dead broker
             if quiet_ms >= self._next_check_ms:
                 check_reachable(self.config.bootstrap_servers, self.config.connect_timeout_ms)
                 self._next_check_ms = quiet_ms + self.config.connect_timeout_ms
             self._poll(self.config.poll_timeout_ms if idle is None else
                        max(1, min(self.config.poll_timeout_ms, idle)))
-        parts, partitions, offsets, need = [], [], [], max_rows
+        parts, partitions, offsets, rows, need = [], [], [], [], max_rows
         while need and self._chunks:
             chunk = self._chunks[0]
             take = min(need, chunk.remaining)
@@ -195,6 +306,7 @@ class KafkaSource(Source):
                 parts.append(chunk.batch.slice(chunk.cursor, chunk.cursor + take))
                 partitions.append(np.full(take, chunk.partition, np.int32))
                 offsets.append(chunk.offsets[chunk.cursor:chunk.cursor + take])
+                rows.append(chunk.rows[chunk.cursor:chunk.cursor + take])
                 chunk.cursor += take
                 need -= take
                 self._advance(chunk, chunk.position_after(chunk.cursor))
@@ -202,6 +314,8 @@ class KafkaSource(Source):
                 self._finish(self._chunks.pop(0))
         self.last_read_position = self.position
         self.last_read_records = (np.concatenate(partitions), np.concatenate(offsets))
+        self._delivered += int(self.last_read_records[1].shape[0])
+        self.last_read_rows = np.concatenate(rows)
         return SampleBatch.concat(parts)
 
     def _drain_empty(self) -> None:
@@ -314,6 +428,7 @@ class KafkaSource(Source):
             raise DataError(f"malformed kafka state: 'skipped' must map reason -> count, got {skipped!r}")
         self._chunks.clear()
         self._error = None
+        self._delivered = 0
         self._skipped_counts = dict(skipped)
         self._resume = dict(pos.offsets)
         self._next = dict(pos.offsets)
@@ -345,6 +460,8 @@ class _Rebalance(ConsumerRebalanceListener):
         self.source = source
 
     def on_partitions_revoked(self, revoked) -> None:
+        if self.source._unassigned_since is None:   # NOTE [kafka assignment]: a rebalance began
+            self.source._unassigned_since = time.monotonic()
         gone = {tp.partition for tp in revoked}
         self.source._chunks = [c for c in self.source._chunks if c.partition not in gone]
         for p in gone:
@@ -354,6 +471,8 @@ class _Rebalance(ConsumerRebalanceListener):
         # Runs on kafka-python's IO thread, where blocking calls (committed()) are refused:
         # the source starts these partitions after poll() returns (KafkaSource._poll).
         self.source._pending_start.update(assigned)
+        self.source._last_data = time.monotonic()       # idle time counts from here
+        self.source._unassigned_since = None            # NOTE [kafka assignment] (maybe none assigned)
 
 
 def open_kafka(spec: str, **options) -> KafkaSource:

@@ -1,0 +1,158 @@
+"""NOTE [ps limits] and the aggregation timeout of NOTE [ps aggregation], on a
+:class:`ShardServer` driven in-process (the same messages a client sends)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import zmq
+
+from herald.errors import ConfigError
+from herald.ps import OptimizerConfig, TableConfig
+from herald.ps.config import ShardLimits
+from herald.ps.server import ShardServer
+from herald.ps.wire import PS
+
+
+def _frames(raw):
+    return [zmq.Frame(bytes(getattr(f, "buffer", f))) for f in raw]
+
+
+def _reply(server, header, arrays=()):
+    return PS.unpack(_frames(server.handle(_frames(PS.pack(header, arrays)))))
+
+
+_RID = iter(range(1, 1 << 30))
+
+
+def _pull(server, keys, table=0):
+    return _reply(server, {"op": "pull", "rid": next(_RID), "cid": 1, "parts": [{"table": table}]},
+                  [np.asarray(keys, np.uint64)])
+
+
+def _push(server, keys, grads, contributors, step=0, rank=0):
+    keys = np.asarray(keys, np.uint64)
+    return _reply(server, {"op": "push_grad", "rid": next(_RID), "cid": 1, "step": step, "rank": rank,
+                           "parts": [{"table": 0}]},
+                  [keys, np.asarray(grads, np.float32), np.full(keys.shape[0], contributors, np.uint16)])
+
+
+def _declare(server, tables, workers=None):
+    header = {"op": "declare", "rid": next(_RID), "cid": 1, "tables": [t.to_dict() for t in tables]}
+    if workers is not None:
+        header["workers"] = workers
+    return _reply(server, header)[0]
+
+
+def test_limits_are_validated():
+    with pytest.raises(ConfigError, match="max_dim"):
+        ShardLimits(max_dim=0)
+    with pytest.raises(ConfigError, match="65535"):
+        ShardLimits(max_contributors=70_000)
+    with pytest.raises(ConfigError, match="max_dim=4096"):
+        ShardServer(0, 1, tables=[TableConfig("huge", 1 << 20)])
+
+
+def test_too_many_keys_in_one_request_are_refused_before_any_change():
+    server = ShardServer(0, 1, tables=[TableConfig("t", 4)], limits=ShardLimits(max_keys_per_request=100))
+    h, _ = _pull(server, np.arange(101))
+    assert not h["ok"] and "max_keys_per_request=100" in h["message"] and "101 keys" in h["message"]
+    assert server.stats()["tables"]["t"]["rows"] == 0
+    assert _pull(server, np.arange(100))[0]["ok"]
+
+
+def test_dims_and_table_bytes_are_checked_without_overflow():
+    server = ShardServer(0, 1, tables=[TableConfig("t", 4)])
+    for dim in (4097, 1 << 20, 1 << 62):   # 2**62: row_width * 4 overflows int64, not Python ints
+        big = TableConfig("big", dim, OptimizerConfig("adam"))
+        h = _declare(server, [server.tables[0].cfg, big])
+        assert not h["ok"] and h["error"] == "config" and "max_dim=4096" in h["message"], h
+    assert len(server.tables) == 1
+    limits = ShardLimits(max_dim=1 << 62, max_table_bytes=1 << 40)
+    with pytest.raises(ConfigError, match="max_table_bytes"):
+        ShardServer(0, 1, tables=[TableConfig("big", 1 << 62)], limits=limits)
+
+
+def test_a_table_never_grows_past_max_table_bytes():
+    row = 4 * 4  # dim 4, sgd: 16 bytes per row
+    server = ShardServer(0, 1, tables=[TableConfig("t", 4)], limits=ShardLimits(max_table_bytes=100 * row))
+    assert _pull(server, np.arange(80))[0]["ok"]
+    h, _ = _pull(server, np.arange(80, 120))   # 40 unseen keys: 120 rows > 100
+    assert not h["ok"] and "max_table_bytes=1600" in h["message"] and "'t'" in h["message"]
+    assert server.stats()["tables"]["t"]["rows"] == 80
+    keys = np.concatenate([np.arange(60), np.arange(80, 100), np.arange(80, 100)])  # 20 unseen, repeated
+    assert _pull(server, keys)[0]["ok"]
+    stats = server.stats()["tables"]["t"]
+    assert stats["rows"] == 100 and stats["bytes"] <= 100 * row
+
+
+def test_contributors_and_ranks_are_bounded_by_the_workers():
+    server = ShardServer(0, 1, tables=[TableConfig("t", 2)])
+    g = np.ones((3, 2), np.float32)
+    h, _ = _push(server, [1, 2, 3], g, 65535)
+    assert not h["ok"] and "max_contributors=1024" in h["message"]
+    assert _declare(server, server.tables and [server.tables[0].cfg], workers=2)["ok"]
+    h, _ = _push(server, [1, 2, 3], g, 3)
+    assert not h["ok"] and "2 workers" in h["message"] and "contributors 3" in h["message"]
+    h, _ = _push(server, [1, 2, 3], g, 1, rank=2)
+    assert not h["ok"] and "rank 2" in h["message"]
+    h = _declare(server, [server.tables[0].cfg], workers=3)
+    assert not h["ok"] and "2 workers" in h["message"]
+    assert server.stats()["tables"]["t"]["rows"] == 0 and server.stats()["open_aggregations"] == 0
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_gradients_are_refused_and_nothing_is_stored(bad):
+    server = ShardServer(0, 1, tables=[TableConfig("emb", 2, init="zeros")])
+    _pull(server, [7])
+    g = np.ones((3, 2), np.float32)
+    g[2, 1] = bad
+    for contributors in (1, 2):
+        h, _ = _push(server, [7, 8, 9], g, contributors)
+        assert not h["ok"] and h["error"] == "protocol", h
+        assert "'emb'" in h["message"] and "key 9" in h["message"] and "NaN or infinity" in h["message"]
+    stats = server.stats()
+    assert stats["tables"]["emb"]["rows"] == 1 and stats["open_aggregations"] == 0
+    assert np.array_equal(_pull(server, [7])[1][0], np.zeros((1, 2), np.float32))
+
+
+def test_an_open_aggregation_is_aborted_after_its_timeout_and_named():
+    """One rank declares 2 contributors and the other never pushes: the aggregation is
+    aborted after aggregation_timeout_ms, the missing rank is named in stats, later
+    pushes to that step are refused, and checkpoints work again."""
+    server = ShardServer(0, 1, tables=[TableConfig("t", 2)], limits=ShardLimits(aggregation_timeout_ms=5000))
+    assert _declare(server, [server.tables[0].cfg], workers=2)["ok"]
+    keys = np.arange(10)
+    assert _push(server, keys, np.ones((10, 2)), 2, step=5, rank=0)[0]["ok"]
+    assert server.stats()["open_aggregations"] == 10
+    ckpt = {"op": "checkpoint", "rid": next(_RID), "cid": 1, "dir": "/nonexistent/never-written"}
+    h, _ = _reply(server, ckpt)
+    assert not h["ok"] and "aggregations are open" in h["message"]
+    assert server.expire_aggregations() == []   # not yet
+    reports = server.expire_aggregations(time.monotonic() + 5.0)
+    assert len(reports) == 1
+    stats = server.stats()
+    assert stats["open_aggregations"] == 0
+    assert stats["counters"]["aggregations_aborted"] == 1 and stats["counters"]["aggregation_keys_aborted"] == 10
+    (report,) = stats["aborted"]
+    assert report["table"] == "t" and report["step"] == 5 and report["missing_ranks"] == [1]
+    assert report["ranks_pushed"] == [0] and report["contributors"] == [2] and report["open_keys"] == 10
+    h, _ = _push(server, keys, np.ones((10, 2)), 2, step=5, rank=1)   # the late rank
+    assert not h["ok"] and "aborted" in h["message"] and "[1]" in h["message"]
+    # rows were unmarked: a pull no longer counts pending keys; the next step aggregates normally
+    _pull(server, keys)
+    assert server.stats()["pull_pending_keys"] == 0
+    assert _push(server, keys, np.ones((10, 2)), 2, step=6, rank=0)[0]["ok"]
+    assert _push(server, keys, np.ones((10, 2)), 2, step=6, rank=1)[0]["applied"] == 10
+
+
+def test_checkpoint_is_possible_again_after_an_abort(tmp_path):
+    server = ShardServer(0, 1, tables=[TableConfig("t", 2)], limits=ShardLimits(aggregation_timeout_ms=1))
+    assert _push(server, np.arange(4), np.ones((4, 2)), 2, step=0, rank=0)[0]["ok"]
+    time.sleep(0.01)
+    (report,) = server.expire_aggregations()
+    assert "unknown" in report["missing_ranks"]   # workers never declared: says how to name them
+    h, _ = _reply(server, {"op": "checkpoint", "rid": next(_RID), "cid": 1, "dir": str(tmp_path)})
+    assert h["ok"], h
