@@ -18,7 +18,7 @@ WORKER_PHASES = ("wait", "evict", "pull", "prefetch", "lookup", "forward", "back
                  "local_update", "plan_push", "replicas", "push_wait", "dense_allreduce", "ack")
 #: Dispatcher stages: reading global batches, scheduling, building micro-batches,
 #: sending them, and waiting for credit (acks).
-DISPATCHER_PHASES = ("read", "schedule", "build", "send", "wait_credit")
+DISPATCHER_PHASES = ("read", "schedule", "build", "send", "wait_build", "wait_credit")
 
 
 class PhaseTimer:

@@ -1,8 +1,10 @@
-"""``herald serve dispatcher``: the dispatcher of a job as its own process."""
+"""``herald serve dispatcher`` (the dispatcher of a job as its own process) and
+``herald bench dispatcher`` (its capacity, :mod:`herald.dispatch.capacity`)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 
 from herald.errors import ConfigError
 
@@ -27,8 +29,60 @@ def _serve_dispatcher(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_dispatcher(args: argparse.Namespace) -> int:
+    from herald.dispatch.capacity import measure_capacity
+
+    res = measure_capacity(workers=args.workers, batch_size=args.batch_size, schedule=args.schedule,
+                           rows=args.rows, source=args.source, steps=args.steps, seconds=args.seconds,
+                           warmup_steps=args.warmup_steps, max_inflight_steps=args.max_inflight_steps,
+                           materialize=not args.no_materialize, peers_nice=args.peers_nice)
+    print(f"dispatcher capacity: {res['samples_per_s']:,.0f} samples/s  ({res['workers']} workers x "
+          f"{res['batch_size']}, {res['schedule']}, {res['steps']} steps in {res['seconds']:.2f} s, "
+          f"{res['ms_per_step']:.2f} ms/step)")
+    print("busy fraction of the measured time per stage (stages on different threads overlap):")
+    for stage, frac in res["phases"].items():
+        print(f"  {stage:<12} {frac:6.1%}   {frac * res['ms_per_step']:7.2f} ms/step")
+    if res.get("cpu"):
+        print(f"CPU per thread (cores; {sum(res['cpu'].values()):.2f} in all): "
+              + ", ".join(f"{k} {v:.2f}" for k, v in sorted(res["cpu"].items(), key=lambda kv: -kv[1])))
+    if res.get("machine_cpu") is not None:
+        print(f"machine: {res['machine_cpu']:.2f} of {res['cpus']} cores busy during the measurement")
+        others = res["machine_cpu"] - sum(res.get("cpu", {}).values())
+        if others > 0.1:
+            print(f"warning: other processes used {others:.2f} cores meanwhile: this measurement is low; "
+                  "rerun on an idle machine")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=2)
+        print(f"wrote {args.out}")
+    return 0
+
+
 def register(commands, bench, serve) -> None:
-    """Add ``serve dispatcher``."""
+    """Add ``serve dispatcher`` and ``bench dispatcher``."""
+    from herald.dispatch import capacity
+
+    b = bench.add_parser("dispatcher", help="dispatcher capacity: samples/s with workers that ack at once",
+                         description=capacity.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    b.add_argument("--workers", type=int, default=8, help="workers served (default: %(default)s)")
+    b.add_argument("--batch-size", type=int, default=256, help="samples per micro-batch (default: %(default)s)")
+    b.add_argument("--schedule", default="herald", help="scheduler schedule (default: %(default)s)")
+    b.add_argument("--rows", type=int, default=capacity.DEFAULT_ROWS,
+                   help="rows of synthetic Criteo data, repeated as epochs (default: %(default)s)")
+    b.add_argument("--source", default=None, help="another source URL (default: synthetic://criteo?rows=ROWS)")
+    b.add_argument("--steps", type=int, default=None, help="steps measured after the warm-up")
+    b.add_argument("--seconds", type=float, default=None,
+                   help=f"seconds measured (default {capacity.DEFAULT_SECONDS} when --steps is not given)")
+    b.add_argument("--warmup-steps", type=int, default=30, help="steps before the clock starts (default: %(default)s)")
+    b.add_argument("--max-inflight-steps", type=int, default=2, help="the dispatcher's credits (default: %(default)s)")
+    b.add_argument("--no-materialize", action="store_true",
+                   help="generate rows while serving (the generator's cost included) instead of from memory")
+    b.add_argument("--peers-nice", type=int, default=0,
+                   help="nice increment (0-19) of the fake workers' process (default %(default)s: the dispatcher's "
+                        "priority)")
+    b.add_argument("--out", default=None, help="write the result as JSON to this file")
+    b.set_defaults(func=_bench_dispatcher)
+
     from herald.job.cli import add_job_arguments
 
     d = serve.add_parser("dispatcher", help="the dispatcher (scheduler + micro-batch dispatch) for N workers",

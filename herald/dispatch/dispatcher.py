@@ -5,8 +5,9 @@ identity ``worker-<rank>``; every message is :mod:`herald.wire` framed):
 
     worker -> dispatcher   hello {rank, world_size}
     dispatcher -> worker   config {job}                     once all ranks said hello
-    dispatcher -> worker   microbatch {step, ...}           at most ``max_inflight_steps``
+    dispatcher -> worker   microbatch {step, ...} [blob]    at most ``max_inflight_steps``
                                                             steps ahead of the slowest ack
+                                                            (NOTE [micro-batch layout])
     worker -> dispatcher   ack {step, loss, bytes_*} [labels, probs]
     dispatcher -> worker   flush {reset} [table, ids]       write back every only-latest
                                                             cached row (then, with reset,
@@ -22,9 +23,13 @@ allocates exactly ``batch_size_per_worker`` samples to each), so all ranks stop 
 the same step and no collective ever waits on a rank that ran out of data.
 The scheduler runs one step ahead: the plan of step t needs the allocation of
 step t+1 (Herald Alg. 2), so step t is sent once batch t+1 has been scheduled.
+Reading and scheduling, and building the micro-batches, run on two background
+threads ahead of the thread that serves (NOTE [dispatch pipeline] in
+:mod:`herald.dispatch.pipeline`).
 
 NOTE [checkpoint barrier]: every ``checkpoint_every_steps`` steps (and at the end)
-the dispatcher stops reading, finishes the scheduler's last step (no plan pushes),
+the dispatcher stops reading (its plan thread waits at the barrier until it is
+complete: NOTE [dispatch pipeline]), finishes the scheduler's last step (no plan pushes),
 waits for every ack, has the workers write back every only-latest row and empty
 their caches, has rank 0 save the dense state, then calls ``on_checkpoint`` (which
 checkpoints the PS and commits the source position). The PS then holds the whole
@@ -43,7 +48,8 @@ NOTE [early pulls]: during step t the PS copy of a key changes only if some work
 pushes its gradient (grad_push), plan-pushes it (plan_push) or writes it back on
 eviction at step t. Every other key's PS copy is already final for step t + 1 once
 every worker has finished step t - 1 (whose all-reduce orders every push of t - 1
-before any step-t work). So each micro-batch of step t + 1 carries ``pull_early``:
+before any step-t work). So each micro-batch of step t + 1 carries ``pull_early``
+(computed in step order by the build thread, :mod:`herald.dispatch.early`):
 True for the pulls whose key is not touched at step t (by any worker). A worker may
 fetch those while it computes step t (it has passed step t - 1's all-reduce when it
 receives micro-batch t + 1) and the rest after step t's all-reduce, and still read
@@ -72,9 +78,12 @@ from herald.job.spec import JobSpec
 from herald.phases import PhaseTimer
 from herald.loader.batch import SampleBatch
 from herald.loader.source import state_int
-from herald.scheduler.plan import KeySet
+from herald.dispatch.early import TouchedKeys, early_pulls, touched_keys
 from herald.dispatch.idbuffer import IdFeatureBuffer
-from herald.dispatch.microbatch import MicroBatch, make_sample_ids
+from herald.dispatch.pipeline import Pipeline
+from herald.dispatch.steps import ReadyStep, build_ready_step
+
+__all__ = ["Dispatcher", "DispatcherConfig", "ReadyStep", "StepRecord", "early_pulls", "touched_keys"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +99,9 @@ class DispatcherConfig:
         checkpoint_every_steps: steps between checkpoint barriers (0: only at the end,
             and only if ``on_checkpoint`` is given).
         first_step: number of the first step (a resumed job continues its count).
+        ready_steps: built steps (encoded micro-batches) queued ahead of the serving
+            thread (NOTE [dispatch pipeline]).
+        close_timeout_ms: longest :meth:`Dispatcher.close` waits for the pipeline threads.
     """
 
     num_workers: int
@@ -99,6 +111,8 @@ class DispatcherConfig:
     dispatcher_rank: int = 0
     checkpoint_every_steps: int = 0
     first_step: int = 0
+    ready_steps: int = 2
+    close_timeout_ms: int = 5_000
 
     def __post_init__(self) -> None:
         require(self.num_workers >= 1, f"num_workers must be >= 1, got {self.num_workers}")
@@ -107,6 +121,8 @@ class DispatcherConfig:
         require(0 <= self.dispatcher_rank < 256, "dispatcher_rank must be in [0, 255]")
         require(self.checkpoint_every_steps >= 0, "checkpoint_every_steps must be >= 0")
         require(self.first_step >= 0, "first_step must be >= 0")
+        require(self.ready_steps >= 1, "ready_steps must be >= 1")
+        require(self.close_timeout_ms >= 0, "close_timeout_ms must be >= 0")
 
 
 @dataclasses.dataclass
@@ -130,30 +146,6 @@ class StepRecord:
     phases_ms: dict[str, float] = dataclasses.field(default_factory=dict)
     #: ``time.perf_counter()`` when the last worker's ack arrived
     acked_at: float = 0.0
-
-
-_KEY_MIX = np.uint64(0x9E3779B97F4A7C15)
-
-
-def _key_hash(keys: KeySet) -> np.ndarray:
-    """uint64 [n]: ``id ^ (table * golden)``; equal keys hash equal (NOTE [early pulls])."""
-    return keys.ids ^ (keys.table.astype(np.uint64) * _KEY_MIX)
-
-
-def touched_keys(plans: list) -> np.ndarray:
-    """Sorted unique hashes of every key whose PS copy a step's plans change (grad push,
-    plan push, write-back on eviction), over all workers."""
-    parts = [_key_hash(p.grad_push) for p in plans] + [_key_hash(p.plan_push) for p in plans]
-    parts += [_key_hash(KeySet(p.evict.table[p.write_back], p.evict.ids[p.write_back])) for p in plans]
-    return np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.uint64)
-
-
-def early_pulls(pull: KeySet, touched_before: np.ndarray | None) -> np.ndarray:
-    """bool [len(pull)]: pulls whose key the previous step does not touch (all False when
-    the previous step is unknown)."""
-    if touched_before is None:
-        return np.zeros(len(pull), bool)
-    return ~np.isin(_key_hash(pull), touched_before, assume_unique=False)
 
 
 def _mean_phases(acks: list[tuple[dict[str, Any], list]]) -> dict[str, float]:
@@ -193,7 +185,10 @@ class Dispatcher:
         sample_id_log: a binary file; the uint64 ids of every fully acked step are appended.
 
     Use as a context manager; :attr:`address` is the bound endpoint; :meth:`stop`
-    (thread-safe) ends the job cleanly after the step in progress.
+    (thread-safe) ends the job cleanly after the steps already read. Reading and
+    scheduling, and building the micro-batches, run on two threads of their own
+    (NOTE [dispatch pipeline]); :attr:`timer` gathers every thread's stages once
+    :meth:`serve` returns.
     """
 
     def __init__(self, config: DispatcherConfig, batches: Iterable[SampleBatch], scheduler_factory: Callable[[], Any],
@@ -227,9 +222,13 @@ class Dispatcher:
         self._at_barrier = True                 # nothing held or in flight (state_dict is valid)
         self._serving = False
         self.checkpoints: list[int] = []
-        #: seconds per stage (:data:`herald.phases.DISPATCHER_PHASES`) over the whole job
+        #: seconds per stage (:data:`herald.phases.DISPATCHER_PHASES`) over the whole job; the
+        #: pipeline threads' stages are added when :meth:`serve` ends (live: :meth:`stage_seconds`)
         self.timer = PhaseTimer()
-        self._touched: np.ndarray | None = None   # NOTE [early pulls]: keys the last step sent changes
+        self._plan_timer, self._build_timer = PhaseTimer(), PhaseTimer()   # one per pipeline thread
+        self._pipeline: Pipeline | None = None
+        self._plan_step = config.first_step      # plan thread: number of the next step planned
+        self._touched: TouchedKeys | None = None  # build thread, NOTE [early pulls]: keys the last step changes
         self._closed = False
 
     # ------------------------------------------------------------ lifecycle
@@ -240,14 +239,45 @@ class Dispatcher:
         self.close()
 
     def close(self) -> None:
-        """Close the socket (idempotent, never blocks: LINGER 0)."""
+        """Stop the pipeline threads (joined for at most ``close_timeout_ms``) and close
+        the socket (LINGER 0); idempotent, bounded."""
+        self._close_pipeline()
         if not self._closed:
             self._closed = True
             self._sock.close(linger=0)
 
     def stop(self) -> None:
-        """Stop reading new batches; the job ends at the next step boundary (thread-safe)."""
+        """Stop reading new batches; the job ends at the next step boundary (thread-safe).
+
+        The steps already read and scheduled (at most the pipeline's depth, NOTE
+        [dispatch pipeline]) are still trained, then the final barrier runs."""
         self._stop.set()
+
+    def stage_seconds(self) -> dict[str, float]:
+        """Seconds per stage so far, every thread's stages together (thread-safe reads of
+        counters the pipeline threads add to)."""
+        out: dict[str, float] = {}
+        for timer in (self.timer, self._plan_timer, self._build_timer):
+            for _ in range(3):   # a thread may add a new stage name while we copy
+                try:
+                    items = list(timer.seconds.items())
+                    break
+                except RuntimeError:
+                    continue
+            else:
+                items = []
+            for k, v in items:
+                out[k] = out.get(k, 0.0) + v
+        return out
+
+    def _close_pipeline(self) -> None:
+        pipeline, self._pipeline = self._pipeline, None
+        if pipeline is None:
+            return
+        pipeline.close(self.config.close_timeout_ms / 1e3)
+        for timer in (self._plan_timer, self._build_timer):
+            for k, v in timer.take().items():
+                self.timer.add(k, v / 1e3)
 
     # ---------------------------------------------------------------- serve
     def serve(self) -> list[StepRecord]:
@@ -256,6 +286,8 @@ class Dispatcher:
         Raises:
             PeerTimeout: a worker sent nothing for ``peer_timeout_ms`` while awaited.
             HeraldError: a worker reported an error (the message names its rank).
+            Any exception of the pipeline threads (reading, scheduling, building),
+                re-raised here with its traceback.
         """
         self._serving = True
         self._handshake()
@@ -266,59 +298,81 @@ class Dispatcher:
             for rank in self._identities:
                 try:
                     self._send(rank, {"op": "error", "message": f"{type(exc).__name__}: {exc}"})
-                except zmq.ZMQError:
+                except (zmq.ZMQError, HeraldError):
                     pass
             raise
+        finally:
+            self._close_pipeline()
 
     def _serve_steps(self) -> list[StepRecord]:
         last = None
-        for item in self._scheduled():
+        self._plan_step = self.next_step
+        self._pipeline = pipeline = Pipeline(self._plans, self._build_step, depth_plans=1,
+                                             depth_ready=self.config.ready_steps)
+        pipeline.start()
+        while True:
+            with self.timer("wait_build"):
+                item = pipeline.get(on_idle=self._liveness)
+            if item[0] == "end":
+                break
             if item[0] == "step":
-                _, step_plan, batch, index = item
                 self._wait_for_credit(drain=False)
-                self._send_step(step_plan, batch, index)
+                self._send_ready(item[1])
             else:
-                last = item[1]
-                self._barrier(item[1], item[2], final=item[3])
+                _, last, index, final = item
+                self._barrier(last, index, final=final)
+                pipeline.resume()
         if last is None:  # no batch at all
             self._wait_for_credit(drain=True)
         for rank in range(self.config.num_workers):
             self._send(rank, {"op": "end", "steps": self.next_step})
         return self.records
 
-    def _scheduled(self) -> Iterator[tuple]:
-        """("step", StepPlan, batch, batch index) items, one step behind the batches read,
-        and ("barrier", last step, its batch index, final) items."""
-        held: list[tuple[SampleBatch, int]] = []
+    # ------------------------------------------------ plan thread (NOTE [dispatch pipeline])
+    def _plans(self, pipeline: Pipeline) -> Iterator[tuple]:
+        """("plan", step, StepPlan, batch, batch index, sample ids or None, schedule ms)
+        items, one step behind the batches read, and ("barrier", last step, its batch
+        index, final) items, after each of which it waits for the barrier to complete."""
+        held: list[tuple[SampleBatch, int, Any]] = []
         every = self.config.checkpoint_every_steps
         index = barrier_at = self._next_batch - 1
         batches = iter(self._batches)
+        ids_of = getattr(self._batches, "sample_ids", None)
+        timer = self._plan_timer
         for index in itertools.count(self._next_batch):
-            with self.timer("read"):
+            with timer("read"):
                 batch = next(batches, None)
             if batch is None:
                 break
             self._next_batch, self._at_barrier = index + 1, False
-            held.append((batch, index))
+            held.append((batch, index, ids_of(index) if ids_of is not None else None))
             t0 = time.perf_counter()
             plan = self.scheduler.submit(self._scheduled_view(batch))
-            self._schedule_ms = (time.perf_counter() - t0) * 1e3
-            self.timer.add("schedule", self._schedule_ms / 1e3)
+            schedule_s = time.perf_counter() - t0
+            timer.add("schedule", schedule_s)
             if plan is not None:
-                yield ("step", plan, *held.pop(0))
+                yield self._plan_item(plan, held.pop(0), schedule_s)
             due = every and (index + 1) % every == 0
             if due or self._stop.is_set():
                 yield from self._finish_scheduler(held)
-                yield ("barrier", self.next_step - 1, index, self._stop.is_set())
+                final = self._stop.is_set()
+                yield ("barrier", self._plan_step - 1, index, final)
                 barrier_at = index
-                if self._stop.is_set():
+                if final:
+                    return
+                pipeline.wait_resume()
+                if self._stop.is_set():   # stopped during the barrier: it was the last one
                     return
                 self.scheduler = self._factory()
         index = self._next_batch - 1
         if held:
             yield from self._finish_scheduler(held)
         if index > barrier_at:   # batches since the last barrier (else that barrier was the final one)
-            yield ("barrier", self.next_step - 1, index, True)
+            yield ("barrier", self._plan_step - 1, index, True)
+
+    def _plan_item(self, plan: Any, held: tuple, schedule_s: float) -> tuple:
+        step, self._plan_step = self._plan_step, self._plan_step + 1
+        return ("plan", step, plan, *held, schedule_s * 1e3)
 
     def _scheduled_view(self, batch: SampleBatch) -> SampleBatch:
         """``batch`` with the replicated tables emptied: the scheduler never sees their
@@ -330,21 +384,27 @@ class Dispatcher:
         offsets = [empty_offsets if t in self._replicated else o for t, o in enumerate(batch.offsets)]
         return SampleBatch(batch.labels, batch.dense, values, offsets, batch.table_names, validate=False)
 
-    def _replicated_union(self, batch: SampleBatch) -> KeySet:
-        """The replicated keys the whole global batch uses, sorted by (table, id)."""
-        if not self._replicated:
-            return KeySet.empty()
-        ids = [np.unique(batch.values[t]) for t in self._replicated]
-        tables = [np.full(u.shape[0], t, np.int32) for t, u in zip(self._replicated, ids)]
-        return KeySet(np.concatenate(tables), np.concatenate(ids))
-
     def _finish_scheduler(self, held: list) -> Iterator[tuple]:
         t0 = time.perf_counter()
         plan = self.scheduler.finish()
-        self._schedule_ms = (time.perf_counter() - t0) * 1e3
+        schedule_s = time.perf_counter() - t0
+        self._plan_timer.add("schedule", schedule_s)
         if plan is not None:
-            yield ("step", plan, *held.pop(0))
+            yield self._plan_item(plan, held.pop(0), schedule_s)
 
+    # ----------------------------------------------- build thread (NOTE [dispatch pipeline])
+    def _build_step(self, item: tuple) -> tuple:
+        """A "plan" item -> ("step", :class:`ReadyStep`); other items pass through."""
+        if item[0] != "plan":
+            return item
+        _, step, step_plan, batch, index, ids, schedule_ms = item
+        with self._build_timer("build"):
+            ready, self._touched = build_ready_step(step, step_plan, batch, index, ids, schedule_ms,
+                                                    dispatcher_rank=self.config.dispatcher_rank,
+                                                    replicated=self._replicated, touched_before=self._touched)
+        return ("step", ready)
+
+    # -------------------------------------------------------------- serve thread
     def _handshake(self) -> None:
         deadline = time.monotonic() + self.config.peer_timeout_ms / 1e3
         while len(self._identities) < self.config.num_workers:
@@ -364,27 +424,19 @@ class Dispatcher:
         for rank in range(self.config.num_workers):
             self._send(rank, {"op": "config", "job": job.to_dict()})
 
-    def _send_step(self, step_plan: Any, batch: SampleBatch, index: int) -> None:
-        step, gb = self.next_step, len(batch)
-        ids = self._batches.sample_ids(index) if hasattr(self._batches, "sample_ids") else None
-        if ids is None:
-            ids = make_sample_ids(self.config.dispatcher_rank, index * gb, gb)
-        union = self._replicated_union(batch)
-        with self.timer("build"):
-            plans = step_plan.plans
-            mbs = [MicroBatch.build(step, rank, batch.take(step_plan.assignment[rank]),
-                                    ids[step_plan.assignment[rank]], plans[rank], union,
-                                    early_pulls(plans[rank].pull, self._touched))
-                   for rank in range(self.config.num_workers)]
-            self._touched = touched_keys(plans)
+    def _send_ready(self, ready: ReadyStep) -> None:
+        step = ready.step
+        if step != self.next_step:
+            raise HeraldError(f"the pipeline built step {step} where step {self.next_step} was due; this is a bug "
+                              "(NOTE [dispatch pipeline])")
         if self._buffer is None:
-            self._buffer = IdFeatureBuffer((self.config.max_inflight_steps + 1) * gb)
-        self._buffer.put(step, mbs)
-        self._pending[step] = (np.asarray(step_plan.counts), self._schedule_ms, ids)
+            self._buffer = IdFeatureBuffer((self.config.max_inflight_steps + 1) * len(ready.sample_ids))
+        self._buffer.put(step, ready.micro_batches)
+        self._pending[step] = (ready.counts, ready.schedule_ms, ready.sample_ids)
         self._acks[step] = {}
         with self.timer("send"):
-            for mb in mbs:
-                self._send(mb.rank, *mb.to_frames())
+            for rank, frames in enumerate(ready.frames):
+                self._route(rank, frames)
         self.next_step = step + 1
 
     def _wait_for_credit(self, drain: bool) -> None:
@@ -517,7 +569,25 @@ class Dispatcher:
 
     # --------------------------------------------------------------- socket
     def _send(self, rank: int, header: dict[str, Any], arrays: list[np.ndarray] = ()) -> None:
-        self._sock.send_multipart([self._identities[rank], *wire.pack(header, arrays)], copy=False)
+        self._route(rank, wire.pack(header, arrays))
+
+    def _route(self, rank: int, frames: list) -> None:
+        """Send ``frames`` to worker ``rank``; a worker whose connection is gone is reported
+        by rank, with the error it sent before leaving when there is one.
+
+        Raises:
+            HeraldError: the worker reported an error, or its connection is closed.
+        """
+        try:
+            self._sock.send_multipart([self._identities[rank], *frames], copy=False)
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EHOSTUNREACH:
+                raise
+            deadline = time.monotonic() + 1.0   # its last words (an error message) may still be queued
+            while self._sock.poll(max(0, int((deadline - time.monotonic()) * 1e3))):
+                self._recv(deadline, waiting_for=f"the last message of worker {rank}")  # raises on `error`
+            raise HeraldError(f"worker {rank} is gone (its connection to dispatcher {self.address} closed); "
+                              "its log names the cause") from None
 
     def _recv(self, deadline: float, *, waiting_for: str):
         """One message, or raise PeerTimeout at ``deadline``; worker errors are raised."""

@@ -31,7 +31,7 @@ from herald.scheduler.config import SchedulerConfig
 
 WORKERS, PER_WORKER, TABLES, VOCAB = 2, 4, 2, 12
 CAPACITY_ROWS = 10           # >= the 8 keys of a micro-batch, < the 24 keys of the job: evictions happen
-WAIT_S = 4.0                 # longest a scripted exchange may take before the test fails
+WAIT_S = 30.0                # longest a scripted exchange may take (a fresh clone compiles the numba kernels first)
 PEER_TIMEOUT_MS = 1000
 
 
@@ -148,7 +148,8 @@ class Served:
 def job_of():
     """``job_of(batches, hello=ranks, log=list, **settings) -> (dispatcher, served, peers, log)``.
 
-    ``settings`` are :class:`DispatcherConfig` fields or the callbacks of :class:`Dispatcher`;
+    ``settings`` are :class:`DispatcherConfig` fields, the callbacks of :class:`Dispatcher`,
+    ``scheduler_factory`` or ``dispatcher_cls`` (a subclass of :class:`Dispatcher`);
     the peers of ``hello`` said hello (all: and received their config); ``log`` gets
     ``(rank, "sent"/"got", op)`` of every peer message. Everything is closed after the test."""
     made: list = []
@@ -158,8 +159,9 @@ def job_of():
         kwargs.setdefault("peer_timeout_ms", PEER_TIMEOUT_MS)
         extra = {k: kwargs.pop(k) for k in ("on_step", "on_checkpoint", "checkpoint_path", "sample_id_log")
                  if k in kwargs}
-        d = Dispatcher(DispatcherConfig(num_workers=WORKERS, **kwargs), batches, scheduler_factory, make_job(),
-                       **extra)
+        factory = kwargs.pop("scheduler_factory", scheduler_factory)
+        cls = kwargs.pop("dispatcher_cls", Dispatcher)
+        d = cls(DispatcherConfig(num_workers=WORKERS, **kwargs), batches, factory, make_job(), **extra)
         peers = [Peer(d.address, r, log) for r in range(WORKERS)]
         served = Served(d)
         made.append((d, peers, served))

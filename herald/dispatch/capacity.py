@@ -1,0 +1,274 @@
+"""Dispatcher capacity: samples/s a real :class:`Dispatcher` sustains when workers cost nothing.
+
+``herald bench dispatcher`` and :func:`measure_capacity` run the whole dispatch path
+(global batches -> Herald scheduler -> micro-batches -> ZeroMQ) over Criteo-shaped
+synthetic rows against fake workers that ack every micro-batch at once
+(:mod:`herald.dispatch.ackpeers`, a child process reading only message headers). The
+result is the dispatcher's ceiling: a job cannot train faster than this, whatever its
+workers do.
+
+Rows are generated once and served from memory by default (``materialize=True``): the
+synthetic generator makes about 280,000 Criteo rows/s on one core of a small machine,
+close to the rates measured here, and a real job reads a file instead. The scheduler
+is the job's: ``SchedulerConfig(schedule=..., cache_ratio=0.1)`` sized by a pre-pass
+counting the distinct keys of the rows. The first ``warmup_steps`` steps (kernel
+loading, caches filling) are not measured.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import threading
+from typing import Any
+
+import numpy as np
+
+from herald.errors import ConfigError, HeraldError
+from herald.loader.batch import SampleBatch
+from herald.loader.source import Source, state_int
+
+#: default rows of the synthetic data (repeated as epochs as long as the measurement runs)
+DEFAULT_ROWS = 200_000
+DEFAULT_SECONDS = 5.0
+
+
+class MemorySource(Source):
+    """The rows of one in-memory :class:`SampleBatch` as a source (reads are views)."""
+
+    format_name = "memory"
+
+    def __init__(self, batch: SampleBatch):
+        super().__init__()
+        self._batch, self._pos = batch, 0
+
+    @property
+    def schema(self):
+        return self._batch.schema
+
+    @property
+    def num_rows(self) -> int:
+        return len(self._batch)
+
+    def _read(self, max_rows: int) -> SampleBatch | None:
+        if self._pos >= len(self._batch):
+            return None
+        out = self._batch.slice(self._pos, self._pos + max_rows)
+        self._pos += len(out)
+        return out
+
+    def _get_state(self) -> dict:
+        return {"row": self._pos}
+
+    def _set_state(self, state: dict) -> None:
+        self._pos = state_int(state, "row")
+
+
+def _read_all(source: Source, rows: int | None) -> SampleBatch:
+    parts, have = [], 0
+    while rows is None or have < rows:
+        b = source.read(65536 if rows is None else min(65536, rows - have))
+        if b is None:
+            break
+        parts.append(b)
+        have += len(b)
+    if not parts:
+        raise ConfigError("the capacity source has no rows; pass more --rows or another --source")
+    return SampleBatch.concat(parts)
+
+
+def _cpu_seconds(peers_pid: int | None) -> dict[str, float]:
+    """CPU seconds (user + system) of each thread of this process, by thread name (Python
+    threads by their ``name``, native ones such as ZeroMQ's I/O thread by their OS name),
+    and of the process ``peers_pid`` as ``"peers"``; empty where /proc is not readable."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out: dict[str, float] = {}
+
+    def read(path: str) -> tuple[str, float] | None:
+        try:
+            with open(path) as f:
+                raw = f.read()
+        except OSError:
+            return None
+        comm = raw[raw.index("(") + 1:raw.rindex(")")]
+        fields = raw[raw.rindex(")") + 2:].split()
+        return comm, (int(fields[11]) + int(fields[12])) / tick   # utime, stime
+
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid in tids:
+        got = read(f"/proc/self/task/{tid}/stat")
+        if got is not None:
+            name = names.get(int(tid), got[0])
+            out[name] = out.get(name, 0.0) + got[1]
+    if peers_pid is not None:
+        try:
+            ptids = os.listdir(f"/proc/{peers_pid}/task")
+        except OSError:
+            ptids = []
+        for tid in ptids:   # the fake workers' Python thread and ZeroMQ I/O thread
+            got = read(f"/proc/{peers_pid}/task/{tid}/stat")
+            if got is not None:
+                name = "peers" if got[0] == "python" or tid == str(peers_pid) else f"peers {got[0]}"
+                out[name] = out.get(name, 0.0) + got[1]
+    try:   # every process of the machine (user + nice + system + irq + softirq + steal)
+        with open("/proc/stat") as f:
+            cpu = [int(x) for x in f.readline().split()[1:]]
+        out["(machine)"] = (sum(cpu[:3]) + sum(cpu[5:8])) / tick
+    except (OSError, ValueError):
+        pass
+    return out
+
+
+def _check_peers(peers: subprocess.Popen) -> None:
+    """The dispatcher's liveness check: the fake workers' process must still run."""
+    code = peers.poll()
+    if code is not None:
+        err = peers.stderr.read() if peers.stderr is not None else ""
+        raise HeraldError(f"the fake workers' process exited with status {code} during the capacity measurement: "
+                          f"{err.strip()[-2000:]}")
+
+
+def _stage_seconds(disp) -> dict[str, float]:
+    get = getattr(disp, "stage_seconds", None)
+    if get is not None:
+        return get()
+    return dict(disp.timer.seconds)
+
+
+def measure_capacity(workers: int = 8, batch_size: int = 256, schedule: str = "herald",
+                     rows: int | None = DEFAULT_ROWS, source: str | None = None, steps: int | None = None,
+                     seconds: float | None = None, *, warmup_steps: int = 30, max_inflight_steps: int = 2,
+                     materialize: bool = True, cache_ratio: float = 0.1, seed: int = 0,
+                     peers_nice: int = 0) -> dict[str, Any]:
+    """Samples/s of a real dispatcher serving ``workers`` fake workers that ack at once.
+
+    Args:
+        workers: ranks served; batch_size: samples per micro-batch (global batch
+            ``workers * batch_size``); schedule: a :data:`herald.scheduler.SCHEDULES` name.
+        rows: rows of data (synthetic Criteo by default), repeated as epochs; None with
+            ``source``: all its rows.
+        source: a source URL for :func:`herald.loader.open_source` (default
+            ``synthetic://criteo?rows=ROWS&seed=SEED``).
+        steps: steps measured after the warm-up; seconds: or measure this long
+            (default 5 s when neither is given; with both, whichever ends first).
+        warmup_steps: steps served before the measurement starts (>= 1: the clock
+            starts at the ack of the last of them).
+        max_inflight_steps: the dispatcher's credits.
+        materialize: read the rows into memory first (the generator's cost left out).
+        cache_ratio: worker cache size as a fraction of the rows' distinct keys.
+        peers_nice: CPU priority (``nice`` increment, 0-19) of the fake workers' process;
+            0: the dispatcher's own. A higher value lets the OS run the dispatcher's
+            threads first when the cores are contended (POSIX only).
+
+    Returns:
+        ``{"samples_per_s", "steps" (measured), "seconds", "ms_per_step", "phases"
+        ({stage: busy seconds / measured seconds}, stages of
+        :data:`herald.phases.DISPATCHER_PHASES` plus the pipeline's own), "cpu" ({thread:
+        CPU seconds / measured seconds}, this process's threads and the fake workers'
+        process as "peers"; 10 ms resolution, empty without /proc), "machine_cpu" (cores
+        busy on the whole machine meanwhile: more than the sum of "cpu" means other
+        processes competed), "cpus", "workers",
+        "batch_size", "schedule", "rows", "warmup_steps", "global_batch"}``.
+
+    Raises:
+        ConfigError: bad settings, or too few rows for one global batch.
+        HeraldError: the dispatcher or the fake workers failed.
+    """
+    from herald.dispatch.dispatcher import Dispatcher, DispatcherConfig
+    from herald.job.spec import JobSpec
+    from herald.loader import open_source
+    from herald.loader.global_batches import GlobalBatches
+    from herald.ps import TableConfig
+    from herald.scheduler import Scheduler, SchedulerConfig, count_distinct_keys
+
+    if steps is None and seconds is None:
+        seconds = DEFAULT_SECONDS
+    if (steps is not None and steps < 1) or (seconds is not None and seconds <= 0) or warmup_steps < 1:
+        raise ConfigError("measure_capacity: steps must be >= 1, seconds > 0 and warmup_steps >= 1")
+    if not 0 <= peers_nice <= 19:
+        raise ConfigError(f"measure_capacity: peers_nice must be in 0..19, got {peers_nice}")
+    gb = workers * batch_size
+    sched_cfg = SchedulerConfig(num_workers=workers, batch_size_per_worker=batch_size, schedule=schedule,
+                                cache_ratio=cache_ratio, seed=seed)
+    url = source if source is not None else f"synthetic://criteo?rows={rows}&seed={seed}"
+    src = open_source(url)
+    data = _read_all(src, rows)
+    src.close()
+    if len(data) < gb:
+        raise ConfigError(f"{len(data)} rows are fewer than one global batch ({workers} x {batch_size}); "
+                          "pass more rows")
+    distinct, num_rows = count_distinct_keys([data]), len(data)
+    steps_per_epoch = len(data) // gb
+    need = warmup_steps + (steps if steps is not None else 0)
+    epochs = math.ceil(need / steps_per_epoch) + 1 if steps is not None else 1_000_000
+    if materialize:
+        train = MemorySource(data)
+    else:
+        del data
+        train = open_source(url)
+    batches = GlobalBatches(train, gb, epochs=epochs, max_steps=need if steps is not None else None)
+    num_tables = len(train.schema.table_names)
+    job = JobSpec(tables=tuple(TableConfig(name, 16) for name in train.schema.table_names),
+                  dense_dim=train.schema.dense_dim, ps=("tcp://127.0.0.1:1",))   # never dialled
+
+    marks: dict[str, Any] = {}
+
+    def on_step(rec) -> None:
+        now = rec.acked_at
+        if rec.step == warmup_steps - 1:   # the clock starts when the warm-up's last step is acked
+            marks["t0"], marks["s0"], marks["step0"] = now, _stage_seconds(disp), rec.step
+            marks["c0"] = _cpu_seconds(peers.pid)
+            return
+        if "t0" not in marks or "stopped" in marks:
+            return
+        marks["t1"], marks["s1"], marks["step1"] = now, _stage_seconds(disp), rec.step
+        n = rec.step - marks["step0"]
+        if (steps is not None and n >= steps) or (seconds is not None and now - marks["t0"] >= seconds):
+            marks["stopped"] = True
+            marks["c1"] = _cpu_seconds(peers.pid)
+            disp.stop()
+
+    disp = Dispatcher(DispatcherConfig(num_workers=workers, max_inflight_steps=max_inflight_steps,
+                                       peer_timeout_ms=60_000),
+                      batches, lambda: Scheduler(sched_cfg, num_tables=num_tables, distinct_keys=distinct), job,
+                      on_step=on_step, liveness=lambda: _check_peers(peers))
+    peers = None
+    try:
+        # a child process started with -m (not multiprocessing): the caller's __main__ is never re-imported
+        peers = subprocess.Popen([sys.executable, "-m", "herald.dispatch.ackpeers", disp.address, str(workers), "60",
+                                  str(peers_nice)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        disp.serve()
+    finally:
+        disp.close()
+        batches.close()
+        out = err = ""
+        if peers is not None:
+            try:
+                out, err = peers.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                peers.kill()
+                out, err = peers.communicate(timeout=5)
+    if peers.returncode != 0:
+        raise HeraldError(f"the fake workers of the capacity measurement failed (exit status {peers.returncode}): "
+                          f"{(out + err).strip()[-2000:]}")
+    if "t1" not in marks:
+        raise ConfigError(f"no step measured after {warmup_steps} warm-up steps: {steps_per_epoch} steps per "
+                          "epoch of data; pass more rows or fewer warm-up steps")
+    wall = marks["t1"] - marks["t0"]
+    n = marks["step1"] - marks["step0"]
+    s0, s1 = marks["s0"], marks["s1"]
+    phases = {k: round((s1.get(k, 0.0) - s0.get(k, 0.0)) / wall, 4) for k in s1}
+    c0, c1 = marks.get("c0", {}), marks.get("c1", {})
+    cpu = {k: round((c1[k] - c0.get(k, 0.0)) / wall, 3) for k in c1 if c1[k] - c0.get(k, 0.0) > 0}
+    machine = cpu.pop("(machine)", None)
+    return {"samples_per_s": n * gb / wall, "steps": n, "seconds": wall, "ms_per_step": wall * 1e3 / n,
+            "phases": phases, "cpu": cpu, "machine_cpu": machine, "cpus": os.cpu_count(),
+            "workers": workers, "batch_size": batch_size, "schedule": schedule, "global_batch": gb,
+            "rows": num_rows, "materialized": materialize, "warmup_steps": warmup_steps, "peers_nice": peers_nice,
+            "distinct_keys": int(distinct), "capacity_rows": int(np.ceil(cache_ratio * distinct))}

@@ -1,0 +1,90 @@
+"""The build stage of the dispatcher's pipeline: a scheduled step -> encoded micro-batches.
+
+One call per step, on the build thread (NOTE [dispatch pipeline] in
+:mod:`herald.dispatch.pipeline`), in step order because of NOTE [early pulls]: the
+keys step t touches decide which pulls of step t + 1 may start early.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from herald import wire
+from herald.dispatch.early import TouchedKeys, early_pulls, touched_keys
+from herald.dispatch.microbatch import MicroBatch, build_parts, make_sample_ids
+from herald.loader.batch import SampleBatch
+from herald.scheduler.plan import KeySet
+
+
+@dataclasses.dataclass
+class ReadyStep:
+    """One step built by the pipeline, ready to send.
+
+    Attributes:
+        step: the step number; batch_index: its global batch.
+        micro_batches: one :class:`MicroBatch` per rank, in rank order.
+        frames: per rank, the :func:`herald.wire.pack` frames of its micro-batch.
+        counts: int64 [num_workers, len(CAUSES)] from the scheduler.
+        schedule_ms: the scheduler's time for the submit that produced the plan.
+        sample_ids: uint64 [global batch], in the global batch's order.
+    """
+
+    step: int
+    batch_index: int
+    micro_batches: list[MicroBatch]
+    frames: list[list]
+    counts: np.ndarray
+    schedule_ms: float
+    sample_ids: np.ndarray
+
+
+def replicated_union(batch: SampleBatch, replicated: tuple[int, ...]) -> KeySet:
+    """The keys of the ``replicated`` tables that ``batch`` uses, sorted by (table, id)
+    (docs/design.md, "Replicated tables")."""
+    if not replicated:
+        return KeySet.empty()
+    ids = [np.unique(batch.values[t]) for t in replicated]
+    tables = [np.full(u.shape[0], t, np.int32) for t, u in zip(replicated, ids)]
+    return KeySet(np.concatenate(tables), np.concatenate(ids))
+
+
+def build_ready_step(step: int, step_plan: Any, batch: SampleBatch, batch_index: int, sample_ids: np.ndarray | None,
+                     schedule_ms: float, *, dispatcher_rank: int, replicated: tuple[int, ...],
+                     touched_before: TouchedKeys | None) -> tuple[ReadyStep, TouchedKeys]:
+    """Cut ``batch`` by ``step_plan.assignment``, compress every rank's micro-batch
+    (one kernel pass for all ranks), mark its early pulls and encode its frames.
+
+    Args:
+        step: the step number; step_plan: the scheduler's :class:`StepPlan` for ``batch``.
+        batch: the global batch; batch_index: its index.
+        sample_ids: uint64 [global batch] from the producer (Kafka), or None:
+            ``dispatcher_rank << 56 | batch_index * global batch + i``.
+        schedule_ms: carried to the step's record.
+        replicated: the replicated tables (every rank gets the union of their keys).
+        touched_before: the keys the previous step touches (None: unknown, no early pulls).
+
+    Returns:
+        The :class:`ReadyStep` and the keys this step touches (for the next call).
+    """
+    gb, W = len(batch), len(step_plan.assignment)
+    if sample_ids is None:
+        sample_ids = make_sample_ids(dispatcher_rank, batch_index * gb, gb)
+    union = replicated_union(batch, replicated)
+    order = np.concatenate(step_plan.assignment).astype(np.int64, copy=False)
+    wstart = np.zeros(W + 1, np.int64)
+    np.cumsum([a.shape[0] for a in step_plan.assignment], out=wstart[1:])
+    parts = build_parts(batch, order, wstart)
+    labels, dense, ids = batch.labels[order], batch.dense[order], sample_ids[order]
+    plans = step_plan.plans
+    mbs, frames = [], []
+    for rank in range(W):
+        lo, hi = int(wstart[rank]), int(wstart[rank + 1])
+        mb = MicroBatch(step, rank, ids[lo:hi], labels[lo:hi], dense[lo:hi], *parts[rank], plans[rank], union,
+                        early_pulls(plans[rank].pull, touched_before))
+        mbs.append(mb)
+        frames.append(wire.pack(*mb.to_frames()))
+    ready = ReadyStep(step, batch_index, mbs, frames, np.asarray(step_plan.counts), schedule_ms, sample_ids)
+    return ready, touched_keys(plans)
