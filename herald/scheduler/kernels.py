@@ -25,10 +25,8 @@ from __future__ import annotations
 
 import numba as nb
 import numpy as np
-from llvmlite import ir
-from numba import types
-from numba.core import cgutils
-from numba.extending import intrinsic
+
+from herald.keymap import prefetch_jit
 
 JIT = dict(nogil=True, cache=True)
 _AHEAD = 32  # keys ahead whose record is prefetched in the per-key passes
@@ -44,30 +42,6 @@ _DEBRUIJN_TABLE = np.array(
      45, 39, 33, 30, 24, 18, 12, 5, 63, 47, 56, 27, 60, 41, 37, 16, 54, 35, 52, 21, 44, 32, 23,
      11, 46, 26, 40, 15, 34, 20, 31, 10, 25, 14, 19, 9, 13, 8, 7, 6], dtype=np.int64)
 
-
-# ----------------------------------------------------------------------------- helpers
-@intrinsic
-def prefetch_jit(typingctx, arr, idx):
-    """Software prefetch (read, keep in all levels) of ``arr[idx]``, 1-d array of any
-    layout; a hint only: no effect on results. Lets the memory system fetch the random
-    records of keys a kernel will visit a few iterations later."""
-    if not isinstance(arr, types.Array) or arr.ndim != 1 or not isinstance(idx, types.Integer):
-        return None
-
-    def codegen(context, builder, signature, args):
-        aryty, idxty = signature.args
-        ary = context.make_array(aryty)(context, builder, args[0])
-        i = context.cast(builder, args[1], idxty, types.intp)
-        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [i], wraparound=False)
-        i8p = ir.IntType(8).as_pointer()
-        i32 = ir.IntType(32)
-        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
-        builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, 0), ir.Constant(i32, 3),
-                          ir.Constant(i32, 1)])
-        return context.get_dummy_value()
-
-    return types.void(arr, idx), codegen
 
 
 @nb.njit(**JIT)
