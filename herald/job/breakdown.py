@@ -60,8 +60,8 @@ def format_breakdown(b: dict[str, Any]) -> list[str]:
         lines.append(f"worker step {b['worker_step_ms']:.2f} ms (mean per phase and over workers; wall "
                      f"{b.get('wall_ms_per_step', float('nan')):.2f} ms/step): {phases}")
     if "dispatcher_busy" in b:
-        busy = {k: v for k, v in b["dispatcher_busy"].items() if k != "wait_credit"}
-        lines.append(f"dispatcher busy {100 * sum(busy.values()):.0f}% of the time: "
+        busy = {k: v for k, v in b["dispatcher_busy"].items() if not k.startswith("wait")}
+        lines.append(f"dispatcher stages (each on its thread) busy {100 * sum(busy.values()):.0f}% of the time in all: "
                      + "  ".join(f"{k} {100 * v:.0f}%" for k, v in b["dispatcher_busy"].items()))
     for s in b.get("ps_busy", []):
         lines.append(f"PS shard {s['shard']} busy {100 * s['busy']:.0f}%: "
