@@ -104,15 +104,17 @@ class Supervisor:
         return f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
 
     def failure(self, grace_s: float = 0.0) -> str | None:
-        """A message naming the first child that exited with an error, with the end of its
-        log, waiting up to ``grace_s`` for one to exit (a worker's error is often the echo
-        of a peer's death); None when none did."""
+        """A message naming the child that failed, with the end of its log, waiting up to
+        ``grace_s`` for one to exit; None when none did. A child killed by a signal is named
+        before one that exited with an error: the error is often the echo of that death
+        (a peer's all-reduce failing when its partner is gone)."""
         deadline = time.monotonic() + grace_s
         while True:
-            for name in self.procs:
-                how = self.exit_status(name)
-                if how is not None and how != "exited with code 0":
-                    return f"{name} {how}; last lines of {self.log_path(name)}:\n{self.tail(name)}"
+            failed = [(name, how) for name in self.procs
+                      if (how := self.exit_status(name)) is not None and how != "exited with code 0"]
+            if failed:
+                name, how = min(failed, key=lambda f: "signal" not in f[1])   # stable: first killed, else first
+                return f"{name} {how}; last lines of {self.log_path(name)}:\n{self.tail(name)}"
             if time.monotonic() >= deadline:
                 return None
             time.sleep(0.1)
