@@ -43,26 +43,10 @@ A barrier is never repeated for the same step (a periodic barrier on the last ba
 is also the final one).
 A peer that sends nothing for ``peer_timeout_ms`` while the dispatcher waits on
 it is reported by rank (:class:`~herald.errors.PeerTimeout`).
-
-NOTE [early pulls]: during step t the PS copy of a key changes only if some worker
-pushes its gradient (grad_push), plan-pushes it (plan_push) or writes it back on
-eviction at step t. Every other key's PS copy is already final for step t + 1 once
-every worker has finished step t - 1 (whose all-reduce orders every push of t - 1
-before any step-t work). So each micro-batch of step t + 1 carries ``pull_early``
-(computed in step order by the build thread, :mod:`herald.dispatch.early`):
-True for the pulls whose key is not touched at step t (by any worker). A worker may
-fetch those while it computes step t (it has passed step t - 1's all-reduce when it
-receives micro-batch t + 1) and the rest after step t's all-reduce, and still read
-exactly what the serial protocol reads. A key a worker writes back at step t + 1 is
-never pulled by another worker at t + 1 (that worker held the only latest copy, and
-Herald Alg. 2 would have plan-pushed it at step t), so write-backs may finish any time
-before the writer's all-reduce of step t + 1. Touched keys are compared by a 64-bit
-hash of (table, id): a collision can only mark a pull "wait", never "early".
 """
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import threading
 import time
@@ -72,93 +56,17 @@ import numpy as np
 import zmq
 
 from herald import wire
-from herald.config import require
-from herald.errors import ConfigError, DataError, HeraldError, PeerTimeout, ProtocolError
+from herald.errors import ConfigError, HeraldError, PeerTimeout, ProtocolError
 from herald.job.spec import JobSpec
 from herald.phases import PhaseTimer
 from herald.loader.batch import SampleBatch
-from herald.loader.source import state_int
-from herald.dispatch.early import TouchedKeys, early_pulls, touched_keys
+from herald.dispatch.early import TouchedKeys
 from herald.dispatch.idbuffer import IdFeatureBuffer
 from herald.dispatch.pipeline import Pipeline
-from herald.dispatch.steps import ReadyStep, build_ready_step
+from herald.dispatch.records import DispatcherConfig, StepRecord, check_state, mean_phases
+from herald.dispatch.steps import ReadyStep, build_ready_step, scheduled_view
 
-__all__ = ["Dispatcher", "DispatcherConfig", "ReadyStep", "StepRecord", "early_pulls", "touched_keys"]
-
-
-@dataclasses.dataclass(frozen=True)
-class DispatcherConfig:
-    """Settings of one dispatcher.
-
-    Args:
-        num_workers: workers served (ranks 0..num_workers-1).
-        bind: ZeroMQ endpoint to bind; port 0 picks a free port.
-        max_inflight_steps: steps sent but not yet acked by every worker (credits).
-        peer_timeout_ms: longest wait for any expected worker message.
-        dispatcher_rank: the top 8 bits of every sample id (Persia §4.1), 0-255.
-        checkpoint_every_steps: steps between checkpoint barriers (0: only at the end,
-            and only if ``on_checkpoint`` is given).
-        first_step: number of the first step (a resumed job continues its count).
-        ready_steps: built steps (encoded micro-batches) queued ahead of the serving
-            thread (NOTE [dispatch pipeline]).
-        close_timeout_ms: longest :meth:`Dispatcher.close` waits for the pipeline threads.
-    """
-
-    num_workers: int
-    bind: str = "tcp://127.0.0.1:0"
-    max_inflight_steps: int = 2
-    peer_timeout_ms: int = 120_000
-    dispatcher_rank: int = 0
-    checkpoint_every_steps: int = 0
-    first_step: int = 0
-    ready_steps: int = 2
-    close_timeout_ms: int = 5_000
-
-    def __post_init__(self) -> None:
-        require(self.num_workers >= 1, f"num_workers must be >= 1, got {self.num_workers}")
-        require(self.max_inflight_steps >= 1, "max_inflight_steps must be >= 1")
-        require(self.peer_timeout_ms > 0, "peer_timeout_ms must be > 0")
-        require(0 <= self.dispatcher_rank < 256, "dispatcher_rank must be in [0, 255]")
-        require(self.checkpoint_every_steps >= 0, "checkpoint_every_steps must be >= 0")
-        require(self.first_step >= 0, "first_step must be >= 0")
-        require(self.ready_steps >= 1, "ready_steps must be >= 1")
-        require(self.close_timeout_ms >= 0, "close_timeout_ms must be >= 0")
-
-
-@dataclasses.dataclass
-class StepRecord:
-    """What the dispatcher learned about one finished step.
-
-    ``labels`` and ``probs`` (float32 [global batch]) are the workers' predictions made
-    *before* the step's update: progressive validation.
-    """
-
-    step: int
-    loss: float
-    counts: np.ndarray          # int64 [num_workers, len(CAUSES)] from the scheduler
-    bytes_pulled: int
-    bytes_pushed: int
-    schedule_ms: float
-    labels: np.ndarray
-    probs: np.ndarray
-    bytes_allreduced: int = 0
-    #: the workers' phases of this step (:data:`herald.phases.WORKER_PHASES`), ms, mean over workers
-    phases_ms: dict[str, float] = dataclasses.field(default_factory=dict)
-    #: ``time.perf_counter()`` when the last worker's ack arrived
-    acked_at: float = 0.0
-
-
-def _mean_phases(acks: list[tuple[dict[str, Any], list]]) -> dict[str, float]:
-    """The workers' ``phases_ms`` of one step, averaged over the workers (ignoring
-    malformed entries: they are measurements, not protocol)."""
-    total: dict[str, float] = {}
-    for header, _ in acks:
-        phases = header.get("phases_ms")
-        if isinstance(phases, dict):
-            for k, v in phases.items():
-                if isinstance(k, str) and isinstance(v, (int, float)):
-                    total[k] = total.get(k, 0.0) + float(v)
-    return {k: v / len(acks) for k, v in total.items()}
+__all__ = ["Dispatcher", "DispatcherConfig", "StepRecord"]
 
 
 class Dispatcher:
@@ -347,7 +255,7 @@ class Dispatcher:
             self._next_batch, self._at_barrier = index + 1, False
             held.append((batch, index, ids_of(index) if ids_of is not None else None))
             t0 = time.perf_counter()
-            plan = self.scheduler.submit(self._scheduled_view(batch))
+            plan = self.scheduler.submit(scheduled_view(batch, self._replicated))
             schedule_s = time.perf_counter() - t0
             timer.add("schedule", schedule_s)
             if plan is not None:
@@ -373,16 +281,6 @@ class Dispatcher:
     def _plan_item(self, plan: Any, held: tuple, schedule_s: float) -> tuple:
         step, self._plan_step = self._plan_step, self._plan_step + 1
         return ("plan", step, plan, *held, schedule_s * 1e3)
-
-    def _scheduled_view(self, batch: SampleBatch) -> SampleBatch:
-        """``batch`` with the replicated tables emptied: the scheduler never sees their
-        keys (every worker holds them; docs/design.md, "Replicated tables")."""
-        if not self._replicated:
-            return batch
-        empty_values, empty_offsets = np.zeros(0, np.uint64), np.zeros(len(batch) + 1, np.int64)
-        values = [empty_values if t in self._replicated else v for t, v in enumerate(batch.values)]
-        offsets = [empty_offsets if t in self._replicated else o for t, o in enumerate(batch.offsets)]
-        return SampleBatch(batch.labels, batch.dense, values, offsets, batch.table_names, validate=False)
 
     def _finish_scheduler(self, held: list) -> Iterator[tuple]:
         t0 = time.perf_counter()
@@ -475,7 +373,7 @@ class Dispatcher:
                          sum(int(h.get("bytes_pushed", 0)) for h, _ in acks), sched_ms,
                          np.concatenate([a[0] for a in preds]) if preds else np.zeros(0, np.float32),
                          np.concatenate([a[1] for a in preds]) if preds else np.zeros(0, np.float32),
-                         sum(int(h.get("bytes_allreduced", 0)) for h, _ in acks), _mean_phases(acks),
+                         sum(int(h.get("bytes_allreduced", 0)) for h, _ in acks), mean_phases(acks),
                          time.perf_counter())
         self.records.append(rec)
         if self._id_log is not None:
@@ -530,16 +428,7 @@ class Dispatcher:
         """
         if self._serving:
             raise HeraldError("Dispatcher.load_state_dict() must come before serve(); make a new Dispatcher")
-        if not isinstance(state, dict) or state.get("format") != "dispatcher":
-            raise DataError("not a Dispatcher state; pass Dispatcher.state_dict() (a checkpoint's meta.json "
-                            "'dispatcher')")
-        if state.get("num_workers") != self.config.num_workers:
-            raise ConfigError(f"state saved by a dispatcher of {state.get('num_workers')!r} workers, this one serves "
-                              f"{self.config.num_workers}; resume with the same number of workers")
-        next_step, next_batch = state_int(state, "next_step"), state_int(state, "next_batch")
-        done = state.get("checkpoints")
-        if not isinstance(done, list) or not all(isinstance(s, int) and 0 <= s < next_step for s in done):
-            raise DataError(f"malformed dispatcher state: 'checkpoints' must list steps < next_step, got {done!r}")
+        next_step, next_batch, done = check_state(state, self.config.num_workers)
         if state.get("batches") is not None:
             load = getattr(self._batches, "load_state_dict", None)
             if load is None:
@@ -572,12 +461,8 @@ class Dispatcher:
         self._route(rank, wire.pack(header, arrays))
 
     def _route(self, rank: int, frames: list) -> None:
-        """Send ``frames`` to worker ``rank``; a worker whose connection is gone is reported
-        by rank, with the error it sent before leaving when there is one.
-
-        Raises:
-            HeraldError: the worker reported an error, or its connection is closed.
-        """
+        """Send ``frames`` to worker ``rank``. Raises HeraldError naming the rank when its
+        connection is gone, with the error it sent before leaving when there is one."""
         try:
             self._sock.send_multipart([self._identities[rank], *frames], copy=False)
         except zmq.ZMQError as exc:

@@ -1,9 +1,22 @@
 """The keys a step touches and the pulls of the next step that may start early.
 
-Implements NOTE [early pulls] (herald/dispatch/dispatcher.py) with two kernels of
-:mod:`herald.dispatch.kernels`: a hash set of the touched keys' 64-bit hashes
-``id ^ (table * KEY_MIX)`` (equal keys hash equal; a collision can only mark a pull
-"wait", never "early") and a membership test per pull.
+NOTE [early pulls]: during step t the PS copy of a key changes only if some worker
+pushes its gradient (grad_push), plan-pushes it (plan_push) or writes it back on
+eviction at step t. Every other key's PS copy is already final for step t + 1 once
+every worker has finished step t - 1 (whose all-reduce orders every push of t - 1
+before any step-t work). So each micro-batch of step t + 1 carries ``pull_early``
+(computed in step order by the build thread):
+True for the pulls whose key is not touched at step t (by any worker). A worker may
+fetch those while it computes step t (it has passed step t - 1's all-reduce when it
+receives micro-batch t + 1) and the rest after step t's all-reduce, and still read
+exactly what the serial protocol reads. A key a worker writes back at step t + 1 is
+never pulled by another worker at t + 1 (that worker held the only latest copy, and
+Herald Alg. 2 would have plan-pushed it at step t), so write-backs may finish any time
+before the writer's all-reduce of step t + 1. Touched keys are compared by a 64-bit
+hash of (table, id): a collision can only mark a pull "wait", never "early".
+
+Implemented with two kernels of :mod:`herald.dispatch.kernels`: a hash set of the
+touched keys' 64-bit hashes ``id ^ (table * KEY_MIX)`` and a membership test per pull.
 """
 
 from __future__ import annotations

@@ -100,7 +100,7 @@ class MicroBatch:
             sorted by (table, id) and equal on every rank: the rows all-reduced and
             updated on every replica (docs/design.md, "Replicated tables").
         pull_early: bool [len(plan.pull)]: the PS copy of this key is final before the
-            previous step's pushes (NOTE [early pulls] in herald/dispatch/dispatcher.py);
+            previous step's pushes (NOTE [early pulls] in herald/dispatch/early.py);
             all False (wait) by default.
 
     Per-table views: :attr:`unique_ids`, :attr:`inverse`, :attr:`offsets` (lists of

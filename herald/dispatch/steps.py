@@ -88,3 +88,14 @@ def build_ready_step(step: int, step_plan: Any, batch: SampleBatch, batch_index:
         frames.append(wire.pack(*mb.to_frames()))
     ready = ReadyStep(step, batch_index, mbs, frames, np.asarray(step_plan.counts), schedule_ms, sample_ids)
     return ready, touched_keys(plans)
+
+
+def scheduled_view(batch: SampleBatch, replicated: tuple[int, ...]) -> SampleBatch:
+    """``batch`` with the ``replicated`` tables emptied: the scheduler never sees their
+    keys (every worker holds them; docs/design.md, "Replicated tables")."""
+    if not replicated:
+        return batch
+    empty_values, empty_offsets = np.zeros(0, np.uint64), np.zeros(len(batch) + 1, np.int64)
+    values = [empty_values if t in replicated else v for t, v in enumerate(batch.values)]
+    offsets = [empty_offsets if t in replicated else o for t, o in enumerate(batch.offsets)]
+    return SampleBatch(batch.labels, batch.dense, values, offsets, batch.table_names, validate=False)

@@ -37,7 +37,7 @@ As executed (herald/worker/protocol.py, ``BSP``), the messages overlap without c
 what any read sees: the write-backs of 1 and the pushes of 4 and 6 are sent without
 waiting and are all acknowledged just before 7 (a write's PS effect is only read after
 7); the pulls of step ``t + 1`` whose keys no worker's 1, 4 or 6 touches at step ``t``
-are issued while step ``t`` computes (NOTE [early pulls] in herald/dispatch/dispatcher.py),
+are issued while step ``t`` computes (NOTE [early pulls] in herald/dispatch/early.py),
 the others after 7.
 Copies of a key updated at the PS in step 4 go stale in *every* cache that
 holds them, including workers that did not use the key: the scheduler tracks

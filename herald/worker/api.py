@@ -230,7 +230,7 @@ class ScheduledLoader:
     def _look_ahead(self) -> None:
         """Receive the next message if it is already here; if it is a micro-batch, let the
         protocol start its early reads while this step computes (NOTE [early pulls] in
-        herald/dispatch/dispatcher.py: this worker has finished the step before this one)."""
+        herald/dispatch/early.py: this worker has finished the step before this one)."""
         if not self._sock.poll(0):
             return
         with self.timer("prefetch"):

@@ -90,7 +90,7 @@ class PlanExecutor:
     # ------------------------------------------------------ before forward
     def evict(self, plan: CachePlan) -> None:
         """Drop ``plan.evict``; start writing back the rows flagged in ``plan.write_back``
-        (finished by :meth:`wait_writes`: NOTE [early pulls] in herald/dispatch/dispatcher.py)."""
+        (finished by :meth:`wait_writes`: NOTE [early pulls] in herald/dispatch/early.py)."""
         if not len(plan.evict):
             return
         with self.timer("evict"):

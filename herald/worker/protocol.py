@@ -14,7 +14,7 @@ A BSP step may start as soon as its micro-batch arrives: the dispatcher sends st
 every worker enters after its pushes and write-backs of step ``t`` were acknowledged)
 orders every push of step ``t`` before any pull of step ``t + 1`` that the step may
 change. Pulls it cannot change are issued early, while step ``t`` computes
-(:meth:`ConsistencyProtocol.prefetch`, NOTE [early pulls] in herald/dispatch/dispatcher.py).
+(:meth:`ConsistencyProtocol.prefetch`, NOTE [early pulls] in herald/dispatch/early.py).
 """
 
 from __future__ import annotations

@@ -9,30 +9,17 @@ run folder (ps-shard-I.log). Real `herald train` jobs: 2 workers, MovieLens rati
 from __future__ import annotations
 
 import os
-import pathlib
 import signal
 import subprocess
 import sys
 import time
 
 import pytest
+from proc_tree import children
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 TIMEOUT_MS = 10_000
-
-
-def _children(pid: int) -> list[tuple[int, str]]:
-    out = []
-    for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
-        try:
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            cmd = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except (OSError, ValueError):
-            continue
-        if ppid == pid:
-            out.append((int(stat.parent.name), cmd))
-    return out
 
 
 def _train_until_mid_job(tmp_path, data_dir) -> tuple[subprocess.Popen, int]:
@@ -48,7 +35,7 @@ def _train_until_mid_job(tmp_path, data_dir) -> tuple[subprocess.Popen, int]:
     while shard is None or not log.exists() or log.stat().st_size < 10 * 128 * 8:   # ten steps trained
         assert job.poll() is None and time.monotonic() < deadline, \
             f"training ended or stalled before the fault: {job.communicate(timeout=30)[1][-3000:]}"
-        shard = shard or next((pid for pid, cmd in _children(job.pid) if "serve ps" in cmd and "--shard 0" in cmd), None)
+        shard = shard or next((pid for pid, cmd in children(job.pid) if "serve ps" in cmd and "--shard 0" in cmd), None)
         time.sleep(0.05)
     return job, shard
 

@@ -10,6 +10,7 @@ import sys
 import time
 
 import pytest
+from proc_tree import children
 
 pytestmark = pytest.mark.integration
 
@@ -22,19 +23,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _children(pid: int) -> list[tuple[int, str]]:
-    out = []
-    for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
-        try:
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            cmd = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except (OSError, ValueError):
-            continue
-        if ppid == pid:
-            out.append((int(stat.parent.name), cmd))
-    return out
-
-
 def test_a_killed_worker_is_named_and_the_job_stops_cleanly(tmp_path, data_dir):
     source = data_dir / "movielens" / "ml-latest-small" / "ratings.csv"
     job = subprocess.Popen([sys.executable, "-m", "herald", "train", "--quiet", "--source", str(source),
@@ -43,14 +31,14 @@ def test_a_killed_worker_is_named_and_the_job_stops_cleanly(tmp_path, data_dir):
     deadline = time.monotonic() + 120
     victim = None
     while victim is None and time.monotonic() < deadline:
-        victim = next((pid for pid, cmd in _children(job.pid) if "--rank 1" in cmd), None)
+        victim = next((pid for pid, cmd in children(job.pid) if "--rank 1" in cmd), None)
         time.sleep(0.2)
     assert victim is not None, "worker 1 never started"
     log = tmp_path / "trained_sample_ids.u64"
     while not log.exists() or log.stat().st_size < 10 * 128 * 8:  # ten steps trained
         assert job.poll() is None and time.monotonic() < deadline, "training ended or stalled before the kill"
         time.sleep(0.05)
-    others = [pid for pid, _ in _children(job.pid) if pid != victim]
+    others = [pid for pid, _ in children(job.pid) if pid != victim]
     os.kill(victim, 9)
     out, err = job.communicate(timeout=60)
     assert job.returncode != 0

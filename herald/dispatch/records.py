@@ -1,0 +1,106 @@
+"""The dispatcher's settings and what it records per finished step."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from herald.config import require
+from herald.errors import ConfigError, DataError
+from herald.loader.source import state_int
+
+
+@dataclasses.dataclass(frozen=True)
+class DispatcherConfig:
+    """Settings of one dispatcher.
+
+    Args:
+        num_workers: workers served (ranks 0..num_workers-1).
+        bind: ZeroMQ endpoint to bind; port 0 picks a free port.
+        max_inflight_steps: steps sent but not yet acked by every worker (credits).
+        peer_timeout_ms: longest wait for any expected worker message.
+        dispatcher_rank: the top 8 bits of every sample id (Persia §4.1), 0-255.
+        checkpoint_every_steps: steps between checkpoint barriers (0: only at the end,
+            and only if ``on_checkpoint`` is given).
+        first_step: number of the first step (a resumed job continues its count).
+        ready_steps: built steps (encoded micro-batches) queued ahead of the serving
+            thread (NOTE [dispatch pipeline]).
+        close_timeout_ms: longest :meth:`Dispatcher.close` waits for the pipeline threads.
+    """
+
+    num_workers: int
+    bind: str = "tcp://127.0.0.1:0"
+    max_inflight_steps: int = 2
+    peer_timeout_ms: int = 120_000
+    dispatcher_rank: int = 0
+    checkpoint_every_steps: int = 0
+    first_step: int = 0
+    ready_steps: int = 2
+    close_timeout_ms: int = 5_000
+
+    def __post_init__(self) -> None:
+        require(self.num_workers >= 1, f"num_workers must be >= 1, got {self.num_workers}")
+        require(self.max_inflight_steps >= 1, "max_inflight_steps must be >= 1")
+        require(self.peer_timeout_ms > 0, "peer_timeout_ms must be > 0")
+        require(0 <= self.dispatcher_rank < 256, "dispatcher_rank must be in [0, 255]")
+        require(self.checkpoint_every_steps >= 0, "checkpoint_every_steps must be >= 0")
+        require(self.first_step >= 0, "first_step must be >= 0")
+        require(self.ready_steps >= 1, "ready_steps must be >= 1")
+        require(self.close_timeout_ms >= 0, "close_timeout_ms must be >= 0")
+
+
+@dataclasses.dataclass
+class StepRecord:
+    """What the dispatcher learned about one finished step.
+
+    ``labels`` and ``probs`` (float32 [global batch]) are the workers' predictions made
+    *before* the step's update: progressive validation.
+    """
+
+    step: int
+    loss: float
+    counts: np.ndarray          # int64 [num_workers, len(CAUSES)] from the scheduler
+    bytes_pulled: int
+    bytes_pushed: int
+    schedule_ms: float
+    labels: np.ndarray
+    probs: np.ndarray
+    bytes_allreduced: int = 0
+    #: the workers' phases of this step (:data:`herald.phases.WORKER_PHASES`), ms, mean over workers
+    phases_ms: dict[str, float] = dataclasses.field(default_factory=dict)
+    #: ``time.perf_counter()`` when the last worker's ack arrived
+    acked_at: float = 0.0
+
+
+def mean_phases(acks: list[tuple[dict[str, Any], list]]) -> dict[str, float]:
+    """The workers' ``phases_ms`` of one step, averaged over the workers (ignoring
+    malformed entries: they are measurements, not protocol)."""
+    total: dict[str, float] = {}
+    for header, _ in acks:
+        phases = header.get("phases_ms")
+        if isinstance(phases, dict):
+            for k, v in phases.items():
+                if isinstance(k, str) and isinstance(v, (int, float)):
+                    total[k] = total.get(k, 0.0) + float(v)
+    return {k: v / len(acks) for k, v in total.items()}
+
+
+def check_state(state: Any, num_workers: int) -> tuple[int, int, list[int]]:
+    """``(next_step, next_batch, checkpoints)`` of a ``Dispatcher.state_dict()``.
+
+    Raises:
+        DataError: malformed state. ConfigError: saved with another number of workers.
+    """
+    if not isinstance(state, dict) or state.get("format") != "dispatcher":
+        raise DataError("not a Dispatcher state; pass Dispatcher.state_dict() (a checkpoint's meta.json "
+                        "'dispatcher')")
+    if state.get("num_workers") != num_workers:
+        raise ConfigError(f"state saved by a dispatcher of {state.get('num_workers')!r} workers, this one serves "
+                          f"{num_workers}; resume with the same number of workers")
+    next_step, next_batch = state_int(state, "next_step"), state_int(state, "next_batch")
+    done = state.get("checkpoints")
+    if not isinstance(done, list) or not all(isinstance(s, int) and 0 <= s < next_step for s in done):
+        raise DataError(f"malformed dispatcher state: 'checkpoints' must list steps < next_step, got {done!r}")
+    return next_step, next_batch, list(done)
