@@ -1,7 +1,8 @@
 """The dispatcher: global batches -> scheduler -> one micro-batch per worker per step.
 
 NOTE [dispatch protocol] (ZeroMQ ROUTER at the dispatcher, one DEALER per worker,
-identity ``worker-<rank>``; every message is :mod:`herald.wire` framed):
+identity ``worker-<rank>``; every message is :mod:`herald.wire` framed; every message received
+passes NOTE [peer validation] in :mod:`herald.dispatch.peers`, which binds identities to ranks):
 
     worker -> dispatcher   hello {rank, world_size}
     dispatcher -> worker   config {job}                     once all ranks said hello
@@ -56,12 +57,14 @@ import numpy as np
 import zmq
 
 from herald import wire
+from herald.auth import check_bind, server_socket
 from herald.errors import ConfigError, HeraldError, PeerTimeout, ProtocolError
 from herald.job.spec import JobSpec
 from herald.phases import PhaseTimer
 from herald.loader.batch import SampleBatch
 from herald.dispatch.early import TouchedKeys
 from herald.dispatch.idbuffer import IdFeatureBuffer
+from herald.dispatch.peers import Message, PeerTable
 from herald.dispatch.pipeline import Pipeline
 from herald.dispatch.records import DispatcherConfig, StepRecord, check_state, mean_phases
 from herald.dispatch.steps import ReadyStep, build_ready_step, scheduled_view
@@ -113,12 +116,14 @@ class Dispatcher:
         self._on_step, self._on_checkpoint, self._checkpoint_path = on_step, on_checkpoint, checkpoint_path
         self._liveness, self._id_log = liveness, sample_id_log
         self._ctx = zmq.Context.instance()
-        self._sock = self._ctx.socket(zmq.ROUTER)
+        # NOTE [transport security] (herald/auth.py): keys -> CURVE server; else loopback or --insecure
+        check_bind(config.bind, config.keys_dir, config.insecure, "dispatcher")
+        self._sock = server_socket(self._ctx, zmq.ROUTER, config.keys_dir)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self._sock.bind(config.bind)
         self.address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self._identities: dict[int, bytes] = {}
+        self._peers = PeerTable(config.num_workers, name=f"dispatcher {self.address}")  # NOTE [peer validation]
         self._buffer: IdFeatureBuffer | None = None  # sized on the first global batch
         self._acks: dict[int, dict[int, tuple[dict[str, Any], list[np.ndarray]]]] = {}
         self._pending: dict[int, tuple[np.ndarray, float, np.ndarray]] = {}
@@ -178,6 +183,11 @@ class Dispatcher:
                 out[k] = out.get(k, 0.0) + v
         return out
 
+    @property
+    def rejected(self) -> dict[str, int]:
+        """Messages dropped so far, per kind (NOTE [peer validation]); a copy, thread-safe."""
+        return dict(self._peers.rejected)
+
     def _close_pipeline(self) -> None:
         pipeline, self._pipeline = self._pipeline, None
         if pipeline is None:
@@ -194,6 +204,9 @@ class Dispatcher:
         Raises:
             PeerTimeout: a worker sent nothing for ``peer_timeout_ms`` while awaited.
             HeraldError: a worker reported an error (the message names its rank).
+            ProtocolError: a worker's well-formed message out of turn (a second ack, ...).
+            Malformed or foreign messages raise nothing: they are dropped and counted
+            (NOTE [peer validation], :attr:`rejected`).
             Any exception of the pipeline threads (reading, scheduling, building),
                 re-raised here with its traceback.
         """
@@ -203,7 +216,7 @@ class Dispatcher:
             return self._serve_steps()
         except BaseException as exc:
             # tell every worker, so none waits out its timeout on a dead dispatcher
-            for rank in self._identities:
+            for rank in self._peers.identities:
                 try:
                     self._send(rank, {"op": "error", "message": f"{type(exc).__name__}: {exc}"})
                 except (zmq.ZMQError, HeraldError):
@@ -234,6 +247,8 @@ class Dispatcher:
             self._wait_for_credit(drain=True)
         for rank in range(self.config.num_workers):
             self._send(rank, {"op": "end", "steps": self.next_step})
+        if self.records:   # the job's totals (messages rejected after the last ack included)
+            self.records[-1].rejected = self.rejected
         return self.records
 
     # ------------------------------------------------ plan thread (NOTE [dispatch pipeline])
@@ -305,19 +320,10 @@ class Dispatcher:
     # -------------------------------------------------------------- serve thread
     def _handshake(self) -> None:
         deadline = time.monotonic() + self.config.peer_timeout_ms / 1e3
-        while len(self._identities) < self.config.num_workers:
-            missing = sorted(set(range(self.config.num_workers)) - set(self._identities))
-            ident, header, _ = self._recv(deadline, waiting_for=f"hello from workers {missing}")
-            if header["op"] != "hello":
-                raise ProtocolError(f"expected hello, got {header['op']!r}")
-            rank = header.get("rank")
-            if not isinstance(rank, int) or not 0 <= rank < self.config.num_workers or rank in self._identities:
-                raise ProtocolError(f"hello from invalid or duplicate rank {rank!r} "
-                                    f"(world size {self.config.num_workers})")
-            if header.get("world_size") != self.config.num_workers:
-                raise ProtocolError(f"worker {rank} expects world size {header.get('world_size')}, "
-                                    f"dispatcher serves {self.config.num_workers}")
-            self._identities[rank] = ident
+        while not self._peers.complete:   # a valid hello binds its identity (NOTE [peer validation])
+            msg = self._recv(deadline, waiting_for=f"hello from workers {self._peers.missing()}")
+            if msg.header["op"] != "hello":
+                raise ProtocolError(f"expected hello, got {msg.header['op']!r} from worker {msg.rank}")
         job = self._job.replace(capacity_rows=int(self.scheduler.capacity_rows), num_workers=self.config.num_workers)
         for rank in range(self.config.num_workers):
             self._send(rank, {"op": "config", "job": job.to_dict()})
@@ -329,6 +335,7 @@ class Dispatcher:
                               "(NOTE [dispatch pipeline])")
         if self._buffer is None:
             self._buffer = IdFeatureBuffer((self.config.max_inflight_steps + 1) * len(ready.sample_ids))
+            self._peers.ack_rows = len(ready.sample_ids) // self.config.num_workers
         self._buffer.put(step, ready.micro_batches)
         self._pending[step] = (ready.counts, ready.schedule_ms, ready.sample_ids)
         self._acks[step] = {}
@@ -349,15 +356,14 @@ class Dispatcher:
         oldest = min(self._pending)
         missing = sorted(set(range(self.config.num_workers)) - set(self._acks[oldest]))
         deadline = time.monotonic() + self.config.peer_timeout_ms / 1e3
-        _, header, arrays = self._recv(deadline, waiting_for=f"ack of step {oldest} from workers {missing}")
-        if header["op"] != "ack":
-            raise ProtocolError(f"expected ack, got {header['op']!r}")
-        self._record_ack(header, arrays)
+        msg = self._recv(deadline, waiting_for=f"ack of step {oldest} from workers {missing}")
+        if msg.header["op"] != "ack":
+            raise ProtocolError(f"expected ack, got {msg.header['op']!r} from worker {msg.rank}")
+        self._record_ack(msg.header, msg.arrays)
 
     def _record_ack(self, header: dict[str, Any], arrays: list[np.ndarray]) -> None:
-        step, rank = header.get("step"), header.get("rank")
-        if (not isinstance(step, int) or step not in self._pending or not isinstance(rank, int)
-                or not 0 <= rank < self.config.num_workers or rank in self._acks[step]):
+        step, rank = header["step"], header["rank"]   # types and rank checked (NOTE [peer validation])
+        if step not in self._pending or rank in self._acks[step]:
             raise ProtocolError(f"unexpected ack of step {step!r} from rank {rank!r} (steps in flight: "
                                 f"{sorted(self._pending)}, ranks 0-{self.config.num_workers - 1}, one ack each)")
         self._acks[step][rank] = (header, arrays)
@@ -374,7 +380,7 @@ class Dispatcher:
                          np.concatenate([a[0] for a in preds]) if preds else np.zeros(0, np.float32),
                          np.concatenate([a[1] for a in preds]) if preds else np.zeros(0, np.float32),
                          sum(int(h.get("bytes_allreduced", 0)) for h, _ in acks), mean_phases(acks),
-                         time.perf_counter())
+                         time.perf_counter(), self.rejected)
         self.records.append(rec)
         if self._id_log is not None:
             self._id_log.write(np.ascontiguousarray(ids, np.uint64).tobytes())
@@ -448,13 +454,11 @@ class Dispatcher:
         done: set[int] = set()
         deadline = time.monotonic() + self.config.peer_timeout_ms / 1e3
         while done != ranks:
-            _, header, _ = self._recv(deadline, waiting_for=f"{op} from workers {sorted(ranks - done)}")
-            if header["op"] != op:
-                raise ProtocolError(f"expected {op}, got {header['op']!r}")
-            rank = header.get("rank")
-            if not isinstance(rank, int) or rank not in ranks - done:
-                raise ProtocolError(f"unexpected {op} from rank {rank!r}; waiting for workers {sorted(ranks - done)}")
-            done.add(rank)
+            msg = self._recv(deadline, waiting_for=f"{op} from workers {sorted(ranks - done)}")
+            if msg.header["op"] != op or msg.rank not in ranks - done:
+                raise ProtocolError(f"unexpected {msg.header['op']} from rank {msg.rank}; waiting for {op} from "
+                                    f"workers {sorted(ranks - done)}")
+            done.add(msg.rank)
 
     # --------------------------------------------------------------- socket
     def _send(self, rank: int, header: dict[str, Any], arrays: list[np.ndarray] = ()) -> None:
@@ -464,34 +468,20 @@ class Dispatcher:
         """Send ``frames`` to worker ``rank``. Raises HeraldError naming the rank when its
         connection is gone, with the error it sent before leaving when there is one."""
         try:
-            self._sock.send_multipart([self._identities[rank], *frames], copy=False)
+            self._sock.send_multipart([self._peers.identities[rank], *frames], copy=False)
         except zmq.ZMQError as exc:
             if exc.errno != zmq.EHOSTUNREACH:
                 raise
             deadline = time.monotonic() + 1.0   # its last words (an error message) may still be queued
-            while self._sock.poll(max(0, int((deadline - time.monotonic()) * 1e3))):
-                self._recv(deadline, waiting_for=f"the last message of worker {rank}")  # raises on `error`
+            try:
+                while True:
+                    self._recv(deadline, waiting_for=f"the last message of worker {rank}")  # raises on `error`
+            except PeerTimeout:
+                pass
             raise HeraldError(f"worker {rank} is gone (its connection to dispatcher {self.address} closed); "
                               "its log names the cause") from None
 
-    def _recv(self, deadline: float, *, waiting_for: str):
-        """One message, or raise PeerTimeout at ``deadline``; worker errors are raised."""
-        while True:
-            timeout_ms = max(0, int((deadline - time.monotonic()) * 1e3))
-            if self._sock.poll(min(timeout_ms, 500)):
-                break
-            if self._liveness is not None:
-                self._liveness()
-            if timeout_ms > 500:
-                continue
-            raise PeerTimeout(f"dispatcher {self.address}: no message within "
-                              f"{self.config.peer_timeout_ms} ms while waiting for {waiting_for}; "
-                              "check that those worker processes are alive (their log names the cause)",
-                              peer=waiting_for, op="recv")
-        frames = self._sock.recv_multipart(copy=False)
-        ident, payload = frames[0].bytes, frames[1:]
-        header, arrays = wire.unpack(payload)
-        if header["op"] == "error":
-            raise HeraldError(f"worker {header.get('rank')} failed: {header.get('message')}")
-        return ident, header, arrays
-
+    def _recv(self, deadline: float, *, waiting_for: str) -> Message:
+        """The next message that passes NOTE [peer validation] (:meth:`PeerTable.receive`)."""
+        return self._peers.receive(self._sock, deadline, waiting_for=waiting_for,
+                                   timeout_ms=self.config.peer_timeout_ms, liveness=self._liveness)

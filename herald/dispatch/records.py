@@ -28,6 +28,10 @@ class DispatcherConfig:
         ready_steps: built steps (encoded micro-batches) queued ahead of the serving
             thread (NOTE [dispatch pipeline]).
         close_timeout_ms: longest :meth:`Dispatcher.close` waits for the pipeline threads.
+        keys_dir: CURVE keys folder (NOTE [transport security] in herald/auth.py): only
+            workers holding its client key connect, traffic encrypted. None: plain ZeroMQ,
+            allowed on loopback ``bind`` only unless ``insecure``.
+        insecure: allow a non-loopback ``bind`` without keys (one warning line).
     """
 
     num_workers: int
@@ -39,8 +43,13 @@ class DispatcherConfig:
     first_step: int = 0
     ready_steps: int = 2
     close_timeout_ms: int = 5_000
+    keys_dir: str | None = None
+    insecure: bool = False
 
     def __post_init__(self) -> None:
+        require(self.keys_dir is None or (isinstance(self.keys_dir, str) and self.keys_dir != ""),
+                f"keys_dir must be a folder path or None, got {self.keys_dir!r}")
+        require(isinstance(self.insecure, bool), f"insecure must be True or False, got {self.insecure!r}")
         require(self.num_workers >= 1, f"num_workers must be >= 1, got {self.num_workers}")
         require(self.max_inflight_steps >= 1, "max_inflight_steps must be >= 1")
         require(self.peer_timeout_ms > 0, "peer_timeout_ms must be > 0")
@@ -72,6 +81,9 @@ class StepRecord:
     phases_ms: dict[str, float] = dataclasses.field(default_factory=dict)
     #: ``time.perf_counter()`` when the last worker's ack arrived
     acked_at: float = 0.0
+    #: messages the dispatcher dropped so far, per kind (NOTE [peer validation] in
+    #: :mod:`herald.dispatch.peers`), cumulative; the last record ``serve()`` returns holds the job's totals
+    rejected: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 def mean_phases(acks: list[tuple[dict[str, Any], list]]) -> dict[str, float]:

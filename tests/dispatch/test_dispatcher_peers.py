@@ -157,8 +157,8 @@ def job_of():
     def start(batches, hello: tuple[int, ...] = (0, 1), log: list | None = None, **kwargs):
         log = [] if log is None else log
         kwargs.setdefault("peer_timeout_ms", PEER_TIMEOUT_MS)
-        extra = {k: kwargs.pop(k) for k in ("on_step", "on_checkpoint", "checkpoint_path", "sample_id_log")
-                 if k in kwargs}
+        extra = {k: kwargs.pop(k) for k in ("on_step", "on_checkpoint", "checkpoint_path", "sample_id_log",
+                                            "liveness") if k in kwargs}
         factory = kwargs.pop("scheduler_factory", scheduler_factory)
         cls = kwargs.pop("dispatcher_cls", Dispatcher)
         d = cls(DispatcherConfig(num_workers=WORKERS, **kwargs), batches, factory, make_job(), **extra)
@@ -302,8 +302,10 @@ def test_acks_of_two_inflight_steps_may_interleave_across_ranks(job_of):
 
 
 # -------------------------------------------------------------- protocol errors
-@pytest.mark.parametrize("bad", ["duplicate", "unknown_rank", "not_in_flight"])
+@pytest.mark.parametrize("bad", ["duplicate", "not_in_flight"])
 def test_bad_ack_is_a_protocol_error_naming_step_and_rank(job_of, bad):
+    """A well-formed ack out of place from a worker's own identity is that worker's bug
+    (malformed or foreign messages are dropped instead: test_hostile_peers.py)."""
     d, served, peers, _ = job_of(make_batches(3), max_inflight_steps=2)
     p0, p1 = peers
     for p in peers:
@@ -312,10 +314,6 @@ def test_bad_ack_is_a_protocol_error_naming_step_and_rank(job_of, bad):
         p0.ack(0)
         p0.ack(0)
         want = r"step 0 .*rank 0"
-    elif bad == "unknown_rank":
-        p0.ack(0)
-        p1.send({"op": "ack", "rank": 7, "step": 0, "loss": 0.0})  # rank 7 of a 2-worker job
-        want = r"step 0 .*rank 7"
     else:
         p1.ack(5)
         want = r"step 5 .*rank 1"
@@ -329,34 +327,13 @@ def test_bad_ack_is_a_protocol_error_naming_step_and_rank(job_of, bad):
         assert "ProtocolError" in header["message"]
 
 
-@pytest.mark.parametrize("phase", ["step", "flush", "hello"])
-def test_unknown_op_from_a_peer_is_a_protocol_error_naming_the_op(job_of, phase):
-    hello = (0,) if phase == "hello" else (0, 1)
-    d, served, peers, _ = job_of(make_batches(1), hello=hello)
-    p0, p1 = peers
-    if phase == "hello":
-        p1.send({"op": "frobnicate", "rank": 1})
-    elif phase == "step":
-        p0.recv()
-        p1.recv()
-        p0.send({"op": "frobnicate", "rank": 0})
-    else:
-        drive(peers, ack_only, lambda: all("flush" in p.received for p in peers))
-        p0.send({"op": "flushed", "rank": 0})
-        p1.send({"op": "frobnicate", "rank": 1})
+def test_out_of_turn_op_from_a_worker_is_a_protocol_error_naming_it(job_of):
+    d, served, peers, _ = job_of(make_batches(3))
+    peers[0].recv()
+    peers[0].send({"op": "saved", "rank": 0})     # while the dispatcher waits for acks
     served.join()
     assert isinstance(served.error, ProtocolError), served.error
-    assert "'frobnicate'" in str(served.error)
-
-
-def test_flushed_from_a_rank_not_awaited_is_a_protocol_error(job_of):
-    d, served, peers, _ = job_of(make_batches(1))
-    drive(peers, ack_only, lambda: all("flush" in p.received for p in peers))
-    peers[0].send({"op": "flushed", "rank": 0})
-    peers[1].send({"op": "flushed", "rank": 0})   # rank 1 answers in rank 0's name
-    served.join()
-    assert isinstance(served.error, ProtocolError), served.error
-    assert "rank 0" in str(served.error) and "flushed" in str(served.error)
+    assert "expected ack, got 'saved' from worker 0" in str(served.error)
 
 
 # ------------------------------------------------------------------- timeouts
