@@ -23,6 +23,7 @@ _COMMAND_MODULES = (
     "herald.dispatch.cli",
     "herald.worker.cli",
     "herald.job.cli",
+    "herald.auth",
 )
 
 

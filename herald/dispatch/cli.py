@@ -4,28 +4,40 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 
 from herald.errors import ConfigError
 
 
 def _serve_dispatcher(args: argparse.Namespace) -> int:
+    from herald.auth import check_bind
     from herald.dispatch.dispatcher import Dispatcher, DispatcherConfig
     from herald.job.cli import config_from_args
     from herald.job.data import JobData
-    from herald.job.spec import JobSpec
+    from herald.job.spec import JobSpec, flag_errors
 
     cfg = config_from_args(args)
     if not args.ps:
         raise ConfigError("herald serve dispatcher needs --ps ADDRESS[,ADDRESS...] (the PS shards' endpoints)")
-    data = JobData(cfg)
+    # NOTE [transport security]: refuse an open bind (or bad keys) before reading any data; the
+    # workers get the keys folder's path in the job (for the PS), never the keys
+    with flag_errors():
+        disp_cfg = DispatcherConfig(num_workers=cfg.workers, bind=args.bind, peer_timeout_ms=cfg.timeout_ms,
+                                    keys_dir=cfg.keys_dir, insecure=cfg.insecure, dispatcher_rank=args.dispatcher_rank)
+    check_bind(disp_cfg.bind, disp_cfg.keys_dir, disp_cfg.insecure, "dispatcher")
+    data = JobData(cfg, dispatcher_rank=disp_cfg.dispatcher_rank)
     job = JobSpec.build(cfg, data, args.ps.split(",")).replace(run_dir=None, dist_init=args.dist_init)
-    with Dispatcher(DispatcherConfig(num_workers=cfg.workers, bind=args.bind, peer_timeout_ms=cfg.timeout_ms),
-                    data.batches, data.scheduler_factory(cfg), job) as disp:
+    with contextlib.ExitStack() as stack:
+        id_log = stack.enter_context(open(args.sample_id_log, "ab")) if args.sample_id_log else None
+        disp = stack.enter_context(Dispatcher(disp_cfg, data.batches, data.scheduler_factory(cfg), job,
+                                              sample_id_log=id_log))
         print(f"dispatcher listening on {disp.address}", flush=True)
         records = disp.serve()
     data.close()
-    print(f"dispatcher: {len(records)} steps acked by all {cfg.workers} workers")
+    rejected = {k: n for k, n in (records[-1].rejected if records else {}).items() if n}
+    print(f"dispatcher {disp_cfg.dispatcher_rank}: {len(records)} steps acked by all {cfg.workers} workers"
+          + (f"; dropped messages (docs/operations.md): {rejected}" if rejected else ""))
     return 0
 
 
@@ -90,6 +102,12 @@ def register(commands, bench, serve) -> None:
                                      "that connect with `herald serve worker`.")
     add_job_arguments(d, exclude=("run_dir", "resume", "log_sample_ids", "checkpoint_every", "eval_every"))
     d.add_argument("--bind", default="tcp://127.0.0.1:5555", help="endpoint to bind (default: %(default)s)")
+    d.add_argument("--dispatcher-rank", type=int, default=0,
+                   help="this dispatcher's rank, 0-255: the top 8 bits of its sample ids (Persia §4.1), distinct per "
+                        "dispatcher when several feed one job's PS, e.g. each reading its own Kafka partitions "
+                        "(default: %(default)s)")
+    d.add_argument("--sample-id-log", default=None, metavar="FILE",
+                   help="append the uint64 sample ids of every step acked by all workers to FILE")
     d.add_argument("--ps", default="", help="comma-separated PS shard endpoints, in shard order")
     d.add_argument("--dist-init", default=None, help="torch.distributed init method for the workers, "
                                                      "e.g. tcp://127.0.0.1:29500 (default: workers use env://)")

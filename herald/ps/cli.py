@@ -2,8 +2,12 @@
 
 - ``herald serve ps --shard I --num-shards N [--bind tcp://127.0.0.1:PORT] [--tables tables.json]
   [--seed S] [--ready-file F] [--max-keys-per-request K] [--max-dim D] [--max-table-bytes B]
-  [--max-contributors C] [--aggregation-timeout-ms T]``: one shard process (SIGTERM or a
-  shutdown request stops it); the ``--max-*`` options are NOTE [ps limits] (docs/ps.md).
+  [--max-contributors C] [--aggregation-timeout-ms T] [--keys DIR | --insecure]
+  [--checkpoint-root DIR] [--token-file FILE]``: one shard process (SIGTERM or a
+  shutdown request carrying its admin token stops it); the ``--max-*`` options are NOTE
+  [ps limits] (docs/ps.md); ``--keys``/``--insecure`` NOTE [transport security]
+  (herald/auth.py); ``--checkpoint-root`` and the token (``--token-file`` or the
+  ``HERALD_PS_TOKEN`` environment variable, never an option value) NOTE [ps admin ops].
 - ``herald bench ps``: pull/push throughput against one shard next to a numpy memcpy.
 """
 
@@ -13,6 +17,7 @@ import pathlib
 
 
 def _serve(args) -> int:
+    from herald.ps.admin import load_token
     from herald.ps.config import ShardLimits, tables_from_json
     from herald.ps.server import run_shard
 
@@ -26,7 +31,9 @@ def _serve(args) -> int:
             raise ConfigError(f"cannot read the tables file {args.tables}: {exc}") from None
         tables = tables_from_json(text)
     limits = ShardLimits(**{name: getattr(args, name) for name in _LIMITS})
-    return run_shard(args.shard, args.num_shards, args.bind, tables, args.seed, args.ready_file, limits)
+    return run_shard(args.shard, args.num_shards, args.bind, tables, args.seed, args.ready_file, limits,
+                     keys_dir=args.keys, insecure=args.insecure, checkpoint_root=args.checkpoint_root,
+                     admin_token=load_token(args.token_file))
 
 
 def _bench(args) -> int:
@@ -41,6 +48,7 @@ _LIMITS = {
     "max_table_bytes": "largest row array of one table on this shard, bytes",
     "max_contributors": "largest contributors value and bound on rank (set it to the job's workers)",
     "aggregation_timeout_ms": "abort an aggregation still open this long after its step opened",
+    "max_rows": "rows one table holds at most; least recently used rows beyond it are evicted (0: no bound)",
 }
 
 
@@ -54,6 +62,16 @@ def register(commands, bench, serve) -> None:
     p.add_argument("--tables", default=None, help="JSON file: list of table declarations (docs/ps.md)")
     p.add_argument("--seed", type=int, default=0, help="initialiser seed, equal on every shard")
     p.add_argument("--ready-file", default=None, help="write the bound endpoint here once serving")
+    p.add_argument("--keys", default=None, metavar="DIR",
+                   help="CURVE keys folder (herald keys generate DIR): answer only clients holding its client key, "
+                        "encrypt all traffic; needed to bind a non-loopback address")
+    p.add_argument("--insecure", action="store_true",
+                   help="bind a non-loopback address without keys (unauthenticated, unencrypted; warns)")
+    p.add_argument("--checkpoint-root", default=None, metavar="DIR",
+                   help="checkpoint and restore only to folders inside DIR (default: both refused)")
+    p.add_argument("--token-file", default=None, metavar="FILE",
+                   help="file (mode 600) holding the admin token that checkpoint, restore and shutdown requests "
+                        "must carry (default: the HERALD_PS_TOKEN environment variable; none: shutdown refused)")
     from herald.ps.config import ShardLimits
 
     defaults = ShardLimits()

@@ -31,14 +31,16 @@ import msgpack
 import numpy as np
 import zmq
 
+from herald.auth import load_client_keys, secure_client
 from herald.errors import ConfigError, HeraldError, PeerTimeout, ProtocolError
+from herald.ps.admin import AdminRefused, check_token
 from herald.ps.wire import PS
 from herald.ps.checkpoint import CheckpointError
 from herald.ps.config import ShardLimits, TableConfig, check_tables
 from herald.ps.rows import shard_of
 
 _ERRORS = {"protocol": ProtocolError, "config": ConfigError, "checkpoint": CheckpointError,
-           "internal": ProtocolError}
+           "refused": AdminRefused, "internal": ProtocolError}
 
 
 def _loose_header(frame) -> dict:
@@ -99,14 +101,20 @@ class PSClient:
         num_workers: the job's worker count, sent with the declaration: the shards then
             refuse a ``contributors`` above it or a ``rank`` at or above it, and name the
             missing ranks of an aborted aggregation (NOTE [ps aggregation]). None: not sent.
+        keys_dir: CURVE keys folder (NOTE [transport security] in herald/auth.py): its
+            client key pair and the servers' public key; needed when the shards run with
+            ``--keys``. A client without the right keys is never answered (PeerTimeout).
+        admin_token: the shards' admin token, sent with checkpoint, restore and shutdown
+            (NOTE [ps admin ops]); e.g. :attr:`LocalShards.admin_token`.
 
     Raises:
-        ConfigError: bad settings or tables; a shard refused the declaration.
+        ConfigError: bad settings, tables or keys; a shard refused the declaration.
         PeerTimeout: a shard did not answer the declaration within ``timeout_ms``.
     """
 
     def __init__(self, addresses: Sequence[str], tables: Sequence[TableConfig], timeout_ms: int = 5000,
-                 retries: int = 3, declare: bool = True, num_workers: int | None = None):
+                 retries: int = 3, declare: bool = True, num_workers: int | None = None, *,
+                 keys_dir: str | os.PathLike | None = None, admin_token: str | None = None):
         if not addresses:
             raise ConfigError("PSClient needs at least one shard address")
         if timeout_ms <= 0 or retries < 0:
@@ -114,6 +122,8 @@ class PSClient:
         if num_workers is not None and (type(num_workers) is not int or num_workers < 1):
             raise ConfigError(f"num_workers must be an int >= 1 or None, got {num_workers!r}")
         self.num_workers = num_workers
+        self._keys = load_client_keys(keys_dir) if keys_dir is not None else None
+        self._admin_token = check_token(admin_token, "admin_token")
         #: keys per request (NOTE [ps limits]); lowered to the shards' limit by :meth:`declare`
         self.max_keys_per_request = ShardLimits().max_keys_per_request
         self.addresses = list(addresses)
@@ -155,6 +165,8 @@ class PSClient:
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         PS.configure(sock)
+        if self._keys is not None:
+            secure_client(sock, self._keys)
         sock.connect(self.addresses[shard])
         self._socks[shard] = sock
 
@@ -246,7 +258,8 @@ class PSClient:
             raise PeerTimeout(f"PS shard {req.shard} at {self.addresses[req.shard]} did not answer {req.op} "
                               f"within {req.timeout_ms} ms ({req.tries + 1} attempts of "
                               f"{req.attempt_s * 1000:.0f} ms); is the shard running (herald serve ps), "
-                              "reachable and not stopped? Its log names the cause",
+                              "reachable, not stopped, and does this client hold its keys (--keys)? Its log "
+                              "names the cause",
                               peer=self.addresses[req.shard], op=req.op)
         self._connect(req.shard)  # Lazy Pirate: new socket, resend everything outstanding
         for r in sorted((r for r in self._pending.values() if r.shard == req.shard), key=lambda r: r.rid):
@@ -400,25 +413,39 @@ class PSClient:
     def ping(self) -> None:
         self._all("ping")
 
+    def _admin(self, fields: dict) -> dict:
+        """Header of an admin op: ``fields`` and the admin token (NOTE [ps admin ops])."""
+        return dict(fields, token=self._admin_token) if self._admin_token is not None else fields
+
     def checkpoint(self, path: str, timeout_ms: int = 120_000) -> list[str]:
         """Every shard writes its checkpoint under ``path`` (atomic per shard; a relative
         path is made absolute here, so shards on this host use the caller's folder).
 
         Call between steps: a shard with open aggregations refuses (ProtocolError).
+
+        Raises:
+            AdminRefused: ``path`` is outside the shards' checkpoint root, or a wrong or
+                missing admin token (NOTE [ps admin ops]).
         """
-        return [h["path"] for h in self._all("checkpoint", {"dir": os.path.abspath(path)}, timeout_ms)]
+        return [h["path"] for h in self._all("checkpoint", self._admin({"dir": os.path.abspath(path)}), timeout_ms)]
 
     def restore(self, path: str, timeout_ms: int = 120_000) -> None:
         """Every shard replaces its rows by its checkpoint under ``path``.
 
         Raises:
             CheckpointError: missing, torn or corrupt checkpoint, or another layout.
+            AdminRefused: as :meth:`checkpoint`.
         """
-        self._all("restore", {"dir": os.path.abspath(path)}, timeout_ms)
+        self._all("restore", self._admin({"dir": os.path.abspath(path)}), timeout_ms)
 
     def shutdown(self, timeout_ms: int | None = None) -> None:
-        """Ask every shard to exit (after acknowledging)."""
-        self._all("shutdown", timeout_ms=timeout_ms)
+        """Ask every shard to exit (after acknowledging).
+
+        Raises:
+            AdminRefused: a wrong or missing admin token, or a shard started without one
+                (stop it with SIGTERM).
+        """
+        self._all("shutdown", self._admin({}), timeout_ms=timeout_ms)
 
     def close(self) -> None:
         """Close the sockets (immediately; idempotent). Unanswered requests are dropped."""

@@ -172,6 +172,9 @@ class ShardLimits:
         aggregation_timeout_ms: an open aggregation (NOTE [ps aggregation]) that has
             not completed this long after its step's first contribution is aborted,
             counted and reported with the missing ranks (``--aggregation-timeout-ms``).
+        max_rows: rows one table holds at most on this shard (``--max-rows``; ``herald
+            train --ps-max-rows``); least recently used rows beyond it are evicted and
+            re-initialised on their next touch (NOTE [bounded ps], Persia §4.2.2). 0: no bound.
 
     Raises:
         ConfigError: a value out of range.
@@ -182,11 +185,12 @@ class ShardLimits:
     max_table_bytes: int = 16 << 30
     max_contributors: int = 1024
     aggregation_timeout_ms: int = 120_000
+    max_rows: int = 0
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
-            require(type(v) is int and v >= 1, f"PS limit {f.name} must be an int >= 1, got {v!r}")
+            v, least = getattr(self, f.name), 0 if f.name == "max_rows" else 1
+            require(type(v) is int and v >= least, f"PS limit {f.name} must be an int >= {least}, got {v!r}")
         require(self.max_contributors <= 65535,
                 f"max_contributors must be <= 65535 (contributors travel as uint16), got {self.max_contributors}")
 

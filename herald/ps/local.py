@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import secrets
 import subprocess
 import sys
 import tempfile
@@ -13,6 +14,7 @@ from typing import Sequence
 
 from herald.errors import ConfigError, HeraldError, PeerTimeout
 from herald.procs import Supervisor
+from herald.ps.admin import TOKEN_ENV, check_token
 from herald.ps.watch import ShardWatch
 from herald.ps.config import ShardLimits, TableConfig, check_tables, tables_to_json
 
@@ -35,9 +37,17 @@ class LocalShards:
             None: the :class:`~herald.ps.config.ShardLimits` defaults.
         log_dir: folder of the shard logs (``ps-shard-I.log``; kept after :meth:`close`),
             e.g. the run folder of a job; None: :attr:`workdir` (deleted by :meth:`close`).
+        keys_dir: CURVE keys folder (``--keys``, NOTE [transport security]); clients then
+            need it too (``PSClient(keys_dir=...)``). None: plain ZeroMQ on loopback.
+        checkpoint_root: the shards' ``--checkpoint-root`` (NOTE [ps admin ops]); None:
+            checkpoint and restore are refused.
+        admin_token: the shards' admin token, given to them in their environment (never
+            on the command line); None: a fresh ``secrets.token_hex(32)``.
 
     Attributes:
         addresses: list of shard endpoints (``tcp://127.0.0.1:PORT``), index = shard.
+        admin_token: what a client's checkpoint, restore and shutdown must carry
+            (``PSClient(admin_token=shards.admin_token)``).
         workdir: temporary folder with the tables file, ready files and IPC sockets.
         procs: the shard processes (``subprocess.Popen``), index = shard.
 
@@ -48,7 +58,9 @@ class LocalShards:
 
     def __init__(self, num_shards: int, tables: Sequence[TableConfig], seed: int = 0,
                  host: str = "127.0.0.1", startup_timeout_ms: int = 120_000, transport: str = "tcp",
-                 limits: ShardLimits | None = None, log_dir: str | os.PathLike | None = None):
+                 limits: ShardLimits | None = None, log_dir: str | os.PathLike | None = None, *,
+                 keys_dir: str | os.PathLike | None = None, checkpoint_root: str | os.PathLike | None = None,
+                 admin_token: str | None = None):
         if num_shards < 1:
             raise ConfigError(f"num_shards must be >= 1, got {num_shards}")
         if transport not in ("tcp", "ipc"):
@@ -61,11 +73,15 @@ class LocalShards:
         for t in self.tables:
             self.limits.check_table(t)
         self.startup_timeout_ms = startup_timeout_ms
+        self.keys_dir = str(pathlib.Path(keys_dir).resolve()) if keys_dir is not None else None
+        self.checkpoint_root = str(pathlib.Path(checkpoint_root).resolve()) if checkpoint_root is not None else None
+        self.admin_token = check_token(admin_token, "admin_token") or secrets.token_hex(32)
         self._tmp = tempfile.TemporaryDirectory(prefix="herald-ps-")
         self.workdir = pathlib.Path(self._tmp.name)
         self._tables_file = self.workdir / "tables.json"
         self._tables_file.write_text(tables_to_json(self.tables))
-        env = {"PYTHONPATH": _REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        env = {"PYTHONPATH": _REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               TOKEN_ENV: self.admin_token}   # NOTE [ps admin ops]: not on the command line
         self._children = Supervisor(self.workdir if log_dir is None else log_dir, env=env)
         self.addresses: list[str] = [""] * self.num_shards
         self._watches: list[ShardWatch] = []
@@ -92,6 +108,8 @@ class LocalShards:
             sys.executable, "-m", "herald", "serve", "ps", "--shard", str(i), "--num-shards",
             str(self.num_shards), "--bind", bind, "--tables", str(self._tables_file),
             "--seed", str(self.seed), "--ready-file", str(self._ready_file(i)),
+            *(["--keys", self.keys_dir] if self.keys_dir else []),
+            *(["--checkpoint-root", self.checkpoint_root] if self.checkpoint_root else []),
             *[a for name, v in self.limits.to_dict().items() for a in ("--" + name.replace("_", "-"), str(v))]])
 
     def _wait_ready(self, i: int) -> str:
@@ -137,7 +155,7 @@ class LocalShards:
         """A liveness check of these shards (NOTE [ps liveness]): call it every ~0.5 s; it
         raises naming a shard process that ended, or a shard that left a ping unanswered
         for ``silent_ms``. Closed by :meth:`close`."""
-        w = ShardWatch(self.addresses, silent_ms, describe=self.describe, dead=self.failure)
+        w = ShardWatch(self.addresses, silent_ms, describe=self.describe, dead=self.failure, keys_dir=self.keys_dir)
         self._watches.append(w)
         return w
 

@@ -4,6 +4,8 @@ Implements NOTE [ps wire protocol] (docs/ps.md; framing: NOTE [wire format] in
 herald/wire.py), NOTE [ps aggregation] (herald/ps/aggregate.py) and NOTE [ps limits]
 (docs/ps.md, :class:`~herald.ps.config.ShardLimits`). Every malformed or over-limit
 message gets an error reply and the loop keeps serving; nothing received is unpickled.
+Admin ops (checkpoint, restore, shutdown) are NOTE [ps admin ops] (herald/ps/admin.py);
+with a keys folder the socket is a CURVE server: NOTE [transport security] (herald/auth.py).
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from typing import Any, Sequence
 import numpy as np
 import zmq
 
+from herald.auth import HandshakeMonitor, check_bind, server_socket
 from herald.errors import ConfigError, HeraldError, ProtocolError
 from herald.ps import checkpoint, wire
+from herald.ps.admin import AdminGate, AdminRefused
 from herald.ps.wire import PS
 from herald.ps import kernels as K
 from herald.ps.config import ShardLimits, TableConfig, check_tables
@@ -38,6 +42,8 @@ EXPIRE_EVERY_S = 0.1
 def _error_kind(exc: BaseException) -> str:
     if isinstance(exc, checkpoint.CheckpointError):
         return "checkpoint"
+    if isinstance(exc, AdminRefused):
+        return "refused"
     if isinstance(exc, ConfigError):
         return "config"
     if isinstance(exc, ProtocolError):
@@ -56,24 +62,34 @@ class ShardServer:
         reply_cache: replies of mutating requests remembered for retries.
         limits: what a request and a table may hold (NOTE [ps limits]); defaults:
             :class:`ShardLimits`.
+        keys_dir: CURVE keys folder (NOTE [transport security] in herald/auth.py): the
+            shard then answers only clients holding the client key; refused handshakes
+            are counted (``handshakes_refused*`` in :meth:`stats`). None: plain ZeroMQ.
+        insecure: allow a non-loopback ``bind`` without keys (one warning line).
+        checkpoint_root, admin_token: NOTE [ps admin ops] (herald/ps/admin.py).
 
     Raises:
-        ConfigError: bad shard numbers, limits or tables.
+        ConfigError: bad shard numbers, limits, tables or token; a non-loopback
+            ``bind`` without keys or ``insecure``; bad keys.
     """
 
     def __init__(self, shard: int, num_shards: int, bind: str = "tcp://127.0.0.1:*",
                  tables: Sequence[TableConfig] = (), seed: int = 0, reply_cache: int = 4096,
-                 limits: ShardLimits | None = None):
+                 limits: ShardLimits | None = None, *, keys_dir: str | None = None, insecure: bool = False,
+                 checkpoint_root: str | None = None, admin_token: str | None = None):
         if not (0 <= shard < num_shards):
             raise ConfigError(f"shard {shard} is not in [0, {num_shards}); pass --shard below --num-shards")
         self.shard, self.num_shards, self.seed = int(shard), int(num_shards), int(seed)
-        self.bind = bind
+        self.bind, self.keys_dir = bind, keys_dir
+        check_bind(bind, keys_dir, insecure, f"ps shard {shard}")
         self.tables: list[EmbeddingTable] = []
         self._salts: list[np.uint64] = []
         self._replies: collections.OrderedDict = collections.OrderedDict()
         self._reply_cache = reply_cache
         self._stop = False
         self.counters = collections.Counter()
+        self.admin = AdminGate(checkpoint_root, admin_token, self.counters)
+        self._handshakes: HandshakeMonitor | None = None
         #: seconds spent handling each op (``busy_s[op] / wall time`` = busy fraction)
         self.busy_s: collections.Counter = collections.Counter()
         self._started = time.monotonic()
@@ -100,7 +116,8 @@ class ShardServer:
                 raise ConfigError(f"table {i} is declared as {self.tables[i].cfg} on shard {self.shard}; "
                                   f"conflicting redeclaration {t} rejected (restart the shard to change it)")
         for i in range(len(self.tables), len(tables)):
-            self.tables.append(EmbeddingTable(tables[i], i, self.seed, max_bytes=self.limits.max_table_bytes))
+            self.tables.append(EmbeddingTable(tables[i], i, self.seed, max_bytes=self.limits.max_table_bytes,
+                                              max_resident_rows=self.limits.max_rows or None))
             self._salts.append(table_salt(i))
 
     # ------------------------------------------------------------------ requests
@@ -317,7 +334,7 @@ class ShardServer:
         return {"stats": self.stats()}, []
 
     def _op_checkpoint(self, header, arrays):
-        path = wire.get_str(header, "dir")
+        path = self.admin.check("checkpoint", header)   # NOTE [ps admin ops]
         open_aggs = sum(t.open_aggregations for t in self.tables)
         if open_aggs:
             raise ProtocolError(f"checkpoint refused: {open_aggs} gradient aggregations are open; "
@@ -328,18 +345,20 @@ class ShardServer:
         return {"path": str(final)}, []
 
     def _op_restore(self, header, arrays):
-        path = wire.get_str(header, "dir")
+        path = self.admin.check("restore", header)
         data = checkpoint.load(path, self.shard, self.num_shards, self.seed, self.tables)
         for table, (keys, rows) in zip(self.tables, data):
             table.load(keys, rows)
         return {"rows": int(sum(k.shape[0] for k, _ in data))}, []
 
     def _op_shutdown(self, header, arrays):
+        self.admin.check("shutdown", header)
         self._stop = True
         return {}, []
 
     def stats(self) -> dict[str, Any]:
         """Counters and per-table sizes (plain types, msgpack-able)."""
+        self._count_handshakes()
         return {
             "shard": self.shard, "num_shards": self.num_shards, "pid": os.getpid(),
             "counters": dict(self.counters),
@@ -350,11 +369,17 @@ class ShardServer:
             "limits": self.limits.to_dict(), "workers": self.workers,
             "pull_pending_keys": self.counters["pull_pending_keys"],
             "tables": {t.cfg.name: {"index": t.index, "rows": t.n_rows, "row_width": t.width,
-                                    "capacity_rows": int(t.rows.shape[0]), "bytes": int(t.rows.nbytes)}
+                                    "capacity_rows": int(t.rows.shape[0]), "bytes": int(t.rows.nbytes),
+                                    "evicted_rows": t.evicted}
                        for t in self.tables},
         }
 
     # ------------------------------------------------------------------ loop
+    def _count_handshakes(self) -> None:
+        for kind, n in (self._handshakes.take() if self._handshakes is not None else {}).items():
+            self.counters["handshakes_refused"] += n
+            self.counters["handshakes_refused_" + kind] += n
+
     def stop(self, *_args) -> None:
         """Ask the loop to end (safe from a signal handler)."""
         self._stop = True
@@ -365,8 +390,8 @@ class ShardServer:
         Writes the bound endpoint to ``ready_file`` (atomically) once serving.
         """
         warm_up()
-        ctx = zmq.Context.instance()
-        sock = ctx.socket(zmq.ROUTER)
+        sock = server_socket(zmq.Context.instance(), zmq.ROUTER, self.keys_dir)   # NOTE [transport security]
+        self._handshakes = HandshakeMonitor(sock) if self.keys_dir is not None else None
         sock.setsockopt(zmq.LINGER, 1000)
         PS.configure(sock)
         sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
@@ -386,12 +411,15 @@ class ShardServer:
                 if now >= self._next_expiry:
                     self._next_expiry = now + EXPIRE_EVERY_S
                     self.expire_aggregations(now)
+                    self._count_handshakes()
                 if not sock.poll(poll_ms):
                     continue
                 frames = sock.recv_multipart(copy=False)
                 reply = self.handle(frames[1:])
                 sock.send_multipart([frames[0]] + reply, copy=False)
         finally:
+            if self._handshakes is not None:
+                self._handshakes.close()
             sock.close(linger=1000)
 
 
@@ -414,9 +442,11 @@ def warm_up() -> None:
 
 
 def run_shard(shard: int, num_shards: int, bind: str, tables=(), seed: int = 0,
-              ready_file: str | None = None, limits: ShardLimits | None = None) -> int:
-    """Entry of ``herald serve ps``: serve until SIGTERM/SIGINT or a shutdown request."""
-    server = ShardServer(shard, num_shards, bind, tables, seed, limits=limits)
+              ready_file: str | None = None, limits: ShardLimits | None = None, **security) -> int:
+    """Entry of ``herald serve ps``: serve until SIGTERM/SIGINT or a shutdown request
+    (``security``: ``keys_dir``, ``insecure``, ``checkpoint_root``, ``admin_token`` of
+    :class:`ShardServer`)."""
+    server = ShardServer(shard, num_shards, bind, tables, seed, limits=limits, **security)
     signal.signal(signal.SIGTERM, server.stop)
     signal.signal(signal.SIGINT, server.stop)
     t0 = time.monotonic()

@@ -24,6 +24,9 @@ RETAIN_STEPS = 4
 #: The table of every key in a table's map (one map per table: NOTE [key map]).
 _ONE_TABLE = 0
 
+#: Per-row arrays besides ``rows`` (grown, compacted and reset together).
+_PER_ROW = ("row_keys", "row_marks", "stamps", "last_used")
+
 
 def _empty_step(dim: int) -> PendingStep:
     return PendingStep(dim, 0)
@@ -40,16 +43,22 @@ class EmbeddingTable:
         max_bytes: largest row array (NOTE [ps limits]: ``max_table_bytes``); None: no limit.
             New keys that would grow the table past it are refused (:class:`ProtocolError`)
             before anything is stored.
+        max_resident_rows: LRU bound on the rows held (NOTE [bounded ps]); None: no bound.
     """
 
     def __init__(self, tcfg: TableConfig, table_index: int, seed: int, capacity_rows: int = 1024,
-                 max_bytes: int | None = None):
+                 max_bytes: int | None = None, max_resident_rows: int | None = None):
         self.cfg = tcfg
         self.index = table_index
         self.width = tcfg.row_width
         # Python ints: a row count times a row size never overflows
         self.max_bytes = None if max_bytes is None else int(max_bytes)
         self.max_rows = None if max_bytes is None else max(1, int(max_bytes) // (4 * int(self.width)))
+        self.max_resident = None if max_resident_rows is None else int(max_resident_rows)
+        if self.max_resident is not None and self.max_resident < 1:
+            raise ValueError(f"max_resident_rows must be >= 1, got {max_resident_rows}")
+        self.evicted = 0        # rows dropped by the LRU bound (NOTE [bounded ps])
+        self._clock = 0         # requests seen: the LRU's time
         self._init = init_args(tcfg, table_index, seed)
         self._hp = hyper_params(tcfg)
         self._kind = tcfg.optimizer.kind
@@ -61,6 +70,7 @@ class EmbeddingTable:
         self.row_keys = np.zeros(cap, np.uint64)
         self.row_marks = np.zeros(cap, np.int32)   # open aggregations per row
         self.stamps = np.zeros(cap, np.uint32)     # duplicate detection per request
+        self.last_used = np.zeros(cap, np.uint64)  # request clock of each row's last touch
         self._stamp = 0
         self._rebuild_map(2 * cap)
         self.pending: dict[int, PendingStep] = {}
@@ -83,7 +93,7 @@ class EmbeddingTable:
             rows = np.empty((cap, self.width), np.float32)
             K.copy_rows_jit(rows, self.rows, self.n_rows)
             self.rows = rows
-            for name in ("row_keys", "row_marks", "stamps"):
+            for name in _PER_ROW:
                 old = getattr(self, name)
                 new = np.zeros(cap, old.dtype)
                 new[: old.shape[0]] = old
@@ -112,6 +122,8 @@ class EmbeddingTable:
         grow = keys.shape[0]
         if self.max_rows is not None and self.n_rows + grow > self.max_rows:
             grow = self._check_growth(keys, out)
+        if self.max_resident is not None and self.n_rows + grow > self.max_resident:
+            grow = self._evict_for(keys, out)
         self.reserve(grow)
         n0 = self.n_rows
         n = np.array([n0], np.int64)
@@ -119,7 +131,69 @@ class EmbeddingTable:
         self.n_rows = int(n[0])
         if self.n_rows > n0:  # keys seen for the first time: slots n0.. in order, rows initialised
             K.init_rows_jit(self.rows[n0:self.n_rows], self.row_keys[n0:self.n_rows], *self._init)
+        if self.max_resident is not None:
+            self._clock += 1
+            self.last_used[out] = self._clock
         return out
+
+    # NOTE [bounded ps]
+    # ~~~~~~~~~~~~~~~~~
+    # Persia's embedding PS (persia-kdd22 §4.2.2) is an LRU cache bounded in memory: a row
+    # not touched for long is dropped and re-initialised when its id comes back. With
+    # ``max_resident_rows = N`` a table never holds more than N rows. Before a request would
+    # insert rows past N, the least recently used rows are evicted: never a row of the
+    # current request, never a row with an open gradient aggregation (NOTE [ps
+    # aggregation]). Eviction compacts the row array (keeping order) and rebuilds the key
+    # map, so it frees at least N/16 rows at a time to amortise that O(N) pass; pending
+    # aggregation states have their row slots remapped. ``evicted`` counts dropped rows.
+    # A request with more distinct new keys than N, or one that cannot free enough rows
+    # (all held by open aggregations), is refused with :class:`ProtocolError`.
+
+    def _evict_for(self, keys: np.ndarray, scratch: np.ndarray) -> int:
+        """Evict least recently used rows so that ``keys``' unseen ones fit under the bound;
+        returns the number of distinct unseen keys."""
+        keymap.find_many_jit(self.buckets, self.row_keys, _ONE_TABLE, _ONE_TABLE, keys, scratch)
+        unseen = int(np.unique(keys[scratch < 0]).shape[0])
+        need = self.n_rows + unseen - self.max_resident
+        if need <= 0:
+            return unseen
+        if unseen > self.max_resident:
+            raise ProtocolError(f"table {self.cfg.name!r}: one request has {unseen} new keys, more than this "
+                                f"shard's max_resident_rows={self.max_resident}; send smaller requests or "
+                                "raise --ps-max-rows")
+        n = self.n_rows
+        evictable = self.row_marks[:n] == 0
+        evictable[scratch[scratch >= 0]] = False
+        candidates = np.flatnonzero(evictable)
+        if candidates.shape[0] < need:
+            raise ProtocolError(f"table {self.cfg.name!r}: {need} rows must be evicted to stay within "
+                                f"max_resident_rows={self.max_resident}, but only {candidates.shape[0]} are "
+                                "free of this request and of open aggregations; raise --ps-max-rows")
+        count = min(candidates.shape[0], max(need, self.max_resident // 16))
+        age = self.last_used[candidates]
+        victims = candidates[np.argpartition(age, count - 1)[:count]] if count < candidates.shape[0] else candidates
+        self._compact(victims)
+        return unseen
+
+    def _compact(self, victims: np.ndarray) -> None:
+        """Drop rows ``victims`` (int64 slots), keep the others in order, rebuild the map."""
+        n = self.n_rows
+        keep = np.ones(n, bool)
+        keep[victims] = False
+        new_of_old = np.full(n, -1, np.int64)
+        new_of_old[keep] = np.arange(int(keep.sum()))
+        kept = n - victims.shape[0]
+        self.rows[:kept] = self.rows[:n][keep]
+        for name in _PER_ROW:
+            arr = getattr(self, name)
+            arr[:kept] = arr[:n][keep]
+            arr[kept:n] = 0
+        for state in self.pending.values():
+            used = int(state.cnt[0])  # slots of completed aggregations may go -1: never read again
+            state.p_slot[:used] = new_of_old[state.p_slot[:used]]
+        self.n_rows = kept
+        self.evicted += int(victims.shape[0])
+        self._rebuild_map(self.buckets.shape[0] // 2)
 
     def _check_growth(self, keys: np.ndarray, scratch: np.ndarray) -> int:
         """The number of distinct unseen ``keys``; :class:`ProtocolError` if they would grow the
@@ -245,6 +319,9 @@ class EmbeddingTable:
     def load(self, keys: np.ndarray, rows: np.ndarray) -> None:
         """Replace the whole table by (keys, rows); drops open aggregations."""
         n = keys.shape[0]
+        if self.max_resident is not None and n > self.max_resident:
+            raise ProtocolError(f"table {self.cfg.name!r}: {n} rows exceed this shard's "
+                                f"max_resident_rows={self.max_resident}; raise --ps-max-rows")
         if self.max_rows is not None and n > self.max_rows:
             raise ProtocolError(f"table {self.cfg.name!r}: {n} rows ({n * 4 * self.width} bytes) exceed this "
                                 f"shard's max_table_bytes={self.max_bytes}; raise --max-table-bytes")
@@ -255,6 +332,7 @@ class EmbeddingTable:
         self.row_keys[:n] = keys
         self.row_marks = np.zeros(cap, np.int32)
         self.stamps = np.zeros(cap, np.uint32)
+        self.last_used = np.zeros(cap, np.uint64)
         self.n_rows = n
         self.pending = {}
         self._retired = []

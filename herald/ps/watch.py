@@ -27,6 +27,7 @@ from typing import Callable, Sequence
 
 import zmq
 
+from herald.auth import load_client_keys, secure_client
 from herald.errors import HeraldError, PeerTimeout, ProtocolError
 from herald.ps.wire import PS
 
@@ -41,6 +42,7 @@ class ShardWatch:
             end), e.g. :meth:`herald.ps.LocalShards.describe`.
         dead: ``dead()``: a message naming a shard process that ended, or None
             (e.g. :meth:`herald.ps.LocalShards.failure`); checked before the pings.
+        keys_dir: CURVE keys folder of shards run with ``--keys`` (NOTE [transport security]).
 
     Raises (from a call):
         HeraldError: ``dead()`` named a shard. PeerTimeout: a shard is silent
@@ -48,11 +50,13 @@ class ShardWatch:
     """
 
     def __init__(self, addresses: Sequence[str], silent_ms: int,
-                 describe: Callable[[int], str] | None = None, dead: Callable[[], str | None] | None = None):
+                 describe: Callable[[int], str] | None = None, dead: Callable[[], str | None] | None = None,
+                 keys_dir: str | None = None):
         if silent_ms < 1:
             raise HeraldError(f"silent_ms must be >= 1, got {silent_ms}")
         self.addresses, self.silent_ms = list(addresses), int(silent_ms)
         self._describe, self._dead = describe, dead
+        self._keys = load_client_keys(keys_dir) if keys_dir is not None else None
         self._socks: list[zmq.Socket] | None = None
         self._cid = secrets.randbits(63)
         self._rids = itertools.count(1)
@@ -80,6 +84,8 @@ class ShardWatch:
                 for address in self.addresses:
                     sock = zmq.Context.instance().socket(zmq.DEALER)
                     sock.setsockopt(zmq.LINGER, 0)
+                    if self._keys is not None:
+                        secure_client(sock, self._keys)
                     sock.connect(address)
                     self._socks.append(sock)
             now = time.monotonic()

@@ -22,6 +22,9 @@ PS = Protocol("ps", 2, frozenset({"<u8", "<f4", "<u2"}), max_header_bytes=1 << 2
 #: (client id, request id) on the shard, so every op is safe to retry.
 OPS = ("declare", "pull", "push_grad", "push_rows", "stats", "checkpoint", "restore", "shutdown", "ping")
 MUTATING = frozenset({"declare", "push_grad", "push_rows", "checkpoint", "restore"})
+#: Ops that carry the job's admin token (header ``token``), checked by the shard before
+#: anything else: NOTE [ps admin ops] (herald/ps/admin.py).
+ADMIN = frozenset({"checkpoint", "restore", "shutdown"})
 #: Array frames per part: op -> ((name, wire dtype), ...).
 PART_FRAMES = {
     "pull": (("keys", "<u8"),),

@@ -142,9 +142,9 @@ def test_conflicting_declaration_is_rejected(shards):
 @pytest.mark.parametrize("transport", ["tcp", "ipc"])
 def test_checkpoint_kill9_restart_restore(tmp_path, transport):
     tables = TABLES[:4]
-    with LocalShards(num_shards=2, tables=tables, seed=SEED, transport=transport) as sh:
+    with LocalShards(num_shards=2, tables=tables, seed=SEED, transport=transport, checkpoint_root=tmp_path) as sh:
         assert all(a.startswith(transport + "://") for a in sh.addresses)
-        client = PSClient(sh.addresses, tables, timeout_ms=5000, retries=3)
+        client = PSClient(sh.addresses, tables, timeout_ms=5000, retries=3, admin_token=sh.admin_token)
         keys = np.arange(4000, dtype=np.uint64) * 7919
         rng = np.random.default_rng(4)
         for step in range(2):
@@ -188,7 +188,7 @@ def test_timeout_names_shard_and_op_then_sigterm_and_shutdown():
             sh.procs[1].send_signal(signal.SIGCONT)
         assert sh.terminate(1) == 0  # graceful on SIGTERM
         client.close()
-        client = PSClient(sh.addresses[:1], tables, timeout_ms=5000)  # a one-shard view of shard 0
+        client = PSClient(sh.addresses[:1], tables, timeout_ms=5000, admin_token=sh.admin_token)  # shard 0 only
         client.shutdown()
         assert sh.procs[0].wait(timeout=10) == 0
         client.close()
@@ -233,8 +233,9 @@ def test_limits_on_real_shards_client_splits_and_aborts_are_reported(tmp_path):
 
     tables = [TableConfig("t", 8, OptimizerConfig("sgd", lr=LR), init="zeros")]
     limits = ShardLimits(max_keys_per_request=1000, max_dim=64, aggregation_timeout_ms=500)
-    with LocalShards(num_shards=2, tables=tables, seed=SEED, limits=limits, log_dir=tmp_path / "logs") as sh, \
-            PSClient(sh.addresses, tables, timeout_ms=10_000, num_workers=2) as client:
+    with LocalShards(num_shards=2, tables=tables, seed=SEED, limits=limits, log_dir=tmp_path / "logs",
+                     checkpoint_root=tmp_path) as sh, \
+            PSClient(sh.addresses, tables, timeout_ms=10_000, num_workers=2, admin_token=sh.admin_token) as client:
         assert client.max_keys_per_request == 1000
         keys = np.arange(5000, dtype=np.uint64)
         assert client.pull("t", keys).shape == (5000, 8)

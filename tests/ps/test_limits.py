@@ -122,7 +122,8 @@ def test_an_open_aggregation_is_aborted_after_its_timeout_and_named():
     """One rank declares 2 contributors and the other never pushes: the aggregation is
     aborted after aggregation_timeout_ms, the missing rank is named in stats, later
     pushes to that step are refused, and checkpoints work again."""
-    server = ShardServer(0, 1, tables=[TableConfig("t", 2)], limits=ShardLimits(aggregation_timeout_ms=5000))
+    server = ShardServer(0, 1, tables=[TableConfig("t", 2)], limits=ShardLimits(aggregation_timeout_ms=5000),
+                         checkpoint_root="/nonexistent")   # NOTE [ps admin ops]: the path below is inside it
     assert _declare(server, [server.tables[0].cfg], workers=2)["ok"]
     keys = np.arange(10)
     assert _push(server, keys, np.ones((10, 2)), 2, step=5, rank=0)[0]["ok"]
@@ -149,10 +150,24 @@ def test_an_open_aggregation_is_aborted_after_its_timeout_and_named():
 
 
 def test_checkpoint_is_possible_again_after_an_abort(tmp_path):
-    server = ShardServer(0, 1, tables=[TableConfig("t", 2)], limits=ShardLimits(aggregation_timeout_ms=1))
+    server = ShardServer(0, 1, tables=[TableConfig("t", 2)], limits=ShardLimits(aggregation_timeout_ms=1),
+                         checkpoint_root=tmp_path)
     assert _push(server, np.arange(4), np.ones((4, 2)), 2, step=0, rank=0)[0]["ok"]
     time.sleep(0.01)
     (report,) = server.expire_aggregations()
     assert "unknown" in report["missing_ranks"]   # workers never declared: says how to name them
     h, _ = _reply(server, {"op": "checkpoint", "rid": next(_RID), "cid": 1, "dir": str(tmp_path)})
     assert h["ok"], h
+
+
+def test_max_rows_bounds_resident_rows_and_counts_evictions():
+    server = ShardServer(0, 1, tables=[TableConfig("t", 4)], limits=ShardLimits(max_rows=50))
+    rng = np.random.default_rng(1)
+    for _ in range(40):
+        h, arrays = _pull(server, np.unique(rng.integers(0, 10_000, 30)))
+        assert h["op"] != "error" and arrays[0].shape[1] == 4
+        assert server.stats()["tables"]["t"]["rows"] <= 50
+    stats = server.stats()["tables"]["t"]
+    assert stats["evicted_rows"] >= 40 * 25 - 50
+    with pytest.raises(ConfigError, match="max_rows"):
+        ShardLimits(max_rows=-1)
