@@ -26,6 +26,11 @@ Criteo-shaped stream of ``--rows`` rows: 13 dense features, 26 tables):
    its own synthetic Criteo rows, ``--capacity-seconds`` long): the ceiling of any job;
    ``null`` when that module is not in the tree.
 
+4. on a machine with CUDA (unless ``--no-gpu``), the GPU section
+   (:mod:`herald.job.bench_gpu`): plain PyTorch on the GPU against herald with 1 worker
+   on the GPU (the device-resident cache) and on the CPU, at batch 256 and 4,096.
+
+Every herald run of 2. trains on the CPU (``--device cpu``), as the baseline does.
 The table gives, per run, samples/s, the ratio to plain PyTorch, the scaling factor
 ``T_N / (N * T_1)`` of its schedule (Herald §6.3, after [51]: ``T_1`` is that schedule's
 1-worker throughput) and the worker phases taking most of a step (the report's
@@ -57,6 +62,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from herald.errors import ConfigError
+from herald.job.bench_gpu import GPU_BATCH_SIZES
 
 EVAL_FRACTION = 0.02
 WARMUP_STEPS = 10
@@ -83,6 +89,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--capacity-seconds", type=float, default=5.0,
                    help="how long the dispatcher capacity is measured (default: %(default)s)")
     p.add_argument("--no-capacity", action="store_true", help="skip the dispatcher capacity measurement")
+    p.add_argument("--gpu-batch-sizes", type=int, nargs="+", default=list(GPU_BATCH_SIZES), metavar="B",
+                   help="batch sizes of the GPU section, run when CUDA is available (default: %(default)s)")
+    p.add_argument("--no-gpu", action="store_true", help="skip the GPU section")
     p.add_argument("--out", default=None, metavar="FILE.json", help="also write the results as JSON")
 
 
@@ -229,14 +238,16 @@ def plain_torch_losses(source: str, steps: int, *, batch_size: int = 256, seed: 
 # ------------------------------------------------------------------ herald
 
 
-def run_herald(source: str, workers: int, schedule: str, batch_size: int, run_dir: str, seed: int = 0) -> dict:
-    """One ``herald train`` job; ``{"samples_per_s", "phases_ms", "wall_ms_per_step", "steps"}``
-    (``phases_ms``: the worker's median ms per phase, ``{}`` when the report has no ``phases``)."""
+def run_herald(source: str, workers: int, schedule: str, batch_size: int, run_dir: str, seed: int = 0,
+               device: str = "cpu") -> dict:
+    """One ``herald train`` job on ``device`` (``--device``); ``{"samples_per_s", "phases_ms",
+    "wall_ms_per_step", "steps"}`` (``phases_ms``: the worker's median ms per phase, ``{}``
+    when the report has no ``phases``)."""
     from herald.job.launcher import run_train
     from herald.job.spec import TrainConfig
 
     cfg = TrainConfig(source=source, schedule=schedule, workers=workers, batch_size=batch_size,
-                      eval_fraction=EVAL_FRACTION, seed=seed, run_dir=run_dir)
+                      eval_fraction=EVAL_FRACTION, seed=seed, run_dir=run_dir, device=device)
     with contextlib.redirect_stdout(io.StringIO()):  # the report text: the table says what matters here
         rep = run_train(cfg, progress=False)
     phases = rep.get("phases") or {}
@@ -277,6 +288,8 @@ def _validate(args: argparse.Namespace) -> None:
     for name in ("rows", "max_workers", "batch_size", "repeats"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if min(args.gpu_batch_sizes, default=1) < 1:
+        raise ConfigError(f"--gpu-batch-sizes must be >= 1, got {args.gpu_batch_sizes}")
     if args.capacity_seconds <= 0:
         raise ConfigError(f"--capacity-seconds must be > 0, got {args.capacity_seconds}")
     unknown = [s for s in args.schedules if s not in SCHEDULES]
@@ -333,10 +346,20 @@ def run(args: argparse.Namespace) -> dict:
     plain = _plain(source, args)
     runs = _herald_runs(source, args, plain["samples_per_s"])
     capacity = None if args.no_capacity else dispatcher_capacity(args.capacity_seconds)
-    results = {"plain_torch": plain, "runs": runs, "dispatcher_capacity_samples_per_s": capacity,
+    gpu = None
+    if torch.cuda.is_available() and not args.no_gpu:
+        from herald.job import bench_gpu
+
+        with tempfile.TemporaryDirectory(prefix="herald-bench-gpu-") as tmp:
+            gpu = bench_gpu.gpu_section(source, args, tmp)
+    results = {"plain_torch": plain, "runs": runs, "dispatcher_capacity_samples_per_s": capacity, "gpu": gpu,
                "cores": _cores(), "source": source, "rows": args.rows, "batch_size": args.batch_size,
                "repeats": args.repeats}
     print_table(results)
+    if gpu is not None:
+        from herald.job import bench_gpu
+
+        bench_gpu.print_gpu_table(gpu, torch.cuda.get_device_name())
     if args.out:
         pathlib.Path(args.out).write_text(json.dumps(results, indent=2))
         print(f"\nwritten {args.out}")

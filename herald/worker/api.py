@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import sys
 import time
 from datetime import timedelta
 from typing import Any, Iterator
@@ -41,12 +42,14 @@ import zmq
 from torch import nn
 
 from herald import wire
+from herald.auth import load_client_keys, secure_client
 from herald.dispatch.microbatch import MicroBatch
 from herald.errors import ConfigError, HeraldError, PeerTimeout, ProtocolError
 from herald.job.spec import JobSpec
 from herald.phases import PhaseTimer
 from herald.scheduler.plan import KeySet
 from herald.worker.dense import DenseSync
+from herald.worker.devices import select_device, setup_collectives
 from herald.worker.executor import PlanExecutor, StepRows
 from herald.worker.protocol import make_protocol
 
@@ -107,10 +110,10 @@ class ScheduledLoader:
     """
 
     def __init__(self, sock: zmq.Socket, dispatcher: str, rank: int, world_size: int, job: JobSpec,
-                 device: torch.device, timeout_ms: int):
+                 device: torch.device, timeout_ms: int, cache_device: str = "auto"):
         self.rank, self.world_size, self.job, self.device = rank, world_size, job, device
         self._sock, self._dispatcher, self._timeout_ms = sock, dispatcher, timeout_ms
-        self.executor = PlanExecutor(job, rank, world_size, device)
+        self.executor = PlanExecutor(job, rank, world_size, device, cache_device)
         self.protocol = make_protocol(job.consistency, self.executor)
         self.dense: DenseSync | None = None
         self._batch: Batch | None = None
@@ -134,26 +137,43 @@ class ScheduledLoader:
     # ------------------------------------------------------------ creation
     @classmethod
     def connect(cls, dispatcher: str, *, rank: int, world_size: int, device: str | None = None,
-                timeout_ms: int = 120_000, dist_init: str | None = None) -> "ScheduledLoader":
+                cache_device: str = "auto", timeout_ms: int = 120_000, dist_init: str | None = None,
+                keys_dir: str | None = None) -> "ScheduledLoader":
         """Say hello to the dispatcher, receive the job, join the dense all-reduce group.
 
         Args:
             dispatcher: the dispatcher's ZeroMQ endpoint (``tcp://host:port``).
             rank, world_size: this worker's rank among ``world_size`` workers.
-            device: training device; default ``cuda`` when available, else ``cpu``.
+            device: ``auto`` (default: ``cuda:LOCAL_RANK % GPUs`` when CUDA is available,
+                else ``cpu``), ``cpu``, ``cuda`` or ``cuda:N``; the backend is NCCL only
+                when every rank of this host has a GPU of its own, else gloo (NOTE
+                [worker devices] in herald/worker/devices.py). ``torch.cuda.set_device``
+                is called before the process group is created.
+            cache_device: ``auto`` (the cache on the GPU when the device is one, else in
+                host memory), ``cpu`` (host memory) or ``torch`` (torch rows on the
+                device, also on the CPU): NOTE [device cache] in herald/worker/device_cache.py.
             timeout_ms: longest wait for any dispatcher message.
             dist_init: torch.distributed init method; default the job's ``dist_init``,
                 or ``env://`` under torchrun. Unused when ``world_size == 1``.
+            keys_dir: CURVE keys folder (NOTE [transport security] in herald/auth.py), for
+                a dispatcher and PS shards run with ``--keys``; it replaces the job's
+                ``keys_dir`` (the keys are read here, never received). None: plain
+                ZeroMQ to the dispatcher, the job's ``keys_dir`` for the PS.
 
         Raises:
-            PeerTimeout: the dispatcher did not send the job within ``timeout_ms``.
-            ConfigError: the job spec is of another version or malformed.
+            PeerTimeout: the dispatcher did not send the job within ``timeout_ms`` (also
+                what a dispatcher that does not accept this worker's keys looks like).
+            ConfigError: the job spec is of another version or malformed; a device that
+                cannot be had (``cuda`` without a GPU, ``cuda:N`` beyond the GPUs).
             On any failure the dispatcher is sent an ``error`` message (if it is there).
         """
+        keys = load_client_keys(keys_dir) if keys_dir is not None else None   # bad keys: raise before any socket
         ctx = zmq.Context.instance()
         sock = ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.IDENTITY, f"worker-{rank}".encode())
+        if keys is not None:
+            secure_client(sock, keys)
         sock.connect(dispatcher)
         loader = None
         try:
@@ -162,16 +182,26 @@ class ScheduledLoader:
             if header["op"] != "config":
                 raise ProtocolError(f"expected config from the dispatcher, got {header['op']!r}")
             job = JobSpec.from_dict(header.get("job"))
-            dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-            loader = cls(sock, dispatcher, rank, world_size, job, dev, timeout_ms)
+            if keys_dir is not None:   # this host's copy of the keys folder
+                job = job.replace(keys_dir=str(keys_dir))
+            choice = select_device(rank, world_size, device)   # NOTE [worker devices]; set_device before the group
+            dev = choice.device
+            loader = cls(sock, dispatcher, rank, world_size, job, dev, timeout_ms, cache_device)
+            if rank == 0:
+                print(f"herald worker: training on {dev}, {loader.executor.cache_description}", file=sys.stderr,
+                      flush=True)
             if world_size > 1 and not dist.is_initialized():
                 method = dist_init or ("env://" if "MASTER_ADDR" in os.environ else job.dist_init)
                 if not method:
                     raise ConfigError("no torch.distributed init method: pass dist_init, run under torchrun, "
                                       "or set dist_init in the job")
-                backend = "nccl" if dev.type == "cuda" else "gloo"
+                backend = choice.backend
+                if choice.notice and rank == 0:
+                    print(f"herald worker: {choice.notice}", file=sys.stderr, flush=True)
                 dist.init_process_group(backend, init_method=method, rank=rank, world_size=world_size,
                                         timeout=timedelta(milliseconds=timeout_ms))
+            if world_size > 1:
+                setup_collectives()   # the gloo side group for CPU tensors when the group is NCCL
         except BaseException as exc:  # tell the dispatcher (else it waits out its timeout); free the socket
             message = f"{type(exc).__name__}: {exc}"
             try:

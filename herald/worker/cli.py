@@ -3,13 +3,30 @@
 from __future__ import annotations
 
 import argparse
+import os
+
+from herald.errors import ConfigError
+
+
+def _from_env(value: int | None, name: str, flag: str) -> int:
+    """``--rank`` / ``--world-size``, else torchrun's ``RANK`` / ``WORLD_SIZE``."""
+    if value is not None:
+        return value
+    text = os.environ.get(name)
+    if text is None or not text.strip().isdigit():
+        raise ConfigError(f"herald serve worker needs {flag} (or run it under torchrun, which sets {name}); "
+                          f"got {name}={text!r}")
+    return int(text)
 
 
 def _serve_worker(args: argparse.Namespace) -> int:
     from herald.worker.trainer import run_worker
 
-    steps = run_worker(args.dispatcher, args.rank, args.world_size, device=args.device, timeout_ms=args.timeout_ms)
-    print(f"worker {args.rank}: trained {steps} steps")
+    rank = _from_env(args.rank, "RANK", "--rank")
+    world_size = _from_env(args.world_size, "WORLD_SIZE", "--world-size")
+    steps = run_worker(args.dispatcher, rank, world_size, device=args.device, cache_device=args.cache_device,
+                       timeout_ms=args.timeout_ms, keys_dir=args.keys)
+    print(f"worker {rank}: trained {steps} steps")
     return 0
 
 
@@ -20,8 +37,15 @@ def register(commands, bench, serve) -> None:
                                      "keeps the plan-driven embedding cache, talks to the PS shards named by the "
                                      "dispatcher's job, and all-reduces dense gradients with torch.distributed.")
     w.add_argument("--dispatcher", required=True, help="dispatcher endpoint, e.g. tcp://127.0.0.1:5555")
-    w.add_argument("--rank", type=int, required=True)
-    w.add_argument("--world-size", type=int, required=True)
-    w.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    w.add_argument("--rank", type=int, default=None, help="this worker's rank (default: $RANK, set by torchrun)")
+    w.add_argument("--world-size", type=int, default=None,
+                   help="number of workers of the job (default: $WORLD_SIZE, set by torchrun)")
+    w.add_argument("--device", default="auto", help="auto (cuda:LOCAL_RANK %% GPUs when CUDA is available, else cpu), "
+                                                    "cpu, cuda or cuda:N (default: %(default)s; docs/worker.md, Devices)")
+    w.add_argument("--cache-device", default="auto", choices=("auto", "cpu", "torch"),
+                   help="embedding cache: auto (on the GPU when the device is one, else host memory), cpu (host "
+                        "memory), torch (torch rows on the device, also on the CPU) (default: %(default)s)")
     w.add_argument("--timeout-ms", type=int, default=120_000)
+    w.add_argument("--keys", default=None, metavar="DIR",
+                   help="CURVE keys folder (herald keys generate DIR) of a dispatcher and PS run with --keys")
     w.set_defaults(func=_serve_worker)

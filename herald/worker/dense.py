@@ -12,6 +12,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from herald.worker.devices import group_for
+
 
 class DenseSync:
     """All-reduce of one flat gradient buffer, then the optimizer step.
@@ -24,6 +26,10 @@ class DenseSync:
         model: the dense model (the same initial parameters on every rank).
         optimizer: its optimizer.
         world_size: ranks of the default process group (1: no all-reduce).
+
+    The buffer lives on the parameters' device; it is all-reduced in the default group
+    (NCCL or gloo), or in the gloo side group when the default group is NCCL and the
+    parameters are on the CPU (:func:`herald.worker.devices.group_for`).
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, world_size: int):
@@ -39,7 +45,7 @@ class DenseSync:
             if flat is None or not all(p.grad is not None and p.grad.data_ptr() == v.data_ptr()
                                        for p, v in zip(params, self._views)):
                 flat = self._bucket(params)
-            dist.all_reduce(flat)
+            dist.all_reduce(flat, group=group_for(flat))   # NOTE [worker devices]
             flat /= self.world_size
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=False)

@@ -19,10 +19,10 @@ from herald.dispatch.microbatch import MicroBatch
 from herald.job.spec import JobSpec
 from herald.phases import PhaseTimer
 from herald.ps import PSClient
-from herald.ps.rows import apply_gradients_at
 from herald.scheduler.plan import CachePlan, KeySet
 from herald.worker import psio
-from herald.worker.cache import EmbeddingCache
+from herald.worker.device_cache import DeviceCache, make_cache
+from herald.worker.devices import resolve_cache_device
 from herald.worker.replicas import ReplicaStore
 
 
@@ -50,6 +50,31 @@ class StepRows:
         return psio.positions(self.uniq, self.bounds, keys)
 
 
+@dataclasses.dataclass
+class StepGrads:
+    """The gradients of a step's rows, divided by the number of workers (:meth:`PlanExecutor.gradients`).
+
+    Attributes:
+        tensor: float32 [n, dim] on the training device (row i is ``StepRows.rows[i]``'s).
+    """
+
+    tensor: torch.Tensor
+    _host: np.ndarray | None = None
+
+    def host(self) -> np.ndarray:
+        """float32 [n, dim] numpy: every row (one device-to-host copy per step at most)."""
+        if self._host is None:
+            self._host = self.tensor.to("cpu").numpy()
+        return self._host
+
+    def host_rows(self, at: np.ndarray) -> np.ndarray:
+        """float32 [len(at), dim] numpy: rows ``at`` (int64), copying only them off a GPU."""
+        if self._host is not None or self.tensor.device.type == "cpu":
+            return self.host()[at]
+        index = torch.from_numpy(np.ascontiguousarray(at, dtype=np.int64)).to(self.tensor.device)
+        return self.tensor.index_select(0, index).to("cpu").numpy()
+
+
 class PlanExecutor:
     """Worker ``rank``'s embedding state and its traffic with the PS.
 
@@ -58,9 +83,13 @@ class PlanExecutor:
         rank, world_size: this worker and the number of workers (gradients are divided
             by ``world_size``: docs/design.md, "Loss scaling").
         device: where :meth:`lookup` puts the rows (the model's device).
+        cache_device: ``auto``, ``cpu`` or ``torch``: which cache (NOTE [worker devices] in
+            herald/worker/devices.py; :func:`~herald.worker.devices.resolve_cache_device`).
 
     Attributes:
-        cache: the :class:`EmbeddingCache` (rows = embedding + optimizer state).
+        cache: the worker cache (rows = embedding + optimizer state), behind NOTE [cache
+            interface] (herald/worker/cache.py): the host :class:`~herald.worker.cache.
+            EmbeddingCache` or the :class:`~herald.worker.device_cache.DeviceCache`.
         ps: the :class:`PSClient` of the job's shards.
         replicas: the :class:`ReplicaStore` of replicated tables, or None.
         bytes_pulled, bytes_pushed, bytes_allreduced: traffic since :meth:`take_traffic`.
@@ -68,17 +97,19 @@ class PlanExecutor:
             its phase name (``evict``, ``pull``, ``lookup``, ``grad_push``, ...).
 
     Raises:
-        ConfigError: the tables differ in dim or optimizer state width.
+        ConfigError: the tables differ in dim or optimizer state width, or an unknown
+            ``cache_device``.
     """
 
-    def __init__(self, job: JobSpec, rank: int, world_size: int, device: torch.device):
+    def __init__(self, job: JobSpec, rank: int, world_size: int, device: torch.device, cache_device: str = "auto"):
         self.rank, self.world_size, self.device = rank, world_size, device
         self.tables = list(job.tables)
         self.dim = job.dim
         self._one_optimizer = len({t.optimizer for t in self.tables}) == 1   # dims are equal (job.dim)
         row_width = self.tables[0].row_width
-        self.cache = EmbeddingCache(job.capacity_rows, row_width)
-        self.ps = PSClient(list(job.ps), tables=self.tables, timeout_ms=job.ps_timeout_ms)
+        self.cache = make_cache(resolve_cache_device(cache_device, device), job.capacity_rows, row_width, device)
+        self._divisor = torch.tensor(float(world_size), dtype=torch.float32, device=device)
+        self.ps = PSClient(list(job.ps), tables=self.tables, timeout_ms=job.ps_timeout_ms, keys_dir=job.keys_dir)
         self._replicated = np.array(job.replicated_tables, np.int32)
         self.replicas = (ReplicaStore(job.replica_rows, row_width, self.dim, self.tables, self.ps, world_size)
                          if self._replicated.size else None)
@@ -86,6 +117,12 @@ class PlanExecutor:
         self.timer = PhaseTimer()
         self._early: dict[int, tuple[np.ndarray, object]] = {}   # step -> (pull_early mask, wait())
         self._writes: list = []                                   # pushes and write-backs in flight
+
+    @property
+    def cache_description(self) -> str:
+        """One line for the log: which cache (NOTE [worker devices]) and where its rows live."""
+        where = f"on {self.cache.device}" if isinstance(self.cache, DeviceCache) else "in host memory"
+        return f"embedding cache {type(self.cache).__name__} {where} ({self.cache.capacity_rows:,} rows)"
 
     # ------------------------------------------------------ before forward
     def evict(self, plan: CachePlan) -> None:
@@ -159,14 +196,17 @@ class PlanExecutor:
         uniq = np.concatenate(mb.unique_ids) if mb.num_tables else np.zeros(0, np.uint64)
         keys = KeySet(np.repeat(np.arange(mb.num_tables, dtype=np.int32), sizes), uniq)
         if self.replicas is None:
-            gathered = self.cache.rows[self.cache.slots(keys), : self.dim]
+            gathered = self.cache.gather(self.cache.slots(keys), self.dim, self.device)
         else:  # NOTE [replicated tables]: those rows come from the replica, the rest from the cache
             rep = np.isin(keys.table, self._replicated)
-            gathered = np.empty((len(keys), self.dim), np.float32)
-            gathered[rep] = self.replicas.rows(KeySet(keys.table[rep], keys.ids[rep]))
+            gathered = torch.empty((len(keys), self.dim), dtype=torch.float32, device=self.device)
+            at_rep, at_rest = (torch.from_numpy(np.flatnonzero(m)).to(self.device) for m in (rep, ~rep))
+            gathered[at_rep] = torch.from_numpy(self.replicas.rows(KeySet(keys.table[rep], keys.ids[rep]))).to(
+                self.device)
             rest = ~rep
-            gathered[rest] = self.cache.rows[self.cache.slots(KeySet(keys.table[rest], keys.ids[rest])), : self.dim]
-        rows = torch.from_numpy(gathered).to(self.device).requires_grad_(True)
+            gathered[at_rest] = self.cache.gather(self.cache.slots(KeySet(keys.table[rest], keys.ids[rest])),
+                                                  self.dim, self.device)
+        rows = gathered.requires_grad_(True)
         nnz = np.array([i.shape[0] for i in mb.inverse], np.int64)
         nnz_base = np.zeros(mb.num_tables, np.int64)
         np.cumsum(nnz[:-1], out=nnz_base[1:])
@@ -179,39 +219,43 @@ class PlanExecutor:
         return pooled.view(mb.num_tables, len(mb), self.dim).transpose(0, 1), StepRows(rows, uniq, bounds)
 
     # ------------------------------------------------------ after backward
-    def gradients(self, step_rows: StepRows) -> np.ndarray:
-        """float32 [n, dim]: each row's gradient divided by the number of workers (zeros
-        when backward did not reach the rows)."""
+    def gradients(self, step_rows: StepRows) -> StepGrads:
+        """Each row's gradient divided by the number of workers, on the training device
+        (zeros when backward did not reach the rows). The division is by a device tensor:
+        CUDA turns division by a Python number into multiplication by its reciprocal,
+        which rounds differently from the reference's division."""
         grad = step_rows.rows.grad
         if grad is None:
-            return np.zeros((step_rows.rows.shape[0], self.dim), np.float32)
-        return (grad.detach().to("cpu").numpy() / np.float32(self.world_size)).astype(np.float32)
+            return StepGrads(torch.zeros((step_rows.rows.shape[0], self.dim), dtype=torch.float32, device=self.device))
+        return StepGrads((grad.detach() / self._divisor).to(torch.float32))
 
-    def push_grads(self, mb: MicroBatch, grads: np.ndarray, step_rows: StepRows) -> None:
+    def push_grads(self, mb: MicroBatch, grads: StepGrads, step_rows: StepRows) -> None:
         """Send the gradients of ``plan.grad_push`` with their contributor counts: one
         multi-table request per shard, in parallel; acknowledged by :meth:`wait_writes`."""
         plan = mb.plan
         if not len(plan.grad_push):
             return
         with self.timer("grad_push"):
-            g = grads[step_rows.positions(plan.grad_push)]
+            g = grads.host_rows(step_rows.positions(plan.grad_push))
             parts = {t: (plan.grad_push.ids[m], np.ascontiguousarray(g[m]), plan.contributors[m])
                      for t, m in psio.table_groups(plan.grad_push.table)}
             self._writes.append(self.ps.push_grad_async(parts, step=mb.step, rank=self.rank))
             self.bytes_pushed += plan.grad_push.ids.nbytes + g.nbytes
 
-    def update_local(self, plan: CachePlan, grads: np.ndarray, step_rows: StepRows) -> None:
-        """Apply the sparse optimizer (the PS's kernels) to the cached rows of ``plan.update_local``."""
+    def update_local(self, plan: CachePlan, grads: StepGrads, step_rows: StepRows) -> None:
+        """Apply the sparse optimizer to the cached rows of ``plan.update_local``: the PS's
+        numba kernels on the host cache, their torch twins on the device cache."""
         if not len(plan.update_local):
             return
         with self.timer("local_update"):
             slots = self.cache.slots(plan.update_local)
             at = step_rows.positions(plan.update_local)
-            if self._one_optimizer:  # one in-place kernel call over every table
-                apply_gradients_at(self.cache.rows, slots, grads, at, self.tables[0])
+            g = grads.tensor if isinstance(self.cache, DeviceCache) else grads.host()
+            if self._one_optimizer:  # one in-place update over every table
+                self.cache.apply_gradients(slots, g, at, self.tables[0])
                 return
             for t, m in psio.table_groups(plan.update_local.table):
-                apply_gradients_at(self.cache.rows, slots[m], grads, at[m], self.tables[t])
+                self.cache.apply_gradients(slots[m], g, at[m], self.tables[t])
 
     def push_plan(self, plan: CachePlan) -> None:
         """Send the rows of ``plan.plan_push`` (with optimizer state) to the PS (Herald Alg. 2);
@@ -219,11 +263,11 @@ class PlanExecutor:
         if len(plan.plan_push):
             with self.timer("plan_push"):
                 handle, sent = psio.push_rows_async(self.ps, plan.plan_push,
-                                                    self.cache.rows[self.cache.slots(plan.plan_push)])
+                                                    self.cache.read(self.cache.slots(plan.plan_push)))
                 self._writes.append(handle)
                 self.bytes_pushed += sent
 
-    def update_replicas(self, mb: MicroBatch, grads: np.ndarray, step_rows: StepRows) -> None:
+    def update_replicas(self, mb: MicroBatch, grads: StepGrads, step_rows: StepRows) -> None:
         """All-reduce and apply the replicated tables' gradients (NOTE [replicated tables])."""
         if self.replicas is None:
             return
@@ -231,21 +275,21 @@ class PlanExecutor:
             tab = step_rows.tables()
             rep = np.isin(tab, self._replicated)
             self.bytes_allreduced += self.replicas.update(mb.replicated, KeySet(tab[rep], step_rows.uniq[rep]),
-                                                          grads[rep])
+                                                          grads.host()[rep])
 
     # ------------------------------------------------------------- barrier
     def flush(self, keys: KeySet, reset: bool) -> None:
         """Write back the only-latest rows ``keys``; with ``reset`` then empty the cache
         (NOTE [checkpoint barrier] in herald/dispatch/dispatcher.py)."""
         if len(keys):
-            self.bytes_pushed += psio.push_rows(self.ps, keys, self.cache.rows[self.cache.slots(keys)])
+            self.bytes_pushed += psio.push_rows(self.ps, keys, self.cache.read(self.cache.slots(keys)))
         if self.replicas is not None:
             if self.rank == 0:
                 self.replicas.write_back()
             if reset:
                 self.replicas.clear()
         if reset:
-            self.cache = EmbeddingCache(self.cache.capacity_rows, self.cache.row_width)
+            self.cache.clear()
 
     def forget_prefetches(self) -> None:
         """Drop prefetched rows not used yet (their replies are discarded on arrival)."""

@@ -1,9 +1,27 @@
-"""Models used by ``herald train``: DLRM for Criteo-shaped data, NCF for two-table data.
+"""Models used by ``herald train``: DLRM, Wide&Deep, DeepFM, DCN v2 and NCF.
 
-Both take the dense features ``[B, D]`` and the pooled embeddings ``[B, T, dim]``
-(one sum-pooled vector per table, produced by :class:`herald.worker.api.CachedEmbedding`)
-and return logits ``[B]``. Embedding tables live in the worker cache and the PS,
-never in the model: the model holds only dense parameters.
+Every model takes the dense features ``[B, D]`` and the pooled embeddings
+``[B, T, dim]`` (one sum-pooled row per table, produced by
+:class:`herald.worker.api.CachedEmbedding` from the worker cache, or by the
+single-process reference) and returns logits ``[B]``. Embedding tables live in the
+worker cache and the PS, never in the model: the model holds only dense parameters,
+which ``DenseSync`` all-reduces.
+
+NOTE [scalar slice]: Wide&Deep's wide part and DeepFM's first-order term need one
+scalar weight per id. The worker cache and the PS hold one row layout for every table
+(``JobSpec.dim``), so a separate dim-1 table cannot be declared beside them; instead
+these two models read the *last element* of each table's row as the id's scalar
+weight and the first ``dim - 1`` elements as its embedding vector. The scalar is then
+pulled, cached, pushed, sum-pooled (a multi-hot field sums its ids' weights: the
+linear term of the one-hot encoding) and updated by the sparse optimizer exactly like
+the rest of the row, so BSP exactness needs nothing new. With ``rowwise_adagrad`` the
+scalar shares the row's accumulator. ``--embedding-dim 17`` gives 16-wide vectors.
+
+The Herald paper's workloads (herald-nsdi24 §2.2, Table 1): W1 Criteo + Wide&Deep,
+W2 MovieLens + NCF, W3 Avazu + DeepFM, W4 Criteo Sponsored Search + Deep&Cross; HET
+(het-vldb22 §5, Table 3) trains WDL, DeepFM and DCN with 3 hidden layers of 256,
+the default deep part here. :func:`build_model` ``auto`` keeps the shape rule; the
+job resolves ``auto`` by dataset first (:func:`herald.job.spec.auto_model`).
 """
 
 from __future__ import annotations
@@ -13,6 +31,9 @@ from torch import nn
 
 from herald.errors import ConfigError
 
+#: Hidden layers of the deep part of WDL, DeepFM and DCN (HET, het-vldb22 Table 3).
+DEEP_MLP = (256, 256, 256)
+
 
 def _mlp(sizes: list[int], *, last_activation: bool) -> nn.Sequential:
     layers: list[nn.Module] = []
@@ -21,6 +42,20 @@ def _mlp(sizes: list[int], *, last_activation: bool) -> nn.Sequential:
         if i < len(sizes) - 2 or last_activation:
             layers.append(nn.ReLU())
     return nn.Sequential(*layers)
+
+
+def _check_tables(model: str, num_tables: int, embedding_dim: int, min_dim: int = 1) -> None:
+    if num_tables < 1:
+        raise ConfigError(f"{model} needs at least one embedding table, got {num_tables}")
+    if embedding_dim < min_dim:
+        why = " (the last element of each row is the id's scalar weight: NOTE [scalar slice])" if min_dim > 1 else ""
+        raise ConfigError(f"{model} needs --embedding-dim >= {min_dim}{why}, got {embedding_dim}")
+
+
+def split_scalar(emb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """NOTE [scalar slice]: ``emb float32 [B, T, dim]`` -> (vectors ``[B, T, dim-1]``,
+    scalar weights ``[B, T]``)."""
+    return emb[..., :-1], emb[..., -1]
 
 
 class DLRM(nn.Module):
@@ -40,8 +75,7 @@ class DLRM(nn.Module):
     def __init__(self, dense_dim: int, num_tables: int, embedding_dim: int,
                  bottom_mlp: tuple[int, ...] = (64,), top_mlp: tuple[int, ...] = (64, 32)):
         super().__init__()
-        if num_tables < 1 or embedding_dim < 1:
-            raise ConfigError("DLRM needs at least one table and embedding_dim >= 1")
+        _check_tables("DLRM", num_tables, embedding_dim)
         self.dense_dim = dense_dim
         self.bottom = _mlp([dense_dim, *bottom_mlp, embedding_dim], last_activation=True) if dense_dim else None
         n = num_tables + (1 if dense_dim else 0)
@@ -62,13 +96,154 @@ class DLRM(nn.Module):
         return self.top(top_in).squeeze(1)
 
 
+class WideAndDeep(nn.Module):
+    """Wide & Deep (Cheng et al. 2016, §3; Herald workload W1 on Criteo).
+
+    logit = wide + deep, where wide = sum over tables of the ids' scalar weights
+    (NOTE [scalar slice]: the last element of each pooled row) + a linear term over the
+    dense features, and deep = MLP over the concatenated embedding vectors (first
+    ``dim - 1`` elements) and the dense features (§3.2). Both parts train jointly
+    (§3.3): the wide weights by herald's sparse optimizer through the cache and PS, the
+    rest by the dense optimizer. The paper's cross-product transformations are not
+    built: give them as extra (hashed) tables of the data if wanted.
+
+    Args:
+        dense_dim: number of dense features ``D`` (>= 0).
+        num_tables: number of embedding tables ``T`` (>= 1).
+        embedding_dim: row width ``dim`` (>= 2): ``dim - 1`` vector + 1 wide weight.
+        deep_mlp: hidden sizes of the deep part (a final layer of size 1 is added).
+
+    Forward: ``dense float32 [B, D]``, ``emb float32 [B, T, dim]`` -> logits ``[B]``.
+
+    Raises:
+        ConfigError: no table or ``embedding_dim < 2``.
+    """
+
+    def __init__(self, dense_dim: int, num_tables: int, embedding_dim: int,
+                 deep_mlp: tuple[int, ...] = DEEP_MLP):
+        super().__init__()
+        _check_tables("Wide&Deep", num_tables, embedding_dim, min_dim=2)
+        self.wide_dense = nn.Linear(dense_dim, 1, bias=False) if dense_dim else None
+        self.deep = _mlp([num_tables * (embedding_dim - 1) + dense_dim, *deep_mlp, 1], last_activation=False)
+
+    def forward(self, dense: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+        vectors, weights = split_scalar(emb)
+        wide = weights.sum(dim=1)
+        if self.wide_dense is not None:
+            wide = wide + self.wide_dense(dense).squeeze(1)
+        deep = self.deep(torch.cat([vectors.flatten(1), dense], dim=1)).squeeze(1)
+        return wide + deep
+
+
+class DeepFM(nn.Module):
+    """DeepFM (Guo et al. 2017, §2.1; Herald workload W3 on Avazu).
+
+    logit = y_FM + y_DNN over fields sharing one embedding (§2.1): each table is a
+    field whose vector is its pooled embedding vector (first ``dim - 1`` elements) and
+    whose first-order weight is the scalar slice (NOTE [scalar slice]); each dense
+    feature ``j`` is a numerical field with a learned vector ``V_j`` and weight
+    ``w_j`` scaled by its value (§2.1, "x_j" of a continuous field). y_FM = bias +
+    sum of first-order weights + sum over field pairs of ``<v_i, v_j>`` (computed as
+    ``((sum v)^2 - sum v^2) / 2``); y_DNN = MLP over the concatenated field vectors.
+
+    Args:
+        dense_dim: number of dense features ``D`` (>= 0).
+        num_tables: number of embedding tables ``T`` (>= 1).
+        embedding_dim: row width ``dim`` (>= 2): ``dim - 1`` vector + 1 first-order weight.
+        deep_mlp: hidden sizes of the DNN (a final layer of size 1 is added).
+
+    Forward: ``dense float32 [B, D]``, ``emb float32 [B, T, dim]`` -> logits ``[B]``.
+
+    Raises:
+        ConfigError: no table or ``embedding_dim < 2``.
+    """
+
+    def __init__(self, dense_dim: int, num_tables: int, embedding_dim: int,
+                 deep_mlp: tuple[int, ...] = DEEP_MLP):
+        super().__init__()
+        _check_tables("DeepFM", num_tables, embedding_dim, min_dim=2)
+        k = embedding_dim - 1
+        self.bias = nn.Parameter(torch.zeros(1))
+        self.dense_vectors = nn.Parameter(torch.empty(dense_dim, k).uniform_(-0.05, 0.05)) if dense_dim else None
+        self.dense_weights = nn.Linear(dense_dim, 1, bias=False) if dense_dim else None
+        self.deep = _mlp([(num_tables + dense_dim) * k, *deep_mlp, 1], last_activation=False)
+
+    def forward(self, dense: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+        fields, weights = split_scalar(emb)                      # [B, T, k], [B, T]
+        first = weights.sum(dim=1) + self.bias
+        if self.dense_vectors is not None:
+            fields = torch.cat([fields, dense.unsqueeze(2) * self.dense_vectors], dim=1)   # [B, T + D, k]
+            first = first + self.dense_weights(dense).squeeze(1)
+        total = fields.sum(dim=1)
+        second = 0.5 * (total * total - (fields * fields).sum(dim=1)).sum(dim=1)
+        return first + second + self.deep(fields.flatten(1)).squeeze(1)
+
+
+class CrossLayer(nn.Module):
+    """One DCN v2 cross layer (Wang et al. 2021, §3.1, Eq. 1):
+    ``x_{l+1} = x_0 * (W x_l + b) + x_l`` with a full-rank ``W`` (``[d, d]``).
+
+    Forward: ``x0, x float32 [B, d]`` -> ``[B, d]``.
+    """
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.linear = nn.Linear(width, width)
+
+    def forward(self, x0: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return x0 * self.linear(x) + x
+
+
+class DCNv2(nn.Module):
+    """Deep & Cross Network v2 (Wang et al. 2021, §3; Herald's W4 uses DCN, Wang et al. 2017).
+
+    ``x_0`` = the dense features and every table's pooled embedding, concatenated
+    (``d = D + T * dim``); ``cross_layers`` full-rank cross layers (§3.1), then the deep
+    MLP over their output (the stacked structure, §3, Fig. 1), then one linear layer to
+    the logit. DCN v1's cross layer is the rank-restricted case ``W = x_l w^T``.
+
+    Args:
+        dense_dim: number of dense features ``D`` (>= 0).
+        num_tables: number of embedding tables ``T`` (>= 1).
+        embedding_dim: embedding dimension ``dim`` (>= 1).
+        cross_layers: number of cross layers (>= 1).
+        deep_mlp: hidden sizes of the deep part (a final layer of size 1 is added).
+
+    Forward: ``dense float32 [B, D]``, ``emb float32 [B, T, dim]`` -> logits ``[B]``.
+
+    Raises:
+        ConfigError: no table, ``embedding_dim < 1`` or ``cross_layers < 1``.
+    """
+
+    def __init__(self, dense_dim: int, num_tables: int, embedding_dim: int, cross_layers: int = 3,
+                 deep_mlp: tuple[int, ...] = DEEP_MLP):
+        super().__init__()
+        _check_tables("DCN", num_tables, embedding_dim)
+        if cross_layers < 1:
+            raise ConfigError(f"DCN needs cross_layers >= 1, got {cross_layers}")
+        width = dense_dim + num_tables * embedding_dim
+        self.cross = nn.ModuleList(CrossLayer(width) for _ in range(cross_layers))
+        self.deep = _mlp([width, *deep_mlp, 1], last_activation=False)
+
+    def forward(self, dense: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+        x0 = torch.cat([dense, emb.flatten(1)], dim=1)
+        x = x0
+        for layer in self.cross:
+            x = layer(x0, x)
+        return self.deep(x).squeeze(1)
+
+
 class NCF(nn.Module):
-    """Neural collaborative filtering (He et al. 2017, NeuMF) for two tables (user, item).
+    """Neural collaborative filtering (He et al. 2017, NeuMF; Herald workload W2 on
+    MovieLens) for two tables (user, item).
 
     The GMF part multiplies the two embeddings element-wise; the MLP part runs over
     their concatenation (and the dense features, if any); a linear layer combines both.
 
     Forward: ``dense [B, D]``, ``emb [B, 2, dim]`` -> logits ``[B]``.
+
+    Raises:
+        ConfigError: not exactly two tables.
     """
 
     def __init__(self, dense_dim: int, num_tables: int, embedding_dim: int, mlp: tuple[int, ...] = (64, 32)):
@@ -84,13 +259,19 @@ class NCF(nn.Module):
         return self.out(torch.cat([user * item, h], dim=1)).squeeze(1)
 
 
-MODELS = {"dlrm": DLRM, "ncf": NCF}
+MODELS = {"dlrm": DLRM, "wdl": WideAndDeep, "deepfm": DeepFM, "dcn": DCNv2, "ncf": NCF}
 
 
 def build_model(name: str, dense_dim: int, num_tables: int, embedding_dim: int, seed: int) -> nn.Module:
-    """Build model ``name`` (``dlrm`` | ``ncf`` | ``auto``) with parameters drawn from ``seed``.
+    """Build model ``name`` (``dlrm`` | ``wdl`` | ``deepfm`` | ``dcn`` | ``ncf`` | ``auto``)
+    with parameters drawn from ``seed`` (equal replicas on every rank).
 
-    ``auto`` picks NCF for two tables without dense features, else DLRM.
+    ``auto`` here picks by shape: NCF for two tables without dense features, else DLRM
+    (``herald train`` resolves ``auto`` by dataset before this: :func:`herald.job.spec.auto_model`).
+
+    Args:
+        dense_dim: dense features per sample ``D``; num_tables: tables ``T``;
+        embedding_dim: row width ``dim`` of every table; seed: initialisation seed.
 
     Raises:
         ConfigError: unknown model name or a shape the model cannot take.

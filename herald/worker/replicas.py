@@ -11,7 +11,8 @@ lives on every worker:
    a key it never held is pulled from the PS once (its latest copy is there).
 2. After backward, each worker scatters its gradient (already divided by the number
    of workers) into a ``[len(union), dim]`` buffer, zeros elsewhere; the buffers are
-   summed by all-reduce (the same collective group as the dense parameters) and
+   summed by all-reduce (the dense parameters' group, or its gloo side group for these
+   CPU tensors when that group is NCCL: NOTE [worker devices]) and
    every worker applies the sparse optimizer (the PS's kernel) to the union rows.
    Every replica receives the same sum and the same kernel: the replicas stay equal,
    and each key gets one optimizer application per step with the full gradient
@@ -35,6 +36,7 @@ from herald.ps import PSClient, TableConfig, apply_gradients
 from herald.scheduler.plan import KeySet
 from herald.worker import psio
 from herald.worker.cache import EmbeddingCache
+from herald.worker.devices import group_for
 
 
 class ReplicaStore:
@@ -82,8 +84,8 @@ class ReplicaStore:
             bounds = np.searchsorted(union.table, np.arange(len(self.tables) + 1, dtype=np.int32))
             buf[psio.positions(union.ids, bounds, keys)] = grads
         if self.world_size > 1:
-            summed = torch.from_numpy(buf)
-            dist.all_reduce(summed)
+            summed = torch.from_numpy(buf)   # a CPU tensor: the gloo side group under NCCL (NOTE [worker devices])
+            dist.all_reduce(summed, group=group_for(summed))
             buf = summed.numpy()
         slots = self.store.slots(union)
         for t, m in psio.table_groups(union.table):

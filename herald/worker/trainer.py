@@ -46,8 +46,8 @@ def worker_threads(world_size: int) -> int:
     return max(1, cores // max(1, world_size))
 
 
-def run_worker(dispatcher: str, rank: int, world_size: int, *, device: str | None = None,
-               timeout_ms: int = 120_000) -> int:
+def run_worker(dispatcher: str, rank: int, world_size: int, *, device: str | None = None, cache_device: str = "auto",
+               timeout_ms: int = 120_000, keys_dir: str | None = None) -> int:
     """Train until the dispatcher says end; rank files ``dense-rank<r>.pt`` in the job's run_dir.
 
     Returns:
@@ -55,8 +55,8 @@ def run_worker(dispatcher: str, rank: int, world_size: int, *, device: str | Non
     """
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(worker_threads(world_size))
-    with ScheduledLoader.connect(dispatcher, rank=rank, world_size=world_size, device=device,
-                                 timeout_ms=timeout_ms) as loader:
+    with ScheduledLoader.connect(dispatcher, rank=rank, world_size=world_size, device=device, cache_device=cache_device,
+                                 timeout_ms=timeout_ms, keys_dir=keys_dir) as loader:
         job = loader.job
         model = model_from_job(job).to(loader.device)
         embedding = loader.embedding()

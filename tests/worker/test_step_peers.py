@@ -97,14 +97,14 @@ def make_job(ps_address: str) -> JobSpec:
                    capacity_rows=16, num_workers=1)
 
 
-def connect(dispatcher: FakeDispatcher, ps_address: str) -> ScheduledLoader:
+def connect(dispatcher: FakeDispatcher, ps_address: str, cache_device: str = "auto") -> ScheduledLoader:
     """``ScheduledLoader.connect`` on a thread while the test answers its hello with the job."""
     out: dict = {}
 
     def run():
         try:
             out["loader"] = ScheduledLoader.connect(dispatcher.address, rank=0, world_size=1, device="cpu",
-                                                    timeout_ms=LOADER_TIMEOUT_MS)
+                                                    cache_device=cache_device, timeout_ms=LOADER_TIMEOUT_MS)
         except BaseException as exc:
             out["error"] = exc
 
@@ -161,15 +161,18 @@ def ps_rows(ps: PSClient, keys: KeySet) -> np.ndarray:
 
 def cached_rows(loader: ScheduledLoader, keys: KeySet) -> np.ndarray:
     cache = loader.executor.cache
-    return cache.rows[cache.slots(keys)].copy()
+    return cache.read(cache.slots(keys))
 
 
 # -------------------------------------------------------------- one full step
-def test_step_updates_local_keys_in_cache_and_shared_keys_at_the_ps(dispatcher, ps_address, ps):
-    loader = connect(dispatcher, ps_address)
+# NOTE [cache interface]: the host cache (auto on the CPU) and the torch cache behave alike
+@pytest.mark.parametrize("cache_device,base", [("auto", 1000), ("torch", 2000)])
+def test_step_updates_local_keys_in_cache_and_shared_keys_at_the_ps(dispatcher, ps_address, ps, cache_device, base):
+    loader = connect(dispatcher, ps_address, cache_device)
     try:
+        assert type(loader.executor.cache).__name__ == {"auto": "EmbeddingCache", "torch": "DeviceCache"}[cache_device]
         model = tiny_model(loader)
-        mb, local, shared = micro_batch(step=3, base=1000)
+        mb, local, shared = micro_batch(step=3, base=base)
         before_local, before_shared = ps_rows(ps, local), ps_rows(ps, shared)
         dispatcher.send(*mb.to_frames())
         it = iter(loader)
