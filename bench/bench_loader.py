@@ -1,5 +1,6 @@
 """Loader benchmark (same as ``herald bench loader``): samples/s of 4,096-sample
-Criteo-shaped batches from Parquet, Criteo TSV and a plain torch DataLoader.
+Criteo-shaped batches from Parquet, Criteo TSV, herald's ``HeraldIterableDataset``
+through a torch DataLoader, and a plain torch DataLoader.
 
 Run: ``python bench/bench_loader.py [--rows N] [--repeats R] [--quick]``.
 See :mod:`herald.loader.benchmark` for what is measured.

@@ -276,17 +276,34 @@ class SampleBatch:
 
         Ids are reinterpreted (not converted) as int64, because torch has no uint64
         indexing; the bits are unchanged and ``.view(torch.uint64)``-style
-        reinterpretation recovers them.
+        reinterpretation recovers them. On the CPU the tensors share the batch's
+        memory, except arrays that are read-only (Arrow buffers of a Parquet batch),
+        which are copied: torch tensors are writable.
         """
-        import torch
-
-        out = {
-            "labels": torch.from_numpy(self.labels).to(device),
-            "dense": torch.from_numpy(self.dense).to(device),
-        }
+        out = {"labels": _tensor(self.labels).to(device), "dense": _tensor(self.dense).to(device)}
         for name, v, o in zip(self.table_names, self.values, self.offsets):
-            out[name] = (
-                torch.from_numpy(np.ascontiguousarray(v).view(np.int64)).to(device),
-                torch.from_numpy(np.ascontiguousarray(o)).to(device),
-            )
+            out[name] = (_tensor(v.view(np.int64)).to(device), _tensor(o).to(device))
         return out
+
+    def pin_memory(self) -> "SampleBatch":
+        """A copy in page-locked (pinned) host memory, same arrays and dtypes; what
+        ``torch.utils.data.DataLoader(pin_memory=True)`` calls on each batch, so that
+        later copies to the accelerator can be asynchronous.
+
+        Raises:
+            RuntimeError: from torch, when no accelerator is available (DataLoader
+                itself turns ``pin_memory`` off then, with a warning).
+        """
+        def pinned(a: np.ndarray) -> np.ndarray:
+            return _tensor(a.view(np.int64) if a.dtype == KEY_DTYPE else a).pin_memory().numpy().view(a.dtype)
+
+        return SampleBatch(pinned(self.labels), pinned(self.dense), [pinned(v) for v in self.values],
+                           [pinned(o) for o in self.offsets], self.table_names, validate=False)
+
+
+def _tensor(a: np.ndarray):
+    """A CPU torch tensor over ``a`` (C-contiguous), copied when ``a`` is read-only."""
+    import torch
+
+    a = np.ascontiguousarray(a)
+    return torch.from_numpy(a if a.flags.writeable else a.copy())

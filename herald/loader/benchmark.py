@@ -9,7 +9,11 @@ Measured in one run (medians of ``--repeats``), on Criteo-shaped data (13 dense,
 - ``criteo_tsv``: ``CriteoSource`` over the real Kaggle sample repeated to ~30 MB;
 - ``torch_dl_w0`` / ``torch_dl_w2``: a plain torch ``DataLoader`` over the same Parquet
   data (map-style Dataset holding the columns as numpy, returning one sample as
-  tensors, default collate), ``num_workers`` 0 and 2.
+  tensors, default collate), ``num_workers`` 0 and 2;
+- ``herald_dl_w0`` / ``herald_dl_w2``: the same ``DataLoader`` over
+  :class:`~herald.loader.dataset.HeraldIterableDataset` on the Parquet file
+  (``output="torch"``, ``batch_size=None``), ``num_workers`` 0 and 2: herald's loader
+  used as a DataLoader dataset.
 
 Each timing starts after the first batch (so worker start-up and JIT compilation
 are excluded for every contender alike) and ratios are against the torch baselines.
@@ -38,7 +42,7 @@ def _time_batches(make_iter, max_rows: int | None = None) -> float:
     first = next(it)
     n, t0 = 0, time.perf_counter()
     for b in it:
-        n += len(b) if not isinstance(b, (list, tuple)) else len(b[0])
+        n += _rows(b)
         if max_rows is not None and n >= max_rows:
             break
     dt = time.perf_counter() - t0
@@ -47,6 +51,13 @@ def _time_batches(make_iter, max_rows: int | None = None) -> float:
     if close:
         close()
     return n / dt if dt > 0 else float("nan")
+
+
+def _rows(batch) -> int:
+    """Samples in a batch: a SampleBatch, a torch dict (``labels``) or a collated tuple."""
+    if isinstance(batch, dict):
+        return len(batch["labels"])
+    return len(batch) if not isinstance(batch, (list, tuple)) else len(batch[0])
 
 
 def _reads(source, batch_size):
@@ -87,6 +98,15 @@ def _torch_loader(dataset, batch_size, workers):
                            persistent_workers=False))
 
 
+def _herald_loader(path, batch_size, workers):
+    from torch.utils.data import DataLoader
+
+    from herald.loader.dataset import HeraldIterableDataset
+
+    return iter(DataLoader(HeraldIterableDataset(path, batch_size, output="torch"), batch_size=None,
+                           num_workers=workers))
+
+
 def run(rows: int, batch_size: int, repeats: int, torch_rows: int, criteo: str | None,
         workdir: str | None) -> dict:
     """Run every measurement; returns ``{name: median samples/s}``."""
@@ -117,6 +137,9 @@ def run(rows: int, batch_size: int, repeats: int, torch_rows: int, criteo: str |
             results[f"torch_dl_w{workers}"] = statistics.median(
                 _time_batches(lambda: _torch_loader(dataset, batch_size, workers), torch_rows)
                 for _ in range(repeats))
+        for workers in (0, 2):
+            results[f"herald_dl_w{workers}"] = statistics.median(
+                _time_batches(lambda: _herald_loader(pq_path, batch_size, workers)) for _ in range(repeats))
         return results
     finally:
         if tmp is not None:

@@ -78,6 +78,7 @@ def register(commands, bench, serve) -> None:
 
     register_produce(commands)
 
-    p = bench.add_parser("loader", help="samples/s: Parquet and Criteo TSV vs a torch DataLoader")
+    p = bench.add_parser("loader", help="samples/s: Parquet, Criteo TSV and herald's DataLoader dataset vs a "
+                                        "plain torch DataLoader")
     add_bench_arguments(p)
     p.set_defaults(func=_bench)
