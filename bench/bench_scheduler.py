@@ -132,7 +132,6 @@ if __name__ == "__main__":
     add_bench_arguments(parser)
     parser.add_argument("--compare-ref", default=None,
                         help="time submit() of this checkout against git revision REF, same run")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating runs per side (--compare-ref)")
     parser.add_argument("--no-plans", action="store_true", help="--compare-ref: counts only (build_plans=False)")
     parser.add_argument("--cases", default=None,
                         help="--compare-ref: comma-separated indices into CASES (default all)")

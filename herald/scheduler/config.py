@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Optional, Union
 
 from herald.config import require
 
@@ -21,6 +21,10 @@ SCHEDULES = {
 }
 CACHE_POLICIES = ("lru", "lfu")
 MAX_WORKERS = 64
+MAX_THREADS = 256
+#: ``scheduling_budget_ms="auto"``: the budget is this fraction of the measured step period
+#: (docs/scheduler.md, "Adaptive budget"; :class:`herald.scheduler.profiler.BudgetController`).
+AUTO_BUDGET_FRACTION = 0.5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +44,11 @@ class SchedulerConfig:
         seed: seed of the tie-breaking / partition RNG (splitmix64).
         scheduling_budget_ms: adaptive LAIA (Herald §4.3) when set: allocation scores
             only the k tables with the highest degree of infrequency, k chosen online so
-            that the measured scheduling time per global batch fits this budget.
+            that the measured scheduling time per global batch fits this budget (ms), or
+            ``"auto"``: the budget is ``auto_budget_fraction`` of the measured period
+            between successive ``submit`` calls (the training step time where the caller
+            is back-pressured by training, as the dispatcher is). k is never lowered when
+            even k = 1 would not fit (the scheduler counts it instead: ``stats()``).
             ``None`` = static (all tables).
         adaptive_num_tables: force k (tests, experiments); needs ``scheduling_budget_ms``
             unset. ``None`` = static or budget-driven.
@@ -51,6 +59,18 @@ class SchedulerConfig:
             (tuned on the five datasets; see docs/scheduler.md).
         costaware_share_cost: ``costaware`` only: cost, in transmissions, of adding a
             worker to a containable key that another worker already uses this step.
+        threads: threads of the per-table, per-sample and per-worker passes (Herald §4.4,
+            "Multi-threading"; :mod:`herald.scheduler.parallel`): key lookup, scoring,
+            key collection, cache snapshots, update and plan keys. The plans equal those
+            of ``threads=1``. 1 (default) runs no thread pool: on the 2-core machine it
+            was measured on, 2 threads were not faster (docs/scheduler.md).
+        lock_free_allocation: Herald §4.4's lock-free multi-threaded allocation (LAIA
+            only): the samples and each worker's capacity are split evenly into
+            ``threads`` parts placed independently. Deterministic for a given ``threads``
+            but not equal to the serial allocation (transmissions measured against it by
+            ``herald bench scheduler --threads``).
+        auto_budget_fraction: with ``scheduling_budget_ms="auto"``, the fraction of the
+            measured step period given to scheduling, in (0, 1].
 
     Raises:
         ConfigError: a value is out of range or settings conflict.
@@ -63,11 +83,14 @@ class SchedulerConfig:
     cache_capacity_rows: Optional[int] = None
     cache_ratio: float = 0.1
     seed: int = 0
-    scheduling_budget_ms: Optional[float] = None
+    scheduling_budget_ms: Optional[Union[float, str]] = None
     adaptive_num_tables: Optional[int] = None
     profile_interval_steps: int = 16
     costaware_contain_samples: Optional[int] = None
     costaware_share_cost: float = 0.0
+    threads: int = 1
+    lock_free_allocation: bool = False
+    auto_budget_fraction: float = AUTO_BUDGET_FRACTION
 
     def __post_init__(self) -> None:
         require(isinstance(self.num_workers, int) and 1 <= self.num_workers <= MAX_WORKERS,
@@ -85,8 +108,19 @@ class SchedulerConfig:
                 f"cache_capacity_rows must be None or an int >= 1, got {self.cache_capacity_rows!r}")
         require(0.0 < float(self.cache_ratio) <= 1.0,
                 f"cache_ratio must be in (0, 1], got {self.cache_ratio!r}")
-        require(self.scheduling_budget_ms is None or float(self.scheduling_budget_ms) > 0,
-                f"scheduling_budget_ms must be None or > 0, got {self.scheduling_budget_ms!r}")
+        budget = self.scheduling_budget_ms
+        require(budget is None or budget == "auto" or (isinstance(budget, (int, float)) and not isinstance(
+            budget, bool) and 0 < float(budget) < float("inf")),
+                f"scheduling_budget_ms must be None, 'auto' or a number of ms > 0, got {budget!r}")
+        require(isinstance(self.threads, int) and not isinstance(self.threads, bool)
+                and 1 <= self.threads <= MAX_THREADS,
+                f"threads must be an int in 1..{MAX_THREADS}, got {self.threads!r}")
+        require(isinstance(self.lock_free_allocation, bool),
+                f"lock_free_allocation must be True or False, got {self.lock_free_allocation!r}")
+        require(not self.lock_free_allocation or self.allocation == "laia",
+                f"lock_free_allocation applies to LAIA (schedule herald or laia), not schedule {self.schedule!r}")
+        require(isinstance(self.auto_budget_fraction, (int, float)) and 0 < self.auto_budget_fraction <= 1,
+                f"auto_budget_fraction must be in (0, 1], got {self.auto_budget_fraction!r}")
         require(self.adaptive_num_tables is None
                 or (isinstance(self.adaptive_num_tables, int) and self.adaptive_num_tables >= 1),
                 f"adaptive_num_tables must be None or an int >= 1, got {self.adaptive_num_tables!r}")
@@ -116,6 +150,11 @@ class SchedulerConfig:
     def full_sync(self) -> bool:
         """True for full-set synchronisation (``vanilla``, ``laia``)."""
         return SCHEDULES[self.schedule][1]
+
+    @property
+    def auto_budget(self) -> bool:
+        """True when the scheduling budget follows the measured step period (``"auto"``)."""
+        return self.scheduling_budget_ms == "auto"
 
     @property
     def adaptive(self) -> bool:

@@ -362,33 +362,43 @@ def update_after_step_jit(keys, off, use_mask, valid, owner, full_sync, gp_slot,
     everywhere and latest at the PS. The last user (highest worker) of a key clears its
     ``use_mask`` (workers are visited in rank order).
     """
-    W = off.shape[0] - 1
-    for w in range(W):  # one pass: lists, then the key's new state (same for every user)
-        g = off[w]
-        u = off[w]
-        hi = off[w + 1]
-        for i in range(off[w], hi):
-            if i + _AHEAD < hi:
-                prefetch_jit(use_mask, keys[i + _AHEAD])
-            s = keys[i]
-            um = use_mask[s]
-            n = popcount_jit(um)
-            if n >= 2 or full_sync:
-                gp_slot[g] = s
-                gp_contrib[g] = n
-                g += 1
-            if n == 1:
-                ul_slot[u] = s
-                u += 1
-                valid[s] = um
-                owner[s] = -1 if full_sync else w
-            else:
-                valid[s] = 0
-                owner[s] = -1
-            if (um >> np.uint64(w)) == np.uint64(1):  # w is its last user: use_mask holds no
-                use_mask[s] = 0                        # state between steps
-        gp_cnt[w] = g - off[w]
-        ul_cnt[w] = u - off[w]
+    for w in range(off.shape[0] - 1):
+        update_worker_jit(w, keys, off, use_mask, valid, owner, full_sync, gp_slot, gp_contrib, ul_slot,
+                          gp_cnt, ul_cnt, True)
+
+
+@nb.njit(**JIT)
+def update_worker_jit(w, keys, off, use_mask, valid, owner, full_sync, gp_slot, gp_contrib, ul_slot, gp_cnt,
+                      ul_cnt, clear_use):
+    """Worker w's part of :func:`update_after_step_jit`. Every user of a key writes the
+    same new ``valid`` / ``owner``, so workers may run on several threads; then
+    ``clear_use`` must be False (a user clearing ``use_mask`` while another still reads
+    it) and ``use_mask`` is cleared after all of them (:mod:`herald.scheduler.parallel_kernels`)."""
+    g = off[w]
+    u = off[w]
+    hi = off[w + 1]
+    for i in range(off[w], hi):  # one pass: lists, then the key's new state (same for every user)
+        if i + _AHEAD < hi:
+            prefetch_jit(use_mask, keys[i + _AHEAD])
+        s = keys[i]
+        um = use_mask[s]
+        n = popcount_jit(um)
+        if n >= 2 or full_sync:
+            gp_slot[g] = s
+            gp_contrib[g] = n
+            g += 1
+        if n == 1:
+            ul_slot[u] = s
+            u += 1
+            valid[s] = um
+            owner[s] = -1 if full_sync else w
+        else:
+            valid[s] = 0
+            owner[s] = -1
+        if clear_use and (um >> np.uint64(w)) == np.uint64(1):  # w is its last user: use_mask
+            use_mask[s] = 0                                      # holds no state between steps
+    gp_cnt[w] = g - off[w]
+    ul_cnt[w] = u - off[w]
 
 
 @nb.njit(**JIT)

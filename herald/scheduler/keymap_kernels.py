@@ -11,6 +11,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+from herald.keymap import find_or_insert_jit, home_jit
 from herald.scheduler.kernels import JIT
 
 
@@ -66,3 +67,44 @@ def gather_samples_tables_jit(offsets, slots_flat, out_off, out_slot, out_tab):
                 p += 1
             cur[i] = p
         base += o[B]
+
+
+@nb.njit(**JIT)
+def insert_missing_tables_jit(buckets, slot_ids, slot_tab, n_slots, values, slots, start):
+    """Second half of the parallel key lookup: the keys of a batch that a read-only
+    lookup did not find (``slots[i] == -1``, table-major as in
+    :func:`herald.keymap.find_or_insert_tables_jit`) are found or inserted in table-major
+    order from position ``start``, so new keys get the slots the serial lookup gives.
+
+    Args:
+        buckets, slot_ids, slot_tab (an array): the map; n_slots: int64 [1] (updated).
+        values: tuple of T uint64 [nnz_t] arrays; slots: int32 [sum nnz_t] (completed).
+
+    Returns:
+        the position reached: ``slots.shape[0]``, or less when a new key found all slots
+        in use (grow the key state and call again from there).
+    """
+    mask = nb.uint64(buckets.shape[0] - 1)
+    n = n_slots[0]
+    i = 0
+    for t in range(len(values)):
+        v_t = values[t]
+        m = v_t.shape[0]
+        if i + m <= start:
+            i += m
+            continue
+        for j in range(max(0, start - i), m):
+            p = i + j
+            if slots[p] >= 0:
+                continue
+            v = v_t[j]
+            s = find_or_insert_jit(buckets, slot_ids, slot_tab, t, v, home_jit(t, v, mask), n)
+            if s < 0:  # all slots in use
+                n_slots[0] = n
+                return p
+            slots[p] = s
+            if s == n:
+                n += 1
+        i += m
+    n_slots[0] = n
+    return i

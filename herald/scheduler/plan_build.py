@@ -52,7 +52,18 @@ def gather_plan_keys_jit(off, ev_slot, pull_slot, gp_slot, ul_slot, ev_cnt, pull
         out_bounds: int64 [W, NUM_LISTS + 1] (written): list k of worker w is
             ``out[out_bounds[w, k]:out_bounds[w, k + 1]]``.
     """
-    W = off.shape[0] - 1
+    plan_bounds_jit(ev_cnt, pull_cnt, gp_cnt, ul_cnt, pp_worker, out_bounds)
+    for w in range(off.shape[0] - 1):
+        copy_worker_lists_jit(w, off, ev_slot, pull_slot, gp_slot, ul_slot, ev_cnt, pull_cnt, gp_cnt, ul_cnt,
+                              slot_tab, slot_ids, out_tab, out_ids, out_bounds)
+    scatter_plan_pushes_jit(pp_slot, pp_worker, slot_tab, slot_ids, out_tab, out_ids, out_bounds)
+
+
+@nb.njit(**JIT)
+def plan_bounds_jit(ev_cnt, pull_cnt, gp_cnt, ul_cnt, pp_worker, out_bounds):
+    """``out_bounds`` of :func:`gather_plan_keys_jit` (column 5 ends as the start of each
+    worker's plan pushes, the cursor of :func:`scatter_plan_pushes_jit`)."""
+    W = out_bounds.shape[0]
     out_bounds[:, 5] = 0
     for i in range(pp_worker.shape[0]):
         out_bounds[pp_worker[i], 5] += 1
@@ -65,15 +76,25 @@ def gather_plan_keys_jit(off, ev_slot, pull_slot, gp_slot, ul_slot, ev_cnt, pull
         n += ul_cnt[w]
         out_bounds[w, 4] = n
         n += out_bounds[w, 5]
-        out_bounds[w, 5] = n
-    for w in range(W):
-        lo = off[w]
-        n = _copy_keys_jit(ev_slot, lo, ev_cnt[w], slot_tab, slot_ids, out_tab, out_ids, out_bounds[w, 0])
-        n = _copy_keys_jit(pull_slot, lo, pull_cnt[w], slot_tab, slot_ids, out_tab, out_ids, n)
-        n = _copy_keys_jit(gp_slot, lo, gp_cnt[w], slot_tab, slot_ids, out_tab, out_ids, n)
-        _copy_keys_jit(ul_slot, lo, ul_cnt[w], slot_tab, slot_ids, out_tab, out_ids, n)
-    for w in range(W):  # cursor of w's plan pushes, reset below
         out_bounds[w, 5] = out_bounds[w, 4]
+
+
+@nb.njit(**JIT)
+def copy_worker_lists_jit(w, off, ev_slot, pull_slot, gp_slot, ul_slot, ev_cnt, pull_cnt, gp_cnt, ul_cnt,
+                          slot_tab, slot_ids, out_tab, out_ids, out_bounds):
+    """Worker w's evict, pull, grad_push and update_local keys into its part of the buffers."""
+    lo = off[w]
+    n = _copy_keys_jit(ev_slot, lo, ev_cnt[w], slot_tab, slot_ids, out_tab, out_ids, out_bounds[w, 0])
+    n = _copy_keys_jit(pull_slot, lo, pull_cnt[w], slot_tab, slot_ids, out_tab, out_ids, n)
+    n = _copy_keys_jit(gp_slot, lo, gp_cnt[w], slot_tab, slot_ids, out_tab, out_ids, n)
+    _copy_keys_jit(ul_slot, lo, ul_cnt[w], slot_tab, slot_ids, out_tab, out_ids, n)
+
+
+@nb.njit(**JIT)
+def scatter_plan_pushes_jit(pp_slot, pp_worker, slot_tab, slot_ids, out_tab, out_ids, out_bounds):
+    """The plan pushes, grouped by pushing worker in push order; then ``out_bounds[:, 5]``
+    becomes each worker's end."""
+    W = out_bounds.shape[0]
     for i in range(pp_slot.shape[0]):
         w = pp_worker[i]
         s = pp_slot[i]
@@ -96,7 +117,7 @@ def _keyset(tab: np.ndarray, ids: np.ndarray) -> KeySet:
     return ks
 
 
-def build_plans(off, before, after, pp, slot_tab, slot_ids) -> list:
+def build_plans(off, before, after, pp, slot_tab, slot_ids, *, gather=None) -> list:
     """Per worker, its :class:`CachePlan` of one step.
 
     Args:
@@ -105,6 +126,8 @@ def build_plans(off, before, after, pp, slot_tab, slot_ids) -> list:
         after: ``(gp_slot, gp_contrib, ul_slot, gp_cnt, ul_cnt)`` of the update step.
         pp: ``(slot int32 [P], worker int32 [P])`` plan pushes, or None (last step).
         slot_tab: int16 [S]; slot_ids: uint64 [S]: the key map.
+        gather: a replacement of :func:`gather_plan_keys_jit` with its arguments (the
+            parallel one, :meth:`herald.scheduler.parallel.ParallelPasses.gather_plan_keys`).
     """
     ev_slot, ev_wb, ev_cnt, pull_slot, pull_cnt = before
     gp_slot, gp_contrib, ul_slot, gp_cnt, ul_cnt = after
@@ -115,7 +138,7 @@ def build_plans(off, before, after, pp, slot_tab, slot_ids) -> list:
     tab = np.empty(N, np.int32)
     ids = np.empty(N, np.uint64)
     bounds = np.empty((W, NUM_LISTS + 1), np.int64)
-    gather_plan_keys_jit(off, ev_slot, pull_slot, gp_slot, ul_slot, ev_cnt, pull_cnt, gp_cnt, ul_cnt, pp[0], pp[1],
+    (gather or gather_plan_keys_jit)(off, ev_slot, pull_slot, gp_slot, ul_slot, ev_cnt, pull_cnt, gp_cnt, ul_cnt, pp[0], pp[1],
                          slot_tab, slot_ids, tab, ids, bounds)
     plans = []
     for w, b in enumerate(bounds.tolist()):

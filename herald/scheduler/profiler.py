@@ -1,10 +1,11 @@
-"""Adaptive LAIA (Herald §4.3): table profiler (degree of infrequency) and budget control.
+"""Adaptive LAIA (Herald §4.3): the table profiler (degree of infrequency, DoI).
 
 An in-cache key is *infrequent* when its popularity so far is below the number of
 samples each worker has trained so far (Herald §3.2, applied online). A table's DoI
 is the fraction of its in-cache keys (cached by any worker) that are infrequent. The
 allocation scores only the ``k`` tables with the highest DoI; ``k`` comes from the
-scheduling budget and the scheduling time measured online.
+scheduling budget and the scheduling time measured online
+(:class:`herald.scheduler.budget.BudgetController`).
 """
 
 from __future__ import annotations
@@ -48,31 +49,3 @@ class TableProfiler:
         mask[order] = True
         return mask
 
-
-class BudgetController:
-    """Choose ``k`` so that the scheduling time per global batch fits ``budget_ms``.
-
-    Model: time = fixed + k * per_table, both measured online (exponential moving
-    averages of the allocation time divided by k, and of the rest of the step).
-    Herald §4.3: the budget left for allocation is the necessary iteration time minus
-    the plan-generation time; ``fixed`` is that plan-generation (and snapshot) time.
-    """
-
-    def __init__(self, budget_ms: float, num_tables: int, alpha: float = 0.2) -> None:
-        self.budget_s = budget_ms / 1e3
-        self.num_tables = num_tables
-        self.alpha = alpha
-        self.k = num_tables
-        self.fixed_s: float | None = None
-        self.per_table_s: float | None = None
-
-    def observe(self, k: int, alloc_s: float, rest_s: float) -> int:
-        """Record one step's timings; returns the ``k`` for the next step."""
-        per = alloc_s / max(k, 1)
-        a = self.alpha
-        self.per_table_s = per if self.per_table_s is None else (1 - a) * self.per_table_s + a * per
-        self.fixed_s = rest_s if self.fixed_s is None else (1 - a) * self.fixed_s + a * rest_s
-        room = self.budget_s - self.fixed_s
-        k_new = int(room // self.per_table_s) if self.per_table_s > 0 else self.num_tables
-        self.k = int(min(max(k_new, 1), self.num_tables))
-        return self.k

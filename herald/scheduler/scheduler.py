@@ -22,10 +22,12 @@ from herald.errors import ConfigError, DataError, HeraldError
 from herald.scheduler import kernels as K
 from herald.scheduler import keymap_kernels as KM
 from herald.scheduler.bruteforce import bruteforce_alloc
+from herald.scheduler.budget import BudgetController
 from herald.scheduler.config import SchedulerConfig
+from herald.scheduler.parallel import ParallelPasses
 from herald.scheduler.plan import CAUSES, KeySet
 from herald.scheduler.plan_build import build_plans
-from herald.scheduler.profiler import BudgetController, TableProfiler
+from herald.scheduler.profiler import TableProfiler
 from herald.scheduler.state import Snapshots
 
 
@@ -98,13 +100,19 @@ class Scheduler:
             :class:`ConfigError` (a capacity cannot change once workers allocated caches).
         build_plans: materialise :class:`CachePlan` objects (the dispatcher needs them;
             simulations only need counts).
+        budget: the :class:`BudgetController` of adaptive LAIA to use, shared by the
+            successive schedulers of one job so that k and its history carry over
+            (``config.scheduling_budget_ms`` must be set); None: one is made from the
+            config when it sets a budget.
 
     Raises:
-        ConfigError: no capacity can be derived, or ``num_tables`` is out of range.
+        ConfigError: no capacity can be derived, ``num_tables`` is out of range, a
+            ``budget`` without ``scheduling_budget_ms`` or for another table count, or
+            more ``threads`` than numba's thread pool.
     """
 
     def __init__(self, config: SchedulerConfig, num_tables: int, distinct_keys: Optional[int] = None,
-                 *, build_plans: bool = True) -> None:
+                 *, build_plans: bool = True, budget: Optional[BudgetController] = None) -> None:
         require(isinstance(config, SchedulerConfig), "config must be a SchedulerConfig")
         require(1 <= num_tables <= 32767, f"num_tables must be in 1..32767, got {num_tables}")
         self.config = config
@@ -133,10 +141,18 @@ class Scheduler:
         self._totals = np.zeros((W, len(CAUSES)), np.int64)
         self._all_tables = np.ones(num_tables, np.bool_)
         self._profiler = TableProfiler(num_tables, config.profile_interval_steps) if config.adaptive else None
-        self._budget = (BudgetController(config.scheduling_budget_ms, num_tables)
-                        if config.scheduling_budget_ms is not None else None)
+        if budget is not None:
+            require(config.scheduling_budget_ms is not None and budget.num_tables == num_tables,
+                    "a shared BudgetController needs scheduling_budget_ms set and the same num_tables")
+        elif config.scheduling_budget_ms is not None:
+            budget = BudgetController(num_tables, config.scheduling_budget_ms, fraction=config.auto_budget_fraction)
+        self._budget = budget
         self.num_scored_tables = num_tables if config.adaptive_num_tables is None else min(
             config.adaptive_num_tables, num_tables)
+        if budget is not None:
+            self.num_scored_tables = budget.k
+        # Herald §4.4: the passes on config.threads threads (plans identical to one thread)
+        self._par = ParallelPasses(config.threads) if config.threads > 1 else None
         #: seconds spent in each submit() (scheduling time per global batch).
         self.submit_seconds: list[float] = []
         self._samples_seen = 0
@@ -164,6 +180,17 @@ class Scheduler:
     def totals(self) -> np.ndarray:
         """int64 [num_workers, len(CAUSES)]: counts accumulated over finished steps."""
         return self._totals.copy()
+
+    def stats(self) -> dict:
+        """JSON-able: ``threads``, ``lock_free_allocation``, ``num_tables``,
+        ``num_scored_tables`` (k of the next step), ``submit_ms_median`` (None before any
+        step) and ``adaptive``: the budget controller's :meth:`BudgetController.stats`
+        (k over time, ``budget_unreachable``), or None without a budget."""
+        sub = self.submit_seconds
+        return {"threads": self.config.threads, "lock_free_allocation": self.config.lock_free_allocation,
+                "num_tables": self.num_tables, "num_scored_tables": int(self.num_scored_tables),
+                "submit_ms_median": 1e3 * float(np.median(sub)) if sub else None,
+                "adaptive": self._budget.stats() if self._budget is not None else None}
 
     def submit(self, batch) -> Optional[StepPlan]:
         """Schedule ``batch`` as step t+1 and return the finished plan of step t (None first).
@@ -193,6 +220,9 @@ class Scheduler:
             raise DataError(f"batch has {batch.num_tables} tables, scheduler was built for {self.num_tables}")
         self._used = self._in_flight = True
         self._snap.renew_tokens()
+        par = self._par
+        if par is not None:
+            par.enter()
         samp_off, samp_slot, samp_tab = self._prepare(batch)
         table_on = self._table_mask()
         ta = time.perf_counter()
@@ -211,9 +241,13 @@ class Scheduler:
         prev = self._pending
         plan_push = prev is not None and not cfg.full_sync
         # one pass: K_w in canonical order and step t's plan pushes (Alg. 2, same order)
-        c = K.collect_keys_jit(samp_off, samp_slot, order, wstart, s.mark, s.token, s.use_mask, s.freq,
-                               self._profiler is not None, cfg.allocation == "costaware", s.owner, plan_push,
-                               keys, off, pp_slot, pp_w)
+        if par is not None:
+            c = par.collect_keys(samp_off, samp_slot, order, wstart, s, self._profiler is not None,
+                                 cfg.allocation == "costaware", plan_push, keys, off, pp_slot, pp_w)
+        else:
+            c = K.collect_keys_jit(samp_off, samp_slot, order, wstart, s.mark, s.token, s.use_mask, s.freq,
+                                   self._profiler is not None, cfg.allocation == "costaware", s.owner, plan_push,
+                                   keys, off, pp_slot, pp_w)
         keys = keys[: off[-1]]
         pp = (pp_slot[:c], pp_w[:c]) if plan_push else None
         self._pending = self._run_step(worker_of, order, keys, off)
@@ -224,12 +258,14 @@ class Scheduler:
         if self._profiler is not None:
             self._profiler.maybe_refresh(s, self._samples_seen)
             if self._budget is not None:
-                self.num_scored_tables = self._budget.observe(self.num_scored_tables, alloc_s, total_s - alloc_s)
+                self.num_scored_tables = self._budget.observe(self.num_scored_tables, alloc_s, total_s, t0)
         return done
 
     def finish(self) -> Optional[StepPlan]:
         """Finish the last submitted step (no plan pushes: there is no next step)."""
         self._finished = True
+        if self._par is not None:
+            self._par.enter()
         prev, self._pending = self._pending, None
         return self._finalize(prev, None) if prev is not None else None
 
@@ -334,6 +370,8 @@ class Scheduler:
                 direct = False
         if not direct:
             return self._prepare_concat(batch)
+        if self._par is not None:
+            return self._par.lookup_and_gather(self._snap, values, offsets, B, nnz)
         slots = self._snap.lookup_tables(values, nnz)
         samp_off = np.empty(B + 1, np.int64)
         samp_slot = np.empty(nnz, np.int32)
@@ -373,6 +411,9 @@ class Scheduler:
         kind = cfg.allocation
         if kind == "random":
             K.random_alloc_jit(B, cfg.batch_size_per_worker, self._rng, out)
+        elif kind == "laia" and self._par is not None:
+            return self._par.laia(samp_off, samp_slot, samp_tab, table_on, s, cfg.num_workers,
+                                  cfg.batch_size_per_worker, self._rng, cfg.lock_free_allocation)
         elif kind == "laia":
             K.laia_alloc_jit(samp_off, samp_slot, samp_tab, table_on, s.valid, s.mark, s.token,
                              cfg.num_workers, cfg.batch_size_per_worker, self._rng, out)
@@ -391,7 +432,7 @@ class Scheduler:
         W = cfg.num_workers
         counts = np.zeros((W, len(CAUSES)), np.int64)
         s = self._snap
-        before = s.before_forward(keys, off, counts)
+        before = s.before_forward(keys, off, counts, threads=cfg.threads)
         err = before[-1]
         if err[0] == 1:
             w = int(err[1])
@@ -408,8 +449,11 @@ class Scheduler:
         ul_slot = np.empty(n, np.int32)
         gp_cnt = np.zeros(W, np.int64)
         ul_cnt = np.zeros(W, np.int64)
-        K.update_after_step_jit(keys, off, s.use_mask, s.valid, s.owner, cfg.full_sync, gp_slot,
-                                gp_contrib, ul_slot, gp_cnt, ul_cnt)
+        if self._par is not None:
+            self._par.update(keys, off, s, cfg.full_sync, gp_slot, gp_contrib, ul_slot, gp_cnt, ul_cnt)
+        else:
+            K.update_after_step_jit(keys, off, s.use_mask, s.valid, s.owner, cfg.full_sync, gp_slot,
+                                    gp_contrib, ul_slot, gp_cnt, ul_cnt)
         counts[:, K.GRAD_PUSH] = gp_cnt
         step = self._next_step
         self._next_step += 1
@@ -428,4 +472,5 @@ class Scheduler:
 
     def _build_plans(self, p: _Pending, pp) -> list:
         s = self._snap
-        return build_plans(p.off, p.before, p.after, pp, s.slot_tab, s.slot_ids)
+        gather = self._par.gather_plan_keys if self._par is not None else None
+        return build_plans(p.off, p.before, p.after, pp, s.slot_tab, s.slot_ids, gather=gather)

@@ -3,6 +3,13 @@
 Split from :mod:`herald.scheduler.kernels` (same conventions: ``nogil``, preallocated
 outputs, counts int64 [W, 6] in ``plan.CAUSES`` order). Worker caches executing the
 plans hold exactly what these kernels record (NOTE [step protocol], plan.py).
+
+The work of one worker is one function (``_lru_worker_jit``, ``_lfu_worker_jit``); the
+step kernels run them in rank order, :mod:`herald.scheduler.parallel_kernels` on several
+threads (Herald §4.4, "Multi-threading"). Worker ``w`` reads and writes only bit ``w`` of
+the shared masks, its own column of ``pos`` and its own LRU log / LFU heap, and changes
+``owner`` only of its victims that it owns; with ``par`` the mask updates are atomic
+(:mod:`herald.scheduler.atomics`), so the threads' results equal the serial ones.
 """
 
 from __future__ import annotations
@@ -10,6 +17,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+from herald.scheduler.atomics import atomic_and_jit, atomic_or_jit
 from herald.scheduler.kernels import EVICT_PUSH, HIT, JIT, MISS_PULL, UPDATE_PULL, prefetch_jit
 
 # Both cache policies share one step semantics (tests/scheduler/reference.py mirrors it):
@@ -39,18 +47,34 @@ def _lru_compact_jit(w, log, pos, hd, t):
 
 
 @nb.njit(**JIT)
-def _evict_record_jit(w, s, cached, valid, owner, ev_slot, ev_wb, e):
-    """Drop ``s`` from worker w's snapshot (branch-free); returns True if its copy was
-    the only latest one (a write-back)."""
+def _evict_record_jit(w, s, cached, valid, owner, ev_slot, ev_wb, e, par):
+    """Drop ``s`` from worker w's snapshot (branch-free unless ``par``); returns True if
+    its copy was the only latest one (a write-back). With ``par`` the mask updates are
+    atomic and ``owner`` is written only when it was ``w`` (another thread may own it)."""
     keep = ~(np.uint64(1) << np.uint64(w))
-    cached[s] &= keep
-    valid[s] &= keep
     o = owner[s]
     wb = o == w
-    owner[s] = -1 if wb else o
+    if par:
+        atomic_and_jit(cached, s, keep)
+        atomic_and_jit(valid, s, keep)
+        if wb:
+            owner[s] = -1
+    else:
+        cached[s] &= keep
+        valid[s] &= keep
+        owner[s] = -1 if wb else o
     ev_slot[e] = s
     ev_wb[e] = wb
     return wb
+
+
+@nb.njit(inline="always", **JIT)
+def _set_bit_jit(mask, s, bit, par):
+    """``mask[s] |= bit`` (atomic with ``par``)."""
+    if par:
+        atomic_or_jit(mask, s, bit)
+    else:
+        mask[s] |= bit
 
 
 @nb.njit(**JIT)
@@ -67,99 +91,109 @@ def snapshot_lru_step_jit(keys, off, cached, valid, owner, cap, pos, log, head, 
     entry with -1 (stale, skipped); a full log is compacted in place (amortised O(1)).
     Touches and inserts are sequential writes; only victims cost a random access, and
     their records are prefetched ``_PREFETCH`` entries ahead. Head, tail, size and the
-    counters live in registers within a worker (the reason this kernel is one function
-    of ~100 lines: through arrays they cost 3x, docs/scheduler.md "Speed").
+    counters live in registers within a worker (the reason ``_lru_worker_jit`` is one
+    function of ~100 lines: through arrays they cost 3x, docs/scheduler.md "Speed").
     Outputs at ``off[w] + i``: ev_slot int32, ev_wb bool, pull_slot int32; ev_cnt /
     pull_cnt int64 [W]. err int64 [2]: (1, w) if |K_w| > cap, (2, w) if a pull found the
     PS copy not latest (a protocol bug); state is then partially updated.
     """
     W = off.shape[0] - 1
     for w in range(W):
-        lo = off[w]
-        hi = off[w + 1]
-        if hi - lo > cap:
-            err[0] = 1
+        code = _lru_worker_jit(w, W, keys, off, cached, valid, owner, cap, pos, log, head, tail, size, ev_slot,
+                               ev_wb, ev_cnt, pull_slot, pull_cnt, counts, False)
+        if code != 0:
+            err[0] = code
             err[1] = w
             return
-        bit = np.uint64(1) << np.uint64(w)
-        L = log.shape[1] - (w * cap) // W  # staggered: workers do not all compact in one step
-        hd = head[w]
-        t = tail[w]
-        hit = 0
-        upd = 0
-        miss = 0
-        pc = lo  # pulls: stale or missing keys of K_w in canonical order
-        for i in range(lo, hi):  # count and touch in canonical order
-            if i + _PREFETCH < hi:
-                prefetch_jit(cached, keys[i + _PREFETCH])
-            s = keys[i]
-            if cached[s] & bit:
-                if valid[s] & bit:
-                    hit += 1
-                else:
-                    upd += 1
-                    pull_slot[pc] = s
-                    pc += 1
-                log[w, pos[s, w]] = -1  # the older entry is stale
-                if t == L:
-                    t = _lru_compact_jit(w, log, pos, hd, t)
-                    hd = 0
-                log[w, t] = s
-                pos[s, w] = t
-                t += 1
+
+
+@nb.njit(**JIT)
+def _lru_worker_jit(w, W, keys, off, cached, valid, owner, cap, pos, log, head, tail, size, ev_slot, ev_wb,
+                    ev_cnt, pull_slot, pull_cnt, counts, par):
+    """Worker w's part of :func:`snapshot_lru_step_jit`; returns its error code (0: none).
+    ``par``: other threads run other workers at the same time (atomic mask updates)."""
+    lo = off[w]
+    hi = off[w + 1]
+    if hi - lo > cap:
+        return 1
+    bit = np.uint64(1) << np.uint64(w)
+    L = log.shape[1] - (w * cap) // W  # staggered: workers do not all compact in one step
+    hd = head[w]
+    t = tail[w]
+    hit = 0
+    upd = 0
+    miss = 0
+    pc = lo  # pulls: stale or missing keys of K_w in canonical order
+    for i in range(lo, hi):  # count and touch in canonical order
+        if i + _PREFETCH < hi:
+            prefetch_jit(cached, keys[i + _PREFETCH])
+        s = keys[i]
+        if cached[s] & bit:
+            if valid[s] & bit:
+                hit += 1
             else:
-                miss += 1
+                upd += 1
                 pull_slot[pc] = s
                 pc += 1
-        counts[w, HIT] += hit
-        counts[w, UPDATE_PULL] += upd
-        counts[w, MISS_PULL] += miss
-        sz = size[w]
-        need = sz + miss - cap
-        e = lo
-        wbs = 0
-        pf = hd
-        while need > 0:
-            s = log[w, hd]
-            hd += 1
-            if s < 0:
-                continue
-            while pf < t and pf < hd + _PREFETCH:  # victims' records, ahead
-                if log[w, pf] >= 0:
-                    prefetch_jit(cached, log[w, pf])
-                pf += 1
-            pos[s, w] = -1
-            sz -= 1
-            wbs += _evict_record_jit(w, s, cached, valid, owner, ev_slot, ev_wb, e)
-            e += 1
-            need -= 1
-        counts[w, EVICT_PUSH] += wbs
-        ev_cnt[w] = e - lo
-        # victims are never keys of K_w, so the pull list of the touch pass stands: insert
-        # its missing keys in that (canonical) order; hits are not visited again
-        for i in range(lo, pc):
-            s = pull_slot[i]
-            if owner[s] >= 0:
-                err[0] = 2
-                err[1] = w
-                pc = i
-                break
-            if (cached[s] & bit) == 0:
-                if t == L:
-                    t = _lru_compact_jit(w, log, pos, hd, t)
-                    hd = 0
-                log[w, t] = s
-                pos[s, w] = t
-                t += 1
-                sz += 1
-                cached[s] |= bit
-            valid[s] |= bit
-        pull_cnt[w] = pc - lo
-        head[w] = hd
-        tail[w] = t
-        size[w] = sz
-        if err[0] != 0:
-            return
+            log[w, pos[s, w]] = -1  # the older entry is stale
+            if t == L:
+                t = _lru_compact_jit(w, log, pos, hd, t)
+                hd = 0
+            log[w, t] = s
+            pos[s, w] = t
+            t += 1
+        else:
+            miss += 1
+            pull_slot[pc] = s
+            pc += 1
+    counts[w, HIT] += hit
+    counts[w, UPDATE_PULL] += upd
+    counts[w, MISS_PULL] += miss
+    sz = size[w]
+    need = sz + miss - cap
+    e = lo
+    wbs = 0
+    pf = hd
+    while need > 0:
+        s = log[w, hd]
+        hd += 1
+        if s < 0:
+            continue
+        while pf < t and pf < hd + _PREFETCH:  # victims' records, ahead
+            if log[w, pf] >= 0:
+                prefetch_jit(cached, log[w, pf])
+            pf += 1
+        pos[s, w] = -1
+        sz -= 1
+        wbs += _evict_record_jit(w, s, cached, valid, owner, ev_slot, ev_wb, e, par)
+        e += 1
+        need -= 1
+    counts[w, EVICT_PUSH] += wbs
+    ev_cnt[w] = e - lo
+    # victims are never keys of K_w, so the pull list of the touch pass stands: insert
+    # its missing keys in that (canonical) order; hits are not visited again
+    code = 0
+    for i in range(lo, pc):
+        s = pull_slot[i]
+        if owner[s] >= 0:
+            code = 2
+            pc = i
+            break
+        if (cached[s] & bit) == 0:
+            if t == L:
+                t = _lru_compact_jit(w, log, pos, hd, t)
+                hd = 0
+            log[w, t] = s
+            pos[s, w] = t
+            t += 1
+            sz += 1
+            _set_bit_jit(cached, s, bit, par)
+        _set_bit_jit(valid, s, bit, par)
+    pull_cnt[w] = pc - lo
+    head[w] = hd
+    tail[w] = t
+    size[w] = sz
+    return code
 
 
 @nb.njit(**JIT)
@@ -232,69 +266,79 @@ def snapshot_lfu_step_jit(keys, off, use_mask, cached, valid, owner, cap, pos, h
     aside_s = np.empty(cap + 1, np.int32)
     aside_p = np.empty(cap + 1, np.int64)
     for w in range(W):
-        lo = off[w]
-        hi = off[w + 1]
-        if hi - lo > cap:
-            err[0] = 1
+        code = _lfu_worker_jit(w, keys, off, use_mask, cached, valid, owner, cap, pos, hslot, hprio, size, seq,
+                               ev_slot, ev_wb, ev_cnt, pull_slot, pull_cnt, counts, aside_s, aside_p, False)
+        if code != 0:
+            err[0] = code
             err[1] = w
             return
-        bit = np.uint64(1) << np.uint64(w)
-        n = size[w]
-        sq = seq[w]
-        hit = 0
-        upd = 0
-        miss = 0
-        for i in range(lo, hi):  # count and touch in canonical order
-            s = keys[i]
-            if (cached[s] & bit) == 0:
-                miss += 1
+
+
+@nb.njit(**JIT)
+def _lfu_worker_jit(w, keys, off, use_mask, cached, valid, owner, cap, pos, hslot, hprio, size, seq, ev_slot,
+                    ev_wb, ev_cnt, pull_slot, pull_cnt, counts, aside_s, aside_p, par):
+    """Worker w's part of :func:`snapshot_lfu_step_jit` (``aside_s`` int32 / ``aside_p``
+    int64 [cap + 1]: scratch of this thread); returns its error code (0: none)."""
+    lo = off[w]
+    hi = off[w + 1]
+    if hi - lo > cap:
+        return 1
+    bit = np.uint64(1) << np.uint64(w)
+    n = size[w]
+    sq = seq[w]
+    hit = 0
+    upd = 0
+    miss = 0
+    for i in range(lo, hi):  # count and touch in canonical order
+        s = keys[i]
+        if (cached[s] & bit) == 0:
+            miss += 1
+        else:
+            if valid[s] & bit:
+                hit += 1
             else:
-                if valid[s] & bit:
-                    hit += 1
-                else:
-                    upd += 1
-                j = pos[s, w]
-                cnt = min((hprio[w, j] >> _COUNT_SHIFT) + 1, _COUNT_MAX)
+                upd += 1
+            j = pos[s, w]
+            cnt = min((hprio[w, j] >> _COUNT_SHIFT) + 1, _COUNT_MAX)
+            sq += 1
+            _heap_down_jit(w, j, n, s, (cnt << _COUNT_SHIFT) | sq, hslot, hprio, pos)
+    counts[w, HIT] += hit
+    counts[w, UPDATE_PULL] += upd
+    counts[w, MISS_PULL] += miss
+    need = n + miss - cap
+    e = lo
+    na = 0
+    wbs = 0
+    while need > 0:
+        s, pr, n = _heap_pop_jit(w, hslot, hprio, pos, n)
+        if use_mask[s] & bit:
+            aside_s[na] = s
+            aside_p[na] = pr
+            na += 1
+            continue
+        wbs += _evict_record_jit(w, s, cached, valid, owner, ev_slot, ev_wb, e, par)
+        e += 1
+        need -= 1
+    counts[w, EVICT_PUSH] += wbs
+    for a in range(na):
+        n = _heap_push_jit(w, aside_s[a], aside_p[a], hslot, hprio, pos, n)
+    ev_cnt[w] = e - lo
+    pc = lo
+    code = 0
+    for i in range(lo, hi):
+        s = keys[i]
+        if (valid[s] & bit) == 0:
+            if owner[s] >= 0:
+                code = 2
+                break
+            if (cached[s] & bit) == 0:
                 sq += 1
-                _heap_down_jit(w, j, n, s, (cnt << _COUNT_SHIFT) | sq, hslot, hprio, pos)
-        counts[w, HIT] += hit
-        counts[w, UPDATE_PULL] += upd
-        counts[w, MISS_PULL] += miss
-        need = n + miss - cap
-        e = lo
-        na = 0
-        wbs = 0
-        while need > 0:
-            s, pr, n = _heap_pop_jit(w, hslot, hprio, pos, n)
-            if use_mask[s] & bit:
-                aside_s[na] = s
-                aside_p[na] = pr
-                na += 1
-                continue
-            wbs += _evict_record_jit(w, s, cached, valid, owner, ev_slot, ev_wb, e)
-            e += 1
-            need -= 1
-        counts[w, EVICT_PUSH] += wbs
-        for a in range(na):
-            n = _heap_push_jit(w, aside_s[a], aside_p[a], hslot, hprio, pos, n)
-        ev_cnt[w] = e - lo
-        pc = lo
-        for i in range(lo, hi):
-            s = keys[i]
-            if (valid[s] & bit) == 0:
-                if owner[s] >= 0:
-                    err[0] = 2
-                    err[1] = w
-                    break
-                if (cached[s] & bit) == 0:
-                    sq += 1
-                    n = _heap_push_jit(w, s, (np.int64(1) << _COUNT_SHIFT) | sq, hslot, hprio, pos, n)
-                    cached[s] |= bit
-                valid[s] |= bit
-                pull_slot[pc] = s
-                pc += 1
-        pull_cnt[w] = pc - lo
-        size[w] = n
-        seq[w] = sq
-        if err[0] != 0:
-            return
+                n = _heap_push_jit(w, s, (np.int64(1) << _COUNT_SHIFT) | sq, hslot, hprio, pos, n)
+                _set_bit_jit(cached, s, bit, par)
+            _set_bit_jit(valid, s, bit, par)
+            pull_slot[pc] = s
+            pc += 1
+    pull_cnt[w] = pc - lo
+    size[w] = n
+    seq[w] = sq
+    return code

@@ -39,6 +39,7 @@ from __future__ import annotations
 import numpy as np
 
 from herald import keymap
+from herald.scheduler import parallel_kernels as PK
 from herald.scheduler import snapshot_kernels as SK
 
 
@@ -163,8 +164,10 @@ class Snapshots:
         return int(self.n_slots[0])
 
     # ------------------------------------------------------------------ step
-    def before_forward(self, keys: np.ndarray, off: np.ndarray, counts: np.ndarray):
-        """Touch / evict / pull for every worker (DESIGN step 1); see the kernels.
+    def before_forward(self, keys: np.ndarray, off: np.ndarray, counts: np.ndarray, threads: int = 1):
+        """Touch / evict / pull for every worker (DESIGN step 1); see the kernels. With
+        ``threads > 1`` the workers are split over that many threads (the same result,
+        :mod:`herald.scheduler.parallel_kernels`; the caller set numba's thread count).
 
         Returns ``(ev_slot, ev_wb, ev_cnt, pull_slot, pull_cnt, err)`` laid out at ``off[w]``.
         """
@@ -175,14 +178,16 @@ class Snapshots:
         ev_cnt = np.zeros(self.num_workers, np.int64)
         pull_cnt = np.zeros(self.num_workers, np.int64)
         err = np.zeros(2, np.int64)
+        par = (threads,) if threads > 1 else ()
         if self.policy == "lru":
-            SK.snapshot_lru_step_jit(keys, off, self.cached, self.valid, self.owner, self.capacity_rows,
-                                     self.pos, self.log, self.head, self.tail, self.size, ev_slot, ev_wb,
-                                     ev_cnt, pull_slot, pull_cnt, counts, err)
+            kernel = PK.snapshot_lru_par_jit if par else SK.snapshot_lru_step_jit
+            kernel(keys, off, self.cached, self.valid, self.owner, self.capacity_rows, self.pos, self.log, self.head,
+                   self.tail, self.size, ev_slot, ev_wb, ev_cnt, pull_slot, pull_cnt, counts, err, *par)
         else:
-            SK.snapshot_lfu_step_jit(keys, off, self.use_mask, self.cached, self.valid, self.owner,
-                                    self.capacity_rows, self.pos, self.hslot, self.hprio, self.size,
-                                    self.seq, ev_slot, ev_wb, ev_cnt, pull_slot, pull_cnt, counts, err)
+            kernel = PK.snapshot_lfu_par_jit if par else SK.snapshot_lfu_step_jit
+            kernel(keys, off, self.use_mask, self.cached, self.valid, self.owner, self.capacity_rows, self.pos,
+                   self.hslot, self.hprio, self.size, self.seq, ev_slot, ev_wb, ev_cnt, pull_slot, pull_cnt, counts,
+                   err, *par)
         return ev_slot, ev_wb, ev_cnt, pull_slot, pull_cnt, err
 
     def cached_slots(self, w: int) -> np.ndarray:

@@ -1,0 +1,370 @@
+"""The scheduler's passes on several threads (Herald §4.4, "Multi-threading").
+
+Herald runs scoring, the cache-snapshot updates and the communication plan on a thread
+pool and keeps the worker allocation (the greedy choice, Alg. 1 lines 8-12) on one
+thread, or, optionally, splits it lock-free. These are numba ``prange`` kernels
+(``parallel=True``, ``nogil``): each splits its loop into ``nchunks`` contiguous chunks
+(``nchunks`` = the scheduler's threads), and a chunk works on its own samples, keys or
+workers. Every kernel gives exactly the result of the serial kernel it replaces
+(``tests/scheduler/test_parallel.py``), for any ``nchunks``:
+
+- key lookup (per table): a read-only lookup in parallel, then the missing keys are
+  inserted on one thread in table-major order (the serial slot numbering);
+- batch CSR (per sample chunk); LAIA scoring (per sample chunk: the score of a sample
+  depends only on the snapshots, not on the other samples' placement), then the greedy
+  choice on one thread with the same random draws;
+- key collection, cache snapshots, after-step update and plan keys (per worker): worker
+  ``w`` changes only bit ``w`` of the shared per-key masks, atomically
+  (:mod:`herald.scheduler.atomics`); a plan push is found by the lowest-ranked user other
+  than the owner (the serial rule) from the complete ``use_mask``; the after-step update
+  writes the same new state from every user, and ``use_mask`` is cleared after it.
+
+The lock-free allocation (:func:`laia_pick_lockfree_par_jit`) is the one kernel whose
+result differs from the serial one (see there).
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+from numba import prange
+
+from herald.keymap import find_many_jit
+from herald.scheduler.atomics import atomic_add_jit, atomic_or_jit
+from herald.scheduler.kernels import _GOLDEN, _pick_jit, lowbit_index_jit, prefetch_jit, update_worker_jit
+from herald.scheduler.plan_build import copy_worker_lists_jit, plan_bounds_jit, scatter_plan_pushes_jit
+from herald.scheduler.snapshot_kernels import _lfu_worker_jit, _lru_worker_jit
+
+PJIT = dict(nogil=True, cache=True, parallel=True)
+_AHEAD = 32  # keys ahead whose record is prefetched (as in kernels.py)
+
+
+@nb.njit(inline="always")
+def _chunk(c, n, nchunks):
+    """Bounds of chunk ``c`` of ``range(n)`` split into ``nchunks`` contiguous chunks."""
+    return c * n // nchunks, (c + 1) * n // nchunks
+
+
+# ----------------------------------------------------------------------------- key lookup, CSR
+@nb.njit(**PJIT)
+def find_tables_par_jit(buckets, slot_ids, slot_tab, values, starts, out_slot):
+    """Read-only lookup of a batch's keys, one table per iteration: ``out_slot[starts[t] + j]``
+    = slot of ``(t, values[t][j])`` or -1 (then insert with
+    :func:`herald.scheduler.keymap_kernels.insert_missing_tables_jit`).
+
+    Args: the map (NOTE [key map]); values: tuple of T uint64 arrays; starts: int64 [T+1]
+    table-major bounds; out_slot: int32 [nnz] (written). Returns the keys found.
+    """
+    found = 0
+    for t in prange(len(values)):
+        found += find_many_jit(buckets, slot_ids, slot_tab, t, values[t], out_slot[starts[t]:starts[t + 1]])
+    return found
+
+
+@nb.njit(**PJIT)
+def gather_samples_tables_par_jit(offsets, slots_flat, out_off, out_slot, out_tab, nchunks):
+    """:func:`herald.scheduler.keymap_kernels.gather_samples_tables_jit` by sample chunks
+    (same arguments, plus ``nchunks``)."""
+    T = len(offsets)
+    B = out_off.shape[0] - 1
+    base = np.zeros(T, np.int64)
+    for t in range(1, T):
+        base[t] = base[t - 1] + offsets[t - 1][B]
+    for c in prange(nchunks):
+        lo, hi = _chunk(c, B, nchunks)
+        for i in range(lo, hi):
+            n = 0
+            for t in range(T):
+                n += offsets[t][i + 1] - offsets[t][i]
+            out_off[i + 1] = n
+    out_off[0] = 0
+    for i in range(B):
+        out_off[i + 1] += out_off[i]
+    for c in prange(nchunks):
+        lo, hi = _chunk(c, B, nchunks)
+        cur = out_off[lo:hi].copy()
+        for t in range(T):
+            o = offsets[t]
+            b = base[t]
+            tt = np.int16(t)
+            for i in range(lo, hi):
+                p = cur[i - lo]
+                for j in range(o[i], o[i + 1]):
+                    out_slot[p] = slots_flat[b + j]
+                    out_tab[p] = tt
+                    p += 1
+                cur[i - lo] = p
+
+
+# ----------------------------------------------------------------------------- LAIA
+@nb.njit(**PJIT)
+def laia_scores_par_jit(samp_off, samp_slot, samp_tab, table_on, valid, nchunks, out_score):
+    """LAIA scores (Herald Alg. 1 lines 4-7) of every sample: ``out_score[i, w]`` float64
+    [B, W] (written) = distinct keys of sample i in enabled tables valid in w's snapshot,
+    the score :func:`herald.scheduler.kernels.laia_alloc_jit` computes."""
+    B = samp_off.shape[0] - 1
+    nnz = samp_slot.shape[0]
+    out_score[:] = 0.0
+    for c in prange(nchunks):
+        lo, hi = _chunk(c, B, nchunks)
+        for i in range(lo, hi):
+            a = samp_off[i]
+            b = samp_off[i + 1]
+            dedup = False  # keys of different tables differ: only a repeated table can repeat a key
+            for p in range(a + 1, b):
+                if samp_tab[p] <= samp_tab[p - 1]:
+                    dedup = True
+            if dedup:
+                _score_distinct_jit(samp_slot, samp_tab, a, b, table_on, valid, out_score, i)
+                continue
+            for p in range(a, b):
+                if p + _AHEAD < nnz:
+                    prefetch_jit(valid, samp_slot[p + _AHEAD])
+                if not table_on[samp_tab[p]]:
+                    continue
+                m = valid[samp_slot[p]]
+                while m:
+                    out_score[i, lowbit_index_jit(m)] += 1.0
+                    m &= m - np.uint64(1)
+
+
+@nb.njit(nogil=True, cache=True)
+def _score_distinct_jit(samp_slot, samp_tab, a, b, table_on, valid, out_score, i):
+    """Score of sample i counting each distinct enabled slot once (no shared marks)."""
+    buf = np.empty(b - a, np.int32)
+    k = 0
+    for p in range(a, b):
+        if table_on[samp_tab[p]]:
+            buf[k] = samp_slot[p]
+            k += 1
+    buf = np.sort(buf[:k])
+    for q in range(k):
+        if q > 0 and buf[q] == buf[q - 1]:
+            continue
+        m = valid[buf[q]]
+        while m:
+            out_score[i, lowbit_index_jit(m)] += 1.0
+            m &= m - np.uint64(1)
+
+
+@nb.njit(nogil=True, cache=True)
+def laia_pick_jit(score, per_worker, rng, out_worker, lo, hi):
+    """The greedy choice of LAIA (Alg. 1 lines 8-12) for samples ``lo..hi-1`` in order:
+    the available worker with the highest score, ties by one splitmix64 draw of ``rng``
+    uint64 [1] per sample; ``per_worker`` samples per worker. out_worker int32 [B]."""
+    W = score.shape[1]
+    load = np.zeros(W, np.int64)
+    ties = np.zeros(W, np.int64)
+    for i in range(lo, hi):
+        w = _pick_jit(score[i], load, per_worker, ties, rng, True)
+        out_worker[i] = w
+        load[w] += 1
+
+
+@nb.njit(**PJIT)
+def laia_pick_lockfree_par_jit(score, per_worker, nchunks, rng, out_worker):
+    """Lock-free allocation (Herald §4.4): the samples and every worker's capacity are
+    divided evenly among ``nchunks`` chunks, and each chunk places its samples
+    independently (:func:`laia_pick_jit` with its share of the capacity).
+
+    Chunk c has ``cap_c = per_worker // nchunks`` (+1 for the first ``per_worker %
+    nchunks`` chunks) samples per worker and the next ``W * cap_c`` samples of the batch.
+    Sample i uses the i-th draw of the stream (the draw the serial choice gives it), so
+    the result is deterministic for a given ``nchunks``, and with ``nchunks = 1`` it is
+    the serial allocation; with more chunks it may differ from it (a sample cannot take a
+    worker whose share in its chunk is full). ``rng`` advances by B draws.
+    """
+    W = score.shape[1]
+    B = score.shape[0]
+    state0 = rng[0]
+    for c in prange(nchunks):
+        before = c * (per_worker // nchunks) + min(c, per_worker % nchunks)
+        cap = per_worker // nchunks + (1 if c < per_worker % nchunks else 0)
+        lo = W * before
+        stream = np.empty(1, np.uint64)
+        stream[0] = state0 + np.uint64(lo) * _GOLDEN
+        laia_pick_jit(score, cap, stream, out_worker, lo, lo + W * cap)
+    rng[0] = state0 + np.uint64(B) * _GOLDEN
+
+
+# ----------------------------------------------------------------------------- step keys
+@nb.njit(**PJIT)
+def collect_keys_par_jit(samp_off, samp_slot, order, wstart, use_mask, freq, count_freq, clear_use, owner,
+                         plan_push, out_keys, out_off, pp_slot, pp_worker, nchunks):
+    """:func:`herald.scheduler.kernels.collect_keys_jit` per worker on ``nchunks`` threads
+    (same arguments but ``mark`` / ``token``: a worker's first occurrence of a key is the
+    one that sets its bit in ``use_mask``). Returns the number of plan pushes."""
+    nnz = samp_slot.shape[0]
+    W = wstart.shape[0] - 1
+    if clear_use:  # an allocation used use_mask as scratch
+        for c in prange(nchunks):
+            lo, hi = _chunk(c, nnz, nchunks)
+            for p in range(lo, hi):
+                use_mask[samp_slot[p]] = 0
+    region = np.zeros(W + 1, np.int64)  # worker w's keys go first to tmp[region[w]:]
+    for w in range(W):
+        n = 0
+        for q in range(wstart[w], wstart[w + 1]):
+            n += samp_off[order[q] + 1] - samp_off[order[q]]
+        region[w + 1] = region[w] + n
+    tmp = np.empty(nnz, np.int32)
+    cnt = np.zeros(W, np.int64)
+    for c in prange(nchunks):
+        w0, w1 = _chunk(c, W, nchunks)
+        for w in range(w0, w1):
+            cnt[w] = _collect_worker_jit(w, samp_off, samp_slot, order, wstart, use_mask, freq, count_freq,
+                                         tmp, region[w]) - region[w]
+    out_off[0] = 0
+    for w in range(W):
+        out_off[w + 1] = out_off[w] + cnt[w]
+    pp_cnt = np.zeros(W, np.int64)
+    pp_owner = np.empty(nnz if plan_push else 0, np.int32)
+    for c in prange(nchunks):
+        w0, w1 = _chunk(c, W, nchunks)
+        for w in range(w0, w1):
+            out_keys[out_off[w]:out_off[w + 1]] = tmp[region[w]:region[w] + cnt[w]]
+            if plan_push:
+                pp_cnt[w] = _claim_plan_pushes_jit(w, out_keys, out_off, use_mask, owner, tmp, pp_owner, region[w])
+    n = 0
+    if plan_push:  # in worker order, canonical order within a worker: the serial push order
+        for w in range(W):
+            for k in range(region[w], region[w] + pp_cnt[w]):
+                pp_slot[n] = tmp[k]
+                pp_worker[n] = pp_owner[k]
+                n += 1
+    return n
+
+
+@nb.njit(nogil=True, cache=True)
+def _collect_worker_jit(w, samp_off, samp_slot, order, wstart, use_mask, freq, count_freq, out, n):
+    """K_w in canonical order into ``out[n:]``; returns the end."""
+    bit = np.uint64(1) << np.uint64(w)
+    end = wstart[w + 1]
+    for q in range(wstart[w], end):
+        i = order[q]
+        if q + 1 < end:  # the next sample's records
+            i1 = order[q + 1]
+            for p in range(samp_off[i1], samp_off[i1 + 1]):
+                prefetch_jit(use_mask, samp_slot[p])
+        for p in range(samp_off[i], samp_off[i + 1]):
+            s = samp_slot[p]
+            if count_freq:
+                atomic_add_jit(freq, s, 1)
+            if (use_mask[s] & bit) == 0:  # only this thread sets bit w
+                atomic_or_jit(use_mask, s, bit)
+                out[n] = s
+                n += 1
+    return n
+
+
+@nb.njit(nogil=True, cache=True)
+def _claim_plan_pushes_jit(w, keys, off, use_mask, owner, out_slot, out_owner, n0):
+    """Plan pushes (Alg. 2) found by worker w: keys of K_w (canonical order) held dirty
+    by ``o != w`` of which w is the lowest-ranked user other than o, the worker the
+    serial pass reaches first. Writes ``out_slot[n0:]`` / ``out_owner[n0:]`` and sets
+    their ``owner`` to -1 (another user of the key reading o or -1 skips it either way).
+    Returns the count. ``use_mask`` must hold every worker's bits."""
+    n = n0
+    for i in range(off[w], off[w + 1]):
+        s = keys[i]
+        o = owner[s]
+        if o < 0 or o == w:
+            continue
+        if lowbit_index_jit(use_mask[s] & ~(np.uint64(1) << np.uint64(o))) == w:
+            out_slot[n] = s
+            out_owner[n] = o
+            owner[s] = -1
+            n += 1
+    return n - n0
+
+
+# ----------------------------------------------------------------------------- snapshots, update
+@nb.njit(**PJIT)
+def snapshot_lru_par_jit(keys, off, cached, valid, owner, cap, pos, log, head, tail, size, ev_slot, ev_wb,
+                         ev_cnt, pull_slot, pull_cnt, counts, err, nchunks):
+    """:func:`herald.scheduler.snapshot_kernels.snapshot_lru_step_jit` per worker on
+    ``nchunks`` threads (same arguments). A micro-batch over capacity is reported before
+    any state changes."""
+    W = off.shape[0] - 1
+    if _over_capacity_jit(off, cap, err):
+        return
+    code = np.zeros(W, np.int64)
+    for c in prange(nchunks):
+        w0, w1 = _chunk(c, W, nchunks)
+        for w in range(w0, w1):
+            code[w] = _lru_worker_jit(w, W, keys, off, cached, valid, owner, cap, pos, log, head, tail, size,
+                                      ev_slot, ev_wb, ev_cnt, pull_slot, pull_cnt, counts, True)
+    _first_error_jit(code, err)
+
+
+@nb.njit(**PJIT)
+def snapshot_lfu_par_jit(keys, off, use_mask, cached, valid, owner, cap, pos, hslot, hprio, size, seq, ev_slot,
+                         ev_wb, ev_cnt, pull_slot, pull_cnt, counts, err, nchunks):
+    """:func:`herald.scheduler.snapshot_kernels.snapshot_lfu_step_jit` per worker on
+    ``nchunks`` threads (same arguments)."""
+    W = off.shape[0] - 1
+    if _over_capacity_jit(off, cap, err):
+        return
+    code = np.zeros(W, np.int64)
+    for c in prange(nchunks):
+        w0, w1 = _chunk(c, W, nchunks)
+        aside_s = np.empty(cap + 1, np.int32)
+        aside_p = np.empty(cap + 1, np.int64)
+        for w in range(w0, w1):
+            code[w] = _lfu_worker_jit(w, keys, off, use_mask, cached, valid, owner, cap, pos, hslot, hprio, size,
+                                      seq, ev_slot, ev_wb, ev_cnt, pull_slot, pull_cnt, counts, aside_s, aside_p,
+                                      True)
+    _first_error_jit(code, err)
+
+
+@nb.njit(nogil=True, cache=True)
+def _over_capacity_jit(off, cap, err):
+    for w in range(off.shape[0] - 1):
+        if off[w + 1] - off[w] > cap:
+            err[0] = 1
+            err[1] = w
+            return True
+    return False
+
+
+@nb.njit(nogil=True, cache=True)
+def _first_error_jit(code, err):
+    for w in range(code.shape[0]):
+        if code[w] != 0:
+            err[0] = code[w]
+            err[1] = w
+            return
+
+
+@nb.njit(**PJIT)
+def update_after_step_par_jit(keys, off, use_mask, valid, owner, full_sync, gp_slot, gp_contrib, ul_slot, gp_cnt,
+                              ul_cnt, nchunks):
+    """:func:`herald.scheduler.kernels.update_after_step_jit` per worker on ``nchunks``
+    threads (same arguments); ``use_mask`` is cleared once every worker has read it."""
+    W = off.shape[0] - 1
+    for c in prange(nchunks):
+        w0, w1 = _chunk(c, W, nchunks)
+        for w in range(w0, w1):
+            update_worker_jit(w, keys, off, use_mask, valid, owner, full_sync, gp_slot, gp_contrib, ul_slot,
+                              gp_cnt, ul_cnt, False)
+    n = keys.shape[0]
+    for c in prange(nchunks):
+        lo, hi = _chunk(c, n, nchunks)
+        for i in range(lo, hi):
+            use_mask[keys[i]] = 0
+
+
+# ----------------------------------------------------------------------------- plans
+@nb.njit(**PJIT)
+def gather_plan_keys_par_jit(off, ev_slot, pull_slot, gp_slot, ul_slot, ev_cnt, pull_cnt, gp_cnt, ul_cnt, pp_slot,
+                             pp_worker, slot_tab, slot_ids, out_tab, out_ids, out_bounds, nchunks):
+    """:func:`herald.scheduler.plan_build.gather_plan_keys_jit` with the workers' lists
+    copied on ``nchunks`` threads (same arguments); the plan pushes on one."""
+    W = off.shape[0] - 1
+    plan_bounds_jit(ev_cnt, pull_cnt, gp_cnt, ul_cnt, pp_worker, out_bounds)
+    for c in prange(nchunks):
+        w0, w1 = _chunk(c, W, nchunks)
+        for w in range(w0, w1):
+            copy_worker_lists_jit(w, off, ev_slot, pull_slot, gp_slot, ul_slot, ev_cnt, pull_cnt, gp_cnt, ul_cnt,
+                                  slot_tab, slot_ids, out_tab, out_ids, out_bounds)
+    scatter_plan_pushes_jit(pp_slot, pp_worker, slot_tab, slot_ids, out_tab, out_ids, out_bounds)
