@@ -1,5 +1,8 @@
 """Fixtures for integration tests that start real services.
 
+``no_test_bed_left_behind`` (autouse): fails the session if a multi-host test bed it
+opened (herald/testbed) is still there at the end.
+
 ``kafka_broker``: one real Kafka 0.9.0.1 broker per test session (see
 ``kafka_broker.py``), yielding its bootstrap address ``"127.0.0.1:PORT"``.
 When it cannot start, the tests that need it fail under ``CI=true`` and are
@@ -19,6 +22,19 @@ import pytest
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from kafka_broker import API_VERSION, BrokerError, KafkaBroker  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_test_bed_left_behind():
+    """At the end of the session, no multi-host test bed this process opened is left
+    (NOTE [test bed teardown] in herald/testbed/netns.py): a leftover fails the session."""
+    yield
+    from herald.testbed.netns import beds_of
+
+    left = beds_of(os.getpid())   # this session's beds only: other sessions may be running theirs
+    if left:
+        pytest.fail(f"test beds left behind by this session: {left} (they are closed at exit; otherwise "
+                    "`python -m herald.testbed cleanup`)", pytrace=False)
 
 
 @pytest.fixture(scope="session")

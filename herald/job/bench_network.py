@@ -1,0 +1,133 @@
+"""``herald bench network``: vanilla, laia, plan, herald and costaware across hosts with
+shaped links, on the multi-host test bed (docs/testbed.md), in one run.
+
+Herald's speedup (herald-nsdi24 §6.3: 1.09-2.11x over HET on TCP) comes from moving
+fewer embeddings over a network that costs something; on loopback moving fewer bytes
+saves almost nothing. Here every schedule trains the same job on the same bed: a PS
+host, a dispatcher host and ``--workers`` worker hosts (one torchrun worker each), each
+host link shaped to ``--rate`` and ``--delay`` ms per direction (NOTE [test bed
+network]), with real TCP between them (NOTE [test bed job]). Reported per schedule and
+embedding dim: steady samples/s, the speedup over vanilla in the same run, the bytes
+between workers and PS on the wire (and per cause, in embeddings moved), the all-reduce
+bytes, and the held-out AUC (BSP is exact, so every schedule trains the same model: the
+AUCs agree to float rounding). Needs root, ``ip`` and ``tc`` (and the ``netem`` qdisc
+for ``--delay`` > 0). Run as ``herald bench network``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+
+SCHEDULES = ["vanilla", "laia", "plan", "herald", "costaware"]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--source", default=None, help="default: synthetic://criteo?rows=ROWS&seed=1")
+    p.add_argument("--rows", type=int, default=200_000, help="rows of the synthetic stream (default: %(default)s)")
+    p.add_argument("--workers", type=int, default=4 if (os.cpu_count() or 1) >= 8 else 2,
+                   help="worker hosts, one worker each (default: 4 with 8 cores or more, else 2; here %(default)s)")
+    p.add_argument("--batch-size", type=int, default=256, help="samples per worker and step (default: %(default)s)")
+    p.add_argument("--dim", type=int, nargs="+", default=[128],
+                   help="embedding dims to compare, e.g. --dim 128 512 (default: %(default)s)")
+    p.add_argument("--rate", default="1gbit", help="each host link's rate per direction, a tc rate "
+                                                   "(default: %(default)s)")
+    p.add_argument("--delay", type=float, default=0.2, help="each host link's one-way delay per direction, ms; "
+                                                           "needs the netem qdisc, 0: none (default: %(default)s)")
+    p.add_argument("--cache-ratio", type=float, default=0.1, help="(default: %(default)s)")
+    p.add_argument("--optimizer", default="sgd", help="sparse optimizer (default: %(default)s)")
+    p.add_argument("--schedules", nargs="+", default=SCHEDULES, help="(default: %(default)s)")
+    p.add_argument("--eval-fraction", type=float, default=0.1,
+                   help="held-out fraction for the AUC (default: %(default)s)")
+    p.add_argument("--timeout-s", type=float, default=1800.0, help="bound on each job (default: %(default)s)")
+    p.add_argument("--run-dir", default="runs/bench-network", help="jobs' folders and logs (default: %(default)s)")
+    p.add_argument("--out", default=None, help="JSON results (default: RUN_DIR/bench_network.json)")
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Run every schedule at every dim on one bed; print the table, write ``--out``.
+
+    Raises:
+        ConfigError: bad options. TestBedError: the bed cannot be built here (the
+            message names the fix). HeraldError: a job failed (its role named).
+    """
+    from herald.errors import ConfigError
+    from herald.job.spec import TrainConfig
+    from herald.testbed import TestBed
+    from herald.testbed.job import bed_hosts, run_job
+
+    if not args.schedules or "vanilla" not in args.schedules:
+        raise ConfigError("--schedules must include vanilla: the speedups are measured against it in the same run")
+    source = args.source or f"synthetic://criteo?rows={args.rows}&seed=1"
+    run_dir = pathlib.Path(args.run_dir).resolve()
+    runs = []
+    with TestBed(bed_hosts(args.workers), rate=args.rate, delay_ms=args.delay, log_dir=run_dir / "logs") as bed:
+        print(bed.describe(), flush=True)
+        for dim in args.dim:
+            for schedule in args.schedules:
+                tag = f"{schedule}-d{dim}"
+                cfg = TrainConfig(source=source, schedule=schedule, workers=args.workers, batch_size=args.batch_size,
+                                  cache_ratio=args.cache_ratio, embedding_dim=dim, optimizer=args.optimizer,
+                                  eval_fraction=args.eval_fraction, run_dir=str(run_dir / tag))
+                print(f"--- {schedule}, dim {dim}, {args.workers} worker hosts", flush=True)
+                runs.append(_row(schedule, dim, run_job(bed, cfg, tag=tag, timeout_s=args.timeout_s)))
+    _compare(runs)
+    result = {"runs": runs, "bed": {"rate": args.rate, "delay_ms": args.delay, "worker_hosts": args.workers,
+                                    "workers_per_host": 1},
+              "job": {"source": source, "batch_size": args.batch_size, "cache_ratio": args.cache_ratio,
+                      "optimizer": args.optimizer, "eval_fraction": args.eval_fraction}}
+    print(format_table(result))
+    out = pathlib.Path(args.out) if args.out else run_dir / "bench_network.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"\nwritten {out}")
+    return result
+
+
+def _row(schedule: str, dim: int, rep: dict) -> dict:
+    from herald.job.bench import summarize
+    from herald.scheduler.plan import CAUSES
+
+    s = summarize(rep)
+    return {"schedule": schedule, "dim": dim, "samples_per_s": s["samples_per_second"], "speedup_vs_vanilla": None,
+            "bytes": s["wire_bytes"], "bytes_vs_vanilla": None, "auc": rep["metrics"].get("auc"),
+            "allreduce_bytes": s["allreduce_bytes"], "embeddings_moved": s["embeddings_moved"],
+            "by_cause": {c: rep["transmissions"][c] for c in CAUSES}, "train_seconds": s["train_seconds"],
+            "steps": s["steps"]}
+
+
+def _compare(runs: list[dict]) -> None:
+    """Fill each run's ratios against vanilla at the same dim."""
+    for r in runs:
+        base = next(b for b in runs if b["schedule"] == "vanilla" and b["dim"] == r["dim"])
+        r["speedup_vs_vanilla"] = r["samples_per_s"] / base["samples_per_s"] if base["samples_per_s"] else None
+        r["bytes_vs_vanilla"] = r["bytes"] / base["bytes"] if base["bytes"] else None
+
+
+def format_table(result: dict) -> str:
+    """The results as a Markdown table, one row per (dim, schedule)."""
+    from herald.scheduler.plan import CAUSES
+
+    causes = [c for c in CAUSES if c != "hit"]
+    bed = result["bed"]
+    lines = [(f"\n{bed['worker_hosts']} worker hosts x 1 worker, links {bed['rate']} and {bed['delay_ms']:g} ms "
+              f"per direction; batch {result['job']['batch_size']} per worker"),
+             "| dim | schedule | samples/s | speedup vs vanilla | worker<->PS MiB | bytes vs vanilla | "
+             + " | ".join(causes) + " | all-reduce MiB | AUC |",
+             "|---" * (8 + len(causes)) + "|"]
+    for r in result["runs"]:
+        auc = f"{r['auc']:.4f}" if r["auc"] is not None else "-"
+        lines.append(f"| {r['dim']} | {r['schedule']} | {r['samples_per_s']:,.0f} | {r['speedup_vs_vanilla']:.2f}x | "
+                     f"{r['bytes'] / 2**20:,.1f} | {r['bytes_vs_vanilla']:.3f}x | "
+                     + " | ".join(f"{r['by_cause'][c]:,}" for c in causes)
+                     + f" | {r['allreduce_bytes'] / 2**20:,.1f} | {auc} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    run(p.parse_args(argv))
+    return 0

@@ -1,0 +1,18 @@
+"""A multi-host test bed on one machine (docs/testbed.md).
+
+- :mod:`herald.testbed.netns`: :class:`TestBed`, network namespaces as hosts on a
+  bridge with shaped links (NOTE [test bed network], NOTE [test bed teardown]);
+  :func:`cleanup_stale`.
+- :mod:`herald.testbed.job`: :func:`run_job`, a herald job across the bed's hosts
+  (NOTE [test bed job]); the programs it starts: :mod:`~herald.testbed.dispatcher`,
+  :mod:`~herald.testbed.store`, :mod:`~herald.testbed.worker`.
+- ``python -m herald.testbed run|up|cleanup``; ``herald bench network``
+  (:mod:`herald.job.bench_network`).
+
+Needs Linux, root, ``ip`` and ``tc`` (iproute2).
+"""
+
+from herald.testbed.links import TestBedError
+from herald.testbed.netns import TestBed, cleanup_stale, list_namespaces
+
+__all__ = ["TestBed", "TestBedError", "cleanup_stale", "list_namespaces"]

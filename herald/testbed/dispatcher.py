@@ -1,0 +1,150 @@
+"""The dispatcher host's program on the test bed: ``herald serve dispatcher`` plus the
+job's report, the workers' dense replicas and (optionally) a final PS checkpoint.
+
+    python -m herald.testbed.dispatcher --config job.json --bind tcp://10.200.7.2:5555 \
+        --ps tcp://10.200.7.1:6000 [--save-ps RUN_DIR/ps-final]
+
+Why not ``herald serve dispatcher`` itself: it sends the workers no run folder (they
+keep their dense replicas to themselves) and writes no report, so a multi-host job
+has no samples/s, bytes per cause or AUC to show, and no model to compare with the
+single-process reference. On the test bed every host sees the same file system, so
+this program gives the job ``cfg.run_dir``: the workers write ``dense-rank<r>.pt``
+there, and this program writes ``report.json`` / ``report.txt`` there as ``herald
+train`` does (:func:`herald.job.report.build`), evaluating the held-out split once
+every rank's replica is written. The settings are a :class:`~herald.job.spec.TrainConfig`
+as JSON (unknown keys raise). The PS admin token (NOTE [ps admin ops]) comes from
+``HERALD_PS_TOKEN`` in the environment, never from the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import sys
+import time
+from typing import Any
+
+from herald.errors import ConfigError, HeraldError, PeerTimeout
+
+
+def load_config(path: str | os.PathLike):
+    """The :class:`~herald.job.spec.TrainConfig` stored as JSON at ``path`` (by :func:`save_config`).
+
+    Raises:
+        ConfigError: unreadable file, not a JSON object, an unknown key or a bad value.
+    """
+    from herald.config import from_mapping
+    from herald.job.spec import TrainConfig
+
+    try:
+        values = json.loads(pathlib.Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read the job settings {path}: {exc}") from None
+    if not isinstance(values, dict):
+        raise ConfigError(f"{path} must hold a JSON object of TrainConfig settings")
+    values["source_options"] = tuple(tuple(kv) for kv in values.get("source_options", ()))
+    return from_mapping(TrainConfig, values, where=f"job settings {path}")
+
+
+def save_config(cfg, path: str | os.PathLike) -> pathlib.Path:
+    """Write ``cfg`` (a :class:`~herald.job.spec.TrainConfig`) as JSON to ``path``."""
+    import dataclasses
+
+    path = pathlib.Path(path)
+    path.write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
+    return path
+
+
+def wait_for_dense(run_dir: pathlib.Path, workers: int, timeout_s: float) -> None:
+    """Wait until every rank's ``dense-rank<r>.pt`` is in ``run_dir`` (the workers write
+    them after the dispatcher's ``end``).
+
+    Raises:
+        PeerTimeout: a rank's file is still missing after ``timeout_s`` (ranks named).
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        missing = [r for r in range(workers) if not (run_dir / f"dense-rank{r}.pt").exists()]
+        if not missing:
+            return
+        if time.monotonic() > deadline:
+            raise PeerTimeout(f"worker rank(s) {missing} wrote no dense-rank<r>.pt into {run_dir} within "
+                              f"{timeout_s:.0f} s of the end of training: read their logs", peer=f"ranks {missing}")
+        time.sleep(0.1)
+
+
+def serve(cfg, bind: str, ps: list[str], *, save_ps: str | None = None, dense_timeout_s: float = 120.0) -> dict[str, Any]:
+    """Serve the job ``cfg`` to its workers from ``bind``, PS shards at ``ps``; write and
+    return the report (``cfg.run_dir/report.json``).
+
+    Raises:
+        ConfigError: bad settings or keys; HeraldError / PeerTimeout: a worker or shard failed.
+    """
+    from herald.dispatch.dispatcher import Dispatcher, DispatcherConfig
+    from herald.job import report as report_mod
+    from herald.job.data import JobData
+    from herald.job.spec import JobSpec, flag_errors
+    from herald.ps import PSClient
+
+    run_dir = pathlib.Path(cfg.run_dir).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for stale in run_dir.glob("dense-rank*.pt"):
+        stale.unlink()
+    with flag_errors():
+        disp_cfg = DispatcherConfig(num_workers=cfg.workers, bind=bind, peer_timeout_ms=cfg.timeout_ms,
+                                    max_inflight_steps=cfg.max_inflight_steps, keys_dir=cfg.keys_dir,
+                                    insecure=cfg.insecure)
+    data = JobData(cfg)
+    tables = cfg.tables(data.schema)
+    job = JobSpec.build(cfg, data, ps)   # run_dir: the shared folder; dist_init None: env:// under torchrun
+    t_start = time.perf_counter()
+    with PSClient(ps, tables=tables, timeout_ms=cfg.timeout_ms, num_workers=cfg.workers, keys_dir=cfg.keys_dir,
+                  admin_token=os.environ.get("HERALD_PS_TOKEN")) as client:
+        with Dispatcher(disp_cfg, data.batches, data.scheduler_factory(cfg), job) as disp:
+            print(f"dispatcher listening on {disp.address}", flush=True)
+            records = disp.serve()
+            capacity_rows = disp.scheduler.capacity_rows
+            dispatcher_s = {k: v / 1e3 for k, v in disp.timer.take().items()}
+        train_s = time.perf_counter() - t_start
+        ps_stats = client.stats()
+        if save_ps:
+            client.checkpoint(str(pathlib.Path(save_ps).resolve()))
+        metrics = {}
+        if data.eval_source is not None:
+            wait_for_dense(run_dir, cfg.workers, dense_timeout_s)
+            metrics = report_mod.evaluate(job, data.eval_source, run_dir, ps)
+    data.close()
+    skipped = {"train": dict(data.batches.skipped),
+               "eval": dict(data.eval_source.stats["skipped"]) if data.eval_source is not None else {}}
+    rep = report_mod.build(cfg, records, train_s, metrics, batches_info=data.batches.info, split_info=data.split_info,
+                           capacity_rows=capacity_rows, dispatcher_s=dispatcher_s, ps_stats=ps_stats, skipped=skipped)
+    report_mod.write(rep, records, run_dir)
+    return rep
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m herald.testbed.dispatcher", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", required=True, help="TrainConfig settings as JSON (run_dir: a folder every host sees)")
+    p.add_argument("--bind", required=True, help="endpoint to bind, e.g. tcp://10.200.7.2:5555")
+    p.add_argument("--ps", required=True, help="comma-separated PS shard endpoints, in shard order")
+    p.add_argument("--save-ps", default=None, help="after training, checkpoint the PS into this folder (inside the "
+                                                   "shards' --checkpoint-root)")
+    p.add_argument("--dense-timeout-s", type=float, default=120.0,
+                   help="longest wait for the workers' dense replicas after training (default: %(default)s)")
+    args = p.parse_args(argv)
+    try:
+        rep = serve(load_config(args.config), args.bind, args.ps.split(","), save_ps=args.save_ps,
+                    dense_timeout_s=args.dense_timeout_s)
+    except HeraldError as exc:
+        print(f"herald dispatcher: error: {exc}", file=sys.stderr)
+        return 1
+    print(f"dispatcher: {rep['steps']} steps, {rep['samples_per_second']:,.0f} samples/s; report in "
+          f"{pathlib.Path(rep['config']['run_dir']) / 'report.json'}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
