@@ -29,6 +29,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="runs/bench-e2e")
 
 
+def summarize(rep: dict) -> dict:
+    """The figures a benchmark compares, from a job's report dict (``herald train``'s):
+    steady samples/s, worker<->PS bytes on the wire, all-reduce bytes, embeddings moved,
+    training seconds and steps."""
+    return {
+        "samples_per_second": rep["samples_per_second"],
+        "wire_bytes": rep["wire_bytes"]["pulled"] + rep["wire_bytes"]["pushed"],
+        "allreduce_bytes": rep["wire_bytes"]["allreduced"],
+        "embeddings_moved": rep["transmissions"]["total"],
+        "train_seconds": rep["train_seconds"],
+        "steps": rep["steps"],
+    }
+
+
 def run(args: argparse.Namespace) -> dict:
     from herald.job.launcher import run_train
     from herald.job.spec import TrainConfig
@@ -46,14 +60,7 @@ def run(args: argparse.Namespace) -> dict:
                               run_dir=str(out / f"{schedule}-w{workers}"))
             print(f"--- {schedule}, {workers} workers", flush=True)
             rep = run_train(cfg, progress=False)
-            results[f"{schedule}-w{workers}"] = {
-                "samples_per_second": rep["samples_per_second"],
-                "wire_bytes": rep["wire_bytes"]["pulled"] + rep["wire_bytes"]["pushed"],
-                "allreduce_bytes": rep["wire_bytes"]["allreduced"],
-                "embeddings_moved": rep["transmissions"]["total"],
-                "train_seconds": rep["train_seconds"],
-                "steps": rep["steps"],
-            }
+            results[f"{schedule}-w{workers}"] = summarize(rep)
     print("\n| workers | schedule | samples/s | worker<->PS MiB | embeddings moved | bytes vs vanilla "
           "| all-reduce MiB | time vs vanilla |")
     print("|---|---|---|---|---|---|---|---|")

@@ -86,7 +86,9 @@ class Checkpointer:
 
     Args:
         root: ``<run_dir>/checkpoints``.
-        ps_checkpoint: ``ps_checkpoint(folder)`` checkpoints every PS shard into ``folder``.
+        ps_checkpoint: ``ps_checkpoint(folder)`` checkpoints every PS shard into ``folder``
+            (always under ``root``/``.tmp-step-N``: give the shards ``root`` as their
+            checkpoint root, NOTE [ps admin ops], and they refuse any other folder).
         position: ``position(batch_index)`` -> JSON-able source position after that batch,
             or None for sources without one.
         commit: ``commit(batch_index)`` commits the source position (Kafka), or None.

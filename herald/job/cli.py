@@ -1,4 +1,4 @@
-"""``herald train`` and ``herald bench e2e``; the job arguments shared with ``herald serve dispatcher``."""
+"""``herald train`` and ``herald bench e2e|scale|network``; the job arguments shared with ``herald serve dispatcher``."""
 
 from __future__ import annotations
 
@@ -58,3 +58,11 @@ def register_bench(bench) -> None:
                          description=bench_scale.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     bench_scale.add_arguments(b)
     b.set_defaults(func=lambda args: (bench_scale.run(args), 0)[1])
+
+    from herald.job import bench_network
+
+    b = bench.add_parser("network", help="vanilla, laia, plan, herald, costaware across hosts with shaped links "
+                                         "(network-namespace test bed, root; samples/s, bytes, AUC; same run)",
+                         description=bench_network.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    bench_network.add_arguments(b)
+    b.set_defaults(func=lambda args: (bench_network.run(args), 0)[1])

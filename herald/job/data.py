@@ -6,6 +6,7 @@ from __future__ import annotations
 from herald.job.spec import STREAM_CACHE_ROWS, TrainConfig
 from herald.loader import splits
 from herald.loader.global_batches import GlobalBatches, KafkaRecords
+from herald.loader.registry import infer_format
 from herald.scheduler import Scheduler, SchedulerConfig
 
 
@@ -13,10 +14,16 @@ class JobData:
     """What a job reads: schema, global batches (one :class:`GlobalBatches` producer for
     every source; its state is part of the dispatcher's, so checkpoints resume it),
     held-out split, replicated tables, the cache size of its schedulers, and (Kafka)
-    position and commit."""
+    position and commit.
 
-    def __init__(self, cfg: TrainConfig):
+    ``dataset`` is the source's format name (``criteo``, ``avazu``, ``movielens``,
+    ``synthetic``, ...): ``--model auto`` trains that dataset's Herald workload model
+    (:func:`herald.job.spec.auto_model`)."""
+
+    def __init__(self, cfg: TrainConfig, dispatcher_rank: int = 0):
         options = dict(cfg.source_options)
+        self._scheduling = None   # (SchedulerConfig, BudgetController or None): scheduler_factory()
+        self.dataset = options.get("format") or infer_format(cfg.source)
         self.source = None
         if cfg.is_stream:
             from herald.loader import open_source
@@ -25,7 +32,8 @@ class JobData:
             self.schema = self.source.schema
             # prefetch_batches=0: kafka-python's consumer is not thread-safe, and the
             # checkpoint commits through it from the dispatcher's thread
-            self.batches = GlobalBatches(self.source, cfg.global_batch, max_steps=cfg.steps, tracker=KafkaRecords(),
+            self.batches = GlobalBatches(self.source, cfg.global_batch, max_steps=cfg.steps,
+                                         tracker=KafkaRecords(dispatcher_rank),
                                          prefetch_batches=0)
             self.eval_source, self.distinct_keys = None, None
             self.replicated, self.replica_rows = [], 0
@@ -44,13 +52,40 @@ class JobData:
 
     def scheduler_factory(self, cfg: TrainConfig):
         """A callable returning a fresh :class:`Scheduler` for this job (the dispatcher
-        makes one at the start and one after every checkpoint barrier)."""
+        makes one at the start and one after every checkpoint barrier).
+
+        With ``--scheduling-budget`` (adaptive LAIA, Herald §4.3) all of them share one
+        :class:`herald.scheduler.budget.BudgetController`, so k, the measured step period
+        and k's history span the job (:meth:`scheduler_stats`). ``--scheduler-threads``
+        is checked here, before any process starts.
+
+        Raises:
+            ConfigError: more scheduler threads than numba's pool.
+        """
+        from herald.scheduler.budget import BudgetController
+        from herald.scheduler.parallel import check_threads
+
         cache_rows = cfg.cache_rows if cfg.cache_rows or not cfg.is_stream else STREAM_CACHE_ROWS
         sched_cfg = SchedulerConfig(num_workers=cfg.workers, batch_size_per_worker=cfg.batch_size,
                                     schedule=cfg.schedule, cache_policy=cfg.cache_policy,
-                                    cache_capacity_rows=cache_rows, cache_ratio=cfg.cache_ratio, seed=cfg.seed)
+                                    cache_capacity_rows=cache_rows, cache_ratio=cfg.cache_ratio, seed=cfg.seed,
+                                    scheduling_budget_ms=cfg.scheduling_budget, threads=cfg.scheduler_threads)
+        check_threads(sched_cfg.threads)
         num_tables, distinct = self.schema.num_tables, self.distinct_keys
-        return lambda: Scheduler(sched_cfg, num_tables=num_tables, distinct_keys=distinct)
+        budget = (BudgetController(num_tables, sched_cfg.scheduling_budget_ms, fraction=sched_cfg.auto_budget_fraction)
+                  if sched_cfg.scheduling_budget_ms is not None else None)
+        self._scheduling = (sched_cfg, budget)
+        return lambda: Scheduler(sched_cfg, num_tables=num_tables, distinct_keys=distinct, budget=budget)
+
+    def scheduler_stats(self) -> dict | None:
+        """The job's scheduler settings and adaptive LAIA's k over the job, for the report:
+        ``{"threads", "lock_free_allocation", "adaptive": BudgetController.stats() or
+        None}``; None before :meth:`scheduler_factory`."""
+        if self._scheduling is None:
+            return None
+        sched_cfg, budget = self._scheduling
+        return {"threads": sched_cfg.threads, "lock_free_allocation": sched_cfg.lock_free_allocation,
+                "adaptive": budget.stats() if budget is not None else None}
 
     def total_steps(self, cfg: TrainConfig) -> int | None:
         """Steps the job will train, when known (None for an unbounded stream)."""

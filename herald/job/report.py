@@ -110,8 +110,8 @@ def evaluate(job: dict[str, Any], source, run_dir: pathlib.Path, ps_addresses, b
     tables = list(job.tables)
     dim = tables[0].dim
     labels, probs = [], []
-    with PSClient(list(ps_addresses), tables=tables, timeout_ms=job.ps_timeout_ms) as client, \
-            torch.no_grad():
+    with PSClient(list(ps_addresses), tables=tables, timeout_ms=job.ps_timeout_ms,
+                  keys_dir=job.keys_dir) as client, torch.no_grad():
         while (batch := source.read(batch_rows)) is not None:
             uniq = [np.unique(v, return_inverse=True) for v in batch.values]
             got = client.pull_async({t: u for t, (u, _) in enumerate(uniq) if u.size}).wait()
@@ -134,14 +134,19 @@ def evaluate(job: dict[str, Any], source, run_dir: pathlib.Path, ps_addresses, b
 def build(cfg: Any, records: list[StepRecord], train_s: float, metrics: dict, *, batches_info: dict,
           split_info: dict, capacity_rows: int, dispatcher_s: dict[str, float] | None = None,
           ps_stats: list[dict] | None = None, skipped: dict[str, dict[str, int]] | None = None,
-          interrupted: dict[str, Any] | None = None) -> dict[str, Any]:
+          interrupted: dict[str, Any] | None = None, scheduler: dict[str, Any] | None = None) -> dict[str, Any]:
     """The report dict: throughput, metrics, transmissions by cause and in bytes, and
     where the time went (:func:`herald.job.breakdown.phase_breakdown`).
 
     ``skipped``: the bad records skipped per split, ``{"train": {reason: count}, "eval":
     {...}}`` (NOTE [bad records]); ``interrupted``: ``{"signal": "SIGINT", "at_step": N (steps
     trained in the job, where --resume continues), "checkpoint": its folder name or None}``
-    when a signal stopped the job (None: it ran to its end).
+    when a signal stopped the job (None: it ran to its end). ``rejected``: the messages
+    the dispatcher dropped per kind (NOTE [peer validation] in herald/dispatch/peers.py).
+
+    ``scheduler``: :meth:`herald.job.data.JobData.scheduler_stats` (threads, and with
+    ``--scheduling-budget`` adaptive LAIA's k over the job: first, min, median, max,
+    final, the [step, k] changes, steps where the budget was unreachable).
 
     ``samples_per_second`` is the steady training throughput: the samples of steps
     1..n over the time from step 0's ack to step n's (start-up, the first step's
@@ -161,6 +166,8 @@ def build(cfg: Any, records: list[StepRecord], train_s: float, metrics: dict, *,
         "config": {k: v for k, v in vars(cfg).items() if k != "source_options"},
         "interrupted": interrupted,
         "skipped": {"train": dict((skipped or {}).get("train", {})), "eval": dict((skipped or {}).get("eval", {}))},
+        "rejected": dict(records[-1].rejected) if records else {},
+        "ps_evicted_rows": sum(t.get("evicted_rows", 0) for st in ps_stats or () for t in st["tables"].values()),
         "capacity_rows_per_worker": int(capacity_rows),
         "split": split_info,
         "data": batches_info,
@@ -181,7 +188,25 @@ def build(cfg: Any, records: list[StepRecord], train_s: float, metrics: dict, *,
         "phases": phase_breakdown(records, steady_s or train_s, dispatcher_s, ps_stats),
         "scheduling_ms": {"median": float(np.median([r.schedule_ms for r in records])) if records else 0.0,
                           "p99": float(np.percentile([r.schedule_ms for r in records], 99)) if records else 0.0},
+        "scheduler": scheduler,
     }
+
+
+def format_adaptive(rep: dict[str, Any]) -> list[str]:
+    """The report line of adaptive LAIA (Herald §4.3): the budget and k over the job."""
+    ad = (rep.get("scheduler") or {}).get("adaptive")
+    if not ad or not ad.get("k"):
+        return []
+    k = ad["k"]
+    budget = "no budget yet" if ad["budget_ms"] is None else f"{ad['budget_ms']:.2f} ms"
+    if ad["mode"] == "auto" and ad["period_ms_median"] is not None:
+        budget += f" = {ad['fraction']:g} x step period {ad['period_ms_median']:.2f} ms"
+    line = (f"adaptive LAIA ({ad['mode']} budget: {budget}): tables scored k first {k['first']}, min {k['min']}, "
+            f"median {k['median']}, max {k['max']}, final {k['final']} of {ad['num_tables']}")
+    if ad["budget_unreachable"]:
+        line += (f"; budget unreachable on {ad['budget_unreachable']:,} of {ad['steps']:,} steps (even k = 1 "
+                 "would not fit: k kept)")
+    return [line]
 
 
 def format_text(rep: dict[str, Any]) -> str:
@@ -204,6 +229,14 @@ def format_text(rep: dict[str, Any]) -> str:
         if any(counts.values()):
             name = {"train": "training", "eval": "held-out"}.get(split, split)
             lines.append(f"bad records skipped ({name} split): {sum(counts.values()):,} ({format_skipped(counts)})")
+    if any((rep.get("rejected") or {}).values()):
+        lines.append("messages the dispatcher dropped (malformed, or from peers that are not this job's workers): "
+                     + ", ".join(f"{k} {n:,}" for k, n in rep["rejected"].items() if n) + " (docs/operations.md)")
+    for i, f in enumerate(rep.get("failovers") or (), 1):
+        lines.append(f"failover {i}: {f['cause']}; rolled back to checkpoint {f['rolled_back_to']} (NOTE [ps failover])")
+    if rep.get("ps_evicted_rows"):
+        lines.append(f"PS rows evicted by --ps-max-rows (least recently used, re-initialised on their next touch): "
+                     f"{rep['ps_evicted_rows']:,}")
     if m.get("eval_rows"):
         lines.append(f"held-out ({m['eval_rows']:,} rows): AUC {m['auc']:.4f}  logloss {m['logloss']:.4f}  "
                      f"dense replicas equal: {m['dense_replicas_equal']}")
@@ -217,6 +250,7 @@ def format_text(rep: dict[str, Any]) -> str:
                  f"{rep['wire_bytes']['pulled'] / 2**20:.1f} MiB, pushed {rep['wire_bytes']['pushed'] / 2**20:.1f} MiB"
                  + (f"; replicated tables all-reduced {rep['wire_bytes']['allreduced'] / 2**20:.1f} MiB"
                     if rep['wire_bytes']['allreduced'] else ""))
+    lines.extend(format_adaptive(rep))
     lines.extend(format_breakdown(rep.get("phases", {})))
     return "\n".join(lines)
 

@@ -36,15 +36,57 @@ DEFAULT_SOURCE = "synthetic://criteo?rows=600000&seed=0"
 STREAM_CACHE_ROWS = 100_000
 SPARSE_OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad", "adam")
 DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam")
-MODELS = ("auto", "dlrm", "ncf")
+MODELS = ("auto", "dlrm", "ncf", "wdl", "deepfm", "dcn")
+#: ``--model auto`` on a known dataset: the Herald paper's workload table (herald-nsdi24
+#: Table 1: W1 Criteo + Wide&Deep, W2 MovieLens + NCF, W3 Avazu + DeepFM), keyed by the
+#: source's format. Other sources (synthetic, Parquet, libFM, Kafka) keep the shape rule
+#: of :func:`auto_model`, so the synthetic default still trains DLRM.
+WORKLOAD_MODELS = {"criteo": "wdl", "movielens": "ncf", "avazu": "deepfm"}
+#: Models reading the last element of each row as a scalar weight (NOTE [scalar slice]
+#: in herald/worker/models.py): they need rows of at least 2 elements.
+SCALAR_SLICE_MODELS = ("wdl", "deepfm")
 CACHE_POLICIES = ("lru", "lfu")
 CONSISTENCY_MODES = ("bsp",)
+#: ``--device`` values (NOTE [worker devices] in herald/worker/devices.py) and ``--cache-device`` choices.
+DEVICE_PATTERN = r"auto|cpu|cuda(:[0-9]+)?"
+CACHE_DEVICES = ("auto", "cpu", "torch")
 
 
 def source_option(text: str) -> tuple[str, Any]:
     """argparse type of ``--source-option KEY=VALUE`` (value by :func:`herald.config.parse_value`)."""
     key, value = key_value(text)
     return key, parse_value(value)
+
+
+def auto_model(model: str, dataset: str | None, num_tables: int, dense_dim: int) -> str:
+    """The model ``--model auto`` trains (any other name is returned as it is).
+
+    Args:
+        model: a name of :data:`MODELS`; dataset: the source's format name (``criteo``,
+            ``avazu``, ``movielens``, ``synthetic``, ...) or None; num_tables, dense_dim:
+            the source's schema.
+
+    Returns:
+        ``WORKLOAD_MODELS[dataset]`` for a known dataset (Herald's workloads),
+        else ``ncf`` for two tables without dense features, else ``dlrm``.
+    """
+    if model != "auto":
+        return model
+    if dataset in WORKLOAD_MODELS:
+        return WORKLOAD_MODELS[dataset]
+    return "ncf" if num_tables == 2 and dense_dim == 0 else "dlrm"
+
+
+def scheduling_budget_value(text: str) -> str | float:
+    """argparse type of ``--scheduling-budget auto|MS``: ``"auto"`` or a float (milliseconds)."""
+    import argparse
+
+    if text == "auto":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be auto or a number of milliseconds, got {text!r}") from None
 
 
 def _flag(name: str) -> str:
@@ -86,6 +128,10 @@ FLAG_OF = (
     (r"\bmax_inflight_steps\b", "--max-inflight-steps"),
     (r"\bcheckpoint_every_steps\b", "--checkpoint-every"),
     (r"\bnum_shards\b", "--ps-shards"),
+    (r"\bscheduling_budget_ms\b", "--scheduling-budget"),
+    (r"\bthreads( ?<?=)", r"--scheduler-threads\1"),
+    (r"\bkeys_dir\b", "--keys"),
+    (r"\bdispatcher_rank\b", "--dispatcher-rank"),
 )
 
 
@@ -120,11 +166,21 @@ class TrainConfig:
     source_options: tuple[tuple[str, Any], ...] = setting(
         (), "an option of the source (e.g. bad_records=skip, threshold=4); repeatable", flag="--source-option",
         action="append", type=source_option, metavar="KEY=VALUE")
-    schedule: str = setting("herald", "herald (LAIA + communication plan), costaware (our cost-aware allocation + "
-                                      "plan), laia, plan, vanilla (random + full-set sync), optimal (brute force, "
-                                      "tiny jobs only)", choices=SCHEDULES)
+    schedule: str = setting("herald", "herald (LAIA allocation + communication plan), costaware (our cost-aware "
+                                      "allocation + communication plan), laia (LAIA allocation + full-set sync), "
+                                      "plan (random partition + communication plan), vanilla (random partition + "
+                                      "full-set sync: the baseline), optimal (brute-force allocation: --batch-size 1, "
+                                      "<= 8 workers)", choices=SCHEDULES)
     consistency: str = setting("bsp", "consistency protocol of the embeddings: bsp (exact, equal to "
                                       "single-process training)", choices=CONSISTENCY_MODES)
+    scheduling_budget: str | float | None = setting(
+        None, "adaptive LAIA (Herald §4.3; --schedule herald, laia or costaware): allocation scores only the "
+              "tables with the highest degree of infrequency that fit a scheduling time per global batch of: auto "
+              "(half of the measured training step, so the scheduler stays off the critical path) or MS "
+              "milliseconds; k is never lowered when even one table would not fit; k over time is in the report "
+              "(default: static, every table)", metavar="auto|MS", type=scheduling_budget_value)
+    scheduler_threads: int = setting(1, "threads of the scheduler's per-table, per-sample and per-worker passes "
+                                        "(Herald §4.4); the plans do not depend on it", metavar="N")
     workers: int = setting(2, "number of workers")
     batch_size: int = setting(128, "samples per worker per step; global batch = workers x batch size")
     cache_ratio: float = setting(0.1, "worker cache size as a fraction of the distinct keys in the training split")
@@ -136,7 +192,11 @@ class TrainConfig:
     lr: float = setting(0.05, "sparse learning rate")
     dense_optimizer: str = setting("adam", "optimizer of the dense parameters", choices=DENSE_OPTIMIZERS)
     dense_lr: float = setting(0.001, "dense learning rate")
-    model: str = setting("auto", "auto = NCF for two tables without dense features, else DLRM", choices=MODELS)
+    model: str = setting("auto", "dlrm, wdl (Wide&Deep), deepfm, dcn (DCN v2) or ncf; auto = the Herald workload "
+                                 "model of a known dataset (Criteo .tsv: wdl, MovieLens: ncf, Avazu .csv: deepfm), "
+                                 "else ncf for two tables without dense features, else dlrm; wdl and deepfm use "
+                                 "the last element of each embedding row as the id's scalar weight "
+                                 "(docs/models.md)", choices=MODELS)
     epochs: int = setting(1, "passes over the training split")
     steps: int | None = setting(None, "stop after this many steps of the job (default: all data)")
     eval_fraction: float = setting(0.1, "the last fraction of the rows is held out for evaluation")
@@ -147,6 +207,12 @@ class TrainConfig:
     max_inflight_steps: int = setting(2, "steps the dispatcher sends ahead of the slowest worker's ack (credits)",
                                       metavar="STEPS")
     timeout_ms: int = setting(120_000, "longest wait for any peer before it is reported by name")
+    ps_restarts: int = setting(0, "when a PS shard dies, roll the whole job back to its latest checkpoint and go on, at "
+                                  "most this many times (Persia-style failover; needs --checkpoint-every)",
+                               metavar="N")
+    ps_max_rows: int = setting(0, "rows one table holds at most on each PS shard; least recently used rows beyond it "
+                                  "are evicted and re-initialised on their next touch (Persia's LRU PS; 0: no bound)",
+                               metavar="ROWS")
     checkpoint_every: int = setting(0, "checkpoint PS rows, dense state and source position every STEPS steps; "
                                        "kafka:// sources commit their offsets only with a checkpoint (0: at the end "
                                        "only for kafka://, never for files)", metavar="STEPS")
@@ -161,6 +227,19 @@ class TrainConfig:
     replicate_below: int = setting(0, "hold every table with at most IDS distinct ids (training split) whole on "
                                       "every worker, synchronised by all-reduce instead of the PS (0: off)",
                                    metavar="IDS")
+    device: str = setting("auto", "training device of every worker: auto (cuda:LOCAL_RANK %% GPUs when CUDA is "
+                                  "available, else cpu), cpu, cuda (one GPU per worker, shared round-robin when "
+                                  "there are more workers than GPUs), cuda:N (every worker on GPU N); NCCL only "
+                                  "when each worker has a GPU of its own, else gloo", metavar="DEVICE")
+    cache_device: str = setting("auto", "where each worker's embedding cache lives: auto (on the GPU when the "
+                                        "device is one, else host memory), cpu (host memory: caches larger than "
+                                        "GPU memory), torch (torch rows on the training device, also on the CPU)",
+                                choices=CACHE_DEVICES)
+    keys_dir: str | None = setting(None, "CURVE keys folder (herald keys generate DIR): every role authenticates "
+                                         "and encrypts its ZeroMQ traffic with it (NOTE [transport security], "
+                                         "docs/operations.md)", flag="--keys", metavar="DIR")
+    insecure: bool = setting(False, "let a role bind a non-loopback address without --keys (unauthenticated, "
+                                    "unencrypted; warns)")
 
     def __post_init__(self) -> None:
         """Check every setting before any process starts, naming the flag (STYLE habit 3)."""
@@ -184,18 +263,37 @@ class TrainConfig:
         _integer(self, "seed", 0, 2**63 - 1)
         _integer(self, "max_inflight_steps", 1)
         _integer(self, "timeout_ms", 100, MAX_TIMEOUT_MS)
+        _integer(self, "ps_max_rows", 0)
+        _integer(self, "ps_restarts", 0)
         _integer(self, "checkpoint_every", 0)
         _integer(self, "eval_every", 1)
         _integer(self, "replicate_below", 0)
+        _integer(self, "scheduler_threads", 1, 256)
+        budget = self.scheduling_budget
+        require(budget is None or budget == "auto" or (isinstance(budget, numbers.Real) and not isinstance(
+            budget, bool) and math.isfinite(budget) and budget > 0),
+                f"--scheduling-budget must be auto or a number of milliseconds > 0, got {budget!r}")
+        require(budget is None or self.schedule in ("herald", "laia", "costaware"),
+                f"--scheduling-budget adapts the LAIA / costaware allocation: use it with --schedule herald, laia "
+                f"or costaware, not {self.schedule}")
+        require(isinstance(self.device, str) and re.fullmatch(DEVICE_PATTERN, self.device) is not None,
+                f"--device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        require(self.cache_device in CACHE_DEVICES,
+                f"--cache-device must be one of {', '.join(CACHE_DEVICES)}, got {self.cache_device!r}")
         _number(self, "lr", "> 0", lambda x: x > 0)
         _number(self, "dense_lr", "> 0", lambda x: x > 0)
         _number(self, "cache_ratio", "in (0, 1]", lambda x: 0 < x <= 1)
         _number(self, "eval_fraction", "in [0, 1)", lambda x: 0 <= x < 1)
         require(isinstance(self.run_dir, str) and self.run_dir.strip() != "",
                 f"--run-dir must be a folder path, got {self.run_dir!r}")
-        for name in ("resume", "log_sample_ids"):
+        require(self.keys_dir is None or (isinstance(self.keys_dir, str) and self.keys_dir.strip() != ""),
+                f"--keys must be a folder path, got {self.keys_dir!r}")
+        for name in ("resume", "log_sample_ids", "insecure"):
             require(isinstance(getattr(self, name), bool), f"{_flag(name)} is a switch (True/False), got "
                                                             f"{getattr(self, name)!r}")
+        require(self.model not in SCALAR_SLICE_MODELS or self.embedding_dim >= 2,
+                f"--model {self.model} needs --embedding-dim >= 2 (the last element of each row is the id's scalar "
+                f"weight), got {self.embedding_dim}")
         require(self.schedule != "optimal" or (self.batch_size == 1 and self.workers <= 8),
                 "--schedule optimal (brute force) needs --batch-size 1 and --workers <= 8, got "
                 f"--batch-size {self.batch_size} --workers {self.workers}")
@@ -239,7 +337,8 @@ class JobSpec:
 
     Attributes:
         tables: the embedding tables (dim, sparse optimizer), in table order.
-        dense_dim: dense features per sample; model: ``dlrm``/``ncf``/``auto``; seed:
+        dense_dim: dense features per sample; model: one of :data:`MODELS` (``auto``
+            resolved by :meth:`build`: :func:`auto_model`); seed:
             seed of the dense model (equal replicas on every rank).
         dense_optimizer, dense_lr: the dense optimizer (``sgd``/``adagrad``/``adam``).
         ps: PS shard endpoints in shard order; ps_timeout_ms: longest wait for a shard.
@@ -247,6 +346,9 @@ class JobSpec:
         run_dir: where workers write their dense replicas at the end (None: nowhere).
         dist_init: torch.distributed init method (None: ``env://`` under torchrun).
         resume_dense: checkpoint folder whose ``dense.pt`` the workers load, or None.
+        keys_dir: the CURVE keys folder of the job's PS shards (NOTE [transport security]
+            in herald/auth.py), or None. Only the path travels: every host reads the
+            keys from its own copy of the folder; a worker's own ``--keys`` wins.
         replicated_tables, replica_rows: NOTE [replicated tables] (herald/worker/replicas.py).
         capacity_rows, num_workers: set by the dispatcher (cache rows per worker, ranks).
 
@@ -272,6 +374,7 @@ class JobSpec:
     replica_rows: int = 0
     capacity_rows: int = 0
     num_workers: int = 0
+    keys_dir: str | None = None
 
     def __post_init__(self) -> None:
         from herald.ps import TableConfig
@@ -281,6 +384,9 @@ class JobSpec:
         require(len(self.ps) >= 1, "a job needs at least one PS shard endpoint")
         require(self.dense_dim >= 0, f"dense_dim must be >= 0, got {self.dense_dim}")
         require(self.model in MODELS, f"model must be one of {MODELS}, got {self.model!r}")
+        require(self.model not in SCALAR_SLICE_MODELS or min(t.dim for t in self.tables) >= 2,
+                f"model {self.model} needs table dim >= 2 (the last element of each row is the id's scalar weight); "
+                "set --embedding-dim 2 or more, or choose another --model")
         require(self.dense_optimizer in DENSE_OPTIMIZERS,
                 f"dense optimizer must be one of {DENSE_OPTIMIZERS}, got {self.dense_optimizer!r}")
         require(self.consistency in CONSISTENCY_MODES,
@@ -289,16 +395,21 @@ class JobSpec:
                 "ps_timeout_ms must be >= 1, capacity_rows and replica_rows >= 0")
         require(all(0 <= t < len(self.tables) for t in self.replicated_tables),
                 f"replicated_tables {self.replicated_tables} must index the {len(self.tables)} tables")
+        require(self.keys_dir is None or isinstance(self.keys_dir, str), f"keys_dir must be a path or None, got "
+                                                                         f"{type(self.keys_dir).__name__}")
 
     @classmethod
     def build(cls, cfg: TrainConfig, data: "JobData", ps_addresses: list[str]) -> "JobSpec":
         """The spec of the job ``cfg`` reading ``data``, served by the PS at ``ps_addresses``."""
         with flag_errors():
             return cls(tables=tuple(cfg.tables(data.schema)), dense_dim=data.schema.dense_dim,
-                       ps=tuple(ps_addresses), model=cfg.model, seed=cfg.seed, dense_optimizer=cfg.dense_optimizer,
+                       ps=tuple(ps_addresses),
+                       model=auto_model(cfg.model, data.dataset, data.schema.num_tables, data.schema.dense_dim),
+                       seed=cfg.seed, dense_optimizer=cfg.dense_optimizer,
                        dense_lr=cfg.dense_lr, ps_timeout_ms=cfg.timeout_ms, consistency=cfg.consistency,
                        run_dir=str(pathlib.Path(cfg.run_dir).resolve()),
-                       replicated_tables=tuple(data.replicated), replica_rows=data.replica_rows)
+                       replicated_tables=tuple(data.replicated), replica_rows=data.replica_rows,
+                       keys_dir=str(pathlib.Path(cfg.keys_dir).resolve()) if cfg.keys_dir else None)
 
     def replace(self, **changes: Any) -> "JobSpec":
         """A copy with ``changes`` applied (validated again)."""

@@ -184,3 +184,34 @@ def test_dispatcher_state_is_validated(sources):
         disp._at_barrier = False   # as between two barriers
         with pytest.raises(HeraldError, match="checkpoint barrier"):
             disp.state_dict()
+
+
+def test_a_killed_ps_shard_fails_over_to_the_latest_checkpoint(tmp_path, sources):
+    """NOTE [ps failover] (herald/job/launcher.py): kill -9 of the PS shard after the
+    first checkpoint; with --ps-restarts 1 the job rolls back to that checkpoint, goes
+    on, and ends with the model of an uninterrupted run."""
+    from proc_tree import children
+
+    source = sources["parquet"]
+    whole, failed = tmp_path / "whole", tmp_path / "failover"
+    _train(source, whole, STEPS)
+    job = subprocess.Popen(_cli(source, failed, STEPS) + ["--ps-restarts", "1"], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        latest = failed / "checkpoints" / "latest"
+        deadline = time.monotonic() + 120
+        while not latest.exists():
+            assert job.poll() is None and time.monotonic() < deadline, "no checkpoint before the end of the job"
+            time.sleep(0.01)
+        shard = next(pid for pid, cmd in children(job.pid) if "serve ps" in cmd)
+        os.kill(shard, signal.SIGKILL)
+        out, err = job.communicate(timeout=240)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait(10)
+    assert job.returncode == 0, err[-3000:]
+    assert "rolling the job back to checkpoint" in err and "PS shard 0" in err, err[-3000:]
+    report = json.loads((failed / "report.json").read_text())
+    assert len(report["failovers"]) == 1 and report["failovers"][0]["rolled_back_to"].startswith("step-")
+    _assert_same_model(failed, whole)
