@@ -10,8 +10,15 @@ network]), with real TCP between them (NOTE [test bed job]). Reported per schedu
 embedding dim: steady samples/s, the speedup over vanilla in the same run, the bytes
 between workers and PS on the wire (and per cause, in embeddings moved), the all-reduce
 bytes, and the held-out AUC (BSP is exact, so every schedule trains the same model: the
-AUCs agree to float rounding). Needs root, ``ip`` and ``tc`` (and the ``netem`` qdisc
-for ``--delay`` > 0). Run as ``herald bench network``.
+AUCs agree to float rounding). Needs root, ``ip`` and ``tc``; an explicit ``--delay`` > 0
+needs the ``netem`` qdisc, and the default delay (0.2 ms) is dropped with a warning and a
+``delay_note`` in the JSON where the kernel lacks it (NOTE [test bed delay]).
+
+At 1 Gbit/s two workers on two shared cores are CPU-bound and moving fewer bytes saves
+little; ``--rate 100mbit --dim 512`` (or 50mbit) makes the PS link the bottleneck, and
+``--cache-ratio 0.3`` cuts herald's write-backs (docs/testbed.md, "A network-bound
+regime"). Run as ``herald bench network`` or
+``python bench/bench_network.py``.
 """
 
 from __future__ import annotations
@@ -34,8 +41,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="embedding dims to compare, e.g. --dim 128 512 (default: %(default)s)")
     p.add_argument("--rate", default="1gbit", help="each host link's rate per direction, a tc rate "
                                                    "(default: %(default)s)")
-    p.add_argument("--delay", type=float, default=0.2, help="each host link's one-way delay per direction, ms; "
-                                                           "needs the netem qdisc, 0: none (default: %(default)s)")
+    p.add_argument("--delay", type=float, default=None,
+                   help="each host link's one-way delay per direction, ms; > 0 needs the netem qdisc, 0: none "
+                        "(default: 0.2 where the kernel has netem, else none, with a warning and a delay_note in "
+                        "the JSON)")
     p.add_argument("--cache-ratio", type=float, default=0.1, help="(default: %(default)s)")
     p.add_argument("--optimizer", default="sgd", help="sparse optimizer (default: %(default)s)")
     p.add_argument("--schedules", nargs="+", default=SCHEDULES, help="(default: %(default)s)")
@@ -73,9 +82,9 @@ def run(args: argparse.Namespace) -> dict:
                                   eval_fraction=args.eval_fraction, run_dir=str(run_dir / tag))
                 print(f"--- {schedule}, dim {dim}, {args.workers} worker hosts", flush=True)
                 runs.append(_row(schedule, dim, run_job(bed, cfg, tag=tag, timeout_s=args.timeout_s)))
+        bed_record = describe_bed(bed, args.workers)
     _compare(runs)
-    result = {"runs": runs, "bed": {"rate": args.rate, "delay_ms": args.delay, "worker_hosts": args.workers,
-                                    "workers_per_host": 1},
+    result = {"runs": runs, "bed": bed_record,
               "job": {"source": source, "batch_size": args.batch_size, "cache_ratio": args.cache_ratio,
                       "optimizer": args.optimizer, "eval_fraction": args.eval_fraction}}
     print(format_table(result))
@@ -84,6 +93,14 @@ def run(args: argparse.Namespace) -> dict:
     out.write_text(json.dumps(result, indent=2))
     print(f"\nwritten {out}")
     return result
+
+
+def describe_bed(bed, worker_hosts: int) -> dict:
+    """The bed's settings as the JSON records them: ``rate``, ``delay_ms`` (in effect),
+    ``delay_note`` (why it is not the default 0.2 ms: NOTE [test bed delay]; ``""``
+    when it is), ``worker_hosts``, ``workers_per_host``."""
+    return {"rate": bed.rate, "delay_ms": bed.delay_ms, "delay_note": bed.delay_note,
+            "worker_hosts": worker_hosts, "workers_per_host": 1}
 
 
 def _row(schedule: str, dim: int, rep: dict) -> dict:
@@ -95,7 +112,22 @@ def _row(schedule: str, dim: int, rep: dict) -> dict:
             "bytes": s["wire_bytes"], "bytes_vs_vanilla": None, "auc": rep["metrics"].get("auc"),
             "allreduce_bytes": s["allreduce_bytes"], "embeddings_moved": s["embeddings_moved"],
             "by_cause": {c: rep["transmissions"][c] for c in CAUSES}, "train_seconds": s["train_seconds"],
-            "steps": s["steps"]}
+            "steps": s["steps"], "phases_ms": phase_split(rep["phases"])}
+
+
+#: worker phases spent waiting on the network: PS pulls, PS push acks, the dense all-reduce
+NETWORK_PHASES = ("pull", "push_wait", "dense_allreduce")
+
+
+def phase_split(phases: dict) -> dict:
+    """A worker step's mean time, ms, split into the network phases of
+    :data:`NETWORK_PHASES` and ``other`` (the sum of the rest: lookup, forward,
+    backward, local updates, ...), from a report's ``phases`` (``worker_step_ms``,
+    ``worker_ms_per_step``)."""
+    per = phases.get("worker_ms_per_step", {})
+    split = {"step": phases.get("worker_step_ms", 0.0), **{p: per.get(p, 0.0) for p in NETWORK_PHASES}}
+    split["other"] = sum(v for p, v in per.items() if p not in NETWORK_PHASES)
+    return split
 
 
 def _compare(runs: list[dict]) -> None:
@@ -112,8 +144,9 @@ def format_table(result: dict) -> str:
 
     causes = [c for c in CAUSES if c != "hit"]
     bed = result["bed"]
+    note = f" ({bed['delay_note']})" if bed.get("delay_note") else ""
     lines = [(f"\n{bed['worker_hosts']} worker hosts x 1 worker, links {bed['rate']} and {bed['delay_ms']:g} ms "
-              f"per direction; batch {result['job']['batch_size']} per worker"),
+              f"per direction{note}; batch {result['job']['batch_size']} per worker"),
              "| dim | schedule | samples/s | speedup vs vanilla | worker<->PS MiB | bytes vs vanilla | "
              + " | ".join(causes) + " | all-reduce MiB | AUC |",
              "|---" * (8 + len(causes)) + "|"]
@@ -123,6 +156,12 @@ def format_table(result: dict) -> str:
                      f"{r['bytes'] / 2**20:,.1f} | {r['bytes_vs_vanilla']:.3f}x | "
                      + " | ".join(f"{r['by_cause'][c]:,}" for c in causes)
                      + f" | {r['allreduce_bytes'] / 2**20:,.1f} | {auc} |")
+    lines += ["\nworker step, mean ms per phase (network: " + ", ".join(NETWORK_PHASES) + ")",
+              "| dim | schedule | step | " + " | ".join(NETWORK_PHASES) + " | other |", "|---" * 7 + "|"]
+    for r in result["runs"]:
+        ph = r.get("phases_ms") or {}
+        lines.append(f"| {r['dim']} | {r['schedule']} | "
+                     + " | ".join(f"{ph.get(k, 0.0):,.0f}" for k in ("step", *NETWORK_PHASES, "other")) + " |")
     return "\n".join(lines)
 
 

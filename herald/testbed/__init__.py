@@ -4,8 +4,8 @@
   bridge with shaped links (NOTE [test bed network], NOTE [test bed teardown]);
   :func:`cleanup_stale`.
 - :mod:`herald.testbed.job`: :func:`run_job`, a herald job across the bed's hosts
-  (NOTE [test bed job]); the programs it starts: :mod:`~herald.testbed.dispatcher`,
-  :mod:`~herald.testbed.store`, :mod:`~herald.testbed.worker`.
+  (NOTE [test bed job]); the programs it starts besides ``herald serve ps|worker``:
+  :mod:`~herald.testbed.dispatcher`, :mod:`~herald.testbed.store`.
 - ``python -m herald.testbed run|up|cleanup``; ``herald bench network``
   (:mod:`herald.job.bench_network`).
 

@@ -24,8 +24,9 @@ from herald.errors import HeraldError
 def _bed_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rate", default="1gbit", help="each host link's rate per direction, a tc rate such as 1gbit or "
                                                    "100mbit; 'none': unshaped (default: %(default)s)")
-    p.add_argument("--delay", type=float, default=0.0, help="each host link's one-way delay per direction, ms "
-                                                           "(needs the netem qdisc; default: %(default)s)")
+    p.add_argument("--delay", type=float, default=None,
+                   help="each host link's one-way delay per direction, ms; > 0 needs the netem qdisc (default: "
+                        "0.2 where the kernel has netem, else none, with a warning)")
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -5,8 +5,8 @@ on port ``6000 + i``); host ``dispatcher`` runs torchrun's rendezvous store (por
 29400, :mod:`herald.testbed.store`) and the dispatcher (port 5555,
 :mod:`herald.testbed.dispatcher`: ``herald serve dispatcher`` plus the report); every
 worker host runs ``torchrun --nnodes H --nproc-per-node P --rdzv-backend c10d
---rdzv-endpoint <dispatcher>:29400`` with :mod:`herald.testbed.worker` (``herald serve
-worker`` with torchrun's rank). Every address is the host's bed address, so all
+--rdzv-endpoint <dispatcher>:29400 -m herald serve worker`` (the rank and world size
+from torchrun's ``RANK`` / ``WORLD_SIZE``). Every address is the host's bed address, so all
 traffic (ZeroMQ to the PS and the dispatcher, gloo's all-reduce, which is pinned to
 ``eth0``) crosses the shaped links. The hosts share the file system: the run folder
 holds the settings, the workers' dense replicas, the report and
@@ -137,7 +137,7 @@ class _Launch:
                 "--nproc-per-node", str(procs_per_host), "--rdzv-backend", "c10d", "--rdzv-endpoint", rendezvous,
                 "--rdzv-id", f"{self.bed.uid}-{self.tag}", "--rdzv-conf", f"is_host=false,join_timeout={join_s}",
                 "--local-addr", self.bed.address(host), "--max-restarts", "0", "--monitor-interval", "0.2",
-                "-m", "herald.testbed.worker", "--dispatcher", self.dispatcher, "--timeout-ms",
+                "-m", "herald", "serve", "worker", "--dispatcher", self.dispatcher, "--timeout-ms",
                 str(self.cfg.timeout_ms), "--device", self.cfg.device, "--cache-device", self.cfg.cache_device,
                 *(["--keys", str(self.cfg.keys_dir)] if self.cfg.keys_dir else []),
                 *self.role_args.get("worker", ())],

@@ -9,6 +9,16 @@ is shaped in both directions by the egress qdisc of its two ends: ``tbf`` for th
 under a ``netem`` root for the delay when ``delay_ms > 0``. A packet from host to host
 crosses two links: one-way latency ``2 x delay_ms``, round trip ``4 x delay_ms``, and
 each host sends and receives at most ``rate``.
+
+NOTE [test bed delay]: a fixed per-packet delay needs the kernel's ``netem`` qdisc;
+no other qdisc adds one (``tbf``'s ``latency`` only bounds its queue, ``ip route ...
+rtt`` only seeds TCP's estimate), and kernels without loadable modules often lack it
+(checked on one: ``tbf``, ``htb``, ``red``, ``pfifo``/``bfifo`` and ``clsact`` present;
+``netem``, ``prio``, ``fq``, ``fq_codel``, ``cake`` and every tc classifier absent). So
+a delay left to its default (``None``) is :data:`DEFAULT_DELAY_MS` where the bed's
+switch namespace can hold a ``netem`` qdisc, else 0 with a one-line warning and a note
+that the benchmark records (:func:`resolve_delay`); a delay asked for explicitly on a
+kernel without ``netem`` is an error naming the fix.
 """
 
 from __future__ import annotations
@@ -26,6 +36,11 @@ from herald.errors import ConfigError, HeraldError
 
 #: longest wait for one ``ip`` / ``tc`` command, seconds
 COMMAND_TIMEOUT_S = 10.0
+#: one-way delay per link and direction when none is asked for and netem exists, ms
+DEFAULT_DELAY_MS = 0.2
+_NETEM_FIX = ("load it (modprobe sch_netem; on Ubuntu it is in linux-modules-extra-$(uname -r)), or run without "
+              "a delay (delay_ms=0 / --delay 0, or leave the delay out: the default then drops it with a "
+              "warning); tbf shapes the rate alone")
 
 _RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps|tbps)$", re.IGNORECASE)
 _BITS_PER_UNIT = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12,
@@ -130,6 +145,52 @@ def shape_commands(namespace: str, device: str, rate: str | None, delay_ms: floa
     return cmds
 
 
+def has_qdisc(namespace: str, kind: str, device: str = "lo") -> bool:
+    """Whether the kernel gives ``device`` in ``namespace`` a ``kind`` qdisc (``netem``):
+    adds one at the root with its plainest settings, then removes it. Needs root.
+
+    Raises:
+        TestBedError: ``tc`` itself failed or timed out.
+    """
+    args = {"netem": ["delay", "1ms"]}.get(kind, [])
+    done = run(["tc", "-n", namespace, "qdisc", "add", "dev", device, "root", kind, *args], check=False)
+    if done.returncode == 0:
+        run(["tc", "-n", namespace, "qdisc", "del", "dev", device, "root"], check=False)
+        return True
+    if "unknown" in done.stderr.lower():
+        return False
+    raise TestBedError(f"cannot tell whether the kernel has the '{kind}' qdisc: `tc qdisc add ... {kind}` "
+                       f"failed: {done.stderr.strip()}")
+
+
+def resolve_delay(requested_ms: float | None, netem: bool) -> tuple[float, str]:
+    """The one-way delay per link a bed uses, and a note when it differs from the
+    default (NOTE [test bed delay]).
+
+    Args:
+        requested_ms: the delay asked for, ms; None: the default, :data:`DEFAULT_DELAY_MS`
+            where ``netem`` exists. netem: whether the kernel has the ``netem`` qdisc.
+
+    Returns:
+        ``(delay_ms, note)``: ``note`` is ``""``, or one sentence saying the default
+        delay was dropped because the kernel has no ``netem``.
+
+    Raises:
+        TestBedError: a delay > 0 asked for explicitly and no ``netem``; the message
+            names the fix.
+    """
+    if requested_ms is None:
+        if netem:
+            return DEFAULT_DELAY_MS, ""
+        return 0.0, (f"this kernel has no netem qdisc, so the links have no delay (the default "
+                     f"{DEFAULT_DELAY_MS:g} ms is dropped; a rate is still shaped, by tbf); for a delay load "
+                     f"sch_netem (modprobe sch_netem; on Ubuntu it is in linux-modules-extra-$(uname -r))")
+    if requested_ms > 0 and not netem:
+        raise TestBedError(f"a delay of {requested_ms:g} ms needs the kernel's netem qdisc, which this kernel "
+                           f"lacks: {_NETEM_FIX}")
+    return float(requested_ms), ""
+
+
 def apply_shaping(namespace: str, device: str, rate: str | None, delay_ms: float) -> None:
     """Run :func:`shape_commands`.
 
@@ -143,9 +204,7 @@ def apply_shaping(namespace: str, device: str, rate: str | None, delay_ms: float
             continue
         kind = "netem" if "netem" in cmd else "tbf"
         if "unknown" in done.stderr.lower():
-            fix = ("load it (modprobe sch_netem; on Ubuntu it is in linux-modules-extra-$(uname -r)), or run "
-                   "without a delay (delay_ms=0, --delay 0: tbf shapes the rate alone)" if kind == "netem" else
-                   "load it (modprobe sch_tbf), or run without shaping (rate=None)")
+            fix = _NETEM_FIX if kind == "netem" else "load it (modprobe sch_tbf), or run without shaping (rate=None)"
             raise TestBedError(f"this kernel has no '{kind}' qdisc (`{' '.join(cmd)}`: {done.stderr.strip()}): "
                                f"{fix}")
         raise TestBedError(f"`{' '.join(cmd)}` failed: {done.stderr.strip()}")

@@ -69,6 +69,8 @@ class TestBed:
             ``"100mbit"``); None: not shaped.
         delay_ms: each host link's one-way delay in each direction, milliseconds (needs
             the ``netem`` qdisc); host to host is two links: ``2 x delay_ms`` one way.
+            None (default): ``links.DEFAULT_DELAY_MS`` (0.2) where the kernel has
+            ``netem``, else 0 with a warning line on stderr (NOTE [test bed delay]).
         log_dir: folder of the logs of the processes started with :meth:`run`
             (``<name>.log``, kept); None: ``$TMPDIR/herald-testbed-<uid>`` (removed at
             :meth:`close` when nothing was logged).
@@ -76,20 +78,23 @@ class TestBed:
 
     Attributes:
         uid: 6 hex digits naming this bed (``hb-<uid>-<host>``); hosts: ``{name: Host}``
-            (filled by :meth:`open`); subnet: the bed's ``10.A.B.0/24``; log_dir: the
+            (filled by :meth:`open`); subnet: the bed's ``10.A.B.0/24``; delay_ms: the
+            delay in effect (None until :meth:`open` resolves the default); delay_note:
+            why the default delay was dropped (``""`` when it was not); log_dir: the
             logs' folder (made at :meth:`open`); pids_seen:
             every process id the bed started or found in its namespaces at teardown.
 
     Raises:
         ConfigError: bad hosts, rate or delay. TestBedError (from :meth:`open`): not
-            root, a tool or qdisc missing, a command failed; the bed is torn down first.
+            root, a tool or qdisc missing (also: ``delay_ms > 0`` without ``netem``), a
+            command failed; the bed is torn down first.
 
     Use as a context manager; :meth:`close` is idempotent and bounded (NOTE [test bed teardown]).
     """
 
     __test__ = False  # not a pytest test class
 
-    def __init__(self, hosts: Sequence[str], *, rate: str | None = "1gbit", delay_ms: float = 0.2,
+    def __init__(self, hosts: Sequence[str], *, rate: str | None = "1gbit", delay_ms: float | None = None,
                  log_dir: str | os.PathLike | None = None, teardown_timeout_s: float = 30.0):
         names = list(hosts)
         bad = [h for h in names if not isinstance(h, str) or not _HOST_NAME.match(h) or h == SWITCH]
@@ -98,11 +103,14 @@ class TestBed:
                               f"(at most 20, not {SWITCH!r}), got {names!r}")
         if rate is not None:
             links.rate_bits_per_s(rate)
-        if not (isinstance(delay_ms, (int, float)) and math.isfinite(delay_ms) and 0 <= delay_ms <= 10_000):
-            raise ConfigError(f"delay_ms must be a number in [0, 10000], got {delay_ms!r}")
+        if delay_ms is not None and not (isinstance(delay_ms, (int, float)) and math.isfinite(delay_ms)
+                                         and 0 <= delay_ms <= 10_000):
+            raise ConfigError(f"delay_ms must be a number in [0, 10000] or None (the default), got {delay_ms!r}")
         if not (teardown_timeout_s > 0):
             raise ConfigError(f"teardown_timeout_s must be > 0, got {teardown_timeout_s!r}")
-        self.names, self.rate, self.delay_ms = names, rate, float(delay_ms)
+        self.names, self.rate = names, rate
+        self.delay_ms = None if delay_ms is None else float(delay_ms)
+        self.delay_note = ""
         self.teardown_timeout_s = float(teardown_timeout_s)
         self.uid = secrets.token_hex(3)
         self._own_log_dir = log_dir is None   # a temporary folder, made at open: removed at close if empty
@@ -146,7 +154,7 @@ class TestBed:
         """
         if self._state != "new":
             raise ConfigError("a TestBed opens once; make a new one")
-        links.check_tools(shaping=self.rate is not None or self.delay_ms > 0)
+        links.check_tools(shaping=self.rate is not None or self.delay_ms != 0)
         cleanup_stale()
         self._state = "open"
         _LIVE.add(self)
@@ -168,6 +176,7 @@ class TestBed:
         for cmd in (["link", "set", "lo", "up"], ["link", "add", "br0", "type", "bridge"],
                     ["link", "set", "br0", "up"]):
             links.run(["ip", "-n", sw, *cmd])
+        self._resolve_delay(sw)
         hosts = list(self.subnet.hosts())
         for i, name in enumerate(self.names):
             ns, port = self.namespace(name), f"port{i}"
@@ -183,6 +192,14 @@ class TestBed:
             links.apply_shaping(ns, host.interface, self.rate, self.delay_ms)
             links.apply_shaping(sw, port, self.rate, self.delay_ms)
             self.hosts[name] = host
+
+    def _resolve_delay(self, probe_namespace: str) -> None:
+        """Fix :attr:`delay_ms` (NOTE [test bed delay]): probe ``netem`` in the switch
+        namespace when a delay may be needed; warn once when the default is dropped."""
+        netem = self.delay_ms == 0 or links.has_qdisc(probe_namespace, "netem")
+        self.delay_ms, self.delay_note = links.resolve_delay(self.delay_ms, netem)
+        if self.delay_note:
+            print(f"herald test bed: warning: {self.delay_note}", file=sys.stderr, flush=True)
 
     # ------------------------------------------------------------------ processes
     def run(self, host: str, argv: Sequence[str], *, name: str | None = None,
@@ -266,7 +283,8 @@ class TestBed:
 
     def describe(self) -> str:
         """One line per host: name, namespace, address; and the links' shaping."""
-        shaping = f"rate {self.rate or 'unshaped'}, delay {self.delay_ms:g} ms per link and direction"
+        delay = "default" if self.delay_ms is None else f"{self.delay_ms:g} ms"
+        shaping = f"rate {self.rate or 'unshaped'}, delay {delay} per link and direction"
         return "\n".join([f"test bed {self.uid} on {self.subnet} ({shaping}); logs in {self.log_dir}"]
                          + [f"  {h.name:<12} {h.address:<15} ip netns exec {h.namespace} ..."
                             for h in self.hosts.values()])

@@ -31,7 +31,7 @@ from herald.job.spec import JobSpec, TrainConfig
 from herald.ps.checkpoint import load as load_ps_checkpoint
 from herald.testbed import TestBed, TestBedError, cleanup_stale, list_namespaces
 from herald.testbed.job import bed_hosts, run_job
-from herald.testbed.links import check_tools, shape_commands
+from herald.testbed.links import DEFAULT_DELAY_MS, check_tools, has_qdisc, resolve_delay, shape_commands
 from test_train_exact import BATCH, LR, STEPS, _reference
 
 pytestmark = [pytest.mark.integration, pytest.mark.multihost]
@@ -213,3 +213,58 @@ def test_no_root_or_a_missing_tool_is_named_with_the_fix(monkeypatch):
     with pytest.raises(TestBedError, match="'tc' is not on PATH: install iproute2"):
         check_tools(shaping=True)
     check_tools(shaping=False)   # tc shapes the links: an unshaped bed needs only ip
+
+
+def test_the_default_delay_is_dropped_with_a_note_where_the_kernel_has_no_netem():
+    # NOTE [test bed delay]: left to its default, the delay degrades; asked for, it is required
+    assert resolve_delay(None, netem=True) == (DEFAULT_DELAY_MS, "")
+    delay, note = resolve_delay(None, netem=False)
+    assert delay == 0.0 and "no netem qdisc" in note and "modprobe sch_netem" in note, note
+    assert resolve_delay(0, netem=False) == (0.0, "") and resolve_delay(0.5, netem=True) == (0.5, "")
+    with pytest.raises(TestBedError, match=r"a delay of 0.5 ms needs the kernel's netem qdisc.*modprobe sch_netem"
+                                           r".*--delay 0"):
+        resolve_delay(0.5, netem=False)
+    assert TestBed(["a"]).delay_ms is None and TestBed(["a"], delay_ms=0).delay_ms == 0.0
+
+
+def test_the_bench_records_the_delay_in_effect_and_why():
+    import argparse
+
+    from herald.job import bench_network
+
+    parser = argparse.ArgumentParser()
+    bench_network.add_arguments(parser)
+    assert parser.parse_args([]).delay is None and parser.parse_args(["--delay", "0.3"]).delay == 0.3
+    _, note = resolve_delay(None, netem=False)
+    bed = types.SimpleNamespace(rate="100mbit", delay_ms=0.0, delay_note=note)
+    record = bench_network.describe_bed(bed, 2)
+    assert record == {"rate": "100mbit", "delay_ms": 0.0, "delay_note": note, "worker_hosts": 2,
+                      "workers_per_host": 1}
+    row = {"schedule": "vanilla", "dim": 512, "samples_per_s": 900.0, "speedup_vs_vanilla": 1.0, "bytes": 2**20,
+           "bytes_vs_vanilla": 1.0, "auc": 0.5, "allreduce_bytes": 0,
+           "by_cause": dict.fromkeys(["hit", "miss_pull", "update_pull", "evict_push", "grad_push", "plan_push"], 0)}
+    phases = {"worker_step_ms": 1380.0, "worker_ms_per_step": {"pull": 294.0, "push_wait": 849.0,
+                                                               "dense_allreduce": 130.0, "forward": 24.0,
+                                                               "backward": 55.0, "ack": 1.0}}
+    row["phases_ms"] = bench_network.phase_split(phases)
+    assert row["phases_ms"] == {"step": 1380.0, "pull": 294.0, "push_wait": 849.0, "dense_allreduce": 130.0,
+                                "other": 80.0}
+    table = bench_network.format_table({"runs": [row], "bed": record, "job": {"batch_size": 256}})
+    assert f"links 100mbit and 0 ms per direction ({note})" in table, table
+    assert "| 512 | vanilla | 1,380 | 294 | 849 | 130 | 80 |" in table, table
+
+
+@pytest.mark.usefixtures("bed_tools")
+def test_an_open_bed_resolves_the_default_delay_from_the_kernel(capfd):
+    with TestBed(["a"], rate=None, delay_ms=None) as bed:
+        _ours.update(bed.namespaces)
+        netem = has_qdisc(bed.namespace("a"), "netem")
+        shaping = subprocess.run(["tc", "-n", bed.namespace("a"), "qdisc", "show", "dev", "eth0"],
+                                 capture_output=True, text=True, timeout=10, check=True).stdout
+    warnings = [line for line in capfd.readouterr().err.splitlines() if "warning" in line]
+    if netem:
+        assert (bed.delay_ms, bed.delay_note, warnings) == (DEFAULT_DELAY_MS, "", []) and "netem" in shaping
+    else:
+        assert bed.delay_ms == 0.0 and "no netem" in bed.delay_note and "netem" not in shaping, shaping
+        assert warnings == [f"herald test bed: warning: {bed.delay_note}"]
+    assert not _leftover(bed.uid)
