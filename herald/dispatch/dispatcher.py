@@ -66,7 +66,7 @@ from herald.dispatch.early import TouchedKeys
 from herald.dispatch.idbuffer import IdFeatureBuffer
 from herald.dispatch.peers import Message, PeerTable
 from herald.dispatch.pipeline import Pipeline
-from herald.dispatch.records import DispatcherConfig, StepRecord, check_state, mean_phases
+from herald.dispatch.records import DispatcherConfig, StepRecord, check_state, mean_phases, sum_consistency
 from herald.dispatch.steps import ReadyStep, build_ready_step, scheduled_view
 
 __all__ = ["Dispatcher", "DispatcherConfig", "StepRecord"]
@@ -380,7 +380,7 @@ class Dispatcher:
                          np.concatenate([a[0] for a in preds]) if preds else np.zeros(0, np.float32),
                          np.concatenate([a[1] for a in preds]) if preds else np.zeros(0, np.float32),
                          sum(int(h.get("bytes_allreduced", 0)) for h, _ in acks), mean_phases(acks),
-                         time.perf_counter(), self.rejected)
+                         time.perf_counter(), self.rejected, sum_consistency(acks))
         self.records.append(rec)
         if self._id_log is not None:
             self._id_log.write(np.ascontiguousarray(ids, np.uint64).tobytes())

@@ -84,6 +84,9 @@ class StepRecord:
     #: messages the dispatcher dropped so far, per kind (NOTE [peer validation] in
     #: :mod:`herald.dispatch.peers`), cumulative; the last record ``serve()`` returns holds the job's totals
     rejected: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: the workers' consistency counters of this step, summed (``gap_max``: the largest);
+    #: :meth:`herald.worker.protocol.ConsistencyProtocol.take_stats`
+    consistency: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 def mean_phases(acks: list[tuple[dict[str, Any], list]]) -> dict[str, float]:
@@ -97,6 +100,19 @@ def mean_phases(acks: list[tuple[dict[str, Any], list]]) -> dict[str, float]:
                 if isinstance(k, str) and isinstance(v, (int, float)):
                     total[k] = total.get(k, 0.0) + float(v)
     return {k: v / len(acks) for k, v in total.items()}
+
+
+def sum_consistency(acks: list[tuple[dict[str, Any], list]]) -> dict[str, int]:
+    """The workers' ``consistency`` counters of one step: summed, ``gap_max`` the largest
+    (malformed entries ignored: they are measurements, not protocol)."""
+    total: dict[str, int] = {}
+    for header, _ in acks:
+        stats = header.get("consistency")
+        if isinstance(stats, dict):
+            for k, v in stats.items():
+                if isinstance(k, str) and type(v) is int:
+                    total[k] = max(total.get(k, 0), v) if k == "gap_max" else total.get(k, 0) + v
+    return total
 
 
 def check_state(state: Any, num_workers: int) -> tuple[int, int, list[int]]:

@@ -66,3 +66,11 @@ def register_bench(bench) -> None:
                          description=bench_network.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     bench_network.add_arguments(b)
     b.set_defaults(func=lambda args: (bench_network.run(args), 0)[1])
+
+    from herald.job import bench_comm
+
+    bench_comm.register(bench)   # compression, groups (docs/compression.md)
+
+    from herald.job import bench_consistency
+
+    bench_consistency.register(bench)   # consistency modes with and without a straggler (docs/consistency.md)

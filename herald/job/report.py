@@ -15,6 +15,7 @@ from herald.errors import HeraldError
 from herald.ps import PSClient
 from herald.scheduler.plan import CAUSES
 from herald.dispatch.dispatcher import StepRecord
+from herald.job import report_comm
 from herald.job.breakdown import format_breakdown, phase_breakdown, plot_breakdown
 from herald.job.metrics import log_loss, roc_auc
 from herald.worker.trainer import model_from_job
@@ -155,6 +156,8 @@ def build(cfg: Any, records: list[StepRecord], train_s: float, metrics: dict, *,
     """
     counts = np.sum([r.counts.sum(axis=0) for r in records], axis=0) if records else np.zeros(len(CAUSES), np.int64)
     by_cause = {c: int(v) for c, v in zip(CAUSES, counts)}
+    consistency = consistency_block(cfg, records)
+    by_cause["update_pull"] -= consistency["stale_reads"]   # planned, but read from the cache (bounded)
     row_bytes = cfg.embedding_dim * 4
     pulls = sum(by_cause[c] for c in _PULLS)
     pushes = sum(by_cause[c] for c in _PUSHES)
@@ -185,11 +188,44 @@ def build(cfg: Any, records: list[StepRecord], train_s: float, metrics: dict, *,
         "wire_bytes": {"pulled": int(sum(r.bytes_pulled for r in records)),
                        "pushed": int(sum(r.bytes_pushed for r in records)),
                        "allreduced": int(sum(r.bytes_allreduced for r in records))},
+        "compression": report_comm.compression(cfg, {c: by_cause[c] for c in _PULLS + _PUSHES}),
+        "groups": report_comm.groups(cfg),
         "phases": phase_breakdown(records, steady_s or train_s, dispatcher_s, ps_stats),
         "scheduling_ms": {"median": float(np.median([r.schedule_ms for r in records])) if records else 0.0,
                           "p99": float(np.percentile([r.schedule_ms for r in records], 99)) if records else 0.0},
         "scheduler": scheduler,
+        "consistency": consistency,
     }
+
+
+def consistency_block(cfg: Any, records: list[StepRecord]) -> dict[str, Any]:
+    """The report's ``consistency``: ``mode``, ``settings``, ``max_staleness_observed`` and
+    ``mean_staleness`` (clock gap of the rows read, in updates, over every row read),
+    ``dropped_or_decayed``, ``rereads`` (copies re-fetched because the bound was reached),
+    ``reads``, ``stale_reads`` (the pulls saved); docs/consistency.md."""
+    total: dict[str, int] = {}
+    for r in records:
+        for k, v in r.consistency.items():
+            total[k] = max(total.get(k, 0), v) if k == "gap_max" else total.get(k, 0) + v
+    mode = getattr(cfg, "consistency", "bsp")
+    settings = {"staleness": cfg.staleness} if mode == "bounded" else {}
+    if getattr(cfg, "slow_worker", None):
+        settings["slow_worker"] = cfg.slow_worker
+    reads = total.get("reads", 0)
+    return {"mode": mode, "settings": settings, "max_staleness_observed": total.get("gap_max", 0),
+            "mean_staleness": total.get("gap_sum", 0) / reads if reads else 0.0,
+            "dropped_or_decayed": total.get("dropped", 0), "rereads": total.get("rereads", 0),
+            "reads": reads, "stale_reads": total.get("stale_reads", 0)}
+
+
+def format_consistency(rep: dict[str, Any]) -> str:
+    """The report's consistency line."""
+    c = rep["consistency"]
+    settings = " ".join(f"{k}={v}" for k, v in c["settings"].items())
+    return (f"consistency {c['mode']}{' (' + settings + ')' if settings else ''}: rows read {c['reads']:,}, "
+            f"stale {c['stale_reads']:,} (pulls saved), staleness max {c['max_staleness_observed']} mean "
+            f"{c['mean_staleness']:.4f} updates; rereads {c['rereads']:,}; dropped or decayed "
+            f"{c['dropped_or_decayed']:,}")
 
 
 def format_adaptive(rep: dict[str, Any]) -> list[str]:
@@ -219,6 +255,7 @@ def format_text(rep: dict[str, Any]) -> str:
         f"(wall {rep['wall_samples_per_second']:,.0f})  (not trained, partial last batch: "
         f"{rep['data']['dropped_samples']})",
         f"final train loss {rep['final_loss']:.4f}",
+        format_consistency(rep),
     ]
     stop = rep.get("interrupted")
     if stop:
@@ -250,6 +287,7 @@ def format_text(rep: dict[str, Any]) -> str:
                  f"{rep['wire_bytes']['pulled'] / 2**20:.1f} MiB, pushed {rep['wire_bytes']['pushed'] / 2**20:.1f} MiB"
                  + (f"; replicated tables all-reduced {rep['wire_bytes']['allreduced'] / 2**20:.1f} MiB"
                     if rep['wire_bytes']['allreduced'] else ""))
+    lines.extend(report_comm.format_lines(rep))
     lines.extend(format_adaptive(rep))
     lines.extend(format_breakdown(rep.get("phases", {})))
     return "\n".join(lines)

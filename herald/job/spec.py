@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from herald.config import from_mapping, key_value, parse_value, require, setting
 from herald.errors import ConfigError
+from herald.worker.comm_settings import DENSE_COMM_DTYPES, WIRE_DTYPES, check_comm
+from herald.worker.consistency_settings import CONSISTENCY_MODES, check_consistency, parse_slow_worker
 
 if TYPE_CHECKING:
     from herald.job.data import JobData
@@ -46,7 +48,6 @@ WORKLOAD_MODELS = {"criteo": "wdl", "movielens": "ncf", "avazu": "deepfm"}
 #: in herald/worker/models.py): they need rows of at least 2 elements.
 SCALAR_SLICE_MODELS = ("wdl", "deepfm")
 CACHE_POLICIES = ("lru", "lfu")
-CONSISTENCY_MODES = ("bsp",)
 #: ``--device`` values (NOTE [worker devices] in herald/worker/devices.py) and ``--cache-device`` choices.
 DEVICE_PATTERN = r"auto|cpu|cuda(:[0-9]+)?"
 CACHE_DEVICES = ("auto", "cpu", "torch")
@@ -172,7 +173,19 @@ class TrainConfig:
                                       "full-set sync: the baseline), optimal (brute-force allocation: --batch-size 1, "
                                       "<= 8 workers)", choices=SCHEDULES)
     consistency: str = setting("bsp", "consistency protocol of the embeddings: bsp (exact, equal to "
-                                      "single-process training)", choices=CONSISTENCY_MODES)
+                                      "single-process training), bounded (HET clock-bounded reads: a cached copy "
+                                      "at most --staleness updates behind is read instead of re-pulled; "
+                                      "docs/consistency.md)", choices=CONSISTENCY_MODES)
+    staleness: int = setting(0, "--consistency bounded: staleness bound s in updates of one embedding "
+                                "(0 = exact BSP)", metavar="S")
+    slow_worker: str | None = setting(None, "straggler injection for experiments: worker RANK sleeps MS "
+                                            "milliseconds once per step", metavar="RANK:MS")
+    wire_dtype: str = setting("fp32", "embedding rows and gradients on the PS wire (the PS keeps fp32; "
+                                      "docs/compression.md)", choices=WIRE_DTYPES)
+    dense_comm: str = setting("fp32", "dense all-reduce payload (DDP compress hooks)", choices=DENSE_COMM_DTYPES)
+    groups: int = setting(1, "HT groups: G dense replicas averaged in the background by EASGD (1: BSP)", metavar="G")
+    average_every: int = setting(10, "steps between a group's EASGD averagings", metavar="STEPS")
+    easgd_alpha: float = setting(0.3, "--groups > 1: EASGD elastic moving rate in (0, 1)", metavar="ALPHA")
     scheduling_budget: str | float | None = setting(
         None, "adaptive LAIA (Herald §4.3; --schedule herald, laia or costaware): allocation scores only the "
               "tables with the highest degree of infrequency that fit a scheduling time per global batch of: auto "
@@ -254,6 +267,9 @@ class TrainConfig:
             value = getattr(self, name)
             require(value in choices, f"{_flag(name)} must be one of {', '.join(choices)}, got {value!r}")
         _integer(self, "workers", 1, MAX_WORKERS)
+        check_consistency(self.consistency, self.staleness)
+        parse_slow_worker(self.slow_worker, self.workers)
+        check_comm(self.wire_dtype, self.dense_comm, self.groups, self.average_every, self.easgd_alpha, self.workers)
         _integer(self, "batch_size", 1)
         _integer(self, "cache_rows", 1, optional=True)
         _integer(self, "embedding_dim", 1, MAX_EMBEDDING_DIM)
@@ -342,7 +358,13 @@ class JobSpec:
             seed of the dense model (equal replicas on every rank).
         dense_optimizer, dense_lr: the dense optimizer (``sgd``/``adagrad``/``adam``).
         ps: PS shard endpoints in shard order; ps_timeout_ms: longest wait for a shard.
-        consistency: the consistency protocol (NOTE [step protocol]; ``bsp``).
+        consistency, staleness: the consistency protocol (NOTE [step protocol]; ``bsp`` or
+            ``bounded`` with its staleness bound: docs/consistency.md).
+        slow_worker_rank, slow_worker_ms: straggler injection (``--slow-worker``): that rank
+            sleeps that many ms once per step (rank -1: none).
+        wire_dtype, dense_comm, groups, average_every, easgd_alpha: wire compression and
+            hierarchical training groups (docs/compression.md; checked by
+            :func:`herald.worker.comm_settings.check_comm`).
         run_dir: where workers write their dense replicas at the end (None: nowhere).
         dist_init: torch.distributed init method (None: ``env://`` under torchrun).
         resume_dense: checkpoint folder whose ``dense.pt`` the workers load, or None.
@@ -375,6 +397,14 @@ class JobSpec:
     capacity_rows: int = 0
     num_workers: int = 0
     keys_dir: str | None = None
+    staleness: int = 0
+    slow_worker_rank: int = -1
+    slow_worker_ms: int = 0
+    wire_dtype: str = "fp32"
+    dense_comm: str = "fp32"
+    groups: int = 1
+    average_every: int = 10
+    easgd_alpha: float = 0.3
 
     def __post_init__(self) -> None:
         from herald.ps import TableConfig
@@ -389,8 +419,11 @@ class JobSpec:
                 "set --embedding-dim 2 or more, or choose another --model")
         require(self.dense_optimizer in DENSE_OPTIMIZERS,
                 f"dense optimizer must be one of {DENSE_OPTIMIZERS}, got {self.dense_optimizer!r}")
-        require(self.consistency in CONSISTENCY_MODES,
-                f"consistency must be one of {CONSISTENCY_MODES}, got {self.consistency!r}")
+        check_consistency(self.consistency, self.staleness)
+        check_comm(self.wire_dtype, self.dense_comm, self.groups, self.average_every, self.easgd_alpha)
+        require(type(self.slow_worker_rank) is int and type(self.slow_worker_ms) is int and self.slow_worker_ms >= 0,
+                f"slow_worker_rank and slow_worker_ms must be ints, got {self.slow_worker_rank!r}, "
+                f"{self.slow_worker_ms!r}")
         require(self.ps_timeout_ms >= 1 and self.capacity_rows >= 0 and self.replica_rows >= 0,
                 "ps_timeout_ms must be >= 1, capacity_rows and replica_rows >= 0")
         require(all(0 <= t < len(self.tables) for t in self.replicated_tables),
@@ -409,7 +442,10 @@ class JobSpec:
                        dense_lr=cfg.dense_lr, ps_timeout_ms=cfg.timeout_ms, consistency=cfg.consistency,
                        run_dir=str(pathlib.Path(cfg.run_dir).resolve()),
                        replicated_tables=tuple(data.replicated), replica_rows=data.replica_rows,
-                       keys_dir=str(pathlib.Path(cfg.keys_dir).resolve()) if cfg.keys_dir else None)
+                       keys_dir=str(pathlib.Path(cfg.keys_dir).resolve()) if cfg.keys_dir else None,
+                       staleness=cfg.staleness, wire_dtype=cfg.wire_dtype, dense_comm=cfg.dense_comm,
+                       groups=cfg.groups, average_every=cfg.average_every, easgd_alpha=float(cfg.easgd_alpha),
+                       **dict(zip(("slow_worker_rank", "slow_worker_ms"), parse_slow_worker(cfg.slow_worker))))
 
     def replace(self, **changes: Any) -> "JobSpec":
         """A copy with ``changes`` applied (validated again)."""

@@ -34,6 +34,7 @@ import zmq
 from herald.auth import load_client_keys, secure_client
 from herald.errors import ConfigError, HeraldError, PeerTimeout, ProtocolError
 from herald.ps.admin import AdminRefused, check_token
+from herald.ps import compress
 from herald.ps.wire import PS
 from herald.ps.checkpoint import CheckpointError
 from herald.ps.config import ShardLimits, TableConfig, check_tables
@@ -106,6 +107,8 @@ class PSClient:
             ``--keys``. A client without the right keys is never answered (PeerTimeout).
         admin_token: the shards' admin token, sent with checkpoint, restore and shutdown
             (NOTE [ps admin ops]); e.g. :attr:`LocalShards.admin_token`.
+        wire_dtype: ``fp32`` (default), ``fp16``, ``bf16`` or ``int8``: gradients and the
+            embedding part of rows travel compressed (NOTE [wire compression]).
 
     Raises:
         ConfigError: bad settings, tables or keys; a shard refused the declaration.
@@ -114,7 +117,8 @@ class PSClient:
 
     def __init__(self, addresses: Sequence[str], tables: Sequence[TableConfig], timeout_ms: int = 5000,
                  retries: int = 3, declare: bool = True, num_workers: int | None = None, *,
-                 keys_dir: str | os.PathLike | None = None, admin_token: str | None = None):
+                 keys_dir: str | os.PathLike | None = None, admin_token: str | None = None,
+                 wire_dtype: str = "fp32"):
         if not addresses:
             raise ConfigError("PSClient needs at least one shard address")
         if timeout_ms <= 0 or retries < 0:
@@ -122,6 +126,7 @@ class PSClient:
         if num_workers is not None and (type(num_workers) is not int or num_workers < 1):
             raise ConfigError(f"num_workers must be an int >= 1 or None, got {num_workers!r}")
         self.num_workers = num_workers
+        self.wire_dtype = compress.check_wire_dtype(wire_dtype)
         self._keys = load_client_keys(keys_dir) if keys_dir is not None else None
         self._admin_token = check_token(admin_token, "admin_token")
         #: keys per request (NOTE [ps limits]); lowered to the shards' limit by :meth:`declare`
@@ -322,6 +327,13 @@ class PSClient:
                 requests.append((s, current))
         return requests, sizes
 
+    def _wire(self, header: dict) -> dict:   # NOTE [wire compression]: header and frames
+        return header if self.wire_dtype == "fp32" else dict(header, wire=self.wire_dtype)
+
+    def _frames(self, op: str, items: list) -> list:
+        return [a for _, ti, _, sub in items
+                for a in compress.encode_part(op, sub, self.tables[ti].dim, self.wire_dtype)]
+
     # ------------------------------------------------------------------ operations
     def declare(self, timeout_ms: int | None = None) -> None:
         """Declare this client's tables (and ``num_workers``) on every shard (idempotent);
@@ -345,13 +357,14 @@ class PSClient:
         groups, sizes = self._by_shard(batch, 1)
         sent = []
         for s, items in groups:
-            rid = self._send(s, "pull", {"parts": [{"table": ti} for _, ti, _, _ in items]},
+            rid = self._send(s, "pull", self._wire({"parts": [{"table": ti} for _, ti, _, _ in items]}),
                              [sub[0] for _, _, _, sub in items])
             sent.append((rid, items))
 
         def finish(replies):
             out = {}
             for (header, arrays), (_, items) in zip(replies, sent):
+                arrays = compress.decode_rows(arrays, compress.wire_of(header))   # NOTE [wire compression]
                 for (t, ti, idx, _), rows in zip(items, arrays):
                     if idx is None:
                         out[t] = rows
@@ -378,9 +391,9 @@ class PSClient:
         batch = {t: (np.asarray(k), np.asarray(g, np.float32), np.asarray(c, np.uint16))
                  for t, (k, g, c) in batch.items()}
         groups, _ = self._by_shard(batch, 3)
-        rids = [self._send(s, "push_grad", {"step": int(step), "rank": int(rank),
-                                            "parts": [{"table": ti} for _, ti, _, _ in items]},
-                           [a for _, _, _, sub in items for a in sub])
+        rids = [self._send(s, "push_grad", self._wire({"step": int(step), "rank": int(rank),
+                                                       "parts": [{"table": ti} for _, ti, _, _ in items]}),
+                           self._frames("push_grad", items))
                 for s, items in groups]
         return Handle(self, rids, lambda replies: sum(h.get("applied", 0) for h, _ in replies))
 
@@ -393,14 +406,31 @@ class PSClient:
         (embedding and optimizer state; NOTE [step protocol] steps 1 and 6)."""
         batch = {t: (np.asarray(k), np.asarray(r, np.float32)) for t, (k, r) in batch.items()}
         groups, _ = self._by_shard(batch, 2)
-        rids = [self._send(s, "push_rows", {"parts": [{"table": ti} for _, ti, _, _ in items]},
-                           [a for _, _, _, sub in items for a in sub])
+        rids = [self._send(s, "push_rows", self._wire({"parts": [{"table": ti} for _, ti, _, _ in items]}),
+                           self._frames("push_rows", items))
                 for s, items in groups]
         return Handle(self, rids, lambda replies: None)
 
     def push_rows(self, table: int | str, keys, rows) -> None:
         """Write back one table's rows and wait for the acks."""
         self.push_rows_async({table: (keys, rows)}).wait()
+
+    def clocks_async(self, batch: Mapping) -> Handle:
+        """Advance and read embedding clocks (NOTE [embedding clocks] in herald/ps/table.py):
+        ``{table: (keys uint64 [n], advance uint64 [n])}``, c_g += advance (0: read);
+        ``wait()`` gives ``{table: c_g after, uint64 [n] in key order}``."""
+        batch = {t: (np.asarray(k), np.asarray(c, np.uint64)) for t, (k, c) in batch.items()}
+        groups, sizes = self._by_shard(batch, 2)
+        sent = [(self._send(s, "clocks", {"parts": [{"table": ti} for _, ti, _, _ in items]},
+                            [a for _, _, _, sub in items for a in sub]), items) for s, items in groups]
+
+        def finish(replies):
+            out = {t: np.zeros(n, np.uint64) for t, n in sizes.items()}
+            for (_, arrays), (_, items) in zip(replies, sent):
+                for (t, _, idx, _), got in zip(items, arrays):
+                    out[t][slice(None) if idx is None else idx] = got
+            return out
+        return Handle(self, [rid for rid, _ in sent], finish)
 
     def _all(self, op: str, header: dict | None = None, timeout_ms: int | None = None) -> list[dict]:
         rids = [self._send(s, op, header or {}, timeout_ms=timeout_ms) for s in range(self.num_shards)]

@@ -23,7 +23,7 @@ import zmq
 
 from herald.auth import HandshakeMonitor, check_bind, server_socket
 from herald.errors import ConfigError, HeraldError, ProtocolError
-from herald.ps import checkpoint, wire
+from herald.ps import checkpoint, compress, wire
 from herald.ps.admin import AdminGate, AdminRefused
 from herald.ps.wire import PS
 from herald.ps import kernels as K
@@ -247,13 +247,15 @@ class ShardServer:
 
     def _op_pull(self, header, arrays):
         parts = self._parts(header, arrays, "pull")
+        wire_dtype = compress.wire_of(header)   # NOTE [wire compression]
         out = []
         for table, keys, _ in parts:
             rows, pending = table.pull(keys)
             self.counters["pull_keys"] += keys.shape[0]
             self.counters["pull_pending_keys"] += pending
-            out.append(rows)
-        return {"parts": [{"table": t.index} for t, _, _ in parts]}, out
+            out += compress.encode_rows(rows, table.cfg.dim, wire_dtype)
+        reply = {"parts": [{"table": t.index} for t, _, _ in parts]}
+        return (dict(reply, wire=wire_dtype) if wire_dtype != "fp32" else reply), out
 
     def _op_push_grad(self, header, arrays):
         step = wire.get_int(header, "step", -(1 << 62), 1 << 62)
@@ -262,6 +264,7 @@ class ShardServer:
         if rank >= bound:
             raise ProtocolError(f"push_grad: rank {rank} is not below {self._bound_name()}; "
                                 "ranks run from 0 to workers - 1")
+        arrays = compress.decode_request("push_grad", header, arrays)   # NOTE [wire compression]
         parts = self._parts(header, arrays, "push_grad")
         for table, keys, (grads, contributors) in parts:  # NOTE [ps limits], before any change
             if contributors.shape[0] and int(contributors.max()) > bound:
@@ -324,11 +327,18 @@ class ShardServer:
         return out
 
     def _op_push_rows(self, header, arrays):
+        arrays = compress.decode_request("push_rows", header, arrays)   # NOTE [wire compression]
         parts = self._parts(header, arrays, "push_rows")
         for table, keys, (rows,) in parts:
             table.push_rows(keys, rows)
             self.counters["push_rows_keys"] += keys.shape[0]
         return {}, []
+
+    def _op_clocks(self, header, arrays):
+        """NOTE [embedding clocks]: advance and read c_g; one uint64 [n] reply frame per part."""
+        parts = self._parts(header, arrays, "clocks")
+        out = [table.advance_clocks(keys, np.array(advance)) for table, keys, (advance,) in parts]
+        return {"parts": [{"table": t.index} for t, _, _ in parts]}, out
 
     def _op_stats(self, header, arrays):
         return {"stats": self.stats()}, []

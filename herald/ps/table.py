@@ -25,7 +25,7 @@ RETAIN_STEPS = 4
 _ONE_TABLE = 0
 
 #: Per-row arrays besides ``rows`` (grown, compacted and reset together).
-_PER_ROW = ("row_keys", "row_marks", "stamps", "last_used")
+_PER_ROW = ("row_keys", "row_marks", "stamps", "last_used", "clocks")
 
 
 def _empty_step(dim: int) -> PendingStep:
@@ -71,6 +71,7 @@ class EmbeddingTable:
         self.row_marks = np.zeros(cap, np.int32)   # open aggregations per row
         self.stamps = np.zeros(cap, np.uint32)     # duplicate detection per request
         self.last_used = np.zeros(cap, np.uint64)  # request clock of each row's last touch
+        self.clocks = np.zeros(cap, np.uint64)     # c_g of each row: NOTE [embedding clocks]
         self._stamp = 0
         self._rebuild_map(2 * cap)
         self.pending: dict[int, PendingStep] = {}
@@ -266,17 +267,53 @@ class EmbeddingTable:
             step_state.opened_at = time.monotonic()   # reopened after it had completed
         if step_state is None:
             if not np.any(contributors > 1):
-                return int(K.push_grad_jit(self.rows, self.row_marks, slots, keys, grads, contributors,
+                applied = int(K.push_grad_jit(self.rows, self.row_marks, slots, keys, grads, contributors,
                                            np.int64(rank), check.pk, check.pi, check.p_key, check.p_slot,
                                            check.p_expected, check.p_arrived, check.p_head, check.e_rank,
                                            check.e_next, check.e_grad, check.cnt, self._kind,
                                            self.cfg.dim, self._hp))
+                self._tick(slots)
+                return applied
             step_state = self.pending[step] = PendingStep(self.cfg.dim, keys.shape[0])
         applied = step_state.push(self.rows, self.row_marks, slots, keys, grads, contributors, rank,
                                   self._kind, self._hp)
+        self._tick(slots)
         if step_state.open == 0:
             self._retire(step)
         return applied
+
+    # NOTE [embedding clocks]
+    # ~~~~~~~~~~~~~~~~~~~~~~~
+    # HET's global Lamport clock c_g per embedding (het-vldb22 §3.3): the number of updates
+    # the PS row holds. An optimizer application of an aggregated gradient adds 1 (a row of
+    # ``slots`` whose aggregation is complete after a push has no open mark left: with the
+    # dispatcher's steps one aggregation per row is open at a time). A worker that writes
+    # back a row it alone updated sends, in a ``clocks`` request, how many local updates the
+    # row holds since it last synchronised (c_c - c_s), and the PS adds them
+    # (``advance_clocks``). HET's Evict sets c_g = max(c_g, c_c); in herald only the holder
+    # of the only latest copy writes a row back (NOTE [step protocol]), so c_g = c_s on the
+    # PS then and the two agree. An advance of 0 reads c_g (CheckValid's second
+    # condition). Clocks are not checkpointed: a restored table, like the emptied worker
+    # caches at a checkpoint barrier, starts them at 0.
+
+    def _tick(self, slots: np.ndarray) -> None:
+        """c_g += 1 for the rows of ``slots`` whose gradient was applied by the push just made."""
+        done = slots[self.row_marks[slots] == 0]
+        self.clocks[done] += np.uint64(1)
+
+    def advance_clocks(self, keys: np.ndarray, advance: np.ndarray) -> np.ndarray:
+        """c_g += ``advance`` for ``keys`` (uint64 [n] each; a key given twice adds both);
+        returns uint64 [n]: c_g after. NOTE [embedding clocks].
+
+        Raises:
+            ProtocolError: keys or advance not uint64 [n].
+        """
+        self._check(keys)
+        if not (isinstance(advance, np.ndarray) and advance.dtype == np.uint64 and advance.shape == keys.shape):
+            raise ProtocolError(f"table {self.cfg.name!r}: clock advances must be uint64 [{keys.shape[0]}]")
+        slots = self.slots(keys)
+        np.add.at(self.clocks, slots, advance)
+        return self.clocks[slots]
 
     def _retire(self, step: int) -> None:
         """A step without open aggregations keeps its key map (so late or repeated
@@ -333,6 +370,7 @@ class EmbeddingTable:
         self.row_marks = np.zeros(cap, np.int32)
         self.stamps = np.zeros(cap, np.uint32)
         self.last_used = np.zeros(cap, np.uint64)
+        self.clocks = np.zeros(cap, np.uint64)   # clocks restart with a restored table
         self.n_rows = n
         self.pending = {}
         self._retired = []

@@ -15,13 +15,14 @@ from herald.wire import Protocol
 #: Version 2: NOTE [wire format] layout (``arrays`` with numpy dtype strings).
 #: Frames under 1 MiB are copied by ``send(copy=False)`` anyway: a memcpy of up to
 #: 1 MiB is cheaper than pyzmq's zero-copy bookkeeping (its garbage-collector thread).
-PS = Protocol("ps", 2, frozenset({"<u8", "<f4", "<u2"}), max_header_bytes=1 << 20, max_frames=4096,
+#: ``<f2`` and ``|i1`` carry compressed payloads (NOTE [wire compression], herald/ps/compress.py).
+PS = Protocol("ps", 2, frozenset({"<u8", "<f4", "<u2", "<f2", "|i1"}), max_header_bytes=1 << 20, max_frames=4096,
               max_dims=2, copy_threshold_bytes=1 << 20)
 
 #: Requests; the replies carry the same op. Mutating ops are deduplicated by
 #: (client id, request id) on the shard, so every op is safe to retry.
-OPS = ("declare", "pull", "push_grad", "push_rows", "stats", "checkpoint", "restore", "shutdown", "ping")
-MUTATING = frozenset({"declare", "push_grad", "push_rows", "checkpoint", "restore"})
+OPS = ("declare", "pull", "push_grad", "push_rows", "clocks", "stats", "checkpoint", "restore", "shutdown", "ping")
+MUTATING = frozenset({"declare", "push_grad", "push_rows", "clocks", "checkpoint", "restore"})
 #: Ops that carry the job's admin token (header ``token``), checked by the shard before
 #: anything else: NOTE [ps admin ops] (herald/ps/admin.py).
 ADMIN = frozenset({"checkpoint", "restore", "shutdown"})
@@ -30,6 +31,17 @@ PART_FRAMES = {
     "pull": (("keys", "<u8"),),
     "push_grad": (("keys", "<u8"), ("grads", "<f4"), ("contributors", "<u2")),
     "push_rows": (("keys", "<u8"), ("rows", "<f4")),
+    # NOTE [embedding clocks] (herald/ps/table.py): c_g += advance; the reply's frames are
+    # the clocks after it, uint64 [n] per part (advance 0: a plain read).
+    "clocks": (("keys", "<u8"), ("advance", "<u8")),
+}
+#: With a request header ``wire`` other than fp32 (NOTE [wire compression]): the frames
+#: per part, ``payload`` in ``<f2`` (fp16), ``<u2`` (bf16) or ``|i1`` (int8); decoded by
+#: herald/ps/compress.py into the :data:`PART_FRAMES` layout before anything else.
+COMPRESSED_PART_FRAMES = {
+    "pull_reply": ("payload", ("scales", "<f4"), ("state", "<f4")),
+    "push_grad": (("keys", "<u8"), "payload", ("scales", "<f4"), ("contributors", "<u2")),
+    "push_rows": (("keys", "<u8"), "payload", ("scales", "<f4"), ("state", "<f4")),
 }
 
 

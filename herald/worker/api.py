@@ -114,7 +114,8 @@ class ScheduledLoader:
         self.rank, self.world_size, self.job, self.device = rank, world_size, job, device
         self._sock, self._dispatcher, self._timeout_ms = sock, dispatcher, timeout_ms
         self.executor = PlanExecutor(job, rank, world_size, device, cache_device)
-        self.protocol = make_protocol(job.consistency, self.executor)
+        self.protocol = make_protocol(job.consistency, self.executor,
+                                      **({"staleness": job.staleness} if job.consistency == "bounded" else {}))
         self.dense: DenseSync | None = None
         self._batch: Batch | None = None
         self.steps = 0
@@ -223,7 +224,9 @@ class ScheduledLoader:
 
         A resumed job (``job.resume_dense``, a checkpoint folder) loads both states here.
         """
-        self.dense = DenseSync(model, optimizer, self.world_size)
+        job = self.job   # groups > 1: a collective setup (NOTE [training groups])
+        self.dense = DenseSync(model, optimizer, self.world_size, dense_comm=job.dense_comm, rank=self.rank,
+                               groups=job.groups, average_every=job.average_every, easgd_alpha=job.easgd_alpha)
         if self.job.resume_dense:
             self.dense.load(self.job.resume_dense, self.device)
 
@@ -245,7 +248,7 @@ class ScheduledLoader:
                     self._yielded = (time.perf_counter(), sum(self.timer.seconds.values()))
                     yield self._batch
                 elif op == "flush":
-                    self.executor.flush(KeySet(arrays[0], arrays[1]), reset=bool(header.get("reset")))
+                    self.protocol.flush(KeySet(arrays[0], arrays[1]), reset=bool(header.get("reset")))
                     self._send({"op": "flushed", "rank": self.rank})
                 elif op == "save":
                     self._save(str(header["path"]))
@@ -293,6 +296,8 @@ class ScheduledLoader:
         try:
             mb = batch.micro_batch
             self._check_finite(mb, loss, batch.rows)
+            if self.rank == self.job.slow_worker_rank:   # --slow-worker: a straggler, counted as compute
+                time.sleep(self.job.slow_worker_ms / 1000.0)
             if self._yielded is not None:  # forward + backward not timed by the training loop
                 since, claimed = self._yielded
                 self.timer.add("compute", max(0.0, time.perf_counter() - since
@@ -306,7 +311,8 @@ class ScheduledLoader:
                 preds = [mb.labels, torch.sigmoid(logits.detach()).to("cpu", torch.float32).numpy().reshape(-1)]
             with self.timer("ack"):
                 self._send({"op": "ack", "rank": self.rank, "step": mb.step, "loss": value,
-                            "phases_ms": self.timer.take(), **self.executor.take_traffic()}, preds)
+                            "phases_ms": self.timer.take(), "consistency": self.protocol.take_stats(),
+                            **self.executor.take_traffic()}, preds)
             self.steps += 1
         except Exception as exc:
             self._report_error(exc)
@@ -358,6 +364,8 @@ class ScheduledLoader:
         if self._closed:
             return
         self._closed = True
+        if self.dense is not None:   # the averaging thread's statistics, for the report
+            self.dense.close(self._timeout_ms / 1000.0, self.job.run_dir)
         self.executor.close()
         self._sock.close(linger=0)
 

@@ -2,10 +2,16 @@
 
 Step 7 of NOTE [step protocol] (``herald/scheduler/plan.py``). Every rank holds the
 same dense replica (same seed, same averaged gradients), as in data-parallel training.
+With ``dense_comm`` fp16/bf16 the all-reduce payload is compressed the way torch's DDP
+``fp16_compress_hook`` / ``bf16_compress_hook`` do it (divide by the ranks, cast,
+all-reduce, cast back; HT §4.2). With training groups (NOTE [training groups] in
+herald/worker/groups.py) the all-reduce runs in the rank's group and the replicas of
+the groups are averaged in the background.
 """
 
 from __future__ import annotations
 
+import json
 import pathlib
 
 import torch
@@ -13,6 +19,9 @@ import torch.distributed as dist
 from torch import nn
 
 from herald.worker.devices import group_for
+from herald.worker.groups import GroupLayout, TrainingGroups
+
+COMM_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 class DenseSync:
@@ -26,32 +35,83 @@ class DenseSync:
         model: the dense model (the same initial parameters on every rank).
         optimizer: its optimizer.
         world_size: ranks of the default process group (1: no all-reduce).
+        dense_comm: ``fp32`` (default: exactly today's all-reduce), ``fp16`` or ``bf16``.
+        rank, groups, average_every, easgd_alpha: NOTE [training groups]; ``groups`` 1
+            (default) is one replica, exact BSP. ``groups > 1`` is a collective setup:
+            every rank constructs its DenseSync at the same point.
 
     The buffer lives on the parameters' device; it is all-reduced in the default group
     (NCCL or gloo), or in the gloo side group when the default group is NCCL and the
     parameters are on the CPU (:func:`herald.worker.devices.group_for`).
     """
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, world_size: int):
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, world_size: int, *,
+                 dense_comm: str = "fp32", rank: int = 0, groups: int = 1, average_every: int = 10,
+                 easgd_alpha: float = 0.3):
         self.model, self.optimizer, self.world_size = model, optimizer, world_size
+        self.dense_comm, self.steps = dense_comm, 0
         self._flat: torch.Tensor | None = None
         self._views: list[torch.Tensor] = []
+        self.groups: TrainingGroups | None = None
+        if groups > 1 and world_size > 1:
+            params = [p for p in model.parameters() if p.requires_grad]
+            flat = torch.cat([p.detach().reshape(-1) for p in params]) if params else torch.zeros(0)
+            self.groups = TrainingGroups(rank, GroupLayout(world_size, groups), flat, easgd_alpha, average_every,
+                                         flat.device.type)
 
     def step(self) -> None:
         """Average the gradients over the ranks (one all-reduce), step, zero the gradients."""
         params = [p for p in self.model.parameters() if p.requires_grad]
+        self.steps += 1
+        raised = False
         if self.world_size > 1 and params:
             flat = self._flat
             if flat is None or not all(p.grad is not None and p.grad.data_ptr() == v.data_ptr()
                                        for p, v in zip(params, self._views)):
                 flat = self._bucket(params)
-            dist.all_reduce(flat, group=group_for(flat))   # NOTE [worker devices]
-            flat /= self.world_size
+            if self.groups is not None:
+                flat[-1] = self.groups.flag()   # NOTE [training groups], step 3
+                self._all_reduce(flat, self.groups.process_group, self.groups.layout.size)
+                raised = bool(flat[-1] > 0)
+            elif self.dense_comm != "fp32":
+                self._all_reduce(flat, group_for(flat), self.world_size)
+            else:
+                dist.all_reduce(flat, group=group_for(flat))   # NOTE [worker devices]
+                flat /= self.world_size
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=False)
+        if self.groups is not None and params:
+            self.groups.apply(params, self.steps, raised)
+
+    def _all_reduce(self, flat: torch.Tensor, group, ranks: int) -> None:
+        """Average ``flat`` over ``ranks`` ranks of ``group``, in the ``dense_comm`` payload dtype."""
+        if ranks == 1:
+            return
+        if self.dense_comm == "fp32":
+            dist.all_reduce(flat, group=group)
+            flat /= ranks
+            return
+        compressed = flat.to(COMM_DTYPES[self.dense_comm]).div_(ranks)   # as DDP's fp16_compress_hook
+        dist.all_reduce(compressed, group=group)
+        flat.copy_(compressed)
+
+    def close(self, timeout_s: float = 30.0, stats_dir: str | None = None) -> dict | None:
+        """Stop the group's averaging thread (bounded by ``timeout_s``); its statistics
+        (also written to ``stats_dir/groups-rank<r>.json`` for the report), or None
+        without groups. Idempotent."""
+        if self.groups is None:
+            return None
+        stats = dict(self.groups.stats(), thread_ended=self.groups.close(timeout_s))
+        if stats_dir:
+            out = pathlib.Path(stats_dir) / f"groups-rank{self.groups.rank}.json"
+            out.with_suffix(".tmp").write_text(json.dumps(stats))
+            out.with_suffix(".tmp").replace(out)
+        return stats
 
     def _bucket(self, params: list[torch.Tensor]) -> torch.Tensor:
-        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+        extra = [torch.zeros(1, dtype=params[0].dtype, device=params[0].device)] if self.groups is not None else []
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
+                         + extra)
         self._flat, self._views = flat, []
         offset = 0
         for p in params:
@@ -75,3 +135,6 @@ class DenseSync:
         state = torch.load(pathlib.Path(folder) / "dense.pt", weights_only=True, map_location=device)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        if self.groups is not None and self.groups.averager is not None:   # the center restarts from the replica
+            self.groups.averager.center = torch.cat([p.detach().reshape(-1).cpu() for p in self.model.parameters()
+                                                     if p.requires_grad])

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from herald.dispatch.microbatch import MicroBatch
+from herald.errors import ProtocolError
 from herald.job.spec import JobSpec
 from herald.phases import PhaseTimer
 from herald.ps import PSClient
@@ -109,7 +110,8 @@ class PlanExecutor:
         row_width = self.tables[0].row_width
         self.cache = make_cache(resolve_cache_device(cache_device, device), job.capacity_rows, row_width, device)
         self._divisor = torch.tensor(float(world_size), dtype=torch.float32, device=device)
-        self.ps = PSClient(list(job.ps), tables=self.tables, timeout_ms=job.ps_timeout_ms, keys_dir=job.keys_dir)
+        self.ps = PSClient(list(job.ps), tables=self.tables, timeout_ms=job.ps_timeout_ms, keys_dir=job.keys_dir,
+                           wire_dtype=job.wire_dtype)   # NOTE [wire compression]
         self._replicated = np.array(job.replicated_tables, np.int32)
         self.replicas = (ReplicaStore(job.replica_rows, row_width, self.dim, self.tables, self.ps, world_size)
                          if self._replicated.size else None)
@@ -138,6 +140,10 @@ class PlanExecutor:
             if handle is not None:
                 self._writes.append(handle)
 
+    def track_write(self, handle) -> None:
+        """Have :meth:`wait_writes` wait for ``handle`` (an object with ``wait()``) too."""
+        self._writes.append(handle)
+
     def wait_writes(self) -> None:
         """Wait until the PS acknowledged every write this step started (write-backs of
         :meth:`evict`, :meth:`push_grads`, :meth:`push_plan`)."""
@@ -155,14 +161,26 @@ class PlanExecutor:
             keys = KeySet(mb.plan.pull.table[early], mb.plan.pull.ids[early])
             self._early[mb.step] = (early, psio.pull_keys_async(self.ps, keys, self.cache.row_width))
 
-    def pull(self, mb: MicroBatch) -> None:
+    def pull(self, mb: MicroBatch, keep: np.ndarray | None = None) -> KeySet:
         """Fetch ``mb.plan.pull`` (rows with optimizer state) from the PS into the cache:
-        the prefetched rows (:meth:`prefetch`), then the others."""
+        the prefetched rows (:meth:`prefetch`), then the others; returns the keys pulled.
+
+        Args:
+            keep: bool [len(plan.pull)] or None (all): the pulls to make; a relaxed protocol
+                drops those whose cached copy it may still read (NOTE [bounded reads] in
+                herald/worker/consistency_bounded.py). Every prefetched key must be kept.
+        """
         pull = mb.plan.pull
+        early, wait = self._early.pop(mb.step, (None, None))
+        if keep is not None and not keep.all():
+            if early is not None and not keep[early].all():
+                raise ProtocolError(f"step {mb.step}: a relaxed protocol dropped a prefetched pull (a bug of "
+                                    "the protocol: keep every pull_early key)")
+            early = None if early is None else early[keep]
+            pull = KeySet(pull.table[keep], pull.ids[keep])
         if not len(pull):
-            return
+            return pull
         with self.timer("pull"):
-            early, wait = self._early.pop(mb.step, (None, None))
             if early is None:
                 rows = psio.pull_keys(self.ps, pull, self.cache.row_width)
             else:
@@ -175,6 +193,7 @@ class PlanExecutor:
                     rows[late] = late_wait()
             self.bytes_pulled += rows.nbytes + pull.ids.nbytes
             self.cache.put(pull, rows)
+        return pull
 
     def pull_replicas(self, mb: MicroBatch) -> None:
         """Make the replicated rows of the global batch present (NOTE [replicated tables])."""

@@ -20,9 +20,13 @@ change. Pulls it cannot change are issued early, while step ``t`` computes
 from __future__ import annotations
 
 import abc
+import collections
+
+import numpy as np
 
 from herald.dispatch.microbatch import MicroBatch
 from herald.errors import ConfigError
+from herald.scheduler.plan import KeySet
 from herald.worker.executor import PlanExecutor, StepRows
 
 
@@ -31,16 +35,42 @@ class ConsistencyProtocol(abc.ABC):
 
     Args:
         executor: the worker's :class:`PlanExecutor`.
+
+    Attributes:
+        stats: this step's read counters (:meth:`take_stats`): ``reads`` (embedding rows
+            read), ``stale_reads`` (rows read behind the PS copy), ``gap_sum`` and ``gap_max``
+            (their clock gaps, updates behind), ``rereads`` (cached copies re-fetched because
+            the staleness bound was reached), ``dropped`` (updates dropped or decayed).
     """
 
     name: str = ""
 
     def __init__(self, executor: PlanExecutor):
         self.executor = executor
+        self.stats: collections.Counter = collections.Counter()
+
+    def count_reads(self, mb: MicroBatch, gaps: np.ndarray) -> None:
+        """Count the rows ``mb`` reads; ``gaps``: uint64 clock gaps of those read stale."""
+        self.stats["reads"] += int(sum(u.shape[0] for u in mb.unique_ids))
+        self.stats["stale_reads"] += int(gaps.shape[0])
+        if gaps.shape[0]:
+            self.stats["gap_sum"] += int(gaps.sum())
+            self.stats["gap_max"] = max(self.stats["gap_max"], int(gaps.max()))
+
+    def take_stats(self) -> dict[str, int]:
+        """The counters since the last call (then reset); sent with the ack."""
+        out = {k: int(v) for k, v in self.stats.items()}
+        self.stats.clear()
+        return out
 
     def prefetch(self, mb: MicroBatch) -> None:
         """Start reading what ``mb`` (the next micro-batch, received while the current step
         runs) may read before the current step's updates land; default: nothing."""
+
+    def flush(self, keys: KeySet, reset: bool) -> None:
+        """Write back the only-latest rows ``keys``; with ``reset`` empty the cache (NOTE
+        [checkpoint barrier] in herald/dispatch/dispatcher.py)."""
+        self.executor.flush(keys, reset)
 
     @abc.abstractmethod
     def before_forward(self, mb: MicroBatch) -> None:
@@ -66,6 +96,7 @@ class BSP(ConsistencyProtocol):
         self.executor.evict(mb.plan)        # 1. evict (write-backs in flight until before the all-reduce)
         self.executor.pull(mb)              # 2. pull: every key used is now cached and latest
         self.executor.pull_replicas(mb)
+        self.count_reads(mb, np.zeros(0, np.uint64))
 
     def after_backward(self, mb: MicroBatch, step_rows: StepRows) -> None:
         ex, plan = self.executor, mb.plan
@@ -77,16 +108,29 @@ class BSP(ConsistencyProtocol):
         ex.wait_writes()                        # 1, 4 and 6 acknowledged before the all-reduce (7)
 
 
-#: consistency mode name -> protocol class (the job's ``consistency``).
+#: consistency mode name -> protocol class (the job's ``consistency``; docs/consistency.md).
+#: A relaxed mode's module registers its class here when imported (:func:`registered`).
 PROTOCOLS: dict[str, type[ConsistencyProtocol]] = {BSP.name: BSP}
+#: Modules of the relaxed modes (they import this one, so they are loaded on first use).
+RELAXED_MODULES = ("herald.worker.consistency_bounded",)
 
 
-def make_protocol(name: str, executor: PlanExecutor) -> ConsistencyProtocol:
-    """The protocol ``name`` over ``executor``.
+def registered() -> dict[str, type[ConsistencyProtocol]]:
+    """:data:`PROTOCOLS` with every relaxed mode loaded."""
+    import importlib
+
+    for module in RELAXED_MODULES:
+        importlib.import_module(module)
+    return PROTOCOLS
+
+
+def make_protocol(name: str, executor: PlanExecutor, **settings) -> ConsistencyProtocol:
+    """The protocol ``name`` over ``executor`` with its ``settings`` (``staleness`` for bounded).
 
     Raises:
         ConfigError: an unknown mode (the message lists the known ones).
     """
-    if name not in PROTOCOLS:
-        raise ConfigError(f"unknown consistency mode {name!r}; choose one of {sorted(PROTOCOLS)}")
-    return PROTOCOLS[name](executor)
+    modes = registered()
+    if name not in modes:
+        raise ConfigError(f"unknown consistency mode {name!r}; choose one of {sorted(modes)}")
+    return modes[name](executor, **settings)

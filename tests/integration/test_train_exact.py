@@ -53,12 +53,13 @@ CASES = ([(*c, 0, "cpu", "auto") for c in itertools.product([2, 4], ["herald", "
 
 @pytest.mark.parametrize("workers,schedule,optimizer,replicate_below,device,cache_device", CASES)
 def test_distributed_training_equals_single_process(tmp_path, data_dir, workers, schedule, optimizer,
-                                                    replicate_below, device, cache_device):
+                                                    replicate_below, device, cache_device, consistency="bsp"):
     source = str(data_dir / "criteo" / "criteo_kaggle_sample_train.tsv")
     cfg = TrainConfig(source=source, schedule=schedule, workers=workers, batch_size=BATCH, cache_rows=260,
                       embedding_dim=4, optimizer=optimizer, lr=LR[optimizer], dense_optimizer="sgd", dense_lr=0.05,
                       model="dlrm", steps=STEPS, eval_fraction=0.0, seed=3, run_dir=str(tmp_path),
-                      timeout_ms=60_000, replicate_below=replicate_below, device=device, cache_device=cache_device)
+                      timeout_ms=60_000, replicate_below=replicate_below, device=device, cache_device=cache_device,
+                      consistency=consistency)
     seen: dict = {}
 
     def grab(addresses, job):
@@ -95,6 +96,12 @@ def test_distributed_training_equals_single_process(tmp_path, data_dir, workers,
     for r in range(1, workers):
         other = torch.load(tmp_path / f"dense-rank{r}.pt", weights_only=True)
         assert all(torch.equal(other[k], dense[k]) for k in dense), f"rank {r}'s dense replica diverged"
+
+
+def test_bounded_staleness_zero_equals_single_process(tmp_path, data_dir):
+    """HET's bound s = 0 is exact BSP (NOTE [bounded reads] in herald/worker/consistency_bounded.py)."""
+    test_distributed_training_equals_single_process(tmp_path, data_dir, 2, "herald", "adagrad", 0, "cpu", "auto",
+                                                    consistency="bounded")
 
 
 def _reference(job, source, global_batch):

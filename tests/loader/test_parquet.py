@@ -88,5 +88,6 @@ def test_bench_smoke(tmp_path, data_dir):
     from herald.loader.benchmark import report, run
 
     results = run(8192, 1024, 1, 2048, str(data_dir / "criteo/criteo_kaggle_sample_dev.tsv"), str(tmp_path))
-    assert set(results) == {"parquet", "parquet+batcher", "parquet+shuffle64k", "criteo_tsv", "torch_dl_w0", "torch_dl_w2"}
+    assert set(results) == {"parquet", "parquet+batcher", "parquet+shuffle64k", "criteo_tsv", "torch_dl_w0", "torch_dl_w2",
+                            "herald_dl_w0", "herald_dl_w2"}
     assert all(v > 0 for v in results.values()) and "x torch w0" in report(results)

@@ -1,0 +1,130 @@
+"""Communication benchmarks (docs/compression.md), each against its baseline in the same run.
+
+``herald bench compression``: one ``herald train`` job per ``--wire-dtype`` (fp32, the
+baseline, then fp16, bf16, int8) on the Criteo sample and on MovieLens: embedding bytes
+per cause as fp32 and on the wire (NOTE [wire compression]), the ratio, worker<->PS bytes
+counted by the workers, steady samples/s and held-out AUC (and its difference to fp32).
+
+``herald bench groups``: 4 workers with ``--groups`` 1 (BSP, the baseline) and 2 (HT
+groups, background EASGD, NOTE [training groups]), without and with a straggler
+(``--slow-worker RANK:MS``): samples/s, speed-up over G = 1 under the same straggler,
+held-out AUC, and the groups' averaging lag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+
+DATASETS = {"criteo": "criteo/criteo_kaggle_sample_train.tsv", "movielens": "movielens/ml-latest-small/ratings.csv"}
+
+
+def add_compression_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data-dir", default="/work/shared/data", help="folder of the datasets (default: %(default)s)")
+    p.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
+    p.add_argument("--wire-dtypes", nargs="+", default=["fp32", "fp16", "bf16", "int8"])
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--steps", type=int, default=150, help="steps per job at most (default: %(default)s)")
+    p.add_argument("--embedding-dim", type=int, default=16)
+    p.add_argument("--out", default="runs/bench-compression")
+
+
+def add_groups_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data-dir", default="/work/shared/data", help="folder of the datasets (default: %(default)s)")
+    p.add_argument("--dataset", default="movielens", choices=list(DATASETS))
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--groups", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--slow-worker", default="3:50", help="straggler of the second pass, RANK:MS (default: %(default)s)")
+    p.add_argument("--average-every", type=int, default=5)
+    p.add_argument("--easgd-alpha", type=float, default=0.3)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--steps", type=int, default=120)
+    p.add_argument("--out", default="runs/bench-groups")
+
+
+def _job(args, dataset: str, run_dir: pathlib.Path, **kw) -> dict:
+    from herald.job.launcher import run_train
+    from herald.job.spec import TrainConfig
+
+    cfg = TrainConfig(source=str(pathlib.Path(args.data_dir) / DATASETS[dataset]), workers=args.workers,
+                      batch_size=args.batch_size, steps=args.steps, eval_fraction=0.1, run_dir=str(run_dir),
+                      **kw)
+    print(f"--- {dataset} {kw}", flush=True)
+    return run_train(cfg, progress=False)
+
+
+def run_compression(args: argparse.Namespace) -> dict:
+    out = pathlib.Path(args.out)
+    results: dict = {}
+    for dataset in args.datasets:
+        for wire in args.wire_dtypes:
+            rep = _job(args, dataset, out / f"{dataset}-{wire}", wire_dtype=wire, embedding_dim=args.embedding_dim)
+            comp = rep["compression"]
+            results[f"{dataset}-{wire}"] = {
+                "embedding_bytes_fp32": comp["fp32_bytes"], "embedding_bytes_wire": comp["wire_bytes"],
+                "ratio": comp["ratio"], "per_cause": comp["per_cause"],
+                "worker_ps_bytes": rep["wire_bytes"]["pulled"] + rep["wire_bytes"]["pushed"],
+                "samples_per_second": rep["samples_per_second"], "auc": rep["metrics"].get("auc", float("nan")),
+                "steps": rep["steps"]}
+    print("\n| dataset | wire | embedding MiB fp32 | on the wire MiB | fewer bytes | samples/s | held-out AUC "
+          "| AUC - fp32 |")
+    print("|---|---|---|---|---|---|---|---|")
+    for dataset in args.datasets:
+        base = results.get(f"{dataset}-fp32")
+        for wire in args.wire_dtypes:
+            r = results[f"{dataset}-{wire}"]
+            r["auc_delta"] = r["auc"] - base["auc"] if base else float("nan")
+            print(f"| {dataset} | {wire} | {r['embedding_bytes_fp32'] / 2**20:.2f} | "
+                  f"{r['embedding_bytes_wire'] / 2**20:.2f} | {r['ratio']:.2f}x | {r['samples_per_second']:,.0f} | "
+                  f"{r['auc']:.4f} | {r['auc_delta']:+.4f} |")
+    _write(out, "bench_compression.json", results)
+    return results
+
+
+def run_groups(args: argparse.Namespace) -> dict:
+    out = pathlib.Path(args.out)
+    results: dict = {}
+    for slow in (None, args.slow_worker):
+        for g in args.groups:
+            name = f"G{g}-" + ("straggler" if slow else "even")
+            rep = _job(args, args.dataset, out / name, groups=g, slow_worker=slow, average_every=args.average_every,
+                       easgd_alpha=args.easgd_alpha)
+            leaders = (rep.get("groups") or {}).get("leaders", [])
+            results[name] = {"groups": g, "slow_worker": slow, "samples_per_second": rep["samples_per_second"],
+                             "auc": rep["metrics"].get("auc", float("nan")), "steps": rep["steps"],
+                             "lag_steps_mean": max((s["lag_steps_mean"] for s in leaders), default=0.0),
+                             "lag_steps_max": max((s["lag_steps_max"] for s in leaders), default=0)}
+    print("\n| straggler | G | samples/s | speed-up vs G=1 | held-out AUC | AUC - G=1 | averaging lag mean / max "
+          "(steps) |")
+    print("|---|---|---|---|---|---|---|")
+    for slow in (None, args.slow_worker):
+        tag = "straggler" if slow else "even"
+        base = results.get(f"G{args.groups[0]}-{tag}")
+        for g in args.groups:
+            r = results[f"G{g}-{tag}"]
+            r["speedup"] = r["samples_per_second"] / base["samples_per_second"]
+            r["auc_delta"] = r["auc"] - base["auc"]
+            print(f"| {slow or 'none'} | {g} | {r['samples_per_second']:,.0f} | {r['speedup']:.2f}x | {r['auc']:.4f} | "
+                  f"{r['auc_delta']:+.4f} | {r['lag_steps_mean']:.1f} / {r['lag_steps_max']} |")
+    _write(out, "bench_groups.json", results)
+    return results
+
+
+def _write(out: pathlib.Path, name: str, results: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / name).write_text(json.dumps(results, indent=2, default=float))
+    print(f"\nwritten {out / name}")
+
+
+def register(bench) -> None:
+    """Add ``herald bench compression`` and ``herald bench groups``."""
+    b = bench.add_parser("compression", help="fp32 vs fp16/bf16/int8 wire: bytes, samples/s, AUC (same run)",
+                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_compression_arguments(b)
+    b.set_defaults(func=lambda args: (run_compression(args), 0)[1])
+    b = bench.add_parser("groups", help="HT groups G = 1, 2 with and without a straggler: samples/s, AUC, lag",
+                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_groups_arguments(b)
+    b.set_defaults(func=lambda args: (run_groups(args), 0)[1])

@@ -1,0 +1,103 @@
+"""Consistency benchmark: the same data under each consistency mode, with and without a straggler.
+
+Trains the same model on the same data (default: the Criteo sample) under ``bsp`` and
+``bounded`` with s = 1, 4, 16 (HET §4.1; docs/consistency.md), each once as it is and once
+with one worker slowed (``--slow-worker RANK:MS``; by default MS is BSP's own mean step
+time, so the straggler takes about 2x), in one run, and prints held-out AUC and log loss,
+samples/s, embeddings moved (rows pulled and pushed, by the plan), the pulls the bound
+saved and the observed staleness side by side. ``--out FILE.json`` keeps every figure.
+Modes not built yet (``gba``, ``hybrid``: issue 13) are listed as such, not run.
+
+Run as ``herald bench consistency``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+
+DEFAULT_SOURCE = "/work/shared/data/criteo/criteo_kaggle_sample_train.tsv"
+#: (label, consistency, staleness)
+MODES = (("bsp", "bsp", 0), ("bounded s=1", "bounded", 1), ("bounded s=4", "bounded", 4),
+         ("bounded s=16", "bounded", 16))
+NOT_BUILT = ("hybrid", "gba")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--source", default=DEFAULT_SOURCE, help="training data (default: %(default)s)")
+    p.add_argument("--workers", type=int, default=2, help="(default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=128, help="(default: %(default)s)")
+    p.add_argument("--epochs", type=int, default=1, help="(default: %(default)s)")
+    p.add_argument("--cache-ratio", type=float, default=0.1, help="(default: %(default)s)")
+    p.add_argument("--embedding-dim", type=int, default=16, help="(default: %(default)s)")
+    p.add_argument("--slow-rank", type=int, default=1, help="the straggler's rank (default: %(default)s)")
+    p.add_argument("--slow-ms", type=int, default=None,
+                   help="the straggler's extra milliseconds per step (default: BSP's mean step time, measured "
+                        "in this run: the straggler takes about twice as long)")
+    p.add_argument("--run-dir", default="runs/bench-consistency", help="job folders (default: %(default)s)")
+    p.add_argument("--out", default=None, metavar="FILE.json", help="write every figure here")
+
+
+def summarize(rep: dict) -> dict:
+    """The figures compared, from a ``herald train`` report dict."""
+    m, c, tx = rep["metrics"], rep["consistency"], rep["transmissions"]
+    return {"auc": m.get("auc", float("nan")), "logloss": m.get("logloss", float("nan")),
+            "samples_per_second": rep["samples_per_second"], "embeddings_moved": tx["total"],
+            "update_pulls": tx["update_pull"], "pulls_saved": c["stale_reads"], "rereads": c["rereads"],
+            "max_staleness": c["max_staleness_observed"], "mean_staleness": c["mean_staleness"],
+            "wire_bytes": rep["wire_bytes"]["pulled"] + rep["wire_bytes"]["pushed"], "steps": rep["steps"]}
+
+
+def _config(args: argparse.Namespace, mode: str, staleness: int, slow: str | None, name: str):
+    from herald.job.spec import TrainConfig
+
+    return TrainConfig(source=args.source, workers=args.workers, batch_size=args.batch_size, epochs=args.epochs,
+                       cache_ratio=args.cache_ratio, embedding_dim=args.embedding_dim, consistency=mode,
+                       staleness=staleness, slow_worker=slow, run_dir=str(pathlib.Path(args.run_dir) / name))
+
+
+def run(args: argparse.Namespace) -> dict:
+    from herald.job.launcher import run_train
+
+    results: dict = {}
+    slow_ms = args.slow_ms
+    for straggler in (False, True):
+        for label, mode, s in MODES:
+            if straggler and slow_ms is None:
+                bsp = results["bsp"]
+                slow_ms = max(1, round(1000 * args.workers * args.batch_size / bsp["samples_per_second"]))
+            slow = f"{args.slow_rank}:{slow_ms}" if straggler else None
+            key = label + (f" + slow {slow}" if straggler else "")
+            print(f"--- {key}", flush=True)
+            rep = run_train(_config(args, mode, s, slow, key.replace(" ", "_").replace(":", "-").replace("=", "")),
+                            progress=False)
+            results[key] = summarize(rep)
+    print_table(results)
+    print(f"not built yet (not run): {', '.join(NOT_BUILT)}")
+    if args.out:
+        pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        pathlib.Path(args.out).write_text(json.dumps({"results": results, "not_built": list(NOT_BUILT),
+                                                      "slow_ms": slow_ms}, indent=2))
+        print(f"written {args.out}")
+    return results
+
+
+def print_table(results: dict) -> None:
+    """A markdown table of :func:`summarize` rows, keyed by the run's label."""
+    print("\n| mode | AUC | log loss | samples/s | embeddings moved | update pulls | pulls saved | rereads "
+          "| staleness max / mean | worker<->PS MiB |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for key, r in results.items():
+        print(f"| {key} | {r['auc']:.4f} | {r['logloss']:.4f} | {r['samples_per_second']:,.0f} | "
+              f"{r['embeddings_moved']:,} | {r['update_pulls']:,} | {r['pulls_saved']:,} | {r['rereads']:,} | "
+              f"{r['max_staleness']} / {r['mean_staleness']:.3f} | {r['wire_bytes'] / 2**20:.2f} |")
+
+
+def register(bench) -> None:
+    """Add ``herald bench consistency``."""
+    b = bench.add_parser("consistency", help="bsp and bounded (s = 1, 4, 16), with and without a straggler: "
+                                             "AUC, log loss, samples/s, transmissions (same run)",
+                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(b)
+    b.set_defaults(func=lambda args: (run(args), 0)[1])
