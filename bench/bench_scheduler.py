@@ -12,6 +12,11 @@ alternating subprocesses (``--rounds`` each), the warm per-step times are pooled
 per-step counts of both must be identical (the optimisation may not change any
 transmission). Prints a before / after table (median and p99, ms per global batch).
 ``--cases 0,1`` measures only those cases (indices into ``CASES``).
+
+``--pool-vs-prange`` times the LRU snapshot pass of the Criteo sample (8 x 128, the largest
+pass of a step) run serially, as the numba ``prange`` kernel the scheduler uses with 2
+threads, and as the same per-worker function on a Python thread pool of 2 (one task plus
+the calling thread): the measurement behind docs/scheduler.md "Parallel passes".
 """
 
 from __future__ import annotations
@@ -68,6 +73,77 @@ def timing_worker(data: str, schedule: str, workers: int, per_worker: int, build
             digest.update(np.ascontiguousarray(p.counts).tobytes())
     print(json.dumps({"submit_ms": [1e3 * s for s in sched.submit_seconds], "cpu_ms": cpu_ms,
                       "counts": digest.hexdigest()}))
+
+
+def pool_vs_prange(repeats: int = 200) -> int:
+    """Serial / ``prange`` / thread-pool timings of one LRU snapshot pass (see the module doc)."""
+    import copy
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numba as nb
+    import numpy as np
+
+    from herald.scheduler import parallel_kernels as PK
+    from herald.scheduler import snapshot_kernels as SK
+    from herald.scheduler.benchmark import load_batches
+    from herald.scheduler.config import SchedulerConfig
+    from herald.scheduler.scheduler import Scheduler, count_distinct_keys
+
+    @nb.njit(nogil=True)
+    def lru_workers(w0, w1, W, *args):   # the scheduler's per-worker function, for a range of workers
+        for w in range(w0, w1):
+            SK._lru_worker_jit(w, W, *args, True)
+
+    batches, tables, _ = load_batches(CRITEO, 1024)
+    sched = Scheduler(SchedulerConfig(), len(tables), count_distinct_keys(batches))
+    seen = {}
+    forward = sched.snapshots.before_forward
+
+    def capture(keys, off, counts, threads=1):   # the state before step 4's snapshot pass
+        seen.setdefault("state", (copy.deepcopy(sched.snapshots), keys.copy(), off.copy()))
+        return forward(keys, off, counts, threads)
+
+    for b in batches[:4]:
+        sched.submit(b)
+    sched.snapshots.before_forward = capture
+    sched.submit(batches[4])
+    snap0, keys, off = seen["state"]
+    W = off.shape[0] - 1
+    pool = ThreadPoolExecutor(2)
+
+    def fresh():
+        sn, n = copy.deepcopy(snap0), keys.shape[0]
+        outs = (np.empty(n, np.int32), np.zeros(n, np.bool_), np.zeros(W, np.int64), np.empty(n, np.int32),
+                np.zeros(W, np.int64), np.zeros((W, 6), np.int64))
+        return (keys, off, sn.cached, sn.valid, sn.owner, sn.capacity_rows, sn.pos, sn.log, sn.head, sn.tail,
+                sn.size) + outs
+
+    def serial(a):
+        SK.snapshot_lru_step_jit(*a, np.zeros(2, np.int64))
+
+    def prange2(a):
+        nb.set_num_threads(2)
+        PK.snapshot_lru_par_jit(*a, np.zeros(2, np.int64), 2)
+
+    def pool2(a):
+        f = pool.submit(lru_workers, W // 2, W, W, *a)
+        lru_workers(0, W // 2, W, *a)
+        f.result()
+
+    runs = {f.__name__: [] for f in (serial, prange2, pool2)}
+    for f in (serial, prange2, pool2):
+        f(fresh())   # compile
+    for _ in range(repeats // 20):
+        for f in (serial, prange2, pool2):   # interleaved: the same machine load for each
+            for _ in range(20):
+                a = fresh()
+                t0 = time.perf_counter()
+                f(a)
+                runs[f.__name__].append(time.perf_counter() - t0)
+    print(f"LRU snapshot pass, Criteo sample 8 x 128 ({keys.shape[0]:,} keys), load {os.getloadavg()[0]:.2f}:")
+    for name, v in runs.items():
+        print(f"  {name:8s} median {1e3 * np.median(v):.3f} ms  p10 {1e3 * np.percentile(v, 10):.3f} ms")
+    return 0
 
 
 def _run_child(root: str, case, schedule: str, build_plans: bool) -> dict:
@@ -136,7 +212,11 @@ if __name__ == "__main__":
     parser.add_argument("--cases", default=None,
                         help="--compare-ref: comma-separated indices into CASES (default all)")
     parser.add_argument("--after-root", default=str(ROOT), help=argparse.SUPPRESS)  # a frozen copy
+    parser.add_argument("--pool-vs-prange", action="store_true",
+                        help="time one LRU snapshot pass serially, with prange and on a Python thread pool")
     args = parser.parse_args()
+    if args.pool_vs_prange:
+        sys.exit(pool_vs_prange())
     if args.compare_ref:
         sys.exit(compare(args.compare_ref, args.rounds, args.schedules.split(","), not args.no_plans,
                          args.after_root,

@@ -16,8 +16,10 @@ reads the next batch; half of it leaves room for both and for the step-to-step j
 of the median, and keeps the scheduling thread idle at least half of the time, so it
 does not compete with the training processes for cores on a shared host.
 
-Rule, per step, on medians over the last ``window`` steps (first ``warmup_steps`` steps
-ignored: they include loading the kernels and the pipeline filling up):
+Rule, per step, on medians over the last ``window`` steps (the first ``warmup_steps`` = 10
+steps are not acted on, as Herald §6.1 drops 10 warm-up iterations: they include loading
+the kernels and the dispatcher's pipeline filling up, ~``max_inflight_steps`` + 5 steps
+read ahead before the workers' credits hold it back, whose periods are short):
 ``time(k) = fixed + k * per_table`` with ``per_table`` = allocation time / k and
 ``fixed`` = the rest of ``submit``. If even ``time(1)`` exceeds the budget, lowering k
 cannot meet it: k is kept, ``budget_unreachable`` counts the step and a notice is
@@ -55,9 +57,10 @@ class BudgetController:
     """
 
     def __init__(self, num_tables: int, budget_ms, *, fraction: float = 0.5, window: int = 16,
-                 warmup_steps: int = 3) -> None:
+                 warmup_steps: int = 10) -> None:
         require(num_tables >= 1, f"num_tables must be >= 1, got {num_tables}")
-        require(budget_ms == "auto" or (isinstance(budget_ms, (int, float)) and budget_ms > 0),
+        require(budget_ms == "auto" or (isinstance(budget_ms, (int, float)) and not isinstance(budget_ms, bool)
+                                        and 0 < budget_ms < float("inf")),
                 f"budget_ms must be 'auto' or a number of ms > 0, got {budget_ms!r}")
         require(0 < fraction <= 1, f"fraction must be in (0, 1], got {fraction!r}")
         require(window >= 1 and warmup_steps >= 0, "window must be >= 1 and warmup_steps >= 0")

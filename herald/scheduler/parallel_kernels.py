@@ -70,14 +70,13 @@ def gather_samples_tables_par_jit(offsets, slots_flat, out_off, out_slot, out_ta
     base = np.zeros(T, np.int64)
     for t in range(1, T):
         base[t] = base[t - 1] + offsets[t - 1][B]
+    out_off[:] = 0
     for c in prange(nchunks):
         lo, hi = _chunk(c, B, nchunks)
-        for i in range(lo, hi):
-            n = 0
-            for t in range(T):
-                n += offsets[t][i + 1] - offsets[t][i]
-            out_off[i + 1] = n
-    out_off[0] = 0
+        for t in range(T):  # a table's array once per chunk (a tuple index is a switch)
+            o = offsets[t]
+            for i in range(lo, hi):
+                out_off[i + 1] += o[i + 1] - o[i]
     for i in range(B):
         out_off[i + 1] += out_off[i]
     for c in prange(nchunks):
@@ -208,12 +207,14 @@ def collect_keys_par_jit(samp_off, samp_slot, order, wstart, use_mask, freq, cou
             n += samp_off[order[q] + 1] - samp_off[order[q]]
         region[w + 1] = region[w] + n
     tmp = np.empty(nnz, np.int32)
+    cand = np.empty(nnz if plan_push else 0, np.int32)  # keys of K_w held dirty by another worker
     cnt = np.zeros(W, np.int64)
+    ncand = np.zeros(W, np.int64)
     for c in prange(nchunks):
         w0, w1 = _chunk(c, W, nchunks)
         for w in range(w0, w1):
-            cnt[w] = _collect_worker_jit(w, samp_off, samp_slot, order, wstart, use_mask, freq, count_freq,
-                                         tmp, region[w]) - region[w]
+            cnt[w], ncand[w] = _collect_worker_jit(w, samp_off, samp_slot, order, wstart, use_mask, freq,
+                                                   count_freq, owner, plan_push, tmp, cand, region[w])
     out_off[0] = 0
     for w in range(W):
         out_off[w + 1] = out_off[w] + cnt[w]
@@ -224,7 +225,7 @@ def collect_keys_par_jit(samp_off, samp_slot, order, wstart, use_mask, freq, cou
         for w in range(w0, w1):
             out_keys[out_off[w]:out_off[w + 1]] = tmp[region[w]:region[w] + cnt[w]]
             if plan_push:
-                pp_cnt[w] = _claim_plan_pushes_jit(w, out_keys, out_off, use_mask, owner, tmp, pp_owner, region[w])
+                pp_cnt[w] = _claim_plan_pushes_jit(w, cand, region[w], ncand[w], use_mask, owner, tmp, pp_owner)
     n = 0
     if plan_push:  # in worker order, canonical order within a worker: the serial push order
         for w in range(W):
@@ -236,9 +237,14 @@ def collect_keys_par_jit(samp_off, samp_slot, order, wstart, use_mask, freq, cou
 
 
 @nb.njit(nogil=True, cache=True)
-def _collect_worker_jit(w, samp_off, samp_slot, order, wstart, use_mask, freq, count_freq, out, n):
-    """K_w in canonical order into ``out[n:]``; returns the end."""
+def _collect_worker_jit(w, samp_off, samp_slot, order, wstart, use_mask, freq, count_freq, owner, plan_push, out,
+                        cand, n0):
+    """K_w in canonical order into ``out[n0:]`` and, with ``plan_push``, those of its keys
+    held dirty by another worker into ``cand[n0:]`` (candidate plan pushes: ``owner``
+    does not change in this pass); returns both counts."""
     bit = np.uint64(1) << np.uint64(w)
+    n = n0
+    m = n0
     end = wstart[w + 1]
     for q in range(wstart[w], end):
         i = order[q]
@@ -254,21 +260,27 @@ def _collect_worker_jit(w, samp_off, samp_slot, order, wstart, use_mask, freq, c
                 atomic_or_jit(use_mask, s, bit)
                 out[n] = s
                 n += 1
-    return n
+                if plan_push:
+                    o = owner[s]
+                    if o >= 0 and o != w:
+                        cand[m] = s
+                        m += 1
+    return n - n0, m - n0
 
 
 @nb.njit(nogil=True, cache=True)
-def _claim_plan_pushes_jit(w, keys, off, use_mask, owner, out_slot, out_owner, n0):
-    """Plan pushes (Alg. 2) found by worker w: keys of K_w (canonical order) held dirty
-    by ``o != w`` of which w is the lowest-ranked user other than o, the worker the
-    serial pass reaches first. Writes ``out_slot[n0:]`` / ``out_owner[n0:]`` and sets
-    their ``owner`` to -1 (another user of the key reading o or -1 skips it either way).
-    Returns the count. ``use_mask`` must hold every worker's bits."""
+def _claim_plan_pushes_jit(w, cand, n0, ncand, use_mask, owner, out_slot, out_owner):
+    """Plan pushes (Alg. 2) found by worker w among its candidates ``cand[n0:n0 + ncand]``
+    (keys of K_w in canonical order held dirty by ``o != w``): those of which w is the
+    lowest-ranked user other than o, the worker the serial pass reaches first. Writes
+    ``out_slot[n0:]`` / ``out_owner[n0:]`` and sets their ``owner`` to -1 (another
+    candidate reading o or -1 skips it either way). Returns the count. ``use_mask``
+    must hold every worker's bits."""
     n = n0
-    for i in range(off[w], off[w + 1]):
-        s = keys[i]
+    for i in range(n0, n0 + ncand):
+        s = cand[i]
         o = owner[s]
-        if o < 0 or o == w:
+        if o < 0:
             continue
         if lowbit_index_jit(use_mask[s] & ~(np.uint64(1) << np.uint64(o))) == w:
             out_slot[n] = s
