@@ -157,4 +157,6 @@ def test_fuzz_random_bytes_never_crash(records, fmt):
             f.write(blob)
         parts, stats = _read(path, fmt, bad_records="skip", chunk_bytes=64)
         n_lines = blob.count(b"\n") + (1 if blob and not blob.endswith(b"\n") else 0)
+        if fmt == "avazu" and blob.startswith(b"id,click,"):
+            n_lines -= 1   # the first line is Avazu's header (formats/raw.py), neither a row nor a bad record
         assert stats["rows"] + sum(stats["skipped"].values()) == n_lines
