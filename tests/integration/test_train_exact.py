@@ -14,6 +14,7 @@ tolerances.
 from __future__ import annotations
 
 import itertools
+import pathlib
 
 import numpy as np
 import pytest
@@ -87,14 +88,20 @@ def test_distributed_training_equals_single_process(tmp_path, data_dir, workers,
     assert (rep["wire_bytes"]["allreduced"] > 0) == bool(replicate_below and workers > 1)
     tx = rep["transmissions"]
     assert tx["evict_push"] + tx["update_pull"] > 0 or schedule == "vanilla", "the cache was never under pressure"
+    assert_matches_reference(seen, tmp_path, workers)
+
+
+def assert_matches_reference(seen: dict, run_dir: pathlib.Path, workers: int) -> None:
+    """The job's PS rows, optimizer state (``seen``, read by ``on_finish``) and every rank's
+    dense replica (in ``run_dir``) equal the single-process reference within 1e-5."""
     assert seen["diff"] < 1e-5, f"embeddings differ from the single-process reference by {seen['diff']}"
     assert seen["state_rel"] < 1e-5, f"optimizer state differs from the reference by {seen['state_rel']} (relative)"
-    dense = torch.load(tmp_path / "dense-rank0.pt", weights_only=True)
+    dense = torch.load(run_dir / "dense-rank0.pt", weights_only=True)
     ref = seen["ref_model"].state_dict()
     worst = max(float((dense[k] - ref[k]).abs().max()) for k in ref)
     assert worst < 1e-5, f"dense parameters differ from the reference by {worst}"
     for r in range(1, workers):
-        other = torch.load(tmp_path / f"dense-rank{r}.pt", weights_only=True)
+        other = torch.load(run_dir / f"dense-rank{r}.pt", weights_only=True)
         assert all(torch.equal(other[k], dense[k]) for k in dense), f"rank {r}'s dense replica diverged"
 
 
