@@ -46,9 +46,11 @@ def send_all(bootstrap, topic, payloads):
         producer.close(timeout=10)
 
 
-def source(bootstrap, topic, fmt, group="g", **kw):
+def source(bootstrap, topic, fmt, group=None, **kw):
+    # a group per topic by default: one group shared by the tests' topics rebalances whenever
+    # any test's consumer joins or leaves, and a lingering member stalls the next assignment
     kw.setdefault("idle_timeout_ms", 1000)
-    return KafkaSource(KafkaSourceConfig(bootstrap, topic, group, fmt,
+    return KafkaSource(KafkaSourceConfig(bootstrap, topic, group or f"g-{topic}", fmt,
                                          client_options={"api_version": (0, 9)}, **kw))
 
 
