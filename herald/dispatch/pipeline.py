@@ -164,10 +164,7 @@ class Pipeline:
         except _Closed:
             return
         except BaseException as exc:  # noqa: BLE001 - handed to the serve thread
-            try:
-                self._put(self._plans, ("error", exc))
-            except _Closed:
-                return
+            self._hand_off(self._plans, exc)
 
     def _run_build(self) -> None:
         try:
@@ -181,7 +178,11 @@ class Pipeline:
         except _Closed:
             return
         except BaseException as exc:  # noqa: BLE001 - handed to the serve thread
-            try:
-                self._put(self._ready, ("error", exc))
-            except _Closed:
-                return
+            self._hand_off(self._ready, exc)
+
+    def _hand_off(self, q: queue.Queue, exc: BaseException) -> None:
+        """Pass a stage's failure down the pipeline (unless it is being closed)."""
+        try:
+            self._put(q, ("error", exc))
+        except _Closed:
+            pass

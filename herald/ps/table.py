@@ -153,8 +153,7 @@ class EmbeddingTable:
     def _evict_for(self, keys: np.ndarray, scratch: np.ndarray) -> int:
         """Evict least recently used rows so that ``keys``' unseen ones fit under the bound;
         returns the number of distinct unseen keys."""
-        keymap.find_many_jit(self.buckets, self.row_keys, _ONE_TABLE, _ONE_TABLE, keys, scratch)
-        unseen = int(np.unique(keys[scratch < 0]).shape[0])
+        unseen = self._count_unseen(keys, scratch)
         need = self.n_rows + unseen - self.max_resident
         if need <= 0:
             return unseen
@@ -196,11 +195,15 @@ class EmbeddingTable:
         self.evicted += int(victims.shape[0])
         self._rebuild_map(self.buckets.shape[0] // 2)
 
+    def _count_unseen(self, keys: np.ndarray, scratch: np.ndarray) -> int:
+        """Distinct ``keys`` not in the table; ``scratch`` (int64 [n]) gets each key's slot or -1."""
+        keymap.find_many_jit(self.buckets, self.row_keys, _ONE_TABLE, _ONE_TABLE, keys, scratch)
+        return int(np.unique(keys[scratch < 0]).shape[0])
+
     def _check_growth(self, keys: np.ndarray, scratch: np.ndarray) -> int:
         """The number of distinct unseen ``keys``; :class:`ProtocolError` if they would grow the
         table past ``max_bytes``."""
-        keymap.find_many_jit(self.buckets, self.row_keys, _ONE_TABLE, _ONE_TABLE, keys, scratch)
-        unseen = int(np.unique(keys[scratch < 0]).shape[0])
+        unseen = self._count_unseen(keys, scratch)
         if self.n_rows + unseen > self.max_rows:
             need = (self.n_rows + unseen) * 4 * self.width
             raise ProtocolError(f"table {self.cfg.name!r}: {unseen} new keys would grow it to "
