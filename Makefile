@@ -3,8 +3,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+TORCHREC_STAMP := $(VENV)/.torchrec-installed
 
-.PHONY: install demo test bench-ps clean
+.PHONY: install torchrec demo test bench-ps clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,12 +16,23 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# Optional TorchRec interop (docs/torchrec.md). torchrec 1.8.0 declares an unpinned
+# fbgemm-gpu dependency whose 1.9.0 wheel overwrites fbgemm-gpu-cpu 1.8.0 and then fails
+# to load, so its dependencies are installed first and torchrec itself with --no-deps.
+$(TORCHREC_STAMP): $(STAMP)
+	$(PY) -m pip install -q fbgemm-gpu-cpu==1.8.0 tensordict torchmetrics pyre-extensions tqdm
+	$(PY) -m pip install -q --no-deps torchrec==1.8.0
+	touch $(TORCHREC_STAMP)
+
+torchrec: $(TORCHREC_STAMP)
+
 # The main job: train DLRM on the embedded synthetic Criteo-shaped stream with 2 workers.
 demo: $(STAMP)
 	$(VENV)/bin/herald train
 
-# Every test, including integration tests against real PS processes and a real Kafka broker.
-test: $(STAMP)
+# Every test, including integration tests against real PS processes and a real Kafka broker,
+# and the TorchRec interop (so `make test` installs torchrec: `make torchrec`).
+test: $(STAMP) $(TORCHREC_STAMP)
 	$(PY) -m pytest -q --timeout=900 tests
 
 # PS pull/push throughput vs memcpy and bare ZeroMQ (one shard, ~45 s).

@@ -57,10 +57,10 @@ from herald.loader.registry import infer_format, open_source
 from herald.loader.source import Source
 from herald.loader.splits import RowRange
 from herald.loader.synthetic import SyntheticSource
+from herald.loader.torchrec_interop import TORCHREC_HINT, _torchrec, to_torchrec  # noqa: F401 (re-exported)
 
 STATE_FORMAT = "herald_iterable_dataset"
 OUTPUTS = ("batch", "torch", "kjt")
-TORCHREC_HINT = "pip install herald[torchrec]"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,33 +199,6 @@ def _torch_batch(labels, dense, values, offsets, sizes, names) -> TorchBatch:
     return out
 
 
-def to_torchrec(batch: SampleBatch):
-    """``torchrec.datasets.utils.Batch``: ``dense_features`` float32 [B, D],
-    ``sparse_features`` a ``KeyedJaggedTensor`` (keys = table names; values int64, the
-    ids of each table in turn, bits of the uint64 ids; lengths int32 [T x B]) and
-    ``labels`` float32 [B]. It has ``pin_memory()`` and ``to(device)``.
-
-    Raises:
-        ImportError: torchrec is not installed (``pip install herald[torchrec]``).
-    """
-    batch_cls, kjt_cls = _torchrec()
-    t = batch.to_torch()
-    names = list(batch.table_names)
-    lengths = torch.cat([torch.diff(t[n][1]) for n in names]) if names else torch.zeros(0, dtype=torch.int64)
-    kjt = kjt_cls(keys=names, values=_all_values(t, names), lengths=lengths.to(torch.int32))
-    return batch_cls(dense_features=t["dense"], sparse_features=kjt, labels=t["labels"])
-
-
-def _torchrec():
-    try:
-        from torchrec.datasets.utils import Batch
-        from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-    except ImportError as exc:
-        raise ImportError(f"output='kjt' needs torchrec, which is not installed ({exc}); install it with "
-                          f"`{TORCHREC_HINT}`, or use output='torch'") from exc
-    return Batch, KeyedJaggedTensor
-
-
 _CONVERT = {"batch": lambda b: b, "torch": TorchBatch.from_batch, "kjt": to_torchrec}
 
 
@@ -261,7 +234,8 @@ class HeraldIterableDataset(IterableDataset):
         ConfigError: a bad setting, a ``kafka://`` source, ``quarantine_path`` (shards
             re-read rows), a table named ``labels`` or ``dense`` with ``output="torch"``;
             unknown source options. DataError: the source cannot be read.
-        ImportError: ``output="kjt"`` without torchrec (``pip install herald[torchrec]``).
+        ImportError: ``output="kjt"`` without torchrec (the message gives the install:
+            ``make torchrec``, docs/torchrec.md).
     """
 
     def __init__(self, source: str, batch_size: int, *, output: str = "batch", shuffle_buffer: int = 0,
