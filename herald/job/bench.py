@@ -4,7 +4,15 @@ Both schedules train the same model on the same synthetic Criteo-shaped stream, 
 same run, with 2 and 4 CPU workers; the stream is long enough for the caches to warm.
 Bytes are counted on the wire by the workers (keys + rows/gradients, optimizer state
 included), not estimated. ``NAME+replicated`` schedules hold the small tables on every
-worker (NOTE [replicated tables]); their all-reduce payload is reported in its own column. Run as ``herald bench e2e`` or ``python bench/bench_e2e.py``.
+worker (NOTE [replicated tables]); their all-reduce payload is reported in its own column.
+
+Beside them, in the same run (unless ``--no-torchrec``), the TorchRec baseline
+(:mod:`herald.job.bench_torchrec`): single-process TorchRec DLRM over FBGEMM's fused
+table-batched embeddings, 1 thread, on the same rows, embedding dim, sparse optimizer
+(``--optimizer``; FBGEMM has no fused Adam on the CPU) and ``--batch-size`` (one worker's
+batch); each herald run's samples/s is also given as a ratio to it. Without torchrec the
+JSON's ``"torchrec"`` says ``{"error": "torchrec not installed: make torchrec"}``.
+Run as ``herald bench e2e`` or ``python bench/bench_e2e.py``.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="schedules to compare; NAME+replicated also holds the tables with at most "
                         "--replicate-below ids on every worker (NOTE [replicated tables])")
     p.add_argument("--replicate-below", type=int, default=15_000, help="(default: %(default)s)")
+    p.add_argument("--no-torchrec", action="store_true", help="leave the TorchRec baseline out")
     p.add_argument("--out", default="runs/bench-e2e")
 
 
@@ -44,11 +53,20 @@ def summarize(rep: dict) -> dict:
 
 
 def run(args: argparse.Namespace) -> dict:
+    """Every schedule with every worker count, and the TorchRec baseline; prints the table
+    and writes ``OUT/bench_e2e.json`` (one entry per ``SCHEDULE-wWORKERS``, and ``"torchrec"``).
+
+    Raises:
+        ConfigError: a bad option (an optimizer FBGEMM does not fuse on the CPU: before
+            any job runs). HeraldError: a job failed.
+    """
+    from herald.job import bench_torchrec
     from herald.job.launcher import run_train
     from herald.job.spec import TrainConfig
 
     source = args.source or f"synthetic://criteo?rows={args.rows}&seed=1"
     out = pathlib.Path(args.out)
+    bench_torchrec.check_bench_optimizer(args.optimizer, args.no_torchrec)
     results: dict = {}
     for workers in args.workers:
         for schedule in args.schedules:
@@ -61,9 +79,12 @@ def run(args: argparse.Namespace) -> dict:
             print(f"--- {schedule}, {workers} workers", flush=True)
             rep = run_train(cfg, progress=False)
             results[f"{schedule}-w{workers}"] = summarize(rep)
+    trec = None if args.no_torchrec else bench_torchrec.torchrec_on_source(
+        source, batch_size=args.batch_size, eval_fraction=0.0, embedding_dim=args.embedding_dim,
+        optimizer=args.optimizer)
     print("\n| workers | schedule | samples/s | worker<->PS MiB | embeddings moved | bytes vs vanilla "
-          "| all-reduce MiB | time vs vanilla |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| all-reduce MiB | time vs vanilla | vs TorchRec |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for workers in args.workers:
         base = results.get(f"vanilla-w{workers}")
         for schedule in args.schedules:
@@ -71,8 +92,12 @@ def run(args: argparse.Namespace) -> dict:
             ratio = r["wire_bytes"] / base["wire_bytes"] if base else float("nan")
             tratio = r["train_seconds"] / base["train_seconds"] if base else float("nan")
             r["bytes_ratio_vs_vanilla"], r["time_ratio_vs_vanilla"] = ratio, tratio
+            r["ratio_vs_torchrec"] = bench_torchrec.ratio_to(trec, r["samples_per_second"])
             print(f"| {workers} | {schedule} | {r['samples_per_second']:,.0f} | {r['wire_bytes'] / 2**20:,.1f} | "
-                  f"{r['embeddings_moved']:,} | {ratio:.3f}x | {r['allreduce_bytes'] / 2**20:,.1f} | {tratio:.3f}x |")
+                  f"{r['embeddings_moved']:,} | {ratio:.3f}x | {r['allreduce_bytes'] / 2**20:,.1f} | {tratio:.3f}x | "
+                  f"{bench_torchrec.format_ratio(r['ratio_vs_torchrec'])} |")
+    print(f"\n{bench_torchrec.describe(trec)} (batch {args.batch_size}, one herald worker's)")
+    results["torchrec"] = trec
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_e2e.json").write_text(json.dumps(results, indent=2))
     print(f"\nwritten {out / 'bench_e2e.json'}")

@@ -17,7 +17,14 @@ needs the ``netem`` qdisc, and the default delay (0.2 ms) is dropped with a warn
 At 1 Gbit/s two workers on two shared cores are CPU-bound and moving fewer bytes saves
 little; ``--rate 100mbit --dim 512`` (or 50mbit) makes the PS link the bottleneck, and
 ``--cache-ratio 0.3`` cuts herald's write-backs (docs/testbed.md, "A network-bound
-regime"). Run as ``herald bench network`` or
+regime").
+
+Beside them, in the same run (unless ``--no-torchrec``), the TorchRec baseline at each dim
+(:mod:`herald.job.bench_torchrec`): single-process TorchRec DLRM over FBGEMM's fused
+table-batched embeddings, 1 thread, outside the bed (no network in it), on the same rows,
+sparse optimizer and ``--batch-size`` (one worker's batch); each run's samples/s is also
+given as a ratio to it (``vs_torchrec``). Without torchrec the JSON's ``"torchrec"`` says
+``{"error": "torchrec not installed: make torchrec"}``. Run as ``herald bench network`` or
 ``python bench/bench_network.py``.
 """
 
@@ -51,6 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-fraction", type=float, default=0.1,
                    help="held-out fraction for the AUC (default: %(default)s)")
     p.add_argument("--timeout-s", type=float, default=1800.0, help="bound on each job (default: %(default)s)")
+    p.add_argument("--no-torchrec", action="store_true", help="leave the TorchRec baseline out")
     p.add_argument("--run-dir", default="runs/bench-network", help="jobs' folders and logs (default: %(default)s)")
     p.add_argument("--out", default=None, help="JSON results (default: RUN_DIR/bench_network.json)")
 
@@ -63,12 +71,14 @@ def run(args: argparse.Namespace) -> dict:
             message names the fix). HeraldError: a job failed (its role named).
     """
     from herald.errors import ConfigError
+    from herald.job import bench_torchrec
     from herald.job.spec import TrainConfig
     from herald.testbed import TestBed
     from herald.testbed.job import bed_hosts, run_job
 
     if not args.schedules or "vanilla" not in args.schedules:
         raise ConfigError("--schedules must include vanilla: the speedups are measured against it in the same run")
+    bench_torchrec.check_bench_optimizer(args.optimizer, args.no_torchrec)
     source = args.source or f"synthetic://criteo?rows={args.rows}&seed=1"
     run_dir = pathlib.Path(args.run_dir).resolve()
     runs = []
@@ -83,8 +93,9 @@ def run(args: argparse.Namespace) -> dict:
                 print(f"--- {schedule}, dim {dim}, {args.workers} worker hosts", flush=True)
                 runs.append(_row(schedule, dim, run_job(bed, cfg, tag=tag, timeout_s=args.timeout_s)))
         bed_record = describe_bed(bed, args.workers)
-    _compare(runs)
-    result = {"runs": runs, "bed": bed_record,
+    trec = None if args.no_torchrec else torchrec_per_dim(source, args)
+    _compare(runs, trec)
+    result = {"runs": runs, "bed": bed_record, "torchrec": trec,
               "job": {"source": source, "batch_size": args.batch_size, "cache_ratio": args.cache_ratio,
                       "optimizer": args.optimizer, "eval_fraction": args.eval_fraction}}
     print(format_table(result))
@@ -130,16 +141,37 @@ def phase_split(phases: dict) -> dict:
     return split
 
 
-def _compare(runs: list[dict]) -> None:
-    """Fill each run's ratios against vanilla at the same dim."""
+def torchrec_per_dim(source: str, args: argparse.Namespace) -> dict:
+    """``{str(dim): TorchRec entry}`` (:func:`herald.job.bench_torchrec.torchrec_on_source`)
+    for each ``--dim``, on the training split the jobs train on; ``{"error": ...}`` when
+    torchrec is missing."""
+    from herald.job import bench_torchrec
+
+    missing = bench_torchrec.torchrec_import_error()
+    if missing:
+        print(f"TorchRec: {missing}", flush=True)
+        return {"error": missing}
+    return {str(dim): bench_torchrec.torchrec_on_source(source, batch_size=args.batch_size,
+                                                        eval_fraction=args.eval_fraction, embedding_dim=dim,
+                                                        optimizer=args.optimizer)
+            for dim in args.dim}
+
+
+def _compare(runs: list[dict], trec: dict | None = None) -> None:
+    """Fill each run's ratios against vanilla at the same dim, and against TorchRec at that dim."""
+    from herald.job.bench_torchrec import ratio_to
+
     for r in runs:
+        r["vs_torchrec"] = ratio_to((trec or {}).get(str(r["dim"])), r["samples_per_s"])
         base = next(b for b in runs if b["schedule"] == "vanilla" and b["dim"] == r["dim"])
         r["speedup_vs_vanilla"] = r["samples_per_s"] / base["samples_per_s"] if base["samples_per_s"] else None
         r["bytes_vs_vanilla"] = r["bytes"] / base["bytes"] if base["bytes"] else None
 
 
 def format_table(result: dict) -> str:
-    """The results as a Markdown table, one row per (dim, schedule)."""
+    """The results as a Markdown table, one row per (dim, schedule), then the TorchRec
+    baseline per dim (when the result has one) and the phase table."""
+    from herald.job.bench_torchrec import describe, format_ratio
     from herald.scheduler.plan import CAUSES
 
     causes = [c for c in CAUSES if c != "hit"]
@@ -148,14 +180,18 @@ def format_table(result: dict) -> str:
     lines = [(f"\n{bed['worker_hosts']} worker hosts x 1 worker, links {bed['rate']} and {bed['delay_ms']:g} ms "
               f"per direction{note}; batch {result['job']['batch_size']} per worker"),
              "| dim | schedule | samples/s | speedup vs vanilla | worker<->PS MiB | bytes vs vanilla | "
-             + " | ".join(causes) + " | all-reduce MiB | AUC |",
-             "|---" * (8 + len(causes)) + "|"]
+             + " | ".join(causes) + " | all-reduce MiB | AUC | vs TorchRec |",
+             "|---" * (9 + len(causes)) + "|"]
     for r in result["runs"]:
         auc = f"{r['auc']:.4f}" if r["auc"] is not None else "-"
         lines.append(f"| {r['dim']} | {r['schedule']} | {r['samples_per_s']:,.0f} | {r['speedup_vs_vanilla']:.2f}x | "
                      f"{r['bytes'] / 2**20:,.1f} | {r['bytes_vs_vanilla']:.3f}x | "
                      + " | ".join(f"{r['by_cause'][c]:,}" for c in causes)
-                     + f" | {r['allreduce_bytes'] / 2**20:,.1f} | {auc} |")
+                     + f" | {r['allreduce_bytes'] / 2**20:,.1f} | {auc} | {format_ratio(r.get('vs_torchrec'))} |")
+    trec = result.get("torchrec")
+    if trec is not None:
+        lines += [""] + ([describe(trec)] if "error" in trec
+                         else [f"dim {dim}: {describe(entry)}" for dim, entry in trec.items()])
     lines += ["\nworker step, mean ms per phase (network: " + ", ".join(NETWORK_PHASES) + ")",
               "| dim | schedule | step | " + " | ".join(NETWORK_PHASES) + " | other |", "|---" * 7 + "|"]
     for r in result["runs"]:

@@ -26,12 +26,18 @@ Criteo-shaped stream of ``--rows`` rows: 13 dense features, 26 tables):
    its own synthetic Criteo rows, ``--capacity-seconds`` long): the ceiling of any job;
    ``null`` when that module is not in the tree.
 
-4. on a machine with CUDA (unless ``--no-gpu``), the GPU section
+4. **TorchRec** (unless ``--no-torchrec``; :mod:`herald.job.bench_torchrec`): the same
+   model, init, optimizers, rows and batches as 1., written as ``torchrec.models.dlrm.DLRM``
+   over a ``FusedEmbeddingBagCollection`` (FBGEMM table-batched embeddings, Adagrad fused
+   into backward), 1 process, 1 thread; on CUDA too where FBGEMM's CUDA build is installed.
+   Without torchrec the JSON says ``{"error": "torchrec not installed: make torchrec"}``.
+
+5. on a machine with CUDA (unless ``--no-gpu``), the GPU section
    (:mod:`herald.job.bench_gpu`): plain PyTorch on the GPU against herald with 1 worker
    on the GPU (the device-resident cache) and on the CPU, at batch 256 and 4,096.
 
 Every herald run of 2. trains on the CPU (``--device cpu``), as the baseline does.
-The table gives, per run, samples/s, the ratio to plain PyTorch, the scaling factor
+The table gives, per run, samples/s, the ratios to plain PyTorch and to TorchRec, the scaling factor
 ``T_N / (N * T_1)`` of its schedule (Herald §6.3, after [51]: ``T_1`` is that schedule's
 1-worker throughput) and the worker phases taking most of a step (the report's
 ``phases``, ms per step). ``--repeats R`` runs everything R times and reports medians.
@@ -91,7 +97,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-capacity", action="store_true", help="skip the dispatcher capacity measurement")
     p.add_argument("--gpu-batch-sizes", type=int, nargs="+", default=list(GPU_BATCH_SIZES), metavar="B",
                    help="batch sizes of the GPU section, run when CUDA is available (default: %(default)s)")
-    p.add_argument("--no-gpu", action="store_true", help="skip the GPU section")
+    p.add_argument("--no-gpu", action="store_true", help="skip the GPU section (and TorchRec on CUDA)")
+    p.add_argument("--no-torchrec", action="store_true", help="leave the TorchRec baseline out")
     p.add_argument("--out", default=None, metavar="FILE.json", help="also write the results as JSON")
 
 
@@ -297,8 +304,18 @@ def _validate(args: argparse.Namespace) -> None:
         raise ConfigError(f"unknown schedules {unknown}; choose from {sorted(SCHEDULES)}")
 
 
-def _plain(source: str, args: argparse.Namespace) -> dict:
+def _baselines(source: str, args: argparse.Namespace) -> tuple[dict, dict | None]:
+    """Plain PyTorch and (unless ``--no-torchrec``) TorchRec on the same batches."""
+    from herald.job.bench_torchrec import torchrec_baseline
+
     data = load_plain_batches(source, args.batch_size)
+    plain = _plain(data, args)
+    trec = None if args.no_torchrec else torchrec_baseline(data, repeats=args.repeats, seed=args.seed,
+                                                           gpu=not args.no_gpu)
+    return plain, trec
+
+
+def _plain(data: PlainBatches, args: argparse.Namespace) -> dict:
     print(f"plain PyTorch: {len(data.batches)} batches of {args.batch_size} read in {data.read_s:.1f} s, ids "
           f"remapped in {data.remap_s:.1f} s ({sum(data.table_rows):,} embedding rows)", flush=True)
     got = [train_plain_torch(data, seed=args.seed) for _ in range(args.repeats)]
@@ -309,7 +326,9 @@ def _plain(source: str, args: argparse.Namespace) -> dict:
             "embedding_rows": sum(data.table_rows)}
 
 
-def _herald_runs(source: str, args: argparse.Namespace, plain_sps: float) -> list[dict]:
+def _herald_runs(source: str, args: argparse.Namespace, plain_sps: float, trec: dict | None) -> list[dict]:
+    from herald.job.bench_torchrec import ratio_to
+
     runs = [(w, s) for w in worker_counts(args.max_workers) for s in args.schedules]
     got: dict[tuple[int, str], list[dict]] = {r: [] for r in runs}
     with tempfile.TemporaryDirectory(prefix="herald-bench-scale-") as tmp:
@@ -325,7 +344,7 @@ def _herald_runs(source: str, args: argparse.Namespace, plain_sps: float) -> lis
         out.append({"workers": workers, "schedule": schedule, "samples_per_s": sps,
                     "phases_ms": _median_phases([r["phases_ms"] for r in reps]),
                     "wall_ms_per_step": statistics.median(r["wall_ms_per_step"] for r in reps),
-                    "ratio_vs_plain_torch": sps / plain_sps,
+                    "ratio_vs_plain_torch": sps / plain_sps, "ratio_vs_torchrec": ratio_to(trec, sps),
                     "wall_samples_per_s": statistics.median(r["wall_samples_per_s"] or 0.0 for r in reps),
                     "startup_s": statistics.median(r["startup_s"] or 0.0 for r in reps),
                     "repeats_samples_per_s": [r["samples_per_s"] for r in reps]})
@@ -343,8 +362,8 @@ def run(args: argparse.Namespace) -> dict:
     """
     _validate(args)
     source = args.source or f"synthetic://criteo?rows={args.rows}&seed=1"
-    plain = _plain(source, args)
-    runs = _herald_runs(source, args, plain["samples_per_s"])
+    plain, trec = _baselines(source, args)
+    runs = _herald_runs(source, args, plain["samples_per_s"], trec)
     capacity = None if args.no_capacity else dispatcher_capacity(args.capacity_seconds)
     gpu = None
     if torch.cuda.is_available() and not args.no_gpu:
@@ -352,8 +371,8 @@ def run(args: argparse.Namespace) -> dict:
 
         with tempfile.TemporaryDirectory(prefix="herald-bench-gpu-") as tmp:
             gpu = bench_gpu.gpu_section(source, args, tmp)
-    results = {"plain_torch": plain, "runs": runs, "dispatcher_capacity_samples_per_s": capacity, "gpu": gpu,
-               "cores": _cores(), "source": source, "rows": args.rows, "batch_size": args.batch_size,
+    results = {"plain_torch": plain, "torchrec": trec, "runs": runs, "dispatcher_capacity_samples_per_s": capacity,
+               "gpu": gpu, "cores": _cores(), "source": source, "rows": args.rows, "batch_size": args.batch_size,
                "repeats": args.repeats}
     print_table(results)
     if gpu is not None:
@@ -372,19 +391,30 @@ def _top_phases(phases: dict[str, float]) -> str:
 
 
 def print_table(results: dict) -> None:
-    """The comparison as a Markdown table (one row per run, plain PyTorch first)."""
-    plain = results["plain_torch"]
+    """The comparison as a Markdown table (one row per run, plain PyTorch and TorchRec first)."""
+    from herald.job.bench_torchrec import describe, format_ratio
+
+    plain, trec = results["plain_torch"], results.get("torchrec")
     print(f"\n{results['cores']} cores, batch {results['batch_size']} per worker, median of "
           f"{results['repeats']} run(s); plain PyTorch: 1 process, 1 thread, batches pre-read; a herald step "
           "is workers x batch samples\n")
-    print("| workers | schedule | samples/s | vs plain PyTorch | scaling T_N/(N*T_1) | wall ms/step "
+    print("| workers | schedule | samples/s | vs plain PyTorch | vs TorchRec | scaling T_N/(N*T_1) | wall ms/step "
           "| top worker phases (ms/step) |")
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     ms = 1e3 * results["batch_size"] / plain["samples_per_s"]
-    print(f"| 1 | plain PyTorch | {plain['samples_per_s']:,.0f} | 1.00x | - | {ms:.2f} | - |")
+    trec_ratio = format_ratio(plain["samples_per_s"] / trec["samples_per_s"] if trec and "error" not in trec else None)
+    print(f"| 1 | plain PyTorch | {plain['samples_per_s']:,.0f} | 1.00x | {trec_ratio} | - | {ms:.2f} | - |")
+    if trec and "error" not in trec:
+        ms = 1e3 * results["batch_size"] / trec["samples_per_s"]
+        print(f"| 1 | TorchRec (fused TBE) | {trec['samples_per_s']:,.0f} | "
+              f"{trec['samples_per_s'] / plain['samples_per_s']:.2f}x | 1.00x | - | {ms:.2f} | - |")
+    else:
+        print(f"| 1 | TorchRec | {describe(trec)} | - | - | - | - | - |")
     for r in results["runs"]:
         print(f"| {r['workers']} | {r['schedule']} | {r['samples_per_s']:,.0f} | {r['ratio_vs_plain_torch']:.2f}x | "
-              f"{r['scaling_factor']:.2f} | {r['wall_ms_per_step']:.2f} | {_top_phases(r['phases_ms'])} |")
+              f"{format_ratio(r.get('ratio_vs_torchrec'))} | {r['scaling_factor']:.2f} | {r['wall_ms_per_step']:.2f} "
+              f"| {_top_phases(r['phases_ms'])} |")
+    print(f"\n{describe(trec)}")
     cap = results["dispatcher_capacity_samples_per_s"]
     print(f"\ndispatcher capacity ({CAPACITY_WORKERS} workers x {CAPACITY_BATCH_SIZE}, {CAPACITY_SCHEDULE}): "
           + (f"{cap:,.0f} samples/s, {cap / max(r['samples_per_s'] for r in results['runs']):.1f}x the fastest "

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
 
-from herald.job import bench_scale
+from herald.job import bench_scale, bench_torchrec
 
 pytestmark = pytest.mark.integration
 
@@ -38,5 +39,16 @@ def test_bench_scale_writes_every_run(tmp_path):
         assert isinstance(r["phases_ms"], dict)
         assert r["ratio_vs_plain_torch"] > 0 and r["scaling_factor"] > 0
     assert got["runs"][0]["scaling_factor"] == pytest.approx(1.0)
+    trec = got["torchrec"]  # the TorchRec baseline, same batches, same run (issue 16)
+    if bench_torchrec.torchrec_import_error() and os.environ.get("CI") != "true":
+        assert trec == {"error": "torchrec not installed: make torchrec"}
+        assert all(r["ratio_vs_torchrec"] is None for r in got["runs"])
+    else:
+        assert "error" not in trec, trec
+        assert trec["samples_per_s"] > 0 and trec["timed_steps"] == got["plain_torch"]["timed_steps"]
+        assert trec["cuda"] == "no CUDA device" or trec["cuda"] == "fbgemm-gpu CUDA build not installed" \
+            or trec["cuda"]["samples_per_s"] > 0
+        for r in got["runs"]:
+            assert r["ratio_vs_torchrec"] == pytest.approx(r["samples_per_s"] / trec["samples_per_s"])
     cap = got["dispatcher_capacity_samples_per_s"]
     assert cap is None or cap > 0
