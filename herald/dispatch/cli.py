@@ -1,20 +1,32 @@
 """``herald serve dispatcher`` (the dispatcher of a job as its own process) and
-``herald bench dispatcher`` (its capacity, :mod:`herald.dispatch.capacity`)."""
+``herald bench dispatcher`` (its capacity, :mod:`herald.dispatch.capacity`).
+
+``herald serve dispatcher`` exit status: 0 done; 1 an error; 2 invalid options; 75 a
+PS shard was lost (NOTE [ps failover across hosts] in herald/job/failover.py: restart
+the shard, then this command with ``--resume``). ``--checkpoint-every`` / ``--resume``
+need the PS admin token in ``HERALD_PS_TOKEN`` and a ``--run-dir`` that the PS shards
+(their ``--checkpoint-root``) and worker rank 0 see at the same path.
+"""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
 import json
+import os
 
-from herald.errors import ConfigError
+from herald.errors import ConfigError, HeraldError
 
 
 def _serve_dispatcher(args: argparse.Namespace) -> int:
+    """``herald serve dispatcher``; with ``--checkpoint-every`` / ``--resume`` it checkpoints
+    and resumes as ``herald train`` does (:class:`herald.job.checkpoints.DispatcherCheckpoints`),
+    and a lost PS shard ends it with exit status 75 (NOTE [ps failover across hosts])."""
     from herald.auth import check_bind
     from herald.dispatch.dispatcher import Dispatcher, DispatcherConfig
     from herald.job.cli import config_from_args
     from herald.job.data import JobData
+    from herald.job.failover import shard_lost, watch_shards
     from herald.job.spec import JobSpec, flag_errors
 
     cfg = config_from_args(args)
@@ -24,21 +36,61 @@ def _serve_dispatcher(args: argparse.Namespace) -> int:
     # workers get the keys folder's path in the job (for the PS), never the keys
     with flag_errors():
         disp_cfg = DispatcherConfig(num_workers=cfg.workers, bind=args.bind, peer_timeout_ms=cfg.timeout_ms,
-                                    keys_dir=cfg.keys_dir, insecure=cfg.insecure, dispatcher_rank=args.dispatcher_rank)
+                                    keys_dir=cfg.keys_dir, insecure=cfg.insecure, dispatcher_rank=args.dispatcher_rank,
+                                    checkpoint_every_steps=cfg.checkpoint_every)
     check_bind(disp_cfg.bind, disp_cfg.keys_dir, disp_cfg.insecure, "dispatcher")
+    ps_addresses = args.ps.split(",")
+    ckpts = _checkpoints(cfg)
     data = JobData(cfg, dispatcher_rank=disp_cfg.dispatcher_rank)
-    job = JobSpec.build(cfg, data, args.ps.split(",")).replace(run_dir=None, dist_init=args.dist_init)
+    watch = watch_shards(ps_addresses, cfg.timeout_ms, cfg.keys_dir)   # NOTE [ps liveness]
     with contextlib.ExitStack() as stack:
+        stack.callback(watch.close)
+        ps = stack.enter_context(_ps_client(cfg, data, ps_addresses))
+        ps.ping()   # every shard up (bounded by --timeout-ms) before the watch starts its clock
+        if ckpts is not None:
+            ckpts.attach(ps, data)
+        job = JobSpec.build(cfg, data, ps_addresses).replace(
+            run_dir=None, dist_init=args.dist_init, resume_dense=ckpts.resume_dense if ckpts else None)
         id_log = stack.enter_context(open(args.sample_id_log, "ab")) if args.sample_id_log else None
         disp = stack.enter_context(Dispatcher(disp_cfg, data.batches, data.scheduler_factory(cfg), job,
-                                              sample_id_log=id_log))
+                                              sample_id_log=id_log, liveness=watch,
+                                              **(ckpts.dispatcher_kwargs() if ckpts else {})))
+        if ckpts is not None:
+            ckpts.load(disp)
         print(f"dispatcher listening on {disp.address}", flush=True)
-        records = disp.serve()
+        try:
+            records = disp.serve()
+        except HeraldError as exc:
+            if watch.failure() is None:
+                raise
+            raise shard_lost(watch.failure(), cfg.run_dir if ckpts else None) from exc
     data.close()
     rejected = {k: n for k, n in (records[-1].rejected if records else {}).items() if n}
     print(f"dispatcher {disp_cfg.dispatcher_rank}: {len(records)} steps acked by all {cfg.workers} workers"
           + (f"; dropped messages (docs/operations.md): {rejected}" if rejected else ""))
     return 0
+
+
+def _checkpoints(cfg):
+    """The dispatcher's checkpoints (``--checkpoint-every`` or ``--resume``), or None."""
+    from herald.job.checkpoints import DispatcherCheckpoints
+
+    if not (cfg.checkpoint_every or cfg.resume):
+        return None
+    if not os.environ.get("HERALD_PS_TOKEN"):
+        raise ConfigError("herald serve dispatcher --checkpoint-every / --resume checkpoints and restores the PS "
+                          "through its admin ops: set HERALD_PS_TOKEN to the token the shards were started with "
+                          "(NOTE [ps admin ops], docs/operations.md)")
+    return DispatcherCheckpoints(cfg.run_dir, resume=cfg.resume, enabled=cfg.checkpoint_every > 0,
+                                 who="herald serve dispatcher")
+
+
+def _ps_client(cfg, data, ps_addresses):
+    """A PS client, holding the admin token (``HERALD_PS_TOKEN``, if set) for checkpoint and restore."""
+    from herald.ps import PSClient
+
+    return PSClient(ps_addresses, tables=cfg.tables(data.schema), timeout_ms=cfg.timeout_ms,
+                    num_workers=cfg.workers, keys_dir=cfg.keys_dir, admin_token=os.environ.get("HERALD_PS_TOKEN"))
 
 
 def _bench_dispatcher(args: argparse.Namespace) -> int:
@@ -100,7 +152,9 @@ def register(commands, bench, serve) -> None:
     d = serve.add_parser("dispatcher", help="the dispatcher (scheduler + micro-batch dispatch) for N workers",
                          description="Read a source, schedule global batches and serve micro-batches to N workers "
                                      "that connect with `herald serve worker`.")
-    add_job_arguments(d, exclude=("run_dir", "resume", "log_sample_ids", "checkpoint_every", "eval_every"))
+    # --run-dir, --checkpoint-every, --resume: NOTE [ps failover across hosts] (herald/job/failover.py);
+    # --ps-restarts is the supervisor's (herald train, the test bed), not this process's
+    add_job_arguments(d, exclude=("log_sample_ids", "eval_every", "ps_restarts"))
     d.add_argument("--bind", default="tcp://127.0.0.1:5555", help="endpoint to bind (default: %(default)s)")
     d.add_argument("--dispatcher-rank", type=int, default=0,
                    help="this dispatcher's rank, 0-255: the top 8 bits of its sample ids (Persia §4.1), distinct per "

@@ -13,7 +13,8 @@ source state after the batch; for Kafka, the topic position, also in
 ``source_position``). ``skipped`` is the bad records skipped up to that batch
 (reason -> count, NOTE [bad records]; the producer's counts, also inside ``dispatcher``
 from which a resumed job restores them, so its report counts the whole job).
-``herald train --resume`` restores all three parts, and since a
+``herald train --resume`` (and ``herald serve dispatcher --resume``, the test bed's
+dispatcher: :class:`DispatcherCheckpoints`) restores all three parts, and since a
 barrier leaves empty caches and a fresh scheduler (NOTE [checkpoint barrier]) the
 resumed job trains exactly what the uninterrupted one would.
 
@@ -31,6 +32,7 @@ import json
 import os
 import pathlib
 import shutil
+import sys
 from typing import Any, Callable
 
 from herald.errors import DataError
@@ -137,3 +139,64 @@ class Checkpointer:
         for old in done[: max(0, len(done) - self.keep)]:
             shutil.rmtree(old, ignore_errors=True)
 
+
+
+class DispatcherCheckpoints:
+    """The checkpoint side of one dispatcher process: resume from the latest checkpoint,
+    write one at each barrier (NOTE [checkpoint barrier]). Shared by ``herald train``
+    (:mod:`herald.job.launcher`), ``herald serve dispatcher`` and the test bed's dispatcher
+    (:mod:`herald.testbed.dispatcher`), so that a job resumed on one path is exact on all.
+
+    Use: construct (finds the resume point, raises early on a bad one), :meth:`attach`
+    the PS client and the job's data (restores the PS rows on resume), give the workers
+    :attr:`resume_dense` in their job, pass :meth:`dispatcher_kwargs` to the
+    :class:`~herald.dispatch.dispatcher.Dispatcher` and call :meth:`load` on it before
+    ``serve()``.
+
+    Args:
+        run_dir: the run folder; checkpoints go to ``<run_dir>/checkpoints`` (made
+            absolute: the PS shards and worker rank 0 get absolute folders, so on several
+            hosts they must see this folder at the same path, e.g. a shared file system).
+        resume: continue from the latest checkpoint (none there: a note on stderr, step 0).
+        enabled: write checkpoints at the barriers.
+        who: the command, for messages (``"herald train"``).
+
+    Raises:
+        DataError: ``resume`` and the latest checkpoint is unreadable or has no dispatcher state.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike, *, resume: bool, enabled: bool, who: str):
+        self.root = pathlib.Path(run_dir).resolve() / "checkpoints"
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.enabled = bool(enabled)
+        self.resume = latest(self.root) if resume else None
+        self.resume_state = self.resume.dispatcher_state if self.resume is not None else None
+        if resume and self.resume is None:
+            print(f"{who} --resume: no checkpoint in {self.root}; starting at step 0", file=sys.stderr)
+        self.checkpointer: Checkpointer | None = None
+
+    @property
+    def resume_dense(self) -> str | None:
+        """The checkpoint folder whose ``dense.pt`` the workers load (``JobSpec.resume_dense``), or None."""
+        return str(self.resume.path) if self.resume is not None else None
+
+    def attach(self, ps, data=None) -> None:
+        """Restore ``ps`` (a :class:`~herald.ps.PSClient` holding the admin token) from the
+        resume point, if any, and checkpoint through it from now on; ``data``: the job's
+        :class:`~herald.job.data.JobData` (source position and commit), or None."""
+        if self.resume is not None:
+            ps.restore(str(self.resume.path / "ps"))
+        self.checkpointer = Checkpointer(self.root, lambda path: ps.checkpoint(path),
+                                         position=data.position if data is not None else None,
+                                         commit=data.commit if data is not None else None)
+
+    def dispatcher_kwargs(self) -> dict[str, Any]:
+        """``on_checkpoint`` and ``checkpoint_path`` for the Dispatcher (None when not enabled)."""
+        on = self.enabled and self.checkpointer is not None
+        return {"on_checkpoint": self.checkpointer.save if on else None,
+                "checkpoint_path": self.checkpointer.staging_path if on else None}
+
+    def load(self, disp) -> None:
+        """Give ``disp`` the resume point's dispatcher state (before ``serve()``), if resuming."""
+        if self.resume_state is not None:
+            disp.load_state_dict(self.resume_state)

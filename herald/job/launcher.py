@@ -127,11 +127,9 @@ def _run_attempt(cfg: TrainConfig, *, progress: bool, on_finish, failovers: list
     data = JobData(cfg)
     # --resume: PS rows, dense state and the dispatcher's state (next step, next batch,
     # producer position) of the latest checkpoint (herald/job/checkpoints.py)
-    resume = checkpoints.latest(run_dir / "checkpoints") if cfg.resume else None
-    resume_state = resume.dispatcher_state if resume is not None else None
-    if cfg.resume and resume is None:
-        print(f"herald train --resume: no checkpoint in {run_dir / 'checkpoints'}; starting at step 0",
-              file=sys.stderr)
+    # (kafka:// sources checkpoint even without --checkpoint-every: their offsets are committed there)
+    ckpts = checkpoints.DispatcherCheckpoints(run_dir, resume=cfg.resume, who="herald train",
+                                              enabled=bool(cfg.checkpoint_every or cfg.is_stream))
     with flag_errors():
         new_scheduler = data.scheduler_factory(cfg)
 
@@ -152,13 +150,10 @@ def _run_attempt(cfg: TrainConfig, *, progress: bool, on_finish, failovers: list
             _dense_store(run_dir) as dist_init:
         # a dead shard is named at the next check, a silent one after half the job's timeout
         ps_alive = shards.watch(silent_ms=max(1, cfg.timeout_ms // 2))
-        if resume is not None:
-            ps.restore(str(resume.path / "ps"))
+        ckpts.attach(ps, data)   # --resume: restores the PS rows first
         job = JobSpec.build(cfg, data, list(shards.addresses)).replace(
-            dist_init=dist_init, resume_dense=str(resume.path) if resume else None)
-        ckpt = checkpoints.Checkpointer(run_dir / "checkpoints", lambda path: ps.checkpoint(path),
-                                        position=data.position, commit=data.commit)
-        use_ckpt = bool(cfg.checkpoint_every or cfg.is_stream)
+            dist_init=dist_init, resume_dense=ckpts.resume_dense)
+        use_ckpt = ckpts.enabled
         bar = report_mod.Progress(cfg, enabled=progress, total_steps=data.total_steps(cfg),
                                   skipped=lambda: data.batches.skipped)
         with flag_errors():
@@ -168,12 +163,10 @@ def _run_attempt(cfg: TrainConfig, *, progress: bool, on_finish, failovers: list
         interrupted = None
         try:
             with Dispatcher(disp_cfg, data.batches, new_scheduler, job, on_step=bar.update,
-                            on_checkpoint=ckpt.save if use_ckpt else None,
-                            checkpoint_path=ckpt.staging_path if use_ckpt else None,
+                            **ckpts.dispatcher_kwargs(),
                             liveness=lambda: (ps_alive(), children.check()), sample_id_log=id_log) as disp, \
                     _stop_on_signals(disp, data) as stopper:
-                if resume_state is not None:
-                    disp.load_state_dict(resume_state)
+                ckpts.load(disp)
                 for rank in range(cfg.workers):
                     # every worker on this host, as torchrun would say (NOTE [worker devices])
                     children.env.update(LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(cfg.workers))

@@ -44,8 +44,11 @@ def _run(args: argparse.Namespace) -> int:
     with TestBed(bed_hosts(cfg.workers // args.procs_per_host), rate=None if args.rate == "none" else args.rate,
                  delay_ms=args.delay, log_dir=run_dir / "logs") as bed:
         print(bed.describe(), flush=True)
-        run_job(bed, cfg, procs_per_host=args.procs_per_host, timeout_s=args.timeout_s)
+        rep = run_job(bed, cfg, procs_per_host=args.procs_per_host, timeout_s=args.timeout_s)
     print((run_dir / "report.txt").read_text(), end="")
+    for f in rep["failovers"]:
+        print(f"failover: {f['cause']}: rolled back to {f['rolled_back_to']} ({f['steps_rolled_back']} steps trained "
+              f"twice), roles restarted in {f['restart_s']} s, training again {f['recovered_s']} s after the loss")
     return 0
 
 
@@ -79,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     from herald.job.cli import add_job_arguments
 
     r = commands.add_parser("run", help="train a job across a fresh bed, print the report, tear the bed down")
-    add_job_arguments(r, exclude=("resume", "log_sample_ids", "checkpoint_every", "eval_every"))
+    # --checkpoint-every with --ps-restarts N: failover across the bed's hosts (NOTE [test bed failover])
+    add_job_arguments(r, exclude=("resume", "log_sample_ids", "eval_every"))
     r.add_argument("--procs-per-host", type=int, default=1, help="workers per worker host (default: %(default)s)")
     r.add_argument("--timeout-s", type=float, default=3600.0, help="bound on the whole job (default: %(default)s)")
     _bed_options(r)

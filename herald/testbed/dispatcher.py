@@ -77,14 +77,20 @@ def wait_for_dense(run_dir: pathlib.Path, workers: int, timeout_s: float) -> Non
 
 def serve(cfg, bind: str, ps: list[str], *, save_ps: str | None = None, dense_timeout_s: float = 120.0) -> dict[str, Any]:
     """Serve the job ``cfg`` to its workers from ``bind``, PS shards at ``ps``; write and
-    return the report (``cfg.run_dir/report.json``).
+    return the report (``cfg.run_dir/report.json``). ``cfg.checkpoint_every`` /
+    ``cfg.resume`` checkpoint and resume as ``herald train`` does; the step last acked by
+    every worker is kept in ``cfg.run_dir/.dispatcher-step`` (the supervisor's evidence
+    of a failover: NOTE [test bed failover] in herald/testbed/job.py).
 
     Raises:
-        ConfigError: bad settings or keys; HeraldError / PeerTimeout: a worker or shard failed.
+        ConfigError: bad settings or keys; ShardLost: a PS shard was lost (exit status 75,
+        NOTE [ps failover across hosts]); HeraldError / PeerTimeout: a worker failed.
     """
     from herald.dispatch.dispatcher import Dispatcher, DispatcherConfig
     from herald.job import report as report_mod
+    from herald.job.checkpoints import DispatcherCheckpoints
     from herald.job.data import JobData
+    from herald.job.failover import shard_lost, watch_shards
     from herald.job.spec import JobSpec, flag_errors
     from herald.ps import PSClient
 
@@ -95,18 +101,34 @@ def serve(cfg, bind: str, ps: list[str], *, save_ps: str | None = None, dense_ti
     with flag_errors():
         disp_cfg = DispatcherConfig(num_workers=cfg.workers, bind=bind, peer_timeout_ms=cfg.timeout_ms,
                                     max_inflight_steps=cfg.max_inflight_steps, keys_dir=cfg.keys_dir,
-                                    insecure=cfg.insecure)
+                                    insecure=cfg.insecure, checkpoint_every_steps=cfg.checkpoint_every)
+    ckpts = DispatcherCheckpoints(run_dir, resume=cfg.resume, enabled=cfg.checkpoint_every > 0,
+                                  who="herald test bed dispatcher")
     data = JobData(cfg)
     tables = cfg.tables(data.schema)
-    job = JobSpec.build(cfg, data, ps)   # run_dir: the shared folder; dist_init None: env:// under torchrun
+    watch = watch_shards(ps, cfg.timeout_ms, cfg.keys_dir)   # NOTE [ps liveness]
     t_start = time.perf_counter()
     with PSClient(ps, tables=tables, timeout_ms=cfg.timeout_ms, num_workers=cfg.workers, keys_dir=cfg.keys_dir,
                   admin_token=os.environ.get("HERALD_PS_TOKEN")) as client:
-        with Dispatcher(disp_cfg, data.batches, data.scheduler_factory(cfg), job) as disp:
-            print(f"dispatcher listening on {disp.address}", flush=True)
-            records = disp.serve()
-            capacity_rows = disp.scheduler.capacity_rows
-            dispatcher_s = {k: v / 1e3 for k, v in disp.timer.take().items()}
+        client.ping()   # every shard up (bounded by the timeout) before the watch starts its clock
+        ckpts.attach(client, data)
+        # run_dir: the shared folder; dist_init None: env:// under torchrun
+        job = JobSpec.build(cfg, data, ps).replace(resume_dense=ckpts.resume_dense)
+        try:
+            with Dispatcher(disp_cfg, data.batches, data.scheduler_factory(cfg), job, liveness=watch,
+                            on_step=_StepFile(run_dir / ".dispatcher-step"), **ckpts.dispatcher_kwargs()) as disp:
+                ckpts.load(disp)
+                print(f"dispatcher listening on {disp.address}", flush=True)
+                try:
+                    records = disp.serve()
+                except HeraldError as exc:
+                    if watch.failure() is None:
+                        raise
+                    raise shard_lost(watch.failure(), str(run_dir)) from exc
+                capacity_rows = disp.scheduler.capacity_rows
+                dispatcher_s = {k: v / 1e3 for k, v in disp.timer.take().items()}
+        finally:
+            watch.close()
         train_s = time.perf_counter() - t_start
         ps_stats = client.stats()
         if save_ps:
@@ -122,6 +144,26 @@ def serve(cfg, bind: str, ps: list[str], *, save_ps: str | None = None, dense_ti
                            capacity_rows=capacity_rows, dispatcher_s=dispatcher_s, ps_stats=ps_stats, skipped=skipped)
     report_mod.write(rep, records, run_dir)
     return rep
+
+
+class _StepFile:
+    """``on_step``: writes the step every worker acked last into a small file (replaced
+    atomically), read by the test bed's supervisor (NOTE [test bed failover])."""
+
+    def __init__(self, path: pathlib.Path):
+        self.path, self._tmp = path, path.with_name(path.name + ".tmp")
+
+    def __call__(self, rec) -> None:
+        self._tmp.write_text(str(int(rec.step)))
+        os.replace(self._tmp, self.path)
+
+
+def last_step(run_dir: str | os.PathLike) -> int | None:
+    """The step the test bed's dispatcher saw acked last (:class:`_StepFile`), or None."""
+    try:
+        return int((pathlib.Path(run_dir) / ".dispatcher-step").read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
                     dense_timeout_s=args.dense_timeout_s)
     except HeraldError as exc:
         print(f"herald dispatcher: error: {exc}", file=sys.stderr)
-        return 1
+        return int(getattr(exc, "exit_code", None) or 1)   # ShardLost: 75 (NOTE [ps failover across hosts])
     print(f"dispatcher: {rep['steps']} steps, {rep['samples_per_second']:,.0f} samples/s; report in "
           f"{pathlib.Path(rep['config']['run_dir']) / 'report.json'}", flush=True)
     return 0

@@ -14,6 +14,23 @@ holds the settings, the workers' dense replicas, the report and
 ``keys_dir`` every role gets ``--keys``; without, the bed is a private network and the
 binding roles get ``--insecure``. The PS admin token is made per job and passed in the
 environment of the PS and the dispatcher only.
+
+NOTE [test bed failover]: NOTE [ps failover across hosts] (herald/job/failover.py) with
+this module as the supervisor. With ``cfg.ps_restarts`` N > 0 and
+``cfg.checkpoint_every`` > 0, a PS shard process that ends during training (seen at
+once: the bed started it), or a dispatcher that exits with status 75 (it lost a shard),
+starts a failover: the dispatcher and the torchruns are stopped (SIGTERM, SIGKILL after
+5 s) and every process left on the worker hosts is killed; every PS shard is started
+afresh on the PS host; the dispatcher is started again with ``resume`` (it restores the
+shards from the latest checkpoint through the admin op, gives the workers that
+checkpoint's dense state and continues from its position); the workers join a new
+rendezvous (``--rdzv-id ...-<attempt>``). At most N times; without a checkpoint, or
+beyond N, the job fails naming the shard. Every wait is bounded by the job's
+``timeout_s``. The report gets ``failovers``: per failover the cause, the checkpoint
+rolled back to (``rolled_back_to``, ``checkpoint_step``), the last step every worker had
+acked before (``last_acked_step``; ``steps_rolled_back`` = the difference, trained
+twice), the seconds to restart the roles (``restart_s``) and from the loss to the first
+step acked past the checkpoint (``recovered_s``).
 """
 
 from __future__ import annotations
@@ -27,7 +44,9 @@ import time
 from typing import Any, Sequence
 
 from herald.errors import ConfigError, HeraldError, PeerTimeout
-from herald.testbed.dispatcher import save_config
+from herald.job import checkpoints
+from herald.job.failover import SHARD_FAILED_EXIT
+from herald.testbed.dispatcher import last_step, save_config
 from herald.testbed.netns import TestBed
 
 PS_HOST, DISPATCHER_HOST = "ps", "dispatcher"
@@ -48,7 +67,8 @@ def worker_hosts_of(bed: TestBed) -> list[str]:
 
 def run_job(bed: TestBed, cfg, *, procs_per_host: int = 1, save_ps: str | None = None, timeout_s: float = 600.0,
             tag: str = "job", role_args: dict[str, Sequence[str]] | None = None) -> dict[str, Any]:
-    """Train ``cfg`` across ``bed`` (NOTE [test bed job]); returns the report dict.
+    """Train ``cfg`` across ``bed`` (NOTE [test bed job]); returns the report dict, with
+    ``failovers`` (NOTE [test bed failover]: ``cfg.ps_restarts`` with ``cfg.checkpoint_every``).
 
     Args:
         bed: an open :class:`TestBed` whose hosts are :func:`bed_hosts`.
@@ -61,8 +81,9 @@ def run_job(bed: TestBed, cfg, *, procs_per_host: int = 1, save_ps: str | None =
             ``"worker"``), e.g. to test a failing role.
 
     Raises:
-        ConfigError: worker count mismatch, a missing host. HeraldError: a role failed
-            (named, with the end of its log). PeerTimeout: the job ran past ``timeout_s``.
+        ConfigError: worker count mismatch, a missing host, ``ps_restarts`` without
+            ``checkpoint_every``. HeraldError: a role failed (named, with the end of its log),
+            or a PS shard was lost beyond ``ps_restarts``. PeerTimeout: the job ran past ``timeout_s``.
     """
     workers = worker_hosts_of(bed)
     if cfg.workers != len(workers) * procs_per_host:
@@ -73,6 +94,10 @@ def run_job(bed: TestBed, cfg, *, procs_per_host: int = 1, save_ps: str | None =
     (run_dir / "report.json").unlink(missing_ok=True)
     if cfg.keys_dir is None:
         cfg = dataclasses.replace(cfg, insecure=True)   # a private network: no keys needed
+    if cfg.ps_restarts and not cfg.checkpoint_every:
+        raise ConfigError("--ps-restarts needs --checkpoint-every STEPS: a failover rolls the job back to its latest "
+                          "checkpoint (NOTE [test bed failover])")
+    (run_dir / ".dispatcher-step").unlink(missing_ok=True)
     launch = _Launch(bed, cfg, run_dir, tag, dict(role_args or {}))
     deadline = time.monotonic() + timeout_s
     try:
@@ -81,10 +106,15 @@ def run_job(bed: TestBed, cfg, *, procs_per_host: int = 1, save_ps: str | None =
         launch.start_rendezvous()
         launch.start_dispatcher(save_ps)
         launch.start_workers(workers, procs_per_host)
-        launch.wait_done(deadline)
+        while (lost := launch.wait_done(deadline)) is not None:   # NOTE [test bed failover]
+            launch.fail_over(lost, save_ps, deadline)
     finally:
         launch.stop()   # the bed may run another job next
-    return json.loads((run_dir / "report.json").read_text())
+    report_path = run_dir / "report.json"
+    rep = json.loads(report_path.read_text())
+    rep["failovers"] = launch.failovers
+    report_path.write_text(json.dumps(rep, indent=2))
+    return rep
 
 
 class _Launch:
@@ -99,11 +129,22 @@ class _Launch:
         self.dispatcher = f"tcp://{bed.address(DISPATCHER_HOST)}:{DISPATCHER_PORT}"
         self.services: list[str] = []    # roles that serve until stopped: PS shards, rendezvous store
         self.finishing: list[str] = []   # roles that end with the job: dispatcher, torchrun per host
+        self.failovers: list[dict[str, Any]] = []   # NOTE [test bed failover]
+        self.worker_hosts: list[str] = []
+        self.procs_per_host = 1
+        self._recovering: tuple[dict, float] | None = None   # (failover record, time the loss was seen)
+        self.t_start = time.time()   # a checkpoint older than this is another job's
 
     def _start(self, host: str, role: str, argv: list[str], env: dict | None = None) -> str:
+        """Start a role (a restart reuses its name: its log goes on in the same file)."""
         name = f"{self.tag}-{role}"
         self.bed.run(host, argv, name=name, env={**self.env, **(env or {})})
         return name
+
+    @staticmethod
+    def _track(names: list[str], name: str) -> None:
+        if name not in names:
+            names.append(name)
 
     def start_ps(self) -> None:
         for i, address in enumerate(self.ps_addresses):
@@ -113,41 +154,51 @@ class _Launch:
                 "--aggregation-timeout-ms", str(self.cfg.timeout_ms),
                 "--max-contributors", str(self.cfg.workers), "--checkpoint-root", str(self.run_dir),
                 *self.security, *self.role_args.get("ps", ())], env={"HERALD_PS_TOKEN": self.token})
-            self.services.append(name)
+            self._track(self.services, name)
 
     def start_rendezvous(self) -> None:
         self.services.append(self._start(DISPATCHER_HOST, "rendezvous", [
             sys.executable, "-m", "herald.testbed.store", "--host", self.bed.address(DISPATCHER_HOST),
             "--port", str(RENDEZVOUS_PORT)]))
 
-    def start_dispatcher(self, save_ps: str | None) -> None:
-        config = save_config(self.cfg, self.run_dir / f".{self.tag}-job.json")
+    def start_dispatcher(self, save_ps: str | None, resume: bool = False) -> None:
+        cfg = dataclasses.replace(self.cfg, resume=True) if resume else self.cfg
+        config = save_config(cfg, self.run_dir / f".{self.tag}-job.json")
         name = self._start(DISPATCHER_HOST, "dispatcher", [
             sys.executable, "-m", "herald.testbed.dispatcher", "--config", str(config), "--bind", self.dispatcher,
             "--ps", ",".join(self.ps_addresses), *(["--save-ps", str(save_ps)] if save_ps else []),
             *self.role_args.get("dispatcher", ())], env={"HERALD_PS_TOKEN": self.token})
-        self.finishing.append(name)
+        self._track(self.finishing, name)
 
     def start_workers(self, hosts: list[str], procs_per_host: int) -> None:
+        self.worker_hosts, self.procs_per_host = list(hosts), procs_per_host
+        attempt = f"-{len(self.failovers)}" if self.failovers else ""   # a fresh rendezvous per attempt
         rendezvous = f"{self.bed.address(DISPATCHER_HOST)}:{RENDEZVOUS_PORT}"
         join_s = max(30, self.cfg.timeout_ms // 1000)
         for host in hosts:
             name = self._start(host, f"workers@{host}", [
                 sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(hosts)),
                 "--nproc-per-node", str(procs_per_host), "--rdzv-backend", "c10d", "--rdzv-endpoint", rendezvous,
-                "--rdzv-id", f"{self.bed.uid}-{self.tag}", "--rdzv-conf", f"is_host=false,join_timeout={join_s}",
+                "--rdzv-id", f"{self.bed.uid}-{self.tag}{attempt}",
+                "--rdzv-conf", f"is_host=false,join_timeout={join_s}",
                 "--local-addr", self.bed.address(host), "--max-restarts", "0", "--monitor-interval", "0.2",
                 "-m", "herald", "serve", "worker", "--dispatcher", self.dispatcher, "--timeout-ms",
                 str(self.cfg.timeout_ms), "--device", self.cfg.device, "--cache-device", self.cfg.cache_device,
                 *(["--keys", str(self.cfg.keys_dir)] if self.cfg.keys_dir else []),
                 *self.role_args.get("worker", ())],
                 env={"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": self.bed.hosts[host].interface})
-            self.finishing.append(name)
+            self._track(self.finishing, name)
 
-    def wait_done(self, deadline: float) -> None:
-        """Wait until the dispatcher and every torchrun have exited; raise on the first failure."""
+    def wait_done(self, deadline: float) -> str | None:
+        """Wait until the dispatcher and every torchrun have exited; raise on the first
+        failure. Returns None when the job ended, or (failover allowed: ``cfg.ps_restarts``)
+        the cause of a lost PS shard (NOTE [test bed failover])."""
         procs = self.bed.children.procs
         while any(procs[n].poll() is None for n in self.finishing):
+            lost = self._lost_shard()
+            if lost:
+                return lost
+            self._note_recovery()
             self._check()
             if any(procs[n].poll() is not None for n in self.services):
                 raise HeraldError(f"{next(n for n in self.services if procs[n].poll() is not None)} stopped "
@@ -158,7 +209,69 @@ class _Launch:
                                   f"last lines of {self.bed.log_path(late[0])}:\n{self.bed.children.tail(late[0])}",
                                   peer=late[0])
             time.sleep(0.1)
+        lost = self._lost_shard()
+        if lost:
+            return lost
+        self._note_recovery()
         self._check()
+        return None
+
+    def _lost_shard(self) -> str | None:
+        """A PS shard process that ended, or a dispatcher that exited with 75 (it lost a
+        shard), as a message; None when neither, when failover is off, or once the
+        dispatcher has finished the job (exit status 0: the PS is no longer needed)."""
+        children = self.bed.children
+        if not self.cfg.ps_restarts or children.procs[f"{self.tag}-dispatcher"].poll() == 0:
+            return None
+        for name in self.services:
+            if name.startswith(f"{self.tag}-ps-") and children.procs[name].poll() is not None:
+                return f"PS shard {name.rsplit('-', 1)[1]} ({name} on host {PS_HOST}) {children.exit_status(name)}"
+        name = f"{self.tag}-dispatcher"
+        if children.procs[name].poll() == SHARD_FAILED_EXIT:
+            said = [line for line in children.tail(name, 5).splitlines() if "PS shard" in line]
+            return said[-1] if said else f"{name} lost a PS shard (exit status {SHARD_FAILED_EXIT})"
+        return None
+
+    def fail_over(self, cause: str, save_ps: str | None, deadline: float) -> None:
+        """Roll the job back to its latest checkpoint (NOTE [test bed failover]).
+
+        Raises:
+            HeraldError: no checkpoint yet, or ``cfg.ps_restarts`` failovers already done.
+        """
+        t_lost = time.monotonic()
+        latest = checkpoints.latest(self.run_dir / "checkpoints")
+        if latest is not None and (latest.path / "meta.json").stat().st_mtime < self.t_start:
+            latest = None   # left in the run folder by an earlier job
+        if latest is None or len(self.failovers) >= self.cfg.ps_restarts:
+            why = ("no checkpoint to roll back to yet" if latest is None else
+                   f"{len(self.failovers)} failover(s) done, --ps-restarts {self.cfg.ps_restarts}")
+            raise HeraldError(f"the job on the test bed lost a PS shard: {cause} ({why})")
+        last = last_step(self.run_dir)
+        print(f"herald test bed: {cause}\nrolling the job back to checkpoint {latest.path.name} (failover "
+              f"{len(self.failovers) + 1} of at most {self.cfg.ps_restarts})", file=sys.stderr, flush=True)
+        for name in self.finishing + [n for n in self.services if n.startswith(f"{self.tag}-ps-")]:
+            self.bed.children.terminate(name, timeout_s=5.0)
+        self.bed.empty_hosts(self.worker_hosts, timeout_s=max(1.0, min(10.0, deadline - time.monotonic())))
+        (self.run_dir / ".dispatcher-step").unlink(missing_ok=True)
+        record = {"cause": cause, "rolled_back_to": latest.path.name, "checkpoint_step": latest.step,
+                  "last_acked_step": last, "steps_rolled_back": None if last is None else max(0, last - latest.step),
+                  "restart_s": None, "recovered_s": None}
+        self.failovers.append(record)
+        self.start_ps()
+        self.start_dispatcher(save_ps, resume=True)
+        self.start_workers(self.worker_hosts, self.procs_per_host)
+        record["restart_s"] = round(time.monotonic() - t_lost, 3)
+        self._recovering = (record, t_lost)
+
+    def _note_recovery(self) -> None:
+        """Record ``recovered_s`` once the resumed job acked a step past its checkpoint."""
+        if self._recovering is None:
+            return
+        record, t_lost = self._recovering
+        step = last_step(self.run_dir)
+        if step is not None and step > record["checkpoint_step"]:
+            record["recovered_s"] = round(time.monotonic() - t_lost, 3)
+            self._recovering = None
 
     def _check(self) -> None:
         failure = self.bed.children.failure()

@@ -227,6 +227,20 @@ class TestBed:
         self.pids_seen.add(proc.pid)
         return proc
 
+    def empty_hosts(self, hosts: Sequence[str], timeout_s: float = 10.0) -> set[int]:
+        """SIGKILL every process still inside ``hosts`` (e.g. workers a stopped torchrun
+        left), until none is left or ``timeout_s``; returns their pids. Used between two
+        attempts of a job (NOTE [test bed failover] in herald/testbed/job.py).
+
+        Raises:
+            ConfigError: an unknown host, or the bed is not open.
+        """
+        if self._state != "open":
+            raise ConfigError("the test bed is not open: use it inside `with TestBed(...) as bed:`")
+        seen = _empty_namespaces([self._host(h).namespace for h in hosts], time.monotonic() + timeout_s)
+        self.pids_seen |= seen
+        return seen
+
     @property
     def children(self) -> Supervisor:
         """The :class:`~herald.procs.Supervisor` of the processes :meth:`run` started
