@@ -27,7 +27,8 @@ def _serve_dispatcher(args: argparse.Namespace) -> int:
     from herald.job.cli import config_from_args
     from herald.job.data import JobData
     from herald.job.failover import shard_lost, watch_shards
-    from herald.job.spec import JobSpec, flag_errors
+    from herald.job.flags import flag_errors
+    from herald.job.spec import JobSpec
 
     cfg = config_from_args(args)
     if not args.ps:

@@ -63,6 +63,8 @@ from herald.job.spec import JobSpec
 from herald.phases import PhaseTimer
 from herald.loader.batch import SampleBatch
 from herald.dispatch.early import TouchedKeys
+from herald.dispatch.gba import GbaServe
+from herald.dispatch.hybrid import make_hybrid
 from herald.dispatch.idbuffer import IdFeatureBuffer
 from herald.dispatch.peers import Message, PeerTable
 from herald.dispatch.pipeline import Pipeline
@@ -125,6 +127,7 @@ class Dispatcher:
         self.address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._peers = PeerTable(config.num_workers, name=f"dispatcher {self.address}")  # NOTE [peer validation]
         self._buffer: IdFeatureBuffer | None = None  # sized on the first global batch
+        self._hybrid = None   # --consistency hybrid: NOTE [hybrid training] (herald/dispatch/hybrid.py)
         self._acks: dict[int, dict[int, tuple[dict[str, Any], list[np.ndarray]]]] = {}
         self._pending: dict[int, tuple[np.ndarray, float, np.ndarray]] = {}
         self._stop = threading.Event()
@@ -155,6 +158,8 @@ class Dispatcher:
         """Stop the pipeline threads (joined for at most ``close_timeout_ms``) and close
         the socket (LINGER 0); idempotent, bounded."""
         self._close_pipeline()
+        if self._hybrid is not None:
+            self._hybrid.close()
         if not self._closed:
             self._closed = True
             self._sock.close(linger=0)
@@ -213,7 +218,7 @@ class Dispatcher:
         self._serving = True
         self._handshake()
         try:
-            return self._serve_steps()
+            return GbaServe(self).run() if self._job.consistency == "gba" else self._serve_steps()   # NOTE [gba tokens]
         except BaseException as exc:
             # tell every worker, so none waits out its timeout on a dead dispatcher
             for rank in self._peers.identities:
@@ -336,6 +341,9 @@ class Dispatcher:
         if self._buffer is None:
             self._buffer = IdFeatureBuffer((self.config.max_inflight_steps + 1) * len(ready.sample_ids))
             self._peers.ack_rows = len(ready.sample_ids) // self.config.num_workers
+            self._hybrid = make_hybrid(self._job, self.config, step, self._peers)   # None unless hybrid
+        if self._hybrid is not None:
+            self._hybrid.before_send(step)
         self._buffer.put(step, ready.micro_batches)
         self._pending[step] = (ready.counts, ready.schedule_ms, ready.sample_ids)
         self._acks[step] = {}
@@ -366,12 +374,17 @@ class Dispatcher:
         if step not in self._pending or rank in self._acks[step]:
             raise ProtocolError(f"unexpected ack of step {step!r} from rank {rank!r} (steps in flight: "
                                 f"{sorted(self._pending)}, ranks 0-{self.config.num_workers - 1}, one ack each)")
+        if self._hybrid is not None:   # gradients by sample id (NOTE [hybrid training])
+            arrays = self._hybrid.receive(step, rank, arrays, self._buffer, self.next_step - 1)
         self._acks[step][rank] = (header, arrays)
         if len(self._acks[step]) < self.config.num_workers:
             return
         by_rank = self._acks.pop(step)
         acks = [by_rank[r] for r in range(self.config.num_workers)]
         counts, sched_ms, ids = self._pending.pop(step)
+        consistency = sum_consistency(acks)
+        if self._hybrid is not None:
+            consistency.update(self._hybrid.step_acked(step, self._buffer))
         self._buffer.release(step)
         preds = [a for _, a in acks if len(a) == 2]
         rec = StepRecord(step, float(np.mean([h.get("loss", float("nan")) for h, _ in acks])), counts,
@@ -380,7 +393,7 @@ class Dispatcher:
                          np.concatenate([a[0] for a in preds]) if preds else np.zeros(0, np.float32),
                          np.concatenate([a[1] for a in preds]) if preds else np.zeros(0, np.float32),
                          sum(int(h.get("bytes_allreduced", 0)) for h, _ in acks), mean_phases(acks),
-                         time.perf_counter(), self.rejected, sum_consistency(acks))
+                         time.perf_counter(), self.rejected, consistency)
         self.records.append(rec)
         if self._id_log is not None:
             self._id_log.write(np.ascontiguousarray(ids, np.uint64).tobytes())
@@ -391,6 +404,8 @@ class Dispatcher:
     def _barrier(self, step: int, batch_index: int, final: bool) -> None:
         """NOTE [checkpoint barrier]."""
         self._wait_for_credit(drain=True)
+        if self._hybrid is not None:   # every embedding update applied before the PS checkpoint
+            self._hybrid.drain()
         self._flush(reset=not final)
         self._at_barrier = True
         if self._on_checkpoint is None or step < self._first_step:

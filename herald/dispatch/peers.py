@@ -123,6 +123,9 @@ class PeerTable:
         rejected: kind (:data:`KINDS`) -> messages dropped so far.
         ack_rows: samples per micro-batch once known (None before): the length of an
             ack's label and prediction arrays.
+        ack_grads: ``(tables, dim)`` when acks also carry gradients by sample id (NOTE
+            [hybrid training] in herald/dispatch/hybrid.py: two more arrays, uint64 [rows]
+            and float32 [rows, tables, dim]), else None.
     """
 
     def __init__(self, num_workers: int, name: str = "dispatcher"):
@@ -131,6 +134,7 @@ class PeerTable:
         self._rank_of: dict[bytes, int] = {}
         self.rejected: dict[str, int] = dict.fromkeys(KINDS, 0)
         self.ack_rows: int | None = None
+        self.ack_grads: tuple[int, int] | None = None
 
     @property
     def complete(self) -> bool:
@@ -232,12 +236,25 @@ class PeerTable:
         if op == "hello" and header["world_size"] != self.num_workers:
             return (f"worker {rank} expects world size {header['world_size']}, this dispatcher serves "
                     f"{self.num_workers}; start every worker with --world-size {self.num_workers}")
+        if op == "ack" and self.ack_grads is not None:
+            problem = self._grads_problem(arrays)
+            if problem:
+                return problem
+            arrays = arrays[:-2]
         if op != "ack" or not arrays:
             return f"{len(arrays)} arrays where {op} carries none" if arrays else ""
         rows = self.ack_rows if self.ack_rows is not None else arrays[0].shape[0] if arrays[0].ndim else -1
         if len(arrays) != 2 or any(a.dtype != np.float32 or a.shape != (rows,) for a in arrays):
             return (f"an ack carries no arrays or two float32 [{self.ack_rows or 'micro-batch size'}] (labels, "
                     f"predictions); got {[(a.dtype.str, a.shape) for a in arrays][:4]}")
+        return ""
+
+    def _grads_problem(self, arrays: list[np.ndarray]) -> str:
+        rows = self.ack_rows if self.ack_rows is not None else arrays[-2].shape[0] if len(arrays) >= 2 else -1
+        want = [(np.uint64, (rows,)), (np.float32, (rows, *self.ack_grads))]
+        if len(arrays) < 2 or any(a.dtype != d or a.shape != s for a, (d, s) in zip(arrays[-2:], want)):
+            return (f"a hybrid ack ends with sample ids uint64 [{rows}] and gradients float32 [{rows}, "
+                    f"{self.ack_grads[0]}, {self.ack_grads[1]}]; got {[(a.dtype.str, a.shape) for a in arrays][-2:]}")
         return ""
 
     def _hello(self, identity: bytes, rank: int, header: dict[str, Any], arrays: list) -> Message | None:

@@ -1,12 +1,13 @@
 """Consistency benchmark: the same data under each consistency mode, with and without a straggler.
 
-Trains the same model on the same data (default: the Criteo sample) under ``bsp`` and
-``bounded`` with s = 1, 4, 16 (HET §4.1; docs/consistency.md), each once as it is and once
+Trains the same model on the same data (default: the Criteo sample) under ``bsp``,
+``bounded`` with s = 1, 4, 16 (HET §4.1), ``hybrid`` (Persia §3-4; its staleness is in
+steps, not updates; docs/consistency.md) and ``gba`` with iota = 0 and 4 (GBA §4.1, M =
+workers; its staleness is in global steps), each once as it is and once
 with one worker slowed (``--slow-worker RANK:MS``; by default MS is BSP's own mean step
 time, so the straggler takes about 2x), in one run, and prints held-out AUC and log loss,
 samples/s, embeddings moved (rows pulled and pushed, by the plan), the pulls the bound
 saved and the observed staleness side by side. ``--out FILE.json`` keeps every figure.
-Modes not built yet (``gba``, ``hybrid``: issue 13) are listed as such, not run.
 
 Run as ``herald bench consistency``.
 """
@@ -18,10 +19,11 @@ import json
 import pathlib
 
 DEFAULT_SOURCE = "/work/shared/data/criteo/criteo_kaggle_sample_train.tsv"
-#: (label, consistency, staleness)
+#: (label, consistency, its setting: the staleness bound s of bounded, the threshold iota of gba)
 MODES = (("bsp", "bsp", 0), ("bounded s=1", "bounded", 1), ("bounded s=4", "bounded", 4),
-         ("bounded s=16", "bounded", 16))
-NOT_BUILT = ("hybrid", "gba")
+         ("bounded s=16", "bounded", 16), ("hybrid", "hybrid", 0),
+         ("gba iota=0", "gba", 0), ("gba iota=4", "gba", 4))
+NOT_BUILT: tuple[str, ...] = ()
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -36,6 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the straggler's extra milliseconds per step (default: BSP's mean step time, measured "
                         "in this run: the straggler takes about twice as long)")
     p.add_argument("--run-dir", default="runs/bench-consistency", help="job folders (default: %(default)s)")
+    p.add_argument("--modes", default=",".join(label for label, _, _ in MODES),
+                   help="comma-separated labels of the modes to run (default: all: %(default)s)")
+    p.add_argument("--steps", type=int, default=None, help="stop each job after this many steps (default: all data)")
     p.add_argument("--out", default=None, metavar="FILE.json", help="write every figure here")
 
 
@@ -46,15 +51,19 @@ def summarize(rep: dict) -> dict:
             "samples_per_second": rep["samples_per_second"], "embeddings_moved": tx["total"],
             "update_pulls": tx["update_pull"], "pulls_saved": c["stale_reads"], "rereads": c["rereads"],
             "max_staleness": c["max_staleness_observed"], "mean_staleness": c["mean_staleness"],
+            "dropped_or_decayed": c["dropped_or_decayed"],
             "wire_bytes": rep["wire_bytes"]["pulled"] + rep["wire_bytes"]["pushed"], "steps": rep["steps"]}
 
 
 def _config(args: argparse.Namespace, mode: str, staleness: int, slow: str | None, name: str):
     from herald.job.spec import TrainConfig
 
-    return TrainConfig(source=args.source, workers=args.workers, batch_size=args.batch_size, epochs=args.epochs,
+    return TrainConfig(source=args.source, steps=getattr(args, "steps", None), workers=args.workers,
+                       batch_size=args.batch_size, epochs=args.epochs,
                        cache_ratio=args.cache_ratio, embedding_dim=args.embedding_dim, consistency=mode,
-                       staleness=staleness, slow_worker=slow, run_dir=str(pathlib.Path(args.run_dir) / name))
+                       staleness=staleness if mode == "bounded" else 0,
+                       gba_threshold=staleness if mode == "gba" else 0, slow_worker=slow,
+                       run_dir=str(pathlib.Path(args.run_dir) / name))
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -62,8 +71,15 @@ def run(args: argparse.Namespace) -> dict:
 
     results: dict = {}
     slow_ms = args.slow_ms
+    chosen = [m.strip() for m in getattr(args, "modes", "bsp").split(",") if m.strip()]
+    unknown = sorted(set(chosen) - {label for label, _, _ in MODES})
+    if unknown or "bsp" not in chosen:
+        from herald.errors import ConfigError
+
+        raise ConfigError(f"--modes: unknown {unknown} or no bsp (the baseline); choose among "
+                          f"{[label for label, _, _ in MODES]}")
     for straggler in (False, True):
-        for label, mode, s in MODES:
+        for label, mode, s in (m for m in MODES if m[0] in chosen):
             if straggler and slow_ms is None:
                 bsp = results["bsp"]
                 slow_ms = max(1, round(1000 * args.workers * args.batch_size / bsp["samples_per_second"]))
@@ -74,7 +90,8 @@ def run(args: argparse.Namespace) -> dict:
                             progress=False)
             results[key] = summarize(rep)
     print_table(results)
-    print(f"not built yet (not run): {', '.join(NOT_BUILT)}")
+    if NOT_BUILT:
+        print(f"not built yet (not run): {', '.join(NOT_BUILT)}")
     if args.out:
         pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         pathlib.Path(args.out).write_text(json.dumps({"results": results, "not_built": list(NOT_BUILT),
@@ -96,7 +113,8 @@ def print_table(results: dict) -> None:
 
 def register(bench) -> None:
     """Add ``herald bench consistency``."""
-    b = bench.add_parser("consistency", help="bsp and bounded (s = 1, 4, 16), with and without a straggler: "
+    b = bench.add_parser("consistency", help="bsp, bounded (s = 1, 4, 16), hybrid and gba (iota = 0, 4), "
+                                             "with and without a straggler: "
                                              "AUC, log loss, samples/s, transmissions (same run)",
                          description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(b)

@@ -33,7 +33,8 @@ from herald.ps.config import ShardLimits
 from herald.dispatch.dispatcher import Dispatcher, DispatcherConfig, StepRecord
 from herald.job import checkpoints
 from herald.job.data import JobData
-from herald.job.spec import JobSpec, TrainConfig, flag_errors
+from herald.job.flags import flag_errors
+from herald.job.spec import JobSpec, TrainConfig
 
 
 @contextlib.contextmanager

@@ -158,6 +158,9 @@ def build(cfg: Any, records: list[StepRecord], train_s: float, metrics: dict, *,
     by_cause = {c: int(v) for c, v in zip(CAUSES, counts)}
     consistency = consistency_block(cfg, records)
     by_cause["update_pull"] -= consistency["stale_reads"]   # planned, but read from the cache (bounded)
+    if consistency["mode"] == "hybrid":   # no plan runs: every row read is pulled, gradients pushed per key
+        by_cause = {**dict.fromkeys(by_cause, 0), "miss_pull": consistency["reads"],
+                    "grad_push": consistency["gradient_rows_pushed"]}
     row_bytes = cfg.embedding_dim * 4
     pulls = sum(by_cause[c] for c in _PULLS)
     pushes = sum(by_cause[c] for c in _PUSHES)
@@ -202,7 +205,9 @@ def consistency_block(cfg: Any, records: list[StepRecord]) -> dict[str, Any]:
     """The report's ``consistency``: ``mode``, ``settings``, ``max_staleness_observed`` and
     ``mean_staleness`` (clock gap of the rows read, in updates, over every row read),
     ``dropped_or_decayed``, ``rereads`` (copies re-fetched because the bound was reached),
-    ``reads``, ``stale_reads`` (the pulls saved); docs/consistency.md."""
+    ``reads``, ``stale_reads`` (the pulls saved); docs/consistency.md. Hybrid (NOTE [hybrid
+    training] in herald/dispatch/hybrid.py): staleness in steps per step (``per_step_staleness``),
+    ``dropped_or_decayed`` the samples whose gradients expired."""
     total: dict[str, int] = {}
     for r in records:
         for k, v in r.consistency.items():
@@ -212,10 +217,36 @@ def consistency_block(cfg: Any, records: list[StepRecord]) -> dict[str, Any]:
     if getattr(cfg, "slow_worker", None):
         settings["slow_worker"] = cfg.slow_worker
     reads = total.get("reads", 0)
+    if mode == "hybrid":
+        return _hybrid_block(cfg, records, settings, reads)
+    if mode == "gba":
+        return _gba_block(cfg, total, settings, reads)
     return {"mode": mode, "settings": settings, "max_staleness_observed": total.get("gap_max", 0),
             "mean_staleness": total.get("gap_sum", 0) / reads if reads else 0.0,
             "dropped_or_decayed": total.get("dropped", 0), "rereads": total.get("rereads", 0),
             "reads": reads, "stale_reads": total.get("stale_reads", 0)}
+
+
+def _hybrid_block(cfg: Any, records: list[StepRecord], settings: dict, reads: int) -> dict[str, Any]:
+    per_step = [int(r.consistency.get("staleness", 0)) for r in records]
+    settings = {"max_inflight_steps": getattr(cfg, "max_inflight_steps", None),
+                "hybrid_expiry": getattr(cfg, "hybrid_expiry", None), **settings}
+    return {"mode": "hybrid", "settings": settings, "max_staleness_observed": max(per_step, default=0),
+            "mean_staleness": float(np.mean(per_step)) if per_step else 0.0,
+            "dropped_or_decayed": sum(int(r.consistency.get("dropped", 0)) for r in records), "rereads": 0,
+            "reads": reads, "stale_reads": 0, "staleness_unit": "steps", "per_step_staleness": per_step,
+            "gradient_rows_pushed": sum(int(r.consistency.get("hybrid_rows", 0)) for r in records)}
+
+
+def _gba_block(cfg: Any, total: dict[str, int], settings: dict, reads: int) -> dict[str, Any]:
+    """GBA (NOTE [gba tokens] in herald/ps/gba.py): staleness = global steps between a
+    micro-batch's token and the step its gradient is applied at, over every contribution;
+    ``dropped_or_decayed``: contributions eq. (1) dropped (shard 0's count)."""
+    settings = {"gba_buffer": cfg.gba_buffer or cfg.workers, "gba_threshold": cfg.gba_threshold, **settings}
+    n = total.get("contributions", 0)
+    return {"mode": "gba", "settings": settings, "max_staleness_observed": total.get("gap_max", 0),
+            "mean_staleness": total.get("gap_sum", 0) / n if n else 0.0, "dropped_or_decayed": total.get("dropped", 0),
+            "rereads": 0, "reads": reads, "stale_reads": 0, "staleness_unit": "global steps", "contributions": n}
 
 
 def format_consistency(rep: dict[str, Any]) -> str:
@@ -224,7 +255,7 @@ def format_consistency(rep: dict[str, Any]) -> str:
     settings = " ".join(f"{k}={v}" for k, v in c["settings"].items())
     return (f"consistency {c['mode']}{' (' + settings + ')' if settings else ''}: rows read {c['reads']:,}, "
             f"stale {c['stale_reads']:,} (pulls saved), staleness max {c['max_staleness_observed']} mean "
-            f"{c['mean_staleness']:.4f} updates; rereads {c['rereads']:,}; dropped or decayed "
+            f"{c['mean_staleness']:.4f} {c.get('staleness_unit', 'updates')}; rereads {c['rereads']:,}; dropped or decayed "
             f"{c['dropped_or_decayed']:,}")
 
 

@@ -5,19 +5,20 @@ dispatcher`` are given; their options are generated from it) and :class:`JobSpec
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import numbers
 import os
 import pathlib
 import re
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from herald.config import from_mapping, key_value, parse_value, require, setting
+from herald.job.flags import _flag, _integer, _number, flag_errors, scheduling_budget_value
 from herald.errors import ConfigError
 from herald.worker.comm_settings import DENSE_COMM_DTYPES, WIRE_DTYPES, check_comm
-from herald.worker.consistency_settings import CONSISTENCY_MODES, check_consistency, parse_slow_worker
+from herald.worker.consistency_settings import (CONSISTENCY_MODES, check_consistency, check_gba, check_hybrid,
+                                                parse_slow_worker)
 
 if TYPE_CHECKING:
     from herald.job.data import JobData
@@ -78,80 +79,6 @@ def auto_model(model: str, dataset: str | None, num_tables: int, dense_dim: int)
     return "ncf" if num_tables == 2 and dense_dim == 0 else "dlrm"
 
 
-def scheduling_budget_value(text: str) -> str | float:
-    """argparse type of ``--scheduling-budget auto|MS``: ``"auto"`` or a float (milliseconds)."""
-    import argparse
-
-    if text == "auto":
-        return text
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be auto or a number of milliseconds, got {text!r}") from None
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-def _integer(cfg: Any, name: str, low: int, high: int | None = None, *, optional: bool = False) -> None:
-    value = getattr(cfg, name)
-    if optional and value is None:
-        return
-    ok = isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= low \
-        and (high is None or value <= high)
-    span = f"in {low}..{high}" if high is not None else f">= {low}"
-    require(ok, f"{_flag(name)} must be an integer {span}{' (or unset)' if optional else ''}, got {value!r}")
-
-
-def _number(cfg: Any, name: str, span: str, check) -> None:
-    value = getattr(cfg, name)
-    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and check(value)
-    require(ok, f"{_flag(name)} must be a finite number {span}, got {value!r}")
-
-
-#: Where an internal config's setting comes from: (pattern in its error message, the
-#: ``herald train`` flag). Errors raised while a job is built from a TrainConfig
-#: (SchedulerConfig, TableConfig, OptimizerConfig, DispatcherConfig, PSClient) are
-#: re-worded with it (:func:`flag_errors`), so the user reads the option to change.
-FLAG_OF = (
-    (r"table '[^']*': dim\b", "--embedding-dim"),
-    (r"\boptimizer lr\b", "--lr"),
-    (r"\bcache_capacity_rows\b", "--cache-rows"),
-    (r"\bcache_ratio\b", "--cache-ratio"),
-    (r"\bcache_policy\b", "--cache-policy"),
-    (r"\bbatch_size_per_worker(=|\b)", "--batch-size "),
-    (r"\bnum_workers(=|\b)", "--workers "),
-    (r"\bschedule '", "--schedule '"),
-    (r"\bseed\b", "--seed"),
-    (r"\btimeout_ms must be > 0 and retries >= 0, got (\S+), \S+", r"--timeout-ms must be > 0, got \1"),
-    (r"\b(peer_)?timeout_ms\b", "--timeout-ms"),
-    (r"\bmax_inflight_steps\b", "--max-inflight-steps"),
-    (r"\bcheckpoint_every_steps\b", "--checkpoint-every"),
-    (r"\bnum_shards\b", "--ps-shards"),
-    (r"\bscheduling_budget_ms\b", "--scheduling-budget"),
-    (r"\bthreads( ?<?=)", r"--scheduler-threads\1"),
-    (r"\bkeys_dir\b", "--keys"),
-    (r"\bdispatcher_rank\b", "--dispatcher-rank"),
-)
-
-
-def in_flag_terms(message: str) -> str:
-    """``message`` (from an internal config) with its setting names replaced by the flags (:data:`FLAG_OF`)."""
-    for pattern, flag in FLAG_OF:
-        message = re.sub(pattern, flag, message)
-    return re.sub(r"  +", " ", message)
-
-
-@contextlib.contextmanager
-def flag_errors() -> Iterator[None]:
-    """Re-raise a :class:`ConfigError` of an internal config in the words of ``herald train``'s flags."""
-    try:
-        yield
-    except ConfigError as exc:
-        raise ConfigError(in_flag_terms(str(exc))) from exc
-
-
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """Settings of one ``herald train`` job; each field is the option ``--field-name``
@@ -178,6 +105,9 @@ class TrainConfig:
                                       "docs/consistency.md)", choices=CONSISTENCY_MODES)
     staleness: int = setting(0, "--consistency bounded: staleness bound s in updates of one embedding "
                                 "(0 = exact BSP)", metavar="S")
+    hybrid_expiry: int | None = setting(None, "hybrid: drop and count gradients over STEPS steps late", metavar="STEPS")
+    gba_buffer: int = setting(0, "gba: gradients aggregated per global step, M (0: --workers)", metavar="M")
+    gba_threshold: int = setting(0, "gba: drop (count) gradients > IOTA global steps stale", metavar="IOTA")
     slow_worker: str | None = setting(None, "straggler injection for experiments: worker RANK sleeps MS "
                                             "milliseconds once per step", metavar="RANK:MS")
     wire_dtype: str = setting("fp32", "embedding rows and gradients on the PS wire (the PS keeps fp32; "
@@ -284,6 +214,10 @@ class TrainConfig:
         _integer(self, "checkpoint_every", 0)
         _integer(self, "eval_every", 1)
         _integer(self, "replicate_below", 0)
+        check_hybrid(self.consistency, self.hybrid_expiry, self.replicate_below > 0)
+        check_gba(self.consistency, self.gba_buffer, self.gba_threshold, workers=self.workers, resume=self.resume,
+                  global_batch=self.workers * self.batch_size, checkpoint_every=self.checkpoint_every,
+                  replicated=self.replicate_below > 0, groups=self.groups)
         _integer(self, "scheduler_threads", 1, 256)
         budget = self.scheduling_budget
         require(budget is None or budget == "auto" or (isinstance(budget, numbers.Real) and not isinstance(
@@ -361,7 +295,8 @@ class JobSpec:
         consistency, staleness: the consistency protocol (NOTE [step protocol]; ``bsp`` or
             ``bounded`` with its staleness bound: docs/consistency.md).
         slow_worker_rank, slow_worker_ms: straggler injection (``--slow-worker``): that rank
-            sleeps that many ms once per step (rank -1: none).
+            sleeps that many ms once per step (rank -1: none); hybrid_expiry_steps: ``--hybrid-expiry``;
+            gba_buffer, gba_threshold: GBA's M (resolved) and iota (NOTE [gba tokens]).
         wire_dtype, dense_comm, groups, average_every, easgd_alpha: wire compression and
             hierarchical training groups (docs/compression.md; checked by
             :func:`herald.worker.comm_settings.check_comm`).
@@ -400,6 +335,9 @@ class JobSpec:
     staleness: int = 0
     slow_worker_rank: int = -1
     slow_worker_ms: int = 0
+    hybrid_expiry_steps: int | None = None
+    gba_buffer: int = 0
+    gba_threshold: int = 0
     wire_dtype: str = "fp32"
     dense_comm: str = "fp32"
     groups: int = 1
@@ -420,6 +358,8 @@ class JobSpec:
         require(self.dense_optimizer in DENSE_OPTIMIZERS,
                 f"dense optimizer must be one of {DENSE_OPTIMIZERS}, got {self.dense_optimizer!r}")
         check_consistency(self.consistency, self.staleness)
+        check_hybrid(self.consistency, self.hybrid_expiry_steps, bool(self.replicated_tables))
+        check_gba(self.consistency, self.gba_buffer, self.gba_threshold, replicated=bool(self.replicated_tables))
         check_comm(self.wire_dtype, self.dense_comm, self.groups, self.average_every, self.easgd_alpha)
         require(type(self.slow_worker_rank) is int and type(self.slow_worker_ms) is int and self.slow_worker_ms >= 0,
                 f"slow_worker_rank and slow_worker_ms must be ints, got {self.slow_worker_rank!r}, "
@@ -443,8 +383,11 @@ class JobSpec:
                        run_dir=str(pathlib.Path(cfg.run_dir).resolve()),
                        replicated_tables=tuple(data.replicated), replica_rows=data.replica_rows,
                        keys_dir=str(pathlib.Path(cfg.keys_dir).resolve()) if cfg.keys_dir else None,
-                       staleness=cfg.staleness, wire_dtype=cfg.wire_dtype, dense_comm=cfg.dense_comm,
-                       groups=cfg.groups, average_every=cfg.average_every, easgd_alpha=float(cfg.easgd_alpha),
+                       staleness=cfg.staleness, hybrid_expiry_steps=cfg.hybrid_expiry,
+                       gba_buffer=cfg.gba_buffer or (cfg.workers if cfg.consistency == "gba" else 0),
+                       gba_threshold=cfg.gba_threshold, wire_dtype=cfg.wire_dtype,
+                       dense_comm=cfg.dense_comm, groups=cfg.groups, average_every=cfg.average_every,
+                       easgd_alpha=float(cfg.easgd_alpha),
                        **dict(zip(("slow_worker_rank", "slow_worker_ms"), parse_slow_worker(cfg.slow_worker))))
 
     def replace(self, **changes: Any) -> "JobSpec":

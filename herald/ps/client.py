@@ -432,6 +432,10 @@ class PSClient:
             return out
         return Handle(self, [rid for rid, _ in sent], finish)
 
+    def request_async(self, shard: int, op: str, header: dict, arrays=()) -> Handle:
+        """One ``op`` request to ``shard`` (NOTE [gba tokens]); ``wait()`` -> reply ``(header, arrays)``."""
+        return Handle(self, [self._send(shard, op, header, list(arrays))], lambda replies: replies[0])
+
     def _all(self, op: str, header: dict | None = None, timeout_ms: int | None = None) -> list[dict]:
         rids = [self._send(s, op, header or {}, timeout_ms=timeout_ms) for s in range(self.num_shards)]
         return [h for h, _ in self._collect(rids)]

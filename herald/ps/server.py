@@ -23,7 +23,7 @@ import zmq
 
 from herald.auth import HandshakeMonitor, check_bind, server_socket
 from herald.errors import ConfigError, HeraldError, ProtocolError
-from herald.ps import checkpoint, compress, wire
+from herald.ps import checkpoint, compress, gba, wire
 from herald.ps.admin import AdminGate, AdminRefused
 from herald.ps.wire import PS
 from herald.ps import kernels as K
@@ -102,6 +102,7 @@ class ShardServer:
         #: reports of the last aborted aggregations (NOTE [ps aggregation])
         self.aborted: collections.deque = collections.deque(maxlen=16)
         self._next_expiry = 0.0
+        self.gba: gba.GradientBuffer | None = None   # NOTE [gba tokens]: made by the first GBA request
         self.declare(check_tables(tables))
 
     # ------------------------------------------------------------------ tables
@@ -340,6 +341,12 @@ class ShardServer:
         out = [table.advance_clocks(keys, np.array(advance)) for table, keys, (advance,) in parts]
         return {"parts": [{"table": t.index} for t, _, _ in parts]}, out
 
+    def _op_gba_push(self, header, arrays):   # NOTE [gba tokens] (herald/ps/gba.py)
+        return gba.op_push(self, header, arrays)
+
+    def _op_gba_pull(self, header, arrays):
+        return gba.op_pull(self, header, arrays)
+
     def _op_stats(self, header, arrays):
         return {"stats": self.stats()}, []
 
@@ -378,6 +385,7 @@ class ShardServer:
             "aborted": list(self.aborted),
             "limits": self.limits.to_dict(), "workers": self.workers,
             "pull_pending_keys": self.counters["pull_pending_keys"],
+            "gba": self.gba.stats() if self.gba is not None else None,
             "tables": {t.cfg.name: {"index": t.index, "rows": t.n_rows, "row_width": t.width,
                                     "capacity_rows": int(t.rows.shape[0]), "bytes": int(t.rows.nbytes),
                                     "evicted_rows": t.evicted}

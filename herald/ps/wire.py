@@ -21,8 +21,9 @@ PS = Protocol("ps", 2, frozenset({"<u8", "<f4", "<u2", "<f2", "|i1"}), max_heade
 
 #: Requests; the replies carry the same op. Mutating ops are deduplicated by
 #: (client id, request id) on the shard, so every op is safe to retry.
-OPS = ("declare", "pull", "push_grad", "push_rows", "clocks", "stats", "checkpoint", "restore", "shutdown", "ping")
-MUTATING = frozenset({"declare", "push_grad", "push_rows", "clocks", "checkpoint", "restore"})
+OPS = ("declare", "pull", "push_grad", "push_rows", "clocks", "stats", "checkpoint", "restore", "shutdown", "ping",
+       "gba_push", "gba_pull")
+MUTATING = frozenset({"declare", "push_grad", "push_rows", "clocks", "checkpoint", "restore", "gba_push"})
 #: Ops that carry the job's admin token (header ``token``), checked by the shard before
 #: anything else: NOTE [ps admin ops] (herald/ps/admin.py).
 ADMIN = frozenset({"checkpoint", "restore", "shutdown"})
@@ -34,6 +35,10 @@ PART_FRAMES = {
     # NOTE [embedding clocks] (herald/ps/table.py): c_g += advance; the reply's frames are
     # the clocks after it, uint64 [n] per part (advance 0: a plain read).
     "clocks": (("keys", "<u8"), ("advance", "<u8")),
+    # NOTE [gba tokens] (herald/ps/gba.py): a micro-batch's gradients with its token, and the
+    # token-gated read (its reply: rows per part, then the dense log when asked)
+    "gba_push": (("keys", "<u8"), ("grads", "<f4")),
+    "gba_pull": (("keys", "<u8"),),
 }
 #: With a request header ``wire`` other than fp32 (NOTE [wire compression]): the frames
 #: per part, ``payload`` in ``<f2`` (fp16), ``<u2`` (bf16) or ``|i1`` (int8); decoded by

@@ -64,6 +64,7 @@ class Batch:
         rows: the embedding rows this batch used, set by :class:`CachedEmbedding`
             (None until the embedding is called); :meth:`ScheduledLoader.step` reads
             their gradient.
+        table_names: the job's table names, in order (the keys of :meth:`to_kjt`).
     """
 
     labels: torch.Tensor
@@ -72,6 +73,20 @@ class Batch:
     step: int
     micro_batch: MicroBatch
     rows: StepRows | None = None
+    table_names: tuple[str, ...] = ()
+
+    def to_kjt(self):
+        """The micro-batch's ids as a ``torchrec.KeyedJaggedTensor`` on the CPU: keys =
+        :attr:`table_names`, values int64 [sum nnz] (uint64 bits, decompressed from the
+        unique ids + inverse index), lengths int32 [T x b]; lossless (NOTE [kjt layout] in
+        herald/loader/torchrec_interop.py; ``SampleBatch.from_kjt`` is the way back).
+
+        Raises:
+            ImportError: torchrec is not installed (the message gives the install).
+        """
+        from herald.loader.torchrec_interop import micro_batch_to_kjt
+
+        return micro_batch_to_kjt(self.micro_batch, self.table_names)
 
 
 class TrainingDiverged(HeraldError):
@@ -87,15 +102,41 @@ class CachedEmbedding(nn.Module):
 
     Args:
         executor: the worker's :class:`PlanExecutor` (``ScheduledLoader.embedding()``).
+        output: ``tensor`` (default: float32 [b, T, dim]) or ``keyed_tensor``: a
+            ``torchrec.KeyedTensor`` (keys = ``table_names``, ``length_per_key`` dim,
+            values float32 [b, T x dim]), what a TorchRec ``EmbeddingBagCollection``
+            returns (docs/torchrec.md); gradients reach the rows either way.
+        table_names: the keys of ``keyed_tensor`` (the job's tables, in order).
+
+    Raises:
+        ConfigError: an unknown ``output``. ImportError: ``keyed_tensor`` without torchrec.
     """
 
-    def __init__(self, executor: PlanExecutor):
-        super().__init__()
-        self.executor = executor
+    OUTPUTS = ("tensor", "keyed_tensor")
+    #: the job's :class:`~herald.worker.protocol.ConsistencyProtocol` when it pools the rows itself
+    #: (hybrid: NOTE [hybrid training]); set by :meth:`ScheduledLoader.embedding`
+    protocol = None
 
-    def forward(self, batch: Batch) -> torch.Tensor:
-        pooled, batch.rows = self.executor.lookup(batch.micro_batch)
-        return pooled
+    def __init__(self, executor: PlanExecutor, output: str = "tensor", table_names: tuple[str, ...] = ()):
+        super().__init__()
+        if output not in self.OUTPUTS:
+            raise ConfigError(f"embedding output must be one of {list(self.OUTPUTS)}, got {output!r}")
+        self.executor, self.output, self.table_names = executor, output, tuple(table_names)
+        if output == "keyed_tensor":   # a missing torchrec is named here, not at the first batch
+            from herald.loader.torchrec_interop import keyed_tensor_class
+
+            keyed_tensor_class()
+            if not self.table_names:
+                raise ConfigError("output='keyed_tensor' needs the table names (the keys): pass table_names, "
+                                  "or use ScheduledLoader.embedding(output='keyed_tensor')")
+
+    def forward(self, batch: Batch) -> Any:
+        pooled, batch.rows = (self.protocol or self.executor).lookup(batch.micro_batch)
+        if self.output == "tensor":
+            return pooled
+        from herald.loader.torchrec_interop import keyed_pooled
+
+        return keyed_pooled(pooled, self.table_names)
 
 
 class ScheduledLoader:
@@ -115,7 +156,9 @@ class ScheduledLoader:
         self._sock, self._dispatcher, self._timeout_ms = sock, dispatcher, timeout_ms
         self.executor = PlanExecutor(job, rank, world_size, device, cache_device)
         self.protocol = make_protocol(job.consistency, self.executor,
-                                      **({"staleness": job.staleness} if job.consistency == "bounded" else {}))
+                                      **({"staleness": job.staleness} if job.consistency == "bounded" else {}),
+                                      **({"gba_buffer": job.gba_buffer, "gba_threshold": job.gba_threshold}
+                                         if job.consistency == "gba" else {}))
         self.dense: DenseSync | None = None
         self._batch: Batch | None = None
         self.steps = 0
@@ -215,9 +258,17 @@ class ScheduledLoader:
             raise
         return loader
 
-    def embedding(self) -> CachedEmbedding:
-        """The embedding module to call inside the model's forward."""
-        return CachedEmbedding(self.executor)
+    def embedding(self, output: str = "tensor") -> CachedEmbedding:
+        """The embedding module to call inside the model's forward; ``output="keyed_tensor"``
+        makes it return a ``torchrec.KeyedTensor`` for a TorchRec model (:class:`CachedEmbedding`)."""
+        module = CachedEmbedding(self.executor, output, self.table_names)
+        module.protocol = self.protocol
+        return module
+
+    @property
+    def table_names(self) -> tuple[str, ...]:
+        """The job's table names, in order."""
+        return tuple(t.name for t in self.job.tables)
 
     def attach(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """Register the dense model and its optimizer (all-reduced and stepped in :meth:`step`).
@@ -225,6 +276,9 @@ class ScheduledLoader:
         A resumed job (``job.resume_dense``, a checkpoint folder) loads both states here.
         """
         job = self.job   # groups > 1: a collective setup (NOTE [training groups])
+        if hasattr(self.protocol, "attach_dense"):   # gba: the PS aggregates the dense gradients (NOTE [gba tokens])
+            self.dense = self.protocol.attach_dense(model, optimizer)
+            return
         self.dense = DenseSync(model, optimizer, self.world_size, dense_comm=job.dense_comm, rank=self.rank,
                                groups=job.groups, average_every=job.average_every, easgd_alpha=job.easgd_alpha)
         if self.job.resume_dense:
@@ -244,7 +298,8 @@ class ScheduledLoader:
                     self.protocol.before_forward(mb)
                     self._look_ahead()
                     self._batch = Batch(torch.from_numpy(mb.labels.copy()).to(self.device),
-                                        torch.from_numpy(mb.dense.copy()).to(self.device), mb.sample_ids, mb.step, mb)
+                                        torch.from_numpy(mb.dense.copy()).to(self.device), mb.sample_ids, mb.step, mb,
+                                        table_names=self.table_names)
                     self._yielded = (time.perf_counter(), sum(self.timer.seconds.values()))
                     yield self._batch
                 elif op == "flush":
@@ -302,6 +357,8 @@ class ScheduledLoader:
                 since, claimed = self._yielded
                 self.timer.add("compute", max(0.0, time.perf_counter() - since
                                               - (sum(self.timer.seconds.values()) - claimed)))
+            if self._ahead is None:   # the next micro-batch came while this step computed: start its early pulls
+                self._look_ahead()
             self.protocol.after_backward(mb, batch.rows)
             with self.timer("dense_allreduce"):
                 self.dense.step()
@@ -312,7 +369,7 @@ class ScheduledLoader:
             with self.timer("ack"):
                 self._send({"op": "ack", "rank": self.rank, "step": mb.step, "loss": value,
                             "phases_ms": self.timer.take(), "consistency": self.protocol.take_stats(),
-                            **self.executor.take_traffic()}, preds)
+                            **self.executor.take_traffic()}, preds + self.protocol.ack_arrays())
             self.steps += 1
         except Exception as exc:
             self._report_error(exc)
@@ -331,7 +388,7 @@ class ScheduledLoader:
         what = None
         if value is not None and not math.isfinite(value):
             what = f"the loss is {value}"
-        elif grads and not bool(torch.stack([torch.isfinite(g).all() for g in grads]).all()):
+        elif grads and not _all_finite(grads):
             what = "a gradient is not finite" + (f" (loss {value:.4g})" if value is not None else "")
         if what is None:
             return
@@ -374,6 +431,15 @@ class ScheduledLoader:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _all_finite(tensors: list[torch.Tensor]) -> bool:
+    """Whether every element of ``tensors`` is finite, in about one reduction per tensor:
+    a NaN or inf anywhere makes the sum of sums non-finite; only when it is (also when
+    finite values overflow the sum) are the elements checked one by one."""
+    if bool(torch.isfinite(torch.stack([t.sum(dtype=torch.float32) for t in tensors]).sum())):
+        return True
+    return all(bool(torch.isfinite(t).all()) for t in tensors)
 
 
 def _recv(sock: zmq.Socket, timeout_ms: int, peer: str, what: str):

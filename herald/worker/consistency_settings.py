@@ -13,10 +13,15 @@ from herald.errors import ConfigError
 #: Consistency protocols a job may choose (``--consistency``): the modes built so far.
 #: ``bsp``: exact (NOTE [step protocol]); ``bounded``: HET per-embedding clock-bounded
 #: reads (het-vldb22 §3.3, §4.1 CheckValid; NOTE [bounded reads] in
-#: herald/worker/consistency_bounded.py).
-CONSISTENCY_MODES = ("bsp", "bounded")
+#: herald/worker/consistency_bounded.py); ``hybrid``: Persia hybrid training, synchronous
+#: dense and asynchronous embeddings (persia-kdd22 §3, §4.2; NOTE [hybrid training] in
+#: herald/dispatch/hybrid.py); ``gba``: GBA's token-controlled global-batch aggregation on the
+#: PS (gba-neurips22 §4.1; NOTE [gba tokens] in herald/ps/gba.py).
+CONSISTENCY_MODES = ("bsp", "bounded", "hybrid", "gba")
 #: Largest staleness bound ``s`` (clock ticks = updates of one embedding).
 MAX_STALENESS = 1 << 20
+#: Largest ``--hybrid-expiry`` (steps a buffered sample waits for its gradient).
+MAX_HYBRID_EXPIRY = 1 << 20
 #: Longest injected delay per step (``--slow-worker``), milliseconds.
 MAX_SLOW_MS = 600_000
 
@@ -61,3 +66,68 @@ def check_consistency(mode: str, staleness: int) -> None:
     if staleness and mode != "bounded":
         raise ConfigError(f"--staleness {staleness} bounds the reads of --consistency bounded; it has no meaning "
                           f"for --consistency {mode}: drop it or choose bounded")
+
+
+def check_hybrid(mode: str, expiry_steps: int | None, replicated: bool) -> None:
+    """Check ``--hybrid-expiry`` against the mode (NOTE [hybrid training] in herald/dispatch/hybrid.py).
+
+    Args:
+        mode: the consistency mode.
+        expiry_steps: steps a sample's ID features wait in the dispatcher's buffer for their
+            gradient before they are dropped (counted); None: never (the credit window bounds it).
+        replicated: whether the job replicates tables on the workers (``--replicate-below``).
+
+    Raises:
+        ConfigError: an expiry out of 0..:data:`MAX_HYBRID_EXPIRY`, an expiry given to another
+            mode, or replicated tables under hybrid (its workers hold no embedding rows).
+    """
+    if expiry_steps is not None and (type(expiry_steps) is not int or not 0 <= expiry_steps <= MAX_HYBRID_EXPIRY):
+        raise ConfigError(f"--hybrid-expiry must be an integer in 0..{MAX_HYBRID_EXPIRY} steps, got {expiry_steps!r}")
+    if expiry_steps is not None and mode != "hybrid":
+        raise ConfigError(f"--hybrid-expiry drops the expired gradients of --consistency hybrid; it has no meaning "
+                          f"for --consistency {mode}: drop it or choose hybrid")
+    if replicated and mode == "hybrid":
+        raise ConfigError("--consistency hybrid keeps no embedding rows on the workers, so it cannot replicate "
+                          "tables there: drop --replicate-below or choose another --consistency")
+
+
+#: Largest ``--gba-buffer`` M and ``--gba-threshold`` iota (herald/ps/gba.py checks the same).
+MAX_GBA_BUFFER = 4096
+MAX_GBA_THRESHOLD = 1 << 20
+
+
+def check_gba(mode: str, buffer: int, threshold: int, *, workers: int | None = None, global_batch: int | None = None,
+              checkpoint_every: int = 0, resume: bool = False, replicated: bool = False, groups: int = 1) -> None:
+    """Check GBA's settings against the mode and the job (NOTE [gba tokens] in herald/ps/gba.py).
+
+    Args:
+        mode: the consistency mode.
+        buffer: ``--gba-buffer`` M, contributions per global step, 0 = the number of workers.
+        threshold: ``--gba-threshold`` iota: a gradient more than iota global steps stale is dropped.
+        workers, global_batch: the job's workers and samples per global batch, when known
+            (M must divide the global batch: micro-batches of ``global_batch / M`` samples).
+        checkpoint_every, resume, replicated, groups: settings GBA does not support yet.
+
+    Raises:
+        ConfigError: out of range, given to another mode, M not dividing the global batch,
+            or combined with checkpoints, --resume, replicated tables or training groups.
+    """
+    if type(buffer) is not int or not 0 <= buffer <= MAX_GBA_BUFFER:
+        raise ConfigError(f"--gba-buffer must be an integer in 0..{MAX_GBA_BUFFER} (0: the number of workers), "
+                          f"got {buffer!r}")
+    if type(threshold) is not int or not 0 <= threshold <= MAX_GBA_THRESHOLD:
+        raise ConfigError(f"--gba-threshold must be an integer in 0..{MAX_GBA_THRESHOLD} global steps, "
+                          f"got {threshold!r}")
+    if mode != "gba":
+        if buffer or threshold:
+            raise ConfigError(f"--gba-buffer and --gba-threshold set GBA's gradient buffer; they have no meaning for "
+                              f"--consistency {mode}: drop them or choose gba")
+        return
+    m = buffer or workers
+    if m and global_batch and global_batch % m:
+        raise ConfigError(f"--gba-buffer {m} must divide the global batch of {global_batch} samples (--workers x "
+                          "--batch-size): GBA keeps the synchronous global batch, in M micro-batches")
+    for bad, flag in ((checkpoint_every, "--checkpoint-every"), (resume, "--resume"),
+                      (replicated, "--replicate-below"), (groups > 1, "--groups")):
+        if bad:
+            raise ConfigError(f"--consistency gba does not support {flag} yet: drop it or choose another mode")

@@ -67,6 +67,16 @@ class ConsistencyProtocol(abc.ABC):
         """Start reading what ``mb`` (the next micro-batch, received while the current step
         runs) may read before the current step's updates land; default: nothing."""
 
+    def lookup(self, mb: MicroBatch) -> tuple:
+        """Sum-pooled embeddings of ``mb`` (float32 [b, T, dim]) and the :class:`StepRows` whose
+        gradient :meth:`after_backward` reads; default: the cache's (:meth:`PlanExecutor.lookup`)."""
+        return self.executor.lookup(mb)
+
+    def ack_arrays(self) -> list[np.ndarray]:
+        """Arrays sent with this step's ack after the predictions (then forgotten); default none
+        (hybrid: the gradients by sample id, NOTE [hybrid training] in herald/dispatch/hybrid.py)."""
+        return []
+
     def flush(self, keys: KeySet, reset: bool) -> None:
         """Write back the only-latest rows ``keys``; with ``reset`` empty the cache (NOTE
         [checkpoint barrier] in herald/dispatch/dispatcher.py)."""
@@ -93,7 +103,7 @@ class BSP(ConsistencyProtocol):
         self.executor.prefetch(mb)          # 2a. pulls not touched by the current step (NOTE [early pulls])
 
     def before_forward(self, mb: MicroBatch) -> None:
-        self.executor.evict(mb.plan)        # 1. evict (write-backs in flight until before the all-reduce)
+        self.executor.evict(mb.plan, mb.step)   # 1. evict (write-backs in flight until before the all-reduce)
         self.executor.pull(mb)              # 2. pull: every key used is now cached and latest
         self.executor.pull_replicas(mb)
         self.count_reads(mb, np.zeros(0, np.uint64))
@@ -112,7 +122,8 @@ class BSP(ConsistencyProtocol):
 #: A relaxed mode's module registers its class here when imported (:func:`registered`).
 PROTOCOLS: dict[str, type[ConsistencyProtocol]] = {BSP.name: BSP}
 #: Modules of the relaxed modes (they import this one, so they are loaded on first use).
-RELAXED_MODULES = ("herald.worker.consistency_bounded",)
+RELAXED_MODULES = ("herald.worker.consistency_bounded", "herald.worker.consistency_hybrid",
+                   "herald.worker.consistency_gba")
 
 
 def registered() -> dict[str, type[ConsistencyProtocol]]:

@@ -12,7 +12,8 @@ from herald import cli
 from herald.config import from_arguments
 from herald.errors import ConfigError
 from herald.job.cli import add_job_arguments
-from herald.job.spec import MAX_WORKERS, SCHEDULES, TrainConfig, flag_errors, in_flag_terms
+from herald.job.flags import flag_errors, in_flag_terms
+from herald.job.spec import MAX_WORKERS, SCHEDULES, TrainConfig
 from herald.loader.batch import Schema
 
 

@@ -1,0 +1,90 @@
+"""Checking and wording ``herald train``'s flags: value checks that name the flag, and
+internal configs' errors re-worded in the flags' terms (:func:`flag_errors`).
+
+Imports no numba/torch/zmq package (see herald/job/spec.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import numbers
+import re
+from typing import Any, Iterator
+
+from herald.config import require
+from herald.errors import ConfigError
+
+
+def scheduling_budget_value(text: str) -> str | float:
+    """argparse type of ``--scheduling-budget auto|MS``: ``"auto"`` or a float (milliseconds)."""
+    import argparse
+
+    if text == "auto":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be auto or a number of milliseconds, got {text!r}") from None
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _integer(cfg: Any, name: str, low: int, high: int | None = None, *, optional: bool = False) -> None:
+    value = getattr(cfg, name)
+    if optional and value is None:
+        return
+    ok = isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= low \
+        and (high is None or value <= high)
+    span = f"in {low}..{high}" if high is not None else f">= {low}"
+    require(ok, f"{_flag(name)} must be an integer {span}{' (or unset)' if optional else ''}, got {value!r}")
+
+
+def _number(cfg: Any, name: str, span: str, check) -> None:
+    value = getattr(cfg, name)
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and check(value)
+    require(ok, f"{_flag(name)} must be a finite number {span}, got {value!r}")
+
+
+#: Where an internal config's setting comes from: (pattern in its error message, the
+#: ``herald train`` flag). Errors raised while a job is built from a TrainConfig
+#: (SchedulerConfig, TableConfig, OptimizerConfig, DispatcherConfig, PSClient) are
+#: re-worded with it (:func:`flag_errors`), so the user reads the option to change.
+FLAG_OF = (
+    (r"table '[^']*': dim\b", "--embedding-dim"),
+    (r"\boptimizer lr\b", "--lr"),
+    (r"\bcache_capacity_rows\b", "--cache-rows"),
+    (r"\bcache_ratio\b", "--cache-ratio"),
+    (r"\bcache_policy\b", "--cache-policy"),
+    (r"\bbatch_size_per_worker(=|\b)", "--batch-size "),
+    (r"\bnum_workers(=|\b)", "--workers "),
+    (r"\bschedule '", "--schedule '"),
+    (r"\bseed\b", "--seed"),
+    (r"\btimeout_ms must be > 0 and retries >= 0, got (\S+), \S+", r"--timeout-ms must be > 0, got \1"),
+    (r"\b(peer_)?timeout_ms\b", "--timeout-ms"),
+    (r"\bmax_inflight_steps\b", "--max-inflight-steps"),
+    (r"\bcheckpoint_every_steps\b", "--checkpoint-every"),
+    (r"\bnum_shards\b", "--ps-shards"),
+    (r"\bscheduling_budget_ms\b", "--scheduling-budget"),
+    (r"\bthreads( ?<?=)", r"--scheduler-threads\1"),
+    (r"\bkeys_dir\b", "--keys"),
+    (r"\bdispatcher_rank\b", "--dispatcher-rank"),
+)
+
+
+def in_flag_terms(message: str) -> str:
+    """``message`` (from an internal config) with its setting names replaced by the flags (:data:`FLAG_OF`)."""
+    for pattern, flag in FLAG_OF:
+        message = re.sub(pattern, flag, message)
+    return re.sub(r"  +", " ", message)
+
+
+@contextlib.contextmanager
+def flag_errors() -> Iterator[None]:
+    """Re-raise a :class:`ConfigError` of an internal config in the words of ``herald train``'s flags."""
+    try:
+        yield
+    except ConfigError as exc:
+        raise ConfigError(in_flag_terms(str(exc))) from exc
