@@ -74,3 +74,7 @@ def register_bench(bench) -> None:
     from herald.job import bench_consistency
 
     bench_consistency.register(bench)   # consistency modes with and without a straggler (docs/consistency.md)
+
+    from herald.worker import bench_kernels
+
+    bench_kernels.register(bench)   # worker cache hot path vs FBGEMM TBE, one thread (issue 16)

@@ -22,6 +22,11 @@ interchangeable (NOTE [worker devices] in herald/worker/devices.py chooses):
 
 Both share :class:`SlotMap` (which slot holds which key), so for the same plan they put
 every key in the same slot.
+
+Beyond the interface, :meth:`EmbeddingCache.lookup_pooled` pools a micro-batch straight
+from the slots and returns its rows' gradients after backward (NOTE [fused bag kernels]
+in herald/worker/kernels.py; measured against the gather + ``F.embedding_bag`` path and
+FBGEMM's TBE by ``herald bench kernels``).
 """
 
 from __future__ import annotations
@@ -34,8 +39,9 @@ import torch
 from herald import keymap
 from herald.errors import ConfigError, ProtocolError
 from herald.ps.config import TableConfig
-from herald.ps.rows import apply_gradients_at
+from herald.ps.rows import hyper_params
 from herald.scheduler.plan import KeySet
+from herald.worker.kernels import apply_rows_at_jit, bag_grads_jit, pooled_sum_jit
 
 
 class RowCache(Protocol):
@@ -213,11 +219,150 @@ class EmbeddingCache(SlotMap):
                         table: TableConfig) -> None:
         """The sparse optimizer of ``table`` on the rows in ``slots`` (int64 [n], distinct)
         with the gradients ``grads[grad_rows]`` (float32 [m, dim]; int64 [n]), in place:
-        the PS's numba kernel (:func:`herald.ps.rows.apply_gradients_at`)."""
+        the PS's arithmetic (:func:`herald.ps.kernels.apply_row_jit`, bit-identical to
+        :func:`herald.ps.rows.apply_gradients_at`) with the next rows prefetched
+        (:func:`herald.worker.kernels.apply_rows_at_jit`).
+
+        Raises:
+            ConfigError: ``table`` does not match the cache's row width; grads not [m, dim];
+                slots and grad_rows of different lengths.
+            ProtocolError: a slot outside the cache or a grad row outside ``grads``.
+        """
         if isinstance(grads, torch.Tensor):
             grads = grads.detach().to("cpu").numpy()
-        apply_gradients_at(self.rows, slots, grads, grad_rows, table)
+        grads = np.ascontiguousarray(grads, np.float32)
+        if table.row_width != self.row_width or grads.ndim != 2 or grads.shape[1] != table.dim \
+                or slots.shape != grad_rows.shape or slots.ndim != 1:
+            raise ConfigError(f"apply_gradients: grads must be float32 [m, {table.dim}] (got {grads.shape}), slots "
+                              f"and grad_rows of one length (got {slots.shape}, {grad_rows.shape}), and the table's "
+                              f"row width {table.row_width} the cache's ({self.row_width})")
+        slots = slots.astype(np.int64, copy=False)
+        grad_rows = grad_rows.astype(np.int64, copy=False)
+        if slots.shape[0] and (slots.min() < 0 or slots.max() >= self.capacity_rows or grad_rows.min() < 0
+                               or grad_rows.max() >= grads.shape[0]):
+            raise ProtocolError("apply_gradients: a slot outside the cache or a gradient row outside grads")
+        apply_rows_at_jit(self.rows, slots, grads, grad_rows, table.optimizer.kind, table.dim, hyper_params(table))
 
     def clear(self) -> None:
         """Forget every key (the rows' contents are left; every slot is free)."""
         self._reset_map()
+
+    def lookup_pooled(self, slots: np.ndarray, bags: BagLayout, dim: int, divisor: float = 1.0
+                      ) -> tuple[torch.Tensor, BagGrads]:
+        """Sum-pooled embeddings straight from the slots (NOTE [fused bag kernels] in
+        herald/worker/kernels.py): ``F.embedding_bag(mode="sum")`` over the gathered rows,
+        bit-identical, without the gather copy or the index arrays.
+
+        Args:
+            slots: int64 [U], the slot of each distinct key of the micro-batch (table after
+                table, as ``bags.id_bounds`` splits them; :meth:`slots`).
+            bags: the micro-batch's values and bags (:class:`BagLayout`).
+            dim: embedding dim (<= ``row_width``).
+            divisor: the backward divides each row's gradient by it (the worker count).
+
+        Returns:
+            ``(pooled, grads)``: pooled float32 [B, T, dim] (CPU, requires grad); after
+            ``backward()``, ``grads.rows`` is float32 [U, dim], row u the summed gradient of
+            distinct key u divided by ``divisor`` (zeros if backward did not reach it).
+
+        Raises:
+            ProtocolError: slots, layout or dim inconsistent with each other or the cache.
+        """
+        bags.check(slots, dim, self.row_width)
+        grads = BagGrads((slots.shape[0], dim), bags, np.float32(divisor))
+        anchor = torch.empty(0, requires_grad=True)   # gives the output a grad_fn (the rows have none)
+        return _PooledSum.apply(anchor, self.rows, slots, bags, dim, grads), grads
+
+
+class BagLayout:
+    """A micro-batch's bags in the flat layout of :class:`~herald.dispatch.microbatch.MicroBatch`
+    (NOTE [micro-batch layout]): what :meth:`EmbeddingCache.lookup_pooled` pools.
+
+    Args:
+        id_bounds: int64 [T + 1]: table t's distinct keys are ``id_bounds[t]:id_bounds[t + 1]``.
+        inverse_flat: uint16 or int32 [N]: per table, each value's index into its distinct keys.
+        inverse_bounds: int64 [T + 1]: table t's values are ``inverse_flat[inverse_bounds[t]:...]``.
+        offsets_flat: int64 [T, B + 1]: table t's bag b is its values ``offsets[t, b]:offsets[t, b + 1]``.
+    """
+
+    __slots__ = ("id_bounds", "inverse", "inverse_bounds", "offsets")
+
+    def __init__(self, id_bounds: np.ndarray, inverse_flat: np.ndarray, inverse_bounds: np.ndarray,
+                 offsets_flat: np.ndarray):
+        self.id_bounds, self.inverse = id_bounds, inverse_flat
+        self.inverse_bounds, self.offsets = inverse_bounds, offsets_flat
+
+    @classmethod
+    def of(cls, mb) -> BagLayout:
+        """The layout of a :class:`~herald.dispatch.microbatch.MicroBatch`."""
+        return cls(mb.id_bounds, mb.inverse_flat, mb.inverse_bounds, mb.offsets_flat)
+
+    def check(self, slots: np.ndarray, dim: int, row_width: int) -> None:
+        """Raise :class:`ProtocolError` unless dtypes and shapes fit the kernels (the
+        values are checked by :func:`~herald.worker.kernels.pooled_sum_jit` on the way)."""
+        ib, off, inv, idb = self.inverse_bounds, self.offsets, self.inverse, self.id_bounds
+        t = idb.shape[0] - 1
+        ok = (isinstance(slots, np.ndarray) and slots.dtype == np.int64 and slots.ndim == 1
+              and all(isinstance(a, np.ndarray) and a.dtype == np.int64 for a in (idb, ib, off))
+              and isinstance(inv, np.ndarray) and inv.dtype in (np.uint16, np.int32) and inv.ndim == 1
+              and idb.ndim == 1 and t >= 0 and ib.shape == (t + 1,) and off.ndim == 2 and off.shape[0] == t
+              and off.shape[1] >= 1 and idb[-1] == slots.shape[0] and 0 < dim <= row_width)
+        if not ok:
+            raise ProtocolError(_LAYOUT_FIX)
+
+
+_LAYOUT_FIX = ("lookup_pooled: slots and bag layout do not fit (int64 slots [U], id_bounds and inverse_bounds "
+               "[T + 1], offsets [T, B + 1]; uint16 or int32 inverse; bounds and offsets consistent, every value "
+               "within its table's distinct keys, slots within the cache, 0 < dim <= row_width): build the layout "
+               "with BagLayout.of(micro_batch) and the slots with cache.slots(keys)")
+
+
+class BagGrads:
+    """Gradients of the distinct rows of one :meth:`EmbeddingCache.lookup_pooled`.
+
+    Attributes:
+        rows: float32 [U, dim]: written by the backward; zeros if backward did not reach
+            the lookup (read it after ``backward()``).
+    """
+
+    __slots__ = ("_rows", "bags", "divisor", "shape")
+
+    def __init__(self, shape: tuple[int, int], bags: BagLayout, divisor: np.float32):
+        self._rows: np.ndarray | None = None
+        self.shape, self.bags, self.divisor = shape, bags, divisor
+
+    @property
+    def rows(self) -> np.ndarray:
+        if self._rows is None:
+            self._rows = np.zeros(self.shape, np.float32)
+        return self._rows
+
+    def fill(self, grad_out: np.ndarray) -> None:
+        """The backward: :func:`~herald.worker.kernels.bag_grads_jit` of ``grad_out``
+        (float32 [B, T, dim], C-contiguous) into :attr:`rows`."""
+        b = self.bags
+        if self._rows is None:
+            self._rows = np.empty(self.shape, np.float32)   # the kernel writes every element
+        bag_grads_jit(grad_out, b.id_bounds, b.inverse, b.inverse_bounds, b.offsets, self.divisor, self._rows)
+
+
+class _PooledSum(torch.autograd.Function):
+    """Forward :func:`~herald.worker.kernels.pooled_sum_jit`, backward
+    :func:`~herald.worker.kernels.bag_grads_jit` into ``BagGrads.rows`` (the cache rows
+    themselves get no autograd gradient: the sparse optimizer applies ``BagGrads``)."""
+
+    @staticmethod
+    def forward(ctx, anchor: torch.Tensor, table: np.ndarray, slots: np.ndarray, bags: BagLayout, dim: int,
+                grads: BagGrads):
+        b = bags.offsets.shape[1] - 1
+        out = np.empty((b, bags.offsets.shape[0], dim), np.float32)
+        bad = pooled_sum_jit(table, slots, bags.id_bounds, bags.inverse, bags.inverse_bounds, bags.offsets, out)
+        if bad >= 0:
+            raise ProtocolError(f"table {bad}: {_LAYOUT_FIX}")
+        ctx.grads = grads
+        return torch.from_numpy(out)
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        ctx.grads.fill(np.ascontiguousarray(grad_out.detach().to("cpu", torch.float32).numpy()))
+        return torch.zeros(0), None, None, None, None, None
