@@ -16,8 +16,26 @@ A :class:`~herald.dispatch.records.StepRecord` is made per global batch (token) 
 order, its phases the mean, its consistency counters the sum). Scheduler counts per
 worker: ``miss_pull`` = ``grad_push`` = rows each micro-batch read and pushed. At the end
 every worker is flushed (its dense replica catches up with the PS's last global step)
-and told ``end``. Checkpoint barriers are not supported under GBA yet (the settings check
-refuses ``--checkpoint-every`` and ``--resume``).
+and told ``end``.
+
+NOTE [gba checkpoints] (NOTE [checkpoint barrier] in herald/dispatch/dispatcher.py, for
+GBA). Every ``checkpoint_every_steps`` global batches (and at the end) the dispatcher
+stops reading at the barrier's global batch ``b``: no micro-batch of a token past ``b`` is
+handed out. Once every micro-batch up to ``b`` is acked, every shard has received exactly
+``M`` contributions of each token up to ``b`` (a worker acks after its pushes were
+acknowledged), so each shard's buffer is empty and its global step is ``b + 1``, whatever
+``iota``. The workers are flushed (each dense replica replays the PS's log up to ``b``: the
+replicas are equal), rank 0 saves the dense state (``dense.pt``, the same format as
+BSP's), and ``on_checkpoint`` checkpoints the PS rows + optimizer state and writes the
+dispatcher's state (next step ``b + 1``, next batch, the producer's position), as for BSP.
+A checkpoint is therefore mode-free: it holds the model after ``b + 1`` global batches of
+``G`` samples, which is what BSP's holds too. A job resumed from it under GBA starts its
+shards' buffers at global step ``b + 1`` (the workers read it from the checkpoint's
+``meta.json`` and send it as ``base`` in every GBA request) and its dense replay there;
+under BSP it starts as from any BSP checkpoint. The global batch is the same in both
+modes (GBA keeps the synchronous one, gba-neurips22 §4), so switching ``--consistency
+bsp`` <-> ``gba`` at a checkpoint needs no other change (docs/consistency.md, "Switching
+modes").
 """
 
 from __future__ import annotations
@@ -72,10 +90,6 @@ class GbaServe:
     """
 
     def __init__(self, disp: Any):
-        if disp._on_checkpoint is not None:
-            raise ConfigError("--consistency gba has no checkpoint barriers yet, and this job checkpoints (a stream "
-                              "source, --checkpoint-every or a checkpoint folder): train a file source without "
-                              "checkpoints, or choose another --consistency")
         self.disp = disp
         self.m = int(disp._job.gba_buffer or disp.config.num_workers)
         self.workers = disp.config.num_workers
@@ -89,10 +103,16 @@ class GbaServe:
         self._next_token = disp.next_step
         self._next_record = disp.next_step
         self._exhausted = False
+        self.every = int(disp.config.checkpoint_every_steps or 0)
+        self._barrier_due: int | None = None   # NOTE [gba checkpoints]: batch index of the barrier reached
+        self._last_index = disp._next_batch - 1   # index of the last global batch read
 
     # ------------------------------------------------------------ data list
     def _fill(self) -> bool:
-        """Queue the next global batch's micro-batches; False when there is none."""
+        """Queue the next global batch's micro-batches; False when there is none, or when a
+        checkpoint barrier was reached (nothing past it is read: NOTE [gba checkpoints])."""
+        if self._barrier_due is not None:
+            return False
         if self._exhausted or self.disp._stop.is_set():
             self._exhausted = True
             return False
@@ -103,7 +123,10 @@ class GbaServe:
             return False
         token = self._next_token
         self._next_token += 1
-        self.disp._next_batch += 1
+        self._last_index = index = self.disp._next_batch
+        self.disp._next_batch, self.disp._at_barrier = index + 1, False
+        if self.every and (index + 1) % self.every == 0:
+            self._barrier_due = index
         ids = self._ids_of(token) if self._ids_of is not None else None
         if ids is None:
             ids = make_sample_ids(self.disp.config.dispatcher_rank, token * len(batch), len(batch))
@@ -136,24 +159,47 @@ class GbaServe:
         while True:
             self._hand_out()
             held = {r: sorted(h) for r, h in self._held.items() if h}
-            if not held:
-                break
+            if not held and not self._queue:
+                if self._barrier_due is None or disp._stop.is_set():
+                    break
+                self._barrier(self._barrier_due)   # every micro-batch up to the barrier acked
+                self._barrier_due = None
+                continue
             deadline = time.monotonic() + disp.config.peer_timeout_ms / 1e3
             with disp.timer("wait_credit"):
                 msg = disp._recv(deadline, waiting_for=f"an ack of micro-batches {held} (rank: data-list indices)")
             if msg.header["op"] != "ack":
                 raise ProtocolError(f"expected ack, got {msg.header['op']!r} from worker {msg.rank}")
             self._record_ack(msg.rank, msg.header, msg.arrays)
-        for rank in range(self.workers):   # the dense replicas catch up with the last global step
-            disp._send(rank, {"op": "flush", "reset": False}, [np.zeros(0, np.int32), np.zeros(0, np.uint64)])
-        disp._expect(set(range(self.workers)), "flushed")
-        disp.next_step = self._next_record
-        disp._at_barrier = True
+        self._barrier(self._last_index)   # the final one (NOTE [gba checkpoints])
         for rank in range(self.workers):
             disp._send(rank, {"op": "end", "steps": disp.next_step})
         if disp.records:
             disp.records[-1].rejected = disp.rejected
         return disp.records
+
+    def _barrier(self, index: int) -> None:
+        """NOTE [gba checkpoints]: every micro-batch up to global batch ``index`` is acked;
+        flush the workers (dense replicas at the PS's global step), then checkpoint when
+        the job does (once per step, and only for a step this process trained)."""
+        disp = self.disp
+        if self._acks or any(self._held.values()) or self._queue:
+            raise ProtocolError(f"gba checkpoint barrier at global batch {index} with micro-batches still in flight; "
+                                "this is a bug (NOTE [gba checkpoints])")
+        for rank in range(self.workers):   # the dense replicas catch up with the last global step
+            disp._send(rank, {"op": "flush", "reset": False}, [np.zeros(0, np.int32), np.zeros(0, np.uint64)])
+        disp._expect(set(range(self.workers)), "flushed")
+        disp.next_step = self._next_record
+        disp._at_barrier = True
+        step = self._next_record - 1
+        if disp._on_checkpoint is None or step < disp._first_step or step in disp.checkpoints:
+            return
+        path = disp._checkpoint_path(step) if disp._checkpoint_path else ""
+        if path:
+            disp._send(0, {"op": "save", "path": path})
+            disp._expect({0}, "saved")
+        disp.checkpoints.append(step)
+        disp._on_checkpoint(step, index, path, disp.state_dict())
 
     def _record_ack(self, rank: int, header: dict[str, Any], arrays: list) -> None:
         i = header["step"]

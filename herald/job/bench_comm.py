@@ -5,10 +5,13 @@ baseline, then fp16, bf16, int8) on the Criteo sample and on MovieLens: embeddin
 per cause as fp32 and on the wire (NOTE [wire compression]), the ratio, worker<->PS bytes
 counted by the workers, steady samples/s and held-out AUC (and its difference to fp32).
 
-``herald bench groups``: 4 workers with ``--groups`` 1 (BSP, the baseline) and 2 (HT
-groups, background EASGD, NOTE [training groups]), without and with a straggler
-(``--slow-worker RANK:MS``): samples/s, speed-up over G = 1 under the same straggler,
-held-out AUC, and the groups' averaging lag.
+``herald bench groups``: 4 workers with ``--groups`` 1 (the baseline) and 2 (HT groups,
+background EASGD, NOTE [training groups]), without and with a straggler (``--slow-worker
+RANK:MS``), under each ``--consistencies`` mode: ``bsp`` (one dispatcher, groups in
+lockstep) and ``hybrid`` (one dispatcher and data stream per group, NOTE [independent
+groups] in herald/job/group_dispatch.py): samples/s, speed-up over G = 1 under the same
+consistency and straggler, held-out AUC and its difference to that G = 1, the groups'
+averaging lag and (hybrid) each group's share of the steps.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ def add_groups_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", default="movielens", choices=list(DATASETS))
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--groups", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--consistencies", nargs="+", default=["bsp", "hybrid"], choices=["bsp", "hybrid"],
+                   help="consistency modes to compare G under (default: %(default)s)")
     p.add_argument("--slow-worker", default="3:50", help="straggler of the second pass, RANK:MS (default: %(default)s)")
     p.add_argument("--average-every", type=int, default=5)
     p.add_argument("--easgd-alpha", type=float, default=0.3)
@@ -83,31 +88,41 @@ def run_compression(args: argparse.Namespace) -> dict:
     return results
 
 
+def _groups_row(rep: dict, g: int, slow: str | None, mode: str) -> dict:
+    leaders = (rep.get("groups") or {}).get("leaders", [])
+    streams = (rep.get("group_streams") or {}).get("groups", [])
+    return {"groups": g, "slow_worker": slow, "consistency": mode, "samples_per_second": rep["samples_per_second"],
+            "auc": rep["metrics"].get("auc", float("nan")), "steps": rep["steps"],
+            "group_steps": [s["steps"] for s in streams],
+            "lag_steps_mean": max((s["lag_steps_mean"] for s in leaders), default=0.0),
+            "lag_steps_max": max((s["lag_steps_max"] for s in leaders), default=0)}
+
+
 def run_groups(args: argparse.Namespace) -> dict:
     out = pathlib.Path(args.out)
     results: dict = {}
-    for slow in (None, args.slow_worker):
-        for g in args.groups:
-            name = f"G{g}-" + ("straggler" if slow else "even")
-            rep = _job(args, args.dataset, out / name, groups=g, slow_worker=slow, average_every=args.average_every,
-                       easgd_alpha=args.easgd_alpha)
-            leaders = (rep.get("groups") or {}).get("leaders", [])
-            results[name] = {"groups": g, "slow_worker": slow, "samples_per_second": rep["samples_per_second"],
-                             "auc": rep["metrics"].get("auc", float("nan")), "steps": rep["steps"],
-                             "lag_steps_mean": max((s["lag_steps_mean"] for s in leaders), default=0.0),
-                             "lag_steps_max": max((s["lag_steps_max"] for s in leaders), default=0)}
-    print("\n| straggler | G | samples/s | speed-up vs G=1 | held-out AUC | AUC - G=1 | averaging lag mean / max "
-          "(steps) |")
-    print("|---|---|---|---|---|---|---|")
-    for slow in (None, args.slow_worker):
-        tag = "straggler" if slow else "even"
-        base = results.get(f"G{args.groups[0]}-{tag}")
-        for g in args.groups:
-            r = results[f"G{g}-{tag}"]
-            r["speedup"] = r["samples_per_second"] / base["samples_per_second"]
-            r["auc_delta"] = r["auc"] - base["auc"]
-            print(f"| {slow or 'none'} | {g} | {r['samples_per_second']:,.0f} | {r['speedup']:.2f}x | {r['auc']:.4f} | "
-                  f"{r['auc_delta']:+.4f} | {r['lag_steps_mean']:.1f} / {r['lag_steps_max']} |")
+    for mode in args.consistencies:
+        for slow in (None, args.slow_worker):
+            for g in args.groups:
+                name = f"{mode}-G{g}-" + ("straggler" if slow else "even")
+                rep = _job(args, args.dataset, out / name, groups=g, slow_worker=slow, consistency=mode,
+                           average_every=args.average_every, easgd_alpha=args.easgd_alpha)
+                results[name] = _groups_row(rep, g, slow, mode)
+    print("\n| consistency | straggler | G | samples/s | speed-up vs G=1 | held-out AUC | AUC - G=1 | averaging lag "
+          "mean / max (steps) | steps per group |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for mode in args.consistencies:
+        for slow in (None, args.slow_worker):
+            tag = "straggler" if slow else "even"
+            base = results.get(f"{mode}-G{args.groups[0]}-{tag}")
+            for g in args.groups:
+                r = results[f"{mode}-G{g}-{tag}"]
+                r["speedup"] = r["samples_per_second"] / base["samples_per_second"]
+                r["auc_delta"] = r["auc"] - base["auc"]
+                shares = " / ".join(str(n) for n in r["group_steps"]) or "-"
+                print(f"| {mode} | {slow or 'none'} | {g} | {r['samples_per_second']:,.0f} | {r['speedup']:.2f}x | "
+                      f"{r['auc']:.4f} | {r['auc_delta']:+.4f} | {r['lag_steps_mean']:.1f} / {r['lag_steps_max']} | "
+                      f"{shares} |")
     _write(out, "bench_groups.json", results)
     return results
 

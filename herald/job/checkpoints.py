@@ -4,7 +4,8 @@ Layout under ``<run_dir>/checkpoints``::
 
     step-00000123/ps/...        the PS shards' checkpoint (herald.ps, with its manifest)
     step-00000123/dense.pt      rank 0's dense model + optimizer state
-    step-00000123/meta.json     {"step", "batch_index", "source_position", "skipped", "dispatcher"}
+    step-00000123/meta.json     {"step", "batch_index", "source_position", "skipped", "dispatcher",
+                                 "config", "consistency"}
     latest                      the name of the newest complete checkpoint
 
 ``dispatcher`` is :meth:`herald.dispatch.dispatcher.Dispatcher.state_dict` at the
@@ -17,6 +18,14 @@ from which a resumed job restores them, so its report counts the whole job).
 dispatcher: :class:`DispatcherCheckpoints`) restores all three parts, and since a
 barrier leaves empty caches and a fresh scheduler (NOTE [checkpoint barrier]) the
 resumed job trains exactly what the uninterrupted one would.
+
+``config`` (``herald train``'s checkpoints) holds the job's hyper-parameters
+(:data:`HYPER_PARAMETERS`) and ``consistency`` the mode that wrote the checkpoint with
+its settings. A resumed job must keep the hyper-parameters (:func:`check_resume_config`
+names every one that changed); it may change the consistency mode and GBA's settings
+(:data:`SWITCHABLE`): a checkpoint is mode-free (NOTE [gba checkpoints] in
+herald/dispatch/gba.py), and GBA keeps BSP's global batch, so switching ``bsp`` <->
+``gba`` there needs no re-tuning (gba-neurips22 §4; docs/consistency.md, "Switching modes").
 
 A checkpoint is assembled in ``.tmp-step-...``, renamed into place when complete, and
 only then named in ``latest`` (written to a temporary file and renamed): a crash at
@@ -35,8 +44,45 @@ import shutil
 import sys
 from typing import Any, Callable
 
-from herald.errors import DataError
+from herald.errors import ConfigError, DataError
 from herald.ps.checkpoint import fsync_dir
+
+#: ``TrainConfig`` fields a resumed job keeps: its hyper-parameters (the global batch is
+#: ``workers x batch_size``).
+HYPER_PARAMETERS = ("workers", "batch_size", "embedding_dim", "model", "optimizer", "lr", "dense_optimizer",
+                    "dense_lr", "seed")
+#: ``TrainConfig`` fields a resumed job may change: the consistency mode and GBA's settings.
+SWITCHABLE = ("consistency", "gba_buffer", "gba_threshold")
+
+
+def job_config(cfg: Any) -> dict[str, Any]:
+    """``{"config": hyper-parameters, "consistency": {"mode", "gba_buffer", "gba_threshold"}}``
+    of a ``TrainConfig`` (JSON-able), what :class:`Checkpointer` writes to ``meta.json``."""
+    return {"config": {k: getattr(cfg, k) for k in HYPER_PARAMETERS},
+            "consistency": {"mode": cfg.consistency, "gba_buffer": cfg.gba_buffer, "gba_threshold": cfg.gba_threshold}}
+
+
+def check_resume_config(checkpoint: Checkpoint, cfg: Any) -> str | None:
+    """Check a resumed job's ``TrainConfig`` against the checkpoint's; return the mode the
+    checkpoint was written under when it differs from ``cfg.consistency`` (``switched_from``),
+    else None. A checkpoint without ``config`` (written by ``herald serve dispatcher`` or an
+    older herald) is not checked.
+
+    Raises:
+        ConfigError: a hyper-parameter (:data:`HYPER_PARAMETERS`) differs; the message names
+            each, with the checkpoint's value and the new one.
+    """
+    saved = checkpoint.meta.get("config")
+    if isinstance(saved, dict):
+        now = job_config(cfg)["config"]
+        changed = [f"--{k.replace('_', '-')} {saved[k]!r} -> {now[k]!r}" for k in HYPER_PARAMETERS
+                   if k in saved and saved[k] != now[k]]
+        if changed:
+            raise ConfigError(f"--resume from {checkpoint.path}: the job's hyper-parameters changed "
+                              f"({'; '.join(changed)}); a resumed job keeps them (only --consistency, --gba-buffer "
+                              "and --gba-threshold may change): restore them, or start afresh in a new --run-dir")
+    mode = (checkpoint.meta.get("consistency") or {}).get("mode")
+    return mode if isinstance(mode, str) and mode != cfg.consistency else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,14 +141,16 @@ class Checkpointer:
             or None for sources without one.
         commit: ``commit(batch_index)`` commits the source position (Kafka), or None.
         keep: complete checkpoints to keep (older ones are deleted).
+        config: :func:`job_config` of the job, written to every ``meta.json``, or None.
     """
 
     def __init__(self, root: str | os.PathLike, ps_checkpoint: Callable[[str], Any],
                  position: Callable[[int], Any] | None = None, commit: Callable[[int], None] | None = None,
-                 keep: int = 2):
+                 keep: int = 2, config: dict[str, Any] | None = None):
         self.root = pathlib.Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self._ps, self._position, self._commit, self.keep = ps_checkpoint, position, commit, keep
+        self._config = dict(config or {})
 
     def staging_path(self, step: int) -> str:
         """Where the workers save the dense state of the checkpoint of ``step``."""
@@ -119,7 +167,7 @@ class Checkpointer:
         batches = (state or {}).get("batches") or {}
         meta = {"step": step, "batch_index": batch_index,
                 "source_position": self._position(batch_index) if self._position else None,
-                "skipped": dict(batches.get("skipped", {})), "dispatcher": state}
+                "skipped": dict(batches.get("skipped", {})), "dispatcher": state, **self._config}
         (staging_path / "meta.json").write_text(json.dumps(meta, indent=2))
         fsync_dir(staging_path)
         final = self.root / f"step-{step:08d}"
@@ -160,12 +208,20 @@ class DispatcherCheckpoints:
         resume: continue from the latest checkpoint (none there: a note on stderr, step 0).
         enabled: write checkpoints at the barriers.
         who: the command, for messages (``"herald train"``).
+        config: the job's ``TrainConfig`` (``herald train``): its hyper-parameters and
+            consistency mode are written to every checkpoint and checked on resume
+            (:func:`check_resume_config`); None: neither.
+
+    Attributes:
+        switched_from: the consistency mode of the resumed checkpoint when ``config``
+            chose another (``bsp`` <-> ``gba``), else None.
 
     Raises:
         DataError: ``resume`` and the latest checkpoint is unreadable or has no dispatcher state.
+        ConfigError: ``resume`` and ``config`` changes a hyper-parameter of the checkpoint.
     """
 
-    def __init__(self, run_dir: str | os.PathLike, *, resume: bool, enabled: bool, who: str):
+    def __init__(self, run_dir: str | os.PathLike, *, resume: bool, enabled: bool, who: str, config: Any = None):
         self.root = pathlib.Path(run_dir).resolve() / "checkpoints"
         self.root.mkdir(parents=True, exist_ok=True)
         self.enabled = bool(enabled)
@@ -173,6 +229,9 @@ class DispatcherCheckpoints:
         self.resume_state = self.resume.dispatcher_state if self.resume is not None else None
         if resume and self.resume is None:
             print(f"{who} --resume: no checkpoint in {self.root}; starting at step 0", file=sys.stderr)
+        self._config = job_config(config) if config is not None else None
+        self.switched_from = (check_resume_config(self.resume, config)
+                              if self.resume is not None and config is not None else None)
         self.checkpointer: Checkpointer | None = None
 
     @property
@@ -188,7 +247,7 @@ class DispatcherCheckpoints:
             ps.restore(str(self.resume.path / "ps"))
         self.checkpointer = Checkpointer(self.root, lambda path: ps.checkpoint(path),
                                          position=data.position if data is not None else None,
-                                         commit=data.commit if data is not None else None)
+                                         commit=data.commit if data is not None else None, config=self._config)
 
     def dispatcher_kwargs(self) -> dict[str, Any]:
         """``on_checkpoint`` and ``checkpoint_path`` for the Dispatcher (None when not enabled)."""

@@ -118,7 +118,10 @@ def _run_attempt(cfg: TrainConfig, *, progress: bool, on_finish, failovers: list
         JobInterrupted: stopped by SIGINT / SIGTERM (exit status 130 / 143).
     """
     from herald.job import report as report_mod
+    from herald.job.group_dispatch import independent_groups, run_group_attempt
 
+    if independent_groups(cfg):   # --groups G --consistency hybrid: one dispatcher per group
+        return run_group_attempt(cfg, progress=progress, on_finish=on_finish, failovers=failovers)
     if cfg.keys_dir is not None:   # NOTE [transport security]: bad keys stop the job before anything starts
         load_server_keys(cfg.keys_dir)
         load_client_keys(cfg.keys_dir)
@@ -129,7 +132,7 @@ def _run_attempt(cfg: TrainConfig, *, progress: bool, on_finish, failovers: list
     # --resume: PS rows, dense state and the dispatcher's state (next step, next batch,
     # producer position) of the latest checkpoint (herald/job/checkpoints.py)
     # (kafka:// sources checkpoint even without --checkpoint-every: their offsets are committed there)
-    ckpts = checkpoints.DispatcherCheckpoints(run_dir, resume=cfg.resume, who="herald train",
+    ckpts = checkpoints.DispatcherCheckpoints(run_dir, resume=cfg.resume, who="herald train", config=cfg,
                                               enabled=bool(cfg.checkpoint_every or cfg.is_stream))
     with flag_errors():
         new_scheduler = data.scheduler_factory(cfg)
@@ -220,6 +223,7 @@ def _run_attempt(cfg: TrainConfig, *, progress: bool, on_finish, failovers: list
     rep["replicated_tables"] = [data.schema.table_names[t] for t in data.replicated]
     rep["replica_rows_per_worker"] = data.replica_rows
     rep["failovers"] = failovers
+    rep["consistency"]["switched_from"] = ckpts.switched_from   # --resume under another mode (NOTE [gba checkpoints])
     report_mod.write(rep, records, run_dir)
     if interrupted is not None:
         raise JobInterrupted(interrupted, rep, run_dir)

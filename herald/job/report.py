@@ -256,7 +256,8 @@ def format_consistency(rep: dict[str, Any]) -> str:
     return (f"consistency {c['mode']}{' (' + settings + ')' if settings else ''}: rows read {c['reads']:,}, "
             f"stale {c['stale_reads']:,} (pulls saved), staleness max {c['max_staleness_observed']} mean "
             f"{c['mean_staleness']:.4f} {c.get('staleness_unit', 'updates')}; rereads {c['rereads']:,}; dropped or decayed "
-            f"{c['dropped_or_decayed']:,}")
+            f"{c['dropped_or_decayed']:,}"
+            + (f"; switched from {c['switched_from']} at the resumed checkpoint" if c.get("switched_from") else ""))
 
 
 def format_adaptive(rep: dict[str, Any]) -> list[str]:

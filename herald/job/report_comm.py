@@ -6,6 +6,8 @@
   are the same in both and left out).
 - ``groups``: NOTE [training groups]: per group, averaging rounds and the lag in steps
   between a replica's read and its averaged write, from the leaders' ``groups-rank<r>.json``.
+- ``group_streams``: NOTE [independent groups] (herald/job/group_dispatch.py): per group's
+  dispatcher, its steps, samples, samples/s and the shared stream's batches it took.
 """
 
 from __future__ import annotations
@@ -42,6 +44,17 @@ def groups(cfg: Any) -> dict[str, Any] | None:
             "leaders": leaders}
 
 
+def fix_group_samples(rep: dict[str, Any], merged: list, batch_rows: int, train_s: float) -> None:
+    """Correct ``samples``, ``samples_per_second`` (steady: first to last ack of the job's
+    merged steps) and ``wall_samples_per_second`` of a report whose steps are the groups'
+    steps of ``batch_rows`` samples each (NOTE [independent groups]), in place."""
+    n = len(merged)
+    steady_s = merged[-1].acked_at - merged[0].acked_at if n > 1 else 0.0
+    rep["samples"] = n * batch_rows
+    rep["samples_per_second"] = (n - 1) * batch_rows / steady_s if steady_s > 0 else float("nan")
+    rep["wall_samples_per_second"] = n * batch_rows / train_s if train_s > 0 else float("nan")
+
+
 def format_lines(rep: dict[str, Any]) -> list[str]:
     """Report text lines of both sections (nothing for fp32 and one group)."""
     lines = []
@@ -64,4 +77,9 @@ def format_lines(rep: dict[str, Any]) -> list[str]:
                                                           else "; its averaging thread did not end in time"))
         if not grp["leaders"]:
             lines.append(f"groups {grp['groups']}: no averaging statistics were written by the group leaders")
+    streams = rep.get("group_streams")
+    if streams:
+        lines.append("one dispatcher per group (NOTE [independent groups]): " + "; ".join(
+            f"group {s['group']} {s['steps']} steps, {s['samples']:,} samples, {s['samples_per_second']:,.0f} "
+            "samples/s" for s in streams["groups"]))
     return lines

@@ -113,7 +113,9 @@ class TrainConfig:
     wire_dtype: str = setting("fp32", "embedding rows and gradients on the PS wire (the PS keeps fp32; "
                                       "docs/compression.md)", choices=WIRE_DTYPES)
     dense_comm: str = setting("fp32", "dense all-reduce payload (DDP compress hooks)", choices=DENSE_COMM_DTYPES)
-    groups: int = setting(1, "HT groups: G dense replicas averaged in the background by EASGD (1: BSP)", metavar="G")
+    groups: int = setting(1, "HT groups: G dense replicas averaged in the background by EASGD (1: BSP); with "
+                             "--consistency hybrid each group has its own dispatcher and share of the data",
+                          metavar="G")
     average_every: int = setting(10, "steps between a group's EASGD averagings", metavar="STEPS")
     easgd_alpha: float = setting(0.3, "--groups > 1: EASGD elastic moving rate in (0, 1)", metavar="ALPHA")
     scheduling_budget: str | float | None = setting(
@@ -300,6 +302,9 @@ class JobSpec:
         wire_dtype, dense_comm, groups, average_every, easgd_alpha: wire compression and
             hierarchical training groups (docs/compression.md; checked by
             :func:`herald.worker.comm_settings.check_comm`).
+        group_index: -1: one dispatcher serves every rank; ``g`` >= 0: this job's dispatcher
+            serves only group ``g``'s ranks, as its ranks 0..k-1 (NOTE [independent groups]
+            in herald/job/group_dispatch.py; the worker's torch.distributed rank is ``g * k + r``).
         run_dir: where workers write their dense replicas at the end (None: nowhere).
         dist_init: torch.distributed init method (None: ``env://`` under torchrun).
         resume_dense: checkpoint folder whose ``dense.pt`` the workers load, or None.
@@ -343,6 +348,7 @@ class JobSpec:
     groups: int = 1
     average_every: int = 10
     easgd_alpha: float = 0.3
+    group_index: int = -1
 
     def __post_init__(self) -> None:
         from herald.ps import TableConfig
@@ -370,6 +376,8 @@ class JobSpec:
                 f"replicated_tables {self.replicated_tables} must index the {len(self.tables)} tables")
         require(self.keys_dir is None or isinstance(self.keys_dir, str), f"keys_dir must be a path or None, got "
                                                                          f"{type(self.keys_dir).__name__}")
+        require(type(self.group_index) is int and -1 <= self.group_index < self.groups,
+                f"group_index must be -1 or a group below groups {self.groups}, got {self.group_index!r}")
 
     @classmethod
     def build(cls, cfg: TrainConfig, data: "JobData", ps_addresses: list[str]) -> "JobSpec":

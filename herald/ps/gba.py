@@ -65,6 +65,8 @@ DENSE_LOG_STEPS = 1024
 MAX_CAPACITY = 4096
 #: Largest staleness threshold iota.
 MAX_THRESHOLD = 1 << 20
+#: Largest token (global step).
+MAX_TOKEN = 1 << 62
 
 
 @dataclasses.dataclass
@@ -95,6 +97,9 @@ class GradientBuffer:
         apply: ``apply(table index, keys uint64 [n] unique, grads float32 [n, dim])``:
             the table's optimizer, once per key per global step.
         dense_log_steps: global steps of aggregated dense gradients kept.
+        start_step: the global step the buffer starts at: the job's first global step (a
+            job resumed from a checkpoint starts at the checkpoint's next step, NOTE [gba
+            checkpoints]), 0..2**62.
 
     Attributes:
         global_step: k, the number of global steps applied.
@@ -103,20 +108,22 @@ class GradientBuffer:
         history: the last 256 applied steps as ``(k, contributions, dropped)``.
 
     Raises:
-        ProtocolError: bad capacity or threshold.
+        ProtocolError: bad capacity, threshold or start step.
     """
 
     def __init__(self, capacity: int, threshold: int, apply: Callable[[int, np.ndarray, np.ndarray], Any],
-                 dense_log_steps: int = DENSE_LOG_STEPS):
+                 dense_log_steps: int = DENSE_LOG_STEPS, start_step: int = 0):
         if type(capacity) is not int or not 1 <= capacity <= MAX_CAPACITY:
             raise ProtocolError(f"gba: the buffer capacity M must be an int in 1..{MAX_CAPACITY}, got {capacity!r}")
         if type(threshold) is not int or not 0 <= threshold <= MAX_THRESHOLD:
             raise ProtocolError(f"gba: the threshold iota must be an int in 0..{MAX_THRESHOLD}, got {threshold!r}")
+        if type(start_step) is not int or not 0 <= start_step <= MAX_TOKEN:
+            raise ProtocolError(f"gba: the start step must be an int in 0..{MAX_TOKEN}, got {start_step!r}")
         self.capacity, self.threshold, self._apply = capacity, threshold, apply
-        self.global_step = 0
+        self.start_step = self.global_step = start_step
         self._entries: list[Contribution] = []
         self._received: dict[int, set[int]] = {}   # token -> slots received, for tokens >= _complete_below
-        self._complete_below = 0                     # every slot of every smaller token was received
+        self._complete_below = start_step            # every slot of every smaller token was received
         self._dense_size: int | None = None
         self._dense_log: collections.OrderedDict[int, np.ndarray | None] = collections.OrderedDict()
         self._dense_log_steps = int(dense_log_steps)
@@ -124,12 +131,17 @@ class GradientBuffer:
         self.history: collections.deque = collections.deque(maxlen=256)
 
     # ------------------------------------------------------------ settings
-    def check_settings(self, capacity: Any, threshold: Any) -> None:
-        """Raise :class:`ProtocolError` unless a request's ``m`` and ``iota`` are this buffer's."""
+    def check_settings(self, capacity: Any, threshold: Any, start_step: Any = None) -> None:
+        """Raise :class:`ProtocolError` unless a request's ``m``, ``iota`` (and ``base``, when
+        given) are this buffer's."""
         if capacity != self.capacity or threshold != self.threshold:
             raise ProtocolError(f"gba: this shard aggregates M={self.capacity} with iota={self.threshold}; a request "
                                 f"with M={capacity!r}, iota={threshold!r} is rejected (one job per shard: restart "
                                 "the shards to change --gba-buffer or --gba-threshold)")
+        if start_step is not None and start_step != self.start_step:
+            raise ProtocolError(f"gba: this shard's global steps started at {self.start_step}; a request of a job "
+                                f"started at {start_step!r} is rejected (one job per shard: restart the shards, "
+                                "NOTE [gba checkpoints])")
 
     # --------------------------------------------------------------- reads
     def ready(self, token: int) -> bool:
@@ -256,9 +268,11 @@ def aggregate_rows(pieces: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndar
 
 # ------------------------------------------------------------------ shard ops
 def _settings(server, header: dict[str, Any]) -> GradientBuffer:
-    """The shard's buffer (made by the first GBA request), checked against the request's M and iota."""
+    """The shard's buffer (made by the first GBA request, at global step ``base``: the job's
+    first global step, NOTE [gba checkpoints]), checked against the request's M, iota and base."""
     m = wire.get_int(header, "m", 1, MAX_CAPACITY)
     iota = wire.get_int(header, "iota", 0, MAX_THRESHOLD)
+    base = wire.get_int(header, "base", 0, MAX_TOKEN) if "base" in header else 0
     buf = getattr(server, "gba", None)
     if buf is None:
         def apply(t: int, keys: np.ndarray, grads: np.ndarray) -> None:
@@ -266,13 +280,13 @@ def _settings(server, header: dict[str, Any]) -> GradientBuffer:
             ones = np.ones(keys.shape[0], np.uint16)
             server.counters["rows_updated"] += table.push_grad(keys, grads, ones, server.gba.global_step - 1, 0)
 
-        buf = server.gba = GradientBuffer(m, iota, apply)
-    buf.check_settings(m, iota)
+        buf = server.gba = GradientBuffer(m, iota, apply, start_step=base)
+    buf.check_settings(m, iota, base)
     return buf
 
 
 def op_push(server, header: dict[str, Any], arrays: list) -> tuple[dict, list]:
-    """``gba_push {token, slot, rank, m, iota, dense: bool, parts}`` [keys, grads per part]
+    """``gba_push {token, slot, rank, m, iota, base, dense: bool, parts}`` [keys, grads per part]
     [dense float32 [P] if ``dense``]: one micro-batch's contribution to this shard
     (NOTE [gba tokens]). Reply ``{global_step, staleness, dropped}``.
 
@@ -281,7 +295,7 @@ def op_push(server, header: dict[str, Any], arrays: list) -> tuple[dict, list]:
             another shard (nothing is changed then).
     """
     buf = _settings(server, header)
-    token = wire.get_int(header, "token", 0, 1 << 62)
+    token = wire.get_int(header, "token", 0, MAX_TOKEN)
     slot = wire.get_int(header, "slot", 0, MAX_CAPACITY - 1)
     rank = wire.get_int(header, "rank", 0, 1 << 30)
     has_dense = header.get("dense") is True
@@ -306,7 +320,7 @@ def op_push(server, header: dict[str, Any], arrays: list) -> tuple[dict, list]:
 
 
 def op_pull(server, header: dict[str, Any], arrays: list) -> tuple[dict, list]:
-    """``gba_pull {token, m, iota, since, parts}`` [keys per part]: the rows (float32
+    """``gba_pull {token, m, iota, base, since, parts}`` [keys per part]: the rows (float32
     [n, row_width] per part) once ``global_step >= token - iota``, then, with ``since >= 0``,
     the dense gradients of steps ``since..global_step - 1`` (float32 [n, P]) and their kept
     counts (uint64 [n]). Before that: ``{ready: false, global_step}`` and no frames (ask again).
@@ -315,8 +329,8 @@ def op_pull(server, header: dict[str, Any], arrays: list) -> tuple[dict, list]:
         ProtocolError: malformed, keys of another shard, ``since`` outside the dense log.
     """
     buf = _settings(server, header)
-    token = wire.get_int(header, "token", 0, 1 << 62)
-    since = wire.get_int(header, "since", -1, 1 << 62)
+    token = wire.get_int(header, "token", 0, MAX_TOKEN)
+    since = wire.get_int(header, "since", -1, MAX_TOKEN)
     parts = server._parts(header, arrays, "gba_pull")
     if not buf.ready(token):
         server.counters["gba_pull_early"] += 1

@@ -51,6 +51,7 @@ from herald.scheduler.plan import KeySet
 from herald.worker.dense import DenseSync
 from herald.worker.devices import select_device, setup_collectives
 from herald.worker.executor import PlanExecutor, StepRows
+from herald.worker.groups import world_position
 from herald.worker.protocol import make_protocol
 
 
@@ -153,6 +154,9 @@ class ScheduledLoader:
     def __init__(self, sock: zmq.Socket, dispatcher: str, rank: int, world_size: int, job: JobSpec,
                  device: torch.device, timeout_ms: int, cache_device: str = "auto"):
         self.rank, self.world_size, self.job, self.device = rank, world_size, job, device
+        # torch.distributed's rank and world: differ from the dispatcher's with one dispatcher
+        # per group (NOTE [independent groups] in herald/job/group_dispatch.py)
+        self.dist_rank, self.dist_world_size = world_position(job.group_index, job.groups, rank, world_size)
         self._sock, self._dispatcher, self._timeout_ms = sock, dispatcher, timeout_ms
         self.executor = PlanExecutor(job, rank, world_size, device, cache_device)
         self.protocol = make_protocol(job.consistency, self.executor,
@@ -228,23 +232,25 @@ class ScheduledLoader:
             job = JobSpec.from_dict(header.get("job"))
             if keys_dir is not None:   # this host's copy of the keys folder
                 job = job.replace(keys_dir=str(keys_dir))
-            choice = select_device(rank, world_size, device)   # NOTE [worker devices]; set_device before the group
+            # the dense process group's rank and world (NOTE [independent groups] in herald/job/group_dispatch.py)
+            dist_rank, dist_world = world_position(job.group_index, job.groups, rank, world_size)
+            choice = select_device(dist_rank, dist_world, device)   # NOTE [worker devices]; set_device before the group
             dev = choice.device
             loader = cls(sock, dispatcher, rank, world_size, job, dev, timeout_ms, cache_device)
             if rank == 0:
                 print(f"herald worker: training on {dev}, {loader.executor.cache_description}", file=sys.stderr,
                       flush=True)
-            if world_size > 1 and not dist.is_initialized():
+            if dist_world > 1 and not dist.is_initialized():
                 method = dist_init or ("env://" if "MASTER_ADDR" in os.environ else job.dist_init)
                 if not method:
                     raise ConfigError("no torch.distributed init method: pass dist_init, run under torchrun, "
                                       "or set dist_init in the job")
                 backend = choice.backend
-                if choice.notice and rank == 0:
+                if choice.notice and dist_rank == 0:
                     print(f"herald worker: {choice.notice}", file=sys.stderr, flush=True)
-                dist.init_process_group(backend, init_method=method, rank=rank, world_size=world_size,
+                dist.init_process_group(backend, init_method=method, rank=dist_rank, world_size=dist_world,
                                         timeout=timedelta(milliseconds=timeout_ms))
-            if world_size > 1:
+            if dist_world > 1:
                 setup_collectives()   # the gloo side group for CPU tensors when the group is NCCL
         except BaseException as exc:  # tell the dispatcher (else it waits out its timeout); free the socket
             message = f"{type(exc).__name__}: {exc}"
@@ -278,9 +284,9 @@ class ScheduledLoader:
         job = self.job   # groups > 1: a collective setup (NOTE [training groups])
         if hasattr(self.protocol, "attach_dense"):   # gba: the PS aggregates the dense gradients (NOTE [gba tokens])
             self.dense = self.protocol.attach_dense(model, optimizer)
-            return
-        self.dense = DenseSync(model, optimizer, self.world_size, dense_comm=job.dense_comm, rank=self.rank,
-                               groups=job.groups, average_every=job.average_every, easgd_alpha=job.easgd_alpha)
+        else:
+            self.dense = DenseSync(model, optimizer, self.dist_world_size, dense_comm=job.dense_comm, rank=self.dist_rank,
+                                   groups=job.groups, average_every=job.average_every, easgd_alpha=job.easgd_alpha)
         if self.job.resume_dense:
             self.dense.load(self.job.resume_dense, self.device)
 
@@ -351,7 +357,7 @@ class ScheduledLoader:
         try:
             mb = batch.micro_batch
             self._check_finite(mb, loss, batch.rows)
-            if self.rank == self.job.slow_worker_rank:   # --slow-worker: a straggler, counted as compute
+            if self.dist_rank == self.job.slow_worker_rank:   # --slow-worker: a straggler, counted as compute
                 time.sleep(self.job.slow_worker_ms / 1000.0)
             if self._yielded is not None:  # forward + backward not timed by the training loop
                 since, claimed = self._yielded

@@ -21,6 +21,7 @@ The micro-batch's ``step`` is its index ``i`` in the data list: ``tau = i // M``
 
 from __future__ import annotations
 
+import json
 import pathlib
 import time
 
@@ -29,7 +30,7 @@ import torch
 from torch import nn
 
 from herald.dispatch.microbatch import MicroBatch
-from herald.errors import ConfigError, PeerTimeout, ProtocolError
+from herald.errors import ConfigError, DataError, PeerTimeout, ProtocolError
 from herald.ps.rows import shard_of
 from herald.scheduler.plan import KeySet
 from herald.worker import psio
@@ -51,13 +52,14 @@ class GbaDense:
 
     Attributes:
         next_step: the first global step whose aggregated dense gradient is not applied yet.
+        start_step: the job's first global step (0, or a resumed checkpoint's next step).
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer):
         self.model, self.optimizer = model, optimizer
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.size = int(sum(p.numel() for p in self.params))
-        self.next_step = 0
+        self.next_step = self.start_step = 0
 
     def flat_grad(self, divisor: torch.Tensor) -> np.ndarray:
         """float32 [P]: every parameter's gradient (0 where none) divided by ``divisor`` (M)."""
@@ -105,7 +107,28 @@ class GbaDense:
         return out / "dense.pt"
 
     def load(self, folder: str | pathlib.Path, device: torch.device) -> None:
-        raise ConfigError("--consistency gba cannot resume from a checkpoint yet: run it without --resume")
+        """Resume from a checkpoint folder (NOTE [gba checkpoints] in herald/dispatch/gba.py):
+        the model and optimizer state of its ``dense.pt`` (written under BSP or GBA: the same
+        format), and :attr:`next_step` = its ``meta.json``'s next global step, where the PS
+        shards' buffers start (:attr:`start_step`).
+
+        Raises:
+            DataError: no readable ``dense.pt`` or ``meta.json`` with the dispatcher's next step.
+        """
+        folder = pathlib.Path(folder)
+        try:
+            state = torch.load(folder / "dense.pt", weights_only=True, map_location=device)
+            meta = json.loads((folder / "meta.json").read_text())
+        except (OSError, ValueError, RuntimeError) as exc:
+            raise DataError(f"gba --resume: checkpoint {folder} is unreadable ({exc}); delete it to start afresh") \
+                from None
+        start = (meta.get("dispatcher") or {}).get("next_step") if isinstance(meta, dict) else None
+        if type(start) is not int or start < 0:
+            raise DataError(f"gba --resume: {folder / 'meta.json'} has no dispatcher next_step; delete the "
+                            "checkpoint to start afresh")
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.start_step = self.next_step = start
 
     def close(self, timeout_s: float = 30.0, stats_dir: str | None = None) -> None:
         return None
@@ -127,6 +150,11 @@ class GBA(ConsistencyProtocol):
         self.m, self.iota = int(gba_buffer), int(gba_threshold)
         self.dense: GbaDense | None = None
         self._divisor = torch.tensor(float(self.m), dtype=torch.float32, device=executor.device)
+
+    @property
+    def start_step(self) -> int:
+        """The job's first global step, sent as ``base`` with every GBA request (NOTE [gba checkpoints])."""
+        return self.dense.start_step if self.dense is not None else 0
 
     def attach_dense(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> GbaDense:
         """The dense side of the protocol (called by ``ScheduledLoader.attach``)."""
@@ -167,6 +195,7 @@ class GBA(ConsistencyProtocol):
         deadline = time.monotonic() + ex.ps.timeout_ms / 1000.0
         while True:
             handles = {s: ps.request_async(s, "gba_pull", {"token": token, "m": self.m, "iota": self.iota,
+                                                           "base": self.start_step,
                                                            "since": since if s == 0 else -1,
                                                            "parts": [{"table": t} for t, _, _ in by_shard[s]]},
                                            [ids for _, ids, _ in by_shard[s]]) for s in sorted(waiting)}
@@ -206,6 +235,7 @@ class GBA(ConsistencyProtocol):
                 with_dense = s == 0 and dense is not None
                 handles.append(ex.ps.request_async(s, "gba_push", {
                     "token": token, "slot": slot, "rank": ex.rank, "m": self.m, "iota": self.iota,
+                    "base": self.start_step,
                     "dense": with_dense, "parts": [{"table": t} for t, _, _ in parts]},
                     arrays + ([dense] if with_dense else [])))
             ex.bytes_pushed += keys.ids.nbytes + grads.nbytes + (dense.nbytes if dense is not None else 0)

@@ -106,11 +106,13 @@ def check_gba(mode: str, buffer: int, threshold: int, *, workers: int | None = N
         threshold: ``--gba-threshold`` iota: a gradient more than iota global steps stale is dropped.
         workers, global_batch: the job's workers and samples per global batch, when known
             (M must divide the global batch: micro-batches of ``global_batch / M`` samples).
-        checkpoint_every, resume, replicated, groups: settings GBA does not support yet.
+        checkpoint_every, resume: accepted: GBA checkpoints at barriers and resumes, also from
+            a BSP checkpoint and into BSP (NOTE [gba checkpoints] in herald/dispatch/gba.py).
+        replicated, groups: settings GBA does not support yet.
 
     Raises:
         ConfigError: out of range, given to another mode, M not dividing the global batch,
-            or combined with checkpoints, --resume, replicated tables or training groups.
+            or combined with replicated tables or training groups.
     """
     if type(buffer) is not int or not 0 <= buffer <= MAX_GBA_BUFFER:
         raise ConfigError(f"--gba-buffer must be an integer in 0..{MAX_GBA_BUFFER} (0: the number of workers), "
@@ -127,7 +129,6 @@ def check_gba(mode: str, buffer: int, threshold: int, *, workers: int | None = N
     if m and global_batch and global_batch % m:
         raise ConfigError(f"--gba-buffer {m} must divide the global batch of {global_batch} samples (--workers x "
                           "--batch-size): GBA keeps the synchronous global batch, in M micro-batches")
-    for bad, flag in ((checkpoint_every, "--checkpoint-every"), (resume, "--resume"),
-                      (replicated, "--replicate-below"), (groups > 1, "--groups")):
+    for bad, flag in ((replicated, "--replicate-below"), (groups > 1, "--groups")):
         if bad:
             raise ConfigError(f"--consistency gba does not support {flag} yet: drop it or choose another mode")

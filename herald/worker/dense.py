@@ -101,7 +101,8 @@ class DenseSync:
         without groups. Idempotent."""
         if self.groups is None:
             return None
-        stats = dict(self.groups.stats(), thread_ended=self.groups.close(timeout_s))
+        ended = self.groups.close(timeout_s)   # first: the queued and drain rounds count in the stats
+        stats = dict(self.groups.stats(), thread_ended=ended)
         if stats_dir:
             out = pathlib.Path(stats_dir) / f"groups-rank{self.groups.rank}.json"
             out.with_suffix(".tmp").write_text(json.dumps(stats))

@@ -28,10 +28,14 @@ the *averaging* (never the training) of the others: the lag shows it. A PS store
 let each group average on its own clock (true asynchrony) at the price of a shard that
 every leader reads and writes.
 
-Rounds stay matched across leaders because every rank trains the same number of steps:
-each leader starts exactly ``steps // average_every`` rounds; a round that finds the
-thread still busy is queued, and queued rounds use the newest copy (memory stays one
-replica). A thread that fails is reported, by group and ranks, at the next step
+Rounds stay matched across leaders: a round that finds the thread still busy is queued,
+and queued rounds use the newest copy (memory stays one replica), so each leader runs one
+round per submission. Groups may train different numbers of steps (NOTE [independent
+groups] in herald/job/group_dispatch.py: each group has its own dispatcher and data), so
+every round also all-reduces a *finished* count (one extra element), and a leader whose
+group stopped training keeps running rounds with its final replica (the *drain*) until
+the count says every leader finished: all leaders then stop after the same round, and
+no collective is left waiting for a leader that is gone. A thread that fails is reported, by group and ranks, at the next step
 (:class:`GroupAveragingFailed`); it never dies silently. G = 1 creates nothing: the
 dense all-reduce is today's exact BSP.
 """
@@ -88,6 +92,34 @@ class GroupLayout:
         return f"group {group} (ranks {r[0]}-{r[-1]})" if len(r) > 1 else f"group {group} (rank {r[0]})"
 
 
+def world_position(group_index: int, groups: int, rank: int, world_size: int) -> tuple[int, int]:
+    """The torch.distributed ``(rank, world size)`` of dispatcher rank ``rank`` of
+    ``world_size``: unchanged with one dispatcher (``group_index`` -1); with one dispatcher
+    per group (NOTE [independent groups] in herald/job/group_dispatch.py) group ``g``'s
+    rank ``r`` is ``g * world_size + r`` of ``groups * world_size``.
+
+    Raises:
+        ConfigError: ``group_index`` not in -1..groups-1 or ``rank`` not below ``world_size``.
+    """
+    if not -1 <= group_index < groups or not 0 <= rank < world_size:
+        raise ConfigError(f"group {group_index} of {groups}, rank {rank} of {world_size}: the dispatcher sent a "
+                          "job of another layout; restart the worker with its group's dispatcher address")
+    if group_index < 0:
+        return rank, world_size
+    return group_index * world_size + rank, groups * world_size
+
+
+def easgd_round_flagged(replica: torch.Tensor, center: torch.Tensor, alpha: float,
+                        reduce: Callable[[torch.Tensor], None], finished: bool) -> tuple[torch.Tensor, int]:
+    """:func:`easgd_round` whose all-reduce also sums the leaders' *finished* flags (one
+    extra element, NOTE [training groups] "drain"). Returns ``(alpha * d, leaders finished)``."""
+    diff = replica - center
+    total = torch.cat([diff, diff.new_tensor([1.0 if finished else 0.0])])
+    reduce(total)
+    center.add_(total[: diff.numel()], alpha=alpha)
+    return diff.mul_(alpha), round(float(total[-1]))
+
+
 def easgd_round(replica: torch.Tensor, center: torch.Tensor, alpha: float,
                 reduce: Callable[[torch.Tensor], None]) -> torch.Tensor:
     """One EASGD round of one group (NOTE [training groups], step 2): ``reduce`` sums
@@ -113,11 +145,14 @@ class GroupAverager:
         center: float32 [n] CPU tensor, the initial global model (the initial replica).
         alpha: EASGD moving rate; reduce: in-place sum over the leaders (default: an
             all-reduce in ``leaders_group``), injectable for tests.
+        drain: every round carries the finished flag and :meth:`close` drains (NOTE
+            [training groups]); every leader must use the same setting.
     """
 
     def __init__(self, layout: GroupLayout, group: int, center: torch.Tensor, alpha: float,
-                 reduce: Callable[[torch.Tensor], None]):
+                 reduce: Callable[[torch.Tensor], None], drain: bool = False):
         self.layout, self.group, self.alpha, self._reduce = layout, group, float(alpha), reduce
+        self._drain, self.drain_rounds = bool(drain), 0
         self.center = center.detach().to("cpu", torch.float32).clone()
         self._cond = threading.Condition()
         self._rounds_due = 0            # rounds submitted and not yet run
@@ -171,11 +206,14 @@ class GroupAverager:
                     while not self._rounds_due and not self._stop:
                         self._cond.wait()
                     if not self._rounds_due:
-                        return
+                        break
                     step, replica = self._latest
                     self._rounds_due -= 1
                 t0 = time.perf_counter()
-                delta = easgd_round(replica, self.center, self.alpha, self._reduce)
+                if self._drain:
+                    delta, _ = easgd_round_flagged(replica, self.center, self.alpha, self._reduce, False)
+                else:
+                    delta = easgd_round(replica, self.center, self.alpha, self._reduce)
                 self.busy_s += time.perf_counter() - t0
                 with self._cond:
                     self._delta = delta if self._delta is None else self._delta.add_(delta)
@@ -183,12 +221,25 @@ class GroupAverager:
                         self._delta_read_step = step
                     self.rounds += 1
                     self._cond.notify_all()
+            if self._drain:
+                self._drain_until_all_finished()
         except BaseException as exc:  # noqa: BLE001 - handed to the training thread by check()
             self._error = exc
 
+    def _drain_until_all_finished(self) -> None:
+        """Rounds with the final replica and the finished flag until every leader finished
+        (each round is one collective; a leader that is gone ends it with the group's timeout)."""
+        replica = self._latest[1] if self._latest is not None else self.center.clone()
+        while True:
+            _, finished = easgd_round_flagged(replica, self.center, self.alpha, self._reduce, True)
+            self.drain_rounds += 1
+            if finished >= self.layout.groups:
+                return
+
     def close(self, timeout_s: float) -> bool:
-        """Run the queued rounds (bounded by ``timeout_s``), then stop. Returns True if the
-        thread ended in time (False: a leader's round is stuck; the thread is a daemon)."""
+        """Run the queued rounds (and with ``drain`` the drain, until every leader finished),
+        bounded by ``timeout_s``, then stop. Returns True if the thread ended in time (False:
+        a leader's round is stuck; the thread is a daemon)."""
         with self._cond:
             self._stop = True
             self._cond.notify_all()
@@ -219,7 +270,7 @@ class TrainingGroups:
         leaders = dist.new_group(layout.leaders(), backend="gloo")
         self.leader = layout.leaders()[self.group_index]
         self.averager = (GroupAverager(layout, self.group_index, params, alpha,
-                                       lambda t: dist.all_reduce(t, group=leaders))
+                                       lambda t: dist.all_reduce(t, group=leaders), drain=True)
                          if rank == self.leader else None)
         self.lags: list[int] = []
 
@@ -255,6 +306,7 @@ class TrainingGroups:
         a = self.averager
         return {"group": self.group_index, "ranks": self.layout.ranks(self.group_index), "leader": self.leader,
                 "rounds": a.rounds if a else 0, "coalesced": a.coalesced if a else 0,
+                "drain_rounds": a.drain_rounds if a else 0,
                 "averaging_busy_s": round(a.busy_s, 6) if a else 0.0, "corrections": len(self.lags),
                 "lag_steps_mean": float(lags.mean()), "lag_steps_max": int(lags.max())}
 

@@ -92,7 +92,7 @@ def test_gba_drops_stale_gradients_of_a_straggler(tmp_path, data_dir):
 @pytest.mark.parametrize("settings,match", [
     (dict(gba_buffer=3), "must divide the global batch"),
     (dict(gba_threshold=-1), "--gba-threshold"),
-    (dict(checkpoint_every=10), "--checkpoint-every"),
+    (dict(replicate_below=100), "--replicate-below"),
     (dict(consistency="bsp", gba_threshold=2), "no meaning for --consistency bsp"),
 ])
 def test_gba_settings_errors_name_the_flag(tmp_path, data_dir, settings, match):
