@@ -68,7 +68,7 @@ from herald.dispatch.hybrid import make_hybrid
 from herald.dispatch.idbuffer import IdFeatureBuffer
 from herald.dispatch.peers import Message, PeerTable
 from herald.dispatch.pipeline import Pipeline
-from herald.dispatch.records import DispatcherConfig, StepRecord, check_state, mean_phases, sum_consistency
+from herald.dispatch.records import DispatcherConfig, StepRecord, check_state, sum_consistency
 from herald.dispatch.steps import ReadyStep, build_ready_step, scheduled_view
 
 __all__ = ["Dispatcher", "DispatcherConfig", "StepRecord"]
@@ -386,14 +386,7 @@ class Dispatcher:
         if self._hybrid is not None:
             consistency.update(self._hybrid.step_acked(step, self._buffer))
         self._buffer.release(step)
-        preds = [a for _, a in acks if len(a) == 2]
-        rec = StepRecord(step, float(np.mean([h.get("loss", float("nan")) for h, _ in acks])), counts,
-                         sum(int(h.get("bytes_pulled", 0)) for h, _ in acks),
-                         sum(int(h.get("bytes_pushed", 0)) for h, _ in acks), sched_ms,
-                         np.concatenate([a[0] for a in preds]) if preds else np.zeros(0, np.float32),
-                         np.concatenate([a[1] for a in preds]) if preds else np.zeros(0, np.float32),
-                         sum(int(h.get("bytes_allreduced", 0)) for h, _ in acks), mean_phases(acks),
-                         time.perf_counter(), self.rejected, consistency)
+        rec = StepRecord.from_acks(step, acks, counts, sched_ms, self.rejected, consistency)
         self.records.append(rec)
         if self._id_log is not None:
             self._id_log.write(np.ascontiguousarray(ids, np.uint64).tobytes())

@@ -48,7 +48,7 @@ import numpy as np
 
 from herald import wire
 from herald.dispatch.microbatch import MicroBatch, build_parts, make_sample_ids
-from herald.dispatch.records import StepRecord, mean_phases, sum_consistency
+from herald.dispatch.records import StepRecord
 from herald.errors import ConfigError, ProtocolError
 from herald.loader.batch import SampleBatch
 from herald.scheduler.plan import CAUSES, CachePlan, KeySet
@@ -220,13 +220,7 @@ class GbaServe:
         for rank, _, _, rows in by_slot.values():
             counts[rank, _MISS] += rows
             counts[rank, _GRAD] += rows
-        preds = [a for _, a in acks if len(a) == 2]
-        rec = StepRecord(token, float(np.mean([h.get("loss", float("nan")) for h, _ in acks])), counts,
-                         sum(int(h.get("bytes_pulled", 0)) for h, _ in acks),
-                         sum(int(h.get("bytes_pushed", 0)) for h, _ in acks), 0.0,
-                         np.concatenate([a[0] for a in preds]) if preds else np.zeros(0, np.float32),
-                         np.concatenate([a[1] for a in preds]) if preds else np.zeros(0, np.float32),
-                         0, mean_phases(acks), time.perf_counter(), disp.rejected, sum_consistency(acks))
+        rec = StepRecord.from_acks(token, acks, counts, 0.0, disp.rejected)
         disp.records.append(rec)
         ids = self._ids.pop(token)
         if disp._id_log is not None:
