@@ -15,7 +15,7 @@ import contextlib
 import json
 import os
 
-from herald.errors import ConfigError, HeraldError
+from herald.errors import ConfigError
 
 
 def _serve_dispatcher(args: argparse.Namespace) -> int:
@@ -26,7 +26,7 @@ def _serve_dispatcher(args: argparse.Namespace) -> int:
     from herald.dispatch.dispatcher import Dispatcher, DispatcherConfig
     from herald.job.cli import config_from_args
     from herald.job.data import JobData
-    from herald.job.failover import shard_lost, watch_shards
+    from herald.job.failover import serve_watched, watch_shards
     from herald.job.flags import flag_errors
     from herald.job.spec import JobSpec
 
@@ -59,12 +59,7 @@ def _serve_dispatcher(args: argparse.Namespace) -> int:
         if ckpts is not None:
             ckpts.load(disp)
         print(f"dispatcher listening on {disp.address}", flush=True)
-        try:
-            records = disp.serve()
-        except HeraldError as exc:
-            if watch.failure() is None:
-                raise
-            raise shard_lost(watch.failure(), cfg.run_dir if ckpts else None) from exc
+        records = serve_watched(disp, watch, cfg.run_dir if ckpts else None)
     data.close()
     rejected = {k: n for k, n in (records[-1].rejected if records else {}).items() if n}
     print(f"dispatcher {disp_cfg.dispatcher_rank}: {len(records)} steps acked by all {cfg.workers} workers"

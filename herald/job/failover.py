@@ -22,7 +22,7 @@ trained twice.
 from __future__ import annotations
 
 import pathlib
-from typing import Sequence
+from typing import Any, Sequence
 
 from herald.errors import HeraldError
 from herald.job import checkpoints
@@ -66,3 +66,18 @@ def shard_lost(cause: str, run_dir: str | None) -> ShardLost:
                 "--checkpoint-every STEPS to make failover possible")
     first = cause.splitlines()[0] if cause else "a PS shard was lost"
     return ShardLost(f"{first}\n{what} (exit status {SHARD_FAILED_EXIT}; docs/operations.md)")
+
+
+def serve_watched(disp: Any, watch: Any, run_dir: str | None) -> list:
+    """``disp.serve()``; when it fails after ``watch`` saw a shard go silent, raise
+    :func:`shard_lost` (exit status :data:`SHARD_FAILED_EXIT`) instead of the symptom.
+
+    Raises:
+        ShardLost: a PS shard was lost. HeraldError: any other failure, as it was.
+    """
+    try:
+        return disp.serve()
+    except HeraldError as exc:
+        if watch.failure() is None:
+            raise
+        raise shard_lost(watch.failure(), run_dir) from exc

@@ -268,13 +268,7 @@ def run_group_attempt(cfg: Any, *, progress: bool, on_finish, failovers: list[di
                         dispatcher_s[name] = dispatcher_s.get(name, 0.0) + ms / 1e3
             children.wait(timeout_s=60, context=" after the end of training")
         except HeraldError as exc:
-            cause = ps_alive.failure() or children.failure(grace_s=2.0)
-            children.stop()
-            if "TrainingDiverged: " in str(exc):
-                raise HeraldError(str(exc).split("TrainingDiverged: ", 1)[1]) from None
-            if cause and cause not in str(exc):
-                raise HeraldError(f"{cause}\n(then: {exc})") from exc
-            raise
+            L.raise_job_failure(exc, ps_alive, children)
         except BaseException:
             children.stop()
             raise

@@ -23,7 +23,7 @@ import secrets
 import signal
 import sys
 import time
-from typing import Any, Iterator
+from typing import Any, Iterator, NoReturn
 
 from herald.auth import load_client_keys, load_server_keys, loopback_interface
 from herald.errors import HeraldError
@@ -103,6 +103,26 @@ def run_train(cfg: TrainConfig, *, progress: bool = True, on_finish=None) -> dic
             print(f"herald train: {str(exc).splitlines()[0]}\nrolling the job back to checkpoint "
                   f"{latest.path.name} (failover {len(failovers)} of at most {cfg.ps_restarts})", file=sys.stderr)
             attempt = dataclasses.replace(cfg, resume=True)
+
+
+def raise_job_failure(exc: HeraldError, ps_alive: Any, children: Supervisor) -> NoReturn:
+    """Stop the children and raise what a failed job reports: ``exc`` naming its cause.
+
+    A dead or silent PS shard is the cause of whatever the workers report next
+    (:class:`ShardFailed`: ``run_train`` decides whether to roll back, NOTE [ps failover]);
+    a worker's ``TrainingDiverged`` says it all (step, rank, cause); else a dead child's
+    failure is put first.
+    """
+    cause = ps_alive.failure() or children.failure(grace_s=2.0)
+    children.stop()
+    if "TrainingDiverged: " in str(exc):
+        raise HeraldError(str(exc).split("TrainingDiverged: ", 1)[1]) from None
+    shard_cause = ps_alive.failure()
+    if shard_cause:
+        raise ShardFailed(shard_cause if shard_cause in str(exc) else f"{shard_cause}\n(then: {exc})") from exc
+    if cause and cause not in str(exc):
+        raise HeraldError(f"{cause}\n(then: {exc})") from exc
+    raise exc
 
 
 def _run_attempt(cfg: TrainConfig, *, progress: bool, on_finish, failovers: list[dict[str, Any]]) -> dict[str, Any]:
@@ -190,17 +210,7 @@ def _run_attempt(cfg: TrainConfig, *, progress: bool, on_finish, failovers: list
                 dispatcher_s = {k: v / 1e3 for k, v in disp.timer.take().items()}
             children.wait(timeout_s=60, context=" after the end of training")
         except HeraldError as exc:
-            # a dead or silent PS shard is the cause of whatever the workers report next
-            cause = ps_alive.failure() or children.failure(grace_s=2.0)
-            children.stop()
-            if "TrainingDiverged: " in str(exc):   # the worker's own diagnosis (step, rank, cause) says it all
-                raise HeraldError(str(exc).split("TrainingDiverged: ", 1)[1]) from None
-            shard_cause = ps_alive.failure()
-            if shard_cause:   # NOTE [ps failover]: run_train decides whether to roll back
-                raise ShardFailed(shard_cause if shard_cause in str(exc) else f"{shard_cause}\n(then: {exc})") from exc
-            if cause and cause not in str(exc):
-                raise HeraldError(f"{cause}\n(then: {exc})") from exc
-            raise
+            raise_job_failure(exc, ps_alive, children)
         except BaseException:
             children.stop()
             raise

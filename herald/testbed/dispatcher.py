@@ -90,7 +90,7 @@ def serve(cfg, bind: str, ps: list[str], *, save_ps: str | None = None, dense_ti
     from herald.job import report as report_mod
     from herald.job.checkpoints import DispatcherCheckpoints
     from herald.job.data import JobData
-    from herald.job.failover import shard_lost, watch_shards
+    from herald.job.failover import serve_watched, watch_shards
     from herald.job.spec import JobSpec, flag_errors
     from herald.ps import PSClient
 
@@ -119,12 +119,7 @@ def serve(cfg, bind: str, ps: list[str], *, save_ps: str | None = None, dense_ti
                             on_step=_StepFile(run_dir / ".dispatcher-step"), **ckpts.dispatcher_kwargs()) as disp:
                 ckpts.load(disp)
                 print(f"dispatcher listening on {disp.address}", flush=True)
-                try:
-                    records = disp.serve()
-                except HeraldError as exc:
-                    if watch.failure() is None:
-                        raise
-                    raise shard_lost(watch.failure(), str(run_dir)) from exc
+                records = serve_watched(disp, watch, str(run_dir))
                 capacity_rows = disp.scheduler.capacity_rows
                 dispatcher_s = {k: v / 1e3 for k, v in disp.timer.take().items()}
         finally:
