@@ -76,6 +76,37 @@ class StepGrads:
         return self.tensor.index_select(0, index).to("cpu").numpy()
 
 
+def pool_bags(rows: torch.Tensor, inputs: np.ndarray, offsets_flat: np.ndarray, inverse_bounds: np.ndarray,
+              device: torch.device) -> torch.Tensor:
+    """Sum-pool the bags of a micro-batch: float32 [T x b, dim], bag ``(t, i)`` at row ``t * b + i``.
+
+    Args:
+        rows: float32 [n, dim] on ``device`` (requires grad): the step's distinct rows.
+        inputs: int64 [N]: the row of each value, table after table.
+        offsets_flat: int64 [T, b + 1]: table t's bag i holds its values ``offsets[t, i]:offsets[t, i + 1]``.
+        inverse_bounds: int64 [T + 1]: table t's values start at ``inverse_bounds[t]`` in ``inputs``.
+
+    On the CPU the bags are pooled by ``index_select`` (+ ``index_add`` unless every bag
+    holds exactly one value): the forward is ``F.embedding_bag(mode="sum")``'s to the
+    bit (values added in bag order), the backward adds each row's gradients in value
+    order, and both cost about a third of ``embedding_bag``'s sorting backward (measured
+    at 26 tables x 256 samples). Elsewhere (CUDA's ``index_add`` uses atomics, whose
+    order varies) it is ``F.embedding_bag``.
+    """
+    t, b1 = offsets_flat.shape
+    bags = t * (b1 - 1)
+    index = torch.from_numpy(inputs).to(device)
+    if device.type != "cpu":
+        starts = (offsets_flat[:, :-1] + inverse_bounds[:-1, None]).reshape(-1)
+        return F.embedding_bag(index, rows, torch.from_numpy(starts).to(device), mode="sum")
+    values = rows.index_select(0, index)
+    lengths = np.diff(offsets_flat, axis=1).reshape(-1)
+    if inputs.shape[0] == bags and bool((lengths == 1).all()):   # one value per bag: the values are the bags
+        return values
+    bag_of_value = torch.from_numpy(np.repeat(np.arange(bags, dtype=np.int64), lengths))
+    return torch.zeros((bags, rows.shape[1]), dtype=rows.dtype).index_add(0, bag_of_value, values)
+
+
 class PlanExecutor:
     """Worker ``rank``'s embedding state and its traffic with the PS.
 
@@ -119,6 +150,7 @@ class PlanExecutor:
         self.timer = PhaseTimer()
         self._early: dict[int, tuple[np.ndarray, object]] = {}   # step -> (pull_early mask, wait())
         self._writes: list = []                                   # pushes and write-backs in flight
+        self._written_back: tuple[int | None, KeySet] = (None, KeySet.empty())   # NOTE [own write-backs]
 
     @property
     def cache_description(self) -> str:
@@ -127,15 +159,20 @@ class PlanExecutor:
         return f"embedding cache {type(self.cache).__name__} {where} ({self.cache.capacity_rows:,} rows)"
 
     # ------------------------------------------------------ before forward
-    def evict(self, plan: CachePlan) -> None:
+    def evict(self, plan: CachePlan, step: int | None = None) -> None:
         """Drop ``plan.evict``; start writing back the rows flagged in ``plan.write_back``
-        (finished by :meth:`wait_writes`: NOTE [early pulls] in herald/dispatch/early.py)."""
+        (finished by :meth:`wait_writes`: NOTE [early pulls] in herald/dispatch/early.py).
+        With ``step`` (the plan's step) the written-back keys are remembered, so that
+        :meth:`prefetch` may fetch them early for ``step + 1`` (NOTE [own write-backs])."""
+        self._written_back = (step, KeySet.empty())
         if not len(plan.evict):
             return
         with self.timer("evict"):
             rows = self.cache.evict(plan.evict, plan.write_back)
             wb = plan.write_back
-            handle, sent = psio.push_rows_async(self.ps, KeySet(plan.evict.table[wb], plan.evict.ids[wb]), rows)
+            written = KeySet(plan.evict.table[wb], plan.evict.ids[wb])
+            handle, sent = psio.push_rows_async(self.ps, written, rows)
+            self._written_back = (step, written)
             self.bytes_pushed += sent
             if handle is not None:
                 self._writes.append(handle)
@@ -154,12 +191,48 @@ class PlanExecutor:
                 self._writes.clear()
 
     def prefetch(self, mb: MicroBatch) -> None:
-        """Start pulling the pulls of ``mb`` marked ``pull_early`` (NOTE [early pulls]); call
-        only once the step before ``mb.step - 1`` is finished on this worker."""
+        """Start pulling the pulls of ``mb`` marked ``pull_early`` (NOTE [early pulls]) and
+        those of this worker's own write-backs (NOTE [own write-backs]); call only once the
+        step before ``mb.step - 1`` is finished on this worker."""
         early = mb.pull_early
+        own = self._own_write_backs(mb)
+        if own is not None:
+            early = early | own
         if early.any() and mb.step not in self._early:
             keys = KeySet(mb.plan.pull.table[early], mb.plan.pull.ids[early])
             self._early[mb.step] = (early, psio.pull_keys_async(self.ps, keys, self.cache.row_width))
+
+    def _own_write_backs(self, mb: MicroBatch) -> np.ndarray | None:
+        """bool [len(mb.plan.pull)]: the pulls not marked early whose key this worker wrote
+        back at step ``mb.step - 1`` and does not hold now; None when there is none.
+
+        NOTE [own write-backs]: the dispatcher marks a pull of step t + 1 "wait" when step t
+        touches its key, but a key that worker w writes back at step t is touched at step t
+        by that write-back only: w held its only latest copy, so no other worker could
+        read, push or plan-push it at t (nor could w, having dropped it, unless it pulled it
+        again: then w holds it and it is not taken here). w sent the write-back in
+        :meth:`evict` of step t, before this pull, to the same shard over the same
+        connection, and a shard serves one connection's requests in the order sent
+        (ZeroMQ keeps a connection's order; ``ShardServer.serve`` handles one request at a
+        time); so the pull reads the written-back row, as the serial protocol does. With
+        one worker every "wait" pull of a key it does not hold is of this kind (step t's
+        gradient and plan pushes are of keys it holds), so membership is checked only with
+        several: alone, its pulls all leave while a step computes and none waits for a
+        round trip on the critical path.
+        """
+        step, written = self._written_back
+        if step is None or step != mb.step - 1 or not len(written):
+            return None
+        late = np.flatnonzero(~mb.pull_early)
+        if not late.shape[0]:
+            return None
+        cand = KeySet(mb.plan.pull.table[late], mb.plan.pull.ids[late])
+        ok = self.cache.slots(cand, must_exist=False) < 0
+        if self.world_size > 1:   # alone, every key step t touches and this worker no longer holds is its write-back
+            ok &= psio.member(cand, written)
+        out = np.zeros(len(mb.plan.pull), bool)
+        out[late[ok]] = True
+        return out
 
     def pull(self, mb: MicroBatch, keep: np.ndarray | None = None) -> KeySet:
         """Fetch ``mb.plan.pull`` (rows with optimizer state) from the PS into the cache:
@@ -209,11 +282,11 @@ class PlanExecutor:
             return self._lookup(mb)
 
     def _lookup(self, mb: MicroBatch) -> tuple[torch.Tensor, StepRows]:
-        sizes = np.array([u.shape[0] for u in mb.unique_ids], np.int64)
-        bounds = np.zeros(mb.num_tables + 1, np.int64)
-        np.cumsum(sizes, out=bounds[1:])
-        uniq = np.concatenate(mb.unique_ids) if mb.num_tables else np.zeros(0, np.uint64)
-        keys = KeySet(np.repeat(np.arange(mb.num_tables, dtype=np.int32), sizes), uniq)
+        # the micro-batch's flat arrays (NOTE [micro-batch layout]) serve as they are: no per-table lists
+        t, b = mb.num_tables, len(mb)
+        bounds = np.ascontiguousarray(mb.id_bounds, dtype=np.int64)
+        uniq = mb.ids_flat.copy()   # writable (the message's blob is not): one numba signature for its kernels
+        keys = KeySet(np.repeat(np.arange(t, dtype=np.int32), np.diff(bounds)), uniq)
         if self.replicas is None:
             gathered = self.cache.gather(self.cache.slots(keys), self.dim, self.device)
         else:  # NOTE [replicated tables]: those rows come from the replica, the rest from the cache
@@ -226,16 +299,11 @@ class PlanExecutor:
             gathered[at_rest] = self.cache.gather(self.cache.slots(KeySet(keys.table[rest], keys.ids[rest])),
                                                   self.dim, self.device)
         rows = gathered.requires_grad_(True)
-        nnz = np.array([i.shape[0] for i in mb.inverse], np.int64)
-        nnz_base = np.zeros(mb.num_tables, np.int64)
-        np.cumsum(nnz[:-1], out=nnz_base[1:])
-        inputs = np.concatenate(mb.inverse).astype(np.int64) if mb.num_tables else np.zeros(0, np.int64)
+        nnz = np.diff(mb.inverse_bounds)
+        inputs = mb.inverse_flat.astype(np.int64)            # row of each value among the step's rows
         inputs += np.repeat(bounds[:-1], nnz)
-        bags = np.concatenate([o[:-1] for o in mb.offsets]) if mb.num_tables else np.zeros(0, np.int64)
-        bags += np.repeat(nnz_base, len(mb))
-        pooled = F.embedding_bag(torch.from_numpy(inputs).to(self.device), rows,
-                                 torch.from_numpy(bags).to(self.device), mode="sum")
-        return pooled.view(mb.num_tables, len(mb), self.dim).transpose(0, 1), StepRows(rows, uniq, bounds)
+        pooled = pool_bags(rows, inputs, mb.offsets_flat, mb.inverse_bounds, self.device)
+        return pooled.view(t, b, self.dim).transpose(0, 1), StepRows(rows, uniq, bounds)
 
     # ------------------------------------------------------ after backward
     def gradients(self, step_rows: StepRows) -> StepGrads:
@@ -300,6 +368,7 @@ class PlanExecutor:
     def flush(self, keys: KeySet, reset: bool) -> None:
         """Write back the only-latest rows ``keys``; with ``reset`` then empty the cache
         (NOTE [checkpoint barrier] in herald/dispatch/dispatcher.py)."""
+        self._written_back = (None, KeySet.empty())
         if len(keys):
             self.bytes_pushed += psio.push_rows(self.ps, keys, self.cache.read(self.cache.slots(keys)))
         if self.replicas is not None:
