@@ -302,6 +302,8 @@ def _validate(args: argparse.Namespace) -> None:
     unknown = [s for s in args.schedules if s not in SCHEDULES]
     if unknown:
         raise ConfigError(f"unknown schedules {unknown}; choose from {sorted(SCHEDULES)}")
+    if args.out:   # its folder now, not after minutes of measuring
+        pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
 
 
 def _baselines(source: str, args: argparse.Namespace) -> tuple[dict, dict | None]:
