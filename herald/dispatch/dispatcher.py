@@ -403,6 +403,11 @@ class Dispatcher:
         self._at_barrier = True
         if self._on_checkpoint is None or step < self._first_step:
             return
+        self._save_checkpoint(step, batch_index)
+
+    def _save_checkpoint(self, step: int, batch_index: int) -> None:
+        """At a complete barrier: rank 0 saves the dense state, then ``on_checkpoint``
+        (NOTE [checkpoint barrier]; the GBA dispatcher's barrier too, NOTE [gba checkpoints])."""
         path = self._checkpoint_path(step) if self._checkpoint_path else ""
         if path:
             self._send(0, {"op": "save", "path": path})

@@ -194,12 +194,7 @@ class GbaServe:
         step = self._next_record - 1
         if disp._on_checkpoint is None or step < disp._first_step or step in disp.checkpoints:
             return
-        path = disp._checkpoint_path(step) if disp._checkpoint_path else ""
-        if path:
-            disp._send(0, {"op": "save", "path": path})
-            disp._expect({0}, "saved")
-        disp.checkpoints.append(step)
-        disp._on_checkpoint(step, index, path, disp.state_dict())
+        disp._save_checkpoint(step, index)
 
     def _record_ack(self, rank: int, header: dict[str, Any], arrays: list) -> None:
         i = header["step"]

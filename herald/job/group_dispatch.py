@@ -277,15 +277,8 @@ def run_group_attempt(cfg: Any, *, progress: bool, on_finish, failovers: list[di
             if id_log is not None:
                 id_log.close()
         train_s = time.perf_counter() - t_start
-        ps_stats = ps.stats()
-        if on_finish is not None:
-            on_finish(list(shards.addresses), job)
-        metrics = (report_mod.evaluate(job, data.eval_source, run_dir, shards.addresses)
-                   if data.eval_source is not None else {})
-        data.close()
+        ps_stats, metrics, skipped = L.finish_job(data, job, ps, shards.addresses, run_dir, on_finish)
     merged = merge_records(records)
-    skipped = {"train": dict(data.batches.skipped),
-               "eval": dict(data.eval_source.stats["skipped"]) if data.eval_source is not None else {}}
     rep = report_mod.build(cfg, merged, train_s, metrics, batches_info=data.batches.info,
                            split_info=data.split_info, capacity_rows=capacity_rows, dispatcher_s=dispatcher_s,
                            ps_stats=ps_stats, skipped=skipped, interrupted=interrupted,

@@ -125,6 +125,27 @@ def raise_job_failure(exc: HeraldError, ps_alive: Any, children: Supervisor) -> 
     raise exc
 
 
+def finish_job(data: JobData, job: JobSpec, ps: PSClient, addresses: Any, run_dir: pathlib.Path,
+               on_finish) -> tuple[dict, dict, dict]:
+    """After training: the PS shards' stats, ``on_finish(addresses, job)``, the held-out
+    evaluation and the skipped-record counts; closes ``data``.
+
+    Returns:
+        ``(ps_stats, metrics, skipped)``: ``skipped`` is ``{"train": ..., "eval": ...}``
+        (reason -> count, NOTE [bad records]).
+    """
+    from herald.job import report as report_mod
+
+    ps_stats = ps.stats()
+    if on_finish is not None:
+        on_finish(list(addresses), job)
+    metrics = report_mod.evaluate(job, data.eval_source, run_dir, addresses) if data.eval_source is not None else {}
+    data.close()
+    skipped = {"train": dict(data.batches.skipped),
+               "eval": dict(data.eval_source.stats["skipped"]) if data.eval_source is not None else {}}
+    return ps_stats, metrics, skipped
+
+
 def _run_attempt(cfg: TrainConfig, *, progress: bool, on_finish, failovers: list[dict[str, Any]]) -> dict[str, Any]:
     """One attempt of :func:`run_train`; ``failovers``: the earlier attempts' (for the report).
 
@@ -219,14 +240,7 @@ def _run_attempt(cfg: TrainConfig, *, progress: bool, on_finish, failovers: list
             if id_log is not None:
                 id_log.close()
         train_s = time.perf_counter() - t_start
-        ps_stats = ps.stats()
-        if on_finish is not None:
-            on_finish(list(shards.addresses), job)
-        metrics = (report_mod.evaluate(job, data.eval_source, run_dir, shards.addresses)
-                   if data.eval_source is not None else {})
-        data.close()
-    skipped = {"train": dict(data.batches.skipped),
-               "eval": dict(data.eval_source.stats["skipped"]) if data.eval_source is not None else {}}
+        ps_stats, metrics, skipped = finish_job(data, job, ps, shards.addresses, run_dir, on_finish)
     rep = report_mod.build(cfg, records, train_s, metrics, batches_info=data.batches.info, split_info=data.split_info,
                            capacity_rows=capacity_rows, dispatcher_s=dispatcher_s, ps_stats=ps_stats,
                            skipped=skipped, interrupted=interrupted, scheduler=data.scheduler_stats())
