@@ -54,7 +54,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-
 def _missing(parser: argparse.ArgumentParser) -> int:
     parser.print_help(sys.stderr)
     return 2
@@ -84,8 +83,13 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``herald`` console script.
 
     Exit status: 0 done; 1 an error (the message names the fix); 2 invalid command-line
-    options (nothing was started); 128 + N a job stopped by signal N after a clean stop
-    (130 SIGINT, 143 SIGTERM: report and final checkpoint written).
+    options (nothing was started); another code below 128 an error that carries its own
+    (``exit_code``, e.g. 75: ``herald serve dispatcher`` lost a PS shard, NOTE [ps failover
+    across hosts] in herald/job/failover.py); 128 + N a job stopped by signal N after a
+    clean stop (130 SIGINT, 143 SIGTERM: report and final checkpoint written).
+
+    Every error's line on stderr starts with ``herald: error:``; a clean stop on a signal
+    is not an error and says ``herald: interrupted ...``.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     early = _check_train_options(argv)
@@ -97,11 +101,11 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except HeraldError as exc:
         code = getattr(exc, "exit_code", None)
-        if code is not None:   # a job that stopped cleanly on a signal: not an error
+        if code is not None and int(code) >= 128:   # 128 + N: a job that stopped cleanly on a signal
             print(f"herald: {exc}", file=sys.stderr)
             return int(code)
         print(f"herald: error: {exc}", file=sys.stderr)
-        return 1
+        return 1 if code is None else int(code)
     except KeyboardInterrupt:
         print("herald: interrupted", file=sys.stderr)
         return 130

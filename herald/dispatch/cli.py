@@ -23,11 +23,10 @@ def _serve_dispatcher(args: argparse.Namespace) -> int:
     and resumes as ``herald train`` does (:class:`herald.job.checkpoints.DispatcherCheckpoints`),
     and a lost PS shard ends it with exit status 75 (NOTE [ps failover across hosts])."""
     from herald.auth import check_bind
-    from herald.dispatch.dispatcher import Dispatcher, DispatcherConfig
+    from herald.dispatch.dispatcher import Dispatcher
     from herald.job.cli import config_from_args
     from herald.job.data import JobData
     from herald.job.failover import serve_watched, watch_shards
-    from herald.job.flags import flag_errors
     from herald.job.spec import JobSpec
 
     cfg = config_from_args(args)
@@ -35,10 +34,7 @@ def _serve_dispatcher(args: argparse.Namespace) -> int:
         raise ConfigError("herald serve dispatcher needs --ps ADDRESS[,ADDRESS...] (the PS shards' endpoints)")
     # NOTE [transport security]: refuse an open bind (or bad keys) before reading any data; the
     # workers get the keys folder's path in the job (for the PS), never the keys
-    with flag_errors():
-        disp_cfg = DispatcherConfig(num_workers=cfg.workers, bind=args.bind, peer_timeout_ms=cfg.timeout_ms,
-                                    keys_dir=cfg.keys_dir, insecure=cfg.insecure, dispatcher_rank=args.dispatcher_rank,
-                                    checkpoint_every_steps=cfg.checkpoint_every)
+    disp_cfg = dispatcher_config(cfg, args)
     check_bind(disp_cfg.bind, disp_cfg.keys_dir, disp_cfg.insecure, "dispatcher")
     ps_addresses = args.ps.split(",")
     ckpts = _checkpoints(cfg)
@@ -65,6 +61,25 @@ def _serve_dispatcher(args: argparse.Namespace) -> int:
     print(f"dispatcher {disp_cfg.dispatcher_rank}: {len(records)} steps acked by all {cfg.workers} workers"
           + (f"; dropped messages (docs/operations.md): {rejected}" if rejected else ""))
     return 0
+
+
+def dispatcher_config(cfg, args: argparse.Namespace):
+    """The :class:`~herald.dispatch.records.DispatcherConfig` of ``herald serve dispatcher``:
+    the job's settings (``cfg``, a :class:`~herald.job.spec.TrainConfig`: workers,
+    ``--max-inflight-steps``, ``--timeout-ms``, keys, ``--checkpoint-every``) and this
+    process's ``--bind`` and ``--dispatcher-rank`` (``args``), as ``herald train`` and the
+    test bed's dispatcher build it.
+
+    Raises:
+        ConfigError: a setting out of range (named by its flag).
+    """
+    from herald.dispatch.dispatcher import DispatcherConfig
+    from herald.job.flags import flag_errors
+
+    with flag_errors():
+        return DispatcherConfig(num_workers=cfg.workers, bind=args.bind, max_inflight_steps=cfg.max_inflight_steps,
+                                peer_timeout_ms=cfg.timeout_ms, keys_dir=cfg.keys_dir, insecure=cfg.insecure,
+                                dispatcher_rank=args.dispatcher_rank, checkpoint_every_steps=cfg.checkpoint_every)
 
 
 def _checkpoints(cfg):

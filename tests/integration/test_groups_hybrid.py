@@ -15,6 +15,7 @@ import torch
 from herald.dispatch.microbatch import SAMPLE_ID_RANK_SHIFT
 from herald.errors import ConfigError
 from herald.job.data import JobData
+from herald.job import group_dispatch
 from herald.job.group_dispatch import (
     GroupBatches,
     SharedBatches,
@@ -22,6 +23,7 @@ from herald.job.group_dispatch import (
     independent_groups,
 )
 from herald.job.launcher import run_train
+from herald.job.metrics import log_loss
 from herald.job.spec import TrainConfig
 from herald.worker.groups import GroupAverager, GroupLayout, world_position
 
@@ -130,11 +132,32 @@ def _sample_positions(run_dir):
     return [pos[groups == g] for g in range(GROUPS)], groups
 
 
-def test_two_groups_train_their_own_data_and_a_straggler_slows_only_its_group(tmp_path, data_dir):
+def _progressive_logloss(records):
+    """Log loss of the predictions made before each step's update over ``records``."""
+    return log_loss(np.concatenate([r.labels for r in records]), np.concatenate([r.probs for r in records]))
+
+
+def test_two_groups_train_their_own_data_and_a_straggler_slows_only_its_group(tmp_path, data_dir, monkeypatch):
     """4 workers, 2 groups, rank 1 (group 0) sleeps 150 ms a step. The job trains (loss
-    finite, going down); each group's dispatcher took its own batches of the shared stream
-    (sample positions disjoint, together every sample of STEPS rounds = what G = 1 trains
-    with --steps STEPS); group 1, not slowed, trained more steps than group 0."""
+    finite, each group's going down); each group's dispatcher took its own batches of the
+    shared stream (sample positions disjoint, together every sample of STEPS rounds = what
+    G = 1 trains with --steps STEPS); group 1, not slowed, trained more steps than group 0;
+    the leaders ran one EASGD round per ``average_every`` steps of their own group and the
+    slow group's leader drained the fast one's extra rounds.
+
+    Only what the mechanism guarantees under any scheduling is asserted (a loaded machine
+    changes how many batches each group takes, never these relations). In particular the
+    job's ``final_loss`` (mean of the last 10 acks) is not compared with its progressive
+    log loss: when the stream runs dry the slow group still holds batches in flight
+    and trains them at 150 ms a step, so the last acks are mostly its least-trained
+    replica's, while the progressive log loss is mostly the fast group's."""
+    kept, merge = {}, group_dispatch.merge_records
+
+    def keep(records):   # each group's step records, in its own step order
+        kept["per_group"] = records
+        return merge(records)
+
+    monkeypatch.setattr(group_dispatch, "merge_records", keep)
     rep = run_train(_cfg(tmp_path, data_dir, slow_worker="1:150", log_sample_ids=True), progress=False)
     per = rep["group_streams"]["groups"]
     total_batches = STEPS * GROUPS                    # group batches of k * BATCH samples
@@ -142,6 +165,7 @@ def test_two_groups_train_their_own_data_and_a_straggler_slows_only_its_group(tm
     assert [p["group"] for p in per] == [0, 1]
     assert sum(p["steps"] for p in per) == total_batches == rep["steps"]
     assert rep["samples"] == STEPS * WORKERS * BATCH
+    # nobody waits for the straggler: the groups are not in lockstep (that would be 60 / 60)
     assert per[1]["steps"] > per[0]["steps"], per   # the straggler's group took fewer batches
     positions, groups = _sample_positions(tmp_path)
     assert set(groups.tolist()) == {0, 1}
@@ -149,12 +173,23 @@ def test_two_groups_train_their_own_data_and_a_straggler_slows_only_its_group(tm
     union = np.sort(np.concatenate(positions))
     np.testing.assert_array_equal(union, np.arange(STEPS * WORKERS * BATCH))
     assert [len(p) for p in positions] == [per[0]["steps"] * rows, per[1]["steps"] * rows]
+    # the job trains: below chance overall, and each group's replica (the straggler's
+    # included, pulled by the EASGD corrections) predicts better in its second half of steps
     whole = rep["progressive_validation"]["logloss"]
-    assert math.isfinite(rep["final_loss"]) and rep["final_loss"] < min(whole, 0.693), (rep["final_loss"], whole)
+    assert math.isfinite(rep["final_loss"]) and whole < 0.693, (rep["final_loss"], whole)
+    by_group = kept["per_group"]
+    assert [len(r) for r in by_group] == [p["steps"] for p in per]
+    for g, recs in enumerate(by_group):
+        first, second = _progressive_logloss(recs[:len(recs) // 2]), _progressive_logloss(recs[len(recs) // 2:])
+        assert second < first, (g, first, second)
     assert rep["consistency"]["mode"] == "hybrid" and rep["consistency"]["gradient_rows_pushed"] > 0
     leaders = rep["groups"]["leaders"]
+    every = rep["groups"]["average_every"]
     assert [s["group"] for s in leaders] == [0, 1] and all(s["thread_ended"] for s in leaders)
-    # every round is one collective of both leaders: the slow group's leader drained the rest
-    assert leaders[0]["rounds"] + leaders[0]["drain_rounds"] == leaders[1]["rounds"] + leaders[1]["drain_rounds"]
-    assert leaders[0]["drain_rounds"] > leaders[1]["drain_rounds"] >= 1
+    # NOTE [training groups]: a leader submits one round every `every` steps of its own group
+    assert [s["rounds"] for s in leaders] == [p["steps"] // every for p in per], (leaders, per)
+    # every round is one collective of both leaders: the slow group's leader drained the fast
+    # one's extra rounds, then both ran one last round flagged finished by both
+    assert leaders[0]["drain_rounds"] == leaders[1]["rounds"] - leaders[0]["rounds"] + 1 > 1
+    assert leaders[1]["drain_rounds"] == 1
     assert "one dispatcher per group" in (tmp_path / "report.txt").read_text()

@@ -1,0 +1,70 @@
+"""The ``herald`` command line: error lines and exit codes (herald/cli.py), and the
+dispatcher settings of ``herald serve dispatcher`` (herald/dispatch/cli.py)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from herald import cli
+from herald.dispatch.cli import dispatcher_config
+from herald.errors import ConfigError, HeraldError
+from herald.job.cli import config_from_args
+from herald.job.failover import SHARD_FAILED_EXIT, ShardLost
+
+
+class _Stopped(HeraldError):
+    """Like ``herald.job.launcher.JobInterrupted``: a clean stop on SIGINT (128 + 2)."""
+
+    exit_code = 130
+
+
+def _raising(exc: BaseException):
+    """A stand-in for :func:`herald.cli.build_parser` whose only command raises ``exc``."""
+    def build() -> argparse.ArgumentParser:
+        parser = argparse.ArgumentParser(prog="herald")
+
+        def run(_args):
+            raise exc
+        parser.set_defaults(func=run)
+        return parser
+    return build
+
+
+@pytest.mark.parametrize("exc, code", [
+    (HeraldError("worker 1 failed: boom"), 1),
+    (ConfigError("--workers must be >= 1"), 1),
+    (ShardLost("PS shard 0 went silent; latest checkpoint: none"), SHARD_FAILED_EXIT),
+])
+def test_every_error_line_starts_with_the_error_prefix_and_keeps_its_exit_code(monkeypatch, capsys, exc, code):
+    monkeypatch.setattr(cli, "build_parser", _raising(exc))
+    assert cli.main([]) == code
+    assert capsys.readouterr().err == f"herald: error: {exc}\n"
+
+
+def test_a_clean_stop_on_a_signal_is_not_an_error(monkeypatch, capsys):
+    monkeypatch.setattr(cli, "build_parser", _raising(_Stopped("interrupted by SIGINT at step 3; report in r")))
+    assert cli.main([]) == 130
+    assert capsys.readouterr().err == "herald: interrupted by SIGINT at step 3; report in r\n"
+
+
+def _serve_dispatcher_args(*extra: str) -> argparse.Namespace:
+    return cli.build_parser().parse_args(["serve", "dispatcher", "--source", "synthetic://criteo?rows=64",
+                                          "--workers", "3", "--ps", "tcp://127.0.0.1:1", *extra])
+
+
+def test_serve_dispatcher_passes_its_job_settings_to_the_dispatcher():
+    args = _serve_dispatcher_args("--max-inflight-steps", "5", "--timeout-ms", "7000", "--dispatcher-rank", "4",
+                                  "--bind", "tcp://127.0.0.1:0", "--checkpoint-every", "9")
+    disp = dispatcher_config(config_from_args(args), args)
+    assert (disp.num_workers, disp.max_inflight_steps, disp.peer_timeout_ms) == (3, 5, 7000)
+    assert (disp.dispatcher_rank, disp.bind, disp.checkpoint_every_steps) == (4, "tcp://127.0.0.1:0", 9)
+    default = _serve_dispatcher_args()
+    assert dispatcher_config(config_from_args(default), default).max_inflight_steps == 2
+
+
+def test_serve_dispatcher_names_the_flag_of_a_setting_out_of_range():
+    args = _serve_dispatcher_args("--dispatcher-rank", "256")
+    with pytest.raises(ConfigError, match="dispatcher.rank"):
+        dispatcher_config(config_from_args(args), args)
