@@ -169,6 +169,7 @@ class ScheduledLoader:
         self._yielded: tuple[float, float] | None = None   # (when, phase seconds then): see step()
         self._ahead: tuple | None = None   # (header, arrays, MicroBatch or None) received early
         self._closed = False
+        self._owns_process_group = False   # set by connect() when it initialised torch.distributed
 
     @property
     def timer(self) -> PhaseTimer:
@@ -250,6 +251,7 @@ class ScheduledLoader:
                     print(f"herald worker: {choice.notice}", file=sys.stderr, flush=True)
                 dist.init_process_group(backend, init_method=method, rank=dist_rank, world_size=dist_world,
                                         timeout=timedelta(milliseconds=timeout_ms))
+                loader._owns_process_group = True   # destroyed by close()
             if dist_world > 1:
                 setup_collectives()   # the gloo side group for CPU tensors when the group is NCCL
         except BaseException as exc:  # tell the dispatcher (else it waits out its timeout); free the socket
@@ -427,10 +429,16 @@ class ScheduledLoader:
         if self._closed:
             return
         self._closed = True
+        stats = None
         if self.dense is not None:   # the averaging thread's statistics, for the report
-            self.dense.close(self._timeout_ms / 1000.0, self.job.run_dir)
+            stats = self.dense.close(self._timeout_ms / 1000.0, self.job.run_dir)
         self.executor.close()
         self._sock.close(linger=0)
+        # A process group left to the interpreter's exit can abort it (gloo: "terminate called
+        # without an active exception", signal 6). Not while an averaging thread may still be
+        # inside a collective: it is a daemon and ends with the process.
+        if self._owns_process_group and dist.is_initialized() and (stats is None or stats.get("thread_ended")):
+            dist.destroy_process_group()
 
     def __enter__(self) -> "ScheduledLoader":
         return self
