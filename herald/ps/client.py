@@ -35,6 +35,7 @@ from herald.auth import load_client_keys, secure_client
 from herald.errors import ConfigError, HeraldError, PeerTimeout, ProtocolError
 from herald.ps.admin import AdminRefused, check_token
 from herald.ps import compress
+from herald.ps.clocked import ClockOps
 from herald.ps.wire import PS
 from herald.ps.checkpoint import CheckpointError
 from herald.ps.config import ShardLimits, TableConfig, check_tables
@@ -87,8 +88,8 @@ class Handle:
         return self._result
 
 
-class PSClient:
-    """Talks to every shard of one PS.
+class PSClient(ClockOps):
+    """Talks to every shard of one PS (the clock-carrying ops: :class:`ClockOps`).
 
     Args:
         addresses: shard endpoints, index = shard number (e.g. ``LocalShards.addresses``).
@@ -415,22 +416,8 @@ class PSClient:
         """Write back one table's rows and wait for the acks."""
         self.push_rows_async({table: (keys, rows)}).wait()
 
-    def clocks_async(self, batch: Mapping) -> Handle:
-        """Advance and read embedding clocks (NOTE [embedding clocks] in herald/ps/table.py):
-        ``{table: (keys uint64 [n], advance uint64 [n])}``, c_g += advance (0: read);
-        ``wait()`` gives ``{table: c_g after, uint64 [n] in key order}``."""
-        batch = {t: (np.asarray(k), np.asarray(c, np.uint64)) for t, (k, c) in batch.items()}
-        groups, sizes = self._by_shard(batch, 2)
-        sent = [(self._send(s, "clocks", {"parts": [{"table": ti} for _, ti, _, _ in items]},
-                            [a for _, _, _, sub in items for a in sub]), items) for s, items in groups]
-
-        def finish(replies):
-            out = {t: np.zeros(n, np.uint64) for t, n in sizes.items()}
-            for (_, arrays), (_, items) in zip(replies, sent):
-                for (t, _, idx, _), got in zip(items, arrays):
-                    out[t][slice(None) if idx is None else idx] = got
-            return out
-        return Handle(self, [rid for rid, _ in sent], finish)
+    def _handle(self, rids: list[int], finish: Callable[[list], Any]) -> Handle:
+        return Handle(self, rids, finish)
 
     def request_async(self, shard: int, op: str, header: dict, arrays=()) -> Handle:
         """One ``op`` request to ``shard`` (NOTE [gba tokens]); ``wait()`` -> reply ``(header, arrays)``."""

@@ -23,7 +23,7 @@ import zmq
 
 from herald.auth import HandshakeMonitor, check_bind, server_socket
 from herald.errors import ConfigError, HeraldError, ProtocolError
-from herald.ps import checkpoint, compress, gba, wire
+from herald.ps import checkpoint, clocked, compress, gba, wire
 from herald.ps.admin import AdminGate, AdminRefused
 from herald.ps.wire import PS
 from herald.ps import kernels as K
@@ -147,13 +147,13 @@ class ShardServer:
                 cached = self._replies.get(key)
                 if cached is not None:
                     self.counters["duplicate_requests"] += 1
-                    return [cached], op
+                    return list(cached), op
             arrays = PS.unpack_arrays(header, frames[1:])
             reply_header, reply_arrays = getattr(self, "_op_" + op)(header, arrays)
             reply_header.update(op=op, rid=rid, ok=True)
             out = PS.pack(reply_header, reply_arrays)
-            if key is not None:
-                self._replies[key] = out[0]
+            if key is not None:   # the whole reply: a push_rows reply may carry clocks
+                self._replies[key] = out
                 if len(self._replies) > self._reply_cache:
                     self._replies.popitem(last=False)
             self.counters["requests"] += 1
@@ -169,10 +169,12 @@ class ShardServer:
             return PS.pack({"op": op if op in wire.OPS else "", "rid": rid, "ok": False,
                             "error": kind, "message": msg[:2000]}), op
 
-    def _parts(self, header: dict[str, Any], arrays: list, op: str) -> list:
-        """Validate ``parts`` against the arrays: ``[(table, arrays of the part)]``."""
+    def _parts(self, header: dict[str, Any], arrays: list, op: str, clock: str | None = None) -> list:
+        """Validate ``parts`` against the arrays: ``[(table, keys, [other arrays of the part])]``.
+        ``clock``: each part ends with that clock frame (NOTE [clock frames]), given back widened
+        to uint64: ``clocks`` (a conditional pull: at most n) or ``advance`` (exactly n)."""
         parts = header.get("parts")
-        spec = wire.PART_FRAMES[op]
+        spec = wire.PART_FRAMES[op] + (((clock, None),) if clock else ())
         if not isinstance(parts, list) or len(parts) > MAX_PARTS:
             raise ProtocolError(f"{op}: header 'parts' must be a list of at most {MAX_PARTS} maps")
         if len(arrays) != len(parts) * len(spec):
@@ -196,14 +198,16 @@ class ShardServer:
             table = self.tables[ti]
             arrs = arrays[k * len(spec):(k + 1) * len(spec)]
             for (name, dt), a in zip(spec, arrs):
-                if a.dtype.str != dt:
+                if dt is not None and a.dtype.str != dt:
                     raise ProtocolError(f"{op}: {name} must be {dt}, got {a.dtype.str}")
             keys = arrs[0]
             if keys.ndim != 1:
                 raise ProtocolError(f"{op}: keys must be 1-d, got shape {keys.shape}")
             n = keys.shape[0]
             width = {"grads": table.cfg.dim, "rows": table.width}
-            for (name, _), a in zip(spec[1:], arrs[1:]):
+            for (name, dt), a in zip(spec[1:], arrs[1:]):
+                if dt is None:
+                    continue   # the clock frame: checked below
                 want = (n, width[name]) if name in width else (n,)
                 if a.shape != want:
                     raise ProtocolError(f"{op}: {name} of table {table.cfg.name!r} must have shape {want}, "
@@ -215,7 +219,11 @@ class ShardServer:
                 raise ProtocolError(f"{op}: key {int(keys[bad[0]])} of table {ti} belongs to shard "
                                     f"{int(owner[bad[0]])}, not {self.shard}; route keys with shard_of()")
             rest = []
-            for (name, _), a in zip(spec[1:], arrs[1:]):
+            for (name, dt), a in zip(spec[1:], arrs[1:]):
+                if dt is None:
+                    rest.append(wire.unpack_clocks(a, f"{op} {name} of table {table.cfg.name!r}", n,
+                                                   prefix=name == "clocks"))
+                    continue
                 if name == "contributors" or not a.flags.aligned:
                     a = np.array(a)  # small, or unaligned: copy
                 if name != "contributors":
@@ -247,6 +255,8 @@ class ShardServer:
         return {"n_tables": len(self.tables), "limits": self.limits.to_dict()}, []
 
     def _op_pull(self, header, arrays):
+        if "staleness" in header:   # NOTE [clock frames]: a conditional pull
+            return clocked.op_pull(self, header, arrays)
         parts = self._parts(header, arrays, "pull")
         wire_dtype = compress.wire_of(header)   # NOTE [wire compression]
         out = []
@@ -328,18 +338,14 @@ class ShardServer:
         return out
 
     def _op_push_rows(self, header, arrays):
+        if "advance" in header or "read_clocks" in header:   # NOTE [clock frames]
+            return clocked.op_push_rows(self, header, arrays)
         arrays = compress.decode_request("push_rows", header, arrays)   # NOTE [wire compression]
         parts = self._parts(header, arrays, "push_rows")
         for table, keys, (rows,) in parts:
             table.push_rows(keys, rows)
             self.counters["push_rows_keys"] += keys.shape[0]
         return {}, []
-
-    def _op_clocks(self, header, arrays):
-        """NOTE [embedding clocks]: advance and read c_g; one uint64 [n] reply frame per part."""
-        parts = self._parts(header, arrays, "clocks")
-        out = [table.advance_clocks(keys, np.array(advance)) for table, keys, (advance,) in parts]
-        return {"parts": [{"table": t.index} for t, _, _ in parts]}, out
 
     def _op_gba_push(self, header, arrays):   # NOTE [gba tokens] (herald/ps/gba.py)
         return gba.op_push(self, header, arrays)

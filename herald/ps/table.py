@@ -17,6 +17,7 @@ from herald.ps import kernels as K
 from herald.ps.aggregate import PendingStep
 from herald.ps.config import TableConfig
 from herald.ps.rows import hyper_params, init_args
+from herald.ps.wire import valid_copies
 
 #: Completed steps whose key maps are kept to reject late contributions (NOTE [ps aggregation]).
 RETAIN_STEPS = 4
@@ -232,11 +233,48 @@ class EmbeddingTable:
         pending = int(K.count_marked_jit(self.row_marks, slots)) if self.open_aggregations else 0
         return out, pending
 
-    def push_rows(self, keys: np.ndarray, rows: np.ndarray) -> None:
-        """Overwrite rows (embedding + state) of unique ``keys`` with ``rows`` [n, width]."""
+    def pull_clocked(self, keys: np.ndarray, c_c: np.ndarray, staleness: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """A conditional pull (NOTE [clock frames] in herald/ps/wire.py): ``c_c`` (uint64 [m],
+        m <= n) are the cached copies' clocks of the first m ``keys`` (uint64 [n]); key i < m
+        is valid when ``c_g <= c_c + staleness``. Returns c_g of every key (uint64 [n]), the
+        rows of the keys not valid, in key order (float32 [n - valid, width]), and how many of
+        those have an open aggregation.
+
+        Raises:
+            ProtocolError: keys not uint64 [n] or ``c_c`` not uint64 [m <= n].
+        """
+        self._check(keys)
+        if not (isinstance(c_c, np.ndarray) and c_c.dtype == np.uint64 and c_c.ndim == 1
+                and c_c.shape[0] <= keys.shape[0]):
+            raise ProtocolError(f"table {self.cfg.name!r}: cached clocks must be uint64 [m <= {keys.shape[0]}]")
+        slots = self.slots(keys)
+        c_g = self.clocks[slots]
+        fetch = np.ones(keys.shape[0], bool)
+        fetch[:c_c.shape[0]] = ~valid_copies(c_c, c_g[:c_c.shape[0]], staleness)
+        at = slots[fetch]
+        out = np.empty((at.shape[0], self.width), np.float32)
+        K.gather_jit(self.rows, at, out)
+        pending = int(K.count_marked_jit(self.row_marks, at)) if self.open_aggregations else 0
+        return c_g, out, pending
+
+    def push_rows(self, keys: np.ndarray, rows: np.ndarray, advance: np.ndarray | None = None) -> np.ndarray | None:
+        """Overwrite rows (embedding + state) of unique ``keys`` with ``rows`` [n, width]; with
+        ``advance`` (uint64 [n]) also c_g += advance (NOTE [embedding clocks]) and return c_g
+        after (uint64 [n]), else None.
+
+        Raises:
+            ProtocolError: bad shapes or dtypes, or a key given twice (nothing is stored then).
+        """
         self._check(keys, rows, self.width)
+        if advance is not None and not (isinstance(advance, np.ndarray) and advance.dtype == np.uint64
+                                        and advance.shape == keys.shape):
+            raise ProtocolError(f"table {self.cfg.name!r}: clock advances must be uint64 [{keys.shape[0]}]")
         slots = self._unique_slots(keys, "push_rows")
         K.scatter_jit(self.rows, slots, rows)
+        if advance is None:
+            return None
+        self.clocks[slots] += advance
+        return self.clocks[slots]
 
     def check_push_grad(self, keys, contributors, step: int, rank: int) -> np.ndarray:
         """Validate a gradient push without changing any row; returns the keys' slots.
@@ -291,32 +329,20 @@ class EmbeddingTable:
     # the PS row holds. An optimizer application of an aggregated gradient adds 1 (a row of
     # ``slots`` whose aggregation is complete after a push has no open mark left: with the
     # dispatcher's steps one aggregation per row is open at a time). A worker that writes
-    # back a row it alone updated sends, in a ``clocks`` request, how many local updates the
-    # row holds since it last synchronised (c_c - c_s), and the PS adds them
-    # (``advance_clocks``). HET's Evict sets c_g = max(c_g, c_c); in herald only the holder
-    # of the only latest copy writes a row back (NOTE [step protocol]), so c_g = c_s on the
-    # PS then and the two agree. An advance of 0 reads c_g (CheckValid's second
-    # condition). Clocks are not checkpointed: a restored table, like the emptied worker
-    # caches at a checkpoint barrier, starts them at 0.
+    # back or plan-pushes a row it alone updated sends, with the row (``push_rows`` with an
+    # ``advance`` frame), how many local updates the row holds since it last synchronised
+    # (c_c - c_s), and the PS adds them as it stores the row (``push_rows(advance=...)``).
+    # HET's Evict sets c_g = max(c_g, c_c); in herald only the holder of the only latest copy
+    # writes a row back (NOTE [step protocol]), so c_g = c_s on the PS then and the two
+    # agree. A conditional pull (``pull_clocked``) reads c_g and evaluates CheckValid's
+    # second condition on the shard, sending rows only of the copies not valid (NOTE [clock
+    # frames] in herald/ps/wire.py). Clocks are not checkpointed: a restored table, like the
+    # emptied worker caches at a checkpoint barrier, starts them at 0.
 
     def _tick(self, slots: np.ndarray) -> None:
         """c_g += 1 for the rows of ``slots`` whose gradient was applied by the push just made."""
         done = slots[self.row_marks[slots] == 0]
         self.clocks[done] += np.uint64(1)
-
-    def advance_clocks(self, keys: np.ndarray, advance: np.ndarray) -> np.ndarray:
-        """c_g += ``advance`` for ``keys`` (uint64 [n] each; a key given twice adds both);
-        returns uint64 [n]: c_g after. NOTE [embedding clocks].
-
-        Raises:
-            ProtocolError: keys or advance not uint64 [n].
-        """
-        self._check(keys)
-        if not (isinstance(advance, np.ndarray) and advance.dtype == np.uint64 and advance.shape == keys.shape):
-            raise ProtocolError(f"table {self.cfg.name!r}: clock advances must be uint64 [{keys.shape[0]}]")
-        slots = self.slots(keys)
-        np.add.at(self.clocks, slots, advance)
-        return self.clocks[slots]
 
     def _retire(self, step: int) -> None:
         """A step without open aggregations keeps its key map (so late or repeated

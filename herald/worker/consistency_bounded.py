@@ -21,10 +21,14 @@ of a key that
    PS, never into the stale row), and is not updated locally (``plan.update_local``),
 3. is not prefetched (NOTE [early pulls]),
 
-is asked for its c_g (a ``clocks`` request: 8 bytes per key instead of a row) and
-skipped when CheckValid holds; the step then reads the cached copy, ``c_g - c_c`` updates
-behind. That is where transmissions are saved (HET §4.1: only clocks travel on a valid
-hit). Writes stay exact: gradients of shared keys are pushed every step and applied once
+is *checked*: CheckValid's first condition is local, and a copy that passes it goes in a
+conditional pull with its c_c (NOTE [clock frames] in herald/ps/wire.py), where the shard
+evaluates the second condition and sends the row only if it fails; otherwise only c_g
+comes back and the step reads the cached copy, ``c_g - c_c`` updates behind. That is
+where transmissions are saved (HET §4.1: only clocks travel on a valid hit), in the one
+round trip of the pull itself. The other shared pulls travel in the same conditional
+pull without a c_c (always fetched: their c_g becomes the new copy's c_s); pulls of keys
+not shared are plain pulls. Writes stay exact: gradients of shared keys are pushed every step and applied once
 by the PS; the rows a worker alone updates (``update_local``) accumulate in its cache and
 reach the PS only on eviction or when another worker needs them (Herald's plan push):
 HET's stale writes, with the plan as the bound.
@@ -44,14 +48,19 @@ pulled), never plan-pushed nor written back, and is dropped without write-back: 
 update reaches the PS once, inside the aggregated gradient; no update is lost or doubled,
 and the scheduler's cache snapshots stay true.
 
-Clocks: a pull sets c_s = c_c = c_g; a local update (``update_local`` or read-my-updates)
-adds 1 to c_c; a plan push or a write-back sends c_c (the PS keeps max(c_g, c_c):
-Het.Cache.Evict) and sets c_s = c_c.
-The clock requests are acknowledged before the dense all-reduce, like every write
-(NOTE [early pulls]), so the next step's reads see them.
+Clocks: a pull of a shared key sets c_s = c_c = c_g (a key pulled without its clock has
+no known c_s, c_s = 0, and is never checked); a local update (``update_local`` or
+read-my-updates) adds 1 to c_c; a write-back or plan push carries the copy's local updates
+c_c - c_s on its ``push_rows`` (an ``advance`` frame: the PS adds them, which is
+Het.Cache.Evict's max(c_g, c_c) as the copy was the only latest one), and a plan-pushed
+copy takes the c_g of the reply as c_s = c_c (it is then known). Write-backs travel with
+the step's other writes and are acknowledged before the dense all-reduce (NOTE [early
+pulls]), so the next step's reads see them; since a write-back's advance rides on it, the
+worker's own write-backs may be prefetched for the next step as under BSP (NOTE [own
+write-backs]), their shared keys with their clocks (:meth:`Bounded.prefetch`).
 
 ``s = 0`` is exact BSP: CheckValid then needs c_g <= c_c, a latest copy, and the plan
-only pulls stale ones, so nothing is skipped and no clock request is made
+only pulls stale ones, so nothing is skipped and no clock travels
 (tests/integration/test_train_exact.py runs ``--consistency bounded --staleness 0``).
 """
 
@@ -63,21 +72,9 @@ import numpy as np
 
 from herald.dispatch.microbatch import MicroBatch
 from herald.scheduler.plan import CachePlan, KeySet
-from herald.worker import psio
 from herald.worker.executor import PlanExecutor, StepGrads, StepRows
 from herald.worker.protocol import BSP, PROTOCOLS
-
-
-def member(keys: KeySet, of: KeySet) -> np.ndarray:
-    """bool [len(keys)]: whether each (table, id) of ``keys`` is in ``of``."""
-    out = np.zeros(len(keys), bool)
-    if not len(keys) or not len(of):
-        return out
-    other = {t: of.ids[m] for t, m in psio.table_groups(of.table)}
-    for t, m in psio.table_groups(keys.table):
-        if t in other:
-            out[m] = np.isin(keys.ids[m], other[t])
-    return out
+from herald.worker.psio import member
 
 
 def check_valid(c_s: np.ndarray, c_c: np.ndarray, c_g: np.ndarray, staleness: int) -> np.ndarray:
@@ -103,64 +100,47 @@ class Bounded(BSP):
         self.start = np.zeros(rows, np.uint64)     # c_s per cache slot
         self.current = np.zeros(rows, np.uint64)   # c_c per cache slot
         self.known = np.zeros(rows, bool)          # c_s is a PS clock (else: c_s = 0, c_c = local updates)
-        self._sync: list[tuple[KeySet, np.ndarray]] = []   # (written-back keys, their local updates)
 
     # ------------------------------------------------------ before forward
+    def prefetch(self, mb: MicroBatch) -> None:
+        """The early pulls (NOTE [early pulls]), those of shared keys with their clocks."""
+        if self.staleness == 0:
+            super().prefetch(mb)
+        else:
+            self.executor.prefetch(mb, clocked=member(mb.plan.pull, mb.plan.grad_push))
+
     def before_forward(self, mb: MicroBatch) -> None:
         ex, plan = self.executor, mb.plan
         if self.staleness == 0:   # exact BSP (see the NOTE): no clocks needed
             super().before_forward(mb)
             return
         wb = plan.write_back
+        advance = None
         if wb.any():   # Het.Cache.Evict: the written-back copy's local updates go with it
-            gone = KeySet(plan.evict.table[wb], plan.evict.ids[wb])
-            slots = ex.cache.slots(gone)
-            self._sync.append((gone, self.current[slots] - self.start[slots]))
-        ex.evict(plan)
+            slots = ex.cache.slots(KeySet(plan.evict.table[wb], plan.evict.ids[wb]))
+            advance = self.current[slots] - self.start[slots]
+        ex.evict(plan, mb.step, advance)
         pull = plan.pull
         slots = ex.cache.slots(pull, must_exist=False)
         shared = member(pull, plan.grad_push)
         cand = (slots >= 0) & shared & ~member(pull, plan.update_local) & ~mb.pull_early
         cand[cand] = self.known[slots[cand]]
-        c_g = np.zeros(len(pull), np.uint64)   # of the candidates (CheckValid) and the shared rows fetched (c_s)
-        if shared.any():
-            with ex.timer("pull"):
-                c_g[shared] = self._clocks_async(KeySet(pull.table[shared], pull.ids[shared]),
-                                                 np.zeros(int(shared.sum()), np.uint64))()
-        at = np.flatnonzero(cand)
-        ok = check_valid(self.start[slots[at]], self.current[slots[at]], c_g[at], self.staleness)
-        skip = np.zeros(len(pull), bool)
-        skip[at[ok]] = True
+        at = np.flatnonzero(cand)   # CheckValid's first condition is local; the shard checks the second
+        checked = np.zeros(len(pull), bool)
+        checked[at[self.current[slots[at]] <= self.start[slots[at]] + np.uint64(self.staleness)]] = True
+        c_c = np.zeros(len(pull), np.uint64)
+        c_c[checked] = self.current[slots[checked]]
+        got = ex.pull(mb, clocked=shared, checked=checked, c_c=c_c, staleness=self.staleness)
+        skip = ~got.fetched
+        c_g = got.clocks
         gaps = c_g[skip] - np.minimum(c_g[skip], self.current[slots[skip]])
-        pulled = ex.pull(mb, keep=~skip)
         ex.pull_replicas(mb)
         self.count_reads(mb, gaps)
-        self.stats["rereads"] += int((~ok).sum())
-        if len(pulled):   # a fetch: c_s = c_c = c_g (known for the shared rows)
-            got = ex.cache.slots(pulled)
-            self.start[got] = self.current[got] = c_g[~skip]
-            self.known[got] = shared[~skip]
-
-    def _clocks_async(self, keys: KeySet, advance: np.ndarray):
-        """Start a ``clocks`` request (NOTE [embedding clocks]): c_g += ``advance`` (uint64 [n]);
-        returns ``wait()`` -> uint64 [n], c_g after (it also serves as a write handle)."""
-        groups = dict(psio.table_groups(keys.table))
-        handle = self.executor.ps.clocks_async({t: (keys.ids[m], advance[m]) for t, m in groups.items()})
-        self.executor.bytes_pushed += 2 * keys.ids.nbytes    # keys and advances
-        self.executor.bytes_pulled += keys.ids.nbytes        # clocks
-
-        done: list[np.ndarray] = []
-
-        def wait() -> np.ndarray:   # may be called again: the reply is kept
-            if not done:
-                got, out = handle.wait(), np.empty(len(keys), np.uint64)
-                for t, m in groups.items():
-                    out[m] = got[t]
-                done.append(out)
-            return done[0]
-
-        wait.wait = wait   # a handle for PlanExecutor.track_write
-        return wait
+        self.stats["rereads"] += int(at.shape[0] - skip.sum())
+        if len(got.keys):   # a fetch: c_s = c_c = c_g (known for the shared rows)
+            fetched = ex.cache.slots(got.keys)
+            self.start[fetched] = self.current[fetched] = c_g[got.fetched]
+            self.known[fetched] = shared[got.fetched]
 
     # ------------------------------------------------------ after backward
     def after_backward(self, mb: MicroBatch, step_rows: StepRows) -> None:
@@ -174,9 +154,17 @@ class Bounded(BSP):
         if len(plan.update_local):
             self.current[ex.cache.slots(plan.update_local)] += np.uint64(1)
         self._read_my_updates(plan, grads, step_rows)
-        ex.push_plan(plan)
+        pushed = plan.plan_push
+        slots = ex.cache.slots(pushed) if len(pushed) else np.zeros(0, np.int64)
+        wait = ex.push_plan(plan, self.current[slots] - self.start[slots])   # Het.Cache.Evict's clock sync
         ex.update_replicas(mb, grads, step_rows)
-        self._send_syncs(plan.plan_push)
+        if wait is not None:
+            def settle() -> None:   # the plan-pushed copies now hold c_g: c_s = c_c = c_g
+                self.start[slots] = self.current[slots] = wait()
+                self.known[slots] = True
+
+            settle.wait = settle
+            ex.track_write(settle)
         ex.wait_writes()
 
     def _read_my_updates(self, plan: CachePlan, grads: StepGrads, step_rows: StepRows) -> None:
@@ -197,38 +185,18 @@ class Bounded(BSP):
         self.current[self.executor.cache.slots(own)] += np.uint64(1)
 
     def flush(self, keys: KeySet, reset: bool) -> None:
-        """The barrier's write-backs carry their local updates to the PS clocks too (:meth:`_send_syncs`)."""
-        if self.staleness:
-            self._send_syncs(keys)
-            self.executor.wait_writes()
-        super().flush(keys, reset)
+        """The barrier's write-backs carry their local updates to the PS clocks too (NOTE
+        [clock frames]); kept copies then hold c_s = c_c = c_g."""
+        if not self.staleness:
+            super().flush(keys, reset)
+            return
+        slots = self.executor.cache.slots(keys) if len(keys) else np.zeros(0, np.int64)
+        c_g = self.executor.flush(keys, reset, self.current[slots] - self.start[slots])
         if reset:
             self.known[:] = False
-
-    def _send_syncs(self, pushed: KeySet) -> None:
-        """Het.Cache.Evict's clock sync for this step's write-backs and plan pushes: the PS adds
-        the copy's local updates (c_c - c_s) to c_g, which is then max(c_g, c_c) (the copy was
-        the only latest one: c_g = c_s on the PS); a plan-pushed copy stays cached with
-        c_s = c_c = c_g. Acknowledged with the step's writes, before the all-reduce."""
-        ex = self.executor
-        slots = ex.cache.slots(pushed) if len(pushed) else np.zeros(0, np.int64)
-        parts = self._sync + [(pushed, self.current[slots] - self.start[slots])]
-        self._sync = []
-        keys = KeySet(np.concatenate([k.table for k, _ in parts]), np.concatenate([k.ids for k, _ in parts]))
-        if not len(keys):
-            return
-        wait = self._clocks_async(keys, np.concatenate([a for _, a in parts]))
-        ex.track_write(wait)
-        if len(pushed):
-            n = len(pushed)
-
-            def settle() -> None:   # the plan-pushed copies now hold c_g
-                c_g = wait()[len(keys) - n:]
-                self.start[slots] = self.current[slots] = c_g
-                self.known[slots] = True
-
-            settle.wait = settle
-            ex.track_write(settle)
+        elif c_g is not None:
+            self.start[slots] = self.current[slots] = c_g
+            self.known[slots] = True
 
 
 PROTOCOLS[Bounded.name] = Bounded

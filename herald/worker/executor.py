@@ -76,6 +76,22 @@ class StepGrads:
         return self.tensor.index_select(0, index).to("cpu").numpy()
 
 
+@dataclasses.dataclass
+class Pulled:
+    """What :meth:`PlanExecutor.pull` fetched.
+
+    Attributes:
+        keys: the keys whose rows came (now in the cache), in plan order.
+        fetched: bool [len(plan.pull)]: which pulls those are (False: a checked copy was
+            still valid and stays).
+        clocks: uint64 [len(plan.pull)]: c_g of the clocked pulls (NOTE [clock frames]), 0 elsewhere.
+    """
+
+    keys: KeySet
+    fetched: np.ndarray
+    clocks: np.ndarray
+
+
 def pool_bags(rows: torch.Tensor, inputs: np.ndarray, offsets_flat: np.ndarray, inverse_bounds: np.ndarray,
               device: torch.device) -> torch.Tensor:
     """Sum-pool the bags of a micro-batch: float32 [T x b, dim], bag ``(t, i)`` at row ``t * b + i``.
@@ -148,7 +164,7 @@ class PlanExecutor:
                          if self._replicated.size else None)
         self.bytes_pulled = self.bytes_pushed = self.bytes_allreduced = 0
         self.timer = PhaseTimer()
-        self._early: dict[int, tuple[np.ndarray, object]] = {}   # step -> (pull_early mask, wait())
+        self._early: dict[int, tuple] = {}   # step -> (pull_early mask, clocked mask, wait())
         self._writes: list = []                                   # pushes and write-backs in flight
         self._written_back: tuple[int | None, KeySet] = (None, KeySet.empty())   # NOTE [own write-backs]
 
@@ -159,11 +175,13 @@ class PlanExecutor:
         return f"embedding cache {type(self.cache).__name__} {where} ({self.cache.capacity_rows:,} rows)"
 
     # ------------------------------------------------------ before forward
-    def evict(self, plan: CachePlan, step: int | None = None) -> None:
+    def evict(self, plan: CachePlan, step: int | None = None, advance: np.ndarray | None = None) -> None:
         """Drop ``plan.evict``; start writing back the rows flagged in ``plan.write_back``
         (finished by :meth:`wait_writes`: NOTE [early pulls] in herald/dispatch/early.py).
         With ``step`` (the plan's step) the written-back keys are remembered, so that
-        :meth:`prefetch` may fetch them early for ``step + 1`` (NOTE [own write-backs])."""
+        :meth:`prefetch` may fetch them early for ``step + 1`` (NOTE [own write-backs]).
+        ``advance``: uint64 [write_back.sum()], the written-back copies' local updates, sent
+        with the rows (NOTE [clock frames] in herald/ps/wire.py)."""
         self._written_back = (step, KeySet.empty())
         if not len(plan.evict):
             return
@@ -171,7 +189,7 @@ class PlanExecutor:
             rows = self.cache.evict(plan.evict, plan.write_back)
             wb = plan.write_back
             written = KeySet(plan.evict.table[wb], plan.evict.ids[wb])
-            handle, sent = psio.push_rows_async(self.ps, written, rows)
+            handle, sent = psio.push_rows_async(self.ps, written, rows, advance)
             self._written_back = (step, written)
             self.bytes_pushed += sent
             if handle is not None:
@@ -190,17 +208,21 @@ class PlanExecutor:
                     handle.wait()
                 self._writes.clear()
 
-    def prefetch(self, mb: MicroBatch) -> None:
+    def prefetch(self, mb: MicroBatch, clocked: np.ndarray | None = None) -> None:
         """Start pulling the pulls of ``mb`` marked ``pull_early`` (NOTE [early pulls]) and
         those of this worker's own write-backs (NOTE [own write-backs]); call only once the
-        step before ``mb.step - 1`` is finished on this worker."""
+        step before ``mb.step - 1`` is finished on this worker. ``clocked``: bool
+        [len(plan.pull)] or None: the pulls that also fetch their PS clock c_g (NOTE
+        [bounded reads]); pass the same to :meth:`pull`."""
         early = mb.pull_early
         own = self._own_write_backs(mb)
         if own is not None:
             early = early | own
         if early.any() and mb.step not in self._early:
             keys = KeySet(mb.plan.pull.table[early], mb.plan.pull.ids[early])
-            self._early[mb.step] = (early, psio.pull_keys_async(self.ps, keys, self.cache.row_width))
+            clocked = np.zeros(len(early), bool) if clocked is None else clocked
+            self._early[mb.step] = (early, clocked, psio.fetch_async(self.ps, keys, self.cache.row_width,
+                                                                     clocked[early]))
 
     def _own_write_backs(self, mb: MicroBatch) -> np.ndarray | None:
         """bool [len(mb.plan.pull)]: the pulls not marked early whose key this worker wrote
@@ -234,39 +256,58 @@ class PlanExecutor:
         out[late[ok]] = True
         return out
 
-    def pull(self, mb: MicroBatch, keep: np.ndarray | None = None) -> KeySet:
+    def pull(self, mb: MicroBatch, clocked: np.ndarray | None = None, checked: np.ndarray | None = None,
+             c_c: np.ndarray | None = None, staleness: int = 0) -> Pulled:
         """Fetch ``mb.plan.pull`` (rows with optimizer state) from the PS into the cache:
-        the prefetched rows (:meth:`prefetch`), then the others; returns the keys pulled.
+        the prefetched rows (:meth:`prefetch`), then the others.
 
         Args:
-            keep: bool [len(plan.pull)] or None (all): the pulls to make; a relaxed protocol
-                drops those whose cached copy it may still read (NOTE [bounded reads] in
-                herald/worker/consistency_bounded.py). Every prefetched key must be kept.
+            clocked: bool [len(plan.pull)] or None: pulls that also fetch their PS clock c_g,
+                in a conditional pull (NOTE [clock frames] in herald/ps/wire.py): as given to
+                :meth:`prefetch`.
+            checked: bool [len(plan.pull)] or None: clocked pulls whose cached copy stays and
+                is read when the shard finds it valid, ``c_g <= c_c + staleness`` (NOTE
+                [bounded reads]); never a prefetched one.
+            c_c: uint64 [len(plan.pull)]: the cached copies' current clocks (where ``checked``).
+
+        Raises:
+            ProtocolError: a checked pull was prefetched, or a clocked one prefetched without
+                its clock (a bug of the protocol).
         """
         pull = mb.plan.pull
-        early, wait = self._early.pop(mb.step, (None, None))
-        if keep is not None and not keep.all():
-            if early is not None and not keep[early].all():
-                raise ProtocolError(f"step {mb.step}: a relaxed protocol dropped a prefetched pull (a bug of "
-                                    "the protocol: keep every pull_early key)")
-            early = None if early is None else early[keep]
-            pull = KeySet(pull.table[keep], pull.ids[keep])
-        if not len(pull):
-            return pull
+        n = len(pull)
+        early, early_clocked, early_wait = self._early.pop(mb.step, (None, None, None))
+        clocked = np.zeros(n, bool) if clocked is None else clocked
+        checked = np.zeros(n, bool) if checked is None else checked
+        if not n:
+            return Pulled(pull, np.ones(0, bool), np.zeros(0, np.uint64))
+        late = np.ones(n, bool) if early is None else ~early
+        if early is not None and (checked[early].any() or (clocked & ~early_clocked)[early].any()):
+            raise ProtocolError(f"step {mb.step}: a relaxed protocol checked a prefetched pull, or asked the clock "
+                                "of one prefetched without it (a bug of the protocol: pass prefetch() the same "
+                                "clocked pulls; a pull_early key is always fetched)")
         with self.timer("pull"):
-            if early is None:
-                rows = psio.pull_keys(self.ps, pull, self.cache.row_width)
+            late_wait = (psio.fetch_async(self.ps, KeySet(pull.table[late], pull.ids[late]), self.cache.row_width,
+                                          clocked[late], checked[late], None if c_c is None else c_c[late],
+                                          staleness) if late.any() else None)
+            parts = [(mask, wait()) for mask, wait in ((early, early_wait), (late, late_wait)) if wait is not None]
+            if len(parts) == 1 and parts[0][0].all():   # one pull of every key (BSP without prefetch)
+                got = parts[0][1]
+                rows, fetched, clocks = got.rows, got.fetched, got.clocks
             else:
-                rows = np.empty((len(pull), self.cache.row_width), np.float32)
-                late = ~early
-                late_wait = (psio.pull_keys_async(self.ps, KeySet(pull.table[late], pull.ids[late]),
-                                                  self.cache.row_width) if late.any() else None)
-                rows[early] = wait()
-                if late_wait is not None:
-                    rows[late] = late_wait()
-            self.bytes_pulled += rows.nbytes + pull.ids.nbytes
-            self.cache.put(pull, rows)
-        return pull
+                rows = np.empty((n, self.cache.row_width), np.float32)
+                fetched, clocks = np.ones(n, bool), np.zeros(n, np.uint64)
+                for mask, got in parts:
+                    rows[mask], fetched[mask], clocks[mask] = got.rows, got.fetched, got.clocks
+            for _, got in parts:
+                self.bytes_pulled += got.pulled
+                self.bytes_pushed += got.pushed
+            if fetched.all():
+                self.cache.put(pull, rows)
+                return Pulled(pull, fetched, clocks)
+            keys = KeySet(pull.table[fetched], pull.ids[fetched])
+            self.cache.put(keys, rows[fetched])
+        return Pulled(keys, fetched, clocks)
 
     def pull_replicas(self, mb: MicroBatch) -> None:
         """Make the replicated rows of the global batch present (NOTE [replicated tables])."""
@@ -344,15 +385,39 @@ class PlanExecutor:
             for t, m in psio.table_groups(plan.update_local.table):
                 self.cache.apply_gradients(slots[m], g, at[m], self.tables[t])
 
-    def push_plan(self, plan: CachePlan) -> None:
+    def push_plan(self, plan: CachePlan, advance: np.ndarray | None = None):
         """Send the rows of ``plan.plan_push`` (with optimizer state) to the PS (Herald Alg. 2);
-        acknowledged by :meth:`wait_writes`."""
-        if len(plan.plan_push):
-            with self.timer("plan_push"):
-                handle, sent = psio.push_rows_async(self.ps, plan.plan_push,
-                                                    self.cache.read(self.cache.slots(plan.plan_push)))
+        acknowledged by :meth:`wait_writes`. With ``advance`` (uint64 [len(plan_push)], the
+        copies' local updates: NOTE [clock frames]) the PS clocks advance with the rows, and
+        the returned ``wait()`` gives c_g after (uint64 [len(plan_push)]); else None."""
+        if not len(plan.plan_push):
+            return None
+        with self.timer("plan_push"):
+            handle, sent = psio.push_rows_async(self.ps, plan.plan_push,
+                                                self.cache.read(self.cache.slots(plan.plan_push)), advance,
+                                                read_clocks=advance is not None)
+            self.bytes_pushed += sent
+            if advance is None:
                 self._writes.append(handle)
-                self.bytes_pushed += sent
+                return None
+            wait = self._clocks_of(handle)
+            self._writes.append(wait)
+        return wait
+
+    def _clocks_of(self, handle):
+        """``wait()`` -> c_g of a clocked ``push_rows`` (uint64 [n]), counting the clock bytes
+        received once; also a write handle."""
+        done: list = []
+
+        def wait() -> np.ndarray:
+            clocks, received = handle.wait()   # psio's handle keeps its reply
+            if not done:
+                self.bytes_pulled += received
+                done.append(True)
+            return clocks
+
+        wait.wait = wait
+        return wait
 
     def update_replicas(self, mb: MicroBatch, grads: StepGrads, step_rows: StepRows) -> None:
         """All-reduce and apply the replicated tables' gradients (NOTE [replicated tables])."""
@@ -365,12 +430,21 @@ class PlanExecutor:
                                                           grads.host()[rep])
 
     # ------------------------------------------------------------- barrier
-    def flush(self, keys: KeySet, reset: bool) -> None:
+    def flush(self, keys: KeySet, reset: bool, advance: np.ndarray | None = None) -> np.ndarray | None:
         """Write back the only-latest rows ``keys``; with ``reset`` then empty the cache
-        (NOTE [checkpoint barrier] in herald/dispatch/dispatcher.py)."""
+        (NOTE [checkpoint barrier] in herald/dispatch/dispatcher.py). With ``advance``
+        (uint64 [len(keys)]: NOTE [clock frames]) the PS clocks advance with the rows and,
+        without ``reset``, c_g after is returned (uint64 [len(keys)]); else None."""
         self._written_back = (None, KeySet.empty())
-        if len(keys):
+        clocks = None
+        if len(keys) and advance is None:
             self.bytes_pushed += psio.push_rows(self.ps, keys, self.cache.read(self.cache.slots(keys)))
+        elif len(keys):
+            handle, sent = psio.push_rows_async(self.ps, keys, self.cache.read(self.cache.slots(keys)), advance,
+                                                read_clocks=not reset)
+            self.bytes_pushed += sent
+            clocks, received = handle.wait()
+            self.bytes_pulled += received
         if self.replicas is not None:
             if self.rank == 0:
                 self.replicas.write_back()
@@ -378,6 +452,7 @@ class PlanExecutor:
                 self.replicas.clear()
         if reset:
             self.cache.clear()
+        return clocks
 
     def forget_prefetches(self) -> None:
         """Drop prefetched rows not used yet (their replies are discarded on arrival)."""

@@ -7,6 +7,7 @@ multi-table request per shard, in parallel, and waits for the answers.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, Iterator
 
 import numpy as np
@@ -26,14 +27,15 @@ def table_groups(table: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
         yield t, order[a:b]
 
 
-def table_runs(table: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
+def table_runs(table: np.ndarray, first: np.ndarray | None = None) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
     """``(order, [(table index, start, end)])``: ``order`` (int64 [n]) sorts ``table`` (int32
     [n]) stably, and ``order[start:end]`` are table t's positions, ascending (what
     :func:`table_groups` yields): one gather by ``order`` then gives every table's part
-    as a contiguous slice."""
+    as a contiguous slice. With ``first`` (bool [n]) each table's positions where it is
+    True come first (each group ascending)."""
     if table.shape[0] == 0:
         return np.zeros(0, np.int64), []
-    order = np.argsort(table, kind="stable")
+    order = np.argsort(table, kind="stable") if first is None else np.lexsort((~first, table))
     sorted_t = table[order]
     cuts = np.flatnonzero(sorted_t[1:] != sorted_t[:-1]) + 1
     starts = [0, *cuts.tolist()]
@@ -63,15 +65,103 @@ def pull_keys(ps: PSClient, keys: KeySet, row_width: int) -> np.ndarray:
     return pull_keys_async(ps, keys, row_width)()
 
 
-def push_rows_async(ps: PSClient, keys: KeySet, rows: np.ndarray):
-    """Start writing ``rows`` (float32 [len(keys), row_width]) back for ``keys``; returns
-    ``(handle or None, bytes sent)``. ``rows`` must not change until ``handle.wait()``."""
+@dataclasses.dataclass
+class Fetched:
+    """What :func:`fetch_async` got, in key order.
+
+    Attributes:
+        rows: float32 [n, row_width]: the PS rows where ``fetched`` (unset elsewhere).
+        fetched: bool [n]: rows that came (False: a checked copy is still valid).
+        clocks: uint64 [n]: c_g of the keys asked with clocks, 0 elsewhere.
+        pulled: bytes of the keys, the rows (float32) and the clock frames received (what
+            ``PlanExecutor.bytes_pulled`` counts for a pull).
+        pushed: bytes of the clock frames sent (the copies' c_c).
+    """
+
+    rows: np.ndarray
+    fetched: np.ndarray
+    clocks: np.ndarray
+    pulled: int
+    pushed: int
+
+
+def fetch_async(ps: PSClient, keys: KeySet, row_width: int, clocked: np.ndarray | None = None,
+                checked: np.ndarray | None = None, c_c: np.ndarray | None = None,
+                staleness: int = 0) -> Callable[[], Fetched]:
+    """Start pulling ``keys``, those marked ``clocked`` (bool [n]) in one conditional pull
+    with their PS clocks (NOTE [clock frames] in herald/ps/wire.py), the others in a plain
+    one, both at once; the returned ``wait()`` gives a :class:`Fetched`.
+
+    Args:
+        checked: bool [n] (within ``clocked``) or None: keys whose cached copy the shard may
+            find valid (``c_g <= c_c + staleness``) and then not send.
+        c_c: uint64 [n]: the copies' current clocks (read where ``checked``).
+    """
+    n = len(keys)
+    clocked = np.zeros(n, bool) if clocked is None else clocked
+    checked = np.zeros(n, bool) if checked is None else checked & clocked
+    plain = ~clocked
+    plain_wait = pull_keys_async(ps, KeySet(keys.table[plain], keys.ids[plain]), row_width) if plain.any() else None
+    clock_wait, out_bytes = None, 0
+    if clocked.any():
+        at = np.flatnonzero(clocked)
+        order, runs = table_runs(keys.table[at], checked[at])
+        at = at[order]   # by table, each table's checked keys first
+        first = checked[at]
+        c_c = np.zeros(n, np.uint64) if c_c is None else np.asarray(c_c, np.uint64)
+        batch = {t: (keys.ids[at[a:b]], c_c[at[a:a + int(first[a:b].sum())]]) for t, a, b in runs}
+        handle, out_bytes = ps.pull_clocked_async(batch, staleness)
+        clock_wait = (handle, at, runs)
+
+    def wait() -> Fetched:
+        fetched, clocks, got = np.ones(n, bool), np.zeros(n, np.uint64), 0
+        if clock_wait is None:   # a plain pull: its rows as they come
+            rows = plain_wait() if plain_wait is not None else np.empty((0, row_width), np.float32)
+            return Fetched(rows, fetched, clocks, keys.ids.nbytes + rows.nbytes, 0)
+        rows = np.empty((n, row_width), np.float32)
+        if plain_wait is not None:
+            rows[plain] = plain_wait()
+        handle, at, runs = clock_wait
+        parts, got = handle.wait()
+        for t, a, b in runs:
+            c_g, ok, r = parts[t]
+            clocks[at[a:b]], fetched[at[a:b]], rows[at[a:b]] = c_g, ok, r
+        return Fetched(rows, fetched, clocks, keys.ids.nbytes + int(fetched.sum()) * row_width * 4 + got, out_bytes)
+
+    return wait
+
+
+def push_rows_async(ps: PSClient, keys: KeySet, rows: np.ndarray, advance: np.ndarray | None = None,
+                    read_clocks: bool = False):
+    """Start writing ``rows`` (float32 [len(keys), row_width]) back for ``keys``, with their
+    clock ``advance`` (uint64 [n], NOTE [clock frames]) when given; returns ``(handle or
+    None, bytes sent)``. ``rows`` must not change until ``handle.wait()``, which gives None,
+    or with ``advance`` ``(c_g after uint64 [n] in key order or None without
+    ``read_clocks``, clock bytes received)``."""
     if not len(keys):
         return None, 0
     order, runs = table_runs(keys.table)
     ids, by_table = keys.ids[order], np.asarray(rows, np.float32)[order]   # one gather, then slices
-    parts = {t: (ids[a:b], by_table[a:b]) for t, a, b in runs}
-    return ps.push_rows_async(parts), keys.ids.nbytes + rows.nbytes
+    if advance is None:
+        parts = {t: (ids[a:b], by_table[a:b]) for t, a, b in runs}
+        return ps.push_rows_async(parts), keys.ids.nbytes + rows.nbytes
+    adv = np.asarray(advance, np.uint64)[order]
+    handle, clock_bytes = ps.push_rows_clocked_async({t: (ids[a:b], by_table[a:b], adv[a:b]) for t, a, b in runs},
+                                                     read_clocks)
+    done: list = []
+
+    def wait():   # may be called again: the reply is kept
+        if not done:
+            got, received = handle.wait()
+            clocks = None
+            if got is not None:
+                clocks = np.empty(len(keys), np.uint64)
+                clocks[order] = np.concatenate([got[t] for t, _, _ in runs])
+            done.append((clocks, received))
+        return done[0]
+
+    wait.wait = wait
+    return wait, keys.ids.nbytes + rows.nbytes + clock_bytes
 
 
 def push_rows(ps: PSClient, keys: KeySet, rows: np.ndarray) -> int:
@@ -83,7 +173,8 @@ def push_rows(ps: PSClient, keys: KeySet, rows: np.ndarray) -> int:
 
 
 def member(keys: KeySet, of: KeySet) -> np.ndarray:
-    """bool [len(keys)]: whether each (table, id) of ``keys`` is in ``of`` (exact: ids compared whole)."""
+    """bool [len(keys)]: whether each (table, id) of ``keys`` is in ``of`` (exact: ids compared whole;
+    used by the executor and by NOTE [bounded reads])."""
     out = np.zeros(len(keys), bool)
     if not len(keys) or not len(of):
         return out

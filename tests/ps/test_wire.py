@@ -10,7 +10,7 @@ import zmq
 from herald.errors import ProtocolError
 from herald.ps import TableConfig, shard_of
 from herald.ps.server import ShardServer
-from herald.ps.wire import PART_FRAMES, PS
+from herald.ps.wire import CLOCK_DTYPES, PART_FRAMES, PS
 
 
 def _frames(msg):
@@ -30,7 +30,7 @@ def test_round_trip_is_zero_copy_views():
 
 def test_part_frames_use_the_protocol_dtypes():
     payloads = {"<f2", "<u2", "|i1"}   # NOTE [wire compression]
-    assert {dt for spec in PART_FRAMES.values() for _, dt in spec} | payloads == PS.dtypes
+    assert {dt for spec in PART_FRAMES.values() for _, dt in spec} | payloads | set(CLOCK_DTYPES) == PS.dtypes
 
 
 @pytest.mark.parametrize("bad", [

@@ -16,7 +16,8 @@ from herald.ps import OptimizerConfig, TableConfig
 from herald.ps.server import ShardServer
 from herald.scheduler.plan import CachePlan, KeySet
 from herald.worker import psio
-from herald.worker.consistency_bounded import Bounded, check_valid, member
+from herald.worker.consistency_bounded import Bounded, check_valid
+from herald.worker.psio import member
 from herald.worker.executor import PlanExecutor
 from herald.worker.protocol import registered
 
@@ -109,7 +110,8 @@ def test_a_stale_read_holds_the_workers_own_updates_and_none_is_lost(ps_address)
         assert stats.get("gap_max", 0) == 0                          # nothing is missing: no other worker
         cached = ex.cache.read(ex.cache.slots(key))
         assert np.array_equal(cached, psio.pull_keys(ex.ps, key, ex.cache.row_width))
-        assert ex.ps.clocks_async({0: (key.ids, _u(0))}).wait()[0].tolist() == [6]   # one application per step
+        handle, _ = ex.ps.pull_clocked_async({0: (key.ids, _u())}, 0)
+        assert handle.wait()[0][0][0].tolist() == [6]   # c_g: one application per step
         _step(protocol, 6, 11, evict=True)   # dropped without write-back, pulled again: the PS copy is latest
         assert np.array_equal(ex.cache.read(ex.cache.slots(key)), psio.pull_keys(ex.ps, key, ex.cache.row_width))
     finally:

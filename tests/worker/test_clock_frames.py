@@ -1,0 +1,110 @@
+"""NOTE [clock frames] through the client and the worker's PS I/O: a conditional pull and
+clock advances on push_rows against two in-process shards, requests split by shard and by
+``max_keys_per_request``, and the bytes the executor counts."""
+
+from __future__ import annotations
+
+import pathlib
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from herald.job.spec import JobSpec
+from herald.ps import OptimizerConfig, PSClient, TableConfig
+from herald.ps.server import ShardServer
+from herald.scheduler.plan import CachePlan, KeySet
+from herald.worker import psio
+from herald.worker.executor import PlanExecutor
+
+TABLES = (TableConfig("a", 4, OptimizerConfig("adagrad", lr=0.1)),
+          TableConfig("b", 4, OptimizerConfig("adagrad", lr=0.2)))
+WIDTH = TABLES[0].row_width
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    """Two PS shards served in-process on threads; stopped afterwards."""
+    servers, threads, addresses = [], [], []
+    for s in range(2):
+        server = ShardServer(s, 2, "tcp://127.0.0.1:*", TABLES, seed=0)
+        ready = pathlib.Path(tmp_path_factory.mktemp(f"ps{s}")) / "ready"
+        thread = threading.Thread(target=server.serve, kwargs={"ready_file": str(ready), "poll_ms": 20}, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 60   # the first run may compile the shard's kernels
+        while not ready.exists():
+            assert thread.is_alive() and time.monotonic() < deadline, "in-process PS shard did not start"
+            time.sleep(0.01)
+        servers.append(server)
+        threads.append(thread)
+        addresses.append(ready.read_text().strip())
+    yield addresses
+    for server, thread in zip(servers, threads):
+        server.stop()
+        thread.join(5)
+
+
+def _keys(n, table_of, base=1000):
+    ids = np.arange(base, base + n, dtype=np.uint64) * np.uint64(7919)
+    return KeySet(np.array([table_of(i) for i in range(n)], np.int32), ids)
+
+
+@pytest.mark.parametrize("wire_dtype", ["fp32", "int8"])
+def test_conditional_pull_and_advances_across_shards_and_split_requests(shards, wire_dtype):
+    ps = PSClient(shards, TABLES, timeout_ms=5000, wire_dtype=wire_dtype)
+    ps.max_keys_per_request = 3   # several requests per shard: each part keeps its checked keys first
+    try:
+        keys = _keys(24, lambda i: i % 2, base=2000 if wire_dtype == "fp32" else 3000)   # fresh clocks
+        rows = np.random.default_rng(0).standard_normal((24, WIDTH)).astype(np.float32)
+        rows[:, 4:] = np.abs(rows[:, 4:])   # Adagrad sums
+        advance = np.arange(24, dtype=np.uint64) * np.uint64(100 if wire_dtype == "fp32" else 1)
+        handle, sent = psio.push_rows_async(ps, keys, rows, advance, read_clocks=True)
+        c_g, received = handle.wait()
+        assert np.array_equal(c_g, advance) and sent > keys.ids.nbytes + rows.nbytes and received > 0
+        plain = psio.pull_keys(ps, keys, WIDTH)
+        # checked copies: every third key, at c_c = c_g - 2 (valid under s = 2) or c_g - 3 (not)
+        checked = np.arange(24) % 3 == 0
+        c_c = advance.copy()
+        c_c[checked & (np.arange(24) % 2 == 0)] -= np.minimum(c_c[checked & (np.arange(24) % 2 == 0)], 2)
+        c_c[checked & (np.arange(24) % 2 == 1)] -= np.minimum(c_c[checked & (np.arange(24) % 2 == 1)], 3)
+        clocked = np.arange(24) % 4 != 1   # some keys go in a plain pull
+        checked &= clocked
+        got = psio.fetch_async(ps, keys, WIDTH, clocked, checked, c_c, 2)()
+        valid = checked & (advance - c_c <= 2)
+        assert valid.any() and (checked & ~valid).any()
+        assert np.array_equal(got.fetched, ~valid)
+        assert np.array_equal(got.clocks, np.where(clocked, advance, 0))
+        assert np.array_equal(got.rows[~valid], plain[~valid])
+        # keys, fetched rows and clock frames: one byte a key up to 255, two up to 65535 (each frame
+        # as narrow as its values allow)
+        width = 1 if wire_dtype == "int8" else 2
+        assert int(checked.sum()) <= got.pushed <= width * int(checked.sum())
+        assert int(clocked.sum()) <= got.pulled - keys.ids.nbytes - 4 * WIDTH * int((~valid).sum()) <= 2 * int(
+            clocked.sum())
+    finally:
+        ps.close()
+
+
+def test_executor_counts_the_clock_frames(shards):
+    job = JobSpec(tables=TABLES, dense_dim=1, ps=tuple(shards), ps_timeout_ms=5000, capacity_rows=64, num_workers=1)
+    ex = PlanExecutor(job, 0, 1, torch.device("cpu"), cache_device="cpu")
+    try:
+        keys = _keys(8, lambda i: 0)
+        ex.cache.put(keys, np.ones((8, WIDTH), np.float32))
+        plan = CachePlan(KeySet.empty(), np.zeros(0, bool), KeySet.empty(), KeySet.empty(), np.zeros(0, np.uint16),
+                         KeySet.empty(), keys)
+        wait = ex.push_plan(plan, np.full(8, 3, np.uint64))
+        ex.wait_writes()
+        before = psio.pull_keys(ex.ps, keys, WIDTH)
+        assert np.array_equal(before, np.ones((8, WIDTH), np.float32))
+        # rows (4 B x 5) and keys (8 B) out, plus one byte of advance per key; one byte of c_g back per key
+        assert ex.take_traffic() == {"bytes_pulled": 8, "bytes_pushed": 8 * (8 + 4 * WIDTH + 1), "bytes_allreduced": 0}
+        assert wait().tolist() == [3] * 8 and wait().tolist() == [3] * 8   # kept: counted once
+        assert ex.take_traffic()["bytes_pulled"] == 0
+        assert ex.push_plan(plan) is None   # a plain plan push: no clocks
+        ex.wait_writes()
+        assert ex.take_traffic()["bytes_pushed"] == 8 * (8 + 4 * WIDTH)
+    finally:
+        ex.close()
