@@ -85,6 +85,14 @@ class IdFeatureBuffer:
             out.step[hit], out.rank[hit], out.index[hit] = at_step, ranks[at[hit]], rows[at[hit]]
         return out
 
+    def micro_batches(self, step: int) -> list[MicroBatch]:
+        """Every buffered micro-batch of ``step`` (rank order as handed out).
+
+        Raises:
+            KeyError: that step is not in flight.
+        """
+        return list(self._steps[step])
+
     def micro_batch(self, step: int, rank: int) -> MicroBatch:
         """The buffered micro-batch of ``rank`` at ``step``.
 

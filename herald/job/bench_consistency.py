@@ -3,11 +3,22 @@
 Trains the same model on the same data (default: the Criteo sample) under ``bsp``,
 ``bounded`` with s = 1, 4, 16 (HET §4.1), ``hybrid`` (Persia §3-4; its staleness is in
 steps, not updates; docs/consistency.md) and ``gba`` with iota = 0 and 4 (GBA §4.1, M =
-workers; its staleness is in global steps), each once as it is and once
-with one worker slowed (``--slow-worker RANK:MS``; by default MS is BSP's own mean step
-time, so the straggler takes about 2x), in one run, and prints held-out AUC and log loss,
-samples/s, embeddings moved (rows pulled and pushed, by the plan), the pulls the bound
-saved and the observed staleness side by side. ``--out FILE.json`` keeps every figure.
+workers; its staleness is in global steps), each once as it is and once with one worker
+slowed (``--slow-worker RANK:MS``), in one run, and prints held-out AUC and log loss,
+samples/s and its ratio to bsp's, embeddings moved (rows pulled and pushed, by the plan),
+the pulls the bound saved and the observed staleness side by side. ``--out FILE.json``
+keeps every figure.
+
+The straggler's MS (``--straggler``; docs/consistency.md, "Benchmark"):
+
+* ``own`` (default): each mode's straggler sleeps that mode's own mean step time, measured
+  in this run's pass without a straggler, so every straggler takes about twice its own step
+  time (issue 13: "one worker slowed by 2x its step time"). The ratio to bsp + straggler
+  then measures how a mode keeps its own speed when one worker is twice as slow.
+* ``bsp``: every mode's straggler sleeps BSP's mean step time (more than 2x the step of a
+  mode faster than BSP): the same absolute delay for every mode.
+
+``--slow-ms`` overrides both. Every row records the MS its straggler slept (``slow_ms``).
 
 Run as ``herald bench consistency``.
 """
@@ -24,6 +35,8 @@ MODES = (("bsp", "bsp", 0), ("bounded s=1", "bounded", 1), ("bounded s=4", "boun
          ("bounded s=16", "bounded", 16), ("hybrid", "hybrid", 0),
          ("gba iota=0", "gba", 0), ("gba iota=4", "gba", 4))
 NOT_BUILT: tuple[str, ...] = ()
+#: --straggler: whose mean step time the straggler sleeps
+STRAGGLERS = ("own", "bsp")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -34,9 +47,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-ratio", type=float, default=0.1, help="(default: %(default)s)")
     p.add_argument("--embedding-dim", type=int, default=16, help="(default: %(default)s)")
     p.add_argument("--slow-rank", type=int, default=1, help="the straggler's rank (default: %(default)s)")
+    p.add_argument("--straggler", choices=STRAGGLERS, default="own",
+                   help="how long the straggler sleeps per step: own (each mode's own mean step time, measured in "
+                        "this run without a straggler: every straggler takes about 2x its own step) or bsp (BSP's "
+                        "mean step time for every mode) (default: %(default)s)")
     p.add_argument("--slow-ms", type=int, default=None,
-                   help="the straggler's extra milliseconds per step (default: BSP's mean step time, measured "
-                        "in this run: the straggler takes about twice as long)")
+                   help="the straggler's extra milliseconds per step, for every mode (overrides --straggler)")
     p.add_argument("--run-dir", default="runs/bench-consistency", help="job folders (default: %(default)s)")
     p.add_argument("--modes", default=",".join(label for label, _, _ in MODES),
                    help="comma-separated labels of the modes to run (default: all: %(default)s)")
@@ -66,11 +82,31 @@ def _config(args: argparse.Namespace, mode: str, staleness: int, slow: str | Non
                        run_dir=str(pathlib.Path(args.run_dir) / name))
 
 
+def mean_step_ms(args: argparse.Namespace, row: dict) -> int:
+    """A run's mean step time in ms (one global batch of ``workers x batch_size`` samples)
+    from its samples/s; at least 1."""
+    return max(1, round(1000 * args.workers * args.batch_size / row["samples_per_second"]))
+
+
+def straggler_ms(args: argparse.Namespace, label: str, results: dict) -> int:
+    """The straggler's sleep per step for mode ``label``: ``--slow-ms`` if given, else the
+    mean step time of ``label``'s (``--straggler own``) or bsp's (``bsp``) run without a
+    straggler, from ``results`` (label -> :func:`summarize` row)."""
+    if args.slow_ms is not None:
+        return int(args.slow_ms)
+    return mean_step_ms(args, results[label if getattr(args, "straggler", "own") == "own" else "bsp"])
+
+
 def run(args: argparse.Namespace) -> dict:
+    """Every chosen mode without, then with a straggler; returns ``{row key: summarize row +
+    mode, straggler, slow_ms, vs_bsp}`` (also printed, and written to ``--out``).
+
+    Raises:
+        ConfigError: an unknown label in ``--modes``, or no bsp.
+    """
     from herald.job.launcher import run_train
 
     results: dict = {}
-    slow_ms = args.slow_ms
     chosen = [m.strip() for m in getattr(args, "modes", "bsp").split(",") if m.strip()]
     unknown = sorted(set(chosen) - {label for label, _, _ in MODES})
     if unknown or "bsp" not in chosen:
@@ -78,44 +114,61 @@ def run(args: argparse.Namespace) -> dict:
 
         raise ConfigError(f"--modes: unknown {unknown} or no bsp (the baseline); choose among "
                           f"{[label for label, _, _ in MODES]}")
+    plain: dict = {}   # label -> its row without a straggler
     for straggler in (False, True):
         for label, mode, s in (m for m in MODES if m[0] in chosen):
-            if straggler and slow_ms is None:
-                bsp = results["bsp"]
-                slow_ms = max(1, round(1000 * args.workers * args.batch_size / bsp["samples_per_second"]))
+            slow_ms = straggler_ms(args, label, plain) if straggler else None
             slow = f"{args.slow_rank}:{slow_ms}" if straggler else None
             key = label + (f" + slow {slow}" if straggler else "")
             print(f"--- {key}", flush=True)
             rep = run_train(_config(args, mode, s, slow, key.replace(" ", "_").replace(":", "-").replace("=", "")),
                             progress=False)
-            results[key] = summarize(rep)
+            row = {**summarize(rep), "mode": label, "straggler": straggler, "slow_ms": slow_ms}
+            results[key] = row
+            if not straggler:
+                plain[label] = row
+    add_ratios(results)
     print_table(results)
     if NOT_BUILT:
         print(f"not built yet (not run): {', '.join(NOT_BUILT)}")
     if args.out:
         pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        pathlib.Path(args.out).write_text(json.dumps({"results": results, "not_built": list(NOT_BUILT),
-                                                      "slow_ms": slow_ms}, indent=2))
+        definition = "slow-ms" if args.slow_ms is not None else getattr(args, "straggler", "own")
+        pathlib.Path(args.out).write_text(json.dumps(
+            {"results": results, "not_built": list(NOT_BUILT), "straggler": definition,
+             "slow_ms": {r["mode"]: r["slow_ms"] for r in results.values() if r["straggler"]}}, indent=2))
         print(f"written {args.out}")
     return results
 
 
+def add_ratios(results: dict) -> None:
+    """Set each row's ``vs_bsp``: its samples/s over the bsp row of the same pass (rows
+    without a straggler over bsp, rows with one over bsp + straggler); NaN if none."""
+    base = {r["straggler"]: r["samples_per_second"] for r in results.values() if r["mode"] == "bsp"}
+    for r in results.values():
+        b = base.get(r["straggler"])
+        r["vs_bsp"] = r["samples_per_second"] / b if b else float("nan")
+
+
 def print_table(results: dict) -> None:
-    """A markdown table of :func:`summarize` rows, keyed by the run's label."""
-    print("\n| mode | AUC | log loss | samples/s | embeddings moved | update pulls | pulls saved | rereads "
-          "| staleness max / mean | worker<->PS MiB |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    """A markdown table of :func:`summarize` rows (with ``vs_bsp`` and ``slow_ms``), keyed by the run's label."""
+    print("\n| mode | straggler ms | AUC | log loss | samples/s | vs bsp | embeddings moved | update pulls "
+          "| pulls saved | rereads | staleness max / mean | worker<->PS MiB |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for key, r in results.items():
-        print(f"| {key} | {r['auc']:.4f} | {r['logloss']:.4f} | {r['samples_per_second']:,.0f} | "
-              f"{r['embeddings_moved']:,} | {r['update_pulls']:,} | {r['pulls_saved']:,} | {r['rereads']:,} | "
-              f"{r['max_staleness']} / {r['mean_staleness']:.3f} | {r['wire_bytes'] / 2**20:.2f} |")
+        slow = "-" if r.get("slow_ms") is None else str(r["slow_ms"])
+        print(f"| {key} | {slow} | {r['auc']:.4f} | {r['logloss']:.4f} | {r['samples_per_second']:,.0f} | "
+              f"{r.get('vs_bsp', float('nan')):.2f}x | {r['embeddings_moved']:,} | {r['update_pulls']:,} | "
+              f"{r['pulls_saved']:,} | {r['rereads']:,} | {r['max_staleness']} / {r['mean_staleness']:.3f} | "
+              f"{r['wire_bytes'] / 2**20:.2f} |")
 
 
 def register(bench) -> None:
     """Add ``herald bench consistency``."""
     b = bench.add_parser("consistency", help="bsp, bounded (s = 1, 4, 16), hybrid and gba (iota = 0, 4), "
-                                             "with and without a straggler: "
-                                             "AUC, log loss, samples/s, transmissions (same run)",
+                                             "with and without a straggler (2x each mode's own "
+                                             "step by default): AUC, log loss, samples/s and its ratio to bsp, "
+                                             "transmissions (same run)",
                          description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(b)
     b.set_defaults(func=lambda args: (run(args), 0)[1])

@@ -12,6 +12,9 @@ from herald.dispatch.hybrid import (
     GradientPusher,
     HybridEmbeddingWorker,
     expand_gradients,
+    merge_ranks,
+    rank_key_sums,
+    step_union,
     sum_per_key,
 )
 from herald.dispatch.idbuffer import IdFeatureBuffer
@@ -155,10 +158,58 @@ def test_a_gradient_older_than_the_expiry_is_dropped_and_counted():
         hw.close()
 
 
+def test_all_tables_at_once_equal_the_per_table_expansion_and_sum():
+    """step_union + rank_key_sums + merge_ranks (every table in one pass) push exactly what
+    expand_gradients + sum_per_key give table by table, over ranks in rank order, for a
+    permuted ack, empty bags and keys shared by both ranks."""
+    rng = np.random.default_rng(7)
+    tables, dim, b = 3, 4, 6
+    mbs, acks = [], []
+    for rank in range(2):
+        lengths = [rng.integers(0, 3, b) for _ in range(tables)]
+        offsets = [np.concatenate(([0], np.cumsum(n))) for n in lengths]
+        values = [rng.integers(0, 5, int(n.sum())) for n in lengths]
+        mb = _mb(5, rank, rank * b, values, offsets)
+        perm = rng.permutation(b)
+        mbs.append(mb)
+        acks.append((perm, rng.standard_normal((b, tables, dim)).astype(np.float32)))
+    table, keys, rows = step_union(mbs)
+    for mb, r in zip(mbs, rows):   # each distinct id's row in the step's sorted key list
+        mine = np.repeat(np.arange(tables), np.diff(mb.id_bounds))
+        assert (table[r] == mine).all() and (keys[r] == mb.ids_flat).all()
+    assert np.unique(np.stack([table, keys.astype(np.int64)]), axis=1).shape[1] == keys.shape[0]
+    per_rank = [rank_key_sums(mb, perm, g, r, keys.shape[0]) for mb, (perm, g), r in zip(mbs, acks, rows)]
+    got = merge_ranks(table, keys, per_rank, tables)
+    buf = IdFeatureBuffer(100)
+    buf.put(5, mbs)
+    for t in range(tables):
+        ids, grads = [], []
+        for rank, (perm, g) in enumerate(acks):
+            feats, lengths = buf.features(5, rank, perm, t)
+            ids.append(feats)
+            grads.append(expand_gradients(feats, lengths, g[:, t, :]))
+        want_keys, sums = sum_per_key(np.concatenate(ids), np.concatenate(grads))
+        if not want_keys.shape[0]:
+            assert t not in got
+            continue
+        assert got[t][0].tolist() == want_keys.tolist() and got[t][1].dtype == np.float32
+        np.testing.assert_allclose(got[t][1], sums.astype(np.float32), rtol=1e-6, atol=1e-7)
+    only = merge_ranks(table, keys, [rank_key_sums(mbs[0], np.array([2]), acks[0][1][:1], rows[0], keys.shape[0])],
+                       tables)   # one sample only: its keys, no other
+    for t in range(tables):
+        want = sorted(set(mbs[0].values(t)[mbs[0].offsets[t][2]:mbs[0].offsets[t][3]].tolist()))
+        assert (only[t][0].tolist() if t in only else []) == want
+    assert merge_ranks(table, keys, [], tables) == {}
+
+
 def test_gradients_for_samples_not_in_the_micro_batch_are_refused():
     log: list = []
     hw, buf = _worker(log), _buffer()
     try:
+        twice = _ack(MB0, np.zeros((2, 2, 2)))
+        twice[2] = np.repeat(MB0.sample_ids[:1], 2)
+        with pytest.raises(ProtocolError, match="two gradients for one sample"):
+            hw.receive(5, 0, twice, buf, newest_step=5)
         with pytest.raises(ProtocolError, match="not in its micro-batch"):
             hw.receive(5, 0, _ack(MB1, np.zeros((2, 2, 2))), buf, newest_step=5)   # rank 1's samples
         with pytest.raises(ProtocolError, match="no gradients"):
