@@ -24,6 +24,32 @@ apply_row_inline_jit = nb.njit(nogil=True, inline="always")(ps_kernels.apply_row
 
 
 @nb.njit(cache=True, nogil=True)
+def pairs_sorted_jit(table, ids):
+    """Whether (table int32 [n], ids uint64 [n]) is sorted by table, then id (ties allowed)."""
+    for i in range(1, table.shape[0]):
+        if table[i] < table[i - 1] or (table[i] == table[i - 1] and ids[i] < ids[i - 1]):
+            return False
+    return True
+
+
+@nb.njit(cache=True, nogil=True)
+def member_jit(k_table, k_ids, o_table, o_ids, out):
+    """out[i] = whether (k_table[i], k_ids[i]) is one of the pairs (o_table, o_ids), which
+    are sorted by table, then id (:func:`pairs_sorted_jit`); binary search, ids compared whole."""
+    m = o_table.shape[0]
+    for i in range(k_table.shape[0]):
+        t, x = k_table[i], k_ids[i]
+        lo, hi = 0, m
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if o_table[mid] < t or (o_table[mid] == t and o_ids[mid] < x):
+                lo = mid + 1
+            else:
+                hi = mid
+        out[i] = lo < m and o_table[lo] == t and o_ids[lo] == x
+
+
+@nb.njit(cache=True, nogil=True)
 def positions_jit(uniq, bounds, q_tab, q_key, out):
     """out[i] = row of (q_tab[i], q_key[i]) in ``uniq`` (uint64 [u], each table's ids
     sorted, table t at ``uniq[bounds[t]:bounds[t + 1]]``), by binary search.

@@ -15,7 +15,7 @@ import numpy as np
 from herald.errors import ProtocolError
 from herald.ps import PSClient
 from herald.scheduler.plan import KeySet
-from herald.worker.kernels import positions_jit
+from herald.worker.kernels import member_jit, pairs_sorted_jit, positions_jit
 
 
 def table_groups(table: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
@@ -178,10 +178,11 @@ def member(keys: KeySet, of: KeySet) -> np.ndarray:
     out = np.zeros(len(keys), bool)
     if not len(keys) or not len(of):
         return out
-    other = {t: of.ids[m] for t, m in table_groups(of.table)}
-    for t, m in table_groups(keys.table):
-        if t in other:
-            out[m] = np.isin(keys.ids[m], other[t])
+    o_table, o_ids = of.table.astype(np.int32, copy=False), of.ids
+    if not pairs_sorted_jit(o_table, o_ids):   # the plan's KeySets mostly are: then no sort
+        order = np.lexsort((o_ids, o_table))
+        o_table, o_ids = o_table[order], o_ids[order]
+    member_jit(keys.table.astype(np.int32, copy=False), keys.ids, o_table, o_ids, out)
     return out
 
 

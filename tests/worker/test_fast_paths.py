@@ -161,6 +161,26 @@ def test_member_is_exact_per_table():
     assert member(keys, of).tolist() == [True, False, True, False]
 
 
+def test_member_equals_a_set_of_pairs_sorted_or_not():
+    """The binary search over (table, id) pairs (sorted first when they are not) answers what
+    a Python set of the pairs does: repeated pairs, ids >= 2**63, empty sides."""
+    from herald.scheduler.plan import KeySet
+    from herald.worker.psio import member
+
+    rng = np.random.default_rng(7)
+    for trial in range(200):
+        n, m = (int(x) for x in rng.integers(0, 300, 2))
+        pool = rng.integers(0, 2**64 if trial % 2 else 40, size=50, dtype=np.uint64)
+        keys = KeySet(rng.integers(0, 4, n).astype(np.int32), rng.choice(pool, n))
+        of = KeySet(rng.integers(0, 4, m).astype(np.int32), rng.choice(pool, m))
+        if trial % 3 == 0:   # the plan's KeySets come sorted: the path without a sort
+            order = np.lexsort((of.ids, of.table))
+            of = KeySet(of.table[order], of.ids[order])
+        pairs = set(zip(of.table.tolist(), of.ids.tolist()))
+        want = [(t, i) in pairs for t, i in zip(keys.table.tolist(), keys.ids.tolist())]
+        assert member(keys, of).tolist() == want
+
+
 def _executor(world_size: int):
     """A PlanExecutor over a host cache and a fake PS (no sockets)."""
     from herald.phases import PhaseTimer
