@@ -75,7 +75,11 @@ def _committed(bootstrap, topic) -> KafkaPosition:
         consumer.close()
 
 
-def test_kill_minus_9_then_resume_trains_every_record(tmp_path, data_dir, kafka_broker, kafka_topic):
+@pytest.mark.parametrize("mode", [[], ["--consistency", "gba", "--gba-threshold", "0"]], ids=["bsp", "gba"])
+def test_kill_minus_9_then_resume_trains_every_record(tmp_path, data_dir, kafka_broker, kafka_topic, mode):
+    """At-least-once delivery across a kill -9, under BSP and under GBA (iota = 0): NOTE
+    [gba checkpoints] (herald/dispatch/gba.py) says a GBA checkpoint commits the offsets as
+    BSP's does. ``kafka_topic`` is a fresh topic per parametrization."""
     source = data_dir / "criteo" / "criteo_kaggle_sample_train.tsv"
     total = 1530
     subprocess.run([sys.executable, "-m", "herald", "produce", "--bootstrap", kafka_broker, "--topic", kafka_topic,
@@ -85,7 +89,7 @@ def test_kill_minus_9_then_resume_trains_every_record(tmp_path, data_dir, kafka_
     kill_after = random.Random(7).randrange(6, steps_total - 3)
     run_dir = tmp_path / "run"
 
-    job = subprocess.Popen(_train_cmd(kafka_broker, kafka_topic, run_dir), stdout=subprocess.DEVNULL,
+    job = subprocess.Popen(_train_cmd(kafka_broker, kafka_topic, run_dir, *mode), stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while _logged(run_dir).size < kill_after * STEP_SAMPLES:
@@ -109,9 +113,12 @@ def test_kill_minus_9_then_resume_trains_every_record(tmp_path, data_dir, kafka_
     ckpts = run_dir / "checkpoints"
     meta = json.loads((ckpts / (ckpts / "latest").read_text().strip() / "meta.json").read_text())
     ckpt = KafkaPosition.from_dict(meta["source_position"])   # where the resumed job starts
-    done = subprocess.run(_train_cmd(kafka_broker, kafka_topic, run_dir, "--resume"), capture_output=True,
+    done = subprocess.run(_train_cmd(kafka_broker, kafka_topic, run_dir, *mode, "--resume"), capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
+    consistency = json.loads((run_dir / "report.json").read_text())["consistency"]
+    assert consistency["mode"] == ("gba" if mode else "bsp")
+    assert consistency.get("dropped_or_decayed", 0) == 0   # iota = 0: GBA is exactly BSP
     trained = _logged(run_dir)
     everything = _ids_before(KafkaPosition(kafka_topic, {0: (total // ROWS_PER_MESSAGE, total % ROWS_PER_MESSAGE)}),
                              ROWS_PER_MESSAGE, total)
