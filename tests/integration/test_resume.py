@@ -186,17 +186,29 @@ def test_dispatcher_state_is_validated(sources):
             disp.state_dict()
 
 
-def test_a_killed_ps_shard_fails_over_to_the_latest_checkpoint(tmp_path, sources):
+#: --consistency flags of the failover test: BSP, and GBA with iota = 0 (NOTE [gba checkpoints]).
+_FAILOVER_MODES = {"bsp": {}, "gba": {"consistency": "gba", "gba_threshold": 0}}
+
+
+@pytest.mark.parametrize("mode", sorted(_FAILOVER_MODES))
+def test_a_killed_ps_shard_fails_over_to_the_latest_checkpoint(tmp_path, sources, mode):
     """NOTE [ps failover] (herald/job/launcher.py): kill -9 of the PS shard after the
     first checkpoint; with --ps-restarts 1 the job rolls back to that checkpoint, goes
-    on, and ends with the model of an uninterrupted run."""
+    on, and ends with the model of an uninterrupted run of the same mode.
+
+    Under GBA the replacement shard's gradient buffer lives as long as the shard (NOTE
+    [gba tokens] in herald/ps/gba.py): it must start at the checkpoint's next global step
+    (the ``base`` of every GBA request, NOTE [gba checkpoints]), so the resumed attempt
+    applies exactly M = 2 fresh contributions for each global step after the checkpoint."""
     from proc_tree import children
 
-    source = sources["parquet"]
+    source, extra = sources["parquet"], _FAILOVER_MODES[mode]
     whole, failed = tmp_path / "whole", tmp_path / "failover"
-    _train(source, whole, STEPS)
-    job = subprocess.Popen(_cli(source, failed, STEPS) + ["--ps-restarts", "1"], stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True, start_new_session=True)
+    run_train(TrainConfig(**_flags(source, whole, STEPS), **extra), progress=False)
+    args = _cli(source, failed, STEPS) + ["--ps-restarts", "1"]
+    for key, value in extra.items():
+        args += ["--" + key.replace("_", "-"), str(value)]
+    job = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         latest = failed / "checkpoints" / "latest"
         deadline = time.monotonic() + 120
@@ -214,4 +226,17 @@ def test_a_killed_ps_shard_fails_over_to_the_latest_checkpoint(tmp_path, sources
     assert "rolling the job back to checkpoint" in err and "PS shard 0" in err, err[-3000:]
     report = json.loads((failed / "report.json").read_text())
     assert len(report["failovers"]) == 1 and report["failovers"][0]["rolled_back_to"].startswith("step-")
+    rolled_back = int(report["failovers"][0]["rolled_back_to"][len("step-"):])
+    assert report["steps"] == STEPS - rolled_back - 1, "the resumed attempt trains from the checkpoint's next step"
+    consistency = report["consistency"]
+    assert consistency["mode"] == mode
+    if mode == "gba":
+        # shard 0's replies: every contribution of tokens rolled_back + 1 .. STEPS - 1 reached the
+        # replacement buffer standing at its own token (staleness 0; iota = 0 gates every read, so
+        # no push comes before its step): the buffer started at the checkpoint's next global step
+        assert consistency["contributions"] == WORKERS * (STEPS - rolled_back - 1)
+        assert consistency["max_staleness_observed"] == 0 and consistency["mean_staleness"] == 0.0
+        assert consistency["dropped_or_decayed"] == 0
+        meta = json.loads((failed / f"checkpoints/step-{STEPS - 1:08d}/meta.json").read_text())
+        assert meta["consistency"]["mode"] == "gba" and meta["dispatcher"]["next_step"] == STEPS
     _assert_same_model(failed, whole)
