@@ -37,7 +37,7 @@ def test_bounded_reads_stay_within_the_bound_and_save_pulls(tmp_path, data_dir):
     assert 0 < c["mean_staleness"] <= s
     assert c["rereads"] > 0, "the bound was never reached"
     assert rep["transmissions"]["update_pull"] == bsp["transmissions"]["update_pull"] - c["stale_reads"]
-    # bytes: the rows not pulled against the clock requests (24 B per shared key asked): docs/consistency.md
+    # bytes: the rows not pulled against the clock frames (NOTE [clock frames]): docs/consistency.md
     assert "consistency bounded (staleness=2)" in (tmp_path / "bounded" / "report.txt").read_text()
 
 
