@@ -65,21 +65,15 @@ def _serve_dispatcher(args: argparse.Namespace) -> int:
 
 def dispatcher_config(cfg, args: argparse.Namespace):
     """The :class:`~herald.dispatch.records.DispatcherConfig` of ``herald serve dispatcher``:
-    the job's settings (``cfg``, a :class:`~herald.job.spec.TrainConfig`: workers,
-    ``--max-inflight-steps``, ``--timeout-ms``, keys, ``--checkpoint-every``) and this
-    process's ``--bind`` and ``--dispatcher-rank`` (``args``), as ``herald train`` and the
-    test bed's dispatcher build it.
+    the job's settings (``cfg``, a :class:`~herald.job.spec.TrainConfig`) with this process's
+    ``--bind`` and ``--dispatcher-rank`` (``args``): :func:`herald.job.launcher.dispatcher_config`.
 
     Raises:
         ConfigError: a setting out of range (named by its flag).
     """
-    from herald.dispatch.dispatcher import DispatcherConfig
-    from herald.job.flags import flag_errors
+    from herald.job.launcher import dispatcher_config as job_dispatcher_config
 
-    with flag_errors():
-        return DispatcherConfig(num_workers=cfg.workers, bind=args.bind, max_inflight_steps=cfg.max_inflight_steps,
-                                peer_timeout_ms=cfg.timeout_ms, keys_dir=cfg.keys_dir, insecure=cfg.insecure,
-                                dispatcher_rank=args.dispatcher_rank, checkpoint_every_steps=cfg.checkpoint_every)
+    return job_dispatcher_config(cfg, bind=args.bind, dispatcher_rank=args.dispatcher_rank)
 
 
 def _checkpoints(cfg):

@@ -22,10 +22,12 @@ synchronously and the embeddings asynchronously. In herald (``--consistency hybr
 4. **Expansion and push.** The dispatcher resolves the sample ids in its buffer
    (:meth:`IdFeatureBuffer.resolve`) to the ID features of each sample; with sum pooling
    each id of a bag receives the bag's gradient (:func:`expand_gradients`), summed per
-   (table, id) in float64 (:func:`sum_per_key`). Both run as each ack arrives, for every
-   table at once from the micro-batch's flat arrays, into the step's key list computed at
-   its first ack (:func:`step_union`, :func:`rank_key_sums`); once a step's acks are all
-   in, the ranks' sums are added per key in rank order (:func:`merge_ranks`)
+   (table, id) in float64 (:func:`sum_per_key`): these two, table by table, are the
+   definition, and the reference the tests hold the fast path to. The dispatcher computes
+   the same as each ack arrives, every table at once from the micro-batch's flat arrays,
+   into the step's key list made at its first ack (:func:`step_union`,
+   :func:`rank_key_sums`); once a step's acks are all in, the ranks' sums are added per
+   key in rank order (:func:`merge_ranks`)
    and pushed to the PS shards as one contribution per key
    (``contributors`` 1: the shard applies the sparse optimizer once per key and step, NOTE
    [ps aggregation]) by a background thread with its own PS client

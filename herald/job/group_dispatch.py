@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from herald.dispatch.dispatcher import Dispatcher, DispatcherConfig, StepRecord
+from herald.dispatch.dispatcher import Dispatcher, StepRecord
 from herald.dispatch.microbatch import make_sample_ids
 from herald.errors import ConfigError, HeraldError
 from herald.loader.batch import SampleBatch
@@ -239,10 +239,7 @@ def run_group_attempt(cfg: Any, *, progress: bool, on_finish, failovers: list[di
             with contextlib.ExitStack() as stack:
                 disps = []
                 for g in range(G):
-                    with flag_errors():
-                        disp_cfg = DispatcherConfig(num_workers=k, max_inflight_steps=cfg.max_inflight_steps,
-                                                    peer_timeout_ms=cfg.timeout_ms, dispatcher_rank=g,
-                                                    keys_dir=cfg.keys_dir, insecure=cfg.insecure)
+                    disp_cfg = L.dispatcher_config(cfg, num_workers=k, dispatcher_rank=g)
                     disps.append(stack.enter_context(Dispatcher(
                         disp_cfg, views[g], new_scheduler, job.replace(group_index=g), on_step=on_step,
                         liveness=lambda: (ps_alive(), children.check()), sample_id_log=id_log)))

@@ -125,6 +125,23 @@ def raise_job_failure(exc: HeraldError, ps_alive: Any, children: Supervisor) -> 
     raise exc
 
 
+def dispatcher_config(cfg: TrainConfig, **overrides: Any) -> DispatcherConfig:
+    """The :class:`DispatcherConfig` of a job: the job's settings (workers,
+    ``--max-inflight-steps``, ``--timeout-ms``, ``--checkpoint-every``, keys) with this
+    dispatcher's ``overrides`` (``bind``, ``dispatcher_rank``, a group's ``num_workers``).
+    The one place ``herald train``, the group launcher, ``herald serve dispatcher`` and the
+    test bed's dispatcher build it.
+
+    Raises:
+        ConfigError: a setting out of range (named by its flag).
+    """
+    settings = dict(num_workers=cfg.workers, max_inflight_steps=cfg.max_inflight_steps,
+                    peer_timeout_ms=cfg.timeout_ms, checkpoint_every_steps=cfg.checkpoint_every,
+                    keys_dir=cfg.keys_dir, insecure=cfg.insecure)
+    with flag_errors():
+        return DispatcherConfig(**{**settings, **overrides})
+
+
 def finish_job(data: JobData, job: JobSpec, ps: PSClient, addresses: Any, run_dir: pathlib.Path,
                on_finish) -> tuple[dict, dict, dict]:
     """After training: the PS shards' stats, ``on_finish(addresses, job)``, the held-out
@@ -201,10 +218,7 @@ def _run_attempt(cfg: TrainConfig, *, progress: bool, on_finish, failovers: list
         use_ckpt = ckpts.enabled
         bar = report_mod.Progress(cfg, enabled=progress, total_steps=data.total_steps(cfg),
                                   skipped=lambda: data.batches.skipped)
-        with flag_errors():
-            disp_cfg = DispatcherConfig(num_workers=cfg.workers, max_inflight_steps=cfg.max_inflight_steps,
-                                        peer_timeout_ms=cfg.timeout_ms, checkpoint_every_steps=cfg.checkpoint_every,
-                                        keys_dir=cfg.keys_dir, insecure=cfg.insecure)
+        disp_cfg = dispatcher_config(cfg)
         interrupted = None
         try:
             with Dispatcher(disp_cfg, data.batches, new_scheduler, job, on_step=bar.update,

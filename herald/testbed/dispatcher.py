@@ -86,22 +86,20 @@ def serve(cfg, bind: str, ps: list[str], *, save_ps: str | None = None, dense_ti
         ConfigError: bad settings or keys; ShardLost: a PS shard was lost (exit status 75,
         NOTE [ps failover across hosts]); HeraldError / PeerTimeout: a worker failed.
     """
-    from herald.dispatch.dispatcher import Dispatcher, DispatcherConfig
+    from herald.dispatch.dispatcher import Dispatcher
     from herald.job import report as report_mod
     from herald.job.checkpoints import DispatcherCheckpoints
     from herald.job.data import JobData
     from herald.job.failover import serve_watched, watch_shards
-    from herald.job.spec import JobSpec, flag_errors
+    from herald.job.launcher import dispatcher_config
+    from herald.job.spec import JobSpec
     from herald.ps import PSClient
 
     run_dir = pathlib.Path(cfg.run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     for stale in run_dir.glob("dense-rank*.pt"):
         stale.unlink()
-    with flag_errors():
-        disp_cfg = DispatcherConfig(num_workers=cfg.workers, bind=bind, peer_timeout_ms=cfg.timeout_ms,
-                                    max_inflight_steps=cfg.max_inflight_steps, keys_dir=cfg.keys_dir,
-                                    insecure=cfg.insecure, checkpoint_every_steps=cfg.checkpoint_every)
+    disp_cfg = dispatcher_config(cfg, bind=bind)
     ckpts = DispatcherCheckpoints(run_dir, resume=cfg.resume, enabled=cfg.checkpoint_every > 0,
                                   who="herald test bed dispatcher")
     data = JobData(cfg)

@@ -71,6 +71,7 @@ import dataclasses
 import numpy as np
 
 from herald.dispatch.microbatch import MicroBatch
+from herald.ps.wire import valid_copies
 from herald.scheduler.plan import CachePlan, KeySet
 from herald.worker.executor import PlanExecutor, StepGrads, StepRows
 from herald.worker.protocol import BSP, PROTOCOLS
@@ -78,9 +79,14 @@ from herald.worker.psio import member
 
 
 def check_valid(c_s: np.ndarray, c_c: np.ndarray, c_g: np.ndarray, staleness: int) -> np.ndarray:
-    """HET §4.1 CheckValid: bool [n], ``c_c <= c_s + s and c_g <= c_c + s`` (uint64 [n] clocks)."""
-    s = np.uint64(staleness)
-    return (c_c <= c_s + s) & (c_g <= c_c + s)
+    """HET §4.1 CheckValid: bool [n], ``c_c <= c_s + s and c_g <= c_c + s`` (uint64 [n] clocks):
+    :func:`fresh_enough` (the worker's half) and the shard's :func:`~herald.ps.wire.valid_copies`."""
+    return fresh_enough(c_s, c_c, staleness) & valid_copies(c_c, c_g, staleness)
+
+
+def fresh_enough(c_s: np.ndarray, c_c: np.ndarray, staleness: int) -> np.ndarray:
+    """CheckValid's first condition, checked on the worker: bool [n], ``c_c <= c_s + s``."""
+    return c_c <= c_s + np.uint64(staleness)
 
 
 class Bounded(BSP):
@@ -127,7 +133,7 @@ class Bounded(BSP):
         cand[cand] = self.known[slots[cand]]
         at = np.flatnonzero(cand)   # CheckValid's first condition is local; the shard checks the second
         checked = np.zeros(len(pull), bool)
-        checked[at[self.current[slots[at]] <= self.start[slots[at]] + np.uint64(self.staleness)]] = True
+        checked[at[fresh_enough(self.start[slots[at]], self.current[slots[at]], self.staleness)]] = True
         c_c = np.zeros(len(pull), np.uint64)
         c_c[checked] = self.current[slots[checked]]
         got = ex.pull(mb, clocked=shared, checked=checked, c_c=c_c, staleness=self.staleness)
