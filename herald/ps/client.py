@@ -12,7 +12,8 @@ for a request, retries included. It is cut into ``retries + 1`` attempts of
 ``timeout_ms / (retries + 1)`` each: when an attempt expires, the shard's socket is
 closed and reopened and its outstanding requests re-sent (zguide "Lazy Pirate"); when
 the last one expires, :class:`~herald.errors.PeerTimeout` names the shard (index and
-address) and the operation. So a request waited on from the moment it is sent is
+address) and the operation. A send is bounded too (a DEALER with no peer, e.g. after a
+refused CURVE handshake, blocks): ``SNDTIMEO`` is one attempt, and not queued is failed. So a request waited on from the moment it is sent is
 answered or fails within ``timeout_ms``, never ``(retries + 1) x timeout_ms``.
 Retrying is safe for every op: shards answer a repeated mutating request (same client
 id and request id) from a reply cache instead of applying it twice. A client is not
@@ -140,6 +141,7 @@ class PSClient(ClockOps):
         self._rids = itertools.count(1)
         self._ctx = zmq.Context.instance()
         self._socks: list[zmq.Socket | None] = [None] * len(self.addresses)
+        self._stalled = [False] * len(self.addresses)   # a send on the shard's socket timed out
         self._pending: dict[int, _Request] = {}
         self._replies: dict[int, tuple[dict, list]] = {}
         self._closed = False
@@ -170,11 +172,13 @@ class PSClient(ClockOps):
             old.close(linger=0)
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDTIMEO, max(1, self.timeout_ms // (self.retries + 1)))   # NOTE [ps client deadline]
         PS.configure(sock)
         if self._keys is not None:
             secure_client(sock, self._keys)
         sock.connect(self.addresses[shard])
         self._socks[shard] = sock
+        self._stalled[shard] = False
 
     def _send(self, shard: int, op: str, header: dict, arrays=(), timeout_ms: int | None = None) -> int:
         if self._closed:
@@ -184,8 +188,19 @@ class PSClient(ClockOps):
         frames = PS.pack(header, arrays)
         req = _Request(shard, rid, op, frames, timeout_ms or self.timeout_ms, self.retries + 1)
         self._pending[rid] = req
-        self._socks[shard].send_multipart(frames, copy=False)
+        self._post(req)
         return rid
+
+    def _post(self, req: _Request) -> None:
+        """Queue ``req``, waiting at most ``SNDTIMEO``; if it cannot be, its attempt (and every
+        later one on that socket, without waiting again) fails now: :meth:`_await` retries."""
+        if not self._stalled[req.shard]:
+            try:
+                self._socks[req.shard].send_multipart(req.frames, copy=False)
+                return
+            except zmq.Again:
+                self._stalled[req.shard] = True
+        req.deadline = time.monotonic()
 
     def _collect(self, rids: list[int]) -> list[tuple[dict, list]]:
         """Wait for the replies of ``rids`` (in order), retrying shards that time out.
@@ -271,7 +286,7 @@ class PSClient(ClockOps):
         for r in sorted((r for r in self._pending.values() if r.shard == req.shard), key=lambda r: r.rid):
             r.tries += 1
             r.deadline = time.monotonic() + r.attempt_s
-            self._socks[r.shard].send_multipart(r.frames, copy=False)
+            self._post(r)
 
     def _split(self, table: int, keys: np.ndarray) -> list[tuple[int, np.ndarray | None]]:
         """``[(shard, positions or None for all)]`` for the shards that own some of ``keys``."""

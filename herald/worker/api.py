@@ -221,12 +221,13 @@ class ScheduledLoader:
         sock = ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.IDENTITY, f"worker-{rank}".encode())
+        sock.setsockopt(zmq.SNDTIMEO, timeout_ms)   # no connected dispatcher (e.g. it refused our keys): bounded
         if keys is not None:
             secure_client(sock, keys)
         sock.connect(dispatcher)
         loader = None
         try:
-            sock.send_multipart(wire.pack({"op": "hello", "rank": rank, "world_size": world_size}), copy=False)
+            _send(sock, wire.pack({"op": "hello", "rank": rank, "world_size": world_size}), timeout_ms, dispatcher)
             header, _ = _recv(sock, timeout_ms, dispatcher, "config")
             if header["op"] != "config":
                 raise ProtocolError(f"expected config from the dispatcher, got {header['op']!r}")
@@ -416,7 +417,7 @@ class ScheduledLoader:
 
     # ------------------------------------------------------------- closing
     def _send(self, header: dict[str, Any], arrays: list[np.ndarray] = ()) -> None:
-        self._sock.send_multipart(wire.pack(header, arrays), copy=False)
+        _send(self._sock, wire.pack(header, arrays), self._timeout_ms, self._dispatcher)
 
     def _report_error(self, exc: BaseException) -> None:
         try:
@@ -454,6 +455,14 @@ def _all_finite(tensors: list[torch.Tensor]) -> bool:
     if bool(torch.isfinite(torch.stack([t.sum(dtype=torch.float32) for t in tensors]).sum())):
         return True
     return all(bool(torch.isfinite(t).all()) for t in tensors)
+
+
+def _send(sock: zmq.Socket, frames: list, timeout_ms: int, peer: str) -> None:
+    try:
+        sock.send_multipart(frames, copy=False)   # waits at most SNDTIMEO = timeout_ms
+    except zmq.Again:
+        raise PeerTimeout(f"dispatcher {peer} took no message within {timeout_ms} ms: no connection to it (is it "
+                          "running, and does this worker hold its keys, --keys?)", peer=peer, op="send") from None
 
 
 def _recv(sock: zmq.Socket, timeout_ms: int, peer: str, what: str):

@@ -286,3 +286,26 @@ def test_a_silent_shard_is_named_within_one_timeout_retries_included(shards):
         client.pull("sgd", keys)   # the shard serves again: a new request succeeds
     finally:
         client.close()
+
+
+def test_a_send_with_no_peer_to_take_it_is_bounded_and_retried(shards):
+    """NOTE [ps client deadline]: a DEALER whose only peer is gone (here disconnected; in
+    CI, a shard that refused a keyless client's handshake) blocks on send. That wait is one
+    attempt: the retry reconnects and is answered; without retries, a PeerTimeout names
+    the shard within the timeout."""
+    keys = np.arange(100, dtype=np.uint64)
+    for retries, answered in ((1, True), (0, False)):
+        client = PSClient(shards.addresses, TABLES, timeout_ms=1000, retries=retries)
+        try:
+            expected = client.pull("sgd", keys)
+            client._socks[0].disconnect(shards.addresses[0])
+            client._socks[1].disconnect(shards.addresses[1])
+            t0 = time.monotonic()
+            if answered:
+                assert np.array_equal(client.pull("sgd", keys), expected)
+            else:
+                with pytest.raises(PeerTimeout, match=r"PS shard 0 at .* did not answer pull within 1000 ms"):
+                    client.pull("sgd", keys)
+            assert time.monotonic() - t0 < 2.5
+        finally:
+            client.close()

@@ -288,6 +288,21 @@ def test_silent_dispatcher_mid_job_is_a_peer_timeout_and_the_worker_reports_it(d
         loader.close()
 
 
+def test_a_send_with_no_dispatcher_connected_is_a_bounded_peer_timeout(dispatcher, ps_address):
+    """A DEALER with no connected peer (here disconnected; in a job, a dispatcher that
+    refused this worker's CURVE handshake) blocks on send: the wait is the loader's timeout."""
+    loader = connect(dispatcher, ps_address)
+    try:
+        loader._sock.disconnect(dispatcher.address)
+        t0 = time.monotonic()
+        with pytest.raises(PeerTimeout, match="took no message within") as info:
+            loader._send({"op": "saved", "rank": 0})
+        assert time.monotonic() - t0 <= LOADER_TIMEOUT_MS / 1e3 + 1.0
+        assert info.value.peer == dispatcher.address
+    finally:
+        loader.close()
+
+
 def test_unknown_op_is_a_protocol_error_reported_to_the_dispatcher_first(dispatcher, ps_address):
     loader = connect(dispatcher, ps_address)
     try:
