@@ -33,7 +33,7 @@ demo: $(STAMP)
 # Every test, including integration tests against real PS processes and a real Kafka broker,
 # and the TorchRec interop (so `make test` installs torchrec: `make torchrec`).
 test: $(STAMP) $(TORCHREC_STAMP)
-	$(PY) -m pytest -q --timeout=900 --durations=15 tests
+	$(PY) -m pytest -q --timeout=300 --durations=15 tests
 
 # PS pull/push throughput vs memcpy and bare ZeroMQ (one shard, ~45 s).
 bench-ps: $(STAMP)
