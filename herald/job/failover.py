@@ -16,11 +16,11 @@ manager; on the test bed :func:`herald.testbed.job.run_job`) then restarts the P
 from the checkpoint through the admin op, and gives the workers the checkpoint's dense
 state and its own position) and the workers (fresh caches). Because resume is exact,
 the final model equals an uninterrupted run's; the steps after the checkpoint are
-trained twice. Under ``--consistency gba`` restart *every* shard, as ``herald train``
-and the test bed do: a shard's gradient buffer and global step live as long as the
-shard (NOTE [gba tokens] in herald/ps/gba.py; a restore does not reset them), so a
-surviving shard would refuse the resumed workers' requests, whose ``base`` is the
-checkpoint's next global step (NOTE [gba checkpoints] in herald/dispatch/gba.py).
+trained twice. Under ``--consistency gba`` restarting only the lost shard is enough
+too: the ``restore`` drops a surviving shard's gradient buffer and global step (NOTE
+[gba tokens] in herald/ps/gba.py), which belong to the rolled-back run, and the resumed
+workers' first requests make a new one at their ``base``, the checkpoint's next global
+step (NOTE [gba checkpoints] in herald/dispatch/gba.py).
 """
 
 from __future__ import annotations

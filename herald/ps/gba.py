@@ -269,7 +269,8 @@ def aggregate_rows(pieces: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndar
 # ------------------------------------------------------------------ shard ops
 def _settings(server, header: dict[str, Any]) -> GradientBuffer:
     """The shard's buffer (made by the first GBA request, at global step ``base``: the job's
-    first global step, NOTE [gba checkpoints]), checked against the request's M, iota and base."""
+    first global step, NOTE [gba checkpoints]; a ``restore`` drops it, so the resumed job's
+    first request makes it again), checked against the request's M, iota and base."""
     m = wire.get_int(header, "m", 1, MAX_CAPACITY)
     iota = wire.get_int(header, "iota", 0, MAX_THRESHOLD)
     base = wire.get_int(header, "base", 0, MAX_TOKEN) if "base" in header else 0

@@ -372,6 +372,7 @@ class ShardServer:
         data = checkpoint.load(path, self.shard, self.num_shards, self.seed, self.tables)
         for table, (keys, rows) in zip(self.tables, data):
             table.load(keys, rows)
+        self.gba = None   # its global step and buffered contributions belong to the rolled-back run (NOTE [gba tokens])
         return {"rows": int(sum(k.shape[0] for k, _ in data))}, []
 
     def _op_shutdown(self, header, arrays):

@@ -123,9 +123,10 @@ def _push(server, token, slot, keys, value, dense=None, m=2, iota=0):
                           "dense": dense is not None, "parts": [{"table": 0}]}, arrays)
 
 
-def _pull(server, token, keys, since=-1, m=2, iota=0):
+def _pull(server, token, keys, since=-1, m=2, iota=0, base=None):
+    extra = {} if base is None else {"base": base}
     return _call(server, {"op": "gba_pull", "token": token, "m": m, "iota": iota, "since": since,
-                          "parts": [{"table": 0}]}, [np.array(keys, np.uint64)])
+                          "parts": [{"table": 0}], **extra}, [np.array(keys, np.uint64)])
 
 
 def test_shard_applies_once_per_global_step_and_gates_reads():
@@ -155,3 +156,24 @@ def test_shard_rejects_other_settings_and_bad_gradients():
     assert server.gba.pending == 1
     h, _ = _push(server, 0, 1, [], 0.0)     # an empty contribution still counts
     assert h["ok"] and server.gba.global_step == 1
+
+
+def test_a_restored_shard_starts_gba_again_at_the_resumed_jobs_base(tmp_path):
+    """NOTE [ps failover across hosts]: a shard that survived the lost one is restored from
+    the checkpoint with the rest; its buffer (global step, pending contributions) belongs to
+    the rolled-back run, so the resumed job's requests (base = the checkpoint's next global
+    step) make a new one instead of being refused."""
+    token = "a" * 16
+    server = ShardServer(0, 1, tables=[SGD], checkpoint_root=str(tmp_path), admin_token=token)
+    assert _push(server, 0, 0, [7], 0.5)[0]["ok"] and _push(server, 0, 1, [7], 0.5)[0]["ok"]
+    saved = _pull(server, 1, [7])[1][0].copy()
+    assert _call(server, {"op": "checkpoint", "dir": str(tmp_path / "c"), "token": token}, [])[0]["ok"]
+    for tau, slot in ((1, 0), (1, 1), (2, 0)):   # the run goes on: one more step, one pending contribution
+        assert _push(server, tau, slot, [7], 1.0)[0]["ok"]
+    assert server.gba.global_step == 2 and server.gba.pending == 1
+    h, _ = _call(server, {"op": "restore", "dir": str(tmp_path / "c"), "token": token}, [])
+    assert h["ok"], h.get("message")
+    header, arrays = _pull(server, 1, [7], base=1)
+    assert header["ok"], header.get("message")
+    assert header["ready"] and header["global_step"] == 1 and np.array_equal(arrays[0], saved)
+    assert server.gba.pending == 0 and server.gba.start_step == 1
