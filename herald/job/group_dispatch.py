@@ -128,12 +128,15 @@ def group_config(cfg: Any) -> Any:
 
 def stream_summary(records: list[list[StepRecord]], views: list[GroupBatches], wall_s: float) -> dict[str, Any]:
     """The ``group_streams`` report block: per group steps, samples, samples/s over its own
-    steady span, shared-stream batches taken (first and last); the job's totals."""
+    steady span, ``final_loss`` (mean of its last 10 acks: the job's own mixes the groups'
+    tails, mostly the slowest group's), shared-stream batches taken (first and last); the
+    job's totals."""
     per = []
     for g, (recs, view) in enumerate(zip(records, views)):
         span = recs[-1].acked_at - recs[0].acked_at if len(recs) > 1 else 0.0
         per.append({"group": g, "steps": len(recs), "samples": len(recs) * view.batch_rows,
                     "samples_per_second": (len(recs) - 1) * view.batch_rows / span if span > 0 else float("nan"),
+                    "final_loss": float(np.mean([r.loss for r in recs[-10:]])) if recs else float("nan"),
                     "batches_taken": len(view.taken),
                     "first_batch": view.taken[0] if view.taken else None,
                     "last_batch": view.taken[-1] if view.taken else None})

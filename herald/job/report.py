@@ -286,7 +286,8 @@ def format_text(rep: dict[str, Any]) -> str:
         f"(start-up {rep['startup_seconds']:.1f} s)  throughput {rep['samples_per_second']:,.0f} samples/s "
         f"(wall {rep['wall_samples_per_second']:,.0f})  (not trained, partial last batch: "
         f"{rep['data']['dropped_samples']})",
-        f"final train loss {rep['final_loss']:.4f}",
+        f"final train loss {rep['final_loss']:.4f}"
+        + (" (the job's last 10 acks, whichever group's: each group's is below)" if rep.get("group_streams") else ""),
         format_consistency(rep),
     ]
     stop = rep.get("interrupted")

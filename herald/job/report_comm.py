@@ -81,5 +81,5 @@ def format_lines(rep: dict[str, Any]) -> list[str]:
     if streams:
         lines.append("one dispatcher per group (NOTE [independent groups]): " + "; ".join(
             f"group {s['group']} {s['steps']} steps, {s['samples']:,} samples, {s['samples_per_second']:,.0f} "
-            "samples/s" for s in streams["groups"]))
+            f"samples/s, final train loss {s['final_loss']:.4f}" for s in streams["groups"]))
     return lines

@@ -179,6 +179,7 @@ def test_two_groups_train_their_own_data_and_a_straggler_slows_only_its_group(tm
     assert math.isfinite(rep["final_loss"]) and whole < 0.693, (rep["final_loss"], whole)
     by_group = kept["per_group"]
     assert [len(r) for r in by_group] == [p["steps"] for p in per]
+    assert [p["final_loss"] for p in per] == [float(np.mean([r.loss for r in recs[-10:]])) for recs in by_group]
     for g, recs in enumerate(by_group):
         first, second = _progressive_logloss(recs[:len(recs) // 2]), _progressive_logloss(recs[len(recs) // 2:])
         assert second < first, (g, first, second)
@@ -192,4 +193,5 @@ def test_two_groups_train_their_own_data_and_a_straggler_slows_only_its_group(tm
     # one's extra rounds, then both ran one last round flagged finished by both
     assert leaders[0]["drain_rounds"] == leaders[1]["rounds"] - leaders[0]["rounds"] + 1 > 1
     assert leaders[1]["drain_rounds"] == 1
-    assert "one dispatcher per group" in (tmp_path / "report.txt").read_text()
+    text = (tmp_path / "report.txt").read_text()
+    assert "one dispatcher per group" in text and f"final train loss {per[1]['final_loss']:.4f}" in text
