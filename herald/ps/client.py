@@ -12,8 +12,9 @@ for a request, retries included. It is cut into ``retries + 1`` attempts of
 ``timeout_ms / (retries + 1)`` each: when an attempt expires, the shard's socket is
 closed and reopened and its outstanding requests re-sent (zguide "Lazy Pirate"); when
 the last one expires, :class:`~herald.errors.PeerTimeout` names the shard (index and
-address) and the operation. A send is bounded too (a DEALER with no peer, e.g. after a
-refused CURVE handshake, blocks): ``SNDTIMEO`` is one attempt, and not queued is failed. So a request waited on from the moment it is sent is
+address) and the operation. Sending waits one attempt at most (``SNDTIMEO``: a DEALER
+with no peer blocks, e.g. after a refused CURVE handshake), and a request it could not
+queue has failed that attempt. So a request waited on from the moment it is sent is
 answered or fails within ``timeout_ms``, never ``(retries + 1) x timeout_ms``.
 Retrying is safe for every op: shards answer a repeated mutating request (same client
 id and request id) from a reply cache instead of applying it twice. A client is not
