@@ -131,12 +131,14 @@ def stream_summary(records: list[list[StepRecord]], views: list[GroupBatches], w
     steady span, ``final_loss`` (mean of its last 10 acks: the job's own mixes the groups'
     tails, mostly the slowest group's), shared-stream batches taken (first and last); the
     job's totals."""
+    from herald.job.report import final_loss
+
     per = []
     for g, (recs, view) in enumerate(zip(records, views)):
         span = recs[-1].acked_at - recs[0].acked_at if len(recs) > 1 else 0.0
         per.append({"group": g, "steps": len(recs), "samples": len(recs) * view.batch_rows,
                     "samples_per_second": (len(recs) - 1) * view.batch_rows / span if span > 0 else float("nan"),
-                    "final_loss": float(np.mean([r.loss for r in recs[-10:]])) if recs else float("nan"),
+                    "final_loss": final_loss(recs),
                     "batches_taken": len(view.taken),
                     "first_batch": view.taken[0] if view.taken else None,
                     "last_batch": view.taken[-1] if view.taken else None})

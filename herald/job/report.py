@@ -183,7 +183,7 @@ def build(cfg: Any, records: list[StepRecord], train_s: float, metrics: dict, *,
         "samples_per_second": steady,
         "wall_samples_per_second": samples / train_s if train_s > 0 else float("nan"),
         "startup_seconds": max(0.0, train_s - steady_s) if steps > 1 else train_s,
-        "final_loss": float(np.mean([r.loss for r in records[-10:]])) if records else float("nan"),
+        "final_loss": final_loss(records),
         "metrics": metrics,
         "progressive_validation": progressive(records),
         "transmissions": {**by_cause, "pulls": pulls, "pushes": pushes, "total": pulls + pushes,
@@ -199,6 +199,11 @@ def build(cfg: Any, records: list[StepRecord], train_s: float, metrics: dict, *,
         "scheduler": scheduler,
         "consistency": consistency,
     }
+
+
+def final_loss(records: list[StepRecord]) -> float:
+    """The report's ``final_loss``: the mean training loss of the last 10 acked steps (nan if none)."""
+    return float(np.mean([r.loss for r in records[-10:]])) if records else float("nan")
 
 
 def consistency_block(cfg: Any, records: list[StepRecord]) -> dict[str, Any]:

@@ -142,7 +142,6 @@ class PSClient(ClockOps):
         self._rids = itertools.count(1)
         self._ctx = zmq.Context.instance()
         self._socks: list[zmq.Socket | None] = [None] * len(self.addresses)
-        self._stalled = [False] * len(self.addresses)   # a send on the shard's socket timed out
         self._pending: dict[int, _Request] = {}
         self._replies: dict[int, tuple[dict, list]] = {}
         self._closed = False
@@ -179,7 +178,6 @@ class PSClient(ClockOps):
             secure_client(sock, self._keys)
         sock.connect(self.addresses[shard])
         self._socks[shard] = sock
-        self._stalled[shard] = False
 
     def _send(self, shard: int, op: str, header: dict, arrays=(), timeout_ms: int | None = None) -> int:
         if self._closed:
@@ -195,13 +193,12 @@ class PSClient(ClockOps):
     def _post(self, req: _Request) -> None:
         """Queue ``req``, waiting at most ``SNDTIMEO``; if it cannot be, its attempt (and every
         later one on that socket, without waiting again) fails now: :meth:`_await` retries."""
-        if not self._stalled[req.shard]:
-            try:
-                self._socks[req.shard].send_multipart(req.frames, copy=False)
-                return
-            except zmq.Again:
-                self._stalled[req.shard] = True
-        req.deadline = time.monotonic()
+        sock = self._socks[req.shard]
+        try:
+            sock.send_multipart(req.frames, copy=False)
+        except zmq.Again:
+            sock.setsockopt(zmq.SNDTIMEO, 0)   # until _connect replaces the socket
+            req.deadline = time.monotonic()
 
     def _collect(self, rids: list[int]) -> list[tuple[dict, list]]:
         """Wait for the replies of ``rids`` (in order), retrying shards that time out.
