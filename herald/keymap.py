@@ -16,7 +16,7 @@ array             dtype [shape]        meaning
 
 - home bucket: ``key_hash(t, id) & (H - 1)`` with
   ``key_hash(t, id) = splitmix64(id ^ (t + 1) * 0x9E3779B97F4A7C15)`` (the splitmix64 of
-  NOTE [id hash], :func:`herald.loader.hashing.splitmix64_jit`); every uint64 is a valid id.
+  NOTE [id hash], :func:`herald.hashing.splitmix64_jit`); every uint64 is a valid id.
 - the caller keeps the live keys <= H / 2 (:func:`bucket_count`); to grow, it rebuilds a
   larger bucket array from the slot arrays (:func:`new_buckets`). Bucket positions
   are never observable: slots are what the users store and report.
@@ -41,7 +41,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from herald.loader.hashing import splitmix64_jit
+from herald.hashing import splitmix64_jit
 
 JIT = dict(nogil=True, cache=True)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from herald import keymap as KM
-from herald.loader.hashing import splitmix64
+from herald.hashing import splitmix64
 
 EDGE_IDS = np.array([0, 1, 2**63, 2**64 - 2, 2**64 - 1], np.uint64)
 

@@ -150,7 +150,7 @@ def measure_capacity(workers: int = 8, batch_size: int = 256, schedule: str = "h
 
     Args:
         workers: ranks served; batch_size: samples per micro-batch (global batch
-            ``workers * batch_size``); schedule: a :data:`herald.scheduler.SCHEDULES` name.
+            ``workers * batch_size``); schedule: a :data:`herald.spec.vocab.SCHEDULES` name.
         rows: rows of data (synthetic Criteo by default), repeated as epochs; None with
             ``source``: all its rows.
         source: a source URL for :func:`herald.loader.open_source` (default
@@ -181,10 +181,10 @@ def measure_capacity(workers: int = 8, batch_size: int = 256, schedule: str = "h
         HeraldError: the dispatcher or the fake workers failed.
     """
     from herald.dispatch.dispatcher import Dispatcher, DispatcherConfig
-    from herald.job.spec import JobSpec
+    from herald.spec.job import JobSpec
     from herald.loader import open_source
     from herald.loader.global_batches import GlobalBatches
-    from herald.ps import TableConfig
+    from herald.spec.tables import TableConfig
     from herald.scheduler import Scheduler, SchedulerConfig, count_distinct_keys
 
     if steps is None and seconds is None:

@@ -27,7 +27,7 @@ def _serve_dispatcher(args: argparse.Namespace) -> int:
     from herald.job.cli import config_from_args
     from herald.job.data import JobData
     from herald.job.failover import serve_watched, watch_shards
-    from herald.job.spec import JobSpec
+    from herald.spec.job import JobSpec
 
     cfg = config_from_args(args)
     if not args.ps:
@@ -65,7 +65,7 @@ def _serve_dispatcher(args: argparse.Namespace) -> int:
 
 def dispatcher_config(cfg, args: argparse.Namespace):
     """The :class:`~herald.dispatch.records.DispatcherConfig` of ``herald serve dispatcher``:
-    the job's settings (``cfg``, a :class:`~herald.job.spec.TrainConfig`) with this process's
+    the job's settings (``cfg``, a :class:`~herald.spec.train.TrainConfig`) with this process's
     ``--bind`` and ``--dispatcher-rank`` (``args``): :func:`herald.job.launcher.dispatcher_config`.
 
     Raises:

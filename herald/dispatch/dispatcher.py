@@ -59,7 +59,7 @@ import zmq
 from herald import wire
 from herald.auth import check_bind, server_socket
 from herald.errors import ConfigError, HeraldError, PeerTimeout, ProtocolError
-from herald.job.spec import JobSpec
+from herald.spec.job import JobSpec
 from herald.phases import PhaseTimer
 from herald.loader.batch import SampleBatch
 from herald.dispatch.early import TouchedKeys
@@ -86,7 +86,7 @@ class Dispatcher:
             ``state_dict``/``load_state_dict`` its position is part of this dispatcher's.
         scheduler_factory: returns a fresh :class:`herald.scheduler.Scheduler` (called at
             the start and after every checkpoint barrier).
-        job: the :class:`~herald.job.spec.JobSpec` sent to every worker in ``config``
+        job: the :class:`~herald.spec.job.JobSpec` sent to every worker in ``config``
             (with the scheduler's ``capacity_rows`` and ``num_workers`` filled in).
         on_step: called with each :class:`StepRecord` once every worker acked it.
         on_checkpoint: ``on_checkpoint(step, batch_index, save_path, state)`` at each

@@ -370,7 +370,7 @@ class HybridEmbeddingWorker:
 
 
 def make_hybrid(job: Any, config: Any, first_step: int, peers: Any) -> HybridEmbeddingWorker | None:
-    """The :class:`HybridEmbeddingWorker` of ``job`` (a :class:`~herald.job.spec.JobSpec`),
+    """The :class:`HybridEmbeddingWorker` of ``job`` (a :class:`~herald.spec.job.JobSpec`),
     with a PS client of its shards on its push thread, or None unless ``job.consistency`` is
     ``hybrid``. ``config``: the :class:`~herald.dispatch.records.DispatcherConfig`; ``peers``:
     the dispatcher's :class:`~herald.dispatch.peers.PeerTable` (its acks then carry gradients)."""

@@ -11,6 +11,7 @@ import numpy as np
 from herald.config import require
 from herald.errors import ConfigError, DataError
 from herald.loader.source import state_int
+from herald.spec.vocab import DEFAULT_TIMEOUT_MS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +39,7 @@ class DispatcherConfig:
     num_workers: int
     bind: str = "tcp://127.0.0.1:0"
     max_inflight_steps: int = 2
-    peer_timeout_ms: int = 120_000
+    peer_timeout_ms: int = DEFAULT_TIMEOUT_MS
     dispatcher_rank: int = 0
     checkpoint_every_steps: int = 0
     first_step: int = 0

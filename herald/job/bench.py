@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> dict:
     """
     from herald.job import bench_torchrec
     from herald.job.launcher import run_train
-    from herald.job.spec import TrainConfig
+    from herald.spec.train import TrainConfig
 
     source = args.source or f"synthetic://criteo?rows={args.rows}&seed=1"
     out = pathlib.Path(args.out)

@@ -51,7 +51,7 @@ def add_groups_arguments(p: argparse.ArgumentParser) -> None:
 
 def _job(args, dataset: str, run_dir: pathlib.Path, **kw) -> dict:
     from herald.job.launcher import run_train
-    from herald.job.spec import TrainConfig
+    from herald.spec.train import TrainConfig
 
     cfg = TrainConfig(source=str(pathlib.Path(args.data_dir) / DATASETS[dataset]), workers=args.workers,
                       batch_size=args.batch_size, steps=args.steps, eval_fraction=0.1, run_dir=str(run_dir),

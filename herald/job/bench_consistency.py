@@ -72,7 +72,7 @@ def summarize(rep: dict) -> dict:
 
 
 def _config(args: argparse.Namespace, mode: str, staleness: int, slow: str | None, name: str):
-    from herald.job.spec import TrainConfig
+    from herald.spec.train import TrainConfig
 
     return TrainConfig(source=args.source, steps=getattr(args, "steps", None), workers=args.workers,
                        batch_size=args.batch_size, epochs=args.epochs,

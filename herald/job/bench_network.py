@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> dict:
     """
     from herald.errors import ConfigError
     from herald.job import bench_torchrec
-    from herald.job.spec import TrainConfig
+    from herald.spec.train import TrainConfig
     from herald.testbed import TestBed
     from herald.testbed.job import bed_hosts, run_job
 

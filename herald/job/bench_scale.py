@@ -168,7 +168,7 @@ class PlainDLRM(nn.Module):
 
     def __init__(self, dense_dim: int, table_rows: list[int], embedding_dim: int, seed: int):
         super().__init__()
-        from herald.ps import TableConfig
+        from herald.spec.tables import TableConfig
         from herald.worker.models import build_model
 
         self.dense = build_model("dlrm", dense_dim, len(table_rows), embedding_dim, seed=seed)
@@ -186,8 +186,8 @@ class PlainDLRM(nn.Module):
 
 def _train_loop(model: PlainDLRM, data: PlainBatches, warmup_steps: int) -> tuple[list[float], float]:
     """Every step's loss, and the seconds of the steps after the first ``warmup_steps``."""
-    from herald.job.spec import TrainConfig
-    from herald.ps import OptimizerConfig
+    from herald.spec.train import TrainConfig
+    from herald.spec.tables import OptimizerConfig
 
     defaults = TrainConfig()
     sparse_opt = torch.optim.Adagrad(model.bags.parameters(), lr=defaults.lr, eps=OptimizerConfig("adagrad").eps)
@@ -251,7 +251,7 @@ def run_herald(source: str, workers: int, schedule: str, batch_size: int, run_di
     "wall_ms_per_step", "steps"}`` (``phases_ms``: the worker's median ms per phase, ``{}``
     when the report has no ``phases``)."""
     from herald.job.launcher import run_train
-    from herald.job.spec import TrainConfig
+    from herald.spec.train import TrainConfig
 
     cfg = TrainConfig(source=source, schedule=schedule, workers=workers, batch_size=batch_size,
                       eval_fraction=EVAL_FRACTION, seed=seed, run_dir=run_dir, device=device)
@@ -290,7 +290,7 @@ def _median_phases(phases: list[dict]) -> dict[str, float]:
 
 
 def _validate(args: argparse.Namespace) -> None:
-    from herald.scheduler.config import SCHEDULES
+    from herald.spec.vocab import SCHEDULES
 
     for name in ("rows", "max_workers", "batch_size", "repeats"):
         if getattr(args, name) < 1:

@@ -48,7 +48,7 @@ TORCHREC_MISSING = "torchrec not installed: make torchrec"
 FBGEMM_CUDA_MISSING = "fbgemm-gpu CUDA build not installed"
 #: herald's sparse optimizers that FBGEMM fuses into backward: ``EXACT_SGD``, ``EXACT_ADAGRAD``,
 #: ``EXACT_ROWWISE_ADAGRAD`` and ``ADAM`` (CUDA only)
-SPARSE_OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad", "adam")
+from herald.spec.vocab import SPARSE_OPTIMIZERS
 
 
 def torchrec_import_error() -> str | None:
@@ -134,8 +134,8 @@ def build_torchrec_dlrm(data: PlainBatches, *, embedding_dim: int, seed: int, op
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
     from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection
 
-    from herald.job.spec import TrainConfig
-    from herald.ps import OptimizerConfig
+    from herald.spec.train import TrainConfig
+    from herald.spec.tables import OptimizerConfig
 
     if data.dense_dim < 1:
         raise ConfigError("TorchRec's DLRM needs dense features; this source has none: pass --no-torchrec")
@@ -203,7 +203,7 @@ def train_torchrec(data: PlainBatches, *, embedding_dim: int = 16, seed: int = 0
         ConfigError: torchrec missing, no step left to time after the warm-up, no dense
             features, or an optimizer FBGEMM does not fuse.
     """
-    from herald.job.spec import TrainConfig
+    from herald.spec.train import TrainConfig
 
     missing = torchrec_import_error()
     if missing:

@@ -7,16 +7,16 @@ import argparse
 from herald.config import add_arguments, from_arguments
 
 def add_job_arguments(p: argparse.ArgumentParser, *, exclude: tuple[str, ...] = ()) -> None:
-    """The options of :class:`herald.job.spec.TrainConfig` (shared by ``herald train``
+    """The options of :class:`herald.spec.train.TrainConfig` (shared by ``herald train``
     and ``herald serve dispatcher``)."""
-    from herald.job.spec import TrainConfig
+    from herald.spec.train import TrainConfig
 
     add_arguments(p, TrainConfig, exclude=exclude)
 
 
 def config_from_args(args: argparse.Namespace):
-    """The :class:`~herald.job.spec.TrainConfig` of parsed job options."""
-    from herald.job.spec import TrainConfig
+    """The :class:`~herald.spec.train.TrainConfig` of parsed job options."""
+    from herald.spec.train import TrainConfig
 
     return from_arguments(TrainConfig, args)
 

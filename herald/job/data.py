@@ -3,7 +3,7 @@ cache size of its schedulers (shared by ``herald train`` and ``herald serve disp
 
 from __future__ import annotations
 
-from herald.job.spec import STREAM_CACHE_ROWS, TrainConfig
+from herald.spec.train import STREAM_CACHE_ROWS, TrainConfig
 from herald.loader import splits
 from herald.loader.global_batches import GlobalBatches, KafkaRecords
 from herald.loader.registry import infer_format
@@ -18,7 +18,7 @@ class JobData:
 
     ``dataset`` is the source's format name (``criteo``, ``avazu``, ``movielens``,
     ``synthetic``, ...): ``--model auto`` trains that dataset's Herald workload model
-    (:func:`herald.job.spec.auto_model`)."""
+    (:func:`herald.spec.train.auto_model`)."""
 
     def __init__(self, cfg: TrainConfig, dispatcher_rank: int = 0):
         options = dict(cfg.source_options)

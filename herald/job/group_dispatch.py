@@ -199,8 +199,8 @@ def run_group_attempt(cfg: Any, *, progress: bool, on_finish, failovers: list[di
     from herald.job import report as report_mod
     from herald.job import report_comm
     from herald.job.data import JobData
-    from herald.job.flags import flag_errors
-    from herald.job.spec import JobSpec
+    from herald.spec.flags import flag_errors
+    from herald.spec.job import JobSpec
     from herald.procs import Supervisor
     from herald.ps import LocalShards, PSClient
     from herald.ps.config import ShardLimits

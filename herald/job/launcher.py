@@ -33,8 +33,9 @@ from herald.ps.config import ShardLimits
 from herald.dispatch.dispatcher import Dispatcher, DispatcherConfig, StepRecord
 from herald.job import checkpoints
 from herald.job.data import JobData
-from herald.job.flags import flag_errors
-from herald.job.spec import JobSpec, TrainConfig
+from herald.spec.flags import flag_errors
+from herald.spec.job import JobSpec
+from herald.spec.train import TrainConfig
 
 
 @contextlib.contextmanager

@@ -113,7 +113,7 @@ class SampleBatch:
             if v.dtype != KEY_DTYPE or v.ndim != 1:
                 raise DataError(
                     f"table {name!r}: values must be uint64 [nnz], got {v.dtype} {v.shape}; "
-                    "convert ids with herald.loader.hashing (never via int32 or float)"
+                    "convert ids with herald.hashing (never via int32 or float)"
                 )
             if o.dtype != OFFSET_DTYPE or o.shape != (b + 1,):
                 raise DataError(f"table {name!r}: offsets must be int64 [B+1={b + 1}], got {o.dtype} {o.shape}")

@@ -17,7 +17,7 @@ import math
 import numba as nb
 import numpy as np
 
-from herald.loader.hashing import hash_field_jit, splitmix64_jit
+from herald.hashing import hash_field_jit, splitmix64_jit
 
 # NOTE [record status] codes.
 OK = 0

@@ -26,7 +26,7 @@ from herald.config import require
 from herald.errors import ConfigError, DataError
 from herald.loader import kernels as K
 from herald.loader.batch import KEY_DTYPE, SampleBatch, Schema
-from herald.loader.hashing import splitmix64
+from herald.hashing import splitmix64
 from herald.loader.source import Source, state_int
 
 # Criteo Kaggle (DAC) per-field cardinalities, as published with DLRM/TorchRec.

@@ -137,7 +137,7 @@ def _ids_of(kjt) -> np.ndarray:
     if values.dtype == torch.int32:
         if values.numel() and int(values.min()) < 0:
             raise DataError("from_kjt: negative int32 ids cannot be uint64 ids; give int64 values (their bits are "
-                            "kept) or hash the raw values with herald.loader.hashing")
+                            "kept) or hash the raw values with herald.hashing")
         return values.numpy().astype(np.uint64)
     raise DataError(f"from_kjt: KJT values must be int64 or int32 ids, got {values.dtype}; ids are never floats")
 

@@ -1,8 +1,9 @@
 """The embedding parameter server (one process per shard) and its client.
 
+Tables and their sparse optimizers are declared with :class:`herald.spec.TableConfig`.
+
 Public API (docs/ps.md):
 
-- :class:`OptimizerConfig`, :class:`TableConfig`: table and sparse-optimizer settings.
 - :func:`shard_of`, :func:`init_rows`, :func:`apply_gradients`: row functions shared
   with the worker cache (same numba kernels: bit-identical rows).
 - :class:`PSClient` (+ :class:`Handle`): pull / push_grad / push_rows / stats /
@@ -14,9 +15,9 @@ Public API (docs/ps.md):
 
 from herald.ps.checkpoint import CheckpointError
 from herald.ps.client import Handle, PSClient
-from herald.ps.config import OptimizerConfig, ShardLimits, TableConfig
+from herald.ps.config import ShardLimits
 from herald.ps.local import LocalShards
 from herald.ps.rows import apply_gradients, init_rows, shard_of
 
-__all__ = ["CheckpointError", "Handle", "LocalShards", "OptimizerConfig", "PSClient", "ShardLimits", "TableConfig",
-           "apply_gradients", "init_rows", "shard_of"]
+__all__ = ["CheckpointError", "Handle", "LocalShards", "PSClient", "ShardLimits", "apply_gradients", "init_rows",
+           "shard_of"]

@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 from herald.ps.client import PSClient
-from herald.ps.config import OptimizerConfig, TableConfig
+from herald.spec.tables import OptimizerConfig, TableConfig
 from herald.ps.local import LocalShards
 
 

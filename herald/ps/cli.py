@@ -18,7 +18,8 @@ import pathlib
 
 def _serve(args) -> int:
     from herald.ps.admin import load_token
-    from herald.ps.config import ShardLimits, tables_from_json
+    from herald.ps.config import ShardLimits
+    from herald.spec.tables import tables_from_json
     from herald.ps.server import run_shard
 
     from herald.errors import ConfigError

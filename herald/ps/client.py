@@ -40,8 +40,10 @@ from herald.ps import compress
 from herald.ps.clocked import ClockOps
 from herald.ps.wire import PS
 from herald.ps.checkpoint import CheckpointError
-from herald.ps.config import ShardLimits, TableConfig, check_tables
+from herald.ps.config import ShardLimits
+from herald.spec.tables import TableConfig, check_tables
 from herald.ps.rows import shard_of
+from herald.spec.vocab import DEFAULT_TIMEOUT_MS
 
 _ERRORS = {"protocol": ProtocolError, "config": ConfigError, "checkpoint": CheckpointError,
            "refused": AdminRefused, "internal": ProtocolError}
@@ -451,7 +453,7 @@ class PSClient(ClockOps):
         """Header of an admin op: ``fields`` and the admin token (NOTE [ps admin ops])."""
         return dict(fields, token=self._admin_token) if self._admin_token is not None else fields
 
-    def checkpoint(self, path: str, timeout_ms: int = 120_000) -> list[str]:
+    def checkpoint(self, path: str, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> list[str]:
         """Every shard writes its checkpoint under ``path`` (atomic per shard; a relative
         path is made absolute here, so shards on this host use the caller's folder).
 
@@ -463,7 +465,7 @@ class PSClient(ClockOps):
         """
         return [h["path"] for h in self._all("checkpoint", self._admin({"dir": os.path.abspath(path)}), timeout_ms)]
 
-    def restore(self, path: str, timeout_ms: int = 120_000) -> None:
+    def restore(self, path: str, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> None:
         """Every shard replaces its rows by its checkpoint under ``path``.
 
         Raises:

@@ -44,8 +44,8 @@ from typing import Any
 import numpy as np
 
 from herald.errors import ConfigError, DataError, ProtocolError
+from herald.spec.vocab import WIRE_DTYPES
 
-WIRE_DTYPES = ("fp32", "fp16", "bf16", "int8")
 #: numpy dtype of the payload frame of each compressed format.
 PAYLOAD_DTYPES = {"fp16": np.dtype("<f2"), "bf16": np.dtype("<u2"), "int8": np.dtype("|i1")}
 #: Largest scaled magnitude of an fp16 row is below 2**FP16_TOP (NOTE [wire compression]).

@@ -16,7 +16,7 @@ import numba as nb
 import numpy as np
 
 from herald.keymap import key_hash_jit
-from herald.loader.hashing import splitmix64_jit as mix64_jit  # the splitmix64 finaliser
+from herald.hashing import splitmix64_jit as mix64_jit# the splitmix64 finaliser
 
 SGD, ADAGRAD, ROWWISE_ADAGRAD, ADAM = 0, 1, 2, 3
 INIT_UNIFORM, INIT_NORMAL, INIT_ZEROS = 0, 1, 2

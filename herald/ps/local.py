@@ -16,7 +16,9 @@ from herald.errors import ConfigError, HeraldError, PeerTimeout
 from herald.procs import Supervisor
 from herald.ps.admin import TOKEN_ENV, check_token
 from herald.ps.watch import ShardWatch
-from herald.ps.config import ShardLimits, TableConfig, check_tables, tables_to_json
+from herald.ps.config import ShardLimits
+from herald.spec.tables import TableConfig, check_tables, tables_to_json
+from herald.spec.vocab import DEFAULT_TIMEOUT_MS
 
 _REPO_ROOT = str(pathlib.Path(__file__).resolve().parents[2])
 
@@ -57,7 +59,7 @@ class LocalShards:
     """
 
     def __init__(self, num_shards: int, tables: Sequence[TableConfig], seed: int = 0,
-                 host: str = "127.0.0.1", startup_timeout_ms: int = 120_000, transport: str = "tcp",
+                 host: str = "127.0.0.1", startup_timeout_ms: int = DEFAULT_TIMEOUT_MS, transport: str = "tcp",
                  limits: ShardLimits | None = None, log_dir: str | os.PathLike | None = None, *,
                  keys_dir: str | os.PathLike | None = None, checkpoint_root: str | os.PathLike | None = None,
                  admin_token: str | None = None):

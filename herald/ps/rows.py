@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 
 from herald.errors import ConfigError
-from herald.loader.hashing import splitmix64 as _mix
+from herald.hashing import splitmix64 as _mix
 from herald.ps import kernels as K
-from herald.ps.config import TableConfig
+from herald.spec.tables import TableConfig
 
 _SHARD_SALT = 0x5EED_5AA2_D0C5_1DE5
 _SEED_SALT = 0x1217_0B5E_EDC0_FFEE

@@ -27,7 +27,9 @@ from herald.ps import checkpoint, clocked, compress, gba, wire
 from herald.ps.admin import AdminGate, AdminRefused
 from herald.ps.wire import PS
 from herald.ps import kernels as K
-from herald.ps.config import ShardLimits, TableConfig, check_tables
+from herald.ps.config import ShardLimits
+from herald.spec.tables import TableConfig, check_tables
+from herald.spec.vocab import SPARSE_OPTIMIZERS
 from herald.ps.rows import table_salt
 from herald.ps.table import EmbeddingTable
 
@@ -450,9 +452,9 @@ class ShardServer:
 
 def warm_up() -> None:
     """Compile (or load from numba's cache) every kernel variant the server uses."""
-    from herald.ps.config import OptimizerConfig
+    from herald.spec.tables import OptimizerConfig
 
-    for name in ("sgd", "adagrad", "rowwise_adagrad", "adam"):
+    for name in SPARSE_OPTIMIZERS:
         t = EmbeddingTable(TableConfig("warm", 2, OptimizerConfig(name=name)), 0, 0, 16)
         keys = np.arange(4, dtype=np.uint64)
         t.pull(keys)

@@ -15,7 +15,7 @@ from herald import keymap
 from herald.errors import ProtocolError
 from herald.ps import kernels as K
 from herald.ps.aggregate import PendingStep
-from herald.ps.config import TableConfig
+from herald.spec.tables import TableConfig
 from herald.ps.rows import hyper_params, init_args
 from herald.ps.wire import valid_copies
 

@@ -11,9 +11,9 @@ Public API::
 See docs/scheduler.md.
 """
 
-from herald.scheduler.config import SCHEDULES, SchedulerConfig
+from herald.scheduler.config import SchedulerConfig
 from herald.scheduler.plan import CAUSES, CachePlan, KeySet
 from herald.scheduler.scheduler import Scheduler, StepPlan, count_distinct_keys, distinct_keys_per_table
 
-__all__ = ["CAUSES", "CachePlan", "KeySet", "SCHEDULES", "Scheduler", "SchedulerConfig", "StepPlan",
+__all__ = ["CAUSES", "CachePlan", "KeySet", "Scheduler", "SchedulerConfig", "StepPlan",
            "count_distinct_keys", "distinct_keys_per_table"]

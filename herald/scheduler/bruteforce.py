@@ -23,7 +23,6 @@ import itertools
 
 import numpy as np
 
-MAX_WORKERS = 8
 _PERMS: dict[int, np.ndarray] = {}
 
 

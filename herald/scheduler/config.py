@@ -6,12 +6,11 @@ import dataclasses
 from typing import Optional, Union
 
 from herald.config import require
+from herald.spec.vocab import CACHE_POLICIES, MAX_BRUTEFORCE_WORKERS, MAX_WORKERS, SCHEDULES
 
-#: schedule name -> (allocation policy, full-set sync?). DESIGN "Consistency protocol":
-#: vanilla = random + full-set sync, laia = LAIA + full-set sync, plan = random + plan,
-#: herald = LAIA + plan; costaware = ours (allocation by marginal transmissions) + plan;
-#: optimal = brute-force step-optimal allocation + plan (tiny cases only, Herald App. C).
-SCHEDULES = {
+#: schedule name (one of :data:`herald.spec.vocab.SCHEDULES`, which says what each is) ->
+#: (allocation policy, full-set sync?).
+POLICIES = {
     "vanilla": ("random", True),
     "laia": ("laia", True),
     "plan": ("random", False),
@@ -19,8 +18,8 @@ SCHEDULES = {
     "costaware": ("costaware", False),
     "optimal": ("bruteforce", False),
 }
-CACHE_POLICIES = ("lru", "lfu")
-MAX_WORKERS = 64
+if set(POLICIES) != set(SCHEDULES):   # a schedule added to the vocabulary needs its policy here
+    raise ImportError(f"herald.scheduler.config.POLICIES {sorted(POLICIES)} must cover herald.spec.vocab.SCHEDULES")
 MAX_THREADS = 256
 #: ``scheduling_budget_ms="auto"``: the budget is this fraction of the measured step period
 #: (docs/scheduler.md, "Adaptive budget"; :class:`herald.scheduler.profiler.BudgetController`).
@@ -99,8 +98,9 @@ class SchedulerConfig:
                 f"batch_size_per_worker must be an int >= 1, got {self.batch_size_per_worker!r}")
         require(self.schedule in SCHEDULES,
                 f"unknown schedule {self.schedule!r}; choose one of {sorted(SCHEDULES)}")
-        require(self.schedule != "optimal" or (self.batch_size_per_worker == 1 and self.num_workers <= 8),
-                "schedule 'optimal' (brute force) needs batch_size_per_worker=1 and num_workers <= 8")
+        require(self.schedule != "optimal" or (self.batch_size_per_worker == 1 and self.num_workers <= MAX_BRUTEFORCE_WORKERS),
+                f"schedule 'optimal' (brute force) needs batch_size_per_worker=1 and num_workers <= "
+                f"{MAX_BRUTEFORCE_WORKERS}")
         require(self.cache_policy in CACHE_POLICIES,
                 f"unknown cache_policy {self.cache_policy!r}; choose one of {list(CACHE_POLICIES)}")
         require(self.cache_capacity_rows is None
@@ -144,12 +144,12 @@ class SchedulerConfig:
     @property
     def allocation(self) -> str:
         """Allocation policy of the schedule: ``random``, ``laia``, ``costaware`` or ``bruteforce``."""
-        return SCHEDULES[self.schedule][0]
+        return POLICIES[self.schedule][0]
 
     @property
     def full_sync(self) -> bool:
         """True for full-set synchronisation (``vanilla``, ``laia``)."""
-        return SCHEDULES[self.schedule][1]
+        return POLICIES[self.schedule][1]
 
     @property
     def auto_budget(self) -> bool:

@@ -11,7 +11,7 @@ single-process reference. On the test bed every host sees the same file system, 
 this program gives the job ``cfg.run_dir``: the workers write ``dense-rank<r>.pt``
 there, and this program writes ``report.json`` / ``report.txt`` there as ``herald
 train`` does (:func:`herald.job.report.build`), evaluating the held-out split once
-every rank's replica is written. The settings are a :class:`~herald.job.spec.TrainConfig`
+every rank's replica is written. The settings are a :class:`~herald.spec.train.TrainConfig`
 as JSON (unknown keys raise). The PS admin token (NOTE [ps admin ops]) comes from
 ``HERALD_PS_TOKEN`` in the environment, never from the command line.
 """
@@ -30,13 +30,13 @@ from herald.errors import ConfigError, HeraldError, PeerTimeout
 
 
 def load_config(path: str | os.PathLike):
-    """The :class:`~herald.job.spec.TrainConfig` stored as JSON at ``path`` (by :func:`save_config`).
+    """The :class:`~herald.spec.train.TrainConfig` stored as JSON at ``path`` (by :func:`save_config`).
 
     Raises:
         ConfigError: unreadable file, not a JSON object, an unknown key or a bad value.
     """
     from herald.config import from_mapping
-    from herald.job.spec import TrainConfig
+    from herald.spec.train import TrainConfig
 
     try:
         values = json.loads(pathlib.Path(path).read_text())
@@ -49,7 +49,7 @@ def load_config(path: str | os.PathLike):
 
 
 def save_config(cfg, path: str | os.PathLike) -> pathlib.Path:
-    """Write ``cfg`` (a :class:`~herald.job.spec.TrainConfig`) as JSON to ``path``."""
+    """Write ``cfg`` (a :class:`~herald.spec.train.TrainConfig`) as JSON to ``path``."""
     import dataclasses
 
     path = pathlib.Path(path)
@@ -92,7 +92,7 @@ def serve(cfg, bind: str, ps: list[str], *, save_ps: str | None = None, dense_ti
     from herald.job.data import JobData
     from herald.job.failover import serve_watched, watch_shards
     from herald.job.launcher import dispatcher_config
-    from herald.job.spec import JobSpec
+    from herald.spec.job import JobSpec
     from herald.ps import PSClient
 
     run_dir = pathlib.Path(cfg.run_dir).resolve()

@@ -45,7 +45,7 @@ from herald import wire
 from herald.auth import load_client_keys, secure_client
 from herald.dispatch.microbatch import MicroBatch
 from herald.errors import ConfigError, HeraldError, PeerTimeout, ProtocolError
-from herald.job.spec import JobSpec
+from herald.spec.job import JobSpec
 from herald.phases import PhaseTimer
 from herald.scheduler.plan import KeySet
 from herald.worker.dense import DenseSync
@@ -53,6 +53,7 @@ from herald.worker.devices import select_device, setup_collectives
 from herald.worker.executor import PlanExecutor, StepRows
 from herald.worker.groups import world_position
 from herald.worker.protocol import make_protocol
+from herald.spec.vocab import DEFAULT_TIMEOUT_MS
 
 
 @dataclasses.dataclass
@@ -186,7 +187,7 @@ class ScheduledLoader:
     # ------------------------------------------------------------ creation
     @classmethod
     def connect(cls, dispatcher: str, *, rank: int, world_size: int, device: str | None = None,
-                cache_device: str = "auto", timeout_ms: int = 120_000, dist_init: str | None = None,
+                cache_device: str = "auto", timeout_ms: int = DEFAULT_TIMEOUT_MS, dist_init: str | None = None,
                 keys_dir: str | None = None) -> "ScheduledLoader":
         """Say hello to the dispatcher, receive the job, join the dense all-reduce group.
 

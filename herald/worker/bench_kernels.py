@@ -41,7 +41,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from herald.ps.config import OptimizerConfig, TableConfig
+from herald.spec.tables import OptimizerConfig, TableConfig
 from herald.scheduler.plan import KeySet
 from herald.worker.cache import BagLayout, EmbeddingCache
 

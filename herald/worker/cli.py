@@ -6,6 +6,7 @@ import argparse
 import os
 
 from herald.errors import ConfigError
+from herald.spec.vocab import DEFAULT_TIMEOUT_MS
 
 
 def _from_env(value: int | None, name: str, flag: str) -> int:
@@ -45,7 +46,7 @@ def register(commands, bench, serve) -> None:
     w.add_argument("--cache-device", default="auto", choices=("auto", "cpu", "torch"),
                    help="embedding cache: auto (on the GPU when the device is one, else host memory), cpu (host "
                         "memory), torch (torch rows on the device, also on the CPU) (default: %(default)s)")
-    w.add_argument("--timeout-ms", type=int, default=120_000)
+    w.add_argument("--timeout-ms", type=int, default=DEFAULT_TIMEOUT_MS)
     w.add_argument("--keys", default=None, metavar="DIR",
                    help="CURVE keys folder (herald keys generate DIR) of a dispatcher and PS run with --keys")
     w.set_defaults(func=_serve_worker)

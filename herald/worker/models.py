@@ -21,7 +21,7 @@ The Herald paper's workloads (herald-nsdi24 §2.2, Table 1): W1 Criteo + Wide&De
 W2 MovieLens + NCF, W3 Avazu + DeepFM, W4 Criteo Sponsored Search + Deep&Cross; HET
 (het-vldb22 §5, Table 3) trains WDL, DeepFM and DCN with 3 hidden layers of 256,
 the default deep part here. :func:`build_model` ``auto`` keeps the shape rule; the
-job resolves ``auto`` by dataset first (:func:`herald.job.spec.auto_model`).
+job resolves ``auto`` by dataset first (:func:`herald.spec.train.auto_model`).
 """
 
 from __future__ import annotations
@@ -271,7 +271,7 @@ def build_model(name: str, dense_dim: int, num_tables: int, embedding_dim: int, 
     with parameters drawn from ``seed`` (equal replicas on every rank).
 
     ``auto`` here picks by shape: NCF for two tables without dense features, else DLRM
-    (``herald train`` resolves ``auto`` by dataset before this: :func:`herald.job.spec.auto_model`).
+    (``herald train`` resolves ``auto`` by dataset before this: :func:`herald.spec.train.auto_model`).
 
     Args:
         dense_dim: dense features per sample ``D``; num_tables: tables ``T``;

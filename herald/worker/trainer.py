@@ -10,9 +10,10 @@ import torch
 import torch.nn.functional as F
 
 from herald.errors import ConfigError
-from herald.job.spec import JobSpec
+from herald.spec.job import JobSpec
 from herald.worker.api import ScheduledLoader
 from herald.worker.models import build_model
+from herald.spec.vocab import DEFAULT_TIMEOUT_MS
 
 DENSE_OPTIMIZERS = {"sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad, "adam": torch.optim.Adam}
 
@@ -57,7 +58,7 @@ def worker_threads(world_size: int) -> int:
 
 
 def run_worker(dispatcher: str, rank: int, world_size: int, *, device: str | None = None, cache_device: str = "auto",
-               timeout_ms: int = 120_000, keys_dir: str | None = None) -> int:
+               timeout_ms: int = DEFAULT_TIMEOUT_MS, keys_dir: str | None = None) -> int:
     """Train until the dispatcher says end; rank files ``dense-rank<r>.pt`` in the job's run_dir.
 
     Returns:

@@ -23,9 +23,9 @@ from herald import wire
 from herald.dispatch.dispatcher import Dispatcher, DispatcherConfig, StepRecord
 from herald.dispatch.microbatch import MicroBatch
 from herald.errors import HeraldError, PeerTimeout, ProtocolError
-from herald.job.spec import JobSpec
+from herald.spec.job import JobSpec
 from herald.loader.batch import SampleBatch
-from herald.ps import TableConfig
+from herald.spec.tables import TableConfig
 from herald.scheduler import Scheduler
 from herald.scheduler.config import SchedulerConfig
 

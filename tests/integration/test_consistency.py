@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from herald.job.launcher import run_train
-from herald.job.spec import TrainConfig
+from herald.spec.train import TrainConfig
 
 pytestmark = pytest.mark.integration
 

@@ -27,7 +27,8 @@ import torch
 
 from herald.errors import ConfigError, HeraldError
 from herald.job.data import JobData
-from herald.job.spec import JobSpec, TrainConfig
+from herald.spec.job import JobSpec
+from herald.spec.train import TrainConfig
 from herald.ps.checkpoint import load as load_ps_checkpoint
 from herald.testbed import TestBed, TestBedError, cleanup_stale, list_namespaces
 from herald.testbed.job import bed_hosts, run_job

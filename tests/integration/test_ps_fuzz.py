@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import zmq
 
-from herald.ps import LocalShards, OptimizerConfig, PSClient, TableConfig, shard_of
+from herald.ps import LocalShards, PSClient, shard_of
+from herald.spec.tables import OptimizerConfig, TableConfig
 from herald.ps.wire import PS
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from herald.errors import ConfigError, PeerTimeout, ProtocolError
-from herald.ps import (CheckpointError, LocalShards, OptimizerConfig, PSClient, TableConfig, apply_gradients,
-                       init_rows, shard_of)
+from herald.ps import CheckpointError, LocalShards, PSClient, apply_gradients, init_rows, shard_of
+from herald.spec.tables import OptimizerConfig, TableConfig
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -25,10 +25,11 @@ import torch
 from herald.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from herald.errors import ConfigError, DataError, HeraldError
 from herald.job.launcher import run_train
-from herald.job.spec import JobSpec, TrainConfig
+from herald.spec.job import JobSpec
+from herald.spec.train import TrainConfig
 from herald.loader import datagen, open_source
 from herald.loader.global_batches import GlobalBatches
-from herald.ps import TableConfig
+from herald.spec.tables import TableConfig
 
 pytestmark = pytest.mark.integration
 

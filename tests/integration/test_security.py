@@ -21,7 +21,8 @@ from proc_tree import children
 
 from herald.auth import generate_keys
 from herald.errors import PeerTimeout
-from herald.ps import LocalShards, OptimizerConfig, PSClient, TableConfig
+from herald.ps import LocalShards, PSClient
+from herald.spec.tables import OptimizerConfig, TableConfig
 from herald.ps.admin import AdminRefused
 
 pytestmark = pytest.mark.integration

@@ -25,7 +25,7 @@ from herald.ps import PSClient
 from herald.job.reference import train_reference
 from herald.loader.splits import RowRange
 from herald.job.launcher import run_train
-from herald.job.spec import TrainConfig
+from herald.spec.train import TrainConfig
 
 pytestmark = pytest.mark.integration
 

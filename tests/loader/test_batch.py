@@ -3,7 +3,7 @@ import pytest
 
 from herald.errors import DataError
 from herald.loader.batch import SampleBatch
-from herald.loader.hashing import hash_strings, hash_value
+from herald.hashing import hash_strings, hash_value
 
 
 def _batch():

@@ -8,7 +8,7 @@ import pytest
 from herald.errors import DataError
 from herald.loader import open_source
 from herald.loader.batch import SampleBatch
-from herald.loader.hashing import hash_value
+from herald.hashing import hash_value
 
 ROW_COUNTS = [
     ("criteo/criteo_kaggle_sample_train.tsv", "criteo", 7200, 1549),

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from herald.errors import ProtocolError
-from herald.ps.config import TableConfig
+from herald.spec.tables import TableConfig
 from herald.ps.table import EmbeddingTable
 
 

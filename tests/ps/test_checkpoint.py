@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from herald.ps import CheckpointError, OptimizerConfig, TableConfig
+from herald.ps import CheckpointError
+from herald.spec.tables import OptimizerConfig, TableConfig
 from herald.ps import checkpoint
 from herald.ps.table import EmbeddingTable
 

@@ -8,7 +8,7 @@ import pytest
 import zmq
 
 from herald.errors import ProtocolError
-from herald.ps import OptimizerConfig, TableConfig
+from herald.spec.tables import OptimizerConfig, TableConfig
 from herald.ps.server import ShardServer
 from herald.ps.table import EmbeddingTable
 from herald.ps.wire import PS, pack_clocks, unpack_clocks, valid_copies

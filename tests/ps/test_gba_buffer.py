@@ -7,7 +7,7 @@ import pytest
 import zmq
 
 from herald.errors import ProtocolError
-from herald.ps import OptimizerConfig, TableConfig
+from herald.spec.tables import OptimizerConfig, TableConfig
 from herald.ps.gba import Contribution, GradientBuffer, aggregate_rows
 from herald.ps.server import ShardServer
 from herald.ps.wire import PS

@@ -10,7 +10,7 @@ import pytest
 import zmq
 
 from herald.errors import ConfigError
-from herald.ps import OptimizerConfig, TableConfig
+from herald.spec.tables import OptimizerConfig, TableConfig
 from herald.ps.config import ShardLimits
 from herald.ps.server import ShardServer
 from herald.ps.wire import PS

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from herald.errors import ConfigError
-from herald.ps import OptimizerConfig, TableConfig, apply_gradients, init_rows, shard_of
+from herald.ps import apply_gradients, init_rows, shard_of
+from herald.spec.tables import OptimizerConfig, TableConfig
 
 KEYS = np.array([0, 1, 2, 2**63, 2**64 - 1, 123456789012345678], np.uint64)
 

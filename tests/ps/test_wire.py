@@ -8,7 +8,8 @@ import pytest
 import zmq
 
 from herald.errors import ProtocolError
-from herald.ps import TableConfig, shard_of
+from herald.ps import shard_of
+from herald.spec.tables import TableConfig
 from herald.ps.server import ShardServer
 from herald.ps.wire import CLOCK_DTYPES, PART_FRAMES, PS
 

@@ -12,7 +12,7 @@ from herald.errors import ConfigError
 from herald.scheduler import SchedulerConfig
 from herald.scheduler import parallel_kernels as PK
 from herald.scheduler.benchmark import load_batches
-from herald.scheduler.config import SCHEDULES
+from herald.spec.vocab import SCHEDULES
 from herald.scheduler.scheduler import count_distinct_keys
 from herald.scheduler.simulate import simulate
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from herald.scheduler import CAUSES, SchedulerConfig
-from herald.scheduler.config import SCHEDULES
+from herald.spec.vocab import SCHEDULES
 
 from .helpers import keylist, random_batches, run_scheduler
 from .reference import RefScheduler

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from herald.job.spec import JobSpec
-from herald.ps import OptimizerConfig, PSClient, TableConfig
+from herald.spec.job import JobSpec
+from herald.ps import PSClient
+from herald.spec.tables import OptimizerConfig, TableConfig
 from herald.ps.server import ShardServer
 from herald.scheduler.plan import CachePlan, KeySet
 from herald.worker import psio

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from herald.dispatch.microbatch import MicroBatch, make_sample_ids
-from herald.job.spec import JobSpec
+from herald.spec.job import JobSpec
 from herald.loader.batch import SampleBatch
-from herald.ps import OptimizerConfig, TableConfig
+from herald.spec.tables import OptimizerConfig, TableConfig
 from herald.ps.server import ShardServer
 from herald.scheduler.plan import CachePlan, KeySet
 from herald.worker import psio

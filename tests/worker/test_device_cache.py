@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from herald.errors import ProtocolError
-from herald.ps import OptimizerConfig, TableConfig, apply_gradients
+from herald.ps import apply_gradients
+from herald.spec.tables import OptimizerConfig, TableConfig
 from herald.scheduler.plan import KeySet
 from herald.worker.cache import EmbeddingCache
 from herald.worker.device_cache import DeviceCache, make_cache

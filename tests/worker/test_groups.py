@@ -15,7 +15,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from herald.errors import ConfigError
-from herald.worker.comm_settings import WIRE_DTYPES, check_comm
+from herald.spec.comm import check_comm
 from herald.worker.groups import (
     GroupAverager,
     GroupAveragingFailed,
@@ -57,8 +57,6 @@ def test_layout():
 
 
 def test_settings_checked_with_flag_names():
-    from herald.ps.compress import WIRE_DTYPES as PS_WIRE
-    assert WIRE_DTYPES == PS_WIRE
     check_comm("int8", "bf16", 2, 5, 0.5, workers=4)
     for args, flag in [(("fp8", "fp32", 1, 1, 0.5), "--wire-dtype"), (("fp32", "int8", 1, 1, 0.5), "--dense-comm"),
                        (("fp32", "fp32", 0, 1, 0.5), "--groups"), (("fp32", "fp32", 1, 0, 0.5), "--average-every"),

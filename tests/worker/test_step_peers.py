@@ -23,9 +23,10 @@ import zmq
 from herald import wire
 from herald.dispatch.microbatch import MicroBatch, make_sample_ids
 from herald.errors import ConfigError, HeraldError, PeerTimeout, ProtocolError
-from herald.job.spec import JobSpec
+from herald.spec.job import JobSpec
 from herald.loader.batch import SampleBatch
-from herald.ps import OptimizerConfig, PSClient, TableConfig, apply_gradients
+from herald.ps import PSClient, apply_gradients
+from herald.spec.tables import OptimizerConfig, TableConfig
 from herald.ps.server import ShardServer
 from herald.scheduler.plan import CachePlan, KeySet
 from herald.worker.api import ScheduledLoader

@@ -28,9 +28,10 @@ from torchrec.sparse.jagged_tensor import KeyedTensor  # noqa: E402
 from herald import wire  # noqa: E402
 from herald.dispatch.microbatch import MicroBatch, make_sample_ids  # noqa: E402
 from herald.errors import ConfigError  # noqa: E402
-from herald.job.spec import JobSpec  # noqa: E402
+from herald.spec.job import JobSpec# noqa: E402
 from herald.loader.batch import SampleBatch  # noqa: E402
-from herald.ps import OptimizerConfig, PSClient, TableConfig  # noqa: E402
+from herald.ps import PSClient# noqa: E402
+from herald.spec.tables import OptimizerConfig, TableConfig
 from herald.ps.server import ShardServer  # noqa: E402
 from herald.scheduler.plan import CachePlan, KeySet  # noqa: E402
 from herald.worker.api import CachedEmbedding, ScheduledLoader  # noqa: E402

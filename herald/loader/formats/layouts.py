@@ -28,7 +28,7 @@ import numpy as np
 
 from herald.loader import kernels as K
 from herald.loader.batch import KEY_DTYPE, OFFSET_DTYPE, SampleBatch, Schema
-from herald.loader.hashing import table_seed
+from herald.hashing import table_seed
 
 AVAZU_COLUMNS = ("id", "click", "hour", "C1", "banner_pos", "site_id", "site_domain",
                  "site_category", "app_id", "app_domain", "app_category", "device_id",

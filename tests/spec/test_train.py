@@ -12,8 +12,9 @@ from herald import cli
 from herald.config import from_arguments
 from herald.errors import ConfigError
 from herald.job.cli import add_job_arguments
-from herald.job.flags import flag_errors, in_flag_terms
-from herald.job.spec import MAX_WORKERS, SCHEDULES, TrainConfig
+from herald.spec.flags import flag_errors, in_flag_terms
+from herald.spec.train import TrainConfig
+from herald.spec.vocab import MAX_WORKERS, SCHEDULES
 from herald.loader.batch import Schema
 
 
@@ -69,16 +70,18 @@ def test_programmatic_values_are_checked_too():
     assert TrainConfig().global_batch == 256           # the defaults are valid
 
 
-def test_copies_of_scheduler_constants_match():
-    from herald.scheduler.config import MAX_WORKERS as SCHED_MAX
-    from herald.scheduler.config import SCHEDULES as SCHED
+def test_every_schedule_of_the_vocabulary_has_an_allocation_policy():
+    from herald.scheduler import SchedulerConfig
 
-    assert sorted(SCHED) == list(SCHEDULES) and MAX_WORKERS == SCHED_MAX
+    for name in SCHEDULES:
+        workers, batch = (2, 1) if name == "optimal" else (MAX_WORKERS, 4)
+        cfg = SchedulerConfig(num_workers=workers, batch_size_per_worker=batch, schedule=name)
+        assert cfg.allocation in ("random", "laia", "costaware", "bruteforce")
 
 
 def test_internal_config_errors_are_reworded_with_flags():
     from herald.dispatch.dispatcher import DispatcherConfig
-    from herald.ps import TableConfig
+    from herald.spec.tables import TableConfig
     from herald.scheduler import SchedulerConfig
 
     cases = [

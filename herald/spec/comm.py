@@ -1,8 +1,7 @@
 """Settings of wire compression and of hierarchical training groups (docs/compression.md).
 
-Torch-, numba- and zmq-free: :mod:`herald.job.spec` imports it to check ``herald train``'s
-options before anything starts. tests/worker/test_groups.py checks that
-:data:`WIRE_DTYPES` equals ``herald.ps.compress.WIRE_DTYPES``.
+Torch-, numba- and zmq-free: :mod:`herald.spec.train` and :mod:`herald.spec.job` check
+``herald train``'s options with it before anything starts.
 """
 
 from __future__ import annotations
@@ -11,13 +10,7 @@ import math
 import numbers
 
 from herald.errors import ConfigError
-
-#: ``--wire-dtype``: embedding rows and gradients between workers and the PS (NOTE [wire
-#: compression] in herald/ps/compress.py; Persia §4.2.3, HT §4.2).
-WIRE_DTYPES = ("fp32", "fp16", "bf16", "int8")
-#: ``--dense-comm``: the dense all-reduce (torch's DDP fp16/bf16 compress hooks' scheme).
-DENSE_COMM_DTYPES = ("fp32", "fp16", "bf16")
-
+from herald.spec.vocab import DENSE_COMM_DTYPES, WIRE_DTYPES
 
 def check_comm(wire_dtype: str, dense_comm: str, groups: int, average_every: int, easgd_alpha: float,
                workers: int | None = None) -> None:

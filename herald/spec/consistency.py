@@ -1,7 +1,7 @@
 """Settings of the relaxed consistency modes and of straggler injection (docs/consistency.md).
 
-Torch-, numba- and zmq-free: :mod:`herald.job.spec` imports it to check ``herald train``'s
-options before anything starts.
+Torch-, numba- and zmq-free: :mod:`herald.spec.train` and :mod:`herald.spec.job` check
+``herald train``'s options with it before anything starts.
 """
 
 from __future__ import annotations
@@ -9,15 +9,8 @@ from __future__ import annotations
 import re
 
 from herald.errors import ConfigError
+from herald.spec.vocab import CONSISTENCY_MODES
 
-#: Consistency protocols a job may choose (``--consistency``): the modes built so far.
-#: ``bsp``: exact (NOTE [step protocol]); ``bounded``: HET per-embedding clock-bounded
-#: reads (het-vldb22 §3.3, §4.1 CheckValid; NOTE [bounded reads] in
-#: herald/worker/consistency_bounded.py); ``hybrid``: Persia hybrid training, synchronous
-#: dense and asynchronous embeddings (persia-kdd22 §3, §4.2; NOTE [hybrid training] in
-#: herald/dispatch/hybrid.py); ``gba``: GBA's token-controlled global-batch aggregation on the
-#: PS (gba-neurips22 §4.1; NOTE [gba tokens] in herald/ps/gba.py).
-CONSISTENCY_MODES = ("bsp", "bounded", "hybrid", "gba")
 #: Largest staleness bound ``s`` (clock ticks = updates of one embedding).
 MAX_STALENESS = 1 << 20
 #: Largest ``--hybrid-expiry`` (steps a buffered sample waits for its gradient).
@@ -53,7 +46,7 @@ def parse_slow_worker(text: str | None, num_workers: int | None = None) -> tuple
 
 
 def check_consistency(mode: str, staleness: int) -> None:
-    """Check the consistency mode and its settings together (STYLE habit 3).
+    """Check the consistency mode and its settings together naming the flags.
 
     Raises:
         ConfigError: an unknown mode, a staleness out of 0..:data:`MAX_STALENESS`, or

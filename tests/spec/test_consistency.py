@@ -3,9 +3,10 @@
 import pytest
 
 from herald.errors import ConfigError
-from herald.job.spec import JobSpec, TrainConfig
-from herald.ps import OptimizerConfig, TableConfig
-from herald.worker.consistency_settings import check_consistency, parse_slow_worker
+from herald.spec.job import JobSpec
+from herald.spec.train import TrainConfig
+from herald.spec.tables import OptimizerConfig, TableConfig
+from herald.spec.consistency import check_consistency, parse_slow_worker
 
 
 def test_slow_worker_parses_rank_and_ms():

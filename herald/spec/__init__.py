@@ -1,0 +1,42 @@
+"""The contracts layer: what every part of a job agrees on (docs/design.md, "Layers").
+
+It sits at the bottom of the import graph: it imports nothing of herald above it
+(:mod:`herald.config` and :mod:`herald.errors` only) and no numba, torch or zmq, so
+that ``herald train`` refuses a bad option before anything heavy loads.
+
+- :mod:`herald.spec.vocab`: every vocabulary (schedules, optimizers, consistency modes,
+  wire dtypes, cache policies, devices, models) and default (timeouts, limits), once.
+- :mod:`herald.spec.tables`: :class:`TableConfig`, :class:`OptimizerConfig`.
+- :mod:`herald.spec.consistency`, :mod:`herald.spec.comm`: the settings checks of the
+  consistency modes and of compression / groups.
+- :mod:`herald.spec.train`: :class:`TrainConfig`, the user's settings of a job.
+- :mod:`herald.spec.job`: :class:`JobSpec`, the versioned contract sent to every worker.
+- :mod:`herald.spec.flags`: errors worded in ``herald train``'s flags.
+"""
+
+import importlib
+
+# Names are imported on first use (PEP 562).
+_EXPORTS = {
+    "JobSpec": "job", "TrainConfig": "train", "auto_model": "train", "TableConfig": "tables",
+    "OptimizerConfig": "tables", "check_tables": "tables", "tables_from_json": "tables",
+    "tables_to_json": "tables",
+}
+_SUBMODULES = ("comm", "consistency", "flags", "job", "tables", "train", "vocab")
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f"herald.spec.{_EXPORTS[name]}"), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f"herald.spec.{name}")
+    else:
+        raise AttributeError(f"module 'herald.spec' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS) | set(_SUBMODULES))

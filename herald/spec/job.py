@@ -1,0 +1,186 @@
+"""The versioned contract every process of a job agrees on: :class:`JobSpec`.
+
+Sent by the dispatcher to each worker in its ``config`` message (NOTE [dispatch
+protocol] in herald/dispatch/peers.py); read by the worker runtime, the report and the
+single-process reference trainer. :meth:`JobSpec.build` derives it from a
+:class:`~herald.spec.train.TrainConfig` and the job's data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from typing import Any, Mapping
+
+from herald.config import from_mapping, require
+from herald.errors import ConfigError
+from herald.spec.comm import check_comm
+from herald.spec.consistency import check_consistency, check_gba, check_hybrid, parse_slow_worker
+from herald.spec.flags import flag_errors
+from herald.spec.tables import TableConfig
+from herald.spec.train import TrainConfig, auto_model
+from herald.spec.vocab import DENSE_OPTIMIZERS, MODELS, SCALAR_SLICE_MODELS
+
+
+@dataclasses.dataclass(frozen=True)
+class JobSpec:
+    """What every process of a job must agree on: sent by the dispatcher to each worker
+    in its ``config`` message (NOTE [dispatch protocol]) as :meth:`to_dict`, read by
+    the worker runtime, the report and the single-process reference trainer.
+
+    Attributes:
+        tables: the embedding tables (dim, sparse optimizer), in table order.
+        dense_dim: dense features per sample; model: one of :data:`MODELS` (``auto``
+            resolved by :meth:`build`: :func:`auto_model`); seed:
+            seed of the dense model (equal replicas on every rank).
+        dense_optimizer, dense_lr: the dense optimizer (``sgd``/``adagrad``/``adam``).
+        ps: PS shard endpoints in shard order; ps_timeout_ms: longest wait for a shard.
+        consistency, staleness: the consistency protocol (NOTE [step protocol]; ``bsp`` or
+            ``bounded`` with its staleness bound: docs/consistency.md).
+        slow_worker_rank, slow_worker_ms: straggler injection (``--slow-worker``): that rank
+            sleeps that many ms once per step (rank -1: none); hybrid_expiry_steps: ``--hybrid-expiry``;
+            gba_buffer, gba_threshold: GBA's M (resolved) and iota (NOTE [gba tokens]).
+        wire_dtype, dense_comm, groups, average_every, easgd_alpha: wire compression and
+            hierarchical training groups (docs/compression.md; checked by
+            :func:`herald.spec.comm.check_comm`).
+        group_index: -1: one dispatcher serves every rank; ``g`` >= 0: this job's dispatcher
+            serves only group ``g``'s ranks, as its ranks 0..k-1 (NOTE [independent groups]
+            in herald/job/group_dispatch.py; the worker's torch.distributed rank is ``g * k + r``).
+        run_dir: where workers write their dense replicas at the end (None: nowhere).
+        dist_init: torch.distributed init method (None: ``env://`` under torchrun).
+        resume_dense: checkpoint folder whose ``dense.pt`` the workers load, or None.
+        keys_dir: the CURVE keys folder of the job's PS shards (NOTE [transport security]
+            in herald/auth.py), or None. Only the path travels: every host reads the
+            keys from its own copy of the folder; a worker's own ``--keys`` wins.
+        replicated_tables, replica_rows: NOTE [replicated tables] (herald/worker/replicas.py).
+        capacity_rows, num_workers: set by the dispatcher (cache rows per worker, ranks).
+
+    Raises:
+        ConfigError: from :meth:`from_dict`: another version, an unknown key, or a bad value.
+    """
+
+    VERSION = 1
+
+    tables: tuple[TableConfig, ...]
+    dense_dim: int
+    ps: tuple[str, ...]
+    model: str = "auto"
+    seed: int = 0
+    dense_optimizer: str = "sgd"
+    dense_lr: float = 0.01
+    ps_timeout_ms: int = 30_000
+    consistency: str = "bsp"
+    run_dir: str | None = None
+    dist_init: str | None = None
+    resume_dense: str | None = None
+    replicated_tables: tuple[int, ...] = ()
+    replica_rows: int = 0
+    capacity_rows: int = 0
+    num_workers: int = 0
+    keys_dir: str | None = None
+    staleness: int = 0
+    slow_worker_rank: int = -1
+    slow_worker_ms: int = 0
+    hybrid_expiry_steps: int | None = None
+    gba_buffer: int = 0
+    gba_threshold: int = 0
+    wire_dtype: str = "fp32"
+    dense_comm: str = "fp32"
+    groups: int = 1
+    average_every: int = 10
+    easgd_alpha: float = 0.3
+    group_index: int = -1
+
+    def __post_init__(self) -> None:
+        require(len(self.tables) >= 1 and all(isinstance(t, TableConfig) for t in self.tables),
+                "a job needs at least one TableConfig")
+        require(len(self.ps) >= 1, "a job needs at least one PS shard endpoint")
+        require(self.dense_dim >= 0, f"dense_dim must be >= 0, got {self.dense_dim}")
+        require(self.model in MODELS, f"model must be one of {MODELS}, got {self.model!r}")
+        require(self.model not in SCALAR_SLICE_MODELS or min(t.dim for t in self.tables) >= 2,
+                f"model {self.model} needs table dim >= 2 (the last element of each row is the id's scalar weight); "
+                "set --embedding-dim 2 or more, or choose another --model")
+        require(self.dense_optimizer in DENSE_OPTIMIZERS,
+                f"dense optimizer must be one of {DENSE_OPTIMIZERS}, got {self.dense_optimizer!r}")
+        check_consistency(self.consistency, self.staleness)
+        check_hybrid(self.consistency, self.hybrid_expiry_steps, bool(self.replicated_tables))
+        check_gba(self.consistency, self.gba_buffer, self.gba_threshold, replicated=bool(self.replicated_tables))
+        check_comm(self.wire_dtype, self.dense_comm, self.groups, self.average_every, self.easgd_alpha)
+        require(type(self.slow_worker_rank) is int and type(self.slow_worker_ms) is int and self.slow_worker_ms >= 0,
+                f"slow_worker_rank and slow_worker_ms must be ints, got {self.slow_worker_rank!r}, "
+                f"{self.slow_worker_ms!r}")
+        require(self.ps_timeout_ms >= 1 and self.capacity_rows >= 0 and self.replica_rows >= 0,
+                "ps_timeout_ms must be >= 1, capacity_rows and replica_rows >= 0")
+        require(all(0 <= t < len(self.tables) for t in self.replicated_tables),
+                f"replicated_tables {self.replicated_tables} must index the {len(self.tables)} tables")
+        require(self.keys_dir is None or isinstance(self.keys_dir, str), f"keys_dir must be a path or None, got "
+                                                                         f"{type(self.keys_dir).__name__}")
+        require(type(self.group_index) is int and -1 <= self.group_index < self.groups,
+                f"group_index must be -1 or a group below groups {self.groups}, got {self.group_index!r}")
+
+    @classmethod
+    def build(cls, cfg: TrainConfig, data: Any, ps_addresses: list[str]) -> "JobSpec":
+        """The spec of the job ``cfg`` reading ``data`` (a :class:`herald.job.data.JobData`: its
+        ``schema``, ``dataset``, ``replicated`` and ``replica_rows`` are read), served by the PS
+        at ``ps_addresses``."""
+        with flag_errors():
+            return cls(tables=tuple(cfg.tables(data.schema)), dense_dim=data.schema.dense_dim,
+                       ps=tuple(ps_addresses),
+                       model=auto_model(cfg.model, data.dataset, data.schema.num_tables, data.schema.dense_dim),
+                       seed=cfg.seed, dense_optimizer=cfg.dense_optimizer,
+                       dense_lr=cfg.dense_lr, ps_timeout_ms=cfg.timeout_ms, consistency=cfg.consistency,
+                       run_dir=str(pathlib.Path(cfg.run_dir).resolve()),
+                       replicated_tables=tuple(data.replicated), replica_rows=data.replica_rows,
+                       keys_dir=str(pathlib.Path(cfg.keys_dir).resolve()) if cfg.keys_dir else None,
+                       staleness=cfg.staleness, hybrid_expiry_steps=cfg.hybrid_expiry,
+                       gba_buffer=cfg.gba_buffer or (cfg.workers if cfg.consistency == "gba" else 0),
+                       gba_threshold=cfg.gba_threshold, wire_dtype=cfg.wire_dtype,
+                       dense_comm=cfg.dense_comm, groups=cfg.groups, average_every=cfg.average_every,
+                       easgd_alpha=float(cfg.easgd_alpha),
+                       **dict(zip(("slow_worker_rank", "slow_worker_ms"), parse_slow_worker(cfg.slow_worker))))
+
+    def replace(self, **changes: Any) -> "JobSpec":
+        """A copy with ``changes`` applied (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A msgpack/JSON-able dict with a ``version`` key (inverse: :meth:`from_dict`)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out.update(version=self.VERSION, tables=[t.to_dict() for t in self.tables], ps=list(self.ps),
+                   replicated_tables=list(self.replicated_tables))
+        return out
+
+    @classmethod
+    def from_dict(cls, mapping: Mapping[str, Any]) -> "JobSpec":
+        """Inverse of :meth:`to_dict`.
+
+        Raises:
+            ConfigError: not a mapping, another version, an unknown key, or a bad value.
+        """
+        if not isinstance(mapping, Mapping):
+            raise ConfigError(f"a job spec must be a mapping, got {type(mapping).__name__}")
+        values = dict(mapping)
+        version = values.pop("version", None)
+        if version != cls.VERSION:
+            raise ConfigError(f"job spec version {version!r} is not {cls.VERSION}: run the same herald version "
+                              "on the dispatcher and every worker")
+        try:
+            values["tables"] = tuple(TableConfig.from_dict(t) for t in values.get("tables", ()))
+            values["ps"] = tuple(values.get("ps", ()))
+            values["replicated_tables"] = tuple(int(t) for t in values.get("replicated_tables", ()))
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"malformed job spec: {exc}") from None
+        return from_mapping(cls, values, where="job spec")
+
+    @property
+    def dim(self) -> int:
+        """The embedding dim shared by every table (the worker cache needs one).
+
+        Raises:
+            ConfigError: tables differ in dim or optimizer-state width.
+        """
+        dims = {(t.dim, t.row_width) for t in self.tables}
+        if len(dims) != 1:
+            raise ConfigError("the worker cache needs every table to share dim and optimizer state width, got "
+                              f"{sorted(dims)}; give all tables the same dim and optimizer")
+        return next(iter(dims))[0]
