@@ -30,9 +30,11 @@ torchrec: $(TORCHREC_STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/herald train
 
-# Every test, including integration tests against real PS processes and a real Kafka broker,
-# and the TorchRec interop (so `make test` installs torchrec: `make torchrec`).
+# The import rules first (import-linter contracts in pyproject.toml: docs/design.md, "Layers"),
+# then every test, including integration tests against real PS processes and a real Kafka
+# broker, and the TorchRec interop (so `make test` installs torchrec: `make torchrec`).
 test: $(STAMP) $(TORCHREC_STAMP)
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q --timeout=300 --durations=15 tests
 
 # PS pull/push throughput vs memcpy and bare ZeroMQ (one shard, ~45 s).

@@ -64,7 +64,7 @@ def _consume(src, rows: int, batch: int) -> tuple[float, float, int]:
 def run(bootstrap: str, rows: int, batch: int, rows_per_message: int) -> list[tuple[str, float, float, int]]:
     from herald.loader.batch import SampleBatch
     from herald.loader.kafka.source import KafkaSource, KafkaSourceConfig
-    from herald.loader.kafka.produce import arrow_messages
+    from herald.loader.produce import arrow_messages
     from herald.loader.registry import open_source
 
     lines = _lines(rows)

@@ -15,7 +15,7 @@ import sys
 os.environ.setdefault("NUMBA_NUM_THREADS", "1")   # before numba loads
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from herald.worker.bench_kernels import main
+from herald.bench.kernels import main
 
 if __name__ == "__main__":
     sys.exit(main())

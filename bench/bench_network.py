@@ -1,4 +1,4 @@
-"""Herald vs vanilla across hosts with shaped links (see herald/job/bench_network.py);
+"""Herald vs vanilla across hosts with shaped links (see herald/bench/network.py);
 same as `herald bench network`. Needs root, `ip` and `tc` (docs/testbed.md).
 
     sudo -E python bench/bench_network.py [--rate 1gbit] [--dim 128 512] [--rows 200000] [--out FILE.json]
@@ -11,7 +11,7 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # run from a checkout
 
-from herald.job.bench_network import main  # noqa: E402
+from herald.bench.network import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -3,7 +3,7 @@ total reduction vs vanilla for laia, plan, herald and costaware), scheduling tim
 batch, and optionally brute-force quality, scaling and snapshot memory.
 
 Run: ``python bench/bench_scheduler.py --data ../shared/data/movielens/ml-latest-small/ratings.csv
---workers 8 --batch-size 128 --cache-ratio 0.1``. See :mod:`herald.scheduler.benchmark`.
+--workers 8 --batch-size 128 --cache-ratio 0.1``. See :mod:`herald.bench.scheduler`.
 
 ``--compare-ref REF`` instead times ``submit`` of this checkout against the scheduler of git
 revision ``REF`` (``git archive``) in the same run: for each case (Criteo sample, synthetic
@@ -49,9 +49,10 @@ def timing_worker(data: str, schedule: str, workers: int, per_worker: int, build
 
     import numpy as np
 
-    from herald.scheduler.benchmark import load_batches
+    from herald.bench.scheduler import load_batches
     from herald.scheduler.config import SchedulerConfig
-    from herald.scheduler.scheduler import Scheduler, count_distinct_keys
+    from herald.loader.splits import count_distinct_keys
+    from herald.scheduler.scheduler import Scheduler
 
     batches, tables, _ = load_batches(data, workers * per_worker)
     distinct = count_distinct_keys(batches)
@@ -85,9 +86,10 @@ def pool_vs_prange(repeats: int = 200) -> int:
 
     from herald.scheduler import parallel_kernels as PK
     from herald.scheduler import snapshot_kernels as SK
-    from herald.scheduler.benchmark import load_batches
+    from herald.bench.scheduler import load_batches
     from herald.scheduler.config import SchedulerConfig
-    from herald.scheduler.scheduler import Scheduler, count_distinct_keys
+    from herald.loader.splits import count_distinct_keys
+    from herald.scheduler.scheduler import Scheduler
 
     @nb.njit(nogil=True)
     def lru_workers(w0, w1, W, *args):   # the scheduler's per-worker function, for a range of workers
@@ -202,10 +204,11 @@ if __name__ == "__main__":
         d, s, w, b, plans = sys.argv[2:7]
         timing_worker(d, s, int(w), int(b), bool(int(plans)))
         sys.exit(0)
-    from herald.scheduler.benchmark import add_bench_arguments, main
+    from herald.bench.options import add_scheduler_arguments
+    from herald.bench.scheduler import main
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_bench_arguments(parser)
+    add_scheduler_arguments(parser)
     parser.add_argument("--compare-ref", default=None,
                         help="time submit() of this checkout against git revision REF, same run")
     parser.add_argument("--no-plans", action="store_true", help="--compare-ref: counts only (build_plans=False)")

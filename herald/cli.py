@@ -18,11 +18,11 @@ from herald.errors import HeraldError
 # Order decides the order in --help.
 _COMMAND_MODULES = (
     "herald.loader.cli",
-    "herald.scheduler.cli",
     "herald.ps.cli",
-    "herald.dispatch.cli",
+    "herald.job.serve_dispatcher",
     "herald.worker.cli",
     "herald.job.cli",
+    "herald.bench.cli",
     "herald.auth",
 )
 

@@ -1,6 +1,6 @@
 """Settings helpers: frozen dataclasses, validated on construction, strict about keys.
 
-STYLE habit 3: settings carry units in field names (``timeout_ms``,
+Settings carry units in field names (``timeout_ms``,
 ``capacity_rows``); unknown keys in a config mapping raise with the known keys.
 """
 

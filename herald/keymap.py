@@ -29,7 +29,7 @@ array             dtype [shape]        meaning
 Batch lookups are software-pipelined: the home bucket of the key ``AHEAD1`` ahead and the
 id of the slot in the bucket of the key ``AHEAD2`` ahead are prefetched, so the random
 accesses of consecutive keys overlap. Kernels are ``nogil`` and write into preallocated
-outputs (STYLE habit 2); the users allocate and grow.
+outputs; the users allocate and grow.
 """
 
 from __future__ import annotations

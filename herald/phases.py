@@ -3,7 +3,7 @@
 A :class:`PhaseTimer` adds the seconds spent in named phases; a step's breakdown is
 taken (and reset) with :meth:`PhaseTimer.take`. The names of each role's phases are
 listed here, in the order a step runs them, so that the report and the benchmarks
-show them in one order (DESIGN "Performance model": a user must see where a step goes).
+show them in one order (docs/design.md, "Performance": a user must see where a step goes).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Multipart message codec: one msgpack header frame, then raw array frames.
 
-NOTE [wire format] (DESIGN "Wire format"; every herald socket speaks it): a message
+NOTE [wire format] (every herald socket speaks it): a message
 is ``[header, a_0, ..., a_k]``.
 
 ``header`` is a msgpack map (str keys; no bin or ext values) with at least

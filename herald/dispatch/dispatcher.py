@@ -60,11 +60,10 @@ from herald import wire
 from herald.auth import check_bind, server_socket
 from herald.errors import ConfigError, HeraldError, PeerTimeout, ProtocolError
 from herald.spec.job import JobSpec
+from herald.spec.modes import consistency_mode
 from herald.phases import PhaseTimer
 from herald.loader.batch import SampleBatch
 from herald.dispatch.early import TouchedKeys
-from herald.dispatch.gba import GbaServe
-from herald.dispatch.hybrid import make_hybrid
 from herald.dispatch.idbuffer import IdFeatureBuffer
 from herald.dispatch.peers import Message, PeerTable
 from herald.dispatch.pipeline import Pipeline
@@ -218,7 +217,8 @@ class Dispatcher:
         self._serving = True
         self._handshake()
         try:
-            return GbaServe(self).run() if self._job.consistency == "gba" else self._serve_steps()   # NOTE [gba tokens]
+            # the mode's serve strategy (herald.spec.modes): serve_steps, or gba's (NOTE [gba tokens])
+            return consistency_mode(self._job.consistency).resolve("serve")(self)
         except BaseException as exc:
             # tell every worker, so none waits out its timeout on a dead dispatcher
             for rank in self._peers.identities:
@@ -341,7 +341,8 @@ class Dispatcher:
         if self._buffer is None:
             self._buffer = IdFeatureBuffer((self.config.max_inflight_steps + 1) * len(ready.sample_ids))
             self._peers.ack_rows = len(ready.sample_ids) // self.config.num_workers
-            self._hybrid = make_hybrid(self._job, self.config, step, self._peers)   # None unless hybrid
+            make = consistency_mode(self._job.consistency).resolve("embedding_worker")   # hybrid's, else None
+            self._hybrid = make(self._job, self.config, step, self._peers) if make is not None else None
         if self._hybrid is not None:
             self._hybrid.before_send(step)
         self._buffer.put(step, ready.micro_batches)
@@ -498,3 +499,10 @@ class Dispatcher:
         """The next message that passes NOTE [peer validation] (:meth:`PeerTable.receive`)."""
         return self._peers.receive(self._sock, deadline, waiting_for=waiting_for,
                                    timeout_ms=self.config.peer_timeout_ms, liveness=self._liveness)
+
+
+def serve_steps(disp: Dispatcher) -> list[StepRecord]:
+    """The serve strategy of the plan-driven modes (bsp, bounded, hybrid; their entries in
+    :data:`herald.spec.modes.MODES`): global steps handed out within the credit window, with
+    checkpoint barriers and the final flush (:meth:`Dispatcher.serve`)."""
+    return disp._serve_steps()

@@ -1,6 +1,6 @@
 """GBA's data list and token list on the dispatcher: micro-batches handed out on demand.
 
-NOTE [gba tokens] (herald/ps/gba.py; gba-neurips22 §4.1). Under ``--consistency gba``
+NOTE [gba tokens] (herald/ps/gba.py; GBA §4.1). Under ``--consistency gba``
 the dispatcher does not schedule steps: there is no lock-step, no allocation, no
 communication plan and no worker cache (every micro-batch reads its rows from the PS).
 It cuts each global batch ``k`` into ``M`` micro-batches of ``G / M`` samples, in
@@ -33,7 +33,7 @@ A checkpoint is therefore mode-free: it holds the model after ``b + 1`` global b
 shards' buffers at global step ``b + 1`` (the workers read it from the checkpoint's
 ``meta.json`` and send it as ``base`` in every GBA request) and its dense replay there;
 under BSP it starts as from any BSP checkpoint. The global batch is the same in both
-modes (GBA keeps the synchronous one, gba-neurips22 §4), so switching ``--consistency
+modes (GBA keeps the synchronous one, GBA §4), so switching ``--consistency
 bsp`` <-> ``gba`` at a checkpoint needs no other change (docs/consistency.md, "Switching
 modes").
 """
@@ -223,3 +223,9 @@ class GbaServe:
             disp._id_log.flush()
         if disp._on_step is not None:
             disp._on_step(rec)
+
+
+def serve_gba(disp: Any) -> list[StepRecord]:
+    """GBA's serve strategy (its entry in :data:`herald.spec.modes.MODES`): the data list and
+    token list of :class:`GbaServe` (NOTE above) over the dispatcher ``disp``."""
+    return GbaServe(disp).run()

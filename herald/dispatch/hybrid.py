@@ -2,8 +2,8 @@
 
 NOTE [hybrid training]
 ~~~~~~~~~~~~~~~~~~~~~~
-Persia (persia-kdd22 §3, Algorithm 1; §4.2 the embedding worker) trains the dense part
-synchronously and the embeddings asynchronously. In herald (``--consistency hybrid``):
+Persia trains the dense part synchronously and the embeddings asynchronously (Persia §3,
+Alg. 1; §4.2 the embedding worker). In herald (``--consistency hybrid``):
 
 1. **Hand-out.** The dispatcher keeps every micro-batch it sends in its ID-feature buffer,
    keyed by sample id (:class:`~herald.dispatch.idbuffer.IdFeatureBuffer`, Persia §4.2.1),
@@ -36,7 +36,8 @@ synchronously and the embeddings asynchronously. In herald (``--consistency hybr
    stops answering is reported by name (the client's PeerTimeout), re-raised in the serve
    thread. This work is on the hand-out's critical path (the push of step ``t - W`` gates
    step ``t``), so it is vectorized: per table and rank it cost ~3 ms of the serve thread
-   per step on the Criteo sample (26 tables), all tables at once ~1 ms (issue 13).
+   per step on the Criteo sample (26 tables), all tables at once ~1 ms (docs/consistency.md,
+   "What is on hybrid's critical path").
 5. **Expiry.** A gradient arriving more than ``hybrid_expiry_steps`` steps after its step
    was handed out (the dispatcher's newest step minus the sample's) is dropped with its
    samples, counted (``dropped``). Within the credit window the age is at most ``W - 1``,
@@ -64,6 +65,7 @@ import numpy as np
 from herald.dispatch.idbuffer import IdFeatureBuffer
 from herald.dispatch.microbatch import MicroBatch
 from herald.errors import HeraldError, PeerTimeout, ProtocolError
+from herald.ps import PSClient
 
 #: steps whose gradients may wait for the push thread (beyond it the serve thread waits, bounded)
 PUSH_QUEUE_STEPS = 64
@@ -272,7 +274,7 @@ class GradientPusher:
                     self.applied_through = step
                     self.rows_pushed += sum(k.shape[0] for k, _ in parts.values())
                     self._cond.notify_all()
-        except BaseException as exc:  # noqa: BLE001 - handed to the serve thread (STYLE habit 6)
+        except BaseException as exc:  # noqa: BLE001 - handed to the serve thread, never lost
             with self._cond:
                 self._error = exc
                 self._cond.notify_all()
@@ -288,7 +290,7 @@ class GradientPusher:
 
 
 class HybridEmbeddingWorker:
-    """The dispatcher's half of NOTE [hybrid training] (Persia's embedding worker, §4.2).
+    """The dispatcher's half of NOTE [hybrid training] (Persia's embedding worker, Persia §4.2).
 
     Args:
         num_tables, dim: the job's tables and embedding dim (the shape of the bag gradients).
@@ -369,15 +371,12 @@ class HybridEmbeddingWorker:
         self.pusher.close()
 
 
-def make_hybrid(job: Any, config: Any, first_step: int, peers: Any) -> HybridEmbeddingWorker | None:
-    """The :class:`HybridEmbeddingWorker` of ``job`` (a :class:`~herald.spec.job.JobSpec`),
-    with a PS client of its shards on its push thread, or None unless ``job.consistency`` is
-    ``hybrid``. ``config``: the :class:`~herald.dispatch.records.DispatcherConfig`; ``peers``:
-    the dispatcher's :class:`~herald.dispatch.peers.PeerTable` (its acks then carry gradients)."""
-    if job.consistency != "hybrid":
-        return None
-    from herald.ps import PSClient
-
+def make_hybrid(job: Any, config: Any, first_step: int, peers: Any) -> HybridEmbeddingWorker:
+    """The :class:`HybridEmbeddingWorker` of ``job`` (a :class:`~herald.spec.job.JobSpec` of a
+    mode whose entry in :data:`herald.spec.modes.MODES` names this factory as its
+    ``embedding_worker``: hybrid), with a PS client of its shards on its push thread.
+    ``config``: the :class:`~herald.dispatch.records.DispatcherConfig`; ``peers``: the
+    dispatcher's :class:`~herald.dispatch.peers.PeerTable` (its acks then carry gradients)."""
     peers.ack_grads = (len(job.tables), job.dim)
     max_inflight_steps, timeout_ms = config.max_inflight_steps, config.peer_timeout_ms
 

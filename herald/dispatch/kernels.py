@@ -1,6 +1,6 @@
 """Numba kernels of the dispatcher: micro-batch building and early-pull marking.
 
-Pure functions over preallocated arrays (STYLE habit 2), all ``nogil`` so the
+Pure functions over preallocated arrays, all ``nogil`` so the
 dispatcher's pipeline threads (NOTE [dispatch pipeline] in
 :mod:`herald.dispatch.pipeline`) run them in parallel with the scheduler's kernels.
 Validation and allocation are in :mod:`herald.dispatch.microbatch` and

@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from herald.dispatch.kernels import build_ranks_jit, count_rank_nnz_jit
-from herald.errors import ProtocolError
+from herald.errors import DataError, ProtocolError
 from herald.loader.batch import SampleBatch
 from herald.scheduler.plan import CachePlan, KeySet
 
@@ -176,8 +176,6 @@ class MicroBatch:
             index = np.asarray(index, dtype=np.int64)
             n = len(batch)
             if index.size and (index.min() < -n or index.max() >= n):
-                from herald.errors import DataError
-
                 raise DataError(f"build: index out of range for a batch of {n} samples")
             index = np.where(index < 0, index + n, index)
         parts = build_parts(batch, index, np.array([0, index.shape[0]], np.int64))[0]

@@ -1,8 +1,9 @@
 """Who may speak to the dispatcher, and in which words: message validation and the
 identity table of its workers.
 
-No paper covers this (they assume trusted peers); it extends DESIGN "Wire format"
-(nothing from a socket is unpickled, no unbounded wait) to whatever arrives.
+No paper covers this (they assume trusted peers); it extends NOTE [wire format] in
+herald/wire.py (nothing from a socket is unpickled) and the rule of no unbounded wait
+to whatever arrives.
 
 NOTE [peer validation] (docs/operations.md, "Hostile or malformed peers"): the
 dispatcher's ROUTER port accepts a message from anyone who can reach it (a raw TCP

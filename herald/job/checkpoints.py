@@ -25,7 +25,7 @@ its settings. A resumed job must keep the hyper-parameters (:func:`check_resume_
 names every one that changed); it may change the consistency mode and GBA's settings
 (:data:`SWITCHABLE`): a checkpoint is mode-free (NOTE [gba checkpoints] in
 herald/dispatch/gba.py), and GBA keeps BSP's global batch, so switching ``bsp`` <->
-``gba`` there needs no re-tuning (gba-neurips22 §4; docs/consistency.md, "Switching modes").
+``gba`` there needs no re-tuning (GBA §4; docs/consistency.md, "Switching modes").
 
 A checkpoint is assembled in ``.tmp-step-...``, renamed into place when complete, and
 only then named in ``latest`` (written to a temporary file and renamed): a crash at

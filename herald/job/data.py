@@ -4,10 +4,12 @@ cache size of its schedulers (shared by ``herald train`` and ``herald serve disp
 from __future__ import annotations
 
 from herald.spec.train import STREAM_CACHE_ROWS, TrainConfig
-from herald.loader import splits
+from herald.loader import open_source, splits
 from herald.loader.global_batches import GlobalBatches, KafkaRecords
 from herald.loader.registry import infer_format
 from herald.scheduler import Scheduler, SchedulerConfig
+from herald.scheduler.budget import BudgetController
+from herald.scheduler.parallel import check_threads
 
 
 class JobData:
@@ -26,8 +28,6 @@ class JobData:
         self.dataset = options.get("format") or infer_format(cfg.source)
         self.source = None
         if cfg.is_stream:
-            from herald.loader import open_source
-
             self.source = open_source(cfg.source, **options)
             self.schema = self.source.schema
             # prefetch_batches=0: kafka-python's consumer is not thread-safe, and the
@@ -62,9 +62,6 @@ class JobData:
         Raises:
             ConfigError: more scheduler threads than numba's pool.
         """
-        from herald.scheduler.budget import BudgetController
-        from herald.scheduler.parallel import check_threads
-
         cache_rows = cfg.cache_rows if cfg.cache_rows or not cfg.is_stream else STREAM_CACHE_ROWS
         sched_cfg = SchedulerConfig(num_workers=cfg.workers, batch_size_per_worker=cfg.batch_size,
                                     schedule=cfg.schedule, cache_policy=cfg.cache_policy,

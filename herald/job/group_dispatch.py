@@ -2,7 +2,7 @@
 
 NOTE [independent groups]
 ~~~~~~~~~~~~~~~~~~~~~~~~~
-HT (hierarchical-training-kdd21 §3, §3.1) gets its speed-up from groups that each read
+HT §3, §3.1 gets its speed-up from groups that each read
 their own data and train at their own pace; only their dense replicas are averaged, in the
 background. ``herald train --groups G --consistency hybrid`` does this:
 
@@ -38,9 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import pathlib
 import signal
-import sys
 import threading
 import time
 from collections.abc import Iterable
@@ -51,22 +49,32 @@ import numpy as np
 from herald.dispatch.dispatcher import Dispatcher, StepRecord
 from herald.dispatch.microbatch import make_sample_ids
 from herald.errors import ConfigError, HeraldError
+from herald.job import report as report_mod
+from herald.job import report_comm
+from herald.job.data import JobData
+from herald.job.report import final_loss
+from herald.job.runner import (JobInterrupted, LocalProcesses, StopOnSignals, dispatcher_config, finish_job,
+                               prepare_run)
 from herald.loader.batch import SampleBatch
+from herald.spec.flags import flag_errors
+from herald.spec.job import JobSpec
+from herald.spec.modes import consistency_mode
 
 
 def independent_groups(cfg: Any) -> bool:
-    """Whether ``cfg`` runs one dispatcher per group (NOTE [independent groups]).
+    """Whether ``cfg`` runs one dispatcher per group (NOTE [independent groups]): ``--groups`` > 1
+    under a mode whose entry in :data:`herald.spec.modes.MODES` says so (hybrid).
 
     Raises:
         ConfigError: such a job with checkpoints, ``--resume`` or a Kafka source.
     """
-    if getattr(cfg, "groups", 1) <= 1 or cfg.consistency != "hybrid":
+    if getattr(cfg, "groups", 1) <= 1 or not consistency_mode(cfg.consistency).independent_groups:   # hybrid
         return False
     for on, flag in ((cfg.checkpoint_every, "--checkpoint-every"), (cfg.resume, "--resume"),
                      (cfg.is_stream, "a kafka:// source")):
         if on:
-            raise ConfigError(f"--groups {cfg.groups} --consistency hybrid (one dispatcher per group) does not "
-                              f"support {flag} yet: drop it, or use --groups 1")
+            raise ConfigError(f"--groups {cfg.groups} --consistency {cfg.consistency} (one dispatcher per group) "
+                              f"does not support {flag} yet: drop it, or use --groups 1")
     return True
 
 
@@ -131,8 +139,6 @@ def stream_summary(records: list[list[StepRecord]], views: list[GroupBatches], w
     steady span, ``final_loss`` (mean of its last 10 acks: the job's own mixes the groups'
     tails, mostly the slowest group's), shared-stream batches taken (first and last); the
     job's totals."""
-    from herald.job.report import final_loss
-
     per = []
     for g, (recs, view) in enumerate(zip(records, views)):
         span = recs[-1].acked_at - recs[0].acked_at if len(recs) > 1 else 0.0
@@ -189,28 +195,14 @@ def _serve_all(disps: list[Dispatcher], stop_all: _AllDispatchers) -> list[list[
 
 def run_group_attempt(cfg: Any, *, progress: bool, on_finish, failovers: list[dict[str, Any]]) -> dict[str, Any]:
     """``herald train`` with one dispatcher per group (NOTE [independent groups]); the same
-    processes, report and errors as :func:`herald.job.launcher._run_attempt` otherwise.
+    processes (:class:`herald.job.runner.LocalProcesses`), report and errors as
+    :func:`herald.job.launcher.run_train` otherwise.
 
     Raises:
         ConfigError: bad settings; HeraldError: a child process failed (named);
         JobInterrupted: stopped by SIGINT / SIGTERM.
     """
-    from herald.job import launcher as L
-    from herald.job import report as report_mod
-    from herald.job import report_comm
-    from herald.job.data import JobData
-    from herald.spec.flags import flag_errors
-    from herald.spec.job import JobSpec
-    from herald.procs import Supervisor
-    from herald.ps import LocalShards, PSClient
-    from herald.ps.config import ShardLimits
-
-    if cfg.keys_dir is not None:
-        L.load_server_keys(cfg.keys_dir)
-        L.load_client_keys(cfg.keys_dir)
-    run_dir = pathlib.Path(cfg.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "checkpoints").mkdir(exist_ok=True)
+    run_dir = prepare_run(cfg)
     sub = group_config(cfg)
     k, G = sub.workers, cfg.groups
     data = JobData(sub)
@@ -218,19 +210,11 @@ def run_group_attempt(cfg: Any, *, progress: bool, on_finish, failovers: list[di
         new_scheduler = data.scheduler_factory(sub)
     shared = SharedBatches(data.batches)
     views = [GroupBatches(shared, g, sub.global_batch) for g in range(G)]
-    children = Supervisor(run_dir, new_session=True, env=L._worker_env())
     id_log = open(run_dir / "trained_sample_ids.u64", "ab") if cfg.log_sample_ids else None
     records: list[list[StepRecord]] = [[] for _ in range(G)]
     t_start = time.perf_counter()
-    with LocalShards(num_shards=cfg.num_ps_shards, tables=cfg.tables(data.schema), seed=cfg.seed,
-                     transport="ipc", log_dir=run_dir,
-                     limits=ShardLimits(aggregation_timeout_ms=cfg.timeout_ms, max_rows=cfg.ps_max_rows),
-                     keys_dir=cfg.keys_dir, checkpoint_root=run_dir / "checkpoints") as shards, \
-            PSClient(list(shards.addresses), tables=cfg.tables(data.schema), timeout_ms=cfg.timeout_ms,
-                     num_workers=cfg.workers, keys_dir=cfg.keys_dir, admin_token=shards.admin_token) as ps, \
-            L._dense_store(run_dir) as dist_init:
-        ps_alive = shards.watch(silent_ms=max(1, cfg.timeout_ms // 2))
-        job = JobSpec.build(cfg, data, list(shards.addresses)).replace(dist_init=dist_init)
+    with LocalProcesses(cfg, data) as local:
+        job = JobSpec.build(cfg, data, list(local.shards.addresses)).replace(dist_init=local.dist_init)
         bar = report_mod.Progress(sub, enabled=progress, total_steps=data.total_steps(sub),
                                   skipped=lambda: data.batches.skipped)
         bar_lock = threading.Lock()
@@ -244,21 +228,15 @@ def run_group_attempt(cfg: Any, *, progress: bool, on_finish, failovers: list[di
             with contextlib.ExitStack() as stack:
                 disps = []
                 for g in range(G):
-                    disp_cfg = L.dispatcher_config(cfg, num_workers=k, dispatcher_rank=g)
+                    disp_cfg = dispatcher_config(cfg, num_workers=k, dispatcher_rank=g)
                     disps.append(stack.enter_context(Dispatcher(
                         disp_cfg, views[g], new_scheduler, job.replace(group_index=g), on_step=on_step,
-                        liveness=lambda: (ps_alive(), children.check()), sample_id_log=id_log)))
+                        liveness=local.liveness, sample_id_log=id_log)))
                 stop_all = _AllDispatchers(disps, shared)
-                stopper = stack.enter_context(L._stop_on_signals(stop_all, data))
+                stopper = stack.enter_context(StopOnSignals(stop_all, data))
                 for rank in range(cfg.workers):
                     g, r = divmod(rank, k)
-                    children.env.update(LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(cfg.workers))
-                    children.start(f"worker-{rank}", [sys.executable, "-m", "herald", "serve", "worker",
-                                                      "--dispatcher", disps[g].address, "--rank", str(r),
-                                                      "--world-size", str(k),
-                                                      "--device", cfg.device, "--cache-device", cfg.cache_device,
-                                                      "--timeout-ms", str(cfg.timeout_ms),
-                                                      *(["--keys", job.keys_dir] if job.keys_dir else [])])
+                    local.start_worker(rank, disps[g].address, r, k, job)
                 records = _serve_all(disps, stop_all)
                 if stopper.signum is not None:
                     interrupted = {"signal": signal.Signals(stopper.signum).name,
@@ -268,18 +246,18 @@ def run_group_attempt(cfg: Any, *, progress: bool, on_finish, failovers: list[di
                 for d in disps:
                     for name, ms in d.timer.take().items():
                         dispatcher_s[name] = dispatcher_s.get(name, 0.0) + ms / 1e3
-            children.wait(timeout_s=60, context=" after the end of training")
+            local.children.wait(timeout_s=60, context=" after the end of training")
         except HeraldError as exc:
-            L.raise_job_failure(exc, ps_alive, children)
+            local.fail(exc)
         except BaseException:
-            children.stop()
+            local.children.stop()
             raise
         finally:
             bar.close()
             if id_log is not None:
                 id_log.close()
         train_s = time.perf_counter() - t_start
-        ps_stats, metrics, skipped = L.finish_job(data, job, ps, shards.addresses, run_dir, on_finish)
+        ps_stats, metrics, skipped = finish_job(data, job, local.ps, local.shards.addresses, run_dir, on_finish)
     merged = merge_records(records)
     rep = report_mod.build(cfg, merged, train_s, metrics, batches_info=data.batches.info,
                            split_info=data.split_info, capacity_rows=capacity_rows, dispatcher_s=dispatcher_s,
@@ -292,5 +270,5 @@ def run_group_attempt(cfg: Any, *, progress: bool, on_finish, failovers: list[di
     # the job's steps in ack order (each group numbers its own from 0) for the plots
     report_mod.write(rep, [dataclasses.replace(r, step=i) for i, r in enumerate(merged)], run_dir)
     if interrupted is not None:
-        raise L.JobInterrupted(interrupted, rep, run_dir)
+        raise JobInterrupted(interrupted, rep, run_dir)
     return rep

@@ -18,6 +18,7 @@ from herald.dispatch.dispatcher import StepRecord
 from herald.job import report_comm
 from herald.job.breakdown import format_breakdown, phase_breakdown, plot_breakdown
 from herald.job.metrics import log_loss, roc_auc
+from herald.spec.modes import consistency_mode
 from herald.worker.trainer import model_from_job
 
 _PULLS = ("miss_pull", "update_pull")
@@ -158,7 +159,8 @@ def build(cfg: Any, records: list[StepRecord], train_s: float, metrics: dict, *,
     by_cause = {c: int(v) for c, v in zip(CAUSES, counts)}
     consistency = consistency_block(cfg, records)
     by_cause["update_pull"] -= consistency["stale_reads"]   # planned, but read from the cache (bounded)
-    if consistency["mode"] == "hybrid":   # no plan runs: every row read is pulled, gradients pushed per key
+    if not consistency_mode(consistency["mode"]).planned_transmissions:
+        # hybrid: no plan runs, every row read is pulled, gradients pushed per key
         by_cause = {**dict.fromkeys(by_cause, 0), "miss_pull": consistency["reads"],
                     "grad_push": consistency["gradient_rows_pushed"]}
     row_bytes = cfg.embedding_dim * 4
@@ -210,29 +212,41 @@ def consistency_block(cfg: Any, records: list[StepRecord]) -> dict[str, Any]:
     """The report's ``consistency``: ``mode``, ``settings``, ``max_staleness_observed`` and
     ``mean_staleness`` (clock gap of the rows read, in updates, over every row read),
     ``dropped_or_decayed``, ``rereads`` (copies re-fetched because the bound was reached),
-    ``reads``, ``stale_reads`` (the pulls saved); docs/consistency.md. Hybrid (NOTE [hybrid
-    training] in herald/dispatch/hybrid.py): staleness in steps per step (``per_step_staleness``),
-    ``dropped_or_decayed`` the samples whose gradients expired."""
+    ``reads``, ``stale_reads`` (the pulls saved); docs/consistency.md. Built by the mode's
+    ``report`` function (its entry in :data:`herald.spec.modes.MODES`: :func:`plan_block`,
+    :func:`bounded_block`, :func:`hybrid_block`, :func:`gba_block`)."""
     total: dict[str, int] = {}
     for r in records:
         for k, v in r.consistency.items():
             total[k] = max(total.get(k, 0), v) if k == "gap_max" else total.get(k, 0) + v
-    mode = getattr(cfg, "consistency", "bsp")
-    settings = {"staleness": cfg.staleness} if mode == "bounded" else {}
-    if getattr(cfg, "slow_worker", None):
-        settings["slow_worker"] = cfg.slow_worker
-    reads = total.get("reads", 0)
-    if mode == "hybrid":
-        return _hybrid_block(cfg, records, settings, reads)
-    if mode == "gba":
-        return _gba_block(cfg, total, settings, reads)
-    return {"mode": mode, "settings": settings, "max_staleness_observed": total.get("gap_max", 0),
+    settings = {"slow_worker": cfg.slow_worker} if getattr(cfg, "slow_worker", None) else {}
+    block = consistency_mode(getattr(cfg, "consistency", "bsp")).resolve("report")
+    return block(cfg, records, total, settings, total.get("reads", 0))
+
+
+def plan_block(cfg: Any, records: list[StepRecord], total: dict[str, int], settings: dict,
+               reads: int) -> dict[str, Any]:
+    """The consistency block of a mode reading through the plan (bsp): the summed ack counters
+    (``total``) as they are; ``settings``: the shared ones (``slow_worker``)."""
+    return {"mode": getattr(cfg, "consistency", "bsp"), "settings": settings,
+            "max_staleness_observed": total.get("gap_max", 0),
             "mean_staleness": total.get("gap_sum", 0) / reads if reads else 0.0,
             "dropped_or_decayed": total.get("dropped", 0), "rereads": total.get("rereads", 0),
             "reads": reads, "stale_reads": total.get("stale_reads", 0)}
 
 
-def _hybrid_block(cfg: Any, records: list[StepRecord], settings: dict, reads: int) -> dict[str, Any]:
+def bounded_block(cfg: Any, records: list[StepRecord], total: dict[str, int], settings: dict,
+                  reads: int) -> dict[str, Any]:
+    """HET's (NOTE [bounded reads] in herald/worker/consistency_bounded.py): :func:`plan_block`
+    with the bound ``staleness`` first in the settings."""
+    return plan_block(cfg, records, total, {"staleness": cfg.staleness, **settings}, reads)
+
+
+def hybrid_block(cfg: Any, records: list[StepRecord], total: dict[str, int], settings: dict,
+                 reads: int) -> dict[str, Any]:
+    """Hybrid's (NOTE [hybrid training] in herald/dispatch/hybrid.py): staleness in steps per
+    step (``per_step_staleness``), ``dropped_or_decayed`` the samples whose gradients expired,
+    ``gradient_rows_pushed`` (the report's ``grad_push``: no plan runs)."""
     per_step = [int(r.consistency.get("staleness", 0)) for r in records]
     settings = {"max_inflight_steps": getattr(cfg, "max_inflight_steps", None),
                 "hybrid_expiry": getattr(cfg, "hybrid_expiry", None), **settings}
@@ -243,7 +257,8 @@ def _hybrid_block(cfg: Any, records: list[StepRecord], settings: dict, reads: in
             "gradient_rows_pushed": sum(int(r.consistency.get("hybrid_rows", 0)) for r in records)}
 
 
-def _gba_block(cfg: Any, total: dict[str, int], settings: dict, reads: int) -> dict[str, Any]:
+def gba_block(cfg: Any, records: list[StepRecord], total: dict[str, int], settings: dict,
+              reads: int) -> dict[str, Any]:
     """GBA (NOTE [gba tokens] in herald/ps/gba.py): staleness = global steps between a
     micro-batch's token and the step its gradient is applied at, over every contribution;
     ``dropped_or_decayed``: contributions eq. (1) dropped (shard 0's count)."""

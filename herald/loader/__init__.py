@@ -1,4 +1,6 @@
-"""Sources, decoding, batching, prefetch and resumable position (docs/design.md, "Roles").
+"""Sources (files, Kafka, synthetic), decoding, batching, prefetch, resumable position, the
+job's global batches and train/held-out splits, the ``IterableDataset`` and TorchRec
+interop (docs/design.md, "Package layout").
 
 Public API (see docs/loader.md):
 

@@ -285,32 +285,6 @@ class SampleBatch:
             out[name] = (_tensor(v.view(np.int64)).to(device), _tensor(o).to(device))
         return out
 
-    def to_kjt(self):
-        """The sparse features as a ``torchrec.KeyedJaggedTensor``: keys = table names,
-        values int64 [sum nnz] (the uint64 ids' bits), lengths int32 [T x B]; lossless
-        (NOTE [kjt layout] in herald/loader/torchrec_interop.py).
-
-        Raises:
-            ImportError: torchrec is not installed (the message gives the install).
-        """
-        from herald.loader.torchrec_interop import to_kjt
-
-        return to_kjt(self)
-
-    @classmethod
-    def from_kjt(cls, kjt, labels=None, dense=None) -> "SampleBatch":
-        """The inverse of :meth:`to_kjt`: ``kjt`` (``B = kjt.stride()`` samples, int64 or
-        int32 values, no weights) plus ``labels`` float32 [B] (default zeros) and
-        ``dense`` float32 [B, D] (default [B, 0]), numpy or torch.
-
-        Raises:
-            DataError: weights, a variable stride per key, ids of another dtype, or
-                labels / dense of the wrong shape or dtype.
-        """
-        from herald.loader.torchrec_interop import from_kjt
-
-        return from_kjt(kjt, labels, dense)
-
     def pin_memory(self) -> "SampleBatch":
         """A copy in page-locked (pinned) host memory, same arrays and dtypes; what
         ``torch.utils.data.DataLoader(pin_memory=True)`` calls on each batch, so that

@@ -2,8 +2,7 @@
 
 - ``herald datagen --out DIR_OR_FILE.parquet --rows N --seed S [--fit FILE | --preset NAME]``
 - ``herald convert SRC DST.parquet [--format F] [--bad-records skip] [--quarantine FILE]``
-- ``herald bench loader [--rows N] [--repeats R] [--quick]``
-- ``herald produce SOURCE --bootstrap HOST:PORT --topic T`` (:mod:`herald.loader.kafka.cli`)
+- ``herald produce SOURCE --bootstrap HOST:PORT --topic T`` (:mod:`herald.loader.produce_cli`)
 """
 
 from __future__ import annotations
@@ -31,25 +30,6 @@ def _convert(args) -> int:
     return 0
 
 
-def _bench(args) -> int:
-    from herald.loader.benchmark import main as bench_main
-
-    return bench_main(args)
-
-
-def add_bench_arguments(parser) -> None:
-    """Arguments of ``herald bench loader`` (also used by ``bench/bench_loader.py``)."""
-    parser.add_argument("--rows", type=int, default=1_048_576, help="synthetic Criteo-shaped rows (default 1M)")
-    parser.add_argument("--batch-size", type=int, default=4096)
-    parser.add_argument("--repeats", type=int, default=3, help="repeats per measurement; medians are reported")
-    parser.add_argument("--torch-rows", type=int, default=65536,
-                        help="rows read through the torch DataLoader baseline (it is slow)")
-    parser.add_argument("--criteo", default=None,
-                        help="Criteo TSV to time (default: ../shared/data/criteo/criteo_kaggle_sample_train.tsv)")
-    parser.add_argument("--workdir", default=None, help="where to write the Parquet file (default: a temp dir)")
-    parser.add_argument("--quick", action="store_true", help="small sizes, one repeat (smoke test)")
-
-
 def register(commands, bench, serve) -> None:
     """Add this subpackage's parsers to the herald command groups."""
     p = commands.add_parser("datagen", help="write synthetic samples calibrated on real data to Parquet")
@@ -74,11 +54,6 @@ def register(commands, bench, serve) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_convert)
 
-    from herald.loader.kafka.cli import register as register_produce
+    from herald.loader.produce_cli import register as register_produce
 
     register_produce(commands)
-
-    p = bench.add_parser("loader", help="samples/s: Parquet, Criteo TSV and herald's DataLoader dataset vs a "
-                                        "plain torch DataLoader")
-    add_bench_arguments(p)
-    p.set_defaults(func=_bench)

@@ -17,6 +17,8 @@ import pyarrow.parquet as pq
 from herald.config import require
 from herald.loader.formats.arrow import arrow_schema, batch_to_arrow
 from herald.loader.source import Source
+from herald.loader.registry import open_source
+from herald.loader.synthetic import SyntheticSource, fit_spec, preset_spec
 
 DEFAULT_ROW_GROUP_ROWS = 131072
 
@@ -62,8 +64,6 @@ def convert(src, dst, *, format: str | None = None, row_group_rows: int = DEFAUL
             progress: bool = True, **options) -> dict:
     """``herald convert SRC DST.parquet``: open ``src`` with ``open_source(src, format, **options)``
     and write it with :func:`write_parquet`."""
-    from herald.loader.registry import open_source
-
     with open_source(src, format=format, **options) as source:
         return write_parquet(source, dst, row_group_rows=row_group_rows, progress=progress,
                              desc=f"convert {os.path.basename(os.fspath(src))}")
@@ -82,9 +82,6 @@ def datagen(out, *, rows: int, seed: int = 0, fit: str | None = None, preset: st
     Raises:
         ConfigError: both ``fit`` and ``preset``, or bad values.
     """
-    from herald.loader.registry import open_source
-    from herald.loader.synthetic import SyntheticSource, fit_spec, preset_spec
-
     require(not (fit and preset), "give either fit or preset, not both")
     if fit:
         with open_source(fit) as real:

@@ -2,7 +2,7 @@
 
 For training code that already uses ``torch.utils.data.DataLoader`` (or torchdata's
 ``StatefulDataLoader``) and wants herald's sources, decoding and resumable position
-without the scheduler (docs/loader.md, "Using herald as a DataLoader"; issue 17)::
+without the scheduler (docs/loader.md, "Using herald as a DataLoader")::
 
     dataset = HeraldIterableDataset("train.parquet", 4096, output="torch")
     loader = DataLoader(dataset, batch_size=None, num_workers=2, pin_memory=True)

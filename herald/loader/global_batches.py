@@ -36,6 +36,7 @@ from herald.errors import ConfigError, DataError
 from herald.loader.batch import SampleBatch
 from herald.loader.batcher import GlobalBatcher, ReadTracker
 from herald.loader.source import Source
+from herald.loader.splits import RowRange
 
 _INFO_KEYS = ("batches", "samples", "dropped_samples")
 
@@ -134,8 +135,6 @@ class GlobalBatches:
     def __init__(self, source: Source, global_batch: int, *, epochs: int = 1, train_rows: int | None = None,
                  max_steps: int | None = None, tracker: ReadTracker | None = None, prefetch_batches: int = 2):
         if train_rows is not None:
-            from herald.loader.splits import RowRange
-
             source = RowRange(source, 0, train_rows)
         rows = source.num_rows
         if rows is not None and rows < global_batch:

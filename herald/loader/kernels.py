@@ -1,6 +1,6 @@
 """Numba kernels of the loader: text-record parsing and synthetic sample generation.
 
-Pure functions over preallocated arrays (STYLE habit 2). Python code in
+Pure functions over preallocated arrays. Python code in
 :mod:`herald.loader.formats.layouts` and :mod:`herald.loader.synthetic` validates,
 allocates and orchestrates. Every kernel is ``nogil`` so the prefetch thread of
 :class:`herald.loader.batcher.GlobalBatcher` runs it beside the consumer.

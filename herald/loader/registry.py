@@ -29,6 +29,7 @@ from herald.loader.policy import BadRecordSettings
 from herald.loader.formats.raw import AvazuSource, CriteoSource, LibfmSource, MovieLensSettings, MovieLensSource
 from herald.loader.source import Source
 from herald.loader.formats.text import TextSettings
+from herald.loader.synthetic import SyntheticSource, fit_spec, preset_spec
 
 _REGISTRY: dict[str, Callable[..., Source]] = {}
 
@@ -64,8 +65,6 @@ def _parquet(spec, **options):
 
 
 def _synthetic(spec, **options):
-    from herald.loader.synthetic import SyntheticSource, fit_spec, preset_spec
-
     url = urllib.parse.urlparse(spec) if "://" in spec else urllib.parse.urlparse("synthetic://criteo")
     query = {k: v[-1] for k, v in urllib.parse.parse_qs(url.query).items()}
     query.update(options)

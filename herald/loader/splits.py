@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from herald.errors import ConfigError, DataError
 from herald.loader.registry import open_source
 from herald.loader.batch import SampleBatch
 from herald.loader.source import Source, state_int
-from herald.scheduler import distinct_keys_per_table as scheduler_distinct_keys_per_table
 
 
 class RowRange(Source):
@@ -135,4 +136,29 @@ def open_train_eval(spec: str, eval_fraction: float, options: dict[str, Any]):
 def distinct_keys_per_table(spec: str, options: dict[str, Any], rows: int) -> list[int]:
     """Distinct ids of each table in the first ``rows`` rows (a pre-pass: never quarantines)."""
     with RowRange(open_source(spec, **_without_quarantine(options)), 0, rows) as src:
-        return scheduler_distinct_keys_per_table(src)
+        return distinct_ids_per_table(src)
+
+
+def distinct_ids_per_table(batches) -> list[int]:
+    """Distinct ids of each table in an iterable of :class:`SampleBatch` (a pre-pass).
+
+    Returns:
+        one count per table, in table order.
+
+    Memory stays bounded by the distinct keys: the ids seen are deduplicated as they pile up.
+    """
+    per_table: dict[int, list] = {}
+    pending = 0
+    for b in batches:
+        for t in range(b.num_tables):
+            per_table.setdefault(t, []).append(np.unique(b.values[t]))
+        pending += b.num_tables
+        if pending > 256:
+            per_table = {t: [np.unique(np.concatenate(v))] for t, v in per_table.items()}
+            pending = 0
+    return [int(np.unique(np.concatenate(per_table[t])).shape[0]) for t in sorted(per_table)]
+
+
+def count_distinct_keys(batches) -> int:
+    """Distinct ``(table, id)`` keys in a sequence of SampleBatch (a pre-pass for ``cache_ratio``)."""
+    return sum(distinct_ids_per_table(batches))

@@ -1,5 +1,5 @@
 """TorchRec interop: herald's batches as ``KeyedJaggedTensor`` and back, pooled
-embeddings as ``KeyedTensor`` (docs/torchrec.md; issue 16).
+embeddings as ``KeyedTensor`` (docs/torchrec.md).
 
 TorchRec is optional: this module imports ``torch`` and ``torchrec`` only inside its
 functions, so loader code that never converts does not load them, and a missing
@@ -26,13 +26,12 @@ import numpy as np
 
 from herald.errors import DataError
 
+from herald.loader.batch import OFFSET_DTYPE, SampleBatch
+
 if TYPE_CHECKING:  # imported on use: torch and torchrec are not loaded by loader code
     import torch
 
-    from herald.dispatch.microbatch import MicroBatch
-    from herald.loader.batch import SampleBatch
-
-#: The install that works (issue 16): torchrec 1.8.0 declares an unpinned ``fbgemm-gpu``
+#: The install that works (docs/torchrec.md): torchrec 1.8.0 declares an unpinned ``fbgemm-gpu``
 #: dependency whose 1.9.0 wheel overwrites ``fbgemm-gpu-cpu==1.8.0`` and fails to load,
 #: so torchrec itself is installed without its dependencies (``make torchrec`` does both).
 TORCHREC_HINT = ("pip install fbgemm-gpu-cpu==1.8.0 tensordict torchmetrics pyre-extensions tqdm && "
@@ -69,8 +68,13 @@ def keyed_tensor_class():
     return KeyedTensor
 
 
-def _kjt(names: Sequence[str], values: np.ndarray, lengths: np.ndarray, batch_size: int):
-    """A KJT from numpy ``values`` uint64 [nnz] and ``lengths`` int64 [T x B] (NOTE [kjt layout])."""
+def kjt_from_arrays(names: Sequence[str], values: np.ndarray, lengths: np.ndarray, batch_size: int):
+    """A ``KeyedJaggedTensor`` from numpy ``values`` uint64 [nnz] and ``lengths`` int64 [T x B]
+    (NOTE [kjt layout]); ``batch_size`` B is its stride.
+
+    Raises:
+        ImportError: torchrec is not installed (:data:`TORCHREC_HINT`).
+    """
     import torch
 
     _, kjt_cls = _torchrec("to_kjt()", "use SampleBatch.to_torch() for plain tensors")
@@ -98,33 +102,9 @@ def to_kjt(batch: "SampleBatch"):
     """
     b = len(batch)
     if not batch.num_tables:
-        return _kjt([], np.zeros(0, np.uint64), np.zeros(0, np.int64), b)
+        return kjt_from_arrays([], np.zeros(0, np.uint64), np.zeros(0, np.int64), b)
     lengths = np.diff(np.stack(batch.offsets), axis=1).ravel()
-    return _kjt(batch.table_names, np.concatenate(batch.values), lengths, b)
-
-
-def micro_batch_to_kjt(mb: "MicroBatch", table_names: Sequence[str]):
-    """A worker's micro-batch ``mb`` as a ``KeyedJaggedTensor``: its ids decompressed
-    from the unique ids + inverse index (Persia §4.2.3) to one value per (sample, id).
-
-    Args:
-        mb: :class:`~herald.dispatch.microbatch.MicroBatch` of ``b`` samples, ``T`` tables.
-        table_names: ``T`` names, the KJT's keys (the job's tables, in order).
-
-    Returns:
-        ``KeyedJaggedTensor`` (NOTE [kjt layout]): values int64 [sum nnz], lengths int32 [T x b].
-
-    Raises:
-        DataError: ``table_names`` does not hold one name per table.
-        ImportError: torchrec is not installed (:data:`TORCHREC_HINT`).
-    """
-    if len(table_names) != mb.num_tables:
-        raise DataError(f"to_kjt: {len(table_names)} table names for a micro-batch of {mb.num_tables} tables; "
-                        "pass the job's table names (ScheduledLoader.table_names)")
-    nnz = np.diff(mb.inverse_bounds)
-    index = mb.inverse_flat.astype(np.int64) + np.repeat(mb.id_bounds[:-1], nnz)
-    lengths = np.diff(mb.offsets_flat, axis=1).ravel()
-    return _kjt(table_names, mb.ids_flat[index], lengths, len(mb))
+    return kjt_from_arrays(batch.table_names, np.concatenate(batch.values), lengths, b)
 
 
 def _ids_of(kjt) -> np.ndarray:
@@ -173,8 +153,6 @@ def from_kjt(kjt, labels: "np.ndarray | torch.Tensor | None" = None,
         DataError: weights, variable stride, values of another dtype, negative int32
             ids, or labels / dense of another shape or dtype than above.
     """
-    from herald.loader.batch import OFFSET_DTYPE, SampleBatch
-
     b = _check_kjt(kjt)
     names = list(kjt.keys())
     lengths = kjt.lengths().detach().to("cpu").numpy().astype(np.int64)

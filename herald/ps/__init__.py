@@ -13,11 +13,31 @@ Public API (docs/ps.md):
 - :class:`ShardLimits`: what one shard accepts (NOTE [ps limits], docs/ps.md).
 """
 
-from herald.ps.checkpoint import CheckpointError
-from herald.ps.client import Handle, PSClient
-from herald.ps.config import ShardLimits
-from herald.ps.local import LocalShards
-from herald.ps.rows import apply_gradients, init_rows, shard_of
+import importlib
 
-__all__ = ["CheckpointError", "Handle", "LocalShards", "PSClient", "ShardLimits", "apply_gradients", "init_rows",
-           "shard_of"]
+# Names are imported on first use (PEP 562): building the herald parser, or a process that
+# needs one module, does not load every kernel of the package.
+_EXPORTS = {
+    "CheckpointError": "checkpoint",
+    "Handle": "client",
+    "PSClient": "client",
+    "ShardLimits": "config",
+    "LocalShards": "local",
+    "apply_gradients": "rows",
+    "init_rows": "rows",
+    "shard_of": "rows",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f"herald.ps.{_EXPORTS[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'herald.ps' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -1,6 +1,6 @@
 """Pending gradient aggregation of one table for one step.
 
-NOTE [ps aggregation] (DESIGN "Consistency protocol", step 2; NOTE [step protocol] in
+NOTE [ps aggregation] (docs/design.md, "Consistency protocol"; NOTE [step protocol] in
 herald/scheduler/plan.py, step 4). A ``push_grad`` carries, per key, the number of
 workers that push that key in this step (``contributors``) and the pusher's ``rank``.
 The shard keeps each contribution of (key, step) until ``contributors`` distinct ranks

@@ -8,7 +8,6 @@
   [ps limits] (docs/ps.md); ``--keys``/``--insecure`` NOTE [transport security]
   (herald/auth.py); ``--checkpoint-root`` and the token (``--token-file`` or the
   ``HERALD_PS_TOKEN`` environment variable, never an option value) NOTE [ps admin ops].
-- ``herald bench ps``: pull/push throughput against one shard next to a numpy memcpy.
 """
 
 from __future__ import annotations
@@ -35,12 +34,6 @@ def _serve(args) -> int:
     return run_shard(args.shard, args.num_shards, args.bind, tables, args.seed, args.ready_file, limits,
                      keys_dir=args.keys, insecure=args.insecure, checkpoint_root=args.checkpoint_root,
                      admin_token=load_token(args.token_file))
-
-
-def _bench(args) -> int:
-    from herald.ps.bench import main as bench_main
-
-    return bench_main(args)
 
 
 _LIMITS = {
@@ -80,15 +73,3 @@ def register(commands, bench, serve) -> None:
         p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name),
                        help=f"{text} (NOTE [ps limits]; default: %(default)s)")
     p.set_defaults(func=_serve)
-
-    b = bench.add_parser("ps", help="PS pull/push throughput vs numpy memcpy (one shard)")
-    b.add_argument("--dim", type=int, default=128, help="embedding dimension (float32)")
-    b.add_argument("--keys", type=int, nargs="+", default=[1000, 10000], help="keys per request")
-    b.add_argument("--threads", type=int, nargs="+", default=[1, 2, 4], help="client threads")
-    b.add_argument("--seconds", type=float, default=0.3, help="measuring time per round")
-    b.add_argument("--repeats", type=int, default=3, help="rounds per configuration (median reported)")
-    b.add_argument("--transport", nargs="+", default=["tcp", "ipc"], choices=["tcp", "ipc"],
-                   help="ZeroMQ transports to measure")
-    b.add_argument("--table-rows", type=int, default=200_000, help="distinct keys in the table")
-    b.add_argument("--out", default="runs/bench-ps.json", help="JSON file for the results (default: %(default)s)")
-    b.set_defaults(func=_bench)

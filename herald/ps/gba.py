@@ -2,8 +2,8 @@
 
 NOTE [gba tokens]
 ~~~~~~~~~~~~~~~~~
-GBA (gba-neurips22 §4.1, Fig. 5) trains asynchronously with the synchronous global
-batch: the dispatcher cuts every global batch ``G`` into ``M`` micro-batches of
+GBA trains asynchronously with the synchronous global batch (GBA §4.1,
+Fig. 5): the dispatcher cuts every global batch ``G`` into ``M`` micro-batches of
 ``B_a = G / M`` samples (the *data list*); micro-batch ``i`` carries the token
 ``tau = i // M`` (the *token list*: each value repeats ``M`` times, in ascending order),
 the global step at which its batch is handed out when nobody lags. Workers ask for the
@@ -88,7 +88,7 @@ class Contribution:
 
 
 class GradientBuffer:
-    """GBA's gradient buffer of one shard (NOTE [gba tokens]; gba-neurips22 §4.1, eq. (1)).
+    """GBA's gradient buffer of one shard (NOTE [gba tokens]; GBA §4.1, eq. (1)).
 
     Args:
         capacity: M, contributions aggregated per global step (1..:data:`MAX_CAPACITY`).

@@ -28,7 +28,7 @@ from herald.ps.admin import AdminGate, AdminRefused
 from herald.ps.wire import PS
 from herald.ps import kernels as K
 from herald.ps.config import ShardLimits
-from herald.spec.tables import TableConfig, check_tables
+from herald.spec.tables import OptimizerConfig, TableConfig, check_tables
 from herald.spec.vocab import SPARSE_OPTIMIZERS
 from herald.ps.rows import table_salt
 from herald.ps.table import EmbeddingTable
@@ -452,8 +452,6 @@ class ShardServer:
 
 def warm_up() -> None:
     """Compile (or load from numba's cache) every kernel variant the server uses."""
-    from herald.spec.tables import OptimizerConfig
-
     for name in SPARSE_OPTIMIZERS:
         t = EmbeddingTable(TableConfig("warm", 2, OptimizerConfig(name=name)), 0, 0, 16)
         keys = np.arange(4, dtype=np.uint64)

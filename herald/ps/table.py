@@ -140,7 +140,7 @@ class EmbeddingTable:
 
     # NOTE [bounded ps]
     # ~~~~~~~~~~~~~~~~~
-    # Persia's embedding PS (persia-kdd22 §4.2.2) is an LRU cache bounded in memory: a row
+    # Persia's embedding PS (Persia §4.2.2) is an LRU cache bounded in memory: a row
     # not touched for long is dropped and re-initialised when its id comes back. With
     # ``max_resident_rows = N`` a table never holds more than N rows. Before a request would
     # insert rows past N, the least recently used rows are evicted: never a row of the
@@ -325,7 +325,7 @@ class EmbeddingTable:
 
     # NOTE [embedding clocks]
     # ~~~~~~~~~~~~~~~~~~~~~~~
-    # HET's global Lamport clock c_g per embedding (het-vldb22 §3.3): the number of updates
+    # HET's global Lamport clock c_g per embedding (HET §3.3): the number of updates
     # the PS row holds. An optimizer application of an aggregated gradient adds 1 (a row of
     # ``slots`` whose aggregation is complete after a push has no open mark left: with the
     # dispatcher's steps one aggregation per row is open at a time). A worker that writes

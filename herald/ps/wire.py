@@ -51,7 +51,7 @@ COMPRESSED_PART_FRAMES = {
 
 # NOTE [clock frames]
 # ~~~~~~~~~~~~~~~~~~~
-# HET's clocks ride on pulls and pushes (het-vldb22 §4.1; NOTE [embedding clocks] in
+# HET's clocks ride on pulls and pushes (HET §4.1; NOTE [embedding clocks] in
 # herald/ps/table.py, NOTE [bounded reads] in herald/worker/consistency_bounded.py):
 #
 # - Conditional pull: a ``pull`` whose header holds ``staleness`` s (int >= 0). Each part

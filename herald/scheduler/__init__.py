@@ -11,9 +11,29 @@ Public API::
 See docs/scheduler.md.
 """
 
-from herald.scheduler.config import SchedulerConfig
-from herald.scheduler.plan import CAUSES, CachePlan, KeySet
-from herald.scheduler.scheduler import Scheduler, StepPlan, count_distinct_keys, distinct_keys_per_table
+import importlib
 
-__all__ = ["CAUSES", "CachePlan", "KeySet", "Scheduler", "SchedulerConfig", "StepPlan",
-           "count_distinct_keys", "distinct_keys_per_table"]
+# Names are imported on first use (PEP 562): building the herald parser, or a process that
+# needs one module, does not load every kernel of the package.
+_EXPORTS = {
+    "SchedulerConfig": "config",
+    "CAUSES": "plan",
+    "CachePlan": "plan",
+    "KeySet": "plan",
+    "Scheduler": "scheduler",
+    "StepPlan": "scheduler",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f"herald.scheduler.{_EXPORTS[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'herald.scheduler' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))

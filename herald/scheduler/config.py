@@ -1,4 +1,4 @@
-"""Scheduler settings: one frozen, validated dataclass (STYLE habit 3)."""
+"""Scheduler settings: one frozen, validated dataclass."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ AUTO_BUDGET_FRACTION = 0.5
 
 @dataclasses.dataclass(frozen=True)
 class SchedulerConfig:
-    """Settings of :class:`herald.scheduler.Scheduler` (Herald §4, DESIGN).
+    """Settings of :class:`herald.scheduler.Scheduler` (Herald §4; docs/scheduler.md).
 
     Args:
         num_workers: workers W, 1..64 (snapshots keep one bit per worker per key).

@@ -1,6 +1,6 @@
 """Numba kernels of the scheduler: key map, allocation, cache snapshots, plan, accounting.
 
-Pure functions over preallocated arrays (STYLE habit 2); validation, allocation and
+Pure functions over preallocated arrays; validation, allocation and
 orchestration live in the Python modules around them. Every kernel is ``nogil``.
 
 The cache-snapshot kernels (LRU lists, LFU heaps) are in
@@ -18,7 +18,8 @@ Shared vocabulary (see :mod:`herald.scheduler.state` for the arrays):
   being processed (only meaningful for that step's keys).
 - counts int64 [W, 6] in the order of ``plan.CAUSES``.
 
-Herald §4.3 Alg. 1 (allocation), §4.4 Alg. 2 (plan), DESIGN "Consistency protocol".
+Herald §4.3 Alg. 1 (allocation), §4.4 Alg. 2 (plan), NOTE [step protocol] in
+:mod:`herald.scheduler.plan` (docs/design.md, "Consistency protocol").
 """
 
 from __future__ import annotations
@@ -292,7 +293,8 @@ def group_by_worker_jit(worker_of, out_order, out_start):
 def collect_keys_jit(samp_off, samp_slot, order, wstart, mark, token, use_mask, freq, count_freq, clear_use,
                      owner, plan_push, out_keys, out_off, pp_slot, pp_worker):
     """Distinct keys per worker in canonical order (samples in ``order``, tables, values),
-    and, when ``plan_push``, the previous step's plan pushes (Herald Alg. 2 under DESIGN).
+    and, when ``plan_push``, the previous step's plan pushes (Herald Alg. 2; their order:
+    docs/scheduler.md, "Exact semantics").
 
     Args:
         order: int64 [B] samples grouped by worker, ascending within a worker;
@@ -352,7 +354,7 @@ def collect_keys_jit(samp_off, samp_slot, order, wstart, mark, token, use_mask, 
 @nb.njit(**JIT)
 def update_after_step_jit(keys, off, use_mask, valid, owner, full_sync, gp_slot, gp_contrib,
                           ul_slot, gp_cnt, ul_cnt):
-    """After backward (DESIGN step 2): gradient pushes, local updates, new validity.
+    """After backward (NOTE [step protocol], steps 4-5): gradient pushes, local updates, new validity.
 
     Per worker ``w``, in canonical order of K_w: keys used by >= 2 workers (or every key
     under full-set sync) go to ``grad_push`` with contributors = |U(e)|; sole-user keys

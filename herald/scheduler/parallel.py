@@ -72,7 +72,7 @@ class ParallelPasses:
     # ------------------------------------------------------------------ allocation
     def laia(self, samp_off, samp_slot, samp_tab, table_on, snap, num_workers: int, per_worker: int, rng,
              lock_free: bool) -> np.ndarray:
-        """LAIA (Alg. 1): scores on the threads, then the greedy choice on this thread
+        """LAIA (Herald Alg. 1): scores on the threads, then the greedy choice on this thread
         (the serial allocation), or lock-free on the threads (Herald §4.4). int32 [B]."""
         B = samp_off.shape[0] - 1
         score = np.empty((B, num_workers), np.float64)

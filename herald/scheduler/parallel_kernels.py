@@ -1,7 +1,7 @@
 """The scheduler's passes on several threads (Herald §4.4, "Multi-threading").
 
 Herald runs scoring, the cache-snapshot updates and the communication plan on a thread
-pool and keeps the worker allocation (the greedy choice, Alg. 1 lines 8-12) on one
+pool and keeps the worker allocation (the greedy choice, Herald Alg. 1 lines 8-12) on one
 thread, or, optionally, splits it lock-free. These are numba ``prange`` kernels
 (``parallel=True``, ``nogil``): each splits its loop into ``nchunks`` contiguous chunks
 (``nchunks`` = the scheduler's threads), and a chunk works on its own samples, keys or
@@ -148,7 +148,7 @@ def _score_distinct_jit(samp_slot, samp_tab, a, b, table_on, valid, out_score, i
 
 @nb.njit(nogil=True, cache=True)
 def laia_pick_jit(score, per_worker, rng, out_worker, lo, hi):
-    """The greedy choice of LAIA (Alg. 1 lines 8-12) for samples ``lo..hi-1`` in order:
+    """The greedy choice of LAIA (Herald Alg. 1 lines 8-12) for samples ``lo..hi-1`` in order:
     the available worker with the highest score, ties by one splitmix64 draw of ``rng``
     uint64 [1] per sample; ``per_worker`` samples per worker. out_worker int32 [B]."""
     W = score.shape[1]
@@ -270,7 +270,7 @@ def _collect_worker_jit(w, samp_off, samp_slot, order, wstart, use_mask, freq, c
 
 @nb.njit(nogil=True, cache=True)
 def _claim_plan_pushes_jit(w, cand, n0, ncand, use_mask, owner, out_slot, out_owner):
-    """Plan pushes (Alg. 2) found by worker w among its candidates ``cand[n0:n0 + ncand]``
+    """Plan pushes (Herald Alg. 2) found by worker w among its candidates ``cand[n0:n0 + ncand]``
     (keys of K_w in canonical order held dirty by ``o != w``): those of which w is the
     lowest-ranked user other than o, the worker the serial pass reaches first. Writes
     ``out_slot[n0:]`` / ``out_owner[n0:]`` and sets their ``owner`` to -1 (another

@@ -1,7 +1,7 @@
 """What the scheduler tells each worker to do in one step: the cache plan.
 
-NOTE [step protocol] (docs/design.md, "Consistency protocol"; Herald §3.3, §4.4;
-DESIGN "Consistency protocol and accounting"). Worker ``w`` executes step ``t``
+NOTE [step protocol] (docs/design.md, "Consistency protocol"; Herald §3.3, §4.4).
+Worker ``w`` executes step ``t``
 in this order; every list comes from its :class:`CachePlan`:
 
 1. ``evict``: drop these cached rows, in order. For the rows flagged in
@@ -57,7 +57,7 @@ import dataclasses
 
 import numpy as np
 
-#: Causes of transmission counted per worker per step (DESIGN, "accounting").
+#: Causes of transmission counted per worker per step (NOTE [step protocol] above).
 CAUSES = ("hit", "miss_pull", "update_pull", "grad_push", "plan_push", "evict_push")
 
 

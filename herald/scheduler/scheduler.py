@@ -2,7 +2,7 @@
 
 Pipeline (Herald §4.2, Fig. 9): ``submit(batch of step t+1)`` allocates it on the
 snapshots left by step ``t``, derives step ``t``'s plan pushes from that allocation
-(Alg. 2), then runs step ``t+1``'s before-forward (evict, pull) and after-backward
+(Herald Alg. 2), then runs step ``t+1``'s before-forward (evict, pull) and after-backward
 (grad push, local update) parts on the snapshots, and returns the finished plan of
 step ``t``. Worker caches executing the plans in NOTE [step protocol]
 (:mod:`herald.scheduler.plan`) equal the snapshots by construction.
@@ -66,30 +66,8 @@ class _Pending:
     after: tuple
 
 
-def distinct_keys_per_table(batches) -> list[int]:
-    """Distinct ids of each table in a sequence of SampleBatch (a pre-pass).
-
-    Memory stays bounded by the distinct keys: the ids seen are deduplicated as they pile up.
-    """
-    per_table: dict[int, list] = {}
-    pending = 0
-    for b in batches:
-        for t in range(b.num_tables):
-            per_table.setdefault(t, []).append(np.unique(b.values[t]))
-        pending += b.num_tables
-        if pending > 256:
-            per_table = {t: [np.unique(np.concatenate(v))] for t, v in per_table.items()}
-            pending = 0
-    return [int(np.unique(np.concatenate(per_table[t])).shape[0]) for t in sorted(per_table)]
-
-
-def count_distinct_keys(batches) -> int:
-    """Distinct ``(table, id)`` keys in a sequence of SampleBatch (a pre-pass for ``cache_ratio``)."""
-    return sum(distinct_keys_per_table(batches))
-
-
 class Scheduler:
-    """Herald's embedding scheduler (Herald §3-§4, Alg. 1, 2) under DESIGN's BSP protocol.
+    """Herald's embedding scheduler (Herald §3-§4, Alg. 1, 2) under BSP (NOTE [step protocol]).
 
     Args:
         config: :class:`SchedulerConfig`.
@@ -240,7 +218,7 @@ class Scheduler:
         s = self._snap
         prev = self._pending
         plan_push = prev is not None and not cfg.full_sync
-        # one pass: K_w in canonical order and step t's plan pushes (Alg. 2, same order)
+        # one pass: K_w in canonical order and step t's plan pushes (Herald Alg. 2, same order)
         if par is not None:
             c = par.collect_keys(samp_off, samp_slot, order, wstart, s, self._profiler is not None,
                                  cfg.allocation == "costaware", plan_push, keys, off, pp_slot, pp_w)

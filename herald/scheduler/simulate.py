@@ -1,7 +1,7 @@
 """Simulation API: drive the scheduler over a batch stream and collect accounting.
 
-Used by ``herald bench scheduler`` and tests. Herald's own counters map as
-(DESIGN, "accounting"): pulls = miss_pull + update_pull, pushes = grad_push +
+Used by ``herald bench scheduler`` and tests. Herald's own counters map onto
+``plan.CAUSES`` as: pulls = miss_pull + update_pull, pushes = grad_push +
 plan_push + evict_push, total = pulls + pushes.
 """
 

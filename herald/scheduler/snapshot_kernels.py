@@ -1,4 +1,4 @@
-"""Numba kernels of the cache snapshots: the before-forward part of a step (DESIGN step 1).
+"""Numba kernels of the cache snapshots: the before-forward part of a step (NOTE [step protocol], steps 1-2).
 
 Split from :mod:`herald.scheduler.kernels` (same conventions: ``nogil``, preallocated
 outputs, counts int64 [W, 6] in ``plan.CAUSES`` order). Worker caches executing the
@@ -80,7 +80,7 @@ def _set_bit_jit(mask, s, bit, par):
 @nb.njit(**JIT)
 def snapshot_lru_step_jit(keys, off, cached, valid, owner, cap, pos, log, head, tail, size,
                           ev_slot, ev_wb, ev_cnt, pull_slot, pull_cnt, counts, err):
-    """Before-forward part of a step (DESIGN step 1) for LRU snapshots.
+    """Before-forward part of a step (NOTE [step protocol], steps 1-2) for LRU snapshots.
 
     Per worker: touch, evict (write-back when the victim is the only latest copy), pull.
     LRU order per worker is an append-only log ``log`` int32 [W, L] (L > 2C) of slots,

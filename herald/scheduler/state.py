@@ -165,7 +165,7 @@ class Snapshots:
 
     # ------------------------------------------------------------------ step
     def before_forward(self, keys: np.ndarray, off: np.ndarray, counts: np.ndarray, threads: int = 1):
-        """Touch / evict / pull for every worker (DESIGN step 1); see the kernels. With
+        """Touch / evict / pull for every worker (NOTE [step protocol], steps 1-2); see the kernels. With
         ``threads > 1`` the workers are split over that many threads (the same result,
         :mod:`herald.scheduler.parallel_kernels`; the caller set numba's thread count).
 

@@ -29,7 +29,7 @@ DEFAULT_SOURCE = "synthetic://criteo?rows=600000&seed=0"
 #: Worker cache rows for a kafka:// stream without --cache-rows: a stream has no known
 #: set of keys to take --cache-ratio of.
 STREAM_CACHE_ROWS = 100_000
-#: ``--model auto`` on a known dataset: the Herald paper's workload table (Herald
+#: ``--model auto`` on a known dataset: Herald's workload table (Herald
 #: Table 1: W1 Criteo + Wide&Deep, W2 MovieLens + NCF, W3 Avazu + DeepFM), keyed by the
 #: source's format. Other sources (synthetic, Parquet, libFM, Kafka) keep the shape rule
 #: of :func:`auto_model`, so the synthetic default still trains DLRM.

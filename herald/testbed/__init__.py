@@ -6,8 +6,8 @@
 - :mod:`herald.testbed.job`: :func:`run_job`, a herald job across the bed's hosts
   (NOTE [test bed job]); the programs it starts besides ``herald serve ps|worker``:
   :mod:`~herald.testbed.dispatcher`, :mod:`~herald.testbed.store`.
-- ``python -m herald.testbed run|up|cleanup``; ``herald bench network``
-  (:mod:`herald.job.bench_network`).
+- ``python -m herald.testbed run|up|cleanup``; the network benchmark of ``herald`` runs
+  its schedules on a bed (docs/testbed.md, "Tests and benchmark").
 
 Needs Linux, root, ``ip`` and ``tc`` (iproute2).
 """

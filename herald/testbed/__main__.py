@@ -18,7 +18,10 @@ import argparse
 import signal
 import sys
 
-from herald.errors import HeraldError
+from herald.errors import ConfigError, HeraldError
+from herald.job.cli import add_job_arguments, config_from_args
+from herald.testbed import TestBed, cleanup_stale
+from herald.testbed.job import bed_hosts, run_job
 
 
 def _bed_options(p: argparse.ArgumentParser) -> None:
@@ -32,10 +35,6 @@ def _bed_options(p: argparse.ArgumentParser) -> None:
 def _run(args: argparse.Namespace) -> int:
     import pathlib
 
-    from herald.errors import ConfigError
-    from herald.job.cli import config_from_args
-    from herald.testbed import TestBed
-    from herald.testbed.job import bed_hosts, run_job
 
     cfg = config_from_args(args)
     if args.procs_per_host < 1 or cfg.workers % args.procs_per_host:
@@ -53,8 +52,6 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from herald.testbed import TestBed
-
     with TestBed(args.hosts, rate=None if args.rate == "none" else args.rate, delay_ms=args.delay) as bed:
         print(bed.describe())
         print("\nstart a role in a host with `ip netns exec <namespace> <command>` (docs/testbed.md has the "
@@ -68,8 +65,6 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _cleanup(args: argparse.Namespace) -> int:
-    from herald.testbed import cleanup_stale
-
     removed = cleanup_stale(everything=args.all)
     print(f"removed {len(removed)} namespace(s)" + (": " + ", ".join(removed) if removed else ""))
     return 0
@@ -79,7 +74,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m herald.testbed", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    from herald.job.cli import add_job_arguments
 
     r = commands.add_parser("run", help="train a job across a fresh bed, print the report, tear the bed down")
     # --checkpoint-every with --ps-restarts N: failover across the bed's hosts (NOTE [test bed failover])

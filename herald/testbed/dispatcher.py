@@ -27,6 +27,16 @@ import time
 from typing import Any
 
 from herald.errors import ConfigError, HeraldError, PeerTimeout
+from herald.config import from_mapping
+from herald.dispatch.dispatcher import Dispatcher
+from herald.job import report as report_mod
+from herald.job.checkpoints import DispatcherCheckpoints
+from herald.job.data import JobData
+from herald.job.failover import serve_watched, watch_shards
+from herald.job.runner import dispatcher_config
+from herald.ps import PSClient
+from herald.spec.job import JobSpec
+from herald.spec.train import TrainConfig
 
 
 def load_config(path: str | os.PathLike):
@@ -35,9 +45,6 @@ def load_config(path: str | os.PathLike):
     Raises:
         ConfigError: unreadable file, not a JSON object, an unknown key or a bad value.
     """
-    from herald.config import from_mapping
-    from herald.spec.train import TrainConfig
-
     try:
         values = json.loads(pathlib.Path(path).read_text())
     except (OSError, ValueError) as exc:
@@ -86,15 +93,6 @@ def serve(cfg, bind: str, ps: list[str], *, save_ps: str | None = None, dense_ti
         ConfigError: bad settings or keys; ShardLost: a PS shard was lost (exit status 75,
         NOTE [ps failover across hosts]); HeraldError / PeerTimeout: a worker failed.
     """
-    from herald.dispatch.dispatcher import Dispatcher
-    from herald.job import report as report_mod
-    from herald.job.checkpoints import DispatcherCheckpoints
-    from herald.job.data import JobData
-    from herald.job.failover import serve_watched, watch_shards
-    from herald.job.launcher import dispatcher_config
-    from herald.spec.job import JobSpec
-    from herald.ps import PSClient
-
     run_dir = pathlib.Path(cfg.run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     for stale in run_dir.glob("dense-rank*.pt"):

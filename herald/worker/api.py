@@ -22,7 +22,9 @@ batches (Herald §3.3). The order of operations is NOTE [step protocol] in
 The loader is a thin iterator over the dispatcher's messages. What happens to the
 embeddings is the consistency protocol's (:mod:`herald.worker.protocol`), carried out by
 the plan executor (:mod:`herald.worker.executor`: cache, PS I/O, replicated tables); the
-dense model is synchronised by :class:`~herald.worker.dense.DenseSync`.
+dense model is synchronised by the protocol's dense side
+(:meth:`~herald.worker.protocol.ConsistencyProtocol.make_dense`: :class:`~herald.worker.dense.DenseSync`
+unless the mode brings its own).
 """
 
 from __future__ import annotations
@@ -44,15 +46,16 @@ from torch import nn
 from herald import wire
 from herald.auth import load_client_keys, secure_client
 from herald.dispatch.microbatch import MicroBatch
-from herald.errors import ConfigError, HeraldError, PeerTimeout, ProtocolError
+from herald.errors import ConfigError, DataError, HeraldError, PeerTimeout, ProtocolError
+from herald.loader.torchrec_interop import keyed_pooled, keyed_tensor_class, kjt_from_arrays
 from herald.spec.job import JobSpec
 from herald.phases import PhaseTimer
 from herald.scheduler.plan import KeySet
-from herald.worker.dense import DenseSync
+from herald.worker.dense import DenseState
 from herald.worker.devices import select_device, setup_collectives
 from herald.worker.executor import PlanExecutor, StepRows
 from herald.worker.groups import world_position
-from herald.worker.protocol import make_protocol
+from herald.worker.protocol import job_protocol
 from herald.spec.vocab import DEFAULT_TIMEOUT_MS
 
 
@@ -81,14 +84,22 @@ class Batch:
         """The micro-batch's ids as a ``torchrec.KeyedJaggedTensor`` on the CPU: keys =
         :attr:`table_names`, values int64 [sum nnz] (uint64 bits, decompressed from the
         unique ids + inverse index), lengths int32 [T x b]; lossless (NOTE [kjt layout] in
-        herald/loader/torchrec_interop.py; ``SampleBatch.from_kjt`` is the way back).
+        herald/loader/torchrec_interop.py; its ``from_kjt`` is the way back). The ids are
+        decompressed from the unique ids + inverse index (Persia §4.2.3) to one value per
+        (sample, id).
 
         Raises:
+            DataError: :attr:`table_names` does not hold one name per table.
             ImportError: torchrec is not installed (the message gives the install).
         """
-        from herald.loader.torchrec_interop import micro_batch_to_kjt
-
-        return micro_batch_to_kjt(self.micro_batch, self.table_names)
+        mb = self.micro_batch
+        if len(self.table_names) != mb.num_tables:
+            raise DataError(f"to_kjt: {len(self.table_names)} table names for a micro-batch of {mb.num_tables} "
+                            "tables; pass the job's table names (ScheduledLoader.table_names)")
+        nnz = np.diff(mb.inverse_bounds)
+        index = mb.inverse_flat.astype(np.int64) + np.repeat(mb.id_bounds[:-1], nnz)
+        lengths = np.diff(mb.offsets_flat, axis=1).ravel()
+        return kjt_from_arrays(self.table_names, mb.ids_flat[index], lengths, len(mb))
 
 
 class TrainingDiverged(HeraldError):
@@ -125,8 +136,6 @@ class CachedEmbedding(nn.Module):
             raise ConfigError(f"embedding output must be one of {list(self.OUTPUTS)}, got {output!r}")
         self.executor, self.output, self.table_names = executor, output, tuple(table_names)
         if output == "keyed_tensor":   # a missing torchrec is named here, not at the first batch
-            from herald.loader.torchrec_interop import keyed_tensor_class
-
             keyed_tensor_class()
             if not self.table_names:
                 raise ConfigError("output='keyed_tensor' needs the table names (the keys): pass table_names, "
@@ -136,8 +145,6 @@ class CachedEmbedding(nn.Module):
         pooled, batch.rows = (self.protocol or self.executor).lookup(batch.micro_batch)
         if self.output == "tensor":
             return pooled
-        from herald.loader.torchrec_interop import keyed_pooled
-
         return keyed_pooled(pooled, self.table_names)
 
 
@@ -160,11 +167,8 @@ class ScheduledLoader:
         self.dist_rank, self.dist_world_size = world_position(job.group_index, job.groups, rank, world_size)
         self._sock, self._dispatcher, self._timeout_ms = sock, dispatcher, timeout_ms
         self.executor = PlanExecutor(job, rank, world_size, device, cache_device)
-        self.protocol = make_protocol(job.consistency, self.executor,
-                                      **({"staleness": job.staleness} if job.consistency == "bounded" else {}),
-                                      **({"gba_buffer": job.gba_buffer, "gba_threshold": job.gba_threshold}
-                                         if job.consistency == "gba" else {}))
-        self.dense: DenseSync | None = None
+        self.protocol = job_protocol(job, self.executor)   # its mode's entry in herald.spec.modes
+        self.dense: DenseState | None = None
         self._batch: Batch | None = None
         self.steps = 0
         self._yielded: tuple[float, float] | None = None   # (when, phase seconds then): see step()
@@ -286,11 +290,10 @@ class ScheduledLoader:
         A resumed job (``job.resume_dense``, a checkpoint folder) loads both states here.
         """
         job = self.job   # groups > 1: a collective setup (NOTE [training groups])
-        if hasattr(self.protocol, "attach_dense"):   # gba: the PS aggregates the dense gradients (NOTE [gba tokens])
-            self.dense = self.protocol.attach_dense(model, optimizer)
-        else:
-            self.dense = DenseSync(model, optimizer, self.dist_world_size, dense_comm=job.dense_comm, rank=self.dist_rank,
-                                   groups=job.groups, average_every=job.average_every, easgd_alpha=job.easgd_alpha)
+        # DenseSync, or the mode's own dense side (gba: the PS aggregates the dense gradients, NOTE [gba tokens])
+        self.dense = self.protocol.make_dense(model, optimizer, world_size=self.dist_world_size, rank=self.dist_rank,
+                                              dense_comm=job.dense_comm, groups=job.groups,
+                                              average_every=job.average_every, easgd_alpha=job.easgd_alpha)
         if self.job.resume_dense:
             self.dense.load(self.job.resume_dense, self.device)
 

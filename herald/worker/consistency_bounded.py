@@ -2,7 +2,7 @@
 
 NOTE [bounded reads]
 ~~~~~~~~~~~~~~~~~~~~
-HET (het-vldb22 §3.3 and §4.1) keeps a global clock c_g per embedding on the PS (NOTE
+HET keeps a global clock c_g per embedding on the PS (HET §3.3 and §4.1; NOTE
 [embedding clocks] in herald/ps/table.py) and, per cached copy, its start clock c_s (c_g
 when it was fetched) and current clock c_c (c_s plus the local updates since). A copy is
 read while CheckValid holds::
@@ -33,15 +33,16 @@ by the PS; the rows a worker alone updates (``update_local``) accumulate in its 
 reach the PS only on eviction or when another worker needs them (Herald's plan push):
 HET's stale writes, with the plan as the bound.
 
-Read-my-updates (Het.Write, §3.3 Algorithm 3: "the data read by a client contains all its
+Read-my-updates (Het.Write, HET §3.3, Alg. 3: "the data read by a client contains all its
 own updates"). After pushing a shared key's gradient the worker also applies its own share
 (the gradient divided by the number of workers, as pushed) to its cached copy with the
 table's optimizer and adds 1 to c_c. A copy read stale then misses only the other workers'
 updates, ``c_g - c_c`` of them by the clocks (each PS application and each own update
 counts one, as in HET), and condition 1 re-fetches it after ``s`` own updates. Without it
-(issue 13) a skipped copy stayed frozen at its fetch: the hottest keys, shared every
+a skipped copy stayed frozen at its fetch: the hottest keys, shared every
 step, trained for up to ``s`` steps on gradients taken at that point, a delayed gradient
-that made DeepFM on Avazu diverge at s = 4 (AUC 0.60 against BSP's 0.74). Such a copy
+that made DeepFM on Avazu diverge at s = 4 (AUC 0.60 against BSP's 0.74; docs/consistency.md,
+"bounded (HET)"). Such a copy
 is a read cache only: the dispatcher counts it stale (the PS applied the aggregated
 update), so it is never updated as the only latest copy (``update_local`` keys are always
 pulled), never plan-pushed nor written back, and is dropped without write-back: the own
@@ -74,7 +75,7 @@ from herald.dispatch.microbatch import MicroBatch
 from herald.ps.wire import valid_copies
 from herald.scheduler.plan import CachePlan, KeySet
 from herald.worker.executor import PlanExecutor, StepGrads, StepRows
-from herald.worker.protocol import BSP, PROTOCOLS
+from herald.worker.protocol import BSP
 from herald.worker.psio import member
 
 
@@ -174,7 +175,7 @@ class Bounded(BSP):
         ex.wait_writes()
 
     def _read_my_updates(self, plan: CachePlan, grads: StepGrads, step_rows: StepRows) -> None:
-        """Het.Write (het-vldb22 §3.3, Algorithm 3): apply this worker's own gradient share to its
+        """Het.Write (HET §3.3, Alg. 3): apply this worker's own gradient share to its
         cached copies of the keys it pushes as gradients (c_c += 1), so that a copy read stale
         later still holds the worker's own updates and misses only the other workers' (NOTE
         [bounded reads], "read-my-updates"). The PS applies the same gradient in the aggregated
@@ -203,6 +204,3 @@ class Bounded(BSP):
         elif c_g is not None:
             self.start[slots] = self.current[slots] = c_g
             self.known[slots] = True
-
-
-PROTOCOLS[Bounded.name] = Bounded

@@ -1,6 +1,6 @@
 """GBA on the worker: token-gated reads from the PS, one contribution per micro-batch.
 
-The protocol is NOTE [gba tokens] in herald/ps/gba.py (gba-neurips22 §4.1). A GBA worker
+The protocol is NOTE [gba tokens] in herald/ps/gba.py (GBA §4.1). A GBA worker
 keeps no embedding between micro-batches and takes part in no collective:
 
 - before forward: a ``gba_pull`` to every shard with the micro-batch's token ``tau``
@@ -34,18 +34,20 @@ from herald.errors import ConfigError, DataError, PeerTimeout, ProtocolError
 from herald.ps.rows import shard_of
 from herald.scheduler.plan import KeySet
 from herald.worker import psio
+from herald.worker.dense import DenseState
 from herald.worker.executor import PlanExecutor, StepRows
-from herald.worker.protocol import PROTOCOLS, ConsistencyProtocol
+from herald.worker.protocol import ConsistencyProtocol
 
 #: Longest pause between two gated reads of a shard that is not ready yet, seconds.
 MAX_RETRY_S = 0.004
 
 
-class GbaDense:
+class GbaDense(DenseState):
     """The dense model under GBA: no all-reduce; the PS aggregates (NOTE [gba tokens]).
 
-    Stands where :class:`~herald.worker.dense.DenseSync` stands in the worker runtime
-    (``model``, ``step()``, ``save()``, ``load()``, ``close()``).
+    Stands where :class:`~herald.worker.dense.DenseSync` stands in the worker runtime; the
+    same :class:`~herald.worker.dense.DenseState` (``model``, ``step()``, ``save()``,
+    ``load()``, ``close()``; the same ``dense.pt``).
 
     Args:
         model: the dense model; optimizer: its torch optimizer (the job's, e.g. Adam).
@@ -56,7 +58,7 @@ class GbaDense:
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer):
-        self.model, self.optimizer = model, optimizer
+        super().__init__(model, optimizer)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.size = int(sum(p.numel() for p in self.params))
         self.next_step = self.start_step = 0
@@ -98,14 +100,6 @@ class GbaDense:
         """The runtime's dense step: the gradient already went to the PS with the contribution."""
         self.zero()
 
-    def save(self, folder: str | pathlib.Path) -> pathlib.Path:
-        """Write model and optimizer state to ``folder/dense.pt`` (atomically)."""
-        out = pathlib.Path(folder)
-        out.mkdir(parents=True, exist_ok=True)
-        torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}, out / "dense.pt.tmp")
-        (out / "dense.pt.tmp").replace(out / "dense.pt")
-        return out / "dense.pt"
-
     def load(self, folder: str | pathlib.Path, device: torch.device) -> None:
         """Resume from a checkpoint folder (NOTE [gba checkpoints] in herald/dispatch/gba.py):
         the model and optimizer state of its ``dense.pt`` (written under BSP or GBA: the same
@@ -117,7 +111,7 @@ class GbaDense:
         """
         folder = pathlib.Path(folder)
         try:
-            state = torch.load(folder / "dense.pt", weights_only=True, map_location=device)
+            state = self.read_state(folder, device)
             meta = json.loads((folder / "meta.json").read_text())
         except (OSError, ValueError, RuntimeError) as exc:
             raise DataError(f"gba --resume: checkpoint {folder} is unreadable ({exc}); delete it to start afresh") \
@@ -126,16 +120,12 @@ class GbaDense:
         if type(start) is not int or start < 0:
             raise DataError(f"gba --resume: {folder / 'meta.json'} has no dispatcher next_step; delete the "
                             "checkpoint to start afresh")
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.apply_state(state)
         self.start_step = self.next_step = start
-
-    def close(self, timeout_s: float = 30.0, stats_dir: str | None = None) -> None:
-        return None
 
 
 class GBA(ConsistencyProtocol):
-    """GBA's token-controlled training (gba-neurips22 §4.1; NOTE [gba tokens]).
+    """GBA's token-controlled training (GBA §4.1; NOTE [gba tokens]).
 
     Args:
         executor: the worker's :class:`PlanExecutor` (its cache holds one micro-batch's rows).
@@ -156,8 +146,9 @@ class GBA(ConsistencyProtocol):
         """The job's first global step, sent as ``base`` with every GBA request (NOTE [gba checkpoints])."""
         return self.dense.start_step if self.dense is not None else 0
 
-    def attach_dense(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> GbaDense:
-        """The dense side of the protocol (called by ``ScheduledLoader.attach``)."""
+    def make_dense(self, model: nn.Module, optimizer: torch.optim.Optimizer, **_: object) -> GbaDense:
+        """The dense side of the protocol (called by ``ScheduledLoader.attach``): no all-reduce,
+        so the all-reduce settings are not read; the PS aggregates the dense gradients."""
         self.dense = GbaDense(model, optimizer)
         return self.dense
 
@@ -182,7 +173,7 @@ class GBA(ConsistencyProtocol):
     def _gated_pull(self, token: int, keys: KeySet) -> tuple[np.ndarray, tuple | None]:
         """Rows of ``keys`` (float32 [n, row_width]) once every shard's global step is at
         least ``token - iota``, and shard 0's ``(first, dense grads, kept)`` (None before
-        :meth:`attach_dense`).
+        :meth:`make_dense`).
 
         Raises:
             PeerTimeout: a shard stayed behind for the PS timeout (names it and the steps).
@@ -276,6 +267,3 @@ def route(keys: KeySet, num_shards: int) -> list[list[tuple[int, np.ndarray, np.
             if mine.size:
                 out[s].append((t, ids[mine], at[mine]))
     return out
-
-
-PROTOCOLS[GBA.name] = GBA

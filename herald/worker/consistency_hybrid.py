@@ -1,7 +1,7 @@
 """Persia hybrid training on the worker: embeddings read without waiting, gradients sent by sample id.
 
-The worker's half of NOTE [hybrid training] (herald/dispatch/hybrid.py; persia-kdd22 §3,
-Algorithm 1, and §4.2): the worker holds no embedding rows. When a micro-batch arrives
+The worker's half of NOTE [hybrid training] (herald/dispatch/hybrid.py; Persia §3,
+Alg. 1, and §4.2): the worker holds no embedding rows. When a micro-batch arrives
 (:meth:`Hybrid.prefetch`, while the step before still computes, or at the latest in
 :meth:`Hybrid.before_forward`) it pulls every row the micro-batch reads from the PS, without
 waiting for earlier steps' embedding updates and without writing the cache; the plan is
@@ -24,7 +24,7 @@ from herald.errors import ProtocolError
 from herald.scheduler.plan import KeySet
 from herald.worker import psio
 from herald.worker.executor import PlanExecutor, StepRows
-from herald.worker.protocol import PROTOCOLS, ConsistencyProtocol
+from herald.worker.protocol import ConsistencyProtocol
 
 
 def step_keys(mb: MicroBatch) -> KeySet:
@@ -123,6 +123,3 @@ class Hybrid(ConsistencyProtocol):
     def flush(self, keys: KeySet, reset: bool) -> None:
         """Nothing to write back: a hybrid worker holds no embedding rows (the dispatcher drains
         its pushes before the barrier's checkpoint)."""
-
-
-PROTOCOLS[Hybrid.name] = Hybrid

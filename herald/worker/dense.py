@@ -7,10 +7,15 @@ With ``dense_comm`` fp16/bf16 the all-reduce payload is compressed the way torch
 all-reduce, cast back; HT §4.2). With training groups (NOTE [training groups] in
 herald/worker/groups.py) the all-reduce runs in the rank's group and the replicas of
 the groups are averaged in the background.
+
+:class:`DenseState` is what every dense side shares (this all-reduce, and GBA's replay of
+the PS's aggregated gradients, :class:`herald.worker.consistency_gba.GbaDense`): the model,
+its optimizer, and their checkpoint file ``dense.pt``.
 """
 
 from __future__ import annotations
 
+import abc
 import json
 import pathlib
 
@@ -24,7 +29,58 @@ from herald.worker.groups import GroupLayout, TrainingGroups
 COMM_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-class DenseSync:
+class DenseState(abc.ABC):
+    """The worker's dense replica and its optimizer, as the runtime uses them (``model``,
+    :meth:`step`, :meth:`save`, :meth:`load`, :meth:`close`).
+
+    A checkpoint holds them in one file, ``folder/dense.pt``: ``{"model": state_dict,
+    "optimizer": state_dict}`` (:data:`FILE`), the same under every consistency mode, so a job
+    may resume under another mode (docs/consistency.md, "Switching modes").
+
+    Args:
+        model: the dense model; optimizer: its torch optimizer.
+    """
+
+    #: the checkpoint file of the dense state, in a checkpoint folder
+    FILE = "dense.pt"
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer):
+        self.model, self.optimizer = model, optimizer
+
+    @abc.abstractmethod
+    def step(self) -> None:
+        """The runtime's dense step after ``backward()`` (NOTE [step protocol] step 7)."""
+
+    def save(self, folder: str | pathlib.Path) -> pathlib.Path:
+        """Write model and optimizer state to ``folder/dense.pt`` (atomically); returns the path."""
+        out = pathlib.Path(folder)
+        out.mkdir(parents=True, exist_ok=True)
+        tmp = out / f"{self.FILE}.tmp"
+        torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}, tmp)
+        tmp.replace(out / self.FILE)
+        return out / self.FILE
+
+    def read_state(self, folder: str | pathlib.Path, device: torch.device) -> dict:
+        """The state :meth:`save` wrote into ``folder``, its tensors on ``device`` (torch's errors
+        for a missing or unreadable file)."""
+        return torch.load(pathlib.Path(folder) / self.FILE, weights_only=True, map_location=device)
+
+    def apply_state(self, state: dict) -> None:
+        """Load a :meth:`read_state` result into the model and the optimizer."""
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+    def load(self, folder: str | pathlib.Path, device: torch.device) -> None:
+        """Load the state :meth:`save` wrote into ``folder``."""
+        self.apply_state(self.read_state(folder, device))
+
+    def close(self, timeout_s: float = 30.0, stats_dir: str | None = None) -> dict | None:
+        """Stop what runs in the background (bounded by ``timeout_s``); its statistics for the
+        report, or None (default: nothing runs)."""
+        return None
+
+
+class DenseSync(DenseState):
     """All-reduce of one flat gradient buffer, then the optimizer step.
 
     After the first step every ``p.grad`` is a view into one flat buffer, so
@@ -48,7 +104,8 @@ class DenseSync:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, world_size: int, *,
                  dense_comm: str = "fp32", rank: int = 0, groups: int = 1, average_every: int = 10,
                  easgd_alpha: float = 0.3):
-        self.model, self.optimizer, self.world_size = model, optimizer, world_size
+        super().__init__(model, optimizer)
+        self.world_size = world_size
         self.dense_comm, self.steps = dense_comm, 0
         self._flat: torch.Tensor | None = None
         self._views: list[torch.Tensor] = []
@@ -122,20 +179,9 @@ class DenseSync:
             offset += n
         return flat
 
-    def save(self, folder: str | pathlib.Path) -> pathlib.Path:
-        """Write model and optimizer state to ``folder/dense.pt`` (atomically); returns the path."""
-        out = pathlib.Path(folder)
-        out.mkdir(parents=True, exist_ok=True)
-        tmp = out / "dense.pt.tmp"
-        torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}, tmp)
-        tmp.replace(out / "dense.pt")
-        return out / "dense.pt"
-
     def load(self, folder: str | pathlib.Path, device: torch.device) -> None:
         """Load the state :meth:`save` wrote into ``folder``."""
-        state = torch.load(pathlib.Path(folder) / "dense.pt", weights_only=True, map_location=device)
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        super().load(folder, device)
         if self.groups is not None and self.groups.averager is not None:   # the center restarts from the replica
             self.groups.averager.center = torch.cat([p.detach().reshape(-1).cpu() for p in self.model.parameters()
                                                      if p.requires_grad])

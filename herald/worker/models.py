@@ -17,9 +17,9 @@ linear term of the one-hot encoding) and updated by the sparse optimizer exactly
 the rest of the row, so BSP exactness needs nothing new. With ``rowwise_adagrad`` the
 scalar shares the row's accumulator. ``--embedding-dim 17`` gives 16-wide vectors.
 
-The Herald paper's workloads (herald-nsdi24 §2.2, Table 1): W1 Criteo + Wide&Deep,
+Herald's workloads (Herald §2.2, Table 1): W1 Criteo + Wide&Deep,
 W2 MovieLens + NCF, W3 Avazu + DeepFM, W4 Criteo Sponsored Search + Deep&Cross; HET
-(het-vldb22 §5, Table 3) trains WDL, DeepFM and DCN with 3 hidden layers of 256,
+trains WDL, DeepFM and DCN with 3 hidden layers of 256 (HET §5, Table 3),
 the default deep part here. :func:`build_model` ``auto`` keeps the shape rule; the
 job resolves ``auto`` by dataset first (:func:`herald.spec.train.auto_model`).
 """
@@ -31,7 +31,7 @@ from torch import nn
 
 from herald.errors import ConfigError
 
-#: Hidden layers of the deep part of WDL, DeepFM and DCN (HET, het-vldb22 Table 3).
+#: Hidden layers of the deep part of WDL, DeepFM and DCN (HET Table 3).
 DEEP_MLP = (256, 256, 256)
 
 

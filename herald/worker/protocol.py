@@ -6,7 +6,10 @@ executor.PlanExecutor` for one micro-batch; the worker runtime (:mod:`herald.wor
 calls :meth:`~ConsistencyProtocol.before_forward` when a micro-batch arrives and
 :meth:`~ConsistencyProtocol.after_backward` from ``step()``, then synchronises the dense
 model and acks. A relaxed mode (HET bounded staleness, Persia hybrid, GBA) is another
-implementation registered in :data:`PROTOCOLS`, chosen by the job's ``consistency``.
+implementation, named by its mode's entry in :data:`herald.spec.modes.MODES` (the job's
+``consistency``; docs/consistency.md, "Adding a mode"). :meth:`ConsistencyProtocol.make_dense`
+gives the runtime the dense side of the protocol (:class:`~herald.worker.dense.DenseSync`
+unless the mode synchronises the dense model otherwise, as GBA does).
 
 :class:`BSP` is the exact protocol: NOTE [step protocol] in ``herald/scheduler/plan.py``.
 A BSP step may start as soon as its micro-batch arrives: the dispatcher sends step
@@ -21,12 +24,16 @@ from __future__ import annotations
 
 import abc
 import collections
+from typing import Any
 
 import numpy as np
+import torch
+from torch import nn
 
 from herald.dispatch.microbatch import MicroBatch
-from herald.errors import ConfigError
 from herald.scheduler.plan import KeySet
+from herald.spec.modes import consistency_mode
+from herald.worker.dense import DenseState, DenseSync
 from herald.worker.executor import PlanExecutor, StepRows
 
 
@@ -82,6 +89,15 @@ class ConsistencyProtocol(abc.ABC):
         [checkpoint barrier] in herald/dispatch/dispatcher.py)."""
         self.executor.flush(keys, reset)
 
+    def make_dense(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, world_size: int, rank: int = 0,
+                   dense_comm: str = "fp32", groups: int = 1, average_every: int = 10,
+                   easgd_alpha: float = 0.3) -> DenseState:
+        """The dense side of the protocol for ``model`` and its ``optimizer`` (called once by
+        ``ScheduledLoader.attach``); default: :class:`~herald.worker.dense.DenseSync`, the
+        all-reduce of NOTE [step protocol] step 7 over ``world_size`` ranks (its arguments)."""
+        return DenseSync(model, optimizer, world_size, dense_comm=dense_comm, rank=rank, groups=groups,
+                         average_every=average_every, easgd_alpha=easgd_alpha)
+
     @abc.abstractmethod
     def before_forward(self, mb: MicroBatch) -> None:
         """Make every row ``mb`` reads valid in the cache (evictions, pulls)."""
@@ -118,30 +134,17 @@ class BSP(ConsistencyProtocol):
         ex.wait_writes()                        # 1, 4 and 6 acknowledged before the all-reduce (7)
 
 
-#: consistency mode name -> protocol class (the job's ``consistency``; docs/consistency.md).
-#: A relaxed mode's module registers its class here when imported (:func:`registered`).
-PROTOCOLS: dict[str, type[ConsistencyProtocol]] = {BSP.name: BSP}
-#: Modules of the relaxed modes (they import this one, so they are loaded on first use).
-RELAXED_MODULES = ("herald.worker.consistency_bounded", "herald.worker.consistency_hybrid",
-                   "herald.worker.consistency_gba")
-
-
-def registered() -> dict[str, type[ConsistencyProtocol]]:
-    """:data:`PROTOCOLS` with every relaxed mode loaded."""
-    import importlib
-
-    for module in RELAXED_MODULES:
-        importlib.import_module(module)
-    return PROTOCOLS
-
-
 def make_protocol(name: str, executor: PlanExecutor, **settings) -> ConsistencyProtocol:
-    """The protocol ``name`` over ``executor`` with its ``settings`` (``staleness`` for bounded).
+    """The protocol of mode ``name`` (its entry in :data:`herald.spec.modes.MODES`) over
+    ``executor`` with its ``settings`` (``staleness`` for bounded).
 
     Raises:
         ConfigError: an unknown mode (the message lists the known ones).
     """
-    modes = registered()
-    if name not in modes:
-        raise ConfigError(f"unknown consistency mode {name!r}; choose one of {sorted(modes)}")
-    return modes[name](executor, **settings)
+    return consistency_mode(name).resolve("protocol")(executor, **settings)
+
+
+def job_protocol(job: Any, executor: PlanExecutor) -> ConsistencyProtocol:
+    """The protocol of ``job`` (a :class:`~herald.spec.job.JobSpec`) with the settings its
+    mode reads from it (:attr:`herald.spec.modes.ConsistencyMode.protocol_settings`)."""
+    return make_protocol(job.consistency, executor, **consistency_mode(job.consistency).protocol_settings(job))

@@ -21,7 +21,7 @@ from herald.loader import convert, decode_records, open_source  # noqa: E402
 from herald.loader.batch import SampleBatch  # noqa: E402
 from herald.loader.formats.arrow import arrow_to_batch, batch_to_arrow  # noqa: E402
 from herald.loader.registry import formats  # noqa: E402
-from herald.loader.torchrec_interop import from_torchrec, to_torchrec  # noqa: E402
+from herald.loader.torchrec_interop import from_kjt, from_torchrec, to_kjt, to_torchrec  # noqa: E402
 from herald.scheduler.plan import CachePlan  # noqa: E402
 from herald.worker.api import Batch  # noqa: E402
 
@@ -78,15 +78,15 @@ def _check_layout(kjt, batch: SampleBatch) -> None:
 
 
 def _round_trip(batch: SampleBatch) -> None:
-    kjt = batch.to_kjt()
+    kjt = to_kjt(batch)
     assert isinstance(kjt, KeyedJaggedTensor)
     _check_layout(kjt, batch)
-    back = SampleBatch.from_kjt(kjt, batch.labels, batch.dense)
+    back = from_kjt(kjt, batch.labels, batch.dense)
     assert back.equals(batch)
     assert all(v.dtype == np.uint64 for v in back.values) and all(o.dtype == np.int64 for o in back.offsets)
     assert from_torchrec(to_torchrec(batch)).equals(batch)
     as_torch = (torch.from_numpy(batch.labels.copy()), torch.from_numpy(batch.dense.copy()))
-    assert SampleBatch.from_kjt(kjt, *as_torch).equals(batch)
+    assert from_kjt(kjt, *as_torch).equals(batch)
 
 
 @pytest.mark.parametrize("name", SOURCES)
@@ -110,11 +110,11 @@ def _edge_batch() -> SampleBatch:
 
 def test_ids_above_2_63_and_empty_bags_survive():
     batch = _edge_batch()
-    kjt = batch.to_kjt()
+    kjt = to_kjt(batch)
     assert kjt["user"].values().tolist() == [7, -1, -(2 ** 63)]          # the bits, as int64
     assert kjt["tags"].lengths().tolist() == [2, 0, 2] and kjt["never"].lengths().tolist() == [0, 0, 0]
     _round_trip(batch)
-    back = SampleBatch.from_kjt(kjt)
+    back = from_kjt(kjt)
     assert back.values[0][1] == 2 ** 64 - 1 and back.values[1][1] == 2 ** 63 + 5
     assert back.dense.shape == (3, 0) and np.array_equal(back.labels, np.zeros(3, np.float32))
 
@@ -125,23 +125,23 @@ def test_batch_of_one_empty_batch_and_no_tables():
         _round_trip(batch.slice(i, i + 1))                  # sample 1 has an empty "tags" bag
     _round_trip(SampleBatch.empty(batch.schema))            # zero samples
     no_tables = SampleBatch(batch.labels, batch.dense, [], [], [])
-    kjt = no_tables.to_kjt()
+    kjt = to_kjt(no_tables)
     assert kjt.keys() == [] and kjt.stride() == 3
-    assert SampleBatch.from_kjt(kjt, batch.labels, batch.dense).equals(no_tables)
+    assert from_kjt(kjt, batch.labels, batch.dense).equals(no_tables)
 
 
 def test_without_torchrec_the_error_names_the_install(monkeypatch):
     for name in ("torchrec", "torchrec.datasets.utils", "torchrec.sparse.jagged_tensor"):
         monkeypatch.setitem(sys.modules, name, None)            # importing them raises ImportError
     with pytest.raises(ImportError, match=r"fbgemm-gpu-cpu==1\.8\.0 .* && pip install --no-deps torchrec==1\.8\.0"):
-        _edge_batch().to_kjt()
+        to_kjt(_edge_batch())
     with pytest.raises(ImportError, match="make torchrec"):
         _worker_batch(_edge_batch(), np.arange(3)).to_kjt()
 
 
 def test_the_kjt_is_a_copy():
     batch = _edge_batch()
-    kjt = batch.to_kjt()
+    kjt = to_kjt(batch)
     kjt.values()[0] = 99
     assert batch.values[0][0] == 7
 
@@ -151,23 +151,23 @@ def test_from_kjt_rejects_what_a_sample_batch_cannot_hold():
     weighted = KeyedJaggedTensor(keys=keys, values=torch.tensor([1, 2]), lengths=lengths,
                                  weights=torch.tensor([0.5, 1.0]))
     with pytest.raises(DataError, match="weights"):
-        SampleBatch.from_kjt(weighted)
+        from_kjt(weighted)
     with pytest.raises(DataError, match="int64 or int32"):
-        SampleBatch.from_kjt(KeyedJaggedTensor(keys=keys, values=torch.tensor([1.0, 2.0]), lengths=lengths))
+        from_kjt(KeyedJaggedTensor(keys=keys, values=torch.tensor([1.0, 2.0]), lengths=lengths))
     with pytest.raises(DataError, match="negative int32"):
-        SampleBatch.from_kjt(KeyedJaggedTensor(keys=keys, values=torch.tensor([1, -2], dtype=torch.int32),
+        from_kjt(KeyedJaggedTensor(keys=keys, values=torch.tensor([1, -2], dtype=torch.int32),
                                                lengths=lengths))
     vbe = KeyedJaggedTensor(keys=["a", "b"], values=torch.tensor([1, 2, 3]), lengths=torch.tensor([1, 1, 1],
                             dtype=torch.int32), stride_per_key_per_rank=[[2], [1]])
     with pytest.raises(DataError, match="variable batch size"):
-        SampleBatch.from_kjt(vbe)
+        from_kjt(vbe)
     with pytest.raises(DataError, match="labels has shape .3,., the KJT holds 2 samples"):
-        SampleBatch.from_kjt(KeyedJaggedTensor(keys=keys, values=torch.tensor([1, 2]), lengths=lengths),
+        from_kjt(KeyedJaggedTensor(keys=keys, values=torch.tensor([1, 2]), lengths=lengths),
                              labels=np.zeros(3, np.float32))
     with pytest.raises(DataError, match="float32"):
-        SampleBatch.from_kjt(KeyedJaggedTensor(keys=keys, values=torch.tensor([1, 2]), lengths=lengths),
+        from_kjt(KeyedJaggedTensor(keys=keys, values=torch.tensor([1, 2]), lengths=lengths),
                              labels=np.zeros(2, np.float64))
-    widened = SampleBatch.from_kjt(KeyedJaggedTensor(keys=keys, values=torch.tensor([1, 2], dtype=torch.int32),
+    widened = from_kjt(KeyedJaggedTensor(keys=keys, values=torch.tensor([1, 2], dtype=torch.int32),
                                                      lengths=lengths))
     assert widened.values[0].dtype == np.uint64 and widened.values[0].tolist() == [1, 2]
 
@@ -189,13 +189,13 @@ def test_worker_batch_round_trip(name, data_dir, tmp_path):
     kjt = wb.to_kjt()
     want = batch.take(index)
     _check_layout(kjt, want)
-    back = SampleBatch.from_kjt(kjt, wb.labels, wb.dense)
+    back = from_kjt(kjt, wb.labels, wb.dense)
     assert back.equals(want)
     again = MicroBatch.build(4, 1, back, wb.sample_ids, CachePlan.empty())   # and back to a micro-batch
     for part in ("ids_flat", "id_bounds", "inverse_flat", "offsets_flat", "labels", "dense"):
         np.testing.assert_array_equal(getattr(again, part), getattr(wb.micro_batch, part))
     one = _worker_batch(batch, np.array([1]))                 # a micro-batch of 1
-    assert SampleBatch.from_kjt(one.to_kjt(), one.labels, one.dense).equals(batch.slice(1, 2))
+    assert from_kjt(one.to_kjt(), one.labels, one.dense).equals(batch.slice(1, 2))
 
 
 def test_worker_batch_needs_one_name_per_table():

@@ -11,9 +11,9 @@ import pytest
 from herald.errors import ConfigError
 from herald.scheduler import SchedulerConfig
 from herald.scheduler import parallel_kernels as PK
-from herald.scheduler.benchmark import load_batches
+from herald.bench.scheduler import load_batches
 from herald.spec.vocab import SCHEDULES
-from herald.scheduler.scheduler import count_distinct_keys
+from herald.loader.splits import count_distinct_keys
 from herald.scheduler.simulate import simulate
 
 from .executor import execute

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from herald.scheduler import CAUSES, SchedulerConfig
+from herald.scheduler.config import POLICIES
 from herald.spec.vocab import SCHEDULES
 
 from .helpers import keylist, random_batches, run_scheduler
@@ -35,7 +36,7 @@ def test_matches_reference(schedule, policy, seed):
     cfg = SchedulerConfig(num_workers=W, batch_size_per_worker=Bw, schedule=schedule, cache_policy=policy,
                           cache_capacity_rows=cap, seed=seed)
     plans, sched = run_scheduler(batches, cfg, T)
-    alloc, full_sync = SCHEDULES[schedule]
+    alloc, full_sync = POLICIES[schedule]
     ref = RefScheduler(W, Bw, cap, policy, full_sync, alloc if alloc in ("random", "laia") else "external", seed)
     for b, p in zip(batches, plans):
         worker_of = np.empty(len(b), np.int64)

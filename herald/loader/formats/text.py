@@ -19,6 +19,7 @@ from herald.errors import DataError
 from herald.loader.batch import SampleBatch, Schema
 from herald.loader.policy import BadRecordLog, BadRecordSettings
 from herald.loader.source import Source, state_int
+from herald.loader.formats.layouts import split_lines
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,7 +118,6 @@ class TextFileSource(Source):
             data += more
         if not data:
             return False
-        from herald.loader.formats.layouts import split_lines
 
         buf = np.frombuffer(data, np.uint8)
         starts, ends, consumed = split_lines(buf, final)

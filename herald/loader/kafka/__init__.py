@@ -1,1 +1,4 @@
-"""The Kafka source, its settings and position, record decoding, and ``herald produce``."""
+"""The Kafka source, its settings and position, and record decoding.
+
+``herald produce`` (publishing into a topic) is :mod:`herald.loader.produce`.
+"""

@@ -22,6 +22,9 @@ from herald.errors import DataError
 from herald.loader.batch import SampleBatch, Schema
 from herald.loader.kernels import REASONS
 from herald.loader.validation import value_status
+from herald.loader.formats import layouts as formats
+from herald.loader.formats.arrow import arrow_to_batch
+from herald.loader.formats.decode import decode_lines
 
 # Kafka-only reasons, beside NOTE [record status]'s REASONS.
 BAD_ARROW = "bad_arrow"            # payload is not a readable Arrow IPC stream
@@ -124,8 +127,6 @@ class TextDecoder:
     """
 
     def __init__(self, fmt: str, bucket_count: int = 0):
-        from herald.loader.formats import layouts as formats
-
         self.format = fmt
         self._name = "criteo" if fmt == "tsv" else "avazu"
         self._bucket_count = bucket_count
@@ -133,8 +134,6 @@ class TextDecoder:
 
     def decode(self, partition: int, offsets: np.ndarray, values: list[bytes]) -> Chunk:
         """Decode the ``values`` (one line per record) at ``offsets`` (int64 [m]) of ``partition``."""
-        from herald.loader.formats.decode import decode_lines
-
         decoded = decode_lines(self._name, values, bucket_count=self._bucket_count)
         good = np.flatnonzero(decoded.status == 0)
         bad = np.flatnonzero(decoded.status != 0)
@@ -163,7 +162,6 @@ class ArrowDecoder:
     def _read(self, value: bytes) -> SampleBatch:
         import pyarrow as pa
 
-        from herald.loader.formats.arrow import arrow_to_batch
 
         try:
             table = pa.ipc.open_stream(pa.py_buffer(value)).read_all()

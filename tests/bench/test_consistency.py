@@ -9,7 +9,9 @@ import math
 
 import pytest
 
-from herald.job import bench_consistency
+from herald.bench import consistency
+from herald.bench.options import add_consistency_arguments
+from herald.errors import ConfigError
 
 #: samples/s of the fake runs without a straggler (2 workers x 128 samples per step)
 SPEED = {"bsp": 2560.0, "hybrid": 5120.0, "gba iota=4": 10240.0}   # 100, 50, 25 ms per step
@@ -17,7 +19,7 @@ SPEED = {"bsp": 2560.0, "hybrid": 5120.0, "gba iota=4": 10240.0}   # 100, 50, 25
 
 def _args(tmp_path, *extra):
     p = argparse.ArgumentParser()
-    bench_consistency.add_arguments(p)
+    add_consistency_arguments(p)
     return p.parse_args(["--modes", "bsp,hybrid,gba iota=4", "--run-dir", str(tmp_path / "runs"),
                          "--out", str(tmp_path / "out.json"), *extra])
 
@@ -36,12 +38,12 @@ def fake_train(monkeypatch):
                                 "dropped_or_decayed": 0},
                 "transmissions": {"total": 1, "update_pull": 1}, "wire_bytes": {"pulled": 1, "pushed": 1}}
 
-    monkeypatch.setattr("herald.job.launcher.run_train", run_train)
+    monkeypatch.setattr("herald.bench.consistency.run_train", run_train)
     return seen
 
 
 def test_own_straggler_sleeps_each_modes_own_step_time(tmp_path, fake_train):
-    results = bench_consistency.run(_args(tmp_path))
+    results = consistency.run(_args(tmp_path))
     slowed = {label: slow for label, slow in fake_train if slow}
     assert slowed == {"bsp": "1:100", "hybrid": "1:50", "gba iota=4": "1:25"}
     assert [label for label, slow in fake_train if not slow] == ["bsp", "hybrid", "gba iota=4"]   # measured first
@@ -56,7 +58,7 @@ def test_own_straggler_sleeps_each_modes_own_step_time(tmp_path, fake_train):
 
 
 def test_bsp_straggler_sleeps_bsps_step_time_in_every_mode(tmp_path, fake_train):
-    bench_consistency.run(_args(tmp_path, "--straggler", "bsp"))
+    consistency.run(_args(tmp_path, "--straggler", "bsp"))
     assert {slow for _, slow in fake_train if slow} == {"1:100"}
     assert json.loads((tmp_path / "out.json").read_text())["straggler"] == "bsp"
 
@@ -64,22 +66,20 @@ def test_bsp_straggler_sleeps_bsps_step_time_in_every_mode(tmp_path, fake_train)
 def test_slow_ms_overrides_both(tmp_path, fake_train):
     for straggler in ("own", "bsp"):
         fake_train.clear()
-        bench_consistency.run(_args(tmp_path, "--straggler", straggler, "--slow-ms", "7", "--slow-rank", "0"))
+        consistency.run(_args(tmp_path, "--straggler", straggler, "--slow-ms", "7", "--slow-rank", "0"))
         assert {slow for _, slow in fake_train if slow} == {"0:7"}
         assert json.loads((tmp_path / "out.json").read_text())["straggler"] == "slow-ms"
 
 
 def test_ratios_without_a_bsp_row_are_nan():
     rows = {"hybrid": {"mode": "hybrid", "straggler": False, "samples_per_second": 10.0}}
-    bench_consistency.add_ratios(rows)
+    consistency.add_ratios(rows)
     assert math.isnan(rows["hybrid"]["vs_bsp"])
 
 
 def test_modes_are_checked(tmp_path, fake_train):
-    from herald.errors import ConfigError
-
     args = _args(tmp_path)
     args.modes = "hybrid"
     with pytest.raises(ConfigError, match="no bsp"):
-        bench_consistency.run(args)
+        consistency.run(args)
     assert fake_train == []

@@ -19,6 +19,9 @@ from typing import Any, Callable, Iterator, Mapping
 from herald.config import require
 from herald.errors import ConfigError, DataError, PeerTimeout
 from herald.loader.batch import SampleBatch
+from herald.loader.formats.arrow import batch_to_arrow
+from herald.loader.kafka.config import check_reachable
+from herald.loader.registry import infer_format, open_source
 
 _RESERVED = ("bootstrap_servers", "key_serializer", "value_serializer")
 _TEXT_FORMATS = {"tsv": "criteo", "csv": "avazu"}
@@ -78,7 +81,6 @@ def arrow_messages(batch: SampleBatch, multi_hot=frozenset(),
     """
     import pyarrow as pa
 
-    from herald.loader.formats.arrow import batch_to_arrow
 
     record = batch_to_arrow(batch, multi_hot)
     sink = pa.BufferOutputStream()
@@ -111,8 +113,6 @@ def text_lines(path: str, fmt: str, limit_rows: int | None) -> Iterator[bytes]:
 
 def check_text_source(spec: str, fmt: str) -> None:
     """Raise ConfigError unless ``spec`` is a raw text file of ``fmt`` (``tsv``: Criteo, ``csv``: Avazu)."""
-    from herald.loader.registry import infer_format
-
     try:
         found = infer_format(spec)
     except ConfigError:
@@ -158,7 +158,6 @@ def produce(spec: str, settings: ProduceSettings, *, source_options: Mapping[str
         check_text_source(spec, settings.format)
         if source_options:
             raise ConfigError(f"source options {sorted(source_options)} apply to --format arrow only")
-    from herald.loader.kafka.config import check_reachable
 
     check_reachable(settings.bootstrap_servers, 10_000)
     opts = {"linger_ms": 20, "max_block_ms": 30_000, "batch_size": 1 << 20, "max_request_size": settings.max_message_bytes + 4096,
@@ -203,8 +202,6 @@ def produce(spec: str, settings: ProduceSettings, *, source_options: Mapping[str
 
 
 def _produce_arrow(spec: str, settings: ProduceSettings, source_options: Mapping[str, Any], send) -> None:
-    from herald.loader.registry import open_source
-
     left = settings.limit_rows
     with open_source(spec, **source_options) as source:
         multi = source.multi_hot_tables

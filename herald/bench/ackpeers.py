@@ -1,8 +1,9 @@
 """Fake workers that answer the dispatcher at once: the peers of a capacity measurement.
 
-One thread (normally in a child process, ``python -m herald.dispatch.ackpeers``, so it
-shares the cores but not the GIL with the dispatcher, as real workers do) holds one DEALER socket per rank and plays NOTE
-[dispatch protocol] as cheaply as it can: it says hello, then for every message parses
+One thread (normally in a child process, ``python -m herald.bench.ackpeers``, so it
+shares the cores but not the GIL with the dispatcher, as real workers do) holds one
+DEALER socket per rank and plays NOTE [dispatch protocol] as cheaply as it can: it says
+hello, then for every message parses
 only the header frame (msgpack; the array frames are received and dropped, never
 decoded) and answers ``ack {step}`` to a micro-batch, ``flushed`` to a flush and
 ``saved`` to a save. It ends when every rank got ``end`` or ``error``, or when the
@@ -85,12 +86,12 @@ def run_ack_peers(address: str, num_workers: int, idle_timeout_s: float = 30.0) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m herald.dispatch.ackpeers ADDRESS NUM_WORKERS [IDLE_TIMEOUT_S [NICE]]``:
+    """``python -m herald.bench.ackpeers ADDRESS NUM_WORKERS [IDLE_TIMEOUT_S [NICE]]``:
     run the peers (at ``nice`` increment NICE, default 0), print their summary as one
     JSON line; exit status 1 if they timed out."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) not in (2, 3, 4):
-        print("usage: python -m herald.dispatch.ackpeers ADDRESS NUM_WORKERS [IDLE_TIMEOUT_S [NICE]]",
+        print("usage: python -m herald.bench.ackpeers ADDRESS NUM_WORKERS [IDLE_TIMEOUT_S [NICE]]",
               file=sys.stderr)
         return 2
     if len(args) == 4 and int(args[3]):

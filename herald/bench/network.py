@@ -1,7 +1,7 @@
 """``herald bench network``: vanilla, laia, plan, herald and costaware across hosts with
 shaped links, on the multi-host test bed (docs/testbed.md), in one run.
 
-Herald's speedup (herald-nsdi24 §6.3: 1.09-2.11x over HET on TCP) comes from moving
+Herald's speedup (Herald §6.3: 1.09-2.11x over HET on TCP) comes from moving
 fewer embeddings over a network that costs something; on loopback moving fewer bytes
 saves almost nothing. Here every schedule trains the same job on the same bed: a PS
 host, a dispatcher host and ``--workers`` worker hosts (one torchrun worker each), each
@@ -20,7 +20,7 @@ little; ``--rate 100mbit --dim 512`` (or 50mbit) makes the PS link the bottlenec
 regime").
 
 Beside them, in the same run (unless ``--no-torchrec``), the TorchRec baseline at each dim
-(:mod:`herald.job.bench_torchrec`): single-process TorchRec DLRM over FBGEMM's fused
+(:mod:`herald.bench.torchrec_baseline`): single-process TorchRec DLRM over FBGEMM's fused
 table-batched embeddings, 1 thread, outside the bed (no network in it), on the same rows,
 sparse optimizer and ``--batch-size`` (one worker's batch); each run's samples/s is also
 given as a ratio to it (``vs_torchrec``). Without torchrec the JSON's ``"torchrec"`` says
@@ -32,35 +32,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
 
-SCHEDULES = ["vanilla", "laia", "plan", "herald", "costaware"]
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--source", default=None, help="default: synthetic://criteo?rows=ROWS&seed=1")
-    p.add_argument("--rows", type=int, default=200_000, help="rows of the synthetic stream (default: %(default)s)")
-    p.add_argument("--workers", type=int, default=4 if (os.cpu_count() or 1) >= 8 else 2,
-                   help="worker hosts, one worker each (default: 4 with 8 cores or more, else 2; here %(default)s)")
-    p.add_argument("--batch-size", type=int, default=256, help="samples per worker and step (default: %(default)s)")
-    p.add_argument("--dim", type=int, nargs="+", default=[128],
-                   help="embedding dims to compare, e.g. --dim 128 512 (default: %(default)s)")
-    p.add_argument("--rate", default="1gbit", help="each host link's rate per direction, a tc rate "
-                                                   "(default: %(default)s)")
-    p.add_argument("--delay", type=float, default=None,
-                   help="each host link's one-way delay per direction, ms; > 0 needs the netem qdisc, 0: none "
-                        "(default: 0.2 where the kernel has netem, else none, with a warning and a delay_note in "
-                        "the JSON)")
-    p.add_argument("--cache-ratio", type=float, default=0.1, help="(default: %(default)s)")
-    p.add_argument("--optimizer", default="sgd", help="sparse optimizer (default: %(default)s)")
-    p.add_argument("--schedules", nargs="+", default=SCHEDULES, help="(default: %(default)s)")
-    p.add_argument("--eval-fraction", type=float, default=0.1,
-                   help="held-out fraction for the AUC (default: %(default)s)")
-    p.add_argument("--timeout-s", type=float, default=1800.0, help="bound on each job (default: %(default)s)")
-    p.add_argument("--no-torchrec", action="store_true", help="leave the TorchRec baseline out")
-    p.add_argument("--run-dir", default="runs/bench-network", help="jobs' folders and logs (default: %(default)s)")
-    p.add_argument("--out", default=None, help="JSON results (default: RUN_DIR/bench_network.json)")
+from herald.bench import torchrec_baseline
+from herald.bench.common import summarize
+from herald.bench.options import add_network_arguments
+from herald.errors import ConfigError
+from herald.scheduler.plan import CAUSES
+from herald.spec.train import TrainConfig
+from herald.testbed import TestBed
+from herald.testbed.job import bed_hosts, run_job
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -70,15 +51,9 @@ def run(args: argparse.Namespace) -> dict:
         ConfigError: bad options. TestBedError: the bed cannot be built here (the
             message names the fix). HeraldError: a job failed (its role named).
     """
-    from herald.errors import ConfigError
-    from herald.job import bench_torchrec
-    from herald.spec.train import TrainConfig
-    from herald.testbed import TestBed
-    from herald.testbed.job import bed_hosts, run_job
-
     if not args.schedules or "vanilla" not in args.schedules:
         raise ConfigError("--schedules must include vanilla: the speedups are measured against it in the same run")
-    bench_torchrec.check_bench_optimizer(args.optimizer, args.no_torchrec)
+    torchrec_baseline.check_bench_optimizer(args.optimizer, args.no_torchrec)
     source = args.source or f"synthetic://criteo?rows={args.rows}&seed=1"
     run_dir = pathlib.Path(args.run_dir).resolve()
     runs = []
@@ -115,9 +90,6 @@ def describe_bed(bed, worker_hosts: int) -> dict:
 
 
 def _row(schedule: str, dim: int, rep: dict) -> dict:
-    from herald.job.bench import summarize
-    from herald.scheduler.plan import CAUSES
-
     s = summarize(rep)
     return {"schedule": schedule, "dim": dim, "samples_per_s": s["samples_per_second"], "speedup_vs_vanilla": None,
             "bytes": s["wire_bytes"], "bytes_vs_vanilla": None, "auc": rep["metrics"].get("auc"),
@@ -142,16 +114,14 @@ def phase_split(phases: dict) -> dict:
 
 
 def torchrec_per_dim(source: str, args: argparse.Namespace) -> dict:
-    """``{str(dim): TorchRec entry}`` (:func:`herald.job.bench_torchrec.torchrec_on_source`)
+    """``{str(dim): TorchRec entry}`` (:func:`herald.bench.torchrec_baseline.torchrec_on_source`)
     for each ``--dim``, on the training split the jobs train on; ``{"error": ...}`` when
     torchrec is missing."""
-    from herald.job import bench_torchrec
-
-    missing = bench_torchrec.torchrec_import_error()
+    missing = torchrec_baseline.torchrec_import_error()
     if missing:
         print(f"TorchRec: {missing}", flush=True)
         return {"error": missing}
-    return {str(dim): bench_torchrec.torchrec_on_source(source, batch_size=args.batch_size,
+    return {str(dim): torchrec_baseline.torchrec_on_source(source, batch_size=args.batch_size,
                                                         eval_fraction=args.eval_fraction, embedding_dim=dim,
                                                         optimizer=args.optimizer)
             for dim in args.dim}
@@ -159,10 +129,8 @@ def torchrec_per_dim(source: str, args: argparse.Namespace) -> dict:
 
 def _compare(runs: list[dict], trec: dict | None = None) -> None:
     """Fill each run's ratios against vanilla at the same dim, and against TorchRec at that dim."""
-    from herald.job.bench_torchrec import ratio_to
-
     for r in runs:
-        r["vs_torchrec"] = ratio_to((trec or {}).get(str(r["dim"])), r["samples_per_s"])
+        r["vs_torchrec"] = torchrec_baseline.ratio_to((trec or {}).get(str(r["dim"])), r["samples_per_s"])
         base = next(b for b in runs if b["schedule"] == "vanilla" and b["dim"] == r["dim"])
         r["speedup_vs_vanilla"] = r["samples_per_s"] / base["samples_per_s"] if base["samples_per_s"] else None
         r["bytes_vs_vanilla"] = r["bytes"] / base["bytes"] if base["bytes"] else None
@@ -171,9 +139,6 @@ def _compare(runs: list[dict], trec: dict | None = None) -> None:
 def format_table(result: dict) -> str:
     """The results as a Markdown table, one row per (dim, schedule), then the TorchRec
     baseline per dim (when the result has one) and the phase table."""
-    from herald.job.bench_torchrec import describe, format_ratio
-    from herald.scheduler.plan import CAUSES
-
     causes = [c for c in CAUSES if c != "hit"]
     bed = result["bed"]
     note = f" ({bed['delay_note']})" if bed.get("delay_note") else ""
@@ -187,11 +152,12 @@ def format_table(result: dict) -> str:
         lines.append(f"| {r['dim']} | {r['schedule']} | {r['samples_per_s']:,.0f} | {r['speedup_vs_vanilla']:.2f}x | "
                      f"{r['bytes'] / 2**20:,.1f} | {r['bytes_vs_vanilla']:.3f}x | "
                      + " | ".join(f"{r['by_cause'][c]:,}" for c in causes)
-                     + f" | {r['allreduce_bytes'] / 2**20:,.1f} | {auc} | {format_ratio(r.get('vs_torchrec'))} |")
+                     + f" | {r['allreduce_bytes'] / 2**20:,.1f} | {auc} | "
+                       f"{torchrec_baseline.format_ratio(r.get('vs_torchrec'))} |")
     trec = result.get("torchrec")
     if trec is not None:
-        lines += [""] + ([describe(trec)] if "error" in trec
-                         else [f"dim {dim}: {describe(entry)}" for dim, entry in trec.items()])
+        lines += [""] + ([torchrec_baseline.describe(trec)] if "error" in trec
+                         else [f"dim {dim}: {torchrec_baseline.describe(entry)}" for dim, entry in trec.items()])
     lines += ["\nworker step, mean ms per phase (network: " + ", ".join(NETWORK_PHASES) + ")",
               "| dim | schedule | step | " + " | ".join(NETWORK_PHASES) + " | other |", "|---" * 7 + "|"]
     for r in result["runs"]:
@@ -203,6 +169,6 @@ def format_table(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
+    add_network_arguments(p)
     run(p.parse_args(argv))
     return 0

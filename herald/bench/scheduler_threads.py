@@ -12,11 +12,14 @@ one untimed warm-up run that loads the kernels. Times are ``submit`` wall time
 
 from __future__ import annotations
 
+import hashlib
+
 import numba
 import numpy as np
 
+from herald.loader.splits import count_distinct_keys
 from herald.scheduler.config import SchedulerConfig
-from herald.scheduler.scheduler import Scheduler, count_distinct_keys
+from herald.scheduler.scheduler import Scheduler
 
 #: (label, schedule, lock-free allocation)
 VARIANTS = (("herald", "herald", False), ("herald lock-free", "herald", True), ("costaware", "costaware", False))
@@ -24,8 +27,6 @@ VARIANTS = (("herald", "herald", False), ("herald lock-free", "herald", True), (
 
 def _run(batches, cfg: SchedulerConfig, num_tables: int, distinct: int) -> tuple[np.ndarray, int, str]:
     """One run: warm per-step submit ms, total transmissions, and a digest of the allocations."""
-    import hashlib
-
     sched = Scheduler(cfg, num_tables, distinct, build_plans=True)
     digest = hashlib.sha256()
     total = 0

@@ -20,39 +20,12 @@ import argparse
 import json
 import pathlib
 
-DATASETS = {"criteo": "criteo/criteo_kaggle_sample_train.tsv", "movielens": "movielens/ml-latest-small/ratings.csv"}
-
-
-def add_compression_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data-dir", default="/work/shared/data", help="folder of the datasets (default: %(default)s)")
-    p.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
-    p.add_argument("--wire-dtypes", nargs="+", default=["fp32", "fp16", "bf16", "int8"])
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--steps", type=int, default=150, help="steps per job at most (default: %(default)s)")
-    p.add_argument("--embedding-dim", type=int, default=16)
-    p.add_argument("--out", default="runs/bench-compression")
-
-
-def add_groups_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data-dir", default="/work/shared/data", help="folder of the datasets (default: %(default)s)")
-    p.add_argument("--dataset", default="movielens", choices=list(DATASETS))
-    p.add_argument("--workers", type=int, default=4)
-    p.add_argument("--groups", type=int, nargs="+", default=[1, 2])
-    p.add_argument("--consistencies", nargs="+", default=["bsp", "hybrid"], choices=["bsp", "hybrid"],
-                   help="consistency modes to compare G under (default: %(default)s)")
-    p.add_argument("--slow-worker", default="3:50", help="straggler of the second pass, RANK:MS (default: %(default)s)")
-    p.add_argument("--average-every", type=int, default=5)
-    p.add_argument("--easgd-alpha", type=float, default=0.3)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--steps", type=int, default=120)
-    p.add_argument("--out", default="runs/bench-groups")
+from herald.bench.options import DATASETS
+from herald.job.launcher import run_train
+from herald.spec.train import TrainConfig
 
 
 def _job(args, dataset: str, run_dir: pathlib.Path, **kw) -> dict:
-    from herald.job.launcher import run_train
-    from herald.spec.train import TrainConfig
-
     cfg = TrainConfig(source=str(pathlib.Path(args.data_dir) / DATASETS[dataset]), workers=args.workers,
                       batch_size=args.batch_size, steps=args.steps, eval_fraction=0.1, run_dir=str(run_dir),
                       **kw)
@@ -131,15 +104,3 @@ def _write(out: pathlib.Path, name: str, results: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / name).write_text(json.dumps(results, indent=2, default=float))
     print(f"\nwritten {out / name}")
-
-
-def register(bench) -> None:
-    """Add ``herald bench compression`` and ``herald bench groups``."""
-    b = bench.add_parser("compression", help="fp32 vs fp16/bf16/int8 wire: bytes, samples/s, AUC (same run)",
-                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_compression_arguments(b)
-    b.set_defaults(func=lambda args: (run_compression(args), 0)[1])
-    b = bench.add_parser("groups", help="HT groups G = 1, 2 with and without a straggler: samples/s, AUC, lag",
-                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_groups_arguments(b)
-    b.set_defaults(func=lambda args: (run_groups(args), 0)[1])

@@ -1,4 +1,4 @@
-"""``herald produce``: publish a dataset into a Kafka topic (see :mod:`herald.loader.kafka.produce`).
+"""``herald produce``: publish a dataset into a Kafka topic (see :mod:`herald.loader.produce`).
 
 Registered by :mod:`herald.loader.cli`.
 """
@@ -37,8 +37,9 @@ def register(commands) -> None:
 
 def run_produce(args) -> int:
     """Entry of ``herald produce``; prints a one-line summary."""
+    # imported on use: building the herald parser must not load numba and pyarrow (~0.5 s)
     from herald.loader.kafka.config import parse_kafka_value
-    from herald.loader.kafka.produce import ProduceSettings, check_text_source, produce
+    from herald.loader.produce import ProduceSettings, check_text_source, produce
 
     settings = ProduceSettings(
         bootstrap_servers=args.bootstrap, topic=args.topic, format=args.format,

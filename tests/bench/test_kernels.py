@@ -1,9 +1,9 @@
-"""``herald bench kernels`` (issue 16) runs and reports both sides."""
+"""``herald bench kernels`` runs and reports both sides (ours and FBGEMM)."""
 
 import json
 
+from herald.bench.kernels import fbgemm_modules
 from herald.cli import main
-from herald.worker.bench_kernels import fbgemm_modules
 
 
 def test_bench_kernels_smoke_reports_ours_and_fbgemm(tmp_path):

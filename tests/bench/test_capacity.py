@@ -7,8 +7,8 @@ import json
 
 import pytest
 
+from herald.bench.capacity import MemorySource, measure_capacity
 from herald.cli import main
-from herald.dispatch.capacity import MemorySource, measure_capacity
 from herald.errors import ConfigError
 from herald.loader import open_source
 

@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from herald.job import bench_scale, bench_torchrec
+from herald.bench import common, scale, torchrec_baseline
 
 pytestmark = pytest.mark.integration
 
@@ -16,20 +16,20 @@ SOURCE = "synthetic://criteo?rows=20000&seed=1"
 
 
 def test_worker_counts_are_powers_of_two_up_to_the_maximum():
-    assert bench_scale.worker_counts(1) == [1]
-    assert bench_scale.worker_counts(4) == [1, 2, 4]
-    assert bench_scale.worker_counts(6) == [1, 2, 4, 6]
+    assert scale.worker_counts(1) == [1]
+    assert scale.worker_counts(4) == [1, 2, 4]
+    assert scale.worker_counts(6) == [1, 2, 4, 6]
 
 
 def test_the_plain_torch_baseline_trains():
-    losses = bench_scale.plain_torch_losses(SOURCE, steps=60)
+    losses = common.plain_torch_losses(SOURCE, steps=60)
     assert len(losses) == 60
     assert np.mean(losses[-10:]) < np.mean(losses[:10]) - 0.02, losses
 
 
 def test_bench_scale_writes_every_run(tmp_path):
     out = tmp_path / "scale.json"
-    assert bench_scale.main(["--rows", "20000", "--max-workers", "2", "--schedules", "herald",
+    assert scale.main(["--rows", "20000", "--max-workers", "2", "--schedules", "herald",
                              "--capacity-seconds", "1", "--out", str(out)]) == 0
     got = json.loads(out.read_text())
     assert got["plain_torch"]["samples_per_s"] > 0
@@ -39,8 +39,8 @@ def test_bench_scale_writes_every_run(tmp_path):
         assert isinstance(r["phases_ms"], dict)
         assert r["ratio_vs_plain_torch"] > 0 and r["scaling_factor"] > 0
     assert got["runs"][0]["scaling_factor"] == pytest.approx(1.0)
-    trec = got["torchrec"]  # the TorchRec baseline, same batches, same run (issue 16)
-    if bench_torchrec.torchrec_import_error() and os.environ.get("CI") != "true":
+    trec = got["torchrec"]  # the TorchRec baseline, same batches, same run
+    if torchrec_baseline.torchrec_import_error() and os.environ.get("CI") != "true":
         assert trec == {"error": "torchrec not installed: make torchrec"}
         assert all(r["ratio_vs_torchrec"] is None for r in got["runs"])
     else:

@@ -13,8 +13,9 @@ The straggler's MS (``--straggler``; docs/consistency.md, "Benchmark"):
 
 * ``own`` (default): each mode's straggler sleeps that mode's own mean step time, measured
   in this run's pass without a straggler, so every straggler takes about twice its own step
-  time (issue 13: "one worker slowed by 2x its step time"). The ratio to bsp + straggler
-  then measures how a mode keeps its own speed when one worker is twice as slow.
+  time ("one worker slowed by 2x its step time", docs/consistency.md, "Straggler
+  injection"). The ratio to bsp + straggler then measures how a mode keeps its own speed
+  when one worker is twice as slow.
 * ``bsp``: every mode's straggler sleeps BSP's mean step time (more than 2x the step of a
   mode faster than BSP): the same absolute delay for every mode.
 
@@ -29,35 +30,12 @@ import argparse
 import json
 import pathlib
 
-DEFAULT_SOURCE = "/work/shared/data/criteo/criteo_kaggle_sample_train.tsv"
-#: (label, consistency, its setting: the staleness bound s of bounded, the threshold iota of gba)
-MODES = (("bsp", "bsp", 0), ("bounded s=1", "bounded", 1), ("bounded s=4", "bounded", 4),
-         ("bounded s=16", "bounded", 16), ("hybrid", "hybrid", 0),
-         ("gba iota=0", "gba", 0), ("gba iota=4", "gba", 4))
+from herald.bench.options import CONSISTENCY_MODES
+from herald.errors import ConfigError
+from herald.job.launcher import run_train
+from herald.spec.train import TrainConfig
+
 NOT_BUILT: tuple[str, ...] = ()
-#: --straggler: whose mean step time the straggler sleeps
-STRAGGLERS = ("own", "bsp")
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--source", default=DEFAULT_SOURCE, help="training data (default: %(default)s)")
-    p.add_argument("--workers", type=int, default=2, help="(default: %(default)s)")
-    p.add_argument("--batch-size", type=int, default=128, help="(default: %(default)s)")
-    p.add_argument("--epochs", type=int, default=1, help="(default: %(default)s)")
-    p.add_argument("--cache-ratio", type=float, default=0.1, help="(default: %(default)s)")
-    p.add_argument("--embedding-dim", type=int, default=16, help="(default: %(default)s)")
-    p.add_argument("--slow-rank", type=int, default=1, help="the straggler's rank (default: %(default)s)")
-    p.add_argument("--straggler", choices=STRAGGLERS, default="own",
-                   help="how long the straggler sleeps per step: own (each mode's own mean step time, measured in "
-                        "this run without a straggler: every straggler takes about 2x its own step) or bsp (BSP's "
-                        "mean step time for every mode) (default: %(default)s)")
-    p.add_argument("--slow-ms", type=int, default=None,
-                   help="the straggler's extra milliseconds per step, for every mode (overrides --straggler)")
-    p.add_argument("--run-dir", default="runs/bench-consistency", help="job folders (default: %(default)s)")
-    p.add_argument("--modes", default=",".join(label for label, _, _ in MODES),
-                   help="comma-separated labels of the modes to run (default: all: %(default)s)")
-    p.add_argument("--steps", type=int, default=None, help="stop each job after this many steps (default: all data)")
-    p.add_argument("--out", default=None, metavar="FILE.json", help="write every figure here")
 
 
 def summarize(rep: dict) -> dict:
@@ -72,8 +50,6 @@ def summarize(rep: dict) -> dict:
 
 
 def _config(args: argparse.Namespace, mode: str, staleness: int, slow: str | None, name: str):
-    from herald.spec.train import TrainConfig
-
     return TrainConfig(source=args.source, steps=getattr(args, "steps", None), workers=args.workers,
                        batch_size=args.batch_size, epochs=args.epochs,
                        cache_ratio=args.cache_ratio, embedding_dim=args.embedding_dim, consistency=mode,
@@ -104,19 +80,15 @@ def run(args: argparse.Namespace) -> dict:
     Raises:
         ConfigError: an unknown label in ``--modes``, or no bsp.
     """
-    from herald.job.launcher import run_train
-
     results: dict = {}
     chosen = [m.strip() for m in getattr(args, "modes", "bsp").split(",") if m.strip()]
-    unknown = sorted(set(chosen) - {label for label, _, _ in MODES})
+    unknown = sorted(set(chosen) - {label for label, _, _ in CONSISTENCY_MODES})
     if unknown or "bsp" not in chosen:
-        from herald.errors import ConfigError
-
         raise ConfigError(f"--modes: unknown {unknown} or no bsp (the baseline); choose among "
-                          f"{[label for label, _, _ in MODES]}")
+                          f"{[label for label, _, _ in CONSISTENCY_MODES]}")
     plain: dict = {}   # label -> its row without a straggler
     for straggler in (False, True):
-        for label, mode, s in (m for m in MODES if m[0] in chosen):
+        for label, mode, s in (m for m in CONSISTENCY_MODES if m[0] in chosen):
             slow_ms = straggler_ms(args, label, plain) if straggler else None
             slow = f"{args.slow_rank}:{slow_ms}" if straggler else None
             key = label + (f" + slow {slow}" if straggler else "")
@@ -161,14 +133,3 @@ def print_table(results: dict) -> None:
               f"{r.get('vs_bsp', float('nan')):.2f}x | {r['embeddings_moved']:,} | {r['update_pulls']:,} | "
               f"{r['pulls_saved']:,} | {r['rereads']:,} | {r['max_staleness']} / {r['mean_staleness']:.3f} | "
               f"{r['wire_bytes'] / 2**20:.2f} |")
-
-
-def register(bench) -> None:
-    """Add ``herald bench consistency``."""
-    b = bench.add_parser("consistency", help="bsp, bounded (s = 1, 4, 16), hybrid and gba (iota = 0, 4), "
-                                             "with and without a straggler (2x each mode's own "
-                                             "step by default): AUC, log loss, samples/s and its ratio to bsp, "
-                                             "transmissions (same run)",
-                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(b)
-    b.set_defaults(func=lambda args: (run(args), 0)[1])

@@ -1,16 +1,16 @@
 """The TorchRec baseline of the benchmarks: single-process TorchRec DLRM over FBGEMM's
-table-batched embeddings, on the same rows, model and batch as plain PyTorch (issue 16).
+table-batched embeddings, on the same rows, model and batch as plain PyTorch (docs/torchrec.md).
 
 What is trained (:func:`train_torchrec`) is the plain-PyTorch baseline of
-:mod:`herald.job.bench_scale` written the way a TorchRec user writes it:
+:mod:`herald.bench.common` written the way a TorchRec user writes it:
 
 - ``torchrec.models.dlrm.DLRM`` (DenseArch, dot InteractionArch, OverArch) with the layer
   sizes of herald's DLRM (:func:`herald.worker.models.build_model`: bottom 64 -> dim,
-  top 64 -> 32 -> 1), read from a :class:`~herald.job.bench_scale.PlainDLRM` built with
+  top 64 -> 32 -> 1), read from a :class:`~herald.bench.common.PlainDLRM` built with
   the same seed, whose dense weights *and* embedding rows are copied in: TorchRec and
   plain PyTorch start from the very same parameters;
 - its sparse arch a ``FusedEmbeddingBagCollection``: one table per herald table, exactly
-  ``table_rows[t]`` rows (the remapped ids of :func:`~herald.job.bench_scale.load_plain_batches`),
+  ``table_rows[t]`` rows (the remapped ids of :func:`~herald.bench.common.load_plain_batches`),
   sum pooling, FBGEMM's ``SplitTableBatchedEmbeddingBagsCodegen`` with the sparse
   optimizer fused into backward. The optimizer is the plain baseline's by default:
   element-wise Adagrad (FBGEMM ``EXACT_ADAGRAD``; lr = herald's default sparse lr,
@@ -22,7 +22,7 @@ What is trained (:func:`train_torchrec`) is the plain-PyTorch baseline of
   the clock starts after ``warmup_steps`` steps, as the plain baseline's does.
 
 With the default optimizer the two baselines train the same model: their losses agree to
-float rounding (``tests/job/test_bench_torchrec.py``), so the gap between them is
+float rounding (``tests/bench/test_torchrec_baseline.py``), so the gap between them is
 FBGEMM's table-batched kernels and the fused update, not a different computation.
 
 On a machine with CUDA the same runs on the GPU when FBGEMM's CUDA build is installed
@@ -41,14 +41,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from herald.bench.common import WARMUP_STEPS, PlainBatches, PlainDLRM, load_plain_batches
 from herald.errors import ConfigError
-from herald.job.bench_scale import WARMUP_STEPS, PlainBatches, PlainDLRM
+from herald.spec.tables import OptimizerConfig
+from herald.spec.train import TrainConfig
+# herald's sparse optimizers, every one fused into backward by FBGEMM: ``EXACT_SGD``,
+# ``EXACT_ADAGRAD``, ``EXACT_ROWWISE_ADAGRAD`` and ``ADAM`` (CUDA only)
+from herald.spec.vocab import SPARSE_OPTIMIZERS
 
 TORCHREC_MISSING = "torchrec not installed: make torchrec"
 FBGEMM_CUDA_MISSING = "fbgemm-gpu CUDA build not installed"
-#: herald's sparse optimizers that FBGEMM fuses into backward: ``EXACT_SGD``, ``EXACT_ADAGRAD``,
-#: ``EXACT_ROWWISE_ADAGRAD`` and ``ADAM`` (CUDA only)
-from herald.spec.vocab import SPARSE_OPTIMIZERS
 
 
 def torchrec_import_error() -> str | None:
@@ -68,7 +70,7 @@ def torchrec_import_error() -> str | None:
 
 def fbgemm_cuda_build() -> bool:
     """Whether the installed ``fbgemm_gpu`` is a GPU build (its ``__variant__`` is not ``cpu``)."""
-    import fbgemm_gpu
+    import fbgemm_gpu  # optional: imported only when a TorchRec run needs it
 
     return getattr(fbgemm_gpu, "__variant__", "cpu") != "cpu"
 
@@ -86,6 +88,7 @@ class TorchRecBatch:
 def to_torchrec_batches(data: PlainBatches, device: torch.device) -> list[TorchRecBatch]:
     """The plain baseline's batches as TorchRec input: per batch, the tables' ids
     concatenated table after table and their bag lengths (``diff`` of the offsets)."""
+    # torchrec and FBGEMM are optional: imported only when a TorchRec run needs them
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
     keys = [f"f{t}" for t in range(len(data.table_rows))]
@@ -115,6 +118,7 @@ def check_optimizer(name: str, device: str = "cpu") -> None:
 def _optimizer_type(name: str, device: torch.device) -> type:
     check_optimizer(name, str(device))
     if name == "rowwise_adagrad":
+        # torchrec and FBGEMM are optional: imported only when a TorchRec run needs them
         from torchrec.optim import RowWiseAdagrad
 
         return RowWiseAdagrad
@@ -130,12 +134,10 @@ def build_torchrec_dlrm(data: PlainBatches, *, embedding_dim: int, seed: int, op
         ConfigError: no dense features (TorchRec's DLRM needs them), or an optimizer FBGEMM
             does not fuse.
     """
+    # torchrec and FBGEMM are optional: imported only when a TorchRec run needs them
     from torchrec.models.dlrm import DLRM
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
     from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection
-
-    from herald.spec.train import TrainConfig
-    from herald.spec.tables import OptimizerConfig
 
     if data.dense_dim < 1:
         raise ConfigError("TorchRec's DLRM needs dense features; this source has none: pass --no-torchrec")
@@ -190,7 +192,7 @@ def train_torchrec(data: PlainBatches, *, embedding_dim: int = 16, seed: int = 0
     1 torch thread (restored after); the clock starts after ``warmup_steps`` steps.
 
     Args:
-        data: the plain baseline's batches (:func:`herald.job.bench_scale.load_plain_batches`).
+        data: the plain baseline's batches (:func:`herald.bench.common.load_plain_batches`).
         embedding_dim: row width of every table; seed: the plain baseline's model seed.
         device: ``cpu`` or ``cuda`` (needs FBGEMM's CUDA build).
         optimizer: the fused sparse optimizer, one of :data:`SPARSE_OPTIMIZERS`
@@ -203,8 +205,6 @@ def train_torchrec(data: PlainBatches, *, embedding_dim: int = 16, seed: int = 0
         ConfigError: torchrec missing, no step left to time after the warm-up, no dense
             features, or an optimizer FBGEMM does not fuse.
     """
-    from herald.spec.train import TrainConfig
-
     missing = torchrec_import_error()
     if missing:
         raise ConfigError(missing)
@@ -295,8 +295,6 @@ def torchrec_on_source(source: str, *, batch_size: int, eval_fraction: float, em
         ConfigError: fewer training rows than one batch plus the warm-up, or ``optimizer``
             not fused by FBGEMM on the CPU.
     """
-    from herald.job.bench_scale import load_plain_batches
-
     missing = torchrec_import_error()
     if missing:
         print(f"TorchRec: {missing}", flush=True)

@@ -1,5 +1,4 @@
-"""``herald serve dispatcher`` (the dispatcher of a job as its own process) and
-``herald bench dispatcher`` (its capacity, :mod:`herald.dispatch.capacity`).
+"""``herald serve dispatcher``: the dispatcher of a job as its own process.
 
 ``herald serve dispatcher`` exit status: 0 done; 1 an error; 2 invalid options; 75 a
 PS shard was lost (NOTE [ps failover across hosts] in herald/job/failover.py: restart
@@ -12,19 +11,21 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 
 from herald.errors import ConfigError
+from herald.job.cli import add_job_arguments, config_from_args
+
+# The functions below import the job's parts on use: this module is imported to build the
+# herald parser, which must not load numba, torch or zmq (~3 s: herald/cli.py).
 
 
 def _serve_dispatcher(args: argparse.Namespace) -> int:
     """``herald serve dispatcher``; with ``--checkpoint-every`` / ``--resume`` it checkpoints
     and resumes as ``herald train`` does (:class:`herald.job.checkpoints.DispatcherCheckpoints`),
     and a lost PS shard ends it with exit status 75 (NOTE [ps failover across hosts])."""
-    from herald.auth import check_bind
+    from herald.auth import check_bind   # on use: see the comment on the imports
     from herald.dispatch.dispatcher import Dispatcher
-    from herald.job.cli import config_from_args
     from herald.job.data import JobData
     from herald.job.failover import serve_watched, watch_shards
     from herald.spec.job import JobSpec
@@ -66,19 +67,19 @@ def _serve_dispatcher(args: argparse.Namespace) -> int:
 def dispatcher_config(cfg, args: argparse.Namespace):
     """The :class:`~herald.dispatch.records.DispatcherConfig` of ``herald serve dispatcher``:
     the job's settings (``cfg``, a :class:`~herald.spec.train.TrainConfig`) with this process's
-    ``--bind`` and ``--dispatcher-rank`` (``args``): :func:`herald.job.launcher.dispatcher_config`.
+    ``--bind`` and ``--dispatcher-rank`` (``args``): :func:`herald.job.runner.dispatcher_config`.
 
     Raises:
         ConfigError: a setting out of range (named by its flag).
     """
-    from herald.job.launcher import dispatcher_config as job_dispatcher_config
+    from herald.job.runner import dispatcher_config as job_dispatcher_config   # on use: see the imports
 
     return job_dispatcher_config(cfg, bind=args.bind, dispatcher_rank=args.dispatcher_rank)
 
 
 def _checkpoints(cfg):
     """The dispatcher's checkpoints (``--checkpoint-every`` or ``--resume``), or None."""
-    from herald.job.checkpoints import DispatcherCheckpoints
+    from herald.job.checkpoints import DispatcherCheckpoints   # on use: see the imports
 
     if not (cfg.checkpoint_every or cfg.resume):
         return None
@@ -92,68 +93,14 @@ def _checkpoints(cfg):
 
 def _ps_client(cfg, data, ps_addresses):
     """A PS client, holding the admin token (``HERALD_PS_TOKEN``, if set) for checkpoint and restore."""
-    from herald.ps import PSClient
+    from herald.ps import PSClient   # on use: see the imports
 
     return PSClient(ps_addresses, tables=cfg.tables(data.schema), timeout_ms=cfg.timeout_ms,
                     num_workers=cfg.workers, keys_dir=cfg.keys_dir, admin_token=os.environ.get("HERALD_PS_TOKEN"))
 
 
-def _bench_dispatcher(args: argparse.Namespace) -> int:
-    from herald.dispatch.capacity import measure_capacity
-
-    res = measure_capacity(workers=args.workers, batch_size=args.batch_size, schedule=args.schedule,
-                           rows=args.rows, source=args.source, steps=args.steps, seconds=args.seconds,
-                           warmup_steps=args.warmup_steps, max_inflight_steps=args.max_inflight_steps,
-                           materialize=not args.no_materialize, peers_nice=args.peers_nice)
-    print(f"dispatcher capacity: {res['samples_per_s']:,.0f} samples/s  ({res['workers']} workers x "
-          f"{res['batch_size']}, {res['schedule']}, {res['steps']} steps in {res['seconds']:.2f} s, "
-          f"{res['ms_per_step']:.2f} ms/step)")
-    print("busy fraction of the measured time per stage (stages on different threads overlap):")
-    for stage, frac in res["phases"].items():
-        print(f"  {stage:<12} {frac:6.1%}   {frac * res['ms_per_step']:7.2f} ms/step")
-    if res.get("cpu"):
-        print(f"CPU per thread (cores; {sum(res['cpu'].values()):.2f} in all): "
-              + ", ".join(f"{k} {v:.2f}" for k, v in sorted(res["cpu"].items(), key=lambda kv: -kv[1])))
-    if res.get("machine_cpu") is not None:
-        print(f"machine: {res['machine_cpu']:.2f} of {res['cpus']} cores busy during the measurement")
-        others = res["machine_cpu"] - sum(res.get("cpu", {}).values())
-        if others > 0.1:
-            print(f"warning: other processes used {others:.2f} cores meanwhile: this measurement is low; "
-                  "rerun on an idle machine")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(res, f, indent=2)
-        print(f"wrote {args.out}")
-    return 0
-
-
 def register(commands, bench, serve) -> None:
-    """Add ``serve dispatcher`` and ``bench dispatcher``."""
-    from herald.dispatch import capacity
-
-    b = bench.add_parser("dispatcher", help="dispatcher capacity: samples/s with workers that ack at once",
-                         description=capacity.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    b.add_argument("--workers", type=int, default=8, help="workers served (default: %(default)s)")
-    b.add_argument("--batch-size", type=int, default=256, help="samples per micro-batch (default: %(default)s)")
-    b.add_argument("--schedule", default="herald", help="scheduler schedule (default: %(default)s)")
-    b.add_argument("--rows", type=int, default=capacity.DEFAULT_ROWS,
-                   help="rows of synthetic Criteo data, repeated as epochs (default: %(default)s)")
-    b.add_argument("--source", default=None, help="another source URL (default: synthetic://criteo?rows=ROWS)")
-    b.add_argument("--steps", type=int, default=None, help="steps measured after the warm-up")
-    b.add_argument("--seconds", type=float, default=None,
-                   help=f"seconds measured (default {capacity.DEFAULT_SECONDS} when --steps is not given)")
-    b.add_argument("--warmup-steps", type=int, default=30, help="steps before the clock starts (default: %(default)s)")
-    b.add_argument("--max-inflight-steps", type=int, default=2, help="the dispatcher's credits (default: %(default)s)")
-    b.add_argument("--no-materialize", action="store_true",
-                   help="generate rows while serving (the generator's cost included) instead of from memory")
-    b.add_argument("--peers-nice", type=int, default=0,
-                   help="nice increment (0-19) of the fake workers' process (default %(default)s: the dispatcher's "
-                        "priority)")
-    b.add_argument("--out", default=None, help="write the result as JSON to this file")
-    b.set_defaults(func=_bench_dispatcher)
-
-    from herald.job.cli import add_job_arguments
-
+    """Add ``serve dispatcher``."""
     d = serve.add_parser("dispatcher", help="the dispatcher (scheduler + micro-batch dispatch) for N workers",
                          description="Read a source, schedule global batches and serve micro-batches to N workers "
                                      "that connect with `herald serve worker`.")

@@ -1,8 +1,9 @@
 """``herald bench scheduler``: Herald's Table 2 on real or synthetic data, timing, scaling,
 brute-force quality and snapshot memory. Everything is measured in the same run.
 
-Protocol and counters: DESIGN "Consistency protocol and accounting"; reductions are
-relative to ``vanilla`` (random partition + full-set sync) measured on the same batches.
+Protocol and counters: docs/design.md, "Consistency protocol", and docs/scheduler.md,
+"Exact semantics"; reductions are relative to ``vanilla`` (random partition + full-set
+sync) measured on the same batches. ``--threads``: :mod:`herald.bench.scheduler_threads`.
 """
 
 from __future__ import annotations
@@ -16,51 +17,17 @@ import time
 
 import numpy as np
 
+from herald.bench.scheduler_threads import run_threads
+from herald.loader import SampleBatch, open_source
+from herald.loader.splits import count_distinct_keys
 from herald.scheduler.config import SchedulerConfig
 from herald.scheduler.plan import CAUSES
-from herald.scheduler.scheduler import count_distinct_keys
 from herald.scheduler.simulate import quality_ratios, simulate, to_bytes
-
-DEFAULT_SCHEDULES = ("vanilla", "laia", "plan", "herald", "costaware")
-
-
-def add_bench_arguments(p) -> None:
-    """Arguments of ``herald bench scheduler`` (also used by ``bench/bench_scheduler.py``)."""
-    p.add_argument("--data", default="../shared/data/movielens/ml-latest-small/ratings.csv",
-                   help="path or URL for herald.loader.open_source (synthetic://criteo?rows=N&seed=S)")
-    p.add_argument("--workers", type=int, default=8)
-    p.add_argument("--batch-size", type=int, default=128, help="samples per worker per step")
-    p.add_argument("--cache-ratio", type=float, default=0.1, help="worker cache rows / distinct keys")
-    p.add_argument("--cache-rows", type=int, default=None, help="worker cache rows (overrides --cache-ratio)")
-    p.add_argument("--cache-policy", choices=("lru", "lfu"), default="lru")
-    p.add_argument("--schedules", default=",".join(DEFAULT_SCHEDULES))
-    p.add_argument("--budget-ms", type=float, default=None, help="adaptive LAIA scheduling budget (ms)")
-    p.add_argument("--max-rows", type=int, default=None, help="read at most this many rows")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dim", type=int, default=512, help="embedding dim for bytes (Herald §6.1: 512)")
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--out", default="out/bench_scheduler", help="folder for JSON and PNG")
-    p.add_argument("--quality", action="store_true",
-                   help="also brute-force quality (Herald App. C: per-worker batch 1, --quality-workers)")
-    p.add_argument("--quality-workers", type=int, default=8)
-    p.add_argument("--quality-steps", type=int, default=150)
-    p.add_argument("--scaling", action="store_true",
-                   help="also time 8/64 workers x 1,024/8,192-sample global batches on synthetic Criteo")
-    p.add_argument("--memory-keys", type=int, default=0, help="also measure snapshot memory with N keys")
-    p.add_argument("--adaptive", action="store_true",
-                   help="also adaptive LAIA (Herald Fig. 13): herald scoring only the k highest-DoI tables")
-    p.add_argument("--threads", default=None, metavar="N,N,...",
-                   help="also time herald, herald with the lock-free allocation, and costaware with these "
-                        "scheduler thread counts (e.g. 1,2,4; Herald §4.4): ms per batch vs threads and "
-                        "transmissions vs 1 thread")
-    p.add_argument("--rounds", type=int, default=3,
-                   help="interleaved runs per thread count (--threads) or per side (--compare-ref)")
+from herald.scheduler.state import Snapshots
 
 
 def load_batches(spec: str, global_batch: int, max_rows=None, seed: int = 0):
     """All full global batches of a source, in source order (drop_last), and the table names."""
-    from herald.loader import SampleBatch, open_source
-
     src = open_source(spec)
     parts, n = [], 0
     try:
@@ -112,6 +79,7 @@ def _print_table(rows: dict, bytes_total: dict) -> None:
 
 
 def _chart(rows: dict, path: pathlib.Path, title: str) -> None:
+    # here, not at the top: the Agg backend is chosen before pyplot loads, and only when a chart is drawn
     import matplotlib
 
     matplotlib.use("Agg")
@@ -233,8 +201,6 @@ def run_adaptive(args) -> dict:
 
 def run_memory(args) -> dict:
     """Snapshot bytes per tracked key with ``args.memory_keys`` keys (8 workers, 10% caches)."""
-    from herald.scheduler.state import Snapshots
-
     n = args.memory_keys
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     snap = Snapshots(args.workers, max(1, int(0.1 * n)), "lru", initial_slots=n)
@@ -270,8 +236,6 @@ def main(args) -> int:
     if args.adaptive:
         report["adaptive"] = run_adaptive(args)
     if args.threads:
-        from herald.scheduler.bench_threads import run_threads
-
         batches, tables, _ = load_batches(args.data, args.workers * args.batch_size, args.max_rows, args.seed)
         report["threads"] = run_threads(args, batches, len(tables))
     if args.memory_keys:

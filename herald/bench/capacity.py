@@ -3,7 +3,7 @@
 ``herald bench dispatcher`` and :func:`measure_capacity` run the whole dispatch path
 (global batches -> Herald scheduler -> micro-batches -> ZeroMQ) over Criteo-shaped
 synthetic rows against fake workers that ack every micro-batch at once
-(:mod:`herald.dispatch.ackpeers`, a child process reading only message headers). The
+(:mod:`herald.bench.ackpeers`, a child process reading only message headers). The
 result is the dispatcher's ceiling: a job cannot train faster than this, whatever its
 workers do.
 
@@ -17,6 +17,8 @@ loading, caches filling) are not measured.
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
 import os
 import subprocess
@@ -26,13 +28,17 @@ from typing import Any
 
 import numpy as np
 
+from herald.bench.options import CAPACITY_ROWS, CAPACITY_SECONDS
+from herald.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from herald.errors import ConfigError, HeraldError
+from herald.loader import open_source
 from herald.loader.batch import SampleBatch
+from herald.loader.global_batches import GlobalBatches
 from herald.loader.source import Source, state_int
-
-#: default rows of the synthetic data (repeated as epochs as long as the measurement runs)
-DEFAULT_ROWS = 200_000
-DEFAULT_SECONDS = 5.0
+from herald.loader.splits import count_distinct_keys
+from herald.scheduler import Scheduler, SchedulerConfig
+from herald.spec.job import JobSpec
+from herald.spec.tables import TableConfig
 
 
 class MemorySource(Source):
@@ -142,7 +148,7 @@ def _stage_seconds(disp) -> dict[str, float]:
 
 
 def measure_capacity(workers: int = 8, batch_size: int = 256, schedule: str = "herald",
-                     rows: int | None = DEFAULT_ROWS, source: str | None = None, steps: int | None = None,
+                     rows: int | None = CAPACITY_ROWS, source: str | None = None, steps: int | None = None,
                      seconds: float | None = None, *, warmup_steps: int = 30, max_inflight_steps: int = 2,
                      materialize: bool = True, cache_ratio: float = 0.1, seed: int = 0,
                      peers_nice: int = 0) -> dict[str, Any]:
@@ -180,15 +186,8 @@ def measure_capacity(workers: int = 8, batch_size: int = 256, schedule: str = "h
         ConfigError: bad settings, or too few rows for one global batch.
         HeraldError: the dispatcher or the fake workers failed.
     """
-    from herald.dispatch.dispatcher import Dispatcher, DispatcherConfig
-    from herald.spec.job import JobSpec
-    from herald.loader import open_source
-    from herald.loader.global_batches import GlobalBatches
-    from herald.spec.tables import TableConfig
-    from herald.scheduler import Scheduler, SchedulerConfig, count_distinct_keys
-
     if steps is None and seconds is None:
-        seconds = DEFAULT_SECONDS
+        seconds = CAPACITY_SECONDS
     if (steps is not None and steps < 1) or (seconds is not None and seconds <= 0) or warmup_steps < 1:
         raise ConfigError("measure_capacity: steps must be >= 1, seconds > 0 and warmup_steps >= 1")
     if not 0 <= peers_nice <= 19:
@@ -241,7 +240,7 @@ def measure_capacity(workers: int = 8, batch_size: int = 256, schedule: str = "h
     peers = None
     try:
         # a child process started with -m (not multiprocessing): the caller's __main__ is never re-imported
-        peers = subprocess.Popen([sys.executable, "-m", "herald.dispatch.ackpeers", disp.address, str(workers), "60",
+        peers = subprocess.Popen([sys.executable, "-m", "herald.bench.ackpeers", disp.address, str(workers), "60",
                                   str(peers_nice)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         disp.serve()
     finally:
@@ -272,3 +271,33 @@ def measure_capacity(workers: int = 8, batch_size: int = 256, schedule: str = "h
             "workers": workers, "batch_size": batch_size, "schedule": schedule, "global_batch": gb,
             "rows": num_rows, "materialized": materialize, "warmup_steps": warmup_steps, "peers_nice": peers_nice,
             "distinct_keys": int(distinct), "capacity_rows": int(np.ceil(cache_ratio * distinct))}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """``herald bench dispatcher``: :func:`measure_capacity` with the options in ``args``;
+    prints samples/s, each stage's busy fraction and the CPU per thread, and writes the
+    result as JSON to ``--out`` when given."""
+    res = measure_capacity(workers=args.workers, batch_size=args.batch_size, schedule=args.schedule,
+                           rows=args.rows, source=args.source, steps=args.steps, seconds=args.seconds,
+                           warmup_steps=args.warmup_steps, max_inflight_steps=args.max_inflight_steps,
+                           materialize=not args.no_materialize, peers_nice=args.peers_nice)
+    print(f"dispatcher capacity: {res['samples_per_s']:,.0f} samples/s  ({res['workers']} workers x "
+          f"{res['batch_size']}, {res['schedule']}, {res['steps']} steps in {res['seconds']:.2f} s, "
+          f"{res['ms_per_step']:.2f} ms/step)")
+    print("busy fraction of the measured time per stage (stages on different threads overlap):")
+    for stage, frac in res["phases"].items():
+        print(f"  {stage:<12} {frac:6.1%}   {frac * res['ms_per_step']:7.2f} ms/step")
+    if res.get("cpu"):
+        print(f"CPU per thread (cores; {sum(res['cpu'].values()):.2f} in all): "
+              + ", ".join(f"{k} {v:.2f}" for k, v in sorted(res["cpu"].items(), key=lambda kv: -kv[1])))
+    if res.get("machine_cpu") is not None:
+        print(f"machine: {res['machine_cpu']:.2f} of {res['cpus']} cores busy during the measurement")
+        others = res["machine_cpu"] - sum(res.get("cpu", {}).values())
+        if others > 0.1:
+            print(f"warning: other processes used {others:.2f} cores meanwhile: this measurement is low; "
+                  "rerun on an idle machine")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=2)
+        print(f"wrote {args.out}")
+    return res

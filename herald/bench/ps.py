@@ -19,10 +19,11 @@ import threading
 import time
 
 import numpy as np
+import zmq
 
 from herald.ps.client import PSClient
-from herald.spec.tables import OptimizerConfig, TableConfig
 from herald.ps.local import LocalShards
+from herald.spec.tables import OptimizerConfig, TableConfig
 
 
 def memcpy_gbps(nbytes: int, seconds: float) -> float:
@@ -42,8 +43,6 @@ def zmq_gbps(nbytes: int, seconds: float, transport: str = "tcp", workdir=None) 
     """Median GB/s of a bare ZeroMQ DEALER->ROUTER request answered by an ``nbytes``
     zero-copy reply over TCP loopback or IPC (a thread in this process): the
     transport's limit."""
-    import zmq
-
     ctx = zmq.Context.instance()
     router = ctx.socket(zmq.ROUTER)
     router.setsockopt(zmq.LINGER, 0)

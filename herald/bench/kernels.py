@@ -1,5 +1,6 @@
 """``herald bench kernels``: the worker cache's hot path against FBGEMM's table-batched
-embeddings (issue 16), one thread, both in the same process run.
+embeddings, one thread, both in the same process run (the caches: docs/worker.md, "The two
+caches").
 
 One step of one micro-batch (``--batch`` samples, ``--tables`` Criteo-shaped tables, bags
 of ``--bags`` ids: 1 is one-hot, L > 1 draws lengths in [1, 2L - 1]; ids skewed to the
@@ -37,17 +38,17 @@ import pathlib
 import statistics
 import time
 
+import numba
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from herald.spec.tables import OptimizerConfig, TableConfig
+from herald.bench.options import FBGEMM_OPTIMIZERS, add_kernels_arguments
+from herald.errors import ConfigError
 from herald.scheduler.plan import KeySet
+from herald.spec.tables import OptimizerConfig, TableConfig
 from herald.worker.cache import BagLayout, EmbeddingCache
 
-#: Our optimizer name -> FBGEMM's ``EmbOptimType`` member on the CPU (None: no CPU kernel).
-FBGEMM_OPTIMIZERS = {"sgd": "EXACT_SGD", "adagrad": "EXACT_ADAGRAD", "rowwise_adagrad": "EXACT_ROWWISE_ADAGRAD",
-                     "adam": None}
 INSTALL_HINT = "pip install torchrec==1.8.0 fbgemm-gpu-cpu==1.8.0 (the pair that loads on torch 2.13)"
 LR = {"sgd": 0.1, "adagrad": 0.01, "rowwise_adagrad": 0.01, "adam": 0.001}
 ADAGRAD_INITIAL = 0.1
@@ -240,13 +241,11 @@ def time_case(args, dim: int, bag: int, rows_per_table: int, optimizer: str, hav
 
 
 def run(args: argparse.Namespace) -> dict:
-    """Run every case and the arithmetic check; print a table; write ``--out`` JSON."""
+    """Check the sizes (:func:`check_arguments`), run every case and the arithmetic check;
+    print a table; write ``--out`` JSON."""
+    check_arguments(args)
     torch.set_num_threads(1)
-    try:
-        import numba
-        numba.set_num_threads(1)
-    except (ImportError, ValueError):
-        pass
+    numba.set_num_threads(1)
     have_fb = fbgemm_modules() is not None
     result: dict = {"config": {k: v for k, v in vars(args).items() if k != "func"}, "threads": 1,
                     "fbgemm": {"available": have_fb, **({} if have_fb else {"install": INSTALL_HINT})},
@@ -271,44 +270,17 @@ def run(args: argparse.Namespace) -> dict:
     return result
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--batch", type=int, default=256, help="samples per micro-batch (default: %(default)s)")
-    p.add_argument("--tables", type=int, default=26, help="embedding tables (default: %(default)s, Criteo's)")
-    p.add_argument("--dims", type=int, nargs="+", default=[16, 64])
-    p.add_argument("--bags", type=int, nargs="+", default=[1, 8],
-                   help="ids per bag: 1 one-hot, L > 1 lengths in [1, 2L - 1] (default: %(default)s)")
-    p.add_argument("--rows-per-table", type=int, nargs="+", default=[10_000, 200_000],
-                   help="cached rows per table (default: %(default)s; memory ~ 2 x tables x rows x width x 4 B)")
-    p.add_argument("--optimizers", nargs="+", default=list(FBGEMM_OPTIMIZERS), choices=list(FBGEMM_OPTIMIZERS))
-    p.add_argument("--reps", type=int, default=30, help="timed steps per case (default: %(default)s)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps first (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=None, help="write the results as JSON to this file")
-
-
 def check_arguments(args: argparse.Namespace) -> None:
     """Raise :class:`~herald.errors.ConfigError` on sizes that cannot run."""
-    from herald.errors import ConfigError
-
     if min(args.batch, args.tables, args.reps, *args.dims, *args.bags, *args.rows_per_table) < 1 or args.warmup < 0:
         raise ConfigError("bench kernels needs --batch, --tables, --reps, --dims, --bags, --rows-per-table >= 1 "
                           "and --warmup >= 0")
-
-
-def register(bench) -> None:
-    """Add ``herald bench kernels``."""
-    b = bench.add_parser("kernels", help="worker cache hot path (numba) vs FBGEMM TBE on the CPU, one thread",
-                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(b)
-    b.set_defaults(func=lambda args: (check_arguments(args), run(args), 0)[2])
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python bench/bench_kernels.py``: the same as ``herald bench kernels``."""
     os.environ.setdefault("NUMBA_NUM_THREADS", "1")
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    args = p.parse_args(argv)
-    check_arguments(args)
-    run(args)
+    add_kernels_arguments(p)
+    run(p.parse_args(argv))
     return 0

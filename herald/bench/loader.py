@@ -28,10 +28,13 @@ import tempfile
 import time
 
 import numpy as np
+import torch
+from torch.utils.data import DataLoader
 
 from herald.loader.batch import SampleBatch
 from herald.loader.batcher import GlobalBatcher
 from herald.loader.conversion import datagen
+from herald.loader.dataset import HeraldIterableDataset
 from herald.loader.formats.parquet import ParquetSettings, ParquetSource
 from herald.loader.formats.raw import CriteoSource
 
@@ -72,8 +75,6 @@ class _TorchDataset:
     """Map-style torch Dataset over the Parquet columns: one sample per ``__getitem__``."""
 
     def __init__(self, path):
-        import torch
-
         with ParquetSource(path) as source:
             batch = SampleBatch.concat(list(source))
         self.labels = torch.from_numpy(batch.labels.copy())
@@ -92,17 +93,11 @@ class _TorchDataset:
 
 
 def _torch_loader(dataset, batch_size, workers):
-    from torch.utils.data import DataLoader
-
     return iter(DataLoader(dataset, batch_size=batch_size, num_workers=workers,
                            persistent_workers=False))
 
 
 def _herald_loader(path, batch_size, workers):
-    from torch.utils.data import DataLoader
-
-    from herald.loader.dataset import HeraldIterableDataset
-
     return iter(DataLoader(HeraldIterableDataset(path, batch_size, output="torch"), batch_size=None,
                            num_workers=workers))
 

@@ -7,7 +7,7 @@ included), not estimated. ``NAME+replicated`` schedules hold the small tables on
 worker (NOTE [replicated tables]); their all-reduce payload is reported in its own column.
 
 Beside them, in the same run (unless ``--no-torchrec``), the TorchRec baseline
-(:mod:`herald.job.bench_torchrec`): single-process TorchRec DLRM over FBGEMM's fused
+(:mod:`herald.bench.torchrec_baseline`): single-process TorchRec DLRM over FBGEMM's fused
 table-batched embeddings, 1 thread, on the same rows, embedding dim, sparse optimizer
 (``--optimizer``; FBGEMM has no fused Adam on the CPU) and ``--batch-size`` (one worker's
 batch); each herald run's samples/s is also given as a ratio to it. Without torchrec the
@@ -21,35 +21,11 @@ import argparse
 import json
 import pathlib
 
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--source", default=None, help="default: synthetic://criteo?rows=ROWS&seed=1")
-    p.add_argument("--rows", type=int, default=200_000, help="rows of the synthetic stream (default: %(default)s)")
-    p.add_argument("--workers", type=int, nargs="+", default=[2, 4])
-    p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--cache-ratio", type=float, default=0.1)
-    p.add_argument("--embedding-dim", type=int, default=16)
-    p.add_argument("--optimizer", default="sgd")
-    p.add_argument("--schedules", nargs="+", default=["vanilla", "herald", "costaware", "herald+replicated"],
-                   help="schedules to compare; NAME+replicated also holds the tables with at most "
-                        "--replicate-below ids on every worker (NOTE [replicated tables])")
-    p.add_argument("--replicate-below", type=int, default=15_000, help="(default: %(default)s)")
-    p.add_argument("--no-torchrec", action="store_true", help="leave the TorchRec baseline out")
-    p.add_argument("--out", default="runs/bench-e2e")
-
-
-def summarize(rep: dict) -> dict:
-    """The figures a benchmark compares, from a job's report dict (``herald train``'s):
-    steady samples/s, worker<->PS bytes on the wire, all-reduce bytes, embeddings moved,
-    training seconds and steps."""
-    return {
-        "samples_per_second": rep["samples_per_second"],
-        "wire_bytes": rep["wire_bytes"]["pulled"] + rep["wire_bytes"]["pushed"],
-        "allreduce_bytes": rep["wire_bytes"]["allreduced"],
-        "embeddings_moved": rep["transmissions"]["total"],
-        "train_seconds": rep["train_seconds"],
-        "steps": rep["steps"],
-    }
+from herald.bench import torchrec_baseline
+from herald.bench.common import summarize
+from herald.bench.options import add_e2e_arguments
+from herald.job.launcher import run_train
+from herald.spec.train import TrainConfig
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -60,13 +36,9 @@ def run(args: argparse.Namespace) -> dict:
         ConfigError: a bad option (an optimizer FBGEMM does not fuse on the CPU: before
             any job runs). HeraldError: a job failed.
     """
-    from herald.job import bench_torchrec
-    from herald.job.launcher import run_train
-    from herald.spec.train import TrainConfig
-
     source = args.source or f"synthetic://criteo?rows={args.rows}&seed=1"
     out = pathlib.Path(args.out)
-    bench_torchrec.check_bench_optimizer(args.optimizer, args.no_torchrec)
+    torchrec_baseline.check_bench_optimizer(args.optimizer, args.no_torchrec)
     results: dict = {}
     for workers in args.workers:
         for schedule in args.schedules:
@@ -79,7 +51,7 @@ def run(args: argparse.Namespace) -> dict:
             print(f"--- {schedule}, {workers} workers", flush=True)
             rep = run_train(cfg, progress=False)
             results[f"{schedule}-w{workers}"] = summarize(rep)
-    trec = None if args.no_torchrec else bench_torchrec.torchrec_on_source(
+    trec = None if args.no_torchrec else torchrec_baseline.torchrec_on_source(
         source, batch_size=args.batch_size, eval_fraction=0.0, embedding_dim=args.embedding_dim,
         optimizer=args.optimizer)
     print("\n| workers | schedule | samples/s | worker<->PS MiB | embeddings moved | bytes vs vanilla "
@@ -92,11 +64,11 @@ def run(args: argparse.Namespace) -> dict:
             ratio = r["wire_bytes"] / base["wire_bytes"] if base else float("nan")
             tratio = r["train_seconds"] / base["train_seconds"] if base else float("nan")
             r["bytes_ratio_vs_vanilla"], r["time_ratio_vs_vanilla"] = ratio, tratio
-            r["ratio_vs_torchrec"] = bench_torchrec.ratio_to(trec, r["samples_per_second"])
+            r["ratio_vs_torchrec"] = torchrec_baseline.ratio_to(trec, r["samples_per_second"])
             print(f"| {workers} | {schedule} | {r['samples_per_second']:,.0f} | {r['wire_bytes'] / 2**20:,.1f} | "
                   f"{r['embeddings_moved']:,} | {ratio:.3f}x | {r['allreduce_bytes'] / 2**20:,.1f} | {tratio:.3f}x | "
-                  f"{bench_torchrec.format_ratio(r['ratio_vs_torchrec'])} |")
-    print(f"\n{bench_torchrec.describe(trec)} (batch {args.batch_size}, one herald worker's)")
+                  f"{torchrec_baseline.format_ratio(r['ratio_vs_torchrec'])} |")
+    print(f"\n{torchrec_baseline.describe(trec)} (batch {args.batch_size}, one herald worker's)")
     results["torchrec"] = trec
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_e2e.json").write_text(json.dumps(results, indent=2))
@@ -106,7 +78,7 @@ def run(args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
+    add_e2e_arguments(p)
     run(p.parse_args(argv))
     return 0
 
