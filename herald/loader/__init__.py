@@ -11,10 +11,9 @@ Public API (see docs/loader.md):
 - :func:`convert`, :func:`datagen`, :class:`SyntheticSpec`, :class:`SyntheticSource`
 """
 
-import importlib
+from herald.lazy import lazy_exports
 
-# Names are imported on first use (PEP 562): a process that needs one module (a PS
-# shard hashing keys, a worker reading SampleBatch) does not load every parser kernel.
+# Names are imported on first use (PEP 562, herald/lazy.py).
 _EXPORTS = {
     "SampleBatch": "batch", "Schema": "batch", "GlobalBatcher": "batcher", "convert": "conversion",
     "datagen": "conversion", "decode_records": "formats.decode", "open_source": "registry",
@@ -23,15 +22,4 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(f"herald.loader.{_EXPORTS[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'herald.loader' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

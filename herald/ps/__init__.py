@@ -13,10 +13,9 @@ Public API (docs/ps.md):
 - :class:`ShardLimits`: what one shard accepts (NOTE [ps limits], docs/ps.md).
 """
 
-import importlib
+from herald.lazy import lazy_exports
 
-# Names are imported on first use (PEP 562): building the herald parser, or a process that
-# needs one module, does not load every kernel of the package.
+# Names are imported on first use (PEP 562, herald/lazy.py).
 _EXPORTS = {
     "CheckpointError": "checkpoint",
     "Handle": "client",
@@ -29,15 +28,4 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(f"herald.ps.{_EXPORTS[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'herald.ps' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

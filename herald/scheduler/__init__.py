@@ -11,10 +11,9 @@ Public API::
 See docs/scheduler.md.
 """
 
-import importlib
+from herald.lazy import lazy_exports
 
-# Names are imported on first use (PEP 562): building the herald parser, or a process that
-# needs one module, does not load every kernel of the package.
+# Names are imported on first use (PEP 562, herald/lazy.py).
 _EXPORTS = {
     "SchedulerConfig": "config",
     "CAUSES": "plan",
@@ -25,15 +24,4 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(f"herald.scheduler.{_EXPORTS[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'herald.scheduler' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -16,9 +16,9 @@ that ``herald train`` refuses a bad option before anything heavy loads.
 - :mod:`herald.spec.flags`: errors worded in ``herald train``'s flags.
 """
 
-import importlib
+from herald.lazy import lazy_exports
 
-# Names are imported on first use (PEP 562).
+# Names are imported on first use (PEP 562, herald/lazy.py).
 _EXPORTS = {
     "JobSpec": "job", "TrainConfig": "train", "auto_model": "train", "TableConfig": "tables",
     "OptimizerConfig": "tables", "check_tables": "tables", "tables_from_json": "tables",
@@ -27,18 +27,4 @@ _EXPORTS = {
 _SUBMODULES = ("comm", "consistency", "flags", "job", "modes", "tables", "train", "vocab")
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(f"herald.spec.{_EXPORTS[name]}"), name)
-    elif name in _SUBMODULES:
-        value = importlib.import_module(f"herald.spec.{name}")
-    else:
-        raise AttributeError(f"module 'herald.spec' has no attribute {name!r}")
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_EXPORTS) | set(_SUBMODULES))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals(), _SUBMODULES)
