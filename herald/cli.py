@@ -13,7 +13,9 @@ import argparse
 import importlib
 import sys
 
-from herald.errors import HeraldError
+from herald import __version__
+from herald.errors import ConfigError, HeraldError
+from herald.job.cli import add_job_arguments, config_from_args
 
 # Order decides the order in --help.
 _COMMAND_MODULES = (
@@ -38,8 +40,6 @@ def build_parser() -> argparse.ArgumentParser:
             "(Herald's communication plan) and serves embeddings from a CPU parameter server."
         ),
     )
-    from herald import __version__
-
     parser.add_argument("--version", action="version", version=f"herald {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     bench_parser = commands.add_parser("bench", help="benchmarks that compare against a baseline measured in the same run")
@@ -61,13 +61,10 @@ def _missing(parser: argparse.ArgumentParser) -> int:
 
 def _check_train_options(argv: list[str]) -> int | None:
     """``herald train``'s options checked before the full parser is built (building it
-    imports every subcommand, torch included: seconds), so that a bad value is reported
+    imports every subcommand's registration), so that a bad value is reported
     at once, before anything starts. Returns the exit status when they are invalid."""
     if argv[:1] != ["train"] or "-h" in argv or "--help" in argv:
         return None
-    from herald.errors import ConfigError
-    from herald.job.cli import add_job_arguments, config_from_args
-
     parser = argparse.ArgumentParser(prog="herald train", add_help=False)
     add_job_arguments(parser)
     args, _ = parser.parse_known_args(argv[1:])    # a malformed value exits 2 here, as the full parser would

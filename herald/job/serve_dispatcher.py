@@ -24,7 +24,8 @@ def _serve_dispatcher(args: argparse.Namespace) -> int:
     """``herald serve dispatcher``; with ``--checkpoint-every`` / ``--resume`` it checkpoints
     and resumes as ``herald train`` does (:class:`herald.job.checkpoints.DispatcherCheckpoints`),
     and a lost PS shard ends it with exit status 75 (NOTE [ps failover across hosts])."""
-    from herald.auth import check_bind   # on use: see the comment on the imports
+    # on use: see the comment on the imports
+    from herald.auth import check_bind
     from herald.dispatch.dispatcher import Dispatcher
     from herald.job.data import JobData
     from herald.job.failover import serve_watched, watch_shards

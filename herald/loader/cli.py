@@ -7,9 +7,11 @@
 
 from __future__ import annotations
 
+from herald.loader.produce_cli import register as register_produce
+
 
 def _datagen(args) -> int:
-    from herald.loader.conversion import datagen
+    from herald.loader.conversion import datagen   # on use: the herald parser must not load numba and pyarrow
 
     out = datagen(args.out, rows=args.rows, seed=args.seed, fit=args.fit, preset=args.preset,
                   fit_rows=args.fit_rows, row_group_rows=args.row_group_rows, progress=not args.quiet)
@@ -18,7 +20,7 @@ def _datagen(args) -> int:
 
 
 def _convert(args) -> int:
-    from herald.loader.conversion import convert
+    from herald.loader.conversion import convert   # on use: as in _datagen
 
     options = {"bad_records": args.bad_records}
     if args.quarantine:
@@ -53,7 +55,5 @@ def register(commands, bench, serve) -> None:
     p.add_argument("--row-group-rows", type=int, default=131072)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_convert)
-
-    from herald.loader.produce_cli import register as register_produce
 
     register_produce(commands)

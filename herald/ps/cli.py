@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import pathlib
 
+from herald.errors import ConfigError
+from herald.ps.admin import load_token
+from herald.ps.config import ShardLimits
+from herald.spec.tables import tables_from_json
+
 
 def _serve(args) -> int:
-    from herald.ps.admin import load_token
-    from herald.ps.config import ShardLimits
-    from herald.spec.tables import tables_from_json
-    from herald.ps.server import run_shard
-
-    from herald.errors import ConfigError
+    from herald.ps.server import run_shard   # on use: the herald parser must not load numba (herald/cli.py)
 
     tables = []
     if args.tables:
@@ -66,8 +66,6 @@ def register(commands, bench, serve) -> None:
     p.add_argument("--token-file", default=None, metavar="FILE",
                    help="file (mode 600) holding the admin token that checkpoint, restore and shutdown requests "
                         "must carry (default: the HERALD_PS_TOKEN environment variable; none: shutdown refused)")
-    from herald.ps.config import ShardLimits
-
     defaults = ShardLimits()
     for name, text in _LIMITS.items():
         p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name),

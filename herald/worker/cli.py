@@ -21,7 +21,7 @@ def _from_env(value: int | None, name: str, flag: str) -> int:
 
 
 def _serve_worker(args: argparse.Namespace) -> int:
-    from herald.worker.trainer import run_worker
+    from herald.worker.trainer import run_worker   # on use: the herald parser must not load torch (herald/cli.py)
 
     rank = _from_env(args.rank, "RANK", "--rank")
     world_size = _from_env(args.world_size, "WORLD_SIZE", "--world-size")
