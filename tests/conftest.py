@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import sys
 
 import pytest
 from hypothesis import settings
@@ -15,6 +16,8 @@ if os.environ.get("CI", "").lower() == "true":
     settings.load_profile("ci")
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:   # ``from tests.fakes import ...`` however pytest was started
+    sys.path.append(str(REPO))
 DATA = pathlib.Path(os.environ.get("HERALD_DATA", REPO.parent / "shared" / "data"))
 
 

@@ -1,14 +1,16 @@
 """The ``herald`` command line: error lines and exit codes (herald/cli.py), and the
-dispatcher settings of ``herald serve dispatcher`` (herald/dispatch/cli.py)."""
+dispatcher settings of ``herald serve dispatcher`` (herald/job/serve_dispatcher.py)."""
 
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 
 import pytest
 
 from herald import cli
-from herald.dispatch.cli import dispatcher_config
+from herald.job.serve_dispatcher import dispatcher_config
 from herald.errors import ConfigError, HeraldError
 from herald.job.cli import config_from_args
 from herald.job.failover import SHARD_FAILED_EXIT, ShardLost
@@ -68,3 +70,24 @@ def test_serve_dispatcher_names_the_flag_of_a_setting_out_of_range():
     args = _serve_dispatcher_args("--dispatcher-rank", "256")
     with pytest.raises(ConfigError, match="dispatcher.rank"):
         dispatcher_config(config_from_args(args), args)
+
+
+# ``python -m herald ARGS`` that prints, on its way out, which heavy modules it had imported
+_RUN_AND_LIST_HEAVY_IMPORTS = (
+    "import runpy, sys\n"
+    "sys.argv = ['herald', *sys.argv[1:]]\n"
+    "try:\n"
+    "    runpy.run_module('herald', run_name='__main__', alter_sys=True)\n"
+    "finally:\n"
+    "    print(sorted(m for m in ('torch', 'numba', 'zmq', 'pyarrow') if m in sys.modules))\n")
+
+
+def test_cli_process_rejects_a_bad_value_before_any_heavy_import(tmp_path):
+    """The options are checked before torch (or numba, zmq, pyarrow) is imported and before
+    anything starts: what makes the refusal immediate, asserted without a clock."""
+    done = subprocess.run([sys.executable, "-c", _RUN_AND_LIST_HEAVY_IMPORTS, "train", "--dense-lr", "nan",
+                           "--run-dir", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip() == "herald: error: --dense-lr must be a finite number > 0, got nan"
+    assert done.stdout.strip() == "[]", f"imported before the refusal: {done.stdout.strip()}"
+    assert not list(tmp_path.iterdir())                # nothing started, nothing written

@@ -56,8 +56,8 @@ def test_stop_kills_a_child_that_ignores_sigterm_within_the_bound(tmp_path):
         time.sleep(0.05)
     t0 = time.monotonic()
     sup.stop(timeout_s=0.5)
-    assert time.monotonic() - t0 < 3.0
-    assert p.poll() == -9  # SIGKILL after the bound
+    assert p.poll() == -9  # SIGKILL after the bound: a stop that waited for the child would see it exit 0 after 60 s
+    assert time.monotonic() - t0 < 30   # generous: a loaded machine delays the kill by seconds, not the child's 60 s
     assert sup.failure() is None  # stopped on purpose: not a failure
     sup.close()
 
@@ -65,10 +65,9 @@ def test_stop_kills_a_child_that_ignores_sigterm_within_the_bound(tmp_path):
 def test_wait_is_bounded_and_names_the_child(tmp_path):
     with Supervisor(tmp_path) as sup:
         sup.start("sleeper", _python("import time; time.sleep(60)"))
-        t0 = time.monotonic()
         with pytest.raises(HeraldError, match="sleeper did not exit within 0 s after the test"):
             sup.wait(timeout_s=0.3, context=" after the test")
-        assert time.monotonic() - t0 < 3.0
+        assert sup.procs["sleeper"].poll() is None   # gave up on a child that still runs (for 60 s)
 
 
 def test_restart_appends_to_the_log_and_a_running_name_is_refused(tmp_path):

@@ -33,11 +33,13 @@ def test_bench_scale_writes_every_run(tmp_path):
                              "--capacity-seconds", "1", "--out", str(out)]) == 0
     got = json.loads(out.read_text())
     assert got["plain_torch"]["samples_per_s"] > 0
+    assert got["plain_torch"]["cpu_us_per_sample"] > 0
     assert [(r["workers"], r["schedule"]) for r in got["runs"]] == [(1, "herald"), (2, "herald")]
     for r in got["runs"]:
         assert r["samples_per_s"] > 0
         assert isinstance(r["phases_ms"], dict)
         assert r["ratio_vs_plain_torch"] > 0 and r["scaling_factor"] > 0
+        assert r["cpu_us_per_sample"] > 0   # every process of the job, the reaped children included
     assert got["runs"][0]["scaling_factor"] == pytest.approx(1.0)
     trec = got["torchrec"]  # the TorchRec baseline, same batches, same run
     if torchrec_baseline.torchrec_import_error() and os.environ.get("CI") != "true":

@@ -1,8 +1,8 @@
 """A real :class:`Dispatcher` (served on a thread) under malformed and foreign messages:
 it drops and counts each (NOTE [peer validation]) and goes on serving the job.
 
-Scripted workers and strangers are ZeroMQ DEALERs (and plain TCP sockets) on the
-dispatcher's real port. Hostile messages are sent while the dispatcher waits (for
+Scripted workers and strangers are ZeroMQ DEALERs (ScriptedWorker and Stranger,
+tests/fakes.py) and plain TCP sockets on the dispatcher's real port. Hostile messages are sent while the dispatcher waits (for
 hellos or for an ack), the test waits until it counted them, and then the workers
 finish the job, so every count is exact.
 """
@@ -14,35 +14,14 @@ import time
 
 import hostile
 import pytest
-import zmq
-from test_dispatcher_peers import (PER_WORKER, PEER_TIMEOUT_MS, WAIT_S, WORKERS, all_ended, cooperative, drive,
-                                   make_batches)
+from test_dispatcher_peers import PER_WORKER, PEER_TIMEOUT_MS, WAIT_S, WORKERS, make_batches
 
 from herald.dispatch.peers import KINDS
 from herald.errors import PeerTimeout
+from tests.fakes import Stranger, all_ended, cooperative, drive, wait_until
 
 STEPS = 3
 PATIENT_MS = 5000    # the dispatcher's peer_timeout_ms where the test sends hostile messages first
-
-
-class Stranger:
-    """A DEALER that is not one of the job's workers, with any routing identity."""
-
-    def __init__(self, address: str, identity: bytes = b"stranger"):
-        self.sock = zmq.Context.instance().socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.setsockopt(zmq.IDENTITY, identity)
-        self.sock.connect(address)
-
-    def send_all(self, messages: list[list[bytes]]) -> None:
-        for frames in messages:
-            self.sock.send_multipart(frames)
-
-    def got_nothing(self, wait_ms: int = 100) -> bool:
-        return not self.sock.poll(wait_ms)
-
-    def close(self) -> None:
-        self.sock.close(linger=0)
 
 
 @pytest.fixture
@@ -187,14 +166,28 @@ def test_raw_tcp_bytes_are_dropped_and_counted(job_of):
 
 
 def test_a_stranger_using_a_workers_identity_cannot_speak_for_it(job_of, strangers):
+    """libzmq holds a second connection of a routing id in use (here worker 0's) apart and
+    never delivers its messages while the first is connected, so the dispatcher cannot count
+    them. The test proves instead that the forged frames were written to an established
+    connection to the dispatcher, and that the dispatcher read its port after that, before
+    any real ack; then they must have had no effect."""
     d, served, peers, _ = job_of(make_batches(STEPS), peer_timeout_ms=PATIENT_MS)
     in_flight(peers)
-    spoof = strangers(d.address, b"worker-0")      # libzmq holds a second connection of a routing id in use
-    spoof.send_all(hostile.claims(0, PER_WORKER))   # forged ack and error in worker 0's identity
-    time.sleep(0.3)
+    forged = hostile.claims(0, PER_WORKER)         # forged acks and error in worker 0's identity
+    spoof = strangers(d.address, b"worker-0")
+    spoof.wait_handshake(WAIT_S)                    # connected to the dispatcher, as worker 0 is
+    spoof.send_all(forged, wait_s=WAIT_S)           # every frame written to that connection
+    control = strangers(d.address, b"control")     # the same frames from an identity not in use:
+    control.send_all(forged)                        # read and counted, after the spoofed ones arrived
+    wait_until(lambda: d.rejected["unknown_peer"] >= len(forged) or not served.thread.is_alive(), WAIT_S,
+               f"the dispatcher counting the control's {len(forged)} messages (counted: {d.rejected})")
+    assert served.thread.is_alive() and served.error is None, f"a forged message stopped the job: {served.error!r}"
+    assert not d.records, "a forged ack completed step 0"
+    wait_rejected(d, {"unknown_peer": len(forged)})
     finish(served, peers, ack_step0=True)
     assert served.result[0].loss == pytest.approx(1.0)
-    assert spoof.got_nothing()
+    assert served.result[-1].rejected == {**dict.fromkeys(KINDS, 0), "unknown_peer": len(forged)}
+    assert spoof.got_nothing() and control.got_nothing()
 
 
 # ------------------------------------------------------------------ bounded waits

@@ -18,18 +18,20 @@ import zmq
 
 from herald.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from herald.dispatch.early import key_hash
+from herald.dispatch.lockstep import LockstepServe
 from herald.errors import DataError, HeraldError
 from herald.scheduler import Scheduler
 
-from test_dispatcher_peers import (PEER_TIMEOUT_MS, PER_WORKER, WORKERS, Peer, Served, all_ended,
-                                   cooperative, drive, make_batches, make_job, scheduler_factory)
+from test_dispatcher_peers import (PEER_TIMEOUT_MS, PER_WORKER, WAIT_S, WORKERS, make_batches, make_job,
+                                   make_peers, scheduler_factory)
+from tests.fakes import ServedDispatcher, all_ended, cooperative, drive
 
 
 def _pipeline_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("herald-dispatch")]
 
 
-def _assert_threads_end(timeout_s: float = 3.0) -> None:
+def _assert_threads_end(timeout_s: float = WAIT_S) -> None:
     deadline = time.monotonic() + timeout_s
     while _pipeline_threads() and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -42,7 +44,7 @@ def _function_names(exc: BaseException) -> list[str]:
 
 def _drive_until_error(peers) -> None:
     """Act as cooperative workers until the dispatcher reports an error to all of them."""
-    deadline = time.monotonic() + 4.0
+    deadline = time.monotonic() + WAIT_S
     poller = zmq.Poller()
     for p in peers:
         poller.register(p.sock, zmq.POLLIN)
@@ -87,19 +89,20 @@ def test_plan_thread_error_is_raised_by_serve_with_its_traceback_and_workers_are
     _assert_threads_end()
 
 
-class _BuildFails(Dispatcher):
-    def _build_step(self, item):
+class _BuildFails(LockstepServe):
+    def build_step(self, item):
         if item[0] == "plan" and item[1] == 1:
             raise RuntimeError("cannot build step 1")
-        return super()._build_step(item)
+        return super().build_step(item)
 
 
-def test_build_thread_error_is_raised_by_serve_after_the_steps_before_it(job_of):
-    d, served, peers, _ = job_of(make_batches(5), dispatcher_cls=_BuildFails)
+def test_build_thread_error_is_raised_by_serve_after_the_steps_before_it(job_of, monkeypatch):
+    monkeypatch.setattr("herald.dispatch.dispatcher.LockstepServe", _BuildFails)   # the dispatcher's pipeline part
+    d, served, peers, _ = job_of(make_batches(5))
     _drive_until_error(peers)
     served.join()
     assert isinstance(served.error, RuntimeError) and "cannot build step 1" in str(served.error)
-    assert "_build_step" in _function_names(served.error)
+    assert "build_step" in _function_names(served.error)
     assert all(p.steps == [0] for p in peers), "step 0 was built and sent before the failure"
     _assert_threads_end()
 
@@ -208,9 +211,9 @@ def test_resumed_dispatcher_continues_at_the_saved_step_and_batch(job_of):
                     scheduler_factory, make_job())
     d2.load_state_dict(states[0])
     assert rest.consumed == 2 and d2.next_step == 2
-    peers2 = [Peer(d2.address, r, []) for r in range(WORKERS)]
+    peers2 = make_peers(d2.address, [])
     try:
-        served2 = Served(d2)
+        served2 = ServedDispatcher(d2, wait_s=WAIT_S)
         for p in peers2:
             p.hello()
         drive(peers2, cooperative, all_ended(peers2))
@@ -252,21 +255,24 @@ def test_early_pulls_follow_the_previous_steps_touched_keys(job_of):
 
 # ------------------------------------------------------------ bounded close
 def test_close_is_bounded_with_a_producer_blocked_in_a_read(job_of):
-    release = threading.Event()
+    """close() joins the pipeline threads for at most ``close_timeout_ms``: it returns while
+    the plan thread is still blocked in a read that only the test ends, after close."""
+    blocked, release = threading.Event(), threading.Event()
 
     def batches():
         yield from make_batches(1)
-        release.wait(30)          # a source that blocks (a stream with no data)
+        blocked.set()             # the plan thread now waits in the read
+        release.wait(120)         # a source that blocks (a stream with no data)
         return
 
     d, served, peers, _ = job_of(batches(), close_timeout_ms=200)
-    deadline = time.monotonic() + 4
-    while not d._plan_timer.seconds.get("schedule") and time.monotonic() < deadline:
-        time.sleep(0.01)
-    time.sleep(0.1)              # the plan thread now waits in the read
-    t0 = time.monotonic()
-    d.close()
-    assert time.monotonic() - t0 < 1.5
+    assert blocked.wait(WAIT_S), "the plan thread never asked for a second batch"
+    closer = threading.Thread(target=d.close, daemon=True, name="close")
+    closer.start()
+    closer.join(WAIT_S)           # a close that joined the blocked read would wait until release
+    assert not closer.is_alive(), f"close() still waiting after {WAIT_S} s on a producer blocked in a read"
+    assert not release.is_set() and any(t.name.endswith("-plan") for t in _pipeline_threads()), \
+        "the plan thread's read ended before close() returned: nothing was tested"
     served.join()
     assert isinstance(served.error, HeraldError) and "closed" in str(served.error)
     release.set()

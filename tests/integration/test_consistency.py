@@ -55,7 +55,7 @@ def test_bounded_through_checkpoint_barriers_with_a_straggler(tmp_path, data_dir
 
 
 def test_bounded_trains_as_well_as_bsp_on_hot_keys(tmp_path, data_dir):
-    """Issue 13: on the Avazu sample (DeepFM, few very hot ids) a copy read stale must hold
+    """On the Avazu sample (DeepFM, few very hot ids) a copy read stale must hold
     the worker's own updates (Het.Write's read-my-updates, NOTE [bounded reads]); frozen
     copies made bounded s = 4 diverge (progressive log loss 1.96 against BSP's 0.39 over 2
     epochs). The scores are the training samples' before each update (no held-out split)."""

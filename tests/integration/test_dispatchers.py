@@ -1,4 +1,4 @@
-"""Several dispatchers feed one PS (DESIGN "Kafka partitions feed several dispatchers";
+"""Several dispatchers feed one PS (docs/dispatch.md, "Several dispatchers";
 Persia §4.1 sample ids): each `herald serve dispatcher --dispatcher-rank R` reads its own
 Kafka topic and serves its own worker; the sample ids of the two are disjoint because
 their top 8 bits are the dispatcher's rank (both read partition 0 from offset 0, so
@@ -15,7 +15,7 @@ import pytest
 
 from tests.integration.test_train_roles import _free_port
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(400)]   # ~75 s (2 shared cores)
 
 ROWS, BATCH = 384, 32   # the dev sample has 409 rows
 

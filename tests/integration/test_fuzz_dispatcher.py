@@ -1,4 +1,4 @@
-"""``herald train`` with a hostile peer on the dispatcher's port (issue 11; NOTE [peer
+"""``herald train`` with a hostile peer on the dispatcher's port (NOTE [peer
 validation] in herald/dispatch/peers.py): while a real 2-worker job trains (PS shard
 processes, worker processes, the dispatcher), a fuzzer thread hammers the dispatcher's
 port with garbage frames, malformed headers, unknown ops, bad fields, forged acks,
@@ -34,6 +34,7 @@ from herald.ps import PSClient
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "dispatch"))
 import hostile  # tests/dispatch/hostile.py: the catalogue of bad messages
 from test_train_exact import assert_matches_reference
+from tests.fakes import dealer
 
 pytestmark = pytest.mark.integration
 
@@ -82,7 +83,6 @@ class Fuzzer:
         return out + (hostile.hellos(WORKERS) if late else [])
 
     def _hammer(self, address: str) -> None:
-        ctx = zmq.Context.instance()
         socks: list[zmq.Socket] = []
         try:
             for rnd in itertools.count():
@@ -90,15 +90,15 @@ class Fuzzer:
                     return
                 late = bool(self.dispatcher.records)   # the handshake is over
                 if late and len(socks) < 6:            # the workers' identities, reused by strangers
-                    socks.append(self._dealer(ctx, address, f"worker-{len(socks) % WORKERS}".encode()))
-                socks.append(self._dealer(ctx, address, secrets.token_bytes(1 + rnd % 40).lstrip(b"\x00") or b"z"))
+                    socks.append(self._dealer(address, f"worker-{len(socks) % WORKERS}".encode()))
+                socks.append(self._dealer(address, secrets.token_bytes(1 + rnd % 40).lstrip(b"\x00") or b"z"))
                 sock = socks[-1]
                 messages = self._messages(late)
                 for frames in messages:
                     if self.halt.is_set():
                         return
                     if not self.hellos_sent.is_set() and self.dispatcher.records:
-                        self._forge_hellos(ctx, address)
+                        self._forge_hellos(address)
                     self._send(socks[rnd % len(socks)] if late else sock, frames)
                     time.sleep(PAUSE_S)
                 raw = hostile.zmtp10(messages[:: 3])
@@ -112,9 +112,9 @@ class Fuzzer:
             for s in socks:
                 s.close(linger=0)
 
-    def _forge_hellos(self, ctx: zmq.Context, address: str) -> None:
+    def _forge_hellos(self, address: str) -> None:
         """Valid hellos for every rank from a stranger, as soon as the ranks are bound."""
-        sock = self._dealer(ctx, address, b"stranger")
+        sock = self._dealer(address, b"stranger")
         try:
             for frames in hostile.hellos(WORKERS):
                 sock.send_multipart(frames)   # a fresh socket's queue is empty: never blocks here
@@ -124,13 +124,8 @@ class Fuzzer:
         self.hellos_sent.set()
 
     @staticmethod
-    def _dealer(ctx: zmq.Context, address: str, identity: bytes) -> zmq.Socket:
-        s = ctx.socket(zmq.DEALER)
-        s.setsockopt(zmq.LINGER, 0)
-        s.setsockopt(zmq.SNDHWM, 100)
-        s.setsockopt(zmq.IDENTITY, identity)
-        s.connect(address)
-        return s
+    def _dealer(address: str, identity: bytes) -> zmq.Socket:
+        return dealer(address, identity, sndhwm=100)   # tests/fakes.py
 
     def _send(self, sock: zmq.Socket, frames: list[bytes]) -> None:
         try:

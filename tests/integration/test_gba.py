@@ -1,4 +1,4 @@
-"""GBA end to end (NOTE [gba tokens] in herald/ps/gba.py; gba-neurips22 §4.1): real PS
+"""GBA end to end (NOTE [gba tokens] in herald/ps/gba.py; GBA §4.1): real PS
 shard processes, a real dispatcher handing out micro-batches on demand and real worker
 processes, on loopback, the Criteo sample."""
 

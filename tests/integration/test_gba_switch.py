@@ -1,5 +1,5 @@
 """Switching ``--consistency bsp`` <-> ``gba`` at a checkpoint (NOTE [gba checkpoints] in
-herald/dispatch/gba.py; gba-neurips22 §4: GBA keeps the synchronous global batch, so the
+herald/dispatch/gba.py; GBA §4: GBA keeps the synchronous global batch, so the
 switch needs no hyper-parameter change). Real PS shard, dispatcher and worker processes
 on loopback, the Criteo sample.
 

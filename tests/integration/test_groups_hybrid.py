@@ -26,6 +26,7 @@ from herald.job.launcher import run_train
 from herald.job.metrics import log_loss
 from herald.spec.train import TrainConfig
 from herald.worker.groups import GroupAverager, GroupLayout, world_position
+from tests.fakes import thread_all_reduce
 
 pytestmark = pytest.mark.integration
 
@@ -39,24 +40,6 @@ def _cfg(tmp_path, data_dir, **kw) -> TrainConfig:
             "eval_fraction": 0.0, "seed": 3, "run_dir": str(tmp_path), "timeout_ms": 60_000, "consistency": "hybrid",
             "groups": GROUPS, "average_every": 3, "easgd_alpha": 0.5}
     return TrainConfig(**{**base, **kw})
-
-
-def _thread_all_reduce(n):
-    """An in-place sum over ``n`` threads, like an all-reduce in the leaders' group."""
-    parts, total = [], {}
-
-    def combine():
-        total["sum"] = torch.stack(parts).sum(0)
-        parts.clear()
-
-    barrier, lock = threading.Barrier(n, action=combine, timeout=20), threading.Lock()
-
-    def reduce(t):
-        with lock:
-            parts.append(t.clone())
-        barrier.wait()
-        t.copy_(total["sum"])
-    return reduce
 
 
 # ------------------------------------------------------------------ units
@@ -89,7 +72,7 @@ def test_only_hybrid_groups_get_dispatchers_and_unsupported_options_are_refused(
 def test_leaders_with_uneven_rounds_drain_until_all_finished():
     """Leader 0 runs 1 round, leader 1 runs 3: leader 0 drains (finished flag raised) through
     leader 1's last two rounds and one more that both flag; both threads end."""
-    reduce = _thread_all_reduce(2)
+    reduce = thread_all_reduce(2)   # tests/fakes.py
     lay = GroupLayout(4, 2)
     avgs = [GroupAverager(lay, g, torch.zeros(3), 0.5, reduce, drain=True) for g in range(2)]
     avgs[0].submit(3, torch.ones(3))

@@ -7,10 +7,10 @@ import argparse
 import pytest
 
 from herald.errors import ConfigError
-from herald.loader.kafka.cli import register
+from herald.loader.produce_cli import register
 from herald.loader.batch import SampleBatch
 from herald.loader.kafka.source import KafkaSourceConfig, config_from_url
-from herald.loader.kafka.produce import ProduceSettings, produce
+from herald.loader.produce import ProduceSettings, produce
 from herald.loader.registry import open_source
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

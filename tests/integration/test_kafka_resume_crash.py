@@ -42,6 +42,7 @@ def _train_cmd(fmt, bootstrap, topic, run_dir, *extra):
             "--log-sample-ids", "--run-dir", str(run_dir), "--timeout-ms", "60000", *extra]
 
 
+@pytest.mark.slow   # ~50-60 s a case (2 shared cores, real Kafka broker)
 @pytest.mark.parametrize("fmt", ["tsv", "arrow"])
 def test_resume_right_after_kill_minus_9_trains_the_remaining_steps(tmp_path, data_dir, kafka_broker, kafka_topic,
                                                                     fmt):
@@ -165,7 +166,7 @@ def test_no_assignment_within_the_bound_is_a_peer_timeout_naming_group_and_topic
     with pytest.raises(PeerTimeout) as info:
         src.read(5)
     waited = time.monotonic() - t0
-    assert 1.4 < waited < 5, waited
+    assert 1.4 < waited < 30, waited   # at least the bound; the upper one is generous (a loaded machine adds seconds)
     message = str(info.value)
     assert kafka_broker in message and "never" in message and kafka_topic in message and "1500 ms" in message
     src.close()

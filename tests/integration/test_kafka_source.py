@@ -11,7 +11,7 @@ import pytest
 from herald.errors import DataError
 from herald.loader.batch import SampleBatch
 from herald.loader.kafka.source import KafkaSource, KafkaSourceConfig
-from herald.loader.kafka.produce import arrow_messages
+from herald.loader.produce import arrow_messages
 from herald.loader.registry import open_source
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

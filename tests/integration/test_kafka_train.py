@@ -23,7 +23,7 @@ from kafka import KafkaConsumer, TopicPartition
 from herald.loader.kafka.config import KafkaPosition
 from herald.loader.global_batches import record_sample_ids
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]   # ~40-55 s a case (2 shared cores, real Kafka)
 
 WORKERS, BATCH, ROWS_PER_MESSAGE = 2, 32, 100
 STEP_SAMPLES = WORKERS * BATCH

@@ -19,6 +19,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import types
 
 import numpy as np
@@ -82,6 +83,7 @@ def _config(tmp_path, source, **overrides) -> TrainConfig:
     return TrainConfig(**{**settings, **overrides})
 
 
+@pytest.mark.slow   # ~24 s (2 shared cores)
 @pytest.mark.usefixtures("bed_tools")
 def test_two_worker_hosts_train_exactly_like_one_process(tmp_path, data_dir):
     source = str(data_dir / "criteo" / "criteo_kaggle_sample_train.tsv")
@@ -147,7 +149,6 @@ import time
 from herald.testbed import TestBed
 bed = TestBed(["a", "b"], rate="100mbit", delay_ms=0).open()
 bed.run("a", ["sh", "-c", "sleep 600 & wait"], name="sleeper")
-time.sleep(0.5)
 print(bed.uid, flush=True)
 time.sleep(600)
 """
@@ -160,8 +161,14 @@ def _start_owner():
     assert uid, f"the bed's owner did not start (exit code {owner.poll()})"
     namespaces = [ns for ns in list_namespaces() if ns.startswith(f"hb-{uid}-")]
     _ours.update(namespaces)
-    pids = [int(p) for p in subprocess.run(["ip", "netns", "pids", f"hb-{uid}-a"], capture_output=True,
-                                           text=True, timeout=10, check=True).stdout.split()]
+
+    def in_host_a() -> list[int]:
+        return [int(p) for p in subprocess.run(["ip", "netns", "pids", f"hb-{uid}-a"], capture_output=True,
+                                               text=True, timeout=10, check=True).stdout.split()]
+
+    deadline = time.monotonic() + 30   # until sh has started its background sleep, however loaded the machine
+    while len(pids := in_host_a()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
     return owner, uid, namespaces, pids
 
 
@@ -231,10 +238,11 @@ def test_the_default_delay_is_dropped_with_a_note_where_the_kernel_has_no_netem(
 def test_the_bench_records_the_delay_in_effect_and_why():
     import argparse
 
-    from herald.job import bench_network
+    from herald.bench import network as bench_network
+    from herald.bench.options import add_network_arguments
 
     parser = argparse.ArgumentParser()
-    bench_network.add_arguments(parser)
+    add_network_arguments(parser)
     assert parser.parse_args([]).delay is None and parser.parse_args(["--delay", "0.3"]).delay == 0.3
     _, note = resolve_delay(None, netem=False)
     bed = types.SimpleNamespace(rate="100mbit", delay_ms=0.0, delay_note=note)

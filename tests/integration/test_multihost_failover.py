@@ -93,6 +93,7 @@ def _assert_reference_model(run: pathlib.Path, cfg, source: str) -> None:
 
 @pytest.mark.integration
 @pytest.mark.multihost
+@pytest.mark.slow   # ~50 s (2 shared cores)
 @pytest.mark.usefixtures("bed_tools")
 def test_a_killed_ps_host_fails_over_and_the_job_ends_with_the_uninterrupted_model(tmp_path, data_dir):
     source = str(data_dir / "criteo" / "criteo_kaggle_sample_train.tsv")
@@ -146,6 +147,7 @@ def _free_port() -> int:
 
 
 @pytest.mark.integration
+@pytest.mark.slow   # ~48 s (2 shared cores)
 def test_serve_dispatcher_exits_75_on_a_lost_shard_and_resumes(tmp_path, data_dir):
     """``herald serve dispatcher --run-dir --checkpoint-every`` (loopback, no namespaces):
     SIGKILL of ``herald serve ps`` after a checkpoint ends the dispatcher with status 75,

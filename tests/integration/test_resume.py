@@ -135,6 +135,7 @@ def _kill_after_first_checkpoint(args: list[str], run_dir: pathlib.Path) -> int:
     return step
 
 
+@pytest.mark.slow   # ~25 s a case (2 shared cores): a job, then its resumed run
 @pytest.mark.parametrize("kind,stop", [("parquet", "at_checkpoint_step"), ("tsv", "kill_minus_9")])
 def test_resumed_job_trains_the_uninterrupted_model(tmp_path, sources, kind, stop):
     source = sources[kind]
@@ -182,7 +183,7 @@ def test_dispatcher_state_is_validated(sources):
     with Dispatcher(DispatcherConfig(num_workers=WORKERS), [], lambda: None, job) as disp:
         with pytest.raises(ConfigError, match="cannot load"):
             disp.load_state_dict(good)
-        disp._at_barrier = False   # as between two barriers
+        disp.barriers.at_barrier = False   # as between two barriers
         with pytest.raises(HeraldError, match="checkpoint barrier"):
             disp.state_dict()
 
@@ -191,6 +192,7 @@ def test_dispatcher_state_is_validated(sources):
 _FAILOVER_MODES = {"bsp": {}, "gba": {"consistency": "gba", "gba_threshold": 0}}
 
 
+@pytest.mark.slow   # ~25 s a case (2 shared cores)
 @pytest.mark.parametrize("mode", sorted(_FAILOVER_MODES))
 def test_a_killed_ps_shard_fails_over_to_the_latest_checkpoint(tmp_path, sources, mode):
     """NOTE [ps failover] (herald/job/launcher.py): kill -9 of the PS shard after the

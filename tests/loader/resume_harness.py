@@ -1,5 +1,5 @@
 """One save/restore harness for every source, for the GlobalBatcher and for the
-GlobalBatches producer (STYLE habit 8).
+GlobalBatches producer.
 
 ``check_source_resume`` reads a source with random read sizes, stops at random
 points, saves ``state_dict()`` (through JSON, as a checkpoint would), opens a fresh

@@ -81,22 +81,33 @@ def test_thread_exception_reaches_consumer():
 
 
 class _Blocking(_Failing):
+    """Its second read blocks until ``release`` is set (a stream with no data)."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocked, self.release = threading.Event(), threading.Event()
+
     def _read(self, max_rows):
         if self.n >= 1:
-            time.sleep(30)
+            self.blocked.set()
+            self.release.wait(120)
         self.n += 1
         return self.inner.read(max_rows)
 
 
 def test_close_is_bounded():
-    b = GlobalBatcher(_Blocking(), 100, prefetch_batches=1)
+    """close(timeout_s) gives up on a prefetch thread blocked in a read: it returns False
+    while the read still blocks (only the test ends it, after close)."""
+    source = _Blocking()
+    b = GlobalBatcher(source, 100, prefetch_batches=1)
     next(b)
-    t = time.perf_counter()
+    assert source.blocked.wait(30), "the prefetch thread never started its second read"
     ended = b.close(timeout_s=0.3)
-    assert time.perf_counter() - t < 2.0 and ended is False
+    assert ended is False and not source.release.is_set()
     assert b.close(0.1) is False  # idempotent, still bounded
     with pytest.raises(StopIteration):
         next(b)
+    source.release.set()
 
 
 def test_close_stops_running_thread_and_queue_bounded():

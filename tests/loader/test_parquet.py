@@ -85,7 +85,7 @@ def test_convert_synthetic_url(tmp_path):
 
 
 def test_bench_smoke(tmp_path, data_dir):
-    from herald.loader.benchmark import report, run
+    from herald.bench.loader import report, run
 
     results = run(8192, 1024, 1, 2048, str(data_dir / "criteo/criteo_kaggle_sample_dev.tsv"), str(tmp_path))
     assert set(results) == {"parquet", "parquet+batcher", "parquet+shuffle64k", "criteo_tsv", "torch_dl_w0", "torch_dl_w2",

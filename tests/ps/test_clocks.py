@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import zmq
 
 from herald.errors import ProtocolError
 from herald.spec.tables import OptimizerConfig, TableConfig
 from herald.ps.server import ShardServer
 from herald.ps.table import EmbeddingTable
 from herald.ps.wire import PS, pack_clocks, unpack_clocks, valid_copies
+from tests.fakes import shard_request
 
 SGD = TableConfig("t", 4, OptimizerConfig("sgd", lr=0.1))
 ADAGRAD = TableConfig("a", 4, OptimizerConfig("adagrad", lr=0.1))
@@ -108,12 +108,8 @@ def test_clocks_follow_their_rows_through_growth_and_lru_eviction():
 
 
 # ------------------------------------------------------------------ the frames on a shard
-def _frames(frames):
-    return [zmq.Frame(bytes(f.buffer if isinstance(f, zmq.Frame) else f)) for f in frames]
-
-
 def _ask(server, header, arrays):
-    return PS.unpack(_frames(server.handle(_frames(PS.pack(dict(header, cid=1), arrays)))))
+    return shard_request(server, dict(header, cid=1), arrays)
 
 
 def test_push_rows_advance_moves_c_g_and_read_clocks_replies_it():

@@ -1,16 +1,15 @@
-"""NOTE [gba tokens]: GBA's gradient buffer (gba-neurips22 §4.1, eq. (1)) and its shard ops."""
+"""NOTE [gba tokens]: GBA's gradient buffer (GBA §4.1, eq. (1)) and its shard ops."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-import zmq
 
 from herald.errors import ProtocolError
 from herald.spec.tables import OptimizerConfig, TableConfig
 from herald.ps.gba import Contribution, GradientBuffer, aggregate_rows
 from herald.ps.server import ShardServer
-from herald.ps.wire import PS
+from tests.fakes import shard_request
 
 SGD = TableConfig("t", 2, OptimizerConfig("sgd", lr=1.0))
 
@@ -103,14 +102,10 @@ def test_aggregate_rows_sums_in_piece_order():
 
 
 # ------------------------------------------------------------------ the shard ops
-def _frames(frames):
-    return [zmq.Frame(bytes(f.buffer if isinstance(f, zmq.Frame) else f)) for f in frames]
-
-
 def _call(server, header, arrays):
     header = dict(header, rid=_call.rid, cid=1)
     _call.rid += 1
-    return PS.unpack(_frames(server.handle(_frames(PS.pack(header, arrays)))))
+    return shard_request(server, header, arrays)
 
 
 _call.rid = 1

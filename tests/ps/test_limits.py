@@ -7,34 +7,25 @@ import time
 
 import numpy as np
 import pytest
-import zmq
 
 from herald.errors import ConfigError
 from herald.spec.tables import OptimizerConfig, TableConfig
 from herald.ps.config import ShardLimits
 from herald.ps.server import ShardServer
-from herald.ps.wire import PS
-
-
-def _frames(raw):
-    return [zmq.Frame(bytes(getattr(f, "buffer", f))) for f in raw]
-
-
-def _reply(server, header, arrays=()):
-    return PS.unpack(_frames(server.handle(_frames(PS.pack(header, arrays)))))
+from tests.fakes import shard_request
 
 
 _RID = iter(range(1, 1 << 30))
 
 
 def _pull(server, keys, table=0):
-    return _reply(server, {"op": "pull", "rid": next(_RID), "cid": 1, "parts": [{"table": table}]},
+    return shard_request(server, {"op": "pull", "rid": next(_RID), "cid": 1, "parts": [{"table": table}]},
                   [np.asarray(keys, np.uint64)])
 
 
 def _push(server, keys, grads, contributors, step=0, rank=0):
     keys = np.asarray(keys, np.uint64)
-    return _reply(server, {"op": "push_grad", "rid": next(_RID), "cid": 1, "step": step, "rank": rank,
+    return shard_request(server, {"op": "push_grad", "rid": next(_RID), "cid": 1, "step": step, "rank": rank,
                            "parts": [{"table": 0}]},
                   [keys, np.asarray(grads, np.float32), np.full(keys.shape[0], contributors, np.uint16)])
 
@@ -43,7 +34,7 @@ def _declare(server, tables, workers=None):
     header = {"op": "declare", "rid": next(_RID), "cid": 1, "tables": [t.to_dict() for t in tables]}
     if workers is not None:
         header["workers"] = workers
-    return _reply(server, header)[0]
+    return shard_request(server, header)[0]
 
 
 def test_limits_are_validated():
@@ -129,7 +120,7 @@ def test_an_open_aggregation_is_aborted_after_its_timeout_and_named():
     assert _push(server, keys, np.ones((10, 2)), 2, step=5, rank=0)[0]["ok"]
     assert server.stats()["open_aggregations"] == 10
     ckpt = {"op": "checkpoint", "rid": next(_RID), "cid": 1, "dir": "/nonexistent/never-written"}
-    h, _ = _reply(server, ckpt)
+    h, _ = shard_request(server, ckpt)
     assert not h["ok"] and "aggregations are open" in h["message"]
     assert server.expire_aggregations() == []   # not yet
     reports = server.expire_aggregations(time.monotonic() + 5.0)
@@ -156,7 +147,7 @@ def test_checkpoint_is_possible_again_after_an_abort(tmp_path):
     time.sleep(0.01)
     (report,) = server.expire_aggregations()
     assert "unknown" in report["missing_ranks"]   # workers never declared: says how to name them
-    h, _ = _reply(server, {"op": "checkpoint", "rid": next(_RID), "cid": 1, "dir": str(tmp_path)})
+    h, _ = shard_request(server, {"op": "checkpoint", "rid": next(_RID), "cid": 1, "dir": str(tmp_path)})
     assert h["ok"], h
 
 

@@ -12,10 +12,7 @@ from herald.ps import shard_of
 from herald.spec.tables import TableConfig
 from herald.ps.server import ShardServer
 from herald.ps.wire import CLOCK_DTYPES, PART_FRAMES, PS
-
-
-def _frames(msg):
-    return [zmq.Frame(bytes(memoryview(m))) for m in msg]
+from tests.fakes import as_frames, shard_request
 
 
 def test_round_trip_is_zero_copy_views():
@@ -23,7 +20,7 @@ def test_round_trip_is_zero_copy_views():
     grads = np.ones((5, 3), np.float32)
     msg = PS.pack({"op": "x"}, [keys, grads])
     header = PS.unpack_header(msg[0])
-    frames = _frames(msg[1:])
+    frames = as_frames(msg[1:])
     a, b = PS.unpack_arrays(header, frames)
     assert a.dtype == np.uint64 and np.array_equal(a, keys) and b.shape == (5, 3)
     assert np.shares_memory(a, np.frombuffer(frames[0].buffer, np.uint8))
@@ -36,11 +33,11 @@ def test_part_frames_use_the_protocol_dtypes():
 
 @pytest.mark.parametrize("bad", [
     b"", b"\xc1", msgpack.packb([1, 2]), msgpack.packb({"v": 1, "op": "x", "arrays": []}),
-    msgpack.packb({"v": 2, "op": "x", "arrays": [["<f8", [3]]]}),
-    msgpack.packb({"v": 2, "op": "x", "arrays": [["<u8", [-1]]]}),
-    msgpack.packb({"v": 2, "op": "x", "arrays": [["<u8", [1, 2, 3]]]}),
-    msgpack.packb({"v": 2, "op": "x", "arrays": "no"}),
-    msgpack.packb({"v": 2, "op": "x", "frames": []}),
+    msgpack.packb({"v": PS.version, "op": "x", "arrays": [["<f8", [3]]]}),
+    msgpack.packb({"v": PS.version, "op": "x", "arrays": [["<u8", [-1]]]}),
+    msgpack.packb({"v": PS.version, "op": "x", "arrays": [["<u8", [1, 2, 3]]]}),
+    msgpack.packb({"v": PS.version, "op": "x", "arrays": "no"}),
+    msgpack.packb({"v": PS.version, "op": "x", "frames": []}),
 ])
 def test_bad_headers_raise(bad):
     with pytest.raises(ProtocolError, match="ps: "):
@@ -55,13 +52,9 @@ def test_pack_refuses_dtypes_the_ps_does_not_carry():
 def test_frame_sizes_must_match_header():
     header = PS.unpack_header(PS.pack({"op": "x"}, [np.zeros(4, np.uint64)])[0])
     with pytest.raises(ProtocolError, match="bytes"):
-        PS.unpack_arrays(header, _frames([b"\0" * 31]))
+        PS.unpack_arrays(header, as_frames([b"\0" * 31]))
     with pytest.raises(ProtocolError, match="frames"):
         PS.unpack_arrays(header, [])
-
-
-def _reply(server, header, arrays=()):
-    return PS.unpack(_frames(server.handle(_frames(PS.pack(header, arrays)))))
 
 
 def test_server_rejects_and_keeps_state():
@@ -70,7 +63,7 @@ def test_server_rejects_and_keeps_state():
     keys = np.arange(100, dtype=np.uint64)
     mine = keys[shard_of(0, keys, 2) == 0]
     other = keys[shard_of(0, keys, 2) == 1]
-    h, (rows,) = _reply(server, {"op": "pull", "rid": 1, "cid": 1, "parts": [{"table": 0}]}, [mine])
+    h, (rows,) = shard_request(server, {"op": "pull", "rid": 1, "cid": 1, "parts": [{"table": 0}]}, [mine])
     assert h["ok"] and rows.shape == (mine.size, 4)
     cases = [
         ({"op": "pull", "rid": 2, "cid": 1, "parts": [{"table": 0}]}, [other], "belongs to shard 1"),
@@ -84,10 +77,10 @@ def test_server_rejects_and_keeps_state():
         ({"op": "declare", "rid": 8, "cid": 1, "tables": [{"name": "t", "dim": 5}]}, [], "conflicting"),
     ]
     for header, arrays, match in cases:
-        h, _ = _reply(server, header, arrays)
+        h, _ = shard_request(server, header, arrays)
         assert not h["ok"] and match in h["message"], (header, h)
         assert h["rid"] == header["rid"]
-    h, (rows2,) = _reply(server, {"op": "pull", "rid": 9, "cid": 1, "parts": [{"table": 0}]}, [mine])
+    h, (rows2,) = shard_request(server, {"op": "pull", "rid": 9, "cid": 1, "parts": [{"table": 0}]}, [mine])
     assert np.array_equal(rows, rows2)
     assert server.stats()["counters"]["errors"] == len(cases)
 
@@ -98,8 +91,8 @@ def test_repeated_mutating_request_is_answered_from_the_reply_cache():
     keys = np.arange(3, dtype=np.uint64)
     push = {"op": "push_grad", "rid": 11, "cid": 42, "step": 0, "rank": 0, "parts": [{"table": 0}]}
     arrays = [keys, np.ones((3, 2), np.float32), np.ones(3, np.uint16)]
-    assert _reply(server, push, arrays)[0]["applied"] == 3
-    assert _reply(server, push, arrays)[0]["applied"] == 3  # retry: same reply, not applied twice
+    assert shard_request(server, push, arrays)[0]["applied"] == 3
+    assert shard_request(server, push, arrays)[0]["applied"] == 3  # retry: same reply, not applied twice
     assert server.stats()["counters"]["duplicate_requests"] == 1
     assert server.stats()["counters"]["rows_updated"] == 3
 
@@ -107,6 +100,6 @@ def test_repeated_mutating_request_is_answered_from_the_reply_cache():
 def test_server_answers_another_version_with_the_expected_one():
     server = ShardServer(0, 1, tables=[TableConfig("t", 2)])
     old = msgpack.packb({"v": 1, "op": "ping", "rid": 3, "cid": 1, "frames": []})
-    h, arrays = PS.unpack(_frames(server.handle([zmq.Frame(old)])))
-    assert not h["ok"] and h["error"] == "protocol" and "expected version 2" in h["message"]
+    h, arrays = PS.unpack(as_frames(server.handle([zmq.Frame(old)])))
+    assert not h["ok"] and h["error"] == "protocol" and f"expected version {PS.version}" in h["message"]
     assert h["rid"] == -1 and h["op"] == "" and arrays == []

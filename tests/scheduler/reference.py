@@ -1,6 +1,6 @@
 """An obviously-correct pure-Python model of the scheduler (dicts and sets), for tests.
 
-It follows DESIGN "Consistency protocol and accounting" and NOTE [step protocol]
+It follows docs/design.md, "Consistency protocol" and NOTE [step protocol]
 literally, one key at a time. The only shared conventions with the kernels are
 written here once:
 

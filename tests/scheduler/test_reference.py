@@ -1,4 +1,4 @@
-"""Exact accounting and exact CachePlans against the pure-Python reference (DESIGN protocol)."""
+"""Exact accounting and exact CachePlans against the pure-Python reference."""
 
 from __future__ import annotations
 

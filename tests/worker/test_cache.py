@@ -47,7 +47,7 @@ def test_cache_rejects_plans_that_break_it():
         cache.slots(_ks([(1, 1)]))
 
 
-# ------------------------------------------------ lookup_pooled and apply_gradients (issue 16)
+# ------------------------------------------------ lookup_pooled and apply_gradients
 def _layout(rng, tables, batch, cached):
     """A micro-batch over ``cached`` (list per table of uint64 ids in the cache): its keys
     (distinct, sorted per table) and :class:`BagLayout`."""

@@ -4,10 +4,6 @@ clock advances on push_rows against two in-process shards, requests split by sha
 
 from __future__ import annotations
 
-import pathlib
-import threading
-import time
-
 import numpy as np
 import pytest
 import torch
@@ -15,10 +11,10 @@ import torch
 from herald.spec.job import JobSpec
 from herald.ps import PSClient
 from herald.spec.tables import OptimizerConfig, TableConfig
-from herald.ps.server import ShardServer
 from herald.scheduler.plan import CachePlan, KeySet
 from herald.worker import psio
 from herald.worker.executor import PlanExecutor
+from tests.fakes import InProcessPS
 
 TABLES = (TableConfig("a", 4, OptimizerConfig("adagrad", lr=0.1)),
           TableConfig("b", 4, OptimizerConfig("adagrad", lr=0.2)))
@@ -28,23 +24,8 @@ WIDTH = TABLES[0].row_width
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory):
     """Two PS shards served in-process on threads; stopped afterwards."""
-    servers, threads, addresses = [], [], []
-    for s in range(2):
-        server = ShardServer(s, 2, "tcp://127.0.0.1:*", TABLES, seed=0)
-        ready = pathlib.Path(tmp_path_factory.mktemp(f"ps{s}")) / "ready"
-        thread = threading.Thread(target=server.serve, kwargs={"ready_file": str(ready), "poll_ms": 20}, daemon=True)
-        thread.start()
-        deadline = time.monotonic() + 60   # the first run may compile the shard's kernels
-        while not ready.exists():
-            assert thread.is_alive() and time.monotonic() < deadline, "in-process PS shard did not start"
-            time.sleep(0.01)
-        servers.append(server)
-        threads.append(thread)
-        addresses.append(ready.read_text().strip())
-    yield addresses
-    for server, thread in zip(servers, threads):
-        server.stop()
-        thread.join(5)
+    with InProcessPS(TABLES, num_shards=2, workdir=tmp_path_factory.mktemp("ps")) as ps:
+        yield ps.addresses
 
 
 def _keys(n, table_of, base=1000):

@@ -1,10 +1,6 @@
 """NOTE [bounded reads]: HET's CheckValid, the key-set membership it relies on, and a
 worker's stale reads against an in-process PS shard (read-my-updates, no lost update)."""
 
-import pathlib
-import threading
-import time
-
 import numpy as np
 import pytest
 import torch
@@ -13,13 +9,13 @@ from herald.dispatch.microbatch import MicroBatch, make_sample_ids
 from herald.spec.job import JobSpec
 from herald.loader.batch import SampleBatch
 from herald.spec.tables import OptimizerConfig, TableConfig
-from herald.ps.server import ShardServer
 from herald.scheduler.plan import CachePlan, KeySet
 from herald.worker import psio
 from herald.worker.consistency_bounded import Bounded, check_valid
 from herald.worker.psio import member
 from herald.worker.executor import PlanExecutor
-from herald.worker.protocol import registered
+from herald.spec.modes import consistency_mode
+from tests.fakes import InProcessPS
 
 
 def _u(*v):
@@ -42,12 +38,12 @@ def test_member_matches_table_and_id():
 
 
 def test_bounded_is_registered():
-    assert set(registered()) >= {"bsp", "bounded"}
+    assert consistency_mode("bounded").resolve("protocol") is Bounded
 
 
-# ---------------------------------------------------------------- read-my-updates (issue 13)
+# ---------------------------------------------------------------- read-my-updates (docs/consistency.md)
 # A worker and an in-process PS shard: a stale copy read instead of pulled must hold the
-# worker's own updates (Het.Write, het-vldb22 §3.3), and no update may be lost or doubled.
+# worker's own updates (Het.Write, HET §3.3), and no update may be lost or doubled.
 
 OPT = OptimizerConfig("sgd", lr=0.5)
 TABLES = (TableConfig("item", 4, OPT),)
@@ -55,19 +51,9 @@ TABLES = (TableConfig("item", 4, OPT),)
 
 @pytest.fixture(scope="module")
 def ps_address(tmp_path_factory) -> str:
-    """One PS shard served in-process on a thread (ShardServer.serve); stopped afterwards."""
-    server = ShardServer(0, 1, "tcp://127.0.0.1:*", TABLES, seed=0)
-    ready = pathlib.Path(tmp_path_factory.mktemp("ps")) / "ready"
-    thread = threading.Thread(target=server.serve, kwargs={"ready_file": str(ready), "poll_ms": 20},
-                              daemon=True, name="ps-shard")
-    thread.start()
-    deadline = time.monotonic() + 60  # the first run may compile the shard's kernels
-    while not ready.exists():
-        assert thread.is_alive() and time.monotonic() < deadline, "in-process PS shard did not start"
-        time.sleep(0.01)
-    yield ready.read_text().strip()
-    server.stop()
-    thread.join(5)
+    """One PS shard served in-process on a thread; stopped afterwards."""
+    with InProcessPS(TABLES, workdir=tmp_path_factory.mktemp("ps")) as ps:
+        yield ps.addresses[0]
 
 
 def _step(protocol: Bounded, step: int, item: int, evict: bool = False) -> torch.Tensor:
@@ -90,7 +76,7 @@ def _step(protocol: Bounded, step: int, item: int, evict: bool = False) -> torch
 
 
 def test_a_stale_read_holds_the_workers_own_updates_and_none_is_lost(ps_address):
-    """Issue 13: a copy read stale (pull skipped) used to stay frozen at its fetch, missing
+    """A copy read stale (pull skipped) used to stay frozen at its fetch, missing
     the worker's own updates too, so the hottest keys trained on gradients up to s steps
     delayed (Avazu DeepFM AUC 0.60 against BSP's 0.74 at s = 4). With one worker its own
     updates are all there are: every read must equal the PS row exactly, the PS must

@@ -1,4 +1,4 @@
-"""The worker's per-step fast paths (issue 16) compute what the paths they replace did:
+"""The worker's per-step fast paths compute what the paths they replace did:
 bag pooling by index_select/index_add (herald/worker/executor.py ``pool_bags``) against
 ``F.embedding_bag``, DLRM's pair selection against advanced indexing, the one-reduction
 finite check against the element-wise one, and the fused dense optimizers against the

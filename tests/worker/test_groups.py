@@ -22,30 +22,13 @@ from herald.worker.groups import (
     GroupLayout,
     easgd_round,
 )
+from tests.fakes import thread_all_reduce
 
 
 def _numpy_easgd(replicas, center, alpha):
     """EASGD (Zhang et al. 2015), one synchronous elastic round over G replicas."""
     diffs = [x - center for x in replicas]
     return [x - alpha * d for x, d in zip(replicas, diffs)], center + alpha * np.sum(diffs, axis=0)
-
-
-def _thread_all_reduce(n):
-    """An in-place sum over ``n`` threads, like an all-reduce in the leaders' group."""
-    parts, total = [], {}
-
-    def combine():
-        total["sum"] = torch.stack(parts).sum(0)
-        parts.clear()
-
-    barrier, lock = threading.Barrier(n, action=combine, timeout=20), threading.Lock()
-
-    def reduce(t):
-        with lock:
-            parts.append(t.clone())
-        barrier.wait()
-        t.copy_(total["sum"])
-    return reduce
 
 
 def test_layout():
@@ -90,7 +73,7 @@ def test_averagers_in_threads_match_numpy_over_rounds():
     rng = np.random.default_rng(1)
     lay, alpha = GroupLayout(6, 3), 0.25
     center0 = rng.standard_normal(5).astype(np.float32)
-    reduce = _thread_all_reduce(3)
+    reduce = thread_all_reduce(3)   # tests/fakes.py
     avgs = [GroupAverager(lay, g, torch.from_numpy(center0), alpha, reduce) for g in range(3)]
     xs, c = [center0 + rng.standard_normal(5).astype(np.float32) for _ in range(3)], center0
     try:
@@ -172,7 +155,13 @@ def _rank_main(rank, world, port, groups, dense_comm, out):
             loss = (model(x).squeeze(1) - x.sum(1) * (1 + rank)).pow(2).mean()
             loss.backward()
             sync.step()
-        time.sleep(0.2)   # let the last rounds finish, then one more step applies them
+        averager = sync.groups.averager if sync.groups is not None else None
+        if averager is not None:   # a leader: wait until its thread ran every round submitted (one every
+            deadline = time.monotonic() + 60   # 2 steps), then one more step applies their correction
+            while averager.rounds < 12 // 2:
+                averager.check()
+                assert time.monotonic() < deadline, f"rank {rank}: {averager.rounds} of 6 EASGD rounds after 60 s"
+                time.sleep(0.01)
         x = torch.randn(8, 4, generator=gen)
         model(x).pow(2).mean().backward()
         sync.step()
@@ -197,6 +186,7 @@ def _run_ranks(world, groups, dense_comm):
 
 
 @pytest.mark.integration
+@pytest.mark.slow   # ~42 s (2 shared cores): 4 spawned gloo ranks, twice
 def test_dense_sync_groups_and_compression_in_gloo():
     fp32 = _run_ranks(4, 1, "fp32")
     assert all(np.array_equal(fp32[r][0], fp32[0][0]) for r in range(4)) and fp32[0][1] is None

@@ -4,7 +4,8 @@ cache and PS exactly as through the plain ``[b, T, dim]`` tensor: the same steps
 the same PS rows give the same cached rows, PS rows and dense parameters.
 
 Each path runs against its own in-process PS shard (same seed: same initial rows) and a
-scripted dispatcher (a ROUTER socket), as in test_step_peers.py. Every wait is bounded.
+scripted dispatcher (InProcessPS and FakeDispatcher, tests/fakes.py), as in
+test_step_peers.py. Every wait is bounded.
 """
 
 from __future__ import annotations
@@ -12,73 +13,30 @@ from __future__ import annotations
 import os
 import pathlib
 import sys
-import threading
-import time
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-import zmq
 
 if os.environ.get("CI", "").lower() != "true":   # CI installs torchrec (make torchrec): a missing one fails there
     pytest.importorskip("torchrec")
 from torchrec.sparse.jagged_tensor import KeyedTensor  # noqa: E402
 
-from herald import wire  # noqa: E402
 from herald.dispatch.microbatch import MicroBatch, make_sample_ids  # noqa: E402
 from herald.errors import ConfigError  # noqa: E402
 from herald.spec.job import JobSpec# noqa: E402
 from herald.loader.batch import SampleBatch  # noqa: E402
 from herald.ps import PSClient# noqa: E402
 from herald.spec.tables import OptimizerConfig, TableConfig
-from herald.ps.server import ShardServer  # noqa: E402
 from herald.scheduler.plan import CachePlan, KeySet  # noqa: E402
-from herald.worker.api import CachedEmbedding, ScheduledLoader  # noqa: E402
+from herald.worker.api import CachedEmbedding  # noqa: E402
+from tests.fakes import FakeDispatcher, InProcessPS  # noqa: E402
 
 OPT = OptimizerConfig("rowwise_adagrad", lr=0.1)
 TABLES = (TableConfig("user", 4, OPT), TableConfig("tags", 4, OPT))
 DENSE_DIM = 2
 WAIT_S = 5.0
-
-
-def _serve_ps(tmp_path: pathlib.Path) -> tuple[ShardServer, threading.Thread, str]:
-    server = ShardServer(0, 1, "tcp://127.0.0.1:*", TABLES, seed=0)
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    ready = tmp_path / "ready"
-    thread = threading.Thread(target=server.serve, kwargs={"ready_file": str(ready), "poll_ms": 20},
-                              daemon=True, name="ps-shard")
-    thread.start()
-    deadline = time.monotonic() + 60   # the first run may compile the shard's kernels
-    while not ready.exists():
-        assert thread.is_alive() and time.monotonic() < deadline, "in-process PS shard did not start"
-        time.sleep(0.01)
-    return server, thread, ready.read_text().strip()
-
-
-def _recv(sock: zmq.Socket) -> dict:
-    assert sock.poll(int(WAIT_S * 1e3)), f"the worker sent nothing within {WAIT_S} s"
-    return wire.unpack(sock.recv_multipart()[1:])[0]
-
-
-def _connect(sock: zmq.Socket, job: JobSpec) -> ScheduledLoader:
-    """ScheduledLoader.connect on a thread while the test answers its hello with ``job``."""
-    out: dict = {}
-    address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-
-    def run():
-        try:
-            out["loader"] = ScheduledLoader.connect(address, rank=0, world_size=1, device="cpu", timeout_ms=2000)
-        except BaseException as exc:
-            out["error"] = exc
-
-    thread = threading.Thread(target=run, daemon=True, name="connect")
-    thread.start()
-    assert _recv(sock)["op"] == "hello"
-    sock.send_multipart([b"worker-0", *wire.pack({"op": "config", "job": job.to_dict()})])
-    thread.join(WAIT_S)
-    assert not thread.is_alive() and "error" not in out, out.get("error")
-    return out["loader"]
 
 
 def _micro_batch(step: int) -> MicroBatch:
@@ -108,13 +66,12 @@ def _features(pooled) -> torch.Tensor:
 def _train(tmp_path: pathlib.Path, output: str, steps: int = 2) -> dict[str, np.ndarray]:
     """``steps`` steps with ``embedding(output=output)``; the cached rows, the PS rows
     and the dense weights after them."""
-    server, thread, ps_address = _serve_ps(tmp_path)
-    sock = zmq.Context.instance().socket(zmq.ROUTER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.bind("tcp://127.0.0.1:0")
+    shards = InProcessPS(TABLES, workdir=tmp_path).start()
+    ps_address = shards.addresses[0]
+    dispatcher = FakeDispatcher(wait_s=WAIT_S)
     job = JobSpec(tables=TABLES, dense_dim=DENSE_DIM, ps=(ps_address,), ps_timeout_ms=2000, capacity_rows=16,
                   num_workers=1)
-    loader = _connect(sock, job)
+    loader = dispatcher.connect_loader(job, timeout_ms=2000)
     try:
         torch.manual_seed(0)
         model = torch.nn.Linear(DENSE_DIM + len(TABLES) * 4, 1)
@@ -122,14 +79,14 @@ def _train(tmp_path: pathlib.Path, output: str, steps: int = 2) -> dict[str, np.
         embedding = loader.embedding(output=output)
         it = iter(loader)
         for step in range(steps):
-            sock.send_multipart([b"worker-0", *wire.pack(*_micro_batch(step).to_frames())])
+            dispatcher.send(*_micro_batch(step).to_frames())
             batch = next(it)
             pooled = embedding(batch)
             logits = model(torch.cat([batch.dense, _features(pooled)], dim=1)).squeeze(-1)
             loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
             loss.backward()
             loader.step(loss)
-            assert _recv(sock)["op"] == "ack"
+            assert dispatcher.recv()[0]["op"] == "ack"
         local = KeySet(np.zeros(4, np.int32), np.array([1, 2, 11, 12], np.uint64))
         with PSClient([ps_address], TABLES, timeout_ms=2000) as ps:
             shared = np.array(ps.pull(1, np.array([7, 2 ** 63 + 3], np.uint64)))
@@ -138,9 +95,8 @@ def _train(tmp_path: pathlib.Path, output: str, steps: int = 2) -> dict[str, np.
                 "dense": torch.cat([p.detach().flatten() for p in model.parameters()]).numpy()}
     finally:
         loader.close()
-        sock.close(linger=0)
-        server.stop()
-        thread.join(5)
+        dispatcher.close()
+        shards.stop()
 
 
 def test_keyed_tensor_step_equals_the_plain_tensor_step(tmp_path):
