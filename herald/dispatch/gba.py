@@ -41,7 +41,6 @@ modes").
 from __future__ import annotations
 
 import collections
-import time
 from typing import Any
 
 import numpy as np
@@ -85,27 +84,32 @@ def split_global_batch(batch: SampleBatch, token: int, m: int, sample_ids: np.nd
 class GbaServe:
     """The serve loop of a :class:`~herald.dispatch.dispatcher.Dispatcher` under GBA (NOTE above).
 
+    It uses the dispatcher's parts: its peer channel (``disp.channel``: send, the shape of
+    an ack), step ledger (``disp.ledger``: the next step, acks received, records, ``end``)
+    and barriers (``disp.barriers``: the batches and their position, flush, checkpoint).
+
     Args:
-        disp: the dispatcher, after its handshake (its socket, peers, batches, callbacks).
+        disp: the dispatcher, after its handshake.
     """
 
     def __init__(self, disp: Any):
         self.disp = disp
-        self.m = int(disp._job.gba_buffer or disp.config.num_workers)
+        self.channel, self.ledger, self.barriers = disp.channel, disp.ledger, disp.barriers
+        self.m = int(disp.job.gba_buffer or disp.config.num_workers)
         self.workers = disp.config.num_workers
         self.credit = disp.config.max_inflight_steps
-        self._batches = iter(disp._batches)
-        self._ids_of = getattr(disp._batches, "sample_ids", None)
+        self._batches = iter(self.barriers.batches)
+        self._ids_of = getattr(self.barriers.batches, "sample_ids", None)
         self._queue: collections.deque = collections.deque()   # (i, frames, rows of the micro-batch)
         self._held: dict[int, dict[int, int]] = {r: {} for r in range(self.workers)}   # rank -> {i: rows}
         self._acks: dict[int, dict[int, tuple]] = {}   # token -> {slot: (rank, header, arrays, rows)}
         self._ids: dict[int, np.ndarray] = {}          # token -> sample ids (for the id log)
-        self._next_token = disp.next_step
-        self._next_record = disp.next_step
+        self._next_token = self.ledger.next_step
+        self._next_record = self.ledger.next_step
         self._exhausted = False
         self.every = int(disp.config.checkpoint_every_steps or 0)
         self._barrier_due: int | None = None   # NOTE [gba checkpoints]: batch index of the barrier reached
-        self._last_index = disp._next_batch - 1   # index of the last global batch read
+        self._last_index = self.barriers.next_batch - 1   # index of the last global batch read
 
     # ------------------------------------------------------------ data list
     def _fill(self) -> bool:
@@ -113,7 +117,7 @@ class GbaServe:
         checkpoint barrier was reached (nothing past it is read: NOTE [gba checkpoints])."""
         if self._barrier_due is not None:
             return False
-        if self._exhausted or self.disp._stop.is_set():
+        if self._exhausted or self.disp.stopping:
             self._exhausted = True
             return False
         with self.disp.timer("read"):
@@ -123,8 +127,8 @@ class GbaServe:
             return False
         token = self._next_token
         self._next_token += 1
-        self._last_index = index = self.disp._next_batch
-        self.disp._next_batch, self.disp._at_barrier = index + 1, False
+        self._last_index = index = self.barriers.next_batch
+        self.barriers.batch_read(index)
         if self.every and (index + 1) % self.every == 0:
             self._barrier_due = index
         ids = self._ids_of(token) if self._ids_of is not None else None
@@ -135,8 +139,8 @@ class GbaServe:
             for mb in split_global_batch(batch, token, self.m, ids):
                 rows = int(sum(u.shape[0] for u in mb.unique_ids))
                 self._queue.append((mb.step, wire.pack(*mb.to_frames()), rows))
-        if self.disp._peers.ack_rows is None:
-            self.disp._peers.ack_rows = len(batch) // self.m
+        if self.channel.peers.ack_rows is None:
+            self.channel.peers.ack_rows = len(batch) // self.m
         return True
 
     def _hand_out(self) -> None:
@@ -149,7 +153,7 @@ class GbaServe:
                     continue
                 i, frames, rows = self._queue.popleft()
                 with self.disp.timer("send"):
-                    self.disp._route(rank, frames)
+                    self.channel.route(rank, frames)
                 self._held[rank][i] = rows
                 progress = True
 
@@ -160,41 +164,29 @@ class GbaServe:
             self._hand_out()
             held = {r: sorted(h) for r, h in self._held.items() if h}
             if not held and not self._queue:
-                if self._barrier_due is None or disp._stop.is_set():
+                if self._barrier_due is None or disp.stopping:
                     break
                 self._barrier(self._barrier_due)   # every micro-batch up to the barrier acked
                 self._barrier_due = None
                 continue
-            deadline = time.monotonic() + disp.config.peer_timeout_ms / 1e3
             with disp.timer("wait_credit"):
-                msg = disp._recv(deadline, waiting_for=f"an ack of micro-batches {held} (rank: data-list indices)")
-            if msg.header["op"] != "ack":
-                raise ProtocolError(f"expected ack, got {msg.header['op']!r} from worker {msg.rank}")
+                msg = self.ledger.receive_ack(f"an ack of micro-batches {held} (rank: data-list indices)")
             self._record_ack(msg.rank, msg.header, msg.arrays)
         self._barrier(self._last_index)   # the final one (NOTE [gba checkpoints])
-        for rank in range(self.workers):
-            disp._send(rank, {"op": "end", "steps": disp.next_step})
-        if disp.records:
-            disp.records[-1].rejected = disp.rejected
-        return disp.records
+        return self.ledger.end()
 
     def _barrier(self, index: int) -> None:
         """NOTE [gba checkpoints]: every micro-batch up to global batch ``index`` is acked;
         flush the workers (dense replicas at the PS's global step), then checkpoint when
         the job does (once per step, and only for a step this process trained)."""
-        disp = self.disp
         if self._acks or any(self._held.values()) or self._queue:
             raise ProtocolError(f"gba checkpoint barrier at global batch {index} with micro-batches still in flight; "
                                 "this is a bug (NOTE [gba checkpoints])")
-        for rank in range(self.workers):   # the dense replicas catch up with the last global step
-            disp._send(rank, {"op": "flush", "reset": False}, [np.zeros(0, np.int32), np.zeros(0, np.uint64)])
-        disp._expect(set(range(self.workers)), "flushed")
-        disp.next_step = self._next_record
-        disp._at_barrier = True
-        step = self._next_record - 1
-        if disp._on_checkpoint is None or step < disp._first_step or step in disp.checkpoints:
-            return
-        disp._save_checkpoint(step, index)
+        # the dense replicas catch up with the last global step
+        self.barriers.flush([[np.zeros(0, np.int32), np.zeros(0, np.uint64)] for _ in range(self.workers)],
+                            reset=False)
+        self.ledger.next_step = self._next_record
+        self.barriers.complete(self._next_record - 1, index)
 
     def _record_ack(self, rank: int, header: dict[str, Any], arrays: list) -> None:
         i = header["step"]
@@ -209,20 +201,12 @@ class GbaServe:
             self._next_record += 1
 
     def _emit(self, token: int, by_slot: dict[int, tuple]) -> None:
-        disp = self.disp
         acks = [by_slot[s][1:3] for s in range(self.m)]
         counts = np.zeros((self.workers, len(CAUSES)), np.int64)
         for rank, _, _, rows in by_slot.values():
             counts[rank, _MISS] += rows
             counts[rank, _GRAD] += rows
-        rec = StepRecord.from_acks(token, acks, counts, 0.0, disp.rejected)
-        disp.records.append(rec)
-        ids = self._ids.pop(token)
-        if disp._id_log is not None:
-            disp._id_log.write(np.ascontiguousarray(ids, np.uint64).tobytes())
-            disp._id_log.flush()
-        if disp._on_step is not None:
-            disp._on_step(rec)
+        self.ledger.emit(token, acks, counts, 0.0, self._ids.pop(token))
 
 
 def serve_gba(disp: Any) -> list[StepRecord]:

@@ -19,7 +19,8 @@ batches (Herald §3.3). The order of operations is NOTE [step protocol] in
 ``herald/scheduler/plan.py``; the messages are NOTE [dispatch protocol] in
 ``herald/dispatch/dispatcher.py``.
 
-The loader is a thin iterator over the dispatcher's messages. What happens to the
+The loader is a thin iterator over the dispatcher's messages, which its
+:class:`~herald.worker.link.DispatcherLink` receives and sends. What happens to the
 embeddings is the consistency protocol's (:mod:`herald.worker.protocol`), carried out by
 the plan executor (:mod:`herald.worker.executor`: cache, PS I/O, replicated tables); the
 dense model is synchronised by the protocol's dense side
@@ -40,21 +41,19 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 import torch.distributed as dist
-import zmq
 from torch import nn
 
-from herald import wire
-from herald.auth import load_client_keys, secure_client
 from herald.dispatch.microbatch import MicroBatch
-from herald.errors import ConfigError, DataError, HeraldError, PeerTimeout, ProtocolError
+from herald.errors import ConfigError, DataError, HeraldError, ProtocolError
 from herald.loader.torchrec_interop import keyed_pooled, keyed_tensor_class, kjt_from_arrays
 from herald.spec.job import JobSpec
 from herald.phases import PhaseTimer
 from herald.scheduler.plan import KeySet
 from herald.worker.dense import DenseState
-from herald.worker.devices import select_device, setup_collectives
+from herald.worker.devices import DeviceChoice, select_device, setup_collectives
 from herald.worker.executor import PlanExecutor, StepRows
 from herald.worker.groups import world_position
+from herald.worker.link import DispatcherLink
 from herald.worker.protocol import job_protocol
 from herald.spec.vocab import DEFAULT_TIMEOUT_MS
 
@@ -156,16 +155,18 @@ class ScheduledLoader:
 
     Attributes:
         job: the :class:`JobSpec`; executor: the :class:`PlanExecutor`; protocol: the
-        job's :class:`~herald.worker.protocol.ConsistencyProtocol`; steps: steps finished.
+        job's :class:`~herald.worker.protocol.ConsistencyProtocol`; steps: steps finished;
+        link: the :class:`~herald.worker.link.DispatcherLink` (the socket to the dispatcher).
     """
 
-    def __init__(self, sock: zmq.Socket, dispatcher: str, rank: int, world_size: int, job: JobSpec,
-                 device: torch.device, timeout_ms: int, cache_device: str = "auto"):
+    def __init__(self, link: DispatcherLink, world_size: int, job: JobSpec, device: torch.device,
+                 cache_device: str = "auto"):
+        rank = link.rank
         self.rank, self.world_size, self.job, self.device = rank, world_size, job, device
         # torch.distributed's rank and world: differ from the dispatcher's with one dispatcher
         # per group (NOTE [independent groups] in herald/job/group_dispatch.py)
         self.dist_rank, self.dist_world_size = world_position(job.group_index, job.groups, rank, world_size)
-        self._sock, self._dispatcher, self._timeout_ms = sock, dispatcher, timeout_ms
+        self.link = link
         self.executor = PlanExecutor(job, rank, world_size, device, cache_device)
         self.protocol = job_protocol(job, self.executor)   # its mode's entry in herald.spec.modes
         self.dense: DenseState | None = None
@@ -221,54 +222,29 @@ class ScheduledLoader:
                 cannot be had (``cuda`` without a GPU, ``cuda:N`` beyond the GPUs).
             On any failure the dispatcher is sent an ``error`` message (if it is there).
         """
-        keys = load_client_keys(keys_dir) if keys_dir is not None else None   # bad keys: raise before any socket
-        ctx = zmq.Context.instance()
-        sock = ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.IDENTITY, f"worker-{rank}".encode())
-        sock.setsockopt(zmq.SNDTIMEO, timeout_ms)   # no connected dispatcher (e.g. it refused our keys): bounded
-        if keys is not None:
-            secure_client(sock, keys)
-        sock.connect(dispatcher)
+        link = DispatcherLink.connect(dispatcher, rank, timeout_ms, keys_dir)   # bad keys: raise before any socket
         loader = None
         try:
-            _send(sock, wire.pack({"op": "hello", "rank": rank, "world_size": world_size}), timeout_ms, dispatcher)
-            header, _ = _recv(sock, timeout_ms, dispatcher, "config")
-            if header["op"] != "config":
-                raise ProtocolError(f"expected config from the dispatcher, got {header['op']!r}")
-            job = JobSpec.from_dict(header.get("job"))
+            job = JobSpec.from_dict(link.handshake(world_size))
             if keys_dir is not None:   # this host's copy of the keys folder
                 job = job.replace(keys_dir=str(keys_dir))
             # the dense process group's rank and world (NOTE [independent groups] in herald/job/group_dispatch.py)
             dist_rank, dist_world = world_position(job.group_index, job.groups, rank, world_size)
             choice = select_device(dist_rank, dist_world, device)   # NOTE [worker devices]; set_device before the group
-            dev = choice.device
-            loader = cls(sock, dispatcher, rank, world_size, job, dev, timeout_ms, cache_device)
+            loader = cls(link, world_size, job, choice.device, cache_device)
             if rank == 0:
-                print(f"herald worker: training on {dev}, {loader.executor.cache_description}", file=sys.stderr,
-                      flush=True)
+                print(f"herald worker: training on {choice.device}, {loader.executor.cache_description}",
+                      file=sys.stderr, flush=True)
             if dist_world > 1 and not dist.is_initialized():
-                method = dist_init or ("env://" if "MASTER_ADDR" in os.environ else job.dist_init)
-                if not method:
-                    raise ConfigError("no torch.distributed init method: pass dist_init, run under torchrun, "
-                                      "or set dist_init in the job")
-                backend = choice.backend
-                if choice.notice and dist_rank == 0:
-                    print(f"herald worker: {choice.notice}", file=sys.stderr, flush=True)
-                dist.init_process_group(backend, init_method=method, rank=dist_rank, world_size=dist_world,
-                                        timeout=timedelta(milliseconds=timeout_ms))
+                _init_process_group(job, choice, dist_rank, dist_world, dist_init, timeout_ms)
                 loader._owns_process_group = True   # destroyed by close()
             if dist_world > 1:
                 setup_collectives()   # the gloo side group for CPU tensors when the group is NCCL
         except BaseException as exc:  # tell the dispatcher (else it waits out its timeout); free the socket
-            message = f"{type(exc).__name__}: {exc}"
-            try:
-                sock.send_multipart(wire.pack({"op": "error", "rank": rank, "message": message}), flags=zmq.NOBLOCK)
-            except zmq.ZMQError:  # no dispatcher connected: nobody to tell
-                pass
+            link.report_error_nowait(f"{type(exc).__name__}: {exc}")   # no dispatcher connected: nobody to tell
             if loader is not None:
                 loader.executor.close()
-            sock.close(linger=1000)  # bounded: lets the error report leave
+            link.close(linger_ms=1000)  # bounded: lets the error report leave
             raise
         return loader
 
@@ -302,8 +278,7 @@ class ScheduledLoader:
         try:
             while True:
                 with self.timer("wait"):
-                    header, arrays, mb = self._ahead or (*_recv(self._sock, self._timeout_ms, self._dispatcher,
-                                                                "micro-batch"), None)
+                    header, arrays, mb = self._ahead or (*self.link.receive("micro-batch"), None)
                     self._ahead = None
                 op = header["op"]
                 if op == "microbatch":
@@ -317,7 +292,7 @@ class ScheduledLoader:
                     yield self._batch
                 elif op == "flush":
                     self.protocol.flush(KeySet(arrays[0], arrays[1]), reset=bool(header.get("reset")))
-                    self._send({"op": "flushed", "rank": self.rank})
+                    self.link.send_flushed()
                 elif op == "save":
                     self._save(str(header["path"]))
                 elif op == "end":
@@ -325,17 +300,17 @@ class ScheduledLoader:
                 else:
                     raise ProtocolError(f"unexpected op {op!r} from the dispatcher")
         except Exception as exc:
-            self._report_error(exc)
+            self.link.report_error(exc)
             raise
 
     def _look_ahead(self) -> None:
         """Receive the next message if it is already here; if it is a micro-batch, let the
         protocol start its early reads while this step computes (NOTE [early pulls] in
         herald/dispatch/early.py: this worker has finished the step before this one)."""
-        if not self._sock.poll(0):
+        if not self.link.ready():
             return
         with self.timer("prefetch"):
-            header, arrays = _recv(self._sock, 0, self._dispatcher, "micro-batch")
+            header, arrays = self.link.receive("micro-batch", timeout_ms=0)
             mb = MicroBatch.from_frames(header, arrays) if header["op"] == "microbatch" else None
             if mb is not None:
                 self.protocol.prefetch(mb)
@@ -380,12 +355,11 @@ class ScheduledLoader:
             if logits is not None:
                 preds = [mb.labels, torch.sigmoid(logits.detach()).to("cpu", torch.float32).numpy().reshape(-1)]
             with self.timer("ack"):
-                self._send({"op": "ack", "rank": self.rank, "step": mb.step, "loss": value,
-                            "phases_ms": self.timer.take(), "consistency": self.protocol.take_stats(),
-                            **self.executor.take_traffic()}, preds + self.protocol.ack_arrays())
+                self.link.send_ack(mb.step, value, self.timer.take(), self.protocol.take_stats(),
+                                   self.executor.take_traffic(), preds + self.protocol.ack_arrays())
             self.steps += 1
         except Exception as exc:
-            self._report_error(exc)
+            self.link.report_error(exc)
             raise
 
     def _check_finite(self, mb: MicroBatch, loss: torch.Tensor | float | None, rows: StepRows) -> None:
@@ -417,18 +391,9 @@ class ScheduledLoader:
         if self.dense is None:
             raise HeraldError("save requested before attach(model, optimizer)")
         self.dense.save(path)
-        self._send({"op": "saved", "rank": self.rank})
+        self.link.send_saved()
 
     # ------------------------------------------------------------- closing
-    def _send(self, header: dict[str, Any], arrays: list[np.ndarray] = ()) -> None:
-        _send(self._sock, wire.pack(header, arrays), self._timeout_ms, self._dispatcher)
-
-    def _report_error(self, exc: BaseException) -> None:
-        try:
-            self._send({"op": "error", "rank": self.rank, "message": f"{type(exc).__name__}: {exc}"})
-        except Exception:
-            pass
-
     def close(self) -> None:
         """Close the dispatcher socket and the PS client (idempotent, bounded)."""
         if self._closed:
@@ -436,9 +401,9 @@ class ScheduledLoader:
         self._closed = True
         stats = None
         if self.dense is not None:   # the averaging thread's statistics, for the report
-            stats = self.dense.close(self._timeout_ms / 1000.0, self.job.run_dir)
+            stats = self.dense.close(self.link.timeout_ms / 1000.0, self.job.run_dir)
         self.executor.close()
-        self._sock.close(linger=0)
+        self.link.close()
         # A process group left to the interpreter's exit can abort it (gloo: "terminate called
         # without an active exception", signal 6). Not while an averaging thread may still be
         # inside a collective: it is a daemon and ends with the process.
@@ -461,19 +426,21 @@ def _all_finite(tensors: list[torch.Tensor]) -> bool:
     return all(bool(torch.isfinite(t).all()) for t in tensors)
 
 
-def _send(sock: zmq.Socket, frames: list, timeout_ms: int, peer: str) -> None:
-    try:
-        sock.send_multipart(frames, copy=False)   # waits at most SNDTIMEO = timeout_ms
-    except zmq.Again:
-        raise PeerTimeout(f"dispatcher {peer} took no message within {timeout_ms} ms: no connection to it (is it "
-                          "running, and does this worker hold its keys, --keys?)", peer=peer, op="send") from None
 
+def _init_process_group(job: JobSpec, choice: DeviceChoice, dist_rank: int, dist_world: int, dist_init: str | None,
+                        timeout_ms: int) -> None:
+    """Join the dense process group as ``dist_rank`` of ``dist_world`` with ``choice``'s
+    backend (NOTE [worker devices]); the method: ``dist_init``, else ``env://`` under
+    torchrun, else the job's.
 
-def _recv(sock: zmq.Socket, timeout_ms: int, peer: str, what: str):
-    if not sock.poll(timeout_ms):
-        raise PeerTimeout(f"dispatcher {peer} sent no {what} within {timeout_ms} ms; check that the dispatcher "
-                          "process is alive", peer=peer, op=what)
-    header, arrays = wire.unpack(sock.recv_multipart(copy=False))
-    if header["op"] == "error":
-        raise HeraldError(f"dispatcher {peer} reported: {header.get('message')}")
-    return header, arrays
+    Raises:
+        ConfigError: no init method at all.
+    """
+    method = dist_init or ("env://" if "MASTER_ADDR" in os.environ else job.dist_init)
+    if not method:
+        raise ConfigError("no torch.distributed init method: pass dist_init, run under torchrun, "
+                          "or set dist_init in the job")
+    if choice.notice and dist_rank == 0:
+        print(f"herald worker: {choice.notice}", file=sys.stderr, flush=True)
+    dist.init_process_group(choice.backend, init_method=method, rank=dist_rank, world_size=dist_world,
+                            timeout=timedelta(milliseconds=timeout_ms))

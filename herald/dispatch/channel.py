@@ -1,0 +1,138 @@
+"""The dispatcher's peer channel: its ROUTER socket and every message to and from its workers.
+
+One responsibility: moving messages (NOTE [dispatch protocol] in
+herald/dispatch/dispatcher.py). :class:`PeerChannel` binds the socket (NOTE [transport
+security] in herald/auth.py), sends to a rank (naming a worker whose connection is gone),
+receives with a deadline through NOTE [peer validation]
+(:class:`~herald.dispatch.peers.PeerTable`: identity binding, the rejected-message counts),
+waits for the handshake's hellos and for one op from a set of ranks (``flushed``,
+``saved``). It knows no steps: the step ledger (:mod:`herald.dispatch.ledger`) and the
+barriers (:mod:`herald.dispatch.barrier`) say what is awaited.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import zmq
+
+from herald import wire
+from herald.auth import check_bind, server_socket
+from herald.dispatch.peers import Message, PeerTable
+from herald.dispatch.records import DispatcherConfig
+from herald.errors import HeraldError, PeerTimeout, ProtocolError
+
+
+class PeerChannel:
+    """The ROUTER socket of one dispatcher, bound to ``config.bind``.
+
+    Args:
+        config: the dispatcher's settings (``bind``, keys, ``num_workers``, ``peer_timeout_ms``).
+        liveness: called about every 0.5 s while waiting on workers; raise from it to abort.
+
+    Attributes:
+        address: the bound endpoint.
+        peers: the :class:`~herald.dispatch.peers.PeerTable` (identities, rejected counts,
+            the shape of an ack's arrays).
+    """
+
+    def __init__(self, config: DispatcherConfig, liveness: Callable[[], None] | None = None):
+        self.timeout_ms = config.peer_timeout_ms
+        self._liveness = liveness
+        # NOTE [transport security] (herald/auth.py): keys -> CURVE server; else loopback or --insecure
+        check_bind(config.bind, config.keys_dir, config.insecure, "dispatcher")
+        self._sock = server_socket(zmq.Context.instance(), zmq.ROUTER, config.keys_dir)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self._sock.bind(config.bind)
+        self.address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.peers = PeerTable(config.num_workers, name=f"dispatcher {self.address}")  # NOTE [peer validation]
+        self._closed = False
+
+    @property
+    def rejected(self) -> dict[str, int]:
+        """Messages dropped so far, per kind (NOTE [peer validation]); a copy, thread-safe."""
+        return dict(self.peers.rejected)
+
+    def close(self) -> None:
+        """Close the socket (LINGER 0); idempotent."""
+        if not self._closed:
+            self._closed = True
+            self._sock.close(linger=0)
+
+    # ------------------------------------------------------------------ send
+    def send(self, rank: int, header: dict[str, Any], arrays: Sequence[np.ndarray] = ()) -> None:
+        """Send one :func:`herald.wire.pack` message to worker ``rank`` (:meth:`route`)."""
+        self.route(rank, wire.pack(header, arrays))
+
+    def send_all(self, header: dict[str, Any]) -> None:
+        """Send ``header`` (no arrays) to every worker, in rank order."""
+        for rank in range(self.peers.num_workers):
+            self.send(rank, header)
+
+    def route(self, rank: int, frames: list) -> None:
+        """Send ``frames`` to worker ``rank``. Raises HeraldError naming the rank when its
+        connection is gone, with the error it sent before leaving when there is one."""
+        try:
+            self._sock.send_multipart([self.peers.identities[rank], *frames], copy=False)
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EHOSTUNREACH:
+                raise
+            deadline = time.monotonic() + 1.0   # its last words (an error message) may still be queued
+            try:
+                while True:
+                    self.recv(f"the last message of worker {rank}", deadline)  # raises on `error`
+            except PeerTimeout:
+                pass
+            raise HeraldError(f"worker {rank} is gone (its connection to dispatcher {self.address} closed); "
+                              "its log names the cause") from None
+
+    def tell_error(self, message: str) -> None:
+        """Send ``error {message}`` to every worker that said hello, ignoring those gone (so
+        none waits out its timeout on a dispatcher that failed)."""
+        for rank in self.peers.identities:
+            try:
+                self.send(rank, {"op": "error", "message": message})
+            except (zmq.ZMQError, HeraldError):
+                pass
+
+    # --------------------------------------------------------------- receive
+    def deadline(self) -> float:
+        """``time.monotonic()`` seconds ``peer_timeout_ms`` from now."""
+        return time.monotonic() + self.timeout_ms / 1e3
+
+    def recv(self, waiting_for: str, deadline: float | None = None) -> Message:
+        """The next message that passes NOTE [peer validation] (:meth:`PeerTable.receive`).
+
+        Args:
+            waiting_for: what is awaited, in words (the timeout's message names it).
+            deadline: ``time.monotonic()`` seconds when to give up (default :meth:`deadline`).
+
+        Raises:
+            PeerTimeout: nothing admitted by the deadline. HeraldError: a worker's ``error``.
+        """
+        return self.peers.receive(self._sock, self.deadline() if deadline is None else deadline,
+                                  waiting_for=waiting_for, timeout_ms=self.timeout_ms, liveness=self._liveness)
+
+    def wait_for_hellos(self) -> None:
+        """Block until every rank said hello (a valid hello binds its identity: NOTE [peer
+        validation]); ProtocolError on any other op, PeerTimeout after ``peer_timeout_ms``."""
+        deadline = self.deadline()
+        while not self.peers.complete:
+            msg = self.recv(f"hello from workers {self.peers.missing()}", deadline)
+            if msg.header["op"] != "hello":
+                raise ProtocolError(f"expected hello, got {msg.header['op']!r} from worker {msg.rank}")
+
+    def expect(self, ranks: set[int], op: str) -> None:
+        """Block until each of ``ranks`` sent ``op`` (within one ``peer_timeout_ms``);
+        ProtocolError on anything else from a worker."""
+        done: set[int] = set()
+        deadline = self.deadline()
+        while done != ranks:
+            msg = self.recv(f"{op} from workers {sorted(ranks - done)}", deadline)
+            if msg.header["op"] != op or msg.rank not in ranks - done:
+                raise ProtocolError(f"unexpected {msg.header['op']} from rank {msg.rank}; waiting for {op} from "
+                                    f"workers {sorted(ranks - done)}")
+            done.add(msg.rank)
