@@ -5,7 +5,9 @@
 synthetic rows against fake workers that ack every micro-batch at once
 (:mod:`herald.bench.ackpeers`, a child process reading only message headers). The
 result is the dispatcher's ceiling: a job cannot train faster than this, whatever its
-workers do.
+workers do. The job is run by herald's job runner (NOTE [job runner] in
+herald/job/runner.py) with no PS, these fake workers as its worker part
+(:class:`AckPeerWorkers`), the rows below as its data, and neither checkpoints nor report.
 
 Rows are generated once and served from memory by default (``materialize=True``): the
 synthetic generator makes about 280,000 Criteo rows/s on one core of a small machine,
@@ -29,16 +31,16 @@ from typing import Any
 import numpy as np
 
 from herald.bench.options import CAPACITY_ROWS, CAPACITY_SECONDS
-from herald.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from herald.errors import ConfigError, HeraldError
+from herald.job.parts import NoPS, WorkerLauncher
+from herald.job.runner import JobRunner
 from herald.loader import open_source
 from herald.loader.batch import SampleBatch
 from herald.loader.global_batches import GlobalBatches
 from herald.loader.source import Source, state_int
 from herald.loader.splits import count_distinct_keys
 from herald.scheduler import Scheduler, SchedulerConfig
-from herald.spec.job import JobSpec
-from herald.spec.tables import TableConfig
+from herald.spec.train import TrainConfig
 
 
 class MemorySource(Source):
@@ -131,13 +133,101 @@ def _cpu_seconds(peers_pid: int | None) -> dict[str, float]:
     return out
 
 
-def _check_peers(peers: subprocess.Popen) -> None:
-    """The dispatcher's liveness check: the fake workers' process must still run."""
-    code = peers.poll()
-    if code is not None:
-        err = peers.stderr.read() if peers.stderr is not None else ""
-        raise HeraldError(f"the fake workers' process exited with status {code} during the capacity measurement: "
-                          f"{err.strip()[-2000:]}")
+class AckPeerWorkers(WorkerLauncher):
+    """The capacity measurement's worker part (NOTE [job runner] in herald/job/runner.py):
+    fake workers that ack every micro-batch at once, every rank played by one child process
+    (``python -m herald.bench.ackpeers``, at ``nice`` increment ``nice``; a child started with
+    -m, not multiprocessing: the caller's __main__ is never re-imported). It must still run
+    while the dispatcher serves (:meth:`check`) and exit with status 0 at the end (:meth:`wait`)."""
+
+    def __init__(self, nice: int = 0, idle_timeout_s: int = 60):
+        super().__init__()
+        self.nice, self.idle_timeout_s = nice, idle_timeout_s
+        self.proc: subprocess.Popen | None = None
+        self._output: tuple[str, str] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def start(self, cfg, job, dispatchers: list[str]) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "herald.bench.ackpeers", dispatchers[0], str(cfg.workers),
+                                      str(self.idle_timeout_s), str(self.nice)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def check(self) -> None:
+        """The dispatcher's liveness check: the fake workers' process must still run."""
+        code = self.proc.poll() if self.proc is not None else None
+        if code is not None:
+            err = self.proc.stderr.read() if self.proc.stderr is not None else ""
+            raise HeraldError(f"the fake workers' process exited with status {code} during the capacity "
+                              f"measurement: {err.strip()[-2000:]}")
+
+    def wait(self) -> None:
+        out, err = self._reap()
+        if self.proc is not None and self.proc.returncode != 0:
+            raise HeraldError(f"the fake workers of the capacity measurement failed (exit status "
+                              f"{self.proc.returncode}): {(out + err).strip()[-2000:]}")
+
+    def stop(self) -> None:
+        self._reap()
+
+    def _reap(self) -> tuple[str, str]:
+        """The child's output once it ended (bounded: killed after 10 s)."""
+        if self.proc is None:
+            return "", ""
+        if self._output is None:
+            try:
+                self._output = self.proc.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self._output = self.proc.communicate(timeout=5)
+        return self._output
+
+
+class _Rows:
+    """What the capacity measurement reads (the job runner's data part): the rows of
+    ``url`` (``rows`` of them; None: all) repeated as epochs, as global batches of
+    ``sched_cfg``'s workers x batch size, enough for ``max_steps`` (None: unbounded), from
+    memory when ``materialize``; scheduled by ``sched_cfg``'s scheduler sized by a pre-pass
+    counting the rows' distinct keys (``distinct_keys``).
+
+    Raises:
+        ConfigError: no rows, or fewer than one global batch.
+    """
+
+    dataset, eval_source, replicated, replica_rows = None, None, (), 0
+
+    def __init__(self, url: str, rows: int | None, sched_cfg: SchedulerConfig, *, max_steps: int | None,
+                 materialize: bool):
+        workers, batch_size = sched_cfg.num_workers, sched_cfg.batch_size_per_worker
+        gb = workers * batch_size
+        src = open_source(url)
+        data = _read_all(src, rows)
+        src.close()
+        if len(data) < gb:
+            raise ConfigError(f"{len(data)} rows are fewer than one global batch ({workers} x {batch_size}); "
+                              "pass more rows")
+        self.distinct_keys, self.num_rows = count_distinct_keys([data]), len(data)
+        self.steps_per_epoch = len(data) // gb
+        epochs = math.ceil(max_steps / self.steps_per_epoch) + 1 if max_steps is not None else 1_000_000
+        if materialize:
+            train = MemorySource(data)
+        else:
+            del data
+            train = open_source(url)
+        self.schema, self._sched_cfg = train.schema, sched_cfg
+        self.batches = GlobalBatches(train, gb, epochs=epochs, max_steps=max_steps)
+
+    def scheduler_factory(self, cfg):
+        num_tables, sched_cfg, distinct = len(self.schema.table_names), self._sched_cfg, self.distinct_keys
+        return lambda: Scheduler(sched_cfg, num_tables=num_tables, distinct_keys=distinct)
+
+    def interrupt(self) -> None:
+        """Nothing blocks here (rows in memory or a file)."""
+
+    def close(self) -> None:
+        self.batches.close()
 
 
 def _stage_seconds(disp) -> dict[str, float]:
@@ -196,30 +286,18 @@ def measure_capacity(workers: int = 8, batch_size: int = 256, schedule: str = "h
     sched_cfg = SchedulerConfig(num_workers=workers, batch_size_per_worker=batch_size, schedule=schedule,
                                 cache_ratio=cache_ratio, seed=seed)
     url = source if source is not None else f"synthetic://criteo?rows={rows}&seed={seed}"
-    src = open_source(url)
-    data = _read_all(src, rows)
-    src.close()
-    if len(data) < gb:
-        raise ConfigError(f"{len(data)} rows are fewer than one global batch ({workers} x {batch_size}); "
-                          "pass more rows")
-    distinct, num_rows = count_distinct_keys([data]), len(data)
-    steps_per_epoch = len(data) // gb
+    # the job's settings for the runner: its dispatcher (credits, 60 s peer timeout) and JobSpec
+    cfg = TrainConfig(source=url, workers=workers, batch_size=batch_size, schedule=schedule, cache_ratio=cache_ratio,
+                      seed=seed, max_inflight_steps=max_inflight_steps, timeout_ms=60_000, embedding_dim=16)
     need = warmup_steps + (steps if steps is not None else 0)
-    epochs = math.ceil(need / steps_per_epoch) + 1 if steps is not None else 1_000_000
-    if materialize:
-        train = MemorySource(data)
-    else:
-        del data
-        train = open_source(url)
-    batches = GlobalBatches(train, gb, epochs=epochs, max_steps=need if steps is not None else None)
-    num_tables = len(train.schema.table_names)
-    job = JobSpec(tables=tuple(TableConfig(name, 16) for name in train.schema.table_names),
-                  dense_dim=train.schema.dense_dim, ps=("tcp://127.0.0.1:1",))   # never dialled
+    data = _Rows(url, rows, sched_cfg, max_steps=need if steps is not None else None, materialize=materialize)
 
+    peers = AckPeerWorkers(nice=peers_nice)
+    disps: list[Any] = []   # the dispatcher, once bound (on_serve)
     marks: dict[str, Any] = {}
 
     def on_step(rec) -> None:
-        now = rec.acked_at
+        now, disp = rec.acked_at, disps[0]
         if rec.step == warmup_steps - 1:   # the clock starts when the warm-up's last step is acked
             marks["t0"], marks["s0"], marks["step0"] = now, _stage_seconds(disp), rec.step
             marks["c0"] = _cpu_seconds(peers.pid)
@@ -233,31 +311,10 @@ def measure_capacity(workers: int = 8, batch_size: int = 256, schedule: str = "h
             marks["c1"] = _cpu_seconds(peers.pid)
             disp.stop()
 
-    disp = Dispatcher(DispatcherConfig(num_workers=workers, max_inflight_steps=max_inflight_steps,
-                                       peer_timeout_ms=60_000),
-                      batches, lambda: Scheduler(sched_cfg, num_tables=num_tables, distinct_keys=distinct), job,
-                      on_step=on_step, liveness=lambda: _check_peers(peers))
-    peers = None
-    try:
-        # a child process started with -m (not multiprocessing): the caller's __main__ is never re-imported
-        peers = subprocess.Popen([sys.executable, "-m", "herald.bench.ackpeers", disp.address, str(workers), "60",
-                                  str(peers_nice)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        disp.serve()
-    finally:
-        disp.close()
-        batches.close()
-        out = err = ""
-        if peers is not None:
-            try:
-                out, err = peers.communicate(timeout=10)
-            except subprocess.TimeoutExpired:
-                peers.kill()
-                out, err = peers.communicate(timeout=5)
-    if peers.returncode != 0:
-        raise HeraldError(f"the fake workers of the capacity measurement failed (exit status {peers.returncode}): "
-                          f"{(out + err).strip()[-2000:]}")
+    # the job runner (NOTE [job runner]) with no PS, the fake workers, no checkpoints, no report
+    JobRunner(ps=NoPS(), workers=peers, data=data, on_step=on_step, on_serve=disps.extend).run(cfg)
     if "t1" not in marks:
-        raise ConfigError(f"no step measured after {warmup_steps} warm-up steps: {steps_per_epoch} steps per "
+        raise ConfigError(f"no step measured after {warmup_steps} warm-up steps: {data.steps_per_epoch} steps per "
                           "epoch of data; pass more rows or fewer warm-up steps")
     wall = marks["t1"] - marks["t0"]
     n = marks["step1"] - marks["step0"]
@@ -269,8 +326,9 @@ def measure_capacity(workers: int = 8, batch_size: int = 256, schedule: str = "h
     return {"samples_per_s": n * gb / wall, "steps": n, "seconds": wall, "ms_per_step": wall * 1e3 / n,
             "phases": phases, "cpu": cpu, "machine_cpu": machine, "cpus": os.cpu_count(),
             "workers": workers, "batch_size": batch_size, "schedule": schedule, "global_batch": gb,
-            "rows": num_rows, "materialized": materialize, "warmup_steps": warmup_steps, "peers_nice": peers_nice,
-            "distinct_keys": int(distinct), "capacity_rows": int(np.ceil(cache_ratio * distinct))}
+            "rows": data.num_rows, "materialized": materialize, "warmup_steps": warmup_steps,
+            "peers_nice": peers_nice, "distinct_keys": int(data.distinct_keys),
+            "capacity_rows": int(np.ceil(cache_ratio * data.distinct_keys))}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

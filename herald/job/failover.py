@@ -1,5 +1,6 @@
 """PS failover when the dispatcher is a process of its own (``herald serve dispatcher``,
-the test bed's dispatcher): detect a lost PS shard, stop with a distinct exit status.
+the test bed's dispatcher): detect a lost PS shard, stop with a distinct exit status
+(:class:`herald.job.parts.RemotePS` watches the shards and raises :func:`shard_lost`).
 
 NOTE [ps failover across hosts]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -26,7 +27,7 @@ step (NOTE [gba checkpoints] in herald/dispatch/gba.py).
 from __future__ import annotations
 
 import pathlib
-from typing import Any, Sequence
+from typing import Sequence
 
 from herald.errors import HeraldError
 from herald.job import checkpoints
@@ -70,18 +71,3 @@ def shard_lost(cause: str, run_dir: str | None) -> ShardLost:
                 "--checkpoint-every STEPS to make failover possible")
     first = cause.splitlines()[0] if cause else "a PS shard was lost"
     return ShardLost(f"{first}\n{what} (exit status {SHARD_FAILED_EXIT}; docs/operations.md)")
-
-
-def serve_watched(disp: Any, watch: Any, run_dir: str | None) -> list:
-    """``disp.serve()``; when it fails after ``watch`` saw a shard go silent, raise
-    :func:`shard_lost` (exit status :data:`SHARD_FAILED_EXIT`) instead of the symptom.
-
-    Raises:
-        ShardLost: a PS shard was lost. HeraldError: any other failure, as it was.
-    """
-    try:
-        return disp.serve()
-    except HeraldError as exc:
-        if watch.failure() is None:
-            raise
-        raise shard_lost(watch.failure(), run_dir) from exc

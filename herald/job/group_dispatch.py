@@ -7,12 +7,14 @@ their own data and train at their own pace; only their dense replicas are averag
 background. ``herald train --groups G --consistency hybrid`` does this:
 
 1. **One dispatcher per group.** G dispatchers run in the launcher's process (one thread
-   each, :func:`run_group_attempt`); dispatcher ``g`` serves group ``g``'s k = W / G ranks
-   as ranks 0..k-1 of its own sub-job (``JobSpec.group_index`` g: the worker's
-   torch.distributed rank is ``g * k + r``, :func:`herald.worker.groups.world_position`),
-   with its own scheduler, credit window and ``--dispatcher-rank`` g (the top 8 bits of
-   its sample ids, Persia §4.1). The ranks of all groups still form one torch.distributed
-   world: the group all-reduce and the leaders' EASGD group of NOTE [training groups].
+   each, :func:`serve_all`; the job runner takes this layout when it starts the workers
+   itself: NOTE [job runner] in herald/job/runner.py); dispatcher ``g`` serves group
+   ``g``'s k = W / G ranks as ranks 0..k-1 of its own sub-job (``JobSpec.group_index`` g:
+   the worker's torch.distributed rank is ``g * k + r``,
+   :func:`herald.worker.groups.world_position`), with its own scheduler, credit window
+   and ``--dispatcher-rank`` g (the top 8 bits of its sample ids, Persia §4.1). The ranks
+   of all groups still form one torch.distributed world: the group all-reduce and the
+   leaders' EASGD group of NOTE [training groups].
 2. **Their own share of the data.** One producer reads global batches of k x batch size
    samples (:class:`SharedBatches`); whichever dispatcher asks first takes the next one,
    so the groups' samples are disjoint and together are the samples G = 1 trains (``--steps
@@ -31,33 +33,26 @@ background. ``herald train --groups G --consistency hybrid`` does this:
    drain of NOTE [training groups]), so no collective is left waiting.
 
 Not supported here (refused with the fix named): checkpoints and ``--resume`` (each
-dispatcher would need its own position in the shared stream), Kafka sources.
+dispatcher would need its own position in the shared stream), Kafka sources. Workers
+started elsewhere (``herald serve dispatcher``, the test bed) get the single dispatcher
+(lockstep groups): only the runner's own workers can be sent to their group's dispatcher.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import signal
 import threading
-import time
 from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
-from herald.dispatch.dispatcher import Dispatcher, StepRecord
+from herald.dispatch.dispatcher import Dispatcher
+from herald.dispatch.records import StepRecord
 from herald.dispatch.microbatch import make_sample_ids
-from herald.errors import ConfigError, HeraldError
-from herald.job import report as report_mod
-from herald.job import report_comm
-from herald.job.data import JobData
+from herald.errors import ConfigError
 from herald.job.report import final_loss
-from herald.job.runner import (JobInterrupted, LocalProcesses, StopOnSignals, dispatcher_config, finish_job,
-                               prepare_run)
 from herald.loader.batch import SampleBatch
-from herald.spec.flags import flag_errors
-from herald.spec.job import JobSpec
 from herald.spec.modes import consistency_mode
 
 
@@ -156,7 +151,7 @@ def merge_records(records: list[list[StepRecord]]) -> list[StepRecord]:
     return sorted((r for recs in records for r in recs), key=lambda r: r.acked_at)
 
 
-class _AllDispatchers:
+class AllDispatchers:
     """``stop()`` of every group's dispatcher and of the shared stream (for a signal handler)."""
 
     def __init__(self, disps: list[Dispatcher], shared: SharedBatches):
@@ -168,7 +163,7 @@ class _AllDispatchers:
             d.stop()
 
 
-def _serve_all(disps: list[Dispatcher], stop_all: _AllDispatchers) -> list[list[StepRecord]]:
+def serve_all(disps: list[Dispatcher], stop_all: AllDispatchers) -> list[list[StepRecord]]:
     """Run every dispatcher's :meth:`Dispatcher.serve` on a thread of its own; the first
     error stops the others (each serve is bounded by its peer timeout) and is raised."""
     results: list[Any] = [None] * len(disps)
@@ -176,7 +171,7 @@ def _serve_all(disps: list[Dispatcher], stop_all: _AllDispatchers) -> list[list[
     def serve(g: int) -> None:
         try:
             results[g] = disps[g].serve()
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the launcher's thread below
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the runner's thread below
             results[g] = exc
             stop_all.stop()
 
@@ -191,84 +186,3 @@ def _serve_all(disps: list[Dispatcher], stop_all: _AllDispatchers) -> list[list[
     if errors:
         raise errors[0]
     return results
-
-
-def run_group_attempt(cfg: Any, *, progress: bool, on_finish, failovers: list[dict[str, Any]]) -> dict[str, Any]:
-    """``herald train`` with one dispatcher per group (NOTE [independent groups]); the same
-    processes (:class:`herald.job.runner.LocalProcesses`), report and errors as
-    :func:`herald.job.launcher.run_train` otherwise.
-
-    Raises:
-        ConfigError: bad settings; HeraldError: a child process failed (named);
-        JobInterrupted: stopped by SIGINT / SIGTERM.
-    """
-    run_dir = prepare_run(cfg)
-    sub = group_config(cfg)
-    k, G = sub.workers, cfg.groups
-    data = JobData(sub)
-    with flag_errors():
-        new_scheduler = data.scheduler_factory(sub)
-    shared = SharedBatches(data.batches)
-    views = [GroupBatches(shared, g, sub.global_batch) for g in range(G)]
-    id_log = open(run_dir / "trained_sample_ids.u64", "ab") if cfg.log_sample_ids else None
-    records: list[list[StepRecord]] = [[] for _ in range(G)]
-    t_start = time.perf_counter()
-    with LocalProcesses(cfg, data) as local:
-        job = JobSpec.build(cfg, data, list(local.shards.addresses)).replace(dist_init=local.dist_init)
-        bar = report_mod.Progress(sub, enabled=progress, total_steps=data.total_steps(sub),
-                                  skipped=lambda: data.batches.skipped)
-        bar_lock = threading.Lock()
-
-        def on_step(rec: StepRecord) -> None:
-            with bar_lock:
-                bar.update(rec)
-
-        interrupted = None
-        try:
-            with contextlib.ExitStack() as stack:
-                disps = []
-                for g in range(G):
-                    disp_cfg = dispatcher_config(cfg, num_workers=k, dispatcher_rank=g)
-                    disps.append(stack.enter_context(Dispatcher(
-                        disp_cfg, views[g], new_scheduler, job.replace(group_index=g), on_step=on_step,
-                        liveness=local.liveness, sample_id_log=id_log)))
-                stop_all = _AllDispatchers(disps, shared)
-                stopper = stack.enter_context(StopOnSignals(stop_all, data))
-                for rank in range(cfg.workers):
-                    g, r = divmod(rank, k)
-                    local.start_worker(rank, disps[g].address, r, k, job)
-                records = _serve_all(disps, stop_all)
-                if stopper.signum is not None:
-                    interrupted = {"signal": signal.Signals(stopper.signum).name,
-                                   "at_step": sum(len(r) for r in records), "checkpoint": None}
-                capacity_rows = disps[0].scheduler.capacity_rows
-                dispatcher_s: dict[str, float] = {}
-                for d in disps:
-                    for name, ms in d.timer.take().items():
-                        dispatcher_s[name] = dispatcher_s.get(name, 0.0) + ms / 1e3
-            local.children.wait(timeout_s=60, context=" after the end of training")
-        except HeraldError as exc:
-            local.fail(exc)
-        except BaseException:
-            local.children.stop()
-            raise
-        finally:
-            bar.close()
-            if id_log is not None:
-                id_log.close()
-        train_s = time.perf_counter() - t_start
-        ps_stats, metrics, skipped = finish_job(data, job, local.ps, local.shards.addresses, run_dir, on_finish)
-    merged = merge_records(records)
-    rep = report_mod.build(cfg, merged, train_s, metrics, batches_info=data.batches.info,
-                           split_info=data.split_info, capacity_rows=capacity_rows, dispatcher_s=dispatcher_s,
-                           ps_stats=ps_stats, skipped=skipped, interrupted=interrupted,
-                           scheduler=data.scheduler_stats())
-    report_comm.fix_group_samples(rep, merged, sub.global_batch, train_s)
-    rep["group_streams"] = stream_summary(records, views, train_s)
-    rep["replicated_tables"], rep["replica_rows_per_worker"], rep["failovers"] = [], 0, failovers
-    rep["consistency"]["switched_from"] = None   # no --resume here
-    # the job's steps in ack order (each group numbers its own from 0) for the plots
-    report_mod.write(rep, [dataclasses.replace(r, step=i) for i, r in enumerate(merged)], run_dir)
-    if interrupted is not None:
-        raise JobInterrupted(interrupted, rep, run_dir)
-    return rep

@@ -1,71 +1,67 @@
-"""The parts every job runner of this host shares (``herald train`` with one dispatcher
-or one per group: herald/job/launcher.py, herald/job/group_dispatch.py).
+"""The job runner: one composition root for every job of herald (NOTE [job runner]).
 
-- :class:`LocalProcesses`: the job's processes on this host: PS shards as local
-  processes, the PS client, the supervisor of the worker processes and the file store of
-  their dense process group; :meth:`LocalProcesses.start_worker` starts one worker.
-- :func:`dispatcher_config`: the one place a job's :class:`DispatcherConfig` is built.
-- :func:`raise_job_failure`, :class:`ShardFailed`, :class:`JobInterrupted`: what a failed
-  or interrupted job raises; :class:`StopOnSignals`: SIGINT / SIGTERM stop at a step.
-- :func:`finish_job`: the PS stats, the held-out evaluation and the skipped records.
+NOTE [job runner]
+~~~~~~~~~~~~~~~~~
+``herald train`` (herald/job/launcher.py, with one dispatcher or one per group), ``herald
+serve dispatcher`` (herald/job/serve_dispatcher.py), the test bed's dispatcher process
+(herald/testbed/dispatcher.py) and the dispatcher capacity benchmark
+(herald/bench/capacity.py) each run a job the same way, written once in
+:meth:`JobRunner.run`:
 
-Security (docs/operations.md, "Securing a multi-host job"): with ``--keys DIR`` every
-role's ZeroMQ traffic is CURVE (NOTE [transport security] in herald/auth.py); the PS
-shards take admin ops (checkpoint, restore, shutdown) only with this job's token and
-only inside ``RUN_DIR/checkpoints`` (NOTE [ps admin ops]); the workers' dense process
-group rendezvous through a file in the run folder (no listening store) and gloo is kept
-on the loopback interface (:func:`dense_store`, :func:`worker_env`).
+1. **Settings.** The dispatchers' :class:`DispatcherConfig` (:func:`dispatcher_config`):
+   one, or one per group when ``cfg`` asks for independent groups and the worker part
+   places them (NOTE [independent groups] in herald/job/group_dispatch.py); then the
+   parts' ``prepare`` (keys, folders), the checkpoints (the resume point), the data
+   (:class:`~herald.job.data.JobData`, or the entry point's own) and its scheduler factory.
+2. **Processes.** The PS part opens (starts or dials the shards), then the worker part
+   (its dense store); the checkpoints restore the PS rows on resume; the job's
+   :class:`JobSpec` names the shards, the workers' init method and the dense state to resume.
+3. **Serve.** The dispatcher(s) bind (their liveness check: the PS part's, then the
+   worker part's), load the resume point, the worker part starts the workers against
+   their addresses, and the dispatcher(s) serve to the end of the data (SIGINT / SIGTERM
+   stop them at a step where the entry point asks: :class:`StopOnSignals`); the workers
+   are waited for. A failure goes to the PS part's ``fail`` (:meth:`parts.PSProvider.fail`),
+   which stops the workers and raises the job's error naming its cause.
+4. **Finish.** With a report: the PS shards' stats, ``on_finish``, the held-out
+   evaluation (once the worker part says every dense replica is written), then the data
+   is closed and the report written (:class:`JobReport`). A clean stop on a signal raises
+   :class:`JobInterrupted` after the report.
+
+What differs between the entry points is only which parts they plug in (herald/job/parts.py):
+
+- ``herald train``: :class:`LocalPS`, :class:`LocalWorkers`, checkpoints (resumable
+  always), the report, progress, SIGINT / SIGTERM stop at a step; NOTE [ps failover]
+  around it (:func:`herald.job.launcher.run_train`).
+- ``herald serve dispatcher``: :class:`RemotePS`, :class:`ExternalWorkers`, checkpoints
+  with ``--checkpoint-every`` / ``--resume``, no report.
+- the test bed's dispatcher: :class:`RemotePS`, ``TestBedWorkers`` (torchruns on other
+  hosts), checkpoints, the report.
+- ``herald bench dispatcher``: :class:`NoPS`, ``AckPeerWorkers`` (fake workers), its own
+  data, neither checkpoints nor report.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
+import dataclasses
 import pathlib
-import secrets
 import signal
 import sys
-from typing import Any, Iterator, NoReturn
+import threading
+import time
+from typing import Any, Callable
 
-from herald.auth import load_client_keys, load_server_keys, loopback_interface
-from herald.dispatch.dispatcher import DispatcherConfig
+from herald.dispatch.dispatcher import Dispatcher
+from herald.dispatch.records import DispatcherConfig, StepRecord
 from herald.errors import HeraldError
+from herald.job import group_dispatch
 from herald.job import report as report_mod
+from herald.job import report_comm
 from herald.job.data import JobData
-from herald.procs import Supervisor
-from herald.ps import LocalShards, PSClient
-from herald.ps.config import ShardLimits
+from herald.job.parts import Checkpointing, PSProvider, WorkerLauncher
 from herald.spec.flags import flag_errors
 from herald.spec.job import JobSpec
 from herald.spec.train import TrainConfig
-
-
-@contextlib.contextmanager
-def dense_store(run_dir: pathlib.Path) -> Iterator[str]:
-    """The workers' ``torch.distributed`` init method: ``file://`` a fresh file in the run
-    folder (torch's FileStore: no listening socket, unlike rank 0's TCPStore, which binds
-    every interface); the file is removed when the job ends."""
-    path = run_dir.resolve() / f".dist-store-{secrets.token_hex(8)}"
-    try:
-        yield f"file://{path}"
-    finally:
-        path.unlink(missing_ok=True)
-
-
-def worker_env() -> dict[str, str]:
-    """Environment of the local workers: their intra-op threads, and gloo's interface
-    (``GLOO_SOCKET_IFNAME``) on loopback unless the user chose one: the workers share
-    this host, so their all-reduce connections need not listen on any other interface."""
-    env = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    lo = loopback_interface()
-    if "GLOO_SOCKET_IFNAME" not in os.environ and lo is not None:
-        env["GLOO_SOCKET_IFNAME"] = lo
-    return env
-
-
-class ShardFailed(HeraldError):
-    """A PS shard died or went silent during the job (the message names it); raised by
-    one attempt of :func:`herald.job.launcher.run_train` so that NOTE [ps failover] can roll the job back."""
 
 
 class JobInterrupted(HeraldError):
@@ -84,116 +80,11 @@ class JobInterrupted(HeraldError):
                          f"{run_dir / 'report.txt'}; {resume}")
 
 
-class LocalProcesses:
-    """The processes of a job on this host, as a context manager: ``cfg.num_ps_shards`` PS
-    shards (local processes over ipc, their logs and checkpoints in the run folder), the
-    :class:`PSClient` of the launcher, the worker processes' :class:`Supervisor` and their
-    dense process group's file store. Leaving it stops every process (bounded waits).
-
-    Attributes (while entered):
-        shards: :class:`LocalShards`; ps: :class:`PSClient`; children: :class:`Supervisor`;
-        dist_init: the workers' ``torch.distributed`` init method; ps_alive: the shards'
-        liveness check (NOTE [ps liveness] in herald/ps/watch.py).
-
-    Raises:
-        ConfigError: unreadable ``--keys`` (before anything starts); HeraldError: a shard
-            that does not start (named).
-    """
-
-    def __init__(self, cfg: TrainConfig, data: JobData):
-        self.cfg, self.data = cfg, data
-        self.run_dir = pathlib.Path(cfg.run_dir)
-        self._stack = contextlib.ExitStack()
-
-    def __enter__(self) -> "LocalProcesses":
-        cfg, run_dir = self.cfg, self.run_dir
-        tables = cfg.tables(self.data.schema)
-        try:
-            self.children = Supervisor(run_dir, new_session=True, env=worker_env())
-            # ipc: every process is local, and ZeroMQ over Unix sockets moves ~2x the bytes of
-            # TCP loopback here (docs/ps.md, benchmark). NOTE [ps liveness]: shard logs in the
-            # run folder (ps-shard-I.log); an aggregation a dead worker leaves open is aborted
-            # within the job's timeout
-            self.shards = self._stack.enter_context(LocalShards(
-                num_shards=cfg.num_ps_shards, tables=tables, seed=cfg.seed, transport="ipc", log_dir=run_dir,
-                limits=ShardLimits(aggregation_timeout_ms=cfg.timeout_ms, max_rows=cfg.ps_max_rows),
-                keys_dir=cfg.keys_dir, checkpoint_root=run_dir / "checkpoints"))
-            self.ps = self._stack.enter_context(PSClient(
-                list(self.shards.addresses), tables=tables, timeout_ms=cfg.timeout_ms, num_workers=cfg.workers,
-                keys_dir=cfg.keys_dir, admin_token=self.shards.admin_token))
-            self.dist_init = self._stack.enter_context(dense_store(run_dir))
-            # a dead shard is named at the next check, a silent one after half the job's timeout
-            self.ps_alive = self.shards.watch(silent_ms=max(1, cfg.timeout_ms // 2))
-        except BaseException:
-            self._stack.close()
-            raise
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stack.close()
-
-    def liveness(self) -> None:
-        """Raise naming a dead or silent PS shard or a dead worker (the dispatcher's check)."""
-        self.ps_alive()
-        self.children.check()
-
-    def start_worker(self, rank: int, dispatcher: str, dispatcher_rank: int, world_size: int, job: JobSpec) -> None:
-        """Start worker process ``rank`` (of ``cfg.workers`` on this host, as torchrun would
-        number it: NOTE [worker devices]) as rank ``dispatcher_rank`` of the ``world_size``
-        ranks the dispatcher at ``dispatcher`` serves."""
-        cfg = self.cfg
-        self.children.env.update(LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(cfg.workers))
-        self.children.start(f"worker-{rank}", [sys.executable, "-m", "herald", "serve", "worker",
-                                               "--dispatcher", dispatcher, "--rank", str(dispatcher_rank),
-                                               "--world-size", str(world_size),
-                                               "--device", cfg.device, "--cache-device", cfg.cache_device,
-                                               "--timeout-ms", str(cfg.timeout_ms),
-                                               *(["--keys", job.keys_dir] if job.keys_dir else [])])
-
-    def fail(self, exc: HeraldError) -> NoReturn:
-        """:func:`raise_job_failure` of this job's shards and workers."""
-        raise_job_failure(exc, self.ps_alive, self.children)
-
-
-def prepare_run(cfg: TrainConfig) -> pathlib.Path:
-    """Check ``--keys`` (bad keys stop the job before anything starts: NOTE [transport
-    security]) and create the run folder with its ``checkpoints`` root (the shards'
-    admin-op root, NOTE [ps admin ops]). Returns the run folder."""
-    if cfg.keys_dir is not None:
-        load_server_keys(cfg.keys_dir)
-        load_client_keys(cfg.keys_dir)
-    run_dir = pathlib.Path(cfg.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "checkpoints").mkdir(exist_ok=True)
-    return run_dir
-
-
-def raise_job_failure(exc: HeraldError, ps_alive: Any, children: Supervisor) -> NoReturn:
-    """Stop the children and raise what a failed job reports: ``exc`` naming its cause.
-
-    A dead or silent PS shard is the cause of whatever the workers report next
-    (:class:`ShardFailed`: ``run_train`` decides whether to roll back, NOTE [ps failover]);
-    a worker's ``TrainingDiverged`` says it all (step, rank, cause); else a dead child's
-    failure is put first.
-    """
-    cause = ps_alive.failure() or children.failure(grace_s=2.0)
-    children.stop()
-    if "TrainingDiverged: " in str(exc):
-        raise HeraldError(str(exc).split("TrainingDiverged: ", 1)[1]) from None
-    shard_cause = ps_alive.failure()
-    if shard_cause:
-        raise ShardFailed(shard_cause if shard_cause in str(exc) else f"{shard_cause}\n(then: {exc})") from exc
-    if cause and cause not in str(exc):
-        raise HeraldError(f"{cause}\n(then: {exc})") from exc
-    raise exc
-
-
 def dispatcher_config(cfg: TrainConfig, **overrides: Any) -> DispatcherConfig:
     """The :class:`DispatcherConfig` of a job: the job's settings (workers,
     ``--max-inflight-steps``, ``--timeout-ms``, ``--checkpoint-every``, keys) with this
     dispatcher's ``overrides`` (``bind``, ``dispatcher_rank``, a group's ``num_workers``).
-    The one place ``herald train``, the group launcher, ``herald serve dispatcher`` and the
-    test bed's dispatcher build it.
+    The one place every dispatcher of a job is configured (:class:`JobRunner`).
 
     Raises:
         ConfigError: a setting out of range (named by its flag).
@@ -205,31 +96,12 @@ def dispatcher_config(cfg: TrainConfig, **overrides: Any) -> DispatcherConfig:
         return DispatcherConfig(**{**settings, **overrides})
 
 
-def finish_job(data: JobData, job: JobSpec, ps: PSClient, addresses: Any, run_dir: pathlib.Path,
-               on_finish) -> tuple[dict, dict, dict]:
-    """After training: the PS shards' stats, ``on_finish(addresses, job)``, the held-out
-    evaluation and the skipped-record counts; closes ``data``.
-
-    Returns:
-        ``(ps_stats, metrics, skipped)``: ``skipped`` is ``{"train": ..., "eval": ...}``
-        (reason -> count, NOTE [bad records]).
-    """
-    ps_stats = ps.stats()
-    if on_finish is not None:
-        on_finish(list(addresses), job)
-    metrics = report_mod.evaluate(job, data.eval_source, run_dir, addresses) if data.eval_source is not None else {}
-    data.close()
-    skipped = {"train": dict(data.batches.skipped),
-               "eval": dict(data.eval_source.stats["skipped"]) if data.eval_source is not None else {}}
-    return ps_stats, metrics, skipped
-
-
 class StopOnSignals:
     """While active, SIGINT and SIGTERM stop ``disp`` (a dispatcher, or anything with
     ``stop()``) at the next step boundary and interrupt ``data``'s reader; ``signum`` is the
     first signal received (None: none)."""
 
-    def __init__(self, disp: Any, data: JobData):
+    def __init__(self, disp: Any, data: Any):
         self.disp, self.data, self.saved = disp, data, {}
         self.signum: int | None = None
 
@@ -251,3 +123,240 @@ class StopOnSignals:
     def __exit__(self, *exc) -> None:
         for sig, old in self.saved.items():
             signal.signal(sig, old)
+
+
+@dataclasses.dataclass
+class Served:
+    """What the dispatchers of one job did: ``records[g]`` dispatcher ``g``'s steps acked by
+    all its workers, ``feeds[g]`` the batches it served (one dispatcher per group: its
+    :class:`~herald.job.group_dispatch.GroupBatches`), its scheduler's cache rows, the
+    dispatchers' busy seconds per stage (summed), the signal stop (None: none) and the
+    seconds from the start of the PS part to the workers' end."""
+
+    records: list[list[StepRecord]]
+    feeds: list[Any]
+    capacity_rows: int
+    dispatcher_s: dict[str, float]
+    interrupted: dict[str, Any] | None
+    train_s: float = 0.0
+
+
+@dataclasses.dataclass
+class JobResult:
+    """What :meth:`JobRunner.run` returns: ``records`` every step acked by all workers (one
+    dispatcher per group: every group's, in the order their last ack arrived), ``served``
+    the details, ``report`` the report dict (None: no report part)."""
+
+    records: list[StepRecord]
+    served: Served
+    report: dict[str, Any] | None
+
+
+class JobReport:
+    """The report part: after training the PS shards' stats and the held-out evaluation are
+    taken, and ``report.txt``, ``report.json`` and ``report.png`` are written to the run
+    folder (herald/job/report.py). ``failovers``: the report's ``failovers`` (the earlier
+    attempts' of NOTE [ps failover]; the test bed's supervisor writes its own)."""
+
+    def __init__(self, failovers: list[dict[str, Any]] | None = None):
+        self.failovers = [] if failovers is None else failovers
+
+    def write(self, cfg: TrainConfig, data: Any, served: Served, records: list[StepRecord], *, grouped: bool,
+              ps_stats: list[dict] | None, metrics: dict, switched_from: str | None) -> dict[str, Any]:
+        """Build the report of the job ``cfg`` (``records``: its steps, ack order), write it
+        into ``cfg.run_dir`` and return it; ``data`` is closed (the skipped counts are final)."""
+        skipped = {"train": dict(data.batches.skipped),
+                   "eval": dict(data.eval_source.stats["skipped"]) if data.eval_source is not None else {}}
+        rep = report_mod.build(cfg, records, served.train_s, metrics, batches_info=data.batches.info,
+                               split_info=data.split_info, capacity_rows=served.capacity_rows,
+                               dispatcher_s=served.dispatcher_s, ps_stats=ps_stats, skipped=skipped,
+                               interrupted=served.interrupted, scheduler=data.scheduler_stats())
+        if grouped:   # NOTE [independent groups]: samples/s of all groups, and each group's stream
+            report_comm.fix_group_samples(rep, records, served.feeds[0].batch_rows, served.train_s)
+            rep["group_streams"] = group_dispatch.stream_summary(served.records, served.feeds, served.train_s)
+        rep["replicated_tables"] = [data.schema.table_names[t] for t in data.replicated]
+        rep["replica_rows_per_worker"] = data.replica_rows
+        rep["failovers"] = self.failovers
+        rep["consistency"]["switched_from"] = switched_from   # --resume under another mode (NOTE [gba checkpoints])
+        # one dispatcher per group: the job's steps in ack order (each group numbers its own from 0) for the plots
+        plotted = [dataclasses.replace(r, step=i) for i, r in enumerate(records)] if grouped else records
+        report_mod.write(rep, plotted, pathlib.Path(cfg.run_dir))
+        return rep
+
+
+class JobRunner:
+    """Runs one job from its settings to its report (NOTE [job runner]) with the parts given.
+
+    Args:
+        ps: the PS part (:mod:`herald.job.parts`); workers: the worker part.
+        checkpoints: the checkpoint part, or None (no checkpoints, no ``--resume``).
+        report: the report part, or None: no report, no evaluation, and the workers keep
+            their dense replicas (the job's ``run_dir`` is None).
+        data: what the job reads (a :class:`~herald.job.data.JobData` or an object with its
+            ``schema``, ``dataset``, ``replicated``, ``replica_rows``, ``batches``,
+            ``eval_source``, ``scheduler_factory``, ``interrupt`` and ``close``); None:
+            ``JobData`` of the settings.
+        dispatcher: the dispatcher class (tests wrap it).
+        dispatcher_settings: this process's dispatcher settings (``bind``, ``dispatcher_rank``).
+        progress: show the progress bar (False: its progressive validation only); None: no
+            progress at all.
+        stop_on_signals: SIGINT / SIGTERM stop the job at a step (report written, then
+            :class:`JobInterrupted`); False: the signals keep their handlers.
+        on_step: called with each step's :class:`StepRecord` (after the progress bar).
+        on_serve: called with the dispatchers once the workers are started, before serving.
+        on_finish: ``on_finish(ps_addresses, job)`` after the workers ended, while the PS
+            shards are still up (tests read the trained rows there).
+        sample_id_log: append the sample ids of every acked step to this file.
+    """
+
+    def __init__(self, *, ps: PSProvider, workers: WorkerLauncher, checkpoints: Checkpointing | None = None,
+                 report: JobReport | None = None, data: Any = None, dispatcher: Callable[..., Any] = Dispatcher,
+                 dispatcher_settings: dict[str, Any] | None = None, progress: bool | None = None,
+                 stop_on_signals: bool = False, on_step: Callable[[StepRecord], None] | None = None,
+                 on_serve: Callable[[list], None] | None = None,
+                 on_finish: Callable[[list, JobSpec], None] | None = None,
+                 sample_id_log: str | pathlib.Path | None = None):
+        self.ps, self.workers, self.checkpoints, self.report, self.data = ps, workers, checkpoints, report, data
+        self.dispatcher, self.dispatcher_settings = dispatcher, dict(dispatcher_settings or {})
+        self.progress, self.stop_on_signals = progress, stop_on_signals
+        self.on_step, self.on_serve, self.on_finish, self.sample_id_log = on_step, on_serve, on_finish, sample_id_log
+
+    def run(self, cfg: TrainConfig) -> JobResult:
+        """Run the job ``cfg`` (NOTE [job runner]).
+
+        Raises:
+            ConfigError: bad settings; HeraldError: a process of the job failed (named, by
+            the PS part's ``fail``); JobInterrupted: stopped by SIGINT / SIGTERM.
+        """
+        ps, workers = self.ps, self.workers
+        grouped, data_cfg, disp_cfgs = self._layout(cfg)
+        ps.prepare(cfg)
+        workers.prepare(cfg)
+        # --resume: PS rows, dense state and the dispatcher's state (next step, next batch,
+        # producer position) of the latest checkpoint (herald/job/checkpoints.py)
+        ckpts = self.checkpoints.open(cfg) if self.checkpoints is not None else None
+        data = self.data if self.data is not None else JobData(data_cfg, dispatcher_rank=disp_cfgs[0].dispatcher_rank)
+        try:
+            with flag_errors():
+                new_scheduler = data.scheduler_factory(data_cfg)
+            t_start = time.perf_counter()
+            with contextlib.ExitStack() as stack:
+                id_log = stack.enter_context(open(self.sample_id_log, "ab")) if self.sample_id_log else None
+                ps.open(cfg, data, stack)
+                workers.open(cfg, stack)
+                if ckpts is not None:
+                    ckpts.attach(ps.client, data)   # --resume: restores the PS rows first
+                job = JobSpec.build(cfg, data, ps.addresses).replace(
+                    dist_init=workers.dist_init, resume_dense=ckpts.resume_dense if ckpts is not None else None,
+                    **({} if self.report is not None else {"run_dir": None}))
+                bar = (report_mod.Progress(data_cfg, enabled=self.progress, total_steps=data.total_steps(data_cfg),
+                                           skipped=lambda: data.batches.skipped)
+                       if self.progress is not None else None)
+                try:
+                    served = self._serve(cfg, data_cfg, data, job, ckpts, disp_cfgs, new_scheduler, bar, id_log,
+                                         grouped)
+                    workers.wait()
+                except HeraldError as exc:
+                    ps.fail(exc, workers)
+                except BaseException:
+                    workers.stop()
+                    raise
+                finally:
+                    if bar is not None:
+                        bar.close()
+                served.train_s = time.perf_counter() - t_start
+                ps_stats, metrics = self._after_training(cfg, data, job)
+                data.close()
+        except BaseException:
+            data.close()
+            raise
+        records = group_dispatch.merge_records(served.records) if grouped else served.records[0]
+        rep = None
+        if self.report is not None:
+            rep = self.report.write(cfg, data, served, records, grouped=grouped, ps_stats=ps_stats, metrics=metrics,
+                                    switched_from=ckpts.switched_from if ckpts is not None else None)
+        if served.interrupted is not None:
+            raise JobInterrupted(served.interrupted, rep, pathlib.Path(cfg.run_dir))
+        return JobResult(records, served, rep)
+
+    def _layout(self, cfg: TrainConfig) -> tuple[bool, TrainConfig, list[DispatcherConfig]]:
+        """``(grouped, data_cfg, dispatcher configs)``: one dispatcher per group when ``cfg``
+        asks for independent groups and the worker part places them (NOTE [independent
+        groups]: ``data_cfg`` is then a group's sub-job), else one dispatcher (``data_cfg`` is ``cfg``)."""
+        if self.workers.places_groups and group_dispatch.independent_groups(cfg):
+            sub = group_dispatch.group_config(cfg)
+            return True, sub, [dispatcher_config(cfg, num_workers=sub.workers, dispatcher_rank=g)
+                               for g in range(cfg.groups)]
+        return False, cfg, [dispatcher_config(cfg, **self.dispatcher_settings)]
+
+    def _after_training(self, cfg: TrainConfig, data: Any, job: JobSpec) -> tuple[list[dict] | None, dict]:
+        """With the PS shards still up: ``(ps_stats, metrics)``, their stats and the held-out
+        evaluation (with a report only; ``metrics`` empty without eval rows), ``on_finish`` between."""
+        ps_stats = self.ps.client.stats() if self.report is not None else None
+        if self.on_finish is not None:
+            self.on_finish(list(self.ps.addresses), job)
+        metrics: dict = {}
+        if self.report is not None and data.eval_source is not None:
+            self.workers.replicas_written(cfg)
+            metrics = report_mod.evaluate(job, data.eval_source, pathlib.Path(cfg.run_dir), self.ps.addresses)
+        return ps_stats, metrics
+
+    def _liveness(self) -> None:
+        """The dispatchers' liveness check: the PS part's, then the worker part's."""
+        self.ps.check()
+        self.workers.check()
+
+    def _serve(self, cfg: TrainConfig, data_cfg: TrainConfig, data: Any, job: JobSpec, ckpts: Any,
+               disp_cfgs: list[DispatcherConfig], new_scheduler: Callable[[], Any], bar: Any, id_log: Any,
+               grouped: bool) -> Served:
+        """Bind the dispatchers, start the workers and serve the job to its end (``data_cfg``:
+        what one dispatcher serves, a group's sub-job when ``grouped``)."""
+        with contextlib.ExitStack() as stack:
+            if grouped:   # NOTE [independent groups]: each group's dispatcher takes its own share of one stream
+                shared = group_dispatch.SharedBatches(data.batches)
+                feeds = [group_dispatch.GroupBatches(shared, g, data_cfg.global_batch) for g in range(len(disp_cfgs))]
+                jobs = [job.replace(group_index=g) for g in range(len(disp_cfgs))]
+            else:
+                shared, feeds, jobs = None, [data.batches], [job]
+            on_step = _chain(bar.update if bar is not None else None, self.on_step, threads=grouped)
+            extra = ckpts.dispatcher_kwargs() if ckpts is not None else {}
+            disps = [stack.enter_context(self.dispatcher(c, feed, new_scheduler, j, on_step=on_step, **extra,
+                                                         liveness=self._liveness, sample_id_log=id_log))
+                     for c, feed, j in zip(disp_cfgs, feeds, jobs)]
+            everyone = group_dispatch.AllDispatchers(disps, shared) if grouped else disps[0]
+            stopper = stack.enter_context(StopOnSignals(everyone, data)) if self.stop_on_signals else None
+            if ckpts is not None:
+                ckpts.load(disps[0])   # one dispatcher: independent groups take no checkpoints
+            self.workers.start(cfg, job, [d.address for d in disps])
+            if self.on_serve is not None:
+                self.on_serve(disps)
+            records = group_dispatch.serve_all(disps, everyone) if grouped else [disps[0].serve()]
+            interrupted = None
+            if stopper is not None and stopper.signum is not None:
+                # at_step: steps trained = where --resume continues; checkpoint: its folder
+                done = disps[0].checkpoints if ckpts is not None and ckpts.enabled and not grouped else []
+                interrupted = {"signal": signal.Signals(stopper.signum).name,
+                               "at_step": sum(len(r) for r in records) if grouped else disps[0].next_step,
+                               "checkpoint": f"step-{done[-1]:08d}" if done else None}
+            dispatcher_s: dict[str, float] = {}
+            for d in disps:
+                for name, ms in d.timer.take().items():
+                    dispatcher_s[name] = dispatcher_s.get(name, 0.0) + ms / 1e3
+            return Served(records, feeds, disps[0].scheduler.capacity_rows, dispatcher_s, interrupted)
+
+
+def _chain(*calls: Callable[[StepRecord], None] | None, threads: bool) -> Callable[[StepRecord], None] | None:
+    """One ``on_step`` calling each of ``calls`` (None ones left out) in turn; ``threads``:
+    the dispatchers call it from several threads (one per group), so the calls are serialised."""
+    calls = tuple(c for c in calls if c is not None)
+    if not calls:
+        return None
+    if len(calls) == 1 and not threads:
+        return calls[0]
+    lock = threading.Lock()
+
+    def on_step(rec: StepRecord) -> None:
+        with lock:
+            for call in calls:
+                call(rec)
+    return on_step

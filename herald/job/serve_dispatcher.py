@@ -10,7 +10,6 @@ need the PS admin token in ``HERALD_PS_TOKEN`` and a ``--run-dir`` that the PS s
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 
 from herald.errors import ConfigError
@@ -21,15 +20,13 @@ from herald.job.cli import add_job_arguments, config_from_args
 
 
 def _serve_dispatcher(args: argparse.Namespace) -> int:
-    """``herald serve dispatcher``; with ``--checkpoint-every`` / ``--resume`` it checkpoints
-    and resumes as ``herald train`` does (:class:`herald.job.checkpoints.DispatcherCheckpoints`),
-    and a lost PS shard ends it with exit status 75 (NOTE [ps failover across hosts])."""
-    # on use: see the comment on the imports
-    from herald.auth import check_bind
-    from herald.dispatch.dispatcher import Dispatcher
-    from herald.job.data import JobData
-    from herald.job.failover import serve_watched, watch_shards
-    from herald.spec.job import JobSpec
+    """``herald serve dispatcher``: the job runner (NOTE [job runner] in herald/job/runner.py)
+    with remote PS shards, workers started elsewhere and no report; with ``--checkpoint-every``
+    / ``--resume`` it checkpoints and resumes as ``herald train`` does, and a lost PS shard
+    ends it with exit status 75 (NOTE [ps failover across hosts])."""
+    from herald.auth import check_bind   # on use: see the comment on the imports
+    from herald.job.parts import ExternalWorkers, RemotePS
+    from herald.job.runner import JobRunner
 
     cfg = config_from_args(args)
     if not args.ps:
@@ -38,27 +35,12 @@ def _serve_dispatcher(args: argparse.Namespace) -> int:
     # workers get the keys folder's path in the job (for the PS), never the keys
     disp_cfg = dispatcher_config(cfg, args)
     check_bind(disp_cfg.bind, disp_cfg.keys_dir, disp_cfg.insecure, "dispatcher")
-    ps_addresses = args.ps.split(",")
-    ckpts = _checkpoints(cfg)
-    data = JobData(cfg, dispatcher_rank=disp_cfg.dispatcher_rank)
-    watch = watch_shards(ps_addresses, cfg.timeout_ms, cfg.keys_dir)   # NOTE [ps liveness]
-    with contextlib.ExitStack() as stack:
-        stack.callback(watch.close)
-        ps = stack.enter_context(_ps_client(cfg, data, ps_addresses))
-        ps.ping()   # every shard up (bounded by --timeout-ms) before the watch starts its clock
-        if ckpts is not None:
-            ckpts.attach(ps, data)
-        job = JobSpec.build(cfg, data, ps_addresses).replace(
-            run_dir=None, dist_init=args.dist_init, resume_dense=ckpts.resume_dense if ckpts else None)
-        id_log = stack.enter_context(open(args.sample_id_log, "ab")) if args.sample_id_log else None
-        disp = stack.enter_context(Dispatcher(disp_cfg, data.batches, data.scheduler_factory(cfg), job,
-                                              sample_id_log=id_log, liveness=watch,
-                                              **(ckpts.dispatcher_kwargs() if ckpts else {})))
-        if ckpts is not None:
-            ckpts.load(disp)
-        print(f"dispatcher listening on {disp.address}", flush=True)
-        records = serve_watched(disp, watch, cfg.run_dir if ckpts else None)
-    data.close()
+    ckpts = _checkpointing(cfg)
+    result = JobRunner(ps=RemotePS(args.ps.split(","), run_dir=cfg.run_dir if ckpts else None),
+                       workers=ExternalWorkers(dist_init=args.dist_init), checkpoints=ckpts,
+                       dispatcher_settings={"bind": args.bind, "dispatcher_rank": args.dispatcher_rank},
+                       sample_id_log=args.sample_id_log).run(cfg)
+    records = result.records
     rejected = {k: n for k, n in (records[-1].rejected if records else {}).items() if n}
     print(f"dispatcher {disp_cfg.dispatcher_rank}: {len(records)} steps acked by all {cfg.workers} workers"
           + (f"; dropped messages (docs/operations.md): {rejected}" if rejected else ""))
@@ -78,9 +60,9 @@ def dispatcher_config(cfg, args: argparse.Namespace):
     return job_dispatcher_config(cfg, bind=args.bind, dispatcher_rank=args.dispatcher_rank)
 
 
-def _checkpoints(cfg):
-    """The dispatcher's checkpoints (``--checkpoint-every`` or ``--resume``), or None."""
-    from herald.job.checkpoints import DispatcherCheckpoints   # on use: see the imports
+def _checkpointing(cfg):
+    """The dispatcher's checkpoint part (``--checkpoint-every`` or ``--resume``), or None."""
+    from herald.job.parts import Checkpointing   # on use: see the imports
 
     if not (cfg.checkpoint_every or cfg.resume):
         return None
@@ -88,16 +70,7 @@ def _checkpoints(cfg):
         raise ConfigError("herald serve dispatcher --checkpoint-every / --resume checkpoints and restores the PS "
                           "through its admin ops: set HERALD_PS_TOKEN to the token the shards were started with "
                           "(NOTE [ps admin ops], docs/operations.md)")
-    return DispatcherCheckpoints(cfg.run_dir, resume=cfg.resume, enabled=cfg.checkpoint_every > 0,
-                                 who="herald serve dispatcher")
-
-
-def _ps_client(cfg, data, ps_addresses):
-    """A PS client, holding the admin token (``HERALD_PS_TOKEN``, if set) for checkpoint and restore."""
-    from herald.ps import PSClient   # on use: see the imports
-
-    return PSClient(ps_addresses, tables=cfg.tables(data.schema), timeout_ms=cfg.timeout_ms,
-                    num_workers=cfg.workers, keys_dir=cfg.keys_dir, admin_token=os.environ.get("HERALD_PS_TOKEN"))
+    return Checkpointing("herald serve dispatcher", enabled=cfg.checkpoint_every > 0)
 
 
 def register(commands, bench, serve) -> None:

@@ -10,8 +10,9 @@ has no samples/s, bytes per cause or AUC to show, and no model to compare with t
 single-process reference. On the test bed every host sees the same file system, so
 this program gives the job ``cfg.run_dir``: the workers write ``dense-rank<r>.pt``
 there, and this program writes ``report.json`` / ``report.txt`` there as ``herald
-train`` does (:func:`herald.job.report.build`), evaluating the held-out split once
-every rank's replica is written. The settings are a :class:`~herald.spec.train.TrainConfig`
+train`` does (the same job runner and report: NOTE [job runner] in
+herald/job/runner.py), evaluating the held-out split once every rank's replica is
+written. The settings are a :class:`~herald.spec.train.TrainConfig`
 as JSON (unknown keys raise). The PS admin token (NOTE [ps admin ops]) comes from
 ``HERALD_PS_TOKEN`` in the environment, never from the command line.
 """
@@ -28,14 +29,8 @@ from typing import Any
 
 from herald.errors import ConfigError, HeraldError, PeerTimeout
 from herald.config import from_mapping
-from herald.dispatch.dispatcher import Dispatcher
-from herald.job import report as report_mod
-from herald.job.checkpoints import DispatcherCheckpoints
-from herald.job.data import JobData
-from herald.job.failover import serve_watched, watch_shards
-from herald.job.runner import dispatcher_config
-from herald.ps import PSClient
-from herald.spec.job import JobSpec
+from herald.job.parts import Checkpointing, ExternalWorkers, RemotePS
+from herald.job.runner import JobReport, JobRunner
 from herald.spec.train import TrainConfig
 
 
@@ -82,59 +77,52 @@ def wait_for_dense(run_dir: pathlib.Path, workers: int, timeout_s: float) -> Non
         time.sleep(0.1)
 
 
+class TestBedWorkers(ExternalWorkers):
+    """The test bed's workers: torchruns on the worker hosts (started by
+    :func:`herald.testbed.job.run_job`), which write their dense replicas into the shared
+    run folder: stale ones are removed before the job, and the evaluation waits up to
+    ``dense_timeout_s`` for this job's (:func:`wait_for_dense`)."""
+
+    def __init__(self, dense_timeout_s: float = 120.0):
+        super().__init__()
+        self.dense_timeout_s = dense_timeout_s
+
+    def prepare(self, cfg) -> None:
+        run_dir = pathlib.Path(cfg.run_dir).resolve()
+        run_dir.mkdir(parents=True, exist_ok=True)
+        for stale in run_dir.glob("dense-rank*.pt"):
+            stale.unlink()
+
+    def replicas_written(self, cfg) -> None:
+        wait_for_dense(pathlib.Path(cfg.run_dir).resolve(), cfg.workers, self.dense_timeout_s)
+
+
 def serve(cfg, bind: str, ps: list[str], *, save_ps: str | None = None, dense_timeout_s: float = 120.0) -> dict[str, Any]:
     """Serve the job ``cfg`` to its workers from ``bind``, PS shards at ``ps``; write and
-    return the report (``cfg.run_dir/report.json``). ``cfg.checkpoint_every`` /
-    ``cfg.resume`` checkpoint and resume as ``herald train`` does; the step last acked by
-    every worker is kept in ``cfg.run_dir/.dispatcher-step`` (the supervisor's evidence
-    of a failover: NOTE [test bed failover] in herald/testbed/job.py).
+    return the report (``cfg.run_dir/report.json``): the job runner (NOTE [job runner] in
+    herald/job/runner.py) with remote PS shards, the torchruns' workers
+    (:class:`TestBedWorkers`) and the report. ``cfg.checkpoint_every`` / ``cfg.resume``
+    checkpoint and resume as ``herald train`` does; the step last acked by every worker is
+    kept in ``cfg.run_dir/.dispatcher-step`` (the supervisor's evidence of a failover: NOTE
+    [test bed failover] in herald/testbed/job.py); ``save_ps``: after training, checkpoint
+    the PS into this folder.
 
     Raises:
         ConfigError: bad settings or keys; ShardLost: a PS shard was lost (exit status 75,
         NOTE [ps failover across hosts]); HeraldError / PeerTimeout: a worker failed.
     """
     run_dir = pathlib.Path(cfg.run_dir).resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    for stale in run_dir.glob("dense-rank*.pt"):
-        stale.unlink()
-    disp_cfg = dispatcher_config(cfg, bind=bind)
-    ckpts = DispatcherCheckpoints(run_dir, resume=cfg.resume, enabled=cfg.checkpoint_every > 0,
-                                  who="herald test bed dispatcher")
-    data = JobData(cfg)
-    tables = cfg.tables(data.schema)
-    watch = watch_shards(ps, cfg.timeout_ms, cfg.keys_dir)   # NOTE [ps liveness]
-    t_start = time.perf_counter()
-    with PSClient(ps, tables=tables, timeout_ms=cfg.timeout_ms, num_workers=cfg.workers, keys_dir=cfg.keys_dir,
-                  admin_token=os.environ.get("HERALD_PS_TOKEN")) as client:
-        client.ping()   # every shard up (bounded by the timeout) before the watch starts its clock
-        ckpts.attach(client, data)
-        # run_dir: the shared folder; dist_init None: env:// under torchrun
-        job = JobSpec.build(cfg, data, ps).replace(resume_dense=ckpts.resume_dense)
-        try:
-            with Dispatcher(disp_cfg, data.batches, data.scheduler_factory(cfg), job, liveness=watch,
-                            on_step=_StepFile(run_dir / ".dispatcher-step"), **ckpts.dispatcher_kwargs()) as disp:
-                ckpts.load(disp)
-                print(f"dispatcher listening on {disp.address}", flush=True)
-                records = serve_watched(disp, watch, str(run_dir))
-                capacity_rows = disp.scheduler.capacity_rows
-                dispatcher_s = {k: v / 1e3 for k, v in disp.timer.take().items()}
-        finally:
-            watch.close()
-        train_s = time.perf_counter() - t_start
-        ps_stats = client.stats()
-        if save_ps:
-            client.checkpoint(str(pathlib.Path(save_ps).resolve()))
-        metrics = {}
-        if data.eval_source is not None:
-            wait_for_dense(run_dir, cfg.workers, dense_timeout_s)
-            metrics = report_mod.evaluate(job, data.eval_source, run_dir, ps)
-    data.close()
-    skipped = {"train": dict(data.batches.skipped),
-               "eval": dict(data.eval_source.stats["skipped"]) if data.eval_source is not None else {}}
-    rep = report_mod.build(cfg, records, train_s, metrics, batches_info=data.batches.info, split_info=data.split_info,
-                           capacity_rows=capacity_rows, dispatcher_s=dispatcher_s, ps_stats=ps_stats, skipped=skipped)
-    report_mod.write(rep, records, run_dir)
-    return rep
+    remote = RemotePS(ps, run_dir=str(run_dir))
+
+    def checkpoint_ps(addresses, job) -> None:
+        remote.client.checkpoint(str(pathlib.Path(save_ps).resolve()))
+
+    # the job's run_dir: the shared folder; its dist_init None: env:// under torchrun
+    return JobRunner(ps=remote, workers=TestBedWorkers(dense_timeout_s),
+                     checkpoints=Checkpointing("herald test bed dispatcher", enabled=cfg.checkpoint_every > 0),
+                     report=JobReport(), dispatcher_settings={"bind": bind},
+                     on_step=_StepFile(run_dir / ".dispatcher-step"),
+                     on_finish=checkpoint_ps if save_ps else None).run(cfg).report
 
 
 class _StepFile:
