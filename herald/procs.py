@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import resource
 import signal
 import subprocess
 import time
@@ -16,6 +17,19 @@ from typing import Mapping, Sequence
 from herald.errors import ConfigError, HeraldError
 
 _REAP_S = 2.0  # after SIGKILL: how long to wait for the kernel to reap a child
+
+
+def cpu_seconds() -> float:
+    """CPU seconds (user + sys) of this process and of every child it has waited for.
+
+    The difference of two readings, taken before a job starts and after its processes
+    (PS shards, workers) exited and were reaped, is the whole job's CPU time: what
+    ``herald bench scale`` divides by the samples trained (``cpu_us_per_sample``).
+    Children still running are not counted yet (the kernel adds a child at its reaping).
+    """
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def die_with_parent() -> None:

@@ -25,6 +25,7 @@ from herald.errors import ConfigError
 from herald.job.launcher import run_train
 from herald.loader import splits
 from herald.loader.global_batches import GlobalBatches
+from herald.procs import cpu_seconds
 from herald.spec.tables import OptimizerConfig, TableConfig
 from herald.spec.train import TrainConfig
 from herald.worker.models import build_model
@@ -129,7 +130,9 @@ def train_plain_torch(data: PlainBatches, *, embedding_dim: int = 16, seed: int 
     after); the clock starts after ``warmup_steps`` steps.
 
     Returns:
-        ``{"samples_per_s", "timed_steps", "train_s", "losses"}`` (``losses``: every step's).
+        ``{"samples_per_s", "timed_steps", "train_s", "losses", "cpu_us_per_sample"}``
+        (``losses``: every step's; ``cpu_us_per_sample``: this process's CPU time over the
+        whole loop, warm-up included, per sample trained).
 
     Raises:
         ConfigError: no step left to time after the warm-up.
@@ -144,12 +147,15 @@ def train_plain_torch(data: PlainBatches, *, embedding_dim: int = 16, seed: int 
         # default, said explicitly, which also silences its warning)
         with torch.sparse.check_sparse_tensor_invariants(enable=False):
             model = PlainDLRM(data.dense_dim, data.table_rows, embedding_dim, seed)
+            cpu0 = cpu_seconds()
             losses, train_s = train_loop(model, data, warmup_steps)
+            cpu_s = cpu_seconds() - cpu0
     finally:
         torch.set_num_threads(threads)
     rows = sum(int(b[1].shape[0]) for b in data.batches[warmup_steps:])
+    all_rows = sum(int(b[1].shape[0]) for b in data.batches)
     return {"samples_per_s": rows / train_s, "timed_steps": len(data.batches) - warmup_steps, "train_s": train_s,
-            "losses": losses}
+            "losses": losses, "cpu_us_per_sample": 1e6 * cpu_s / max(1, all_rows)}
 
 
 def plain_torch_losses(source: str, steps: int, *, batch_size: int = 256, seed: int = 0) -> list[float]:
@@ -165,14 +171,19 @@ def plain_torch_losses(source: str, steps: int, *, batch_size: int = 256, seed: 
 def run_herald(source: str, workers: int, schedule: str, batch_size: int, run_dir: str, seed: int = 0,
                device: str = "cpu") -> dict:
     """One ``herald train`` job on ``device`` (``--device``); ``{"samples_per_s", "phases_ms",
-    "wall_ms_per_step", "steps"}`` (``phases_ms``: the worker's median ms per phase, ``{}``
-    when the report has no ``phases``)."""
+    "wall_ms_per_step", "steps", "cpu_us_per_sample"}`` (``phases_ms``: the worker's median
+    ms per phase, ``{}`` when the report has no ``phases``; ``cpu_us_per_sample``: the CPU
+    time of every process of the job, start-up and held-out evaluation included, per
+    trained sample: :func:`herald.procs.cpu_seconds`)."""
     cfg = TrainConfig(source=source, schedule=schedule, workers=workers, batch_size=batch_size,
                       eval_fraction=EVAL_FRACTION, seed=seed, run_dir=run_dir, device=device)
+    cpu0 = cpu_seconds()
     with contextlib.redirect_stdout(io.StringIO()):  # the report text: the table says what matters here
         rep = run_train(cfg, progress=False)
+    cpu_s = cpu_seconds() - cpu0
     phases = rep.get("phases") or {}
-    return {"samples_per_s": rep["samples_per_second"], "phases_ms": dict(phases.get("worker_ms_per_step", {})),
+    return {"samples_per_s": rep["samples_per_second"],
+            "cpu_us_per_sample": 1e6 * cpu_s / max(1, rep["steps"] * cfg.global_batch), "phases_ms": dict(phases.get("worker_ms_per_step", {})),
             "wall_ms_per_step": phases.get("wall_ms_per_step", rep["train_seconds"] * 1e3 / max(1, rep["steps"])),
             "wall_samples_per_s": rep.get("wall_samples_per_second"), "startup_s": rep.get("startup_seconds"),
             "steps": rep["steps"]}

@@ -127,6 +127,7 @@ def _plain(data: PlainBatches, args: argparse.Namespace) -> dict:
     sps = statistics.median(p["samples_per_s"] for p in got)
     print(f"plain PyTorch: {sps:,.0f} samples/s", flush=True)
     return {"samples_per_s": sps, "repeats_samples_per_s": [p["samples_per_s"] for p in got],
+            "cpu_us_per_sample": statistics.median(p["cpu_us_per_sample"] for p in got),
             "timed_steps": got[0]["timed_steps"], "read_s": data.read_s, "remap_s": data.remap_s,
             "embedding_rows": sum(data.table_rows)}
 
@@ -147,6 +148,7 @@ def _herald_runs(source: str, args: argparse.Namespace, plain_sps: float, trec: 
         out.append({"workers": workers, "schedule": schedule, "samples_per_s": sps,
                     "phases_ms": median_phases([r["phases_ms"] for r in reps]),
                     "wall_ms_per_step": statistics.median(r["wall_ms_per_step"] for r in reps),
+                    "cpu_us_per_sample": statistics.median(r["cpu_us_per_sample"] for r in reps),
                     "ratio_vs_plain_torch": sps / plain_sps, "ratio_vs_torchrec": ratio_to(trec, sps),
                     "wall_samples_per_s": statistics.median(r["wall_samples_per_s"] or 0.0 for r in reps),
                     "startup_s": statistics.median(r["startup_s"] or 0.0 for r in reps),
@@ -191,21 +193,22 @@ def print_table(results: dict) -> None:
           f"{results['repeats']} run(s); plain PyTorch: 1 process, 1 thread, batches pre-read; a herald step "
           "is workers x batch samples\n")
     print("| workers | schedule | samples/s | vs plain PyTorch | vs TorchRec | scaling T_N/(N*T_1) | wall ms/step "
-          "| top worker phases (ms/step) |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| job CPU us/sample | top worker phases (ms/step) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     ms = 1e3 * results["batch_size"] / plain["samples_per_s"]
     trec_ratio = format_ratio(plain["samples_per_s"] / trec["samples_per_s"] if trec and "error" not in trec else None)
-    print(f"| 1 | plain PyTorch | {plain['samples_per_s']:,.0f} | 1.00x | {trec_ratio} | - | {ms:.2f} | - |")
+    print(f"| 1 | plain PyTorch | {plain['samples_per_s']:,.0f} | 1.00x | {trec_ratio} | - | {ms:.2f} | "
+          f"{plain['cpu_us_per_sample']:.1f} | - |")
     if trec and "error" not in trec:
         ms = 1e3 * results["batch_size"] / trec["samples_per_s"]
         print(f"| 1 | TorchRec (fused TBE) | {trec['samples_per_s']:,.0f} | "
-              f"{trec['samples_per_s'] / plain['samples_per_s']:.2f}x | 1.00x | - | {ms:.2f} | - |")
+              f"{trec['samples_per_s'] / plain['samples_per_s']:.2f}x | 1.00x | - | {ms:.2f} | - | - |")
     else:
-        print(f"| 1 | TorchRec | {describe(trec)} | - | - | - | - | - |")
+        print(f"| 1 | TorchRec | {describe(trec)} | - | - | - | - | - | - |")
     for r in results["runs"]:
         print(f"| {r['workers']} | {r['schedule']} | {r['samples_per_s']:,.0f} | {r['ratio_vs_plain_torch']:.2f}x | "
               f"{format_ratio(r.get('ratio_vs_torchrec'))} | {r['scaling_factor']:.2f} | {r['wall_ms_per_step']:.2f} "
-              f"| {top_phases(r['phases_ms'])} |")
+              f"| {r['cpu_us_per_sample']:.1f} | {top_phases(r['phases_ms'])} |")
     print(f"\n{describe(trec)}")
     cap = results["dispatcher_capacity_samples_per_s"]
     print(f"\ndispatcher capacity ({CAPACITY_WORKERS} workers x {CAPACITY_BATCH_SIZE}, {CAPACITY_SCHEDULE}): "
