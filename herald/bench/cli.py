@@ -4,6 +4,7 @@
 - ``herald bench scheduler --data PATH_OR_URL --workers 8 --batch-size 128 --cache-ratio 0.1
   [--quality] [--scaling] [--memory-keys N] [--threads N,N] [--out DIR]`` (:mod:`herald.bench.scheduler`)
 - ``herald bench ps``: pull/push throughput against one shard next to a numpy memcpy (:mod:`herald.bench.ps`)
+- ``herald bench step --workers N --shards S``: one shard's CPU time per global step (:mod:`herald.bench.step`)
 - ``herald bench dispatcher``: the dispatcher's capacity (:mod:`herald.bench.capacity`)
 - ``herald bench e2e | scale | network``: herald jobs against vanilla, plain PyTorch and
   TorchRec (:mod:`herald.bench.e2e`, :mod:`herald.bench.scale`, :mod:`herald.bench.network`)
@@ -81,6 +82,8 @@ def register(commands, bench, serve) -> None:
                                "scheduling time, quality vs brute force")
     _add(bench, "ps", "herald.bench.ps", options.add_ps_arguments, entry="main", described=False,
          help="PS pull/push throughput vs numpy memcpy (one shard)")
+    _add(bench, "step", "herald.bench.step", options.add_step_arguments,
+         help="one PS shard's CPU time per global step of an N-worker job (requests replayed in process)")
     _add(bench, "dispatcher", "herald.bench.capacity", options.add_dispatcher_arguments,
          help="dispatcher capacity: samples/s with workers that ack at once")
     _add(bench, "e2e", "herald.bench.e2e", options.add_e2e_arguments, raw=False,

@@ -87,6 +87,29 @@ def add_ps_arguments(b: argparse.ArgumentParser) -> None:
     b.add_argument("--out", default="runs/bench-ps.json", help="JSON file for the results (default: %(default)s)")
 
 
+# ------------------------------------------------------------------ step
+
+
+def add_step_arguments(p: argparse.ArgumentParser) -> None:
+    """Arguments of ``herald bench step``."""
+    p.add_argument("--workers", type=int, default=8, help="workers of the job (default: %(default)s)")
+    p.add_argument("--shards", type=int, default=4, help="PS shards of the job (default: %(default)s)")
+    p.add_argument("--shard", type=int, default=0, help="the shard replayed (default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=256, help="samples per worker per step (default: %(default)s)")
+    p.add_argument("--dim", type=int, default=16, help="embedding dim (default: %(default)s)")
+    p.add_argument("--optimizer", default="rowwise_adagrad", help="sparse optimizer (default: %(default)s)")
+    p.add_argument("--schedule", default="herald", help="scheduler schedule (default: %(default)s)")
+    p.add_argument("--cache-ratio", type=float, default=0.1, help="worker cache rows / distinct keys "
+                                                                  "(default: %(default)s)")
+    p.add_argument("--wire-dtype", default="fp32", help="PS wire dtype (default: %(default)s)")
+    p.add_argument("--steps", type=int, default=10, help="steps measured (default: %(default)s)")
+    p.add_argument("--warmup", type=int, default=10,
+                   help="steps replayed first, untimed: kernels compiled, caches warm (default: %(default)s)")
+    p.add_argument("--source", default=None, help="default: synthetic://criteo?rows=ROWS&seed=SEED")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, metavar="FILE.json", help="write the results as JSON to this file")
+
+
 # ------------------------------------------------------------------ dispatcher
 
 #: rows of the capacity measurement's synthetic data (repeated as epochs as long as it runs)

@@ -1,4 +1,4 @@
-"""Pending gradient aggregation of one table for one step.
+"""Pending gradient aggregation of one step over the tables of a shard.
 
 NOTE [ps aggregation] (docs/design.md, "Consistency protocol"; NOTE [step protocol] in
 herald/scheduler/plan.py, step 4). A ``push_grad`` carries, per key, the number of
@@ -15,12 +15,16 @@ The sum order makes the result bit-identical whatever the arrival order. Rules:
 - a pull of a key with an open aggregation is a caller bug (the step protocol puts the
   next pull after every push of the step): the shard serves the current row and counts
   it in ``stats()["pull_pending_keys"]``.
-- when a step has no open (key, step) left, its gradients are freed but its key map is
-  kept for the last ``RETAIN_STEPS`` (4) such steps, so a late or repeated contribution
-  to a completed (key, step) is still rejected; older completed steps are forgotten.
+- when a step has no open (key, step) left on the shard (any table), its gradients are
+  freed but its key map is kept for the last ``RETAIN_STEPS`` (4) such steps, so a late
+  or repeated contribution to a completed (key, step) is still rejected; older completed
+  steps are forgotten.
 - ``contributors`` is at most the job's workers and ``rank`` below it (NOTE [ps limits]:
   ``max_contributors``, or the ``workers`` of a declare); a gradient holding a NaN or
   an infinity is refused whole (nothing stored).
+- one step's state holds every table's keys (one map of (table, key), one kernel call per
+  request: :class:`PendingStep`); what opens, expires and aborts is still per (table,
+  step).
 - an aggregation still open ``aggregation_timeout_ms`` after its (table, step) opened
   (a rank died, or a caller declared a contributor that never pushes) is aborted: its
   rows are unmarked and its gradients dropped, the shard counts it
@@ -31,79 +35,103 @@ The sum order makes the result bit-identical whatever the arrival order. Rules:
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
+from herald import keymap
 from herald.errors import ProtocolError
 from herald.ps import kernels as K
 
-_CHECK_MESSAGES = {
-    1: "contributors must be >= 1",
-    2: "contributors differ from an earlier contribution to the same (key, step)",
-    3: "(key, step) already received all its contributions",
-    4: "this rank already contributed to (key, step)",
+#: kernel codes of :func:`~herald.ps.kernels.flat_push_grad_check_jit` -> the rule broken
+CHECK_MESSAGES = {
+    K.AGG_ZERO: "contributors must be >= 1",
+    K.AGG_DIFFER: "contributors differ from an earlier contribution to the same (key, step)",
+    K.AGG_COMPLETE: "(key, step) already received all its contributions",
+    K.AGG_TWICE: "this rank already contributed to (key, step)",
 }
 
 
 class PendingStep:
-    """Open aggregations of one (table, step): arrays as in the kernels' layout."""
+    """Open aggregations of one step over the tables of a shard (the kernels' layout:
+    "flat aggregation" in herald/ps/kernels.py): keyed by (table, key).
 
-    def __init__(self, dim: int, capacity: int = 0):
-        self.dim = dim
+    Args:
+        dim: widest gradient kept (grows with :meth:`reserve`).
+        num_tables: tables of the shard (grows with :meth:`reserve`).
+        capacity: pending keys and entries to allocate for.
+
+    Attributes:
+        aborted: ``{table position: report}`` of the tables whose open aggregations of this
+            step were aborted (NOTE [ps aggregation]): later pushes to them are refused.
+    """
+
+    def __init__(self, dim: int, num_tables: int, capacity: int = 0):
+        self.dim = int(dim)
         cap = max(int(capacity), 0)
-        hcap = 2
-        while hcap < 2 * cap:
-            hcap *= 2
-        self.pk = np.zeros(hcap, np.uint64)
-        self.pi = np.full(hcap, -1, np.int64)
         self.p_key = np.zeros(cap, np.uint64)
+        self.p_table = np.zeros(cap, np.int32)
         self.p_slot = np.zeros(cap, np.int64)
         self.p_expected = np.zeros(cap, np.int32)
         self.p_arrived = np.zeros(cap, np.int32)
         self.p_head = np.zeros(cap, np.int64)
+        self.buckets = keymap.new_buckets(cap, self.p_key, self.p_table, 0, np.int64)
         self.e_rank = np.zeros(cap, np.int32)
         self.e_next = np.zeros(cap, np.int64)
-        self.e_grad = np.zeros((cap, dim), np.float32)
+        self.e_grad = np.zeros((cap, self.dim), np.float32)
         self.cnt = np.zeros(3, np.int64)
-        #: ``time.monotonic()`` when the step last went from no open aggregation to some
-        self.opened_at = time.monotonic()
-        #: set when the open aggregations were aborted (NOTE [ps aggregation]): the report
-        self.aborted: dict | None = None
+        self.open_t = np.zeros(num_tables, np.int64)
+        #: ``time.monotonic()`` when each table's open count last left 0
+        self.opened_at = np.zeros(num_tables, np.float64)
+        self.aborted: dict[int, dict] = {}
 
     @property
     def open(self) -> int:
         return int(self.cnt[2])
 
-    def abort(self, row_marks: np.ndarray) -> tuple[int, list[int]]:
-        """Drop every open aggregation: unmark its row in ``row_marks`` (int32 [rows]).
+    def abort(self, t: int, marks: np.ndarray) -> tuple[int, list[int]]:
+        """Drop every open aggregation of table position ``t``: unmark its rows in ``marks``
+        (int32 [rows], the table's ``row_marks``).
 
         Returns (open keys dropped, the distinct ``contributors`` they expected).
         """
         n = int(self.cnt[0])
-        open_idx = np.flatnonzero(self.p_arrived[:n] < self.p_expected[:n])
-        np.subtract.at(row_marks, self.p_slot[open_idx], 1)
-        self.p_arrived[open_idx] = self.p_expected[open_idx]   # nothing open is left
-        self.cnt[2] = 0
-        return int(open_idx.size), sorted(set(self.p_expected[open_idx].tolist()))
+        idx = np.flatnonzero((self.p_table[:n] == t) & (self.p_arrived[:n] < self.p_expected[:n]))
+        np.subtract.at(marks, self.p_slot[idx], 1)
+        self.p_arrived[idx] = self.p_expected[idx]   # nothing open is left
+        self.cnt[2] -= idx.size
+        self.open_t[t] = 0
+        return int(idx.size), sorted(set(self.p_expected[idx].tolist()))
 
-    def reserve(self, n: int) -> None:
-        """Make room for ``n`` more pending keys and entries."""
+    def forget(self, t: int) -> None:
+        """Drop everything of table position ``t`` (its rows were replaced: a restore): its
+        open aggregations are closed and its keys never match again (table -1)."""
+        n = int(self.cnt[0])
+        idx = np.flatnonzero(self.p_table[:n] == t)
+        self.cnt[2] -= int(np.count_nonzero(self.p_arrived[idx] < self.p_expected[idx]))
+        self.p_arrived[idx] = self.p_expected[idx]
+        self.p_table[idx] = -1
+        self.open_t[t] = 0
+        self.aborted.pop(t, None)
+
+    def remap(self, t: int, new_of_old: np.ndarray) -> None:
+        """Rows of table position ``t`` moved (NOTE [bounded ps]): ``p_slot = new_of_old[p_slot]``
+        for its pending keys (completed ones may go -1: never read again)."""
+        n = int(self.cnt[0])
+        idx = np.flatnonzero(self.p_table[:n] == t)
+        self.p_slot[idx] = new_of_old[self.p_slot[idx]]
+
+    def reserve(self, n: int, dim: int, num_tables: int) -> None:
+        """Room for ``n`` more pending keys and entries, gradients of ``dim`` values and
+        ``num_tables`` tables."""
         need_p = int(self.cnt[0]) + n
         if need_p > self.p_key.shape[0]:
             cap = max(need_p, 2 * self.p_key.shape[0], 64)
-            for name in ("p_key", "p_slot", "p_expected", "p_arrived", "p_head"):
+            for name in ("p_key", "p_table", "p_slot", "p_expected", "p_arrived", "p_head"):
                 old = getattr(self, name)
                 new = np.zeros(cap, old.dtype)
                 new[: old.shape[0]] = old
                 setattr(self, name, new)
-        if 2 * need_p > self.pk.shape[0]:
-            hcap = self.pk.shape[0]
-            while hcap < 2 * need_p:
-                hcap *= 2
-            self.pk = np.zeros(hcap, np.uint64)
-            self.pi = np.full(hcap, -1, np.int64)
-            K.ht_rebuild_jit(self.pk, self.pi, self.p_key, int(self.cnt[0]))
+        if 2 * need_p > self.buckets.shape[0]:
+            self.buckets = keymap.new_buckets(need_p, self.p_key, self.p_table, int(self.cnt[0]), np.int64)
         need_e = int(self.cnt[1]) + n
         if need_e > self.e_rank.shape[0]:
             cap = max(need_e, 2 * self.e_rank.shape[0], 64)
@@ -112,30 +140,35 @@ class PendingStep:
                 new = np.zeros(cap, old.dtype)
                 new[: old.shape[0]] = old
                 setattr(self, name, new)
-        if self.e_grad.shape[0] < self.e_rank.shape[0]:  # grown, or freed by a retired step
+        if self.e_grad.shape[0] < self.e_rank.shape[0] or dim > self.dim:   # grown, or freed by a retired step
+            self.dim = max(self.dim, int(dim))
             g = np.zeros((self.e_rank.shape[0], self.dim), np.float32)
-            g[: self.e_grad.shape[0]] = self.e_grad
+            g[: self.e_grad.shape[0], : self.e_grad.shape[1]] = self.e_grad
             self.e_grad = g
+        if num_tables > self.open_t.shape[0]:
+            self.open_t = np.concatenate([self.open_t, np.zeros(num_tables - self.open_t.shape[0], np.int64)])
+            self.opened_at = np.concatenate([self.opened_at, np.zeros(num_tables - self.opened_at.shape[0])])
 
-    def check(self, keys: np.ndarray, contributors: np.ndarray, rank: int) -> None:
-        """Raise :class:`ProtocolError` if the push breaks NOTE [ps aggregation]."""
-        if self.aborted is not None:
-            a = self.aborted
-            raise ProtocolError(f"push_grad rejected: the aggregation of step {a['step']} on table "
-                                f"{a['table']!r} was aborted after {a['waited_ms']} ms (ranks that did not "
-                                f"push: {a['missing_ranks']}); restore the latest checkpoint and resume; "
-                                "see NOTE [ps aggregation]")
-        code, i = K.check_push_grad_jit(self.pk, self.pi, self.p_expected, self.p_arrived,
-                                        self.p_head, self.e_rank, self.e_next, keys,
-                                        contributors, np.int64(rank))
-        if code:
-            raise ProtocolError(f"push_grad rejected: {_CHECK_MESSAGES[int(code)]} "
-                                f"(key {int(keys[i])}, rank {rank}); see NOTE [ps aggregation]")
+    def free_gradients(self) -> None:
+        """Free the gradients of a step without open aggregations (its key map stays)."""
+        self.e_grad = np.zeros((0, self.dim), np.float32)
 
-    def push(self, rows, row_marks, slots, keys, grads, contributors, rank, kind, hp) -> int:
-        """Record and apply (see :func:`herald.ps.kernels.push_grad_jit`); returns rows updated."""
-        self.reserve(keys.shape[0])
-        return int(K.push_grad_jit(rows, row_marks, slots, keys, grads, contributors, np.int64(rank),
-                                   self.pk, self.pi, self.p_key, self.p_slot, self.p_expected,
-                                   self.p_arrived, self.p_head, self.e_rank, self.e_next,
-                                   self.e_grad, self.cnt, kind, self.dim, hp))
+    def check_aborted(self, counts: np.ndarray) -> None:
+        """Raise :class:`ProtocolError` if a table with keys in ``counts`` (int64 [T], keys
+        per table position) had this step's aggregations aborted (NOTE [ps aggregation])."""
+        for t, a in self.aborted.items():
+            if t < counts.shape[0] and counts[t]:
+                raise ProtocolError(f"push_grad rejected: the aggregation of step {a['step']} on table "
+                                    f"{a['table']!r} was aborted after {a['waited_ms']} ms (ranks that did not "
+                                    f"push: {a['missing_ranks']}); restore the latest checkpoint and resume; "
+                                    "see NOTE [ps aggregation]")
+
+    def state_args(self) -> tuple:
+        """The map arguments of :func:`~herald.ps.kernels.flat_push_grad_check_jit`."""
+        return (self.buckets, self.p_key, self.p_table, self.p_expected, self.p_arrived, self.p_head,
+                self.e_rank, self.e_next)
+
+    def apply_args(self) -> tuple:
+        """The state arguments of :func:`~herald.ps.kernels.flat_push_grad_apply_jit`."""
+        return (self.buckets, self.p_key, self.p_table, self.p_slot, self.p_expected, self.p_arrived,
+                self.p_head, self.e_rank, self.e_next, self.e_grad, self.cnt, self.open_t, self.opened_at)

@@ -1,6 +1,12 @@
 """Client of the PS shards: routes keys with :func:`shard_of`, talks NOTE [ps wire
 protocol] (docs/ps.md; framing: NOTE [wire format]) over one DEALER socket per shard.
 
+Every pull and push goes out as flat requests: one per shard, its keys of every table in
+one flat part (``tables`` uint16 [n] + ``keys`` uint64 [n] + the values), grouped by table
+in one counting-sort pass (:func:`~herald.ps.kernels.shard_order_jit`). The ``*_flat_async``
+operations take ``(tables, keys)`` arrays as a worker's KeySets hold them; the per-table
+ones (``{table: keys}``) are flattened into them (one flat operation per table shape).
+
 ps-lite style: every operation has a non-blocking ``*_async`` form returning a
 :class:`Handle`; requests to several shards go out at once and ``wait()`` collects
 them. An operation over more keys than a shard takes in one request (NOTE [ps
@@ -42,7 +48,9 @@ from herald.ps.wire import PS
 from herald.ps.checkpoint import CheckpointError
 from herald.ps.config import ShardLimits
 from herald.spec.tables import TableConfig, check_tables
-from herald.ps.rows import shard_of
+from herald.ps import kernels as K
+from herald.ps.rows import table_salt
+from herald.ps.store import MAX_TABLES
 from herald.spec.vocab import DEFAULT_TIMEOUT_MS
 
 _ERRORS = {"protocol": ProtocolError, "config": ConfigError, "checkpoint": CheckpointError,
@@ -138,7 +146,14 @@ class PSClient(ClockOps):
         self.max_keys_per_request = ShardLimits().max_keys_per_request
         self.addresses = list(addresses)
         self.tables = check_tables(tables)
+        if len(self.tables) > MAX_TABLES:
+            raise ConfigError(f"PSClient takes at most {MAX_TABLES} tables, got {len(self.tables)}")
         self._index = {t.name: i for i, t in enumerate(self.tables)}
+        self._salts = np.array([table_salt(i) for i in range(len(self.tables))], np.uint64)
+        shapes = sorted({(t.dim, t.row_width) for t in self.tables})
+        #: shape class of each table: tables of one class travel in one flat part
+        self._shape_of = np.array([shapes.index((t.dim, t.row_width)) for t in self.tables], np.int64)
+        self._shapes = shapes
         self.timeout_ms, self.retries = int(timeout_ms), int(retries)
         self._cid = secrets.randbits(63)
         self._rids = itertools.count(1)
@@ -288,67 +303,123 @@ class PSClient(ClockOps):
             r.deadline = time.monotonic() + r.attempt_s
             self._post(r)
 
-    def _split(self, table: int, keys: np.ndarray) -> list[tuple[int, np.ndarray | None]]:
-        """``[(shard, positions or None for all)]`` for the shards that own some of ``keys``."""
+    # ------------------------------------------------------------------ flat requests
+    def _flat_keys(self, tables, keys) -> tuple[np.ndarray, np.ndarray]:
+        """``(tables uint16 [n], keys uint64 [n])``, every table a declared index.
+
+        Raises:
+            ConfigError: keys not 1-d uint64, tables of another length or out of range.
+        """
         keys = np.asarray(keys)
         if keys.dtype != np.uint64 or keys.ndim != 1:
             raise ConfigError(f"keys must be a 1-d uint64 array, got {keys.dtype} {keys.shape}")
-        if self.num_shards == 1:
-            return [(0, None)]
-        owner = shard_of(table, keys, self.num_shards)
+        tables = np.asarray(tables)
+        if tables.shape != keys.shape or tables.dtype.kind not in "iu":
+            raise ConfigError(f"tables must be an integer array of the keys' shape {keys.shape}, got "
+                              f"{tables.dtype} {tables.shape}")
+        if keys.shape[0] and (int(tables.min()) < 0 or int(tables.max()) >= len(self.tables)):
+            raise ConfigError(f"table indices must be in [0, {len(self.tables)}), got {int(tables.min())}.."
+                              f"{int(tables.max())}")
+        return np.ascontiguousarray(tables, np.uint16), np.ascontiguousarray(keys)
+
+    def _shape(self, tables: np.ndarray) -> tuple[int, int] | None:
+        """``(dim, row width)`` shared by ``tables`` (ConfigError when they differ); None for
+        no keys of a client whose tables have several shapes (nothing is sent then)."""
+        if len(self._shapes) == 1:
+            return self._shapes[0]
+        if not tables.shape[0]:
+            return None
+        classes = self._shape_of[tables]
+        if (classes != classes[0]).any():
+            raise ConfigError("a flat operation takes tables of one dim and row width; use the per-table "
+                              "operations (pull_async({table: keys}), ...) for tables of several shapes")
+        return self._shapes[int(classes[0])]
+
+    def _route(self, tables: np.ndarray, keys: np.ndarray) -> list[tuple[int, np.ndarray | None]]:
+        """``[(shard, positions or None for all)]``: the requests of a flat operation, each of
+        the keys one shard owns, table after table (each table's positions ascending: a shard
+        switches tables once per table), at most :attr:`max_keys_per_request` keys each."""
+        n = keys.shape[0]
+        if n == 0:
+            return []
+        groups: list[tuple[int, np.ndarray | None]] = []
+        order = np.empty(n, np.int64)
+        starts = np.empty(self.num_shards + 1, np.int64)
+        same = K.shard_order_jit(self._salts, tables, keys, self.num_shards, len(self.tables), order, starts)
+        for sh in range(self.num_shards):
+            a, b = int(starts[sh]), int(starts[sh + 1])
+            if b - a == n and same:
+                groups = [(sh, None)]
+                break
+            if b > a:
+                groups.append((sh, order[a:b]))
+        limit = self.max_keys_per_request
         out = []
-        for s in range(self.num_shards):
-            idx = np.flatnonzero(owner == s)
-            if idx.size == keys.shape[0]:
-                return [(s, None)]
-            if idx.size:
-                out.append((s, idx))
+        for sh, pos in groups:
+            m = n if pos is None else pos.shape[0]
+            if m <= limit:
+                out.append((sh, pos))
+                continue
+            for a in range(0, m, limit):
+                out.append((sh, np.arange(a, min(a + limit, m)) if pos is None else pos[a:a + limit]))
         return out
 
-    def _by_shard(self, batch: Mapping, arity: int) -> tuple[list, dict]:
-        """Group per-table arrays into requests: ``[(shard, [(table, ti, positions, arrays)])]``,
-        at most :attr:`max_keys_per_request` keys per request (positions None: all keys)."""
+    @staticmethod
+    def _take(arrays: Sequence[np.ndarray], pos: np.ndarray | None) -> list[np.ndarray]:
+        return list(arrays) if pos is None else [a[pos] for a in arrays]
+
+    def _wire(self, header: dict) -> dict:   # NOTE [wire compression]: header and frames
+        return header if self.wire_dtype == "fp32" else dict(header, wire=self.wire_dtype)
+
+    def _send_flat(self, op: str, header: dict, routes: list, tables, keys, frames_of) -> list[int]:
+        """One request per route: a flat part ``[tables, keys, *frames_of(positions)]``."""
+        header = self._wire(dict(header, parts=[{"flat": True}]))
+        return [self._send(sh, op, header, [*self._take((tables, keys), pos), *frames_of(pos)])
+                for sh, pos in routes]
+
+    def _flatten(self, batch: Mapping, arity: int) -> list[tuple]:
+        """A per-table batch ``{table: arrays}`` as flat operations, one per shape class:
+        ``[(entries [(table key, start, end)], tables uint16, keys, [other arrays], (dim,
+        row width))]``."""
         groups: dict[int, list] = {}
-        sizes = {}
         for t, arrays in batch.items():
             ti = self.table_index(t)
             arrays = arrays if isinstance(arrays, tuple) else (arrays,)
             if len(arrays) != arity:
                 raise ConfigError(f"table {t!r}: expected {arity} arrays, got {len(arrays)}")
             keys = np.asarray(arrays[0])
-            sizes[t] = keys.shape[0]
-            for s, idx in self._split(ti, keys):
-                sub = [np.ascontiguousarray(a if idx is None else np.asarray(a)[idx]) for a in arrays]
-                groups.setdefault(s, []).append((t, ti, idx, sub))
-        limit = self.max_keys_per_request
-        requests = []
-        for s, items in groups.items():
-            current, room = [], limit
-            for t, ti, idx, sub in items:
-                n, start = sub[0].shape[0], 0
-                while True:
-                    if room == 0:
-                        requests.append((s, current))
-                        current, room = [], limit
-                    take = min(room, n - start)
-                    if take == n:
-                        current.append((t, ti, idx, sub))
-                    else:  # a piece of the table's keys on this shard
-                        pos = np.arange(start, start + take) if idx is None else idx[start:start + take]
-                        current.append((t, ti, pos, [a[start:start + take] for a in sub]))
-                    start, room = start + take, room - take
-                    if start >= n:
-                        break
-            if current:
-                requests.append((s, current))
-        return requests, sizes
+            if keys.dtype != np.uint64 or keys.ndim != 1:
+                raise ConfigError(f"keys must be a 1-d uint64 array, got {keys.dtype} {keys.shape}")
+            groups.setdefault(int(self._shape_of[ti]), []).append((t, ti, keys, arrays[1:]))
+        out = []
+        for cls, items in groups.items():
+            entries, start = [], 0
+            for t, _, keys, _ in items:
+                entries.append((t, start, start + keys.shape[0]))
+                start += keys.shape[0]
+            if len(items) == 1:
+                t, ti, keys, rest = items[0]
+                tables = np.full(keys.shape[0], ti, np.uint16)
+                out.append((entries, tables, keys, [np.asarray(a) for a in rest], self._shapes[cls]))
+                continue
+            tables = np.concatenate([np.full(k.shape[0], ti, np.uint16) for _, ti, k, _ in items])
+            keys = np.concatenate([k for _, _, k, _ in items])
+            rest = [np.concatenate([np.asarray(r[j]) for _, _, _, r in items]) for j in range(arity - 1)]
+            out.append((entries, tables, keys, rest, self._shapes[cls]))
+        return out
 
-    def _wire(self, header: dict) -> dict:   # NOTE [wire compression]: header and frames
-        return header if self.wire_dtype == "fp32" else dict(header, wire=self.wire_dtype)
+    def _combine(self, ops: list[tuple[list[int], Callable]], finish: Callable) -> Handle:
+        """One :class:`Handle` over several ``(rids, finish)``: ``finish([each one's result])``."""
+        rids = [r for rs, _ in ops for r in rs]
 
-    def _frames(self, op: str, items: list) -> list:
-        return [a for _, ti, _, sub in items
-                for a in compress.encode_part(op, sub, self.tables[ti].dim, self.wire_dtype)]
+        def done(replies):
+            results, at = [], 0
+            for rs, f in ops:
+                results.append(f(replies[at:at + len(rs)]))
+                at += len(rs)
+            return finish(results)
+
+        return Handle(self, rids, done)
 
     # ------------------------------------------------------------------ operations
     def declare(self, timeout_ms: int | None = None) -> None:
@@ -363,6 +434,29 @@ class PSClient(ClockOps):
             if type(limit) is int and limit >= 1:
                 self.max_keys_per_request = min(self.max_keys_per_request, limit)
 
+    def _pull_op(self, tables: np.ndarray, keys: np.ndarray, shape=None) -> tuple[list[int], Callable]:
+        dim, width = shape or self._shape(tables) or (0, 0)
+        routes = self._route(tables, keys)
+        rids = self._send_flat("pull", {}, routes, tables, keys, lambda pos: ())
+        n = keys.shape[0]
+
+        def finish(replies):
+            if len(routes) == 1 and routes[0][1] is None:   # one request: its frame as it is
+                header, arrays = replies[0]
+                return compress.decode_rows(arrays, compress.wire_of(header))[0]
+            out = np.empty((n, width), np.float32)
+            for (header, arrays), (_, pos) in zip(replies, routes):
+                out[slice(None) if pos is None else pos] = compress.decode_rows(arrays, compress.wire_of(header))[0]
+            return out
+
+        return rids, finish
+
+    def pull_flat_async(self, tables, keys) -> Handle:
+        """Start pulling ``(tables[i], keys[i])`` (table indices, uint64 keys; tables of one
+        dim and row width); ``wait()`` gives float32 [n, row_width] in key order (read-only
+        when one request carried every key: zero copy). Duplicates are allowed."""
+        return Handle(self, *self._pull_op(*self._flat_keys(tables, keys)))
+
     def pull_async(self, batch: Mapping[int | str, np.ndarray]) -> Handle:
         """Start pulling ``{table: keys uint64 [n]}``; ``wait()`` gives ``{table: rows}``.
 
@@ -370,62 +464,80 @@ class PSClient(ClockOps):
         duplicate keys are allowed (each gets its row). The array may be read-only
         when one shard served every key (zero copy).
         """
-        groups, sizes = self._by_shard(batch, 1)
-        sent = []
-        for s, items in groups:
-            rid = self._send(s, "pull", self._wire({"parts": [{"table": ti} for _, ti, _, _ in items]}),
-                             [sub[0] for _, _, _, sub in items])
-            sent.append((rid, items))
+        flat = self._flatten(batch, 1)
+        ops = [self._pull_op(tables, keys, shape) for _, tables, keys, _, shape in flat]
 
-        def finish(replies):
+        def finish(results):
             out = {}
-            for (header, arrays), (_, items) in zip(replies, sent):
-                arrays = compress.decode_rows(arrays, compress.wire_of(header))   # NOTE [wire compression]
-                for (t, ti, idx, _), rows in zip(items, arrays):
-                    if idx is None:
-                        out[t] = rows
-                    else:
-                        if t not in out:
-                            out[t] = np.empty((sizes[t], self.tables[ti].row_width), np.float32)
-                        out[t][idx] = rows
-            for t in batch:
-                if t not in out:
-                    out[t] = np.empty((0, self.tables[self.table_index(t)].row_width), np.float32)
+            for (entries, _, _, _, _), rows in zip(flat, results):
+                for t, a, b in entries:
+                    out[t] = rows if len(entries) == 1 else rows[a:b]
             return out
 
-        return Handle(self, [rid for rid, _ in sent], finish)
+        return self._combine(ops, finish)
 
     def pull(self, table: int | str, keys: np.ndarray) -> np.ndarray:
         """Rows of ``keys`` in ``table``: float32 [n, row_width]. See :meth:`pull_async`."""
         return self.pull_async({table: keys}).wait()[table]
+
+    def _push_grad_op(self, tables, keys, grads, contributors, step: int, rank: int,
+                      shape=None) -> tuple[list[int], Callable]:
+        shape = shape or self._shape(tables)
+        grads = np.ascontiguousarray(grads, np.float32)
+        contributors = np.ascontiguousarray(contributors, np.uint16)
+        dim = shape[0] if shape else (grads.shape[1] if grads.ndim == 2 else -1)
+        if grads.shape != (keys.shape[0], dim) or contributors.shape != keys.shape:
+            raise ConfigError(f"grads must be float32 [{keys.shape[0]}, {dim}] and contributors uint16 "
+                              f"[{keys.shape[0]}], got {grads.shape} and {contributors.shape}")
+        routes = self._route(tables, keys)
+        rids = self._send_flat("push_grad", {"step": int(step), "rank": int(rank)}, routes, tables, keys,
+                               lambda pos: compress.encode_part("push_grad", [keys[:0], *self._take(
+                                   (grads, contributors), pos)], dim, self.wire_dtype)[1:])
+        return rids, lambda replies: sum(h.get("applied", 0) for h, _ in replies)
+
+    def push_grad_flat_async(self, tables, keys, grads, contributors, step: int, rank: int) -> Handle:
+        """Start pushing the gradients ``grads`` (float32 [n, dim]) of unique ``(tables[i],
+        keys[i])`` with their ``contributors`` (uint16 [n]) for ``step`` from ``rank`` (NOTE
+        [ps aggregation]); ``wait()`` returns the rows the shards updated."""
+        tables, keys = self._flat_keys(tables, keys)
+        return Handle(self, *self._push_grad_op(tables, keys, grads, contributors, step, rank))
 
     def push_grad_async(self, batch: Mapping, step: int, rank: int) -> Handle:
         """Start pushing ``{table: (keys uint64 [n] unique, grads float32 [n, dim],
         contributors uint16 [n])}`` for ``step`` from worker ``rank`` (NOTE [ps
         aggregation]). ``wait()`` returns the number of rows the shards updated. Do not
         modify the arrays before ``wait()`` returns."""
-        batch = {t: (np.asarray(k), np.asarray(g, np.float32), np.asarray(c, np.uint16))
-                 for t, (k, g, c) in batch.items()}
-        groups, _ = self._by_shard(batch, 3)
-        rids = [self._send(s, "push_grad", self._wire({"step": int(step), "rank": int(rank),
-                                                       "parts": [{"table": ti} for _, ti, _, _ in items]}),
-                           self._frames("push_grad", items))
-                for s, items in groups]
-        return Handle(self, rids, lambda replies: sum(h.get("applied", 0) for h, _ in replies))
+        ops = [self._push_grad_op(tables, keys, grads, contributors, step, rank, shape)
+               for _, tables, keys, (grads, contributors), shape in self._flatten(batch, 3)]
+        return self._combine(ops, sum)
 
     def push_grad(self, table: int | str, keys, grads, step: int, contributors, rank: int = 0) -> int:
         """Push one table's gradients and wait for the acks; see :meth:`push_grad_async`."""
         return self.push_grad_async({table: (keys, grads, contributors)}, step, rank).wait()
 
+    def _push_rows_op(self, tables, keys, rows, shape=None) -> tuple[list[int], Callable]:
+        rows = np.ascontiguousarray(rows, np.float32)
+        dim, width = shape or self._shape(tables) or (0, rows.shape[1] if rows.ndim == 2 else -1)
+        if rows.shape != (keys.shape[0], width):
+            raise ConfigError(f"rows must be float32 [{keys.shape[0]}, {width}], got {rows.shape}")
+        routes = self._route(tables, keys)
+        rids = self._send_flat("push_rows", {}, routes, tables, keys,
+                               lambda pos: compress.encode_part("push_rows", [keys[:0], *self._take((rows,), pos)],
+                                                                dim, self.wire_dtype)[1:])
+        return rids, lambda replies: None
+
+    def push_rows_flat_async(self, tables, keys, rows) -> Handle:
+        """Start writing back ``rows`` (float32 [n, row_width]: embedding and optimizer
+        state) of unique ``(tables[i], keys[i])`` (NOTE [step protocol] steps 1 and 6)."""
+        tables, keys = self._flat_keys(tables, keys)
+        return Handle(self, *self._push_rows_op(tables, keys, rows))
+
     def push_rows_async(self, batch: Mapping) -> Handle:
         """Start writing back ``{table: (keys uint64 [n] unique, rows float32 [n, row_width])}``
         (embedding and optimizer state; NOTE [step protocol] steps 1 and 6)."""
-        batch = {t: (np.asarray(k), np.asarray(r, np.float32)) for t, (k, r) in batch.items()}
-        groups, _ = self._by_shard(batch, 2)
-        rids = [self._send(s, "push_rows", self._wire({"parts": [{"table": ti} for _, ti, _, _ in items]}),
-                           self._frames("push_rows", items))
-                for s, items in groups]
-        return Handle(self, rids, lambda replies: None)
+        ops = [self._push_rows_op(tables, keys, rows, shape) for _, tables, keys, (rows,), shape in
+               self._flatten(batch, 2)]
+        return self._combine(ops, lambda results: None)
 
     def push_rows(self, table: int | str, keys, rows) -> None:
         """Write back one table's rows and wait for the acks."""

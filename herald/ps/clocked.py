@@ -22,16 +22,16 @@ def op_pull(server, header: dict[str, Any], arrays: list) -> tuple[dict, list]:
     """A conditional pull on ``server`` (a ShardServer): per part c_g of every key, then the
     rows of the keys whose cached copy is not valid under the header's ``staleness``."""
     staleness = wire.get_int(header, "staleness", 0, 1 << 62)
-    parts = server._parts(header, arrays, "pull", clock="clocks")
     wire_dtype = compress.wire_of(header)   # NOTE [wire compression]
+    parts = server._parts(header, arrays, "pull", clock="clocks")
     out = []
-    for table, keys, (c_c,) in parts:
-        c_g, rows, pending = table.pull_clocked(keys, c_c, staleness)
+    for p in parts:
+        c_g, rows, pending = server.store.pull_clocked(p.tables, p.keys, p.dim, p.width, p.rest[0], staleness)
         server.counters["pull_keys"] += rows.shape[0]
-        server.counters["pull_valid_keys"] += keys.shape[0] - rows.shape[0]
+        server.counters["pull_valid_keys"] += p.keys.shape[0] - rows.shape[0]
         server.counters["pull_pending_keys"] += pending
-        out += [wire.pack_clocks(c_g), *compress.encode_rows(rows, table.cfg.dim, wire_dtype)]
-    reply = {"parts": [{"table": t.index} for t, _, _ in parts]}
+        out += [wire.pack_clocks(c_g), *compress.encode_rows(rows, p.dim, wire_dtype)]
+    reply = {"parts": [p.echo for p in parts]}
     return (dict(reply, wire=wire_dtype) if wire_dtype != "fp32" else reply), out
 
 
@@ -41,37 +41,81 @@ def op_push_rows(server, header: dict[str, Any], arrays: list) -> tuple[dict, li
     if not wire.get_flag(header, "advance"):
         raise ProtocolError("push_rows: read_clocks needs advance frames (NOTE [clock frames])")
     read = wire.get_flag(header, "read_clocks")
-    arrays, advances = _split_last(header, arrays)
-    arrays = compress.decode_request("push_rows", header, arrays)   # NOTE [wire compression]
-    arrays = [a for k, adv in enumerate(advances) for a in (*arrays[2 * k:2 * k + 2], adv)]
-    parts = server._parts(header, arrays, "push_rows", clock="advance")
+    parts = server._parts(header, arrays, "push_rows", clock="advance", wire_dtype=compress.wire_of(header))
+    stamp = server.store.next_stamp()
     out = []
-    for table, keys, (rows, advance) in parts:
-        c_g = table.push_rows(keys, rows, advance)
-        server.counters["push_rows_keys"] += keys.shape[0]
+    for p in parts:
+        c_g = server.store.push_rows(p.tables, p.keys, p.rest[0], p.rest[1], stamp)
+        server.counters["push_rows_keys"] += p.keys.shape[0]
         if read:
             out.append(wire.pack_clocks(c_g))
-    return ({"parts": [{"table": t.index} for t, _, _ in parts]} if read else {}), out
-
-
-def _split_last(header: dict[str, Any], arrays: list) -> tuple[list, list]:
-    """``(every frame but each part's last, each part's last frame)`` of a request whose parts
-    all have the same number of frames (at least 2), or :class:`ProtocolError`."""
-    parts = header.get("parts")
-    if not isinstance(parts, list) or not parts:
-        raise ProtocolError("push_rows: header 'parts' must be a non-empty list of maps")
-    per = len(arrays) // len(parts)
-    if per < 2 or per * len(parts) != len(arrays):
-        raise ProtocolError(f"push_rows: {len(parts)} parts ending with an advance frame cannot hold "
-                            f"{len(arrays)} frames")
-    return [a for i, a in enumerate(arrays) if i % per != per - 1], arrays[per - 1::per]
+    return ({"parts": [p.echo for p in parts]} if read else {}), out
 
 
 # --------------------------------------------------------------------- client side
 class ClockOps:
     """The clock-carrying operations of :class:`~herald.ps.client.PSClient` (NOTE [clock
-    frames]); it provides ``_by_shard``, ``_send``, ``_wire``, ``_handle``, ``tables`` and
-    ``wire_dtype``. Both return ``(Handle, clock bytes sent)``."""
+    frames]); it provides ``_flat_keys``, ``_shape``, ``_route``, ``_flatten``, ``_combine``,
+    ``_send``, ``_wire``, ``_handle``, ``tables`` and ``wire_dtype``. Each returns ``(Handle,
+    clock bytes sent)``."""
+
+    def _pull_clocked_op(self, tables, keys, checked, c_c, staleness: int, shape) -> tuple[list, Any, int]:
+        _, width = shape or self._shape(tables) or (0, 0)
+        n = keys.shape[0]
+        header = self._wire({"parts": [{"flat": True}], "staleness": staleness})
+        rids, plan, sent = [], [], 0
+        for sh, pos in self._route(tables, keys):
+            pos = np.arange(n) if pos is None else pos
+            mine = checked[pos]
+            sub = np.concatenate([pos[mine], pos[~mine]])   # the checked keys first, each group by table
+            m = int(np.count_nonzero(mine))
+            clocks = wire.pack_clocks(c_c[sub[:m]])
+            sent += clocks.nbytes
+            rids.append(self._send(sh, "pull", header, [tables[sub], keys[sub], clocks]))
+            plan.append((sub, m))
+
+        def finish(replies):
+            c_g, fetched, rows, got = np.zeros(n, np.uint64), np.zeros(n, bool), np.empty((n, width), np.float32), 0
+            for (head, arrays), (sub, m) in zip(replies, plan):
+                wire_dtype = compress.wire_of(head)
+                per = 2 if wire_dtype == "fp32" else 4
+                if len(arrays) != per:
+                    raise ProtocolError(f"a conditional pull reply of one part has {len(arrays)} frames")
+                k = sub.shape[0]
+                cg = wire.unpack_clocks(arrays[0], "pull reply clocks", k)
+                got += arrays[0].nbytes
+                (r,) = compress.decode_rows(arrays[1:], wire_dtype)
+                ok = np.ones(k, bool)
+                ok[:m] = ~wire.valid_copies(c_c[sub[:m]], cg[:m], staleness)
+                if r.shape[0] != int(ok.sum()):
+                    raise ProtocolError(f"a conditional pull reply holds {r.shape[0]} rows for {int(ok.sum())} keys "
+                                        "not valid")
+                c_g[sub], fetched[sub] = cg, ok
+                rows[sub[ok]] = r
+            return c_g, fetched, rows, got
+
+        return rids, finish, sent
+
+    def pull_clocked_flat_async(self, tables, keys, checked, c_c, staleness: int):
+        """Start a conditional pull of ``(tables[i], keys[i])`` (tables of one shape): the
+        keys ``checked`` (bool [n]) have a cached copy of clock ``c_c[i]`` (uint64 [n]), which
+        the shards send only if ``c_g > c_c + staleness``; the others are always sent.
+
+        ``wait()`` gives ``(c_g uint64 [n], fetched bool [n], rows float32 [n, row_width],
+        clock bytes received)``; ``rows`` is set only where ``fetched``.
+
+        Raises:
+            ConfigError: bad arrays or ``staleness``.
+        """
+        if type(staleness) is not int or staleness < 0:
+            raise ConfigError(f"staleness must be an int >= 0, got {staleness!r}")
+        tables, keys = self._flat_keys(tables, keys)
+        checked, c_c = np.asarray(checked, bool), np.asarray(c_c, np.uint64)
+        if checked.shape != keys.shape or c_c.shape != keys.shape:
+            raise ConfigError(f"checked and c_c must have the keys' shape {keys.shape}, got {checked.shape}, "
+                              f"{c_c.shape}")
+        rids, finish, sent = self._pull_clocked_op(tables, keys, checked, c_c, staleness, None)
+        return self._handle(rids, finish), sent
 
     def pull_clocked_async(self, batch: Mapping, staleness: int):
         """Start a conditional pull of ``{table: (keys uint64 [n], c_c uint64 [m <= n])}``:
@@ -86,52 +130,74 @@ class ClockOps:
         """
         if type(staleness) is not int or staleness < 0:
             raise ConfigError(f"staleness must be an int >= 0, got {staleness!r}")
-        full, prefix = {}, {}
+        full = {}
         for t, (k, c) in batch.items():
             k, c = np.asarray(k), np.asarray(c, np.uint64)
             if c.ndim != 1 or c.shape[0] > k.shape[0]:
                 raise ConfigError(f"table {t!r}: cached clocks must be uint64 [m <= {k.shape[0]}], got {c.shape}")
-            full[t] = (k, np.concatenate([c, np.zeros(k.shape[0] - c.shape[0], np.uint64)]))
-            prefix[t] = c.shape[0]
-        groups, sizes = self._by_shard(full, 2)
-        sent, out_bytes = [], 0
-        for s, items in groups:
-            frames, ms = [], []
-            for t, _, idx, (keys, c_c) in items:   # positions ascending: the checked keys come first
-                m = prefix[t] if idx is None else int(np.count_nonzero(idx < prefix[t]))
-                frames += [keys, wire.pack_clocks(c_c[:m])]
-                out_bytes += frames[-1].nbytes
-                ms.append(m)
-            header = self._wire({"parts": [{"table": ti} for _, ti, _, _ in items], "staleness": staleness})
-            sent.append((self._send(s, "pull", header, frames), items, ms))
+            pad = k.shape[0] - c.shape[0]
+            full[t] = (k, np.concatenate([c, np.zeros(pad, np.uint64)]),
+                       np.concatenate([np.ones(c.shape[0], bool), np.zeros(pad, bool)]))
+        flat = self._flatten(full, 3)
+        ops, sent = [], 0
+        for _, tables, keys, (c_c, checked), shape in flat:
+            rids, finish, out = self._pull_clocked_op(tables, keys, checked, c_c, staleness, shape)
+            ops.append((rids, finish))
+            sent += out
 
-        def finish(replies):
-            out = {t: (np.zeros(n, np.uint64), np.zeros(n, bool),
-                       np.empty((n, self.tables[self.table_index(t)].row_width), np.float32))
-                   for t, n in sizes.items()}
-            got = 0
-            for (header, arrays), (_, items, ms) in zip(replies, sent):
-                wire_dtype = compress.wire_of(header)
-                per = 2 if wire_dtype == "fp32" else 4
-                if len(arrays) != per * len(items):
-                    raise ProtocolError(f"a conditional pull reply of {len(items)} parts has {len(arrays)} frames")
-                for k, ((t, _, idx, (keys, c_c)), m) in enumerate(zip(items, ms)):
-                    n = keys.shape[0]
-                    c_g = wire.unpack_clocks(arrays[per * k], "pull reply clocks", n)
-                    got += arrays[per * k].nbytes
-                    (rows,) = compress.decode_rows(arrays[per * k + 1:per * (k + 1)], wire_dtype)
-                    fetched = np.ones(n, bool)
-                    fetched[:m] = ~wire.valid_copies(c_c[:m], c_g[:m], staleness)
-                    if rows.shape[0] != int(fetched.sum()):
-                        raise ProtocolError(f"a conditional pull reply holds {rows.shape[0]} rows for "
-                                            f"{int(fetched.sum())} keys not valid")
-                    at = np.arange(n) if idx is None else idx
-                    out[t][0][at] = c_g
-                    out[t][1][at] = fetched
-                    out[t][2][at[fetched]] = rows
+        def finish_all(results):
+            out, got = {}, 0
+            for (entries, *_), (c_g, fetched, rows, received) in zip(flat, results):
+                got += received
+                for t, a, b in entries:
+                    out[t] = (c_g[a:b], fetched[a:b], rows[a:b])
             return out, got
 
-        return self._handle([rid for rid, _, _ in sent], finish), out_bytes
+        return self._combine(ops, finish_all), sent
+
+    def _push_rows_clocked_op(self, tables, keys, rows, advance, read_clocks: bool, shape) -> tuple[list, Any, int]:
+        rows = np.ascontiguousarray(rows, np.float32)
+        advance = np.ascontiguousarray(advance, np.uint64)
+        dim, width = shape or self._shape(tables) or (0, rows.shape[1] if rows.ndim == 2 else -1)
+        n = keys.shape[0]
+        if rows.shape != (n, width) or advance.shape != (n,):
+            raise ConfigError(f"rows must be float32 [{n}, {width}] and advance uint64 [{n}], got {rows.shape} "
+                              f"and {advance.shape}")
+        header = {"parts": [{"flat": True}], "advance": True}
+        header = self._wire(dict(header, read_clocks=True) if read_clocks else header)
+        routes = self._route(tables, keys)
+        rids, sent = [], 0
+        for sh, pos in routes:
+            sub = (slice(None),) if pos is None else (pos,)
+            clocks = wire.pack_clocks(advance[sub])
+            sent += clocks.nbytes
+            frames = compress.encode_part("push_rows", (keys[sub], rows[sub]), dim, self.wire_dtype)
+            rids.append(self._send(sh, "push_rows", header, [tables[sub], *frames, clocks]))
+
+        def finish(replies):
+            if not read_clocks:
+                return None, 0
+            out, got = np.zeros(n, np.uint64), 0
+            for (_, arrays), (_, pos) in zip(replies, routes):
+                k = n if pos is None else pos.shape[0]
+                if len(arrays) != 1:
+                    raise ProtocolError(f"a push_rows reply of one part has {len(arrays)} clock frames")
+                out[slice(None) if pos is None else pos] = wire.unpack_clocks(arrays[0], "push_rows reply clocks", k)
+                got += arrays[0].nbytes
+            return out, got
+
+        return rids, finish, sent
+
+    def push_rows_clocked_flat_async(self, tables, keys, rows, advance, read_clocks: bool = False):
+        """Start writing back ``rows`` (float32 [n, row_width]) of unique ``(tables[i],
+        keys[i])`` and their local updates ``advance`` (uint64 [n]: c_g += advance).
+
+        ``wait()`` gives ``(c_g after uint64 [n] or None without ``read_clocks``, clock bytes
+        received)``.
+        """
+        tables, keys = self._flat_keys(tables, keys)
+        rids, finish, sent = self._push_rows_clocked_op(tables, keys, rows, advance, read_clocks, None)
+        return self._handle(rids, finish), sent
 
     def push_rows_clocked_async(self, batch: Mapping, read_clocks: bool = False):
         """Start writing back ``{table: (keys uint64 [n] unique, rows float32 [n, row_width],
@@ -140,31 +206,21 @@ class ClockOps:
         ``wait()`` gives ``({table: c_g after, uint64 [n]} or None without ``read_clocks``,
         clock bytes received)``.
         """
-        batch = {t: (np.asarray(k), np.asarray(r, np.float32), np.asarray(a, np.uint64))
-                 for t, (k, r, a) in batch.items()}
-        groups, sizes = self._by_shard(batch, 3)
-        sent, out_bytes = [], 0
-        for s, items in groups:
-            frames = []
-            for _, ti, _, (keys, rows, advance) in items:
-                frames += compress.encode_part("push_rows", (keys, rows), self.tables[ti].dim, self.wire_dtype)
-                frames.append(wire.pack_clocks(advance))
-                out_bytes += frames[-1].nbytes
-            header = {"parts": [{"table": ti} for _, ti, _, _ in items], "advance": True}
-            sent.append((self._send(s, "push_rows", self._wire(dict(header, read_clocks=True) if read_clocks
-                                                                 else header), frames), items))
+        flat = self._flatten(batch, 3)
+        ops, sent = [], 0
+        for _, tables, keys, (rows, advance), shape in flat:
+            rids, finish, out = self._push_rows_clocked_op(tables, keys, rows, advance, read_clocks, shape)
+            ops.append((rids, finish))
+            sent += out
 
-        def finish(replies):
+        def finish_all(results):
             if not read_clocks:
                 return None, 0
-            out, got = {t: np.zeros(n, np.uint64) for t, n in sizes.items()}, 0
-            for (_, arrays), (_, items) in zip(replies, sent):
-                if len(arrays) != len(items):
-                    raise ProtocolError(f"a push_rows reply of {len(items)} parts has {len(arrays)} clock frames")
-                for (t, _, idx, (keys, _, _)), frame in zip(items, arrays):
-                    out[t][slice(None) if idx is None else idx] = wire.unpack_clocks(frame, "push_rows reply "
-                                                                                     "clocks", keys.shape[0])
-                    got += frame.nbytes
+            out, got = {}, 0
+            for (entries, *_), (c_g, received) in zip(flat, results):
+                got += received
+                for t, a, b in entries:
+                    out[t] = c_g[a:b]
             return out, got
 
-        return self._handle([rid for rid, _ in sent], finish), out_bytes
+        return self._combine(ops, finish_all), sent

@@ -161,8 +161,9 @@ def encode_part(op: str, arrays: Sequence[np.ndarray], dim: int, wire: str) -> l
 
 
 def decode_request(op: str, header: dict[str, Any], arrays: list) -> list:
-    """Server side: the frames of a compressed ``push_grad`` / ``push_rows`` request turned
-    back into the float32 layout of NOTE [ps wire protocol] (unchanged for fp32).
+    """Server side: the frames of a compressed ``push_grad`` / ``push_rows`` request of
+    per-table parts turned back into the float32 layout of NOTE [ps wire protocol]
+    (unchanged for fp32).
 
     Raises:
         ProtocolError: a bad ``wire`` field, frame count, dtype or shape.
@@ -172,18 +173,29 @@ def decode_request(op: str, header: dict[str, Any], arrays: list) -> list:
         return arrays
     if len(arrays) % 4:
         raise ProtocolError(f"{op} with wire {wire}: each part needs 4 frames, got {len(arrays)} frames")
-    out = []
-    for k in range(0, len(arrays), 4):
-        keys, payload, scales, last = arrays[k:k + 4]
-        values = decode(payload, scales, wire)
-        if op == "push_grad":
-            out += [keys, values, last]
-            continue
-        if last.dtype != np.float32 or last.ndim != 2 or last.shape[0] != values.shape[0]:
-            raise ProtocolError(f"push_rows with wire {wire}: optimizer state must be float32 [{values.shape[0]}, "
-                                f"state_dim], got {last.dtype.str} {last.shape}")
-        out += [keys, np.concatenate([values, last], axis=1) if last.shape[1] else values]
-    return out
+    return [a for k in range(0, len(arrays), 4) for a in decode_part(op, arrays[k:k + 4], wire)]
+
+
+def decode_part(op: str, frames: Sequence[np.ndarray], wire: str) -> list:
+    """Server side: one part's ``push_grad`` (``keys, payload, scales, contributors``) or
+    ``push_rows`` (``keys, payload, scales, state``) frames in ``wire`` turned back into the
+    float32 layout (``keys, grads, contributors`` / ``keys, rows``); fp32 frames as they are.
+
+    Raises:
+        ProtocolError: a frame count, dtype or shape that does not match ``wire``.
+    """
+    if wire == "fp32":
+        return list(frames)
+    if len(frames) != 4:
+        raise ProtocolError(f"{op} with wire {wire}: each part needs 4 frames, got {len(frames)}")
+    keys, payload, scales, last = frames
+    values = decode(payload, scales, wire)
+    if op == "push_grad":
+        return [keys, values, last]
+    if last.dtype != np.float32 or last.ndim != 2 or last.shape[0] != values.shape[0]:
+        raise ProtocolError(f"push_rows with wire {wire}: optimizer state must be float32 [{values.shape[0]}, "
+                            f"state_dim], got {last.dtype.str} {last.shape}")
+    return [keys, np.concatenate([values, last], axis=1) if last.shape[1] else values]
 
 
 def encode_rows(rows: np.ndarray, dim: int, wire: str) -> list[np.ndarray]:

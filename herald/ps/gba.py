@@ -286,6 +286,15 @@ def _settings(server, header: dict[str, Any]) -> GradientBuffer:
     return buf
 
 
+def _table_parts(server, header: dict[str, Any], arrays: list, op: str) -> list:
+    """``[(table, keys, other arrays)]`` of a GBA request: per-table parts only (NOTE [ps
+    wire protocol]; a flat part is refused)."""
+    parts = server._parts(header, arrays, op)
+    if any("table" not in p.echo for p in parts):
+        raise ProtocolError(f"{op}: parts must be per-table maps {{'table': index}} (no flat parts)")
+    return [(server.tables[p.echo["table"]], p.keys, p.rest) for p in parts]
+
+
 def op_push(server, header: dict[str, Any], arrays: list) -> tuple[dict, list]:
     """``gba_push {token, slot, rank, m, iota, base, dense: bool, parts}`` [keys, grads per part]
     [dense float32 [P] if ``dense``]: one micro-batch's contribution to this shard
@@ -307,9 +316,8 @@ def op_push(server, header: dict[str, Any], arrays: list) -> tuple[dict, list]:
         dense, arrays = np.array(arrays[-1], np.float32), arrays[:-1]
         if dense.ndim != 1 or not np.isfinite(dense).all():
             raise ProtocolError("gba_push: the dense gradient must be a finite float32 [P] vector")
-    parts = server._parts(header, arrays, "gba_push")
     out = []
-    for table, keys, (grads,) in parts:
+    for table, keys, (grads,) in _table_parts(server, header, arrays, "gba_push"):
         if not np.isfinite(grads).all():
             raise ProtocolError(f"gba_push: a gradient of table {table.cfg.name!r} (token {token}, rank {rank}) "
                                 "holds NaN or infinity; nothing was stored")
@@ -332,7 +340,7 @@ def op_pull(server, header: dict[str, Any], arrays: list) -> tuple[dict, list]:
     buf = _settings(server, header)
     token = wire.get_int(header, "token", 0, MAX_TOKEN)
     since = wire.get_int(header, "since", -1, MAX_TOKEN)
-    parts = server._parts(header, arrays, "gba_pull")
+    parts = _table_parts(server, header, arrays, "gba_pull")
     if not buf.ready(token):
         server.counters["gba_pull_early"] += 1
         return {"ready": False, "global_step": buf.global_step}, []

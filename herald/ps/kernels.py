@@ -6,8 +6,9 @@ in every process (NOTE [ps exactness] in docs/ps.md).
 
 The key -> row map of a table is the shared one (NOTE [key map] in :mod:`herald.keymap`;
 Persia §4.2.2 keeps rows in an array list, the map indexes it): buckets hold row slots,
-``row_keys[slot]`` holds the key, one map per table. The pending-step map of the
-aggregation (below) keeps its keys in its own buckets (``pk``/``pi``).
+``row_keys[slot]`` holds the key, one map per table. A shard serves every table of a
+request in one call of the flat kernels (NOTE [table directory] below); the pending
+aggregations of a step are one map of (table, key) over all tables ("flat aggregation").
 """
 
 from __future__ import annotations
@@ -15,8 +16,12 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from herald.keymap import key_hash_jit
-from herald.hashing import splitmix64_jit as mix64_jit# the splitmix64 finaliser
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from herald.keymap import AHEAD1, AHEAD2, RING, find_or_insert_jit, home_jit, prefetch_jit, probe_jit
+from herald.hashing import splitmix64_jit as mix64_jit  # the splitmix64 finaliser
 
 SGD, ADAGRAD, ROWWISE_ADAGRAD, ADAM = 0, 1, 2, 3
 INIT_UNIFORM, INIT_NORMAL, INIT_ZEROS = 0, 1, 2
@@ -144,163 +149,486 @@ def apply_rows_at_jit(rows, slots, grads, grad_rows, kind, dim, hp):
         apply_row_jit(rows[slots[i]], grads[grad_rows[i]], kind, dim, hp)
 
 
-# ----------------------------------------------------------------------------- pending-step map
+@nb.njit(cache=True, nogil=True)
+def copy_rows_jit(dst, src, n):
+    """``dst[:n] = src[:n]`` for 2-d float32 arrays (used when a table grows)."""
+    for i in range(n):
+        d = dst[i]
+        s = src[i]
+        for j in range(s.shape[0]):
+            d[j] = s[j]
+
+
+# ----------------------------------------------------------------------------- table directory
 #
-# Not herald.keymap: PendingStep (herald/ps/aggregate.py) allocates this map with its keys in
-# the buckets (``pk uint64 [hcap]`` beside ``pi int64 [hcap]``, -1 = empty); moving it onto the
-# shared map (buckets -> p, key in ``p_key[p]``) needs aggregate.py to drop ``pk``. Same mixer.
+# NOTE [table directory]
+# ~~~~~~~~~~~~~~~~~~~~~~
+# The flat kernels below serve keys of every table of a shard in one call (NOTE [ps wire
+# protocol], flat parts). Each table keeps its own arrays (herald/ps/table.py); the kernels
+# reach them through the shard's directory (:class:`herald.ps.store.TableSet`): ``d`` int64
+# [T, D_COLS], one row per table holding the data addresses of its arrays (``D_ROWS`` ..
+# ``D_CLOCKS``), their sizes, its row count (``D_NROWS``, the one copy of it: the kernels
+# insert rows and update it) and its settings (dim, width, initialiser, optimizer, LRU bound).
+# A kernel rebuilds a table's arrays from its row (:func:`dir_rows` ...: ``numba.carray`` on
+# the address, no copy) when the table of the next key differs from the last one's, so keys
+# grouped by table cost one switch per group. Invariant: every address names an array the
+# table holds, and the table rewrites its row (``TableSet.publish``) whenever it replaces an
+# array, before any kernel runs again (single-threaded shard). Typed lists of the arrays would
+# cost ~1.2 us of unboxing per list per call, seven lists per call; the directory is two
+# plain arrays.
+
+D_ROWS, D_KEYS, D_BUCKETS, D_MARKS, D_STAMPS, D_USED, D_CLOCKS = range(7)
+D_CAP, D_NBUCKETS, D_NROWS, D_WIDTH, D_DIM, D_INIT, D_STATE, D_OPT, D_BOUNDED, D_ROOM = range(7, 17)
+D_COLS = 17
+#: codes the flat kernels return with the index of the key at fault (SHORT: of the table)
+OK, DUPLICATE, FULL, UNKNOWN_TABLE, WRONG_SHAPE, NOT_OWNED, SHORT, NEED_STATE = 0, 1, 2, 3, 4, 5, 6, 7
+AGG_ZERO, AGG_DIFFER, AGG_COMPLETE, AGG_TWICE, ABOVE_BOUND, NONFINITE = 11, 12, 13, 14, 15, 16
+#: modes of :func:`flat_push_grad_jit`
+CHECK_AND_APPLY, CHECK_ONLY, APPLY_ONLY = 0, 1, 2
+
+
+@intrinsic
+def voidptr_jit(typingctx, addr):
+    """The integer ``addr`` as a ``void*`` (for ``numba.carray``)."""
+    if not isinstance(addr, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], cgutils.voidptr_t)
+
+    return types.voidptr(addr), codegen
+
+
+@nb.njit(inline="always", nogil=True)
+def dir_rows(d, t):
+    return nb.carray(voidptr_jit(d[t, D_ROWS]), (d[t, D_CAP], d[t, D_WIDTH]), np.float32)
+
+
+@nb.njit(inline="always", nogil=True)
+def dir_keys(d, t):
+    return nb.carray(voidptr_jit(d[t, D_KEYS]), d[t, D_CAP], np.uint64)
+
+
+@nb.njit(inline="always", nogil=True)
+def dir_buckets(d, t):
+    return nb.carray(voidptr_jit(d[t, D_BUCKETS]), d[t, D_NBUCKETS], np.int64)
+
+
+@nb.njit(inline="always", nogil=True)
+def dir_marks(d, t):
+    return nb.carray(voidptr_jit(d[t, D_MARKS]), d[t, D_CAP], np.int32)
+
+
+@nb.njit(inline="always", nogil=True)
+def dir_stamps(d, t):
+    return nb.carray(voidptr_jit(d[t, D_STAMPS]), d[t, D_CAP], np.uint32)
+
+
+@nb.njit(inline="always", nogil=True)
+def dir_used(d, t):
+    return nb.carray(voidptr_jit(d[t, D_USED]), d[t, D_CAP], np.uint64)
+
+
+@nb.njit(inline="always", nogil=True)
+def dir_clocks(d, t):
+    return nb.carray(voidptr_jit(d[t, D_CLOCKS]), d[t, D_CAP], np.uint64)
+
+
+@nb.njit(inline="always", nogil=True)
+def dir_rows_flat(d, t):
+    return nb.carray(voidptr_jit(d[t, D_ROWS]), d[t, D_CAP] * d[t, D_WIDTH], np.float32)
 
 
 @nb.njit(cache=True, nogil=True)
-def ht_probe_jit(ht_keys, ht_slots, key):
-    """Position of ``key`` in the map, or of the empty bucket where it would go."""
-    mask = nb.uint64(ht_keys.shape[0] - 1)
-    h = key_hash_jit(0, key) & mask
-    while True:
-        if ht_slots[h] < 0 or ht_keys[h] == key:
-            return h
-        h = (h + nb.uint64(1)) & mask
+def shard_order_jit(salts, tables, keys, num_shards, num_tables, order, starts):
+    """Group keys by owning shard (``mix64(key ^ salts[table]) mod S``), each shard's by
+    table: ``order[starts[s]:starts[s + 1]]`` are the positions of shard s's keys, table
+    after table, each table's ascending (a counting sort). Returns whether ``order`` is
+    ``0, 1, ..., n - 1`` (the keys were grouped so already)."""
+    n = nb.uint64(num_shards)
+    m = keys.shape[0]
+    group = np.empty(m, np.int64)
+    fill = np.zeros(num_shards * num_tables + 1, np.int64)
+    for i in range(m):
+        t = nb.int64(tables[i])
+        g = nb.int64(mix64_jit(nb.uint64(keys[i]) ^ salts[t]) % n) * num_tables + t
+        group[i] = g
+        fill[g + 1] += 1
+    for g in range(num_shards * num_tables):
+        fill[g + 1] += fill[g]
+    for s in range(num_shards + 1):
+        starts[s] = fill[s * num_tables]
+    same = True
+    for i in range(m):
+        g = group[i]
+        at = fill[g]
+        order[at] = i
+        fill[g] = at + 1
+        if at != i:
+            same = False
+    return same
 
 
 @nb.njit(cache=True, nogil=True)
-def ht_rebuild_jit(ht_keys, ht_slots, row_keys, n_rows):
-    """Fill an empty map (``ht_slots`` all -1) with ``row_keys[:n_rows]`` -> slot."""
-    for s in range(n_rows):
-        h = ht_probe_jit(ht_keys, ht_slots, row_keys[s])
-        ht_keys[h] = row_keys[s]
-        ht_slots[h] = s
+def flat_room_jit(d, salts, num_shards, shard, want_dim, want_width, tables, keys, counts, check_room):
+    """Validate a flat part's keys (NOTE [ps wire protocol]) and count them per table into
+    ``counts`` (int64 [T], zeroed here); changes nothing.
+
+    Every ``tables[i]`` must be a table of ``d``, of dim ``want_dim`` and row width
+    ``want_width`` (a want < 0: not checked), and ``keys[i]`` must belong to ``shard``
+    (``mix64(key ^ salts[t]) mod num_shards``). Returns ``(code, i)``: UNKNOWN_TABLE /
+    WRONG_SHAPE / NOT_OWNED of key i; else, with ``check_room``, SHORT with the first table
+    whose row count plus its keys exceeds its room (``D_ROOM``: the caller makes room for
+    the table's unseen keys, or refuses, then calls again without ``check_room``); else OK.
+    """
+    n_tables = d.shape[0]
+    n = nb.uint64(num_shards)
+    for t in range(counts.shape[0]):
+        counts[t] = 0
+    for i in range(keys.shape[0]):
+        t = nb.int64(tables[i])
+        if t >= n_tables:
+            return UNKNOWN_TABLE, i
+        if (want_dim >= 0 and d[t, D_DIM] != want_dim) or (want_width >= 0 and d[t, D_WIDTH] != want_width):
+            return WRONG_SHAPE, i
+        if num_shards > 1 and nb.int64(mix64_jit(nb.uint64(keys[i]) ^ salts[t]) % n) != shard:
+            return NOT_OWNED, i
+        counts[t] += 1
+    if check_room:
+        for t in range(n_tables):
+            if counts[t] and d[t, D_NROWS] + counts[t] > d[t, D_ROOM]:
+                return SHORT, t
+    return OK, -1
 
 
 @nb.njit(cache=True, nogil=True)
-def gather_jit(rows, slots, out):
-    """``out[i, :] = rows[slots[i], :]`` (out float32 [n, row_width])."""
-    w = rows.shape[1]
-    for i in range(slots.shape[0]):
-        src = rows[slots[i]]
+def flat_slots_jit(d, seeds, fparams, tables, keys, out, stamp, lru):
+    """Slots of ``(tables[i], keys[i])`` in their tables (the directory ``d``), inserting
+    unseen keys with initialised rows (:func:`init_row_jit`, from ``seeds[t]`` and
+    ``fparams[t] = (scale, initial accumulator)``); rows of LRU-bounded tables get
+    ``lru`` as their last use. With ``stamp != 0`` each row is stamped and a key whose row
+    this call already stamped is a duplicate. The caller made room (:func:`flat_room_jit`).
+
+    The lookups are software-pipelined as in herald/keymap.py (the home bucket of the key
+    ``AHEAD1`` ahead, then the key and row of the slot found ``AHEAD2`` ahead, are
+    prefetched), across tables.
+
+    Returns ``(code, i)``: OK, DUPLICATE (key i repeats an earlier one) or FULL (no room:
+    a caller bug).
+    """
+    m = keys.shape[0]
+    if m == 0:
+        return OK, -1
+    ring = np.empty(RING, np.uint64)
+    ta_cur = nb.int64(tables[0])   # the tables of the keys ahead, and their arrays
+    ba = dir_buckets(d, ta_cur)
+    tb_cur = ta_cur
+    bb = ba
+    kb = dir_keys(d, tb_cur)
+    rb = dir_rows_flat(d, tb_cur)
+    wb = d[tb_cur, D_WIDTH]
+    for a in range(min(AHEAD1, m)):
+        ta = nb.int64(tables[a])
+        if ta != ta_cur:
+            ta_cur = ta
+            ba = dir_buckets(d, ta)
+        ring[a] = home_jit(0, nb.uint64(keys[a]), nb.uint64(ba.shape[0] - 1))
+        prefetch_jit(ba, ring[a])
+    cur = nb.int64(tables[0])
+    buckets = dir_buckets(d, cur)
+    row_keys = dir_keys(d, cur)
+    rows = dir_rows(d, cur)
+    stamps = dir_stamps(d, cur)
+    used = dir_used(d, cur)
+    n = d[cur, D_NROWS]
+    for i in range(m):
+        a = i + AHEAD1
+        if a < m:   # stage 1: hash and prefetch the bucket of key a
+            ta = nb.int64(tables[a])
+            if ta != ta_cur:
+                ta_cur = ta
+                ba = dir_buckets(d, ta)
+            ha = home_jit(0, nb.uint64(keys[a]), nb.uint64(ba.shape[0] - 1))
+            ring[a & (RING - 1)] = ha
+            prefetch_jit(ba, ha)
+        b = i + AHEAD2
+        if b < m:   # stage 2: the bucket of key b is near; prefetch its slot's key and row
+            tb = nb.int64(tables[b])
+            if tb != tb_cur:
+                tb_cur = tb
+                bb = dir_buckets(d, tb)
+                kb = dir_keys(d, tb)
+                rb = dir_rows_flat(d, tb)
+                wb = d[tb, D_WIDTH]
+            sb = bb[ring[b & (RING - 1)]]
+            if sb >= 0:
+                prefetch_jit(kb, sb)
+                prefetch_jit(rb, sb * wb)
+        t = nb.int64(tables[i])
+        if t != cur:
+            d[cur, D_NROWS] = n
+            cur = t
+            buckets = dir_buckets(d, t)
+            row_keys = dir_keys(d, t)
+            rows = dir_rows(d, t)
+            stamps = dir_stamps(d, t)
+            used = dir_used(d, t)
+            n = d[t, D_NROWS]
+        key = nb.uint64(keys[i])
+        s = find_or_insert_jit(buckets, row_keys, 0, 0, key, ring[i & (RING - 1)], n)
+        if s < 0:
+            d[cur, D_NROWS] = n
+            return FULL, i
+        if s == n:
+            n += 1
+            init_row_jit(rows[s], key, seeds[t], d[t, D_DIM], d[t, D_INIT], fparams[t, 0], d[t, D_STATE],
+                         fparams[t, 1])
+        out[i] = s
+        if d[t, D_BOUNDED]:
+            used[s] = lru
+        if stamp != 0:
+            if stamps[s] == stamp:
+                d[cur, D_NROWS] = n
+                return DUPLICATE, i
+            stamps[s] = stamp
+    d[cur, D_NROWS] = n
+    return OK, -1
+
+
+@nb.njit(cache=True, nogil=True)
+def flat_pull_jit(d, seeds, fparams, salts, num_shards, shard, counts, check_room, tables, keys, dim, slots, out,
+                  lru, count_marks):
+    """A pull: :func:`flat_room_jit` (tables of ``dim`` and ``out``'s width), then the rows of ``(tables[i],
+    keys[i])`` into ``out`` (float32 [n, width]; duplicates allowed), unseen keys inserted
+    (:func:`flat_slots_jit`). Returns ``(code, i, pending)``: pending = keys whose row has
+    an open aggregation (counted only with ``count_marks``)."""
+    code, at = flat_room_jit(d, salts, num_shards, shard, dim, out.shape[1], tables, keys, counts, check_room)
+    if code != OK:
+        return code, at, 0
+    code, at = flat_slots_jit(d, seeds, fparams, tables, keys, slots, 0, lru)
+    if code != OK:
+        return code, at, 0
+    m = keys.shape[0]
+    pending = 0
+    if m == 0:
+        return OK, -1, 0
+    cur = nb.int64(tables[0])
+    rows = dir_rows(d, cur)
+    marks = dir_marks(d, cur)
+    w = out.shape[1]
+    for i in range(m):
+        t = nb.int64(tables[i])
+        if t != cur:
+            cur = t
+            rows = dir_rows(d, t)
+            marks = dir_marks(d, t)
+        s = slots[i]
+        src = rows[s]
         dst = out[i]
         for j in range(w):
             dst[j] = src[j]
-    return out
+        if count_marks and marks[s] > 0:
+            pending += 1
+    return OK, -1, pending
 
 
 @nb.njit(cache=True, nogil=True)
-def scatter_jit(rows, slots, src):
-    """``rows[slots[i], :] = src[i, :]``."""
-    w = rows.shape[1]
-    for i in range(slots.shape[0]):
-        dst = rows[slots[i]]
-        s = src[i]
+def flat_pull_clocked_jit(d, seeds, fparams, salts, num_shards, shard, counts, check_room, tables, keys, dim, c_c,
+                          staleness, slots, c_g, out, lru, count_marks):
+    """A conditional pull (NOTE [clock frames] in herald/ps/wire.py): :func:`flat_room_jit`,
+    then ``c_g[i]`` = the clock of every key; the rows of the keys not valid (i >=
+    len(c_c), or ``c_g > c_c[i] + staleness``) go to ``out`` in key order. Returns
+    ``(code, i, rows fetched, pending)``."""
+    code, at = flat_room_jit(d, salts, num_shards, shard, dim, out.shape[1], tables, keys, counts, check_room)
+    if code != OK:
+        return code, at, 0, 0
+    code, at = flat_slots_jit(d, seeds, fparams, tables, keys, slots, 0, lru)
+    if code != OK:
+        return code, at, 0, 0
+    m = keys.shape[0]
+    if m == 0:
+        return OK, -1, 0, 0
+    cur = nb.int64(tables[0])
+    rows = dir_rows(d, cur)
+    marks = dir_marks(d, cur)
+    clocks = dir_clocks(d, cur)
+    w = out.shape[1]
+    k = 0
+    pending = 0
+    s_max = nb.uint64(staleness)
+    for i in range(m):
+        t = nb.int64(tables[i])
+        if t != cur:
+            cur = t
+            rows = dir_rows(d, t)
+            marks = dir_marks(d, t)
+            clocks = dir_clocks(d, t)
+        s = slots[i]
+        g = clocks[s]
+        c_g[i] = g
+        if i < c_c.shape[0]:
+            c = nb.uint64(c_c[i])
+            if g <= c or g - c <= s_max:
+                continue
+        src = rows[s]
+        dst = out[k]
         for j in range(w):
-            dst[j] = s[j]
+            dst[j] = src[j]
+        k += 1
+        if count_marks and marks[s] > 0:
+            pending += 1
+    return OK, -1, k, pending
 
 
 @nb.njit(cache=True, nogil=True)
-def count_marked_jit(marks, slots):
-    """Number of ``i`` with ``marks[slots[i]] > 0`` (pulls of rows with open aggregations)."""
-    c = 0
-    for i in range(slots.shape[0]):
-        if marks[slots[i]] > 0:
-            c += 1
-    return c
+def flat_push_rows_jit(d, seeds, fparams, salts, num_shards, shard, counts, check_room, tables, keys, src, advance,
+                       has_advance, slots, c_g, stamp, lru):
+    """A write-back: :func:`flat_room_jit`, then overwrite the rows of unique keys with
+    ``src`` (float32 [n, width]); with ``has_advance`` also ``c_g += advance[i]`` and ``c_g``
+    after into ``c_g[i]``. No row is written when a key repeats. Returns ``(code, i)``."""
+    code, at = flat_room_jit(d, salts, num_shards, shard, -1, src.shape[1], tables, keys, counts, check_room)
+    if code != OK:
+        return code, at
+    code, at = flat_slots_jit(d, seeds, fparams, tables, keys, slots, stamp, lru)
+    if code != OK:
+        return code, at
+    m = keys.shape[0]
+    if m == 0:
+        return OK, -1
+    cur = nb.int64(tables[0])
+    rows = dir_rows(d, cur)
+    clocks = dir_clocks(d, cur)
+    w = src.shape[1]
+    for i in range(m):
+        t = nb.int64(tables[i])
+        if t != cur:
+            cur = t
+            rows = dir_rows(d, t)
+            clocks = dir_clocks(d, t)
+        s = slots[i]
+        dst = rows[s]
+        r = src[i]
+        for j in range(w):
+            dst[j] = r[j]
+        if has_advance:
+            clocks[s] += nb.uint64(advance[i])
+            c_g[i] = clocks[s]
+    return OK, -1
 
 
-@nb.njit(cache=True, nogil=True)
-def first_duplicate_jit(stamps, stamp, slots):
-    """Stamp ``stamps[slots[i]] = stamp``; return the first ``i`` whose slot was already
-    stamped by this call (a duplicate key), or -1."""
-    for i in range(slots.shape[0]):
-        if stamps[slots[i]] == stamp:
-            return i
-        stamps[slots[i]] = stamp
-    return -1
-
-
-@nb.njit(cache=True, nogil=True)
-def first_nonfinite_row_jit(a):
-    """The first row of the float32 [n, d] array ``a`` holding a NaN or an infinity, or -1."""
-    for i in range(a.shape[0]):
-        r = a[i]
-        for j in range(r.shape[0]):
-            if not np.isfinite(r[j]):
-                return i
-    return -1
-
-
-# ----------------------------------------------------------------------------- aggregation
+# ----------------------------------------------------------------------------- flat aggregation
 #
-# One pending step (NOTE [ps aggregation] in herald/ps/aggregate.py):
-#   map  pk uint64 [hcap], pi int64 [hcap]           key -> pending index p (-1 empty)
-#   per p: p_slot int64, p_expected int32, p_arrived int32, p_head int64 (entry list)
-#   per entry e: e_rank int32, e_next int64, e_grad float32 [dim]
-#   cnt int64 [3] = (number of p, number of entries, number of open p)
+# The open aggregations of one step over every table of a shard (NOTE [ps aggregation] in
+# herald/ps/aggregate.py, :class:`~herald.ps.aggregate.PendingStep`): a key map (NOTE [key
+# map]) of (table, key) -> pending index p (``buckets`` int64, -1 empty; key ``p_key[p]``,
+# table ``p_table[p]``, -1 = forgotten); per p: ``p_slot``, ``p_expected``, ``p_arrived``,
+# ``p_head`` (its entry list); per entry e: ``e_rank``, ``e_next``, ``e_grad`` float32 [dim];
+# ``cnt`` int64 [3] = (p used, entries used, open p); per table: ``open_t`` (open p) and
+# ``opened_at`` (when its open count last left 0).
 
 
 @nb.njit(cache=True, nogil=True)
-def check_push_grad_jit(pk, pi, p_expected, p_arrived, p_head, e_rank, e_next,
-                        keys, contributors, rank):
-    """Validate a gradient push against one step's pending state without changing it.
+def grad_inputs_check_jit(grads, contributors, bound):
+    """``(code, i, largest contributors)``: ABOVE_BOUND if ``contributors[i] > bound``, else
+    NONFINITE if gradient row i holds a NaN or an infinity, else OK."""
+    cmax = 0
+    for i in range(contributors.shape[0]):
+        c = nb.int64(contributors[i])
+        if c > bound:
+            return ABOVE_BOUND, i, c
+        if c > cmax:
+            cmax = c
+    for i in range(grads.shape[0]):
+        g = grads[i]
+        for j in range(g.shape[0]):
+            if not np.isfinite(g[j]):
+                return NONFINITE, i, cmax
+    return OK, -1, cmax
 
-    Returns (code, i): code 0 ok; 1 contributors[i] == 0; 2 contributors differ from an
-    earlier contribution to the same (key, step); 3 (key, step) already complete; 4 this
-    rank already contributed to (key, step).
-    """
+
+@nb.njit(cache=True, nogil=True)
+def _aggregation_check_jit(tables, keys, contributors, rank, buckets, p_key, p_table, p_expected, p_arrived, p_head,
+                           e_rank, e_next):
+    """NOTE [ps aggregation]'s rules for one push against a step's pending state: ``(code, i)``."""
+    mask = nb.uint64(buckets.shape[0] - 1)
     for i in range(keys.shape[0]):
-        c = np.int64(contributors[i])
+        c = nb.int64(contributors[i])
         if c == 0:
-            return 1, i
-        h = ht_probe_jit(pk, pi, nb.uint64(keys[i]))
-        p = pi[h]
+            return AGG_ZERO, i
+        t = nb.int64(tables[i])
+        key = nb.uint64(keys[i])
+        p = buckets[probe_jit(buckets, p_key, p_table, t, key, home_jit(t, key, mask))]
         if p < 0:
             continue
         if p_expected[p] != c:
-            return 2, i
+            return AGG_DIFFER, i
         if p_arrived[p] >= p_expected[p]:
-            return 3, i
+            return AGG_COMPLETE, i
         e = p_head[p]
         while e >= 0:
             if e_rank[e] == rank:
-                return 4, i
+                return AGG_TWICE, i
             e = e_next[e]
-    return 0, -1
+    return OK, -1
 
 
 @nb.njit(cache=True, nogil=True)
-def push_grad_jit(rows, row_marks, slots, keys, grads, contributors, rank,
-                  pk, pi, p_key, p_slot, p_expected, p_arrived, p_head,
-                  e_rank, e_next, e_grad, cnt, kind, dim, hp):
-    """Record one contributor's gradients for one step; apply the optimizer to every
-    (key, step) whose last contributor this is.
-
-    A key with ``contributors[i] == 1`` and no pending state is applied at once. Others
-    are kept until ``contributors[i]`` ranks have arrived, then summed in increasing rank
-    order (``0 + g_r0 + g_r1 + ...`` in float32, so the result does not depend on the
-    arrival order) and applied once. The caller validated with :func:`check_push_grad_jit`
-    and guarantees room for ``len(keys)`` new pending indices and entries.
-    Returns the number of rows updated.
-    """
+def _aggregation_apply_jit(d, hp, tables, keys, grads, contributors, rank, slots, buckets, p_key, p_table, p_slot,
+                           p_expected, p_arrived, p_head, e_rank, e_next, e_grad, cnt, open_t, opened_at, now):
+    """Record one contributor's gradients (checked, room reserved); apply the optimizer of
+    each key's table to every (key, step) whose last contributor this is; tick the clock of
+    every row left without an open aggregation. Returns the rows updated."""
+    m = keys.shape[0]
+    if m == 0:
+        return 0
     applied = 0
-    for i in range(keys.shape[0]):
+    mask = nb.uint64(buckets.shape[0] - 1)
+    cur = nb.int64(tables[0])
+    rows = dir_rows(d, cur)
+    marks = dir_marks(d, cur)
+    clocks = dir_clocks(d, cur)
+    kind = d[cur, D_OPT]
+    dim = d[cur, D_DIM]
+    hpt = hp[cur]
+    acc = np.empty(e_grad.shape[1] if e_grad.shape[1] > grads.shape[1] else grads.shape[1], np.float32)
+    ids = np.empty(16, np.int64)    # a completed (key, step)'s entries, by increasing rank
+    rk = np.empty(16, np.int64)
+    for i in range(m):
+        t = nb.int64(tables[i])
+        if t != cur:
+            cur = t
+            rows = dir_rows(d, t)
+            marks = dir_marks(d, t)
+            clocks = dir_clocks(d, t)
+            kind = d[t, D_OPT]
+            dim = d[t, D_DIM]
+            hpt = hp[t]
         c = np.int32(contributors[i])
         key = nb.uint64(keys[i])
         s = slots[i]
-        h = ht_probe_jit(pk, pi, key)
-        p = pi[h]
+        h = probe_jit(buckets, p_key, p_table, t, key, home_jit(t, key, mask))
+        p = buckets[h]
         if p < 0 and c == 1:
-            apply_row_jit(rows[s], grads[i], kind, dim, hp)
+            apply_row_jit(rows[s], grads[i], kind, dim, hpt)
             applied += 1
+            if marks[s] == 0:   # NOTE [embedding clocks]: an applied update without an open one left
+                clocks[s] += nb.uint64(1)
             continue
         if p < 0:
             p = cnt[0]
             cnt[0] += 1
             cnt[2] += 1
-            pk[h] = key
-            pi[h] = p
+            buckets[h] = p
             p_key[p] = key
+            p_table[p] = t
             p_slot[p] = s
             p_expected[p] = c
             p_arrived[p] = 0
             p_head[p] = -1
-            row_marks[s] += 1
+            marks[s] += 1
+            if open_t[t] == 0:
+                opened_at[t] = now
+            open_t[t] += 1
         e = cnt[1]
         cnt[1] += 1
         e_rank[e] = rank
@@ -313,33 +641,81 @@ def push_grad_jit(rows, row_marks, slots, keys, grads, contributors, rank,
         p_arrived[p] += 1
         if p_arrived[p] == p_expected[p]:
             n = p_arrived[p]
-            ids = np.empty(n, np.int64)
-            rk = np.empty(n, np.int64)
+            if n > ids.shape[0]:
+                ids = np.empty(2 * n, np.int64)
+                rk = np.empty(2 * n, np.int64)
             e = p_head[p]
             k = 0
-            while e >= 0:
-                ids[k] = e
-                rk[k] = e_rank[e]
+            while e >= 0:   # insertion by rank (ranks of one (key, step) are distinct)
+                r = nb.int64(e_rank[e])
+                q = k
+                while q > 0 and rk[q - 1] > r:
+                    rk[q] = rk[q - 1]
+                    ids[q] = ids[q - 1]
+                    q -= 1
+                rk[q] = r
+                ids[q] = e
                 k += 1
                 e = e_next[e]
-            order = np.argsort(rk)
-            acc = np.zeros(dim, np.float32)
+            for j in range(dim):
+                acc[j] = np.float32(0.0)
             for k in range(n):
-                src = e_grad[ids[order[k]]]
+                src = e_grad[ids[k]]
                 for j in range(dim):
                     acc[j] += src[j]
-            apply_row_jit(rows[s], acc, kind, dim, hp)
+            apply_row_jit(rows[s], acc, kind, dim, hpt)
             applied += 1
-            row_marks[s] -= 1
+            marks[s] -= 1
             cnt[2] -= 1
+            open_t[t] -= 1
+        if marks[s] == 0:
+            clocks[s] += nb.uint64(1)
     return applied
 
 
 @nb.njit(cache=True, nogil=True)
-def copy_rows_jit(dst, src, n):
-    """``dst[:n] = src[:n]`` for 2-d float32 arrays (used when a table grows)."""
-    for i in range(n):
-        d = dst[i]
-        s = src[i]
-        for j in range(s.shape[0]):
-            d[j] = s[j]
+def flat_push_grad_jit(d, seeds, fparams, salts, num_shards, shard, counts, check_room, hp, tables, keys, grads,
+                       contributors, rank, bound, slots, stamp, lru, mode, buckets, p_key, p_table, p_slot, p_expected, p_arrived,
+                       p_head, e_rank, e_next, e_grad, cnt, open_t, opened_at, now):
+    """One contributor's gradients for one step (NOTE [ps aggregation]).
+
+    ``mode`` CHECK_ONLY: validate without changing a row (:func:`flat_room_jit` of the
+    gradients' dim, every ``contributors[i] <= bound``, every gradient finite, keys unique:
+    slots found or inserted and rows stamped, then the aggregation rules against the step's
+    state); returns ``(code, i, largest contributors)``. APPLY_ONLY: record and apply what a
+    CHECK_ONLY call accepted (``slots`` its slots; state room reserved); returns ``(OK, -1,
+    rows updated)``. CHECK_AND_APPLY: both, after a check of the state's room before any
+    change (NEED_STATE: the step has no state, or too small a one: make room, call again).
+
+    Applying: a key with ``contributors[i] == 1`` and no pending state is applied at once.
+    Others are kept until ``contributors[i]`` ranks have arrived, then summed in increasing
+    rank order (``0 + g_r0 + g_r1 + ...`` in float32, so the result does not depend on the
+    arrival order) and applied once with the optimizer of the key's table (``d[t, D_OPT]``,
+    ``hp[t]``: :func:`apply_row_jit`); then the clock of every row without an open
+    aggregation left ticks (NOTE [embedding clocks]).
+    """
+    m = keys.shape[0]
+    if mode != APPLY_ONLY:
+        code, at = flat_room_jit(d, salts, num_shards, shard, grads.shape[1], -1, tables, keys, counts, check_room)
+        if code != OK:
+            return code, at, 0
+        code, at, cmax = grad_inputs_check_jit(grads, contributors, bound)
+        if code != OK:
+            return code, at, cmax
+        if mode == CHECK_AND_APPLY and cmax > 1:
+            need = cnt[0] + m
+            if (need > p_key.shape[0] or 2 * need > buckets.shape[0] or cnt[1] + m > e_rank.shape[0]
+                    or cnt[1] + m > e_grad.shape[0] or e_grad.shape[1] < grads.shape[1]
+                    or open_t.shape[0] < d.shape[0]):
+                return NEED_STATE, -1, cmax
+        code, at = flat_slots_jit(d, seeds, fparams, tables, keys, slots, stamp, lru)
+        if code != OK:
+            return code, at, cmax
+        code, at = _aggregation_check_jit(tables, keys, contributors, rank, buckets, p_key, p_table, p_expected,
+                                          p_arrived, p_head, e_rank, e_next)
+        if code != OK or mode == CHECK_ONLY:
+            return code, at, cmax
+    applied = _aggregation_apply_jit(d, hp, tables, keys, grads, contributors, rank, slots, buckets, p_key, p_table,
+                                     p_slot, p_expected, p_arrived, p_head, e_rank, e_next, e_grad, cnt, open_t,
+                                     opened_at, now)
+    return OK, -1, applied

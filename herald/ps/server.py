@@ -30,7 +30,7 @@ from herald.ps import kernels as K
 from herald.ps.config import ShardLimits
 from herald.spec.tables import OptimizerConfig, TableConfig, check_tables
 from herald.spec.vocab import SPARSE_OPTIMIZERS
-from herald.ps.rows import table_salt
+from herald.ps.store import TableSet, frozen
 from herald.ps.table import EmbeddingTable
 
 MAX_PARTS = 1024
@@ -39,6 +39,20 @@ MAX_MESSAGE_BYTES = 1 << 31
 PUSHER_STEPS = 256
 #: Seconds between two scans for expired aggregations in the serve loop.
 EXPIRE_EVERY_S = 0.1
+
+
+class Part:
+    """One part of a pull or push, its frames checked: ``tables`` (uint16 [n], table
+    positions), ``keys`` (uint64 [n]) and the part's other arrays ``rest`` (float32
+    gradients or rows, contributors, a widened clock frame), the ``dim`` and ``width`` of
+    its first key's table (the kernels check every key's: NOTE [ps wire protocol]) and the
+    part map it came as (``echo``)."""
+
+    __slots__ = ("tables", "keys", "rest", "dim", "width", "echo")
+
+    def __init__(self, tables, keys, rest, dim, width, echo):
+        self.tables, self.keys, self.rest = tables, keys, rest
+        self.dim, self.width, self.echo = dim, width, echo
 
 
 def _error_kind(exc: BaseException) -> str:
@@ -85,7 +99,8 @@ class ShardServer:
         self.bind, self.keys_dir = bind, keys_dir
         check_bind(bind, keys_dir, insecure, f"ps shard {shard}")
         self.tables: list[EmbeddingTable] = []
-        self._salts: list[np.uint64] = []
+        #: every table's arrays reachable from one kernel call (NOTE [table directory])
+        self.store = TableSet(self.shard, self.num_shards)
         self._replies: collections.OrderedDict = collections.OrderedDict()
         self._reply_cache = reply_cache
         self._stop = False
@@ -120,8 +135,7 @@ class ShardServer:
                                   f"conflicting redeclaration {t} rejected (restart the shard to change it)")
         for i in range(len(self.tables), len(tables)):
             self.tables.append(EmbeddingTable(tables[i], i, self.seed, max_bytes=self.limits.max_table_bytes,
-                                              max_resident_rows=self.limits.max_rows or None))
-            self._salts.append(table_salt(i))
+                                              max_resident_rows=self.limits.max_rows or None, tableset=self.store))
 
     # ------------------------------------------------------------------ requests
     def handle(self, frames: Sequence) -> list:
@@ -171,68 +185,102 @@ class ShardServer:
             return PS.pack({"op": op if op in wire.OPS else "", "rid": rid, "ok": False,
                             "error": kind, "message": msg[:2000]}), op
 
-    def _parts(self, header: dict[str, Any], arrays: list, op: str, clock: str | None = None) -> list:
-        """Validate ``parts`` against the arrays: ``[(table, keys, [other arrays of the part])]``.
-        ``clock``: each part ends with that clock frame (NOTE [clock frames]), given back widened
-        to uint64: ``clocks`` (a conditional pull: at most n) or ``advance`` (exactly n)."""
+    def _parts(self, header: dict[str, Any], arrays: list, op: str, clock: str | None = None,
+               wire_dtype: str = "fp32") -> list[Part]:
+        """Check ``parts`` against the arrays (NOTE [ps wire protocol]): per-table parts
+        ``{"table": t}`` and flat parts ``{"flat": true}`` (their first frame: the table of
+        every key); compressed frames (``wire_dtype``, NOTE [wire compression]) are decoded.
+        ``clock``: each part ends with that clock frame (NOTE [clock frames]), given back
+        widened to uint64: ``clocks`` (a conditional pull: at most n) or ``advance`` (exactly
+        n). Every key's table, shape and shard are checked by the op's kernel."""
         parts = header.get("parts")
-        spec = wire.PART_FRAMES[op] + (((clock, None),) if clock else ())
+        spec = wire.PART_FRAMES[op]
+        if (clock is None and (wire_dtype == "fp32" or op == "pull") and type(parts) is list and len(parts) == 1
+                and type(parts[0]) is dict and len(parts[0]) == 1 and parts[0].get("flat") is True
+                and len(arrays) == len(spec) + 1):   # what PSClient sends: one flat part
+            p = self._part(op, spec, parts[0], arrays[0], arrays[1:])
+            if p.keys.shape[0] > self.limits.max_keys_per_request:
+                self._too_many(op, p.keys.shape[0])
+            return [p]
         if not isinstance(parts, list) or len(parts) > MAX_PARTS:
             raise ProtocolError(f"{op}: header 'parts' must be a list of at most {MAX_PARTS} maps")
-        if len(arrays) != len(parts) * len(spec):
-            raise ProtocolError(f"{op}: {len(parts)} parts need {len(parts) * len(spec)} frames, got {len(arrays)}")
-        n_keys = sum(int(arrays[k * len(spec)].shape[0]) for k in range(len(parts)) if arrays[k * len(spec)].ndim)
-        if n_keys > self.limits.max_keys_per_request:
-            raise ProtocolError(f"{op}: {n_keys} keys in one request exceed this shard's max_keys_per_request="
-                                f"{self.limits.max_keys_per_request}; send fewer keys per request (PSClient "
-                                "splits by the limit the shards announce) or raise --max-keys-per-request")
-        out, seen = [], set()
+        base = len(spec) if wire_dtype == "fp32" or op == "pull" else len(wire.COMPRESSED_PART_FRAMES[op])
+        extra = clock is not None
+        sizes = []
         for k, part in enumerate(parts):
-            if not isinstance(part, dict):
-                raise ProtocolError(f"{op}: part {k} must be a map")
-            ti = part.get("table")
-            if type(ti) is not int or not 0 <= ti < len(self.tables):
-                raise ProtocolError(f"{op}: unknown table {ti!r}; this shard has {len(self.tables)} "
-                                    "tables (declare them first)")
-            if op != "pull" and ti in seen:
-                raise ProtocolError(f"{op}: table {ti} appears in two parts; merge them")
-            seen.add(ti)
-            table = self.tables[ti]
-            arrs = arrays[k * len(spec):(k + 1) * len(spec)]
-            for (name, dt), a in zip(spec, arrs):
-                if dt is not None and a.dtype.str != dt:
-                    raise ProtocolError(f"{op}: {name} must be {dt}, got {a.dtype.str}")
-            keys = arrs[0]
-            if keys.ndim != 1:
-                raise ProtocolError(f"{op}: keys must be 1-d, got shape {keys.shape}")
-            n = keys.shape[0]
-            width = {"grads": table.cfg.dim, "rows": table.width}
-            for (name, dt), a in zip(spec[1:], arrs[1:]):
-                if dt is None:
-                    continue   # the clock frame: checked below
-                want = (n, width[name]) if name in width else (n,)
-                if a.shape != want:
-                    raise ProtocolError(f"{op}: {name} of table {table.cfg.name!r} must have shape {want}, "
-                                        f"got {a.shape}")
-            keys = np.array(keys)  # small: an aligned, writeable copy
-            owner = K.shard_of_jit(self._salts[ti], keys, self.num_shards, np.empty(n, np.int64))
-            bad = np.flatnonzero(owner != self.shard)
-            if bad.size:
-                raise ProtocolError(f"{op}: key {int(keys[bad[0]])} of table {ti} belongs to shard "
-                                    f"{int(owner[bad[0]])}, not {self.shard}; route keys with shard_of()")
-            rest = []
-            for (name, dt), a in zip(spec[1:], arrs[1:]):
-                if dt is None:
-                    rest.append(wire.unpack_clocks(a, f"{op} {name} of table {table.cfg.name!r}", n,
-                                                   prefix=name == "clocks"))
-                    continue
-                if name == "contributors" or not a.flags.aligned:
-                    a = np.array(a)  # small, or unaligned: copy
-                if name != "contributors":
-                    a.setflags(write=False)  # one kernel variant: read-only float32
-                rest.append(a)
-            out.append((table, keys, rest))
+            if type(part) is not dict or (part.get("flat") is not True) == ("table" not in part):
+                raise ProtocolError(f"{op}: part {k} must be a map {{'table': index}} or {{'flat': true}}")
+            sizes.append(base + extra + ("table" not in part))
+        if len(arrays) != sum(sizes):
+            raise ProtocolError(f"{op}: {len(parts)} parts need {sum(sizes)} frames, got {len(arrays)}")
+        out, n_keys, at = [], 0, 0
+        for k, part in enumerate(parts):
+            frames = arrays[at:at + sizes[k]]
+            at += sizes[k]
+            flat = "table" not in part
+            tables = frames[0] if flat else None
+            ops = frames[flat:sizes[k] - extra]
+            if base != len(spec):
+                ops = compress.decode_part(op, ops, wire_dtype)
+            p = self._part(op, spec, part, tables, ops)
+            if extra:
+                p.rest.append(frozen(wire.unpack_clocks(frames[-1], f"{op} {clock} of part {k}", p.keys.shape[0],
+                                                        prefix=clock == "clocks")))
+            n_keys += p.keys.shape[0]
+            out.append(p)
+        if n_keys > self.limits.max_keys_per_request:
+            self._too_many(op, n_keys)
+        if op != "pull" and len(out) > 1:
+            seen = set()
+            for p in out:
+                ts = set(np.unique(p.tables).tolist())
+                if ts & seen:
+                    raise ProtocolError(f"{op}: table {min(ts & seen)} appears in two parts; merge them")
+                seen |= ts
         return out
+
+    def _too_many(self, op: str, n_keys: int) -> None:
+        raise ProtocolError(f"{op}: {n_keys} keys in one request exceed this shard's max_keys_per_request="
+                            f"{self.limits.max_keys_per_request}; send fewer keys per request (PSClient "
+                            "splits by the limit the shards announce) or raise --max-keys-per-request")
+
+    def _part(self, op: str, spec: tuple, part: dict, tables, frames: list) -> Part:
+        """One part's frames: dtypes and shapes (against its first key's table); arrays
+        frozen (one kernel variant each: :func:`~herald.ps.store.frozen`)."""
+        for (name, dt), a in zip(spec, frames):
+            if a.dtype.str != dt:
+                raise ProtocolError(f"{op}: {name} must be {dt}, got {a.dtype.str}")
+        keys = frames[0]
+        if keys.ndim != 1:
+            raise ProtocolError(f"{op}: keys must be 1-d, got shape {keys.shape}")
+        n = keys.shape[0]
+        n_tables = len(self.tables)
+        if tables is None:   # a per-table part
+            ti = part.get("table")
+            if type(ti) is not int or not 0 <= ti < n_tables:
+                raise ProtocolError(f"{op}: unknown table {ti!r}; this shard has {n_tables} tables "
+                                    "(declare them first)")
+            tables = self.store.positions(ti, n)
+            name = repr(self.tables[ti].cfg.name)
+        else:
+            if tables.dtype.str != wire.TABLES_DTYPE or tables.shape != (n,):
+                raise ProtocolError(f"{op}: the tables frame of a flat part must be {wire.TABLES_DTYPE} [{n}], "
+                                    f"got {tables.dtype.str} {tables.shape}")
+            ti = int(tables[0]) if n else -1
+            if ti >= n_tables:
+                raise ProtocolError(f"{op}: unknown table {ti}; this shard has {n_tables} tables (declare them first)")
+            name = repr(self.tables[ti].cfg.name) if ti >= 0 else "(none)"
+            tables = frozen(tables)
+        if ti >= 0:
+            dim, width = self.tables[ti].cfg.dim, self.tables[ti].width
+        else:   # no keys: nothing to check
+            dim = width = next((a.shape[1] for a in frames[1:] if a.ndim == 2), 0)
+        size = {"grads": dim, "rows": width}
+        for (field, _), a in zip(spec[1:], frames[1:]):
+            want = (n, size[field]) if field in size else (n,)
+            if a.shape != want:
+                raise ProtocolError(f"{op}: {field} of table {name} must have shape {want}, got {a.shape}")
+        return Part(tables, frozen(keys), [frozen(a) for a in frames[1:]], dim, width, part)
 
     def _op_ping(self, header, arrays):
         return {}, []
@@ -259,15 +307,15 @@ class ShardServer:
     def _op_pull(self, header, arrays):
         if "staleness" in header:   # NOTE [clock frames]: a conditional pull
             return clocked.op_pull(self, header, arrays)
-        parts = self._parts(header, arrays, "pull")
         wire_dtype = compress.wire_of(header)   # NOTE [wire compression]
+        parts = self._parts(header, arrays, "pull")
         out = []
-        for table, keys, _ in parts:
-            rows, pending = table.pull(keys)
-            self.counters["pull_keys"] += keys.shape[0]
+        for p in parts:
+            rows, pending = self.store.pull(p.tables, p.keys, p.dim, p.width)
+            self.counters["pull_keys"] += p.keys.shape[0]
             self.counters["pull_pending_keys"] += pending
-            out += compress.encode_rows(rows, table.cfg.dim, wire_dtype)
-        reply = {"parts": [{"table": t.index} for t, _, _ in parts]}
+            out += compress.encode_rows(rows, p.dim, wire_dtype)
+        reply = {"parts": [p.echo for p in parts]}
         return (dict(reply, wire=wire_dtype) if wire_dtype != "fp32" else reply), out
 
     def _op_push_grad(self, header, arrays):
@@ -277,31 +325,33 @@ class ShardServer:
         if rank >= bound:
             raise ProtocolError(f"push_grad: rank {rank} is not below {self._bound_name()}; "
                                 "ranks run from 0 to workers - 1")
-        arrays = compress.decode_request("push_grad", header, arrays)   # NOTE [wire compression]
-        parts = self._parts(header, arrays, "push_grad")
-        for table, keys, (grads, contributors) in parts:  # NOTE [ps limits], before any change
-            if contributors.shape[0] and int(contributors.max()) > bound:
-                i = int(np.argmax(contributors))
-                raise ProtocolError(f"push_grad: contributors {int(contributors[i])} of key {int(keys[i])} in "
-                                    f"table {table.cfg.name!r} exceed {self._bound_name()}; a key has at most "
-                                    "one contributor per worker (NOTE [ps aggregation])")
-            bad = K.first_nonfinite_row_jit(grads)
-            if bad >= 0:
-                raise ProtocolError(f"push_grad: the gradient of key {int(keys[bad])} in table "
-                                    f"{table.cfg.name!r} (step {step}, rank {rank}) holds NaN or infinity; "
-                                    "nothing was stored: fix the model's loss (or clip the gradients) first")
-        slots = [t.check_push_grad(k, rest[1], step, rank) for t, k, rest in parts]
+        parts = self._parts(header, arrays, "push_grad", wire_dtype=compress.wire_of(header))
+        stamp = self.store.next_stamp()   # a key twice in the request, in any part, is refused
+        name = self._bound_name()
+        if len(parts) == 1:   # checked and applied in one kernel call
+            p = parts[0]
+            applied = self.store.push_grad(p.tables, p.keys, p.rest[0], p.rest[1], step, rank, stamp, bound=bound,
+                                           bound_name=name)[1]
+        else:   # every part checked before any is applied (NOTE [ps aggregation])
+            checked = [self.store.push_grad(p.tables, p.keys, p.rest[0], p.rest[1], step, rank, stamp,
+                                            mode=K.CHECK_ONLY, bound=bound, bound_name=name) for p in parts]
+            if max(cmax for _, cmax in checked) > 1:
+                self.store.reserve_step(step, sum(p.keys.shape[0] for p in parts), max(p.dim for p in parts))
+            applied = sum(self.store.push_grad(p.tables, p.keys, p.rest[0], p.rest[1], step, rank, stamp,
+                                               mode=K.APPLY_ONLY, slots=slots)[1]
+                          for p, (slots, _) in zip(parts, checked))
+        self._pushers_add(step, rank)
+        self.counters["push_grad_keys"] += sum(p.keys.shape[0] for p in parts)
+        self.counters["rows_updated"] += applied
+        return {"applied": applied}, []
+
+    def _pushers_add(self, step: int, rank: int) -> None:
+        """Remember that ``rank`` pushed ``step`` (to name the missing ranks of an abort)."""
         ranks = self._pushers.setdefault(step, set())
         ranks.add(rank)
         self._pushers.move_to_end(step)
         while len(self._pushers) > PUSHER_STEPS:
             self._pushers.popitem(last=False)
-        applied = 0
-        for (table, keys, (grads, contributors)), s in zip(parts, slots):
-            applied += table.push_grad(keys, grads, contributors, step, rank, slots=s)
-            self.counters["push_grad_keys"] += keys.shape[0]
-        self.counters["rows_updated"] += applied
-        return {"applied": applied}, []
 
     @property
     def contributor_bound(self) -> int:
@@ -320,8 +370,8 @@ class ShardServer:
         now = time.monotonic() if now is None else now
         timeout_s = self.limits.aggregation_timeout_ms / 1000.0
         out = []
-        for table in self.tables:
-            for report in table.expire(now, timeout_s):
+        if self.store.pending:
+            for report in self.store.expire(now, timeout_s):
                 pushed = sorted(self._pushers.get(report["step"], ()))
                 report["ranks_pushed"] = pushed
                 if self.workers is not None:
@@ -342,11 +392,11 @@ class ShardServer:
     def _op_push_rows(self, header, arrays):
         if "advance" in header or "read_clocks" in header:   # NOTE [clock frames]
             return clocked.op_push_rows(self, header, arrays)
-        arrays = compress.decode_request("push_rows", header, arrays)   # NOTE [wire compression]
-        parts = self._parts(header, arrays, "push_rows")
-        for table, keys, (rows,) in parts:
-            table.push_rows(keys, rows)
-            self.counters["push_rows_keys"] += keys.shape[0]
+        parts = self._parts(header, arrays, "push_rows", wire_dtype=compress.wire_of(header))
+        stamp = self.store.next_stamp()
+        for p in parts:
+            self.store.push_rows(p.tables, p.keys, p.rest[0], None, stamp)
+            self.counters["push_rows_keys"] += p.keys.shape[0]
         return {}, []
 
     def _op_gba_push(self, header, arrays):   # NOTE [gba tokens] (herald/ps/gba.py)
@@ -360,7 +410,7 @@ class ShardServer:
 
     def _op_checkpoint(self, header, arrays):
         path = self.admin.check("checkpoint", header)   # NOTE [ps admin ops]
-        open_aggs = sum(t.open_aggregations for t in self.tables)
+        open_aggs = self.store.open_total
         if open_aggs:
             raise ProtocolError(f"checkpoint refused: {open_aggs} gradient aggregations are open; "
                                 "checkpoint between steps (after every push of the step is acked); an "
@@ -390,7 +440,7 @@ class ShardServer:
             "counters": dict(self.counters),
             "busy_s": {op: round(s, 6) for op, s in self.busy_s.items()},
             "uptime_s": round(time.monotonic() - self._started, 6),
-            "open_aggregations": sum(t.open_aggregations for t in self.tables),
+            "open_aggregations": self.store.open_total,
             "aborted": list(self.aborted),
             "limits": self.limits.to_dict(), "workers": self.workers,
             "pull_pending_keys": self.counters["pull_pending_keys"],
@@ -456,14 +506,16 @@ def warm_up() -> None:
         t = EmbeddingTable(TableConfig("warm", 2, OptimizerConfig(name=name)), 0, 0, 16)
         keys = np.arange(4, dtype=np.uint64)
         t.pull(keys)
-        grads = np.frombuffer(np.ones((4, 2), np.float32).tobytes(), np.float32).reshape(4, 2)
+        grads = np.ones((4, 2), np.float32)
         t.push_grad(keys, grads, np.ones(4, np.uint16), 0, 0)
         t.push_grad(keys, grads, np.full(4, 2, np.uint16), 1, 0)
         t.push_grad(keys, grads, np.full(4, 2, np.uint16), 1, 1)
-        rows = np.frombuffer(np.ones((4, t.width), np.float32).tobytes(), np.float32).reshape(4, t.width)
+        rows = np.ones((4, t.width), np.float32)
         t.push_rows(keys, rows)
+        t.push_rows(keys, rows, np.ones(4, np.uint64))
+        t.pull_clocked(keys, np.zeros(2, np.uint64), 0)
         t.pull(keys)
-        K.first_nonfinite_row_jit(grads)
+    K.shard_of_jit(np.uint64(0), frozen(np.arange(4, dtype=np.uint64)), 1, np.empty(4, np.int64))
 
 
 def run_shard(shard: int, num_shards: int, bind: str, tables=(), seed: int = 0,

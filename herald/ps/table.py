@@ -2,12 +2,14 @@
 
 Persia §4.2.2: rows live in one array (embedding and optimizer state together), so a
 checkpoint is a memory copy of ``rows[:n_rows]`` and ``row_keys[:n_rows]``; the shared
-key map (NOTE [key map] in :mod:`herald.keymap`) indexes it.
+key map (NOTE [key map] in :mod:`herald.keymap`) indexes it. The reads and writes of a
+shard run over all its tables at once (:class:`~herald.ps.store.TableSet`, NOTE [table
+directory] in herald/ps/kernels.py); this class owns one table's arrays and the Python
+paths of growth, limits and eviction, and serves its own keys through its set (a set of
+its own when it stands alone).
 """
 
 from __future__ import annotations
-
-import time
 
 import numpy as np
 
@@ -15,22 +17,15 @@ from herald import keymap
 from herald.errors import ProtocolError
 from herald.ps import kernels as K
 from herald.ps.aggregate import PendingStep
+from herald.ps.store import TableSet, frozen
 from herald.spec.tables import TableConfig
 from herald.ps.rows import hyper_params, init_args
-from herald.ps.wire import valid_copies
-
-#: Completed steps whose key maps are kept to reject late contributions (NOTE [ps aggregation]).
-RETAIN_STEPS = 4
 
 #: The table of every key in a table's map (one map per table: NOTE [key map]).
 _ONE_TABLE = 0
 
 #: Per-row arrays besides ``rows`` (grown, compacted and reset together).
 _PER_ROW = ("row_keys", "row_marks", "stamps", "last_used", "clocks")
-
-
-def _empty_step(dim: int) -> PendingStep:
-    return PendingStep(dim, 0)
 
 
 class EmbeddingTable:
@@ -45,10 +40,18 @@ class EmbeddingTable:
             New keys that would grow the table past it are refused (:class:`ProtocolError`)
             before anything is stored.
         max_resident_rows: LRU bound on the rows held (NOTE [bounded ps]); None: no bound.
+        tableset: the :class:`TableSet` of the shard this table belongs to (the table is
+            appended to it); None: a set of its own.
+
+    Attributes:
+        pos: the table's position in its set (the shard's table index).
+        pending: the set's open aggregations per step (NOTE [ps aggregation]; a shard's
+            tables share them).
     """
 
     def __init__(self, tcfg: TableConfig, table_index: int, seed: int, capacity_rows: int = 1024,
-                 max_bytes: int | None = None, max_resident_rows: int | None = None):
+                 max_bytes: int | None = None, max_resident_rows: int | None = None,
+                 tableset: TableSet | None = None):
         self.cfg = tcfg
         self.index = table_index
         self.width = tcfg.row_width
@@ -59,11 +62,8 @@ class EmbeddingTable:
         if self.max_resident is not None and self.max_resident < 1:
             raise ValueError(f"max_resident_rows must be >= 1, got {max_resident_rows}")
         self.evicted = 0        # rows dropped by the LRU bound (NOTE [bounded ps])
-        self._clock = 0         # requests seen: the LRU's time
-        self._init = init_args(tcfg, table_index, seed)
-        self._hp = hyper_params(tcfg)
-        self._kind = tcfg.optimizer.kind
-        self.n_rows = 0
+        self.init_args = init_args(tcfg, table_index, seed)
+        self.hp = hyper_params(tcfg)
         cap = max(16, int(capacity_rows))
         if self.max_rows is not None:
             cap = max(16, min(cap, self.max_rows))
@@ -73,15 +73,27 @@ class EmbeddingTable:
         self.stamps = np.zeros(cap, np.uint32)     # duplicate detection per request
         self.last_used = np.zeros(cap, np.uint64)  # request clock of each row's last touch
         self.clocks = np.zeros(cap, np.uint64)     # c_g of each row: NOTE [embedding clocks]
-        self._stamp = 0
+        self._set = tableset if tableset is not None else TableSet()
+        self.pos = self._set.add(self)
         self._rebuild_map(2 * cap)
-        self.pending: dict[int, PendingStep] = {}
-        self._retired: list[int] = []
-        self._no_step = _empty_step(tcfg.dim)
+
+    @property
+    def n_rows(self) -> int:
+        """Rows held (kept in the set's directory, where the kernels update it)."""
+        return int(self._set.d[self.pos, K.D_NROWS])
+
+    @n_rows.setter
+    def n_rows(self, n: int) -> None:
+        self._set.d[self.pos, K.D_NROWS] = n
+
+    @property
+    def pending(self) -> dict[int, PendingStep]:
+        return self._set.pending
 
     def _rebuild_map(self, max_keys: int) -> None:
         """Buckets (int64 slots) for ``max_keys`` keys at load <= 1/2, holding the rows so far."""
         self.buckets = keymap.new_buckets(max_keys, self.row_keys, _ONE_TABLE, self.n_rows, np.int64)
+        self._set.publish(self.pos)
 
     def reserve(self, n: int) -> None:
         """Room for ``n`` more rows (arrays double; the map stays at load <= 1/2)."""
@@ -102,6 +114,7 @@ class EmbeddingTable:
                 setattr(self, name, new)
         if 2 * need > self.buckets.shape[0]:
             self._rebuild_map(2 * need)
+        self._set.publish(self.pos)
 
     def _check(self, keys: np.ndarray, arr: np.ndarray | None = None, width: int = 0,
                contributors: np.ndarray | None = None) -> None:
@@ -111,32 +124,33 @@ class EmbeddingTable:
         if arr is not None:
             ok = ok and arr.dtype == np.float32 and arr.shape == (n, width) and arr.flags.c_contiguous
         if contributors is not None:
-            ok = ok and contributors.dtype == np.uint16 and contributors.shape == (n,)
+            ok = ok and isinstance(contributors, np.ndarray) and contributors.dtype == np.uint16 \
+                and contributors.shape == (n,)
         if not ok:
             raise ProtocolError(f"table {self.cfg.name!r}: expected keys uint64 [n]"
                                 + (f", float32 [n, {width}] C-contiguous" if arr is not None else "")
                                 + (", contributors uint16 [n]" if contributors is not None else ""))
 
+    def _mine(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(tables, keys) of a request of this table's ``keys`` to its set."""
+        return self._set.positions(self.pos, keys.shape[0]), frozen(keys)
+
+    def prepare(self, keys: np.ndarray) -> None:
+        """Room for the unseen ones of ``keys`` (uint64 [n]): growth; NOTE [ps limits]'
+        ``max_bytes`` (:class:`ProtocolError` before anything is stored); NOTE [bounded ps]'
+        eviction, never of a row of ``keys``."""
+        grow = keys.shape[0]
+        scratch = np.empty(grow, np.int64)
+        if self.max_rows is not None and self.n_rows + grow > self.max_rows:
+            grow = self._check_growth(keys, scratch)
+        if self.max_resident is not None and self.n_rows + grow > self.max_resident:
+            grow = self._evict_for(keys, scratch)
+        self.reserve(grow)
+
     def slots(self, keys: np.ndarray) -> np.ndarray:
         """Row slots of ``keys`` (uint64 [n]), inserting initialised rows for unseen keys."""
         self._check(keys)
-        out = np.empty(keys.shape[0], np.int64)
-        grow = keys.shape[0]
-        if self.max_rows is not None and self.n_rows + grow > self.max_rows:
-            grow = self._check_growth(keys, out)
-        if self.max_resident is not None and self.n_rows + grow > self.max_resident:
-            grow = self._evict_for(keys, out)
-        self.reserve(grow)
-        n0 = self.n_rows
-        n = np.array([n0], np.int64)
-        keymap.find_or_insert_many_jit(self.buckets, self.row_keys, _ONE_TABLE, n, _ONE_TABLE, keys, out)
-        self.n_rows = int(n[0])
-        if self.n_rows > n0:  # keys seen for the first time: slots n0.. in order, rows initialised
-            K.init_rows_jit(self.rows[n0:self.n_rows], self.row_keys[n0:self.n_rows], *self._init)
-        if self.max_resident is not None:
-            self._clock += 1
-            self.last_used[out] = self._clock
-        return out
+        return self._set.slots(*self._mine(keys))
 
     # NOTE [bounded ps]
     # ~~~~~~~~~~~~~~~~~
@@ -189,9 +203,7 @@ class EmbeddingTable:
             arr = getattr(self, name)
             arr[:kept] = arr[:n][keep]
             arr[kept:n] = 0
-        for state in self.pending.values():
-            used = int(state.cnt[0])  # slots of completed aggregations may go -1: never read again
-            state.p_slot[:used] = new_of_old[state.p_slot[:used]]
+        self._set.remap(self.pos, new_of_old)   # pending aggregations follow their rows
         self.n_rows = kept
         self.evicted += int(victims.shape[0])
         self._rebuild_map(self.buckets.shape[0] // 2)
@@ -212,26 +224,11 @@ class EmbeddingTable:
                                 f"max_table_bytes={self.max_bytes}; add PS shards or raise --max-table-bytes")
         return unseen
 
-    def _unique_slots(self, keys: np.ndarray, op: str) -> np.ndarray:
-        slots = self.slots(keys)
-        self._stamp = (self._stamp + 1) & 0xFFFFFFFF
-        if self._stamp == 0:
-            self.stamps[:] = 0
-            self._stamp = 1
-        dup = K.first_duplicate_jit(self.stamps, np.uint32(self._stamp), slots)
-        if dup >= 0:
-            raise ProtocolError(f"{op} on table {self.cfg.name!r}: key {int(keys[dup])} appears twice; "
-                                "send each key once per request (sum its gradients first)")
-        return slots
-
     def pull(self, keys: np.ndarray) -> tuple[np.ndarray, int]:
         """Rows of ``keys`` (float32 [n, width], duplicates allowed) and how many of them
         have an open aggregation (NOTE [ps aggregation])."""
-        slots = self.slots(keys)
-        out = np.empty((keys.shape[0], self.width), np.float32)
-        K.gather_jit(self.rows, slots, out)
-        pending = int(K.count_marked_jit(self.row_marks, slots)) if self.open_aggregations else 0
-        return out, pending
+        self._check(keys)
+        return self._set.pull(*self._mine(keys), self.cfg.dim, self.width)
 
     def pull_clocked(self, keys: np.ndarray, c_c: np.ndarray, staleness: int) -> tuple[np.ndarray, np.ndarray, int]:
         """A conditional pull (NOTE [clock frames] in herald/ps/wire.py): ``c_c`` (uint64 [m],
@@ -247,15 +244,7 @@ class EmbeddingTable:
         if not (isinstance(c_c, np.ndarray) and c_c.dtype == np.uint64 and c_c.ndim == 1
                 and c_c.shape[0] <= keys.shape[0]):
             raise ProtocolError(f"table {self.cfg.name!r}: cached clocks must be uint64 [m <= {keys.shape[0]}]")
-        slots = self.slots(keys)
-        c_g = self.clocks[slots]
-        fetch = np.ones(keys.shape[0], bool)
-        fetch[:c_c.shape[0]] = ~valid_copies(c_c, c_g[:c_c.shape[0]], staleness)
-        at = slots[fetch]
-        out = np.empty((at.shape[0], self.width), np.float32)
-        K.gather_jit(self.rows, at, out)
-        pending = int(K.count_marked_jit(self.row_marks, at)) if self.open_aggregations else 0
-        return c_g, out, pending
+        return self._set.pull_clocked(*self._mine(keys), self.cfg.dim, self.width, frozen(c_c), staleness)
 
     def push_rows(self, keys: np.ndarray, rows: np.ndarray, advance: np.ndarray | None = None) -> np.ndarray | None:
         """Overwrite rows (embedding + state) of unique ``keys`` with ``rows`` [n, width]; with
@@ -269,59 +258,22 @@ class EmbeddingTable:
         if advance is not None and not (isinstance(advance, np.ndarray) and advance.dtype == np.uint64
                                         and advance.shape == keys.shape):
             raise ProtocolError(f"table {self.cfg.name!r}: clock advances must be uint64 [{keys.shape[0]}]")
-        slots = self._unique_slots(keys, "push_rows")
-        K.scatter_jit(self.rows, slots, rows)
-        if advance is None:
-            return None
-        self.clocks[slots] += advance
-        return self.clocks[slots]
+        return self._set.push_rows(*self._mine(keys), frozen(rows), None if advance is None else frozen(advance),
+                                   self._set.next_stamp())
 
-    def check_push_grad(self, keys, contributors, step: int, rank: int) -> np.ndarray:
-        """Validate a gradient push without changing any row; returns the keys' slots.
-
-        Raises:
-            ProtocolError: duplicate keys, or the push breaks NOTE [ps aggregation].
-        """
-        self._check(keys, None, 0, contributors)
-        slots = self._unique_slots(keys, "push_grad")
-        step_state = self.pending.get(step)
-        (step_state if step_state is not None else self._no_step).check(keys, contributors, rank)
-        return slots
-
-    def push_grad(self, keys, grads, contributors, step: int, rank: int, slots=None) -> int:
+    def push_grad(self, keys, grads, contributors, step: int, rank: int) -> int:
         """One contributor's gradients for ``step`` (NOTE [ps aggregation]); returns rows updated.
 
         Args:
             keys: uint64 [n], unique; grads: float32 [n, dim]; contributors: uint16 [n].
-            slots: the result of :meth:`check_push_grad` (computed here if None).
 
         Raises:
-            ProtocolError: duplicate keys, or the push breaks the aggregation rules
-                (nothing is changed then).
+            ProtocolError: duplicate keys, a gradient holding NaN or infinity, or the push
+                breaks the aggregation rules (no row is changed then).
         """
-        self._check(keys, grads, self.cfg.dim)
-        if slots is None:
-            slots = self.check_push_grad(keys, contributors, step, rank)
-        step_state = self.pending.get(step)
-        check = step_state if step_state is not None else self._no_step
-        if step_state is not None and step_state.open == 0:
-            step_state.opened_at = time.monotonic()   # reopened after it had completed
-        if step_state is None:
-            if not np.any(contributors > 1):
-                applied = int(K.push_grad_jit(self.rows, self.row_marks, slots, keys, grads, contributors,
-                                           np.int64(rank), check.pk, check.pi, check.p_key, check.p_slot,
-                                           check.p_expected, check.p_arrived, check.p_head, check.e_rank,
-                                           check.e_next, check.e_grad, check.cnt, self._kind,
-                                           self.cfg.dim, self._hp))
-                self._tick(slots)
-                return applied
-            step_state = self.pending[step] = PendingStep(self.cfg.dim, keys.shape[0])
-        applied = step_state.push(self.rows, self.row_marks, slots, keys, grads, contributors, rank,
-                                  self._kind, self._hp)
-        self._tick(slots)
-        if step_state.open == 0:
-            self._retire(step)
-        return applied
+        self._check(keys, grads, self.cfg.dim, contributors)
+        return self._set.push_grad(*self._mine(keys), frozen(grads), frozen(contributors), step, rank,
+                                   self._set.next_stamp())[1]
 
     # NOTE [embedding clocks]
     # ~~~~~~~~~~~~~~~~~~~~~~~
@@ -339,44 +291,14 @@ class EmbeddingTable:
     # frames] in herald/ps/wire.py). Clocks are not checkpointed: a restored table, like the
     # emptied worker caches at a checkpoint barrier, starts them at 0.
 
-    def _tick(self, slots: np.ndarray) -> None:
-        """c_g += 1 for the rows of ``slots`` whose gradient was applied by the push just made."""
-        done = slots[self.row_marks[slots] == 0]
-        self.clocks[done] += np.uint64(1)
-
-    def _retire(self, step: int) -> None:
-        """A step without open aggregations keeps its key map (so late or repeated
-        contributions are still rejected) but frees its gradients; only the last
-        ``RETAIN_STEPS`` such steps are kept."""
-        state = self.pending[step]
-        state.e_grad = np.zeros((0, self.cfg.dim), np.float32)
-        if step in self._retired:
-            self._retired.remove(step)
-        self._retired.append(step)
-        while len(self._retired) > RETAIN_STEPS:
-            old = self._retired.pop(0)
-            if old in self.pending and self.pending[old].open == 0:
-                del self.pending[old]
-
     def expire(self, now: float, timeout_s: float) -> list[dict]:
-        """Abort the steps whose open aggregations are older than ``timeout_s`` (NOTE [ps
-        aggregation]); returns one report per aborted step: ``table``, ``step``,
-        ``open_keys`` dropped, ``contributors`` expected, ``waited_ms``, ``missing_ranks``
-        (None here: the caller, who knows the ranks that pushed, fills it in place)."""
-        out = []
-        for step, state in list(self.pending.items()):
-            if state.open and now - state.opened_at >= timeout_s:
-                dropped, expected = state.abort(self.row_marks)
-                state.aborted = {"table": self.cfg.name, "step": int(step), "open_keys": dropped,
-                                 "contributors": expected, "waited_ms": int((now - state.opened_at) * 1000),
-                                 "missing_ranks": None}
-                out.append(state.aborted)
-                self._retire(step)
-        return out
+        """Abort this table's aggregations open longer than ``timeout_s`` (NOTE [ps
+        aggregation]); one report per aborted step (:meth:`TableSet.expire`)."""
+        return self._set.expire(now, timeout_s, only=self.pos)
 
     @property
     def open_aggregations(self) -> int:
-        return sum(s.open for s in self.pending.values())
+        return self._set.open_of(self.pos)
 
     def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
         """(row_keys uint64 [n], rows float32 [n, width]): views, copy before mutating."""
@@ -401,6 +323,5 @@ class EmbeddingTable:
         self.last_used = np.zeros(cap, np.uint64)
         self.clocks = np.zeros(cap, np.uint64)   # clocks restart with a restored table
         self.n_rows = n
-        self.pending = {}
-        self._retired = []
+        self._set.forget(self.pos)   # its open aggregations, and the key maps of its steps
         self._rebuild_map(2 * cap)

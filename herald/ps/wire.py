@@ -14,12 +14,13 @@ import numpy as np
 from herald.errors import ProtocolError
 from herald.wire import Protocol
 
-#: Version 2: NOTE [wire format] layout (``arrays`` with numpy dtype strings).
+#: Version 3: NOTE [wire format] layout (``arrays`` with numpy dtype strings); flat parts
+#: (NOTE [ps wire protocol]: one part carries keys of many tables, a tables frame first).
 #: Frames under 1 MiB are copied by ``send(copy=False)`` anyway: a memcpy of up to
 #: 1 MiB is cheaper than pyzmq's zero-copy bookkeeping (its garbage-collector thread).
 #: ``<f2`` and ``|i1`` carry compressed payloads (NOTE [wire compression], herald/ps/compress.py);
 #: ``|u1``, ``<u2``, ``<u4`` and ``<u8`` clock frames (:data:`CLOCK_DTYPES`).
-PS = Protocol("ps", 2, frozenset({"<u8", "<f4", "<u2", "<f2", "|i1", "|u1", "<u4"}), max_header_bytes=1 << 20,
+PS = Protocol("ps", 3, frozenset({"<u8", "<f4", "<u2", "<f2", "|i1", "|u1", "<u4"}), max_header_bytes=1 << 20,
               max_frames=4096, max_dims=2, copy_threshold_bytes=1 << 20)
 
 #: Requests; the replies carry the same op. Mutating ops are deduplicated by
@@ -30,7 +31,10 @@ MUTATING = frozenset({"declare", "push_grad", "push_rows", "checkpoint", "restor
 #: Ops that carry the job's admin token (header ``token``), checked by the shard before
 #: anything else: NOTE [ps admin ops] (herald/ps/admin.py).
 ADMIN = frozenset({"checkpoint", "restore", "shutdown"})
-#: Array frames per part: op -> ((name, wire dtype), ...).
+#: The first frame of a flat part (``{"flat": true}``): the table index of every key.
+TABLES_DTYPE = "<u2"
+#: Array frames per part: op -> ((name, wire dtype), ...); a flat part has the tables frame
+#: (:data:`TABLES_DTYPE` [n]) before them.
 PART_FRAMES = {
     "pull": (("keys", "<u8"),),
     "push_grad": (("keys", "<u8"), ("grads", "<f4"), ("contributors", "<u2")),

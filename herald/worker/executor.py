@@ -365,9 +365,8 @@ class PlanExecutor:
             return
         with self.timer("grad_push"):
             g = grads.host_rows(step_rows.positions(plan.grad_push))
-            parts = {t: (plan.grad_push.ids[m], np.ascontiguousarray(g[m]), plan.contributors[m])
-                     for t, m in psio.table_groups(plan.grad_push.table)}
-            self._writes.append(self.ps.push_grad_async(parts, step=mb.step, rank=self.rank))
+            self._writes.append(psio.push_grads_async(self.ps, plan.grad_push, g, plan.contributors, mb.step,
+                                                      self.rank))
             self.bytes_pushed += plan.grad_push.ids.nbytes + g.nbytes
 
     def update_local(self, plan: CachePlan, grads: StepGrads, step_rows: StepRows) -> None:

@@ -2,7 +2,8 @@
 
 Shared by the plan executor (:mod:`herald.worker.api`) and the replicated tables
 (:mod:`herald.worker.replicas`). A KeySet may hold several tables; each call sends one
-multi-table request per shard, in parallel, and waits for the answers.
+request per shard carrying every table's keys as one flat part (NOTE [ps wire protocol]:
+tables and ids as they are, no per-table split), in parallel, and waits for the answers.
 """
 
 from __future__ import annotations
@@ -44,18 +45,16 @@ def table_runs(table: np.ndarray, first: np.ndarray | None = None) -> tuple[np.n
 
 
 def pull_keys_async(ps: PSClient, keys: KeySet, row_width: int) -> Callable[[], np.ndarray]:
-    """Start pulling ``keys``; the returned ``wait()`` gives float32 [len(keys), row_width]:
-    the PS rows (embedding + optimizer state) in key order."""
-    order, runs = table_runs(keys.table)
-    ids = keys.ids[order]
-    handle = ps.pull_async({t: ids[a:b] for t, a, b in runs})
+    """Start pulling ``keys`` (one flat request per shard: NOTE [ps wire protocol]); the
+    returned ``wait()`` gives float32 [len(keys), row_width] (writeable): the PS rows
+    (embedding + optimizer state) in key order."""
+    if not len(keys):
+        return lambda: np.empty((0, row_width), np.float32)
+    handle = ps.pull_flat_async(keys.table, keys.ids)
 
     def wait() -> np.ndarray:
-        got = handle.wait()
-        rows = np.empty((len(keys), row_width), np.float32)
-        if runs:
-            rows[order] = got[runs[0][0]] if len(runs) == 1 else np.concatenate([got[t] for t, _, _ in runs])
-        return rows
+        rows = handle.wait()
+        return rows if rows.flags.writeable else rows.copy()   # one shard's reply frame is read-only
 
     return wait
 
@@ -105,27 +104,21 @@ def fetch_async(ps: PSClient, keys: KeySet, row_width: int, clocked: np.ndarray 
     clock_wait, out_bytes = None, 0
     if clocked.any():
         at = np.flatnonzero(clocked)
-        order, runs = table_runs(keys.table[at], checked[at])
-        at = at[order]   # by table, each table's checked keys first
-        first = checked[at]
         c_c = np.zeros(n, np.uint64) if c_c is None else np.asarray(c_c, np.uint64)
-        batch = {t: (keys.ids[at[a:b]], c_c[at[a:a + int(first[a:b].sum())]]) for t, a, b in runs}
-        handle, out_bytes = ps.pull_clocked_async(batch, staleness)
-        clock_wait = (handle, at, runs)
+        handle, out_bytes = ps.pull_clocked_flat_async(keys.table[at], keys.ids[at], checked[at], c_c[at], staleness)
+        clock_wait = (handle, at)
 
     def wait() -> Fetched:
-        fetched, clocks, got = np.ones(n, bool), np.zeros(n, np.uint64), 0
+        fetched, clocks = np.ones(n, bool), np.zeros(n, np.uint64)
         if clock_wait is None:   # a plain pull: its rows as they come
             rows = plain_wait() if plain_wait is not None else np.empty((0, row_width), np.float32)
             return Fetched(rows, fetched, clocks, keys.ids.nbytes + rows.nbytes, 0)
         rows = np.empty((n, row_width), np.float32)
         if plain_wait is not None:
             rows[plain] = plain_wait()
-        handle, at, runs = clock_wait
-        parts, got = handle.wait()
-        for t, a, b in runs:
-            c_g, ok, r = parts[t]
-            clocks[at[a:b]], fetched[at[a:b]], rows[at[a:b]] = c_g, ok, r
+        handle, at = clock_wait
+        c_g, ok, r, got = handle.wait()
+        clocks[at], fetched[at], rows[at] = c_g, ok, r
         return Fetched(rows, fetched, clocks, keys.ids.nbytes + int(fetched.sum()) * row_width * 4 + got, out_bytes)
 
     return wait
@@ -133,35 +126,35 @@ def fetch_async(ps: PSClient, keys: KeySet, row_width: int, clocked: np.ndarray 
 
 def push_rows_async(ps: PSClient, keys: KeySet, rows: np.ndarray, advance: np.ndarray | None = None,
                     read_clocks: bool = False):
-    """Start writing ``rows`` (float32 [len(keys), row_width]) back for ``keys``, with their
-    clock ``advance`` (uint64 [n], NOTE [clock frames]) when given; returns ``(handle or
-    None, bytes sent)``. ``rows`` must not change until ``handle.wait()``, which gives None,
-    or with ``advance`` ``(c_g after uint64 [n] in key order or None without
-    ``read_clocks``, clock bytes received)``."""
+    """Start writing ``rows`` (float32 [len(keys), row_width]) back for ``keys`` (one flat
+    request per shard), with their clock ``advance`` (uint64 [n], NOTE [clock frames]) when
+    given; returns ``(handle or None, bytes sent)``. ``rows`` must not change until
+    ``handle.wait()``, which gives None, or with ``advance`` ``(c_g after uint64 [n] in key
+    order or None without ``read_clocks``, clock bytes received)``."""
     if not len(keys):
         return None, 0
-    order, runs = table_runs(keys.table)
-    ids, by_table = keys.ids[order], np.asarray(rows, np.float32)[order]   # one gather, then slices
+    rows = np.asarray(rows, np.float32)
     if advance is None:
-        parts = {t: (ids[a:b], by_table[a:b]) for t, a, b in runs}
-        return ps.push_rows_async(parts), keys.ids.nbytes + rows.nbytes
-    adv = np.asarray(advance, np.uint64)[order]
-    handle, clock_bytes = ps.push_rows_clocked_async({t: (ids[a:b], by_table[a:b], adv[a:b]) for t, a, b in runs},
-                                                     read_clocks)
+        return ps.push_rows_flat_async(keys.table, keys.ids, rows), keys.ids.nbytes + rows.nbytes
+    handle, clock_bytes = ps.push_rows_clocked_flat_async(keys.table, keys.ids, rows, advance, read_clocks)
     done: list = []
 
     def wait():   # may be called again: the reply is kept
         if not done:
-            got, received = handle.wait()
-            clocks = None
-            if got is not None:
-                clocks = np.empty(len(keys), np.uint64)
-                clocks[order] = np.concatenate([got[t] for t, _, _ in runs])
-            done.append((clocks, received))
+            done.append(handle.wait())
         return done[0]
 
     wait.wait = wait
     return wait, keys.ids.nbytes + rows.nbytes + clock_bytes
+
+
+def push_grads_async(ps: PSClient, keys: KeySet, grads: np.ndarray, contributors: np.ndarray, step: int,
+                     rank: int):
+    """Start pushing ``grads`` (float32 [len(keys), dim]) of ``keys`` (unique) with their
+    ``contributors`` (uint16 [len(keys)]) for ``step`` from ``rank`` (NOTE [ps aggregation]):
+    one flat request per shard; returns the handle (``wait()`` gives the rows the shards
+    updated)."""
+    return ps.push_grad_flat_async(keys.table, keys.ids, grads, contributors, step, rank)
 
 
 def push_rows(ps: PSClient, keys: KeySet, rows: np.ndarray) -> int:

@@ -35,6 +35,12 @@ def _valid(rng: random.Random, fuzz_keys: list[np.ndarray], rid: int):
     arrays = {"pull": [keys],
               "push_grad": [keys, np.ones((n, dim), np.float32), np.ones(n, np.uint16)],
               "push_rows": [keys, np.zeros((n, width), np.float32)]}.get(op, [])
+    if arrays and rng.random() < 0.5:   # a flat part (NOTE [ps wire protocol]): the tables frame first
+        tables = np.full(n, t, np.uint16)
+        if rng.random() < 0.1:
+            tables[rng.randrange(n)] = rng.choice([1 - t, 7, 65535])   # another shape, or unknown
+        header["parts"] = [{"flat": True}]
+        arrays = [tables] + arrays
     return header, arrays
 
 

@@ -119,23 +119,25 @@ def test_table_runs_and_groups_select_what_masks_select():
 
 
 class _FakePS:
-    """Records push_rows_async / pull_async arguments; pulls answer row = id for every column."""
+    """Records push_rows_flat_async arguments; pulls answer row = id in every column."""
 
     def __init__(self):
         self.pushed = None
 
-    def push_rows_async(self, parts):
-        self.pushed = parts
+    def push_rows_flat_async(self, tables, keys, rows):
+        self.pushed = (tables, keys, rows)
         return "handle"
 
-    def pull_async(self, batch):
+    def pull_flat_async(self, tables, keys):
         class H:
             def wait(self_inner):
-                return {t: np.repeat(ids.astype(np.float32)[:, None], 3, axis=1) for t, ids in batch.items()}
+                return np.repeat(keys.astype(np.float32)[:, None], 3, axis=1)
         return H()
 
 
 def test_psio_push_and_pull_keep_key_order_across_tables():
+    """One flat request over every table: the (table, id) pairs and their rows go out in
+    the KeySet's order, and the pulled rows come back in it."""
     from herald.scheduler.plan import KeySet
     from herald.worker import psio
 
@@ -144,10 +146,10 @@ def test_psio_push_and_pull_keep_key_order_across_tables():
     ps = _FakePS()
     handle, sent = psio.push_rows_async(ps, keys, rows)
     assert handle == "handle" and sent == keys.ids.nbytes + rows.nbytes
-    assert sorted(ps.pushed) == [0, 1, 2]
-    np.testing.assert_array_equal(ps.pushed[2][0], [20, 21])
-    np.testing.assert_array_equal(ps.pushed[2][1], rows[[0, 2]])
-    np.testing.assert_array_equal(ps.pushed[0][1], rows[[1]])
+    tables, ids, pushed = ps.pushed
+    np.testing.assert_array_equal(tables, [2, 0, 2, 1])
+    np.testing.assert_array_equal(ids, [20, 5, 21, 7])
+    np.testing.assert_array_equal(pushed, rows)
     got = psio.pull_keys(ps, keys, 3)
     np.testing.assert_array_equal(got[:, 0], [20, 5, 21, 7])
 

@@ -1,0 +1,24 @@
+"""``herald bench step``: one shard's CPU time per global step, replayed in process."""
+
+import json
+
+from herald.cli import main
+
+KEYS = {"shard_ms_per_step", "requests_per_worker_per_shard", "parts_per_request", "rows_per_step",
+        "per_request_us", "per_row_ns", "numba_limit_ns_per_row", "settings"}
+
+
+def test_bench_step_writes_its_figures(tmp_path):
+    out = tmp_path / "step.json"
+    rc = main(["bench", "step", "--workers", "2", "--shards", "2", "--batch-size", "32", "--steps", "2",
+               "--warmup", "2", "--cache-ratio", "0.5", "--out", str(out)])
+    assert rc == 0
+    res = json.loads(out.read_text())
+    assert KEYS <= set(res)
+    assert res["settings"]["workers"] == 2 and res["settings"]["shards"] == 2 and res["settings"]["steps"] == 2
+    assert res["shard_ms_per_step"] > 0 and res["rows_per_step"] > 0 and res["numba_limit_ns_per_row"] > 0
+    # the real client packing: one flat part per request, at most 5 requests per worker per shard
+    assert res["parts_per_request"] == 1.0
+    assert 0 < res["requests_per_worker_per_shard"] <= 5
+    assert {"pull_late", "push_grad"} <= set(res["per_row_ns"]) <= {"write_back", "pull_early", "pull_late",
+                                                                      "push_grad", "plan_push"}
