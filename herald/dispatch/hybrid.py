@@ -381,9 +381,9 @@ def make_hybrid(job: Any, config: Any, first_step: int, peers: Any) -> HybridEmb
     max_inflight_steps, timeout_ms = config.max_inflight_steps, config.peer_timeout_ms
 
     def client():
-        return PSClient(list(job.ps), tables=list(job.tables), timeout_ms=job.ps_timeout_ms, keys_dir=job.keys_dir,
+        return PSClient(list(job.ps), tables=list(job.tables), timeout_ms=job.timeout_ms, keys_dir=job.keys_dir,
                         wire_dtype=job.wire_dtype)
 
-    pusher = GradientPusher(client, first_step, timeout_s=2 * max(job.ps_timeout_ms, timeout_ms) / 1e3 + 1.0)
+    pusher = GradientPusher(client, first_step, timeout_s=2 * max(job.timeout_ms, timeout_ms) / 1e3 + 1.0)
     return HybridEmbeddingWorker(len(job.tables), job.dim, max_inflight_steps, job.hybrid_expiry_steps, first_step,
                                  pusher)

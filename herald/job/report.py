@@ -112,7 +112,7 @@ def evaluate(job: dict[str, Any], source, run_dir: pathlib.Path, ps_addresses, b
     tables = list(job.tables)
     dim = tables[0].dim
     labels, probs = [], []
-    with PSClient(list(ps_addresses), tables=tables, timeout_ms=job.ps_timeout_ms,
+    with PSClient(list(ps_addresses), tables=tables, timeout_ms=job.timeout_ms,
                   keys_dir=job.keys_dir) as client, torch.no_grad():
         while (batch := source.read(batch_rows)) is not None:
             uniq = [np.unique(v, return_inverse=True) for v in batch.values]

@@ -34,7 +34,8 @@ class JobSpec:
             resolved by :meth:`build`: :func:`auto_model`); seed:
             seed of the dense model (equal replicas on every rank).
         dense_optimizer, dense_lr: the dense optimizer (``sgd``/``adagrad``/``adam``).
-        ps: PS shard endpoints in shard order; ps_timeout_ms: longest wait for a shard.
+        ps: PS shard endpoints in shard order; timeout_ms: longest wait for any peer (a PS
+            shard, the dispatcher) in milliseconds: the job's ``--timeout-ms``.
         consistency, staleness: the consistency protocol (NOTE [step protocol]; ``bsp`` or
             ``bounded`` with its staleness bound: docs/consistency.md).
         slow_worker_rank, slow_worker_ms: straggler injection (``--slow-worker``): that rank
@@ -59,7 +60,7 @@ class JobSpec:
         ConfigError: from :meth:`from_dict`: another version, an unknown key, or a bad value.
     """
 
-    VERSION = 1
+    VERSION = 2   # 2: ps_timeout_ms became timeout_ms (the name TrainConfig gives it)
 
     tables: tuple[TableConfig, ...]
     dense_dim: int
@@ -68,7 +69,7 @@ class JobSpec:
     seed: int = 0
     dense_optimizer: str = "sgd"
     dense_lr: float = 0.01
-    ps_timeout_ms: int = 30_000
+    timeout_ms: int = 30_000
     consistency: str = "bsp"
     run_dir: str | None = None
     dist_init: str | None = None
@@ -109,8 +110,8 @@ class JobSpec:
         require(type(self.slow_worker_rank) is int and type(self.slow_worker_ms) is int and self.slow_worker_ms >= 0,
                 f"slow_worker_rank and slow_worker_ms must be ints, got {self.slow_worker_rank!r}, "
                 f"{self.slow_worker_ms!r}")
-        require(self.ps_timeout_ms >= 1 and self.capacity_rows >= 0 and self.replica_rows >= 0,
-                "ps_timeout_ms must be >= 1, capacity_rows and replica_rows >= 0")
+        require(self.timeout_ms >= 1 and self.capacity_rows >= 0 and self.replica_rows >= 0,
+                "timeout_ms must be >= 1, capacity_rows and replica_rows >= 0")
         require(all(0 <= t < len(self.tables) for t in self.replicated_tables),
                 f"replicated_tables {self.replicated_tables} must index the {len(self.tables)} tables")
         require(self.keys_dir is None or isinstance(self.keys_dir, str), f"keys_dir must be a path or None, got "
@@ -128,7 +129,7 @@ class JobSpec:
                        ps=tuple(ps_addresses),
                        model=auto_model(cfg.model, data.dataset, data.schema.num_tables, data.schema.dense_dim),
                        seed=cfg.seed, dense_optimizer=cfg.dense_optimizer,
-                       dense_lr=cfg.dense_lr, ps_timeout_ms=cfg.timeout_ms, consistency=cfg.consistency,
+                       dense_lr=cfg.dense_lr, timeout_ms=cfg.timeout_ms, consistency=cfg.consistency,
                        run_dir=str(pathlib.Path(cfg.run_dir).resolve()),
                        replicated_tables=tuple(data.replicated), replica_rows=data.replica_rows,
                        keys_dir=str(pathlib.Path(cfg.keys_dir).resolve()) if cfg.keys_dir else None,

@@ -157,7 +157,7 @@ class PlanExecutor:
         row_width = self.tables[0].row_width
         self.cache = make_cache(resolve_cache_device(cache_device, device), job.capacity_rows, row_width, device)
         self._divisor = torch.tensor(float(world_size), dtype=torch.float32, device=device)
-        self.ps = PSClient(list(job.ps), tables=self.tables, timeout_ms=job.ps_timeout_ms, keys_dir=job.keys_dir,
+        self.ps = PSClient(list(job.ps), tables=self.tables, timeout_ms=job.timeout_ms, keys_dir=job.keys_dir,
                            wire_dtype=job.wire_dtype)   # NOTE [wire compression]
         self._replicated = np.array(job.replicated_tables, np.int32)
         self.replicas = (ReplicaStore(job.replica_rows, row_width, self.dim, self.tables, self.ps, world_size)

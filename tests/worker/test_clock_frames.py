@@ -70,7 +70,7 @@ def test_conditional_pull_and_advances_across_shards_and_split_requests(shards, 
 
 
 def test_executor_counts_the_clock_frames(shards):
-    job = JobSpec(tables=TABLES, dense_dim=1, ps=tuple(shards), ps_timeout_ms=5000, capacity_rows=64, num_workers=1)
+    job = JobSpec(tables=TABLES, dense_dim=1, ps=tuple(shards), timeout_ms=5000, capacity_rows=64, num_workers=1)
     ex = PlanExecutor(job, 0, 1, torch.device("cpu"), cache_device="cpu")
     try:
         keys = _keys(8, lambda i: 0)

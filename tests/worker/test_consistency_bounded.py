@@ -81,7 +81,7 @@ def test_a_stale_read_holds_the_workers_own_updates_and_none_is_lost(ps_address)
     delayed (Avazu DeepFM AUC 0.60 against BSP's 0.74 at s = 4). With one worker its own
     updates are all there are: every read must equal the PS row exactly, the PS must
     receive every gradient once, and the copy must be re-fetched after s local updates."""
-    job = JobSpec(tables=TABLES, dense_dim=1, ps=(ps_address,), ps_timeout_ms=2000, capacity_rows=8,
+    job = JobSpec(tables=TABLES, dense_dim=1, ps=(ps_address,), timeout_ms=2000, capacity_rows=8,
                   num_workers=1)
     ex = PlanExecutor(job, 0, 1, torch.device("cpu"), cache_device="cpu")
     key = KeySet(np.array([0], np.int32), _u(11))

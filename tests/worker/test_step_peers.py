@@ -61,7 +61,7 @@ def dispatcher():
 
 
 def make_job(ps_address: str) -> JobSpec:
-    return JobSpec(tables=TABLES, dense_dim=DENSE_DIM, ps=(ps_address,), ps_timeout_ms=2000,
+    return JobSpec(tables=TABLES, dense_dim=DENSE_DIM, ps=(ps_address,), timeout_ms=2000,
                    capacity_rows=16, num_workers=1)
 
 

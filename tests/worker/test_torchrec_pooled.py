@@ -69,7 +69,7 @@ def _train(tmp_path: pathlib.Path, output: str, steps: int = 2) -> dict[str, np.
     shards = InProcessPS(TABLES, workdir=tmp_path).start()
     ps_address = shards.addresses[0]
     dispatcher = FakeDispatcher(wait_s=WAIT_S)
-    job = JobSpec(tables=TABLES, dense_dim=DENSE_DIM, ps=(ps_address,), ps_timeout_ms=2000, capacity_rows=16,
+    job = JobSpec(tables=TABLES, dense_dim=DENSE_DIM, ps=(ps_address,), timeout_ms=2000, capacity_rows=16,
                   num_workers=1)
     loader = dispatcher.connect_loader(job, timeout_ms=2000)
     try:
