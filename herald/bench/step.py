@@ -33,8 +33,9 @@ import zmq
 
 from herald import keymap
 from herald.bench.options import add_step_arguments
+from herald.bench.scheduler import load_batches as load_source_batches
 from herald.dispatch.early import early_pulls, touched_keys
-from herald.loader import SampleBatch, open_source
+from herald.errors import ConfigError
 from herald.loader.splits import count_distinct_keys
 from herald.ps import compress, kernels as K
 from herald.ps.client import PSClient
@@ -52,22 +53,16 @@ OPS = ("write_back", "pull_early", "pull_late", "push_grad", "plan_push")
 
 
 def load_batches(source: str, global_batch: int, steps: int) -> tuple[list, list[str]]:
-    """``steps`` global batches of ``global_batch`` samples from ``source``, and the table names."""
-    src = open_source(source)
-    try:
-        parts, n = [], 0
-        while n < global_batch * steps:
-            b = src.read(global_batch * steps - n)
-            if b is None:
-                break
-            parts.append(b)
-            n += len(b)
-    finally:
-        src.close()
-    full = SampleBatch.concat(parts)
-    if len(full) < global_batch * steps:
-        raise SystemExit(f"{source}: {len(full)} rows, {global_batch * steps} needed")
-    return [full.slice(i * global_batch, (i + 1) * global_batch) for i in range(steps)], list(full.table_names)
+    """``steps`` global batches of ``global_batch`` samples from ``source``, and the table names.
+
+    Raises:
+        ConfigError: the source holds fewer than ``steps`` global batches.
+    """
+    batches, table_names, rows = load_source_batches(source, global_batch, max_rows=global_batch * steps)
+    if len(batches) < steps:
+        raise ConfigError(f"{source}: {rows} rows, {global_batch * steps} needed for {steps} steps of "
+                          f"{global_batch} samples; use a larger source or fewer --steps")
+    return batches[:steps], list(table_names)
 
 
 class Capture:
