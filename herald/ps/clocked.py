@@ -139,21 +139,9 @@ class ClockOps:
             full[t] = (k, np.concatenate([c, np.zeros(pad, np.uint64)]),
                        np.concatenate([np.ones(c.shape[0], bool), np.zeros(pad, bool)]))
         flat = self._flatten(full, 3)
-        ops, sent = [], 0
-        for _, tables, keys, (c_c, checked), shape in flat:
-            rids, finish, out = self._pull_clocked_op(tables, keys, checked, c_c, staleness, shape)
-            ops.append((rids, finish))
-            sent += out
-
-        def finish_all(results):
-            out, got = {}, 0
-            for (entries, *_), (c_g, fetched, rows, received) in zip(flat, results):
-                got += received
-                for t, a, b in entries:
-                    out[t] = (c_g[a:b], fetched[a:b], rows[a:b])
-            return out, got
-
-        return self._combine(ops, finish_all), sent
+        ops, sent = self._issue(flat, lambda tables, keys, c_c, checked, shape: self._pull_clocked_op(
+            tables, keys, checked, c_c, staleness, shape))
+        return self._combine(ops, lambda results: _per_table(flat, results)), sent
 
     def _push_rows_clocked_op(self, tables, keys, rows, advance, read_clocks: bool, shape) -> tuple[list, Any, int]:
         rows = np.ascontiguousarray(rows, np.float32)
@@ -207,20 +195,29 @@ class ClockOps:
         clock bytes received)``.
         """
         flat = self._flatten(batch, 3)
+        ops, sent = self._issue(flat, lambda tables, keys, rows, advance, shape: self._push_rows_clocked_op(
+            tables, keys, rows, advance, read_clocks, shape))
+        return self._combine(ops, lambda results: _per_table(flat, results) if read_clocks else (None, 0)), sent
+
+    @staticmethod
+    def _issue(flat: list[tuple], op) -> tuple[list, int]:
+        """``op(tables, keys, *arrays, shape)`` for each group of :meth:`_flatten`; returns
+        ``([(rids, finish), ...], bytes sent)``."""
         ops, sent = [], 0
-        for _, tables, keys, (rows, advance), shape in flat:
-            rids, finish, out = self._push_rows_clocked_op(tables, keys, rows, advance, read_clocks, shape)
+        for _, tables, keys, arrays, shape in flat:
+            rids, finish, out = op(tables, keys, *arrays, shape)
             ops.append((rids, finish))
             sent += out
+        return ops, sent
 
-        def finish_all(results):
-            if not read_clocks:
-                return None, 0
-            out, got = {}, 0
-            for (entries, *_), (c_g, received) in zip(flat, results):
-                got += received
-                for t, a, b in entries:
-                    out[t] = c_g[a:b]
-            return out, got
 
-        return self._combine(ops, finish_all), sent
+def _per_table(flat: list[tuple], results: list[tuple]) -> tuple[dict, int]:
+    """Each group's reply ``(*arrays, bytes received)`` cut back into ``{table: arrays}``
+    (one array alone, several as a tuple), and the bytes received in all."""
+    out, got = {}, 0
+    for (entries, *_), (*arrays, received) in zip(flat, results):
+        got += received
+        for t, a, b in entries:
+            parts = tuple(x[a:b] for x in arrays)
+            out[t] = parts[0] if len(parts) == 1 else parts
+    return out, got
