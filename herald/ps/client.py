@@ -44,6 +44,7 @@ from herald.errors import ConfigError, HeraldError, PeerTimeout, ProtocolError
 from herald.ps.admin import AdminRefused, check_token
 from herald.ps import compress
 from herald.ps.clocked import ClockOps
+from herald.ps.stepped import StepOps
 from herald.ps.wire import PS
 from herald.ps.checkpoint import CheckpointError
 from herald.ps.config import ShardLimits
@@ -100,8 +101,9 @@ class Handle:
         return self._result
 
 
-class PSClient(ClockOps):
-    """Talks to every shard of one PS (the clock-carrying ops: :class:`ClockOps`).
+class PSClient(ClockOps, StepOps):
+    """Talks to every shard of one PS (the clock-carrying ops: :class:`ClockOps`; the step
+    message: :class:`StepOps`).
 
     Args:
         addresses: shard endpoints, index = shard number (e.g. ``LocalShards.addresses``).
@@ -161,6 +163,9 @@ class PSClient(ClockOps):
         self._socks: list[zmq.Socket | None] = [None] * len(self.addresses)
         self._pending: dict[int, _Request] = {}
         self._replies: dict[int, tuple[dict, list]] = {}
+        #: what went over the sockets since :meth:`take_traffic`: requests issued, and the
+        #: bytes of every frame sent (retries included) and received
+        self.traffic = {"requests": 0, "bytes_sent": 0, "bytes_received": 0}
         self._closed = False
         for s in range(len(self.addresses)):
             self._connect(s)
@@ -204,6 +209,7 @@ class PSClient(ClockOps):
         frames = PS.pack(header, arrays)
         req = _Request(shard, rid, op, frames, timeout_ms or self.timeout_ms, self.retries + 1)
         self._pending[rid] = req
+        self.traffic["requests"] += 1
         self._post(req)
         return rid
 
@@ -213,6 +219,7 @@ class PSClient(ClockOps):
         sock = self._socks[req.shard]
         try:
             sock.send_multipart(req.frames, copy=False)
+            self.traffic["bytes_sent"] += sum(len(f) if isinstance(f, bytes) else f.nbytes for f in req.frames)
         except zmq.Again:
             sock.setsockopt(zmq.SNDTIMEO, 0)   # until _connect replaces the socket
             req.deadline = time.monotonic()
@@ -265,6 +272,7 @@ class PSClient(ClockOps):
                     self._accept(frames)
 
     def _accept(self, frames) -> None:
+        self.traffic["bytes_received"] += sum(len(f) for f in frames)
         try:
             header, error = PS.unpack_header(frames[0]), None
         except ProtocolError as exc:  # still match it to its request, to raise there
@@ -542,6 +550,12 @@ class PSClient(ClockOps):
     def push_rows(self, table: int | str, keys, rows) -> None:
         """Write back one table's rows and wait for the acks."""
         self.push_rows_async({table: (keys, rows)}).wait()
+
+    def take_traffic(self) -> dict[str, int]:
+        """:attr:`traffic` since the last call (then reset to 0)."""
+        out = dict(self.traffic)
+        self.traffic = dict.fromkeys(out, 0)
+        return out
 
     def _handle(self, rids: list[int], finish: Callable[[list], Any]) -> Handle:
         return Handle(self, rids, finish)

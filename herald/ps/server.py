@@ -23,7 +23,7 @@ import zmq
 
 from herald.auth import HandshakeMonitor, check_bind, server_socket
 from herald.errors import ConfigError, HeraldError, ProtocolError
-from herald.ps import checkpoint, clocked, compress, gba, wire
+from herald.ps import checkpoint, clocked, compress, gba, stepped, wire
 from herald.ps.admin import AdminGate, AdminRefused
 from herald.ps.wire import PS
 from herald.ps import kernels as K
@@ -120,6 +120,8 @@ class ShardServer:
         self.aborted: collections.deque = collections.deque(maxlen=16)
         self._next_expiry = 0.0
         self.gba: gba.GradientBuffer | None = None   # NOTE [gba tokens]: made by the first GBA request
+        #: the step messages held until all their ranks' came (NOTE [step messages])
+        self.steps = stepped.StepBarrier()
         self.declare(check_tables(tables))
 
     # ------------------------------------------------------------------ tables
@@ -140,13 +142,23 @@ class ShardServer:
     # ------------------------------------------------------------------ requests
     def handle(self, frames: Sequence) -> list:
         """Reply frames (header + arrays) for one request's frames (no routing id); the
-        time taken is added to :attr:`busy_s` under the request's op."""
-        t0 = time.perf_counter()
-        reply, op = self._handle(frames)
-        self.busy_s[op if op in wire.OPS else "malformed"] += time.perf_counter() - t0
-        return reply
+        time taken is added to :attr:`busy_s` under the request's op. A ``step`` request
+        needs :meth:`receive` (its reply may wait for other peers' messages)."""
+        replies = self.receive(None, frames)
+        if len(replies) != 1:
+            raise ProtocolError("handle() answers one request at once; a step message needs receive()")
+        return replies[0][1]
 
-    def _handle(self, frames: Sequence) -> tuple[list, Any]:
+    def receive(self, peer: Any, frames: Sequence) -> list[tuple[Any, list]]:
+        """The replies ``[(peer, frames)]`` due after one request from ``peer`` (its routing
+        id) arrived: its own, or none while a step message is held, or every held one of its
+        step (NOTE [step messages] in herald/ps/stepped.py). Busy time as :meth:`handle`."""
+        t0 = time.perf_counter()
+        replies, op = self._handle(peer, frames)
+        self.busy_s[op if op in wire.OPS else "malformed"] += time.perf_counter() - t0
+        return replies
+
+    def _handle(self, peer: Any, frames: Sequence) -> tuple[list[tuple[Any, list]], Any]:
         rid = -1
         op = None
         try:
@@ -163,27 +175,42 @@ class ShardServer:
                 cached = self._replies.get(key)
                 if cached is not None:
                     self.counters["duplicate_requests"] += 1
-                    return list(cached), op
+                    return [(peer, list(cached))], op
+                if op == "step" and self.steps.readdress(key, peer):
+                    self.counters["duplicate_requests"] += 1
+                    return [], op
             arrays = PS.unpack_arrays(header, frames[1:])
+            if op == "step":
+                replies = stepped.op_step(self, peer, key, header, arrays)
+                self.counters["requests"] += 1
+                return replies, op
             reply_header, reply_arrays = getattr(self, "_op_" + op)(header, arrays)
             reply_header.update(op=op, rid=rid, ok=True)
             out = PS.pack(reply_header, reply_arrays)
             if key is not None:   # the whole reply: a push_rows reply may carry clocks
-                self._replies[key] = out
-                if len(self._replies) > self._reply_cache:
-                    self._replies.popitem(last=False)
+                self.remember(key, out)
             self.counters["requests"] += 1
-            return out, op
+            return [(peer, out)], op
         except Exception as exc:  # every failure becomes an error reply; the loop goes on
-            kind = _error_kind(exc)
-            self.counters["errors"] += 1
-            self.counters["errors_" + kind] += 1
-            if kind == "internal":
-                traceback.print_exc(file=sys.stderr)
-            msg = str(exc) if isinstance(exc, HeraldError) else f"{type(exc).__name__}: {exc}"
-            # echo only a known op: an arbitrary one could push the reply past the header limit
-            return PS.pack({"op": op if op in wire.OPS else "", "rid": rid, "ok": False,
-                            "error": kind, "message": msg[:2000]}), op
+            return [(peer, self.error_reply(op, rid, exc))], op
+
+    def remember(self, key: tuple[int, int], reply: list) -> None:
+        """Keep the reply of mutating request ``key`` (client id, request id) for its retries."""
+        self._replies[key] = reply
+        if len(self._replies) > self._reply_cache:
+            self._replies.popitem(last=False)
+
+    def error_reply(self, op: Any, rid: int, exc: BaseException) -> list:
+        """The error reply frames of request ``rid`` that failed with ``exc`` (counted)."""
+        kind = _error_kind(exc)
+        self.counters["errors"] += 1
+        self.counters["errors_" + kind] += 1
+        if kind == "internal":
+            traceback.print_exception(exc, file=sys.stderr)
+        msg = str(exc) if isinstance(exc, HeraldError) else f"{type(exc).__name__}: {exc}"
+        # echo only a known op: an arbitrary one could push the reply past the header limit
+        return PS.pack({"op": op if op in wire.OPS else "", "rid": rid, "ok": False,
+                        "error": kind, "message": msg[:2000]})
 
     def _parts(self, header: dict[str, Any], arrays: list, op: str, clock: str | None = None,
                wire_dtype: str = "fp32") -> list[Part]:
@@ -425,6 +452,7 @@ class ShardServer:
         for table, (keys, rows) in zip(self.tables, data):
             table.load(keys, rows)
         self.gba = None   # its global step and buffered contributions belong to the rolled-back run (NOTE [gba tokens])
+        self.steps.clear()   # so do the held step messages (NOTE [step messages])
         return {"rows": int(sum(k.shape[0] for k, _ in data))}, []
 
     def _op_shutdown(self, header, arrays):
@@ -485,15 +513,17 @@ class ShardServer:
         try:
             while not self._stop:
                 now = time.monotonic()
+                replies = []
                 if now >= self._next_expiry:
                     self._next_expiry = now + EXPIRE_EVERY_S
                     self.expire_aggregations(now)
+                    replies = stepped.expire_steps(self, now)
                     self._count_handshakes()
-                if not sock.poll(poll_ms):
-                    continue
-                frames = sock.recv_multipart(copy=False)
-                reply = self.handle(frames[1:])
-                sock.send_multipart([frames[0]] + reply, copy=False)
+                if sock.poll(0 if replies else poll_ms):
+                    frames = sock.recv_multipart(copy=False)
+                    replies += self.receive(frames[0].bytes, frames[1:])
+                for peer, reply in replies:
+                    sock.send_multipart([peer] + reply, copy=False)
         finally:
             if self._handshakes is not None:
                 self._handshakes.close()

@@ -26,8 +26,8 @@ PS = Protocol("ps", 3, frozenset({"<u8", "<f4", "<u2", "<f2", "|i1", "|u1", "<u4
 #: Requests; the replies carry the same op. Mutating ops are deduplicated by
 #: (client id, request id) on the shard, so every op is safe to retry.
 OPS = ("declare", "pull", "push_grad", "push_rows", "stats", "checkpoint", "restore", "shutdown", "ping",
-       "gba_push", "gba_pull")
-MUTATING = frozenset({"declare", "push_grad", "push_rows", "checkpoint", "restore", "gba_push"})
+       "gba_push", "gba_pull", "step")
+MUTATING = frozenset({"declare", "push_grad", "push_rows", "checkpoint", "restore", "gba_push", "step"})
 #: Ops that carry the job's admin token (header ``token``), checked by the shard before
 #: anything else: NOTE [ps admin ops] (herald/ps/admin.py).
 ADMIN = frozenset({"checkpoint", "restore", "shutdown"})
