@@ -15,7 +15,8 @@ from typing import Iterator
 #: Worker phases, in step order (NOTE [step protocol]); ``compute`` is forward + backward
 #: when the training loop does not time them separately (a user's own loop).
 WORKER_PHASES = ("wait", "evict", "pull", "prefetch", "lookup", "forward", "backward", "compute", "grad_push",
-                 "local_update", "plan_push", "replicas", "push_wait", "dense_allreduce", "ack")
+                 "local_update", "plan_push", "step_send", "replicas", "step_wait", "push_wait", "dense_allreduce",
+                 "ack")
 #: Dispatcher stages: reading global batches, scheduling, building micro-batches,
 #: sending them, and waiting for credit (acks).
 DISPATCHER_PHASES = ("read", "schedule", "build", "send", "wait_build", "wait_credit")

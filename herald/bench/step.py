@@ -3,21 +3,24 @@
 Replayed in this process, without sockets, so that the figure is the shard's own CPU
 time: synthetic Criteo-shaped rows (26 tables; ``--dim``, ``--optimizer``), ``--workers``
 micro-batches of ``--batch-size`` samples per step, scheduled by the herald scheduler
-(:class:`herald.scheduler.Scheduler`: allocation and one CachePlan per worker). For each
-worker the requests of one step (NOTE [step protocol]: write-back, early pull, late pull,
-gradient push, plan push; early pulls as the dispatcher marks them, NOTE [early pulls])
-are packed by the real client code (:mod:`herald.worker.psio` over
-:class:`herald.ps.PSClient`, whose socket send is replaced by a capture), and those to
-shard ``--shard`` of ``--shards`` are applied by the real shard handler,
-``ShardServer.handle(frames)``, timed call by call. Row values are synthetic (finite).
+(:class:`herald.scheduler.Scheduler`: allocation and one CachePlan per worker). Each
+worker sends each shard one step message per step (NOTE [step messages] in
+herald/ps/stepped.py): its plan pushes of step t with the write-backs of its evictions
+at t + 1, its gradients of t, and its pulls of t + 1, packed by the real client code
+(:meth:`herald.ps.PSClient.step_async`, whose socket send is replaced by a capture);
+those to shard ``--shard`` of ``--shards`` are applied by the real shard handler,
+``ShardServer.receive(peer, frames)``, timed call by call (the last rank's message
+releases every rank's pulls). The time of each op inside (``push_rows``, ``push_grad``,
+``pull``) is taken by timing the shard's op methods. Row values are synthetic (finite).
 
 Baseline in the same run (``numba_limit_ns_per_row``): a bare numba lookup of the same
 (table, id) keys in one hash map plus a row-wise Adagrad update of their rows, per row.
 
 Output: a short table and, with ``--out``, JSON with ``shard_ms_per_step`` (median over
-the measured steps), ``requests_per_worker_per_shard``, ``parts_per_request``,
-``rows_per_step``, ``per_request_us``, ``per_row_ns`` (per op: shard time / rows of that
-op), ``numba_limit_ns_per_row`` and the settings.
+the measured steps), ``requests_per_worker_per_shard``, ``parts_per_request`` (flat parts
+per op section of a request, as the shard's op methods see them), ``sections_per_request``,
+``rows_per_step``, ``per_request_us``, ``per_row_ns`` (per
+op: its time / its rows), ``numba_limit_ns_per_row`` and the settings.
 """
 
 from __future__ import annotations
@@ -34,10 +37,9 @@ import zmq
 from herald import keymap
 from herald.bench.options import add_step_arguments
 from herald.bench.scheduler import load_batches as load_source_batches
-from herald.dispatch.early import early_pulls, touched_keys
 from herald.errors import ConfigError
 from herald.loader.splits import count_distinct_keys
-from herald.ps import compress, kernels as K
+from herald.ps import kernels as K
 from herald.ps.client import PSClient
 from herald.ps.server import ShardServer, warm_up
 from herald.ps.wire import PS
@@ -46,11 +48,9 @@ from herald.scheduler import Scheduler
 from herald.scheduler.config import SchedulerConfig
 from herald.scheduler.plan import KeySet
 from herald.spec.tables import OptimizerConfig, TableConfig
-from herald.worker import psio
 
-#: the requests a worker sends each shard per step, in the order they are replayed
-OPS = ("write_back", "pull_early", "pull_late", "push_grad", "plan_push")
-
+#: the ops inside a step message, in the order the shard applies them
+OPS = ("push_rows", "push_grad", "pull")
 
 def load_batches(source: str, global_batch: int, steps: int) -> tuple[list, list[str]]:
     """``steps`` global batches of ``global_batch`` samples from ``source``, and the table names.
@@ -96,37 +96,50 @@ def _fake_rows(rng, n: int, width: int, dim: int) -> np.ndarray:
     return rows
 
 
-def worker_requests(cap: Capture, plan, pull_early: np.ndarray, step: int, rank: int, rng,
-                    width: int, dim: int, shard: int) -> dict[str, list]:
-    """The requests worker ``rank`` sends ``shard`` in ``step`` (op -> frames), packed by
-    :mod:`herald.worker.psio` as the plan executor packs them."""
-    out = {}
-    wb = plan.write_back
-    written = KeySet(plan.evict.table[wb], plan.evict.ids[wb])
-    if len(written):
-        psio.push_rows_async(cap.client, written, _fake_rows(rng, len(written), width, dim))
-    out["write_back"] = cap.take(shard)
-    for op, mask in (("pull_early", pull_early), ("pull_late", ~pull_early)):
-        if mask.any():
-            psio.fetch_async(cap.client, KeySet(plan.pull.table[mask], plan.pull.ids[mask]), width)
-        out[op] = cap.take(shard)
-    if len(plan.grad_push):
-        grads = (rng.standard_normal((len(plan.grad_push), dim)) * 0.01).astype(np.float32)
-        psio.push_grads_async(cap.client, plan.grad_push, grads, plan.contributors, step, rank)
-    out["push_grad"] = cap.take(shard)
-    if len(plan.plan_push):
-        psio.push_rows_async(cap.client, plan.plan_push, _fake_rows(rng, len(plan.plan_push), width, dim))
-    out["plan_push"] = cap.take(shard)
-    return out
+def step_message(cap: Capture, plan, next_plan, step: int, rank: int, workers: int, rng, width: int, dim: int,
+                 shard: int) -> list[list]:
+    """The requests worker ``rank`` sends ``shard`` at the end of ``step`` (its step message,
+    NOTE [step messages]): the plan pushes of ``plan`` and the write-backs of ``next_plan``'s
+    evictions, the gradients of ``plan``, the pulls of ``next_plan``."""
+    wb = next_plan.write_back
+    written = KeySet(np.concatenate([plan.plan_push.table, next_plan.evict.table[wb]]),
+                     np.concatenate([plan.plan_push.ids, next_plan.evict.ids[wb]]))
+    grads = (rng.standard_normal((len(plan.grad_push), dim)) * 0.01).astype(np.float32)
+    cap.client.step_async(step, rank, workers,
+                          rows=(written.table, written.ids, _fake_rows(rng, len(written), width, dim)),
+                          grads=(plan.grad_push.table, plan.grad_push.ids, grads, plan.contributors),
+                          pull=(next_plan.pull.table, next_plan.pull.ids))
+    return cap.take(shard)
 
 
-def _request_rows(frames: list) -> tuple[int, int]:
-    """(keys, parts) of one captured request."""
-    header = PS.unpack_header(frames[0])
-    parts = header.get("parts") or []
-    arrays = header["arrays"]
-    keys = sum(int(shape[0]) for dt, shape in arrays if dt == "<u8" and len(shape) == 1)
-    return keys, len(parts)
+class OpTimes:
+    """Seconds, calls, keys and parts of each op the shard runs inside step messages: its op
+    methods (``_op_push_rows``, ``_op_push_grad``, ``_op_pull``) wrapped on the instance."""
+
+    def __init__(self, server: ShardServer):
+        self.acc = {op: [0.0, 0, 0, 0] for op in OPS}
+        for op in OPS:
+            setattr(server, "_op_" + op, self._timed(op, getattr(server, "_op_" + op)))
+
+    def _timed(self, op: str, method):
+        acc = self.acc[op]
+
+        def run(header, arrays):
+            t0 = time.perf_counter()
+            out = method(header, arrays)
+            acc[0] += time.perf_counter() - t0
+            acc[1] += 1
+            acc[2] += int(arrays[1].shape[0])   # flat part: tables, keys, ...
+            acc[3] += len(header["parts"])
+            return out
+
+        return run
+
+    def take(self) -> dict[str, list]:
+        out = {op: list(a) for op, a in self.acc.items()}
+        for a in self.acc.values():
+            a[:] = [0.0, 0, 0, 0]
+        return out
 
 
 def numba_limit(keys_per_step: list[KeySet], dim: int, tcfg: TableConfig, repeats: int = 3) -> float:
@@ -165,8 +178,8 @@ def run_step_bench(args: argparse.Namespace) -> dict:
         raise SystemExit(f"--shard {shard} is not in [0, {S})")
     steps_total = args.warmup + args.steps
     G = W * args.batch_size
-    source = args.source or f"synthetic://criteo?rows={G * (steps_total + 2)}&seed={args.seed}"
-    batches, names = load_batches(source, G, steps_total + 1)
+    source = args.source or f"synthetic://criteo?rows={G * (steps_total + 3)}&seed={args.seed}"
+    batches, names = load_batches(source, G, steps_total + 2)   # the scheduler and the pulls of t + 1 look ahead
     opt = OptimizerConfig(name=args.optimizer, lr=0.01)
     tables = [TableConfig(name, args.dim, opt) for name in names]
     width, dim = tables[0].row_width, args.dim
@@ -175,47 +188,48 @@ def run_step_bench(args: argparse.Namespace) -> dict:
                       len(tables), count_distinct_keys(batches))
     warm_up()
     server = ShardServer(shard, S, tables=tables, seed=args.seed)
+    ops = OpTimes(server)
     cap = Capture(S, tables, args.wire_dtype)
     rng = np.random.default_rng(args.seed)
-    per_step = []                      # per measured step: {op: [seconds, requests, keys, parts]}
+    per_step = []                      # per measured step: {"total": [s, requests, sections], op: [s, calls, keys, parts]}
     shard_keys: list[KeySet] = []      # per measured step: every key the shard served
-    touched = None
-    step = 0
+    step, before = 0, None
     try:
         for batch in batches:
             sp = sched.submit(batch)
             if sp is None:
                 continue
-            plans = sp.plans
-            reqs = [worker_requests(cap, p, early_pulls(p.pull, touched), step, w, rng, width, dim, shard)
-                    for w, p in enumerate(plans)]
-            touched = touched_keys(plans)
+            if before is None:
+                before = sp.plans
+                continue
+            reqs = [step_message(cap, p, q, step, w, W, rng, width, dim, shard)
+                    for w, (p, q) in enumerate(zip(before, sp.plans))]
+            before = sp.plans
             measured = step >= args.warmup
-            acc = {op: [0.0, 0, 0, 0] for op in OPS}
+            total = [0.0, 0, 0]
+            ops.take()
             tabs, ids = [], []
-            for op in OPS:
-                for w in range(W):
-                    for frames in reqs[w][op]:
-                        keys, parts = _request_rows(frames)
-                        received = _as_received(frames)
-                        t0 = time.perf_counter()
-                        reply = server.handle(received)
-                        dt = time.perf_counter() - t0
-                        head = PS.unpack_header(reply[0])
-                        if not head.get("ok"):
-                            raise RuntimeError(f"shard refused {op} of worker {w} at step {step}: {head}")
-                        a = acc[op]
-                        a[0] += dt
-                        a[1] += 1
-                        a[2] += keys
-                        a[3] += parts
-                        if measured:   # the (table, key) of every part, as the shard reads them
-                            h, arrays = PS.unpack(received)
-                            for p in server._parts(h, arrays, h["op"], wire_dtype=compress.wire_of(h)):
-                                tabs.append(p.tables.astype(np.int32))
-                                ids.append(np.array(p.keys))
+            for w in range(W):
+                for frames in reqs[w]:
+                    received = _as_received(frames)
+                    t0 = time.perf_counter()
+                    replies = server.receive(w, received)
+                    total[0] += time.perf_counter() - t0
+                    total[1] += 1
+                    head, arrays = PS.unpack(received)
+                    total[2] += len(head.get("sections", [])) or 1
+                    for _, frames_out in replies:
+                        reply = PS.unpack_header(frames_out[0])
+                        if not reply.get("ok"):
+                            raise RuntimeError(f"shard refused the step message of worker {w} at step {step}: {reply}")
+                    if measured:   # the (table, key) of every section, as the shard reads them
+                        at = 0
+                        for sec in head.get("sections", []):
+                            tabs.append(arrays[at].astype(np.int32))
+                            ids.append(np.array(arrays[at + 1]))
+                            at += sec["frames"]
             if measured:
-                per_step.append(acc)
+                per_step.append({"total": total, **ops.take()})
                 shard_keys.append(KeySet(np.concatenate(tabs) if tabs else np.zeros(0, np.int32),
                                          np.concatenate(ids) if ids else np.zeros(0, np.uint64)))
             step += 1
@@ -230,47 +244,44 @@ def run_step_bench(args: argparse.Namespace) -> dict:
 def summarize(args, per_step: list[dict], limit_ns: float, source: str, num_tables: int) -> dict:
     """The JSON figures of :func:`run_step_bench` from its per-step accumulators."""
     W = args.workers
-    ms = [1e3 * sum(a[0] for a in acc.values()) for acc in per_step]
+    ms = [1e3 * acc["total"][0] for acc in per_step]
+    seconds, requests, sections = (sum(acc["total"][i] for acc in per_step) for i in range(3))
     total = {op: [sum(acc[op][i] for acc in per_step) for i in range(4)] for op in OPS}
-    requests = sum(t[1] for t in total.values())
     rows = sum(t[2] for t in total.values())
-    parts = sum(t[3] for t in total.values())
-    seconds = sum(t[0] for t in total.values())
     n = max(1, len(per_step))
-    out = {
+    return {
         "shard_ms_per_step": round(float(statistics.median(ms)), 4) if ms else 0.0,
         "requests_per_worker_per_shard": round(requests / n / W, 3),
-        "parts_per_request": round(parts / max(1, requests), 3),
+        "parts_per_request": round(sum(t[3] for t in total.values()) / max(1, sum(t[1] for t in total.values())), 3),
+        "sections_per_request": round(sections / max(1, requests), 3),
         "rows_per_step": round(rows / n, 1),
         "per_request_us": round(1e6 * seconds / max(1, requests), 2),
         "per_row_ns": {op: round(1e9 * t[0] / t[2], 1) for op, t in total.items() if t[2]},
         "numba_limit_ns_per_row": round(limit_ns, 1),
         "shard_ns_per_row": round(1e9 * seconds / max(1, rows), 1),
-        "by_op": {op: {"requests_per_step": round(t[1] / n, 2), "rows_per_step": round(t[2] / n, 1),
-                       "ms_per_step": round(1e3 * t[0] / n, 4), "us_per_request": round(1e6 * t[0] / max(1, t[1]), 2),
-                       "parts_per_request": round(t[3] / max(1, t[1]), 2)}
+        "by_op": {op: {"calls_per_step": round(t[1] / n, 2), "rows_per_step": round(t[2] / n, 1),
+                       "ms_per_step": round(1e3 * t[0] / n, 4)}
                   for op, t in total.items()},
         "settings": {"workers": W, "shards": args.shards, "shard": args.shard, "batch_size": args.batch_size,
                      "tables": num_tables, "dim": args.dim, "optimizer": args.optimizer, "schedule": args.schedule,
                      "cache_ratio": args.cache_ratio, "wire_dtype": args.wire_dtype, "steps": len(per_step),
                      "warmup": args.warmup, "seed": args.seed, "source": source},
     }
-    return out
 
 
 def print_table(r: dict) -> None:
     s = r["settings"]
     print(f"herald bench step: shard {s['shard']} of {s['shards']}, {s['workers']} workers x {s['batch_size']} "
           f"samples, {s['tables']} tables, dim {s['dim']} {s['optimizer']}, {s['steps']} steps measured")
-    print(f"{'op':12s} {'req/step':>9s} {'parts/req':>9s} {'rows/step':>10s} {'ms/step':>9s} {'us/req':>9s} "
-          f"{'ns/row':>8s}")
+    print(f"{'op':10s} {'calls/step':>10s} {'rows/step':>10s} {'ms/step':>9s} {'ns/row':>8s}")
     for op, b in r["by_op"].items():
         ns = r["per_row_ns"].get(op)
-        print(f"{op:12s} {b['requests_per_step']:9.2f} {b['parts_per_request']:9.2f} {b['rows_per_step']:10.1f} "
-              f"{b['ms_per_step']:9.3f} {b['us_per_request']:9.1f} {'-' if ns is None else f'{ns:.0f}':>8s}")
+        print(f"{op:10s} {b['calls_per_step']:10.2f} {b['rows_per_step']:10.1f} {b['ms_per_step']:9.3f} "
+              f"{'-' if ns is None else f'{ns:.0f}':>8s}")
     print(f"shard ms per step (median) {r['shard_ms_per_step']:.3f}; requests per worker per shard "
-          f"{r['requests_per_worker_per_shard']:.2f}; parts per request {r['parts_per_request']:.2f}; "
-          f"{r['shard_ns_per_row']:.0f} ns per row vs numba limit {r['numba_limit_ns_per_row']:.0f} ns "
+          f"{r['requests_per_worker_per_shard']:.2f} ({r['sections_per_request']:.2f} op sections each, one flat "
+          f"part per section); {r['per_request_us']:.0f} us per request; {r['shard_ns_per_row']:.0f} ns per row vs "
+          f"numba limit {r['numba_limit_ns_per_row']:.0f} ns "
           f"({r['shard_ns_per_row'] / max(r['numba_limit_ns_per_row'], 1e-9):.1f}x)")
 
 

@@ -114,7 +114,7 @@ class LockstepServe:
 
     # ------------------------------------------------ plan thread (NOTE [dispatch pipeline])
     def _plans(self, pipeline: Pipeline) -> Iterator[tuple]:
-        """("plan", step, StepPlan, batch, batch index, sample ids or None, schedule ms)
+        """("plan", step, StepPlan, batch, batch index, sample ids or None, schedule ms, follows)
         items, one step behind the batches read, and ("barrier", last step, its batch
         index, final) items, after each of which it waits for the barrier to complete."""
         held: list[tuple[SampleBatch, int, Any]] = []
@@ -135,8 +135,8 @@ class LockstepServe:
             plan = self.scheduler.submit(scheduled_view(batch, self._replicated))
             schedule_s = time.perf_counter() - t0
             timer.add("schedule", schedule_s)
-            if plan is not None:
-                yield self._plan_item(plan, held.pop(0), schedule_s)
+            if plan is not None:   # the held batch's step comes next: no barrier between
+                yield self._plan_item(plan, held.pop(0), schedule_s, follows=True)
             due = every and (index + 1) % every == 0
             if due or self._stop.is_set():
                 yield from self._finish_scheduler(held)
@@ -155,9 +155,12 @@ class LockstepServe:
         if index > barrier_at:   # batches since the last barrier (else that barrier was the final one)
             yield ("barrier", self._plan_step - 1, index, True)
 
-    def _plan_item(self, plan: Any, held: tuple, schedule_s: float) -> tuple:
+    def _plan_item(self, plan: Any, held: tuple, schedule_s: float, follows: bool = False) -> tuple:
+        """A "plan" item; ``follows``: another step comes right after it (``MicroBatch.next_follows``
+        when the credit window lets it be sent before this one's ack)."""
         step, self._plan_step = self._plan_step, self._plan_step + 1
-        return ("plan", step, plan, *held, schedule_s * 1e3)
+        follows = follows and self._config.max_inflight_steps >= 2
+        return ("plan", step, plan, *held, schedule_s * 1e3, follows)
 
     def _finish_scheduler(self, held: list) -> Iterator[tuple]:
         t0 = time.perf_counter()
@@ -172,9 +175,10 @@ class LockstepServe:
         """A "plan" item -> ("step", :class:`ReadyStep`); other items pass through."""
         if item[0] != "plan":
             return item
-        _, step, step_plan, batch, index, ids, schedule_ms = item
+        _, step, step_plan, batch, index, ids, schedule_ms, follows = item
         with self.build_timer("build"):
             ready, self._touched = build_ready_step(step, step_plan, batch, index, ids, schedule_ms,
                                                     dispatcher_rank=self._config.dispatcher_rank,
-                                                    replicated=self._replicated, touched_before=self._touched)
+                                                    replicated=self._replicated, touched_before=self._touched,
+                                                    next_follows=follows)
         return ("step", ready)

@@ -102,6 +102,11 @@ class MicroBatch:
         pull_early: bool [len(plan.pull)]: the PS copy of this key is final before the
             previous step's pushes (NOTE [early pulls] in herald/dispatch/early.py);
             all False (wait) by default.
+        next_follows: the micro-batch of step ``step + 1`` comes next on this worker's
+            channel and the credit window lets it be sent before this step's ack (no
+            barrier, no end in between): a worker may wait for it before ending this step,
+            so that its pulls ride on this step's messages (NOTE [step messages] in
+            herald/ps/stepped.py). False by default.
 
     Per-table views: :attr:`unique_ids`, :attr:`inverse`, :attr:`offsets` (lists of
     views into the flat arrays) and :meth:`values`.
@@ -119,6 +124,7 @@ class MicroBatch:
     plan: CachePlan
     replicated: KeySet = dataclasses.field(default_factory=KeySet.empty)
     pull_early: np.ndarray | None = None
+    next_follows: bool = False
 
     def __post_init__(self) -> None:
         if self.pull_early is None:
@@ -195,7 +201,7 @@ class MicroBatch:
                  bounds, p.write_back.astype(np.bool_, copy=False), p.contributors.astype(np.uint16, copy=False),
                  self.pull_early.astype(np.bool_, copy=False)]
         header = {"op": "microbatch", "step": self.step, "rank": self.rank, "tables": self.num_tables,
-                  "layout": LAYOUT, "parts": [[a.dtype.str, list(a.shape)] for a in parts]}
+                  "next": bool(self.next_follows), "layout": LAYOUT, "parts": [[a.dtype.str, list(a.shape)] for a in parts]}
         return header, [pack_parts(parts)]
 
     @classmethod
@@ -249,7 +255,7 @@ class MicroBatch:
         _check(pull_early.shape == (len(pull),), "plan: pull_early must be bool of the length of pull")
         plan = CachePlan(evict, write_back, pull, grad_push, contributors, update_local, plan_push)
         return cls(int(header.get("step", -1)), int(header.get("rank", -1)), sample_ids, labels, dense,
-                   ids, id_bounds, inv, offsets, plan, replicated, pull_early)
+                   ids, id_bounds, inv, offsets, plan, replicated, pull_early, header.get("next") is True)
 
 
 def _aligned(n: int) -> int:

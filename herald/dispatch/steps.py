@@ -53,7 +53,7 @@ def replicated_union(batch: SampleBatch, replicated: tuple[int, ...]) -> KeySet:
 
 def build_ready_step(step: int, step_plan: Any, batch: SampleBatch, batch_index: int, sample_ids: np.ndarray | None,
                      schedule_ms: float, *, dispatcher_rank: int, replicated: tuple[int, ...],
-                     touched_before: TouchedKeys | None) -> tuple[ReadyStep, TouchedKeys]:
+                     touched_before: TouchedKeys | None, next_follows: bool = False) -> tuple[ReadyStep, TouchedKeys]:
     """Cut ``batch`` by ``step_plan.assignment``, compress every rank's micro-batch
     (one kernel pass for all ranks), mark its early pulls and encode its frames.
 
@@ -65,6 +65,7 @@ def build_ready_step(step: int, step_plan: Any, batch: SampleBatch, batch_index:
         schedule_ms: carried to the step's record.
         replicated: the replicated tables (every rank gets the union of their keys).
         touched_before: the keys the previous step touches (None: unknown, no early pulls).
+        next_follows: step ``step + 1`` is sent next, within the credit window (``MicroBatch.next_follows``).
 
     Returns:
         The :class:`ReadyStep` and the keys this step touches (for the next call).
@@ -83,7 +84,7 @@ def build_ready_step(step: int, step_plan: Any, batch: SampleBatch, batch_index:
     for rank in range(W):
         lo, hi = int(wstart[rank]), int(wstart[rank + 1])
         mb = MicroBatch(step, rank, ids[lo:hi], labels[lo:hi], dense[lo:hi], *parts[rank], plans[rank], union,
-                        early_pulls(plans[rank].pull, touched_before))
+                        early_pulls(plans[rank].pull, touched_before), next_follows)
         mbs.append(mb)
         frames.append(wire.pack(*mb.to_frames()))
     ready = ReadyStep(step, batch_index, mbs, frames, np.asarray(step_plan.counts), schedule_ms, sample_ids)

@@ -303,14 +303,15 @@ class ScheduledLoader:
             self.link.report_error(exc)
             raise
 
-    def _look_ahead(self) -> None:
-        """Receive the next message if it is already here; if it is a micro-batch, let the
-        protocol start its early reads while this step computes (NOTE [early pulls] in
-        herald/dispatch/early.py: this worker has finished the step before this one)."""
-        if not self.link.ready():
+    def _look_ahead(self, wait: bool = False) -> None:
+        """Receive the next message if it is already here (with ``wait``: wait for it, as the
+        link's receive does); if it is a micro-batch, let the protocol start its early reads
+        while this step computes (NOTE [early pulls] in herald/dispatch/early.py: this worker
+        has finished the step before this one), or take its pulls along (NOTE [step messages])."""
+        if not wait and not self.link.ready():
             return
-        with self.timer("prefetch"):
-            header, arrays = self.link.receive("micro-batch", timeout_ms=0)
+        with self.timer("wait" if wait else "prefetch"):
+            header, arrays = self.link.receive("micro-batch", timeout_ms=None if wait else 0)
             mb = MicroBatch.from_frames(header, arrays) if header["op"] == "microbatch" else None
             if mb is not None:
                 self.protocol.prefetch(mb)
@@ -346,7 +347,10 @@ class ScheduledLoader:
                 self.timer.add("compute", max(0.0, time.perf_counter() - since
                                               - (sum(self.timer.seconds.values()) - claimed)))
             if self._ahead is None:   # the next micro-batch came while this step computed: start its early pulls
-                self._look_ahead()
+                self._look_ahead(wait=mb.next_follows and self.protocol.step_messages)
+            if self.protocol.step_messages:   # the all-reduce runs while the PS round trip does
+                with self.timer("dense_allreduce"):
+                    self.dense.start()
             self.protocol.after_backward(mb, batch.rows)
             with self.timer("dense_allreduce"):
                 self.dense.step()

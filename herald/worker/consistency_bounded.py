@@ -103,6 +103,7 @@ class Bounded(BSP):
     def __init__(self, executor: PlanExecutor, staleness: int = 0):
         super().__init__(executor)
         self.staleness = int(staleness)
+        self.step_messages = self.staleness == 0   # relaxed reads: the all-reduce orders the writes (NOTE [step protocol])
         rows = executor.cache.capacity_rows
         self.start = np.zeros(rows, np.uint64)     # c_s per cache slot
         self.current = np.zeros(rows, np.uint64)   # c_c per cache slot

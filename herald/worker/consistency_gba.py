@@ -164,7 +164,6 @@ class GBA(ConsistencyProtocol):
             ex.cache.clear()
             if len(keys):
                 ex.cache.put(keys, rows)
-        ex.bytes_pulled += rows.nbytes + keys.ids.nbytes + (dense[1].nbytes if dense else 0)
         if dense is not None and self.dense is not None:
             with ex.timer("dense_allreduce"):   # the dense update, replayed from the PS's log
                 self.dense.replay(*dense)
@@ -229,7 +228,6 @@ class GBA(ConsistencyProtocol):
                     "base": self.start_step,
                     "dense": with_dense, "parts": [{"table": t} for t, _, _ in parts]},
                     arrays + ([dense] if with_dense else [])))
-            ex.bytes_pushed += keys.ids.nbytes + grads.nbytes + (dense.nbytes if dense is not None else 0)
         with ex.timer("push_wait"):
             replies = [h.wait()[0] for h in handles]
         first = replies[0]

@@ -47,6 +47,11 @@ class DenseState(abc.ABC):
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer):
         self.model, self.optimizer = model, optimizer
 
+    def start(self) -> None:
+        """Begin the dense step's communication in the background, when the protocol allows
+        it to overlap the embedding updates (``overlaps_dense``); :meth:`step` finishes it.
+        Default: nothing (:meth:`step` does all)."""
+
     @abc.abstractmethod
     def step(self) -> None:
         """The runtime's dense step after ``backward()`` (NOTE [step protocol] step 7)."""
@@ -109,6 +114,7 @@ class DenseSync(DenseState):
         self.dense_comm, self.steps = dense_comm, 0
         self._flat: torch.Tensor | None = None
         self._views: list[torch.Tensor] = []
+        self._work = None   # the all-reduce start() began
         self.groups: TrainingGroups | None = None
         if groups > 1 and world_size > 1:
             params = [p for p in model.parameters() if p.requires_grad]
@@ -116,16 +122,36 @@ class DenseSync(DenseState):
             self.groups = TrainingGroups(rank, GroupLayout(world_size, groups), flat, easgd_alpha, average_every,
                                          flat.device.type)
 
+    def _flat_grads(self, params: list[torch.Tensor]) -> torch.Tensor:
+        """The flat gradient buffer whose views the ``p.grad`` are (made on first use)."""
+        flat = self._flat
+        if flat is None or not all(p.grad is not None and p.grad.data_ptr() == v.data_ptr()
+                                   for p, v in zip(params, self._views)):
+            flat = self._bucket(params)
+        return flat
+
+    def start(self) -> None:
+        """Start the fp32 all-reduce of the gradients (``async_op``: torch's work handle);
+        :meth:`step` waits for it. The sum is the same all-reduce :meth:`step` would run, so
+        the replicas stay bit-identical; with training groups or a compressed payload
+        :meth:`step` runs it as before."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if self.world_size > 1 and params and self.groups is None and self.dense_comm == "fp32":
+            flat = self._flat_grads(params)
+            self._work = dist.all_reduce(flat, group=group_for(flat), async_op=True)   # NOTE [worker devices]
+
     def step(self) -> None:
-        """Average the gradients over the ranks (one all-reduce), step, zero the gradients."""
+        """Average the gradients over the ranks (one all-reduce, or the one :meth:`start`
+        began), step, zero the gradients."""
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.steps += 1
         raised = False
-        if self.world_size > 1 and params:
-            flat = self._flat
-            if flat is None or not all(p.grad is not None and p.grad.data_ptr() == v.data_ptr()
-                                       for p, v in zip(params, self._views)):
-                flat = self._bucket(params)
+        if self._work is not None:
+            work, self._work = self._work, None
+            work.wait()
+            self._flat /= self.world_size
+        elif self.world_size > 1 and params:
+            flat = self._flat_grads(params)
             if self.groups is not None:
                 flat[-1] = self.groups.flag()   # NOTE [training groups], step 3
                 self._all_reduce(flat, self.groups.process_group, self.groups.layout.size)

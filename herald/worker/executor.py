@@ -140,7 +140,8 @@ class PlanExecutor:
             EmbeddingCache` or the :class:`~herald.worker.device_cache.DeviceCache`.
         ps: the :class:`PSClient` of the job's shards.
         replicas: the :class:`ReplicaStore` of replicated tables, or None.
-        bytes_pulled, bytes_pushed, bytes_allreduced: traffic since :meth:`take_traffic`.
+        bytes_pulled, bytes_pushed, bytes_allreduced: traffic not through :attr:`ps` since
+            :meth:`take_traffic` (which adds the PS client's own count).
         timer: a :class:`~herald.phases.PhaseTimer`; each operation adds its time under
             its phase name (``evict``, ``pull``, ``lookup``, ``grad_push``, ...).
 
@@ -167,6 +168,8 @@ class PlanExecutor:
         self._early: dict[int, tuple] = {}   # step -> (pull_early mask, clocked mask, wait())
         self._writes: list = []                                   # pushes and write-backs in flight
         self._written_back: tuple[int | None, KeySet] = (None, KeySet.empty())   # NOTE [own write-backs]
+        self._step: tuple | None = None            # the step message in flight: (next step or None, pulls, handle)
+        self._prepared: int | None = None          # the step whose evictions and pulls are done (send_step)
 
     @property
     def cache_description(self) -> str:
@@ -189,9 +192,8 @@ class PlanExecutor:
             rows = self.cache.evict(plan.evict, plan.write_back)
             wb = plan.write_back
             written = KeySet(plan.evict.table[wb], plan.evict.ids[wb])
-            handle, sent = psio.push_rows_async(self.ps, written, rows, advance)
+            handle = psio.push_rows_async(self.ps, written, rows, advance)
             self._written_back = (step, written)
-            self.bytes_pushed += sent
             if handle is not None:
                 self._writes.append(handle)
 
@@ -299,9 +301,6 @@ class PlanExecutor:
                 fetched, clocks = np.ones(n, bool), np.zeros(n, np.uint64)
                 for mask, got in parts:
                     rows[mask], fetched[mask], clocks[mask] = got.rows, got.fetched, got.clocks
-            for _, got in parts:
-                self.bytes_pulled += got.pulled
-                self.bytes_pushed += got.pushed
             if fetched.all():
                 self.cache.put(pull, rows)
                 return Pulled(pull, fetched, clocks)
@@ -313,7 +312,7 @@ class PlanExecutor:
         """Make the replicated rows of the global batch present (NOTE [replicated tables])."""
         if self.replicas is not None:
             with self.timer("replicas"):
-                self.bytes_pulled += self.replicas.ensure(mb.replicated)
+                self.replicas.ensure(mb.replicated)
 
     # -------------------------------------------------------------- lookup
     def lookup(self, mb: MicroBatch) -> tuple[torch.Tensor, StepRows]:
@@ -367,7 +366,6 @@ class PlanExecutor:
             g = grads.host_rows(step_rows.positions(plan.grad_push))
             self._writes.append(psio.push_grads_async(self.ps, plan.grad_push, g, plan.contributors, mb.step,
                                                       self.rank))
-            self.bytes_pushed += plan.grad_push.ids.nbytes + g.nbytes
 
     def update_local(self, plan: CachePlan, grads: StepGrads, step_rows: StepRows) -> None:
         """Apply the sparse optimizer to the cached rows of ``plan.update_local``: the PS's
@@ -392,31 +390,67 @@ class PlanExecutor:
         if not len(plan.plan_push):
             return None
         with self.timer("plan_push"):
-            handle, sent = psio.push_rows_async(self.ps, plan.plan_push,
-                                                self.cache.read(self.cache.slots(plan.plan_push)), advance,
-                                                read_clocks=advance is not None)
-            self.bytes_pushed += sent
+            handle = psio.push_rows_async(self.ps, plan.plan_push, self.cache.read(self.cache.slots(plan.plan_push)),
+                                          advance, read_clocks=advance is not None)
             if advance is None:
                 self._writes.append(handle)
                 return None
-            wait = self._clocks_of(handle)
-            self._writes.append(wait)
-        return wait
+            self._writes.append(handle)
+        return handle
 
-    def _clocks_of(self, handle):
-        """``wait()`` -> c_g of a clocked ``push_rows`` (uint64 [n]), counting the clock bytes
-        received once; also a write handle."""
-        done: list = []
+    # ------------------------------------------------- the step message
+    def send_step(self, mb: MicroBatch, grads: StepGrads, step_rows: StepRows, next_mb: MicroBatch | None) -> None:
+        """Steps 4-6 of NOTE [step protocol] for ``mb`` as one step message per shard (NOTE
+        [step messages] in herald/ps/stepped.py): the gradients of ``plan.grad_push``, the
+        local updates, then the rows of ``plan.plan_push``; with ``next_mb`` (the micro-batch of
+        step ``mb.step + 1``, already here) also its evictions' write-backs and its pulls,
+        which :meth:`finish_step` puts in the cache (then :meth:`prepared` is its step).
+        Nothing of the step's message is acknowledged until :meth:`finish_step`."""
+        plan = mb.plan
+        g = None
+        if len(plan.grad_push):
+            with self.timer("grad_push"):
+                g = grads.host_rows(step_rows.positions(plan.grad_push))
+        self.update_local(plan, grads, step_rows)
+        written, rows = plan.plan_push, None
+        if len(written):
+            with self.timer("plan_push"):
+                rows = self.cache.read(self.cache.slots(written))
+        pull = KeySet.empty()
+        if next_mb is not None:
+            nplan = next_mb.plan
+            if len(nplan.evict):
+                with self.timer("evict"):
+                    back = self.cache.evict(nplan.evict, nplan.write_back)
+                    wb = nplan.write_back
+                    if wb.any():
+                        written = KeySet(np.concatenate([written.table, nplan.evict.table[wb]]),
+                                         np.concatenate([written.ids, nplan.evict.ids[wb]]))
+                        rows = back if rows is None else np.concatenate([rows, back])
+            pull = nplan.pull
+        with self.timer("step_send"):
+            handle = self.ps.step_async(mb.step, self.rank, self.world_size,
+                                        rows=(written.table, written.ids, rows) if rows is not None else None,
+                                        grads=(plan.grad_push.table, plan.grad_push.ids, g, plan.contributors)
+                                        if g is not None else None, pull=(pull.table, pull.ids))
+        self._step = (None if next_mb is None else next_mb.step, pull, handle)
 
-        def wait() -> np.ndarray:
-            clocks, received = handle.wait()   # psio's handle keeps its reply
-            if not done:
-                self.bytes_pulled += received
-                done.append(True)
-            return clocks
+    def finish_step(self) -> None:
+        """Wait for the reply of :meth:`send_step`'s message (every rank's step writes are
+        applied on every shard then) and put the pulled rows in the cache."""
+        if self._step is None:
+            return
+        step, pull, handle = self._step
+        self._step = None
+        with self.timer("step_wait"):
+            rows = handle.wait()
+            if len(pull):
+                self.cache.put(pull, rows)
+        self._prepared = step
 
-        wait.wait = wait
-        return wait
+    def prepared(self, step: int) -> bool:
+        """Whether step ``step``'s evictions and pulls came with the previous step message."""
+        return self._prepared == step
 
     def update_replicas(self, mb: MicroBatch, grads: StepGrads, step_rows: StepRows) -> None:
         """All-reduce and apply the replicated tables' gradients (NOTE [replicated tables])."""
@@ -435,15 +469,13 @@ class PlanExecutor:
         (uint64 [len(keys)]: NOTE [clock frames]) the PS clocks advance with the rows and,
         without ``reset``, c_g after is returned (uint64 [len(keys)]); else None."""
         self._written_back = (None, KeySet.empty())
+        self._prepared = None
         clocks = None
         if len(keys) and advance is None:
-            self.bytes_pushed += psio.push_rows(self.ps, keys, self.cache.read(self.cache.slots(keys)))
+            psio.push_rows(self.ps, keys, self.cache.read(self.cache.slots(keys)))
         elif len(keys):
-            handle, sent = psio.push_rows_async(self.ps, keys, self.cache.read(self.cache.slots(keys)), advance,
-                                                read_clocks=not reset)
-            self.bytes_pushed += sent
-            clocks, received = handle.wait()
-            self.bytes_pulled += received
+            clocks = psio.push_rows_async(self.ps, keys, self.cache.read(self.cache.slots(keys)), advance,
+                                          read_clocks=not reset).wait()
         if self.replicas is not None:
             if self.rank == 0:
                 self.replicas.write_back()
@@ -458,9 +490,15 @@ class PlanExecutor:
         self._early.clear()
 
     def take_traffic(self) -> dict[str, int]:
-        """Bytes pulled, pushed and all-reduced since the last call (then reset to 0)."""
-        out = {"bytes_pulled": self.bytes_pulled, "bytes_pushed": self.bytes_pushed,
-               "bytes_allreduced": self.bytes_allreduced}
+        """The worker's traffic since the last call (then reset to 0): ``bytes_pulled`` and
+        ``bytes_pushed``, the bytes of every frame received from and sent to the PS (as they
+        went: compressed, with headers and clock frames; :meth:`PSClient.take_traffic`) plus
+        what a protocol exchanged with the dispatcher, ``bytes_allreduced`` (replicated
+        tables' gradients), and ``ps_requests``, the PS requests issued (all shards)."""
+        ps = self.ps.take_traffic()
+        out = {"bytes_pulled": self.bytes_pulled + ps["bytes_received"],
+               "bytes_pushed": self.bytes_pushed + ps["bytes_sent"],
+               "bytes_allreduced": self.bytes_allreduced, "ps_requests": ps["requests"]}
         self.bytes_pulled = self.bytes_pushed = self.bytes_allreduced = 0
         return out
 

@@ -51,6 +51,11 @@ class ConsistencyProtocol(abc.ABC):
     """
 
     name: str = ""
+    #: whether the protocol ends each step with step messages (NOTE [step messages] in
+    #: herald/ps/stepped.py): they order its PS writes, so the runtime may start the dense
+    #: all-reduce before :meth:`after_backward`, and it waits for a next micro-batch that
+    #: follows directly (``MicroBatch.next_follows``) so that its pulls ride along
+    step_messages: bool = False
 
     def __init__(self, executor: PlanExecutor):
         self.executor = executor
@@ -58,7 +63,7 @@ class ConsistencyProtocol(abc.ABC):
 
     def count_reads(self, mb: MicroBatch, gaps: np.ndarray) -> None:
         """Count the rows ``mb`` reads; ``gaps``: uint64 clock gaps of those read stale."""
-        self.stats["reads"] += int(sum(u.shape[0] for u in mb.unique_ids))
+        self.stats["reads"] += int(mb.ids_flat.shape[0])
         self.stats["stale_reads"] += int(gaps.shape[0])
         if gaps.shape[0]:
             self.stats["gap_sum"] += int(gaps.sum())
@@ -111,27 +116,43 @@ class BSP(ConsistencyProtocol):
     """Bulk-synchronous, exact: NOTE [step protocol] steps 1-2 before forward, 4-6 after
     backward (step 7, the dense all-reduce, is the runtime's). Equals single-process
     training on the same global batches (Herald §3.3; tests/integration/test_train_exact.py).
+
+    Steps 4-6 of step t, with steps 1-2 of t + 1 when its micro-batch is already here, go
+    as one step message per shard (NOTE [step messages] in herald/ps/stepped.py): the
+    shards order the writes of t before the pulls of t + 1, so the dense all-reduce may
+    overlap the round trip (:attr:`step_messages`).
     """
 
     name = "bsp"
+    step_messages = True
+
+    def __init__(self, executor: PlanExecutor):
+        super().__init__(executor)
+        self._next: MicroBatch | None = None
 
     def prefetch(self, mb: MicroBatch) -> None:
-        self.executor.prefetch(mb)          # 2a. pulls not touched by the current step (NOTE [early pulls])
+        self._next = mb                     # its evictions and pulls ride on this step's message
 
     def before_forward(self, mb: MicroBatch) -> None:
-        self.executor.evict(mb.plan, mb.step)   # 1. evict (write-backs in flight until before the all-reduce)
-        self.executor.pull(mb)              # 2. pull: every key used is now cached and latest
+        if not self.executor.prepared(mb.step):   # not sent with the previous step's message
+            self.executor.evict(mb.plan)    # 1. evict (write-backs acknowledged with this step's message)
+            self.executor.pull(mb)          # 2. pull: every key used is now cached and latest
         self.executor.pull_replicas(mb)
         self.count_reads(mb, np.zeros(0, np.uint64))
 
     def after_backward(self, mb: MicroBatch, step_rows: StepRows) -> None:
-        ex, plan = self.executor, mb.plan
+        ex = self.executor
         grads = ex.gradients(step_rows)
-        ex.push_grads(mb, grads, step_rows)     # 4. shared keys: the PS applies the summed gradient
-        ex.update_local(plan, grads, step_rows)  # 5. keys only this worker used: update the cached row
-        ex.push_plan(plan)                      # 6. rows another worker reads at t + 1
+        nxt = self._next if self._next is not None and self._next.step == mb.step + 1 else None
+        self._next = None
+        ex.send_step(mb, grads, step_rows, nxt)   # 4-6 of t (and 1-2 of t + 1): one message per shard
         ex.update_replicas(mb, grads, step_rows)
-        ex.wait_writes()                        # 1, 4 and 6 acknowledged before the all-reduce (7)
+        ex.wait_writes()                        # write-backs of a step that came without its message
+        ex.finish_step()                        # every rank's step-t writes applied: an ack means so
+
+    def flush(self, keys: KeySet, reset: bool) -> None:
+        self._next = None
+        super().flush(keys, reset)
 
 
 def make_protocol(name: str, executor: PlanExecutor, **settings) -> ConsistencyProtocol:

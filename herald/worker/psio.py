@@ -72,16 +72,11 @@ class Fetched:
         rows: float32 [n, row_width]: the PS rows where ``fetched`` (unset elsewhere).
         fetched: bool [n]: rows that came (False: a checked copy is still valid).
         clocks: uint64 [n]: c_g of the keys asked with clocks, 0 elsewhere.
-        pulled: bytes of the keys, the rows (float32) and the clock frames received (what
-            ``PlanExecutor.bytes_pulled`` counts for a pull).
-        pushed: bytes of the clock frames sent (the copies' c_c).
     """
 
     rows: np.ndarray
     fetched: np.ndarray
     clocks: np.ndarray
-    pulled: int
-    pushed: int
 
 
 def fetch_async(ps: PSClient, keys: KeySet, row_width: int, clocked: np.ndarray | None = None,
@@ -101,25 +96,25 @@ def fetch_async(ps: PSClient, keys: KeySet, row_width: int, clocked: np.ndarray 
     checked = np.zeros(n, bool) if checked is None else checked & clocked
     plain = ~clocked
     plain_wait = pull_keys_async(ps, KeySet(keys.table[plain], keys.ids[plain]), row_width) if plain.any() else None
-    clock_wait, out_bytes = None, 0
+    clock_wait = None
     if clocked.any():
         at = np.flatnonzero(clocked)
         c_c = np.zeros(n, np.uint64) if c_c is None else np.asarray(c_c, np.uint64)
-        handle, out_bytes = ps.pull_clocked_flat_async(keys.table[at], keys.ids[at], checked[at], c_c[at], staleness)
+        handle, _ = ps.pull_clocked_flat_async(keys.table[at], keys.ids[at], checked[at], c_c[at], staleness)
         clock_wait = (handle, at)
 
     def wait() -> Fetched:
         fetched, clocks = np.ones(n, bool), np.zeros(n, np.uint64)
         if clock_wait is None:   # a plain pull: its rows as they come
             rows = plain_wait() if plain_wait is not None else np.empty((0, row_width), np.float32)
-            return Fetched(rows, fetched, clocks, keys.ids.nbytes + rows.nbytes, 0)
+            return Fetched(rows, fetched, clocks)
         rows = np.empty((n, row_width), np.float32)
         if plain_wait is not None:
             rows[plain] = plain_wait()
         handle, at = clock_wait
-        c_g, ok, r, got = handle.wait()
+        c_g, ok, r, _ = handle.wait()
         clocks[at], fetched[at], rows[at] = c_g, ok, r
-        return Fetched(rows, fetched, clocks, keys.ids.nbytes + int(fetched.sum()) * row_width * 4 + got, out_bytes)
+        return Fetched(rows, fetched, clocks)
 
     return wait
 
@@ -128,24 +123,21 @@ def push_rows_async(ps: PSClient, keys: KeySet, rows: np.ndarray, advance: np.nd
                     read_clocks: bool = False):
     """Start writing ``rows`` (float32 [len(keys), row_width]) back for ``keys`` (one flat
     request per shard), with their clock ``advance`` (uint64 [n], NOTE [clock frames]) when
-    given; returns ``(handle or None, bytes sent)``. ``rows`` must not change until
-    ``handle.wait()``, which gives None, or with ``advance`` ``(c_g after uint64 [n] in key
-    order or None without ``read_clocks``, clock bytes received)``."""
+    given; returns the handle (None for no keys). ``rows`` must not change until
+    ``handle.wait()``, which gives None, or with ``advance`` the c_g after (uint64 [n] in key
+    order; None without ``read_clocks``); a clocked handle is also callable (``handle()``)."""
     if not len(keys):
-        return None, 0
+        return None
     rows = np.asarray(rows, np.float32)
     if advance is None:
-        return ps.push_rows_flat_async(keys.table, keys.ids, rows), keys.ids.nbytes + rows.nbytes
-    handle, clock_bytes = ps.push_rows_clocked_flat_async(keys.table, keys.ids, rows, advance, read_clocks)
-    done: list = []
+        return ps.push_rows_flat_async(keys.table, keys.ids, rows)
+    handle, _ = ps.push_rows_clocked_flat_async(keys.table, keys.ids, rows, advance, read_clocks)
 
-    def wait():   # may be called again: the reply is kept
-        if not done:
-            done.append(handle.wait())
-        return done[0]
+    def wait():   # may be called again: the handle keeps its reply
+        return handle.wait()[0]
 
     wait.wait = wait
-    return wait, keys.ids.nbytes + rows.nbytes + clock_bytes
+    return wait
 
 
 def push_grads_async(ps: PSClient, keys: KeySet, grads: np.ndarray, contributors: np.ndarray, step: int,
@@ -157,12 +149,11 @@ def push_grads_async(ps: PSClient, keys: KeySet, grads: np.ndarray, contributors
     return ps.push_grad_flat_async(keys.table, keys.ids, grads, contributors, step, rank)
 
 
-def push_rows(ps: PSClient, keys: KeySet, rows: np.ndarray) -> int:
-    """Write ``rows`` (float32 [len(keys), row_width]) back for ``keys`` and wait; returns the bytes sent."""
-    handle, sent = push_rows_async(ps, keys, rows)
+def push_rows(ps: PSClient, keys: KeySet, rows: np.ndarray) -> None:
+    """Write ``rows`` (float32 [len(keys), row_width]) back for ``keys`` and wait."""
+    handle = push_rows_async(ps, keys, rows)
     if handle is not None:
         handle.wait()
-    return sent
 
 
 def member(keys: KeySet, of: KeySet) -> np.ndarray:

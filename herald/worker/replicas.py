@@ -58,17 +58,15 @@ class ReplicaStore:
         self.store = EmbeddingCache(capacity_rows, row_width)
         self.dim, self.tables, self.ps, self.world_size = dim, tables, ps, world_size
 
-    def ensure(self, union: KeySet) -> int:
-        """Step 1: pull the union keys this replica lacks. Returns the bytes pulled."""
+    def ensure(self, union: KeySet) -> None:
+        """Step 1: pull the union keys this replica lacks."""
         if not len(union):
-            return 0
+            return
         missing = self.store.slots(union, must_exist=False) < 0
         if not missing.any():
-            return 0
+            return
         need = KeySet(union.table[missing], union.ids[missing])
-        rows = psio.pull_keys(self.ps, need, self.store.row_width)
-        self.store.put(need, rows)
-        return rows.nbytes + need.ids.nbytes
+        self.store.put(need, psio.pull_keys(self.ps, need, self.store.row_width))
 
     def rows(self, keys: KeySet) -> np.ndarray:
         """float32 [n, dim]: the embeddings of ``keys`` (all held after :meth:`ensure`)."""
@@ -95,10 +93,10 @@ class ReplicaStore:
             self.store.rows[slots[m]] = local
         return buf.nbytes
 
-    def write_back(self) -> int:
-        """Step 3: push every replicated row to the PS (call on one rank). Returns bytes."""
+    def write_back(self) -> None:
+        """Step 3: push every replicated row to the PS (call on one rank)."""
         keys = self.store.key_set()
-        return psio.push_rows(self.ps, keys, self.store.rows[self.store.slots(keys)])
+        psio.push_rows(self.ps, keys, self.store.rows[self.store.slots(keys)])
 
     def clear(self) -> None:
         """Forget every row (after a write-back at a checkpoint barrier with reset)."""

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from herald.spec.job import JobSpec
-from herald.ps import PSClient
+from herald.ps import PSClient, compress
 from herald.spec.tables import OptimizerConfig, TableConfig
 from herald.scheduler.plan import CachePlan, KeySet
 from herald.worker import psio
@@ -42,10 +42,10 @@ def test_conditional_pull_and_advances_across_shards_and_split_requests(shards, 
         rows = np.random.default_rng(0).standard_normal((24, WIDTH)).astype(np.float32)
         rows[:, 4:] = np.abs(rows[:, 4:])   # Adagrad sums
         advance = np.arange(24, dtype=np.uint64) * np.uint64(100 if wire_dtype == "fp32" else 1)
-        handle, sent = psio.push_rows_async(ps, keys, rows, advance, read_clocks=True)
-        c_g, received = handle.wait()
-        assert np.array_equal(c_g, advance) and sent > keys.ids.nbytes + rows.nbytes and received > 0
+        assert np.array_equal(psio.push_rows_async(ps, keys, rows, advance, read_clocks=True).wait(), advance)
+        ps.take_traffic()
         plain = psio.pull_keys(ps, keys, WIDTH)
+        plain_traffic = ps.take_traffic()
         # checked copies: every third key, at c_c = c_g - 2 (valid under s = 2) or c_g - 3 (not)
         checked = np.arange(24) % 3 == 0
         c_c = advance.copy()
@@ -59,12 +59,14 @@ def test_conditional_pull_and_advances_across_shards_and_split_requests(shards, 
         assert np.array_equal(got.fetched, ~valid)
         assert np.array_equal(got.clocks, np.where(clocked, advance, 0))
         assert np.array_equal(got.rows[~valid], plain[~valid])
-        # keys, fetched rows and clock frames: one byte a key up to 255, two up to 65535 (each frame
-        # as narrow as its values allow)
+        # the frames as they went: the checked copies' c_c out (one or two bytes a key: each clock
+        # frame as narrow as its values allow), and back the clocks but no row of a valid copy
+        traffic = ps.take_traffic()
         width = 1 if wire_dtype == "int8" else 2
-        assert int(checked.sum()) <= got.pushed <= width * int(checked.sum())
-        assert int(clocked.sum()) <= got.pulled - keys.ids.nbytes - 4 * WIDTH * int((~valid).sum()) <= 2 * int(
-            clocked.sum())
+        assert traffic["requests"] >= plain_traffic["requests"]   # a plain and a conditional pull, split
+        row = compress.row_bytes(wire_dtype, 4) + 4 * (WIDTH - 4)
+        assert traffic["bytes_received"] - plain_traffic["bytes_received"] <= (
+            -row * int(valid.sum()) + width * int(clocked.sum()) + 2048)
     finally:
         ps.close()
 
@@ -77,16 +79,41 @@ def test_executor_counts_the_clock_frames(shards):
         ex.cache.put(keys, np.ones((8, WIDTH), np.float32))
         plan = CachePlan(KeySet.empty(), np.zeros(0, bool), KeySet.empty(), KeySet.empty(), np.zeros(0, np.uint16),
                          KeySet.empty(), keys)
+        ex.take_traffic()   # the declaration's
         wait = ex.push_plan(plan, np.full(8, 3, np.uint64))
         ex.wait_writes()
+        clocked = ex.take_traffic()
         before = psio.pull_keys(ex.ps, keys, WIDTH)
         assert np.array_equal(before, np.ones((8, WIDTH), np.float32))
-        # rows (4 B x 5) and keys (8 B) out, plus one byte of advance per key; one byte of c_g back per key
-        assert ex.take_traffic() == {"bytes_pulled": 8, "bytes_pushed": 8 * (8 + 4 * WIDTH + 1), "bytes_allreduced": 0}
-        assert wait().tolist() == [3] * 8 and wait().tolist() == [3] * 8   # kept: counted once
-        assert ex.take_traffic()["bytes_pulled"] == 0
+        assert wait().tolist() == [3] * 8 and wait().tolist() == [3] * 8   # the reply is kept
+        ex.take_traffic()
         assert ex.push_plan(plan) is None   # a plain plan push: no clocks
         ex.wait_writes()
-        assert ex.take_traffic()["bytes_pushed"] == 8 * (8 + 4 * WIDTH)
+        plain = ex.take_traffic()
+        # the frames as sent: the same requests plus one byte of advance per key (and header
+        # fields) out, one byte of c_g per key back
+        assert clocked["ps_requests"] == plain["ps_requests"] >= 1
+        assert 8 <= clocked["bytes_pushed"] - plain["bytes_pushed"] <= 8 + 64 * plain["ps_requests"]
+        assert 8 <= clocked["bytes_pulled"] - plain["bytes_pulled"] <= 8 + 64 * plain["ps_requests"]
+        assert plain["bytes_pushed"] >= 8 * (2 + 8 + 4 * WIDTH)   # tables, keys and rows at least
     finally:
         ex.close()
+
+
+def test_client_counts_compressed_frames_as_they_go(shards):
+    """``take_traffic`` counts the frames sent and received: an fp16 client's pull brings
+    half the embedding bytes of an fp32 one (the report's wire_bytes are these counts)."""
+    keys = _keys(64, lambda i: i % 2, base=9000)
+    got = {}
+    for wire in ("fp32", "fp16"):
+        ps = PSClient(shards, TABLES, timeout_ms=5000, wire_dtype=wire)
+        try:
+            ps.take_traffic()
+            psio.pull_keys(ps, keys, WIDTH)
+            got[wire] = ps.take_traffic()
+        finally:
+            ps.close()
+    assert got["fp32"]["requests"] == got["fp16"]["requests"] == 2
+    saved = got["fp32"]["bytes_received"] - got["fp16"]["bytes_received"]
+    per_row = compress.row_bytes("fp32", 4) - compress.row_bytes("fp16", 4)   # the embedding part's bytes saved
+    assert per_row > 0 and 64 * per_row - 128 <= saved <= 64 * per_row   # less the bigger headers
