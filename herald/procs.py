@@ -1,7 +1,9 @@
 """Child processes of the launchers (``herald train``'s workers, ``LocalShards``' PS shards).
 
 :class:`Supervisor` starts named children, each logging to its own file, tells which one
-died (with the end of its log), and stops them all within a bound.
+died (with the end of its log), and stops them all within a bound. :func:`core_plan` and
+:func:`pin_to_cores` pin co-located processes to cores of their own (``herald train
+--pin-cores``).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import resource
 import signal
 import subprocess
 import time
-from typing import Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from herald.errors import ConfigError, HeraldError
 
@@ -45,6 +47,83 @@ def die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+
+
+def core_plan(n_processes: int, available: Sequence[int]) -> list[list[int]]:
+    """The cores of each of ``n_processes`` processes sharing the cores ``available``.
+
+    With no more processes than cores, each gets a contiguous block of ``available`` (in
+    its order) of its own, the blocks' sizes differing by at most one (the first ones are
+    the larger): 8 cores, 3 processes -> ``[[0, 1, 2], [3, 4, 5], [6, 7]]``. With more
+    processes than cores each gets one core, round-robin (process ``i`` on
+    ``available[i % len(available)]``), so some share one: 2 cores, 3 processes ->
+    ``[[0], [1], [0]]``.
+
+    Args:
+        n_processes: >= 1. available: core numbers (e.g. ``sorted(os.sched_getaffinity(0))``),
+            at least one, each once.
+
+    Returns:
+        ``n_processes`` lists of core numbers (ints).
+
+    Raises:
+        ConfigError: ``n_processes`` < 1, or ``available`` empty or with repeats.
+    """
+    cores = [int(c) for c in available]
+    if n_processes < 1:
+        raise ConfigError(f"core_plan needs at least one process, got {n_processes}")
+    if not cores or len(set(cores)) != len(cores):
+        raise ConfigError(f"core_plan needs distinct available cores, got {list(available)!r}")
+    if n_processes > len(cores):
+        return [[cores[i % len(cores)]] for i in range(n_processes)]
+    size, extra = divmod(len(cores), n_processes)
+    plan, start = [], 0
+    for i in range(n_processes):
+        end = start + size + (i < extra)
+        plan.append(cores[start:end])
+        start = end
+    return plan
+
+
+def pin_to_cores(cores: Iterable[int], pid: int = 0) -> None:
+    """Pin every thread of process ``pid`` (0: this process) to ``cores`` (Linux).
+
+    ``os.sched_setaffinity(tid)`` sets the mask of one thread, and a thread takes its
+    creator's mask only when it is created; so each thread listed in
+    ``/proc/PID/task`` is set, and the listing is read again until it shows no thread
+    not yet set (threads started meanwhile). A thread that ends meanwhile is skipped, and
+    so is a process that is gone (its supervisor names it).
+
+    Raises:
+        OSError: a core this process may not use (``EINVAL``), or no permission on ``pid``.
+    """
+    mask = {int(c) for c in cores}
+    task_dir = pathlib.Path(f"/proc/{pid or os.getpid()}/task")
+    done: set[int] = set()
+    while True:
+        try:
+            tids = {int(t.name) for t in task_dir.iterdir()} - done
+        except FileNotFoundError:   # the process is gone
+            return
+        if not tids:
+            return
+        for tid in tids:
+            try:
+                os.sched_setaffinity(tid, mask)
+            except ProcessLookupError:   # the thread ended
+                pass
+        done |= tids
+
+
+def _child_setup(cores: Sequence[int] | None) -> Callable[[], None]:
+    """``preexec_fn`` of a child: :func:`die_with_parent`, then pinned to ``cores`` (None:
+    not pinned). It runs in the child before ``exec``, while the child has one thread, so
+    the mask is every later thread's (a worker's torch threads, its numba threads)."""
+    def setup() -> None:
+        die_with_parent()
+        if cores is not None:
+            os.sched_setaffinity(0, cores)
+    return setup
 
 
 class Supervisor:
@@ -80,8 +159,10 @@ class Supervisor:
     def log_path(self, name: str) -> pathlib.Path:
         return self.log_dir / f"{name}.log"
 
-    def start(self, name: str, argv: Sequence[str]) -> subprocess.Popen:
-        """Start ``argv`` as child ``name`` (a finished child's name may be reused: a restart).
+    def start(self, name: str, argv: Sequence[str], *, cores: Sequence[int] | None = None) -> subprocess.Popen:
+        """Start ``argv`` as child ``name`` (a finished child's name may be reused: a restart),
+        pinned to ``cores`` from its start when given (``os.sched_setaffinity``; None: the
+        cores of this process).
 
         Raises:
             ConfigError: ``name`` is still running, or the supervisor is closed.
@@ -95,7 +176,7 @@ class Supervisor:
             self.procs[name] = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=log,
                                                 stderr=subprocess.STDOUT, env={**os.environ, **self.env},
                                                 start_new_session=self.new_session,
-                                                preexec_fn=die_with_parent)
+                                                preexec_fn=_child_setup(cores))
         self._stopped.discard(name)
         return self.procs[name]
 

@@ -1,14 +1,17 @@
-"""The process supervisor shared by ``herald train`` and ``LocalShards``."""
+"""The process supervisor shared by ``herald train`` and ``LocalShards``; the core plan
+and pinning of ``--pin-cores``."""
 
 from __future__ import annotations
 
+import os
+import pathlib
 import sys
 import time
 
 import pytest
 
 from herald.errors import ConfigError, HeraldError
-from herald.procs import Supervisor
+from herald.procs import Supervisor, core_plan, pin_to_cores
 
 
 def _python(code: str) -> list[str]:
@@ -82,3 +85,62 @@ def test_restart_appends_to_the_log_and_a_running_name_is_refused(tmp_path):
             time.sleep(0.05)
         assert sup.terminate("w", timeout_s=5.0) == -15
         assert (tmp_path / "w.log").read_text().split() == ["first", "second"]
+
+
+def test_core_plan_gives_each_process_cores_of_its_own_while_there_are_enough():
+    assert core_plan(3, range(8)) == [[0, 1, 2], [3, 4, 5], [6, 7]]
+    assert core_plan(1, [2, 5]) == [[2, 5]]
+    assert core_plan(2, [6, 4]) == [[6], [4]]   # in the order given
+    for cores in range(1, 13):
+        for n in range(1, cores + 1):
+            plan = core_plan(n, range(cores))
+            assert [c for block in plan for c in block] == list(range(cores))   # disjoint, every core used
+            assert max(map(len, plan)) - min(map(len, plan)) <= 1
+
+
+def test_core_plan_round_robin_with_more_processes_than_cores():
+    assert core_plan(5, [0, 1]) == [[0], [1], [0], [1], [0]]
+    assert core_plan(3, [7]) == [[7], [7], [7]]
+
+
+@pytest.mark.parametrize("n,available", [(0, [0]), (2, []), (2, [1, 1])])
+def test_core_plan_refuses_no_process_no_core_or_a_repeated_core(n, available):
+    with pytest.raises(ConfigError):
+        core_plan(n, available)
+
+
+def _threads_cores(pid: int) -> list[set[int]]:
+    """The cores of every thread of ``pid``."""
+    return [os.sched_getaffinity(int(t.name)) for t in pathlib.Path(f"/proc/{pid}/task").iterdir()]
+
+
+def test_a_child_started_with_cores_runs_on_them_from_its_start(tmp_path):
+    core = max(os.sched_getaffinity(0))
+    with Supervisor(tmp_path) as sup:
+        sup.start("pinned", _python("import os; print(sorted(os.sched_getaffinity(0)))"), cores=[core])
+        sup.start("free", _python("import os; print(sorted(os.sched_getaffinity(0)))"))
+        sup.wait(30)
+        assert sup.tail("pinned") == str([core])
+        assert sup.tail("free") == str(sorted(os.sched_getaffinity(0)))
+
+
+def test_pin_to_cores_pins_every_thread_of_a_running_process_and_its_later_threads(tmp_path):
+    core = max(os.sched_getaffinity(0))
+    go = tmp_path / "go"
+    code = ("import os, threading, time\n"
+            "for _ in range(3): threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+            "print('ready', flush=True)\n"
+            f"while not os.path.exists({str(go)!r}): time.sleep(0.01)\n"   # the test pins it meanwhile
+            "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+            "print('more', flush=True); time.sleep(60)")
+    with Supervisor(tmp_path) as sup:
+        p = sup.start("threads", _python(code))
+        deadline = time.monotonic() + 30
+        while "ready" not in sup.tail("threads") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pin_to_cores([core], p.pid)
+        assert _threads_cores(p.pid) == [{core}] * 4
+        go.touch()
+        while "more" not in sup.tail("threads") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _threads_cores(p.pid) == [{core}] * 5   # the thread started after the pin took its creator's cores

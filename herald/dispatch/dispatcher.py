@@ -9,7 +9,7 @@ passes NOTE [peer validation] in :mod:`herald.dispatch.peers`, which binds ident
     dispatcher -> worker   microbatch {step, ...} [blob]    at most ``max_inflight_steps``
                                                             steps ahead of the slowest ack
                                                             (NOTE [micro-batch layout])
-    worker -> dispatcher   ack {step, loss, bytes_*} [labels, probs]
+    worker -> dispatcher   ack {step, loss, bytes_*, ps_requests} [labels, probs]
     dispatcher -> worker   flush {reset} [table, ids]       write back every only-latest
                                                             cached row (then, with reset,
                                                             empty the cache)

@@ -16,11 +16,11 @@ message ``[identity, header, arrays...]`` is therefore checked, in this order:
 2. ``unknown_op``: its ``op`` is not one a worker sends (``hello``, ``ack``,
    ``flushed``, ``saved``, ``error``: NOTE [dispatch protocol]).
 3. ``bad_field``: a field the dispatcher reads has the wrong type or range (``rank``
-   an int in ``[0, num_workers)``, ``world_size`` this dispatcher's, ``step`` and the
-   byte counts ints in ``[0, 2**63)``, ``loss`` a number, ``phases_ms`` a map,
-   ``message`` a str), or its arrays are not those of its op (an ``ack`` carries none,
-   or labels and predictions: two float32 ``[micro-batch size]`` arrays; the others
-   carry none). Fields the dispatcher does not read are ignored.
+   an int in ``[0, num_workers)``, ``world_size`` this dispatcher's, ``step``, the
+   byte counts and ``ps_requests`` ints in ``[0, 2**63)``, ``loss`` a number,
+   ``phases_ms`` a map, ``message`` a str), or its arrays are not those of its op (an
+   ``ack`` carries none, or labels and predictions: two float32 ``[micro-batch size]``
+   arrays; the others carry none). Fields the dispatcher does not read are ignored.
 4. Identity binding: the first valid ``hello`` for a rank binds the ZeroMQ routing
    identity that sent it to that rank, for the whole job. A ``hello`` for a rank
    already bound, or from an identity already bound, is ``duplicate_hello`` (it never
@@ -88,7 +88,7 @@ _FIELDS: dict[str, dict[str, tuple[bool, Callable[[Any], bool]]]] = {
     "hello": {"world_size": (True, _count)},
     "ack": {"step": (True, _count), "loss": (False, _number), "bytes_pulled": (False, _count),
             "bytes_pushed": (False, _count), "bytes_allreduced": (False, _count), "phases_ms": (False, _map),
-            "consistency": (False, _map)},
+            "consistency": (False, _map), "ps_requests": (False, _count)},
     "flushed": {},
     "saved": {},
     "error": {"message": (False, _str)},

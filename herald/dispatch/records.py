@@ -89,13 +89,16 @@ class StepRecord:
     #: the workers' consistency counters of this step, summed (``gap_max``: the largest);
     #: :meth:`herald.worker.protocol.ConsistencyProtocol.take_stats`
     consistency: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: PS requests the workers sent during this step, all shards together, summed over the
+    #: workers (each ack's ``ps_requests``; 0 where a worker does not count them)
+    ps_requests: int = 0
 
     @classmethod
     def from_acks(cls, step: int, acks: list[tuple[dict[str, Any], list]], counts: np.ndarray, schedule_ms: float,
                   rejected: dict[str, int], consistency: dict[str, int] | None = None) -> "StepRecord":
         """The record of ``step`` from its acks (header, arrays), in rank order: loss and phases
-        averaged, bytes summed, predictions (``[labels, probs]`` arrays) concatenated, the
-        consistency counters summed unless given."""
+        averaged, bytes and PS requests summed, predictions (``[labels, probs]`` arrays)
+        concatenated, the consistency counters summed unless given."""
         preds = [a for _, a in acks if len(a) == 2]
         return cls(step, float(np.mean([h.get("loss", float("nan")) for h, _ in acks])), counts,
                    sum(int(h.get("bytes_pulled", 0)) for h, _ in acks),
@@ -103,7 +106,8 @@ class StepRecord:
                    np.concatenate([a[0] for a in preds]) if preds else np.zeros(0, np.float32),
                    np.concatenate([a[1] for a in preds]) if preds else np.zeros(0, np.float32),
                    sum(int(h.get("bytes_allreduced", 0)) for h, _ in acks), mean_phases(acks),
-                   time.perf_counter(), rejected, sum_consistency(acks) if consistency is None else consistency)
+                   time.perf_counter(), rejected, sum_consistency(acks) if consistency is None else consistency,
+                   sum(int(h.get("ps_requests", 0)) for h, _ in acks))
 
 
 def mean_phases(acks: list[tuple[dict[str, Any], list]]) -> dict[str, float]:

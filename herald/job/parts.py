@@ -11,6 +11,8 @@
   :class:`ExternalWorkers` starts none and says where to connect (``herald serve
   dispatcher``; the test bed's torchruns: :class:`herald.testbed.dispatcher.TestBedWorkers`);
   the capacity bench's fake workers are :class:`herald.bench.capacity.AckPeerWorkers`.
+  Each part says how many processes it starts on this host (``local_processes``): with
+  ``--pin-cores`` the runner gives them their cores (``cores``) before it opens them.
 - the **checkpoints** (:class:`Checkpointing`): which
   :class:`~herald.job.checkpoints.DispatcherCheckpoints` the dispatcher writes and resumes from.
 
@@ -37,7 +39,7 @@ from herald.auth import load_client_keys, load_server_keys, loopback_interface
 from herald.errors import HeraldError
 from herald.job.checkpoints import DispatcherCheckpoints
 from herald.job.failover import shard_lost, watch_shards
-from herald.procs import Supervisor
+from herald.procs import Supervisor, pin_to_cores
 from herald.ps import LocalShards, PSClient
 from herald.ps.config import ShardLimits
 from herald.spec.job import JobSpec
@@ -95,11 +97,20 @@ class PSProvider:
       holding the admin token where there is one, or None) are set;
     - :meth:`check` as part of the dispatcher's liveness check (about every 0.5 s);
     - :meth:`fail` when the job failed: stop the workers and raise the job's error.
+
+    ``cores``: with ``--pin-cores``, set before :meth:`open`: shard ``i``'s cores
+    (``cores[i]``, one list per :meth:`local_processes`); None: not pinned.
     """
+
+    cores: list[list[int]] | None = None
 
     def __init__(self, addresses: Sequence[str] = ()):
         self.addresses = list(addresses)
         self.client: PSClient | None = None
+
+    def local_processes(self, cfg: TrainConfig) -> int:
+        """How many processes :meth:`open` starts on this host (none here)."""
+        return 0
 
     def prepare(self, cfg: TrainConfig) -> None:
         """Checks and folders before anything is read or started (none here)."""
@@ -140,7 +151,12 @@ class LocalPS(PSProvider):
     def prepare(self, cfg: TrainConfig) -> None:
         prepare_run(cfg)
 
+    def local_processes(self, cfg: TrainConfig) -> int:
+        return cfg.num_ps_shards
+
     def open(self, cfg: TrainConfig, data: Any, stack: contextlib.ExitStack) -> None:
+        """Start the shards; with :attr:`cores`, pin each once it is ready (every thread of it:
+        :func:`~herald.procs.pin_to_cores`; LocalShards starts them all before any is ready)."""
         run_dir, tables = pathlib.Path(cfg.run_dir), cfg.tables(data.schema)
         # ipc: every process is local, and ZeroMQ over Unix sockets moves ~2x the bytes of
         # TCP loopback here (docs/ps.md, benchmark). NOTE [ps liveness]: an aggregation a
@@ -150,6 +166,8 @@ class LocalPS(PSProvider):
             limits=ShardLimits(aggregation_timeout_ms=cfg.timeout_ms, max_rows=cfg.ps_max_rows),
             keys_dir=cfg.keys_dir, checkpoint_root=run_dir / "checkpoints"))
         self.addresses = list(self.shards.addresses)
+        for i, cores in enumerate(self.cores or ()):
+            pin_to_cores(cores, self.shards.pid(i))
         self.client = stack.enter_context(PSClient(
             self.addresses, tables=tables, timeout_ms=cfg.timeout_ms, num_workers=cfg.workers,
             keys_dir=cfg.keys_dir, admin_token=self.shards.admin_token))
@@ -214,12 +232,20 @@ class WorkerLauncher:
       :meth:`failure` and :meth:`stop` when the job failed;
     - :meth:`replicas_written` before the held-out evaluation (the report's), which reads
       every rank's ``dense-rank<r>.pt`` in the run folder.
+
+    ``cores``: with ``--pin-cores``, set before :meth:`open`: rank ``r``'s cores
+    (``cores[r]``, one list per :meth:`local_processes`); None: not pinned.
     """
 
     places_groups = False
+    cores: list[list[int]] | None = None
 
     def __init__(self, dist_init: str | None = None):
         self.dist_init = dist_init
+
+    def local_processes(self, cfg: TrainConfig) -> int:
+        """How many processes :meth:`start` starts on this host (none here)."""
+        return 0
 
     def prepare(self, cfg: TrainConfig) -> None:
         """Checks and folders before anything is read or started (none here)."""
@@ -288,10 +314,16 @@ class LocalWorkers(WorkerLauncher):
     group's store a file in the run folder (:func:`dense_store`). Places groups: rank ``R``
     is rank ``R mod k`` of group ``R // k``'s dispatcher (k workers per dispatcher).
 
+    With :attr:`cores`, rank ``R`` is pinned to ``cores[R]`` from its start and its torch
+    intra-op threads are one per core (``OMP_NUM_THREADS``, unless set for the job).
+
     Attributes (once opened): children: the :class:`Supervisor`.
     """
 
     places_groups = True
+
+    def local_processes(self, cfg: TrainConfig) -> int:
+        return cfg.workers
 
     def open(self, cfg: TrainConfig, stack: contextlib.ExitStack) -> None:
         run_dir = pathlib.Path(cfg.run_dir)
@@ -304,13 +336,17 @@ class LocalWorkers(WorkerLauncher):
         k = cfg.workers // len(dispatchers)
         for rank in range(cfg.workers):
             group, group_rank = divmod(rank, k)
+            cores = self.cores[rank] if self.cores else None
             self.children.env.update(LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(cfg.workers))
+            if cores is not None and "OMP_NUM_THREADS" not in os.environ:
+                self.children.env["OMP_NUM_THREADS"] = str(len(cores))
             self.children.start(f"worker-{rank}", [sys.executable, "-m", "herald", "serve", "worker",
                                                    "--dispatcher", dispatchers[group], "--rank", str(group_rank),
                                                    "--world-size", str(k),
                                                    "--device", cfg.device, "--cache-device", cfg.cache_device,
                                                    "--timeout-ms", str(cfg.timeout_ms),
-                                                   *(["--keys", job.keys_dir] if job.keys_dir else [])])
+                                                   *(["--keys", job.keys_dir] if job.keys_dir else [])],
+                                cores=cores)
 
     def check(self) -> None:
         self.children.check()

@@ -154,6 +154,11 @@ def build(cfg: Any, records: list[StepRecord], train_s: float, metrics: dict, *,
     1..n over the time from step 0's ack to step n's (start-up, the first step's
     compilation and the evaluation are not in it); ``wall_samples_per_second`` divides
     every sample by ``train_seconds``, start-up included.
+
+    ``ps_requests`` and ``ps_requests_per_worker_per_shard_per_step``: :func:`ps_requests`
+    over ``cfg.workers`` workers and the shards (one ``ps_stats`` entry each; without
+    them ``cfg.num_ps_shards``). The job's CPU time (:func:`cpu_time`) is added by the
+    caller, who measured it.
     """
     counts = np.sum([r.counts.sum(axis=0) for r in records], axis=0) if records else np.zeros(len(CAUSES), np.int64)
     by_cause = {c: int(v) for c, v in zip(CAUSES, counts)}
@@ -193,6 +198,7 @@ def build(cfg: Any, records: list[StepRecord], train_s: float, metrics: dict, *,
         "wire_bytes": {"pulled": int(sum(r.bytes_pulled for r in records)),
                        "pushed": int(sum(r.bytes_pushed for r in records)),
                        "allreduced": int(sum(r.bytes_allreduced for r in records))},
+        **ps_requests(records, cfg.workers, len(ps_stats) if ps_stats else cfg.num_ps_shards),
         "compression": report_comm.compression(cfg, {c: by_cause[c] for c in _PULLS + _PUSHES}),
         "groups": report_comm.groups(cfg),
         "phases": phase_breakdown(records, steady_s or train_s, dispatcher_s, ps_stats),
@@ -201,6 +207,26 @@ def build(cfg: Any, records: list[StepRecord], train_s: float, metrics: dict, *,
         "scheduler": scheduler,
         "consistency": consistency,
     }
+
+
+def ps_requests(records: list[StepRecord], workers: int, shards: int) -> dict[str, Any]:
+    """The report's ``ps_requests`` (int: every request the workers sent to any PS shard,
+    from the acks' ``ps_requests``) and ``ps_requests_per_worker_per_shard_per_step``
+    (float: that total / (``workers`` x ``shards`` x steps), ``workers`` those acking each
+    record; 0.0 without steps). E.g. 2 workers, 2 shards, 3 steps of 8 requests each
+    (every worker sends one request per shard, twice a step): 24 / 12 = 2.0."""
+    total = int(sum(r.ps_requests for r in records))
+    denominator = len(records) * workers * shards
+    return {"ps_requests": total,
+            "ps_requests_per_worker_per_shard_per_step": total / denominator if denominator else 0.0}
+
+
+def cpu_time(cpu_s: float, samples: int, scope: str) -> dict[str, Any]:
+    """The report's ``cpu_seconds`` (user + sys CPU seconds of the processes ``scope``
+    names: :func:`herald.procs.cpu_seconds` over the job), ``cpu_us_per_sample``
+    (microseconds per trained sample; nan without samples) and ``cpu_scope``."""
+    return {"cpu_seconds": float(cpu_s), "cpu_us_per_sample": 1e6 * cpu_s / samples if samples else float("nan"),
+            "cpu_scope": scope}
 
 
 def final_loss(records: list[StepRecord]) -> float:
@@ -340,6 +366,11 @@ def format_text(rep: dict[str, Any]) -> str:
                  f"{rep['wire_bytes']['pulled'] / 2**20:.1f} MiB, pushed {rep['wire_bytes']['pushed'] / 2**20:.1f} MiB"
                  + (f"; replicated tables all-reduced {rep['wire_bytes']['allreduced'] / 2**20:.1f} MiB"
                     if rep['wire_bytes']['allreduced'] else ""))
+    lines.append(f"PS requests {rep['ps_requests']:,}: {rep['ps_requests_per_worker_per_shard_per_step']:.2f} "
+                 "per worker per shard per step")
+    if "cpu_seconds" in rep:
+        lines.append(f"CPU time {rep['cpu_seconds']:.1f} s, {rep['cpu_us_per_sample']:.1f} us per trained sample: "
+                     f"{rep['cpu_scope']}")
     lines.extend(report_comm.format_lines(rep))
     lines.extend(format_adaptive(rep))
     lines.extend(format_breakdown(rep.get("phases", {})))

@@ -13,9 +13,11 @@ serve dispatcher`` (herald/job/serve_dispatcher.py), the test bed's dispatcher p
    places them (NOTE [independent groups] in herald/job/group_dispatch.py); then the
    parts' ``prepare`` (keys, folders), the checkpoints (the resume point), the data
    (:class:`~herald.job.data.JobData`, or the entry point's own) and its scheduler factory.
-2. **Processes.** The PS part opens (starts or dials the shards), then the worker part
-   (its dense store); the checkpoints restore the PS rows on resume; the job's
-   :class:`JobSpec` names the shards, the workers' init method and the dense state to resume.
+2. **Processes.** With ``--pin-cores`` the parts' local processes and this one get their
+   cores (:meth:`JobRunner._plan_cores`). The PS part opens (starts or dials the shards),
+   then the worker part (its dense store), and this process is pinned (until the job
+   ends); the checkpoints restore the PS rows on resume; the job's :class:`JobSpec` names
+   the shards, the workers' init method and the dense state to resume.
 3. **Serve.** The dispatcher(s) bind (their liveness check: the PS part's, then the
    worker part's), load the resume point, the worker part starts the workers against
    their addresses, and the dispatcher(s) serve to the end of the data (SIGINT / SIGTERM
@@ -24,8 +26,10 @@ serve dispatcher`` (herald/job/serve_dispatcher.py), the test bed's dispatcher p
    which stops the workers and raises the job's error naming its cause.
 4. **Finish.** With a report: the PS shards' stats, ``on_finish``, the held-out
    evaluation (once the worker part says every dense replica is written), then the data
-   is closed and the report written (:class:`JobReport`). A clean stop on a signal raises
-   :class:`JobInterrupted` after the report.
+   is closed and, once the local processes are reaped, the job's CPU time taken
+   (:func:`herald.procs.cpu_seconds`: this process and its reaped children, from the
+   start of :meth:`JobRunner.run`), and the report written (:class:`JobReport`). A clean
+   stop on a signal raises :class:`JobInterrupted` after the report.
 
 What differs between the entry points is only which parts they plug in (herald/job/parts.py):
 
@@ -44,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import pathlib
 import signal
 import sys
@@ -59,6 +64,7 @@ from herald.job import report as report_mod
 from herald.job import report_comm
 from herald.job.data import JobData
 from herald.job.parts import Checkpointing, PSProvider, WorkerLauncher
+from herald.procs import core_plan, cpu_seconds, pin_to_cores
 from herald.spec.flags import flag_errors
 from herald.spec.job import JobSpec
 from herald.spec.train import TrainConfig
@@ -130,8 +136,9 @@ class Served:
     """What the dispatchers of one job did: ``records[g]`` dispatcher ``g``'s steps acked by
     all its workers, ``feeds[g]`` the batches it served (one dispatcher per group: its
     :class:`~herald.job.group_dispatch.GroupBatches`), its scheduler's cache rows, the
-    dispatchers' busy seconds per stage (summed), the signal stop (None: none) and the
-    seconds from the start of the PS part to the workers' end."""
+    dispatchers' busy seconds per stage (summed), the signal stop (None: none), the
+    seconds from the start of the PS part to the workers' end, the job's CPU seconds
+    (user + sys) and which processes they cover (``cpu_scope``)."""
 
     records: list[list[StepRecord]]
     feeds: list[Any]
@@ -139,6 +146,8 @@ class Served:
     dispatcher_s: dict[str, float]
     interrupted: dict[str, Any] | None
     train_s: float = 0.0
+    cpu_s: float = 0.0
+    cpu_scope: str = ""
 
 
 @dataclasses.dataclass
@@ -174,6 +183,10 @@ class JobReport:
         if grouped:   # NOTE [independent groups]: samples/s of all groups, and each group's stream
             report_comm.fix_group_samples(rep, records, served.feeds[0].batch_rows, served.train_s)
             rep["group_streams"] = group_dispatch.stream_summary(served.records, served.feeds, served.train_s)
+            # each step is one group's, acked by that group's workers
+            rep.update(report_mod.ps_requests(records, group_dispatch.group_config(cfg).workers,
+                                              len(ps_stats) if ps_stats else cfg.num_ps_shards))
+        rep.update(report_mod.cpu_time(served.cpu_s, rep["samples"], served.cpu_scope))
         rep["replicated_tables"] = [data.schema.table_names[t] for t in data.replicated]
         rep["replica_rows_per_worker"] = data.replica_rows
         rep["failovers"] = self.failovers
@@ -229,6 +242,7 @@ class JobRunner:
             the PS part's ``fail``); JobInterrupted: stopped by SIGINT / SIGTERM.
         """
         ps, workers = self.ps, self.workers
+        cpu0 = cpu_seconds()
         grouped, data_cfg, disp_cfgs = self._layout(cfg)
         ps.prepare(cfg)
         workers.prepare(cfg)
@@ -242,8 +256,12 @@ class JobRunner:
             t_start = time.perf_counter()
             with contextlib.ExitStack() as stack:
                 id_log = stack.enter_context(open(self.sample_id_log, "ab")) if self.sample_id_log else None
+                my_cores = self._plan_cores(cfg)
                 ps.open(cfg, data, stack)
                 workers.open(cfg, stack)
+                if my_cores is not None:   # after the shards started: they start with this process's cores
+                    stack.callback(pin_to_cores, sorted(os.sched_getaffinity(0)))
+                    pin_to_cores(my_cores)
                 if ckpts is not None:
                     ckpts.attach(ps.client, data)   # --resume: restores the PS rows first
                 job = JobSpec.build(cfg, data, ps.addresses).replace(
@@ -267,6 +285,7 @@ class JobRunner:
                 served.train_s = time.perf_counter() - t_start
                 ps_stats, metrics = self._after_training(cfg, data, job)
                 data.close()
+            served.cpu_s, served.cpu_scope = cpu_seconds() - cpu0, self._cpu_scope(cfg)   # children reaped
         except BaseException:
             data.close()
             raise
@@ -288,6 +307,32 @@ class JobRunner:
             return True, sub, [dispatcher_config(cfg, num_workers=sub.workers, dispatcher_rank=g)
                                for g in range(cfg.groups)]
         return False, cfg, [dispatcher_config(cfg, **self.dispatcher_settings)]
+
+    def _plan_cores(self, cfg: TrainConfig) -> list[int] | None:
+        """``--pin-cores``: give the parts' local processes their cores (:func:`~herald.procs.core_plan`
+        over this process's cores: the workers first, so they get the larger blocks, then
+        the PS shards, then this process with its dispatchers), say so in one line on
+        stderr, and return this process's cores; None without ``--pin-cores``."""
+        if not cfg.pin_cores:
+            return None
+        n_workers, n_ps = self.workers.local_processes(cfg), self.ps.local_processes(cfg)
+        available = sorted(os.sched_getaffinity(0))
+        plan = core_plan(n_workers + n_ps + 1, available)
+        self.workers.cores, self.ps.cores = plan[:n_workers], plan[n_workers:-1]
+        names = [f"worker-{r}" for r in range(n_workers)] + [f"ps-shard-{i}" for i in range(n_ps)] + ["dispatcher"]
+        line = ", ".join(f"{name} on {','.join(map(str, cores))}" for name, cores in zip(names, plan))
+        if len(plan) > len(available):
+            line += f" ({len(plan)} processes on {len(available)} cores: some share a core, round-robin)"
+        print(f"--pin-cores: {line}", file=sys.stderr, flush=True)
+        return plan[-1]
+
+    def _cpu_scope(self, cfg: TrainConfig) -> str:
+        """Which processes the job's CPU time covers: this one and the parts' local ones
+        (``"local processes (dispatcher, PS shards, workers)"`` for ``herald train``)."""
+        roles = (("PS shards", self.ps.local_processes(cfg)), ("workers", self.workers.local_processes(cfg)))
+        local = ", ".join(["dispatcher"] + [name for name, n in roles if n])
+        external = " and ".join(name for name, n in roles if not n)
+        return f"local processes ({local})" + (f"; not counted: {external} (external)" if external else "")
 
     def _after_training(self, cfg: TrainConfig, data: Any, job: JobSpec) -> tuple[list[dict] | None, dict]:
         """With the PS shards still up: ``(ps_stats, metrics)``, their stats and the held-out

@@ -162,6 +162,11 @@ class TrainConfig:
                                         "device is one, else host memory), cpu (host memory: caches larger than "
                                         "GPU memory), torch (torch rows on the training device, also on the CPU)",
                                 choices=CACHE_DEVICES)
+    pin_cores: bool = setting(False, "pin each process of the job (every worker, every PS shard, this process with "
+                                     "its dispatcher) to cores of its own, so that they do not share a core: the cores "
+                                     "this process may use split evenly, each worker's torch threads one per core "
+                                     "(unless OMP_NUM_THREADS is set); with more processes than cores, one core each, "
+                                     "round-robin (said in the log) (Linux)")
     keys_dir: str | None = setting(None, "CURVE keys folder (herald keys generate DIR): every role authenticates "
                                          "and encrypts its ZeroMQ traffic with it (NOTE [transport security], "
                                          "docs/operations.md)", flag="--keys", metavar="DIR")
@@ -222,9 +227,11 @@ class TrainConfig:
                 f"--run-dir must be a folder path, got {self.run_dir!r}")
         require(self.keys_dir is None or (isinstance(self.keys_dir, str) and self.keys_dir.strip() != ""),
                 f"--keys must be a folder path, got {self.keys_dir!r}")
-        for name in ("resume", "log_sample_ids", "insecure"):
+        for name in ("resume", "log_sample_ids", "insecure", "pin_cores"):
             require(isinstance(getattr(self, name), bool), f"{_flag(name)} is a switch (True/False), got "
                                                             f"{getattr(self, name)!r}")
+        require(not self.pin_cores or hasattr(os, "sched_setaffinity"),
+                "--pin-cores needs os.sched_setaffinity (Linux); leave it out on this system")
         require(self.model not in SCALAR_SLICE_MODELS or self.embedding_dim >= 2,
                 f"--model {self.model} needs --embedding-dim >= 2 (the last element of each row is the id's scalar "
                 f"weight), got {self.embedding_dim}")

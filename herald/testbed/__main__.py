@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = commands.add_parser("run", help="train a job across a fresh bed, print the report, tear the bed down")
     # --checkpoint-every with --ps-restarts N: failover across the bed's hosts (NOTE [test bed failover])
-    add_job_arguments(r, exclude=("resume", "log_sample_ids", "eval_every"))
+    add_job_arguments(r, exclude=("resume", "log_sample_ids", "eval_every", "pin_cores"))
     r.add_argument("--procs-per-host", type=int, default=1, help="workers per worker host (default: %(default)s)")
     r.add_argument("--timeout-s", type=float, default=3600.0, help="bound on the whole job (default: %(default)s)")
     _bed_options(r)

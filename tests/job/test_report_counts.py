@@ -1,0 +1,43 @@
+"""The report's per-request and per-sample costs from fake step records: PS requests per
+worker per shard per step, and the job's CPU time per trained sample."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from herald.dispatch.records import StepRecord
+from herald.job.report import cpu_time, ps_requests
+
+
+def record(step: int, requests: int) -> StepRecord:
+    return StepRecord(step, 0.5, np.zeros((2, 6), np.int64), 0, 0, 0.0, np.zeros(0, np.float32),
+                      np.zeros(0, np.float32), ps_requests=requests)
+
+
+def test_ps_requests_per_worker_per_shard_per_step():
+    # 2 workers x 3 shards x 4 steps = 24 worker-shard-steps; 10 + 20 + 30 + 36 = 96 requests
+    got = ps_requests([record(s, n) for s, n in enumerate((10, 20, 30, 36))], workers=2, shards=3)
+    assert got == {"ps_requests": 96, "ps_requests_per_worker_per_shard_per_step": 4.0}
+    one = ps_requests([record(0, 7)], workers=1, shards=1)
+    assert one["ps_requests_per_worker_per_shard_per_step"] == 7.0
+
+
+def test_ps_requests_without_steps_or_counts_is_zero():
+    assert ps_requests([], workers=2, shards=2) == {"ps_requests": 0, "ps_requests_per_worker_per_shard_per_step": 0.0}
+    assert ps_requests([record(0, 0)] * 5, workers=2, shards=2)["ps_requests_per_worker_per_shard_per_step"] == 0.0
+
+
+def test_step_record_sums_the_acks_ps_requests_and_counts_a_missing_one_as_zero():
+    acks = [({"step": 3, "loss": 0.5, "ps_requests": 5}, []), ({"step": 3, "loss": 0.7, "ps_requests": 2}, []),
+            ({"step": 3, "loss": 0.6}, [])]
+    rec = StepRecord.from_acks(3, acks, np.zeros((3, 6), np.int64), 1.0, {})
+    assert rec.ps_requests == 7
+    assert StepRecord.from_acks(3, acks[2:], np.zeros((1, 6), np.int64), 1.0, {}).ps_requests == 0
+
+
+def test_cpu_time_per_trained_sample_in_microseconds():
+    assert cpu_time(2.5, 10_000, "local processes (dispatcher)") == {
+        "cpu_seconds": 2.5, "cpu_us_per_sample": 250.0, "cpu_scope": "local processes (dispatcher)"}
+    assert math.isnan(cpu_time(1.0, 0, "x")["cpu_us_per_sample"])
