@@ -98,8 +98,9 @@ def _row(schedule: str, dim: int, rep: dict) -> dict:
             "steps": s["steps"], "phases_ms": phase_split(rep["phases"])}
 
 
-#: worker phases spent waiting on the network: PS pulls, PS push acks, the dense all-reduce
-NETWORK_PHASES = ("pull", "push_wait", "dense_allreduce")
+#: worker phases spent on the network: PS pulls, PS push acks, the step message (NOTE
+#: [step messages] in herald/ps/stepped.py: sent, then its round trip), the dense all-reduce
+NETWORK_PHASES = ("pull", "push_wait", "step_send", "step_wait", "dense_allreduce")
 
 
 def phase_split(phases: dict) -> dict:

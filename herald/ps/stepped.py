@@ -65,8 +65,8 @@ from herald.ps.wire import PS
 
 #: The sections of a step message, in their order (NOTE [step messages]).
 SECTIONS = ("push_rows", "push_grad", "pull")
-#: Steps held at once on a shard (more: the oldest is refused; a job holds one, or two
-#: while a restarted worker's message replaces a lost one).
+#: Steps held at once on a shard (a message of one more step is refused; a job holds
+#: one, or two while a restarted worker's message replaces a lost one).
 MAX_HELD_STEPS = 64
 
 

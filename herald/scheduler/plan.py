@@ -30,15 +30,17 @@ in this order; every list comes from its :class:`CachePlan`:
    (Herald Alg. 2). The copy stays cached and latest.
 7. dense all-reduce and dense optimizer step; ack the step to the dispatcher.
 
-Steps 4-6 of every worker finish before any worker starts step ``t + 1`` (the
-all-reduce in 7 is the barrier), so each pull in step ``t + 1`` sees them.
+Steps 4-6 of every worker are applied before any pull of step ``t + 1`` is read,
+so each pull in step ``t + 1`` sees them.
 
-As executed (herald/worker/protocol.py, ``BSP``), the messages overlap without changing
-what any read sees: the write-backs of 1 and the pushes of 4 and 6 are sent without
-waiting and are all acknowledged just before 7 (a write's PS effect is only read after
-7); the pulls of step ``t + 1`` whose keys no worker's 1, 4 or 6 touches at step ``t``
-are issued while step ``t`` computes (NOTE [early pulls] in herald/dispatch/early.py),
-the others after 7.
+As executed (herald/worker/protocol.py, ``BSP``), a worker sends 4-6 of step ``t``, with
+1-2 of step ``t + 1`` when that micro-batch is already here, as one step message per
+shard, and each shard answers the pulls only once every worker's step-``t`` message has
+been applied (NOTE [step messages] in herald/ps/stepped.py): the shards, not the
+all-reduce of 7, order the writes of ``t`` before the reads of ``t + 1``, so 7 overlaps
+the round trip. The relaxed modes keep the earlier order: writes acknowledged just
+before 7, and pulls of ``t + 1`` that no worker's 1, 4 or 6 touches at ``t`` issued while
+``t`` computes (NOTE [early pulls] in herald/dispatch/early.py).
 Copies of a key updated at the PS in step 4 go stale in *every* cache that
 holds them, including workers that did not use the key: the scheduler tracks
 this, and plans an ``update_pull`` when a stale copy is needed again.

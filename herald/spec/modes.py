@@ -166,14 +166,14 @@ MODES: dict[str, ConsistencyMode] = {m.name: m for m in (
         protocol="herald.worker.protocol:BSP",
         serve="herald.dispatch.dispatcher:serve_steps",
         report="herald.job.report:plan_block",
-        ps_ops=("pull", "push_grad", "push_rows"),
+        ps_ops=("step", "pull", "push_grad", "push_rows"),   # NOTE [step messages] in herald/ps/stepped.py
     ),
     ConsistencyMode(   # HET: NOTE [bounded reads]; conditional pulls and clock advances ride on pull / push_rows
         name="bounded",
         protocol="herald.worker.consistency_bounded:Bounded",
         serve="herald.dispatch.dispatcher:serve_steps",
         report="herald.job.report:bounded_block",
-        ps_ops=("pull", "push_grad", "push_rows"),
+        ps_ops=("step", "pull", "push_grad", "push_rows"),   # step messages at staleness 0
         protocol_settings=bounded_settings,
         flags=("staleness",),
         settings_check=check_consistency,

@@ -49,7 +49,7 @@ class DenseState(abc.ABC):
 
     def start(self) -> None:
         """Begin the dense step's communication in the background, when the protocol allows
-        it to overlap the embedding updates (``overlaps_dense``); :meth:`step` finishes it.
+        it to overlap the embedding updates (``ConsistencyProtocol.step_messages``); :meth:`step` finishes it.
         Default: nothing (:meth:`step` does all)."""
 
     @abc.abstractmethod
