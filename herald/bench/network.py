@@ -160,7 +160,7 @@ def format_table(result: dict) -> str:
         lines += [""] + ([torchrec_baseline.describe(trec)] if "error" in trec
                          else [f"dim {dim}: {torchrec_baseline.describe(entry)}" for dim, entry in trec.items()])
     lines += ["\nworker step, mean ms per phase (network: " + ", ".join(NETWORK_PHASES) + ")",
-              "| dim | schedule | step | " + " | ".join(NETWORK_PHASES) + " | other |", "|---" * 7 + "|"]
+              "| dim | schedule | step | " + " | ".join(NETWORK_PHASES) + " | other |", "|---" * (len(NETWORK_PHASES) + 4) + "|"]
     for r in result["runs"]:
         ph = r.get("phases_ms") or {}
         lines.append(f"| {r['dim']} | {r['schedule']} | "

@@ -252,15 +252,15 @@ def test_the_bench_records_the_delay_in_effect_and_why():
     row = {"schedule": "vanilla", "dim": 512, "samples_per_s": 900.0, "speedup_vs_vanilla": 1.0, "bytes": 2**20,
            "bytes_vs_vanilla": 1.0, "auc": 0.5, "allreduce_bytes": 0,
            "by_cause": dict.fromkeys(["hit", "miss_pull", "update_pull", "evict_push", "grad_push", "plan_push"], 0)}
-    phases = {"worker_step_ms": 1380.0, "worker_ms_per_step": {"pull": 294.0, "push_wait": 849.0,
-                                                               "dense_allreduce": 130.0, "forward": 24.0,
-                                                               "backward": 55.0, "ack": 1.0}}
+    phases = {"worker_step_ms": 1380.0, "worker_ms_per_step": {"pull": 294.0, "push_wait": 49.0, "step_send": 2.0,
+                                                               "step_wait": 798.0, "dense_allreduce": 130.0,
+                                                               "forward": 24.0, "backward": 55.0, "ack": 1.0}}
     row["phases_ms"] = bench_network.phase_split(phases)
-    assert row["phases_ms"] == {"step": 1380.0, "pull": 294.0, "push_wait": 849.0, "dense_allreduce": 130.0,
-                                "other": 80.0}
+    assert row["phases_ms"] == {"step": 1380.0, "pull": 294.0, "push_wait": 49.0, "step_send": 2.0, "step_wait": 798.0,
+                                "dense_allreduce": 130.0, "other": 80.0}
     table = bench_network.format_table({"runs": [row], "bed": record, "job": {"batch_size": 256}})
     assert f"links 100mbit and 0 ms per direction ({note})" in table, table
-    assert "| 512 | vanilla | 1,380 | 294 | 849 | 130 | 80 |" in table, table
+    assert "| 512 | vanilla | 1,380 | 294 | 49 | 2 | 798 | 130 | 80 |" in table, table
 
 
 @pytest.mark.usefixtures("bed_tools")
