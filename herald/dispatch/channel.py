@@ -46,6 +46,7 @@ class PeerChannel:
         self._sock = server_socket(zmq.Context.instance(), zmq.ROUTER, config.keys_dir)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        wire.DISPATCH.configure(self._sock)
         self._sock.bind(config.bind)
         self.address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.peers = PeerTable(config.num_workers, name=f"dispatcher {self.address}")  # NOTE [peer validation]

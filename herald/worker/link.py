@@ -49,6 +49,7 @@ class DispatcherLink:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.IDENTITY, f"worker-{rank}".encode())
         sock.setsockopt(zmq.SNDTIMEO, timeout_ms)   # no connected dispatcher (e.g. it refused our keys): bounded
+        wire.DISPATCH.configure(sock)
         if keys is not None:
             secure_client(sock, keys)
         sock.connect(address)
