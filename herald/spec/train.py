@@ -201,6 +201,10 @@ class TrainConfig:
         _integer(self, "ps_max_rows", 0)
         _integer(self, "ps_restarts", 0)
         _integer(self, "checkpoint_every", 0)
+        require(self.ps_restarts == 0 or self.checkpoint_every > 0,
+                f"--ps-restarts {self.ps_restarts} rolls the job back to its latest checkpoint, and without "
+                "--checkpoint-every there is none: add --checkpoint-every STEPS (and --run-dir) or leave "
+                "--ps-restarts out")
         _integer(self, "eval_every", 1)
         _integer(self, "replicate_below", 0)
         check_hybrid(self.consistency, self.hybrid_expiry, self.replicate_below > 0)

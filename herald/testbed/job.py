@@ -81,8 +81,8 @@ def run_job(bed: TestBed, cfg, *, procs_per_host: int = 1, save_ps: str | None =
             ``"worker"``), e.g. to test a failing role.
 
     Raises:
-        ConfigError: worker count mismatch, a missing host, ``ps_restarts`` without
-            ``checkpoint_every``. HeraldError: a role failed (named, with the end of its log),
+        ConfigError: worker count mismatch or a missing host (``ps_restarts`` without
+            ``checkpoint_every`` is refused by the TrainConfig itself). HeraldError: a role failed (named, with the end of its log),
             or a PS shard was lost beyond ``ps_restarts``. PeerTimeout: the job ran past ``timeout_s``.
     """
     workers = worker_hosts_of(bed)
@@ -94,9 +94,6 @@ def run_job(bed: TestBed, cfg, *, procs_per_host: int = 1, save_ps: str | None =
     (run_dir / "report.json").unlink(missing_ok=True)
     if cfg.keys_dir is None:
         cfg = dataclasses.replace(cfg, insecure=True)   # a private network: no keys needed
-    if cfg.ps_restarts and not cfg.checkpoint_every:
-        raise ConfigError("--ps-restarts needs --checkpoint-every STEPS: a failover rolls the job back to its latest "
-                          "checkpoint (NOTE [test bed failover])")
     (run_dir / ".dispatcher-step").unlink(missing_ok=True)
     launch = _Launch(bed, cfg, run_dir, tag, dict(role_args or {}))
     deadline = time.monotonic() + timeout_s

@@ -48,11 +48,16 @@ def _config(*argv: str) -> TrainConfig:
     (["--run-dir", ""], "--run-dir must be a folder path, got ''"),
     (["--source", ""], "--source must be a path or URL, got ''"),
     (["--schedule", "optimal"], "--schedule optimal (brute force) needs --batch-size 1 and --workers <= 8"),
+    (["--ps-restarts", "1"], "without --checkpoint-every there is none: add --checkpoint-every STEPS"),
 ])
 def test_every_setting_is_checked_with_its_flag_name(argv, message):
     with pytest.raises(ConfigError) as info:
         _config(*argv)
     assert message in str(info.value)
+
+
+def test_ps_restarts_with_checkpoints_is_accepted():
+    assert _config("--ps-restarts", "2", "--checkpoint-every", "10").ps_restarts == 2
 
 
 def test_programmatic_values_are_checked_too():
