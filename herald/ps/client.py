@@ -488,8 +488,13 @@ class PSClient(ClockOps, StepOps):
         """Rows of ``keys`` in ``table``: float32 [n, row_width]. See :meth:`pull_async`."""
         return self.pull_async({table: keys}).wait()[table]
 
-    def _push_grad_op(self, tables, keys, grads, contributors, step: int, rank: int,
-                      shape=None) -> tuple[list[int], Callable]:
+    def _grad_frames(self, tables, keys, grads, contributors, shape=None) -> Callable:
+        """``frames_of(positions)``: a push_grad part's frames after the keys (NOTE [wire
+        compression]) of checked ``grads`` (float32 [n, dim]) and ``contributors`` (uint16 [n]).
+
+        Raises:
+            ConfigError: another shape.
+        """
         shape = shape or self._shape(tables)
         grads = np.ascontiguousarray(grads, np.float32)
         contributors = np.ascontiguousarray(contributors, np.uint16)
@@ -497,10 +502,28 @@ class PSClient(ClockOps, StepOps):
         if grads.shape != (keys.shape[0], dim) or contributors.shape != keys.shape:
             raise ConfigError(f"grads must be float32 [{keys.shape[0]}, {dim}] and contributors uint16 "
                               f"[{keys.shape[0]}], got {grads.shape} and {contributors.shape}")
-        routes = self._route(tables, keys)
-        rids = self._send_flat("push_grad", {"step": int(step), "rank": int(rank)}, routes, tables, keys,
-                               lambda pos: compress.encode_part("push_grad", [keys[:0], *self._take(
-                                   (grads, contributors), pos)], dim, self.wire_dtype)[1:])
+        return lambda pos: compress.encode_part("push_grad", [keys[:0], *self._take((grads, contributors), pos)], dim,
+                                                self.wire_dtype)[1:]
+
+    def _rows_frames(self, tables, keys, rows, shape=None) -> Callable:
+        """``frames_of(positions)``: a push_rows part's frames after the keys (NOTE [wire
+        compression]) of checked ``rows`` (float32 [n, row_width]).
+
+        Raises:
+            ConfigError: another shape.
+        """
+        rows = np.ascontiguousarray(rows, np.float32)
+        dim, width = shape or self._shape(tables) or (0, rows.shape[1] if rows.ndim == 2 else -1)
+        if rows.shape != (keys.shape[0], width):
+            raise ConfigError(f"rows must be float32 [{keys.shape[0]}, {width}], got {rows.shape}")
+        return lambda pos: compress.encode_part("push_rows", [keys[:0], *self._take((rows,), pos)], dim,
+                                                self.wire_dtype)[1:]
+
+    def _push_grad_op(self, tables, keys, grads, contributors, step: int, rank: int,
+                      shape=None) -> tuple[list[int], Callable]:
+        frames_of = self._grad_frames(tables, keys, grads, contributors, shape)
+        rids = self._send_flat("push_grad", {"step": int(step), "rank": int(rank)}, self._route(tables, keys), tables,
+                               keys, frames_of)
         return rids, lambda replies: sum(h.get("applied", 0) for h, _ in replies)
 
     def push_grad_flat_async(self, tables, keys, grads, contributors, step: int, rank: int) -> Handle:
@@ -524,15 +547,8 @@ class PSClient(ClockOps, StepOps):
         return self.push_grad_async({table: (keys, grads, contributors)}, step, rank).wait()
 
     def _push_rows_op(self, tables, keys, rows, shape=None) -> tuple[list[int], Callable]:
-        rows = np.ascontiguousarray(rows, np.float32)
-        dim, width = shape or self._shape(tables) or (0, rows.shape[1] if rows.ndim == 2 else -1)
-        if rows.shape != (keys.shape[0], width):
-            raise ConfigError(f"rows must be float32 [{keys.shape[0]}, {width}], got {rows.shape}")
-        routes = self._route(tables, keys)
-        rids = self._send_flat("push_rows", {}, routes, tables, keys,
-                               lambda pos: compress.encode_part("push_rows", [keys[:0], *self._take((rows,), pos)],
-                                                                dim, self.wire_dtype)[1:])
-        return rids, lambda replies: None
+        frames_of = self._rows_frames(tables, keys, rows, shape)
+        return self._send_flat("push_rows", {}, self._route(tables, keys), tables, keys, frames_of), lambda r: None
 
     def push_rows_flat_async(self, tables, keys, rows) -> Handle:
         """Start writing back ``rows`` (float32 [n, row_width]: embedding and optimizer

@@ -59,7 +59,7 @@ from typing import Any
 
 import numpy as np
 
-from herald.errors import ConfigError, ProtocolError
+from herald.errors import ProtocolError
 from herald.ps import compress, wire
 from herald.ps.wire import PS
 
@@ -223,7 +223,7 @@ def expire_steps(server, now: float) -> list[tuple[Any, list]]:
 class StepOps:
     """The step message of :class:`~herald.ps.client.PSClient` (NOTE [step messages]); it
     provides ``_flat_keys``, ``_shape``, ``_route``, ``_send``, ``_send_flat``, ``_take``,
-    ``_wire``, ``_pull_op``, ``_push_rows_op``, ``_push_grad_op``, ``_handle``,
+    ``_wire``, ``_pull_op``, ``_rows_frames``, ``_grad_frames``, ``_handle``,
     ``num_shards`` and ``wire_dtype``."""
 
     def step_async(self, step: int, rank: int, workers: int, *, rows=None, grads=None, pull=None):
@@ -245,26 +245,13 @@ class StepOps:
         Raises:
             ConfigError: bad arrays (as the ops' own forms).
         """
-        sections = []   # (op, tables, keys, frames_of(pos), routes)
+        sections = []   # (op, tables, keys, frames_of(positions))
         if rows is not None and len(rows[1]):
             tables, keys = self._flat_keys(rows[0], rows[1])
-            values = np.ascontiguousarray(rows[2], np.float32)
-            dim, width = self._shape(tables)
-            if values.shape != (keys.shape[0], width):
-                raise ConfigError(f"rows must be float32 [{keys.shape[0]}, {width}], got {values.shape}")
-            sections.append(("push_rows", tables, keys, lambda pos, v=values, d=dim, k=keys: compress.encode_part(
-                "push_rows", [k[:0], *self._take((v,), pos)], d, self.wire_dtype)[1:]))
+            sections.append(("push_rows", tables, keys, self._rows_frames(tables, keys, rows[2])))
         if grads is not None and len(grads[1]):
             tables, keys = self._flat_keys(grads[0], grads[1])
-            g = np.ascontiguousarray(grads[2], np.float32)
-            contributors = np.ascontiguousarray(grads[3], np.uint16)
-            dim = self._shape(tables)[0]
-            if g.shape != (keys.shape[0], dim) or contributors.shape != keys.shape:
-                raise ConfigError(f"grads must be float32 [{keys.shape[0]}, {dim}] and contributors uint16 "
-                                  f"[{keys.shape[0]}], got {g.shape} and {contributors.shape}")
-            sections.append(("push_grad", tables, keys, lambda pos, g=g, c=contributors, d=dim, k=keys:
-                             compress.encode_part("push_grad", [k[:0], *self._take((g, c), pos)], d,
-                                                  self.wire_dtype)[1:]))
+            sections.append(("push_grad", tables, keys, self._grad_frames(tables, keys, grads[2], grads[3])))
         if pull is not None and len(pull[1]):
             tables, keys = self._flat_keys(pull[0], pull[1])
             sections.append(("pull", tables, keys, lambda pos: []))
