@@ -169,14 +169,15 @@ def plain_torch_losses(source: str, steps: int, *, batch_size: int = 256, seed: 
 
 
 def run_herald(source: str, workers: int, schedule: str, batch_size: int, run_dir: str, seed: int = 0,
-               device: str = "cpu") -> dict:
-    """One ``herald train`` job on ``device`` (``--device``); ``{"samples_per_s", "phases_ms",
-    "wall_ms_per_step", "steps", "cpu_us_per_sample"}`` (``phases_ms``: the worker's median
+               device: str = "cpu", pin_cores: bool = False) -> dict:
+    """One ``herald train`` job on ``device`` (``--device``; ``--pin-cores`` when ``pin_cores``);
+    ``{"samples_per_s", "phases_ms", "wall_ms_per_step", "steps", "cpu_us_per_sample"}`` (``phases_ms``: the worker's median
     ms per phase, ``{}`` when the report has no ``phases``; ``cpu_us_per_sample``: the CPU
     time of every process of the job, start-up and held-out evaluation included, per
     trained sample: :func:`herald.procs.cpu_seconds`)."""
     cfg = TrainConfig(source=source, schedule=schedule, workers=workers, batch_size=batch_size,
-                      eval_fraction=EVAL_FRACTION, seed=seed, run_dir=run_dir, device=device)
+                      eval_fraction=EVAL_FRACTION, seed=seed, run_dir=run_dir, device=device,
+                      pin_cores=pin_cores)
     cpu0 = cpu_seconds()
     with contextlib.redirect_stdout(io.StringIO()):  # the report text: the table says what matters here
         rep = run_train(cfg, progress=False)

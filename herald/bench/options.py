@@ -208,6 +208,9 @@ def add_scale_arguments(p: argparse.ArgumentParser) -> None:
                    help="batch sizes of the GPU section, run when CUDA is available (default: %(default)s)")
     p.add_argument("--no-gpu", action="store_true", help="skip the GPU section (and TorchRec on CUDA)")
     p.add_argument("--no-torchrec", action="store_true", help="leave the TorchRec baseline out")
+    p.add_argument("--pin-cores", action="store_true",
+                   help="run every herald job with --pin-cores (each worker and PS shard on cores of its own; "
+                        "the baseline already runs one torch thread)")
     p.add_argument("--out", default=None, metavar="FILE.json", help="also write the results as JSON")
 
 

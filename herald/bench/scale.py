@@ -139,7 +139,8 @@ def _herald_runs(source: str, args: argparse.Namespace, plain_sps: float, trec: 
         for rep in range(args.repeats):  # repeats interleaved: a noisy minute hits every run alike
             for workers, schedule in runs:
                 r = run_herald(source, workers, schedule, args.batch_size,
-                               str(pathlib.Path(tmp) / f"{schedule}-w{workers}-r{rep}"), args.seed)
+                               str(pathlib.Path(tmp) / f"{schedule}-w{workers}-r{rep}"), args.seed,
+                               pin_cores=args.pin_cores)
                 got[(workers, schedule)].append(r)
                 print(f"herald {schedule}, {workers} workers: {r['samples_per_s']:,.0f} samples/s", flush=True)
     out = []
