@@ -2,7 +2,9 @@
 
 Files are written in NOTE [arrow layout] (:mod:`herald.loader.formats.arrow`) with the
 ``herald.schema`` metadata, row groups of ``row_group_rows`` rows, Snappy
-compression. ``datagen`` also stores ``herald.synthetic`` (spec JSON) and
+compression and a CRC32 checksum in every page header (``WRITER_OPTIONS``, the one
+home of the writer's options), which :class:`herald.loader.formats.parquet.ParquetSource`
+verifies on read. ``datagen`` also stores ``herald.synthetic`` (spec JSON) and
 ``herald.seed``; reading the file back gives exactly the rows that
 ``SyntheticSource(spec, rows=N, seed=S)`` streams.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import types
 
 import pyarrow.parquet as pq
 
@@ -21,11 +24,15 @@ from herald.loader.registry import open_source
 from herald.loader.synthetic import SyntheticSource, fit_spec, preset_spec
 
 DEFAULT_ROW_GROUP_ROWS = 131072
+# Every Parquet file herald writes: Snappy pages, each with a CRC32 of its bytes so a page
+# changed after writing (disk, copy) is a bad record on read, not silently altered ids.
+WRITER_OPTIONS = types.MappingProxyType({"compression": "snappy", "write_page_checksum": True})
 
 
 def write_parquet(source: Source, dst, *, row_group_rows: int = DEFAULT_ROW_GROUP_ROWS,
                   extra_metadata: dict | None = None, progress: bool = True, desc: str = "convert") -> dict:
-    """Write every row of ``source`` to the Parquet file ``dst``.
+    """Write every row of ``source`` to the Parquet file ``dst`` (with ``WRITER_OPTIONS``:
+    page checksums).
 
     Args:
         source: any Source (read to its end); dst: the output file (parents are created);
@@ -47,7 +54,7 @@ def write_parquet(source: Source, dst, *, row_group_rows: int = DEFAULT_ROW_GROU
     tmp = dst.with_name(dst.name + ".tmp")
     n = 0
     with tqdm(total=source.num_rows, unit="rows", unit_scale=True, desc=desc, disable=not progress) as bar, \
-            pq.ParquetWriter(tmp, schema, compression="snappy") as writer:
+            pq.ParquetWriter(tmp, schema, **WRITER_OPTIONS) as writer:
         while True:
             batch = source.read(row_group_rows)
             if batch is None:

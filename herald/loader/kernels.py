@@ -30,8 +30,9 @@ BAD_FLOAT = 6
 BAD_LABEL = 7
 MISSING_ID = 8
 BAD_DENSE = 9    # a dense value not finite or beyond DENSE_LIMIT (NOTE [value checks], herald/loader/validation.py)
+BAD_CHECKSUM = 10  # its Parquet row group has a page whose CRC does not match (herald/loader/formats/parquet.py)
 REASONS = ("ok", "empty_line", "bad_utf8", "field_count", "bad_int", "overflow",
-           "bad_float", "bad_label", "missing_id", "bad_dense")
+           "bad_float", "bad_label", "missing_id", "bad_dense", "bad_checksum")
 
 # Column kinds of parse_delimited_jit.
 K_SKIP = 0      # ignored column (e.g. Avazu ``id``)

@@ -3,7 +3,10 @@
 NOTE [bad records]: a record is bad when its decoder gives a non-zero status
 (NOTE [record status] in :mod:`herald.loader.kernels`), or, for columnar data
 (Parquet, Arrow records from Kafka), when its label or dense values fail NOTE
-[value checks] (:mod:`herald.loader.validation`: ``bad_label``, ``bad_dense``).
+[value checks] (:mod:`herald.loader.validation`: ``bad_label``, ``bad_dense``), or,
+for Parquet, when its row group holds a page that fails its checksum (NOTE [page
+checksums] in :mod:`herald.loader.formats.parquet`: ``bad_checksum``, the file and
+row group named, one quarantine line per row group).
 Under ``strict`` the source first returns every good record before the bad one,
 then raises :class:`DataError` naming the file, the 1-based line (Parquet: the
 0-based row of the file) and the reason. Under ``skip`` the record is dropped,

@@ -11,6 +11,16 @@ and bad rows follow NOTE [bad records] (:mod:`herald.loader.policy`): ``strict``
 naming the file and the row (0-based, within the file), ``skip`` counts per reason
 and quarantines one JSON line per bad row.
 
+NOTE [page checksums]: pyarrow checks the CRC32 of every page that carries one
+(``READ_OPTIONS``; ``herald convert`` and ``herald datagen`` write one per page,
+:data:`herald.loader.conversion.WRITER_OPTIONS`); pages without one (files from other
+writers, or herald's own from before checksums) are read unchecked. A mismatch means
+the bytes changed after writing; which rows the page held is not known, so every row
+of the row group is a bad record (``bad_checksum``): ``strict`` raises naming the file
+and the row group, ``skip`` counts the group's rows from the position on, quarantines
+one JSON line for the group (file, row_group, rows [first, stop), reason, error) and
+reads on with the next group.
+
 Position = (file index, row group, row within the row group, bad rows included);
 resume reads that row group again and skips the rows before the position.
 """
@@ -21,6 +31,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import types
 
 import numpy as np
 import pyarrow as pa
@@ -30,10 +41,15 @@ from herald.config import require
 from herald.errors import DataError
 from herald.loader.batch import SampleBatch, Schema
 from herald.loader.formats.arrow import arrow_to_batch, infer_layout
-from herald.loader.kernels import REASONS
+from herald.loader.kernels import BAD_CHECKSUM, REASONS
 from herald.loader.policy import BadRecordLog, BadRecordSettings
 from herald.loader.source import Source, state_int
 from herald.loader.validation import describe, value_status
+
+# NOTE [page checksums]: verify every page that carries a CRC.
+READ_OPTIONS = types.MappingProxyType({"page_checksum_verification": True})
+# pyarrow raises a plain OSError for a CRC mismatch; this is the part of its message that says so.
+_CHECKSUM_MESSAGE = "CRC checksum verification failed"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,7 +94,9 @@ class ParquetSource(Source):
     Raises:
         DataError: no such file, entries other than ``.parquet`` files in the directory,
             an unreadable file, files with different layouts, a column that cannot be
-            mapped (each naming the file and column); bad rows under ``strict`` (file, row).
+            mapped (each naming the file and column); bad rows under ``strict`` (file, row);
+            a page that fails its checksum under ``strict`` (file, row group; NOTE [page
+            checksums]).
     """
 
     format_name = "parquet"
@@ -96,7 +114,7 @@ class ParquetSource(Source):
         self._files = []
         for f in files:
             try:
-                self._files.append(pq.ParquetFile(f))
+                self._files.append(pq.ParquetFile(f, **READ_OPTIONS))
             except (OSError, ValueError, pa.ArrowException) as exc:
                 raise DataError(f"cannot read Parquet file {f}: {exc}; rewrite it with herald convert",
                                 source=str(f)) from exc
@@ -151,13 +169,18 @@ class ParquetSource(Source):
         return self._log.skipped
 
     # ----------------------------------------------------------------- reading
-    def _load_group(self, fi: int, gi: int) -> None:
+    def _load_group(self, fi: int, gi: int, row: int) -> bool:
+        """Decode row group ``gi`` of file ``fi`` into ``self._group``; False when a page
+        failed its checksum and ``skip`` dropped the group (NOTE [page checksums])."""
         try:
             table = self._files[fi].read_row_group(gi, use_threads=self._settings.use_threads)
             group = arrow_to_batch(table, self._layout)
         except DataError as exc:
             raise DataError(f"{self._paths[fi]}, row group {gi}: {exc}", source=self._paths[fi]) from exc
         except (OSError, ValueError, TypeError, pa.ArrowException) as exc:
+            if isinstance(exc, OSError) and _CHECKSUM_MESSAGE in str(exc):
+                self._drop_group(fi, gi, row, exc)
+                return False
             raise DataError(f"cannot decode row group {gi} of {self._paths[fi]}: {exc}; rewrite the file with "
                             "herald convert", source=self._paths[fi]) from exc
         self._group = group
@@ -168,6 +191,27 @@ class ParquetSource(Source):
             if self._log.strict:
                 good[int(np.flatnonzero(~good)[0]):] = False
             self._good = np.flatnonzero(good)
+        return True
+
+    def _drop_group(self, fi: int, gi: int, row: int, exc: OSError) -> None:
+        """The rows of row group ``gi`` from ``row`` on are bad records (NOTE [page checksums]).
+
+        Raises:
+            DataError: under ``strict``, naming the file and the row group (``reason``
+                ``bad_checksum``, ``position`` the group's first row in the file).
+        """
+        path, first = self._paths[fi], self._file_row(fi, gi, 0)
+        stop = first + self._files[fi].metadata.row_group(gi).num_rows
+        if self._log.strict:
+            where = f"row group {gi} (rows {{position}} to {stop - 1}, 0-based) of {path}"
+            raise self._log.error(BAD_CHECKSUM, first, where, source=path,
+                                  detail=f"{exc}; the file changed after it was written (disk or copy corruption): "
+                                  "restore it, or write it again with herald convert")
+        raw = ()
+        if self._log.settings.quarantine_path is not None:
+            raw = [json.dumps({"file": path, "row_group": gi, "rows": [first + row, stop],
+                               "reason": REASONS[BAD_CHECKSUM], "error": str(exc)}).encode()]
+        self._log.record(np.full(max(stop - first - row, 0), BAD_CHECKSUM, np.int8), raw)
 
     def _file_row(self, fi: int, gi: int, row: int) -> int:
         md = self._files[fi].metadata
@@ -199,8 +243,9 @@ class ParquetSource(Source):
             if gi >= f.num_row_groups:
                 fi, gi, row, self._group = fi + 1, 0, 0, None
                 continue
-            if self._group is None:
-                self._load_group(fi, gi)
+            if self._group is None and not self._load_group(fi, gi, row):
+                gi, row = gi + 1, 0
+                continue
             n = len(self._group)
             if row >= n:
                 gi, row, self._group = gi + 1, 0, None
