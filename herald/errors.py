@@ -51,3 +51,20 @@ class PeerTimeout(HeraldError, TimeoutError):
 
 class ProtocolError(HeraldError):
     """A message on the wire broke the protocol (bad header, sizes, unknown op or table)."""
+
+
+class StorageError(HeraldError):
+    """A file or folder could not be written (disk full, permission denied, read-only file
+    system, ...): NOTE [private files] in herald/files.py. The message names the path, why
+    and the fix.
+
+    Args:
+        message: human-readable description, naming the fix.
+        path: the file or folder that could not be written.
+        errno: the ``OSError``'s errno, or None when the cause is not an ``OSError``.
+    """
+
+    def __init__(self, message: str, *, path: str, errno: int | None = None):
+        super().__init__(message)
+        self.path = path
+        self.errno = errno

@@ -3,7 +3,8 @@
 :class:`Supervisor` starts named children, each logging to its own file, tells which one
 died (with the end of its log), and stops them all within a bound. :func:`core_plan` and
 :func:`pin_to_cores` pin co-located processes to cores of their own (``herald train
---pin-cores``).
+--pin-cores``). :func:`start_time` and :func:`is_alive` tell whether a process recorded
+earlier (a pid and its start time) still runs.
 """
 
 from __future__ import annotations
@@ -47,6 +48,30 @@ def die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+
+
+def start_time(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks after boot, ``/proc/PID/stat`` field 22),
+    or None when there is no such process. With the pid it names one process: a pid the
+    kernel reused belongs to a process with another start time."""
+    try:
+        return int(pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def is_zombie(pid: int) -> bool:
+    """Whether process ``pid`` has ended (a zombie not yet reaped, or gone)."""
+    try:
+        return pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in "ZX"
+    except (OSError, IndexError):
+        return True
+
+
+def is_alive(pid: object, start: object) -> bool:
+    """Whether the process recorded as ``pid`` with :func:`start_time` ``start`` still runs
+    on this host (False for a pid that is not an int, and for a reused pid)."""
+    return isinstance(pid, int) and start is not None and start_time(pid) == start and not is_zombie(pid)
 
 
 def core_plan(n_processes: int, available: Sequence[int]) -> list[list[int]]:

@@ -183,6 +183,18 @@ def test_admin_paths_must_resolve_inside_the_root(tmp_path):
     assert counters["admin_refused_path"] == 1
 
 
+def test_admin_paths_with_a_nul_byte_or_a_symlink_loop_are_refused(tmp_path):
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    gate, counters = _gate(tmp_path)
+    for op in ("checkpoint", "restore"):
+        with pytest.raises(AdminRefused, match=f"NUL byte.*checkpoint root {tmp_path.resolve()}"):
+            gate.check(op, {"token": TOKEN, "dir": str(tmp_path / "step\x00-1")})
+        with pytest.raises(AdminRefused, match=f"cannot be resolved.*checkpoint root {tmp_path.resolve()}"):
+            gate.check(op, {"token": TOKEN, "dir": str(tmp_path / "a" / "ckpt")})
+    assert counters["admin_refused_path"] == 4
+
+
 def test_admin_ops_need_the_token(tmp_path):
     gate, counters = _gate(tmp_path)
     for header in ({}, {"token": "x" * 32}, {"token": 7}):

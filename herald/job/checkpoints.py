@@ -29,7 +29,10 @@ herald/dispatch/gba.py), and GBA keeps BSP's global batch, so switching ``bsp`` 
 
 A checkpoint is assembled in ``.tmp-step-...``, renamed into place when complete, and
 only then named in ``latest`` (written to a temporary file and renamed): a crash at
-any point leaves ``latest`` naming a complete checkpoint. The source position is
+any point leaves ``latest`` naming a complete checkpoint. Every file of it is 0600 in
+0700 folders, and a write that fails (disk full, permission denied, ...) raises
+:class:`~herald.errors.StorageError` (the PS shards' :class:`~herald.ps.CheckpointError`)
+naming the file, why and the fix: NOTE [private files] in herald/files.py. The source position is
 committed (Kafka) after ``latest`` is updated: NOTE [kafka delivery] in
 herald/loader/global_batches.py.
 """
@@ -45,6 +48,7 @@ import sys
 from typing import Any, Callable
 
 from herald.errors import ConfigError, DataError
+from herald.files import private_dir, write_private
 from herald.ps.checkpoint import fsync_dir
 
 #: ``TrainConfig`` fields a resumed job keeps: its hyper-parameters (the global batch is
@@ -147,8 +151,7 @@ class Checkpointer:
     def __init__(self, root: str | os.PathLike, ps_checkpoint: Callable[[str], Any],
                  position: Callable[[int], Any] | None = None, commit: Callable[[int], None] | None = None,
                  keep: int = 2, config: dict[str, Any] | None = None):
-        self.root = pathlib.Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root = private_dir(root)   # NOTE [private files]
         self._ps, self._position, self._commit, self.keep = ps_checkpoint, position, commit, keep
         self._config = dict(config or {})
 
@@ -156,25 +159,29 @@ class Checkpointer:
         """Where the workers save the dense state of the checkpoint of ``step``."""
         path = self.root / f".tmp-step-{step:08d}"
         shutil.rmtree(path, ignore_errors=True)
-        path.mkdir(parents=True)
-        return str(path)
+        return str(private_dir(path))
 
     def save(self, step: int, batch_index: int, staging: str, state: dict | None = None) -> pathlib.Path:
         """Complete the checkpoint of ``step`` (dense state already in ``staging``);
-        ``state``: the dispatcher's state at this barrier (JSON-able)."""
+        ``state``: the dispatcher's state at this barrier (JSON-able).
+
+        Raises:
+            StorageError: ``meta.json`` or ``latest`` could not be written (naming why and the fix);
+            CheckpointError: a PS shard could not write its part (likewise).
+        """
         staging_path = pathlib.Path(staging)
         self._ps(str(staging_path / "ps"))
         batches = (state or {}).get("batches") or {}
         meta = {"step": step, "batch_index": batch_index,
                 "source_position": self._position(batch_index) if self._position else None,
                 "skipped": dict(batches.get("skipped", {})), "dispatcher": state, **self._config}
-        (staging_path / "meta.json").write_text(json.dumps(meta, indent=2))
+        write_private(staging_path / "meta.json", json.dumps(meta, indent=2), "checkpoint file")
         fsync_dir(staging_path)
         final = self.root / f"step-{step:08d}"
         shutil.rmtree(final, ignore_errors=True)
         staging_path.rename(final)
         tmp = self.root / "latest.tmp"
-        tmp.write_text(final.name)
+        write_private(tmp, final.name, "checkpoint file")
         os.replace(tmp, self.root / "latest")
         fsync_dir(self.root)
         if self._commit is not None:
@@ -222,8 +229,7 @@ class DispatcherCheckpoints:
     """
 
     def __init__(self, run_dir: str | os.PathLike, *, resume: bool, enabled: bool, who: str, config: Any = None):
-        self.root = pathlib.Path(run_dir).resolve() / "checkpoints"
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root = private_dir(pathlib.Path(run_dir).resolve() / "checkpoints")
         self.enabled = bool(enabled)
         self.resume = latest(self.root) if resume else None
         self.resume_state = self.resume.dispatcher_state if self.resume is not None else None

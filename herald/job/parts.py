@@ -32,11 +32,15 @@ import dataclasses
 import os
 import pathlib
 import secrets
+import shutil
 import sys
+import tempfile
 from typing import Any, Iterator, NoReturn, Sequence
 
 from herald.auth import load_client_keys, load_server_keys, loopback_interface
 from herald.errors import HeraldError
+from herald.files import private_dir
+from herald.job import leftovers
 from herald.job.checkpoints import DispatcherCheckpoints
 from herald.job.failover import shard_lost, watch_shards
 from herald.procs import Supervisor, pin_to_cores
@@ -53,14 +57,17 @@ class ShardFailed(HeraldError):
 
 def prepare_run(cfg: TrainConfig) -> pathlib.Path:
     """Check ``--keys`` (bad keys stop the job before anything starts: NOTE [transport
-    security]) and create the run folder with its ``checkpoints`` root (the shards'
-    admin-op root, NOTE [ps admin ops]). Returns the run folder."""
+    security]), create the run folder with its ``checkpoints`` root (the shards'
+    admin-op root, NOTE [ps admin ops]; mode 0700, NOTE [private files]) and remove what
+    a killed job left there (NOTE [run leftovers] in herald/job/leftovers.py). Returns the
+    run folder."""
     if cfg.keys_dir is not None:
         load_server_keys(cfg.keys_dir)
         load_client_keys(cfg.keys_dir)
     run_dir = pathlib.Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "checkpoints").mkdir(exist_ok=True)
+    private_dir(run_dir / "checkpoints")
+    leftovers.clean(run_dir)
     return run_dir
 
 
@@ -158,13 +165,17 @@ class LocalPS(PSProvider):
         """Start the shards; with :attr:`cores`, pin each once it is ready (every thread of it:
         :func:`~herald.procs.pin_to_cores`; LocalShards starts them all before any is ready)."""
         run_dir, tables = pathlib.Path(cfg.run_dir), cfg.tables(data.schema)
+        # their folder (ipc sockets), named in the run folder until removed: NOTE [run leftovers]
+        workdir = tempfile.mkdtemp(prefix=leftovers.PS_PREFIX)
+        stack.callback(_drop, run_dir, workdir)
+        leftovers.record(run_dir, workdir)
         # ipc: every process is local, and ZeroMQ over Unix sockets moves ~2x the bytes of
         # TCP loopback here (docs/ps.md, benchmark). NOTE [ps liveness]: an aggregation a
         # dead worker leaves open is aborted within the job's timeout
         self.shards = stack.enter_context(LocalShards(
             num_shards=cfg.num_ps_shards, tables=tables, seed=cfg.seed, transport="ipc", log_dir=run_dir,
             limits=ShardLimits(aggregation_timeout_ms=cfg.timeout_ms, max_rows=cfg.ps_max_rows),
-            keys_dir=cfg.keys_dir, checkpoint_root=run_dir / "checkpoints"))
+            keys_dir=cfg.keys_dir, checkpoint_root=run_dir / "checkpoints", workdir=workdir))
         self.addresses = list(self.shards.addresses)
         for i, cores in enumerate(self.cores or ()):
             pin_to_cores(cores, self.shards.pid(i))
@@ -180,6 +191,12 @@ class LocalPS(PSProvider):
     def fail(self, exc: HeraldError, workers: WorkerLauncher) -> NoReturn:
         """:func:`raise_job_failure` of these shards and ``workers``."""
         raise_job_failure(exc, self.watch, workers)
+
+
+def _drop(run_dir: pathlib.Path, workdir: str) -> None:
+    """Remove the local shards' folder and its name in the run folder (NOTE [run leftovers])."""
+    shutil.rmtree(workdir, ignore_errors=True)
+    leftovers.forget(run_dir, workdir)
 
 
 class RemotePS(PSProvider):
@@ -288,12 +305,15 @@ class ExternalWorkers(WorkerLauncher):
 def dense_store(run_dir: pathlib.Path) -> Iterator[str]:
     """The workers' ``torch.distributed`` init method: ``file://`` a fresh file in the run
     folder (torch's FileStore: no listening socket, unlike rank 0's TCPStore, which binds
-    every interface); the file is removed when the job ends."""
-    path = run_dir.resolve() / f".dist-store-{secrets.token_hex(8)}"
+    every interface); the file is removed when the job ends, or by the next job in the run
+    folder when this one is killed (NOTE [run leftovers])."""
+    path = run_dir.resolve() / f"{leftovers.STORE_PREFIX}{secrets.token_hex(8)}"
+    leftovers.record(run_dir, path)
     try:
         yield f"file://{path}"
     finally:
         path.unlink(missing_ok=True)
+        leftovers.forget(run_dir, path)
 
 
 def worker_env() -> dict[str, str]:

@@ -13,7 +13,8 @@ change what a shard holds or whether it runs, so a shard checks them before acti
 - **Checkpoint root.** A checkpoint or restore folder must resolve (``Path.resolve``:
   ``..`` and symlinks followed) inside the shard's checkpoint root (``herald serve ps
   --checkpoint-root DIR``; ``herald train``: ``RUN_DIR/checkpoints``). A shard without
-  a root refuses both.
+  a root refuses both, and so it does a path holding a NUL byte or one that cannot be
+  resolved (a symlink loop).
 - Every refusal is an error reply of kind ``refused`` naming the fix (the root, or the
   token), raised by the client as :class:`AdminRefused`, and counted in the shard's
   ``stats`` (``admin_refused_token``, ``admin_refused_path``).
@@ -31,6 +32,7 @@ import collections
 import hmac
 import os
 import pathlib
+from typing import NoReturn
 
 from herald.errors import ConfigError
 from herald.ps import wire
@@ -129,14 +131,21 @@ class AdminGate:
         if self.root is None:
             self._refuse("path", f"{op} refused: this shard has no checkpoint root; start it with "
                                  "--checkpoint-root DIR (NOTE [ps admin ops])")
+        if "\x00" in raw:   # no file path holds one (resolve() would raise ValueError)
+            self._refuse("path", f"{op} refused: {raw!r} holds a NUL byte, which no path may hold; use a folder "
+                                 f"under this shard's checkpoint root {self.root}")
         path = pathlib.Path(raw)
-        resolved = path.resolve() if path.is_absolute() else None
+        try:
+            resolved = path.resolve() if path.is_absolute() else None
+        except (OSError, RuntimeError) as exc:   # RuntimeError: a symlink loop
+            self._refuse("path", f"{op} refused: {raw!r} cannot be resolved ({exc}); use a folder under this "
+                                 f"shard's checkpoint root {self.root}")
         if resolved is None or (resolved != self.root and self.root not in resolved.parents):
             self._refuse("path", f"{op} refused: {raw!r} is not inside this shard's checkpoint root {self.root} "
                                  "(absolute paths only; '..' and symlinks are resolved first); use a folder "
                                  "under it or restart the shard with another --checkpoint-root")
         return resolved
 
-    def _refuse(self, what: str, message: str) -> None:
+    def _refuse(self, what: str, message: str) -> NoReturn:
         self._counters[f"admin_refused_{what}"] += 1
         raise AdminRefused(message)

@@ -9,7 +9,10 @@ and for each file its dtype, shape, byte size and SHA-256.
 Atomicity: everything is written into ``<dir>/.shard-<I>-of-<N>.tmp-<pid>``, each file
 fsync'ed, then the folder is renamed over the final name (the previous checkpoint is
 moved aside first and removed after), and ``<dir>`` is fsync'ed. A crash leaves either
-the old or the new checkpoint, plus at most a temporary folder. Restore verifies the
+the old or the new checkpoint, plus at most a temporary folder. Files are 0600 in 0700
+folders (NOTE [private files] in herald/files.py); a write that fails (disk full,
+permission denied, ...) removes the temporary folder and raises :class:`CheckpointError`
+(reason ``"write"``) naming the file, why and the fix. Restore verifies the
 manifest, every size and every checksum before changing anything, and raises
 :class:`CheckpointError` naming the file on any mismatch (torn or corrupt checkpoint).
 """
@@ -24,13 +27,15 @@ import shutil
 
 import numpy as np
 
-from herald.errors import DataError
+from herald.errors import DataError, StorageError
+from herald.files import PrivateFile, private_dir, write_private
 
 FORMAT = 1
 
 
 class CheckpointError(DataError):
-    """A checkpoint is missing, torn or corrupt, or belongs to another job layout."""
+    """A checkpoint is missing, torn or corrupt, or belongs to another job layout; or it
+    could not be written (``reason`` ``"write"``: disk full, permission denied, ...)."""
 
 
 def shard_dir(root: str | os.PathLike, shard: int, num_shards: int) -> pathlib.Path:
@@ -40,10 +45,8 @@ def shard_dir(root: str | os.PathLike, shard: int, num_shards: int) -> pathlib.P
 def _write(path: pathlib.Path, arr: np.ndarray) -> dict:
     arr = np.ascontiguousarray(arr)
     data = memoryview(arr.reshape(-1).view(np.uint8))
-    with open(path, "wb") as f:
+    with PrivateFile(path, "checkpoint file") as f:   # fsync'ed
         f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
     return {"file": path.name, "dtype": arr.dtype.str, "shape": list(arr.shape),
             "bytes": int(arr.nbytes), "sha256": hashlib.sha256(data).hexdigest()}
 
@@ -62,26 +65,31 @@ def save(root, shard: int, num_shards: int, seed: int, tables) -> pathlib.Path:
 
     Returns:
         The final checkpoint folder.
+
+    Raises:
+        CheckpointError: a file or folder could not be written (reason ``"write"``; the
+            message names it, why and the fix); nothing of this checkpoint is left.
     """
     root = pathlib.Path(root)
-    root.mkdir(parents=True, exist_ok=True)
     final = shard_dir(root, shard, num_shards)
     tmp = root / f".{final.name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    entries = []
-    for t in tables:
-        keys, rows = t.snapshot()
-        entries.append({"name": t.cfg.name, "config": t.cfg.to_dict(), "n_rows": int(keys.shape[0]),
-                        "keys": _write(tmp / f"t{t.index}.keys", keys),
-                        "rows": _write(tmp / f"t{t.index}.rows", rows)})
-    manifest = {"format": FORMAT, "shard": shard, "num_shards": num_shards, "seed": int(seed),
-                "tables": entries}
-    with open(tmp / "manifest.json", "w") as f:
-        json.dump(manifest, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        private_dir(root)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        private_dir(tmp)
+        entries = []
+        for t in tables:
+            keys, rows = t.snapshot()
+            entries.append({"name": t.cfg.name, "config": t.cfg.to_dict(), "n_rows": int(keys.shape[0]),
+                            "keys": _write(tmp / f"t{t.index}.keys", keys),
+                            "rows": _write(tmp / f"t{t.index}.rows", rows)})
+        manifest = {"format": FORMAT, "shard": shard, "num_shards": num_shards, "seed": int(seed),
+                    "tables": entries}
+        write_private(tmp / "manifest.json", json.dumps(manifest, indent=1), "checkpoint file")
+    except StorageError as exc:   # free what the partial checkpoint holds (a full disk)
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(str(exc), reason="write") from exc
     fsync_dir(tmp)
     old = root / f".{final.name}.old-{os.getpid()}"
     if final.exists():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import pathlib
 import secrets
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -45,6 +46,10 @@ class LocalShards:
             checkpoint and restore are refused.
         admin_token: the shards' admin token, given to them in their environment (never
             on the command line); None: a fresh ``secrets.token_hex(32)``.
+        workdir: an empty folder of the caller's to use as :attr:`workdir` (``herald
+            train`` names it in its run folder: NOTE [run leftovers] in
+            herald/job/leftovers.py), removed by :meth:`close` likewise; None: a fresh
+            temporary folder ``herald-ps-*``.
 
     Attributes:
         addresses: list of shard endpoints (``tcp://127.0.0.1:PORT``), index = shard.
@@ -62,7 +67,7 @@ class LocalShards:
                  host: str = "127.0.0.1", startup_timeout_ms: int = DEFAULT_TIMEOUT_MS, transport: str = "tcp",
                  limits: ShardLimits | None = None, log_dir: str | os.PathLike | None = None, *,
                  keys_dir: str | os.PathLike | None = None, checkpoint_root: str | os.PathLike | None = None,
-                 admin_token: str | None = None):
+                 admin_token: str | None = None, workdir: str | os.PathLike | None = None):
         if num_shards < 1:
             raise ConfigError(f"num_shards must be >= 1, got {num_shards}")
         if transport not in ("tcp", "ipc"):
@@ -78,8 +83,8 @@ class LocalShards:
         self.keys_dir = str(pathlib.Path(keys_dir).resolve()) if keys_dir is not None else None
         self.checkpoint_root = str(pathlib.Path(checkpoint_root).resolve()) if checkpoint_root is not None else None
         self.admin_token = check_token(admin_token, "admin_token") or secrets.token_hex(32)
-        self._tmp = tempfile.TemporaryDirectory(prefix="herald-ps-")
-        self.workdir = pathlib.Path(self._tmp.name)
+        self._tmp = tempfile.TemporaryDirectory(prefix="herald-ps-") if workdir is None else None
+        self.workdir = pathlib.Path(self._tmp.name if self._tmp is not None else workdir)
         self._tables_file = self.workdir / "tables.json"
         self._tables_file.write_text(tables_to_json(self.tables))
         env = {"PYTHONPATH": _REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
@@ -188,7 +193,10 @@ class LocalShards:
         for w in self._watches:
             w.close()
         self._children.close(timeout_ms / 1000.0)
-        self._tmp.cleanup()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+        else:
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
     def __enter__(self) -> "LocalShards":
         return self

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from herald.errors import ConfigError
-from herald.procs import Supervisor
+from herald.procs import Supervisor, is_alive, is_zombie, start_time
 from herald.testbed import links
 
 PREFIX = "hb-"
@@ -161,7 +161,7 @@ class TestBed:
         _install_handlers()
         try:
             self.subnet = links.choose_subnet(self.uid, links.machine_networks() + _live_subnets())
-            _write_state(self.uid, {"pid": os.getpid(), "start": _start_time(os.getpid()),
+            _write_state(self.uid, {"pid": os.getpid(), "start": start_time(os.getpid()),
                                     "namespaces": self.namespaces, "subnet": str(self.subnet)})
             self._build()
             self._children = Supervisor(self.log_dir, new_session=True)   # makes log_dir
@@ -327,7 +327,7 @@ def cleanup_stale(*, everything: bool = False) -> list[str]:
     removed = []
     for uid in set(by_uid) | set(owners):
         state = owners.get(uid, {})
-        if not everything and _alive(state.get("pid"), state.get("start")):
+        if not everything and is_alive(state.get("pid"), state.get("start")):
             continue
         names = by_uid.get(uid, [])
         _empty_namespaces(names, time.monotonic() + 5.0)
@@ -363,7 +363,7 @@ def _empty_namespaces(namespaces: Sequence[str], deadline: float) -> set[int]:
     while True:
         pids = {int(p) for ns in namespaces
                 for p in links.run(["ip", "netns", "pids", ns], check=False).stdout.split() if p.isdigit()}
-        pids = {p for p in pids if not _zombie(p)}
+        pids = {p for p in pids if not is_zombie(p)}
         seen |= pids
         if not pids or time.monotonic() > deadline:
             return seen
@@ -380,25 +380,6 @@ def _delete_namespaces(namespaces: Sequence[str]) -> None:
     for ns in namespaces:
         if ns in existing:
             links.run(["ip", "netns", "del", ns], check=False)
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        return pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in "ZX"
-    except (OSError, IndexError):
-        return True
-
-
-def _start_time(pid: int) -> int | None:
-    try:
-        return int(pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def _alive(pid, start) -> bool:
-    return isinstance(pid, int) and _start_time(pid) is not None and _start_time(pid) == start \
-        and not _zombie(pid)
 
 
 def _state_file(uid: str) -> pathlib.Path:

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from herald.files import PrivateFile, private_dir
 from herald.worker.devices import group_for
 from herald.worker.groups import GroupLayout, TrainingGroups
 
@@ -57,11 +58,17 @@ class DenseState(abc.ABC):
         """The runtime's dense step after ``backward()`` (NOTE [step protocol] step 7)."""
 
     def save(self, folder: str | pathlib.Path) -> pathlib.Path:
-        """Write model and optimizer state to ``folder/dense.pt`` (atomically); returns the path."""
-        out = pathlib.Path(folder)
-        out.mkdir(parents=True, exist_ok=True)
+        """Write model and optimizer state to ``folder/dense.pt`` (atomically; mode 0600 in a
+        0700 folder: NOTE [private files] in herald/files.py); returns the path.
+
+        Raises:
+            StorageError: the file could not be written (disk full, permission denied, ...:
+                the message names the file, why and the fix).
+        """
+        out = private_dir(folder)
         tmp = out / f"{self.FILE}.tmp"
-        torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}, tmp)
+        with PrivateFile(tmp, "checkpoint file") as f:
+            torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}, f)
         tmp.replace(out / self.FILE)
         return out / self.FILE
 

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from herald.errors import ConfigError
+from herald.files import PrivateFile
 from herald.spec.job import JobSpec
 from herald.worker.api import ScheduledLoader
 from herald.worker.models import build_model
@@ -82,6 +83,7 @@ def run_worker(dispatcher: str, rank: int, world_size: int, *, device: str | Non
             loader.step(loss, logits)
         if job.run_dir:
             out = pathlib.Path(job.run_dir) / f"dense-rank{loader.dist_rank}.pt"
-            torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, out.with_suffix(".tmp"))
+            with PrivateFile(out.with_suffix(".tmp"), "dense replica") as f:   # NOTE [private files]: 0600
+                torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, f)
             out.with_suffix(".tmp").replace(out)
         return loader.steps

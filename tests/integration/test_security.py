@@ -124,6 +124,8 @@ def test_admin_ops_need_the_token_and_stay_inside_the_checkpoint_root(tmp_path):
                 with pytest.raises(AdminRefused, match="not inside"):
                     owner.restore(str(bad))
             assert list(outside.iterdir()) == []   # nothing was written there
+            with pytest.raises(AdminRefused, match="NUL byte"):   # refused like any bad path, not an internal error
+                owner.checkpoint(str(root / "step\x00-2"))
             for client in (wrong, tokenless):
                 for call in (lambda c: c.checkpoint(str(root / "x")), lambda c: c.restore(str(root / "step-1")),
                              lambda c: c.shutdown()):
@@ -133,7 +135,8 @@ def test_admin_ops_need_the_token_and_stay_inside_the_checkpoint_root(tmp_path):
             owner.restore(str(root / "step-1"))
             assert np.array_equal(owner.pull("t", KEYS), before)
             counters = [s["counters"] for s in owner.stats()]
-            assert sum(c["admin_refused_path"] for c in counters) == 2 * 6   # 3 paths x (checkpoint, restore)
+            assert sum(c["admin_refused_path"] for c in counters) == 2 * 7   # 3 paths x (checkpoint, restore), NUL
+            assert sum(c.get("errors_internal", 0) for c in counters) == 0
             assert sum(c["admin_refused_token"] for c in counters) == 2 * 6  # 2 clients x 3 ops
             assert all(p.poll() is None for p in sh.procs)   # a refused shutdown stopped nothing
             owner.shutdown()

@@ -1,0 +1,133 @@
+"""What a killed ``herald train`` leaves behind, removed by the next job in its run folder.
+
+NOTE [run leftovers]
+~~~~~~~~~~~~~~~~~~~~
+A ``herald train`` killed with SIGKILL (or by the OOM killer) runs no cleanup. Its
+children die with it (``PR_SET_PDEATHSIG``), but two paths stay: its local PS shards'
+folder (``$TMPDIR/herald-ps-*``: tables file, ready files, ipc sockets) and its workers'
+torch.distributed file store (``RUN_DIR/.dist-store-*``). So the job names each such path
+in an owner file of its run folder as it creates it (:func:`record`) and drops it once
+the path is removed (:func:`forget`; the owner file goes with its last path):
+``RUN_DIR/.owner-<pid>.json`` = ``{"pid", "start" (the process's start time,
+:func:`herald.procs.start_time`), "host", "paths"}``, mode 0600.
+
+A job that starts or resumes in the run folder (:func:`clean`, from
+:func:`herald.job.parts.prepare_run`) reads every owner file. An owner that is gone (no
+process with its pid on this host, or one that started at another time: a reused pid)
+has its paths removed, then its owner file. A live owner's paths (a job still running in
+this folder) and those of an owner on another host (which cannot be checked from here)
+are left, and :func:`clean` says so on stderr; so are this process's own (an earlier
+attempt of this job: NOTE [ps failover]). Whatever an owner file says, only paths of
+those two kinds are removed: a folder named ``herald-ps-*`` (not a symlink) and a file
+``.dist-store-*`` directly in the run folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import socket
+import sys
+
+from herald.files import write_private
+from herald.procs import is_alive, start_time
+
+OWNER_PREFIX = ".owner-"
+#: Name prefix of a local PS shards' folder (:class:`herald.ps.LocalShards`).
+PS_PREFIX = "herald-ps-"
+#: Name prefix of the workers' torch.distributed file store in the run folder.
+STORE_PREFIX = ".dist-store-"
+
+
+def _owner_file(run_dir: pathlib.Path, pid: int) -> pathlib.Path:
+    return run_dir / f"{OWNER_PREFIX}{pid}.json"
+
+
+def _read(path: pathlib.Path) -> dict | None:
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return state if isinstance(state, dict) and isinstance(state.get("paths"), list) else None
+
+
+def _write(path: pathlib.Path, state: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    write_private(tmp, json.dumps(state), sync=False)
+    os.replace(tmp, path)
+
+
+def record(run_dir: str | os.PathLike, path: str | os.PathLike) -> None:
+    """Name ``path`` (a ``herald-ps-*`` folder, a ``.dist-store-*`` file) in this process's
+    owner file of ``run_dir`` (NOTE [run leftovers]).
+
+    Raises:
+        StorageError: the owner file cannot be written.
+    """
+    run_dir = pathlib.Path(run_dir)
+    owner = _owner_file(run_dir, os.getpid())
+    state = _read(owner) or {"pid": os.getpid(), "start": start_time(os.getpid()), "host": socket.gethostname(),
+                             "paths": []}
+    if str(path) not in state["paths"]:
+        state["paths"].append(str(path))
+        _write(owner, state)
+
+
+def forget(run_dir: str | os.PathLike, path: str | os.PathLike) -> None:
+    """Drop ``path`` (removed by its user) from this process's owner file; the owner file
+    goes with its last path."""
+    owner = _owner_file(pathlib.Path(run_dir), os.getpid())
+    state = _read(owner)
+    if state is None or str(path) not in state["paths"]:
+        return
+    state["paths"].remove(str(path))
+    if state["paths"]:
+        _write(owner, state)
+    else:
+        owner.unlink(missing_ok=True)
+
+
+def clean(run_dir: str | os.PathLike, who: str = "herald train") -> list[str]:
+    """Remove what the gone owners of ``run_dir`` left (NOTE [run leftovers]); say on stderr
+    what was removed and which live owners' paths were left (``who``: the command).
+
+    Returns:
+        The paths removed.
+    """
+    run_dir = pathlib.Path(run_dir)
+    removed: list[str] = []
+    for owner in sorted(run_dir.glob(f"{OWNER_PREFIX}*.json")):
+        state = _read(owner) or {"paths": []}   # unreadable: names nothing to remove
+        pid = state.get("pid")
+        if pid == os.getpid():
+            continue
+        paths = [p for p in state["paths"] if isinstance(p, str)]
+        if state.get("host", socket.gethostname()) != socket.gethostname():
+            print(f"{who}: {owner} names a job on host {state.get('host')} (pid {pid}), which cannot be checked "
+                  f"from here: its paths are left ({', '.join(paths) or 'none'})", file=sys.stderr)
+            continue
+        if is_alive(pid, state.get("start")):
+            print(f"{who}: run folder {run_dir} is in use by process {pid}, still running: its paths are left "
+                  f"({', '.join(paths) or 'none'}); two jobs in one run folder overwrite each other's checkpoints "
+                  "and report: give this one another --run-dir", file=sys.stderr)
+            continue
+        gone = [p for p in paths if _remove(run_dir, pathlib.Path(p))]
+        owner.unlink(missing_ok=True)
+        if gone:
+            print(f"{who}: removed what the killed run (pid {pid}) left: {', '.join(gone)}", file=sys.stderr)
+        removed += gone
+    return removed
+
+
+def _remove(run_dir: pathlib.Path, path: pathlib.Path) -> bool:
+    """Remove ``path`` if it is one of the kinds a job records; whether it was removed."""
+    if path.name.startswith(PS_PREFIX) and path.is_absolute() and path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+        return not path.exists()
+    if path.name.startswith(STORE_PREFIX) and path.parent == run_dir.resolve() and path.is_file() \
+            and not path.is_symlink():
+        path.unlink(missing_ok=True)
+        return True
+    return False
