@@ -16,12 +16,14 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 import sys
+import time
 from typing import Any
 
 from herald.dispatch.dispatcher import Dispatcher
 from herald.errors import HeraldError
 from herald.job import checkpoints
 from herald.job.parts import Checkpointing, LocalPS, LocalWorkers, ShardFailed
+from herald.job.report_attempts import Attempt
 from herald.job.runner import JobInterrupted, JobReport, JobRunner
 from herald.spec.train import TrainConfig
 
@@ -40,8 +42,11 @@ __all__ = ["JobInterrupted", "run_train"]   # JobInterrupted: herald train's cle
 # worker caches (a cache is a copy of PS rows, so an empty one is exact). Resume is exact
 # (tests/integration/test_resume.py), so the final model equals an uninterrupted run;
 # the steps after the checkpoint are trained twice, which is the cost of a failure. The
-# report lists each failover (``failovers``). Without a checkpoint (``--checkpoint-every``)
-# there is nothing to go back to and the failure ends the job as before.
+# report lists each failover (``failovers``: cause, checkpoint, the last step acked before,
+# the steps rolled back) and counts every attempt's steps and samples, naming the steps
+# trained again (``attempts``, ``retrained_steps``: herald/job/report_attempts.py). Without
+# a checkpoint (``--checkpoint-every``) there is nothing to go back to and the failure ends
+# the job as before.
 
 
 def run_train(cfg: TrainConfig, *, progress: bool = True, on_finish=None) -> dict[str, Any]:
@@ -51,10 +56,14 @@ def run_train(cfg: TrainConfig, *, progress: bool = True, on_finish=None) -> dic
     back to its latest checkpoint (NOTE [ps failover]); see :func:`_run_attempt` for the rest.
     """
     failovers: list[dict[str, Any]] = []
+    earlier: list[Attempt] = []   # the attempts a failover ended: counted in the report
     attempt = cfg
     while True:
+        acked: list[int] = []
+        started = time.perf_counter()
         try:
-            return _run_attempt(attempt, progress=progress, on_finish=on_finish, failovers=failovers)
+            return _run_attempt(attempt, progress=progress, on_finish=on_finish, failovers=failovers,
+                                earlier=earlier, acked=acked)
         except ShardFailed as exc:
             latest = checkpoints.latest(pathlib.Path(cfg.run_dir) / "checkpoints")
             if len(failovers) >= cfg.ps_restarts or latest is None:
@@ -62,14 +71,20 @@ def run_train(cfg: TrainConfig, *, progress: bool = True, on_finish=None) -> dic
                         " (no checkpoint to roll back to: use --checkpoint-every)" if latest is None else
                         f" (after {len(failovers)} failover(s), --ps-restarts {cfg.ps_restarts})")
                 raise HeraldError(f"{exc}{hint}") from None
-            failovers.append({"cause": str(exc).splitlines()[0], "rolled_back_to": latest.path.name})
+            last = max(acked, default=None)
+            failovers.append({"cause": str(exc).splitlines()[0], "rolled_back_to": latest.path.name,
+                              "checkpoint_step": latest.step, "last_acked_step": last,
+                              "steps_rolled_back": None if last is None else max(0, last - latest.step)})
+            earlier.append(Attempt(tuple(acked), time.perf_counter() - started))
             print(f"herald train: {str(exc).splitlines()[0]}\nrolling the job back to checkpoint "
                   f"{latest.path.name} (failover {len(failovers)} of at most {cfg.ps_restarts})", file=sys.stderr)
             attempt = dataclasses.replace(cfg, resume=True)
 
 
-def _run_attempt(cfg: TrainConfig, *, progress: bool, on_finish, failovers: list[dict[str, Any]]) -> dict[str, Any]:
-    """One attempt of :func:`run_train`; ``failovers``: the earlier attempts' (for the report).
+def _run_attempt(cfg: TrainConfig, *, progress: bool, on_finish, failovers: list[dict[str, Any]],
+                 earlier: list[Attempt], acked: list[int]) -> dict[str, Any]:
+    """One attempt of :func:`run_train`; ``failovers`` and ``earlier``: the earlier attempts'
+    (for the report); ``acked`` gets each step acked by every worker (int, ack order).
 
     ``on_finish(ps_addresses, job)``, if given, runs after the final flush while the PS
     shards are still up (tests read the trained rows there). SIGINT / SIGTERM end the
@@ -85,6 +100,6 @@ def _run_attempt(cfg: TrainConfig, *, progress: bool, on_finish, failovers: list
     # kafka:// sources checkpoint even without --checkpoint-every: their offsets are committed there
     ckpts = Checkpointing("herald train", enabled=bool(cfg.checkpoint_every or cfg.is_stream), check_config=True)
     # Dispatcher: looked up here at each attempt (tests wrap it: tests/integration/test_fuzz_dispatcher.py)
-    return JobRunner(ps=LocalPS(), workers=LocalWorkers(), checkpoints=ckpts, report=JobReport(failovers),
+    return JobRunner(ps=LocalPS(), workers=LocalWorkers(), checkpoints=ckpts, report=JobReport(failovers, earlier),
                      dispatcher=Dispatcher, progress=progress, stop_on_signals=True, on_finish=on_finish,
-                     sample_id_log=ids).run(cfg).report
+                     on_step=lambda rec: acked.append(rec.step), sample_id_log=ids).run(cfg).report

@@ -15,7 +15,7 @@ from herald.errors import HeraldError
 from herald.ps import PSClient
 from herald.scheduler.plan import CAUSES
 from herald.dispatch.dispatcher import StepRecord
-from herald.job import report_comm
+from herald.job import report_attempts, report_comm
 from herald.job.breakdown import format_breakdown, phase_breakdown, plot_breakdown
 from herald.job.metrics import log_loss, roc_auc
 from herald.spec.modes import consistency_mode
@@ -98,6 +98,16 @@ def evaluate(job: dict[str, Any], source, run_dir: pathlib.Path, ps_addresses, b
     (after the final flush the PS holds every latest row). Also checks that every
     rank ended with identical dense parameters.
 
+    A bounded PS (``--ps-max-rows N``, NOTE [bounded ps]) refuses a request with more than
+    N new keys of a table, so the client splits the pulls (as it splits every request:
+    :meth:`PSClient.declare`) at ``min(max_keys_per_request, N)`` keys a request; the rows evicted
+    while evaluating, and the evicted rows it reads again (re-initialised), are counted
+    (:func:`evictions` of the shards' stats before and after).
+
+    Returns:
+        ``eval_rows`` (int), and with rows: ``auc``, ``logloss`` (float), ``dense_replicas_equal``
+        (bool), ``ps_evicted_rows`` and ``ps_evicted_rows_read_again`` (int, during the evaluation).
+
     Raises:
         HeraldError: a rank's dense parameters are missing.
     """
@@ -114,6 +124,7 @@ def evaluate(job: dict[str, Any], source, run_dir: pathlib.Path, ps_addresses, b
     labels, probs = [], []
     with PSClient(list(ps_addresses), tables=tables, timeout_ms=job.timeout_ms,
                   keys_dir=job.keys_dir) as client, torch.no_grad():
+        before = client.stats()
         while (batch := source.read(batch_rows)) is not None:
             uniq = [np.unique(v, return_inverse=True) for v in batch.values]
             got = client.pull_async({t: u for t, (u, _) in enumerate(uniq) if u.size}).wait()
@@ -125,12 +136,24 @@ def evaluate(job: dict[str, Any], source, run_dir: pathlib.Path, ps_addresses, b
             logits = model(torch.from_numpy(batch.dense), torch.stack(pooled, dim=1))
             probs.append(torch.sigmoid(logits).numpy())
             labels.append(batch.labels)
+        first = evictions(before)
+        during = {k: v - first[k] for k, v in evictions(client.stats()).items()}
     source.close()
     if not labels:
         return {"eval_rows": 0}
     y, p = np.concatenate(labels), np.concatenate(probs)
     return {"eval_rows": int(y.shape[0]), "auc": roc_auc(y, p), "logloss": log_loss(y, p),
-            "dense_replicas_equal": bool(replicas_equal)}
+            "dense_replicas_equal": bool(replicas_equal), **during}
+
+
+def evictions(ps_stats: list[dict] | None) -> dict[str, int]:
+    """The rows a bounded PS evicted (NOTE [bounded ps]) over every shard and table of
+    ``ps_stats`` (:meth:`PSClient.stats`; None: none): ``ps_evicted_rows``, and
+    ``ps_evicted_rows_read_again``, the inserts of keys evicted earlier (re-initialised
+    rows read again: NOTE [evictions read again] in herald/ps/evicted.py)."""
+    tables = [t for st in ps_stats or () for t in st["tables"].values()]
+    return {"ps_evicted_rows": sum(t.get("evicted_rows", 0) for t in tables),
+            "ps_evicted_rows_read_again": sum(t.get("evicted_rows_read_again", 0) for t in tables)}
 
 
 def build(cfg: Any, records: list[StepRecord], train_s: float, metrics: dict, *, batches_info: dict,
@@ -145,6 +168,9 @@ def build(cfg: Any, records: list[StepRecord], train_s: float, metrics: dict, *,
     trained in the job, where --resume continues), "checkpoint": its folder name or None}``
     when a signal stopped the job (None: it ran to its end). ``rejected``: the messages
     the dispatcher dropped per kind (NOTE [peer validation] in herald/dispatch/peers.py).
+
+    ``ps_evicted_rows``, ``ps_evicted_rows_read_again``: :func:`evictions` of ``ps_stats``
+    (taken after training; the evaluation's own are in ``metrics``: :func:`evaluate`).
 
     ``scheduler``: :meth:`herald.job.data.JobData.scheduler_stats` (threads, and with
     ``--scheduling-budget`` adaptive LAIA's k over the job: first, min, median, max,
@@ -180,7 +206,7 @@ def build(cfg: Any, records: list[StepRecord], train_s: float, metrics: dict, *,
         "interrupted": interrupted,
         "skipped": {"train": dict((skipped or {}).get("train", {})), "eval": dict((skipped or {}).get("eval", {}))},
         "rejected": dict(records[-1].rejected) if records else {},
-        "ps_evicted_rows": sum(t.get("evicted_rows", 0) for st in ps_stats or () for t in st["tables"].values()),
+        **evictions(ps_stats),   # during training (the evaluation's are in metrics)
         "capacity_rows_per_worker": int(capacity_rows),
         "split": split_info,
         "data": batches_info,
@@ -349,10 +375,16 @@ def format_text(rep: dict[str, Any]) -> str:
         lines.append("messages the dispatcher dropped (malformed, or from peers that are not this job's workers): "
                      + ", ".join(f"{k} {n:,}" for k, n in rep["rejected"].items() if n) + " (docs/operations.md)")
     for i, f in enumerate(rep.get("failovers") or (), 1):
-        lines.append(f"failover {i}: {f['cause']}; rolled back to checkpoint {f['rolled_back_to']} (NOTE [ps failover])")
-    if rep.get("ps_evicted_rows"):
-        lines.append(f"PS rows evicted by --ps-max-rows (least recently used, re-initialised on their next touch): "
-                     f"{rep['ps_evicted_rows']:,}")
+        acked = (f" from step {f['last_acked_step']} ({f['steps_rolled_back']} steps rolled back)"
+                 if f.get("last_acked_step") is not None else "")
+        lines.append(f"failover {i}: {f['cause']}; rolled back to checkpoint {f['rolled_back_to']}{acked} "
+                     "(NOTE [ps failover])")
+    lines.extend(report_attempts.format_lines(rep))
+    if rep.get("ps_evicted_rows") or m.get("ps_evicted_rows"):
+        lines.append("PS rows evicted by --ps-max-rows (least recently used; an evicted row read again is "
+                     "re-initialised): " + "; ".join(
+                         f"{name} {d.get('ps_evicted_rows', 0):,} evicted, {d.get('ps_evicted_rows_read_again', 0):,} "
+                         "read again" for name, d in (("training", rep), ("evaluation", m))))
     if m.get("eval_rows"):
         lines.append(f"held-out ({m['eval_rows']:,} rows): AUC {m['auc']:.4f}  logloss {m['logloss']:.4f}  "
                      f"dense replicas equal: {m['dense_replicas_equal']}")

@@ -64,6 +64,7 @@ from herald.job import report as report_mod
 from herald.job import report_comm
 from herald.job.data import JobData
 from herald.job.parts import Checkpointing, PSProvider, WorkerLauncher
+from herald.job.report_attempts import Attempt, attempts_block
 from herald.procs import core_plan, cpu_seconds, pin_to_cores
 from herald.spec.flags import flag_errors
 from herald.spec.job import JobSpec
@@ -165,10 +166,13 @@ class JobReport:
     """The report part: after training the PS shards' stats and the held-out evaluation are
     taken, and ``report.txt``, ``report.json`` and ``report.png`` are written to the run
     folder (herald/job/report.py). ``failovers``: the report's ``failovers`` (the earlier
-    attempts' of NOTE [ps failover]; the test bed's supervisor writes its own)."""
+    attempts' of NOTE [ps failover]; the test bed's supervisor writes its own); ``earlier``:
+    those attempts' steps and times, counted in the report with this one's
+    (herald/job/report_attempts.py)."""
 
-    def __init__(self, failovers: list[dict[str, Any]] | None = None):
+    def __init__(self, failovers: list[dict[str, Any]] | None = None, earlier: list[Attempt] | None = None):
         self.failovers = [] if failovers is None else failovers
+        self.earlier = [] if earlier is None else earlier
 
     def write(self, cfg: TrainConfig, data: Any, served: Served, records: list[StepRecord], *, grouped: bool,
               ps_stats: list[dict] | None, metrics: dict, switched_from: str | None) -> dict[str, Any]:
@@ -186,7 +190,8 @@ class JobReport:
             # each step is one group's, acked by that group's workers
             rep.update(report_mod.ps_requests(records, group_dispatch.group_config(cfg).workers,
                                               len(ps_stats) if ps_stats else cfg.num_ps_shards))
-        rep.update(report_mod.cpu_time(served.cpu_s, rep["samples"], served.cpu_scope))
+        rep.update(report_mod.cpu_time(served.cpu_s, rep["samples"], served.cpu_scope))   # this attempt's
+        rep.update(attempts_block(rep, [r.step for r in records], self.earlier, cfg.global_batch))
         rep["replicated_tables"] = [data.schema.table_names[t] for t in data.replicated]
         rep["replica_rows_per_worker"] = data.replica_rows
         rep["failovers"] = self.failovers

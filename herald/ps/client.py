@@ -432,15 +432,18 @@ class PSClient(ClockOps, StepOps):
     # ------------------------------------------------------------------ operations
     def declare(self, timeout_ms: int | None = None) -> None:
         """Declare this client's tables (and ``num_workers``) on every shard (idempotent);
-        adopt the smallest ``max_keys_per_request`` the shards announce."""
+        adopt the smallest ``max_keys_per_request`` the shards announce, and the smallest
+        ``max_rows`` of a bounded shard (NOTE [bounded ps]: a request never inserts more new
+        keys of a table than the shard may hold, so a large pull is split, not refused)."""
         header = {"tables": [t.to_dict() for t in self.tables]}
         if self.num_workers is not None:
             header["workers"] = self.num_workers
         rids = [self._send(s, "declare", header, timeout_ms=timeout_ms) for s in range(self.num_shards)]
         for h, _ in self._collect(rids):
-            limit = (h.get("limits") or {}).get("max_keys_per_request")
-            if type(limit) is int and limit >= 1:
-                self.max_keys_per_request = min(self.max_keys_per_request, limit)
+            limits = h.get("limits") or {}
+            for limit in (limits.get("max_keys_per_request"), limits.get("max_rows")):
+                if type(limit) is int and limit >= 1:
+                    self.max_keys_per_request = min(self.max_keys_per_request, limit)
 
     def _pull_op(self, tables: np.ndarray, keys: np.ndarray, shape=None) -> tuple[list[int], Callable]:
         dim, width = shape or self._shape(tables) or (0, 0)

@@ -475,7 +475,7 @@ class ShardServer:
             "gba": self.gba.stats() if self.gba is not None else None,
             "tables": {t.cfg.name: {"index": t.index, "rows": t.n_rows, "row_width": t.width,
                                     "capacity_rows": int(t.rows.shape[0]), "bytes": int(t.rows.nbytes),
-                                    "evicted_rows": t.evicted}
+                                    "evicted_rows": t.evicted, "evicted_rows_read_again": t.evicted_read_again}
                        for t in self.tables},
         }
 

@@ -17,6 +17,7 @@ from herald import keymap
 from herald.errors import ProtocolError
 from herald.ps import kernels as K
 from herald.ps.aggregate import PendingStep
+from herald.ps.evicted import EvictedKeys
 from herald.ps.store import TableSet, frozen
 from herald.spec.tables import TableConfig
 from herald.ps.rows import hyper_params, init_args
@@ -62,6 +63,7 @@ class EmbeddingTable:
         if self.max_resident is not None and self.max_resident < 1:
             raise ValueError(f"max_resident_rows must be >= 1, got {max_resident_rows}")
         self.evicted = 0        # rows dropped by the LRU bound (NOTE [bounded ps])
+        self.evicted_keys = EvictedKeys()   # their keys (NOTE [evictions read again])
         self.init_args = init_args(tcfg, table_index, seed)
         self.hp = hyper_params(tcfg)
         cap = max(16, int(capacity_rows))
@@ -161,7 +163,9 @@ class EmbeddingTable:
     # current request, never a row with an open gradient aggregation (NOTE [ps
     # aggregation]). Eviction compacts the row array (keeping order) and rebuilds the key
     # map, so it frees at least N/16 rows at a time to amortise that O(N) pass; pending
-    # aggregation states have their row slots remapped. ``evicted`` counts dropped rows.
+    # aggregation states have their row slots remapped. ``evicted`` counts dropped rows,
+    # :attr:`evicted_read_again` the inserts of keys evicted earlier (NOTE [evictions read
+    # again] in herald/ps/evicted.py).
     # A request with more distinct new keys than N, or one that cannot free enough rows
     # (all held by open aggregations), is refused with :class:`ProtocolError`.
 
@@ -198,6 +202,7 @@ class EmbeddingTable:
         new_of_old = np.full(n, -1, np.int64)
         new_of_old[keep] = np.arange(int(keep.sum()))
         kept = n - victims.shape[0]
+        self.evicted_keys.add(self.row_keys[victims])   # before the keys move
         self.rows[:kept] = self.rows[:n][keep]
         for name in _PER_ROW:
             arr = getattr(self, name)
@@ -297,6 +302,12 @@ class EmbeddingTable:
         return self._set.expire(now, timeout_s, only=self.pos)
 
     @property
+    def evicted_read_again(self) -> int:
+        """Inserts of keys this table evicted earlier (NOTE [evictions read again]): rows
+        re-initialised by the bound and read again (0 without evictions)."""
+        return self.evicted_keys.read_again(self.row_keys[: self.n_rows])
+
+    @property
     def open_aggregations(self) -> int:
         return self._set.open_of(self.pos)
 
@@ -313,6 +324,7 @@ class EmbeddingTable:
         if self.max_rows is not None and n > self.max_rows:
             raise ProtocolError(f"table {self.cfg.name!r}: {n} rows ({n * 4 * self.width} bytes) exceed this "
                                 f"shard's max_table_bytes={self.max_bytes}; raise --max-table-bytes")
+        self.evicted_keys.clear(self.row_keys[: self.n_rows])   # NOTE [evictions read again]
         cap = max(16, 1 << max(0, int(n - 1).bit_length()))
         self.rows = np.zeros((cap, self.width), np.float32)
         self.rows[:n] = rows

@@ -138,7 +138,9 @@ class TrainConfig:
                                   "most this many times (Persia-style failover; needs --checkpoint-every)",
                                metavar="N")
     ps_max_rows: int = setting(0, "rows one table holds at most on each PS shard; least recently used rows beyond it "
-                                  "are evicted and re-initialised on their next touch (Persia's LRU PS; 0: no bound)",
+                                  "are evicted and re-initialised on their next touch (Persia's LRU PS; 0: no bound). "
+                                  "Approximate: an evicted row read again comes back from its initialiser, having "
+                                  "forgotten its training; the report counts the evicted rows read again",
                                metavar="ROWS")
     checkpoint_every: int = setting(0, "checkpoint PS rows, dense state and source position every STEPS steps; "
                                        "kafka:// sources commit their offsets only with a checkpoint (0: at the end "

@@ -196,8 +196,10 @@ _FAILOVER_MODES = {"bsp": {}, "gba": {"consistency": "gba", "gba_threshold": 0}}
 @pytest.mark.parametrize("mode", sorted(_FAILOVER_MODES))
 def test_a_killed_ps_shard_fails_over_to_the_latest_checkpoint(tmp_path, sources, mode):
     """NOTE [ps failover] (herald/job/launcher.py): kill -9 of the PS shard after the
-    first checkpoint; with --ps-restarts 1 the job rolls back to that checkpoint, goes
-    on, and ends with the model of an uninterrupted run of the same mode.
+    first checkpoint and two more steps; with --ps-restarts 1 the job rolls back to that
+    checkpoint, goes on, and ends with the model of an uninterrupted run of the same mode.
+    The report counts both attempts' steps and samples and names the steps trained twice
+    (herald/job/report_attempts.py).
 
     Under GBA the replacement shard's gradient buffer lives as long as the shard (NOTE
     [gba tokens] in herald/ps/gba.py): it must start at the checkpoint's next global step
@@ -213,9 +215,10 @@ def test_a_killed_ps_shard_fails_over_to_the_latest_checkpoint(tmp_path, sources
         args += ["--" + key.replace("_", "-"), str(value)]
     job = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        latest = failed / "checkpoints" / "latest"
+        latest, ids = failed / "checkpoints" / "latest", failed / "trained_sample_ids.u64"
         deadline = time.monotonic() + 120
-        while not latest.exists():
+        # the first checkpoint (step EVERY - 1) and 2 steps after it acked (their sample ids logged)
+        while not (latest.exists() and ids.exists() and ids.stat().st_size >= (EVERY + 2) * GB * 8):
             assert job.poll() is None and time.monotonic() < deadline, "no checkpoint before the end of the job"
             time.sleep(0.01)
         shard = next(pid for pid, cmd in children(job.pid) if "serve ps" in cmd)
@@ -229,8 +232,22 @@ def test_a_killed_ps_shard_fails_over_to_the_latest_checkpoint(tmp_path, sources
     assert "rolling the job back to checkpoint" in err and "PS shard 0" in err, err[-3000:]
     report = json.loads((failed / "report.json").read_text())
     assert len(report["failovers"]) == 1 and report["failovers"][0]["rolled_back_to"].startswith("step-")
-    rolled_back = int(report["failovers"][0]["rolled_back_to"][len("step-"):])
-    assert report["steps"] == STEPS - rolled_back - 1, "the resumed attempt trains from the checkpoint's next step"
+    failover = report["failovers"][0]
+    rolled_back, last = int(failover["rolled_back_to"][len("step-"):]), failover["last_acked_step"]
+    assert failover["checkpoint_step"] == rolled_back and last >= EVERY + 1 and last > rolled_back
+    assert failover["steps_rolled_back"] == last - rolled_back
+    # every attempt counted: steps 0..last, then the checkpoint's next step to the end; the steps
+    # between the checkpoint and the failure were trained twice
+    attempts = report["attempts"]
+    assert [(a["first_step"], a["last_step"], a["steps"]) for a in attempts] == [
+        (0, last, last + 1), (rolled_back + 1, STEPS - 1, STEPS - rolled_back - 1)]
+    assert report["steps"] == last + 1 + STEPS - rolled_back - 1 == sum(a["steps"] for a in attempts)
+    assert report["samples"] == report["steps"] * GB == sum(a["samples"] for a in attempts)
+    assert report["retrained_steps"] == [[rolled_back + 1, last]]
+    assert report["train_seconds"] == pytest.approx(sum(a["train_seconds"] for a in attempts))
+    text = (failed / "report.txt").read_text()
+    assert f"steps {report['steps']} " in text, text
+    assert f"steps trained again: {rolled_back + 1}-{last} ({last - rolled_back} steps)" in text, text
     consistency = report["consistency"]
     assert consistency["mode"] == mode
     if mode == "gba":

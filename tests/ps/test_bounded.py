@@ -75,3 +75,27 @@ def test_a_request_larger_than_the_bound_is_refused_before_anything_changes():
     with pytest.raises(ProtocolError, match="raise --ps-max-rows"):
         t.pull(_keys(range(100, 111)))
     assert t.n_rows == 5 and t.evicted == 0
+
+
+def test_evicted_rows_read_again_counts_each_insert_of_an_evicted_key_once():
+    """NOTE [evictions read again]: a key evicted and inserted again counts once per insert,
+    whether it is resident now or evicted again since; a restore folds the count in."""
+    t = _table(16)
+    t.pull(_keys(range(16)))
+    assert t.evicted == 0 and t.evicted_read_again == 0
+    t.pull(_keys(range(100, 116)))                  # every row of 0..15 evicted, none read again
+    assert t.evicted == 16 and t.evicted_read_again == 0
+    t.pull(_keys(range(4)))                         # 4 evicted keys inserted again (resident now)
+    assert t.evicted_read_again == 4
+    t.pull(_keys(range(200, 216)))                  # evicts them again: still 4 inserts
+    gone = set(range(4)) - set(t.snapshot()[0].tolist())
+    assert t.evicted_read_again == 4 and len(gone) >= 1
+    t.pull(_keys(sorted(gone)))                     # and inserted a second time
+    assert t.evicted_read_again == 4 + len(gone)
+    keys, rows = t.snapshot()
+    t.load(keys.copy(), rows.copy())                # a restore: the count stays, the memory starts afresh
+    assert t.evicted_read_again == 4 + len(gone)
+    t.pull(_keys(range(300, 316)))
+    t.pull(_keys(range(100, 101)))                  # evicted before the restore: not remembered
+    assert t.evicted_read_again == 4 + len(gone)
+

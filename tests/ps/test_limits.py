@@ -154,11 +154,19 @@ def test_checkpoint_is_possible_again_after_an_abort(tmp_path):
 def test_max_rows_bounds_resident_rows_and_counts_evictions():
     server = ShardServer(0, 1, tables=[TableConfig("t", 4)], limits=ShardLimits(max_rows=50))
     rng = np.random.default_rng(1)
+    pulled = []
     for _ in range(40):
-        h, arrays = _pull(server, np.unique(rng.integers(0, 10_000, 30)))
+        keys = np.unique(rng.integers(0, 10_000, 30))
+        h, arrays = _pull(server, keys)
+        pulled.append(keys)
         assert h["op"] != "error" and arrays[0].shape[1] == 4
         assert server.stats()["tables"]["t"]["rows"] <= 50
     stats = server.stats()["tables"]["t"]
     assert stats["evicted_rows"] >= 40 * 25 - 50
+    # NOTE [evictions read again]: each pull of a key evicted earlier is counted once
+    evicted = np.setdiff1d(np.concatenate(pulled), server.tables[0].snapshot()[0].astype(np.int64))[:20]
+    assert evicted.shape[0] == 20
+    assert _pull(server, evicted)[0]["op"] != "error"
+    assert server.stats()["tables"]["t"]["evicted_rows_read_again"] == stats["evicted_rows_read_again"] + 20
     with pytest.raises(ConfigError, match="max_rows"):
         ShardLimits(max_rows=-1)

@@ -1,0 +1,77 @@
+"""The report of a job that failed over (NOTE [ps failover] in herald/job/launcher.py):
+every attempt's steps and samples counted, and the steps trained again named.
+
+A failover rolls the job back to its latest checkpoint, so the steps the lost attempt
+trained after it are trained again by the next attempt. The report counts what was
+trained: ``steps`` and ``samples`` of every attempt (the retrained ones included),
+``train_seconds`` of every attempt, ``attempts`` (each one's steps) and
+``retrained_steps`` (``[[first, last], ...]``, the job steps trained by more than one
+attempt). The rest of the report (throughput in steady state, transmissions, phases,
+progressive validation) is the last attempt's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Attempt:
+    """One attempt of a job that a lost PS shard ended: ``steps`` the job steps every worker
+    acked in it (int, ack order), ``seconds`` from its start to its failure."""
+
+    steps: tuple[int, ...]
+    seconds: float
+
+
+def retrained_steps(attempts: Sequence[Sequence[int]]) -> list[list[int]]:
+    """``[[first, last], ...]`` (ascending, inclusive): the job steps acked in more than one of
+    ``attempts`` (each a sequence of int steps). E.g. ``[[0..12], [9..23]]`` -> ``[[9, 12]]``."""
+    per_attempt = [np.unique(np.asarray(a, np.int64)) for a in attempts]
+    if not per_attempt:
+        return []
+    steps, counts = np.unique(np.concatenate(per_attempt), return_counts=True)
+    again = steps[counts > 1]
+    if not again.size:
+        return []
+    runs = np.split(again, np.flatnonzero(np.diff(again) != 1) + 1)
+    return [[int(r[0]), int(r[-1])] for r in runs]
+
+
+def attempts_block(rep: dict[str, Any], last_steps: Sequence[int], earlier: Sequence[Attempt],
+                   global_batch: int) -> dict[str, Any]:
+    """What the report of the last attempt (``rep``, built from its steps ``last_steps``)
+    becomes with the ``earlier`` attempts a failover ended: ``steps``, ``samples``
+    (``global_batch`` samples a step of an earlier attempt), ``train_seconds`` and
+    ``wall_samples_per_second`` over every attempt; ``attempts`` (one dict each, in order:
+    ``steps``, ``first_step``, ``last_step`` (None without steps), ``samples``,
+    ``train_seconds``) and ``retrained_steps`` (:func:`retrained_steps`; ``[]`` without
+    failovers)."""
+    def entry(steps: Sequence[int], samples: int, seconds: float) -> dict[str, Any]:
+        return {"steps": len(steps), "first_step": min(steps, default=None), "last_step": max(steps, default=None),
+                "samples": samples, "train_seconds": seconds}
+
+    attempts = [entry(a.steps, len(a.steps) * global_batch, a.seconds) for a in earlier]
+    attempts.append(entry(last_steps, rep["samples"], rep["train_seconds"]))
+    samples = sum(a["samples"] for a in attempts)
+    seconds = sum(a["train_seconds"] for a in attempts)
+    return {"steps": sum(a["steps"] for a in attempts), "samples": samples, "train_seconds": seconds,
+            "wall_samples_per_second": samples / seconds if seconds > 0 else float("nan"),
+            "attempts": attempts, "retrained_steps": retrained_steps([a.steps for a in earlier] + [last_steps])}
+
+
+def format_lines(rep: dict[str, Any]) -> list[str]:
+    """The report.txt line of a job with more than one attempt (none otherwise)."""
+    attempts = rep.get("attempts") or ()
+    if len(attempts) < 2:
+        return []
+    spans = ", ".join("no steps" if a["first_step"] is None else f"steps {a['first_step']}-{a['last_step']}"
+                      for a in attempts)
+    again = rep.get("retrained_steps") or []
+    twice = ", ".join(f"{a}-{b}" for a, b in again) if again else "none"
+    n_again = sum(b - a + 1 for a, b in again)
+    return [f"{len(attempts)} attempts (PS failover), every one counted in steps and samples: {spans}; steps "
+            f"trained again: {twice} ({n_again} steps)"]
