@@ -62,8 +62,10 @@ def test_serve_dispatcher_passes_its_job_settings_to_the_dispatcher():
     disp = dispatcher_config(config_from_args(args), args)
     assert (disp.num_workers, disp.max_inflight_steps, disp.peer_timeout_ms) == (3, 5, 7000)
     assert (disp.dispatcher_rank, disp.bind, disp.checkpoint_every_steps) == (4, "tcp://127.0.0.1:0", 9)
-    default = _serve_dispatcher_args()
-    assert dispatcher_config(config_from_args(default), default).max_inflight_steps == 2
+    default = _serve_dispatcher_args()   # bsp: 3, so the next micro-batch is there before a step's message
+    assert dispatcher_config(config_from_args(default), default).max_inflight_steps == 3
+    hybrid = _serve_dispatcher_args("--consistency", "hybrid")   # its window bounds staleness
+    assert dispatcher_config(config_from_args(hybrid), hybrid).max_inflight_steps == 2
 
 
 def test_serve_dispatcher_names_the_flag_of_a_setting_out_of_range():

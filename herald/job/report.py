@@ -300,7 +300,7 @@ def hybrid_block(cfg: Any, records: list[StepRecord], total: dict[str, int], set
     step (``per_step_staleness``), ``dropped_or_decayed`` the samples whose gradients expired,
     ``gradient_rows_pushed`` (the report's ``grad_push``: no plan runs)."""
     per_step = [int(r.consistency.get("staleness", 0)) for r in records]
-    settings = {"max_inflight_steps": getattr(cfg, "max_inflight_steps", None),
+    settings = {"max_inflight_steps": getattr(cfg, "inflight_steps", None),
                 "hybrid_expiry": getattr(cfg, "hybrid_expiry", None), **settings}
     return {"mode": "hybrid", "settings": settings, "max_staleness_observed": max(per_step, default=0),
             "mean_staleness": float(np.mean(per_step)) if per_step else 0.0,

@@ -96,7 +96,7 @@ def dispatcher_config(cfg: TrainConfig, **overrides: Any) -> DispatcherConfig:
     Raises:
         ConfigError: a setting out of range (named by its flag).
     """
-    settings = dict(num_workers=cfg.workers, max_inflight_steps=cfg.max_inflight_steps,
+    settings = dict(num_workers=cfg.workers, max_inflight_steps=cfg.inflight_steps,
                     peer_timeout_ms=cfg.timeout_ms, checkpoint_every_steps=cfg.checkpoint_every,
                     keys_dir=cfg.keys_dir, insecure=cfg.insecure)
     with flag_errors():

@@ -112,6 +112,11 @@ class ConsistencyMode:
             counted per cause by the dispatcher; False: no plan runs (hybrid), so the report
             counts every row read (the block's ``reads``) as ``miss_pull`` and every gradient
             row pushed (its ``gradient_rows_pushed``) as ``grad_push``.
+        inflight_steps: the credit window when ``--max-inflight-steps`` is not given. 3 where
+            a worker's step message waits for the next micro-batch (NOTE [step messages] in
+            herald/ps/stepped.py): step t + 1 is then sent once step t - 2 is acked, a whole
+            step before it is needed, so the dispatcher's ack-to-send latency stays off the
+            step. 2 where the window bounds staleness (hybrid) or is a worker's credit (gba).
         embedding_worker: entry point of a dispatcher-side embedding worker factory, or None
             (the workers write the PS themselves).
     """
@@ -126,6 +131,7 @@ class ConsistencyMode:
     settings_check: Callable[..., None] | None = None
     independent_groups: bool = False
     planned_transmissions: bool = True
+    inflight_steps: int = 2
     embedding_worker: str | None = None
 
     #: the fields holding entry points (:meth:`resolve`)
@@ -167,6 +173,7 @@ MODES: dict[str, ConsistencyMode] = {m.name: m for m in (
         serve="herald.dispatch.dispatcher:serve_steps",
         report="herald.job.report:plan_block",
         ps_ops=("step", "pull", "push_grad", "push_rows"),   # NOTE [step messages] in herald/ps/stepped.py
+        inflight_steps=3,
     ),
     ConsistencyMode(   # HET: NOTE [bounded reads]; conditional pulls and clock advances ride on pull / push_rows
         name="bounded",
@@ -174,6 +181,7 @@ MODES: dict[str, ConsistencyMode] = {m.name: m for m in (
         serve="herald.dispatch.dispatcher:serve_steps",
         report="herald.job.report:bounded_block",
         ps_ops=("step", "pull", "push_grad", "push_rows"),   # step messages at staleness 0
+        inflight_steps=3,
         protocol_settings=bounded_settings,
         flags=("staleness",),
         settings_check=check_consistency,

@@ -19,6 +19,7 @@ from herald.config import key_value, parse_value, require, setting
 from herald.spec.comm import check_comm
 from herald.spec.consistency import check_consistency, check_gba, check_hybrid, parse_slow_worker
 from herald.spec.flags import _flag, _integer, _number, flag_errors, scheduling_budget_value
+from herald.spec.modes import consistency_mode
 from herald.spec.tables import OptimizerConfig, TableConfig
 from herald.spec.vocab import (CACHE_DEVICES, CACHE_POLICIES, CONSISTENCY_MODES, DEFAULT_TIMEOUT_MS,
                                DENSE_COMM_DTYPES, DENSE_OPTIMIZERS, DEVICE_PATTERN, MAX_BRUTEFORCE_WORKERS,
@@ -131,8 +132,10 @@ class TrainConfig:
                                           "host, at most 8, at least 1)")
     seed: int = setting(0, "seed of the model initialisation and of the random allocations")
     run_dir: str = setting("runs/latest", "where logs, checkpoints and the report go")
-    max_inflight_steps: int = setting(2, "steps the dispatcher sends ahead of the slowest worker's ack (credits)",
-                                      metavar="STEPS")
+    max_inflight_steps: int | None = setting(None, "steps the dispatcher sends ahead of the slowest worker's ack "
+                                                   "(credits; default: 3 in bsp and bounded, so the next micro-batch "
+                                                   "is there before a step's message goes out; 2 in hybrid, where "
+                                                   "they bound staleness, and gba)", metavar="STEPS")
     timeout_ms: int = setting(DEFAULT_TIMEOUT_MS, "longest wait for any peer before it is reported by name")
     ps_restarts: int = setting(0, "when a PS shard dies, roll the whole job back to its latest checkpoint and go on, at "
                                   "most this many times (Persia-style failover; needs --checkpoint-every)",
@@ -198,7 +201,7 @@ class TrainConfig:
         _integer(self, "steps", 1, optional=True)
         _integer(self, "ps_shards", 1, 64, optional=True)
         _integer(self, "seed", 0, 2**63 - 1)
-        _integer(self, "max_inflight_steps", 1)
+        _integer(self, "max_inflight_steps", 1, optional=True)
         _integer(self, "timeout_ms", 100, MAX_TIMEOUT_MS)
         _integer(self, "ps_max_rows", 0)
         _integer(self, "ps_restarts", 0)
@@ -271,6 +274,14 @@ class TrainConfig:
             return self.ps_shards
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         return max(1, min(8, cores // 4))
+
+    @property
+    def inflight_steps(self) -> int:
+        """``max_inflight_steps``, or the default of the consistency mode
+        (:attr:`herald.spec.modes.ConsistencyMode.inflight_steps`)."""
+        if self.max_inflight_steps is not None:
+            return self.max_inflight_steps
+        return consistency_mode(self.consistency).inflight_steps
 
     @property
     def global_batch(self) -> int:

@@ -43,7 +43,7 @@ def _config(*argv: str) -> TrainConfig:
     (["--epochs", "0"], "--epochs must be an integer >= 1, got 0"),
     (["--checkpoint-every", "-1"], "--checkpoint-every must be an integer >= 0, got -1"),
     (["--eval-every", "0"], "--eval-every must be an integer >= 1, got 0"),
-    (["--max-inflight-steps", "0"], "--max-inflight-steps must be an integer >= 1, got 0"),
+    (["--max-inflight-steps", "0"], "--max-inflight-steps must be an integer >= 1 (or unset), got 0"),
     (["--replicate-below", "-1"], "--replicate-below must be an integer >= 0, got -1"),
     (["--run-dir", ""], "--run-dir must be a folder path, got ''"),
     (["--source", ""], "--source must be a path or URL, got ''"),
