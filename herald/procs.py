@@ -60,6 +60,17 @@ def start_time(pid: int) -> int | None:
         return None
 
 
+def seconds_since_start(pid: int = 0) -> float:
+    """How long ago process ``pid`` (0: this one) started, in seconds (``/proc/uptime``
+    minus its :func:`start_time`; 0.0 where ``/proc`` does not say)."""
+    ticks = start_time(pid or os.getpid())
+    try:
+        uptime = float(pathlib.Path("/proc/uptime").read_text().split()[0])
+    except (OSError, IndexError, ValueError):
+        return 0.0
+    return max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK")) if ticks is not None else 0.0
+
+
 def is_zombie(pid: int) -> bool:
     """Whether process ``pid`` has ended (a zombie not yet reaped, or gone)."""
     try:

@@ -49,6 +49,7 @@ it is reported by rank (:class:`~herald.errors.PeerTimeout`).
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any, BinaryIO, Callable, Iterable
 
 from herald.dispatch.barrier import Barriers
@@ -123,6 +124,7 @@ class Dispatcher:
         self.lockstep = LockstepServe(config, job, scheduler, scheduler_factory, self.channel, self.ledger,
                                       self.barriers, self.timer, self._stop, liveness)
         self._serving = False
+        self.hellos_at: float | None = None   # time.perf_counter() when every worker had said hello
 
     # ------------------------------------------------------------ lifecycle
     def __enter__(self) -> "Dispatcher":
@@ -213,6 +215,7 @@ class Dispatcher:
         """
         self._serving = True
         self.channel.wait_for_hellos()
+        self.hellos_at = time.perf_counter()   # every worker has started (the report's start-up)
         job = self._job.replace(capacity_rows=int(self.scheduler.capacity_rows), num_workers=self.config.num_workers)
         self.channel.send_all({"op": "config", "job": job.to_dict()})
         try:

@@ -8,8 +8,6 @@ import time
 from typing import Any, Callable
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 
 from herald.errors import HeraldError
 from herald.ps import PSClient
@@ -19,7 +17,6 @@ from herald.job import report_attempts, report_comm
 from herald.job.breakdown import format_breakdown, phase_breakdown, plot_breakdown
 from herald.job.metrics import log_loss, roc_auc
 from herald.spec.modes import consistency_mode
-from herald.worker.trainer import model_from_job
 
 _PULLS = ("miss_pull", "update_pull")
 _PUSHES = ("grad_push", "plan_push", "evict_push")
@@ -111,6 +108,12 @@ def evaluate(job: dict[str, Any], source, run_dir: pathlib.Path, ps_addresses, b
     Raises:
         HeraldError: a rank's dense parameters are missing.
     """
+    # on use: torch (1.2 s to import) is not on the launcher's start-up path (its report line "start-up")
+    import torch
+    import torch.nn.functional as F
+
+    from herald.worker.trainer import model_from_job
+
     ranks = sorted(pathlib.Path(run_dir).glob("dense-rank*.pt"))
     if not ranks:
         raise HeraldError(f"no dense-rank*.pt in {run_dir}: the workers did not save their parameters")
@@ -255,6 +258,17 @@ def cpu_time(cpu_s: float, samples: int, scope: str) -> dict[str, Any]:
             "cpu_scope": scope}
 
 
+#: the start-up milestones in order, with their words in report.txt (herald/job/runner.py StartupClock)
+STARTUP_MILESTONES = (("imported", "imported"), ("data_ready", "data ready"), ("ps_ready", "PS ready"),
+                      ("workers_ready", "workers ready"), ("first_step", "first step acked"))
+
+
+def startup_line(startup: dict[str, float]) -> str:
+    """report.txt's start-up line: each milestone reached, seconds after ``herald train`` started."""
+    got = [f"{words} {startup[k]:.1f} s" for k, words in STARTUP_MILESTONES if k in startup]
+    return "start-up (seconds after herald train started): " + (", ".join(got) if got else "not measured")
+
+
 def final_loss(records: list[StepRecord]) -> float:
     """The report's ``final_loss``: the mean training loss of the last 10 acked steps (nan if none)."""
     return float(np.mean([r.loss for r in records[-10:]])) if records else float("nan")
@@ -358,7 +372,8 @@ def format_text(rep: dict[str, Any]) -> str:
         f"(start-up {rep['startup_seconds']:.1f} s)  throughput {rep['samples_per_second']:,.0f} samples/s "
         f"(wall {rep['wall_samples_per_second']:,.0f})  (not trained, partial last batch: "
         f"{rep['data']['dropped_samples']})",
-        f"final train loss {rep['final_loss']:.4f}"
+        f"final train loss {rep['final_loss']:.4f}",
+        startup_line(rep.get("startup") or {})
         + (" (the job's last 10 acks, whichever group's: each group's is below)" if rep.get("group_streams") else ""),
         format_consistency(rep),
     ]

@@ -65,7 +65,7 @@ from herald.job import report_comm
 from herald.job.data import JobData
 from herald.job.parts import Checkpointing, PSProvider, WorkerLauncher
 from herald.job.report_attempts import Attempt, attempts_block
-from herald.procs import cpu_seconds, job_core_plan, pin_to_cores
+from herald.procs import cpu_seconds, job_core_plan, pin_to_cores, seconds_since_start
 from herald.spec.flags import flag_errors
 from herald.spec.job import JobSpec
 from herald.spec.train import TrainConfig
@@ -139,7 +139,8 @@ class Served:
     :class:`~herald.job.group_dispatch.GroupBatches`), its scheduler's cache rows, the
     dispatchers' busy seconds per stage (summed), the signal stop (None: none), the
     seconds from the start of the PS part to the workers' end, the job's CPU seconds
-    (user + sys) and which processes they cover (``cpu_scope``)."""
+    (user + sys) and which processes they cover (``cpu_scope``), and the start-up
+    milestones (:class:`StartupClock`)."""
 
     records: list[list[StepRecord]]
     feeds: list[Any]
@@ -149,6 +150,35 @@ class Served:
     train_s: float = 0.0
     cpu_s: float = 0.0
     cpu_scope: str = ""
+    startup: dict[str, float] = dataclasses.field(default_factory=dict)
+    hellos_at: float | None = None   # perf_counter() when the last dispatcher had every hello
+
+
+class StartupClock:
+    """The job's start-up as milestones: seconds from the ``herald train`` process's start
+    (:func:`~herald.procs.seconds_since_start`) to ``imported`` (this object made: the
+    interpreter and herald's imports), ``data_ready`` (the source opened, its pre-pass and
+    the scheduler), ``ps_ready`` (every PS shard serving), ``workers_ready`` (every worker
+    said hello: started, imported, model built) and ``first_step`` (the first step acked
+    by every worker). Milestones, not spans: the parts may start in parallel."""
+
+    def __init__(self):
+        now = time.perf_counter()
+        self.origin = now - seconds_since_start()
+        self.marks = {"imported": now - self.origin}
+
+    def mark(self, name: str) -> None:
+        self.marks[name] = time.perf_counter() - self.origin
+
+    def milestones(self, served: "Served") -> dict[str, float]:
+        """Every milestone reached, in seconds (rounded to ms)."""
+        out = dict(self.marks)
+        if served.hellos_at is not None:
+            out["workers_ready"] = served.hellos_at - self.origin
+        first = next((r.acked_at for recs in served.records for r in recs[:1] if r.acked_at), None)
+        if first is not None:
+            out["first_step"] = first - self.origin
+        return {k: round(v, 3) for k, v in out.items()}
 
 
 @dataclasses.dataclass
@@ -191,6 +221,7 @@ class JobReport:
             rep.update(report_mod.ps_requests(records, group_dispatch.group_config(cfg).workers,
                                               len(ps_stats) if ps_stats else cfg.num_ps_shards))
         rep.update(report_mod.cpu_time(served.cpu_s, rep["samples"], served.cpu_scope))   # this attempt's
+        rep["startup"] = served.startup   # this attempt's milestones (StartupClock)
         rep.update(attempts_block(rep, [r.step for r in records], self.earlier, cfg.global_batch))
         rep["replicated_tables"] = [data.schema.table_names[t] for t in data.replicated]
         rep["replica_rows_per_worker"] = data.replica_rows
@@ -248,6 +279,7 @@ class JobRunner:
         """
         ps, workers = self.ps, self.workers
         cpu0 = cpu_seconds()
+        clock = StartupClock()
         grouped, data_cfg, disp_cfgs = self._layout(cfg)
         ps.prepare(cfg)
         workers.prepare(cfg)
@@ -258,11 +290,13 @@ class JobRunner:
         try:
             with flag_errors():
                 new_scheduler = data.scheduler_factory(data_cfg)
+            clock.mark("data_ready")
             t_start = time.perf_counter()
             with contextlib.ExitStack() as stack:
                 id_log = stack.enter_context(open(self.sample_id_log, "ab")) if self.sample_id_log else None
                 my_cores = self._plan_cores(cfg)
                 ps.open(cfg, data, stack)
+                clock.mark("ps_ready")
                 workers.open(cfg, stack)
                 if my_cores is not None:   # after the shards started: they start with this process's cores
                     stack.callback(pin_to_cores, sorted(os.sched_getaffinity(0)))
@@ -288,6 +322,7 @@ class JobRunner:
                     if bar is not None:
                         bar.close()
                 served.train_s = time.perf_counter() - t_start
+                served.startup = clock.milestones(served)
                 ps_stats, metrics = self._after_training(cfg, data, job)
                 data.close()
             served.cpu_s, served.cpu_scope = cpu_seconds() - cpu0, self._cpu_scope(cfg)   # children reaped
@@ -392,7 +427,9 @@ class JobRunner:
             for d in disps:
                 for name, ms in d.timer.take().items():
                     dispatcher_s[name] = dispatcher_s.get(name, 0.0) + ms / 1e3
-            return Served(records, feeds, disps[0].scheduler.capacity_rows, dispatcher_s, interrupted)
+            hellos = [d.hellos_at for d in disps if d.hellos_at is not None]
+            return Served(records, feeds, disps[0].scheduler.capacity_rows, dispatcher_s, interrupted,
+                          hellos_at=max(hellos) if len(hellos) == len(disps) else None)
 
 
 def _chain(*calls: Callable[[StepRecord], None] | None, threads: bool) -> Callable[[StepRecord], None] | None:

@@ -99,3 +99,7 @@ def test_pin_cores_pins_every_process_of_the_job_and_the_report_counts_its_cpu_t
         rep["ps_requests"] / (WORKERS * SHARDS * rep["steps"]))
     text = (run_dir / "report.txt").read_text()
     assert "per worker per shard per step" in text and "us per trained sample" in text
+    # the start-up milestones, seconds after herald train started, in the order they happen
+    marks = [rep["startup"][k] for k in ("imported", "data_ready", "ps_ready", "workers_ready", "first_step")]
+    assert 0 < marks[0] and marks == sorted(marks) and marks[-1] < 240
+    assert "start-up (seconds after herald train started): imported " in text

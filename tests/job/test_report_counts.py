@@ -6,9 +6,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 
 from herald.dispatch.records import StepRecord
-from herald.job.report import cpu_time, ps_requests
+from herald.job.report import cpu_time, ps_requests, startup_line
+from herald.job.runner import Served, StartupClock
 
 
 def record(step: int, requests: int) -> StepRecord:
@@ -41,3 +43,18 @@ def test_cpu_time_per_trained_sample_in_microseconds():
     assert cpu_time(2.5, 10_000, "local processes (dispatcher)") == {
         "cpu_seconds": 2.5, "cpu_us_per_sample": 250.0, "cpu_scope": "local processes (dispatcher)"}
     assert math.isnan(cpu_time(1.0, 0, "x")["cpu_us_per_sample"])
+
+
+def test_startup_clock_marks_milestones_from_the_process_start_and_the_line_lists_them():
+    clock = StartupClock()
+    clock.mark("data_ready")
+    rec = record(0, 1)
+    rec.acked_at = clock.origin + clock.marks["data_ready"] + 2.0
+    served = Served([[rec]], [], 0, {}, None, hellos_at=clock.origin + clock.marks["data_ready"] + 1.0)
+    got = clock.milestones(served)
+    assert list(got) == ["imported", "data_ready", "workers_ready", "first_step"]
+    assert 0 < got["imported"] <= got["data_ready"] < got["workers_ready"] < got["first_step"]
+    assert got["first_step"] - got["workers_ready"] == pytest.approx(1.0, abs=2e-3)
+    line = startup_line({"imported": 0.6, "ps_ready": 1.1, "first_step": 3.84})
+    assert line == "start-up (seconds after herald train started): imported 0.6 s, PS ready 1.1 s, first step acked 3.8 s"
+    assert startup_line({}).endswith("not measured")
