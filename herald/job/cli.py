@@ -21,8 +21,9 @@ def config_from_args(args: argparse.Namespace):
 
 def _train(args: argparse.Namespace) -> int:
     from herald.job.launcher import run_train   # on use: the parser must not load torch (~3 s: herald/cli.py)
+    from herald.job.runner import process_started_at
 
-    run_train(config_from_args(args), progress=not args.quiet)
+    run_train(config_from_args(args), progress=not args.quiet, started_at=process_started_at())
     return 0
 
 

@@ -49,8 +49,12 @@ __all__ = ["JobInterrupted", "run_train"]   # JobInterrupted: herald train's cle
 # the job as before.
 
 
-def run_train(cfg: TrainConfig, *, progress: bool = True, on_finish=None) -> dict[str, Any]:
+def run_train(cfg: TrainConfig, *, progress: bool = True, on_finish=None,
+              started_at: float | None = None) -> dict[str, Any]:
     """Run a whole training job; returns the report dict (also written to ``run_dir``).
+    ``started_at``: when this job's own process started (``herald train``:
+    :func:`herald.job.runner.process_started_at`), the origin of the report's start-up
+    milestones; None: the job's own start.
 
     A PS shard that dies is survived up to ``cfg.ps_restarts`` times by rolling the job
     back to its latest checkpoint (NOTE [ps failover]); see :func:`_run_attempt` for the rest.
@@ -63,7 +67,7 @@ def run_train(cfg: TrainConfig, *, progress: bool = True, on_finish=None) -> dic
         started = time.perf_counter()
         try:
             return _run_attempt(attempt, progress=progress, on_finish=on_finish, failovers=failovers,
-                                earlier=earlier, acked=acked)
+                                earlier=earlier, acked=acked, started_at=started_at)
         except ShardFailed as exc:
             latest = checkpoints.latest(pathlib.Path(cfg.run_dir) / "checkpoints")
             if len(failovers) >= cfg.ps_restarts or latest is None:
@@ -82,7 +86,7 @@ def run_train(cfg: TrainConfig, *, progress: bool = True, on_finish=None) -> dic
 
 
 def _run_attempt(cfg: TrainConfig, *, progress: bool, on_finish, failovers: list[dict[str, Any]],
-                 earlier: list[Attempt], acked: list[int]) -> dict[str, Any]:
+                 earlier: list[Attempt], acked: list[int], started_at: float | None) -> dict[str, Any]:
     """One attempt of :func:`run_train`; ``failovers`` and ``earlier``: the earlier attempts'
     (for the report); ``acked`` gets each step acked by every worker (int, ack order).
 
@@ -102,4 +106,5 @@ def _run_attempt(cfg: TrainConfig, *, progress: bool, on_finish, failovers: list
     # Dispatcher: looked up here at each attempt (tests wrap it: tests/integration/test_fuzz_dispatcher.py)
     return JobRunner(ps=LocalPS(), workers=LocalWorkers(), checkpoints=ckpts, report=JobReport(failovers, earlier),
                      dispatcher=Dispatcher, progress=progress, stop_on_signals=True, on_finish=on_finish,
-                     on_step=lambda rec: acked.append(rec.step), sample_id_log=ids).run(cfg).report
+                     on_step=lambda rec: acked.append(rec.step), sample_id_log=ids,
+                     started_at=started_at).run(cfg).report

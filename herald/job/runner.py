@@ -155,17 +155,18 @@ class Served:
 
 
 class StartupClock:
-    """The job's start-up as milestones: seconds from the ``herald train`` process's start
-    (:func:`~herald.procs.seconds_since_start`) to ``imported`` (this object made: the
-    interpreter and herald's imports), ``data_ready`` (the source opened, its pre-pass and
-    the scheduler), ``ps_ready`` (every PS shard serving), ``workers_ready`` (every worker
-    said hello: started, imported, model built) and ``first_step`` (the first step acked
-    by every worker). Milestones, not spans: the parts may start in parallel."""
+    """The job's start-up as milestones: seconds from ``origin`` (``time.perf_counter()``
+    when the ``herald train`` process started: :func:`process_started_at`; None: now) to
+    ``imported`` (this object made: the interpreter and herald's imports; only with an
+    ``origin``), ``data_ready`` (the source opened, its pre-pass and the scheduler),
+    ``ps_ready`` (every PS shard serving), ``workers_ready`` (every worker said hello:
+    started, imported, connected) and ``first_step`` (the first step acked by every
+    worker). Milestones, not spans: the parts may start in parallel."""
 
-    def __init__(self):
+    def __init__(self, origin: float | None = None):
         now = time.perf_counter()
-        self.origin = now - seconds_since_start()
-        self.marks = {"imported": now - self.origin}
+        self.origin = now if origin is None else origin
+        self.marks = {} if origin is None else {"imported": now - origin}
 
     def mark(self, name: str) -> None:
         self.marks[name] = time.perf_counter() - self.origin
@@ -179,6 +180,11 @@ class StartupClock:
         if first is not None:
             out["first_step"] = first - self.origin
         return {k: round(v, 3) for k, v in out.items()}
+
+
+def process_started_at() -> float:
+    """``time.perf_counter()`` when this process started (:func:`~herald.procs.seconds_since_start`)."""
+    return time.perf_counter() - seconds_since_start()
 
 
 @dataclasses.dataclass
@@ -256,6 +262,9 @@ class JobRunner:
         on_finish: ``on_finish(ps_addresses, job)`` after the workers ended, while the PS
             shards are still up (tests read the trained rows there).
         sample_id_log: append the sample ids of every acked step to this file.
+        started_at: ``time.perf_counter()`` when this job's own process started (``herald
+            train``): the report's start-up milestones count from it, ``imported`` first;
+            None (a job run inside a longer-lived process): from :meth:`run`.
     """
 
     def __init__(self, *, ps: PSProvider, workers: WorkerLauncher, checkpoints: Checkpointing | None = None,
@@ -264,11 +273,12 @@ class JobRunner:
                  stop_on_signals: bool = False, on_step: Callable[[StepRecord], None] | None = None,
                  on_serve: Callable[[list], None] | None = None,
                  on_finish: Callable[[list, JobSpec], None] | None = None,
-                 sample_id_log: str | pathlib.Path | None = None):
+                 sample_id_log: str | pathlib.Path | None = None, started_at: float | None = None):
         self.ps, self.workers, self.checkpoints, self.report, self.data = ps, workers, checkpoints, report, data
         self.dispatcher, self.dispatcher_settings = dispatcher, dict(dispatcher_settings or {})
         self.progress, self.stop_on_signals = progress, stop_on_signals
         self.on_step, self.on_serve, self.on_finish, self.sample_id_log = on_step, on_serve, on_finish, sample_id_log
+        self.started_at = started_at
 
     def run(self, cfg: TrainConfig) -> JobResult:
         """Run the job ``cfg`` (NOTE [job runner]).
@@ -279,7 +289,7 @@ class JobRunner:
         """
         ps, workers = self.ps, self.workers
         cpu0 = cpu_seconds()
-        clock = StartupClock()
+        clock = StartupClock(self.started_at)
         grouped, data_cfg, disp_cfgs = self._layout(cfg)
         ps.prepare(cfg)
         workers.prepare(cfg)
