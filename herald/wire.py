@@ -31,6 +31,38 @@ protocol and the problem. Nothing is ever unpickled.
 Two protocols use it: :data:`DISPATCH` (dispatcher <-> workers, the module-level
 :func:`pack` / :func:`unpack`) and ``herald.ps.wire.PS`` (NOTE [ps wire protocol] in
 docs/ps.md).
+
+NOTE [message size limits] (docs/operations.md, "Message size limits")
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Every check above runs once a message has arrived whole, so without a bound libzmq
+would buffer whatever a peer sends (a 3 GB length claim included) before herald sees
+it. Every socket that receives from peers of a job is therefore given ZeroMQ's
+``ZMQ_MAXMSGSIZE`` by :meth:`Protocol.configure` (``max_array_bytes``), before it binds
+or connects:
+
+- libzmq applies it to each **frame**, not to a whole message: a frame whose length
+  prefix claims more is refused as soon as the prefix is read, before anything of it is
+  buffered, and the connection is dropped. So the bound is the largest frame a
+  legitimate message of that socket carries: ``max(max_header_bytes, max_array_bytes)``
+  plus :data:`FRAME_OVERHEAD_BYTES` (CurveZMQ wraps each frame in a MESSAGE command,
+  33 bytes more, and the bound also holds for the handshake's commands: with keys, an
+  unauthenticated peer is cut off at the bound too).
+- Each bound is computed in one place, next to the limits it derives from: a PS shard's
+  from its :class:`~herald.ps.config.ShardLimits` (:func:`herald.ps.config.largest_frame_bytes`),
+  a dispatcher's from its job's micro-batch and tables
+  (:func:`herald.dispatch.peers.largest_frame_bytes`), a worker's is the largest frame a
+  dispatcher may send it (:data:`herald.dispatch.microbatch.MAX_WORKER_FRAME_BYTES`,
+  which the dispatcher checks before sending: a larger one fails the job naming it).
+- The drop is silent on both ends: the sender's send succeeds (libzmq reconnects), and
+  the receiver's monitor reports a plain disconnect, the same event as a peer that left.
+  So it is not counted in the dispatcher's ``rejected`` nor in a shard's ``stats``; a
+  legitimate peer over the bound (a misconfiguration) waits for its answer and times
+  out naming the receiver.
+- What it does not bound: how many frames one message has. A peer may send frames
+  under the bound, each marked "more", without end, and libzmq keeps them until the
+  last one (it has no option against that). Only keeping strangers off the socket
+  helps there: an ``ipc://`` socket in a private folder (``herald train``) or CURVE
+  keys (NOTE [transport security] in herald/auth.py).
 """
 
 from __future__ import annotations
@@ -41,6 +73,7 @@ from typing import Any, Iterable, Sequence
 
 import msgpack
 import numpy as np
+import zmq
 
 from herald.errors import ConfigError, ProtocolError
 
@@ -49,6 +82,10 @@ KNOWN_DTYPES = {name: np.dtype(name) for name in (
     "<f2", "<f4", "<f8", "|i1", "<i2", "<i4", "<i8", "|u1", "<u2", "<u4", "<u8", "|b1")}
 #: Exclusive bound of one dimension: keeps ``prod(shape) * itemsize`` meaningful.
 MAX_DIM = 1 << 40
+#: Bytes a frame may exceed its payload by on the wire, as ``ZMQ_MAXMSGSIZE`` counts
+#: it: CurveZMQ's MESSAGE command adds 33 (measured, libzmq 4.3.5); the rest is margin
+#: (NOTE [message size limits]).
+FRAME_OVERHEAD_BYTES = 64
 
 
 @dataclass(frozen=True)
@@ -129,10 +166,36 @@ class Protocol:
                                 "move bulk data into arrays")
         return frames
 
-    def configure(self, sock) -> None:
-        """Apply the protocol's socket settings (``copy_threshold_bytes``) to a zmq socket."""
+    def configure(self, sock, max_array_bytes: int | None = None) -> None:
+        """Apply the protocol's socket settings to a zmq socket, before it binds or connects.
+
+        Args:
+            sock: the socket; its ``copy_threshold`` becomes ``copy_threshold_bytes``.
+            max_array_bytes: the largest array frame a legitimate message received on
+                ``sock`` carries, in bytes (NOTE [message size limits]): the socket's
+                ``ZMQ_MAXMSGSIZE`` becomes :meth:`max_frame_bytes` of it, and a peer
+                that sends a larger frame is cut off before it is buffered. None: no
+                bound (a socket that only hears a peer it dialled and trusts).
+
+        Raises:
+            ConfigError: ``max_array_bytes`` is not an int >= 0.
+        """
         if self.copy_threshold_bytes is not None:
             sock.copy_threshold = self.copy_threshold_bytes
+        if max_array_bytes is not None:
+            sock.setsockopt(zmq.MAXMSGSIZE, self.max_frame_bytes(max_array_bytes))
+
+    def max_frame_bytes(self, max_array_bytes: int) -> int:
+        """The ``ZMQ_MAXMSGSIZE`` of a socket whose largest legitimate array frame is
+        ``max_array_bytes``: the larger of it and ``max_header_bytes``, plus
+        :data:`FRAME_OVERHEAD_BYTES` (NOTE [message size limits]).
+
+        Raises:
+            ConfigError: ``max_array_bytes`` is not an int >= 0.
+        """
+        if type(max_array_bytes) is not int or max_array_bytes < 0:
+            raise ConfigError(f"{self.name}: max_array_bytes must be an int >= 0, got {max_array_bytes!r}")
+        return max(self.max_header_bytes, max_array_bytes) + FRAME_OVERHEAD_BYTES
 
     # ------------------------------------------------------------------ receive
     def unpack(self, frames: Sequence[Any]) -> tuple[dict[str, Any], list[np.ndarray]]:

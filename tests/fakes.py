@@ -70,6 +70,7 @@ class InProcessPS:
         seed: the shards' row-initialisation seed (same seed, same tables: same rows).
         start_timeout_s: longest wait for one shard to serve (a fresh clone compiles
             the shard's numba kernels first).
+        limits: the shards' :class:`~herald.ps.config.ShardLimits` (None: the defaults).
 
     Attributes:
         addresses: ``tcp://127.0.0.1:<port>`` of each shard, in shard order (set once
@@ -78,8 +79,9 @@ class InProcessPS:
     """
 
     def __init__(self, tables: Sequence[TableConfig], num_shards: int = 1, workdir: pathlib.Path | None = None,
-                 seed: int = 0, start_timeout_s: float = 60.0):
+                 seed: int = 0, start_timeout_s: float = 60.0, limits: Any = None):
         self.tables, self.num_shards, self.seed = tuple(tables), int(num_shards), int(seed)
+        self.limits = limits
         self.start_timeout_s = start_timeout_s
         self._tmp = None if workdir is not None else tempfile.mkdtemp(prefix="herald-ps-")
         self.workdir = pathlib.Path(workdir if workdir is not None else self._tmp)
@@ -94,7 +96,8 @@ class InProcessPS:
         self.workdir.mkdir(parents=True, exist_ok=True)
         try:
             for s in range(self.num_shards):
-                server = ShardServer(s, self.num_shards, "tcp://127.0.0.1:*", self.tables, seed=self.seed)
+                server = ShardServer(s, self.num_shards, "tcp://127.0.0.1:*", self.tables, seed=self.seed,
+                                     limits=self.limits)
                 ready = self.workdir / f"ready-{s}"
                 failed: list[BaseException] = []
 

@@ -8,9 +8,11 @@ import pytest
 import zmq
 
 from herald import wire
+from herald.auth import generate_keys, server_socket
 from herald.errors import ConfigError, ProtocolError
 from herald.ps.wire import PS
 from herald.wire import DISPATCH, KNOWN_DTYPES, Protocol
+from tests import rawpeer
 
 PROTOCOLS = [DISPATCH, PS]
 
@@ -70,6 +72,93 @@ def test_configure_sets_the_copy_threshold():
         assert sock.copy_threshold == PS.copy_threshold_bytes == 1 << 20
     finally:
         sock.close(linger=0)
+
+
+def test_configure_bounds_each_frame_by_the_largest_legitimate_one():
+    """NOTE [message size limits]: the bound is per frame, the header's size at least."""
+    sock = zmq.Context.instance().socket(zmq.ROUTER)
+    try:
+        DISPATCH.configure(sock)
+        assert sock.getsockopt(zmq.MAXMSGSIZE) == -1   # no bound unless asked
+        DISPATCH.configure(sock, max_array_bytes=0)
+        assert sock.getsockopt(zmq.MAXMSGSIZE) == DISPATCH.max_header_bytes + wire.FRAME_OVERHEAD_BYTES
+        PS.configure(sock, max_array_bytes=3 << 20)
+        assert sock.getsockopt(zmq.MAXMSGSIZE) == (3 << 20) + wire.FRAME_OVERHEAD_BYTES
+    finally:
+        sock.close(linger=0)
+    for bad in (-1, 1.5, None):
+        with pytest.raises(ConfigError, match="max_array_bytes"):
+            PS.max_frame_bytes(bad)
+
+
+def _router(tmp_path, max_array_bytes):
+    sock = zmq.Context.instance().socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    DISPATCH.configure(sock, max_array_bytes=max_array_bytes)
+    sock.bind(f"ipc://{tmp_path}/r-{max_array_bytes}.ipc")
+    return sock, sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+
+def test_a_frame_over_the_bound_is_not_delivered_and_the_socket_serves_on(tmp_path):
+    bound = 2 << 20
+    router, address = _router(tmp_path, bound)
+    peer = zmq.Context.instance().socket(zmq.DEALER)
+    peer.setsockopt(zmq.LINGER, 0)
+    peer.connect(address)
+    try:
+        peer.send_multipart([b"h" * 100, bytes(bound)])     # the largest legitimate frame
+        assert router.poll(10_000)
+        assert [len(f) for f in router.recv_multipart()[1:]] == [100, bound]
+        peer.send_multipart([b"h", bytes(bound + wire.FRAME_OVERHEAD_BYTES + 1)])   # one byte over
+        assert not router.poll(1000)
+        peer.send(b"after")   # the same peer, reconnected by libzmq, and a new one are served
+        other = zmq.Context.instance().socket(zmq.DEALER)
+        other.setsockopt(zmq.LINGER, 0)
+        other.connect(address)
+        other.send(b"new peer")
+        got = sorted(router.recv_multipart()[1] for _ in range(2) if router.poll(10_000))
+        other.close()
+        assert got == [b"after", b"new peer"]
+    finally:
+        peer.close()
+        router.close()
+
+
+def test_a_huge_length_claim_is_cut_off_before_it_is_buffered(tmp_path):
+    """The receiver hangs up right after the claim, without reading what follows; a
+    socket without a bound reads it all (the control)."""
+    bounded, address = _router(tmp_path, 1 << 20)
+    unbounded = zmq.Context.instance().socket(zmq.ROUTER)
+    unbounded.setsockopt(zmq.LINGER, 0)
+    unbounded.bind(f"ipc://{tmp_path}/unbounded.ipc")
+    try:
+        assert rawpeer.claim_frame(address, 3 << 30, send_bytes=64 << 20) < 16 << 20
+        assert rawpeer.claim_frame(unbounded.getsockopt_string(zmq.LAST_ENDPOINT), 96 << 20,
+                                   send_bytes=32 << 20) == 32 << 20
+    finally:
+        bounded.close()
+        unbounded.close()
+
+
+def test_with_keys_an_unauthenticated_peer_is_cut_off_at_the_bound_too(tmp_path):
+    """The bound holds during the CURVE handshake: a HELLO claimed at 500 MB is not read."""
+    generate_keys(tmp_path / "keys")
+    ctx = zmq.Context()
+    socks = []
+    try:
+        for bound in (1 << 20, None):
+            sock = server_socket(ctx, zmq.ROUTER, tmp_path / "keys")
+            socks.append(sock)
+            sock.setsockopt(zmq.LINGER, 0)
+            DISPATCH.configure(sock, max_array_bytes=bound)
+            sock.bind(f"ipc://{tmp_path}/curve-{bound}.ipc")
+        bounded, unbounded = (s.getsockopt_string(zmq.LAST_ENDPOINT) for s in socks)
+        assert rawpeer.claim_frame(bounded, 500 << 20, mechanism="CURVE") < 16 << 20
+        assert rawpeer.claim_frame(unbounded, 96 << 20, mechanism="CURVE", send_bytes=32 << 20) == 32 << 20
+    finally:
+        for sock in socks:
+            sock.close(linger=0)
+        ctx.term()
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS, ids=lambda p: p.name)

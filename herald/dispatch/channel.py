@@ -5,7 +5,8 @@ herald/dispatch/dispatcher.py). :class:`PeerChannel` binds the socket (NOTE [tra
 security] in herald/auth.py), sends to a rank (naming a worker whose connection is gone),
 receives with a deadline through NOTE [peer validation]
 (:class:`~herald.dispatch.peers.PeerTable`: identity binding, the rejected-message counts),
-waits for the handshake's hellos and for one op from a set of ranks (``flushed``,
+bounds what it takes and sends by NOTE [message size limits] (herald/wire.py), waits for the
+handshake's hellos and for one op from a set of ranks (``flushed``,
 ``saved``). It knows no steps: the step ledger (:mod:`herald.dispatch.ledger`) and the
 barriers (:mod:`herald.dispatch.barrier`) say what is awaited.
 """
@@ -20,9 +21,10 @@ import zmq
 
 from herald import wire
 from herald.auth import check_bind, server_socket
+from herald.dispatch.microbatch import MAX_WORKER_FRAME_BYTES
 from herald.dispatch.peers import Message, PeerTable
 from herald.dispatch.records import DispatcherConfig
-from herald.errors import HeraldError, PeerTimeout, ProtocolError
+from herald.errors import ConfigError, HeraldError, PeerTimeout, ProtocolError
 
 
 class PeerChannel:
@@ -31,6 +33,9 @@ class PeerChannel:
     Args:
         config: the dispatcher's settings (``bind``, keys, ``num_workers``, ``peer_timeout_ms``).
         liveness: called about every 0.5 s while waiting on workers; raise from it to abort.
+        max_array_bytes: the largest array frame a worker sends
+            (:func:`~herald.dispatch.peers.largest_frame_bytes`); a peer sending a larger
+            frame is cut off before it is buffered (NOTE [message size limits]).
 
     Attributes:
         address: the bound endpoint.
@@ -38,15 +43,19 @@ class PeerChannel:
             the shape of an ack's arrays).
     """
 
-    def __init__(self, config: DispatcherConfig, liveness: Callable[[], None] | None = None):
+    def __init__(self, config: DispatcherConfig, liveness: Callable[[], None] | None = None, *,
+                 max_array_bytes: int = 0):
         self.timeout_ms = config.peer_timeout_ms
+        #: the handshake's wait: never shorter than the start-up grace (workers import torch first)
+        self.startup_ms = max(config.peer_timeout_ms, config.startup_grace_ms)
+        self._grace_ms = config.startup_grace_ms
         self._liveness = liveness
         # NOTE [transport security] (herald/auth.py): keys -> CURVE server; else loopback or --insecure
         check_bind(config.bind, config.keys_dir, config.insecure, "dispatcher")
         self._sock = server_socket(zmq.Context.instance(), zmq.ROUTER, config.keys_dir)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        wire.DISPATCH.configure(self._sock)
+        wire.DISPATCH.configure(self._sock, max_array_bytes=max_array_bytes)   # NOTE [message size limits]
         self._sock.bind(config.bind)
         self.address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.peers = PeerTable(config.num_workers, name=f"dispatcher {self.address}")  # NOTE [peer validation]
@@ -75,7 +84,14 @@ class PeerChannel:
 
     def route(self, rank: int, frames: list) -> None:
         """Send ``frames`` to worker ``rank``. Raises HeraldError naming the rank when its
-        connection is gone, with the error it sent before leaving when there is one."""
+        connection is gone, with the error it sent before leaving when there is one, and
+        ConfigError when a frame is larger than a worker takes (NOTE [message size limits]:
+        it would be dropped, and the worker would time out not knowing why)."""
+        largest = max((f.nbytes if isinstance(f, np.ndarray) else len(f) for f in frames), default=0)
+        if largest > MAX_WORKER_FRAME_BYTES:
+            raise ConfigError(f"a message to worker {rank} holds a frame of {largest} bytes, more than the "
+                              f"{MAX_WORKER_FRAME_BYTES} a worker accepts (NOTE [message size limits]); lower "
+                              "--batch-size (or --cache-rows, whose rows a flush lists)")
         try:
             self._sock.send_multipart([self.peers.identities[rank], *frames], copy=False)
         except zmq.ZMQError as exc:
@@ -104,25 +120,31 @@ class PeerChannel:
         """``time.monotonic()`` seconds ``peer_timeout_ms`` from now."""
         return time.monotonic() + self.timeout_ms / 1e3
 
-    def recv(self, waiting_for: str, deadline: float | None = None) -> Message:
+    def recv(self, waiting_for: str, deadline: float | None = None, *, ranks: Sequence[int] | None = None,
+             timeout_ms: int | None = None) -> Message:
         """The next message that passes NOTE [peer validation] (:meth:`PeerTable.receive`).
 
         Args:
             waiting_for: what is awaited, in words (the timeout's message names it).
             deadline: ``time.monotonic()`` seconds when to give up (default :meth:`deadline`).
+            ranks: the ranks awaited, kept if the wait fails (NOTE [silent workers]); None: unknown.
+            timeout_ms: the wait's length as the timeout's message gives it (default ``peer_timeout_ms``).
 
         Raises:
             PeerTimeout: nothing admitted by the deadline. HeraldError: a worker's ``error``.
         """
         return self.peers.receive(self._sock, self.deadline() if deadline is None else deadline,
-                                  waiting_for=waiting_for, timeout_ms=self.timeout_ms, liveness=self._liveness)
+                                  waiting_for=waiting_for, timeout_ms=timeout_ms or self.timeout_ms,
+                                  liveness=self._liveness, ranks=ranks)
 
     def wait_for_hellos(self) -> None:
         """Block until every rank said hello (a valid hello binds its identity: NOTE [peer
-        validation]); ProtocolError on any other op, PeerTimeout after ``peer_timeout_ms``."""
-        deadline = self.deadline()
+        validation]); ProtocolError on any other op, PeerTimeout after :attr:`startup_ms`
+        (``max(peer_timeout_ms, startup_grace_ms)``: starting a worker process is no step)."""
+        deadline = time.monotonic() + self.startup_ms / 1e3
         while not self.peers.complete:
-            msg = self.recv(f"hello from workers {self.peers.missing()}", deadline)
+            msg = self.recv(f"hello from workers {self.peers.missing()} (the start-up wait: --timeout-ms, at "
+                            f"least {self._grace_ms / 1e3:g} s)", deadline, timeout_ms=self.startup_ms)
             if msg.header["op"] != "hello":
                 raise ProtocolError(f"expected hello, got {msg.header['op']!r} from worker {msg.rank}")
 
@@ -132,7 +154,7 @@ class PeerChannel:
         done: set[int] = set()
         deadline = self.deadline()
         while done != ranks:
-            msg = self.recv(f"{op} from workers {sorted(ranks - done)}", deadline)
+            msg = self.recv(f"{op} from workers {sorted(ranks - done)}", deadline, ranks=sorted(ranks - done))
             if msg.header["op"] != op or msg.rank not in ranks - done:
                 raise ProtocolError(f"unexpected {msg.header['op']} from rank {msg.rank}; waiting for {op} from "
                                     f"workers {sorted(ranks - done)}")

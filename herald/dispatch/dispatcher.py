@@ -56,6 +56,7 @@ from herald.dispatch.barrier import Barriers
 from herald.dispatch.channel import PeerChannel
 from herald.dispatch.ledger import StepLedger
 from herald.dispatch.lockstep import LockstepServe
+from herald.dispatch.peers import Silence, largest_frame_bytes
 from herald.dispatch.records import DispatcherConfig, StepRecord
 from herald.errors import HeraldError
 from herald.loader.batch import SampleBatch
@@ -112,7 +113,8 @@ class Dispatcher:
         self.config = config
         self._job = job
         scheduler = scheduler_factory()
-        self.channel = PeerChannel(config, liveness)
+        self.channel = PeerChannel(config, liveness, max_array_bytes=largest_frame_bytes(   # NOTE [message size limits]
+            job, config.num_workers, config.batch_size_per_worker))
         self.address = self.channel.address
         #: seconds per stage (:data:`herald.phases.DISPATCHER_PHASES`) over the whole job; the
         #: pipeline threads' stages are added when :meth:`serve` ends (live: :meth:`stage_seconds`)
@@ -124,6 +126,7 @@ class Dispatcher:
         self.lockstep = LockstepServe(config, job, scheduler, scheduler_factory, self.channel, self.ledger,
                                       self.barriers, self.timer, self._stop, liveness)
         self._serving = False
+        self._silence: Silence | None = None
         self.hellos_at: float | None = None   # time.perf_counter() when every worker had said hello
 
     # ------------------------------------------------------------ lifecycle
@@ -222,11 +225,20 @@ class Dispatcher:
             # the mode's serve strategy (herald.spec.modes): serve_steps, or gba's (NOTE [gba tokens])
             return consistency_mode(self._job.consistency).resolve("serve")(self)
         except BaseException as exc:
+            # who the failed wait was for, as it failed (NOTE [silent workers] in herald/job/silence.py)
+            self._silence = self.channel.peers.silence(self.config.peer_timeout_ms / 2e3)
             # tell every worker, so none waits out its timeout on a dead dispatcher
             self.channel.tell_error(f"{type(exc).__name__}: {exc}")
             raise
         finally:
             self.lockstep.close()
+
+    def silence(self) -> Silence | None:
+        """After :meth:`serve` failed: the workers its failed wait was for that had sent
+        nothing for at least half of ``peer_timeout_ms`` when it failed, and those that
+        reported an error (NOTE [silent workers] in herald/job/silence.py); None when no
+        wait on named workers failed, or none of them was silent."""
+        return self._silence
 
     # ---------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:

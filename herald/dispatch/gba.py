@@ -170,7 +170,8 @@ class GbaServe:
                 self._barrier_due = None
                 continue
             with disp.timer("wait_credit"):
-                msg = self.ledger.receive_ack(f"an ack of micro-batches {held} (rank: data-list indices)")
+                msg = self.ledger.receive_ack(f"an ack of micro-batches {held} (rank: data-list indices)",
+                                              ranks=sorted(held))
             self._record_ack(msg.rank, msg.header, msg.arrays)
         self._barrier(self._last_index)   # the final one (NOTE [gba checkpoints])
         return self.ledger.end()

@@ -104,7 +104,7 @@ class StepLedger:
         """Receive one ack (PeerTimeout naming the ranks the oldest step still waits for)."""
         oldest = min(self._pending)
         missing = self.expecting(oldest)
-        msg = self.receive_ack(f"ack of step {oldest} from workers {missing}")
+        msg = self.receive_ack(f"ack of step {oldest} from workers {missing}", ranks=missing)
         self.record_ack(msg.header, msg.arrays)
 
     def record_ack(self, header: dict[str, Any], arrays: list[np.ndarray]) -> None:
@@ -132,10 +132,12 @@ class StepLedger:
         self.emit(step, acks, counts, sched_ms, ids, consistency)
 
     # ----------------------------------------------------------------- shared
-    def receive_ack(self, waiting_for: str, deadline: float | None = None) -> Message:
+    def receive_ack(self, waiting_for: str, deadline: float | None = None, *,
+                    ranks: list[int] | None = None) -> Message:
         """The next message, which must be an ``ack`` (ProtocolError otherwise; PeerTimeout
-        naming ``waiting_for`` after ``peer_timeout_ms``)."""
-        msg = self._channel.recv(waiting_for, deadline)
+        naming ``waiting_for`` after ``peer_timeout_ms``); ``ranks``: those it waits on
+        (NOTE [silent workers]), None: not known."""
+        msg = self._channel.recv(waiting_for, deadline, ranks=ranks)
         if msg.header["op"] != "ack":
             raise ProtocolError(f"expected ack, got {msg.header['op']!r} from worker {msg.rank}")
         return msg

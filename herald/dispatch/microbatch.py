@@ -58,6 +58,12 @@ SAMPLE_ID_RANK_SHIFT = 56
 SAMPLE_ID_SEQ_MASK = (1 << SAMPLE_ID_RANK_SHIFT) - 1
 #: version of NOTE [micro-batch layout] (the header's ``layout``)
 LAYOUT = 2
+#: The largest array frame a dispatcher sends a worker (a micro-batch's blob, a flush's
+#: ids), in bytes, and so the bound of the worker's socket, set before the worker knows
+#: its job (NOTE [message size limits] in herald/wire.py). The dispatcher checks every
+#: frame it sends against it (:meth:`herald.dispatch.channel.PeerChannel.route`). 1 GiB:
+#: a micro-batch of several hundred thousand Criteo samples with its plan.
+MAX_WORKER_FRAME_BYTES = 1 << 30
 _NUM_KEY_LISTS = 6   # evict, pull, grad_push, update_local, plan_push, replicated
 #: NOTE [micro-batch layout]: each part's dtype(s), in blob order
 _PART_DTYPES = (("<u8",), ("<f4",), ("<f4",), ("<u8",), ("<i8",), ("<u2", "<i4"), ("<i8",), ("<i4",), ("<u8",),

@@ -59,6 +59,7 @@ import numpy as np
 
 from herald import wire
 from herald.errors import HeraldError, PeerTimeout
+from herald.spec.modes import consistency_mode
 
 #: Kinds of rejected messages, in the order of NOTE [peer validation]'s checks.
 KINDS = ("undecodable", "unknown_op", "bad_field", "unknown_peer", "wrong_identity", "duplicate_hello")
@@ -93,6 +94,48 @@ _FIELDS: dict[str, dict[str, tuple[bool, Callable[[Any], bool]]]] = {
     "saved": {},
     "error": {"message": (False, _str)},
 }
+
+
+def largest_frame_bytes(job: Any, num_workers: int, batch_size_per_worker: int) -> int:
+    """The largest array frame a worker of ``job`` sends its dispatcher, in bytes: the
+    bound of the dispatcher's socket (NOTE [message size limits] in herald/wire.py;
+    header frames are bounded apart, by :data:`herald.wire.DISPATCH`).
+
+    Only an ``ack`` carries arrays (check 3 above): labels and predictions, float32
+    [rows]; under a mode with a dispatcher-side embedding worker (hybrid:
+    :attr:`PeerTable.ack_grads`) also sample ids, uint64 [rows], and bag gradients,
+    float32 [rows, tables, dim]. ``rows`` is one micro-batch: ``batch_size_per_worker``,
+    or under GBA the global batch (``num_workers * batch_size_per_worker``) over its
+    ``job.gba_buffer`` micro-batches. 0 rows (the batch size unknown): 0.
+
+    Args:
+        job: the :class:`~herald.spec.job.JobSpec` served (tables, consistency, gba_buffer).
+        num_workers: the ranks this dispatcher serves; batch_size_per_worker: ``--batch-size``.
+    """
+    rows = batch_size_per_worker * num_workers // job.gba_buffer if job.gba_buffer else batch_size_per_worker
+    if consistency_mode(job.consistency).embedding_worker is None:
+        return rows * 4
+    return rows * max(8, 4 * len(job.tables) * job.dim)
+
+
+class Silence(NamedTuple):
+    """What a dispatcher's failed wait on its workers saw (NOTE [silent workers] in
+    herald/job/silence.py): ``quiet`` every rank that had sent nothing for at least
+    ``min_s`` seconds, rank -> seconds since its last message (an ``error`` does not
+    count: a worker that reports a failure after a long wait was waiting too);
+    ``awaited`` the ranks the wait was for; ``reported`` the ranks whose ``error`` came;
+    ``waiting_for`` the wait, in words."""
+
+    quiet: dict[int, float]
+    awaited: frozenset[int]
+    reported: frozenset[int]
+    waiting_for: str
+    min_s: float
+
+    @property
+    def silent(self) -> dict[int, float]:
+        """The awaited ranks among :attr:`quiet`: those the failed wait waited on in vain."""
+        return {r: s for r, s in self.quiet.items() if r in self.awaited}
 
 
 class Message(NamedTuple):
@@ -136,6 +179,13 @@ class PeerTable:
         self.rejected: dict[str, int] = dict.fromkeys(KINDS, 0)
         self.ack_rows: int | None = None
         self.ack_grads: tuple[int, int] | None = None
+        # NOTE [silent workers] (herald/job/silence.py): when each rank was last heard from
+        # (made: the handshake's start), the ranks that reported an error, and the wait in
+        # progress (ranks, words), kept when it fails
+        self._made = time.monotonic()
+        self._heard: dict[int, float] = {}
+        self._reported: set[int] = set()
+        self._wait: tuple[tuple[int, ...], str] | None = None
 
     @property
     def complete(self) -> bool:
@@ -191,7 +241,7 @@ class PeerTable:
         return Message(identity, rank, header, arrays)
 
     def receive(self, sock: Any, deadline: float, *, waiting_for: str, timeout_ms: int,
-                liveness: Callable[[], None] | None = None) -> Message:
+                liveness: Callable[[], None] | None = None, ranks: Sequence[int] | None = None) -> Message:
         """The next message on ``sock`` (the dispatcher's ROUTER) that passes :meth:`admit`;
         the others are dropped. Bounded: the deadline holds however many are dropped.
 
@@ -201,11 +251,16 @@ class PeerTable:
             timeout_ms: the wait's length, shown in the timeout's message.
             liveness: called about every 0.5 s while waiting (even under a flood of
                 dropped messages); raise from it to abort.
+            ranks: the ranks awaited: a wait given them that fails is kept for
+                :meth:`silence` (NOTE [silent workers]); None: not known, or a wait whose
+                silence blames nobody (the handshake: workers still starting).
 
         Raises:
             PeerTimeout: nothing admitted by ``deadline`` (names ``waiting_for`` and what was dropped).
             HeraldError: a worker's ``error`` message (names its rank): the job stops.
         """
+        if ranks is not None:
+            self._wait = (tuple(ranks), waiting_for)
         next_check = time.monotonic() + 0.5
         while True:
             now = time.monotonic()
@@ -223,8 +278,27 @@ class PeerTable:
             if msg is None:
                 continue
             if msg.header["op"] == "error":
+                self._reported.add(msg.rank)
                 raise HeraldError(f"worker {msg.rank} failed: {msg.header.get('message')}")
+            self._heard[msg.rank] = time.monotonic()
+            if ranks is not None:
+                self._wait = None   # this wait is over (a failed one is kept for silence())
             return msg
+
+    def silence(self, min_s: float) -> Silence | None:
+        """After a wait failed (:meth:`receive` raised, or its ``liveness`` did): the ranks
+        that had sent nothing for at least ``min_s`` seconds, those awaited among them
+        (NOTE [silent workers]); None when the last wait did not fail, named no ranks, or
+        none of them was silent."""
+        if self._wait is None:
+            return None
+        now = time.monotonic()
+        ranks, waiting_for = self._wait
+        quiet = {r: now - self._heard.get(r, self._made) for r in range(self.num_workers)}
+        quiet = {r: s for r, s in quiet.items() if s >= min_s}
+        if not any(r in quiet for r in ranks):
+            return None
+        return Silence(quiet, frozenset(ranks), frozenset(self._reported), waiting_for, min_s)
 
     # ------------------------------------------------------------------ checks
     def _field_problem(self, op: str, fields: dict, header: dict[str, Any], arrays: list[np.ndarray]) -> str:

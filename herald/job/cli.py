@@ -32,7 +32,8 @@ def register(commands, bench, serve) -> None:
     p = commands.add_parser(
         "train", help="the main job: PS shard(s), a dispatcher and N workers as local processes",
         description="Train a recommendation model with scheduled micro-batches: starts PS shard(s), the dispatcher "
-                    "and N worker processes, trains exactly (BSP), evaluates on the held-out split and writes a "
+                    "and N worker processes, trains (exactly by default: --consistency bsp; bounded, hybrid and gba "
+                    "relax it), evaluates on the held-out split and writes a "
                     "report (text, JSON, PNG). With no arguments it trains DLRM on a synthetic Criteo-shaped stream "
                     "with 2 workers.")
     add_job_arguments(p)

@@ -20,7 +20,16 @@ class JobData:
 
     ``dataset`` is the source's format name (``criteo``, ``avazu``, ``movielens``,
     ``synthetic``, ...): ``--model auto`` trains that dataset's Herald workload model
-    (:func:`herald.spec.train.auto_model`)."""
+    (:func:`herald.spec.train.auto_model`).
+
+    The settings that need the source's schema (:meth:`TrainConfig.check_schema`: the
+    model against the tables and ``--embedding-dim``) are checked as soon as the schema is
+    known: before the row count and the distinct-key pre-pass (passes over the whole
+    input) and before the job runner starts any process.
+
+    Raises:
+        ConfigError: a setting the source's schema refuses (named by its flag).
+    """
 
     def __init__(self, cfg: TrainConfig, dispatcher_rank: int = 0):
         options = dict(cfg.source_options)
@@ -30,6 +39,11 @@ class JobData:
         if cfg.is_stream:
             self.source = open_source(cfg.source, **options)
             self.schema = self.source.schema
+            try:
+                cfg.check_schema(self.schema, self.dataset)
+            except BaseException:
+                self.source.close()
+                raise
             # prefetch_batches=0: kafka-python's consumer is not thread-safe, and the
             # checkpoint commits through it from the dispatcher's thread
             self.batches = GlobalBatches(self.source, cfg.global_batch, max_steps=cfg.steps,
@@ -39,6 +53,7 @@ class JobData:
             self.replicated, self.replica_rows = [], 0
             self.split_info = {"total_rows": None, "train_rows": None, "eval_rows": 0}
             return
+        cfg.check_schema(splits.source_schema(cfg.source, options), self.dataset)
         train, self.eval_source, self.split_info = splits.open_train_eval(cfg.source, cfg.eval_fraction, options)
         self.schema = train.schema
         self.batches = GlobalBatches(train, cfg.global_batch, epochs=cfg.epochs, max_steps=cfg.steps)

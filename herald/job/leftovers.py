@@ -3,9 +3,11 @@
 NOTE [run leftovers]
 ~~~~~~~~~~~~~~~~~~~~
 A ``herald train`` killed with SIGKILL (or by the OOM killer) runs no cleanup. Its
-children die with it (``PR_SET_PDEATHSIG``), but two paths stay: its local PS shards'
-folder (``$TMPDIR/herald-ps-*``: tables file, ready files, ipc sockets) and its workers'
-torch.distributed file store (``RUN_DIR/.dist-store-*``). So the job names each such path
+children die with it (``PR_SET_PDEATHSIG``), but three paths stay: its local PS shards'
+folder (``$TMPDIR/herald-ps-*``: tables file, ready files, ipc sockets), its dispatchers'
+socket folder (``$TMPDIR/herald-dispatch-*``: NOTE [local job sockets] in
+herald/job/parts.py) and its workers' torch.distributed file store
+(``RUN_DIR/.dist-store-*``). So the job names each such path
 in an owner file of its run folder as it creates it (:func:`record`) and drops it once
 the path is removed (:func:`forget`; the owner file goes with its last path):
 ``RUN_DIR/.owner-<pid>.json`` = ``{"pid", "start" (the process's start time,
@@ -18,8 +20,8 @@ has its paths removed, then its owner file. A live owner's paths (a job still ru
 this folder) and those of an owner on another host (which cannot be checked from here)
 are left, and :func:`clean` says so on stderr; so are this process's own (an earlier
 attempt of this job: NOTE [ps failover]). Whatever an owner file says, only paths of
-those two kinds are removed: a folder named ``herald-ps-*`` (not a symlink) and a file
-``.dist-store-*`` directly in the run folder.
+those kinds are removed: a folder named ``herald-ps-*`` or ``herald-dispatch-*`` (not a
+symlink) and a file ``.dist-store-*`` directly in the run folder.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ from herald.procs import is_alive, start_time
 OWNER_PREFIX = ".owner-"
 #: Name prefix of a local PS shards' folder (:class:`herald.ps.LocalShards`).
 PS_PREFIX = "herald-ps-"
+#: Name prefix of a local job's folder of dispatcher sockets (:class:`herald.job.parts.LocalWorkers`).
+DISPATCH_PREFIX = "herald-dispatch-"
 #: Name prefix of the workers' torch.distributed file store in the run folder.
 STORE_PREFIX = ".dist-store-"
 
@@ -60,8 +64,8 @@ def _write(path: pathlib.Path, state: dict) -> None:
 
 
 def record(run_dir: str | os.PathLike, path: str | os.PathLike) -> None:
-    """Name ``path`` (a ``herald-ps-*`` folder, a ``.dist-store-*`` file) in this process's
-    owner file of ``run_dir`` (NOTE [run leftovers]).
+    """Name ``path`` (a ``herald-ps-*`` or ``herald-dispatch-*`` folder, a ``.dist-store-*``
+    file) in this process's owner file of ``run_dir`` (NOTE [run leftovers]).
 
     Raises:
         StorageError: the owner file cannot be written.
@@ -123,7 +127,8 @@ def clean(run_dir: str | os.PathLike, who: str = "herald train") -> list[str]:
 
 def _remove(run_dir: pathlib.Path, path: pathlib.Path) -> bool:
     """Remove ``path`` if it is one of the kinds a job records; whether it was removed."""
-    if path.name.startswith(PS_PREFIX) and path.is_absolute() and path.is_dir() and not path.is_symlink():
+    if path.name.startswith((PS_PREFIX, DISPATCH_PREFIX)) and path.is_absolute() and path.is_dir() \
+            and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
         return not path.exists()
     if path.name.startswith(STORE_PREFIX) and path.parent == run_dir.resolve() and path.is_file() \

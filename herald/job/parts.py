@@ -23,6 +23,21 @@ only inside ``RUN_DIR/checkpoints`` (NOTE [ps admin ops]); local workers' dense 
 group rendezvous through a file in the run folder (no listening store) and gloo is kept
 on the loopback interface (:func:`dense_store`, :func:`worker_env`). Remote shards'
 admin token comes from ``HERALD_PS_TOKEN`` in the environment, never from a command line.
+
+NOTE [local job sockets] (docs/operations.md, "What each mode exposes")
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Every process of a ``herald train`` job runs on this host as this user, so none of its
+ZeroMQ sockets listens where another user can connect: the PS shards bind ``ipc://``
+sockets in their folder (:class:`LocalPS`), the dispatchers in another
+(:meth:`LocalWorkers.dispatcher_bind`), both ``$TMPDIR/herald-*-XXXX`` made mode 0700 by
+``tempfile.mkdtemp``. Connecting to a Unix socket needs search permission on its folder,
+so another user's connect fails with EACCES (root's excepted), whatever the socket's own
+mode; with loopback TCP, the old default, any local user could say ``hello`` first and
+take a worker's rank, its job and its data. The workers' rendezvous is a file of mode
+0600 in the run folder (:func:`dense_store`). The one listener left is gloo's (the dense
+all-reduce between the workers): torch has no transport for it but TCP, so it listens on
+the loopback interface (:func:`worker_env`), where any local user can connect, and
+torch.distributed authenticates nobody; ``--keys`` does not cover it.
 """
 
 from __future__ import annotations
@@ -37,17 +52,24 @@ import sys
 import tempfile
 from typing import Any, Iterator, NoReturn, Sequence
 
+import zmq
+
 from herald.auth import load_client_keys, load_server_keys, loopback_interface
-from herald.errors import HeraldError
+from herald.dispatch.peers import Silence
+from herald.errors import ConfigError, HeraldError
 from herald.files import private_dir
 from herald.job import leftovers
 from herald.job.checkpoints import DispatcherCheckpoints
 from herald.job.failover import shard_lost, watch_shards
+from herald.job.silence import process_state, silent_culprits, silent_headline
 from herald.procs import Supervisor, pin_to_cores
 from herald.ps import LocalShards, PSClient
 from herald.ps.config import ShardLimits
 from herald.spec.job import JobSpec
 from herald.spec.train import TrainConfig
+
+#: Longest path of a Unix socket (``sockaddr_un.sun_path`` less its NUL; 107 on Linux).
+IPC_PATH_MAX_LEN = getattr(zmq, "IPC_PATH_MAX_LEN", 107)
 
 
 class ShardFailed(HeraldError):
@@ -71,22 +93,31 @@ def prepare_run(cfg: TrainConfig) -> pathlib.Path:
     return run_dir
 
 
-def raise_job_failure(exc: HeraldError, ps_alive: Any, children: Any) -> NoReturn:
+def raise_job_failure(exc: HeraldError, ps_alive: Any, children: Any, silence: Silence | None = None) -> NoReturn:
     """Stop the children and raise what a failed job reports: ``exc`` naming its cause.
 
     ``ps_alive``: the shards' liveness check (``failure()``); ``children``: the worker
-    launcher (``failure(grace_s)``, ``stop()``). A dead or silent PS shard is the cause of
-    whatever the workers report next (:class:`ShardFailed`: ``run_train`` decides whether
-    to roll back, NOTE [ps failover]); a worker's ``TrainingDiverged`` says it all (step,
-    rank, cause); else a dead child's failure is put first.
+    launcher (``failure(grace_s)``, ``exit_codes()``, ``describe(rank)``, ``stop()``);
+    ``silence``: the dispatchers' view of the wait that failed. A dead or silent PS shard
+    is the cause of whatever the workers report next (:class:`ShardFailed`: ``run_train``
+    decides whether to roll back, NOTE [ps failover]); a worker's ``TrainingDiverged``
+    says it all (step, rank, cause); a worker that went silent is named before the
+    workers that timed out waiting on it (NOTE [silent workers] in herald/job/silence.py);
+    else a dead child's failure is put first.
     """
     cause = ps_alive.failure() or children.failure(grace_s=2.0)
+    silent = silent_culprits(silence, children.exit_codes())   # before the stop: which still run
+    head = silent_headline(silent, silence, children.describe) if silent else None
     children.stop()
     if "TrainingDiverged: " in str(exc):
         raise HeraldError(str(exc).split("TrainingDiverged: ", 1)[1]) from None
     shard_cause = ps_alive.failure()
     if shard_cause:
         raise ShardFailed(shard_cause if shard_cause in str(exc) else f"{shard_cause}\n(then: {exc})") from exc
+    if head is not None:
+        then = [cause] if cause else []
+        then += [str(exc)] if not cause or cause not in str(exc) else []
+        raise HeraldError("\n".join([head, *(f"(then: {t})" for t in then)])) from exc
     if cause and cause not in str(exc):
         raise HeraldError(f"{cause}\n(then: {exc})") from exc
     raise exc
@@ -128,8 +159,9 @@ class PSProvider:
     def check(self) -> None:
         """Raise naming a dead or silent shard (nothing to check here)."""
 
-    def fail(self, exc: HeraldError, workers: WorkerLauncher) -> NoReturn:
-        """Stop ``workers`` and raise ``exc`` (the job failed; no shard to blame here)."""
+    def fail(self, exc: HeraldError, workers: WorkerLauncher, silence: Silence | None = None) -> NoReturn:
+        """Stop ``workers`` and raise ``exc`` (the job failed; no shard to blame here).
+        ``silence``: the dispatchers' view of the wait that failed (NOTE [silent workers])."""
         workers.stop()
         raise exc
 
@@ -188,13 +220,14 @@ class LocalPS(PSProvider):
     def check(self) -> None:
         self.watch()
 
-    def fail(self, exc: HeraldError, workers: WorkerLauncher) -> NoReturn:
+    def fail(self, exc: HeraldError, workers: WorkerLauncher, silence: Silence | None = None) -> NoReturn:
         """:func:`raise_job_failure` of these shards and ``workers``."""
-        raise_job_failure(exc, self.watch, workers)
+        raise_job_failure(exc, self.watch, workers, silence)
 
 
 def _drop(run_dir: pathlib.Path, workdir: str) -> None:
-    """Remove the local shards' folder and its name in the run folder (NOTE [run leftovers])."""
+    """Remove a local part's folder (the shards', the dispatchers' sockets) and its name in
+    the run folder (NOTE [run leftovers])."""
     shutil.rmtree(workdir, ignore_errors=True)
     leftovers.forget(run_dir, workdir)
 
@@ -223,7 +256,7 @@ class RemotePS(PSProvider):
     def check(self) -> None:
         self.watch()
 
-    def fail(self, exc: HeraldError, workers: WorkerLauncher) -> NoReturn:
+    def fail(self, exc: HeraldError, workers: WorkerLauncher, silence: Silence | None = None) -> NoReturn:
         """``exc`` as it was, or :func:`~herald.job.failover.shard_lost` when the watch saw a
         shard go silent (the symptom replaced by its cause)."""
         workers.stop()
@@ -240,7 +273,8 @@ class WorkerLauncher:
     - :meth:`prepare` before anything is read or started;
     - :meth:`open` after the PS part (registering cleanups on ``stack``); then
       :attr:`dist_init` is the workers' ``torch.distributed`` init method for the job
-      (None: ``env://``, e.g. under torchrun);
+      (None: ``env://``, e.g. under torchrun), and :meth:`dispatcher_bind` says where
+      each dispatcher binds for these workers;
     - :meth:`start` once the dispatchers are bound: ``dispatchers[g]`` is group ``g``'s
       address (one dispatcher: a list of one); only a launcher whose
       :attr:`places_groups` is true is given one dispatcher per group (NOTE [independent
@@ -270,6 +304,11 @@ class WorkerLauncher:
     def open(self, cfg: TrainConfig, stack: contextlib.ExitStack) -> None:
         """What the workers need before they start (nothing here)."""
 
+    def dispatcher_bind(self, group: int) -> str | None:
+        """Where dispatcher ``group`` binds so that these workers reach it; None (here): its
+        own ``bind`` setting (``herald serve dispatcher --bind``, the test bed's address)."""
+        return None
+
     def start(self, cfg: TrainConfig, job: JobSpec, dispatchers: list[str]) -> None:
         """Start the ``cfg.workers`` workers of ``job`` against ``dispatchers`` (none here)."""
 
@@ -282,6 +321,15 @@ class WorkerLauncher:
     def failure(self, grace_s: float = 0.0) -> str | None:
         """A message naming a worker that failed, or None."""
         return None
+
+    def exit_codes(self) -> dict[int, int | None] | None:
+        """Each worker's exit code by rank (None while it runs, negative: killed by that
+        signal); None (here): the processes are not known (NOTE [silent workers])."""
+        return None
+
+    def describe(self, rank: int) -> str:
+        """Rank ``rank``'s process and log, in words (a failure's headline)."""
+        return "not started by this job"
 
     def stop(self) -> None:
         """Stop every worker still running (bounded)."""
@@ -306,10 +354,13 @@ def dense_store(run_dir: pathlib.Path) -> Iterator[str]:
     """The workers' ``torch.distributed`` init method: ``file://`` a fresh file in the run
     folder (torch's FileStore: no listening socket, unlike rank 0's TCPStore, which binds
     every interface); the file is removed when the job ends, or by the next job in the run
-    folder when this one is killed (NOTE [run leftovers])."""
+    folder when this one is killed (NOTE [run leftovers]). The file is made here, mode 0600
+    (torch would make it 0644 under umask 022): it holds the workers' rendezvous (NOTE
+    [local job sockets])."""
     path = run_dir.resolve() / f"{leftovers.STORE_PREFIX}{secrets.token_hex(8)}"
     leftovers.record(run_dir, path)
     try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
         yield f"file://{path}"
     finally:
         path.unlink(missing_ok=True)
@@ -331,8 +382,10 @@ class LocalWorkers(WorkerLauncher):
     """``cfg.workers`` worker processes on this host (``python -m herald serve worker``,
     supervised by :class:`~herald.procs.Supervisor`: they die with the job, a failed one is
     named with the tail of its log ``worker-R.log`` in the run folder), their dense process
-    group's store a file in the run folder (:func:`dense_store`). Places groups: rank ``R``
-    is rank ``R mod k`` of group ``R // k``'s dispatcher (k workers per dispatcher).
+    group's store a file in the run folder (:func:`dense_store`), their dispatchers' sockets
+    ``ipc://`` in a private folder (:meth:`dispatcher_bind`, NOTE [local job sockets]).
+    Places groups: rank ``R`` is rank ``R mod k`` of group ``R // k``'s dispatcher (k
+    workers per dispatcher).
 
     With :attr:`cores`, rank ``R`` is pinned to ``cores[R]`` from its start and its torch
     intra-op threads are one per core (``OMP_NUM_THREADS``, unless set for the job).
@@ -345,10 +398,33 @@ class LocalWorkers(WorkerLauncher):
     def local_processes(self, cfg: TrainConfig) -> int:
         return cfg.workers
 
+    def prepare(self, cfg: TrainConfig) -> None:
+        """Refuse a ``--device`` the workers of this host cannot train on (CUDA asked for
+        and no GPU visible, ``cuda:N`` beyond them) before anything starts:
+        :func:`~herald.worker.devices.check_device`, what each worker would raise."""
+        if cfg.device.startswith("cuda"):   # on use: torch (1.2 s) stays off the launcher's start-up otherwise
+            from herald.worker.devices import check_device
+
+            check_device(cfg.device, cfg.workers)
+
     def open(self, cfg: TrainConfig, stack: contextlib.ExitStack) -> None:
         run_dir = pathlib.Path(cfg.run_dir)
         self.children = Supervisor(run_dir, new_session=True, env=worker_env())
         self.dist_init = stack.enter_context(dense_store(run_dir))
+        # the dispatchers' sockets: a folder of mode 0700, named in the run folder until removed
+        self.sockets = tempfile.mkdtemp(prefix=leftovers.DISPATCH_PREFIX)
+        stack.callback(_drop, run_dir, self.sockets)
+        leftovers.record(run_dir, self.sockets)
+        longest = self.dispatcher_bind(max(cfg.groups, 1) - 1)[len("ipc://"):]
+        if len(longest) > IPC_PATH_MAX_LEN:
+            raise ConfigError(f"the dispatcher's socket {longest} would be longer than the {IPC_PATH_MAX_LEN} "
+                              "characters a Unix socket's path may have: set TMPDIR to a shorter folder "
+                              "(e.g. TMPDIR=/tmp)")
+
+    def dispatcher_bind(self, group: int) -> str:
+        """``ipc://`` socket ``<group>.ipc`` in this job's private folder (NOTE [local job
+        sockets]); short, as a Unix socket's whole path holds at most 107 characters."""
+        return f"ipc://{self.sockets}/{group}.ipc"
 
     def start(self, cfg: TrainConfig, job: JobSpec, dispatchers: list[str]) -> None:
         """Start worker process ``rank`` for every rank (numbered as torchrun would: NOTE
@@ -376,6 +452,14 @@ class LocalWorkers(WorkerLauncher):
 
     def failure(self, grace_s: float = 0.0) -> str | None:
         return self.children.failure(grace_s=grace_s)
+
+    def exit_codes(self) -> dict[int, int | None]:
+        return {int(name.rsplit("-", 1)[1]): p.poll() for name, p in self.children.procs.items()}
+
+    def describe(self, rank: int) -> str:
+        name = f"worker-{rank}"
+        pid = self.children.procs[name].pid
+        return f"pid {pid}, {process_state(pid)}; log {self.children.log_path(name)}"
 
     def stop(self) -> None:
         self.children.stop()

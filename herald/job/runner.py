@@ -18,9 +18,10 @@ serve dispatcher`` (herald/job/serve_dispatcher.py), the test bed's dispatcher p
    then the worker part (its dense store), and this process is pinned (until the job
    ends); the checkpoints restore the PS rows on resume; the job's :class:`JobSpec` names
    the shards, the workers' init method and the dense state to resume.
-3. **Serve.** The dispatcher(s) bind (their liveness check: the PS part's, then the
-   worker part's), load the resume point, the worker part starts the workers against
-   their addresses, and the dispatcher(s) serve to the end of the data (SIGINT / SIGTERM
+3. **Serve.** The dispatcher(s) bind where the worker part says (``herald train``: a
+   private ipc socket, NOTE [local job sockets]; their liveness check: the PS part's,
+   then the worker part's), load the resume point, the worker part starts the workers
+   against their addresses, and the dispatcher(s) serve to the end of the data (SIGINT / SIGTERM
    stop them at a step where the entry point asks: :class:`StopOnSignals`); the workers
    are waited for. A failure goes to the PS part's ``fail`` (:meth:`parts.PSProvider.fail`),
    which stops the workers and raises the job's error naming its cause.
@@ -57,6 +58,7 @@ import time
 from typing import Any, Callable
 
 from herald.dispatch.dispatcher import Dispatcher
+from herald.dispatch.peers import Silence
 from herald.dispatch.records import DispatcherConfig, StepRecord
 from herald.errors import HeraldError
 from herald.job import group_dispatch
@@ -65,6 +67,7 @@ from herald.job import report_comm
 from herald.job.data import JobData
 from herald.job.parts import Checkpointing, PSProvider, WorkerLauncher
 from herald.job.report_attempts import Attempt, attempts_block
+from herald.job.silence import merge_silences
 from herald.procs import cpu_seconds, job_core_plan, pin_to_cores, seconds_since_start
 from herald.spec.flags import flag_errors
 from herald.spec.job import JobSpec
@@ -89,7 +92,7 @@ class JobInterrupted(HeraldError):
 
 def dispatcher_config(cfg: TrainConfig, **overrides: Any) -> DispatcherConfig:
     """The :class:`DispatcherConfig` of a job: the job's settings (workers,
-    ``--max-inflight-steps``, ``--timeout-ms``, ``--checkpoint-every``, keys) with this
+    ``--max-inflight-steps``, ``--timeout-ms``, ``--checkpoint-every``, keys, ``--batch-size``) with this
     dispatcher's ``overrides`` (``bind``, ``dispatcher_rank``, a group's ``num_workers``).
     The one place every dispatcher of a job is configured (:class:`JobRunner`).
 
@@ -98,7 +101,7 @@ def dispatcher_config(cfg: TrainConfig, **overrides: Any) -> DispatcherConfig:
     """
     settings = dict(num_workers=cfg.workers, max_inflight_steps=cfg.inflight_steps,
                     peer_timeout_ms=cfg.timeout_ms, checkpoint_every_steps=cfg.checkpoint_every,
-                    keys_dir=cfg.keys_dir, insecure=cfg.insecure)
+                    keys_dir=cfg.keys_dir, insecure=cfg.insecure, batch_size_per_worker=cfg.batch_size)
     with flag_errors():
         return DispatcherConfig(**{**settings, **overrides})
 
@@ -279,6 +282,8 @@ class JobRunner:
         self.progress, self.stop_on_signals = progress, stop_on_signals
         self.on_step, self.on_serve, self.on_finish, self.sample_id_log = on_step, on_serve, on_finish, sample_id_log
         self.started_at = started_at
+        #: what the dispatchers' failed wait saw (NOTE [silent workers] in herald/job/silence.py)
+        self._silence: Silence | None = None
 
     def run(self, cfg: TrainConfig) -> JobResult:
         """Run the job ``cfg`` (NOTE [job runner]).
@@ -324,7 +329,7 @@ class JobRunner:
                                          grouped)
                     workers.wait()
                 except HeraldError as exc:
-                    ps.fail(exc, workers)
+                    ps.fail(exc, workers, self._silence)
                 except BaseException:
                     workers.stop()
                     raise
@@ -415,6 +420,9 @@ class JobRunner:
                 shared, feeds, jobs = None, [data.batches], [job]
             on_step = _chain(bar.update if bar is not None else None, self.on_step, threads=grouped)
             extra = ckpts.dispatcher_kwargs() if ckpts is not None else {}
+            # bound where the worker part says its workers reach them (herald train: private ipc sockets)
+            binds = [self.workers.dispatcher_bind(g) for g in range(len(disp_cfgs))]
+            disp_cfgs = [c if b is None else dataclasses.replace(c, bind=b) for c, b in zip(disp_cfgs, binds)]
             disps = [stack.enter_context(self.dispatcher(c, feed, new_scheduler, j, on_step=on_step, **extra,
                                                          liveness=self._liveness, sample_id_log=id_log))
                      for c, feed, j in zip(disp_cfgs, feeds, jobs)]
@@ -425,7 +433,12 @@ class JobRunner:
             self.workers.start(cfg, job, [d.address for d in disps])
             if self.on_serve is not None:
                 self.on_serve(disps)
-            records = group_dispatch.serve_all(disps, everyone) if grouped else [disps[0].serve()]
+            try:
+                records = group_dispatch.serve_all(disps, everyone) if grouped else [disps[0].serve()]
+            except HeraldError:   # dispatcher g's rank r is worker g * k + r (one dispatcher: r)
+                self._silence = merge_silences([d.silence() for d in disps],
+                                               [g * disp_cfgs[0].num_workers for g in range(len(disps))])
+                raise
             interrupted = None
             if stopper is not None and stopper.signum is not None:
                 # at_step: steps trained = where --resume continues; checkpoint: its folder

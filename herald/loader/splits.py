@@ -103,6 +103,14 @@ def _without_quarantine(options: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in options.items() if k != "quarantine_path"}
 
 
+def source_schema(spec: str, options: dict[str, Any]):
+    """The :class:`~herald.loader.batch.Schema` of ``spec``: the source is opened and
+    closed, with no pass over its rows (what the settings that need the schema are
+    checked against before the row count of :func:`open_train_eval`); never quarantines."""
+    with open_source(spec, **_without_quarantine(options)) as src:
+        return src.schema
+
+
 def open_train_eval(spec: str, eval_fraction: float, options: dict[str, Any]):
     """``(train source, eval source or None, info)`` for ``spec``.
 

@@ -2,7 +2,8 @@
 
 - ``herald serve ps --shard I --num-shards N [--bind tcp://127.0.0.1:PORT] [--tables tables.json]
   [--seed S] [--ready-file F] [--max-keys-per-request K] [--max-dim D] [--max-table-bytes B]
-  [--max-contributors C] [--aggregation-timeout-ms T] [--keys DIR | --insecure]
+  [--max-contributors C] [--aggregation-timeout-ms T] [--max-rows R] [--max-shard-bytes B]
+  [--max-tables T] [--keys DIR | --insecure]
   [--checkpoint-root DIR] [--token-file FILE]``: one shard process (SIGTERM or a
   shutdown request carrying its admin token stops it); the ``--max-*`` options are NOTE
   [ps limits] (docs/ps.md); ``--keys``/``--insecure`` NOTE [transport security]
@@ -43,6 +44,9 @@ _LIMITS = {
     "max_contributors": "largest contributors value and bound on rank (set it to the job's workers)",
     "aggregation_timeout_ms": "abort an aggregation still open this long after its step opened",
     "max_rows": "rows one table holds at most; least recently used rows beyond it are evicted (0: no bound)",
+    "max_shard_bytes": "memory of all tables on this shard together, bytes (rows allocated, with their key-map "
+                       "and bookkeeping share)",
+    "max_tables": "tables this shard accepts (at most 65536)",
 }
 
 

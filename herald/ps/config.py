@@ -10,8 +10,11 @@ import dataclasses
 
 from herald.config import require
 from herald.errors import ConfigError
-from herald.spec.tables import TableConfig
-from herald.spec.vocab import DEFAULT_TIMEOUT_MS
+from herald.spec.tables import OptimizerConfig, TableConfig
+from herald.spec.vocab import DEFAULT_TIMEOUT_MS, SPARSE_OPTIMIZERS
+
+#: Most tables a shard can hold at all: table positions travel as uint16 (NOTE [ps wire protocol]).
+MAX_TABLES = 1 << 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +41,15 @@ class ShardLimits:
         max_rows: rows one table holds at most on this shard (``--max-rows``; ``herald
             train --ps-max-rows``); least recently used rows beyond it are evicted and
             re-initialised on their next touch (NOTE [bounded ps], Persia §4.2.2). 0: no bound.
+        max_shard_bytes: the memory of all tables on this shard together, in bytes
+            (``--max-shard-bytes``): each table's allocated rows times its row bytes plus
+            ``ROW_OVERHEAD_BYTES`` (its key, marks, clock and key-map share: herald/ps/table.py).
+            Checked at declare (the new tables' first rows), at restore, and whenever a
+            table's row array would grow (the request is refused, nothing inserted). 64 GiB
+            by default: the per-table ``max_table_bytes`` alone bounds nothing once a job
+            declares many tables.
+        max_tables: tables one shard accepts (``--max-tables``; at most 65,536, the uint16
+            table positions of the wire), checked at declare.
 
     Raises:
         ConfigError: a value out of range.
@@ -49,6 +61,8 @@ class ShardLimits:
     max_contributors: int = 1024
     aggregation_timeout_ms: int = DEFAULT_TIMEOUT_MS
     max_rows: int = 0
+    max_shard_bytes: int = 64 << 30
+    max_tables: int = 1024
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -56,6 +70,8 @@ class ShardLimits:
             require(type(v) is int and v >= least, f"PS limit {f.name} must be an int >= {least}, got {v!r}")
         require(self.max_contributors <= 65535,
                 f"max_contributors must be <= 65535 (contributors travel as uint16), got {self.max_contributors}")
+        require(self.max_tables <= MAX_TABLES,
+                f"max_tables must be <= {MAX_TABLES} (table positions travel as uint16), got {self.max_tables}")
 
     def check_table(self, tcfg: TableConfig) -> None:
         """Raise :class:`ConfigError` unless ``tcfg`` fits these limits (Python ints: no overflow)."""
@@ -67,5 +83,34 @@ class ShardLimits:
             raise ConfigError(f"table {tcfg.name!r}: one row takes {row_bytes} bytes, more than this shard's "
                               f"max_table_bytes={self.max_table_bytes}; raise --max-table-bytes")
 
+    def check_declare(self, n_tables: int, shard_bytes: int) -> None:
+        """Raise :class:`ConfigError` unless a declare leaving the shard with ``n_tables``
+        tables taking ``shard_bytes`` bytes (their first rows: herald/ps/table.py) fits."""
+        if n_tables > self.max_tables:
+            raise ConfigError(f"declare: {n_tables} tables, more than this shard's max_tables={self.max_tables}; "
+                              "declare fewer tables or start the shards with a larger --max-tables")
+        if shard_bytes > self.max_shard_bytes:
+            raise ConfigError(f"declare: {n_tables} tables would take {shard_bytes} bytes on this shard with their "
+                              f"first rows, past its max_shard_bytes={self.max_shard_bytes}; add PS shards or "
+                              "raise --max-shard-bytes")
+
     def to_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)
+
+
+def largest_frame_bytes(limits: ShardLimits) -> int:
+    """The largest array frame of a request a shard with ``limits`` serves, in bytes: its
+    socket's bound (NOTE [message size limits] in herald/wire.py; header frames are
+    bounded apart, by ``herald.ps.wire.PS``).
+
+    A request (or one section of a step message: NOTE [step messages]) carries at most
+    ``max_keys_per_request`` keys, and its largest frame is the rows of a ``push_rows``:
+    one float32 row per key, as wide as a table may be (``max_dim`` values plus the
+    widest optimizer state, Adam's ``2 * max_dim + 1``). Keys, tables, contributors,
+    clocks, gradients and compressed payloads are no larger. A GBA dense gradient
+    (float32 [P], NOTE [gba tokens]) must fit it as well: ``4 * P`` bytes at most.
+    With the defaults this is about 48 GiB, no bound in practice: lower
+    ``--max-keys-per-request`` and ``--max-dim`` to tighten it.
+    """
+    widest = max(limits.max_dim + OptimizerConfig(name).state_dim(limits.max_dim) for name in SPARSE_OPTIMIZERS)
+    return limits.max_keys_per_request * max(4 * widest, 8)

@@ -3,7 +3,9 @@
 Implements NOTE [ps wire protocol] (docs/ps.md; framing: NOTE [wire format] in
 herald/wire.py), NOTE [ps aggregation] (herald/ps/aggregate.py) and NOTE [ps limits]
 (docs/ps.md, :class:`~herald.ps.config.ShardLimits`). Every malformed or over-limit
-message gets an error reply and the loop keeps serving; nothing received is unpickled.
+message gets an error reply and the loop keeps serving; nothing received is unpickled;
+a frame larger than the limits allow is cut off by libzmq before it is buffered (NOTE
+[message size limits] in herald/wire.py).
 Admin ops (checkpoint, restore, shutdown) are NOTE [ps admin ops] (herald/ps/admin.py);
 with a keys folder the socket is a CURVE server: NOTE [transport security] (herald/auth.py).
 """
@@ -27,14 +29,13 @@ from herald.ps import checkpoint, clocked, compress, gba, stepped, wire
 from herald.ps.admin import AdminGate, AdminRefused
 from herald.ps.wire import PS
 from herald.ps import kernels as K
-from herald.ps.config import ShardLimits
+from herald.ps.config import ShardLimits, largest_frame_bytes
 from herald.spec.tables import OptimizerConfig, TableConfig, check_tables
 from herald.spec.vocab import SPARSE_OPTIMIZERS
 from herald.ps.store import TableSet, frozen
-from herald.ps.table import EmbeddingTable
+from herald.ps.table import FIRST_ROWS, EmbeddingTable, first_capacity, rows_within, table_bytes
 
 MAX_PARTS = 1024
-MAX_MESSAGE_BYTES = 1 << 31
 #: Steps whose pushing ranks are remembered (to name the missing ones of an aborted step).
 PUSHER_STEPS = 256
 #: Seconds between two scans for expired aggregations in the serve loop.
@@ -99,8 +100,12 @@ class ShardServer:
         self.bind, self.keys_dir = bind, keys_dir
         check_bind(bind, keys_dir, insecure, f"ps shard {shard}")
         self.tables: list[EmbeddingTable] = []
-        #: every table's arrays reachable from one kernel call (NOTE [table directory])
-        self.store = TableSet(self.shard, self.num_shards)
+        self.limits = limits if limits is not None else ShardLimits()
+        if not isinstance(self.limits, ShardLimits):
+            raise ConfigError(f"limits must be a ShardLimits, got {type(self.limits).__name__}")
+        #: every table's arrays reachable from one kernel call (NOTE [table directory]),
+        #: within NOTE [ps limits]' max_shard_bytes
+        self.store = TableSet(self.shard, self.num_shards, max_bytes=self.limits.max_shard_bytes)
         self._replies: collections.OrderedDict = collections.OrderedDict()
         self._reply_cache = reply_cache
         self._stop = False
@@ -110,9 +115,6 @@ class ShardServer:
         #: seconds spent handling each op (``busy_s[op] / wall time`` = busy fraction)
         self.busy_s: collections.Counter = collections.Counter()
         self._started = time.monotonic()
-        self.limits = limits if limits is not None else ShardLimits()
-        if not isinstance(self.limits, ShardLimits):
-            raise ConfigError(f"limits must be a ShardLimits, got {type(self.limits).__name__}")
         #: the job's worker count, once a declare carried it (bounds contributors and ranks)
         self.workers: int | None = None
         self._pushers: collections.OrderedDict = collections.OrderedDict()   # step -> ranks that pushed
@@ -129,14 +131,19 @@ class ShardServer:
         """Declare tables: the known list must be a prefix of ``tables`` (idempotent;
         appending is allowed, a different config at an existing index is rejected)."""
         tables = check_tables(tables)
-        for t in tables[len(self.tables):]:
+        new = tables[len(self.tables):]
+        for t in new:
             self.limits.check_table(t)
+        self.limits.check_declare(len(tables), self.store.nbytes() + sum(   # NOTE [ps limits], before any change
+            table_bytes(first_capacity(FIRST_ROWS, rows_within(self.limits.max_table_bytes, t.row_width)),
+                        t.row_width) for t in new))
         for i, t in enumerate(tables[: len(self.tables)]):
             if t != self.tables[i].cfg:
                 raise ConfigError(f"table {i} is declared as {self.tables[i].cfg} on shard {self.shard}; "
                                   f"conflicting redeclaration {t} rejected (restart the shard to change it)")
         for i in range(len(self.tables), len(tables)):
-            self.tables.append(EmbeddingTable(tables[i], i, self.seed, max_bytes=self.limits.max_table_bytes,
+            self.tables.append(EmbeddingTable(tables[i], i, self.seed, capacity_rows=FIRST_ROWS,
+                                              max_bytes=self.limits.max_table_bytes,
                                               max_resident_rows=self.limits.max_rows or None, tableset=self.store))
 
     # ------------------------------------------------------------------ requests
@@ -449,8 +456,13 @@ class ShardServer:
     def _op_restore(self, header, arrays):
         path = self.admin.check("restore", header)
         data = checkpoint.load(path, self.shard, self.num_shards, self.seed, self.tables)
-        for table, (keys, rows) in zip(self.tables, data):
-            table.load(keys, rows)
+        # NOTE [ps limits]: room to grow (power-of-two arrays) where max_shard_bytes allows, else the rows alone
+        caps = [t.load_capacity(k.shape[0]) for t, (k, _) in zip(self.tables, data)]
+        if sum(table_bytes(c, t.width) for t, c in zip(self.tables, caps)) > self.limits.max_shard_bytes:
+            caps = [max(16, k.shape[0]) for k, _ in data]
+        self.store.check_bytes(sum(table_bytes(c, t.width) for t, c in zip(self.tables, caps)), f"restoring {path}")
+        for table, (keys, rows), cap in zip(self.tables, data, caps):
+            table.load(keys, rows, cap)
         self.gba = None   # its global step and buffered contributions belong to the rolled-back run (NOTE [gba tokens])
         self.steps.clear()   # so do the held step messages (NOTE [step messages])
         return {"rows": int(sum(k.shape[0] for k, _ in data))}, []
@@ -498,8 +510,7 @@ class ShardServer:
         sock = server_socket(zmq.Context.instance(), zmq.ROUTER, self.keys_dir)   # NOTE [transport security]
         self._handshakes = HandshakeMonitor(sock) if self.keys_dir is not None else None
         sock.setsockopt(zmq.LINGER, 1000)
-        PS.configure(sock)
-        sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        PS.configure(sock, max_array_bytes=largest_frame_bytes(self.limits))   # NOTE [message size limits]
         sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
         sock.bind(self.bind)
         self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)

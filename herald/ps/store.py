@@ -12,7 +12,10 @@ One kernel call serves one part of a request: it validates the keys (tables, sha
 ownership), compares each table's row count plus its keys with its room (rows allocated,
 key-map load, NOTE [ps limits]' ``max_table_bytes``, NOTE [bounded ps]' bound) and, when
 all fit, does the op. A table out of room makes the kernel return before any change; its
-Python path runs (growth, the byte limit, LRU eviction) and the call is repeated.
+Python path runs (growth, the byte limits, LRU eviction) and the call is repeated. The
+set keeps the shard-wide byte limit (NOTE [ps limits]' ``max_shard_bytes``): the rows
+allocated over all its tables (:meth:`TableSet.nbytes`), which a table's growth may not
+take past it (:meth:`TableSet.room_rows`).
 """
 
 from __future__ import annotations
@@ -24,12 +27,15 @@ import numpy as np
 from herald.errors import ProtocolError
 from herald.ps import kernels as K
 from herald.ps.aggregate import CHECK_MESSAGES, PendingStep
+from herald.ps.config import MAX_TABLES
 from herald.ps.rows import table_salt
 
 #: Completed steps whose key maps are kept to reject late contributions (NOTE [ps aggregation]).
 RETAIN_STEPS = 4
-#: Most tables one set holds: table positions travel as uint16 (NOTE [ps wire protocol]).
-MAX_TABLES = 1 << 16
+#: Bytes a table allocates per row besides the row itself (NOTE [ps limits]' max_shard_bytes):
+#: its key, open-aggregation mark, stamp, last use and clock (8 + 4 + 4 + 8 + 8) and at most
+#: 64 of key map (at most 8 int64 buckets per allocated row: herald/ps/table.py).
+ROW_OVERHEAD_BYTES = 96
 _NO_ROOM = np.iinfo(np.int64).max
 _EMPTY_U64 = np.zeros(0, np.uint64)
 _EMPTY_U64.setflags(write=False)
@@ -54,6 +60,8 @@ class TableSet:
     Args:
         shard, num_shards: the shard the set serves; keys of another shard are refused
             (``num_shards`` 1: every key is the set's).
+        max_bytes: NOTE [ps limits]' ``max_shard_bytes``: what all its tables may allocate
+            together (:meth:`nbytes`); None: no limit.
 
     Attributes:
         tables: the :class:`EmbeddingTable` s, by position.
@@ -62,8 +70,9 @@ class TableSet:
         counts: int64 [T]: keys per table of the last request (written by the kernels).
     """
 
-    def __init__(self, shard: int = 0, num_shards: int = 1):
+    def __init__(self, shard: int = 0, num_shards: int = 1, max_bytes: int | None = None):
         self.shard, self.num_shards = int(shard), int(num_shards)
+        self.max_bytes = None if max_bytes is None else int(max_bytes)
         self.tables: list = []
         self.d = np.zeros((0, K.D_COLS), np.int64)
         self.seeds = np.zeros(0, np.uint64)
@@ -119,6 +128,27 @@ class TableSet:
     @property
     def n_tables(self) -> int:
         return len(self.tables)
+
+    def nbytes(self) -> int:
+        """Bytes the tables allocated (NOTE [ps limits]' ``max_shard_bytes``): each one's
+        allocated rows times (4 x row width + :data:`ROW_OVERHEAD_BYTES`)."""
+        return int((self.d[:, K.D_CAP] * (4 * self.d[:, K.D_WIDTH] + ROW_OVERHEAD_BYTES)).sum())
+
+    def room_rows(self, t: int) -> int | None:
+        """Most rows table position ``t`` may allocate with the others' as they are (None:
+        no ``max_bytes``); at least its allocated rows while the limit holds."""
+        if self.max_bytes is None:
+            return None
+        row_bytes = 4 * int(self.d[t, K.D_WIDTH]) + ROW_OVERHEAD_BYTES
+        others = self.nbytes() - int(self.d[t, K.D_CAP]) * row_bytes
+        return max(0, self.max_bytes - others) // row_bytes
+
+    def check_bytes(self, total: int, what: str) -> None:
+        """Raise :class:`ProtocolError` if ``total`` bytes over all tables (after ``what``)
+        pass ``max_bytes``."""
+        if self.max_bytes is not None and total > self.max_bytes:
+            raise ProtocolError(f"{what} would take the tables of this shard to {total} bytes, past its "
+                                f"max_shard_bytes={self.max_bytes}; add PS shards or raise --max-shard-bytes")
 
     @property
     def dims(self) -> np.ndarray:
@@ -178,6 +208,10 @@ class TableSet:
         if code == K.DUPLICATE:
             raise ProtocolError(f"{op} on table {name!r}: key {key} appears twice; "
                                 "send each key once per request (sum its gradients first)")
+        if code == K.NONFINITE:
+            raise ProtocolError(f"{op} on table {name!r}: the row of key {key} holds NaN or infinity; nothing "
+                                "was stored: the sender's copy diverged (lower the learning rate, or clip the "
+                                "gradients, and continue from the last checkpoint)")
         raise ProtocolError(f"{op} on table {name!r}: internal error {code} at key {key}")
 
     # ------------------------------------------------------------------ ops

@@ -18,7 +18,7 @@ from herald.errors import ProtocolError
 from herald.ps import kernels as K
 from herald.ps.aggregate import PendingStep
 from herald.ps.evicted import EvictedKeys
-from herald.ps.store import TableSet, frozen
+from herald.ps.store import ROW_OVERHEAD_BYTES, TableSet, frozen
 from herald.spec.tables import TableConfig
 from herald.ps.rows import hyper_params, init_args
 
@@ -27,6 +27,29 @@ _ONE_TABLE = 0
 
 #: Per-row arrays besides ``rows`` (grown, compacted and reset together).
 _PER_ROW = ("row_keys", "row_marks", "stamps", "last_used", "clocks")
+
+
+#: Rows a table allocates when it is declared (its arrays double as it grows).
+FIRST_ROWS = 1024
+
+
+def rows_within(max_bytes: int | None, width: int) -> int | None:
+    """Rows of ``width`` floats in ``max_bytes`` (NOTE [ps limits]' ``max_table_bytes``;
+    at least 1; None: no limit)."""
+    return None if max_bytes is None else max(1, int(max_bytes) // (4 * int(width)))
+
+
+def first_capacity(capacity_rows: int, max_rows: int | None) -> int:
+    """Rows a new table allocates: ``capacity_rows`` (at least 16), at most ``max_rows``
+    (:func:`rows_within` its ``max_table_bytes``; None: no bound)."""
+    cap = max(16, int(capacity_rows))
+    return cap if max_rows is None else max(16, min(cap, max_rows))
+
+
+def table_bytes(rows: int, width: int) -> int:
+    """What a table of ``rows`` allocated rows of ``width`` floats counts against NOTE [ps
+    limits]' ``max_shard_bytes`` (Python ints)."""
+    return int(rows) * (4 * int(width) + ROW_OVERHEAD_BYTES)
 
 
 class EmbeddingTable:
@@ -42,7 +65,8 @@ class EmbeddingTable:
             before anything is stored.
         max_resident_rows: LRU bound on the rows held (NOTE [bounded ps]); None: no bound.
         tableset: the :class:`TableSet` of the shard this table belongs to (the table is
-            appended to it); None: a set of its own.
+            appended to it; its ``max_bytes``, NOTE [ps limits]' ``max_shard_bytes``,
+            bounds this table's growth too); None: a set of its own.
 
     Attributes:
         pos: the table's position in its set (the shard's table index).
@@ -50,7 +74,7 @@ class EmbeddingTable:
             tables share them).
     """
 
-    def __init__(self, tcfg: TableConfig, table_index: int, seed: int, capacity_rows: int = 1024,
+    def __init__(self, tcfg: TableConfig, table_index: int, seed: int, capacity_rows: int = FIRST_ROWS,
                  max_bytes: int | None = None, max_resident_rows: int | None = None,
                  tableset: TableSet | None = None):
         self.cfg = tcfg
@@ -58,7 +82,7 @@ class EmbeddingTable:
         self.width = tcfg.row_width
         # Python ints: a row count times a row size never overflows
         self.max_bytes = None if max_bytes is None else int(max_bytes)
-        self.max_rows = None if max_bytes is None else max(1, int(max_bytes) // (4 * int(self.width)))
+        self.max_rows = rows_within(max_bytes, self.width)
         self.max_resident = None if max_resident_rows is None else int(max_resident_rows)
         if self.max_resident is not None and self.max_resident < 1:
             raise ValueError(f"max_resident_rows must be >= 1, got {max_resident_rows}")
@@ -66,9 +90,7 @@ class EmbeddingTable:
         self.evicted_keys = EvictedKeys()   # their keys (NOTE [evictions read again])
         self.init_args = init_args(tcfg, table_index, seed)
         self.hp = hyper_params(tcfg)
-        cap = max(16, int(capacity_rows))
-        if self.max_rows is not None:
-            cap = max(16, min(cap, self.max_rows))
+        cap = first_capacity(capacity_rows, self.max_rows)
         self.rows = np.zeros((cap, self.width), np.float32)
         self.row_keys = np.zeros(cap, np.uint64)
         self.row_marks = np.zeros(cap, np.int32)   # open aggregations per row
@@ -98,14 +120,16 @@ class EmbeddingTable:
         self._set.publish(self.pos)
 
     def reserve(self, n: int) -> None:
-        """Room for ``n`` more rows (arrays double; the map stays at load <= 1/2)."""
+        """Room for ``n`` more rows (arrays double, up to the byte limits of NOTE [ps
+        limits]; the map stays at load <= 1/2)."""
         need = self.n_rows + n
         cap = self.rows.shape[0]
         if need > cap:
             while cap < need:
                 cap *= 2
-            if self.max_rows is not None:
-                cap = max(need, min(cap, self.max_rows))
+            for bound in (self.max_rows, self._set.room_rows(self.pos)):
+                if bound is not None:
+                    cap = max(need, min(cap, bound))
             rows = np.empty((cap, self.width), np.float32)
             K.copy_rows_jit(rows, self.rows, self.n_rows)
             self.rows = rows
@@ -139,12 +163,18 @@ class EmbeddingTable:
 
     def prepare(self, keys: np.ndarray) -> None:
         """Room for the unseen ones of ``keys`` (uint64 [n]): growth; NOTE [ps limits]'
-        ``max_bytes`` (:class:`ProtocolError` before anything is stored); NOTE [bounded ps]'
-        eviction, never of a row of ``keys``."""
+        ``max_bytes`` and the shard's ``max_shard_bytes`` (:class:`ProtocolError` before
+        anything is stored or evicted); NOTE [bounded ps]' eviction, never of a row of ``keys``."""
         grow = keys.shape[0]
         scratch = np.empty(grow, np.int64)
-        if self.max_rows is not None and self.n_rows + grow > self.max_rows:
+        counted = self.max_rows is not None and self.n_rows + grow > self.max_rows
+        if counted:
             grow = self._check_growth(keys, scratch)
+        room = self._set.room_rows(self.pos)
+        if room is not None and self._rows_after(grow) > room:
+            if not counted:   # keys.shape[0] overstates the growth: count the distinct unseen keys
+                grow = self._count_unseen(keys, scratch)
+            self._check_shard_growth(grow, room)
         if self.max_resident is not None and self.n_rows + grow > self.max_resident:
             grow = self._evict_for(keys, scratch)
         self.reserve(grow)
@@ -228,6 +258,20 @@ class EmbeddingTable:
                                 f"{self.n_rows + unseen} rows ({need} bytes) on this shard, past its "
                                 f"max_table_bytes={self.max_bytes}; add PS shards or raise --max-table-bytes")
         return unseen
+
+    def _rows_after(self, unseen: int) -> int:
+        """Rows the table holds once ``unseen`` new keys are in (after NOTE [bounded ps]'
+        evictions: at most ``max_resident``)."""
+        after = self.n_rows + unseen
+        return after if self.max_resident is None else min(after, self.max_resident)
+
+    def _check_shard_growth(self, unseen: int, room: int) -> None:
+        """:class:`ProtocolError` if the rows after ``unseen`` new keys need more rows than
+        ``room``, what NOTE [ps limits]' ``max_shard_bytes`` leaves this table."""
+        after = self._rows_after(unseen)
+        if after > max(room, self.rows.shape[0]):
+            total = self._set.nbytes() + table_bytes(after - self.rows.shape[0], self.width)
+            self._set.check_bytes(total, f"table {self.cfg.name!r}: {unseen} new keys ({after} rows)")
 
     def pull(self, keys: np.ndarray) -> tuple[np.ndarray, int]:
         """Rows of ``keys`` (float32 [n, width], duplicates allowed) and how many of them
@@ -315,8 +359,16 @@ class EmbeddingTable:
         """(row_keys uint64 [n], rows float32 [n, width]): views, copy before mutating."""
         return self.row_keys[: self.n_rows], self.rows[: self.n_rows]
 
-    def load(self, keys: np.ndarray, rows: np.ndarray) -> None:
-        """Replace the whole table by (keys, rows); drops open aggregations."""
+    @staticmethod
+    def load_capacity(n: int) -> int:
+        """Rows :meth:`load` allocates for ``n`` rows."""
+        return max(16, 1 << max(0, int(n - 1).bit_length()))
+
+    def load(self, keys: np.ndarray, rows: np.ndarray, capacity: int | None = None) -> None:
+        """Replace the whole table by (keys, rows), allocating ``capacity`` rows (at least
+        ``len(keys)``; None: :meth:`load_capacity`); drops open aggregations. NOTE [ps
+        limits]' ``max_shard_bytes`` is the caller's to check, over every table restored
+        (:meth:`~herald.ps.store.TableSet.check_bytes` before the first :meth:`load`)."""
         n = keys.shape[0]
         if self.max_resident is not None and n > self.max_resident:
             raise ProtocolError(f"table {self.cfg.name!r}: {n} rows exceed this shard's "
@@ -325,7 +377,7 @@ class EmbeddingTable:
             raise ProtocolError(f"table {self.cfg.name!r}: {n} rows ({n * 4 * self.width} bytes) exceed this "
                                 f"shard's max_table_bytes={self.max_bytes}; raise --max-table-bytes")
         self.evicted_keys.clear(self.row_keys[: self.n_rows])   # NOTE [evictions read again]
-        cap = max(16, 1 << max(0, int(n - 1).bit_length()))
+        cap = self.load_capacity(n) if capacity is None else max(int(capacity), n)
         self.rows = np.zeros((cap, self.width), np.float32)
         self.rows[:n] = rows
         self.row_keys = np.zeros(cap, np.uint64)

@@ -84,6 +84,7 @@ class ShardWatch:
                 for address in self.addresses:
                     sock = zmq.Context.instance().socket(zmq.DEALER)
                     sock.setsockopt(zmq.LINGER, 0)
+                    PS.configure(sock, max_array_bytes=0)   # ping replies: a header only (NOTE [message size limits])
                     if self._keys is not None:
                         secure_client(sock, self._keys)
                     sock.connect(address)

@@ -9,6 +9,7 @@ that ``herald train`` refuses a bad option before anything heavy loads.
 - :mod:`herald.spec.tables`: :class:`TableConfig`, :class:`OptimizerConfig`.
 - :mod:`herald.spec.consistency`, :mod:`herald.spec.comm`: the settings checks of the
   consistency modes and of compression / groups.
+- :mod:`herald.spec.models`: what each ``--model`` needs of a job (tables, embedding dim), once.
 - :mod:`herald.spec.modes`: the registry of the consistency modes, one entry each, naming
   the code above this layer that runs them as entry points (docs/consistency.md, "Adding a mode").
 - :mod:`herald.spec.train`: :class:`TrainConfig`, the user's settings of a job.
@@ -24,7 +25,7 @@ _EXPORTS = {
     "OptimizerConfig": "tables", "check_tables": "tables", "tables_from_json": "tables",
     "tables_to_json": "tables",
 }
-_SUBMODULES = ("comm", "consistency", "flags", "job", "modes", "tables", "train", "vocab")
+_SUBMODULES = ("comm", "consistency", "flags", "job", "models", "modes", "tables", "train", "vocab")
 
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals(), _SUBMODULES)

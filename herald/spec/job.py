@@ -17,9 +17,10 @@ from herald.errors import ConfigError
 from herald.spec.comm import check_comm
 from herald.spec.consistency import check_consistency, check_gba, check_hybrid, parse_slow_worker
 from herald.spec.flags import flag_errors
+from herald.spec.models import check_model
 from herald.spec.tables import TableConfig
 from herald.spec.train import TrainConfig, auto_model
-from herald.spec.vocab import DENSE_OPTIMIZERS, MODELS, SCALAR_SLICE_MODELS
+from herald.spec.vocab import DENSE_OPTIMIZERS, MODELS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,9 +99,7 @@ class JobSpec:
         require(len(self.ps) >= 1, "a job needs at least one PS shard endpoint")
         require(self.dense_dim >= 0, f"dense_dim must be >= 0, got {self.dense_dim}")
         require(self.model in MODELS, f"model must be one of {MODELS}, got {self.model!r}")
-        require(self.model not in SCALAR_SLICE_MODELS or min(t.dim for t in self.tables) >= 2,
-                f"model {self.model} needs table dim >= 2 (the last element of each row is the id's scalar weight); "
-                "set --embedding-dim 2 or more, or choose another --model")
+        check_model(self.model, len(self.tables), min(t.dim for t in self.tables))
         require(self.dense_optimizer in DENSE_OPTIMIZERS,
                 f"dense optimizer must be one of {DENSE_OPTIMIZERS}, got {self.dense_optimizer!r}")
         check_consistency(self.consistency, self.staleness)

@@ -19,12 +19,13 @@ from herald.config import key_value, parse_value, require, setting
 from herald.spec.comm import check_comm
 from herald.spec.consistency import check_consistency, check_gba, check_hybrid, parse_slow_worker
 from herald.spec.flags import _flag, _integer, _number, flag_errors, scheduling_budget_value
+from herald.spec.models import check_model
 from herald.spec.modes import consistency_mode
 from herald.spec.tables import OptimizerConfig, TableConfig
 from herald.spec.vocab import (CACHE_DEVICES, CACHE_POLICIES, CONSISTENCY_MODES, DEFAULT_TIMEOUT_MS,
                                DENSE_COMM_DTYPES, DENSE_OPTIMIZERS, DEVICE_PATTERN, MAX_BRUTEFORCE_WORKERS,
-                               MAX_EMBEDDING_DIM, MAX_TIMEOUT_MS, MAX_WORKERS, MODELS, SCALAR_SLICE_MODELS,
-                               SCHEDULES, SPARSE_OPTIMIZERS, WIRE_DTYPES)
+                               MAX_EMBEDDING_DIM, MAX_TIMEOUT_MS, MAX_WORKERS, MODELS, SCHEDULES,
+                               SPARSE_OPTIMIZERS, WIRE_DTYPES)
 
 DEFAULT_SOURCE = "synthetic://criteo?rows=600000&seed=0"
 #: Worker cache rows for a kafka:// stream without --cache-rows: a stream has no known
@@ -82,10 +83,14 @@ class TrainConfig:
                                       "plan (random partition + communication plan), vanilla (random partition + "
                                       "full-set sync: the baseline), optimal (brute-force allocation: --batch-size 1, "
                                       "<= 8 workers)", choices=SCHEDULES)
-    consistency: str = setting("bsp", "consistency protocol of the embeddings: bsp (exact, equal to "
-                                      "single-process training), bounded (HET clock-bounded reads: a cached copy "
-                                      "at most --staleness updates behind is read instead of re-pulled; "
-                                      "docs/consistency.md)", choices=CONSISTENCY_MODES)
+    consistency: str = setting("bsp", "consistency protocol of the embeddings (docs/consistency.md): bsp (exact, "
+                                      "equal to single-process training), bounded (HET's bound on reads: a cached "
+                                      "copy at most --staleness updates behind is read instead of re-pulled; writes "
+                                      "stay exact), hybrid (Persia: workers hold no embeddings and return gradients "
+                                      "by sample id; the dispatcher, as Persia's embedding worker, pushes them "
+                                      "asynchronously: reads at most --max-inflight-steps - 1 steps stale; dense "
+                                      "exact), gba (GBA: the PS applies --gba-buffer gradients per global step, "
+                                      "dropping those over --gba-threshold steps stale)", choices=CONSISTENCY_MODES)
     staleness: int = setting(0, "--consistency bounded: staleness bound s in updates of one embedding "
                                 "(0 = exact BSP)", metavar="S")
     hybrid_expiry: int | None = setting(None, "hybrid: drop and count gradients over STEPS steps late", metavar="STEPS")
@@ -96,8 +101,10 @@ class TrainConfig:
     wire_dtype: str = setting("fp32", "embedding rows and gradients on the PS wire (the PS keeps fp32; "
                                       "docs/compression.md)", choices=WIRE_DTYPES)
     dense_comm: str = setting("fp32", "dense all-reduce payload (DDP compress hooks)", choices=DENSE_COMM_DTYPES)
-    groups: int = setting(1, "HT groups: G dense replicas averaged in the background by EASGD (1: BSP); with "
-                             "--consistency hybrid each group has its own dispatcher and share of the data",
+    groups: int = setting(1, "Hierarchical Training's dense half: G dense replicas, each all-reduced within its "
+                             "group and averaged between groups in the background by EASGD (1: one replica); "
+                             "with --consistency hybrid each group has its own dispatcher and share of the data, "
+                             "with bsp and bounded the groups stay in lockstep under one dispatcher, not with gba",
                           metavar="G")
     average_every: int = setting(10, "steps between a group's EASGD averagings", metavar="STEPS")
     easgd_alpha: float = setting(0.3, "--groups > 1: EASGD elastic moving rate in (0, 1)", metavar="ALPHA")
@@ -106,7 +113,10 @@ class TrainConfig:
               "tables with the highest degree of infrequency that fit a scheduling time per global batch of: auto "
               "(half of the measured training step, so the scheduler stays off the critical path) or MS "
               "milliseconds; k is never lowered when even one table would not fit; k over time is in the report "
-              "(default: static, every table)", metavar="auto|MS", type=scheduling_budget_value)
+              "(default: static, every table). With CPU workers auto keeps every table, so it trains as static: "
+              "scoring is not the cost (measured: scheduling ~1.5 ms of a 35-45 ms step, docs/scheduler.md); k "
+              "drops only where scheduling takes over half a step (short GPU steps)",
+        metavar="auto|MS", type=scheduling_budget_value)
     scheduler_threads: int = setting(1, "threads of the scheduler's per-table, per-sample and per-worker passes "
                                         "(Herald §4.4); the plans do not depend on it", metavar="N")
     workers: int = setting(2, "number of workers")
@@ -136,7 +146,9 @@ class TrainConfig:
                                                    "(credits; default: 3 in bsp and bounded, so the next micro-batch "
                                                    "is there before a step's message goes out; 2 in hybrid, where "
                                                    "they bound staleness, and gba)", metavar="STEPS")
-    timeout_ms: int = setting(DEFAULT_TIMEOUT_MS, "longest wait for any peer before it is reported by name")
+    timeout_ms: int = setting(DEFAULT_TIMEOUT_MS, "longest wait for any peer before it is reported by name; the "
+                                                  "start-up waits (the workers' hellos, each worker's wait for the "
+                                                  "job) last at least 60 s however short this is")
     ps_restarts: int = setting(0, "when a PS shard dies, roll the whole job back to its latest checkpoint and go on, at "
                                   "most this many times (Persia-style failover; needs --checkpoint-every)",
                                metavar="N")
@@ -241,9 +253,7 @@ class TrainConfig:
                                                             f"{getattr(self, name)!r}")
         require(not self.pin_cores or hasattr(os, "sched_setaffinity"),
                 "--pin-cores needs os.sched_setaffinity (Linux); leave it out on this system")
-        require(self.model not in SCALAR_SLICE_MODELS or self.embedding_dim >= 2,
-                f"--model {self.model} needs --embedding-dim >= 2 (the last element of each row is the id's scalar "
-                f"weight), got {self.embedding_dim}")
+        check_model(self.model, None, self.embedding_dim)   # the tables: check_schema, once the source is open
         require(self.schedule != "optimal" or (self.batch_size == 1 and self.workers <= MAX_BRUTEFORCE_WORKERS),
                 f"--schedule optimal (brute force) needs --batch-size 1 and --workers <= {MAX_BRUTEFORCE_WORKERS}, got "
                 f"--batch-size {self.batch_size} --workers {self.workers}")
@@ -266,6 +276,25 @@ class TrainConfig:
         with flag_errors():
             opt = OptimizerConfig(name=self.optimizer, lr=self.lr)
             return [TableConfig(name=n, dim=self.embedding_dim, optimizer=opt) for n in schema.table_names]
+
+    def check_schema(self, schema, dataset: str | None) -> None:
+        """Check the settings that need the source's schema, naming the flag: the model
+        ``--model`` trains (``auto`` resolved by :func:`auto_model`) against the source's
+        tables and ``--embedding-dim`` (:func:`herald.spec.models.check_model`, the one
+        statement of what each model needs). :class:`herald.job.data.JobData` runs it as
+        soon as the source is open: before any pass over the data and before any process
+        of the job starts.
+
+        Args:
+            schema: a :class:`herald.loader.batch.Schema` (``num_tables``, ``dense_dim``,
+                ``table_names`` are read); dataset: the source's format name, or None.
+
+        Raises:
+            ConfigError: a model the source cannot feed.
+        """
+        model = auto_model(self.model, dataset, schema.num_tables, schema.dense_dim)
+        check_model(model, schema.num_tables, self.embedding_dim, chosen_as=self.model,
+                    table_names=tuple(schema.table_names))
 
     @property
     def num_ps_shards(self) -> int:

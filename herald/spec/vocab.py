@@ -59,3 +59,8 @@ CACHE_DEVICES = ("auto", "cpu", "torch")
 DEFAULT_TIMEOUT_MS = 120_000
 #: Largest ``--timeout-ms``: a day.
 MAX_TIMEOUT_MS = 86_400_000
+#: Least time the start-up waits get, milliseconds: the dispatcher's wait for its workers'
+#: hellos and each worker's wait for the job (its ``config``) last the longer of
+#: ``--timeout-ms`` and this, since starting a worker (Python, torch, numba) takes seconds
+#: to tens of seconds on a loaded host however short a step's timeout is (docs/operations.md).
+STARTUP_GRACE_MS = 60_000

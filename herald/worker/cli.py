@@ -46,7 +46,9 @@ def register(commands, bench, serve) -> None:
     w.add_argument("--cache-device", default="auto", choices=("auto", "cpu", "torch"),
                    help="embedding cache: auto (on the GPU when the device is one, else host memory), cpu (host "
                         "memory), torch (torch rows on the device, also on the CPU) (default: %(default)s)")
-    w.add_argument("--timeout-ms", type=int, default=DEFAULT_TIMEOUT_MS)
+    w.add_argument("--timeout-ms", type=int, default=DEFAULT_TIMEOUT_MS,
+                   help="longest wait for the dispatcher, the PS and the other workers; the wait for the job after "
+                        "hello lasts at least 60 s however short this is (default: %(default)s)")
     w.add_argument("--keys", default=None, metavar="DIR",
                    help="CURVE keys folder (herald keys generate DIR) of a dispatcher and PS run with --keys")
     w.set_defaults(func=_serve_worker)

@@ -62,7 +62,7 @@ def parse_device(requested: str | None) -> tuple[str, int | None]:
     """
     text = "auto" if requested is None else str(requested).strip()
     if not re.fullmatch(DEVICE_PATTERN, text):
-        raise ConfigError(f"device {requested!r} is not one of auto, cpu, cuda, cuda:N")
+        raise ConfigError(f"--device {requested!r} is not one of auto, cpu, cuda, cuda:N")
     kind, _, index = text.partition(":")
     return kind, (int(index) if index else None)
 
@@ -86,10 +86,11 @@ def choose_device(rank: int, local_rank: int, world_size: int, local_world_size:
                           f"local_world_size {local_world_size} <= world_size (check LOCAL_RANK / LOCAL_WORLD_SIZE)")
     kind, index = parse_device(requested)
     if kind == "cuda" and cuda_count < 1:
-        raise ConfigError(f"device {requested!r} needs CUDA, but no GPU is visible (torch.cuda.device_count() == 0): "
+        raise ConfigError(f"--device {requested} needs CUDA, but no GPU is visible (torch.cuda.device_count() == 0): "
                           "use --device auto or cpu, or check CUDA_VISIBLE_DEVICES and the driver")
     if index is not None and index >= cuda_count:
-        raise ConfigError(f"device {requested!r}: only {cuda_count} GPU(s) are visible (cuda:0..cuda:{cuda_count - 1})")
+        raise ConfigError(f"--device {requested}: only {cuda_count} GPU(s) are visible (cuda:0..cuda:{cuda_count - 1}): "
+                          "choose one of them, or --device cuda (one GPU per worker) or auto")
     if kind == "cpu" or (kind == "auto" and cuda_count < 1):
         notice = f"{world_size} workers on the CPU: gloo all-reduce" if world_size > 1 else None
         return DeviceChoice(torch.device("cpu"), "gloo", notice)
@@ -125,17 +126,39 @@ def local_ranks(rank: int, world_size: int, env: Mapping[str, str] | None = None
                           f"{env.get('LOCAL_WORLD_SIZE')!r}") from None
 
 
+def visible_gpus() -> int:
+    """GPUs this process may use: ``torch.cuda.device_count()`` when CUDA is available, else 0."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def check_device(requested: str | None, local_world_size: int, cuda_count: int | None = None) -> None:
+    """Refuse, before any worker starts, a ``--device`` that the workers of this host cannot
+    train on: what :func:`select_device` would raise in each of the ``local_world_size``
+    workers (``herald train``'s local workers: :meth:`herald.job.parts.LocalWorkers.prepare`).
+    ``auto`` and ``cpu`` ask nothing of CUDA (no CUDA call); ``cuda`` and ``cuda:N`` ask
+    :func:`visible_gpus` (``cuda_count``, when given, instead: tests).
+
+    Raises:
+        ConfigError: as :func:`choose_device` (CUDA asked for and no GPU visible, or
+            ``cuda:N`` beyond the visible GPUs), naming ``--device``.
+    """
+    kind, _ = parse_device(requested)
+    if kind != "cuda":
+        return
+    count = visible_gpus() if cuda_count is None else cuda_count
+    choose_device(0, 0, local_world_size, local_world_size, requested, count)
+
+
 def select_device(rank: int, world_size: int, requested: str | None,
                   env: Mapping[str, str] | None = None) -> DeviceChoice:
-    """:func:`choose_device` for this process (CUDA's device count, torchrun's environment),
+    """:func:`choose_device` for this process (:func:`visible_gpus`, torchrun's environment),
     then ``torch.cuda.set_device`` when the device is a GPU: call before the process group.
 
     Raises:
         ConfigError: as :func:`choose_device`.
     """
     local_rank, local_world_size = local_ranks(rank, world_size, env)
-    cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    choice = choose_device(rank, local_rank, world_size, local_world_size, requested, cuda_count)
+    choice = choose_device(rank, local_rank, world_size, local_world_size, requested, visible_gpus())
     if choice.device.type == "cuda":
         torch.cuda.set_device(choice.device)
     return choice

@@ -19,7 +19,9 @@ import zmq
 
 from herald import wire
 from herald.auth import load_client_keys, secure_client
+from herald.dispatch.microbatch import MAX_WORKER_FRAME_BYTES
 from herald.errors import HeraldError, PeerTimeout, ProtocolError
+from herald.spec.vocab import STARTUP_GRACE_MS
 
 
 class DispatcherLink:
@@ -49,7 +51,7 @@ class DispatcherLink:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.IDENTITY, f"worker-{rank}".encode())
         sock.setsockopt(zmq.SNDTIMEO, timeout_ms)   # no connected dispatcher (e.g. it refused our keys): bounded
-        wire.DISPATCH.configure(sock)
+        wire.DISPATCH.configure(sock, max_array_bytes=MAX_WORKER_FRAME_BYTES)   # NOTE [message size limits]
         if keys is not None:
             secure_client(sock, keys)
         sock.connect(address)
@@ -59,11 +61,16 @@ class DispatcherLink:
         """Say hello as rank :attr:`rank` of ``world_size``; returns the ``job`` of the
         dispatcher's ``config`` answer (unchecked: :meth:`JobSpec.from_dict`'s input).
 
+        The wait for the config lasts the longer of ``timeout_ms`` and
+        :data:`~herald.spec.vocab.STARTUP_GRACE_MS`: the dispatcher sends it once the
+        last worker has started and said hello, which no step's timeout bounds.
+
         Raises:
-            PeerTimeout: no config within ``timeout_ms``. ProtocolError: another op came.
+            PeerTimeout: no config within that wait. ProtocolError: another op came.
         """
         self.send({"op": "hello", "rank": self.rank, "world_size": world_size})
-        header, _ = self.receive("config")
+        header, _ = self.receive("config (it comes once every worker said hello)",
+                                 timeout_ms=max(self.timeout_ms, STARTUP_GRACE_MS))
         if header["op"] != "config":
             raise ProtocolError(f"expected config from the dispatcher, got {header['op']!r}")
         return header.get("job")

@@ -22,6 +22,10 @@ W2 MovieLens + NCF, W3 Avazu + DeepFM, W4 Criteo Sponsored Search + Deep&Cross; 
 trains WDL, DeepFM and DCN with 3 hidden layers of 256 (HET §5, Table 3),
 the default deep part here. :func:`build_model` ``auto`` keeps the shape rule; the
 job resolves ``auto`` by dataset first (:func:`herald.spec.train.auto_model`).
+
+What each model needs of a job (its table count, the smallest ``--embedding-dim``) is
+stated once, in :data:`herald.spec.models.MODEL_NEEDS`: the constructors below check it
+with :func:`herald.spec.models.check_model`, as ``herald train`` does before any process starts.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import torch
 from torch import nn
 
 from herald.errors import ConfigError
+from herald.spec.models import check_model
 
 #: Hidden layers of the deep part of WDL, DeepFM and DCN (HET Table 3).
 DEEP_MLP = (256, 256, 256)
@@ -42,14 +47,6 @@ def _mlp(sizes: list[int], *, last_activation: bool) -> nn.Sequential:
         if i < len(sizes) - 2 or last_activation:
             layers.append(nn.ReLU())
     return nn.Sequential(*layers)
-
-
-def _check_tables(model: str, num_tables: int, embedding_dim: int, min_dim: int = 1) -> None:
-    if num_tables < 1:
-        raise ConfigError(f"{model} needs at least one embedding table, got {num_tables}")
-    if embedding_dim < min_dim:
-        why = " (the last element of each row is the id's scalar weight: NOTE [scalar slice])" if min_dim > 1 else ""
-        raise ConfigError(f"{model} needs --embedding-dim >= {min_dim}{why}, got {embedding_dim}")
 
 
 def split_scalar(emb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,7 +72,7 @@ class DLRM(nn.Module):
     def __init__(self, dense_dim: int, num_tables: int, embedding_dim: int,
                  bottom_mlp: tuple[int, ...] = (64,), top_mlp: tuple[int, ...] = (64, 32)):
         super().__init__()
-        _check_tables("DLRM", num_tables, embedding_dim)
+        check_model("dlrm", num_tables, embedding_dim)   # what each model needs: herald/spec/models.py
         self.dense_dim = dense_dim
         self.bottom = _mlp([dense_dim, *bottom_mlp, embedding_dim], last_activation=True) if dense_dim else None
         n = num_tables + (1 if dense_dim else 0)
@@ -126,7 +123,7 @@ class WideAndDeep(nn.Module):
     def __init__(self, dense_dim: int, num_tables: int, embedding_dim: int,
                  deep_mlp: tuple[int, ...] = DEEP_MLP):
         super().__init__()
-        _check_tables("Wide&Deep", num_tables, embedding_dim, min_dim=2)
+        check_model("wdl", num_tables, embedding_dim)
         self.wide_dense = nn.Linear(dense_dim, 1, bias=False) if dense_dim else None
         self.deep = _mlp([num_tables * (embedding_dim - 1) + dense_dim, *deep_mlp, 1], last_activation=False)
 
@@ -165,7 +162,7 @@ class DeepFM(nn.Module):
     def __init__(self, dense_dim: int, num_tables: int, embedding_dim: int,
                  deep_mlp: tuple[int, ...] = DEEP_MLP):
         super().__init__()
-        _check_tables("DeepFM", num_tables, embedding_dim, min_dim=2)
+        check_model("deepfm", num_tables, embedding_dim)
         k = embedding_dim - 1
         self.bias = nn.Parameter(torch.zeros(1))
         self.dense_vectors = nn.Parameter(torch.empty(dense_dim, k).uniform_(-0.05, 0.05)) if dense_dim else None
@@ -222,7 +219,7 @@ class DCNv2(nn.Module):
     def __init__(self, dense_dim: int, num_tables: int, embedding_dim: int, cross_layers: int = 3,
                  deep_mlp: tuple[int, ...] = DEEP_MLP):
         super().__init__()
-        _check_tables("DCN", num_tables, embedding_dim)
+        check_model("dcn", num_tables, embedding_dim)
         if cross_layers < 1:
             raise ConfigError(f"DCN needs cross_layers >= 1, got {cross_layers}")
         width = dense_dim + num_tables * embedding_dim
@@ -252,8 +249,7 @@ class NCF(nn.Module):
 
     def __init__(self, dense_dim: int, num_tables: int, embedding_dim: int, mlp: tuple[int, ...] = (64, 32)):
         super().__init__()
-        if num_tables != 2:
-            raise ConfigError(f"NCF needs exactly 2 tables (user, item), got {num_tables}; use --model dlrm")
+        check_model("ncf", num_tables, embedding_dim)
         self.mlp = _mlp([2 * embedding_dim + dense_dim, *mlp], last_activation=True)
         self.out = nn.Linear(embedding_dim + mlp[-1], 1)
 

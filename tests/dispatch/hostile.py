@@ -10,13 +10,13 @@ delivers its frames like any other message.
 
 from __future__ import annotations
 
-import socket
 import struct
 
 import msgpack
 import numpy as np
 
 from herald import wire
+from tests import rawpeer
 
 V = wire.DISPATCH.version
 
@@ -126,9 +126,9 @@ NOISE = [b"GET / HTTP/1.1\r\nHost: dispatcher\r\n\r\n", bytes(range(256)) * 8, b
 
 
 def send_raw_tcp(address: str, payload: bytes, timeout_s: float = 5.0) -> None:
-    """Connect a plain TCP socket to ``address`` (``tcp://host:port``), send ``payload``, close."""
-    host, port = address.removeprefix("tcp://").rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=timeout_s) as s:
+    """Connect a plain socket to ``address`` (``tcp://host:port``, or ``ipc://path``: a Unix
+    socket, as ``herald train``'s dispatcher binds), send ``payload``, close."""
+    with rawpeer.connect(address, timeout_s) as s:
         try:
             s.sendall(payload)
         except OSError:   # libzmq may hang up on noise first: that is a valid outcome

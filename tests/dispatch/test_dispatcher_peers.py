@@ -24,6 +24,8 @@ from herald.loader.batch import SampleBatch
 from herald.spec.tables import TableConfig
 from herald.scheduler import Scheduler
 from herald.scheduler.config import SchedulerConfig
+from herald.job.parts import raise_job_failure
+from herald.spec.vocab import STARTUP_GRACE_MS
 from tests.fakes import ScriptedWorker, ServedDispatcher, all_ended, cooperative, drive
 
 WORKERS, PER_WORKER, TABLES, VOCAB = 2, 4, 2, 12
@@ -34,6 +36,33 @@ PEER_TIMEOUT_MS = 1000
 # ends long before the 120 s default peer timeout: this generous bound only tells the two
 # apart (a loaded machine delays a wake-up by seconds, not minutes).
 HONOURED_S = 20.0
+
+
+class NoFailure:
+    """A PS part's liveness check that saw nothing (``failure()`` None)."""
+
+    def failure(self) -> None:
+        return None
+
+
+class FakeWorkers:
+    """The worker part :func:`raise_job_failure` talks to: ``exit_codes`` as given
+    (None: running), pid 100 + rank, no failure of its own, ``stop`` counted."""
+
+    def __init__(self, exit_codes: dict[int, int | None]):
+        self.codes, self.stopped = exit_codes, 0
+
+    def failure(self, grace_s: float = 0.0) -> None:
+        return None
+
+    def exit_codes(self) -> dict[int, int | None]:
+        return self.codes
+
+    def describe(self, rank: int) -> str:
+        return f"pid {100 + rank}, stopped (SIGSTOP or a debugger); log worker-{rank}.log"
+
+    def stop(self) -> None:
+        self.stopped += 1
 
 
 def make_batches(n: int, seed: int = 0) -> list[SampleBatch]:
@@ -240,11 +269,65 @@ def test_silent_peer_is_a_peer_timeout_naming_the_missing_rank(job_of):
 
 def test_peer_missing_at_handshake_is_a_peer_timeout_naming_it(job_of):
     t0 = time.monotonic()
-    d, served, peers, _ = job_of(make_batches(1), hello=(0,))
+    d, served, peers, _ = job_of(make_batches(1), hello=(0,), startup_grace_ms=2 * PEER_TIMEOUT_MS)
     served.join()
     assert isinstance(served.error, PeerTimeout), served.error
-    assert "hello from workers [1]" in str(served.error) and f"{PEER_TIMEOUT_MS} ms" in str(served.error)
-    assert 0.8 * PEER_TIMEOUT_MS / 1e3 <= served.ended_at - t0 < HONOURED_S
+    msg = str(served.error)   # the start-up wait, not the step timeout (below)
+    assert "hello from workers [1]" in msg and f"{2 * PEER_TIMEOUT_MS} ms" in msg and "start-up" in msg
+    assert 0.8 * 2 * PEER_TIMEOUT_MS / 1e3 <= served.ended_at - t0 < HONOURED_S
+    assert d.silence() is None   # workers still starting are not blamed (NOTE [silent workers])
+
+
+def test_the_hello_wait_is_the_start_up_grace_not_the_step_timeout(job_of):
+    """A worker that says hello later than --timeout-ms (it was importing torch) joins the
+    job: the handshake waits max(peer_timeout_ms, startup_grace_ms), 60 s by default."""
+    assert DispatcherConfig(num_workers=1).startup_grace_ms == STARTUP_GRACE_MS == 60_000
+    d, served, peers, _ = job_of(make_batches(2), hello=(0,), startup_grace_ms=4 * PEER_TIMEOUT_MS)
+    assert d.channel.startup_ms == 4 * PEER_TIMEOUT_MS and d.channel.timeout_ms == PEER_TIMEOUT_MS
+    time.sleep(1.5 * PEER_TIMEOUT_MS / 1e3)   # past the step timeout
+    assert served.thread.is_alive() and served.error is None
+    peers[1].hello()
+    for p in peers:
+        assert p.recv()[0]["op"] == "config"
+    drive(peers, cooperative, all_ended(peers))
+    served.join()
+    assert served.error is None and [r.step for r in served.result] == [0, 1]
+
+
+def test_a_worker_timing_out_on_a_silent_one_leaves_the_silent_one_named(job_of):
+    """NOTE [silent workers]: rank 0 stops answering; rank 1 acks step 0, waits in vain on
+    rank 0 for over half the timeout and reports its timeout. The dispatcher's view names
+    rank 0 as awaited and silent, rank 1 as the one that reported; the job's headline
+    names rank 0, the report of rank 1 comes after it."""
+    d, served, peers, _ = job_of(make_batches(3))
+    p0, p1 = peers
+    assert p1.recv()[0]["step"] == 0
+    p1.ack(0)                                   # rank 0 received its step and stays silent
+    time.sleep(0.6 * PEER_TIMEOUT_MS / 1e3)
+    p1.send({"op": "error", "rank": 1, "message": "PeerTimeout: PS shard 0 did not answer step within 1000 ms"})
+    served.join()
+    assert type(served.error) is HeraldError and str(served.error).startswith("worker 1 failed")
+    silence = d.silence()
+    assert set(silence.silent) == {0} and silence.awaited == {0} and silence.reported == {1}
+    assert set(silence.quiet) == {0, 1} and "ack of step 0 from workers [0]" in silence.waiting_for
+    # the job's headline (herald/job/parts.py), both workers still running
+    with pytest.raises(HeraldError) as failed:
+        raise_job_failure(served.error, NoFailure(), FakeWorkers({0: None, 1: None}), silence)
+    first, *rest = str(failed.value).splitlines()
+    assert first.startswith("worker-0 (pid 100") and "went silent" in first and "ack of step 0" in first, first
+    assert "worker 1 failed: PeerTimeout" in "\n".join(rest)
+
+
+def test_a_worker_error_right_after_its_ack_blames_that_worker(job_of):
+    """A worker that fails without a long silence first crashed on its own: the dispatcher
+    names nobody silent, and the job's headline stays that worker's error."""
+    d, served, peers, _ = job_of(make_batches(3))
+    assert peers[1].recv()[0]["step"] == 0
+    peers[1].send({"op": "error", "rank": 1, "message": "CUDA out of memory"})
+    served.join()
+    assert d.silence() is None
+    with pytest.raises(HeraldError, match="^worker 1 failed: CUDA out of memory"):
+        raise_job_failure(served.error, NoFailure(), FakeWorkers({0: None, 1: None}), d.silence())
 
 
 # ------------------------------------------------------------ a worker's error

@@ -147,11 +147,12 @@ def test_checkpoint_meta_holds_the_skip_counts(tmp_path):
 
 @pytest.mark.slow   # ~45 s (2 shared cores): a job killed, then resumed
 def test_kill_9_leftovers_are_removed_by_the_resumed_run_and_checkpoints_are_private(tmp_path, data):
-    """NOTE [run leftovers] and NOTE [private files] on a real job: its PS folder and store
-    file outlive a kill -9; the resumed run removes them (and leaves none of its own)."""
+    """NOTE [run leftovers] and NOTE [private files] on a real job: its PS folder, its
+    dispatcher's socket folder and its store file outlive a kill -9; the resumed run
+    removes them (and leaves none of its own)."""
     run_dir, tmp = tmp_path / "run", tmp_path / "tmp"
     tmp.mkdir()
-    env = dict(os.environ, TMPDIR=str(tmp))   # the job's PS folder where this test looks
+    env = dict(os.environ, TMPDIR=str(tmp))   # the job's PS and socket folders where this test looks
     args = _cmd(data["good"], run_dir, "--quiet", "--cache-rows", "500", "--checkpoint-every", "5", "--epochs", "30")
     old = os.umask(0o022)
     try:
@@ -165,8 +166,9 @@ def test_kill_9_leftovers_are_removed_by_the_resumed_run_and_checkpoints_are_pri
     finally:
         if job.poll() is None:
             job.kill()
-    left = sorted(tmp.glob("herald-ps-*")) + sorted(run_dir.glob(".dist-store-*"))
-    assert len(left) == 2 and [p.name for p in run_dir.glob(".owner-*.json")] == [f".owner-{job.pid}.json"]
+    left = [*sorted(tmp.glob("herald-ps-*")), *sorted(tmp.glob("herald-dispatch-*")),
+            *sorted(run_dir.glob(".dist-store-*"))]
+    assert len(left) == 3 and [p.name for p in run_dir.glob(".owner-*.json")] == [f".owner-{job.pid}.json"]
     ckpts = run_dir / "checkpoints"   # written under umask 022 by the job, its shards and its rank 0
     entries = [ckpts, *ckpts.rglob("*")]
     files = {p.name: p.stat().st_mode & 0o777 for p in entries if p.is_file()}
@@ -176,6 +178,6 @@ def test_kill_9_leftovers_are_removed_by_the_resumed_run_and_checkpoints_are_pri
                           timeout=240, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"removed what the killed run (pid {job.pid}) left: " in done.stderr
-    assert not any(p.exists() for p in left) and list(tmp.glob("herald-ps-*")) == []
+    assert not any(p.exists() for p in left) and list(tmp.glob("herald-*")) == []
     assert not list(run_dir.glob(".owner-*")) and not list(run_dir.glob(".dist-store-*"))
     assert {p.stat().st_mode & 0o777 for p in run_dir.glob("dense-rank*.pt")} == {0o600}

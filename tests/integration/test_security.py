@@ -207,6 +207,8 @@ def test_a_job_with_keys_trains_exactly_as_without_and_listens_on_loopback_only(
                       if ipaddress.ip_address(a).is_unspecified}
         assert not everywhere, f"listening on every interface: {everywhere} ({listened['listen']})"
         assert listened["listen"].get("worker"), "no gloo listener seen: the check saw nothing"
+        # NOTE [local job sockets]: the dispatcher and the PS shards bind ipc sockets in 0700 folders
+        assert not listened["listen"].get("launcher") and not listened["listen"].get("ps"), listened["listen"]
         assert all(ipaddress.ip_address(a).is_loopback for role in listened["listen"].values() for a, _ in role)
     workers = [c for c in seen_curve["commands"] if "serve worker" in c]
     shards = [c for c in seen_curve["commands"] if "serve ps" in c]

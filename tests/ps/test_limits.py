@@ -12,7 +12,11 @@ from herald.errors import ConfigError
 from herald.spec.tables import OptimizerConfig, TableConfig
 from herald.ps.config import ShardLimits
 from herald.ps.server import ShardServer
-from tests.fakes import shard_request
+from herald.ps.store import ROW_OVERHEAD_BYTES
+from herald.ps.table import FIRST_ROWS
+from herald.ps.wire import PS
+from tests.fakes import as_frames, shard_request
+from tests.ps.test_step_message import _step_frames
 
 
 _RID = iter(range(1, 1 << 30))
@@ -170,3 +174,107 @@ def test_max_rows_bounds_resident_rows_and_counts_evictions():
     assert server.stats()["tables"]["t"]["evicted_rows_read_again"] == stats["evicted_rows_read_again"] + 20
     with pytest.raises(ConfigError, match="max_rows"):
         ShardLimits(max_rows=-1)
+
+
+# ------------------------------------------------------------------ rows, shard bytes, table count
+def _push_rows(server, keys, rows, table=0, advance=None):
+    keys = np.asarray(keys, np.uint64)
+    header = {"op": "push_rows", "rid": next(_RID), "cid": 1, "parts": [{"table": table}]}
+    arrays = [keys, np.asarray(rows, np.float32)]
+    if advance is not None:   # NOTE [clock frames]: the clocked path stores rows through the same kernel
+        header["advance"] = True
+        arrays.append(np.full(keys.shape[0], advance, np.uint64))
+    return shard_request(server, header, arrays)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("advance", [None, 1])
+def test_non_finite_rows_are_refused_and_nothing_is_stored(bad, advance):
+    server = ShardServer(0, 1, tables=[TableConfig("emb", 2, OptimizerConfig("adagrad"), init="zeros")])
+    _pull(server, [7])
+    before = _pull(server, [7])[1][0].copy()
+    rows = np.ones((3, 4), np.float32)
+    rows[2, 3] = bad   # in the optimizer state: the whole row is checked
+    h, _ = _push_rows(server, [7, 8, 9], rows, advance=advance)
+    assert not h["ok"] and h["error"] == "protocol", h
+    assert "'emb'" in h["message"] and "key 9" in h["message"] and "NaN or infinity" in h["message"]
+    assert server.stats()["tables"]["emb"]["rows"] == 1   # keys 8 and 9 not inserted, 7 not written
+    assert np.array_equal(_pull(server, [7])[1][0], before)
+    assert _push_rows(server, [7, 8, 9], np.ones((3, 4), np.float32), advance=advance)[0]["ok"]   # finite: stored
+    assert np.array_equal(_pull(server, [8])[1][0], np.ones((1, 4), np.float32))
+
+
+def test_non_finite_rows_in_a_step_message_are_refused_before_any_change():
+    """NOTE [step messages]: a step's push_rows section goes through the same check."""
+    server = ShardServer(0, 1, tables=[TableConfig("emb", 2, init="zeros")])
+    rows = np.ones((2, 2), np.float32)
+    rows[0, 0] = np.nan
+    grads = ([0], [5], np.ones((1, 2), np.float32), np.array([1], np.uint16))
+    (peer, frames), = server.receive("w0", _step_frames(0, 0, 1, next(_RID), rows=([0, 0], [3, 4], rows),
+                                                        grads=grads))
+    h, _ = PS.unpack(as_frames(frames))
+    assert peer == "w0" and not h["ok"] and "key 3" in h["message"] and "NaN or infinity" in h["message"]
+    assert server.stats()["tables"]["emb"]["rows"] == 0   # neither the rows nor the gradient's key
+    rows[0, 0] = 0.5
+    (_, frames), = server.receive("w0", _step_frames(1, 0, 1, next(_RID), rows=([0, 0], [3, 4], rows),
+                                                     grads=grads))
+    assert PS.unpack(as_frames(frames))[0]["ok"]
+    assert np.array_equal(_pull(server, [3, 4])[1][0], rows)
+
+
+def test_shard_bytes_bound_every_table_together():
+    """max_shard_bytes: rows allocated over all tables (4 x width + 96 bytes each); growth
+    past it and declares past it are refused before any change, naming the option."""
+    row = 4 * 4 + ROW_OVERHEAD_BYTES   # dim 4, sgd
+    limit = 3 * FIRST_ROWS * row       # three tables' first rows
+    tables = [TableConfig("a", 4), TableConfig("b", 4)]
+    server = ShardServer(0, 1, tables=tables, limits=ShardLimits(max_shard_bytes=limit))
+    assert server.store.nbytes() == 2 * FIRST_ROWS * row
+    assert _pull(server, np.arange(2 * FIRST_ROWS - 48))[0]["ok"]   # 'a' grows into the third table's share
+    h, _ = _pull(server, np.arange(2 * FIRST_ROWS - 48, 2 * FIRST_ROWS + 100))   # 148 new rows: past the share
+    assert not h["ok"] and f"max_shard_bytes={limit}" in h["message"] and "--max-shard-bytes" in h["message"], h
+    assert "'a'" in h["message"] and server.stats()["tables"]["a"]["rows"] == 2 * FIRST_ROWS - 48
+    h, _ = _push_rows(server, [1 << 40], np.ones((1, 4)), table=1)   # 'b' within its first rows: fine
+    assert h["ok"], h
+    h, _ = _pull(server, np.arange(FIRST_ROWS + 1), table=1)         # 'b' would grow: no room left
+    assert not h["ok"] and "--max-shard-bytes" in h["message"] and server.stats()["tables"]["b"]["rows"] == 1
+    h = _declare(server, [*tables, TableConfig("c", 4)])
+    assert not h["ok"] and h["error"] == "config" and f"max_shard_bytes={limit}" in h["message"], h
+    assert len(server.tables) == 2 and server.store.nbytes() <= limit
+    assert np.array_equal(_pull(server, [1 << 40], table=1)[1][0], np.ones((1, 4), np.float32))
+    assert _pull(server, np.arange(100))[0]["ok"]   # rows held are served as before
+
+
+def test_the_number_of_tables_is_bounded():
+    with pytest.raises(ConfigError, match="65536"):
+        ShardLimits(max_tables=70_000)
+    tables = [TableConfig(f"t{i}", 2) for i in range(3)]
+    with pytest.raises(ConfigError, match="max_tables=2.*--max-tables"):
+        ShardServer(0, 1, tables=tables, limits=ShardLimits(max_tables=2))
+    server = ShardServer(0, 1, tables=tables[:2], limits=ShardLimits(max_tables=2))
+    h = _declare(server, tables)
+    assert not h["ok"] and h["error"] == "config" and "3 tables" in h["message"] and "--max-tables" in h["message"]
+    assert len(server.tables) == 2 and _declare(server, tables[:2])["ok"]
+    assert _pull(server, [1, 2], table=1)[0]["ok"]
+
+
+def test_a_restore_is_held_to_the_shard_bytes_before_any_change(tmp_path):
+    row = 4 * 4 + ROW_OVERHEAD_BYTES
+    src = ShardServer(0, 1, tables=[TableConfig("a", 4)], checkpoint_root=tmp_path)
+    assert _pull(src, np.arange(3000))[0]["ok"]
+    h, _ = shard_request(src, {"op": "checkpoint", "rid": next(_RID), "cid": 1, "dir": str(tmp_path / "c")})
+    assert h["ok"], h
+
+    def restore(limit):
+        server = ShardServer(0, 1, tables=[TableConfig("a", 4)], checkpoint_root=tmp_path,
+                             limits=ShardLimits(max_shard_bytes=limit))
+        return server, shard_request(server, {"op": "restore", "rid": next(_RID), "cid": 1,
+                                              "dir": str(tmp_path / "c")})[0]
+
+    fits, reply = restore(3000 * row)   # the rows fit, their power-of-two arrays would not: exact arrays
+    assert reply["ok"], reply["message"]
+    assert fits.stats()["tables"]["a"]["rows"] == 3000 and fits.store.nbytes() <= 3000 * row
+    assert np.array_equal(_pull(fits, np.arange(3000))[1][0], _pull(src, np.arange(3000))[1][0])
+    small, reply = restore(2000 * row)
+    assert not reply["ok"] and "max_shard_bytes" in reply["message"] and "--max-shard-bytes" in reply["message"]
+    assert small.stats()["tables"]["a"]["rows"] == 0

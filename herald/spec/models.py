@@ -1,0 +1,97 @@
+"""What each ``--model`` needs of the source's schema and of the settings, stated once.
+
+:data:`MODEL_NEEDS` and :func:`check_model` are read by every place that decides whether a
+model can train a job, so they cannot disagree:
+
+- :meth:`herald.spec.train.TrainConfig.check_schema`: ``herald train`` and ``herald serve
+  dispatcher`` refuse a model the source cannot feed as soon as the source's schema is
+  known, before any pass over the data and before any process starts
+  (:class:`herald.job.data.JobData`);
+- :class:`herald.spec.job.JobSpec`, the contract every worker receives;
+- the models themselves (:mod:`herald.worker.models`), for a caller that builds one directly.
+
+Plain Python, like the rest of :mod:`herald.spec` (no torch: the launcher checks without it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from herald.errors import ConfigError
+from herald.spec.vocab import MODELS, SCALAR_SLICE_MODELS
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelNeeds:
+    """What one model needs of a job.
+
+    Attributes:
+        label: the model's name in messages (``NCF``, ``Wide&Deep``).
+        tables: exactly this many embedding tables, or None: any number >= 1.
+        tables_are: what those tables are, for the message (``"user, item"``).
+        min_dim: the smallest ``--embedding-dim``: 2 for the models reading the last
+            element of each row as the id's scalar weight (NOTE [scalar slice] in
+            herald/worker/models.py: :data:`~herald.spec.vocab.SCALAR_SLICE_MODELS`), else 1.
+    """
+
+    label: str
+    tables: int | None = None
+    tables_are: str = ""
+    min_dim: int = 1
+
+
+def _needs(name: str, label: str, **kw) -> ModelNeeds:
+    return ModelNeeds(label, min_dim=2 if name in SCALAR_SLICE_MODELS else 1, **kw)
+
+
+#: Every model of ``--model`` but ``auto`` (resolved first: :func:`herald.spec.train.auto_model`).
+MODEL_NEEDS: dict[str, ModelNeeds] = {
+    "dlrm": _needs("dlrm", "DLRM"),
+    "wdl": _needs("wdl", "Wide&Deep"),
+    "deepfm": _needs("deepfm", "DeepFM"),
+    "dcn": _needs("dcn", "DCN"),
+    "ncf": _needs("ncf", "NCF", tables=2, tables_are="user, item"),
+}
+
+if set(MODEL_NEEDS) != set(MODELS) - {"auto"}:   # the vocabulary and this table name the same models
+    raise ImportError(f"herald.spec.models: MODEL_NEEDS {sorted(MODEL_NEEDS)} and herald.spec.vocab.MODELS "
+                      f"{sorted(MODELS)} (less 'auto') differ: give every model one entry")
+
+
+def check_model(model: str, num_tables: int | None, embedding_dim: int, *, chosen_as: str | None = None,
+                table_names: tuple[str, ...] | None = None) -> None:
+    """Raise unless ``model`` can train ``num_tables`` tables of rows ``embedding_dim`` wide,
+    naming the flags (``--model``, ``--embedding-dim``) and the fix.
+
+    Args:
+        model: a name of :data:`MODEL_NEEDS`, or ``auto`` (left to the shape rule of
+            :func:`herald.worker.models.build_model`, which only picks a model the shape
+            fits: only the table count is checked).
+        num_tables: the source's tables ``T``; None: not known yet (only the dim is checked).
+        embedding_dim: ``dim`` of every row (``--embedding-dim``).
+        chosen_as: what the user asked for when ``model`` is its resolution (``"auto"``:
+            the message says ``--model auto (here ncf)``).
+        table_names: the source's table names, for the message (the first few are shown).
+
+    Raises:
+        ConfigError: no table, a table count the model cannot take, or a row too narrow.
+    """
+    named = f"--model {model}" if chosen_as in (None, model) else f"--model {chosen_as} (here {model})"
+    if num_tables is not None and num_tables < 1:
+        raise ConfigError(f"{named} needs at least one embedding table (an id column), the source has none")
+    needs = MODEL_NEEDS.get(model)
+    if needs is None:   # auto: build_model picks by shape
+        return
+    if num_tables is not None and needs.tables is not None and num_tables != needs.tables:
+        shown = ""
+        if table_names:
+            shown = ": " + ", ".join(table_names[:4]) + (", ..." if len(table_names) > 4 else "")
+        others = ", ".join(m for m, n in MODEL_NEEDS.items() if n.tables is None)
+        raise ConfigError(f"{named} ({needs.label}) needs exactly {needs.tables} tables ({needs.tables_are}), and "
+                          f"the source has {num_tables}{shown}; choose --model {others} (or auto), or a source of "
+                          f"{needs.tables} id columns")
+    if embedding_dim < needs.min_dim:
+        why = (" (the last element of each row is the id's scalar weight: NOTE [scalar slice], docs/models.md)"
+               if model in SCALAR_SLICE_MODELS else "")
+        raise ConfigError(f"{named} needs --embedding-dim >= {needs.min_dim}{why}, got {embedding_dim}; set "
+                          f"--embedding-dim {needs.min_dim} or more, or choose another --model")
