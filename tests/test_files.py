@@ -21,6 +21,7 @@ from herald.ps import CheckpointError, checkpoint
 from herald.ps.table import EmbeddingTable
 from herald.spec.tables import OptimizerConfig, TableConfig
 from herald.worker.dense import DenseSync
+from tests.asuser import as_nobody
 
 SHORT_WRITE = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534")
 
@@ -113,25 +114,14 @@ def test_an_unwritable_place_is_named(tmp_path):
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
 def test_permission_denied_is_named(tmp_path):
     target = private_dir(tmp_path / "root-only") / "latest"   # 0700, root's: user nobody may not write there
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:   # the child: user nobody (root would pass every permission check)
+
+    def write() -> str:
         try:
-            os.setgroups([])
-            os.setgid(65534)
-            os.setuid(65534)
-            try:
-                write_private(target, "x")
-                said = "written"
-            except StorageError as exc:
-                said = f"{exc}|{exc.errno}"
-            os.write(write, said.encode())
-        finally:
-            os._exit(0)
-    os.close(write)
-    with os.fdopen(read) as f:
-        said = f.read()
-    os.waitpid(pid, 0)
+            write_private(target, "x")
+            return "written"
+        except StorageError as exc:
+            return f"{exc}|{exc.errno}"
+    said = as_nobody(write)
     message, code = said.rsplit("|", 1)
     assert message.startswith(f"cannot write file {target}: permission denied (errno EACCES); make ") \
         and int(code) == errno.EACCES

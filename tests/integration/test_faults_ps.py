@@ -10,39 +10,19 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
-from proc_tree import children
+from proc_tree import FAULT_TIMEOUT_MS, stopped, train_until_mid_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
-TIMEOUT_MS = 10_000
-
-
-def _train_until_mid_job(tmp_path, data_dir) -> tuple[subprocess.Popen, int]:
-    """Start a 2-worker job; return it and its PS shard's pid once 10 steps are trained."""
-    source = data_dir / "movielens" / "ml-latest-small" / "ratings.csv"
-    job = subprocess.Popen([sys.executable, "-m", "herald", "train", "--quiet", "--source", str(source),
-                            "--workers", "2", "--batch-size", "64", "--epochs", "20", "--run-dir", str(tmp_path),
-                            "--timeout-ms", str(TIMEOUT_MS), "--log-sample-ids"],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 180
-    shard = None
-    log = tmp_path / "trained_sample_ids.u64"
-    while shard is None or not log.exists() or log.stat().st_size < 10 * 128 * 8:   # ten steps trained
-        assert job.poll() is None and time.monotonic() < deadline, \
-            f"training ended or stalled before the fault: {job.communicate(timeout=30)[1][-3000:]}"
-        shard = shard or next((pid for pid, cmd in children(job.pid) if "serve ps" in cmd and "--shard 0" in cmd), None)
-        time.sleep(0.05)
-    return job, shard
+TIMEOUT_MS = FAULT_TIMEOUT_MS
 
 
 @pytest.mark.slow   # ~20 s (2 shared cores)
 def test_a_killed_ps_shard_is_named_within_seconds(tmp_path, data_dir):
-    job, shard = _train_until_mid_job(tmp_path, data_dir)
+    job, shard = train_until_mid_job(tmp_path, data_dir, "serve ps", "--shard 0")
     t0 = time.monotonic()
     os.kill(shard, signal.SIGKILL)
     out, err = job.communicate(timeout=120)
@@ -59,16 +39,10 @@ def test_a_killed_ps_shard_is_named_within_seconds(tmp_path, data_dir):
 
 
 def test_a_silent_ps_shard_is_named_within_the_timeout(tmp_path, data_dir):
-    job, shard = _train_until_mid_job(tmp_path, data_dir)
+    job, shard = train_until_mid_job(tmp_path, data_dir, "serve ps", "--shard 0")
     t0 = time.monotonic()
-    os.kill(shard, signal.SIGSTOP)
-    try:
+    with stopped(shard):
         out, err = job.communicate(timeout=120)
-    finally:
-        try:
-            os.kill(shard, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
     elapsed = time.monotonic() - t0
     assert job.returncode != 0, err[-3000:]
     assert "PS shard 0" in err and "silent" in err and str(tmp_path / "ps-shard-0.log") in err, err[-3000:]

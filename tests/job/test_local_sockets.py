@@ -20,39 +20,23 @@ from herald.errors import ConfigError
 from herald.job import leftovers
 from herald.job.parts import ExternalWorkers, LocalWorkers, WorkerLauncher
 from herald.spec.train import TrainConfig
+from tests.asuser import as_nobody
 from tests.fakes import dealer
 
-NOBODY = 65534
-
-
 def _as_nobody(path: pathlib.Path) -> str:
-    """What user nobody gets for ``path`` (a Unix socket), tried in a forked child (root
-    passes every permission check, and the venv's python lives under /root: so no new
-    interpreter): ``"access=<bool> connect=<errno name or ok>"``."""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:   # the child: only system calls, no ZeroMQ (its threads did not survive the fork)
+    """What user nobody gets for ``path`` (a Unix socket): ``"access=<bool> connect=<errno
+    name or ok>"``."""
+    def reach() -> str:
+        said = f"access={os.access(path, os.W_OK)} "
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            os.setgroups([])
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
-            said = f"access={os.access(path, os.W_OK)} "
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                s.connect(str(path))
-                said += "connect=ok"
-            except OSError as exc:
-                said += f"connect={errno.errorcode.get(exc.errno, exc.errno)}"
-            finally:
-                s.close()
-            os.write(write, said.encode())
+            s.connect(str(path))
+            return said + "connect=ok"
+        except OSError as exc:
+            return said + f"connect={errno.errorcode.get(exc.errno, exc.errno)}"
         finally:
-            os._exit(0)
-    os.close(write)
-    with os.fdopen(read) as f:
-        said = f.read()
-    os.waitpid(pid, 0)
-    return said
+            s.close()
+    return as_nobody(reach)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
