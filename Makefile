@@ -12,6 +12,12 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[test]'
+	@# numba compiles herald's kernels once per installation, here: a tiny job of the default
+	@# kind writes them to the package's __pycache__ (cache=True), and every later process of
+	@# every job loads them instead of compiling its own (docs/job.md, "Start-up")
+	$(VENV)/bin/herald train --source 'synthetic://criteo?rows=8000&seed=0' --workers 2 --batch-size 64 \
+		--steps 4 --quiet --run-dir $(VENV)/kernel-warmup
+	rm -rf $(VENV)/kernel-warmup
 	touch $(STAMP)
 
 install: $(STAMP)
