@@ -1,8 +1,8 @@
 """Child processes of the launchers (``herald train``'s workers, ``LocalShards``' PS shards).
 
 :class:`Supervisor` starts named children, each logging to its own file, tells which one
-died (with the end of its log), and stops them all within a bound. :func:`core_plan`,
-:func:`job_core_plan` and :func:`pin_to_cores` pin co-located processes to cores of their own (``herald train
+died (with the end of its log), and stops them all within a bound. :func:`core_plan` and
+:func:`pin_to_cores` pin co-located processes to cores of their own (``herald train
 --pin-cores``). :func:`start_time` and :func:`is_alive` tell whether a process recorded
 earlier (a pid and its start time) still runs.
 """
@@ -119,34 +119,6 @@ def core_plan(n_processes: int, available: Sequence[int]) -> list[list[int]]:
         plan.append(cores[start:end])
         start = end
     return plan
-
-
-def job_core_plan(workers: int, shards: int, available: Sequence[int]) -> list[list[int]]:
-    """The cores of a local job's ``workers`` workers, ``shards`` PS shards and its
-    dispatcher process, in that order (``workers + shards + 1`` lists).
-
-    With a core for each, every shard gets one (a shard serves on one thread), the
-    workers equal blocks of the rest but one (BSP runs at the slowest worker's pace, so an
-    uneven split only idles the larger blocks), and the dispatcher the cores left over, at
-    least one (its scheduling kernels release the GIL and run beside its send thread):
-    16 cores, 8 workers, 4 shards -> a core per worker and shard, the dispatcher on 4.
-    With fewer cores than processes: :func:`core_plan`'s round-robin.
-
-    Raises:
-        ConfigError: ``workers`` or ``shards`` < 0, or ``available`` empty or with repeats.
-    """
-    if workers < 0 or shards < 0:
-        raise ConfigError(f"job_core_plan needs counts >= 0, got {workers} workers and {shards} shards")
-    n = workers + shards + 1
-    cores = [int(c) for c in available]
-    if n > len(cores):
-        return core_plan(n, cores)
-    core_plan(n, cores)   # the same checks of ``available``
-    each = (len(cores) - shards - 1) // workers if workers else 0   # 0 local workers: all to the dispatcher
-    plan = [cores[i * each:(i + 1) * each] for i in range(workers)]
-    start = workers * each
-    plan += [[c] for c in cores[start:start + shards]]
-    return plan + [cores[start + shards:]]
 
 
 def pin_to_cores(cores: Iterable[int], pid: int = 0) -> None:

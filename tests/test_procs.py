@@ -11,7 +11,7 @@ import time
 import pytest
 
 from herald.errors import ConfigError, HeraldError
-from herald.procs import Supervisor, core_plan, job_core_plan, pin_to_cores
+from herald.procs import Supervisor, core_plan, pin_to_cores
 
 
 def _python(code: str) -> list[str]:
@@ -96,21 +96,6 @@ def test_core_plan_gives_each_process_cores_of_its_own_while_there_are_enough():
             plan = core_plan(n, range(cores))
             assert [c for block in plan for c in block] == list(range(cores))   # disjoint, every core used
             assert max(map(len, plan)) - min(map(len, plan)) <= 1
-
-
-def test_job_core_plan_gives_workers_equal_blocks_shards_one_core_and_the_rest_to_the_dispatcher():
-    plan = job_core_plan(8, 4, range(16))
-    assert plan[:8] == [[w] for w in range(8)] and plan[8:12] == [[8], [9], [10], [11]]
-    assert plan[12] == [12, 13, 14, 15]
-    assert job_core_plan(2, 1, range(7)) == [[0, 1], [2, 3], [4], [5, 6]]
-    assert job_core_plan(1, 4, range(16)) == [list(range(11)), [11], [12], [13], [14], [15]]
-    assert job_core_plan(0, 2, range(4)) == [[0], [1], [2, 3]]   # external workers
-    assert job_core_plan(2, 1, [0, 1]) == core_plan(4, [0, 1])   # fewer cores than processes: round-robin
-    for workers, shards, cores in [(3, 2, 9), (5, 1, 16), (1, 0, 2), (4, 4, 9)]:
-        plan = job_core_plan(workers, shards, range(cores))
-        flat = [c for p in plan for c in p]
-        assert sorted(flat) == list(range(cores)) and len(plan) == workers + shards + 1
-        assert len({len(p) for p in plan[:workers]}) == 1 and all(len(p) == 1 for p in plan[workers:-1])
 
 
 def test_core_plan_round_robin_with_more_processes_than_cores():

@@ -68,7 +68,7 @@ from herald.job.data import JobData
 from herald.job.parts import Checkpointing, PSProvider, WorkerLauncher
 from herald.job.report_attempts import Attempt, attempts_block
 from herald.job.silence import merge_silences
-from herald.procs import cpu_seconds, job_core_plan, pin_to_cores, seconds_since_start
+from herald.procs import core_plan, cpu_seconds, pin_to_cores, seconds_since_start
 from herald.spec.flags import flag_errors
 from herald.spec.job import JobSpec
 from herald.spec.train import TrainConfig
@@ -364,15 +364,15 @@ class JobRunner:
         return False, cfg, [dispatcher_config(cfg, **self.dispatcher_settings)]
 
     def _plan_cores(self, cfg: TrainConfig) -> list[int] | None:
-        """``--pin-cores``: give the parts' local processes their cores (:func:`~herald.procs.job_core_plan`
-        over this process's cores: the workers, the PS shards, then this process with its
-        dispatchers), say so in one line on stderr, and return this process's cores; None
-        without ``--pin-cores``."""
+        """``--pin-cores``: give the parts' local processes their cores (:func:`~herald.procs.core_plan`
+        over this process's cores: the workers first, so they get the larger blocks, then
+        the PS shards, then this process with its dispatchers), say so in one line on
+        stderr, and return this process's cores; None without ``--pin-cores``."""
         if not cfg.pin_cores:
             return None
         n_workers, n_ps = self.workers.local_processes(cfg), self.ps.local_processes(cfg)
         available = sorted(os.sched_getaffinity(0))
-        plan = job_core_plan(n_workers, n_ps, available)
+        plan = core_plan(n_workers + n_ps + 1, available)
         self.workers.cores, self.ps.cores = plan[:n_workers], plan[n_workers:-1]
         names = [f"worker-{r}" for r in range(n_workers)] + [f"ps-shard-{i}" for i in range(n_ps)] + ["dispatcher"]
         line = ", ".join(f"{name} on {','.join(map(str, cores))}" for name, cores in zip(names, plan))

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from herald.procs import job_core_plan
+from herald.procs import core_plan
 from tests.integration.proc_tree import children
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -56,7 +56,7 @@ def snapshot(train_pid: int) -> dict[str, tuple[set[frozenset[int]], str | None]
 
 def test_pin_cores_pins_every_process_of_the_job_and_the_report_counts_its_cpu_time(tmp_path):
     available = sorted(os.sched_getaffinity(0))
-    plan = job_core_plan(WORKERS, SHARDS, available)   # workers first, then the shards, then this process
+    plan = core_plan(WORKERS + SHARDS + 1, available)   # workers first, then the shards, then this process
     expected = {"worker-0": plan[0], "worker-1": plan[1], "ps-shard-0": plan[2], "dispatcher": plan[3]}
     run_dir = tmp_path / "run"
     argv = [sys.executable, "-m", "herald", "train", "--source", "synthetic://criteo?rows=20000&seed=0",
