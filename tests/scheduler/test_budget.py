@@ -5,6 +5,7 @@ cannot fit, and its history is reported."""
 from __future__ import annotations
 
 import itertools
+import types
 
 import numpy as np
 import pytest
@@ -93,9 +94,16 @@ def test_controller_settings_are_checked():
         SchedulerConfig(scheduling_budget_ms="auto", auto_budget_fraction=1.5)
 
 
-def test_scheduler_with_auto_budget_when_scheduling_is_the_bottleneck():
+def test_scheduler_with_auto_budget_when_scheduling_is_the_bottleneck(monkeypatch):
     # submitted back to back, the period is the scheduling time itself: no k can fit half
-    # of it, so k stays at every table and the plans are static LAIA's
+    # of it, so k stays at every table and the plans are static LAIA's. The scheduler's
+    # clock is a counter (each reading 1 ms after the last), so the test does not depend on
+    # this machine's load: a submit reads it 4 times (start, allocation start and end,
+    # end), so allocation 1 ms of a 3 ms submit, a 4 ms period, a 2 ms budget, and k = 1
+    # would still take 2 + 1/3 ms
+    ticks = itertools.count()
+    monkeypatch.setattr("herald.scheduler.scheduler.time", types.SimpleNamespace(
+        perf_counter=lambda: next(ticks) / 1e3))
     W, Bw, T = 4, 4, 3
     batches = random_batches(2, 30, W * Bw, T, vocab=30, max_len=1, single_hot=True)
     static, _ = run_scheduler(batches, SchedulerConfig(num_workers=W, batch_size_per_worker=Bw,
