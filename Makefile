@@ -4,8 +4,9 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 TORCHREC_STAMP := $(VENV)/.torchrec-installed
+RAY_STAMP := $(VENV)/.ray-installed
 
-.PHONY: install torchrec demo test bench-ps clean
+.PHONY: install torchrec ray demo test bench-ps clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,14 +33,22 @@ $(TORCHREC_STAMP): $(STAMP)
 
 torchrec: $(TORCHREC_STAMP)
 
+# Optional Ray launcher (`herald train --launcher ray`: docs/cluster.md), the extra `ray`.
+$(RAY_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[ray]'
+	touch $(RAY_STAMP)
+
+ray: $(RAY_STAMP)
+
 # The main job: train DLRM on the embedded synthetic Criteo-shaped stream with 2 workers.
 demo: $(STAMP)
 	$(VENV)/bin/herald train
 
 # The import rules first (import-linter contracts in pyproject.toml: docs/design.md, "Layers"),
 # then every test, including integration tests against real PS processes and a real Kafka
-# broker, and the TorchRec interop (so `make test` installs torchrec: `make torchrec`).
-test: $(STAMP) $(TORCHREC_STAMP)
+# broker, the TorchRec interop and the Ray launcher on local Ray clusters (so `make test`
+# installs torchrec and ray: `make torchrec`, `make ray`).
+test: $(STAMP) $(TORCHREC_STAMP) $(RAY_STAMP)
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q --timeout=300 --durations=15 tests
 

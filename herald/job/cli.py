@@ -30,7 +30,8 @@ def _train(args: argparse.Namespace) -> int:
 def register(commands, bench, serve) -> None:
     """Add ``train``."""
     p = commands.add_parser(
-        "train", help="the main job: PS shard(s), a dispatcher and N workers as local processes",
+        "train", help="the main job: PS shard(s), a dispatcher and N workers as local processes "
+                      "(or Ray actors: --launcher ray)",
         description="Train a recommendation model with scheduled micro-batches: starts PS shard(s), the dispatcher "
                     "and N worker processes, trains (exactly by default: --consistency bsp; bounded, hybrid and gba "
                     "relax it), evaluates on the held-out split and writes a "

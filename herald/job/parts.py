@@ -50,6 +50,7 @@ import secrets
 import shutil
 import sys
 import tempfile
+import time
 from typing import Any, Iterator, NoReturn, Sequence
 
 import zmq
@@ -61,7 +62,8 @@ from herald.files import private_dir
 from herald.job import leftovers
 from herald.job.checkpoints import DispatcherCheckpoints
 from herald.job.failover import shard_lost, watch_shards
-from herald.job.silence import process_state, silent_culprits, silent_headline
+from herald.job.rollback import ShardFailed, WorkerFailed, signal_words
+from herald.job.silence import killed_ranks, process_state, silent_culprits, silent_headline
 from herald.procs import Supervisor, pin_to_cores
 from herald.ps import LocalShards, PSClient
 from herald.ps.config import ShardLimits
@@ -70,11 +72,6 @@ from herald.spec.train import TrainConfig
 
 #: Longest path of a Unix socket (``sockaddr_un.sun_path`` less its NUL; 107 on Linux).
 IPC_PATH_MAX_LEN = getattr(zmq, "IPC_PATH_MAX_LEN", 107)
-
-
-class ShardFailed(HeraldError):
-    """A local PS shard died or went silent during the job (the message names it); raised by
-    one attempt of :func:`herald.job.launcher.run_train` so that NOTE [ps failover] can roll the job back."""
 
 
 def prepare_run(cfg: TrainConfig) -> pathlib.Path:
@@ -102,22 +99,32 @@ def raise_job_failure(exc: HeraldError, ps_alive: Any, children: Any, silence: S
     is the cause of whatever the workers report next (:class:`ShardFailed`: ``run_train``
     decides whether to roll back, NOTE [ps failover]); a worker's ``TrainingDiverged``
     says it all (step, rank, cause); a worker that went silent is named before the
-    workers that timed out waiting on it (NOTE [silent workers] in herald/job/silence.py);
-    else a dead child's failure is put first.
+    workers that timed out waiting on it (NOTE [silent workers] in herald/job/silence.py)
+    and a worker a signal ended is put first: both are :class:`WorkerFailed` (lost, not
+    failed: NOTE [worker failover] in herald/job/rollback.py); else a dead child's failure
+    is put first (a worker's own error: the job ends).
     """
+    seen = time.time()   # the loss seen (NOTE [worker failover]: the report's recovery time counts from here)
     cause = ps_alive.failure() or children.failure(grace_s=2.0)
-    silent = silent_culprits(silence, children.exit_codes())   # before the stop: which still run
+    codes = children.exit_codes()   # before the stop: which still run, which a signal ended
+    silent, killed = silent_culprits(silence, codes), killed_ranks(codes)
     head = silent_headline(silent, silence, children.describe) if silent else None
     children.stop()
     if "TrainingDiverged: " in str(exc):
         raise HeraldError(str(exc).split("TrainingDiverged: ", 1)[1]) from None
     shard_cause = ps_alive.failure()
     if shard_cause:
-        raise ShardFailed(shard_cause if shard_cause in str(exc) else f"{shard_cause}\n(then: {exc})") from exc
+        raise ShardFailed(shard_cause if shard_cause in str(exc) else f"{shard_cause}\n(then: {exc})",
+                          seen_unix_s=seen) from exc
     if head is not None:
         then = [cause] if cause else []
         then += [str(exc)] if not cause or cause not in str(exc) else []
-        raise HeraldError("\n".join([head, *(f"(then: {t})" for t in then)])) from exc
+        raise WorkerFailed("\n".join([head, *(f"(then: {t})" for t in then)]), ranks=silent,
+                           cause=f"{', '.join(f'worker-{r}' for r in silent)} went silent", seen_unix_s=seen) from exc
+    if killed:   # cause: children.failure() names a killed worker first, with its log's tail
+        words = "; ".join(f"worker-{r} was killed by {signal_words(codes[r])}" for r in killed)
+        raise WorkerFailed(cause if cause and cause in str(exc) else f"{cause or words}\n(then: {exc})",
+                           ranks=killed, cause=words, seen_unix_s=seen) from exc
     if cause and cause not in str(exc):
         raise HeraldError(f"{cause}\n(then: {exc})") from exc
     raise exc
@@ -177,7 +184,8 @@ class NoPS(PSProvider):
 class LocalPS(PSProvider):
     """``cfg.num_ps_shards`` PS shards as local processes over ipc (``herald train``), their
     logs (``ps-shard-I.log``) and checkpoint root (``checkpoints``) in the run folder; a
-    lost shard is :class:`ShardFailed` (NOTE [ps failover] rolls the job back).
+    lost shard is :class:`ShardFailed` (NOTE [ps failover] rolls the job back), a lost
+    worker :class:`WorkerFailed` (NOTE [worker failover]): :func:`raise_job_failure`.
 
     Attributes (once opened): shards: :class:`LocalShards`; watch: their liveness check
     (NOTE [ps liveness] in herald/ps/watch.py).

@@ -392,7 +392,9 @@ def format_text(rep: dict[str, Any]) -> str:
     for i, f in enumerate(rep.get("failovers") or (), 1):
         acked = (f" from step {f['last_acked_step']} ({f['steps_rolled_back']} steps rolled back)"
                  if f.get("last_acked_step") is not None else "")
-        lines.append(f"failover {i}: {f['cause']}; rolled back to checkpoint {f['rolled_back_to']}{acked} "
+        again = (f", training again {f['recovered_s']:.1f} s after the loss was seen"
+                 if f.get("recovered_s") is not None else "")
+        lines.append(f"failover {i}: {f['cause']}; rolled back to checkpoint {f['rolled_back_to']}{acked}{again} "
                      "(NOTE [ps failover])")
     lines.extend(report_attempts.format_lines(rep))
     if rep.get("ps_evicted_rows") or m.get("ps_evicted_rows"):

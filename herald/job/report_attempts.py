@@ -1,5 +1,6 @@
-"""The report of a job that failed over (NOTE [ps failover] in herald/job/launcher.py):
-every attempt's steps and samples counted, and the steps trained again named.
+"""The report of a job that failed over (NOTE [ps failover] in herald/job/launcher.py,
+NOTE [worker failover] in herald/job/rollback.py): every attempt's steps and samples
+counted, and the steps trained again named.
 
 A failover rolls the job back to its latest checkpoint, so the steps the lost attempt
 trained after it are trained again by the next attempt. The report counts what was
@@ -20,7 +21,7 @@ import numpy as np
 
 @dataclasses.dataclass(frozen=True)
 class Attempt:
-    """One attempt of a job that a lost PS shard ended: ``steps`` the job steps every worker
+    """One attempt of a job that a lost PS shard or worker ended: ``steps`` the job steps every worker
     acked in it (int, ack order), ``seconds`` from its start to its failure."""
 
     steps: tuple[int, ...]
@@ -73,5 +74,5 @@ def format_lines(rep: dict[str, Any]) -> list[str]:
     again = rep.get("retrained_steps") or []
     twice = ", ".join(f"{a}-{b}" for a, b in again) if again else "none"
     n_again = sum(b - a + 1 for a, b in again)
-    return [f"{len(attempts)} attempts (PS failover), every one counted in steps and samples: {spans}; steps "
+    return [f"{len(attempts)} attempts (failover), every one counted in steps and samples: {spans}; steps "
             f"trained again: {twice} ({n_again} steps)"]

@@ -79,9 +79,11 @@ def register(commands, bench, serve) -> None:
                          description="Read a source, schedule global batches and serve micro-batches to N workers "
                                      "that connect with `herald serve worker`.")
     # --run-dir, --checkpoint-every, --resume: NOTE [ps failover across hosts] (herald/job/failover.py);
-    # --ps-restarts is the supervisor's (herald train, the test bed), not this process's; --pin-cores pins
-    # herald train's local processes (one role alone: taskset -c CORES herald serve ...)
-    add_job_arguments(d, exclude=("log_sample_ids", "eval_every", "ps_restarts", "pin_cores"))
+    # --ps-restarts / --worker-restarts are the supervisor's (herald train), not this process's; --pin-cores pins
+    # herald train's local processes (one role alone: taskset -c CORES herald serve ...); --launcher,
+    # --ray-address, --storage-path choose who starts herald train's roles (this process starts none)
+    add_job_arguments(d, exclude=("log_sample_ids", "eval_every", "ps_restarts", "worker_restarts", "pin_cores",
+                                  "launcher", "ray_address", "storage_path"))
     d.add_argument("--bind", default="tcp://127.0.0.1:5555", help="endpoint to bind (default: %(default)s)")
     d.add_argument("--dispatcher-rank", type=int, default=0,
                    help="this dispatcher's rank, 0-255: the top 8 bits of its sample ids (Persia §4.1), distinct per "

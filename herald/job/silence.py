@@ -76,6 +76,13 @@ def silent_culprits(silence: Silence | None, exit_codes: Mapping[int, int | None
                   if r not in silence.reported and r in exit_codes and exit_codes[r] is None)
 
 
+def killed_ranks(exit_codes: Mapping[int, int | None] | None) -> list[int]:
+    """The workers a signal ended (negative exit code), ascending: dead, not failed (NOTE
+    [worker failover] in herald/job/rollback.py). Read before the job stops its workers (its
+    own SIGTERM would count); ``exit_codes`` as :func:`silent_culprits` takes them (None: [])."""
+    return sorted(r for r, code in (exit_codes or {}).items() if code is not None and code < 0)
+
+
 def silent_headline(ranks: Sequence[int], silence: Silence, describe: Callable[[int], str]) -> str:
     """The first line of the job's error naming the silent ``ranks`` (:func:`silent_culprits`),
     e.g. ``worker-0 went silent (pid 7, stopped (SIGSTOP or a debugger); log run/worker-0.log):

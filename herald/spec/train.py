@@ -23,8 +23,8 @@ from herald.spec.models import check_model
 from herald.spec.modes import consistency_mode
 from herald.spec.tables import OptimizerConfig, TableConfig
 from herald.spec.vocab import (CACHE_DEVICES, CACHE_POLICIES, CONSISTENCY_MODES, DEFAULT_TIMEOUT_MS,
-                               DENSE_COMM_DTYPES, DENSE_OPTIMIZERS, DEVICE_PATTERN, MAX_BRUTEFORCE_WORKERS,
-                               MAX_EMBEDDING_DIM, MAX_TIMEOUT_MS, MAX_WORKERS, MODELS, SCHEDULES,
+                               DENSE_COMM_DTYPES, DENSE_OPTIMIZERS, DEVICE_PATTERN, LAUNCHERS,
+                               MAX_BRUTEFORCE_WORKERS, MAX_EMBEDDING_DIM, MAX_TIMEOUT_MS, MAX_WORKERS, MODELS, SCHEDULES,
                                SPARSE_OPTIMIZERS, WIRE_DTYPES)
 
 DEFAULT_SOURCE = "synthetic://criteo?rows=600000&seed=0"
@@ -36,6 +36,9 @@ STREAM_CACHE_ROWS = 100_000
 #: source's format. Other sources (synthetic, Parquet, libFM, Kafka) keep the shape rule
 #: of :func:`auto_model`, so the synthetic default still trains DLRM.
 WORKLOAD_MODELS = {"criteo": "wdl", "movielens": "ncf", "avazu": "deepfm"}
+#: The settings that roll a job back to its latest checkpoint when one of its processes is
+#: lost, each cause its own budget (NOTE [worker failover] in herald/job/rollback.py).
+RESTART_BUDGETS = ("ps_restarts", "worker_restarts")
 
 
 def source_option(text: str) -> tuple[str, Any]:
@@ -152,6 +155,11 @@ class TrainConfig:
     ps_restarts: int = setting(0, "when a PS shard dies, roll the whole job back to its latest checkpoint and go on, at "
                                   "most this many times (Persia-style failover; needs --checkpoint-every)",
                                metavar="N")
+    worker_restarts: int = setting(0, "when a worker process dies (killed by a signal, crashed) or goes silent, roll "
+                                      "the whole job back to its latest checkpoint and go on, at most this many "
+                                      "times (needs --checkpoint-every); a worker that reports an error of its own "
+                                      "(a diverged loss, a bad setting) still ends the job (docs/operations.md)",
+                                   metavar="N")
     ps_max_rows: int = setting(0, "rows one table holds at most on each PS shard; least recently used rows beyond it "
                                   "are evicted and re-initialised on their next touch (Persia's LRU PS; 0: no bound). "
                                   "Approximate: an evicted row read again comes back from its initialiser, having "
@@ -189,6 +197,20 @@ class TrainConfig:
                                          "docs/operations.md)", flag="--keys", metavar="DIR")
     insecure: bool = setting(False, "let a role bind a non-loopback address without --keys (unauthenticated, "
                                     "unencrypted; warns)")
+    launcher: str = setting("local", "who runs the PS shards and the workers: local (processes of this host) or ray "
+                                     "(Ray actors with resource requests, placed over the nodes of a Ray cluster; "
+                                     "the dispatcher stays in this process: docs/cluster.md)", choices=LAUNCHERS)
+    ray_address: str | None = setting(None, "--launcher ray: the Ray cluster to run on, as ray.init takes it (auto: "
+                                            "the cluster of this node; host:port of its head); default: $RAY_ADDRESS "
+                                            "when set (ray job submit sets it), else a local Ray instance started for "
+                                            "the job and stopped after. Not ray:// (Ray Client): this process runs "
+                                            "the dispatcher, which the workers must reach",
+                                      metavar="ADDRESS")
+    storage_path: str | None = setting(None, "--launcher ray: a folder every node of the cluster mounts at the same "
+                                             "path (NFS, a shared volume); the run folder (--run-dir) is then "
+                                             "STORAGE_PATH/RUN_DIR. Default: --run-dir itself, which every node "
+                                             "running a role must then see (checked before the roles start)",
+                                       metavar="DIR")
 
     def __post_init__(self) -> None:
         """Check every setting before any process starts, naming the flag ."""
@@ -216,12 +238,13 @@ class TrainConfig:
         _integer(self, "max_inflight_steps", 1, optional=True)
         _integer(self, "timeout_ms", 100, MAX_TIMEOUT_MS)
         _integer(self, "ps_max_rows", 0)
-        _integer(self, "ps_restarts", 0)
         _integer(self, "checkpoint_every", 0)
-        require(self.ps_restarts == 0 or self.checkpoint_every > 0,
-                f"--ps-restarts {self.ps_restarts} rolls the job back to its latest checkpoint, and without "
-                "--checkpoint-every there is none: add --checkpoint-every STEPS (and --run-dir) or leave "
-                "--ps-restarts out")
+        for name in RESTART_BUDGETS:
+            _integer(self, name, 0)
+            require(getattr(self, name) == 0 or self.checkpoint_every > 0,
+                    f"{_flag(name)} {getattr(self, name)} rolls the job back to its latest checkpoint, and without "
+                    f"--checkpoint-every there is none: add --checkpoint-every STEPS (and --run-dir) or leave "
+                    f"{_flag(name)} out")
         _integer(self, "eval_every", 1)
         _integer(self, "replicate_below", 0)
         check_hybrid(self.consistency, self.hybrid_expiry, self.replicate_below > 0)
@@ -259,6 +282,37 @@ class TrainConfig:
                 f"--batch-size {self.batch_size} --workers {self.workers}")
         require(not (self.replicate_below and self.is_stream),
                 "--replicate-below needs the distinct ids of each table from a pre-pass; a kafka:// stream has none")
+        self._check_launcher()
+
+    def _check_launcher(self) -> None:
+        """``--launcher`` and the Ray settings (docs/cluster.md); with ``--storage-path`` the
+        run folder becomes ``STORAGE_PATH/RUN_DIR`` (a path already inside it is kept, so a
+        ``dataclasses.replace`` of the settings keeps it too)."""
+        require(self.launcher in LAUNCHERS, f"--launcher must be one of {', '.join(LAUNCHERS)}, got {self.launcher!r}")
+        for name in ("ray_address", "storage_path"):
+            value = getattr(self, name)
+            require(value is None or (isinstance(value, str) and value.strip() != ""),
+                    f"{_flag(name)} must be a non-empty string, got {value!r}")
+            require(value is None or self.launcher == "ray",
+                    f"{_flag(name)} is a setting of the Ray launcher: add --launcher ray, or leave {_flag(name)} out")
+        if self.launcher != "ray":
+            return
+        require(not (self.ray_address or "").startswith("ray://"),
+                f"--ray-address {self.ray_address}: Ray Client (ray://) runs this process off the cluster, and the "
+                "workers must reach its dispatcher: run herald train on a node of the cluster (ray job submit -- "
+                "herald train --launcher ray --ray-address auto ..., or a KubeRay RayJob: docs/cluster.md)")
+        require(not re.fullmatch(r"cuda:[0-9]+", self.device),
+                f"--device {self.device}: under --launcher ray each worker is given one GPU of its own by Ray: use "
+                "--device cuda (or auto: GPUs when the cluster has one per worker)")
+        require(not self.pin_cores, "--pin-cores pins the processes of this host; under --launcher ray Ray places "
+                                    "the PS shards and workers, each with its CPU request: leave --pin-cores out")
+        if self.storage_path is not None:
+            storage = os.path.normpath(os.path.abspath(self.storage_path))
+            run = os.path.normpath(os.path.join(storage, self.run_dir))
+            require(os.path.commonpath([storage, run]) == storage,
+                    f"--run-dir {self.run_dir} is outside --storage-path {self.storage_path}: give a --run-dir "
+                    "relative to the storage path (the run folder is STORAGE_PATH/RUN_DIR)")
+            object.__setattr__(self, "run_dir", run)   # frozen: normalised once, on construction
 
     @property
     def is_stream(self) -> bool:

@@ -53,6 +53,9 @@ SCALAR_SLICE_MODELS = ("wdl", "deepfm")
 DEVICE_PATTERN = r"auto|cpu|cuda(:[0-9]+)?"
 #: ``--cache-device`` choices.
 CACHE_DEVICES = ("auto", "cpu", "torch")
+#: ``--launcher``: who runs a ``herald train`` job's PS shards and workers (local processes,
+#: or Ray actors: herald/job/ray_parts.py, docs/cluster.md).
+LAUNCHERS = ("local", "ray")
 
 #: Longest wait for any peer (a PS shard, the dispatcher, a worker) before it is
 #: reported by name, milliseconds; every role's default.

@@ -81,11 +81,15 @@ def run_job(bed: TestBed, cfg, *, procs_per_host: int = 1, save_ps: str | None =
             ``"worker"``), e.g. to test a failing role.
 
     Raises:
-        ConfigError: worker count mismatch or a missing host (``ps_restarts`` without
+        ConfigError: worker count mismatch, a missing host, ``worker_restarts`` (``ps_restarts`` without
             ``checkpoint_every`` is refused by the TrainConfig itself). HeraldError: a role failed (named, with the end of its log),
             or a PS shard was lost beyond ``ps_restarts``. PeerTimeout: the job ran past ``timeout_s``.
     """
     workers = worker_hosts_of(bed)
+    if cfg.worker_restarts:
+        raise ConfigError(f"--worker-restarts {cfg.worker_restarts}: the test bed rolls a job back for a lost PS "
+                          "shard (--ps-restarts), not for a lost worker (herald train does: NOTE [worker failover] in "
+                          "herald/job/rollback.py); leave it out")
     if cfg.workers != len(workers) * procs_per_host:
         raise ConfigError(f"--workers {cfg.workers} must equal the bed's {len(workers)} worker hosts x "
                           f"{procs_per_host} processes per host")

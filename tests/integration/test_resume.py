@@ -21,6 +21,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from proc_tree import children
 
 from herald.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from herald.errors import ConfigError, DataError, HeraldError
@@ -188,8 +189,64 @@ def test_dispatcher_state_is_validated(sources):
             disp.state_dict()
 
 
-#: --consistency flags of the failover test: BSP, and GBA with iota = 0 (NOTE [gba checkpoints]).
+#: --consistency flags of the failover tests: BSP, and GBA with iota = 0 (NOTE [gba checkpoints]).
 _FAILOVER_MODES = {"bsp": {}, "gba": {"consistency": "gba", "gba_threshold": 0}}
+
+
+def _kill_mid_job(tmp_path, source, extra: dict, flags: list[str], role: tuple[str, ...]):
+    """A job run whole, then the same job with ``flags``, whose child process with every string
+    of ``role`` in its command line is killed -9 after the first checkpoint (step EVERY - 1) and
+    two more steps. The job must roll back once and end with the whole run's model. Returns (the
+    failed-over job's run folder, its stderr, its report, the kill's Unix time)."""
+    whole, failed = tmp_path / "whole", tmp_path / "failover"
+    run_train(TrainConfig(**_flags(source, whole, STEPS), **extra), progress=False)
+    args = _cli(source, failed, STEPS) + flags
+    for key, value in extra.items():
+        args += ["--" + key.replace("_", "-"), str(value)]
+    job = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        latest, ids = failed / "checkpoints" / "latest", failed / "trained_sample_ids.u64"
+        deadline = time.monotonic() + 120
+        # the first checkpoint (step EVERY - 1) and 2 steps after it acked (their sample ids logged)
+        while not (latest.exists() and ids.exists() and ids.stat().st_size >= (EVERY + 2) * GB * 8):
+            assert job.poll() is None and time.monotonic() < deadline, "no checkpoint before the end of the job"
+            time.sleep(0.01)
+        victim = next(pid for pid, cmd in children(job.pid) if all(part in cmd for part in role))
+        killed_at = time.time()
+        os.kill(victim, signal.SIGKILL)
+        out, err = job.communicate(timeout=240)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait(10)
+    assert job.returncode == 0, err[-3000:]
+    assert "rolling the job back to checkpoint" in err, err[-3000:]
+    _assert_same_model(failed, whole)
+    return failed, err, json.loads((failed / "report.json").read_text()), killed_at
+
+
+def _assert_one_rollback(failed: pathlib.Path, report: dict) -> tuple[int, int]:
+    """The report of a job rolled back once after step EVERY + 1: its failover, every attempt
+    counted (herald/job/report_attempts.py). Returns (the checkpoint's step, the last step acked before)."""
+    assert len(report["failovers"]) == 1 and report["failovers"][0]["rolled_back_to"].startswith("step-")
+    failover = report["failovers"][0]
+    rolled_back, last = int(failover["rolled_back_to"][len("step-"):]), failover["last_acked_step"]
+    assert failover["checkpoint_step"] == rolled_back and last >= EVERY + 1 and last > rolled_back
+    assert failover["steps_rolled_back"] == last - rolled_back and failover["lost_at_step"] == last + 1
+    assert failover["recovered_s"] > 0
+    # every attempt counted: steps 0..last, then the checkpoint's next step to the end; the steps
+    # between the checkpoint and the failure were trained twice
+    attempts = report["attempts"]
+    assert [(a["first_step"], a["last_step"], a["steps"]) for a in attempts] == [
+        (0, last, last + 1), (rolled_back + 1, STEPS - 1, STEPS - rolled_back - 1)]
+    assert report["steps"] == last + 1 + STEPS - rolled_back - 1 == sum(a["steps"] for a in attempts)
+    assert report["samples"] == report["steps"] * GB == sum(a["samples"] for a in attempts)
+    assert report["retrained_steps"] == [[rolled_back + 1, last]]
+    assert report["train_seconds"] == pytest.approx(sum(a["train_seconds"] for a in attempts))
+    text = (failed / "report.txt").read_text()
+    assert f"steps {report['steps']} " in text, text
+    assert f"steps trained again: {rolled_back + 1}-{last} ({last - rolled_back} steps)" in text, text
+    return rolled_back, last
 
 
 @pytest.mark.slow   # ~25 s a case (2 shared cores)
@@ -205,49 +262,11 @@ def test_a_killed_ps_shard_fails_over_to_the_latest_checkpoint(tmp_path, sources
     [gba tokens] in herald/ps/gba.py): it must start at the checkpoint's next global step
     (the ``base`` of every GBA request, NOTE [gba checkpoints]), so the resumed attempt
     applies exactly M = 2 fresh contributions for each global step after the checkpoint."""
-    from proc_tree import children
-
-    source, extra = sources["parquet"], _FAILOVER_MODES[mode]
-    whole, failed = tmp_path / "whole", tmp_path / "failover"
-    run_train(TrainConfig(**_flags(source, whole, STEPS), **extra), progress=False)
-    args = _cli(source, failed, STEPS) + ["--ps-restarts", "1"]
-    for key, value in extra.items():
-        args += ["--" + key.replace("_", "-"), str(value)]
-    job = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        latest, ids = failed / "checkpoints" / "latest", failed / "trained_sample_ids.u64"
-        deadline = time.monotonic() + 120
-        # the first checkpoint (step EVERY - 1) and 2 steps after it acked (their sample ids logged)
-        while not (latest.exists() and ids.exists() and ids.stat().st_size >= (EVERY + 2) * GB * 8):
-            assert job.poll() is None and time.monotonic() < deadline, "no checkpoint before the end of the job"
-            time.sleep(0.01)
-        shard = next(pid for pid, cmd in children(job.pid) if "serve ps" in cmd)
-        os.kill(shard, signal.SIGKILL)
-        out, err = job.communicate(timeout=240)
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
-            job.wait(10)
-    assert job.returncode == 0, err[-3000:]
-    assert "rolling the job back to checkpoint" in err and "PS shard 0" in err, err[-3000:]
-    report = json.loads((failed / "report.json").read_text())
-    assert len(report["failovers"]) == 1 and report["failovers"][0]["rolled_back_to"].startswith("step-")
-    failover = report["failovers"][0]
-    rolled_back, last = int(failover["rolled_back_to"][len("step-"):]), failover["last_acked_step"]
-    assert failover["checkpoint_step"] == rolled_back and last >= EVERY + 1 and last > rolled_back
-    assert failover["steps_rolled_back"] == last - rolled_back
-    # every attempt counted: steps 0..last, then the checkpoint's next step to the end; the steps
-    # between the checkpoint and the failure were trained twice
-    attempts = report["attempts"]
-    assert [(a["first_step"], a["last_step"], a["steps"]) for a in attempts] == [
-        (0, last, last + 1), (rolled_back + 1, STEPS - 1, STEPS - rolled_back - 1)]
-    assert report["steps"] == last + 1 + STEPS - rolled_back - 1 == sum(a["steps"] for a in attempts)
-    assert report["samples"] == report["steps"] * GB == sum(a["samples"] for a in attempts)
-    assert report["retrained_steps"] == [[rolled_back + 1, last]]
-    assert report["train_seconds"] == pytest.approx(sum(a["train_seconds"] for a in attempts))
-    text = (failed / "report.txt").read_text()
-    assert f"steps {report['steps']} " in text, text
-    assert f"steps trained again: {rolled_back + 1}-{last} ({last - rolled_back} steps)" in text, text
+    failed, err, report, _ = _kill_mid_job(tmp_path, sources["parquet"], _FAILOVER_MODES[mode],
+                                           ["--ps-restarts", "1"], ("serve ps",))
+    assert "PS shard 0" in err, err[-3000:]
+    rolled_back, _ = _assert_one_rollback(failed, report)
+    assert report["failovers"][0]["part"] == "ps"
     consistency = report["consistency"]
     assert consistency["mode"] == mode
     if mode == "gba":
@@ -259,4 +278,30 @@ def test_a_killed_ps_shard_fails_over_to_the_latest_checkpoint(tmp_path, sources
         assert consistency["dropped_or_decayed"] == 0
         meta = json.loads((failed / f"checkpoints/step-{STEPS - 1:08d}/meta.json").read_text())
         assert meta["consistency"]["mode"] == "gba" and meta["dispatcher"]["next_step"] == STEPS
-    _assert_same_model(failed, whole)
+
+
+@pytest.mark.slow   # ~30 s a case (2 shared cores)
+@pytest.mark.parametrize("mode", sorted(_FAILOVER_MODES))
+def test_a_killed_worker_fails_over_to_the_latest_checkpoint(tmp_path, sources, mode):
+    """NOTE [worker failover] (herald/job/rollback.py): kill -9 of worker rank 1 after the
+    first checkpoint and two more steps; with --worker-restarts 1 the job rolls back to that
+    checkpoint (every process restarted, as for a lost PS shard), goes on, and ends with the
+    model of an uninterrupted run of the same mode. The report names the lost rank, the step
+    it was lost at and the steps trained again; ``recovered_s`` is the time from the loss
+    seen to the next step acked by every worker."""
+    failed, err, report, killed_at = _kill_mid_job(tmp_path, sources["parquet"], _FAILOVER_MODES[mode],
+                                                   ["--worker-restarts", "1"], ("serve worker", "--rank 1 "))
+    assert "herald train: worker-1 was killed by signal 9 (SIGKILL)" in err, err[-3000:]
+    _, last = _assert_one_rollback(failed, report)
+    failover = report["failovers"][0]
+    assert failover["part"] == "worker" and failover["ranks"] == [1], failover
+    assert failover["cause"] == "worker-1 was killed by signal 9 (SIGKILL)"
+    assert failover["detected_unix_s"] >= killed_at
+    assert 0 <= failover["stopped_s"] <= failover["recovered_s"]
+    seen_s = failover["detected_unix_s"] - killed_at
+    print(f"\nworker failover ({mode}): loss seen {seen_s:.2f} s after the kill, the attempt stopped "
+          f"{failover['stopped_s']:.2f} s later, training again {failover['recovered_s']:.2f} s after the loss was "
+          f"seen: {seen_s + failover['recovered_s']:.2f} s from the kill to the next acked step; steps "
+          f"{failover['checkpoint_step'] + 1}-{last} trained twice")
+    assert "failover 1: worker-1 was killed by signal 9 (SIGKILL); rolled back to checkpoint" in \
+        (failed / "report.txt").read_text()

@@ -25,7 +25,7 @@ def test_every_attempt_is_counted_in_steps_samples_and_time():
         {"steps": 13, "first_step": 0, "last_step": 12, "samples": 13 * 64, "train_seconds": 5.0},
         {"steps": 15, "first_step": 9, "last_step": 23, "samples": 15 * 64, "train_seconds": 3.0}]
     assert block["retrained_steps"] == [[9, 12]]
-    assert format_lines(block) == ["2 attempts (PS failover), every one counted in steps and samples: steps 0-12, "
+    assert format_lines(block) == ["2 attempts (failover), every one counted in steps and samples: steps 0-12, "
                                    "steps 9-23; steps trained again: 9-12 (4 steps)"]
 
 

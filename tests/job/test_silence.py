@@ -14,8 +14,8 @@ import pytest
 
 from herald.dispatch.peers import Silence
 from herald.errors import HeraldError
-from herald.job.parts import ShardFailed, raise_job_failure
-from herald.job.silence import merge_silences, process_state, silent_culprits, silent_headline
+from herald.job.parts import ShardFailed, WorkerFailed, raise_job_failure
+from herald.job.silence import killed_ranks, merge_silences, process_state, silent_culprits, silent_headline
 
 
 def _silence(quiet, awaited, reported=(), waiting_for="ack of step 11 from workers [0, 1]"):
@@ -83,6 +83,52 @@ def test_the_headline_names_the_silent_worker_then_what_followed():
     # without a witness the job's error stands as it was
     with pytest.raises(HeraldError, match="^dispatcher x"):
         raise_job_failure(exc, _Shards(), _Workers({0: None, 1: None}), silence)
+
+
+def test_a_silent_worker_is_lost_not_failed():
+    """NOTE [worker failover] (herald/job/rollback.py): the silent worker's error is a WorkerFailed."""
+    silence = _silence({0: 20.4, 1: 20.0}, awaited={0, 1})
+    exc = HeraldError("dispatcher x: no message within 20000 ms while waiting for ack of step 11 from workers [0, 1]")
+    with pytest.raises(WorkerFailed) as lost:
+        raise_job_failure(exc, _Shards(), _Workers({0: None, 1: 1}), silence)
+    assert lost.value.ranks == (0,) and lost.value.cause == "worker-0 went silent"
+    assert str(lost.value).startswith("worker-0 (pid 100; log worker-0.log) went silent")
+
+
+def test_a_killed_worker_is_lost_and_a_worker_error_ends_the_job():
+    """A worker a signal ended is lost (WorkerFailed, put before the echo the other worker
+    reported); a worker that reported an error of its own (exit code 1) ends the job."""
+    assert killed_ranks({0: 1, 1: -9, 2: None, 3: -11}) == [1, 3] and killed_ranks(None) == []
+    dead = "worker-1 was killed by signal 9; last lines of worker-1.log:\n(tail)"
+    echo = HeraldError("worker 0 failed: RuntimeError: [gloo] Connection closed by peer")
+    workers = _Workers({0: None, 1: -9}, failure=dead)
+    before = time.time()
+    with pytest.raises(WorkerFailed) as lost:
+        raise_job_failure(echo, _Shards(), workers)
+    assert before <= lost.value.seen_unix_s <= time.time()   # when the job saw it: the report's recovery counts from it
+    assert lost.value.ranks == (1,) and lost.value.cause == "worker-1 was killed by signal 9 (SIGKILL)"
+    assert str(lost.value) == f"{dead}\n(then: {echo})" and workers.stopped
+    # the liveness check's own error names the dead worker already: the message as it was
+    with pytest.raises(WorkerFailed, match="^worker-1 was killed by signal 9; last lines") as lost:
+        raise_job_failure(HeraldError(dead), _Shards(), _Workers({0: None, 1: -9}, failure=dead))
+    assert str(lost.value) == dead
+    # a worker's own error (it reported it, then exited with code 1): not lost, the job ends
+    own = HeraldError("worker 1 failed: ConfigError: --model dcn needs ...")
+    for codes in ({0: None, 1: 1}, {0: None, 1: None}):
+        with pytest.raises(HeraldError) as failed:
+            raise_job_failure(own, _Shards(), _Workers(codes, failure="worker-1 exited with code 1; ..."))
+        assert not isinstance(failed.value, WorkerFailed)
+    # a diverged loss and a lost PS shard keep their precedence over a killed worker
+    diverged = HeraldError("worker 0 failed: TrainingDiverged: rank 0: the loss is nan at step 3: ...")
+    with pytest.raises(HeraldError, match="^rank 0: the loss is nan") as failed:
+        raise_job_failure(diverged, _Shards(), _Workers({0: None, 1: -9}, failure=dead))
+    assert not isinstance(failed.value, WorkerFailed)
+    with pytest.raises(ShardFailed):
+        raise_job_failure(echo, _Shards("PS shard 0 was killed by signal 9"), _Workers({0: None, 1: -9}, failure=dead))
+    # workers this job did not start (no exit codes): never lost
+    with pytest.raises(HeraldError) as failed:
+        raise_job_failure(echo, _Shards(), _Workers(None))
+    assert not isinstance(failed.value, WorkerFailed)
 
 
 def test_several_silent_workers_and_groups():

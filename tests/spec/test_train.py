@@ -49,6 +49,10 @@ def _config(*argv: str) -> TrainConfig:
     (["--source", ""], "--source must be a path or URL, got ''"),
     (["--schedule", "optimal"], "--schedule optimal (brute force) needs --batch-size 1 and --workers <= 8"),
     (["--ps-restarts", "1"], "without --checkpoint-every there is none: add --checkpoint-every STEPS"),
+    (["--worker-restarts", "2"], "--worker-restarts 2 rolls the job back to its latest checkpoint, and without "
+                                 "--checkpoint-every there is none: add --checkpoint-every STEPS (and --run-dir) or "
+                                 "leave --worker-restarts out"),
+    (["--worker-restarts", "-1"], "--worker-restarts must be an integer >= 0, got -1"),
 ])
 def test_every_setting_is_checked_with_its_flag_name(argv, message):
     with pytest.raises(ConfigError) as info:
@@ -56,8 +60,11 @@ def test_every_setting_is_checked_with_its_flag_name(argv, message):
     assert message in str(info.value)
 
 
-def test_ps_restarts_with_checkpoints_is_accepted():
+def test_restarts_with_checkpoints_are_accepted():
     assert _config("--ps-restarts", "2", "--checkpoint-every", "10").ps_restarts == 2
+    cfg = _config("--worker-restarts", "3", "--ps-restarts", "1", "--checkpoint-every", "10")
+    assert (cfg.worker_restarts, cfg.ps_restarts) == (3, 1)
+    assert _config("--worker-restarts", "1", "--checkpoint-every", "5", "--consistency", "gba").worker_restarts == 1
 
 
 def test_programmatic_values_are_checked_too():
