@@ -3,6 +3,9 @@
 ``no_test_bed_left_behind`` (autouse): fails the session if a multi-host test bed it
 opened (herald/testbed) is still there at the end.
 
+``ray``: the ``ray`` module (``herald train --launcher ray``); missing, the tests that need
+it fail under ``CI=true`` and are skipped (with the reason) otherwise.
+
 ``kafka_broker``: one real Kafka 0.9.0.1 broker per test session (see
 ``kafka_broker.py``), yielding its bootstrap address ``"127.0.0.1:PORT"``.
 When it cannot start, the tests that need it fail under ``CI=true`` and are
@@ -66,3 +69,17 @@ def kafka_topic(request) -> str:
 def kafka_api_version() -> tuple[int, int]:
     """The ``api_version`` every client must pass to the test broker."""
     return API_VERSION
+
+
+@pytest.fixture(scope="module")
+def ray():
+    """The ``ray`` module, or fail (CI) / skip (elsewhere) naming the fix."""
+    try:
+        import ray
+        import ray.cluster_utils  # noqa: F401  (the two-node cluster)
+    except ImportError as exc:
+        message = f"Ray is not installed ({exc}): pip install -e '.[ray]' (make test installs it)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message + " (set CI=true to make this a failure)")
+    return ray

@@ -28,6 +28,16 @@ def children(pid: int) -> list[tuple[int, str]]:
     return out
 
 
+def descendants(pid: int) -> list[tuple[int, str]]:
+    """:func:`children` of ``pid``, their children, and so on (e.g. a Ray actor's role process)."""
+    out, todo = [], [pid]
+    while todo:
+        for child in children(todo.pop()):
+            out.append(child)
+            todo.append(child[0])
+    return out
+
+
 def train_until_mid_job(tmp_path, data_dir, *role: str) -> tuple[subprocess.Popen, int]:
     """Start a 2-worker ``herald train`` job (MovieLens ratings, ``--timeout-ms``
     :data:`FAULT_TIMEOUT_MS`); once 10 steps are trained return it and the pid of its child

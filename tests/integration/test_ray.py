@@ -35,20 +35,6 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def ray():
-    """The ``ray`` module, or fail (CI) / skip (elsewhere) naming the fix."""
-    try:
-        import ray
-        import ray.cluster_utils  # noqa: F401  (the two-node cluster)
-    except ImportError as exc:
-        message = f"Ray is not installed ({exc}): pip install -e '.[ray]' (make test installs it)"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message + " (set CI=true to make this a failure)")
-    return ray
-
-
-@pytest.fixture(scope="module")
 def two_nodes(ray):
     """A Ray cluster of two nodes on this machine (2 logical CPUs each, no dashboard); its address."""
     from ray.cluster_utils import Cluster

@@ -21,7 +21,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from proc_tree import children
+from proc_tree import descendants
 
 from herald.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from herald.errors import ConfigError, DataError, HeraldError
@@ -99,17 +99,6 @@ def _assert_same_model(resumed: pathlib.Path, whole: pathlib.Path) -> None:
     assert worst <= 1e-6, f"dense parameters differ by {worst}"
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
-        try:
-            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(stat.parent.name))
-        except (OSError, ValueError, IndexError):
-            continue
-    return out
-
-
 def _kill_after_first_checkpoint(args: list[str], run_dir: pathlib.Path) -> int:
     """Run ``herald train`` and kill -9 it as soon as a checkpoint is complete; the step of it."""
     job = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
@@ -120,7 +109,7 @@ def _kill_after_first_checkpoint(args: list[str], run_dir: pathlib.Path) -> int:
             assert job.poll() is None, f"herald train ended before its first checkpoint: {job.stderr.read()[-2000:]}"
             assert time.monotonic() < deadline, "no checkpoint within 120 s"
             time.sleep(0.01)
-        children = _children(job.pid)
+        children = [pid for pid, _ in descendants(job.pid)]
         os.kill(job.pid, signal.SIGKILL)
         assert job.wait(10) == -signal.SIGKILL, "herald train had already finished: kill it earlier"
         gone = time.monotonic() + 10   # its PS shard and workers die with it
@@ -194,8 +183,8 @@ _FAILOVER_MODES = {"bsp": {}, "gba": {"consistency": "gba", "gba_threshold": 0}}
 
 
 def _kill_mid_job(tmp_path, source, extra: dict, flags: list[str], role: tuple[str, ...]):
-    """A job run whole, then the same job with ``flags``, whose child process with every string
-    of ``role`` in its command line is killed -9 after the first checkpoint (step EVERY - 1) and
+    """A job run whole, then the same job with ``flags``, whose process with every string of
+    ``role`` in its command line (a child, or further down: a Ray actor's) is killed -9 after the first checkpoint (step EVERY - 1) and
     two more steps. The job must roll back once and end with the whole run's model. Returns (the
     failed-over job's run folder, its stderr, its report, the kill's Unix time)."""
     whole, failed = tmp_path / "whole", tmp_path / "failover"
@@ -211,7 +200,7 @@ def _kill_mid_job(tmp_path, source, extra: dict, flags: list[str], role: tuple[s
         while not (latest.exists() and ids.exists() and ids.stat().st_size >= (EVERY + 2) * GB * 8):
             assert job.poll() is None and time.monotonic() < deadline, "no checkpoint before the end of the job"
             time.sleep(0.01)
-        victim = next(pid for pid, cmd in children(job.pid) if all(part in cmd for part in role))
+        victim = next(pid for pid, cmd in descendants(job.pid) if all(part in cmd for part in role))
         killed_at = time.time()
         os.kill(victim, signal.SIGKILL)
         out, err = job.communicate(timeout=240)
@@ -305,3 +294,19 @@ def test_a_killed_worker_fails_over_to_the_latest_checkpoint(tmp_path, sources, 
           f"{failover['checkpoint_step'] + 1}-{last} trained twice")
     assert "failover 1: worker-1 was killed by signal 9 (SIGKILL); rolled back to checkpoint" in \
         (failed / "report.txt").read_text()
+
+
+@pytest.mark.slow   # ~60 s (2 shared cores): each run starts and stops a local Ray instance
+def test_a_killed_worker_fails_over_under_the_ray_launcher(tmp_path, sources, ray):
+    """The same under ``--launcher ray`` (docs/cluster.md): worker rank 1's process, a Ray
+    actor's child, killed -9; the job rolls back (new actors), and ends with the model of an
+    uninterrupted Ray run, which equals the local launcher's (tests/integration/test_ray.py)."""
+    failed, err, report, _ = _kill_mid_job(tmp_path, sources["parquet"], {"launcher": "ray"},
+                                           ["--worker-restarts", "1"], ("serve worker", "--rank 1 "))
+    # one rollback, of the lost rank, counted in the report; which checkpoint it went back to
+    # varies here: in one run of this test the loss was seen only after the next checkpoint
+    assert len(report["failovers"]) == 1 and len(report["attempts"]) == 2, report["failovers"]
+    failover = report["failovers"][0]
+    assert failover["part"] == "worker" and failover["ranks"] == [1], failover
+    assert report["steps"] == sum(a["steps"] for a in report["attempts"]) >= STEPS
+    assert not ray.is_initialized(), "the job's Ray connection outlived it"
