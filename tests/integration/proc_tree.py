@@ -14,27 +14,34 @@ import time
 FAULT_TIMEOUT_MS = 10_000   # the jobs' --timeout-ms
 
 
-def children(pid: int) -> list[tuple[int, str]]:
-    """``(pid, command line)`` of every process whose parent is ``pid``."""
-    out = []
+def _processes() -> dict[int, tuple[int, str]]:
+    """Every process now: ``pid -> (parent pid, command line)``, from one pass over /proc."""
+    out = {}
     for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
         try:
             ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
             cmd = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except (OSError, ValueError):
+        except (OSError, ValueError, IndexError):
             continue
-        if ppid == pid:
-            out.append((int(stat.parent.name), cmd))
+        out[int(stat.parent.name)] = (ppid, cmd)
     return out
 
 
+def children(pid: int) -> list[tuple[int, str]]:
+    """``(pid, command line)`` of every process whose parent is ``pid``."""
+    return [(p, cmd) for p, (ppid, cmd) in _processes().items() if ppid == pid]
+
+
 def descendants(pid: int) -> list[tuple[int, str]]:
-    """:func:`children` of ``pid``, their children, and so on (e.g. a Ray actor's role process)."""
-    out, todo = [], [pid]
-    while todo:
-        for child in children(todo.pop()):
-            out.append(child)
-            todo.append(child[0])
+    """:func:`children` of ``pid``, their children, and so on (e.g. a Ray actor's role
+    process), children first, from one pass over /proc (a test kills one mid-job: a pass
+    per process would let the job run on for several steps)."""
+    procs = _processes()
+    out, level = [], [pid]
+    while level:
+        found = [(p, cmd) for p, (ppid, cmd) in procs.items() if ppid in set(level)]
+        out += found
+        level = [p for p, _ in found]
     return out
 
 

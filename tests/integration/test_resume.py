@@ -303,8 +303,8 @@ def test_a_killed_worker_fails_over_under_the_ray_launcher(tmp_path, sources, ra
     uninterrupted Ray run, which equals the local launcher's (tests/integration/test_ray.py)."""
     failed, err, report, _ = _kill_mid_job(tmp_path, sources["parquet"], {"launcher": "ray"},
                                            ["--worker-restarts", "1"], ("serve worker", "--rank 1 "))
-    # one rollback, of the lost rank, counted in the report; which checkpoint it went back to
-    # varies here: in one run of this test the loss was seen only after the next checkpoint
+    # one rollback, of the lost rank, counted in the report (which checkpoint: not asserted;
+    # Ray's process tree is large, and the kill may land after the next checkpoint)
     assert len(report["failovers"]) == 1 and len(report["attempts"]) == 2, report["failovers"]
     failover = report["failovers"][0]
     assert failover["part"] == "worker" and failover["ranks"] == [1], failover
