@@ -71,6 +71,14 @@ def seconds_since_start(pid: int = 0) -> float:
     return max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK")) if ticks is not None else 0.0
 
 
+def signal_words(code: int) -> str:
+    """``"signal 9 (SIGKILL)"`` for the exit code ``-9`` of a process a signal ended."""
+    try:
+        return f"signal {-code} ({signal.Signals(-code).name})"
+    except ValueError:
+        return f"signal {-code}"
+
+
 def is_zombie(pid: int) -> bool:
     """Whether process ``pid`` has ended (a zombie not yet reaped, or gone)."""
     try:

@@ -62,9 +62,9 @@ from herald.files import private_dir
 from herald.job import leftovers
 from herald.job.checkpoints import DispatcherCheckpoints
 from herald.job.failover import shard_lost, watch_shards
-from herald.job.rollback import ShardFailed, WorkerFailed, signal_words
+from herald.job.rollback import ShardFailed, WorkerFailed
 from herald.job.silence import killed_ranks, process_state, silent_culprits, silent_headline
-from herald.procs import Supervisor, pin_to_cores
+from herald.procs import Supervisor, pin_to_cores, signal_words
 from herald.ps import LocalShards, PSClient
 from herald.ps.config import ShardLimits
 from herald.spec.job import JobSpec

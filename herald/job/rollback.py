@@ -42,7 +42,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
-import signal
 import sys
 import time
 from typing import Any, Callable, Sequence, TypeVar
@@ -92,14 +91,6 @@ class WorkerFailed(PartLost):
     rank, with its log); NOTE [worker failover] rolls the job back (``--worker-restarts``)."""
 
     part, budget = "worker", "worker_restarts"
-
-
-def signal_words(code: int) -> str:
-    """``"signal 9 (SIGKILL)"`` for the exit code ``-9`` of a process a signal ended."""
-    try:
-        return f"signal {-code} ({signal.Signals(-code).name})"
-    except ValueError:
-        return f"signal {-code}"
 
 
 class Rollbacks:
