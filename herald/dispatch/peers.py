@@ -88,7 +88,8 @@ def _map(v: Any) -> bool:
 _FIELDS: dict[str, dict[str, tuple[bool, Callable[[Any], bool]]]] = {
     "hello": {"world_size": (True, _count)},
     "ack": {"step": (True, _count), "loss": (False, _number), "bytes_pulled": (False, _count),
-            "bytes_pushed": (False, _count), "bytes_allreduced": (False, _count), "phases_ms": (False, _map),
+            "bytes_pushed": (False, _count), "bytes_allreduced": (False, _count), "bytes_dense": (False, _count),
+            "phases_ms": (False, _map),
             "consistency": (False, _map), "ps_requests": (False, _count)},
     "flushed": {},
     "saved": {},

@@ -105,6 +105,9 @@ class StepRecord:
     #: PS requests the workers sent during this step, all shards together, summed over the
     #: workers (each ack's ``ps_requests``; 0 where a worker does not count them)
     ps_requests: int = 0
+    #: bytes of dense gradients the workers sent in their step messages, summed over the
+    #: workers (NOTE [dense gradients on the shards] in herald/ps/stepped.py; as many come back)
+    bytes_dense: int = 0
 
     @classmethod
     def from_acks(cls, step: int, acks: list[tuple[dict[str, Any], list]], counts: np.ndarray, schedule_ms: float,
@@ -120,7 +123,8 @@ class StepRecord:
                    np.concatenate([a[1] for a in preds]) if preds else np.zeros(0, np.float32),
                    sum(int(h.get("bytes_allreduced", 0)) for h, _ in acks), mean_phases(acks),
                    time.perf_counter(), rejected, sum_consistency(acks) if consistency is None else consistency,
-                   sum(int(h.get("ps_requests", 0)) for h, _ in acks))
+                   sum(int(h.get("ps_requests", 0)) for h, _ in acks),
+                   sum(int(h.get("bytes_dense", 0)) for h, _ in acks))
 
 
 def mean_phases(acks: list[tuple[dict[str, Any], list]]) -> dict[str, float]:

@@ -226,7 +226,8 @@ def build(cfg: Any, records: list[StepRecord], train_s: float, metrics: dict, *,
                           "embedding_bytes": (pulls + pushes) * row_bytes},
         "wire_bytes": {"pulled": int(sum(r.bytes_pulled for r in records)),
                        "pushed": int(sum(r.bytes_pushed for r in records)),
-                       "allreduced": int(sum(r.bytes_allreduced for r in records))},
+                       "allreduced": int(sum(r.bytes_allreduced for r in records)),
+                       "dense": int(sum(r.bytes_dense for r in records))},
         **ps_requests(records, cfg.workers, len(ps_stats) if ps_stats else cfg.num_ps_shards),
         "compression": report_comm.compression(cfg, {c: by_cause[c] for c in _PULLS + _PUSHES}),
         "groups": report_comm.groups(cfg),
@@ -413,6 +414,8 @@ def format_text(rep: dict[str, Any]) -> str:
     lines.append(f"  pulls {tx['pulls']:,}  pushes {tx['pushes']:,}  total {tx['total']:,}  "
                  f"({tx['embedding_bytes'] / 2**20:.1f} MiB of embeddings); on the wire: pulled "
                  f"{rep['wire_bytes']['pulled'] / 2**20:.1f} MiB, pushed {rep['wire_bytes']['pushed'] / 2**20:.1f} MiB"
+                 + (f" (each with {rep['wire_bytes']['dense'] / 2**20:.1f} MiB of dense gradients, summed on the shards)"
+                    if rep['wire_bytes'].get('dense') else "")
                  + (f"; replicated tables all-reduced {rep['wire_bytes']['allreduced'] / 2**20:.1f} MiB"
                     if rep['wire_bytes']['allreduced'] else ""))
     lines.append(f"PS requests {rep['ps_requests']:,}: {rep['ps_requests_per_worker_per_shard_per_step']:.2f} "

@@ -28,7 +28,8 @@ in this order; every list comes from its :class:`CachePlan`:
 6. ``plan_push``: after 5, send these rows with optimizer state to the PS
    (``push_rows``), because another worker uses them at step ``t + 1``
    (Herald Alg. 2). The copy stays cached and latest.
-7. dense all-reduce and dense optimizer step; ack the step to the dispatcher.
+7. dense all-reduce (or the sum the step messages bring: NOTE [dense gradients on the
+   shards] in herald/ps/stepped.py) and dense optimizer step; ack the step to the dispatcher.
 
 Steps 4-6 of every worker are applied before any pull of step ``t + 1`` is read,
 so each pull in step ``t + 1`` sees them.

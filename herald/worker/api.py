@@ -348,12 +348,12 @@ class ScheduledLoader:
                                               - (sum(self.timer.seconds.values()) - claimed)))
             if self._ahead is None:   # the next micro-batch came while this step computed: start its early pulls
                 self._look_ahead(wait=mb.next_follows and self.protocol.step_messages)
-            if self.protocol.step_messages:   # the all-reduce runs while the PS round trip does
+            if self.protocol.step_messages:   # the dense sum rides in the step messages, or is all-reduced meanwhile
                 with self.timer("dense_allreduce"):
-                    self.dense.start()
+                    self.executor.step_dense = self.dense.start()
             self.protocol.after_backward(mb, batch.rows)
             with self.timer("dense_allreduce"):
-                self.dense.step()
+                self.dense.step(summed=self.executor.take_dense_summed())
             value = float(loss.detach()) if isinstance(loss, torch.Tensor) else (float("nan") if loss is None else float(loss))
             preds = []
             if logits is not None:

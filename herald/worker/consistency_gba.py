@@ -96,7 +96,7 @@ class GbaDense(DenseState):
         for p in self.params:
             p.grad = None
 
-    def step(self) -> None:
+    def step(self, summed: bool = False) -> None:
         """The runtime's dense step: the gradient already went to the PS with the contribution."""
         self.zero()
 

@@ -19,11 +19,14 @@ import abc
 import json
 import pathlib
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from herald.errors import ProtocolError
 from herald.files import PrivateFile, private_dir
+from herald.ps.stepped import DENSE_MAX_BYTES
 from herald.worker.devices import group_for
 from herald.worker.groups import GroupLayout, TrainingGroups
 
@@ -48,14 +51,19 @@ class DenseState(abc.ABC):
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer):
         self.model, self.optimizer = model, optimizer
 
-    def start(self) -> None:
-        """Begin the dense step's communication in the background, when the protocol allows
-        it to overlap the embedding updates (``ConsistencyProtocol.step_messages``); :meth:`step` finishes it.
-        Default: nothing (:meth:`step` does all)."""
+    def start(self) -> np.ndarray | None:
+        """Begin the dense step's communication when the protocol ends the step with step
+        messages (``ConsistencyProtocol.step_messages``): in the background, overlapping the
+        embedding updates, or by returning the gradient for the step messages to carry
+        (float32 [P], NOTE [dense gradients on the shards] in herald/ps/stepped.py), which
+        must hold the sum over the ranks when :meth:`step` is called with ``summed``.
+        Default: nothing, None (:meth:`step` does all)."""
+        return None
 
     @abc.abstractmethod
-    def step(self) -> None:
-        """The runtime's dense step after ``backward()`` (NOTE [step protocol] step 7)."""
+    def step(self, summed: bool = False) -> None:
+        """The runtime's dense step after ``backward()`` (NOTE [step protocol] step 7);
+        ``summed``: the step messages brought the sum of what :meth:`start` returned."""
 
     def save(self, folder: str | pathlib.Path) -> pathlib.Path:
         """Write model and optimizer state to ``folder/dense.pt`` (atomically; mode 0600 in a
@@ -122,6 +130,7 @@ class DenseSync(DenseState):
         self._flat: torch.Tensor | None = None
         self._views: list[torch.Tensor] = []
         self._work = None   # the all-reduce start() began
+        self._carried = False   # start() handed the buffer to the step messages
         self.groups: TrainingGroups | None = None
         if groups > 1 and world_size > 1:
             params = [p for p in model.parameters() if p.requires_grad]
@@ -137,23 +146,41 @@ class DenseSync(DenseState):
             flat = self._bucket(params)
         return flat
 
-    def start(self) -> None:
-        """Start the fp32 all-reduce of the gradients (``async_op``: torch's work handle);
-        :meth:`step` waits for it. The sum is the same all-reduce :meth:`step` would run, so
-        the replicas stay bit-identical; with training groups or a compressed payload
-        :meth:`step` runs it as before."""
+    def start(self) -> np.ndarray | None:
+        """Hand the fp32 gradients to the step messages when they are on the CPU and at most
+        :data:`~herald.ps.stepped.DENSE_MAX_BYTES` (NOTE [dense gradients on the shards] in
+        herald/ps/stepped.py: the flat buffer itself, summed in place); else start their
+        all-reduce (``async_op``: torch's work handle), which :meth:`step` waits for. Either
+        sum is what :meth:`step` would compute, the same on every rank, so the replicas stay
+        bit-identical; with training groups or a compressed payload :meth:`step` runs the
+        all-reduce as before."""
         params = [p for p in self.model.parameters() if p.requires_grad]
         if self.world_size > 1 and params and self.groups is None and self.dense_comm == "fp32":
             flat = self._flat_grads(params)
+            if flat.device.type == "cpu" and flat.numel() * flat.element_size() <= DENSE_MAX_BYTES:
+                self._carried = True
+                return flat.numpy()
             self._work = dist.all_reduce(flat, group=group_for(flat), async_op=True)   # NOTE [worker devices]
+        return None
 
-    def step(self) -> None:
-        """Average the gradients over the ranks (one all-reduce, or the one :meth:`start`
-        began), step, zero the gradients."""
+    def step(self, summed: bool = False) -> None:
+        """Average the gradients over the ranks (one all-reduce, the one :meth:`start` began,
+        or the step messages' sum: ``summed``), step, zero the gradients.
+
+        Raises:
+            ProtocolError: :meth:`start` handed the gradients to the step messages and they
+                did not bring the sum back (a runtime bug: the replicas would diverge).
+        """
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.steps += 1
         raised = False
-        if self._work is not None:
+        carried, self._carried = self._carried, False
+        if carried != summed:
+            raise ProtocolError("the dense gradients were handed to the step messages but no sum came back"
+                                if carried else "a dense sum came back for gradients never handed out")
+        if carried:
+            self._flat /= self.world_size
+        elif self._work is not None:
             work, self._work = self._work, None
             work.wait()
             self._flat /= self.world_size

@@ -163,13 +163,17 @@ class PlanExecutor:
         self._replicated = np.array(job.replicated_tables, np.int32)
         self.replicas = (ReplicaStore(job.replica_rows, row_width, self.dim, self.tables, self.ps, world_size)
                          if self._replicated.size else None)
-        self.bytes_pulled = self.bytes_pushed = self.bytes_allreduced = 0
+        self.bytes_pulled = self.bytes_pushed = self.bytes_allreduced = self.bytes_dense = 0
         self.timer = PhaseTimer()
         self._early: dict[int, tuple] = {}   # step -> (pull_early mask, clocked mask, wait())
         self._writes: list = []                                   # pushes and write-backs in flight
         self._written_back: tuple[int | None, KeySet] = (None, KeySet.empty())   # NOTE [own write-backs]
-        self._step: tuple | None = None            # the step message in flight: (next step or None, pulls, handle)
+        self._step: tuple | None = None            # the step message in flight: (next step or None, pulls, handle, dense carried)
         self._prepared: int | None = None          # the step whose evictions and pulls are done (send_step)
+        #: float32 [P] or None: the dense gradient the next step message carries (NOTE [dense
+        #: gradients on the shards] in herald/ps/stepped.py); it holds the sum after :meth:`finish_step`
+        self.step_dense: np.ndarray | None = None
+        self._dense_summed = False
 
     @property
     def cache_description(self) -> str:
@@ -404,9 +408,12 @@ class PlanExecutor:
         [step messages] in herald/ps/stepped.py): the gradients of ``plan.grad_push``, the
         local updates, then the rows of ``plan.plan_push``; with ``next_mb`` (the micro-batch of
         step ``mb.step + 1``, already here) also its evictions' write-backs and its pulls,
-        which :meth:`finish_step` puts in the cache (then :meth:`prepared` is its step).
+        which :meth:`finish_step` puts in the cache (then :meth:`prepared` is its step); and
+        :attr:`step_dense`, which :meth:`finish_step` leaves holding the sum over the ranks.
         Nothing of the step's message is acknowledged until :meth:`finish_step`."""
         plan = mb.plan
+        dense, self.step_dense = self.step_dense, None
+        self.bytes_dense += 0 if dense is None else dense.nbytes
         g = None
         if len(plan.grad_push):
             with self.timer("grad_push"):
@@ -432,21 +439,26 @@ class PlanExecutor:
             handle = self.ps.step_async(mb.step, self.rank, self.world_size,
                                         rows=(written.table, written.ids, rows) if rows is not None else None,
                                         grads=(plan.grad_push.table, plan.grad_push.ids, g, plan.contributors)
-                                        if g is not None else None, pull=(pull.table, pull.ids))
-        self._step = (None if next_mb is None else next_mb.step, pull, handle)
+                                        if g is not None else None, pull=(pull.table, pull.ids), dense=dense)
+        self._step = (None if next_mb is None else next_mb.step, pull, handle, dense is not None)
 
     def finish_step(self) -> None:
         """Wait for the reply of :meth:`send_step`'s message (every rank's step writes are
         applied on every shard then) and put the pulled rows in the cache."""
         if self._step is None:
             return
-        step, pull, handle = self._step
+        step, pull, handle, self._dense_summed = self._step
         self._step = None
         with self.timer("step_wait"):
             rows = handle.wait()
             if len(pull):
                 self.cache.put(pull, rows)
         self._prepared = step
+
+    def take_dense_summed(self) -> bool:
+        """Whether the last step message's reply brought the dense sum (then forgotten)."""
+        summed, self._dense_summed = self._dense_summed, False
+        return summed
 
     def prepared(self, step: int) -> bool:
         """Whether step ``step``'s evictions and pulls came with the previous step message."""
@@ -494,12 +506,15 @@ class PlanExecutor:
         ``bytes_pushed``, the bytes of every frame received from and sent to the PS (as they
         went: compressed, with headers and clock frames; :meth:`PSClient.take_traffic`) plus
         what a protocol exchanged with the dispatcher, ``bytes_allreduced`` (replicated
-        tables' gradients), and ``ps_requests``, the PS requests issued (all shards)."""
+        tables' gradients), ``bytes_dense`` (the dense gradients among ``bytes_pushed``, the
+        same again among ``bytes_pulled``: NOTE [dense gradients on the shards] in
+        herald/ps/stepped.py), and ``ps_requests``, the PS requests issued (all shards)."""
         ps = self.ps.take_traffic()
         out = {"bytes_pulled": self.bytes_pulled + ps["bytes_received"],
                "bytes_pushed": self.bytes_pushed + ps["bytes_sent"],
-               "bytes_allreduced": self.bytes_allreduced, "ps_requests": ps["requests"]}
-        self.bytes_pulled = self.bytes_pushed = self.bytes_allreduced = 0
+               "bytes_allreduced": self.bytes_allreduced, "bytes_dense": self.bytes_dense,
+               "ps_requests": ps["requests"]}
+        self.bytes_pulled = self.bytes_pushed = self.bytes_allreduced = self.bytes_dense = 0
         return out
 
     def close(self) -> None:

@@ -88,6 +88,8 @@ def test_distributed_training_equals_single_process(tmp_path, data_dir, workers,
     assert f"embedding cache {cache}" in (tmp_path / "worker-0.log").read_text(), f"the workers did not use {cache}"
     assert bool(rep["replicated_tables"]) == bool(replicate_below)
     assert (rep["wire_bytes"]["allreduced"] > 0) == bool(replicate_below and workers > 1)
+    # NOTE [dense gradients on the shards]: CPU replicas sum their gradients in the step messages
+    assert (rep["wire_bytes"]["dense"] > 0) == (device == "cpu"), rep["wire_bytes"]
     tx = rep["transmissions"]
     assert tx["evict_push"] + tx["update_pull"] > 0 or schedule == "vanilla", "the cache was never under pressure"
     assert_matches_reference(seen, tmp_path, workers)

@@ -19,7 +19,7 @@ from tests.fakes import as_frames
 TABLES = [TableConfig(f"t{i}", 4, OptimizerConfig("adagrad", lr=0.1)) for i in range(3)]
 
 
-def _step_frames(step, rank, workers, rid, rows=None, grads=None, pull=None, cid=None):
+def _step_frames(step, rank, workers, rid, rows=None, grads=None, pull=None, cid=None, dense=None):
     """The frames of one step message (one flat part per section), as PSClient packs them."""
     sections, arrays = [], []
     for op, sec in (("push_rows", rows), ("push_grad", grads), ("pull", pull)):
@@ -28,6 +28,9 @@ def _step_frames(step, rank, workers, rid, rows=None, grads=None, pull=None, cid
             frames = [np.asarray(tables, np.uint16), np.asarray(keys, np.uint64), *rest]
             sections.append({"op": op, "frames": len(frames)})
             arrays += frames
+    if dense is not None:
+        sections.append({"op": "dense", "frames": 1})
+        arrays.append(dense)
     header = {"op": "step", "rid": rid, "cid": cid if cid is not None else 100 + rank, "step": step, "rank": rank,
               "workers": workers, "sections": sections}
     return as_frames(PS.pack(header, arrays))
@@ -102,6 +105,66 @@ def test_bad_step_messages_are_refused_and_a_lost_rank_is_named(capsys):
     assert "ranks [1]" in capsys.readouterr().err
     with pytest.raises(ProtocolError, match="receive"):
         srv.handle(_step_frames(6, 0, 2, 4))
+
+
+def test_dense_slices_are_summed_in_rank_order_and_sent_to_every_rank():
+    """NOTE [dense gradients on the shards]: the reply of every rank ends with the same
+    sum, rank 0's slice plus rank 1's plus rank 2's in that order, whatever order the
+    messages came in; the pulls before it are unchanged."""
+    srv = ShardServer(0, 1, tables=TABLES, seed=1)
+    rng = np.random.default_rng(3)
+    dense = [(rng.standard_normal(1000) * 10.0 ** rng.integers(-6, 6, 1000)).astype(np.float32) for _ in range(3)]
+    want = (dense[0] + dense[1]) + dense[2]
+    assert not np.array_equal(want, (dense[2] + dense[1]) + dense[0]), "the order must matter for this data"
+    assert srv.receive("w2", _step_frames(1, 2, 3, 1, dense=dense[2])) == []
+    assert srv.receive("w0", _step_frames(1, 0, 3, 1, pull=([0], [5]), dense=dense[0])) == []
+    replies = srv.receive("w1", _step_frames(1, 1, 3, 1, dense=dense[1]))
+    got = {peer: PS.unpack(as_frames(frames)) for peer, frames in replies}
+    assert sorted(got) == ["w0", "w1", "w2"]
+    for peer, (head, arrays) in got.items():
+        assert head["ok"] and head["dense"] == 1000 and np.array_equal(arrays[-1], want), peer
+    assert np.array_equal(got["w0"][1][0], _pull(srv, [0], [5]))   # the pull, ahead of the sum
+
+
+@pytest.mark.parametrize("second", [None, np.zeros(999, np.float32), np.zeros(1000, np.float16)])
+def test_ranks_disagreeing_on_the_dense_gradient_all_get_errors(second):
+    """A step where one rank sends no dense slice, a slice of another length, or not
+    float32 (refused on its own), answers with errors: no rank may step with a partial sum."""
+    srv = ShardServer(0, 1, tables=TABLES, seed=1)
+    assert srv.receive("w0", _step_frames(1, 0, 2, 1, dense=np.ones(1000, np.float32))) == []
+    replies = srv.receive("w1", _step_frames(1, 1, 2, 1, dense=second))
+    heads = [PS.unpack(as_frames(frames))[0] for _, frames in replies]
+    assert len(heads) == (1 if second is not None and second.dtype != np.float32 else 2)
+    assert all(not h["ok"] and "dense" in h["message"] for h in heads)
+
+
+def test_three_ranks_over_two_real_shards_get_one_dense_sum():
+    """Three clients over 2 real shards: each gets the rank-order sum of the three dense
+    gradients in place, both shards' slices, with its pulls; P = 1 leaves shard 0 no slice."""
+    rng = np.random.default_rng(1)
+    keys = np.arange(1, 50, dtype=np.uint64)
+    with LocalShards(num_shards=2, tables=TABLES, seed=2) as shards:
+        clients = [PSClient(shards.addresses, TABLES, timeout_ms=20_000) for _ in range(3)]
+        try:
+            for size in (1001, 1):
+                dense = [rng.standard_normal(size).astype(np.float32) for _ in range(3)]
+                want = (dense[0] + dense[1]) + dense[2]
+                bufs, out = [d.copy() for d in dense], [None] * 3
+
+                def run(r):
+                    out[r] = np.array(clients[r].step_async(size, r, 3, pull=((keys % 3).astype(np.uint16), keys),
+                                                            dense=bufs[r]).wait())
+
+                threads = [threading.Thread(target=run, args=(r,)) for r in range(3)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join(30)
+                assert all(np.array_equal(b, want) for b in bufs), size
+                assert all(o is not None and o.shape == (keys.shape[0], TABLES[0].row_width) for o in out)
+        finally:
+            for c in clients:
+                c.close()
 
 
 @pytest.mark.parametrize("wire", ["fp32", "fp16"])
