@@ -110,6 +110,12 @@ class Source:
     def _skipped(self) -> dict:
         return {}
 
+    def _seek(self, rows: int) -> bool:
+        """From the start, move past the first ``rows`` rows without reading them, where that
+        costs nothing and skips no bad record (:class:`herald.loader.splits.RowRange`
+        reaches its start so); False where the rows must be read (the default)."""
+        return False
+
     def _read(self, max_rows: int) -> SampleBatch | None:  # pragma: no cover - abstract
         raise NotImplementedError
 

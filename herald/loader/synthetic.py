@@ -201,6 +201,10 @@ class SyntheticSource(Source):
         self._pos += n
         return out
 
+    def _seek(self, rows: int) -> bool:
+        self._pos = min(int(rows), self._n)   # each row is a function of (seed, row index)
+        return True
+
     def _get_state(self) -> dict:
         return {"row": self._pos, "seed": self.seed}
 

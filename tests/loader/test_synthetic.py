@@ -4,7 +4,8 @@ import numpy as np
 
 from herald.loader import datagen, open_source
 from herald.loader.batch import SampleBatch
-from herald.loader.synthetic import SyntheticSource, fit_alpha, preset_spec
+from herald.loader.splits import RowRange, distinct_ids_per_table
+from herald.loader.synthetic import Generator, SyntheticSource, fit_alpha, preset_spec
 
 
 def _auc(score, label):
@@ -23,6 +24,29 @@ def test_same_seed_same_rows_any_read_sizes():
     assert a.equals(b)
     c = SampleBatch.concat(list(SyntheticSource(preset_spec("criteo-kaggle"), rows=5000, seed=2)))
     assert not np.array_equal(a.values[3][:100], c.values[3][:100])
+
+
+def test_row_range_seeks_past_its_start_without_generating(monkeypatch):
+    """A RowRange over the synthetic source (the held-out split) jumps to its start: the
+    rows it returns are those a full read gives there, and no row before it is generated."""
+    whole = SampleBatch.concat(list(SyntheticSource(preset_spec("criteo-kaggle"), rows=5000, seed=1)))
+    made = []
+    real = Generator.rows
+    monkeypatch.setattr(Generator, "rows", lambda self, start, n: made.append((start, n)) or real(self, start, n))
+    with RowRange(SyntheticSource(preset_spec("criteo-kaggle"), rows=5000, seed=1), 4000) as tail:
+        got = SampleBatch.concat(list(iter(lambda: tail.read(300), None)))
+    assert got.equals(whole.slice(4000, 5000)) and min(s for s, _ in made) == 4000
+    assert tail.stats["rows"] == 1000 and sum(n for _, n in made) == 1000
+
+
+def test_distinct_ids_per_table_equal_numpy_unique_across_growth():
+    """The pre-pass's key-map count (which grows its map several times here) equals
+    np.unique of every table's ids."""
+    src = SyntheticSource(preset_spec("criteo-kaggle"), rows=40000, seed=3)
+    batches = list(iter(lambda: src.read(7000), None))
+    whole = SampleBatch.concat(batches)
+    assert distinct_ids_per_table(batches) == [int(np.unique(v).shape[0]) for v in whole.values]
+    assert sum(distinct_ids_per_table(batches)) > 1 << 16
 
 
 def test_datagen_file_equals_stream(tmp_path):
