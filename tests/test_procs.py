@@ -144,3 +144,30 @@ def test_pin_to_cores_pins_every_thread_of_a_running_process_and_its_later_threa
         while "more" not in sup.tail("threads") and time.monotonic() < deadline:
             time.sleep(0.05)
         assert _threads_cores(p.pid) == [{core}] * 5   # the thread started after the pin took its creator's cores
+
+
+def test_startup_garbage_is_frozen_and_the_collector_restored():
+    """NOTE [start-up garbage]: no collection runs inside; what was made there is frozen
+    after it; the collector ends as it was (on stays on, off stays off)."""
+    import gc
+
+    from herald.procs import startup_garbage_frozen
+
+    runs = []
+    callback = lambda phase, info: runs.append(phase)   # noqa: E731
+    gc.callbacks.append(callback)
+    try:
+        for enabled in (True, False):
+            (gc.enable if enabled else gc.disable)()
+            gc.unfreeze()
+            with startup_garbage_frozen():
+                assert not gc.isenabled()
+                made = [[i] for i in range(50_000)]   # far past the young generation's threshold
+                assert runs == []
+            assert gc.isenabled() == enabled and gc.get_freeze_count() >= len(made)
+            gc.unfreeze()
+            runs.clear()
+    finally:
+        gc.callbacks.remove(callback)
+        gc.unfreeze()
+        gc.enable()
