@@ -39,25 +39,24 @@ def cpu_seconds() -> float:
 
 @contextlib.contextmanager
 def startup_garbage_frozen() -> Iterator[None]:
-    """Set up a long-running role without the cyclic garbage collector, then freeze what
-    the set-up made (NOTE [start-up garbage]); the collector's state is restored."""
-    enabled = gc.isenabled()
+    """Set up a long-running role without the cyclic garbage collector, then freeze every
+    object so far and turn the collector on (NOTE [start-up garbage]). A role's command
+    disables the collector before its imports too (``herald serve worker``)."""
     gc.disable()
     try:
         yield
     finally:
         gc.freeze()
-        if enabled:
-            gc.enable()
+        gc.enable()
 
 
 # NOTE [start-up garbage]
 # ~~~~~~~~~~~~~~~~~~~~~~~
-# A worker's set-up (torch, the process group, the model, the optimizer, whose first
-# construction imports torch._dynamo) allocates so many objects that the cyclic collector
-# ran two full (generation 2) collections during it, 124 and 152 ms each, on both workers of a
-# 2-core job: a quarter of a second of start-up each. Nothing of that set-up is garbage, so the
-# worker sets up with the collector off and then ``gc.freeze()``s every object it has: later
+# A worker's start (importing torch; then the process group, the model, the optimizer, whose
+# first construction imports torch._dynamo) allocates so many objects that the cyclic
+# collector ran four full (generation 2) collections during it, 100-150 ms each, 0.23-0.26 s
+# per worker of a 2-core job. Nothing of that set-up is garbage, so ``herald serve worker``
+# starts with the collector off and, once set up, ``gc.freeze()``s every object it has: later
 # full collections (rare, but due whenever enough objects survive) no longer walk those
 # hundreds of thousands of objects, and a worker paused by one would hold back every rank of
 # a synchronous step. The training loop runs with the collector on (its own garbage is collected

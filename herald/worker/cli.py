@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 
 from herald.errors import ConfigError
@@ -21,6 +22,7 @@ def _from_env(value: int | None, name: str, flag: str) -> int:
 
 
 def _serve_worker(args: argparse.Namespace) -> int:
+    gc.disable()   # NOTE [start-up garbage] in herald/procs.py: on again once run_worker has set up
     from herald.worker.trainer import run_worker   # on use: the herald parser must not load torch (herald/cli.py)
 
     rank = _from_env(args.rank, "RANK", "--rank")
