@@ -102,6 +102,10 @@ def add_step_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-ratio", type=float, default=0.1, help="worker cache rows / distinct keys "
                                                                   "(default: %(default)s)")
     p.add_argument("--wire-dtype", default="fp32", help="PS wire dtype (default: %(default)s)")
+    p.add_argument("--dense-params", type=int, default=None, metavar="P",
+                   help="dense gradient values each worker sends in its step messages, this shard summing its "
+                        "slice (NOTE [dense gradients on the shards]); 0: none (default: herald's DLRM on the data, "
+                        "27,601 on the synthetic Criteo rows)")
     p.add_argument("--steps", type=int, default=10, help="steps measured (default: %(default)s)")
     p.add_argument("--warmup", type=int, default=10,
                    help="steps replayed first, untimed: kernels compiled, caches warm (default: %(default)s)")

@@ -10,7 +10,8 @@ at t + 1, its gradients of t, and its pulls of t + 1, packed by the real client 
 (:meth:`herald.ps.PSClient.step_async`, whose socket send is replaced by a capture);
 those to shard ``--shard`` of ``--shards`` are applied by the real shard handler,
 ``ShardServer.receive(peer, frames)``, timed call by call (the last rank's message
-releases every rank's pulls). The time of each op inside (``push_rows``, ``push_grad``,
+releases every rank's pulls and the sum of the dense gradients: ``--dense-params``,
+herald's DLRM by default). The time of each op inside (``push_rows``, ``push_grad``,
 ``pull``) is taken by timing the shard's op methods. Row values are synthetic (finite).
 
 Baseline in the same run (``numba_limit_ns_per_row``): a bare numba lookup of the same
@@ -97,10 +98,11 @@ def _fake_rows(rng, n: int, width: int, dim: int) -> np.ndarray:
 
 
 def step_message(cap: Capture, plan, next_plan, step: int, rank: int, workers: int, rng, width: int, dim: int,
-                 shard: int) -> list[list]:
+                 shard: int, dense_params: int = 0) -> list[list]:
     """The requests worker ``rank`` sends ``shard`` at the end of ``step`` (its step message,
     NOTE [step messages]): the plan pushes of ``plan`` and the write-backs of ``next_plan``'s
-    evictions, the gradients of ``plan``, the pulls of ``next_plan``."""
+    evictions, the gradients of ``plan``, the pulls of ``next_plan``, and ``dense_params``
+    dense gradient values (NOTE [dense gradients on the shards])."""
     wb = next_plan.write_back
     written = KeySet(np.concatenate([plan.plan_push.table, next_plan.evict.table[wb]]),
                      np.concatenate([plan.plan_push.ids, next_plan.evict.ids[wb]]))
@@ -108,8 +110,16 @@ def step_message(cap: Capture, plan, next_plan, step: int, rank: int, workers: i
     cap.client.step_async(step, rank, workers,
                           rows=(written.table, written.ids, _fake_rows(rng, len(written), width, dim)),
                           grads=(plan.grad_push.table, plan.grad_push.ids, grads, plan.contributors),
-                          pull=(next_plan.pull.table, next_plan.pull.ids))
+                          pull=(next_plan.pull.table, next_plan.pull.ids),
+                          dense=(rng.standard_normal(dense_params) * 0.01).astype(np.float32) if dense_params else None)
     return cap.take(shard)
+
+
+def dlrm_dense_params(num_tables: int, dense_dim: int, dim: int) -> int:
+    """Parameters of herald's DLRM (:func:`herald.worker.models.build_model`) of this shape."""
+    from herald.worker.models import build_model   # on use: torch
+
+    return sum(p.numel() for p in build_model("dlrm", dense_dim, num_tables, dim, seed=0).parameters())
 
 
 class OpTimes:
@@ -186,6 +196,9 @@ def run_step_bench(args: argparse.Namespace) -> dict:
     sched = Scheduler(SchedulerConfig(num_workers=W, batch_size_per_worker=args.batch_size, schedule=args.schedule,
                                       cache_ratio=args.cache_ratio, seed=args.seed),
                       len(tables), count_distinct_keys(batches))
+    dense = (dlrm_dense_params(len(tables), batches[0].dense.shape[1], dim) if args.dense_params is None
+             else args.dense_params)
+    args.dense_params = dense
     warm_up()
     server = ShardServer(shard, S, tables=tables, seed=args.seed)
     ops = OpTimes(server)
@@ -202,7 +215,7 @@ def run_step_bench(args: argparse.Namespace) -> dict:
             if before is None:
                 before = sp.plans
                 continue
-            reqs = [step_message(cap, p, q, step, w, W, rng, width, dim, shard)
+            reqs = [step_message(cap, p, q, step, w, W, rng, width, dim, shard, dense)
                     for w, (p, q) in enumerate(zip(before, sp.plans))]
             before = sp.plans
             measured = step >= args.warmup
@@ -225,8 +238,9 @@ def run_step_bench(args: argparse.Namespace) -> dict:
                     if measured:   # the (table, key) of every section, as the shard reads them
                         at = 0
                         for sec in head.get("sections", []):
-                            tabs.append(arrays[at].astype(np.int32))
-                            ids.append(np.array(arrays[at + 1]))
+                            if sec["op"] != "dense":
+                                tabs.append(arrays[at].astype(np.int32))
+                                ids.append(np.array(arrays[at + 1]))
                             at += sec["frames"]
             if measured:
                 per_step.append({"total": total, **ops.take()})
@@ -265,7 +279,7 @@ def summarize(args, per_step: list[dict], limit_ns: float, source: str, num_tabl
         "settings": {"workers": W, "shards": args.shards, "shard": args.shard, "batch_size": args.batch_size,
                      "tables": num_tables, "dim": args.dim, "optimizer": args.optimizer, "schedule": args.schedule,
                      "cache_ratio": args.cache_ratio, "wire_dtype": args.wire_dtype, "steps": len(per_step),
-                     "warmup": args.warmup, "seed": args.seed, "source": source},
+                     "warmup": args.warmup, "seed": args.seed, "source": source, "dense_params": args.dense_params},
     }
 
 

@@ -19,5 +19,6 @@ def test_bench_step_writes_its_figures(tmp_path):
     assert res["shard_ms_per_step"] > 0 and res["rows_per_step"] > 0 and res["numba_limit_ns_per_row"] > 0
     # the real client packing: one step message per worker per shard, one flat part per op section
     assert res["parts_per_request"] == 1.0 and res["requests_per_worker_per_shard"] == 1.0
-    assert 1 <= res["sections_per_request"] <= 3
+    assert 1 <= res["sections_per_request"] <= 4   # with the dense section (NOTE [dense gradients on the shards])
+    assert res["settings"]["dense_params"] == 27_601   # herald's DLRM on the synthetic Criteo rows
     assert {"pull", "push_grad"} <= set(res["per_row_ns"]) <= {"push_rows", "push_grad", "pull"}
