@@ -98,6 +98,12 @@ class ShardLimits:
         return dataclasses.asdict(self)
 
 
+#: The largest dense gradient a BSP worker sends in its step messages (NOTE [dense gradients
+#: on the shards] in herald/ps/stepped.py): above it the all-reduce's ring moves fewer bytes
+#: through each process. A shard's frame bound (:func:`largest_frame_bytes`) admits it.
+DENSE_MAX_BYTES = 8 << 20
+
+
 def largest_frame_bytes(limits: ShardLimits) -> int:
     """The largest array frame of a request a shard with ``limits`` serves, in bytes: its
     socket's bound (NOTE [message size limits] in herald/wire.py; header frames are
@@ -108,9 +114,10 @@ def largest_frame_bytes(limits: ShardLimits) -> int:
     one float32 row per key, as wide as a table may be (``max_dim`` values plus the
     widest optimizer state, Adam's ``2 * max_dim + 1``). Keys, tables, contributors,
     clocks, gradients and compressed payloads are no larger. A GBA dense gradient
-    (float32 [P], NOTE [gba tokens]) must fit it as well: ``4 * P`` bytes at most.
+    (float32 [P], NOTE [gba tokens]) must fit it as well: ``4 * P`` bytes at most. It is at
+    least :data:`DENSE_MAX_BYTES`, so a BSP step message's dense slice always fits.
     With the defaults this is about 48 GiB, no bound in practice: lower
     ``--max-keys-per-request`` and ``--max-dim`` to tighten it.
     """
     widest = max(limits.max_dim + OptimizerConfig(name).state_dim(limits.max_dim) for name in SPARSE_OPTIMIZERS)
-    return limits.max_keys_per_request * max(4 * widest, 8)
+    return max(limits.max_keys_per_request * max(4 * widest, 8), DENSE_MAX_BYTES)

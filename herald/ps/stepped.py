@@ -55,7 +55,7 @@ replaces it. A step whose N messages do not all come within the shard's
 NOTE [dense gradients on the shards]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 Step 7 of NOTE [step protocol] (herald/scheduler/plan.py) sums the ranks' dense gradients;
-a BSP worker whose gradient is small (at most :data:`DENSE_MAX_BYTES`, on the CPU) sends it
+a BSP worker whose gradient is small (at most ``herald.ps.config.DENSE_MAX_BYTES``, on the CPU) sends it
 in its step messages instead of all-reducing it (herald/worker/dense.py): shard s of S gets
 the slice ``[s * P // S, (s + 1) * P // S)`` of the P values (:func:`dense_slices`), none
 when that is empty. At release the shard adds the held slices in rank order (rank 0's,
@@ -85,9 +85,6 @@ from herald.ps.wire import PS
 
 #: The sections of a step message, in their order (NOTE [step messages]).
 SECTIONS = ("push_rows", "push_grad", "pull", "dense")
-#: The largest dense gradient a worker sends in its step messages (NOTE [dense gradients on
-#: the shards]): above it the all-reduce's ring moves fewer bytes through each process.
-DENSE_MAX_BYTES = 8 << 20
 #: Steps held at once on a shard (a message of one more step is refused; a job holds
 #: one, or two while a restarted worker's message replaces a lost one).
 MAX_HELD_STEPS = 64

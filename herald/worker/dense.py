@@ -26,7 +26,7 @@ from torch import nn
 
 from herald.errors import ProtocolError
 from herald.files import PrivateFile, private_dir
-from herald.ps.stepped import DENSE_MAX_BYTES
+from herald.ps.config import DENSE_MAX_BYTES
 from herald.worker.devices import group_for
 from herald.worker.groups import GroupLayout, TrainingGroups
 
@@ -148,7 +148,7 @@ class DenseSync(DenseState):
 
     def start(self) -> np.ndarray | None:
         """Hand the fp32 gradients to the step messages when they are on the CPU and at most
-        :data:`~herald.ps.stepped.DENSE_MAX_BYTES` (NOTE [dense gradients on the shards] in
+        :data:`~herald.ps.config.DENSE_MAX_BYTES` (NOTE [dense gradients on the shards] in
         herald/ps/stepped.py: the flat buffer itself, summed in place); else start their
         all-reduce (``async_op``: torch's work handle), which :meth:`step` waits for. Either
         sum is what :meth:`step` would compute, the same on every rank, so the replicas stay

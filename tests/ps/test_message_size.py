@@ -7,21 +7,22 @@ from __future__ import annotations
 import numpy as np
 
 from herald.ps import PSClient
-from herald.ps.config import ShardLimits, largest_frame_bytes
+from herald.ps.config import DENSE_MAX_BYTES, ShardLimits, largest_frame_bytes
 from herald.ps.wire import PS
 from herald.spec.tables import OptimizerConfig, TableConfig
 from tests import rawpeer
 from tests.fakes import InProcessPS, dealer
 
-KEYS, DIM = 16384, 16
+KEYS, DIM = 16384, 64   # the widest rows' request (12.6 MB) exceeds DENSE_MAX_BYTES
 LIMITS = ShardLimits(max_keys_per_request=KEYS, max_dim=DIM)
-#: Adam at max_dim: the widest row the limits allow (3 * 16 + 1 floats)
+#: Adam at max_dim: the widest row the limits allow (3 * 64 + 1 floats)
 WIDE = TableConfig("wide", DIM, OptimizerConfig("adam"))
 
 
 def test_the_bound_is_a_full_request_of_the_widest_rows():
-    assert largest_frame_bytes(LIMITS) == KEYS * WIDE.row_width * 4 == KEYS * 49 * 4
-    assert largest_frame_bytes(ShardLimits(max_keys_per_request=10, max_dim=1)) == 10 * 4 * 4   # 1 + adam's 3
+    assert largest_frame_bytes(LIMITS) == KEYS * WIDE.row_width * 4 == KEYS * 193 * 4 > DENSE_MAX_BYTES
+    # tight limits still admit a BSP step message's dense slice (NOTE [dense gradients on the shards])
+    assert largest_frame_bytes(ShardLimits(max_keys_per_request=10, max_dim=1)) == DENSE_MAX_BYTES > 10 * 4 * 4
     assert largest_frame_bytes(ShardLimits()) == (1 << 20) * (3 * 4096 + 1) * 4   # the defaults: ~48 GiB
 
 

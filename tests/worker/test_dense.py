@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from herald.errors import ProtocolError
-from herald.ps.stepped import DENSE_MAX_BYTES
+from herald.ps.config import DENSE_MAX_BYTES
 from herald.worker.dense import DenseSync
 
 
