@@ -198,7 +198,6 @@ def run_step_bench(args: argparse.Namespace) -> dict:
                       len(tables), count_distinct_keys(batches))
     dense = (dlrm_dense_params(len(tables), batches[0].dense.shape[1], dim) if args.dense_params is None
              else args.dense_params)
-    args.dense_params = dense
     warm_up()
     server = ShardServer(shard, S, tables=tables, seed=args.seed)
     ops = OpTimes(server)
@@ -252,10 +251,10 @@ def run_step_bench(args: argparse.Namespace) -> dict:
     finally:
         cap.close()
     limit = numba_limit(shard_keys, dim, tables[0])
-    return summarize(args, per_step, limit, source, len(tables))
+    return summarize(args, per_step, limit, source, len(tables), dense)
 
 
-def summarize(args, per_step: list[dict], limit_ns: float, source: str, num_tables: int) -> dict:
+def summarize(args, per_step: list[dict], limit_ns: float, source: str, num_tables: int, dense_params: int) -> dict:
     """The JSON figures of :func:`run_step_bench` from its per-step accumulators."""
     W = args.workers
     ms = [1e3 * acc["total"][0] for acc in per_step]
@@ -279,7 +278,7 @@ def summarize(args, per_step: list[dict], limit_ns: float, source: str, num_tabl
         "settings": {"workers": W, "shards": args.shards, "shard": args.shard, "batch_size": args.batch_size,
                      "tables": num_tables, "dim": args.dim, "optimizer": args.optimizer, "schedule": args.schedule,
                      "cache_ratio": args.cache_ratio, "wire_dtype": args.wire_dtype, "steps": len(per_step),
-                     "warmup": args.warmup, "seed": args.seed, "source": source, "dense_params": args.dense_params},
+                     "warmup": args.warmup, "seed": args.seed, "source": source, "dense_params": dense_params},
     }
 
 

@@ -415,7 +415,7 @@ def format_text(rep: dict[str, Any]) -> str:
                  f"({tx['embedding_bytes'] / 2**20:.1f} MiB of embeddings); on the wire: pulled "
                  f"{rep['wire_bytes']['pulled'] / 2**20:.1f} MiB, pushed {rep['wire_bytes']['pushed'] / 2**20:.1f} MiB"
                  + (f" (each with {rep['wire_bytes']['dense'] / 2**20:.1f} MiB of dense gradients, summed on the shards)"
-                    if rep['wire_bytes'].get('dense') else "")
+                    if rep['wire_bytes']['dense'] else "")
                  + (f"; replicated tables all-reduced {rep['wire_bytes']['allreduced'] / 2**20:.1f} MiB"
                     if rep['wire_bytes']['allreduced'] else ""))
     lines.append(f"PS requests {rep['ps_requests']:,}: {rep['ps_requests_per_worker_per_shard_per_step']:.2f} "

@@ -61,7 +61,7 @@ class RowRange(Source):
         return {k: v for k, v in out.items() if v}
 
     def _read(self, max_rows: int) -> SampleBatch | None:
-        if self._pos == 0 and self.start and self.inner.stats["rows"] == 0 and self.inner._seek(self.start):
+        if 0 == self._pos < self.start and self.inner._seek(self.start):
             self._pos = self.start
         while self._pos < self.start:
             skipped = self.inner.read(min(65536, self.start - self._pos))

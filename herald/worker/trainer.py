@@ -68,18 +68,13 @@ def run_worker(dispatcher: str, rank: int, world_size: int, *, device: str | Non
     """
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(worker_threads(world_size))
-    with startup_garbage_frozen():   # NOTE [start-up garbage] in herald/procs.py
-        loader = ScheduledLoader.connect(dispatcher, rank=rank, world_size=world_size, device=device,
-                                         cache_device=cache_device, timeout_ms=timeout_ms, keys_dir=keys_dir)
-        try:
+    with ScheduledLoader.connect(dispatcher, rank=rank, world_size=world_size, device=device, cache_device=cache_device,
+                                 timeout_ms=timeout_ms, keys_dir=keys_dir) as loader:
+        with startup_garbage_frozen():   # NOTE [start-up garbage] in herald/procs.py
             job = loader.job
             model = model_from_job(job).to(loader.device)
             embedding = loader.embedding()
             loader.attach(model, build_dense_optimizer(model.parameters(), job.dense_optimizer, job.dense_lr))
-        except BaseException:
-            loader.close()
-            raise
-    with loader:
         timer = loader.timer
         for batch in loader:
             with timer("forward"):
