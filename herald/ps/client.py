@@ -23,8 +23,9 @@ with no peer blocks, e.g. after a refused CURVE handshake), and a request it cou
 queue has failed that attempt. So a request waited on from the moment it is sent is
 answered or fails within ``timeout_ms``, never ``(retries + 1) x timeout_ms``.
 Retrying is safe for every op: shards answer a repeated mutating request (same client
-id and request id) from a reply cache instead of applying it twice. A client is not
-thread-safe: use one per thread.
+id and request id) from a reply cache instead of applying it twice (NOTE [reply cache]
+in herald/ps/server.py: every request says below which request id this client awaits
+no reply, so the shard forgets those). A client is not thread-safe: use one per thread.
 """
 
 from __future__ import annotations
@@ -205,7 +206,9 @@ class PSClient(ClockOps, StepOps):
         if self._closed:
             raise ConfigError("PSClient is closed")
         rid = next(self._rids)
-        header = dict(header, op=op, rid=rid, cid=self._cid)
+        # NOTE [reply cache]: every request of ours below this one is answered or given up
+        done_below = min(rid, min(self._pending, default=rid))
+        header = dict(header, op=op, rid=rid, cid=self._cid, done_below=done_below)
         frames = PS.pack(header, arrays)
         req = _Request(shard, rid, op, frames, timeout_ms or self.timeout_ms, self.retries + 1)
         self._pending[rid] = req

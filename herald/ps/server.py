@@ -106,7 +106,9 @@ class ShardServer:
         #: every table's arrays reachable from one kernel call (NOTE [table directory]),
         #: within NOTE [ps limits]' max_shard_bytes
         self.store = TableSet(self.shard, self.num_shards, max_bytes=self.limits.max_shard_bytes)
-        self._replies: collections.OrderedDict = collections.OrderedDict()
+        self._replies: collections.OrderedDict = collections.OrderedDict()   # NOTE [reply cache]
+        self._reply_rids: dict[int, collections.deque] = {}   # per client, its kept replies' request ids in order
+        self._done_below: collections.OrderedDict = collections.OrderedDict()   # per client, its done_below
         self._reply_cache = reply_cache
         self._stop = False
         self.counters = collections.Counter()
@@ -179,6 +181,9 @@ class ShardServer:
             key = None
             if op in wire.MUTATING:
                 key = (wire.get_int(header, "cid", 0, (1 << 64) - 1), wire.get_int(header, "rid", 0, (1 << 64) - 1))
+                if self._answered(key, header):   # NOTE [reply cache]: a late copy of a request answered
+                    self.counters["duplicate_requests"] += 1
+                    return [], op
                 cached = self._replies.get(key)
                 if cached is not None:
                     self.counters["duplicate_requests"] += 1
@@ -201,11 +206,60 @@ class ShardServer:
         except Exception as exc:  # every failure becomes an error reply; the loop goes on
             return [(peer, self.error_reply(op, rid, exc))], op
 
+    # NOTE [reply cache]
+    # ~~~~~~~~~~~~~~~~~~
+    # A mutating request (wire.MUTATING) must not be applied twice when a client retries it
+    # (NOTE [ps client deadline] in herald/ps/client.py), so its whole reply is kept, keyed
+    # by (client id, request id), and a repeat is answered from it. A reply is needed only
+    # while its client may still retry the request: every request carries ``done_below``,
+    # the lowest request id its client still awaits a reply to (request ids grow per
+    # client), and the shard forgets that client's replies below it. So a shard keeps about
+    # one reply per client (a step message's: its rows and the dense sum, hundreds of KB)
+    # instead of the last ``reply_cache`` of all clients: kept for thousands of steps, those
+    # made every reply's memory fresh pages to fault in (page-clearing was 17% of a
+    # shard's CPU samples, perf, 2 workers), and held up to ``reply_cache`` x that size.
+    # A copy of a request below ``done_below`` that arrives later (a retry overtaken on
+    # another connection) is dropped unanswered: its client holds the reply or gave the
+    # request up. ``reply_cache`` still bounds the replies kept, and the clients whose
+    # ``done_below`` is remembered.
     def remember(self, key: tuple[int, int], reply: list) -> None:
-        """Keep the reply of mutating request ``key`` (client id, request id) for its retries."""
+        """Keep the reply of mutating request ``key`` (client id, request id) for its retries
+        (NOTE [reply cache])."""
         self._replies[key] = reply
+        self._reply_rids.setdefault(key[0], collections.deque()).append(key[1])
         if len(self._replies) > self._reply_cache:
-            self._replies.popitem(last=False)
+            (cid, rid), _ = self._replies.popitem(last=False)
+            self._drop_rid(cid, rid)
+
+    def _answered(self, key: tuple[int, int], header: dict) -> bool:
+        """Record the client's ``done_below`` (dropping its kept replies below it); True
+        when request ``key`` itself is below it (NOTE [reply cache]).
+
+        Raises:
+            ProtocolError: ``done_below`` is not an int in [0, 2**64).
+        """
+        cid, rid = key
+        done = self._done_below.get(cid, 0)
+        if "done_below" in header:
+            done = max(done, wire.get_int(header, "done_below", 0, (1 << 64) - 1))
+            self._done_below[cid] = done
+            self._done_below.move_to_end(cid)
+            if len(self._done_below) > self._reply_cache:
+                self._done_below.popitem(last=False)
+        rids = self._reply_rids.get(cid)
+        while rids and rids[0] < done:
+            self._replies.pop((cid, rids.popleft()), None)
+        if rids is not None and not rids:
+            del self._reply_rids[cid]
+        return rid < done
+
+    def _drop_rid(self, cid: int, rid: int) -> None:
+        """The oldest kept reply of all was evicted: it is also its client's oldest."""
+        rids = self._reply_rids.get(cid)
+        if rids and rids[0] == rid:
+            rids.popleft()
+            if not rids:
+                del self._reply_rids[cid]
 
     def error_reply(self, op: Any, rid: int, exc: BaseException) -> list:
         """The error reply frames of request ``rid`` that failed with ``exc`` (counted)."""
@@ -481,6 +535,7 @@ class ShardServer:
             "busy_s": {op: round(s, 6) for op, s in self.busy_s.items()},
             "uptime_s": round(time.monotonic() - self._started, 6),
             "open_aggregations": self.store.open_total,
+            "replies_kept": len(self._replies),   # NOTE [reply cache]
             "aborted": list(self.aborted),
             "limits": self.limits.to_dict(), "workers": self.workers,
             "pull_pending_keys": self.counters["pull_pending_keys"],

@@ -97,6 +97,31 @@ def test_repeated_mutating_request_is_answered_from_the_reply_cache():
     assert server.stats()["counters"]["rows_updated"] == 3
 
 
+def test_reply_cache_keeps_only_replies_a_client_may_still_retry():
+    # NOTE [reply cache]: done_below releases a client's replies, and a late copy of a
+    # request below it is dropped, never applied again
+    server = ShardServer(0, 1, tables=[TableConfig("t", 2)])
+    keys = np.arange(3, dtype=np.uint64)
+    arrays = [keys, np.ones((3, 2), np.float32), np.ones(3, np.uint16)]
+
+    def push(rid, done_below, cid=42):
+        return {"op": "push_grad", "rid": rid, "cid": cid, "step": rid, "rank": 0, "done_below": done_below,
+                "parts": [{"table": 0}]}
+
+    for rid in range(1, 6):
+        assert shard_request(server, push(rid, rid), arrays)[0]["applied"] == 3
+    assert server.stats()["replies_kept"] == 1   # rid 5's: rids 1-4 were released
+    shard_request(server, push(1, 1, cid=7), arrays)   # another client's is kept beside it
+    assert server.stats()["replies_kept"] == 2
+    updated = server.stats()["counters"]["rows_updated"]
+    assert shard_request(server, push(5, 5), arrays)[0]["applied"] == 3   # a retry: answered from the cache
+    assert server.receive(b"peer", PS.pack(push(2, 2), arrays)) == []   # a late copy of an answered request
+    counters = server.stats()["counters"]
+    assert counters["rows_updated"] == updated and counters["duplicate_requests"] == 2
+    h, _ = shard_request(server, push(6, -1), arrays)
+    assert not h["ok"] and "done_below" in h["message"]
+
+
 def test_server_answers_another_version_with_the_expected_one():
     server = ShardServer(0, 1, tables=[TableConfig("t", 2)])
     old = msgpack.packb({"v": 1, "op": "ping", "rid": 3, "cid": 1, "frames": []})
