@@ -41,7 +41,7 @@ from herald.errors import ConfigError, ProtocolError
 from herald.spec.tables import TableConfig
 from herald.ps.rows import hyper_params
 from herald.scheduler.plan import KeySet
-from herald.worker.kernels import apply_rows_at_jit, bag_grads_jit, pooled_sum_jit
+from herald.worker.kernels import apply_rows_at_jit, bag_grads_jit, pooled_sum_jit, take_rows_jit
 
 
 class RowCache(Protocol):
@@ -193,7 +193,7 @@ class EmbeddingCache(SlotMap):
             ProtocolError: a key to evict is not cached.
         """
         slots = self.slots(keys)
-        out = self.rows[slots[write_back]].copy()
+        out = np.take(self.rows, slots[write_back], axis=0)   # a copy; faster than fancy indexing
         self._remove(keys)
         return out
 
@@ -209,11 +209,11 @@ class EmbeddingCache(SlotMap):
 
     def read(self, slots: np.ndarray) -> np.ndarray:
         """float32 [n, row_width]: a copy of the rows in ``slots`` (int64 [n])."""
-        return self.rows[slots]
+        return np.take(self.rows, slots, axis=0)
 
     def gather(self, slots: np.ndarray, dim: int, device: torch.device) -> torch.Tensor:
         """float32 [n, dim] on ``device``: the embeddings in ``slots`` (a new tensor)."""
-        return torch.from_numpy(self.rows[slots, :dim]).to(device)
+        return torch.from_numpy(take_rows_jit(self.rows, slots, dim)).to(device)
 
     def apply_gradients(self, slots: np.ndarray, grads: torch.Tensor | np.ndarray, grad_rows: np.ndarray,
                         table: TableConfig) -> None:

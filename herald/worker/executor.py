@@ -71,7 +71,7 @@ class StepGrads:
     def host_rows(self, at: np.ndarray) -> np.ndarray:
         """float32 [len(at), dim] numpy: rows ``at`` (int64), copying only them off a GPU."""
         if self._host is not None or self.tensor.device.type == "cpu":
-            return self.host()[at]
+            return np.take(self.host(), at, axis=0)
         index = torch.from_numpy(np.ascontiguousarray(at, dtype=np.int64)).to(self.tensor.device)
         return self.tensor.index_select(0, index).to("cpu").numpy()
 

@@ -130,6 +130,18 @@ def prefetch_row_jit(a, i):
 
 
 @nb.njit(cache=True, nogil=True)
+def take_rows_jit(src, slots, ncols):
+    """float32 [n, ncols]: ``src[slots, :ncols]`` (slots int64 [n], each in range), about 3x
+    faster than numpy's fancy indexing of a column slice, which copies row by row."""
+    out = np.empty((slots.shape[0], ncols), src.dtype)
+    for i in range(slots.shape[0]):
+        row = src[slots[i]]
+        for j in range(ncols):
+            out[i, j] = row[j]
+    return out
+
+
+@nb.njit(cache=True, nogil=True)
 def pooled_sum_jit(rows, slots, id_bounds, inverse, inverse_bounds, offsets, out):
     """``out[b, t, :] = sum_j rows[slots[id_bounds[t] + inverse[inverse_bounds[t] + j]], :dim]``
     over bag (t, b), ``dim = out.shape[2]``: NOTE [fused bag kernels].
