@@ -29,6 +29,7 @@ from herald.errors import HeraldError
 from herald.loader.batch import SampleBatch
 from herald.phases import PhaseTimer
 from herald.spec.job import JobSpec
+from herald.spec.modes import consistency_mode
 
 
 class LockstepServe:
@@ -58,6 +59,7 @@ class LockstepServe:
         self._pipeline: Pipeline | None = None
         self._plan_step = config.first_step      # plan thread: number of the next step planned
         self._touched: TouchedKeys | None = None  # build thread, NOTE [early pulls]: keys the last step changes
+        self._reads_early = bool(consistency_mode(job.consistency).reads_early(job))
 
     def close(self) -> None:
         """Stop the pipeline threads (joined for at most ``close_timeout_ms``) and add their
@@ -180,5 +182,5 @@ class LockstepServe:
             ready, self._touched = build_ready_step(step, step_plan, batch, index, ids, schedule_ms,
                                                     dispatcher_rank=self._config.dispatcher_rank,
                                                     replicated=self._replicated, touched_before=self._touched,
-                                                    next_follows=follows)
+                                                    next_follows=follows, reads_early=self._reads_early)
         return ("step", ready)

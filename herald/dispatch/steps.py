@@ -53,7 +53,8 @@ def replicated_union(batch: SampleBatch, replicated: tuple[int, ...]) -> KeySet:
 
 def build_ready_step(step: int, step_plan: Any, batch: SampleBatch, batch_index: int, sample_ids: np.ndarray | None,
                      schedule_ms: float, *, dispatcher_rank: int, replicated: tuple[int, ...],
-                     touched_before: TouchedKeys | None, next_follows: bool = False) -> tuple[ReadyStep, TouchedKeys]:
+                     touched_before: TouchedKeys | None, next_follows: bool = False,
+                     reads_early: bool = True) -> tuple[ReadyStep, TouchedKeys | None]:
     """Cut ``batch`` by ``step_plan.assignment``, compress every rank's micro-batch
     (one kernel pass for all ranks), mark its early pulls and encode its frames.
 
@@ -66,9 +67,12 @@ def build_ready_step(step: int, step_plan: Any, batch: SampleBatch, batch_index:
         replicated: the replicated tables (every rank gets the union of their keys).
         touched_before: the keys the previous step touches (None: unknown, no early pulls).
         next_follows: step ``step + 1`` is sent next, within the credit window (``MicroBatch.next_follows``).
+        reads_early: the job's workers read early (:attr:`herald.spec.modes.ConsistencyMode.reads_early`);
+            False: no pull is marked early and no touched keys are computed.
 
     Returns:
-        The :class:`ReadyStep` and the keys this step touches (for the next call).
+        The :class:`ReadyStep` and the keys this step touches (for the next call; None
+        without ``reads_early``).
     """
     gb, W = len(batch), len(step_plan.assignment)
     if sample_ids is None:
@@ -83,12 +87,13 @@ def build_ready_step(step: int, step_plan: Any, batch: SampleBatch, batch_index:
     mbs, frames = [], []
     for rank in range(W):
         lo, hi = int(wstart[rank]), int(wstart[rank + 1])
+        early = early_pulls(plans[rank].pull, touched_before) if reads_early else None   # None: all False
         mb = MicroBatch(step, rank, ids[lo:hi], labels[lo:hi], dense[lo:hi], *parts[rank], plans[rank], union,
-                        early_pulls(plans[rank].pull, touched_before), next_follows)
+                        early, next_follows)
         mbs.append(mb)
         frames.append(wire.pack(*mb.to_frames()))
     ready = ReadyStep(step, batch_index, mbs, frames, np.asarray(step_plan.counts), schedule_ms, sample_ids)
-    return ready, touched_keys(plans)
+    return ready, touched_keys(plans) if reads_early else None
 
 
 def scheduled_view(batch: SampleBatch, replicated: tuple[int, ...]) -> SampleBatch:

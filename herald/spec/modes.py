@@ -84,6 +84,22 @@ def bounded_settings(job: Any) -> dict[str, Any]:
     return {"staleness": job.staleness}
 
 
+def never(job: Any) -> bool:
+    """False for every job (a mode's :attr:`ConsistencyMode.reads_early`)."""
+    return False
+
+
+def always(job: Any) -> bool:
+    """True for every job (a mode's :attr:`ConsistencyMode.reads_early`)."""
+    return True
+
+
+def bounded_reads_early(job: Any) -> bool:
+    """Bounded staleness reads early when its bound is above 0; at 0 its pulls ride on the
+    step messages, as bsp's."""
+    return job.staleness > 0
+
+
 def gba_settings(job: Any) -> dict[str, Any]:
     """GBA's M and iota (``--gba-buffer``, ``--gba-threshold``; NOTE [gba tokens] in herald/ps/gba.py)."""
     return {"gba_buffer": job.gba_buffer, "gba_threshold": job.gba_threshold}
@@ -119,6 +135,11 @@ class ConsistencyMode:
             step. 2 where the window bounds staleness (hybrid) or is a worker's credit (gba).
         embedding_worker: entry point of a dispatcher-side embedding worker factory, or None
             (the workers write the PS themselves).
+        reads_early: ``reads_early(job) -> bool``: the workers start pulls marked
+            ``pull_early`` while the step before computes (NOTE [early pulls] in
+            herald/dispatch/early.py), so the dispatcher computes the marks; False where the
+            pulls ride on the step messages (NOTE [step messages] in herald/ps/stepped.py):
+            the micro-batches then carry no marks (all False), which reads the same rows.
     """
 
     name: str
@@ -133,6 +154,7 @@ class ConsistencyMode:
     planned_transmissions: bool = True
     inflight_steps: int = 2
     embedding_worker: str | None = None
+    reads_early: Callable[[Any], bool] = always
 
     #: the fields holding entry points (:meth:`resolve`)
     REFERENCES = ("protocol", "serve", "report", "embedding_worker")
@@ -174,6 +196,7 @@ MODES: dict[str, ConsistencyMode] = {m.name: m for m in (
         report="herald.job.report:plan_block",
         ps_ops=("step", "pull", "push_grad", "push_rows"),   # NOTE [step messages] in herald/ps/stepped.py
         inflight_steps=3,
+        reads_early=never,
     ),
     ConsistencyMode(   # HET: NOTE [bounded reads]; conditional pulls and clock advances ride on pull / push_rows
         name="bounded",
@@ -185,6 +208,7 @@ MODES: dict[str, ConsistencyMode] = {m.name: m for m in (
         protocol_settings=bounded_settings,
         flags=("staleness",),
         settings_check=check_consistency,
+        reads_early=bounded_reads_early,
     ),
     ConsistencyMode(   # Persia: NOTE [hybrid training]; the dispatcher's embedding worker sends push_grad
         name="hybrid",

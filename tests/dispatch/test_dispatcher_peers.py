@@ -100,7 +100,7 @@ def job_of():
     """``job_of(batches, hello=ranks, log=list, **settings) -> (dispatcher, served, peers, log)``.
 
     ``settings`` are :class:`DispatcherConfig` fields, the callbacks of :class:`Dispatcher`,
-    ``scheduler_factory`` or ``dispatcher_cls`` (a subclass of :class:`Dispatcher`);
+    ``scheduler_factory``, ``job`` (default :func:`make_job`) or ``dispatcher_cls`` (a subclass of :class:`Dispatcher`);
     the peers of ``hello`` said hello (all: and received their config); ``log`` gets
     ``(rank, "sent"/"got", op)`` of every peer message. Everything is closed after the test."""
     made: list = []
@@ -112,7 +112,8 @@ def job_of():
                                             "liveness") if k in kwargs}
         factory = kwargs.pop("scheduler_factory", scheduler_factory)
         cls = kwargs.pop("dispatcher_cls", Dispatcher)
-        d = cls(DispatcherConfig(num_workers=WORKERS, **kwargs), batches, factory, make_job(), **extra)
+        job = kwargs.pop("job", make_job())
+        d = cls(DispatcherConfig(num_workers=WORKERS, **kwargs), batches, factory, job, **extra)
         peers = make_peers(d.address, log)
         served = ServedDispatcher(d, wait_s=WAIT_S)
         made.append((d, peers, served))

@@ -232,7 +232,9 @@ def test_resumed_dispatcher_continues_at_the_saved_step_and_batch(job_of):
 
 # ------------------------------------------------------------- early pulls
 def test_early_pulls_follow_the_previous_steps_touched_keys(job_of):
-    d, served, peers, _ = job_of(make_batches(8))
+    # a mode whose workers read early (bounded, staleness > 0); bsp's pulls ride on the
+    # step messages, so its micro-batches carry no marks
+    d, served, peers, _ = job_of(make_batches(8), job=make_job().replace(consistency="bounded", staleness=1))
     drive(peers, cooperative, all_ended(peers))
     served.join()
     assert served.error is None, served.error
@@ -251,6 +253,16 @@ def test_early_pulls_follow_the_previous_steps_touched_keys(job_of):
         for mb in mbs:
             want = np.array([h not in touched for h in key_hash(mb.plan.pull).tolist()], bool)
             assert np.array_equal(mb.pull_early, want), step
+
+
+def test_bsp_micro_batches_mark_no_early_pulls(job_of):
+    d, served, peers, _ = job_of(make_batches(4))
+    drive(peers, cooperative, all_ended(peers))
+    served.join()
+    assert served.error is None, served.error
+    mbs = [mb for p in peers for mb in p.micro_batches]
+    assert len(mbs) == 4 * len(peers) and sum(len(mb.plan.pull) for mb in mbs) > 0
+    assert not any(mb.pull_early.any() for mb in mbs)
 
 
 # ------------------------------------------------------------ bounded close
