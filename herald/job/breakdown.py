@@ -17,20 +17,25 @@ from herald.phases import DISPATCHER_PHASES, WORKER_PHASES, ordered
 
 
 def phase_breakdown(records: Sequence[Any], train_s: float, dispatcher_s: dict[str, float] | None = None,
-                    ps_stats: Sequence[dict] | None = None) -> dict[str, Any]:
+                    ps_stats: Sequence[dict] | None = None, job_s: float | None = None) -> dict[str, Any]:
     """The breakdown of a job (JSON-able).
 
     Args:
         records: the job's ``StepRecord`` s (``phases_ms``: mean over workers, ms).
-        train_s: wall-clock seconds of training.
+        train_s: wall-clock seconds of training (steady: first to last ack).
         dispatcher_s: seconds per dispatcher stage over the whole job.
-        ps_stats: one ``stats`` dict per PS shard (with ``busy_s`` per op).
+        ps_stats: one ``stats`` dict per PS shard (with ``busy_s`` per op, whole job).
+        job_s: wall-clock seconds of the whole job, over which ``dispatcher_s`` and the
+            shards' ``busy_s`` were counted (start-up and the first step in); default
+            ``train_s``. Dividing whole-job busy seconds by the steady seconds overstated
+            them: a 4-step job's first schedule (kernels loading) read as 17,000%.
 
     Returns:
         ``{"worker_ms_per_step": {phase: mean ms}, "worker_step_ms": sum of those,
         "wall_ms_per_step": train_s / steps, "dispatcher_busy": {stage: fraction of
-        train_s}, "ps_busy": [{"shard", "busy", "by_op": {op: fraction}}]}``.
+        job_s}, "ps_busy": [{"shard", "busy", "by_op": {op: fraction of job_s}}]}``.
     """
+    busy_over = job_s if job_s is not None and job_s > 0 else train_s
     out: dict[str, Any] = {}
     with_phases = [r.phases_ms for r in records if getattr(r, "phases_ms", None)]
     if with_phases:
@@ -40,14 +45,15 @@ def phase_breakdown(records: Sequence[Any], train_s: float, dispatcher_s: dict[s
         out["worker_step_ms"] = round(sum(out["worker_ms_per_step"].values()), 3)
     if records and train_s > 0:
         out["wall_ms_per_step"] = round(train_s * 1e3 / len(records), 3)
-    if dispatcher_s and train_s > 0:
-        out["dispatcher_busy"] = {k: round(v / train_s, 4) for k, v in ordered(dispatcher_s, DISPATCHER_PHASES).items()}
-    if ps_stats and train_s > 0:
+    if dispatcher_s and busy_over > 0:
+        out["dispatcher_busy"] = {k: round(v / busy_over, 4)
+                                  for k, v in ordered(dispatcher_s, DISPATCHER_PHASES).items()}
+    if ps_stats and busy_over > 0:
         shards = []
         for s in ps_stats:
             busy = s.get("busy_s", {})
-            by_op = {op: round(v / train_s, 4) for op, v in sorted(busy.items(), key=lambda kv: -kv[1]) if v > 0}
-            shards.append({"shard": s.get("shard"), "busy": round(sum(busy.values()) / train_s, 4), "by_op": by_op})
+            by_op = {op: round(v / busy_over, 4) for op, v in sorted(busy.items(), key=lambda kv: -kv[1]) if v > 0}
+            shards.append({"shard": s.get("shard"), "busy": round(sum(busy.values()) / busy_over, 4), "by_op": by_op})
         out["ps_busy"] = shards
     return out
 
@@ -61,7 +67,7 @@ def format_breakdown(b: dict[str, Any]) -> list[str]:
                      f"{b.get('wall_ms_per_step', float('nan')):.2f} ms/step): {phases}")
     if "dispatcher_busy" in b:
         busy = {k: v for k, v in b["dispatcher_busy"].items() if not k.startswith("wait")}
-        lines.append(f"dispatcher stages (each on its thread) busy {100 * sum(busy.values()):.0f}% of the time in all: "
+        lines.append(f"dispatcher stages (each on its thread) busy {100 * sum(busy.values()):.0f}% of the job's time in all: "
                      + "  ".join(f"{k} {100 * v:.0f}%" for k, v in b["dispatcher_busy"].items()))
     for s in b.get("ps_busy", []):
         lines.append(f"PS shard {s['shard']} busy {100 * s['busy']:.0f}%: "

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from herald.dispatch.records import StepRecord
+from herald.job.breakdown import format_breakdown, phase_breakdown
 from herald.job.report import cpu_time, ps_requests, startup_line
 from herald.job.runner import Served, StartupClock
 
@@ -60,3 +61,19 @@ def test_startup_clock_marks_milestones_from_the_process_start_and_the_line_list
     line = startup_line({"imported": 0.6, "ps_ready": 1.1, "first_step": 3.84})
     assert line == "start-up (seconds after herald train started): imported 0.6 s, PS ready 1.1 s, first step acked 3.8 s"
     assert startup_line({}).endswith("not measured")
+
+
+def test_busy_shares_divide_whole_job_seconds_by_the_whole_job():
+    # the dispatcher's stages and the shards' busy seconds are counted over the whole job
+    # (start-up and first step in); the worker phases are per step over the steady window
+    recs = [record(s, 1) for s in range(4)]
+    for r in recs:
+        r.phases_ms = {"forward": 2.0, "backward": 3.0}
+    b = phase_breakdown(recs, 0.02, {"schedule": 3.0, "build": 1.0}, [{"shard": 0, "busy_s": {"step": 2.0}}],
+                        job_s=10.0)
+    assert b["wall_ms_per_step"] == 5.0 and b["worker_step_ms"] == 5.0
+    assert b["dispatcher_busy"] == {"schedule": 0.3, "build": 0.1}
+    assert b["ps_busy"] == [{"shard": 0, "busy": 0.2, "by_op": {"step": 0.2}}]
+    assert any("busy 40% of the job's time" in line for line in format_breakdown(b))
+    # without the job's seconds (an older caller) the steady seconds divide them
+    assert phase_breakdown(recs, 0.02, {"schedule": 0.01})["dispatcher_busy"] == {"schedule": 0.5}
