@@ -16,10 +16,10 @@ before the writer's all-reduce of step t + 1. Touched keys are compared by a 64-
 hash of (table, id): a collision can only mark a pull "wait", never "early".
 
 Only modes whose workers read early compute the marks
-(:attr:`herald.spec.modes.ConsistencyMode.reads_early`): under bsp and bounded at
-staleness 0 every pull of step t + 1 rides on step t's messages (NOTE [step messages] in
-herald/ps/stepped.py), so the marks would go unread (about 0.2 ms per step of the build
-thread at 2 workers x 256).
+(:attr:`herald.spec.modes.ConsistencyMode.reads_early`: bounded with s > 0): under bsp and
+bounded at staleness 0 every pull of step t + 1 rides on step t's messages (NOTE [step
+messages] in herald/ps/stepped.py), and hybrid pulls every row unordered, so the marks
+would go unread (about 0.2 ms per step of the build thread at 2 workers x 256).
 
 Implemented with two kernels of :mod:`herald.dispatch.kernels`: a hash set of the
 touched keys' 64-bit hashes ``id ^ (table * KEY_MIX)`` and a membership test per pull.

@@ -89,11 +89,6 @@ def never(job: Any) -> bool:
     return False
 
 
-def always(job: Any) -> bool:
-    """True for every job (a mode's :attr:`ConsistencyMode.reads_early`)."""
-    return True
-
-
 def bounded_reads_early(job: Any) -> bool:
     """Bounded staleness reads early when its bound is above 0; at 0 its pulls ride on the
     step messages, as bsp's."""
@@ -137,9 +132,11 @@ class ConsistencyMode:
             (the workers write the PS themselves).
         reads_early: ``reads_early(job) -> bool``: the workers start pulls marked
             ``pull_early`` while the step before computes (NOTE [early pulls] in
-            herald/dispatch/early.py), so the dispatcher computes the marks; False where the
-            pulls ride on the step messages (NOTE [step messages] in herald/ps/stepped.py):
-            the micro-batches then carry no marks (all False), which reads the same rows.
+            herald/dispatch/early.py), so the dispatcher computes the marks (bounded with
+            s > 0). False (the default) where nothing reads them: bsp's pulls ride on the
+            step messages (NOTE [step messages] in herald/ps/stepped.py), hybrid pulls
+            every row unordered, gba builds no plan-driven micro-batches; the micro-batches
+            then carry no marks (all False).
     """
 
     name: str
@@ -154,7 +151,7 @@ class ConsistencyMode:
     planned_transmissions: bool = True
     inflight_steps: int = 2
     embedding_worker: str | None = None
-    reads_early: Callable[[Any], bool] = always
+    reads_early: Callable[[Any], bool] = never
 
     #: the fields holding entry points (:meth:`resolve`)
     REFERENCES = ("protocol", "serve", "report", "embedding_worker")
@@ -196,7 +193,6 @@ MODES: dict[str, ConsistencyMode] = {m.name: m for m in (
         report="herald.job.report:plan_block",
         ps_ops=("step", "pull", "push_grad", "push_rows"),   # NOTE [step messages] in herald/ps/stepped.py
         inflight_steps=3,
-        reads_early=never,
     ),
     ConsistencyMode(   # HET: NOTE [bounded reads]; conditional pulls and clock advances ride on pull / push_rows
         name="bounded",
