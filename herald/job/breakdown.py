@@ -33,7 +33,9 @@ def phase_breakdown(records: Sequence[Any], train_s: float, dispatcher_s: dict[s
     Returns:
         ``{"worker_ms_per_step": {phase: mean ms}, "worker_step_ms": sum of those,
         "wall_ms_per_step": train_s / steps, "dispatcher_busy": {stage: fraction of
-        job_s}, "ps_busy": [{"shard", "busy", "by_op": {op: fraction of job_s}}]}``.
+        job_s}, "ps_busy": [{"shard", "busy", "by_op": {op: fraction of job_s}}]}``; a
+        shard that released step messages also has ``"step_barrier"``, its stats of
+        them (NOTE [step barrier timing] in herald/ps/stepped.py).
     """
     busy_over = job_s if job_s is not None and job_s > 0 else train_s
     out: dict[str, Any] = {}
@@ -53,7 +55,10 @@ def phase_breakdown(records: Sequence[Any], train_s: float, dispatcher_s: dict[s
         for s in ps_stats:
             busy = s.get("busy_s", {})
             by_op = {op: round(v / busy_over, 4) for op, v in sorted(busy.items(), key=lambda kv: -kv[1]) if v > 0}
-            shards.append({"shard": s.get("shard"), "busy": round(sum(busy.values()) / busy_over, 4), "by_op": by_op})
+            shard = {"shard": s.get("shard"), "busy": round(sum(busy.values()) / busy_over, 4), "by_op": by_op}
+            if (s.get("step_barrier") or {}).get("released"):   # NOTE [step barrier timing] in herald/ps/stepped.py
+                shard["step_barrier"] = s["step_barrier"]
+            shards.append(shard)
         out["ps_busy"] = shards
     return out
 
@@ -72,7 +77,21 @@ def format_breakdown(b: dict[str, Any]) -> list[str]:
     for s in b.get("ps_busy", []):
         lines.append(f"PS shard {s['shard']} busy {100 * s['busy']:.0f}%: "
                      + "  ".join(f"{k} {100 * v:.0f}%" for k, v in s["by_op"].items()))
+        if "step_barrier" in s:
+            lines.append("  " + format_barrier(s["step_barrier"]))
     return lines
+
+
+def format_barrier(st: dict[str, Any]) -> str:
+    """A report line for a shard's step barrier stats (NOTE [step barrier timing] in
+    herald/ps/stepped.py): how far apart the ranks' step messages came, which rank came
+    last how often, and the release."""
+    last = st.get("last_rank", {})
+    n = max(1, sum(last.values()))
+    shares = ", ".join(f"rank {r} {100 * c / n:.0f}%" for r, c in sorted(last.items(), key=lambda kv: -kv[1])[:4])
+    return (f"step barrier over {st['released']:,} steps: the ranks' messages came {st['spread_ms_mean']:.2f} ms apart "
+            f"(first to last, mean; max {st['spread_ms_max']:.1f} ms), then the release took "
+            f"{st['release_ms_mean']:.2f} ms; last to come: {shares}")
 
 
 def plot_breakdown(ax: Any, b: dict[str, Any]) -> None:

@@ -536,6 +536,7 @@ class ShardServer:
             "uptime_s": round(time.monotonic() - self._started, 6),
             "open_aggregations": self.store.open_total,
             "replies_kept": len(self._replies),   # NOTE [reply cache]
+            "step_barrier": self.steps.stats(),    # NOTE [step barrier timing] in herald/ps/stepped.py
             "aborted": list(self.aborted),
             "limits": self.limits.to_dict(), "workers": self.workers,
             "pull_pending_keys": self.counters["pull_pending_keys"],

@@ -102,13 +102,50 @@ class _Held:
 
 
 class StepBarrier:
-    """The step messages a shard holds (NOTE [step messages]): per step, per rank."""
+    """The step messages a shard holds (NOTE [step messages]): per step, per rank.
+
+    It also times the barrier (NOTE [step barrier timing]): :meth:`stats`."""
 
     def __init__(self):
         self.held: dict[int, dict[int, _Held]] = {}
         self._workers: dict[int, int] = {}
         self._opened: dict[int, float] = {}
         self._where: dict[tuple[int, int], tuple[int, int]] = {}   # request key -> (step, rank)
+        self._released = 0
+        self._spread_s, self._spread_max_s, self._release_s = 0.0, 0.0, 0.0
+        self._last: dict[int, int] = {}   # rank -> steps whose message it sent last
+
+    # NOTE [step barrier timing]
+    # ~~~~~~~~~~~~~~~~~~~~~~~~~~
+    # A BSP worker's ``step_wait`` is the time from its step message to the reply; the
+    # reply leaves once every rank's message of the step has come and the release (the
+    # held pulls read, the replies packed) is done. So ``step_wait`` is the spread of
+    # the ranks' arrivals (the wait for the slowest worker) plus the release plus the
+    # transfers. Per released step the shard counts the spread (first to last message,
+    # its own clock), which rank came last (a rank that is last far more often than 1/N
+    # of the steps is a straggler: a shared core, a slower device) and how long the
+    # release took; the report gives their means (herald/job/breakdown.py).
+    def timed_release(self, last_rank: int, spread: float, release_s: float) -> None:
+        """Count a released step: ``spread`` seconds from its first message to its last
+        (``last_rank``'s, each timed once its writes were applied), then ``release_s``."""
+        self._released += 1
+        self._spread_s += spread
+        self._spread_max_s = max(self._spread_max_s, spread)
+        self._release_s += release_s
+        self._last[last_rank] = self._last.get(last_rank, 0) + 1
+
+    def stats(self) -> dict[str, Any]:
+        """``released`` steps, ``spread_ms_mean`` / ``spread_ms_max`` (first to last message
+        of a step), ``release_ms_mean`` and ``last_rank`` ({rank: steps it came last}; str
+        keys, msgpack maps); NOTE [step barrier timing]."""
+        n = max(1, self._released)
+        return {"released": self._released, "spread_ms_mean": round(1e3 * self._spread_s / n, 4),
+                "spread_ms_max": round(1e3 * self._spread_max_s, 4), "release_ms_mean": round(1e3 * self._release_s / n, 4),
+                "last_rank": {str(r): c for r, c in sorted(self._last.items())}}
+
+    def opened_at(self, step: int) -> float:
+        """``time.monotonic()`` when the first message of held step ``step`` came."""
+        return self._opened[step]
 
     def readdress(self, key: tuple[int, int], peer: Any) -> bool:
         """A retried request still held: answer it at ``peer`` from now on; False if not held."""
@@ -209,6 +246,7 @@ def op_step(server, peer: Any, key: tuple[int, int], header: dict[str, Any], arr
     if not server.steps.add(step, rank, workers, _Held(peer, key, pull, dense)):
         return []
     server.counters["steps_released"] += 1
+    t0, opened = time.monotonic(), server.steps.opened_at(step)
     held = server.steps.release(step)
     try:
         total = _dense_sum(held)
@@ -219,6 +257,7 @@ def op_step(server, peer: Any, key: tuple[int, int], header: dict[str, Any], arr
         frames = _reply(server, h, total)
         server.remember(h.key, frames)
         out.append((h.peer, frames))
+    server.steps.timed_release(rank, t0 - opened, time.monotonic() - t0)   # NOTE [step barrier timing]
     return out
 
 

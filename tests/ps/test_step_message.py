@@ -5,6 +5,7 @@ applied; in this thread (``ShardServer.receive``) and over real shards and socke
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -71,6 +72,24 @@ def test_pulls_wait_for_every_rank_and_read_the_step_writes():
     assert all(h["ok"] and h["op"] == "step" for h, _ in got)
     assert np.array_equal(got[0][1][0], want[:2]) and np.array_equal(got[1][1][0], want[2:])
     assert srv.counters["steps_released"] == 1 and srv.counters["step_messages"] == 2
+    barrier = srv.stats()["step_barrier"]   # NOTE [step barrier timing]: rank 1 came last
+    assert barrier["released"] == 1 and barrier["last_rank"] == {"1": 1}
+    assert 0 <= barrier["spread_ms_mean"] == barrier["spread_ms_max"] and barrier["release_ms_mean"] >= 0
+
+
+def test_the_step_barrier_times_the_wait_for_the_last_rank():
+    """The spread a shard counts covers the time between the first and the last rank's
+    message of a step (here at least the 30 ms rank 0 waits), and names the last rank."""
+    srv = ShardServer(0, 1, tables=TABLES, seed=1)
+    g = (np.array([0], np.uint16), np.array([5], np.uint64), np.ones((1, 4), np.float32), np.array([2], np.uint16))
+    for step in range(2):
+        first, last = (1, 0) if step else (0, 1)
+        assert srv.receive("a", _step_frames(step, first, 2, 10 + step, grads=g)) == []
+        time.sleep(0.03)
+        assert len(srv.receive("b", _step_frames(step, last, 2, 10 + step, grads=g))) == 2
+    barrier = srv.stats()["step_barrier"]
+    assert barrier["released"] == 2 and barrier["last_rank"] == {"0": 1, "1": 1}
+    assert barrier["spread_ms_max"] >= barrier["spread_ms_mean"] >= 30.0
 
 
 def test_retry_while_held_is_readdressed_and_answered_once():
