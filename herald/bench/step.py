@@ -12,7 +12,8 @@ those to shard ``--shard`` of ``--shards`` are applied by the real shard handler
 ``ShardServer.receive(peer, frames)``, timed call by call (the last rank's message
 releases every rank's pulls and the sum of the dense gradients: ``--dense-params``,
 herald's DLRM by default). The time of each op inside (``push_rows``, ``push_grad``,
-``pull``) is taken by timing the shard's op methods. Row values are synthetic (finite).
+``pull``: its slots found on arrival, its rows read at the release) is taken by timing the
+shard's methods. Row values are synthetic (finite).
 
 Baseline in the same run (``numba_limit_ns_per_row``): a bare numba lookup of the same
 (table, id) keys in one hash map plus a row-wise Adagrad update of their rows, per row.
@@ -123,13 +124,23 @@ def dlrm_dense_params(num_tables: int, dense_dim: int, dim: int) -> int:
 
 
 class OpTimes:
-    """Seconds, calls, keys and parts of each op the shard runs inside step messages: its op
-    methods (``_op_push_rows``, ``_op_push_grad``, ``_op_pull``) wrapped on the instance."""
+    """Seconds, calls, keys and parts of each op the shard runs inside step messages: its
+    methods (``_op_push_rows``, ``_op_push_grad``; a pull's ``resolve_pull`` on arrival and
+    ``read_pull`` at the release) wrapped on the instance."""
 
     def __init__(self, server: ShardServer):
         self.acc = {op: [0.0, 0, 0, 0] for op in OPS}
-        for op in OPS:
-            setattr(server, "_op_" + op, self._timed(op, getattr(server, "_op_" + op)))
+        for op, method in (("push_rows", "_op_push_rows"), ("push_grad", "_op_push_grad"), ("pull", "resolve_pull")):
+            setattr(server, method, self._timed(op, getattr(server, method)))
+        read, acc = server.read_pull, self.acc["pull"]
+
+        def read_pull(resolved, wire_dtype):
+            t0 = time.perf_counter()
+            out = read(resolved, wire_dtype)
+            acc[0] += time.perf_counter() - t0
+            return out
+
+        server.read_pull = read_pull
 
     def _timed(self, op: str, method):
         acc = self.acc[op]

@@ -396,22 +396,15 @@ def flat_slots_jit(d, seeds, fparams, tables, keys, out, stamp, lru):
 
 
 @nb.njit(cache=True, nogil=True)
-def flat_pull_jit(d, seeds, fparams, salts, num_shards, shard, counts, check_room, tables, keys, dim, slots, out,
-                  lru, count_marks):
-    """A pull: :func:`flat_room_jit` (tables of ``dim`` and ``out``'s width), then the rows of ``(tables[i],
-    keys[i])`` into ``out`` (float32 [n, width]; duplicates allowed), unseen keys inserted
-    (:func:`flat_slots_jit`). Returns ``(code, i, pending)``: pending = keys whose row has
-    an open aggregation (counted only with ``count_marks``)."""
-    code, at = flat_room_jit(d, salts, num_shards, shard, dim, out.shape[1], tables, keys, counts, check_room)
-    if code != OK:
-        return code, at, 0
-    code, at = flat_slots_jit(d, seeds, fparams, tables, keys, slots, 0, lru)
-    if code != OK:
-        return code, at, 0
-    m = keys.shape[0]
+def flat_rows_at_jit(d, tables, slots, out, count_marks):
+    """The rows at ``(tables[i], slots[i])`` into ``out`` (float32 [n, width]): a pull's read,
+    once its slots were found (:func:`flat_room_jit` of the tables' dim and ``out``'s width,
+    then :func:`flat_slots_jit`). Returns the keys whose row has an open aggregation
+    (counted only with ``count_marks``)."""
+    m = slots.shape[0]
     pending = 0
     if m == 0:
-        return OK, -1, 0
+        return 0
     cur = nb.int64(tables[0])
     rows = dir_rows(d, cur)
     marks = dir_marks(d, cur)
@@ -429,7 +422,7 @@ def flat_pull_jit(d, seeds, fparams, salts, num_shards, shard, counts, check_roo
             dst[j] = src[j]
         if count_marks and marks[s] > 0:
             pending += 1
-    return OK, -1, pending
+    return pending
 
 
 @nb.njit(cache=True, nogil=True)

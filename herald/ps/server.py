@@ -396,14 +396,29 @@ class ShardServer:
         if "staleness" in header:   # NOTE [clock frames]: a conditional pull
             return clocked.op_pull(self, header, arrays)
         wire_dtype = compress.wire_of(header)   # NOTE [wire compression]
-        parts = self._parts(header, arrays, "pull")
+        return self.read_pull(self.resolve_pull(header, arrays), wire_dtype)
+
+    def resolve_pull(self, header: dict[str, Any], arrays: list) -> list[tuple[Part, np.ndarray]]:
+        """The first half of a pull: its parts checked, with the slots of their keys' rows
+        (int64 [n]; unseen keys inserted), for :meth:`read_pull`. A step message's pull is
+        resolved when the message comes and read at the release (NOTE [step messages] in
+        herald/ps/stepped.py), so the release only copies rows.
+
+        Raises:
+            ProtocolError: a bad part, a table of another shape, a key of another shard, a bound.
+        """
+        return [(p, self.store.slots(p.tables, p.keys, p.dim, p.width, "pull")) for p in self._parts(header, arrays, "pull")]
+
+    def read_pull(self, resolved: list[tuple[Part, np.ndarray]], wire_dtype: str) -> tuple[dict, list]:
+        """The reply ``(header, frames)`` of a pull :meth:`resolve_pull` resolved: its rows as
+        they are now, in ``wire_dtype`` (NOTE [wire compression])."""
         out = []
-        for p in parts:
-            rows, pending = self.store.pull(p.tables, p.keys, p.dim, p.width)
+        for p, slots in resolved:
+            rows, pending = self.store.rows_at(p.tables, slots, p.width)
             self.counters["pull_keys"] += p.keys.shape[0]
             self.counters["pull_pending_keys"] += pending
             out += compress.encode_rows(rows, p.dim, wire_dtype)
-        reply = {"parts": [p.echo for p in parts]}
+        reply = {"parts": [p.echo for p, _ in resolved]}
         return (dict(reply, wire=wire_dtype) if wire_dtype != "fp32" else reply), out
 
     def _op_push_grad(self, header, arrays):

@@ -8,10 +8,11 @@ gradient aggregations of every step (NOTE [ps aggregation], one
 ``(tables uint16 [n], keys uint64 [n])`` arrays (NOTE [ps wire protocol], flat parts); a
 table alone (tests, GBA's apply) is a set of one.
 
-One kernel call serves one part of a request: it validates the keys (tables, shapes,
-ownership), compares each table's row count plus its keys with its room (rows allocated,
-key-map load, NOTE [ps limits]' ``max_table_bytes``, NOTE [bounded ps]' bound) and, when
-all fit, does the op. A table out of room makes the kernel return before any change; its
+One kernel call serves one part of a request (a pull two: its slots, then its rows, which
+a step message's pull reads apart: NOTE [pulls resolved on arrival] in
+herald/ps/stepped.py): it validates the keys (tables, shapes, ownership), compares each
+table's row count plus its keys with its room (rows allocated, key-map load, NOTE [ps
+limits]' ``max_table_bytes``, NOTE [bounded ps]' bound) and, when all fit, does the op. A table out of room makes the kernel return before any change; its
 Python path runs (growth, the byte limits, LRU eviction) and the call is repeated. The
 set keeps the shard-wide byte limit (NOTE [ps limits]' ``max_shard_bytes``): the rows
 allocated over all its tables (:meth:`TableSet.nbytes`), which a table's growth may not
@@ -215,23 +216,43 @@ class TableSet:
         raise ProtocolError(f"{op} on table {name!r}: internal error {code} at key {key}")
 
     # ------------------------------------------------------------------ ops
-    def slots(self, tables: np.ndarray, keys: np.ndarray) -> np.ndarray:
-        """Row slots of ``(tables[i], keys[i])`` (int64 [n]), inserting unseen keys."""
+    def slots(self, tables: np.ndarray, keys: np.ndarray, dim: int = -1, width: int = -1,
+              op: str = "slots") -> np.ndarray:
+        """Row slots of ``(tables[i], keys[i])`` (int64 [n]), inserting unseen keys; with
+        ``dim`` / ``width`` >= 0 every key's table must have that dim / row width.
+
+        Raises:
+            ProtocolError: a table unknown or of another shape, a key of another shard,
+                NOTE [ps limits]' or NOTE [bounded ps]' bound (nothing inserted then);
+                ``op`` names the request in the message.
+        """
         room = True
         while True:
-            code, i = K.flat_room_jit(self.d, self.salts, self.num_shards, self.shard, -1, -1, tables, keys,
+            code, i = K.flat_room_jit(self.d, self.salts, self.num_shards, self.shard, dim, width, tables, keys,
                                       self.counts, room)
             if code != K.SHORT:
                 break
             room = self._make_room(tables, keys)
         if code:
-            self._fail(code, i, tables, keys, "slots")
+            self._fail(code, i, tables, keys, op, dim, width)
         out = np.empty(keys.shape[0], np.int64)
         code, i = K.flat_slots_jit(self.d, self.seeds, self.fparams, tables, keys, out, 0, self.lru)
         self.lru += 1
         if code:
-            self._fail(code, i, tables, keys, "slots")
+            self._fail(code, i, tables, keys, op)
         return out
+
+    def rows_at(self, tables: np.ndarray, slots: np.ndarray, width: int) -> tuple[np.ndarray, int]:
+        """A copy of the rows at ``(tables[i], slots[i])`` (float32 [n, width]; slots from
+        :meth:`slots` with that width, rows not moved since: NOTE [bounded ps]'s eviction
+        moves them), and how many have an open aggregation."""
+        out = np.empty((slots.shape[0], width), np.float32)
+        return out, int(K.flat_rows_at_jit(self.d, tables, slots, out, self.open_total > 0))
+
+    @property
+    def bounded(self) -> bool:
+        """Whether a table is LRU-bounded (NOTE [bounded ps]): its rows may move."""
+        return bool(self.d[:, K.D_BOUNDED].any())
 
     def pull(self, tables: np.ndarray, keys: np.ndarray, dim: int, width: int) -> tuple[np.ndarray, int]:
         """Rows of ``(tables[i], keys[i])`` (float32 [n, width]: every table has ``dim`` and
@@ -242,19 +263,7 @@ class TableSet:
             ProtocolError: a table unknown or of another width, a key of another shard,
                 NOTE [ps limits]' or NOTE [bounded ps]' bound (nothing inserted then).
         """
-        n = keys.shape[0]
-        out = np.empty((n, width), np.float32)
-        slots = np.empty(n, np.int64)
-        marks, room = self.open_total > 0, True
-        while True:
-            code, i, pending = K.flat_pull_jit(*self._head(room), tables, keys, dim, slots, out, self.lru, marks)
-            if code != K.SHORT:
-                break
-            room = self._make_room(tables, keys)
-        self.lru += 1
-        if code:
-            self._fail(code, i, tables, keys, "pull", dim, width)
-        return out, int(pending)
+        return self.rows_at(tables, self.slots(tables, keys, dim, width, "pull"), width)
 
     def pull_clocked(self, tables, keys, dim: int, width: int, c_c: np.ndarray, staleness: int):
         """A conditional pull (NOTE [clock frames]): ``c_c`` uint64 [m <= n] are the cached

@@ -12,6 +12,7 @@ import pytest
 
 from herald.errors import ProtocolError
 from herald.ps import LocalShards, PSClient
+from herald.ps.config import ShardLimits
 from herald.ps.server import ShardServer
 from herald.ps.wire import PS
 from herald.spec.tables import OptimizerConfig, TableConfig
@@ -75,6 +76,52 @@ def test_pulls_wait_for_every_rank_and_read_the_step_writes():
     barrier = srv.stats()["step_barrier"]   # NOTE [step barrier timing]: rank 1 came last
     assert barrier["released"] == 1 and barrier["last_rank"] == {"1": 1}
     assert 0 <= barrier["spread_ms_mean"] == barrier["spread_ms_max"] and barrier["release_ms_mean"] >= 0
+
+
+def _push_rows(server, tables, keys, rows, rid):
+    header = {"op": "push_rows", "rid": rid, "cid": 60, "parts": [{"flat": True}]}
+    frames = [np.asarray(tables, np.uint16), np.asarray(keys, np.uint64), rows]
+    assert PS.unpack(as_frames(server.handle(as_frames(PS.pack(header, frames)))))[0]["ok"]
+
+
+def _rows(n, value):
+    return np.full((n, TABLES[0].row_width), value, np.float32)
+
+
+def test_a_pull_resolved_on_arrival_reads_the_rows_written_after_it_through_growth():
+    """NOTE [pulls resolved on arrival]: rank 0's pull finds its slots when its message
+    comes; rank 1's write-backs then insert 2,000 keys (table 0 grows past its first 1,024
+    rows: its rows move to a new array) and overwrite the pulled keys. Rank 0 reads the
+    rows written, as from a shard where the writes came first as their own request."""
+    ref, srv = ShardServer(0, 1, tables=TABLES, seed=1), ShardServer(0, 1, tables=TABLES, seed=1)
+    keys = np.arange(2000, dtype=np.uint64)
+    _push_rows(ref, np.zeros(2000), keys, _rows(2000, 0.5), 1)
+    want = _pull(ref, [0, 1, 0], [5, 6, 7])
+    assert srv.receive("w0", _step_frames(0, 0, 2, 1, pull=([0, 1, 0], [5, 6, 7]))) == []
+    replies = dict(srv.receive("w1", _step_frames(0, 1, 2, 1, rows=(np.zeros(2000), keys, _rows(2000, 0.5)))))
+    assert srv.tables[0].rows.shape[0] >= 2048
+    h, arrays = PS.unpack(as_frames(replies["w0"]))
+    assert h["ok"] and np.array_equal(arrays[0], want) and np.all(arrays[0][[0, 2]] == 0.5)
+
+
+def test_a_bounded_table_reads_a_held_pull_at_the_release():
+    """With an LRU-bounded table (NOTE [bounded ps]) rows move when rows are evicted (the
+    table is compacted), so a held pull is resolved at the release: rank 1's write-backs
+    evict older rows, the rows of rank 0's pulled keys move down, and rank 0 reads them
+    where they are, as a shard gives when the writes come first."""
+    shards = [ShardServer(0, 1, tables=TABLES, seed=1, limits=ShardLimits(max_rows=600)) for _ in range(2)]
+    for srv in shards:   # 200 keys least recently used, then keys 5 and 7
+        _pull(srv, np.zeros(200), np.arange(1000, 1200), rid=1)
+        _pull(srv, [0, 0], [5, 7], rid=2)
+    ref, srv = shards
+    new = np.arange(3000, 3500, dtype=np.uint64)
+    _push_rows(ref, np.zeros(500), new, _rows(500, 0.5), 3)
+    want = _pull(ref, [0, 0], [5, 7])
+    assert srv.receive("w0", _step_frames(0, 0, 2, 3, pull=([0, 0], [5, 7]))) == []
+    replies = dict(srv.receive("w1", _step_frames(0, 1, 2, 3, rows=(np.zeros(500), new, _rows(500, 0.5)))))
+    assert srv.tables[0].evicted > 0
+    h, arrays = PS.unpack(as_frames(replies["w0"]))
+    assert h["ok"] and np.array_equal(arrays[0], want) and not np.any(arrays[0] == 0.5)
 
 
 def test_the_step_barrier_times_the_wait_for_the_last_rank():
