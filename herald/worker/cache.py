@@ -91,9 +91,13 @@ class SlotMap:
             raise ConfigError(f"cache needs capacity_rows > 0 and row_width > 0, got {capacity_rows}, {row_width}")
         self.capacity_rows = int(capacity_rows)
         self.row_width = int(row_width)
+        #: times keys left the map (:meth:`_remove`, :meth:`clear`): while it is unchanged, a
+        #: slot found for a key is still that key's (an insert takes a free slot)
+        self.removals = 0
         self._reset_map()
 
     def _reset_map(self) -> None:
+        self.removals += 1
         self._buckets = np.full(keymap.bucket_count(self.capacity_rows), -1, np.int32)
         self._slot_ids = np.zeros(self.capacity_rows, np.uint64)  # key of each slot in use
         self._slot_tab = np.zeros(self.capacity_rows, np.int32)
@@ -137,6 +141,7 @@ class SlotMap:
             ProtocolError: a key is not cached.
         """
         slots = self.slots(keys)
+        self.removals += 1
         gone = np.empty(len(keys), np.int64)
         keymap.delete_many_jit(self._buckets, self._slot_ids, self._slot_tab, keys.table, keys.ids, gone)
         self._free[self._nfree: self._nfree + slots.shape[0]] = slots

@@ -36,11 +36,15 @@ class StepRows:
             ``grad`` is the micro-batch's gradient of each row.
         uniq: uint64 [n]: the ids, table by table, each table's ids sorted.
         bounds: int64 [T + 1]: table t's ids are ``uniq[bounds[t]:bounds[t + 1]]``.
+        slots: int64 [n]: each row's cache slot when every row came from the cache, else None.
+        removals: the cache's ``removals`` when ``slots`` were found.
     """
 
     rows: torch.Tensor
     uniq: np.ndarray
     bounds: np.ndarray
+    slots: np.ndarray | None = None
+    removals: int = -1
 
     def tables(self) -> np.ndarray:
         """int32 [n]: the table of each row."""
@@ -49,6 +53,11 @@ class StepRows:
     def positions(self, keys: KeySet) -> np.ndarray:
         """int64 [len(keys)]: the row of each key (:class:`ProtocolError` if one is missing)."""
         return psio.positions(self.uniq, self.bounds, keys)
+
+    def cache_slots(self, cache, at: np.ndarray) -> np.ndarray | None:
+        """The cache slots of rows ``at`` (int64 [m]) as found at the lookup, while no key
+        has left ``cache`` since (its slots are then unchanged); else None: look them up."""
+        return self.slots[at] if self.slots is not None and cache.removals == self.removals else None
 
 
 @dataclasses.dataclass
@@ -331,8 +340,10 @@ class PlanExecutor:
         bounds = np.ascontiguousarray(mb.id_bounds, dtype=np.int64)
         uniq = mb.ids_flat.copy()   # writable (the message's blob is not): one numba signature for its kernels
         keys = KeySet(np.repeat(np.arange(t, dtype=np.int32), np.diff(bounds)), uniq)
+        slots = None
         if self.replicas is None:
-            gathered = self.cache.gather(self.cache.slots(keys), self.dim, self.device)
+            slots = self.cache.slots(keys)
+            gathered = self.cache.gather(slots, self.dim, self.device)
         else:  # NOTE [replicated tables]: those rows come from the replica, the rest from the cache
             rep = np.isin(keys.table, self._replicated)
             gathered = torch.empty((len(keys), self.dim), dtype=torch.float32, device=self.device)
@@ -347,7 +358,7 @@ class PlanExecutor:
         inputs = mb.inverse_flat.astype(np.int64)            # row of each value among the step's rows
         inputs += np.repeat(bounds[:-1], nnz)
         pooled = pool_bags(rows, inputs, mb.offsets_flat, mb.inverse_bounds, self.device)
-        return pooled.view(t, b, self.dim).transpose(0, 1), StepRows(rows, uniq, bounds)
+        return pooled.view(t, b, self.dim).transpose(0, 1), StepRows(rows, uniq, bounds, slots, self.cache.removals)
 
     # ------------------------------------------------------ after backward
     def gradients(self, step_rows: StepRows) -> StepGrads:
@@ -377,8 +388,10 @@ class PlanExecutor:
         if not len(plan.update_local):
             return
         with self.timer("local_update"):
-            slots = self.cache.slots(plan.update_local)
             at = step_rows.positions(plan.update_local)
+            slots = step_rows.cache_slots(self.cache, at)   # a second lookup only if keys left the cache since
+            if slots is None:
+                slots = self.cache.slots(plan.update_local)
             g = grads.tensor if isinstance(self.cache, DeviceCache) else grads.host()
             if self._one_optimizer:  # one in-place update over every table
                 self.cache.apply_gradients(slots, g, at, self.tables[0])

@@ -162,3 +162,25 @@ def test_apply_gradients_is_the_ps_update_bit_for_bit(optimizer, weight_decay):
             want = apply_gradients(cache.rows[slots].copy(), grads[grad_rows], tcfg)
             cache.apply_gradients(slots, torch.from_numpy(grads), grad_rows, tcfg)
             assert np.array_equal(cache.rows[slots], want)
+
+
+def test_slots_found_stay_the_keys_until_a_key_leaves():
+    """PlanExecutor.update_local reuses the slots its lookup found (StepRows.cache_slots)
+    while the cache's ``removals`` is unchanged: inserts take free slots and overwrites keep
+    theirs, so those slots are still the keys'; an eviction or a clear counts a removal."""
+    import torch
+
+    from herald.worker.executor import StepRows
+
+    cache = EmbeddingCache(16, 2)
+    a = _ks([(0, 1), (1, 2), (0, 3)])
+    cache.put(a, np.ones((3, 2), np.float32))
+    found = StepRows(torch.zeros(3, 2), a.ids, np.array([0, 2, 3]), cache.slots(a), cache.removals)
+    cache.put(_ks([(2, 9), (0, 1)]), np.zeros((2, 2), np.float32))   # an insert and an overwrite
+    assert np.array_equal(found.cache_slots(cache, np.array([2, 0])), cache.slots(a)[[2, 0]])
+    cache.evict(_ks([(2, 9)]), np.zeros(1, bool))
+    assert found.cache_slots(cache, np.array([0])) is None
+    again = StepRows(torch.zeros(3, 2), a.ids, np.array([0, 2, 3]), cache.slots(a), cache.removals)
+    cache.clear()
+    assert again.cache_slots(cache, np.array([0])) is None
+    assert StepRows(torch.zeros(1, 2), a.ids[:1], np.array([0, 1])).cache_slots(cache, np.array([0])) is None
