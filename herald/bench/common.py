@@ -171,8 +171,10 @@ def plain_torch_losses(source: str, steps: int, *, batch_size: int = 256, seed: 
 def run_herald(source: str, workers: int, schedule: str, batch_size: int, run_dir: str, seed: int = 0,
                device: str = "cpu", pin_cores: bool = False) -> dict:
     """One ``herald train`` job on ``device`` (``--device``; ``--pin-cores`` when ``pin_cores``);
-    ``{"samples_per_s", "phases_ms", "wall_ms_per_step", "steps", "cpu_us_per_sample"}`` (``phases_ms``: the worker's median
-    ms per phase, ``{}`` when the report has no ``phases``; ``cpu_us_per_sample``: the CPU
+    ``{"samples_per_s", "phases_ms", "wall_ms_per_step", "steps", "cpu_us_per_sample", "step_barrier"}``
+    (``phases_ms``: the worker's median ms per phase, ``{}`` when the report has no
+    ``phases``; ``step_barrier``: each shard's stats of its step barrier, NOTE [step barrier
+    timing] in herald/ps/stepped.py, ``[]`` without step messages; ``cpu_us_per_sample``: the CPU
     time of every process of the job, start-up and held-out evaluation included, per
     trained sample: :func:`herald.procs.cpu_seconds`)."""
     cfg = TrainConfig(source=source, schedule=schedule, workers=workers, batch_size=batch_size,
@@ -183,7 +185,9 @@ def run_herald(source: str, workers: int, schedule: str, batch_size: int, run_di
         rep = run_train(cfg, progress=False)
     cpu_s = cpu_seconds() - cpu0
     phases = rep.get("phases") or {}
+    barriers = [b["step_barrier"] for b in phases.get("ps_busy", []) if "step_barrier" in b]
     return {"samples_per_s": rep["samples_per_second"],
+            "step_barrier": barriers,   # per shard (NOTE [step barrier timing] in herald/ps/stepped.py)
             "cpu_us_per_sample": 1e6 * cpu_s / max(1, rep["steps"] * cfg.global_batch), "phases_ms": dict(phases.get("worker_ms_per_step", {})),
             "wall_ms_per_step": phases.get("wall_ms_per_step", rep["train_seconds"] * 1e3 / max(1, rep["steps"])),
             "wall_samples_per_s": rep.get("wall_samples_per_second"), "startup_s": rep.get("startup_seconds"),

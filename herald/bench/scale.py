@@ -20,7 +20,9 @@ Criteo-shaped stream of ``--rows`` rows: 13 dense features, 26 tables):
    schedule in ``--schedules``, ``--batch-size`` samples per worker, eval fraction
    0.02. Samples/s is the report's ``samples_per_second``: steady throughput, from the
    first step's ack to the last (start-up and the first step are out, as the baseline's
-   warm-up is); the report's ``wall_samples_per_second`` (start-up in) is kept beside it.
+   warm-up is); the report's ``wall_samples_per_second`` (start-up in) is kept beside it,
+   and the PS shards' step barrier (``step_barrier``: how far apart a step's messages came
+   and the release, NOTE [step barrier timing] in herald/ps/stepped.py).
 3. the dispatcher's capacity (:func:`herald.bench.capacity.measure_capacity`: a real
    dispatcher, herald schedule, 8 workers x 256 replaced by peers that ack at once, on
    its own synthetic Criteo rows, ``--capacity-seconds`` long): the ceiling of any job;
@@ -153,11 +155,24 @@ def _herald_runs(source: str, args: argparse.Namespace, plain_sps: float, trec: 
                     "ratio_vs_plain_torch": sps / plain_sps, "ratio_vs_torchrec": ratio_to(trec, sps),
                     "wall_samples_per_s": statistics.median(r["wall_samples_per_s"] or 0.0 for r in reps),
                     "startup_s": statistics.median(r["startup_s"] or 0.0 for r in reps),
-                    "repeats_samples_per_s": [r["samples_per_s"] for r in reps]})
+                    "repeats_samples_per_s": [r["samples_per_s"] for r in reps],
+                    "step_barrier": barrier_summary([r["step_barrier"] for r in reps])})
     for r in out:
         t1 = next(o["samples_per_s"] for o in out if o["schedule"] == r["schedule"] and o["workers"] == 1)
         r["scaling_factor"] = r["samples_per_s"] / (r["workers"] * t1)
     return out
+
+
+def barrier_summary(per_repeat: list[list[dict]]) -> dict | None:
+    """``{"spread_ms", "release_ms"}``: the shards' mean spread of a step's messages and mean
+    release (NOTE [step barrier timing] in herald/ps/stepped.py), averaged over the shards,
+    median over the repeats; None when no repeat had step messages."""
+    got = [(statistics.mean(b["spread_ms_mean"] for b in shards), statistics.mean(b["release_ms_mean"] for b in shards))
+           for shards in per_repeat if shards]
+    if not got:
+        return None
+    return {"spread_ms": round(statistics.median(g[0] for g in got), 3),
+            "release_ms": round(statistics.median(g[1] for g in got), 3)}
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -210,6 +225,14 @@ def print_table(results: dict) -> None:
         print(f"| {r['workers']} | {r['schedule']} | {r['samples_per_s']:,.0f} | {r['ratio_vs_plain_torch']:.2f}x | "
               f"{format_ratio(r.get('ratio_vs_torchrec'))} | {r['scaling_factor']:.2f} | {r['wall_ms_per_step']:.2f} "
               f"| {r['cpu_us_per_sample']:.1f} | {top_phases(r['phases_ms'])} |")
+    barriers = [r for r in results["runs"] if r.get("step_barrier")]
+    if barriers:
+        print("\nstep barrier at the PS (NOTE [step barrier timing]: a step's messages first to last, then the "
+              "release; mean over the shards, median of the repeats):")
+        for r in barriers:
+            b = r["step_barrier"]
+            print(f"  {r['workers']} workers, {r['schedule']}: {b['spread_ms']:.2f} ms apart, release "
+                  f"{b['release_ms']:.2f} ms; the workers' step_wait {r['phases_ms'].get('step_wait', 0.0):.2f} ms")
     print(f"\n{describe(trec)}")
     cap = results["dispatcher_capacity_samples_per_s"]
     print(f"\ndispatcher capacity ({CAPACITY_WORKERS} workers x {CAPACITY_BATCH_SIZE}, {CAPACITY_SCHEDULE}): "

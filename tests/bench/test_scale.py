@@ -21,6 +21,13 @@ def test_worker_counts_are_powers_of_two_up_to_the_maximum():
     assert scale.worker_counts(6) == [1, 2, 4, 6]
 
 
+def test_the_step_barrier_is_averaged_over_shards_and_the_median_taken_over_repeats():
+    b = [{"spread_ms_mean": 1.0, "release_ms_mean": 0.2}, {"spread_ms_mean": 3.0, "release_ms_mean": 0.4}]
+    c = [{"spread_ms_mean": 5.0, "release_ms_mean": 0.1}]
+    assert scale.barrier_summary([b, c, b]) == {"spread_ms": 2.0, "release_ms": 0.3}
+    assert scale.barrier_summary([[], []]) is None
+
+
 def test_the_plain_torch_baseline_trains():
     losses = common.plain_torch_losses(SOURCE, steps=60)
     assert len(losses) == 60
@@ -40,6 +47,7 @@ def test_bench_scale_writes_every_run(tmp_path):
         assert isinstance(r["phases_ms"], dict)
         assert r["ratio_vs_plain_torch"] > 0 and r["scaling_factor"] > 0
         assert r["cpu_us_per_sample"] > 0   # every process of the job, the reaped children included
+        assert r["step_barrier"]["spread_ms"] >= 0 and r["step_barrier"]["release_ms"] > 0   # bsp: step messages
     assert got["runs"][0]["scaling_factor"] == pytest.approx(1.0)
     trec = got["torchrec"]  # the TorchRec baseline, same batches, same run
     if torchrec_baseline.torchrec_import_error() and os.environ.get("CI") != "true":
