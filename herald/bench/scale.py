@@ -42,7 +42,11 @@ Every herald run of 2. trains on the CPU (``--device cpu``), as the baseline doe
 The table gives, per run, samples/s, the ratios to plain PyTorch and to TorchRec, the scaling factor
 ``T_N / (N * T_1)`` of its schedule (Herald §6.3, after [51]: ``T_1`` is that schedule's
 1-worker throughput) and the worker phases taking most of a step (the report's
-``phases``, ms per step). ``--repeats R`` runs everything R times and reports medians.
+``phases``, ms per step). ``--repeats R`` runs everything R times and reports medians; each
+repeat runs plain PyTorch and then every herald job, so a herald run's ratios to plain
+PyTorch (samples/s, ``ratio_vs_plain_torch``; job CPU per sample,
+``cpu_ratio_vs_plain_torch``) are the medians of its repeats' ratios to the plain run of
+the same repeat: a noisy minute hits both sides of a ratio.
 
 Runtime per repeat on 2 cores: ``--rows 300000 --max-workers 2`` took 3.3 minutes (each
 herald job also spends 7-25 s starting up and evaluating); the default ``--rows 1200000``
@@ -113,38 +117,43 @@ def _validate(args: argparse.Namespace) -> None:
         pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
 
 
-def _baselines(source: str, args: argparse.Namespace) -> tuple[dict, dict | None]:
-    """Plain PyTorch and (unless ``--no-torchrec``) TorchRec on the same batches."""
+def _plain_data(source: str, args: argparse.Namespace) -> PlainBatches:
+    """The plain baseline's batches, read and remapped once for every repeat."""
     data = load_plain_batches(source, args.batch_size)
-    plain = _plain(data, args)
-    trec = None if args.no_torchrec else torchrec_baseline(data, repeats=args.repeats, seed=args.seed,
-                                                           gpu=not args.no_gpu)
-    return plain, trec
-
-
-def _plain(data: PlainBatches, args: argparse.Namespace) -> dict:
     print(f"plain PyTorch: {len(data.batches)} batches of {args.batch_size} read in {data.read_s:.1f} s, ids "
           f"remapped in {data.remap_s:.1f} s ({sum(data.table_rows):,} embedding rows)", flush=True)
-    got = [train_plain_torch(data, seed=args.seed) for _ in range(args.repeats)]
-    sps = statistics.median(p["samples_per_s"] for p in got)
-    print(f"plain PyTorch: {sps:,.0f} samples/s", flush=True)
-    return {"samples_per_s": sps, "repeats_samples_per_s": [p["samples_per_s"] for p in got],
+    return data
+
+
+def _plain(data: PlainBatches, got: list[dict]) -> dict:
+    """The plain baseline's result from its repeats ``got`` (:func:`train_plain_torch`)."""
+    return {"samples_per_s": statistics.median(p["samples_per_s"] for p in got),
+            "repeats_samples_per_s": [p["samples_per_s"] for p in got],
             "cpu_us_per_sample": statistics.median(p["cpu_us_per_sample"] for p in got),
+            "repeats_cpu_us_per_sample": [p["cpu_us_per_sample"] for p in got],
             "timed_steps": got[0]["timed_steps"], "read_s": data.read_s, "remap_s": data.remap_s,
             "embedding_rows": sum(data.table_rows)}
 
 
-def _herald_runs(source: str, args: argparse.Namespace, plain_sps: float, trec: dict | None) -> list[dict]:
+def _runs(source: str, args: argparse.Namespace, data: PlainBatches, trec: dict | None) -> tuple[dict, list[dict]]:
+    """Each repeat: plain PyTorch, then every herald run, so that a ratio compares runs of
+    the same minutes on a noisy machine; ``(plain, herald runs)``. A run's
+    ``ratio_vs_plain_torch`` and ``cpu_ratio_vs_plain_torch`` are the medians of its
+    repeats' ratios to the plain run of the same repeat."""
     runs = [(w, s) for w in worker_counts(args.max_workers) for s in args.schedules]
     got: dict[tuple[int, str], list[dict]] = {r: [] for r in runs}
+    plain_reps = []
     with tempfile.TemporaryDirectory(prefix="herald-bench-scale-") as tmp:
-        for rep in range(args.repeats):  # repeats interleaved: a noisy minute hits every run alike
+        for rep in range(args.repeats):
+            plain_reps.append(train_plain_torch(data, seed=args.seed))
+            print(f"plain PyTorch: {plain_reps[-1]['samples_per_s']:,.0f} samples/s", flush=True)
             for workers, schedule in runs:
                 r = run_herald(source, workers, schedule, args.batch_size,
                                str(pathlib.Path(tmp) / f"{schedule}-w{workers}-r{rep}"), args.seed,
                                pin_cores=args.pin_cores)
                 got[(workers, schedule)].append(r)
                 print(f"herald {schedule}, {workers} workers: {r['samples_per_s']:,.0f} samples/s", flush=True)
+    plain = _plain(data, plain_reps)
     out = []
     for (workers, schedule), reps in got.items():
         sps = statistics.median(r["samples_per_s"] for r in reps)
@@ -152,15 +161,20 @@ def _herald_runs(source: str, args: argparse.Namespace, plain_sps: float, trec: 
                     "phases_ms": median_phases([r["phases_ms"] for r in reps]),
                     "wall_ms_per_step": statistics.median(r["wall_ms_per_step"] for r in reps),
                     "cpu_us_per_sample": statistics.median(r["cpu_us_per_sample"] for r in reps),
-                    "ratio_vs_plain_torch": sps / plain_sps, "ratio_vs_torchrec": ratio_to(trec, sps),
+                    "ratio_vs_plain_torch": statistics.median(r["samples_per_s"] / p["samples_per_s"]
+                                                              for r, p in zip(reps, plain_reps)),
+                    "cpu_ratio_vs_plain_torch": statistics.median(r["cpu_us_per_sample"] / p["cpu_us_per_sample"]
+                                                                  for r, p in zip(reps, plain_reps)),
+                    "ratio_vs_torchrec": ratio_to(trec, sps),
                     "wall_samples_per_s": statistics.median(r["wall_samples_per_s"] or 0.0 for r in reps),
                     "startup_s": statistics.median(r["startup_s"] or 0.0 for r in reps),
                     "repeats_samples_per_s": [r["samples_per_s"] for r in reps],
+                    "repeats_cpu_us_per_sample": [r["cpu_us_per_sample"] for r in reps],
                     "step_barrier": barrier_summary([r["step_barrier"] for r in reps])})
     for r in out:
         t1 = next(o["samples_per_s"] for o in out if o["schedule"] == r["schedule"] and o["workers"] == 1)
         r["scaling_factor"] = r["samples_per_s"] / (r["workers"] * t1)
-    return out
+    return plain, out
 
 
 def barrier_summary(per_repeat: list[list[dict]]) -> dict | None:
@@ -183,8 +197,10 @@ def run(args: argparse.Namespace) -> dict:
     """
     _validate(args)
     source = args.source or f"synthetic://criteo?rows={args.rows}&seed=1"
-    plain, trec = _baselines(source, args)
-    runs = _herald_runs(source, args, plain["samples_per_s"], trec)
+    data = _plain_data(source, args)
+    trec = None if args.no_torchrec else torchrec_baseline(data, repeats=args.repeats, seed=args.seed,
+                                                           gpu=not args.no_gpu)
+    plain, runs = _runs(source, args, data, trec)
     capacity = None if args.no_capacity else dispatcher_capacity(args.capacity_seconds)
     gpu_rows = None
     if torch.cuda.is_available() and not args.no_gpu:
@@ -207,7 +223,8 @@ def print_table(results: dict) -> None:
     plain, trec = results["plain_torch"], results.get("torchrec")
     print(f"\n{results['cores']} cores, batch {results['batch_size']} per worker, median of "
           f"{results['repeats']} run(s); plain PyTorch: 1 process, 1 thread, batches pre-read; a herald step "
-          "is workers x batch samples\n")
+          "is workers x batch samples; the ratios to plain PyTorch are medians of each repeat's ratio to the "
+          "plain run of the same repeat\n")
     print("| workers | schedule | samples/s | vs plain PyTorch | vs TorchRec | scaling T_N/(N*T_1) | wall ms/step "
           "| job CPU us/sample | top worker phases (ms/step) |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -224,7 +241,7 @@ def print_table(results: dict) -> None:
     for r in results["runs"]:
         print(f"| {r['workers']} | {r['schedule']} | {r['samples_per_s']:,.0f} | {r['ratio_vs_plain_torch']:.2f}x | "
               f"{format_ratio(r.get('ratio_vs_torchrec'))} | {r['scaling_factor']:.2f} | {r['wall_ms_per_step']:.2f} "
-              f"| {r['cpu_us_per_sample']:.1f} | {top_phases(r['phases_ms'])} |")
+              f"| {r['cpu_us_per_sample']:.1f} ({r['cpu_ratio_vs_plain_torch']:.2f}x) | {top_phases(r['phases_ms'])} |")
     barriers = [r for r in results["runs"] if r.get("step_barrier")]
     if barriers:
         print("\nstep barrier at the PS (NOTE [step barrier timing]: a step's messages first to last, then the "
