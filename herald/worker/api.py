@@ -375,7 +375,7 @@ class ScheduledLoader:
             TrainingDiverged: naming the step, this rank and the likely cause.
         """
         value = float(loss.detach()) if isinstance(loss, torch.Tensor) else (None if loss is None else float(loss))
-        grads = [g for g in [rows.rows.grad] + [p.grad for p in self.dense.model.parameters()] if g is not None]
+        grads = [g for g in [rows.rows.grad] + [p.grad for p in self.dense.params] if g is not None]
         what = None
         if value is not None and not math.isfinite(value):
             what = f"the loss is {value}"

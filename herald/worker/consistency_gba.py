@@ -59,7 +59,6 @@ class GbaDense(DenseState):
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer):
         super().__init__(model, optimizer)
-        self.params = [p for p in model.parameters() if p.requires_grad]
         self.size = int(sum(p.numel() for p in self.params))
         self.next_step = self.start_step = 0
 
