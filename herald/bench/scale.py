@@ -181,8 +181,8 @@ def barrier_summary(per_repeat: list[list[dict]]) -> dict | None:
     """``{"spread_ms", "release_ms"}``: the shards' mean spread of a step's messages and mean
     release (NOTE [step barrier timing] in herald/ps/stepped.py), averaged over the shards,
     median over the repeats; None when no repeat had step messages."""
-    got = [(statistics.mean(b["spread_ms_mean"] for b in shards), statistics.mean(b["release_ms_mean"] for b in shards))
-           for shards in per_repeat if shards]
+    got = [(statistics.mean(b["spread_ms_mean"] for b in shards),
+            statistics.mean(b["release_ms_mean"] for b in shards)) for shards in per_repeat if shards]
     if not got:
         return None
     return {"spread_ms": round(statistics.median(g[0] for g in got), 3),

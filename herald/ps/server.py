@@ -401,13 +401,14 @@ class ShardServer:
     def resolve_pull(self, header: dict[str, Any], arrays: list) -> list[tuple[Part, np.ndarray]]:
         """The first half of a pull: its parts checked, with the slots of their keys' rows
         (int64 [n]; unseen keys inserted), for :meth:`read_pull`. A step message's pull is
-        resolved when the message comes and read at the release (NOTE [step messages] in
-        herald/ps/stepped.py), so the release only copies rows.
+        resolved when the message comes and read at the release (NOTE [pulls resolved on
+        arrival] in herald/ps/stepped.py), so the release only copies rows.
 
         Raises:
             ProtocolError: a bad part, a table of another shape, a key of another shard, a bound.
         """
-        return [(p, self.store.slots(p.tables, p.keys, p.dim, p.width, "pull")) for p in self._parts(header, arrays, "pull")]
+        parts = self._parts(header, arrays, "pull")
+        return [(p, self.store.slots(p.tables, p.keys, p.dim, p.width, "pull")) for p in parts]
 
     def read_pull(self, resolved: list[tuple[Part, np.ndarray]], wire_dtype: str) -> tuple[dict, list]:
         """The reply ``(header, frames)`` of a pull :meth:`resolve_pull` resolved: its rows as

@@ -141,7 +141,8 @@ class StepBarrier:
         keys, msgpack maps); NOTE [step barrier timing]."""
         n = max(1, self._released)
         return {"released": self._released, "spread_ms_mean": round(1e3 * self._spread_s / n, 4),
-                "spread_ms_max": round(1e3 * self._spread_max_s, 4), "release_ms_mean": round(1e3 * self._release_s / n, 4),
+                "spread_ms_max": round(1e3 * self._spread_max_s, 4),
+                "release_ms_mean": round(1e3 * self._release_s / n, 4),
                 "last_rank": {str(r): c for r, c in sorted(self._last.items())}}
 
     def opened_at(self, step: int) -> float:
@@ -318,10 +319,10 @@ def _reply(server, held: _Held, dense: np.ndarray | None) -> list:
 # does not change while the rows change (growth copies the rows to the same slots). So
 # the shard resolves a step message's pull (checks it, finds its slots) when the message
 # comes and copies the rows at the release: on 2 cores with 2 workers the release fell
-# from 0.62 to 0.17-0.19 ms (NOTE [step barrier timing]). Not with an LRU-bounded table (NOTE
-# [bounded ps]): its eviction moves rows, so its pulls are resolved at the release, as
-# one step before. A pull refused on arrival fails that rank's reply at the release, as
-# before.
+# from 0.62 to 0.17-0.19 ms (NOTE [step barrier timing]). Not with an LRU-bounded
+# table (NOTE [bounded ps]): its eviction moves rows, so there a pull is resolved at the
+# release too. A pull refused on arrival fails that rank's reply at the release, as a
+# pull refused at the release does.
 def _read_held_pull(server, held: _Held) -> tuple[dict, list]:
     """The pull reply of a released message: resolved on arrival or now (NOTE [pulls resolved on arrival])."""
     if isinstance(held.resolved, Exception):

@@ -1,4 +1,5 @@
-"""The tables of one shard as one store: every op over every table in one kernel call.
+"""The tables of one shard as one store: every op over every table in one kernel call
+(a pull in two).
 
 A :class:`TableSet` holds the shard's :class:`~herald.ps.table.EmbeddingTable` s, their
 directory (NOTE [table directory] in herald/ps/kernels.py: each table's array addresses,
@@ -12,11 +13,12 @@ One kernel call serves one part of a request (a pull two: its slots, then its ro
 a step message's pull reads apart: NOTE [pulls resolved on arrival] in
 herald/ps/stepped.py): it validates the keys (tables, shapes, ownership), compares each
 table's row count plus its keys with its room (rows allocated, key-map load, NOTE [ps
-limits]' ``max_table_bytes``, NOTE [bounded ps]' bound) and, when all fit, does the op. A table out of room makes the kernel return before any change; its
-Python path runs (growth, the byte limits, LRU eviction) and the call is repeated. The
-set keeps the shard-wide byte limit (NOTE [ps limits]' ``max_shard_bytes``): the rows
-allocated over all its tables (:meth:`TableSet.nbytes`), which a table's growth may not
-take past it (:meth:`TableSet.room_rows`).
+limits]' ``max_table_bytes``, NOTE [bounded ps]' bound) and, when all fit, does the op. A
+table out of room makes the kernel return before any change; its Python path runs
+(growth, the byte limits, LRU eviction) and the call is repeated. The set keeps the
+shard-wide byte limit (NOTE [ps limits]' ``max_shard_bytes``): the rows allocated over all
+its tables (:meth:`TableSet.nbytes`), which a table's growth may not take past it
+(:meth:`TableSet.room_rows`).
 """
 
 from __future__ import annotations

@@ -84,8 +84,9 @@ def test_a_shards_step_barrier_gets_a_report_line():
     # which rank came last how often (a straggler shows as one rank far above 1/N)
     barrier = {"released": 400, "spread_ms_mean": 2.5, "spread_ms_max": 31.0, "release_ms_mean": 0.4,
                "last_rank": {"0": 100, "1": 300}}
-    b = phase_breakdown([record(0, 1)], 0.02, None, [{"shard": 0, "busy_s": {"step": 2.0}, "step_barrier": barrier},
-                                                    {"shard": 1, "busy_s": {"pull": 1.0}, "step_barrier": {"released": 0}}])
+    shards = [{"shard": 0, "busy_s": {"step": 2.0}, "step_barrier": barrier},
+              {"shard": 1, "busy_s": {"pull": 1.0}, "step_barrier": {"released": 0}}]
+    b = phase_breakdown([record(0, 1)], 0.02, None, shards)
     assert b["ps_busy"][0]["step_barrier"] == barrier and "step_barrier" not in b["ps_busy"][1]
     line, = [x for x in format_breakdown(b) if "step barrier" in x]
     assert line.strip() == ("step barrier over 400 steps: the ranks' messages came 2.50 ms apart (first to last, "
