@@ -130,28 +130,24 @@ class OpTimes:
 
     def __init__(self, server: ShardServer):
         self.acc = {op: [0.0, 0, 0, 0] for op in OPS}
-        for op, method in (("push_rows", "_op_push_rows"), ("push_grad", "_op_push_grad"), ("pull", "resolve_pull")):
-            setattr(server, method, self._timed(op, getattr(server, method)))
-        read, acc = server.read_pull, self.acc["pull"]
+        for op, method in (("push_rows", "_op_push_rows"), ("push_grad", "_op_push_grad"), ("pull", "resolve_pull"),
+                           ("pull", "read_pull")):
+            setattr(server, method, self._timed(op, getattr(server, method), counted=method != "read_pull"))
 
-        def read_pull(resolved, wire_dtype):
-            t0 = time.perf_counter()
-            out = read(resolved, wire_dtype)
-            acc[0] += time.perf_counter() - t0
-            return out
-
-        server.read_pull = read_pull
-
-    def _timed(self, op: str, method):
+    def _timed(self, op: str, method, counted: bool = True):
+        """``method`` timed into ``op``; ``counted``: its ``(header, arrays)`` call also counts
+        a call, its keys and parts (a pull's ``read_pull`` adds only its time)."""
         acc = self.acc[op]
 
-        def run(header, arrays):
+        def run(*args):
             t0 = time.perf_counter()
-            out = method(header, arrays)
+            out = method(*args)
             acc[0] += time.perf_counter() - t0
-            acc[1] += 1
-            acc[2] += int(arrays[1].shape[0])   # flat part: tables, keys, ...
-            acc[3] += len(header["parts"])
+            if counted:
+                header, arrays = args
+                acc[1] += 1
+                acc[2] += int(arrays[1].shape[0])   # flat part: tables, keys, ...
+                acc[3] += len(header["parts"])
             return out
 
         return run
