@@ -241,13 +241,19 @@ class Protocol:
         dtypes, max_dims = self.dtypes, self.max_dims
         for i, d in enumerate(descs):
             if not (type(d) is list and len(d) == 2 and type(d[0]) is str and type(d[1]) is list
-                    and len(d[1]) <= max_dims and all(type(n) is int and 0 <= n < MAX_DIM for n in d[1])):
-                raise ProtocolError(f"{self.name}: array {i}: descriptor must be [dtype, [dims...]] with at most "
-                                    f"{max_dims} dims, each in [0, 2**40); got {d!r:.80}")
+                    and len(d[1]) <= max_dims):
+                self._bad_descriptor(i, d)
+            for n in d[1]:   # a loop, not all(...): every message's header passes here
+                if type(n) is not int or not 0 <= n < MAX_DIM:
+                    self._bad_descriptor(i, d)
             if d[0] not in dtypes:
                 raise ProtocolError(f"{self.name}: array {i}: dtype {d[0]!r:.20} not allowed; "
                                     f"allowed: {sorted(dtypes)}")
         return header
+
+    def _bad_descriptor(self, i: int, d: Any) -> None:
+        raise ProtocolError(f"{self.name}: array {i}: descriptor must be [dtype, [dims...]] with at most "
+                            f"{self.max_dims} dims, each in [0, 2**40); got {d!r:.80}")
 
     def unpack_arrays(self, header: dict[str, Any], frames: Sequence[Any]) -> list[np.ndarray]:
         """Zero-copy arrays of the array frames, checked against ``header["arrays"]``.
@@ -271,7 +277,7 @@ class Protocol:
             if buf.nbytes != expected:
                 raise ProtocolError(f"{self.name}: array {i}: header says {expected} bytes ({dt} {shape}) "
                                     f"but the frame has {buf.nbytes}")
-            out.append(np.frombuffer(buf, dtype=dtype).reshape(shape))
+            out.append(np.ndarray(shape, dtype, buf))   # a view, as np.frombuffer(...).reshape(shape)
         return out
 
 

@@ -349,7 +349,6 @@ class ShardServer:
                 raise ProtocolError(f"{op}: unknown table {ti!r}; this shard has {n_tables} tables "
                                     "(declare them first)")
             tables = self.store.positions(ti, n)
-            name = repr(self.tables[ti].cfg.name)
         else:
             if tables.dtype.str != wire.TABLES_DTYPE or tables.shape != (n,):
                 raise ProtocolError(f"{op}: the tables frame of a flat part must be {wire.TABLES_DTYPE} [{n}], "
@@ -357,16 +356,15 @@ class ShardServer:
             ti = int(tables[0]) if n else -1
             if ti >= n_tables:
                 raise ProtocolError(f"{op}: unknown table {ti}; this shard has {n_tables} tables (declare them first)")
-            name = repr(self.tables[ti].cfg.name) if ti >= 0 else "(none)"
             tables = frozen(tables)
         if ti >= 0:
             dim, width = self.tables[ti].cfg.dim, self.tables[ti].width
         else:   # no keys: nothing to check
             dim = width = next((a.shape[1] for a in frames[1:] if a.ndim == 2), 0)
-        size = {"grads": dim, "rows": width}
         for (field, _), a in zip(spec[1:], frames[1:]):
-            want = (n, size[field]) if field in size else (n,)
+            want = (n, dim) if field == "grads" else (n, width) if field == "rows" else (n,)
             if a.shape != want:
+                name = repr(self.tables[ti].cfg.name) if ti >= 0 else "(none)"
                 raise ProtocolError(f"{op}: {field} of table {name} must have shape {want}, got {a.shape}")
         return Part(tables, frozen(keys), [frozen(a) for a in frames[1:]], dim, width, part)
 

@@ -88,6 +88,8 @@ class TableSet:
         self._stamp = 0
         self._hint = 0               # entries of the last completed step: a new step's first size
         self.lru = 0                 # requests seen: the LRU's time (NOTE [bounded ps])
+        #: whether a table is LRU-bounded (NOTE [bounded ps]): its rows may move
+        self.bounded = False
         self._no_step = PendingStep(1, 0)
 
     # ------------------------------------------------------------------ directory
@@ -107,6 +109,7 @@ class TableSet:
         row[K.D_WIDTH], row[K.D_DIM] = table.width, table.cfg.dim
         row[K.D_INIT], row[K.D_STATE] = table.init_args[2], table.init_args[4]
         row[K.D_OPT], row[K.D_BOUNDED] = table.cfg.optimizer.kind, table.max_resident is not None
+        self.bounded = self.bounded or table.max_resident is not None
         return t
 
     def publish(self, t: int) -> None:
@@ -251,11 +254,6 @@ class TableSet:
         out = np.empty((slots.shape[0], width), np.float32)
         return out, int(K.flat_rows_at_jit(self.d, tables, slots, out, self.open_total > 0))
 
-    @property
-    def bounded(self) -> bool:
-        """Whether a table is LRU-bounded (NOTE [bounded ps]): its rows may move."""
-        return bool(self.d[:, K.D_BOUNDED].any())
-
     def pull(self, tables: np.ndarray, keys: np.ndarray, dim: int, width: int) -> tuple[np.ndarray, int]:
         """Rows of ``(tables[i], keys[i])`` (float32 [n, width]: every table has ``dim`` and
         row width ``width``; duplicates allowed), inserting unseen keys; and how many have an
@@ -357,8 +355,10 @@ class TableSet:
         """The pending state of ``step`` (made if missing) with room for ``n`` more keys."""
         state = self.pending.get(step)
         if state is None:
+            # sized for the last completed step's entries and a quarter more: a step's size
+            # varies, and each growth copies the state and rebuilds its key map
             state = self.pending[step] = PendingStep(max(int(self.dims.max()), dim), self.n_tables,
-                                                     max(n, self._hint))
+                                                     max(n, self._hint + self._hint // 4))
         state.reserve(n, dim, self.n_tables)
         return state
 
