@@ -109,6 +109,9 @@ def add_step_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=10, help="steps measured (default: %(default)s)")
     p.add_argument("--warmup", type=int, default=10,
                    help="steps replayed first, untimed: kernels compiled, caches warm (default: %(default)s)")
+    p.add_argument("--repeats", type=int, default=5,
+                   help="replays of the same captured messages, each by a fresh shard and followed by its own "
+                        "numba limit; the figures are medians over them (default: %(default)s)")
     p.add_argument("--source", default=None, help="default: synthetic://criteo?rows=ROWS&seed=SEED")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, metavar="FILE.json", help="write the results as JSON to this file")

@@ -7,8 +7,10 @@ micro-batches of ``--batch-size`` samples per step, scheduled by the herald sche
 worker sends each shard one step message per step (NOTE [step messages] in
 herald/ps/stepped.py): its plan pushes of step t with the write-backs of its evictions
 at t + 1, its gradients of t, and its pulls of t + 1, packed by the real client code
-(:meth:`herald.ps.PSClient.step_async`, whose socket send is replaced by a capture);
-those to shard ``--shard`` of ``--shards`` are applied by the real shard handler,
+(:meth:`herald.ps.PSClient.step_async`, whose socket send is replaced by a capture).
+The messages to shard ``--shard`` of ``--shards`` are captured once, then replayed
+``--repeats`` times, each time by a fresh shard, back to back as a shard process of its own
+serves them (the scheduler's work is not between two steps): the real shard handler,
 ``ShardServer.receive(peer, frames)``, timed call by call (the last rank's message
 releases every rank's pulls and the sum of the dense gradients: ``--dense-params``,
 herald's DLRM by default). The time of each op inside (``push_rows``, ``push_grad``,
@@ -16,13 +18,17 @@ herald's DLRM by default). The time of each op inside (``push_rows``, ``push_gra
 shard's methods. Row values are synthetic (finite).
 
 Baseline in the same run (``numba_limit_ns_per_row``): a bare numba lookup of the same
-(table, id) keys in one hash map plus a row-wise Adagrad update of their rows, per row.
+(table, id) keys in one hash map plus a row-wise Adagrad update of their rows, per row,
+timed after each repeat; ``ratio_vs_numba_limit`` is the median of the repeats' ratios
+to their own limit (this machine's speed drifts by a third from one run to the next).
 
 Output: a short table and, with ``--out``, JSON with ``shard_ms_per_step`` (median over
 the measured steps), ``requests_per_worker_per_shard``, ``parts_per_request`` (flat parts
 per op section of a request, as the shard's op methods see them), ``sections_per_request``,
 ``rows_per_step``, ``per_request_us``, ``per_row_ns`` (per
-op: its time / its rows), ``numba_limit_ns_per_row`` and the settings.
+op: its time / its rows), ``numba_limit_ns_per_row``, ``ratio_vs_numba_limit``, the
+settings, and ``repeats`` (each repeat's figures); every figure is the median over the
+repeats.
 """
 
 from __future__ import annotations
@@ -188,31 +194,18 @@ def numba_limit(keys_per_step: list[KeySet], dim: int, tcfg: TableConfig, repeat
     return float(statistics.median(out)) if out else 0.0
 
 
-def run_step_bench(args: argparse.Namespace) -> dict:
-    """Run the replay; returns the result dict (also printed, and written to ``args.out``)."""
+def capture_steps(args: argparse.Namespace, tables: list[TableConfig], dense: int, batches: list) -> tuple[list, list]:
+    """Every measured and warm-up step's messages to shard ``args.shard``, packed once by the
+    real client: per step ``[(worker, frames), ...]``, and per measured step the (table,
+    key) of every key in them, as the shard reads them."""
     W, S, shard = args.workers, args.shards, args.shard
-    if not 0 <= shard < S:
-        raise SystemExit(f"--shard {shard} is not in [0, {S})")
-    steps_total = args.warmup + args.steps
-    G = W * args.batch_size
-    source = args.source or f"synthetic://criteo?rows={G * (steps_total + 3)}&seed={args.seed}"
-    batches, names = load_batches(source, G, steps_total + 2)   # the scheduler and the pulls of t + 1 look ahead
-    opt = OptimizerConfig(name=args.optimizer, lr=0.01)
-    tables = [TableConfig(name, args.dim, opt) for name in names]
     width, dim = tables[0].row_width, args.dim
     sched = Scheduler(SchedulerConfig(num_workers=W, batch_size_per_worker=args.batch_size, schedule=args.schedule,
                                       cache_ratio=args.cache_ratio, seed=args.seed),
                       len(tables), count_distinct_keys(batches))
-    dense = (dlrm_dense_params(len(tables), batches[0].dense.shape[1], dim) if args.dense_params is None
-             else args.dense_params)
-    warm_up()
-    server = ShardServer(shard, S, tables=tables, seed=args.seed)
-    ops = OpTimes(server)
     cap = Capture(S, tables, args.wire_dtype)
     rng = np.random.default_rng(args.seed)
-    per_step = []                      # per measured step: {"total": [s, requests, sections], op: [s, calls, keys, parts]}
-    shard_keys: list[KeySet] = []      # per measured step: every key the shard served
-    step, before = 0, None
+    steps, shard_keys, before = [], [], None
     try:
         for batch in batches:
             sp = sched.submit(batch)
@@ -221,44 +214,106 @@ def run_step_bench(args: argparse.Namespace) -> dict:
             if before is None:
                 before = sp.plans
                 continue
-            reqs = [step_message(cap, p, q, step, w, W, rng, width, dim, shard, dense)
-                    for w, (p, q) in enumerate(zip(before, sp.plans))]
+            step = len(steps)
+            msgs = [(w, frames) for w, (p, q) in enumerate(zip(before, sp.plans))
+                    for frames in step_message(cap, p, q, step, w, W, rng, width, dim, shard, dense)]
             before = sp.plans
-            measured = step >= args.warmup
-            total = [0.0, 0, 0]
-            ops.take()
-            tabs, ids = [], []
-            for w in range(W):
-                for frames in reqs[w]:
-                    received = _as_received(frames)
-                    t0 = time.perf_counter()
-                    replies = server.receive(w, received)
-                    total[0] += time.perf_counter() - t0
-                    total[1] += 1
-                    head, arrays = PS.unpack(received)
-                    total[2] += len(head.get("sections", [])) or 1
-                    for _, frames_out in replies:
-                        reply = PS.unpack_header(frames_out[0])
-                        if not reply.get("ok"):
-                            raise RuntimeError(f"shard refused the step message of worker {w} at step {step}: {reply}")
-                    if measured:   # the (table, key) of every section, as the shard reads them
-                        at = 0
-                        for sec in head.get("sections", []):
-                            if sec["op"] != "dense":
-                                tabs.append(arrays[at].astype(np.int32))
-                                ids.append(np.array(arrays[at + 1]))
-                            at += sec["frames"]
-            if measured:
-                per_step.append({"total": total, **ops.take()})
-                shard_keys.append(KeySet(np.concatenate(tabs) if tabs else np.zeros(0, np.int32),
-                                         np.concatenate(ids) if ids else np.zeros(0, np.uint64)))
-            step += 1
-            if len(per_step) == args.steps:
+            steps.append(msgs)
+            if step >= args.warmup:
+                shard_keys.append(_keys_of(msgs))
+            if len(steps) == args.warmup + args.steps:
                 break
     finally:
         cap.close()
-    limit = numba_limit(shard_keys, dim, tables[0])
-    return summarize(args, per_step, limit, source, len(tables), dense)
+    return steps, shard_keys
+
+
+def _keys_of(msgs: list) -> KeySet:
+    """The (table, key) of every section of these step messages but the dense one."""
+    tabs, ids = [], []
+    for _, frames in msgs:
+        head, arrays = PS.unpack(frames)
+        at = 0
+        for sec in head.get("sections", []):
+            if sec["op"] != "dense":
+                tabs.append(arrays[at].astype(np.int32))
+                ids.append(np.array(arrays[at + 1]))
+            at += sec["frames"]
+    return KeySet(np.concatenate(tabs) if tabs else np.zeros(0, np.int32),
+                  np.concatenate(ids) if ids else np.zeros(0, np.uint64))
+
+
+def replay(args: argparse.Namespace, tables: list[TableConfig], steps: list) -> list[dict]:
+    """The captured ``steps`` served by a fresh shard, timed; per measured step
+    ``{"total": [s, requests, sections], op: [s, calls, keys, parts]}``.
+
+    Raises:
+        RuntimeError: the shard refused a step message (a bug of the replay or of the shard).
+    """
+    server = ShardServer(args.shard, args.shards, tables=tables, seed=args.seed)
+    ops = OpTimes(server)
+    per_step = []
+    for step, msgs in enumerate(steps):
+        total = [0.0, 0, 0]
+        ops.take()
+        for w, frames in msgs:
+            received = _as_received(frames)
+            t0 = time.perf_counter()
+            replies = server.receive(w, received)
+            total[0] += time.perf_counter() - t0
+            total[1] += 1
+            total[2] += len(PS.unpack_header(received[0]).get("sections", [])) or 1
+            for _, frames_out in replies:
+                reply = PS.unpack_header(frames_out[0])
+                if not reply.get("ok"):
+                    raise RuntimeError(f"shard refused the step message of worker {w} at step {step}: {reply}")
+        if step >= args.warmup:
+            per_step.append({"total": total, **ops.take()})
+    return per_step
+
+
+def run_step_bench(args: argparse.Namespace) -> dict:
+    """Run the replay ``args.repeats`` times; returns the result dict (also printed, and
+    written to ``args.out``): each figure the median over the repeats, ``repeats`` the
+    figures of each (a repeat's ratio is to its own limit, timed right after it)."""
+    W, S, shard = args.workers, args.shards, args.shard
+    if not 0 <= shard < S:
+        raise SystemExit(f"--shard {shard} is not in [0, {S})")
+    if args.repeats < 1:
+        raise SystemExit(f"--repeats must be >= 1, got {args.repeats}")
+    steps_total = args.warmup + args.steps
+    G = W * args.batch_size
+    source = args.source or f"synthetic://criteo?rows={G * (steps_total + 3)}&seed={args.seed}"
+    batches, names = load_batches(source, G, steps_total + 2)   # the scheduler and the pulls of t + 1 look ahead
+    opt = OptimizerConfig(name=args.optimizer, lr=0.01)
+    tables = [TableConfig(name, args.dim, opt) for name in names]
+    dense = (dlrm_dense_params(len(tables), batches[0].dense.shape[1], args.dim) if args.dense_params is None
+             else args.dense_params)
+    steps, shard_keys = capture_steps(args, tables, dense, batches)
+    warm_up()
+    runs = []
+    for _ in range(args.repeats):   # a noisy machine: each repeat's ratio against its own limit
+        per_step = replay(args, tables, steps)
+        runs.append(summarize(args, per_step, numba_limit(shard_keys, args.dim, tables[0]), source, len(tables),
+                              dense))
+    out = _median_of(runs)
+    out["ratio_vs_numba_limit"] = round(statistics.median(r["ratio_vs_numba_limit"] for r in runs), 2)
+    out["repeats"] = [{k: r[k] for k in ("shard_ms_per_step", "shard_ns_per_row", "numba_limit_ns_per_row",
+                                         "ratio_vs_numba_limit")} for r in runs]
+    return out
+
+
+def _median_of(runs: list[dict]) -> dict:
+    """Per numeric field (nested maps too), the median over ``runs``; ``settings`` from the first."""
+    def med(values: list):
+        first = values[0]
+        if isinstance(first, dict):
+            return {k: med([v[k] for v in values]) for k in first}
+        if isinstance(first, (int, float)) and not isinstance(first, bool):
+            return round(float(statistics.median(values)), 4)
+        return first
+
+    return {k: (runs[0][k] if k == "settings" else med([r[k] for r in runs])) for k in runs[0]}
 
 
 def summarize(args, per_step: list[dict], limit_ns: float, source: str, num_tables: int, dense_params: int) -> dict:
@@ -279,20 +334,22 @@ def summarize(args, per_step: list[dict], limit_ns: float, source: str, num_tabl
         "per_row_ns": {op: round(1e9 * t[0] / t[2], 1) for op, t in total.items() if t[2]},
         "numba_limit_ns_per_row": round(limit_ns, 1),
         "shard_ns_per_row": round(1e9 * seconds / max(1, rows), 1),
+        "ratio_vs_numba_limit": round(1e9 * seconds / max(1, rows) / max(limit_ns, 1e-9), 2),
         "by_op": {op: {"calls_per_step": round(t[1] / n, 2), "rows_per_step": round(t[2] / n, 1),
                        "ms_per_step": round(1e3 * t[0] / n, 4)}
                   for op, t in total.items()},
         "settings": {"workers": W, "shards": args.shards, "shard": args.shard, "batch_size": args.batch_size,
                      "tables": num_tables, "dim": args.dim, "optimizer": args.optimizer, "schedule": args.schedule,
                      "cache_ratio": args.cache_ratio, "wire_dtype": args.wire_dtype, "steps": len(per_step),
-                     "warmup": args.warmup, "seed": args.seed, "source": source, "dense_params": dense_params},
+                     "warmup": args.warmup, "repeats": args.repeats, "seed": args.seed, "source": source, "dense_params": dense_params},
     }
 
 
 def print_table(r: dict) -> None:
     s = r["settings"]
     print(f"herald bench step: shard {s['shard']} of {s['shards']}, {s['workers']} workers x {s['batch_size']} "
-          f"samples, {s['tables']} tables, dim {s['dim']} {s['optimizer']}, {s['steps']} steps measured")
+          f"samples, {s['tables']} tables, dim {s['dim']} {s['optimizer']}, {s['steps']} steps measured, "
+          f"{s['repeats']} repeat(s)")
     print(f"{'op':10s} {'calls/step':>10s} {'rows/step':>10s} {'ms/step':>9s} {'ns/row':>8s}")
     for op, b in r["by_op"].items():
         ns = r["per_row_ns"].get(op)
@@ -301,8 +358,10 @@ def print_table(r: dict) -> None:
     print(f"shard ms per step (median) {r['shard_ms_per_step']:.3f}; requests per worker per shard "
           f"{r['requests_per_worker_per_shard']:.2f} ({r['sections_per_request']:.2f} op sections each, one flat "
           f"part per section); {r['per_request_us']:.0f} us per request; {r['shard_ns_per_row']:.0f} ns per row vs "
-          f"numba limit {r['numba_limit_ns_per_row']:.0f} ns "
-          f"({r['shard_ns_per_row'] / max(r['numba_limit_ns_per_row'], 1e-9):.1f}x)")
+          f"numba limit {r['numba_limit_ns_per_row']:.0f} ns ({r['ratio_vs_numba_limit']:.1f}x)")
+    if len(r["repeats"]) > 1:
+        print(f"medians of {len(r['repeats'])} repeats; each repeat's ratio to its own limit: "
+              + ", ".join(f"{x['ratio_vs_numba_limit']:.2f}x" for x in r["repeats"]))
 
 
 def run(args: argparse.Namespace) -> dict:
