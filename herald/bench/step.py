@@ -93,9 +93,9 @@ class Capture:
         self.client.close()
 
 
-def _as_received(frames: list) -> list:
+def _as_received(frames: list[bytes]) -> list:
     """The frames as a ROUTER hands them to the shard (zmq.Frame copies)."""
-    return [zmq.Frame(bytes(memoryview(f))) for f in frames]
+    return [zmq.Frame(f) for f in frames]
 
 
 def _fake_rows(rng, n: int, width: int, dim: int) -> np.ndarray:
@@ -215,7 +215,8 @@ def capture_steps(args: argparse.Namespace, tables: list[TableConfig], dense: in
                 before = sp.plans
                 continue
             step = len(steps)
-            msgs = [(w, frames) for w, (p, q) in enumerate(zip(before, sp.plans))
+            msgs = [(w, [bytes(memoryview(f)) for f in frames])   # copies: the client may reuse its arrays
+                    for w, (p, q) in enumerate(zip(before, sp.plans))
                     for frames in step_message(cap, p, q, step, w, W, rng, width, dim, shard, dense)]
             before = sp.plans
             steps.append(msgs)
