@@ -342,7 +342,8 @@ def summarize(args, per_step: list[dict], limit_ns: float, source: str, num_tabl
         "settings": {"workers": W, "shards": args.shards, "shard": args.shard, "batch_size": args.batch_size,
                      "tables": num_tables, "dim": args.dim, "optimizer": args.optimizer, "schedule": args.schedule,
                      "cache_ratio": args.cache_ratio, "wire_dtype": args.wire_dtype, "steps": len(per_step),
-                     "warmup": args.warmup, "repeats": args.repeats, "seed": args.seed, "source": source, "dense_params": dense_params},
+                     "warmup": args.warmup, "repeats": args.repeats, "seed": args.seed, "source": source,
+                     "dense_params": dense_params},
     }
 
 
