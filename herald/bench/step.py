@@ -196,8 +196,8 @@ def numba_limit(keys_per_step: list[KeySet], dim: int, tcfg: TableConfig, repeat
 
 def capture_steps(args: argparse.Namespace, tables: list[TableConfig], dense: int, batches: list) -> tuple[list, list]:
     """Every measured and warm-up step's messages to shard ``args.shard``, packed once by the
-    real client: per step ``[(worker, frames), ...]``, and per measured step the (table,
-    key) of every key in them, as the shard reads them."""
+    real client: per step ``[(worker, frames, op sections), ...]``, and per measured step
+    the (table, key) of every key in them, as the shard reads them."""
     W, S, shard = args.workers, args.shards, args.shard
     width, dim = tables[0].row_width, args.dim
     sched = Scheduler(SchedulerConfig(num_workers=W, batch_size_per_worker=args.batch_size, schedule=args.schedule,
@@ -215,8 +215,7 @@ def capture_steps(args: argparse.Namespace, tables: list[TableConfig], dense: in
                 before = sp.plans
                 continue
             step = len(steps)
-            msgs = [(w, [bytes(memoryview(f)) for f in frames])   # copies: the client may reuse its arrays
-                    for w, (p, q) in enumerate(zip(before, sp.plans))
+            msgs = [_captured(w, frames) for w, (p, q) in enumerate(zip(before, sp.plans))
                     for frames in step_message(cap, p, q, step, w, W, rng, width, dim, shard, dense)]
             before = sp.plans
             steps.append(msgs)
@@ -229,10 +228,16 @@ def capture_steps(args: argparse.Namespace, tables: list[TableConfig], dense: in
     return steps, shard_keys
 
 
+def _captured(worker: int, frames: list) -> tuple[int, list[bytes], int]:
+    """One captured message: its frames copied (the client may reuse the arrays it packed)
+    and its op sections, counted once here rather than at every replay."""
+    return worker, [bytes(memoryview(f)) for f in frames], len(PS.unpack_header(frames[0]).get("sections", [])) or 1
+
+
 def _keys_of(msgs: list) -> KeySet:
     """The (table, key) of every section of these step messages but the dense one."""
     tabs, ids = [], []
-    for _, frames in msgs:
+    for _, frames, _ in msgs:
         head, arrays = PS.unpack(frames)
         at = 0
         for sec in head.get("sections", []):
@@ -257,13 +262,13 @@ def replay(args: argparse.Namespace, tables: list[TableConfig], steps: list) -> 
     for step, msgs in enumerate(steps):
         total = [0.0, 0, 0]
         ops.take()
-        for w, frames in msgs:
+        for w, frames, sections in msgs:
             received = _as_received(frames)
             t0 = time.perf_counter()
             replies = server.receive(w, received)
             total[0] += time.perf_counter() - t0
             total[1] += 1
-            total[2] += len(PS.unpack_header(received[0]).get("sections", [])) or 1
+            total[2] += sections
             for _, frames_out in replies:
                 reply = PS.unpack_header(frames_out[0])
                 if not reply.get("ok"):
@@ -297,8 +302,7 @@ def run_step_bench(args: argparse.Namespace) -> dict:
         per_step = replay(args, tables, steps)
         runs.append(summarize(args, per_step, numba_limit(shard_keys, args.dim, tables[0]), source, len(tables),
                               dense))
-    out = _median_of(runs)
-    out["ratio_vs_numba_limit"] = round(statistics.median(r["ratio_vs_numba_limit"] for r in runs), 2)
+    out = _median_of(runs)   # ratio_vs_numba_limit among them: the median of the repeats' ratios
     out["repeats"] = [{k: r[k] for k in ("shard_ms_per_step", "shard_ns_per_row", "numba_limit_ns_per_row",
                                          "ratio_vs_numba_limit")} for r in runs]
     return out
