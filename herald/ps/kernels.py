@@ -302,7 +302,7 @@ def flat_room_jit(d, salts, num_shards, shard, want_dim, want_width, tables, key
 
 
 @nb.njit(cache=True, nogil=True)
-def flat_slots_jit(d, seeds, fparams, tables, keys, out, stamp, lru):
+def flat_slots_jit(d, seeds, fparams, tables, keys, out, stamp, lru, state):
     """Slots of ``(tables[i], keys[i])`` in their tables (the directory ``d``), inserting
     unseen keys with initialised rows (:func:`init_row_jit`, from ``seeds[t]`` and
     ``fparams[t] = (scale, initial accumulator)``); rows of LRU-bounded tables get
@@ -311,7 +311,8 @@ def flat_slots_jit(d, seeds, fparams, tables, keys, out, stamp, lru):
 
     The lookups are software-pipelined as in herald/keymap.py (the home bucket of the key
     ``AHEAD1`` ahead, then the key and row of the slot found ``AHEAD2`` ahead, are
-    prefetched), across tables.
+    prefetched), across tables; so are the slot's stamp (``stamp != 0``) and, with
+    ``state``, its mark and clock (a gradient push reads them next).
 
     Returns ``(code, i)``: OK, DUPLICATE (key i repeats an earlier one) or FULL (no room:
     a caller bug).
@@ -327,6 +328,9 @@ def flat_slots_jit(d, seeds, fparams, tables, keys, out, stamp, lru):
     kb = dir_keys(d, tb_cur)
     rb = dir_rows_flat(d, tb_cur)
     wb = d[tb_cur, D_WIDTH]
+    sbs = dir_stamps(d, tb_cur)
+    mb = dir_marks(d, tb_cur)
+    cb = dir_clocks(d, tb_cur)
     for a in range(min(AHEAD1, m)):
         ta = nb.int64(tables[a])
         if ta != ta_cur:
@@ -360,10 +364,19 @@ def flat_slots_jit(d, seeds, fparams, tables, keys, out, stamp, lru):
                 kb = dir_keys(d, tb)
                 rb = dir_rows_flat(d, tb)
                 wb = d[tb, D_WIDTH]
+                sbs = dir_stamps(d, tb)
+                mb = dir_marks(d, tb)
+                cb = dir_clocks(d, tb)
             sb = bb[ring[b & (RING - 1)]]
             if sb >= 0:
                 prefetch_jit(kb, sb)
                 prefetch_jit(rb, sb * wb)
+                prefetch_jit(rb, sb * wb + wb - 1)   # a row may span two cache lines
+                if stamp != 0:
+                    prefetch_jit(sbs, sb)
+                if state:
+                    prefetch_jit(mb, sb)
+                    prefetch_jit(cb, sb)
         t = nb.int64(tables[i])
         if t != cur:
             d[cur, D_NROWS] = n
@@ -409,7 +422,16 @@ def flat_rows_at_jit(d, tables, slots, out, count_marks):
     rows = dir_rows(d, cur)
     marks = dir_marks(d, cur)
     w = out.shape[1]
+    ta = cur   # the table of the key AHEAD1 ahead, whose row is prefetched
+    ra = dir_rows_flat(d, ta)
     for i in range(m):
+        a = i + AHEAD1
+        if a < m:
+            if nb.int64(tables[a]) != ta:
+                ta = nb.int64(tables[a])
+                ra = dir_rows_flat(d, ta)
+            prefetch_jit(ra, slots[a] * w)
+            prefetch_jit(ra, slots[a] * w + w - 1)
         t = nb.int64(tables[i])
         if t != cur:
             cur = t
@@ -435,7 +457,7 @@ def flat_pull_clocked_jit(d, seeds, fparams, salts, num_shards, shard, counts, c
     code, at = flat_room_jit(d, salts, num_shards, shard, dim, out.shape[1], tables, keys, counts, check_room)
     if code != OK:
         return code, at, 0, 0
-    code, at = flat_slots_jit(d, seeds, fparams, tables, keys, slots, 0, lru)
+    code, at = flat_slots_jit(d, seeds, fparams, tables, keys, slots, 0, lru, False)
     if code != OK:
         return code, at, 0, 0
     m = keys.shape[0]
@@ -509,7 +531,7 @@ def flat_push_rows_jit(d, seeds, fparams, salts, num_shards, shard, counts, chec
     code, at = flat_room_jit(d, salts, num_shards, shard, -1, src.shape[1], tables, keys, counts, check_room)
     if code != OK:
         return code, at
-    code, at = flat_slots_jit(d, seeds, fparams, tables, keys, slots, stamp, lru)
+    code, at = flat_slots_jit(d, seeds, fparams, tables, keys, slots, stamp, lru, False)
     if code != OK:
         return code, at
     m = keys.shape[0]
@@ -724,7 +746,7 @@ def flat_push_grad_jit(d, seeds, fparams, salts, num_shards, shard, counts, chec
                     or cnt[1] + m > e_grad.shape[0] or e_grad.shape[1] < grads.shape[1]
                     or open_t.shape[0] < d.shape[0]):
                 return NEED_STATE, -1, cmax
-        code, at = flat_slots_jit(d, seeds, fparams, tables, keys, slots, stamp, lru)
+        code, at = flat_slots_jit(d, seeds, fparams, tables, keys, slots, stamp, lru, True)
         if code != OK:
             return code, at, cmax
         code, at = _aggregation_check_jit(tables, keys, contributors, rank, buckets, p_key, p_table, p_expected,

@@ -241,7 +241,7 @@ class TableSet:
         if code:
             self._fail(code, i, tables, keys, op, dim, width)
         out = np.empty(keys.shape[0], np.int64)
-        code, i = K.flat_slots_jit(self.d, self.seeds, self.fparams, tables, keys, out, 0, self.lru)
+        code, i = K.flat_slots_jit(self.d, self.seeds, self.fparams, tables, keys, out, 0, self.lru, False)
         self.lru += 1
         if code:
             self._fail(code, i, tables, keys, op)
