@@ -191,7 +191,7 @@ class ShardServer:
                 if op == "step" and self.steps.readdress(key, peer):
                     self.counters["duplicate_requests"] += 1
                     return [], op
-            arrays = PS.unpack_arrays(header, frames[1:])
+            arrays = PS.unpack_arrays(header, frames[1:], readonly=True)   # the kernels' variant: frozen
             if op == "step":
                 replies = stepped.op_step(self, peer, key, header, arrays)
                 self.counters["requests"] += 1
@@ -336,7 +336,7 @@ class ShardServer:
         """One part's frames: dtypes and shapes (against its first key's table); arrays
         frozen (one kernel variant each: :func:`~herald.ps.store.frozen`)."""
         for (name, dt), a in zip(spec, frames):
-            if a.dtype.str != dt:
+            if a.dtype != dt:   # not a.dtype.str: that builds a string
                 raise ProtocolError(f"{op}: {name} must be {dt}, got {a.dtype.str}")
         keys = frames[0]
         if keys.ndim != 1:
@@ -350,7 +350,7 @@ class ShardServer:
                                     "(declare them first)")
             tables = self.store.positions(ti, n)
         else:
-            if tables.dtype.str != wire.TABLES_DTYPE or tables.shape != (n,):
+            if tables.dtype != wire.TABLES_DTYPE or tables.shape != (n,):
                 raise ProtocolError(f"{op}: the tables frame of a flat part must be {wire.TABLES_DTYPE} [{n}], "
                                     f"got {tables.dtype.str} {tables.shape}")
             ti = int(tables[0]) if n else -1
