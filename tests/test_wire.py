@@ -54,6 +54,17 @@ def test_received_arrays_are_views_of_the_frames():
     assert np.shares_memory(a, np.frombuffer(frames[1].buffer, np.uint8))
 
 
+def test_readonly_unpack_gives_views_that_cannot_be_written():
+    frames = _frames(PS.pack({"op": "x"}, [np.arange(4, dtype=np.uint64)]))
+    header = PS.unpack_header(frames[0])
+    (ro,) = PS.unpack_arrays(header, frames[1:], readonly=True)
+    (rw,) = PS.unpack_arrays(header, frames[1:])
+    assert not ro.flags.writeable and rw.flags.writeable   # zmq frames are writable buffers
+    assert np.shares_memory(ro, rw) and ro.tolist() == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="read-only"):
+        ro[0] = 9
+
+
 def test_pack_keeps_big_arrays_zero_copy_and_makes_them_contiguous():
     a = np.arange(10, dtype=np.float32)
     assert DISPATCH.pack({"op": "x"}, [a])[1] is a
