@@ -117,6 +117,7 @@ class Protocol:
 
     def __post_init__(self):
         object.__setattr__(self, "dtypes", frozenset(self.dtypes))
+        # allowed dtype -> its wire string (pack looks a.dtype up instead of building a.dtype.str)
         object.__setattr__(self, "_names", {KNOWN_DTYPES[n]: n for n in self.dtypes if n in KNOWN_DTYPES})
         unknown = sorted(self.dtypes.difference(KNOWN_DTYPES))
         if unknown or not self.dtypes:

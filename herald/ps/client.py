@@ -46,7 +46,7 @@ from herald.ps.admin import AdminRefused, check_token
 from herald.ps import compress
 from herald.ps.clocked import ClockOps
 from herald.ps.stepped import StepOps
-from herald.ps.wire import PS
+from herald.ps.wire import PS, put_rows
 from herald.ps.checkpoint import CheckpointError
 from herald.ps.config import ShardLimits
 from herald.spec.tables import TableConfig, check_tables
@@ -461,7 +461,7 @@ class PSClient(ClockOps, StepOps):
                 return compress.decode_rows(arrays, compress.wire_of(header))[0]
             out = np.empty((n, width), np.float32)
             for (header, arrays), (_, pos) in zip(replies, routes):
-                K.put_rows_jit(out, pos, compress.decode_rows(arrays, compress.wire_of(header))[0])
+                put_rows(out, pos, compress.decode_rows(arrays, compress.wire_of(header))[0], "pull reply")
             return out
 
         return rids, finish

@@ -81,7 +81,6 @@ import numpy as np
 
 from herald.errors import ProtocolError
 from herald.ps import compress, wire
-from herald.ps import kernels as K
 from herald.ps.wire import PS
 
 #: The sections of a step message, in their order (NOTE [step messages]).
@@ -430,7 +429,7 @@ class StepOps:
                 return parts[0][1]
             out = np.empty((keys.shape[0], width), np.float32)
             for pos, got in parts:
-                K.put_rows_jit(out, pos, got)
+                wire.put_rows(out, pos, got, "step reply")
             for t, k, pos in late:   # after the reply: ordered after the step (NOTE [step messages])
                 out[pos] = self._handle(*self._pull_op(t[pos], k[pos])).wait()
             return out

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from herald.errors import ProtocolError
+from herald.ps import kernels as K
 from herald.wire import Protocol
 
 #: Version 3: NOTE [wire format] layout (``arrays`` with numpy dtype strings); flat parts
@@ -103,6 +104,20 @@ def unpack_clocks(frame: np.ndarray, what: str, n: int, prefix: bool = False) ->
         raise ProtocolError(f"{what}: a clock frame must be 1-d {'/'.join(CLOCK_DTYPES)} of length "
                             f"{'at most ' if prefix else ''}{n}, got {frame.dtype.str} {frame.shape}")
     return frame.astype(np.uint64)
+
+
+def put_rows(out: np.ndarray, pos: np.ndarray | None, rows: np.ndarray, what: str) -> None:
+    """``out[pos] = rows``: one reply's rows (float32 [len(pos), width]) back in key order in
+    ``out`` (float32 [n, width]; ``pos`` int64 positions, None: all n), by a kernel
+    (:func:`~herald.ps.kernels.put_rows_jit`: numpy's copies small rows one by one).
+
+    Raises:
+        ProtocolError: ``rows`` of another dtype or shape (``what`` names the reply).
+    """
+    n = out.shape[0] if pos is None else pos.shape[0]
+    if rows.dtype != np.float32 or rows.shape != (n, out.shape[1]):
+        raise ProtocolError(f"{what}: rows must be float32 [{n}, {out.shape[1]}], got {rows.dtype.str} {rows.shape}")
+    K.put_rows_jit(out, pos, rows)
 
 
 def valid_copies(c_c: np.ndarray, c_g: np.ndarray, staleness: int) -> np.ndarray:

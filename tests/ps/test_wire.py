@@ -11,7 +11,7 @@ from herald.errors import ProtocolError
 from herald.ps import shard_of
 from herald.spec.tables import TableConfig
 from herald.ps.server import ShardServer
-from herald.ps.wire import CLOCK_DTYPES, PART_FRAMES, PS
+from herald.ps.wire import CLOCK_DTYPES, PART_FRAMES, PS, put_rows
 from tests.fakes import as_frames, shard_request
 
 
@@ -55,6 +55,20 @@ def test_frame_sizes_must_match_header():
         PS.unpack_arrays(header, as_frames([b"\0" * 31]))
     with pytest.raises(ProtocolError, match="frames"):
         PS.unpack_arrays(header, [])
+
+
+def test_reply_rows_go_back_in_key_order_and_a_bad_frame_is_refused():
+    rows = np.arange(12, dtype=np.float32).reshape(4, 3)
+    out = np.zeros((5, 3), np.float32)
+    put_rows(out, np.array([4, 0, 2, 1]), rows, "pull reply")
+    assert out[[4, 0, 2, 1]].tolist() == rows.tolist() and out[3].tolist() == [0, 0, 0]
+    whole = np.zeros((4, 3), np.float32)
+    put_rows(whole, None, rows, "pull reply")
+    assert np.array_equal(whole, rows)
+    # a shard's frame of another width, length or dtype never reaches the kernel (no bounds checks)
+    for bad in (rows[:, :2], rows[:3], rows.view(np.uint32)):
+        with pytest.raises(ProtocolError, match=r"pull reply: rows must be float32 \[4, 3\]"):
+            put_rows(out, np.array([4, 0, 2, 1]), bad, "pull reply")
 
 
 def test_server_rejects_and_keeps_state():
