@@ -11,7 +11,9 @@ import time
 import pytest
 
 from herald.errors import ConfigError, HeraldError
-from herald.procs import Supervisor, core_plan, pin_to_cores
+import subprocess
+
+from herald.procs import Supervisor, core_plan, cpu_seconds, pin_to_cores, tree_cpu_seconds
 
 
 def _python(code: str) -> list[str]:
@@ -172,3 +174,20 @@ def test_startup_garbage_is_frozen_and_the_collector_restored():
         gc.callbacks.remove(callback)
         gc.unfreeze()
         gc.enable()
+
+
+def test_tree_cpu_counts_running_descendants_and_them_once_reaped():
+    # a grandchild burning CPU under a child that waits for it (what a shard or a worker is)
+    burn = "import time; t = time.process_time(); exec('while time.process_time() - t < 0.6: pass')"
+    child = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys; subprocess.run([sys.executable, '-c', "
+                                                     f"{burn!r}]); import time; time.sleep(30)"])
+    try:
+        t0, own0 = tree_cpu_seconds(), cpu_seconds()
+        time.sleep(2.0)   # the grandchild has burnt its 0.6 s and was reaped by the child
+        t1, own1 = tree_cpu_seconds(), cpu_seconds()
+        assert own1 - own0 < 0.3   # cpu_seconds sees no child until it is reaped here
+        assert t1 - t0 >= 0.4      # the running child's waited-for grandchild
+    finally:
+        child.kill()
+        child.wait()
+    assert tree_cpu_seconds() >= t1   # reaped now: counted by cpu_seconds, not lost

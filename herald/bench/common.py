@@ -176,7 +176,9 @@ def run_herald(source: str, workers: int, schedule: str, batch_size: int, run_di
     ``phases``; ``step_barrier``: each shard's stats of its step barrier, NOTE [step barrier
     timing] in herald/ps/stepped.py, ``[]`` without step messages; ``cpu_us_per_sample``: the CPU
     time of every process of the job, start-up and held-out evaluation included, per
-    trained sample: :func:`herald.procs.cpu_seconds`)."""
+    trained sample: :func:`herald.procs.cpu_seconds`; ``steady_cpu_us_per_sample``: the
+    report's, from the first step to the end of serving, NOTE [steady cpu] in
+    herald/job/runner.py)."""
     cfg = TrainConfig(source=source, schedule=schedule, workers=workers, batch_size=batch_size,
                       eval_fraction=EVAL_FRACTION, seed=seed, run_dir=run_dir, device=device,
                       pin_cores=pin_cores)
@@ -188,7 +190,9 @@ def run_herald(source: str, workers: int, schedule: str, batch_size: int, run_di
     barriers = [b["step_barrier"] for b in phases.get("ps_busy", []) if "step_barrier" in b]
     return {"samples_per_s": rep["samples_per_second"],
             "step_barrier": barriers,   # per shard (NOTE [step barrier timing] in herald/ps/stepped.py)
-            "cpu_us_per_sample": 1e6 * cpu_s / max(1, rep["steps"] * cfg.global_batch), "phases_ms": dict(phases.get("worker_ms_per_step", {})),
+            "cpu_us_per_sample": 1e6 * cpu_s / max(1, rep["steps"] * cfg.global_batch),
+            "steady_cpu_us_per_sample": rep.get("steady_cpu_us_per_sample", float("nan")),
+            "phases_ms": dict(phases.get("worker_ms_per_step", {})),
             "wall_ms_per_step": phases.get("wall_ms_per_step", rep["train_seconds"] * 1e3 / max(1, rep["steps"])),
             "wall_samples_per_s": rep.get("wall_samples_per_second"), "startup_s": rep.get("startup_seconds"),
             "steps": rep["steps"]}

@@ -251,12 +251,17 @@ def ps_requests(records: list[StepRecord], workers: int, shards: int) -> dict[st
             "ps_requests_per_worker_per_shard_per_step": total / denominator if denominator else 0.0}
 
 
-def cpu_time(cpu_s: float, samples: int, scope: str) -> dict[str, Any]:
+def cpu_time(cpu_s: float, samples: int, scope: str, steady_s: float | None = None,
+             steady_samples: int = 0) -> dict[str, Any]:
     """The report's ``cpu_seconds`` (user + sys CPU seconds of the processes ``scope``
     names: :func:`herald.procs.cpu_seconds` over the job), ``cpu_us_per_sample``
-    (microseconds per trained sample; nan without samples) and ``cpu_scope``."""
+    (microseconds per trained sample; nan without samples), ``cpu_scope``, and
+    ``steady_cpu_us_per_sample``: ``steady_s`` seconds (NOTE [steady cpu] in
+    herald/job/runner.py: the CPU from the first step to the end of serving) over the
+    ``steady_samples`` of the steps after the first (nan without them)."""
+    steady = 1e6 * steady_s / steady_samples if steady_s is not None and steady_samples else float("nan")
     return {"cpu_seconds": float(cpu_s), "cpu_us_per_sample": 1e6 * cpu_s / samples if samples else float("nan"),
-            "cpu_scope": scope}
+            "cpu_scope": scope, "steady_cpu_us_per_sample": steady}
 
 
 #: the start-up milestones in order, with their words in report.txt (herald/job/runner.py StartupClock)
@@ -421,8 +426,10 @@ def format_text(rep: dict[str, Any]) -> str:
     lines.append(f"PS requests {rep['ps_requests']:,}: {rep['ps_requests_per_worker_per_shard_per_step']:.2f} "
                  "per worker per shard per step")
     if "cpu_seconds" in rep:
-        lines.append(f"CPU time {rep['cpu_seconds']:.1f} s, {rep['cpu_us_per_sample']:.1f} us per trained sample: "
-                     f"{rep['cpu_scope']}")
+        steady = rep.get("steady_cpu_us_per_sample", float("nan"))
+        lines.append(f"CPU time {rep['cpu_seconds']:.1f} s, {rep['cpu_us_per_sample']:.1f} us per trained sample"
+                     + (f" ({steady:.1f} in steady training: start-up, evaluation and report out)"
+                        if steady == steady else "") + f": {rep['cpu_scope']}")
     lines.extend(report_comm.format_lines(rep))
     lines.extend(format_adaptive(rep))
     lines.extend(format_breakdown(rep.get("phases", {})))

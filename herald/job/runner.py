@@ -68,7 +68,7 @@ from herald.job.data import JobData
 from herald.job.parts import Checkpointing, PSProvider, WorkerLauncher
 from herald.job.report_attempts import Attempt, attempts_block
 from herald.job.silence import merge_silences
-from herald.procs import core_plan, cpu_seconds, pin_to_cores, seconds_since_start
+from herald.procs import core_plan, cpu_seconds, pin_to_cores, seconds_since_start, tree_cpu_seconds
 from herald.spec.flags import flag_errors
 from herald.spec.job import JobSpec
 from herald.spec.train import TrainConfig
@@ -153,6 +153,7 @@ class Served:
     train_s: float = 0.0
     cpu_s: float = 0.0
     cpu_scope: str = ""
+    steady_cpu_s: float | None = None   # NOTE [steady cpu]; None: fewer than two steps
     startup: dict[str, float] = dataclasses.field(default_factory=dict)
     hellos_at: float | None = None   # perf_counter() when the last dispatcher had every hello
 
@@ -229,7 +230,8 @@ class JobReport:
             # each step is one group's, acked by that group's workers
             rep.update(report_mod.ps_requests(records, group_dispatch.group_config(cfg).workers,
                                               len(ps_stats) if ps_stats else cfg.num_ps_shards))
-        rep.update(report_mod.cpu_time(served.cpu_s, rep["samples"], served.cpu_scope))   # this attempt's
+        rep.update(report_mod.cpu_time(served.cpu_s, rep["samples"], served.cpu_scope,   # this attempt's
+                                       served.steady_cpu_s, max(0, rep["steps"] - 1) * cfg.global_batch))
         rep["startup"] = served.startup   # this attempt's milestones (StartupClock)
         rep.update(attempts_block(rep, [r.step for r in records], self.earlier, cfg.global_batch))
         rep["replicated_tables"] = [data.schema.table_names[t] for t in data.replicated]
@@ -418,7 +420,9 @@ class JobRunner:
                 jobs = [job.replace(group_index=g) for g in range(len(disp_cfgs))]
             else:
                 shared, feeds, jobs = None, [data.batches], [job]
-            on_step = _chain(bar.update if bar is not None else None, self.on_step, threads=grouped)
+            steady = SteadyCpu()
+            on_step = _chain(bar.update if bar is not None else None, self.on_step, steady.first_step,
+                             threads=grouped)
             extra = ckpts.dispatcher_kwargs() if ckpts is not None else {}
             # bound where the worker part says its workers reach them (herald train: private ipc sockets)
             binds = [self.workers.dispatcher_bind(g) for g in range(len(disp_cfgs))]
@@ -435,6 +439,7 @@ class JobRunner:
                 self.on_serve(disps)
             try:
                 records = group_dispatch.serve_all(disps, everyone) if grouped else [disps[0].serve()]
+                steady.end()
             except HeraldError:   # dispatcher g's rank r is worker g * k + r (one dispatcher: r)
                 self._silence = merge_silences([d.silence() for d in disps],
                                                [g * disp_cfgs[0].num_workers for g in range(len(disps))])
@@ -452,7 +457,37 @@ class JobRunner:
                     dispatcher_s[name] = dispatcher_s.get(name, 0.0) + ms / 1e3
             hellos = [d.hellos_at for d in disps if d.hellos_at is not None]
             return Served(records, feeds, disps[0].scheduler.capacity_rows, dispatcher_s, interrupted,
-                          hellos_at=max(hellos) if len(hellos) == len(disps) else None)
+                          hellos_at=max(hellos) if len(hellos) == len(disps) else None, steady_cpu_s=steady.seconds)
+
+
+# NOTE [steady cpu]
+# ~~~~~~~~~~~~~~~~~
+# ``cpu_seconds`` is the whole job's CPU: start-up (every process imports torch and loads
+# its kernels; a worker's first optimizer step imports torch._dynamo), training, the
+# final flush, the held-out evaluation and the report. The steady figure is what training
+# costs per sample once running, as ``samples_per_second`` is its steady throughput: the
+# CPU of every local process (:func:`herald.procs.tree_cpu_seconds`) from the first
+# step's record to the end of serving (the final flush in it), over the samples of the
+# steps after the first. It is what a single process's training loop measures (the
+# plain-PyTorch baseline of ``herald bench scale``: its CPU over its loop). On 2 cores, a
+# 2-worker job of 1.2M synthetic rows spent about 17 s of its ~104 s outside it.
+class SteadyCpu:
+    """The CPU seconds of the job's local processes from the first step's record to
+    :meth:`end` (NOTE [steady cpu]); ``seconds`` None until then."""
+
+    def __init__(self):
+        self._first: float | None = None
+        self.seconds: float | None = None
+
+    def first_step(self, rec: StepRecord) -> None:
+        """``on_step``: read the CPU at the first record."""
+        if self._first is None:
+            self._first = tree_cpu_seconds()
+
+    def end(self) -> None:
+        """Serving ended: the CPU since the first record."""
+        if self._first is not None:
+            self.seconds = tree_cpu_seconds() - self._first
 
 
 def _chain(*calls: Callable[[StepRecord], None] | None, threads: bool) -> Callable[[StepRecord], None] | None:

@@ -34,12 +34,13 @@ def test_ratios_to_plain_torch_pair_each_repeat_with_its_own_plain_run(monkeypat
     # run of its own repeat (1.5 and 1.1 -> median 1.3), not median over median (185 / 150)
     plain = iter([{"samples_per_s": 100.0, "cpu_us_per_sample": 10.0, "timed_steps": 5},
                   {"samples_per_s": 200.0, "cpu_us_per_sample": 20.0, "timed_steps": 5}])
-    herald = iter([(150.0, 30.0), (220.0, 50.0)])
+    herald = iter([(150.0, 30.0, 25.0), (220.0, 50.0, 36.0)])
     monkeypatch.setattr(scale, "train_plain_torch", lambda data, seed: next(plain))
 
     def run_herald(*args, **kwargs):
-        sps, cpu = next(herald)
-        return {"samples_per_s": sps, "cpu_us_per_sample": cpu, "phases_ms": {}, "wall_ms_per_step": 1.0,
+        sps, cpu, steady = next(herald)
+        return {"samples_per_s": sps, "cpu_us_per_sample": cpu, "steady_cpu_us_per_sample": steady,
+                "phases_ms": {}, "wall_ms_per_step": 1.0,
                 "wall_samples_per_s": sps, "startup_s": 1.0, "step_barrier": []}
 
     monkeypatch.setattr(scale, "run_herald", run_herald)
@@ -49,6 +50,7 @@ def test_ratios_to_plain_torch_pair_each_repeat_with_its_own_plain_run(monkeypat
     assert got_plain["samples_per_s"] == 150.0 and got_plain["repeats_samples_per_s"] == [100.0, 200.0]
     assert run["ratio_vs_plain_torch"] == pytest.approx(1.3)
     assert run["cpu_ratio_vs_plain_torch"] == pytest.approx(2.75) and run["step_barrier"] is None
+    assert run["steady_cpu_ratio_vs_plain_torch"] == pytest.approx((2.5 + 1.8) / 2)
 
 
 def test_the_plain_torch_baseline_trains():
@@ -70,6 +72,7 @@ def test_bench_scale_writes_every_run(tmp_path):
         assert isinstance(r["phases_ms"], dict)
         assert r["ratio_vs_plain_torch"] > 0 and r["scaling_factor"] > 0
         assert r["cpu_us_per_sample"] > 0   # every process of the job, the reaped children included
+        assert 0 < r["steady_cpu_us_per_sample"] < r["cpu_us_per_sample"]   # start-up and evaluation out
         # one repeat: the ratios are to the plain run of that repeat
         assert r["ratio_vs_plain_torch"] == pytest.approx(r["samples_per_s"] / got["plain_torch"]["samples_per_s"])
         assert r["cpu_ratio_vs_plain_torch"] == pytest.approx(r["cpu_us_per_sample"]

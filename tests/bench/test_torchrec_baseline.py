@@ -80,12 +80,13 @@ def test_without_torchrec_the_benches_say_how_to_install_it(monkeypatch, capsys)
                "repeats": 1, "dispatcher_capacity_samples_per_s": None,
                "runs": [{"workers": 1, "schedule": "herald", "samples_per_s": 500.0, "ratio_vs_plain_torch": 0.5,
                          "ratio_vs_torchrec": None, "scaling_factor": 1.0, "wall_ms_per_step": 2.0,
-                         "cpu_us_per_sample": 80.0, "cpu_ratio_vs_plain_torch": 2.0, "phases_ms": {}}]}
+                         "cpu_us_per_sample": 80.0, "cpu_ratio_vs_plain_torch": 2.0,
+                         "steady_cpu_us_per_sample": 60.0, "steady_cpu_ratio_vs_plain_torch": 1.5, "phases_ms": {}}]}
     capsys.readouterr()
     scale.print_table(results)
     out = capsys.readouterr().out
     assert "| 1 | TorchRec | TorchRec: torchrec not installed: make torchrec |" in out, out
-    assert "| 1 | herald | 500 | 0.50x | - |" in out and "| 80.0 (2.00x) |" in out, out
+    assert "| 1 | herald | 500 | 0.50x | - |" in out and "| 80.0 (2.00x); steady 60.0 (1.50x) |" in out, out
     assert "| 1 | plain PyTorch | 1,000 | 1.00x | - | - | 256.00 | 40.0 | - |" in out, out
 
 

@@ -94,6 +94,8 @@ def test_pin_cores_pins_every_process_of_the_job_and_the_report_counts_its_cpu_t
     assert rep["cpu_scope"] == "local processes (dispatcher, PS shards, workers)"
     assert rep["cpu_seconds"] > 0 and rep["cpu_us_per_sample"] == pytest.approx(
         1e6 * rep["cpu_seconds"] / rep["samples"])
+    # NOTE [steady cpu]: without the start-up (every process's imports), the evaluation, the report
+    assert 0 < rep["steady_cpu_us_per_sample"] < rep["cpu_us_per_sample"]
     assert isinstance(rep["ps_requests"], int) and rep["ps_requests"] >= 0
     assert rep["ps_requests_per_worker_per_shard_per_step"] == pytest.approx(
         rep["ps_requests"] / (WORKERS * SHARDS * rep["steps"]))

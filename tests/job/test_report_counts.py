@@ -42,9 +42,14 @@ def test_step_record_sums_the_acks_ps_requests_and_counts_a_missing_one_as_zero(
 
 
 def test_cpu_time_per_trained_sample_in_microseconds():
-    assert cpu_time(2.5, 10_000, "local processes (dispatcher)") == {
+    got = cpu_time(2.5, 10_000, "local processes (dispatcher)")
+    assert {k: got[k] for k in ("cpu_seconds", "cpu_us_per_sample", "cpu_scope")} == {
         "cpu_seconds": 2.5, "cpu_us_per_sample": 250.0, "cpu_scope": "local processes (dispatcher)"}
+    assert math.isnan(got["steady_cpu_us_per_sample"])   # not measured
     assert math.isnan(cpu_time(1.0, 0, "x")["cpu_us_per_sample"])
+    # NOTE [steady cpu]: the CPU from the first step on, over the samples after it
+    assert cpu_time(2.5, 10_000, "x", 1.8, 9_000)["steady_cpu_us_per_sample"] == 200.0
+    assert math.isnan(cpu_time(2.5, 10_000, "x", 1.8, 0)["steady_cpu_us_per_sample"])
 
 
 def test_startup_clock_marks_milestones_from_the_process_start_and_the_line_lists_them():
