@@ -153,7 +153,7 @@ class Served:
     train_s: float = 0.0
     cpu_s: float = 0.0
     cpu_scope: str = ""
-    steady_cpu_s: float | None = None   # NOTE [steady cpu]; None: fewer than two steps
+    steady_cpu_s: float | None = None   # NOTE [steady cpu]; None: no step acked
     startup: dict[str, float] = dataclasses.field(default_factory=dict)
     hellos_at: float | None = None   # perf_counter() when the last dispatcher had every hello
 
@@ -470,7 +470,7 @@ class JobRunner:
 # step's record to the end of serving (the final flush in it), over the samples of the
 # steps after the first. It is what a single process's training loop measures (the
 # plain-PyTorch baseline of ``herald bench scale``: its CPU over its loop). On 2 cores, a
-# 2-worker job of 1.2M synthetic rows spent about 17 s of its ~104 s outside it.
+# 2-worker job of 1.2M synthetic rows spent 19 s of its 99 s outside it.
 class SteadyCpu:
     """The CPU seconds of the job's local processes from the first step's record to
     :meth:`end` (NOTE [steady cpu]); ``seconds`` None until then."""
