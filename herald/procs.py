@@ -51,16 +51,11 @@ def tree_cpu_seconds() -> float:
     children: dict[int, list[int]] = {}
     ticks: dict[int, int] = {}
     for name in names:
-        if not name.isdigit():
+        fields = _stat_fields(int(name)) if name.isdigit() else None
+        if fields is None:   # not a process, or it exited meanwhile
             continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()   # after the command, which may hold spaces
-        except OSError:   # it exited meanwhile
-            continue
-        pid = int(name)
-        children.setdefault(int(fields[1]), []).append(pid)
-        ticks[pid] = int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])
+        children.setdefault(int(fields[1]), []).append(int(name))
+        ticks[int(name)] = int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])
     hz = os.sysconf("SC_CLK_TCK")
     todo = list(children.get(os.getpid(), ()))
     while todo:
@@ -111,13 +106,24 @@ def die_with_parent() -> None:
         pass
 
 
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command (which may hold spaces and
+    parentheses): ``[state, ppid, ...]``, field 3 on; None when there is no such process."""
+    try:
+        fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields or None
+
+
 def start_time(pid: int) -> int | None:
     """When process ``pid`` started (clock ticks after boot, ``/proc/PID/stat`` field 22),
     or None when there is no such process. With the pid it names one process: a pid the
     kernel reused belongs to a process with another start time."""
+    fields = _stat_fields(pid)
     try:
-        return int(pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
+        return int(fields[19]) if fields is not None else None
+    except (IndexError, ValueError):
         return None
 
 
@@ -142,10 +148,8 @@ def signal_words(code: int) -> str:
 
 def is_zombie(pid: int) -> bool:
     """Whether process ``pid`` has ended (a zombie not yet reaped, or gone)."""
-    try:
-        return pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in "ZX"
-    except (OSError, IndexError):
-        return True
+    fields = _stat_fields(pid)
+    return fields is None or fields[0] in "ZX"
 
 
 def is_alive(pid: object, start: object) -> bool:

@@ -166,13 +166,6 @@ class OpTimes:
         return out
 
 
-class _Untimed:
-    """:class:`OpTimes`' accumulators, left at zero (a replay that times only whole messages)."""
-
-    def take(self) -> dict[str, list]:
-        return {op: [0.0, 0, 0, 0] for op in OPS}
-
-
 def numba_limit(keys_per_step: list[KeySet], dim: int, tcfg: TableConfig, repeats: int = 3) -> float:
     """ns per row of a bare numba lookup of each step's (table, id) keys in one map holding
     every key, plus a row-wise Adagrad update of those rows: the median over steps."""
@@ -260,17 +253,18 @@ def _keys_of(msgs: list) -> KeySet:
 def replay(args: argparse.Namespace, tables: list[TableConfig], steps: list, by_op: bool = True) -> list[dict]:
     """The captured ``steps`` served by a fresh shard, timed; per measured step
     ``{"total": [s, requests, sections], op: [s, calls, keys, parts]}`` (``by_op`` False:
-    the ops untimed, their figures zero).
+    the ops untimed, only ``total``).
 
     Raises:
         RuntimeError: the shard refused a step message (a bug of the replay or of the shard).
     """
     server = ShardServer(args.shard, args.shards, tables=tables, seed=args.seed)
-    ops = OpTimes(server) if by_op else _Untimed()
+    ops = OpTimes(server) if by_op else None
     per_step = []
     for step, msgs in enumerate(steps):
         total = [0.0, 0, 0]
-        ops.take()
+        if ops is not None:
+            ops.take()
         for w, frames, sections in msgs:
             received = _as_received(frames)
             t0 = time.perf_counter()
@@ -283,7 +277,7 @@ def replay(args: argparse.Namespace, tables: list[TableConfig], steps: list, by_
                 if not reply.get("ok"):
                     raise RuntimeError(f"shard refused the step message of worker {w} at step {step}: {reply}")
         if step >= args.warmup:
-            per_step.append({"total": total, **ops.take()})
+            per_step.append({"total": total, **(ops.take() if ops is not None else {})})
     return per_step
 
 

@@ -431,7 +431,7 @@ class StepOps:
             for pos, got in parts:
                 wire.put_rows(out, pos, got, "step reply")
             for t, k, pos in late:   # after the reply: ordered after the step (NOTE [step messages])
-                out[pos] = self._handle(*self._pull_op(t[pos], k[pos])).wait()
+                wire.put_rows(out, pos, self._handle(*self._pull_op(t[pos], k[pos])).wait(), "pull reply")
             return out
 
         return self._handle(pre + rids, finish)
