@@ -91,6 +91,26 @@ def startup_garbage_frozen() -> Iterator[None]:
 # as before: about one young collection every two steps, 0.1 ms each).
 
 
+# NOTE [no code from the current folder]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Every role is a Python child (``python -m herald serve ps|worker``, torchrun's workers, the
+# test bed's services). ``python -m`` and ``python -c`` put the current folder first on the
+# import path, so a ``herald.py`` or ``herald/`` in the folder a job was started from would
+# run, as the job's user, inside every shard and worker. Children therefore start with
+# ``PYTHONSAFEPATH=1`` (Python >= 3.11: the current folder is never added to ``sys.path``),
+# set by :func:`child_env` in the one place children are started (:class:`Supervisor`, which
+# the test bed's ``ip netns exec`` children also go through); the variable is inherited, so
+# torchrun's own children are covered too. herald itself is found where it is installed (or
+# through ``PYTHONPATH``, which stays honoured).
+SAFE_PATH_ENV = {"PYTHONSAFEPATH": "1"}
+
+
+def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a child role: this process's, NOTE [no code from the current
+    folder]'s ``PYTHONSAFEPATH=1``, then ``extra`` on top."""
+    return {**os.environ, **SAFE_PATH_ENV, **(extra or {})}
+
+
 def die_with_parent() -> None:
     """``preexec_fn`` for a child process: SIGKILL it when its parent dies.
 
@@ -283,7 +303,7 @@ class Supervisor:
             raise ConfigError(f"{name} is already running (pid {old.pid}); stop it before starting it again")
         with open(self.log_path(name), "ab" if old is not None else "wb") as log:
             self.procs[name] = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=log,
-                                                stderr=subprocess.STDOUT, env={**os.environ, **self.env},
+                                                stderr=subprocess.STDOUT, env=child_env(self.env),
                                                 start_new_session=self.new_session,
                                                 preexec_fn=_child_setup(cores))
         self._stopped.discard(name)

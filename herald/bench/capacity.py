@@ -32,6 +32,7 @@ import numpy as np
 
 from herald.bench.options import CAPACITY_ROWS, CAPACITY_SECONDS
 from herald.errors import ConfigError, HeraldError
+from herald.procs import child_env
 from herald.job.parts import NoPS, WorkerLauncher
 from herald.job.runner import JobRunner
 from herald.loader import open_source
@@ -153,7 +154,7 @@ class AckPeerWorkers(WorkerLauncher):
     def start(self, cfg, job, dispatchers: list[str]) -> None:
         self.proc = subprocess.Popen([sys.executable, "-m", "herald.bench.ackpeers", dispatchers[0], str(cfg.workers),
                                       str(self.idle_timeout_s), str(self.nice)],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
 
     def check(self) -> None:
         """The dispatcher's liveness check: the fake workers' process must still run."""

@@ -14,7 +14,8 @@ def _datagen(args) -> int:
     from herald.loader.conversion import datagen   # on use: the herald parser must not load numba and pyarrow
 
     out = datagen(args.out, rows=args.rows, seed=args.seed, fit=args.fit, preset=args.preset,
-                  fit_rows=args.fit_rows, row_group_rows=args.row_group_rows, progress=not args.quiet)
+                  fit_rows=args.fit_rows, row_group_rows=args.row_group_rows, progress=not args.quiet,
+                  force=args.force)
     print(f"wrote {out['rows']:,} rows to {out['path']}")
     return 0
 
@@ -26,7 +27,7 @@ def _convert(args) -> int:
     if args.quarantine:
         options["quarantine_path"] = args.quarantine
     out = convert(args.src, args.dst, format=args.format, row_group_rows=args.row_group_rows,
-                  progress=not args.quiet, **options)
+                  progress=not args.quiet, force=args.force, **options)
     skipped = out["source"].get("skipped", {})
     print(f"wrote {out['rows']:,} rows to {out['path']}; skipped: {skipped or 'none'}")
     return 0
@@ -44,6 +45,7 @@ def register(commands, bench, serve) -> None:
     p.add_argument("--fit-rows", type=int, default=1_000_000, help="rows of --fit to read")
     p.add_argument("--row-group-rows", type=int, default=131072)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--force", action="store_true", help="overwrite an existing output file")
     p.set_defaults(func=_datagen)
 
     p = commands.add_parser("convert", help="convert Criteo/Avazu/libFM/MovieLens/Parquet/synthetic to Parquet")
@@ -54,6 +56,7 @@ def register(commands, bench, serve) -> None:
     p.add_argument("--quarantine", default=None, help="file for raw bad records (with --bad-records skip)")
     p.add_argument("--row-group-rows", type=int, default=131072)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--force", action="store_true", help="overwrite an existing output file (never an input)")
     p.set_defaults(func=_convert)
 
     register_produce(commands)

@@ -34,6 +34,7 @@ def test_convert_every_raw_format_roundtrips(tmp_path, data_dir, rel):
 
 def test_directory_of_files_and_resume_across_files(tmp_path, data_dir):
     d = tmp_path / "ds"
+    d.mkdir()   # convert creates no missing folder (NOTE [no input destroyed])
     convert(data_dir / "criteo/criteo_kaggle_sample_dev.tsv", d / "a.parquet", row_group_rows=100, progress=False)
     convert(data_dir / "criteo/criteo_kaggle_sample_test.tsv", d / "b.parquet", row_group_rows=100, progress=False)
     full = check_source_resume(lambda: open_source(d), max_read=150)
