@@ -3,7 +3,7 @@
 Subpackages, from the contracts up in data-flow order (docs/design.md, "Package layout";
 the import layers they form: docs/design.md, "Layers"):
 
-- :mod:`herald.spec`      the contracts layer: JobSpec, TrainConfig, TableConfig, every
+- :mod:`herald.contracts`      the contracts layer: JobSpec, TrainConfig, TableConfig, every
   vocabulary and default
 - :mod:`herald.loader`    sources -> columnar :class:`~herald.loader.batch.SampleBatch`
   -> global batches

@@ -23,7 +23,7 @@ def lazy_exports(package: str, exports: Mapping[str, str], namespace: dict[str, 
         package: the package's dotted name (``__name__``).
         exports: public name -> submodule (relative to ``package``) that defines it.
         namespace: the package's ``globals()``: a name read once is cached there.
-        submodules: submodules also reachable as attributes (``herald.spec.vocab``).
+        submodules: submodules also reachable as attributes (``herald.contracts.vocab``).
 
     Returns:
         ``(__getattr__, __dir__)``; ``__getattr__`` raises AttributeError naming the

@@ -32,8 +32,8 @@ from zmq.utils.monitor import recv_monitor_message
 
 from herald import wire
 from herald.dispatch.microbatch import MicroBatch
-from herald.spec.job import JobSpec
-from herald.spec.tables import TableConfig
+from herald.contracts.job import JobSpec
+from herald.contracts.tables import TableConfig
 
 if TYPE_CHECKING:
     import torch

@@ -19,7 +19,7 @@ from herald.errors import StorageError
 from herald.files import private_dir, storage_error, write_private
 from herald.ps import CheckpointError, checkpoint
 from herald.ps.table import EmbeddingTable
-from herald.spec.tables import OptimizerConfig, TableConfig
+from herald.contracts.tables import OptimizerConfig, TableConfig
 from herald.worker.dense import DenseSync
 from tests.asuser import as_nobody
 

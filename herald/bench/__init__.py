@@ -2,7 +2,7 @@
 
 Layering: ``herald/cli.py`` > ``herald.bench`` > ``herald.testbed`` > ``herald.job`` > the
 roles (``herald.dispatch``, ``herald.worker``, ``herald.scheduler``, ``herald.ps``,
-``herald.loader``) > ``herald.spec`` > the root modules. A module here may import anything
+``herald.loader``) > ``herald.contracts`` > the root modules. A module here may import anything
 below it; nothing outside this package (but ``herald/cli.py``) imports it.
 
 - :mod:`herald.bench.cli`: ``register``, the parsers of every subcommand; it imports only

@@ -41,7 +41,7 @@ from herald.loader.global_batches import GlobalBatches
 from herald.loader.source import Source, state_int
 from herald.loader.splits import count_distinct_keys
 from herald.scheduler import Scheduler, SchedulerConfig
-from herald.spec.train import TrainConfig
+from herald.contracts.train import TrainConfig
 
 
 class MemorySource(Source):
@@ -247,7 +247,7 @@ def measure_capacity(workers: int = 8, batch_size: int = 256, schedule: str = "h
 
     Args:
         workers: ranks served; batch_size: samples per micro-batch (global batch
-            ``workers * batch_size``); schedule: a :data:`herald.spec.vocab.SCHEDULES` name.
+            ``workers * batch_size``); schedule: a :data:`herald.contracts.vocab.SCHEDULES` name.
         rows: rows of data (synthetic Criteo by default), repeated as epochs; None with
             ``source``: all its rows.
         source: a source URL for :func:`herald.loader.open_source` (default

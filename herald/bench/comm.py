@@ -22,7 +22,7 @@ import pathlib
 
 from herald.bench.options import DATASETS
 from herald.job.launcher import run_train
-from herald.spec.train import TrainConfig
+from herald.contracts.train import TrainConfig
 
 
 def _job(args, dataset: str, run_dir: pathlib.Path, **kw) -> dict:

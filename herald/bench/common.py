@@ -26,8 +26,8 @@ from herald.job.launcher import run_train
 from herald.loader import splits
 from herald.loader.global_batches import GlobalBatches
 from herald.procs import cpu_seconds
-from herald.spec.tables import OptimizerConfig, TableConfig
-from herald.spec.train import TrainConfig
+from herald.contracts.tables import OptimizerConfig, TableConfig
+from herald.contracts.train import TrainConfig
 from herald.worker.models import build_model
 
 EVAL_FRACTION = 0.02

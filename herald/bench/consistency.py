@@ -33,7 +33,7 @@ import pathlib
 from herald.bench.options import CONSISTENCY_MODES
 from herald.errors import ConfigError
 from herald.job.launcher import run_train
-from herald.spec.train import TrainConfig
+from herald.contracts.train import TrainConfig
 
 NOT_BUILT: tuple[str, ...] = ()
 

@@ -25,7 +25,7 @@ from herald.bench import torchrec_baseline
 from herald.bench.common import summarize
 from herald.bench.options import add_e2e_arguments
 from herald.job.launcher import run_train
-from herald.spec.train import TrainConfig
+from herald.contracts.train import TrainConfig
 
 
 def run(args: argparse.Namespace) -> dict:

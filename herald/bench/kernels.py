@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from herald.bench.options import FBGEMM_OPTIMIZERS, add_kernels_arguments
 from herald.errors import ConfigError
 from herald.scheduler.plan import KeySet
-from herald.spec.tables import OptimizerConfig, TableConfig
+from herald.contracts.tables import OptimizerConfig, TableConfig
 from herald.worker.cache import BagLayout, EmbeddingCache
 
 INSTALL_HINT = "pip install torchrec==1.8.0 fbgemm-gpu-cpu==1.8.0 (the pair that loads on torch 2.13)"

@@ -39,7 +39,7 @@ from herald.bench.common import summarize
 from herald.bench.options import add_network_arguments
 from herald.errors import ConfigError
 from herald.scheduler.plan import CAUSES
-from herald.spec.train import TrainConfig
+from herald.contracts.train import TrainConfig
 from herald.testbed import TestBed
 from herald.testbed.job import bed_hosts, run_job
 

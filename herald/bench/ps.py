@@ -23,7 +23,7 @@ import zmq
 
 from herald.ps.client import PSClient
 from herald.ps.local import LocalShards
-from herald.spec.tables import OptimizerConfig, TableConfig
+from herald.contracts.tables import OptimizerConfig, TableConfig
 
 
 def memcpy_gbps(nbytes: int, seconds: float) -> float:

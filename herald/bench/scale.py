@@ -82,7 +82,7 @@ from herald.bench.common import (
 from herald.bench.options import add_scale_arguments, cores
 from herald.bench.torchrec_baseline import describe, format_ratio, ratio_to, torchrec_baseline
 from herald.errors import ConfigError
-from herald.spec.vocab import SCHEDULES
+from herald.contracts.vocab import SCHEDULES
 
 CAPACITY_WORKERS, CAPACITY_BATCH_SIZE, CAPACITY_SCHEDULE = 8, 256, "herald"
 

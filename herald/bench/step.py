@@ -56,7 +56,7 @@ from herald.ps.rows import hyper_params
 from herald.scheduler import Scheduler
 from herald.scheduler.config import SchedulerConfig
 from herald.scheduler.plan import KeySet
-from herald.spec.tables import OptimizerConfig, TableConfig
+from herald.contracts.tables import OptimizerConfig, TableConfig
 
 #: the ops inside a step message, in the order the shard applies them
 OPS = ("push_rows", "push_grad", "pull")

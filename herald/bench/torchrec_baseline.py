@@ -43,11 +43,11 @@ from torch import nn
 
 from herald.bench.common import WARMUP_STEPS, PlainBatches, PlainDLRM, load_plain_batches
 from herald.errors import ConfigError
-from herald.spec.tables import OptimizerConfig
-from herald.spec.train import TrainConfig
+from herald.contracts.tables import OptimizerConfig
+from herald.contracts.train import TrainConfig
 # herald's sparse optimizers, every one fused into backward by FBGEMM: ``EXACT_SGD``,
 # ``EXACT_ADAGRAD``, ``EXACT_ROWWISE_ADAGRAD`` and ``ADAM`` (CUDA only)
-from herald.spec.vocab import SPARSE_OPTIMIZERS
+from herald.contracts.vocab import SPARSE_OPTIMIZERS
 
 TORCHREC_MISSING = "torchrec not installed: make torchrec"
 FBGEMM_CUDA_MISSING = "fbgemm-gpu CUDA build not installed"

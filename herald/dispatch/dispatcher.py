@@ -61,8 +61,8 @@ from herald.dispatch.records import DispatcherConfig, StepRecord
 from herald.errors import HeraldError
 from herald.loader.batch import SampleBatch
 from herald.phases import PhaseTimer
-from herald.spec.job import JobSpec
-from herald.spec.modes import consistency_mode
+from herald.contracts.job import JobSpec
+from herald.contracts.modes import consistency_mode
 
 __all__ = ["Dispatcher", "DispatcherConfig", "StepRecord"]
 
@@ -79,7 +79,7 @@ class Dispatcher:
             ``state_dict``/``load_state_dict`` its position is part of this dispatcher's.
         scheduler_factory: returns a fresh :class:`herald.scheduler.Scheduler` (called at
             the start and after every checkpoint barrier).
-        job: the :class:`~herald.spec.job.JobSpec` sent to every worker in ``config``
+        job: the :class:`~herald.contracts.job.JobSpec` sent to every worker in ``config``
             (with the scheduler's ``capacity_rows`` and ``num_workers`` filled in).
         on_step: called with each :class:`StepRecord` once every worker acked it.
         on_checkpoint: ``on_checkpoint(step, batch_index, save_path, state)`` at each
@@ -222,7 +222,7 @@ class Dispatcher:
         job = self._job.replace(capacity_rows=int(self.scheduler.capacity_rows), num_workers=self.config.num_workers)
         self.channel.send_all({"op": "config", "job": job.to_dict()})
         try:
-            # the mode's serve strategy (herald.spec.modes): serve_steps, or gba's (NOTE [gba tokens])
+            # the mode's serve strategy (herald.contracts.modes): serve_steps, or gba's (NOTE [gba tokens])
             return consistency_mode(self._job.consistency).resolve("serve")(self)
         except BaseException as exc:
             # who the failed wait was for, as it failed (NOTE [silent workers] in herald/job/silence.py)
@@ -267,6 +267,6 @@ class Dispatcher:
 
 def serve_steps(disp: Dispatcher) -> list[StepRecord]:
     """The serve strategy of the plan-driven modes (bsp, bounded, hybrid; their entries in
-    :data:`herald.spec.modes.MODES`): global steps handed out within the credit window, with
+    :data:`herald.contracts.modes.MODES`): global steps handed out within the credit window, with
     checkpoint barriers and the final flush (:meth:`LockstepServe.serve`)."""
     return disp.lockstep.serve()

@@ -211,6 +211,6 @@ class GbaServe:
 
 
 def serve_gba(disp: Any) -> list[StepRecord]:
-    """GBA's serve strategy (its entry in :data:`herald.spec.modes.MODES`): the data list and
+    """GBA's serve strategy (its entry in :data:`herald.contracts.modes.MODES`): the data list and
     token list of :class:`GbaServe` (NOTE above) over the dispatcher ``disp``."""
     return GbaServe(disp).run()

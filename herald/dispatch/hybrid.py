@@ -372,8 +372,8 @@ class HybridEmbeddingWorker:
 
 
 def make_hybrid(job: Any, config: Any, first_step: int, peers: Any) -> HybridEmbeddingWorker:
-    """The :class:`HybridEmbeddingWorker` of ``job`` (a :class:`~herald.spec.job.JobSpec` of a
-    mode whose entry in :data:`herald.spec.modes.MODES` names this factory as its
+    """The :class:`HybridEmbeddingWorker` of ``job`` (a :class:`~herald.contracts.job.JobSpec` of a
+    mode whose entry in :data:`herald.contracts.modes.MODES` names this factory as its
     ``embedding_worker``: hybrid), with a PS client of its shards on its push thread.
     ``config``: the :class:`~herald.dispatch.records.DispatcherConfig`; ``peers``: the
     dispatcher's :class:`~herald.dispatch.peers.PeerTable` (its acks then carry gradients)."""

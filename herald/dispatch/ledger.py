@@ -24,8 +24,8 @@ from herald.dispatch.records import DispatcherConfig, StepRecord, sum_consistenc
 from herald.dispatch.steps import ReadyStep
 from herald.errors import ProtocolError
 from herald.phases import PhaseTimer
-from herald.spec.job import JobSpec
-from herald.spec.modes import consistency_mode
+from herald.contracts.job import JobSpec
+from herald.contracts.modes import consistency_mode
 
 
 class StepLedger:

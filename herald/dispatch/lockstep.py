@@ -28,8 +28,8 @@ from herald.dispatch.steps import ReadyStep, build_ready_step, scheduled_view
 from herald.errors import HeraldError
 from herald.loader.batch import SampleBatch
 from herald.phases import PhaseTimer
-from herald.spec.job import JobSpec
-from herald.spec.modes import consistency_mode
+from herald.contracts.job import JobSpec
+from herald.contracts.modes import consistency_mode
 
 
 class LockstepServe:

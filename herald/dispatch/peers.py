@@ -59,7 +59,7 @@ import numpy as np
 
 from herald import wire
 from herald.errors import HeraldError, PeerTimeout
-from herald.spec.modes import consistency_mode
+from herald.contracts.modes import consistency_mode
 
 #: Kinds of rejected messages, in the order of NOTE [peer validation]'s checks.
 KINDS = ("undecodable", "unknown_op", "bad_field", "unknown_peer", "wrong_identity", "duplicate_hello")
@@ -110,7 +110,7 @@ def largest_frame_bytes(job: Any, num_workers: int, batch_size_per_worker: int) 
     ``job.gba_buffer`` micro-batches. 0 rows (the batch size unknown): 0.
 
     Args:
-        job: the :class:`~herald.spec.job.JobSpec` served (tables, consistency, gba_buffer).
+        job: the :class:`~herald.contracts.job.JobSpec` served (tables, consistency, gba_buffer).
         num_workers: the ranks this dispatcher serves; batch_size_per_worker: ``--batch-size``.
     """
     rows = batch_size_per_worker * num_workers // job.gba_buffer if job.gba_buffer else batch_size_per_worker

@@ -11,7 +11,7 @@ import numpy as np
 from herald.config import require
 from herald.errors import ConfigError, DataError
 from herald.loader.source import state_int
-from herald.spec.vocab import DEFAULT_TIMEOUT_MS, STARTUP_GRACE_MS
+from herald.contracts.vocab import DEFAULT_TIMEOUT_MS, STARTUP_GRACE_MS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,7 +24,7 @@ class DispatcherConfig:
         max_inflight_steps: steps sent but not yet acked by every worker (credits).
         peer_timeout_ms: longest wait for any expected worker message, but the hellos.
         startup_grace_ms: the handshake waits ``max(peer_timeout_ms, startup_grace_ms)``
-            for the workers' hellos (:data:`~herald.spec.vocab.STARTUP_GRACE_MS` by default:
+            for the workers' hellos (:data:`~herald.contracts.vocab.STARTUP_GRACE_MS` by default:
             starting a worker process is not bounded by a step's timeout).
         dispatcher_rank: the top 8 bits of every sample id (Persia §4.1), 0-255.
         checkpoint_every_steps: steps between checkpoint barriers (0: only at the end,

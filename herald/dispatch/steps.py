@@ -67,7 +67,7 @@ def build_ready_step(step: int, step_plan: Any, batch: SampleBatch, batch_index:
         replicated: the replicated tables (every rank gets the union of their keys).
         touched_before: the keys the previous step touches (None: unknown, no early pulls).
         next_follows: step ``step + 1`` is sent next, within the credit window (``MicroBatch.next_follows``).
-        reads_early: the job's workers read early (:attr:`herald.spec.modes.ConsistencyMode.reads_early`);
+        reads_early: the job's workers read early (:attr:`herald.contracts.modes.ConsistencyMode.reads_early`);
             False: no pull is marked early and no touched keys are computed.
 
     Returns:

@@ -5,17 +5,17 @@ from __future__ import annotations
 import argparse
 
 from herald.config import add_arguments, from_arguments
-from herald.spec.train import TrainConfig
+from herald.contracts.train import TrainConfig
 
 
 def add_job_arguments(p: argparse.ArgumentParser, *, exclude: tuple[str, ...] = ()) -> None:
-    """The options of :class:`herald.spec.train.TrainConfig` (shared by ``herald train``
+    """The options of :class:`herald.contracts.train.TrainConfig` (shared by ``herald train``
     and ``herald serve dispatcher``)."""
     add_arguments(p, TrainConfig, exclude=exclude)
 
 
 def config_from_args(args: argparse.Namespace):
-    """The :class:`~herald.spec.train.TrainConfig` of parsed job options."""
+    """The :class:`~herald.contracts.train.TrainConfig` of parsed job options."""
     return from_arguments(TrainConfig, args)
 
 

@@ -3,7 +3,7 @@ cache size of its schedulers (shared by ``herald train`` and ``herald serve disp
 
 from __future__ import annotations
 
-from herald.spec.train import STREAM_CACHE_ROWS, TrainConfig
+from herald.contracts.train import STREAM_CACHE_ROWS, TrainConfig
 from herald.loader import open_source, splits
 from herald.loader.global_batches import GlobalBatches, KafkaRecords
 from herald.loader.registry import infer_format
@@ -20,7 +20,7 @@ class JobData:
 
     ``dataset`` is the source's format name (``criteo``, ``avazu``, ``movielens``,
     ``synthetic``, ...): ``--model auto`` trains that dataset's Herald workload model
-    (:func:`herald.spec.train.auto_model`).
+    (:func:`herald.contracts.train.auto_model`).
 
     The settings that need the source's schema (:meth:`TrainConfig.check_schema`: the
     model against the tables and ``--embedding-dim``) are checked as soon as the schema is

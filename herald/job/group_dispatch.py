@@ -53,12 +53,12 @@ from herald.dispatch.microbatch import make_sample_ids
 from herald.errors import ConfigError
 from herald.job.report import final_loss
 from herald.loader.batch import SampleBatch
-from herald.spec.modes import consistency_mode
+from herald.contracts.modes import consistency_mode
 
 
 def independent_groups(cfg: Any) -> bool:
     """Whether ``cfg`` runs one dispatcher per group (NOTE [independent groups]): ``--groups`` > 1
-    under a mode whose entry in :data:`herald.spec.modes.MODES` says so (hybrid).
+    under a mode whose entry in :data:`herald.contracts.modes.MODES` says so (hybrid).
 
     Raises:
         ConfigError: such a job with checkpoints, ``--resume`` or a Kafka source.

@@ -67,8 +67,8 @@ from herald.job.silence import killed_ranks, process_state, silent_culprits, sil
 from herald.procs import Supervisor, pin_to_cores, signal_words
 from herald.ps import LocalShards, PSClient
 from herald.ps.config import ShardLimits
-from herald.spec.job import JobSpec
-from herald.spec.train import TrainConfig
+from herald.contracts.job import JobSpec
+from herald.contracts.train import TrainConfig
 
 #: Longest path of a Unix socket (``sockaddr_un.sun_path`` less its NUL; 107 on Linux).
 IPC_PATH_MAX_LEN = getattr(zmq, "IPC_PATH_MAX_LEN", 107)

@@ -22,7 +22,7 @@ from herald.files import write_private
 from herald.job.ray_plan import (RoleRequest, check_transport, needed_cpus, role_requests, shard_selector,
                                  single_node, wants_gpus, worker_strategy)
 from herald.job.ray_role import RUN_CHECK_FILE, RoleHost
-from herald.spec.train import TrainConfig
+from herald.contracts.train import TrainConfig
 
 #: Object store of the local Ray instance (bytes): the job passes only small arguments.
 LOCAL_OBJECT_STORE_BYTES = 256 << 20

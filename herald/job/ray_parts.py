@@ -85,9 +85,9 @@ from herald.ps import PSClient
 from herald.ps.admin import TOKEN_ENV
 from herald.ps.config import ShardLimits
 from herald.ps.watch import ShardWatch
-from herald.spec.job import JobSpec
-from herald.spec.tables import tables_to_json
-from herald.spec.train import TrainConfig
+from herald.contracts.job import JobSpec
+from herald.contracts.tables import tables_to_json
+from herald.contracts.train import TrainConfig
 
 
 # ------------------------------------------------------------------ the PS part

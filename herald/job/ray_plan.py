@@ -15,8 +15,8 @@ from typing import Mapping, Sequence
 from herald.auth import CLIENT_SECRET, CLIENTS, SERVER_PUBLIC, SERVER_SECRET
 from herald.errors import ConfigError
 from herald.ps.store import ROW_OVERHEAD_BYTES
-from herald.spec.tables import TableConfig
-from herald.spec.train import TrainConfig
+from herald.contracts.tables import TableConfig
+from herald.contracts.train import TrainConfig
 
 #: Memory of a PS shard process before its rows: Python, numpy, numba's kernels, ZeroMQ
 #: (``herald serve ps`` with the 26 tables of the demo job and no row: 155 MiB resident,

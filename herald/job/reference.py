@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from herald.loader.batch import SampleBatch
-from herald.spec.job import JobSpec
+from herald.contracts.job import JobSpec
 from herald.ps import apply_gradients, init_rows
 from herald.worker.trainer import build_dense_optimizer, model_from_job
 

@@ -16,7 +16,7 @@ from herald.dispatch.dispatcher import StepRecord
 from herald.job import report_attempts, report_comm
 from herald.job.breakdown import format_breakdown, phase_breakdown, plot_breakdown
 from herald.job.metrics import log_loss, roc_auc
-from herald.spec.modes import consistency_mode
+from herald.contracts.modes import consistency_mode
 
 _PULLS = ("miss_pull", "update_pull")
 _PUSHES = ("grad_push", "plan_push", "evict_push")
@@ -285,7 +285,7 @@ def consistency_block(cfg: Any, records: list[StepRecord]) -> dict[str, Any]:
     ``mean_staleness`` (clock gap of the rows read, in updates, over every row read),
     ``dropped_or_decayed``, ``rereads`` (copies re-fetched because the bound was reached),
     ``reads``, ``stale_reads`` (the pulls saved); docs/consistency.md. Built by the mode's
-    ``report`` function (its entry in :data:`herald.spec.modes.MODES`: :func:`plan_block`,
+    ``report`` function (its entry in :data:`herald.contracts.modes.MODES`: :func:`plan_block`,
     :func:`bounded_block`, :func:`hybrid_block`, :func:`gba_block`)."""
     total: dict[str, int] = {}
     for r in records:

@@ -50,7 +50,7 @@ from herald.dispatch.records import StepRecord
 from herald.errors import DataError, HeraldError
 from herald.job import checkpoints
 from herald.job.report_attempts import Attempt
-from herald.spec.train import TrainConfig
+from herald.contracts.train import TrainConfig
 
 T = TypeVar("T")
 

@@ -69,9 +69,9 @@ from herald.job.parts import Checkpointing, PSProvider, WorkerLauncher
 from herald.job.report_attempts import Attempt, attempts_block
 from herald.job.silence import merge_silences
 from herald.procs import core_plan, cpu_seconds, pin_to_cores, seconds_since_start, tree_cpu_seconds
-from herald.spec.flags import flag_errors
-from herald.spec.job import JobSpec
-from herald.spec.train import TrainConfig
+from herald.contracts.flags import flag_errors
+from herald.contracts.job import JobSpec
+from herald.contracts.train import TrainConfig
 
 
 class JobInterrupted(HeraldError):

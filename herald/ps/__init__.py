@@ -1,6 +1,6 @@
 """The embedding parameter server (one process per shard) and its client.
 
-Tables and their sparse optimizers are declared with :class:`herald.spec.TableConfig`.
+Tables and their sparse optimizers are declared with :class:`herald.contracts.TableConfig`.
 
 Public API (docs/ps.md):
 

@@ -18,7 +18,7 @@ import pathlib
 from herald.errors import ConfigError
 from herald.ps.admin import load_token
 from herald.ps.config import ShardLimits
-from herald.spec.tables import tables_from_json
+from herald.contracts.tables import tables_from_json
 
 
 def _serve(args) -> int:

@@ -49,11 +49,11 @@ from herald.ps.stepped import StepOps
 from herald.ps.wire import PS, put_rows
 from herald.ps.checkpoint import CheckpointError
 from herald.ps.config import ShardLimits
-from herald.spec.tables import TableConfig, check_tables
+from herald.contracts.tables import TableConfig, check_tables
 from herald.ps import kernels as K
 from herald.ps.rows import table_salt
 from herald.ps.store import MAX_TABLES
-from herald.spec.vocab import DEFAULT_TIMEOUT_MS
+from herald.contracts.vocab import DEFAULT_TIMEOUT_MS
 
 _ERRORS = {"protocol": ProtocolError, "config": ConfigError, "checkpoint": CheckpointError,
            "refused": AdminRefused, "internal": ProtocolError}

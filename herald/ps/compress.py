@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from herald.errors import ConfigError, DataError, ProtocolError
-from herald.spec.vocab import WIRE_DTYPES
+from herald.contracts.vocab import WIRE_DTYPES
 
 #: numpy dtype of the payload frame of each compressed format.
 PAYLOAD_DTYPES = {"fp16": np.dtype("<f2"), "bf16": np.dtype("<u2"), "int8": np.dtype("|i1")}

@@ -1,7 +1,7 @@
 """What one PS shard accepts: :class:`ShardLimits` (NOTE [ps limits] in docs/ps.md).
 
-The tables themselves (:class:`~herald.spec.tables.TableConfig`) are part of the job's
-contract and live in :mod:`herald.spec.tables`.
+The tables themselves (:class:`~herald.contracts.tables.TableConfig`) are part of the job's
+contract and live in :mod:`herald.contracts.tables`.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import dataclasses
 
 from herald.config import require
 from herald.errors import ConfigError
-from herald.spec.tables import OptimizerConfig, TableConfig
-from herald.spec.vocab import DEFAULT_TIMEOUT_MS, SPARSE_OPTIMIZERS
+from herald.contracts.tables import OptimizerConfig, TableConfig
+from herald.contracts.vocab import DEFAULT_TIMEOUT_MS, SPARSE_OPTIMIZERS
 
 #: Most tables a shard can hold at all: table positions travel as uint16 (NOTE [ps wire protocol]).
 MAX_TABLES = 1 << 16

@@ -18,8 +18,8 @@ from herald.procs import Supervisor
 from herald.ps.admin import TOKEN_ENV, check_token
 from herald.ps.watch import ShardWatch
 from herald.ps.config import ShardLimits
-from herald.spec.tables import TableConfig, check_tables, tables_to_json
-from herald.spec.vocab import DEFAULT_TIMEOUT_MS
+from herald.contracts.tables import TableConfig, check_tables, tables_to_json
+from herald.contracts.vocab import DEFAULT_TIMEOUT_MS
 
 _REPO_ROOT = str(pathlib.Path(__file__).resolve().parents[2])
 

@@ -10,7 +10,7 @@ import numpy as np
 from herald.errors import ConfigError
 from herald.hashing import splitmix64 as _mix
 from herald.ps import kernels as K
-from herald.spec.tables import TableConfig
+from herald.contracts.tables import TableConfig
 
 _SHARD_SALT = 0x5EED_5AA2_D0C5_1DE5
 _SEED_SALT = 0x1217_0B5E_EDC0_FFEE

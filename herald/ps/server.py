@@ -30,8 +30,8 @@ from herald.ps.admin import AdminGate, AdminRefused
 from herald.ps.wire import PS
 from herald.ps import kernels as K
 from herald.ps.config import ShardLimits, largest_frame_bytes
-from herald.spec.tables import OptimizerConfig, TableConfig, check_tables
-from herald.spec.vocab import SPARSE_OPTIMIZERS
+from herald.contracts.tables import OptimizerConfig, TableConfig, check_tables
+from herald.contracts.vocab import SPARSE_OPTIMIZERS
 from herald.ps.store import TableSet, frozen
 from herald.ps.table import FIRST_ROWS, EmbeddingTable, first_capacity, rows_within, table_bytes
 

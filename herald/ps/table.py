@@ -19,7 +19,7 @@ from herald.ps import kernels as K
 from herald.ps.aggregate import PendingStep
 from herald.ps.evicted import EvictedKeys
 from herald.ps.store import ROW_OVERHEAD_BYTES, TableSet, frozen
-from herald.spec.tables import TableConfig
+from herald.contracts.tables import TableConfig
 from herald.ps.rows import hyper_params, init_args
 
 #: The table of every key in a table's map (one map per table: NOTE [key map]).

@@ -6,9 +6,9 @@ import dataclasses
 from typing import Optional, Union
 
 from herald.config import require
-from herald.spec.vocab import CACHE_POLICIES, MAX_BRUTEFORCE_WORKERS, MAX_WORKERS, SCHEDULES
+from herald.contracts.vocab import CACHE_POLICIES, MAX_BRUTEFORCE_WORKERS, MAX_WORKERS, SCHEDULES
 
-#: schedule name (one of :data:`herald.spec.vocab.SCHEDULES`, which says what each is) ->
+#: schedule name (one of :data:`herald.contracts.vocab.SCHEDULES`, which says what each is) ->
 #: (allocation policy, full-set sync?).
 POLICIES = {
     "vanilla": ("random", True),
@@ -19,7 +19,7 @@ POLICIES = {
     "optimal": ("bruteforce", False),
 }
 if set(POLICIES) != set(SCHEDULES):   # a schedule added to the vocabulary needs its policy here
-    raise ImportError(f"herald.scheduler.config.POLICIES {sorted(POLICIES)} must cover herald.spec.vocab.SCHEDULES")
+    raise ImportError(f"herald.scheduler.config.POLICIES {sorted(POLICIES)} must cover herald.contracts.vocab.SCHEDULES")
 MAX_THREADS = 256
 #: ``scheduling_budget_ms="auto"``: the budget is this fraction of the measured step period
 #: (docs/scheduler.md, "Adaptive budget"; :class:`herald.scheduler.profiler.BudgetController`).

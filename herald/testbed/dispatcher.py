@@ -12,7 +12,7 @@ this program gives the job ``cfg.run_dir``: the workers write ``dense-rank<r>.pt
 there, and this program writes ``report.json`` / ``report.txt`` there as ``herald
 train`` does (the same job runner and report: NOTE [job runner] in
 herald/job/runner.py), evaluating the held-out split once every rank's replica is
-written. The settings are a :class:`~herald.spec.train.TrainConfig`
+written. The settings are a :class:`~herald.contracts.train.TrainConfig`
 as JSON (unknown keys raise). The PS admin token (NOTE [ps admin ops]) comes from
 ``HERALD_PS_TOKEN`` in the environment, never from the command line.
 """
@@ -31,11 +31,11 @@ from herald.errors import ConfigError, HeraldError, PeerTimeout
 from herald.config import from_mapping
 from herald.job.parts import Checkpointing, ExternalWorkers, RemotePS
 from herald.job.runner import JobReport, JobRunner
-from herald.spec.train import TrainConfig
+from herald.contracts.train import TrainConfig
 
 
 def load_config(path: str | os.PathLike):
-    """The :class:`~herald.spec.train.TrainConfig` stored as JSON at ``path`` (by :func:`save_config`).
+    """The :class:`~herald.contracts.train.TrainConfig` stored as JSON at ``path`` (by :func:`save_config`).
 
     Raises:
         ConfigError: unreadable file, not a JSON object, an unknown key or a bad value.
@@ -51,7 +51,7 @@ def load_config(path: str | os.PathLike):
 
 
 def save_config(cfg, path: str | os.PathLike) -> pathlib.Path:
-    """Write ``cfg`` (a :class:`~herald.spec.train.TrainConfig`) as JSON to ``path``."""
+    """Write ``cfg`` (a :class:`~herald.contracts.train.TrainConfig`) as JSON to ``path``."""
     import dataclasses
 
     path = pathlib.Path(path)

@@ -72,7 +72,7 @@ def run_job(bed: TestBed, cfg, *, procs_per_host: int = 1, save_ps: str | None =
 
     Args:
         bed: an open :class:`TestBed` whose hosts are :func:`bed_hosts`.
-        cfg: the :class:`~herald.spec.train.TrainConfig`; ``cfg.workers`` must equal
+        cfg: the :class:`~herald.contracts.train.TrainConfig`; ``cfg.workers`` must equal
             worker hosts x ``procs_per_host``; ``cfg.run_dir`` is shared by every host.
         procs_per_host: workers per worker host (torchrun ``--nproc-per-node``).
         save_ps: checkpoint the PS into this folder (inside ``cfg.run_dir``) after training.

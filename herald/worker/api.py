@@ -46,7 +46,7 @@ from torch import nn
 from herald.dispatch.microbatch import MicroBatch
 from herald.errors import ConfigError, DataError, HeraldError, ProtocolError
 from herald.loader.torchrec_interop import keyed_pooled, keyed_tensor_class, kjt_from_arrays
-from herald.spec.job import JobSpec
+from herald.contracts.job import JobSpec
 from herald.phases import PhaseTimer
 from herald.scheduler.plan import KeySet
 from herald.worker.dense import DenseState
@@ -55,7 +55,7 @@ from herald.worker.executor import PlanExecutor, StepRows
 from herald.worker.groups import world_position
 from herald.worker.link import DispatcherLink
 from herald.worker.protocol import job_protocol
-from herald.spec.vocab import DEFAULT_TIMEOUT_MS
+from herald.contracts.vocab import DEFAULT_TIMEOUT_MS
 
 
 @dataclasses.dataclass
@@ -168,7 +168,7 @@ class ScheduledLoader:
         self.dist_rank, self.dist_world_size = world_position(job.group_index, job.groups, rank, world_size)
         self.link = link
         self.executor = PlanExecutor(job, rank, world_size, device, cache_device)
-        self.protocol = job_protocol(job, self.executor)   # its mode's entry in herald.spec.modes
+        self.protocol = job_protocol(job, self.executor)   # its mode's entry in herald.contracts.modes
         self.dense: DenseState | None = None
         self._batch: Batch | None = None
         self.steps = 0

@@ -38,7 +38,7 @@ import torch
 
 from herald import keymap
 from herald.errors import ConfigError, ProtocolError
-from herald.spec.tables import TableConfig
+from herald.contracts.tables import TableConfig
 from herald.ps.rows import hyper_params
 from herald.scheduler.plan import KeySet
 from herald.worker.kernels import apply_rows_at_jit, bag_grads_jit, pooled_sum_jit, take_rows_jit

@@ -7,7 +7,7 @@ import gc
 import os
 
 from herald.errors import ConfigError
-from herald.spec.vocab import DEFAULT_TIMEOUT_MS
+from herald.contracts.vocab import DEFAULT_TIMEOUT_MS
 
 
 def _from_env(value: int | None, name: str, flag: str) -> int:

@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 
 from herald.errors import ConfigError, HeraldError
-from herald.spec.vocab import CACHE_DEVICES, DEVICE_PATTERN
+from herald.contracts.vocab import CACHE_DEVICES, DEVICE_PATTERN
 
 
 class DeviceChoice(NamedTuple):

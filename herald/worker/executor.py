@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from herald.dispatch.microbatch import MicroBatch
 from herald.errors import ProtocolError
-from herald.spec.job import JobSpec
+from herald.contracts.job import JobSpec
 from herald.phases import PhaseTimer
 from herald.ps import PSClient
 from herald.scheduler.plan import CachePlan, KeySet

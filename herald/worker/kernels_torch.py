@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from herald.spec.tables import TableConfig
+from herald.contracts.tables import TableConfig
 
 SGD, ADAGRAD, ROWWISE_ADAGRAD, ADAM = 0, 1, 2, 3
 

@@ -21,7 +21,7 @@ from herald import wire
 from herald.auth import load_client_keys, secure_client
 from herald.dispatch.microbatch import MAX_WORKER_FRAME_BYTES
 from herald.errors import HeraldError, PeerTimeout, ProtocolError
-from herald.spec.vocab import STARTUP_GRACE_MS
+from herald.contracts.vocab import STARTUP_GRACE_MS
 
 
 class DispatcherLink:
@@ -62,7 +62,7 @@ class DispatcherLink:
         dispatcher's ``config`` answer (unchecked: :meth:`JobSpec.from_dict`'s input).
 
         The wait for the config lasts the longer of ``timeout_ms`` and
-        :data:`~herald.spec.vocab.STARTUP_GRACE_MS`: the dispatcher sends it once the
+        :data:`~herald.contracts.vocab.STARTUP_GRACE_MS`: the dispatcher sends it once the
         last worker has started and said hello, which no step's timeout bounds.
 
         Raises:

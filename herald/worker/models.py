@@ -21,11 +21,11 @@ Herald's workloads (Herald §2.2, Table 1): W1 Criteo + Wide&Deep,
 W2 MovieLens + NCF, W3 Avazu + DeepFM, W4 Criteo Sponsored Search + Deep&Cross; HET
 trains WDL, DeepFM and DCN with 3 hidden layers of 256 (HET §5, Table 3),
 the default deep part here. :func:`build_model` ``auto`` keeps the shape rule; the
-job resolves ``auto`` by dataset first (:func:`herald.spec.train.auto_model`).
+job resolves ``auto`` by dataset first (:func:`herald.contracts.train.auto_model`).
 
 What each model needs of a job (its table count, the smallest ``--embedding-dim``) is
-stated once, in :data:`herald.spec.models.MODEL_NEEDS`: the constructors below check it
-with :func:`herald.spec.models.check_model`, as ``herald train`` does before any process starts.
+stated once, in :data:`herald.contracts.models.MODEL_NEEDS`: the constructors below check it
+with :func:`herald.contracts.models.check_model`, as ``herald train`` does before any process starts.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from herald.errors import ConfigError
-from herald.spec.models import check_model
+from herald.contracts.models import check_model
 
 #: Hidden layers of the deep part of WDL, DeepFM and DCN (HET Table 3).
 DEEP_MLP = (256, 256, 256)
@@ -72,7 +72,7 @@ class DLRM(nn.Module):
     def __init__(self, dense_dim: int, num_tables: int, embedding_dim: int,
                  bottom_mlp: tuple[int, ...] = (64,), top_mlp: tuple[int, ...] = (64, 32)):
         super().__init__()
-        check_model("dlrm", num_tables, embedding_dim)   # what each model needs: herald/spec/models.py
+        check_model("dlrm", num_tables, embedding_dim)   # what each model needs: herald/contracts/models.py
         self.dense_dim = dense_dim
         self.bottom = _mlp([dense_dim, *bottom_mlp, embedding_dim], last_activation=True) if dense_dim else None
         n = num_tables + (1 if dense_dim else 0)
@@ -267,7 +267,7 @@ def build_model(name: str, dense_dim: int, num_tables: int, embedding_dim: int, 
     with parameters drawn from ``seed`` (equal replicas on every rank).
 
     ``auto`` here picks by shape: NCF for two tables without dense features, else DLRM
-    (``herald train`` resolves ``auto`` by dataset before this: :func:`herald.spec.train.auto_model`).
+    (``herald train`` resolves ``auto`` by dataset before this: :func:`herald.contracts.train.auto_model`).
 
     Args:
         dense_dim: dense features per sample ``D``; num_tables: tables ``T``;

@@ -6,7 +6,7 @@ executor.PlanExecutor` for one micro-batch; the worker runtime (:mod:`herald.wor
 calls :meth:`~ConsistencyProtocol.before_forward` when a micro-batch arrives and
 :meth:`~ConsistencyProtocol.after_backward` from ``step()``, then synchronises the dense
 model and acks. A relaxed mode (HET bounded staleness, Persia hybrid, GBA) is another
-implementation, named by its mode's entry in :data:`herald.spec.modes.MODES` (the job's
+implementation, named by its mode's entry in :data:`herald.contracts.modes.MODES` (the job's
 ``consistency``; docs/consistency.md, "Adding a mode"). :meth:`ConsistencyProtocol.make_dense`
 gives the runtime the dense side of the protocol (:class:`~herald.worker.dense.DenseSync`
 unless the mode synchronises the dense model otherwise, as GBA does).
@@ -32,7 +32,7 @@ from torch import nn
 
 from herald.dispatch.microbatch import MicroBatch
 from herald.scheduler.plan import KeySet
-from herald.spec.modes import consistency_mode
+from herald.contracts.modes import consistency_mode
 from herald.worker.dense import DenseState, DenseSync
 from herald.worker.executor import PlanExecutor, StepRows
 
@@ -156,7 +156,7 @@ class BSP(ConsistencyProtocol):
 
 
 def make_protocol(name: str, executor: PlanExecutor, **settings) -> ConsistencyProtocol:
-    """The protocol of mode ``name`` (its entry in :data:`herald.spec.modes.MODES`) over
+    """The protocol of mode ``name`` (its entry in :data:`herald.contracts.modes.MODES`) over
     ``executor`` with its ``settings`` (``staleness`` for bounded).
 
     Raises:
@@ -166,6 +166,6 @@ def make_protocol(name: str, executor: PlanExecutor, **settings) -> ConsistencyP
 
 
 def job_protocol(job: Any, executor: PlanExecutor) -> ConsistencyProtocol:
-    """The protocol of ``job`` (a :class:`~herald.spec.job.JobSpec`) with the settings its
-    mode reads from it (:attr:`herald.spec.modes.ConsistencyMode.protocol_settings`)."""
+    """The protocol of ``job`` (a :class:`~herald.contracts.job.JobSpec`) with the settings its
+    mode reads from it (:attr:`herald.contracts.modes.ConsistencyMode.protocol_settings`)."""
     return make_protocol(job.consistency, executor, **consistency_mode(job.consistency).protocol_settings(job))

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from herald.ps import PSClient, apply_gradients
-from herald.spec.tables import TableConfig
+from herald.contracts.tables import TableConfig
 from herald.scheduler.plan import KeySet
 from herald.worker import psio
 from herald.worker.cache import EmbeddingCache

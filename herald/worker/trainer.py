@@ -12,10 +12,10 @@ import torch.nn.functional as F
 from herald.errors import ConfigError
 from herald.files import PrivateFile
 from herald.procs import startup_garbage_frozen
-from herald.spec.job import JobSpec
+from herald.contracts.job import JobSpec
 from herald.worker.api import ScheduledLoader
 from herald.worker.models import build_model
-from herald.spec.vocab import DEFAULT_TIMEOUT_MS
+from herald.contracts.vocab import DEFAULT_TIMEOUT_MS
 
 DENSE_OPTIMIZERS = {"sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad, "adam": torch.optim.Adam}
 

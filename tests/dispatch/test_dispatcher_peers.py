@@ -19,13 +19,13 @@ import pytest
 
 from herald.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from herald.errors import HeraldError, PeerTimeout, ProtocolError
-from herald.spec.job import JobSpec
+from herald.contracts.job import JobSpec
 from herald.loader.batch import SampleBatch
-from herald.spec.tables import TableConfig
+from herald.contracts.tables import TableConfig
 from herald.scheduler import Scheduler
 from herald.scheduler.config import SchedulerConfig
 from herald.job.parts import raise_job_failure
-from herald.spec.vocab import STARTUP_GRACE_MS
+from herald.contracts.vocab import STARTUP_GRACE_MS
 from tests.fakes import ScriptedWorker, ServedDispatcher, all_ended, cooperative, drive
 
 WORKERS, PER_WORKER, TABLES, VOCAB = 2, 4, 2, 12

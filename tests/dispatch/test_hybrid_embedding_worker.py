@@ -272,7 +272,7 @@ def test_a_silent_ps_is_a_bounded_wait():
 
 def test_hybrid_settings_are_checked_with_the_fix_named():
     from herald.errors import ConfigError
-    from herald.spec.train import TrainConfig
+    from herald.contracts.train import TrainConfig
 
     assert TrainConfig(consistency="hybrid", hybrid_expiry=2).hybrid_expiry == 2
     with pytest.raises(ConfigError, match="no meaning for --consistency bsp"):

@@ -24,8 +24,8 @@ from herald.dispatch.microbatch import MAX_WORKER_FRAME_BYTES
 from herald.dispatch.peers import KINDS, largest_frame_bytes
 from herald.dispatch.records import DispatcherConfig
 from herald.errors import ConfigError, PeerTimeout
-from herald.spec.job import JobSpec
-from herald.spec.tables import TableConfig
+from herald.contracts.job import JobSpec
+from herald.contracts.tables import TableConfig
 from herald.worker.link import DispatcherLink
 from tests import rawpeer
 from tests.fakes import Stranger, dealer

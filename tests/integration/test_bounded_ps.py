@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from herald.job.launcher import run_train
-from herald.spec.train import TrainConfig
+from herald.contracts.train import TrainConfig
 
 pytestmark = pytest.mark.integration
 

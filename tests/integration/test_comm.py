@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from herald.job.launcher import run_train
-from herald.spec.train import TrainConfig
+from herald.contracts.train import TrainConfig
 
 pytestmark = pytest.mark.integration
 
@@ -51,7 +51,7 @@ def test_client_compresses_across_shards_and_split_requests(wire):
     """Two real shards, requests split by max_keys_per_request: a compressed client sees
     the rows an fp32 client sees within the format's bound, optimizer state exact."""
     from herald.ps import LocalShards, PSClient, compress
-    from herald.spec.tables import OptimizerConfig, TableConfig
+    from herald.contracts.tables import OptimizerConfig, TableConfig
 
     tables = [TableConfig("a", 6, OptimizerConfig(name="adagrad", lr=0.1)), TableConfig("b", 6)]
     keys = np.arange(3000, dtype=np.uint64) * 7919

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from herald.job.launcher import run_train
-from herald.spec.train import TrainConfig
+from herald.contracts.train import TrainConfig
 
 pytestmark = pytest.mark.integration
 

@@ -26,7 +26,7 @@ from herald.dispatch.peers import KINDS
 from herald.job import launcher
 from herald.job.launcher import run_train
 from herald.job.reference import train_reference
-from herald.spec.train import TrainConfig
+from herald.contracts.train import TrainConfig
 from herald.loader import GlobalBatcher, open_source
 from herald.loader.splits import RowRange
 from herald.ps import PSClient

@@ -9,7 +9,7 @@ import pytest
 
 from herald.errors import ConfigError
 from herald.job.launcher import run_train
-from herald.spec.train import TrainConfig
+from herald.contracts.train import TrainConfig
 from herald.ps import PSClient
 from tests.integration.test_train_exact import (
     BATCH,

@@ -24,7 +24,7 @@ import torch
 from herald.errors import ConfigError
 from herald.job import checkpoints
 from herald.job.launcher import run_train
-from herald.spec.train import TrainConfig
+from herald.contracts.train import TrainConfig
 from herald.ps import PSClient
 from tests.integration.test_resume import _ids, _ps_rows
 

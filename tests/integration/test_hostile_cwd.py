@@ -11,8 +11,8 @@ import pytest
 
 from herald.job.launcher import run_train
 from herald.ps import LocalShards, PSClient
-from herald.spec.tables import TableConfig
-from herald.spec.train import TrainConfig
+from herald.contracts.tables import TableConfig
+from herald.contracts.train import TrainConfig
 from herald.procs import Supervisor
 
 pytestmark = pytest.mark.integration

@@ -11,7 +11,7 @@ import pytest
 from test_train_exact import BATCH, LR, STEPS, _reference, assert_matches_reference
 
 from herald.job.launcher import run_train
-from herald.spec.train import TrainConfig
+from herald.contracts.train import TrainConfig
 from herald.ps import PSClient
 
 pytestmark = pytest.mark.integration

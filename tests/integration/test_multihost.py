@@ -28,8 +28,8 @@ import torch
 
 from herald.errors import ConfigError, HeraldError
 from herald.job.data import JobData
-from herald.spec.job import JobSpec
-from herald.spec.train import TrainConfig
+from herald.contracts.job import JobSpec
+from herald.contracts.train import TrainConfig
 from herald.ps.checkpoint import load as load_ps_checkpoint
 from herald.testbed import TestBed, TestBedError, cleanup_stale, list_namespaces
 from herald.testbed.job import bed_hosts, run_job

@@ -27,7 +27,7 @@ import torch
 
 from herald.job.data import JobData
 from herald.job.failover import SHARD_FAILED_EXIT, shard_lost
-from herald.spec.job import JobSpec
+from herald.contracts.job import JobSpec
 from herald.ps.checkpoint import load as load_ps_checkpoint
 from herald.testbed import TestBed, TestBedError, cleanup_stale, list_namespaces
 from herald.testbed.dispatcher import last_step

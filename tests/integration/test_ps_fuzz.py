@@ -11,7 +11,7 @@ import pytest
 import zmq
 
 from herald.ps import LocalShards, PSClient, shard_of
-from herald.spec.tables import OptimizerConfig, TableConfig
+from herald.contracts.tables import OptimizerConfig, TableConfig
 from herald.ps.wire import PS
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]

@@ -13,7 +13,7 @@ import torch
 
 from herald.errors import ConfigError, PeerTimeout, ProtocolError
 from herald.ps import CheckpointError, LocalShards, PSClient, apply_gradients, init_rows, shard_of
-from herald.spec.tables import OptimizerConfig, TableConfig
+from herald.contracts.tables import OptimizerConfig, TableConfig
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

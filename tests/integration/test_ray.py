@@ -27,7 +27,7 @@ from herald.auth import generate_keys
 from herald.errors import ConfigError
 from herald.job.launcher import run_train
 from herald.ps import PSClient
-from herald.spec.train import TrainConfig
+from herald.contracts.train import TrainConfig
 from proc_tree import children
 from test_train_exact import BATCH, LR, STEPS, _reference, assert_matches_reference
 

@@ -26,11 +26,11 @@ from proc_tree import descendants
 from herald.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from herald.errors import ConfigError, DataError, HeraldError
 from herald.job.launcher import run_train
-from herald.spec.job import JobSpec
-from herald.spec.train import TrainConfig
+from herald.contracts.job import JobSpec
+from herald.contracts.train import TrainConfig
 from herald.loader import datagen, open_source
 from herald.loader.global_batches import GlobalBatches
-from herald.spec.tables import TableConfig
+from herald.contracts.tables import TableConfig
 
 pytestmark = pytest.mark.integration
 

@@ -22,7 +22,7 @@ from proc_tree import children
 from herald.auth import generate_keys
 from herald.errors import PeerTimeout
 from herald.ps import LocalShards, PSClient
-from herald.spec.tables import OptimizerConfig, TableConfig
+from herald.contracts.tables import OptimizerConfig, TableConfig
 from herald.ps.admin import AdminRefused
 from tests.fakes import wait_until
 

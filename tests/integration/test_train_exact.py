@@ -25,7 +25,7 @@ from herald.ps import PSClient
 from herald.job.reference import train_reference
 from herald.loader.splits import RowRange
 from herald.job.launcher import run_train
-from herald.spec.train import TrainConfig
+from herald.contracts.train import TrainConfig
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ from herald.job.data import JobData
 from herald.job.launcher import run_train
 from herald.loader import splits
 from herald.procs import Supervisor
-from herald.spec.train import TrainConfig
+from herald.contracts.train import TrainConfig
 from herald.worker import devices
 
 CRITEO = "criteo/criteo_kaggle_sample_train.tsv"

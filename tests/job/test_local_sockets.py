@@ -19,7 +19,7 @@ from herald.dispatch.records import DispatcherConfig
 from herald.errors import ConfigError
 from herald.job import leftovers
 from herald.job.parts import ExternalWorkers, LocalWorkers, WorkerLauncher
-from herald.spec.train import TrainConfig
+from herald.contracts.train import TrainConfig
 from tests.asuser import as_nobody
 from tests.fakes import dealer
 

@@ -18,8 +18,8 @@ from herald.job.ray_plan import (KEYS, PS_BASE_BYTES, ROW_GROWTH, RoleRequest, c
                                  single_node, split_keys, wants_gpus, worker_cpus, worker_strategy)
 from herald.job.ray_role import FOLDER, RoleHost, interface_of
 from herald.ps.store import ROW_OVERHEAD_BYTES
-from herald.spec.tables import OptimizerConfig, TableConfig
-from herald.spec.train import TrainConfig
+from herald.contracts.tables import OptimizerConfig, TableConfig
+from herald.contracts.train import TrainConfig
 
 TABLES = [TableConfig(name=f"t{i}", dim=4, optimizer=OptimizerConfig(name="adagrad", lr=0.1)) for i in range(3)]
 

@@ -15,7 +15,7 @@ import pytest
 
 from herald.errors import HeraldError
 from herald.job.rollback import Rollbacks, ShardFailed, WorkerFailed, run_attempts
-from herald.spec.train import TrainConfig
+from herald.contracts.train import TrainConfig
 
 EVERY = 4
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from herald.errors import ProtocolError
-from herald.spec.tables import TableConfig
+from herald.contracts.tables import TableConfig
 from herald.ps.table import EmbeddingTable
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from herald.ps import CheckpointError
-from herald.spec.tables import OptimizerConfig, TableConfig
+from herald.contracts.tables import OptimizerConfig, TableConfig
 from herald.ps import checkpoint
 from herald.ps.table import EmbeddingTable
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from herald.errors import ProtocolError
-from herald.spec.tables import OptimizerConfig, TableConfig
+from herald.contracts.tables import OptimizerConfig, TableConfig
 from herald.ps.server import ShardServer
 from herald.ps.table import EmbeddingTable
 from herald.ps.wire import PS, pack_clocks, unpack_clocks, valid_copies

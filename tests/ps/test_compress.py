@@ -129,7 +129,7 @@ def test_pull_reply_frames_round_trip():
 
 # ------------------------------------------------- through a shard's handler
 def _shard():
-    from herald.spec.tables import OptimizerConfig, TableConfig
+    from herald.contracts.tables import OptimizerConfig, TableConfig
     from herald.ps.server import ShardServer
 
     return ShardServer(0, 1, tables=[TableConfig("t", 8, OptimizerConfig(name="adagrad", lr=0.1))])

@@ -13,7 +13,7 @@ from herald.errors import ConfigError, ProtocolError
 from herald.ps import PSClient, apply_gradients, init_rows, shard_of
 from herald.ps.server import ShardServer
 from herald.ps.wire import PS
-from herald.spec.tables import OptimizerConfig, TableConfig
+from herald.contracts.tables import OptimizerConfig, TableConfig
 from tests.fakes import shard_request
 
 OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad", "adam")

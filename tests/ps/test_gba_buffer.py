@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from herald.errors import ProtocolError
-from herald.spec.tables import OptimizerConfig, TableConfig
+from herald.contracts.tables import OptimizerConfig, TableConfig
 from herald.ps.gba import Contribution, GradientBuffer, aggregate_rows
 from herald.ps.server import ShardServer
 from tests.fakes import shard_request

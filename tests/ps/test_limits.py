@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from herald.errors import ConfigError
-from herald.spec.tables import OptimizerConfig, TableConfig
+from herald.contracts.tables import OptimizerConfig, TableConfig
 from herald.ps.config import ShardLimits
 from herald.ps.server import ShardServer
 from herald.ps.store import ROW_OVERHEAD_BYTES

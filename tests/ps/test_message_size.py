@@ -9,7 +9,7 @@ import numpy as np
 from herald.ps import PSClient
 from herald.ps.config import DENSE_MAX_BYTES, ShardLimits, largest_frame_bytes
 from herald.ps.wire import PS
-from herald.spec.tables import OptimizerConfig, TableConfig
+from herald.contracts.tables import OptimizerConfig, TableConfig
 from tests import rawpeer
 from tests.fakes import InProcessPS, dealer
 

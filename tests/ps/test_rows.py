@@ -8,7 +8,7 @@ import torch
 
 from herald.errors import ConfigError
 from herald.ps import apply_gradients, init_rows, shard_of
-from herald.spec.tables import OptimizerConfig, TableConfig
+from herald.contracts.tables import OptimizerConfig, TableConfig
 
 KEYS = np.array([0, 1, 2, 2**63, 2**64 - 1, 123456789012345678], np.uint64)
 

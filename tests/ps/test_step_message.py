@@ -15,7 +15,7 @@ from herald.ps import LocalShards, PSClient
 from herald.ps.config import ShardLimits
 from herald.ps.server import ShardServer
 from herald.ps.wire import PS
-from herald.spec.tables import OptimizerConfig, TableConfig
+from herald.contracts.tables import OptimizerConfig, TableConfig
 from tests.fakes import as_frames
 
 TABLES = [TableConfig(f"t{i}", 4, OptimizerConfig("adagrad", lr=0.1)) for i in range(3)]

@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 
 from herald.errors import ProtocolError
 from herald.ps import apply_gradients, init_rows
-from herald.spec.tables import OptimizerConfig, TableConfig
+from herald.contracts.tables import OptimizerConfig, TableConfig
 from herald.ps.table import EmbeddingTable
 
 ADAM = TableConfig("t", 8, OptimizerConfig("adam", lr=0.01), init="zeros")

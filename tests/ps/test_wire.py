@@ -9,7 +9,7 @@ import zmq
 
 from herald.errors import ProtocolError
 from herald.ps import shard_of
-from herald.spec.tables import TableConfig
+from herald.contracts.tables import TableConfig
 from herald.ps.server import ShardServer
 from herald.ps.wire import CLOCK_DTYPES, PART_FRAMES, PS, put_rows
 from tests.fakes import as_frames, shard_request

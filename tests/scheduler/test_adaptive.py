@@ -6,7 +6,7 @@ import numpy as np
 
 from herald.loader.batch import SampleBatch
 from herald.scheduler import SchedulerConfig
-from herald.spec.vocab import SCHEDULES
+from herald.contracts.vocab import SCHEDULES
 
 from .executor import execute
 from .helpers import random_batches, run_scheduler

@@ -12,7 +12,7 @@ from herald.errors import ConfigError
 from herald.scheduler import SchedulerConfig
 from herald.scheduler import parallel_kernels as PK
 from herald.bench.scheduler import load_batches
-from herald.spec.vocab import SCHEDULES
+from herald.contracts.vocab import SCHEDULES
 from herald.loader.splits import count_distinct_keys
 from herald.scheduler.simulate import simulate
 

@@ -7,7 +7,7 @@ import pytest
 
 from herald.errors import ConfigError, DataError
 from herald.scheduler import Scheduler, SchedulerConfig
-from herald.spec.vocab import SCHEDULES
+from herald.contracts.vocab import SCHEDULES
 
 from .executor import execute
 from .helpers import keylist, random_batches, run_scheduler

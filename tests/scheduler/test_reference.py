@@ -7,7 +7,7 @@ import pytest
 
 from herald.scheduler import CAUSES, SchedulerConfig
 from herald.scheduler.config import POLICIES
-from herald.spec.vocab import SCHEDULES
+from herald.contracts.vocab import SCHEDULES
 
 from .helpers import keylist, random_batches, run_scheduler
 from .reference import RefScheduler

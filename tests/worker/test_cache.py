@@ -77,7 +77,7 @@ def test_lookup_pooled_step_equals_the_gather_embedding_bag_step(optimizer):
     import torch.nn.functional as F
 
     from herald.ps import apply_gradients
-    from herald.spec.tables import OptimizerConfig, TableConfig
+    from herald.contracts.tables import OptimizerConfig, TableConfig
 
     rng = np.random.default_rng(7)
     tcfg = TableConfig("t", 8, OptimizerConfig(optimizer, lr=0.05, initial_accumulator=0.1))
@@ -111,7 +111,7 @@ def test_lookup_pooled_step_equals_the_gather_embedding_bag_step(optimizer):
 
 def test_lookup_pooled_and_apply_gradients_reject_what_does_not_fit():
     from herald.errors import ConfigError
-    from herald.spec.tables import TableConfig
+    from herald.contracts.tables import TableConfig
     from herald.worker.cache import BagLayout
 
     cache = EmbeddingCache(4, 3)
@@ -147,7 +147,7 @@ def test_apply_gradients_is_the_ps_update_bit_for_bit(optimizer, weight_decay):
     import torch
 
     from herald.ps import apply_gradients
-    from herald.spec.tables import OptimizerConfig, TableConfig
+    from herald.contracts.tables import OptimizerConfig, TableConfig
 
     rng = np.random.default_rng(11)
     for dim in (1, 5, 16, 64):

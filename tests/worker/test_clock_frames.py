@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from herald.spec.job import JobSpec
+from herald.contracts.job import JobSpec
 from herald.ps import PSClient, compress
-from herald.spec.tables import OptimizerConfig, TableConfig
+from herald.contracts.tables import OptimizerConfig, TableConfig
 from herald.scheduler.plan import CachePlan, KeySet
 from herald.worker import psio
 from herald.worker.executor import PlanExecutor

@@ -6,15 +6,15 @@ import pytest
 import torch
 
 from herald.dispatch.microbatch import MicroBatch, make_sample_ids
-from herald.spec.job import JobSpec
+from herald.contracts.job import JobSpec
 from herald.loader.batch import SampleBatch
-from herald.spec.tables import OptimizerConfig, TableConfig
+from herald.contracts.tables import OptimizerConfig, TableConfig
 from herald.scheduler.plan import CachePlan, KeySet
 from herald.worker import psio
 from herald.worker.consistency_bounded import Bounded, check_valid
 from herald.worker.psio import member
 from herald.worker.executor import PlanExecutor
-from herald.spec.modes import consistency_mode
+from herald.contracts.modes import consistency_mode
 from tests.fakes import InProcessPS
 
 

@@ -13,7 +13,7 @@ import torch
 
 from herald.errors import ProtocolError
 from herald.ps import apply_gradients
-from herald.spec.tables import OptimizerConfig, TableConfig
+from herald.contracts.tables import OptimizerConfig, TableConfig
 from herald.scheduler.plan import KeySet
 from herald.worker.cache import EmbeddingCache
 from herald.worker.device_cache import DeviceCache, make_cache

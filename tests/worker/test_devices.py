@@ -122,7 +122,7 @@ def test_gloo_needs_no_side_group(monkeypatch):
 
 
 def test_herald_train_checks_device_settings_naming_the_flag():
-    from herald.spec.train import TrainConfig
+    from herald.contracts.train import TrainConfig
 
     assert (TrainConfig(device="cuda:3").device, TrainConfig(cache_device="torch").cache_device) == ("cuda:3", "torch")
     with pytest.raises(ConfigError, match="--device must be auto, cpu, cuda or cuda:N, got 'gpu'"):

@@ -15,7 +15,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from herald.errors import ConfigError
-from herald.spec.comm import check_comm
+from herald.contracts.comm import check_comm
 from herald.worker.groups import (
     GroupAverager,
     GroupAveragingFailed,

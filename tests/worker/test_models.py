@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from herald.errors import ConfigError
-from herald import spec
+from herald import contracts
 from herald.worker.models import MODELS, DCNv2, DeepFM, WideAndDeep, build_model
 
 B, DIM = 16, 5
@@ -119,21 +119,21 @@ def test_bad_shapes_and_names_raise_naming_the_fix():
     with pytest.raises(ConfigError, match="choose one of"):
         build_model("xdeepfm", 3, 4, DIM, seed=0)
     with pytest.raises(ConfigError, match="--model wdl needs --embedding-dim >= 2"):
-        spec.train.TrainConfig(model="wdl", embedding_dim=1)
+        contracts.train.TrainConfig(model="wdl", embedding_dim=1)
 
 
 def test_the_job_options_name_every_model():
-    assert set(spec.vocab.MODELS) == set(MODELS) | {"auto"}
-    assert set(spec.train.WORKLOAD_MODELS.values()) <= set(MODELS)
-    assert set(spec.vocab.SCALAR_SLICE_MODELS) == {"wdl", "deepfm"}
+    assert set(contracts.vocab.MODELS) == set(MODELS) | {"auto"}
+    assert set(contracts.train.WORKLOAD_MODELS.values()) <= set(MODELS)
+    assert set(contracts.vocab.SCALAR_SLICE_MODELS) == {"wdl", "deepfm"}
 
 
 @pytest.mark.parametrize("dataset,num_tables,dense_dim,want", [
     ("criteo", 26, 13, "wdl"), ("movielens", 2, 0, "ncf"), ("avazu", 21, 0, "deepfm"),   # Herald W1-W3
     ("synthetic", 26, 13, "dlrm"), ("parquet", 2, 0, "ncf"), ("libfm", 10, 0, "dlrm"), (None, 3, 1, "dlrm")])
 def test_auto_picks_the_herald_workload_model_of_a_known_dataset(dataset, num_tables, dense_dim, want):
-    assert spec.train.auto_model("auto", dataset, num_tables, dense_dim) == want
-    assert spec.train.auto_model("dcn", dataset, num_tables, dense_dim) == "dcn"
+    assert contracts.train.auto_model("auto", dataset, num_tables, dense_dim) == want
+    assert contracts.train.auto_model("dcn", dataset, num_tables, dense_dim) == "dcn"
 
 
 def test_the_job_spec_carries_the_resolved_model():
@@ -141,7 +141,7 @@ def test_the_job_spec_carries_the_resolved_model():
 
     data = types.SimpleNamespace(dataset="avazu", schema=Schema(tuple(f"C{i}" for i in range(21)), 0),
                                  replicated=[], replica_rows=0)
-    job = spec.job.JobSpec.build(spec.train.TrainConfig(embedding_dim=4), data, ["tcp://127.0.0.1:1"])
+    job = contracts.job.JobSpec.build(contracts.train.TrainConfig(embedding_dim=4), data, ["tcp://127.0.0.1:1"])
     assert job.model == "deepfm"
     with pytest.raises(ConfigError, match="--embedding-dim 2 or more"):
-        spec.job.JobSpec.build(spec.train.TrainConfig(embedding_dim=1), data, ["tcp://127.0.0.1:1"])
+        contracts.job.JobSpec.build(contracts.train.TrainConfig(embedding_dim=1), data, ["tcp://127.0.0.1:1"])

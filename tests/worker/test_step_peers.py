@@ -19,10 +19,10 @@ import torch.nn.functional as F
 
 from herald.dispatch.microbatch import MicroBatch, make_sample_ids
 from herald.errors import ConfigError, HeraldError, PeerTimeout, ProtocolError
-from herald.spec.job import JobSpec
+from herald.contracts.job import JobSpec
 from herald.loader.batch import SampleBatch
 from herald.ps import PSClient, apply_gradients
-from herald.spec.tables import OptimizerConfig, TableConfig
+from herald.contracts.tables import OptimizerConfig, TableConfig
 from herald.scheduler.plan import CachePlan, KeySet
 from herald.worker import link as link_mod
 from herald.worker.api import ScheduledLoader

@@ -25,10 +25,10 @@ from torchrec.sparse.jagged_tensor import KeyedTensor  # noqa: E402
 
 from herald.dispatch.microbatch import MicroBatch, make_sample_ids  # noqa: E402
 from herald.errors import ConfigError  # noqa: E402
-from herald.spec.job import JobSpec# noqa: E402
+from herald.contracts.job import JobSpec# noqa: E402
 from herald.loader.batch import SampleBatch  # noqa: E402
 from herald.ps import PSClient# noqa: E402
-from herald.spec.tables import OptimizerConfig, TableConfig
+from herald.contracts.tables import OptimizerConfig, TableConfig
 from herald.scheduler.plan import CachePlan, KeySet  # noqa: E402
 from herald.worker.api import CachedEmbedding  # noqa: E402
 from tests.fakes import FakeDispatcher, InProcessPS  # noqa: E402

@@ -22,7 +22,7 @@ from typing import Any, Mapping, Sequence
 
 from herald.config import from_mapping, require
 from herald.errors import ConfigError
-from herald.spec.vocab import INITS, SPARSE_OPTIMIZERS
+from herald.contracts.vocab import INITS, SPARSE_OPTIMIZERS
 
 #: The sparse optimizers; ``OPTIMIZERS.index(name)`` is the kernels' optimizer code.
 OPTIMIZERS = SPARSE_OPTIMIZERS

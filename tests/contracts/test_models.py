@@ -1,4 +1,4 @@
-"""What each model needs, stated once (herald/spec/models.py) and read by the settings
+"""What each model needs, stated once (herald/contracts/models.py) and read by the settings
 check, the job spec and the models themselves."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import pytest
 
 from herald.errors import ConfigError
 from herald.loader.batch import Schema
-from herald.spec.job import JobSpec
-from herald.spec.models import MODEL_NEEDS, check_model
-from herald.spec.train import TrainConfig
-from herald.spec.vocab import MODELS, SCALAR_SLICE_MODELS
+from herald.contracts.job import JobSpec
+from herald.contracts.models import MODEL_NEEDS, check_model
+from herald.contracts.train import TrainConfig
+from herald.contracts.vocab import MODELS, SCALAR_SLICE_MODELS
 
 
 def test_every_model_has_one_entry():

@@ -16,13 +16,13 @@ import re
 from typing import Any
 
 from herald.config import key_value, parse_value, require, setting
-from herald.spec.comm import check_comm
-from herald.spec.consistency import check_consistency, check_gba, check_hybrid, parse_slow_worker
-from herald.spec.flags import _flag, _integer, _number, flag_errors, scheduling_budget_value
-from herald.spec.models import check_model
-from herald.spec.modes import consistency_mode
-from herald.spec.tables import OptimizerConfig, TableConfig
-from herald.spec.vocab import (CACHE_DEVICES, CACHE_POLICIES, CONSISTENCY_MODES, DEFAULT_TIMEOUT_MS,
+from herald.contracts.comm import check_comm
+from herald.contracts.consistency import check_consistency, check_gba, check_hybrid, parse_slow_worker
+from herald.contracts.flags import _flag, _integer, _number, flag_errors, scheduling_budget_value
+from herald.contracts.models import check_model
+from herald.contracts.modes import consistency_mode
+from herald.contracts.tables import OptimizerConfig, TableConfig
+from herald.contracts.vocab import (CACHE_DEVICES, CACHE_POLICIES, CONSISTENCY_MODES, DEFAULT_TIMEOUT_MS,
                                DENSE_COMM_DTYPES, DENSE_OPTIMIZERS, DEVICE_PATTERN, LAUNCHERS,
                                MAX_BRUTEFORCE_WORKERS, MAX_EMBEDDING_DIM, MAX_TIMEOUT_MS, MAX_WORKERS, MODELS, SCHEDULES,
                                SPARSE_OPTIMIZERS, WIRE_DTYPES)
@@ -334,7 +334,7 @@ class TrainConfig:
     def check_schema(self, schema, dataset: str | None) -> None:
         """Check the settings that need the source's schema, naming the flag: the model
         ``--model`` trains (``auto`` resolved by :func:`auto_model`) against the source's
-        tables and ``--embedding-dim`` (:func:`herald.spec.models.check_model`, the one
+        tables and ``--embedding-dim`` (:func:`herald.contracts.models.check_model`, the one
         statement of what each model needs). :class:`herald.job.data.JobData` runs it as
         soon as the source is open: before any pass over the data and before any process
         of the job starts.
@@ -361,7 +361,7 @@ class TrainConfig:
     @property
     def inflight_steps(self) -> int:
         """``max_inflight_steps``, or the default of the consistency mode
-        (:attr:`herald.spec.modes.ConsistencyMode.inflight_steps`)."""
+        (:attr:`herald.contracts.modes.ConsistencyMode.inflight_steps`)."""
         if self.max_inflight_steps is not None:
             return self.max_inflight_steps
         return consistency_mode(self.consistency).inflight_steps

@@ -1,4 +1,4 @@
-"""The consistency-mode registry (herald/spec/modes.py; docs/consistency.md, "Adding a mode"):
+"""The consistency-mode registry (herald/contracts/modes.py; docs/consistency.md, "Adding a mode"):
 one entry per vocabulary mode, whose entry points resolve to what each role runs."""
 
 import inspect
@@ -11,12 +11,12 @@ import pytest
 from herald.errors import ConfigError
 from herald.job.report import consistency_block
 from herald.ps.wire import OPS
-from herald.spec import consistency as checks
-from herald.spec.job import JobSpec
-from herald.spec.modes import MODES, ConsistencyMode, consistency_mode, resolve
-from herald.spec.tables import OptimizerConfig, TableConfig
-from herald.spec.train import TrainConfig
-from herald.spec.vocab import CONSISTENCY_MODES
+from herald.contracts import consistency as checks
+from herald.contracts.job import JobSpec
+from herald.contracts.modes import MODES, ConsistencyMode, consistency_mode, resolve
+from herald.contracts.tables import OptimizerConfig, TableConfig
+from herald.contracts.train import TrainConfig
+from herald.contracts.vocab import CONSISTENCY_MODES
 from herald.worker.protocol import ConsistencyProtocol, make_protocol
 
 TABLE = TableConfig(name="t0", dim=4, optimizer=OptimizerConfig(name="sgd", lr=0.1))
@@ -72,9 +72,9 @@ def test_unknown_mode_is_a_config_error_naming_the_known_ones():
 
 
 def test_resolve_names_a_bad_entry_point():
-    assert resolve("herald.spec.modes:ConsistencyMode.resolve") is ConsistencyMode.resolve
-    for ref, words in (("herald.spec.modes", "malformed"), ("herald.no_such_module:x", "no module"),
-                       ("herald.spec.modes:no_such_name", "no attribute")):
+    assert resolve("herald.contracts.modes:ConsistencyMode.resolve") is ConsistencyMode.resolve
+    for ref, words in (("herald.contracts.modes", "malformed"), ("herald.no_such_module:x", "no module"),
+                       ("herald.contracts.modes:no_such_name", "no attribute")):
         with pytest.raises(ConfigError, match=words):
             resolve(ref)
     broken = ConsistencyMode.__new__(ConsistencyMode)   # an entry whose reference went stale
@@ -106,6 +106,6 @@ def test_report_blocks_keep_their_settings_and_fields():
 
 
 def test_the_registry_loads_nothing_heavy():
-    code = ("import sys, herald.spec.modes; heavy = {'torch', 'numba', 'zmq'} & set(sys.modules); "
+    code = ("import sys, herald.contracts.modes; heavy = {'torch', 'numba', 'zmq'} & set(sys.modules); "
             "assert not heavy, heavy")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -3,7 +3,7 @@
 Sent by the dispatcher to each worker in its ``config`` message (NOTE [dispatch
 protocol] in herald/dispatch/peers.py); read by the worker runtime, the report and the
 single-process reference trainer. :meth:`JobSpec.build` derives it from a
-:class:`~herald.spec.train.TrainConfig` and the job's data.
+:class:`~herald.contracts.train.TrainConfig` and the job's data.
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from typing import Any, Mapping
 
 from herald.config import from_mapping, require
 from herald.errors import ConfigError
-from herald.spec.comm import check_comm
-from herald.spec.consistency import check_consistency, check_gba, check_hybrid, parse_slow_worker
-from herald.spec.flags import flag_errors
-from herald.spec.models import check_model
-from herald.spec.tables import TableConfig
-from herald.spec.train import TrainConfig, auto_model
-from herald.spec.vocab import DENSE_OPTIMIZERS, MODELS
+from herald.contracts.comm import check_comm
+from herald.contracts.consistency import check_consistency, check_gba, check_hybrid, parse_slow_worker
+from herald.contracts.flags import flag_errors
+from herald.contracts.models import check_model
+from herald.contracts.tables import TableConfig
+from herald.contracts.train import TrainConfig, auto_model
+from herald.contracts.vocab import DENSE_OPTIMIZERS, MODELS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,7 +44,7 @@ class JobSpec:
             gba_buffer, gba_threshold: GBA's M (resolved) and iota (NOTE [gba tokens]).
         wire_dtype, dense_comm, groups, average_every, easgd_alpha: wire compression and
             hierarchical training groups (docs/compression.md; checked by
-            :func:`herald.spec.comm.check_comm`).
+            :func:`herald.contracts.comm.check_comm`).
         group_index: -1: one dispatcher serves every rank; ``g`` >= 0: this job's dispatcher
             serves only group ``g``'s ranks, as its ranks 0..k-1 (NOTE [independent groups]
             in herald/job/group_dispatch.py; the worker's torch.distributed rank is ``g * k + r``).

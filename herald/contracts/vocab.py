@@ -1,7 +1,7 @@
 """Every name a job can be configured with, defined once (docs/design.md, "Layers").
 
-The settings classes (:mod:`herald.spec.train`, :mod:`herald.spec.job`,
-:mod:`herald.spec.tables`), the command-line choices and the parts that act on a name
+The settings classes (:mod:`herald.contracts.train`, :mod:`herald.contracts.job`,
+:mod:`herald.contracts.tables`), the command-line choices and the parts that act on a name
 (the scheduler's allocation policies, the PS kernels' optimizer codes, the wire codecs)
 all read these tuples; nothing keeps a copy. Plain Python: no numba, torch or zmq, so
 ``herald train`` checks its options before anything heavy is imported.
@@ -23,7 +23,7 @@ MAX_BRUTEFORCE_WORKERS = 8
 MAX_EMBEDDING_DIM = 4096
 
 #: Sparse optimizers of the embedding rows; the index is the kernels' optimizer code
-#: (row layouts in herald/spec/tables.py; Persia §4.2.2: optimizer state lives in the row).
+#: (row layouts in herald/contracts/tables.py; Persia §4.2.2: optimizer state lives in the row).
 SPARSE_OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad", "adam")
 #: Optimizers of the dense parameters (torch.optim).
 DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam")
@@ -44,7 +44,7 @@ WIRE_DTYPES = ("fp32", "fp16", "bf16", "int8")
 #: ``--dense-comm``: the dense all-reduce (torch's DDP fp16/bf16 compress hooks' scheme).
 DENSE_COMM_DTYPES = ("fp32", "fp16", "bf16")
 
-#: ``--model``: ``auto`` picks by dataset (:func:`herald.spec.train.auto_model`).
+#: ``--model``: ``auto`` picks by dataset (:func:`herald.contracts.train.auto_model`).
 MODELS = ("auto", "dlrm", "ncf", "wdl", "deepfm", "dcn")
 #: Models reading the last element of each row as a scalar weight (NOTE [scalar slice]
 #: in herald/worker/models.py): they need rows of at least 2 elements.

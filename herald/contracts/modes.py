@@ -8,7 +8,7 @@ mode's name, so a new mode is one new entry here plus the code its entry names.
 
 Entry points
 ~~~~~~~~~~~~
-This module is the contracts layer (:mod:`herald.spec`): it may not import the worker,
+This module is the contracts layer (:mod:`herald.contracts`): it may not import the worker,
 dispatcher or job code its entries name (they sit above it and import it). So an entry
 names that code as an *entry point*: a string ``"package.module:attribute"`` (the attribute
 may be dotted, ``"module:Class.method"``), the style of Python packaging's entry points.
@@ -31,7 +31,7 @@ What each reference resolves to:
   of a dispatcher-side embedding worker (hybrid's, NOTE [hybrid training] in
   herald/dispatch/hybrid.py), made when the dispatcher sends its first step.
 
-Plain Python, like the rest of :mod:`herald.spec`.
+Plain Python, like the rest of :mod:`herald.contracts`.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ import re
 from typing import Any, Callable
 
 from herald.errors import ConfigError
-from herald.spec.consistency import check_consistency, check_gba, check_hybrid
-from herald.spec.vocab import CONSISTENCY_MODES
+from herald.contracts.consistency import check_consistency, check_gba, check_hybrid
+from herald.contracts.vocab import CONSISTENCY_MODES
 
 #: An entry point: ``package.module:attribute`` (the attribute may be dotted).
 REFERENCE = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*")
@@ -105,16 +105,16 @@ class ConsistencyMode:
     """One consistency mode: what each role of a job runs under it (module docstring).
 
     Attributes:
-        name: the ``--consistency`` value (one of :data:`herald.spec.vocab.CONSISTENCY_MODES`).
+        name: the ``--consistency`` value (one of :data:`herald.contracts.vocab.CONSISTENCY_MODES`).
         protocol: entry point of the worker's ``ConsistencyProtocol`` class.
         serve: entry point of the dispatcher's serve strategy, ``serve(dispatcher) -> records``.
         report: entry point of the function building the report's ``consistency`` block.
         ps_ops: the PS ops (:data:`herald.ps.wire.OPS`) the mode's workers send, for the
             record and the docs (the shard serves every op under every mode).
         protocol_settings: ``protocol_settings(job) -> dict``: the protocol's keyword settings
-            from a :class:`~herald.spec.job.JobSpec` (any object with its fields).
-        flags: the :class:`~herald.spec.train.TrainConfig` fields only this mode reads.
-        settings_check: the function of :mod:`herald.spec.consistency` checking those flags
+            from a :class:`~herald.contracts.job.JobSpec` (any object with its fields).
+        flags: the :class:`~herald.contracts.train.TrainConfig` fields only this mode reads.
+        settings_check: the function of :mod:`herald.contracts.consistency` checking those flags
             (each check runs for every job, and refuses its flags under another mode); None:
             no flags of its own.
         independent_groups: ``--groups G`` runs one dispatcher per group (NOTE [independent
@@ -184,7 +184,7 @@ class ConsistencyMode:
             raise ConfigError(f"consistency mode {self.name!r}, {field}: {exc}") from None
 
 
-#: Every consistency mode by name, in the order of :data:`~herald.spec.vocab.CONSISTENCY_MODES`.
+#: Every consistency mode by name, in the order of :data:`~herald.contracts.vocab.CONSISTENCY_MODES`.
 MODES: dict[str, ConsistencyMode] = {m.name: m for m in (
     ConsistencyMode(   # exact: NOTE [step protocol] in herald/scheduler/plan.py
         name="bsp",
@@ -231,7 +231,7 @@ MODES: dict[str, ConsistencyMode] = {m.name: m for m in (
 )}
 
 if tuple(MODES) != CONSISTENCY_MODES:   # the vocabulary and the registry name the same modes, in one order
-    raise ImportError(f"herald.spec.modes: MODES {tuple(MODES)} and herald.spec.vocab.CONSISTENCY_MODES "
+    raise ImportError(f"herald.contracts.modes: MODES {tuple(MODES)} and herald.contracts.vocab.CONSISTENCY_MODES "
                       f"{CONSISTENCY_MODES} differ: give every mode of the vocabulary one entry")
 
 

@@ -4,17 +4,17 @@ It sits at the bottom of the import graph: it imports nothing of herald above it
 (:mod:`herald.config` and :mod:`herald.errors` only) and no numba, torch or zmq, so
 that ``herald train`` refuses a bad option before anything heavy loads.
 
-- :mod:`herald.spec.vocab`: every vocabulary (schedules, optimizers, consistency modes,
+- :mod:`herald.contracts.vocab`: every vocabulary (schedules, optimizers, consistency modes,
   wire dtypes, cache policies, devices, models) and default (timeouts, limits), once.
-- :mod:`herald.spec.tables`: :class:`TableConfig`, :class:`OptimizerConfig`.
-- :mod:`herald.spec.consistency`, :mod:`herald.spec.comm`: the settings checks of the
+- :mod:`herald.contracts.tables`: :class:`TableConfig`, :class:`OptimizerConfig`.
+- :mod:`herald.contracts.consistency`, :mod:`herald.contracts.comm`: the settings checks of the
   consistency modes and of compression / groups.
-- :mod:`herald.spec.models`: what each ``--model`` needs of a job (tables, embedding dim), once.
-- :mod:`herald.spec.modes`: the registry of the consistency modes, one entry each, naming
+- :mod:`herald.contracts.models`: what each ``--model`` needs of a job (tables, embedding dim), once.
+- :mod:`herald.contracts.modes`: the registry of the consistency modes, one entry each, naming
   the code above this layer that runs them as entry points (docs/consistency.md, "Adding a mode").
-- :mod:`herald.spec.train`: :class:`TrainConfig`, the user's settings of a job.
-- :mod:`herald.spec.job`: :class:`JobSpec`, the versioned contract sent to every worker.
-- :mod:`herald.spec.flags`: errors worded in ``herald train``'s flags.
+- :mod:`herald.contracts.train`: :class:`TrainConfig`, the user's settings of a job.
+- :mod:`herald.contracts.job`: :class:`JobSpec`, the versioned contract sent to every worker.
+- :mod:`herald.contracts.flags`: errors worded in ``herald train``'s flags.
 """
 
 from herald.lazy import lazy_exports

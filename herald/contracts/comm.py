@@ -1,6 +1,6 @@
 """Settings of wire compression and of hierarchical training groups (docs/compression.md).
 
-Torch-, numba- and zmq-free: :mod:`herald.spec.train` and :mod:`herald.spec.job` check
+Torch-, numba- and zmq-free: :mod:`herald.contracts.train` and :mod:`herald.contracts.job` check
 ``herald train``'s options with it before anything starts.
 """
 
@@ -10,7 +10,7 @@ import math
 import numbers
 
 from herald.errors import ConfigError
-from herald.spec.vocab import DENSE_COMM_DTYPES, WIRE_DTYPES
+from herald.contracts.vocab import DENSE_COMM_DTYPES, WIRE_DTYPES
 
 def check_comm(wire_dtype: str, dense_comm: str, groups: int, average_every: int, easgd_alpha: float,
                workers: int | None = None) -> None:

@@ -1,7 +1,7 @@
 """Checking and wording ``herald train``'s flags: value checks that name the flag, and
 internal configs' errors re-worded in the flags' terms (:func:`flag_errors`).
 
-Imports no numba/torch/zmq package (see herald/spec/train.py).
+Imports no numba/torch/zmq package (see herald/contracts/train.py).
 """
 
 from __future__ import annotations

@@ -3,14 +3,14 @@
 :data:`MODEL_NEEDS` and :func:`check_model` are read by every place that decides whether a
 model can train a job, so they cannot disagree:
 
-- :meth:`herald.spec.train.TrainConfig.check_schema`: ``herald train`` and ``herald serve
+- :meth:`herald.contracts.train.TrainConfig.check_schema`: ``herald train`` and ``herald serve
   dispatcher`` refuse a model the source cannot feed as soon as the source's schema is
   known, before any pass over the data and before any process starts
   (:class:`herald.job.data.JobData`);
-- :class:`herald.spec.job.JobSpec`, the contract every worker receives;
+- :class:`herald.contracts.job.JobSpec`, the contract every worker receives;
 - the models themselves (:mod:`herald.worker.models`), for a caller that builds one directly.
 
-Plain Python, like the rest of :mod:`herald.spec` (no torch: the launcher checks without it).
+Plain Python, like the rest of :mod:`herald.contracts` (no torch: the launcher checks without it).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 
 from herald.errors import ConfigError
-from herald.spec.vocab import MODELS, SCALAR_SLICE_MODELS
+from herald.contracts.vocab import MODELS, SCALAR_SLICE_MODELS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,7 +31,7 @@ class ModelNeeds:
         tables_are: what those tables are, for the message (``"user, item"``).
         min_dim: the smallest ``--embedding-dim``: 2 for the models reading the last
             element of each row as the id's scalar weight (NOTE [scalar slice] in
-            herald/worker/models.py: :data:`~herald.spec.vocab.SCALAR_SLICE_MODELS`), else 1.
+            herald/worker/models.py: :data:`~herald.contracts.vocab.SCALAR_SLICE_MODELS`), else 1.
     """
 
     label: str
@@ -44,7 +44,7 @@ def _needs(name: str, label: str, **kw) -> ModelNeeds:
     return ModelNeeds(label, min_dim=2 if name in SCALAR_SLICE_MODELS else 1, **kw)
 
 
-#: Every model of ``--model`` but ``auto`` (resolved first: :func:`herald.spec.train.auto_model`).
+#: Every model of ``--model`` but ``auto`` (resolved first: :func:`herald.contracts.train.auto_model`).
 MODEL_NEEDS: dict[str, ModelNeeds] = {
     "dlrm": _needs("dlrm", "DLRM"),
     "wdl": _needs("wdl", "Wide&Deep"),
@@ -54,7 +54,7 @@ MODEL_NEEDS: dict[str, ModelNeeds] = {
 }
 
 if set(MODEL_NEEDS) != set(MODELS) - {"auto"}:   # the vocabulary and this table name the same models
-    raise ImportError(f"herald.spec.models: MODEL_NEEDS {sorted(MODEL_NEEDS)} and herald.spec.vocab.MODELS "
+    raise ImportError(f"herald.contracts.models: MODEL_NEEDS {sorted(MODEL_NEEDS)} and herald.contracts.vocab.MODELS "
                       f"{sorted(MODELS)} (less 'auto') differ: give every model one entry")
 
 

@@ -9,9 +9,9 @@ from herald import cli
 from herald.config import from_arguments
 from herald.errors import ConfigError
 from herald.job.cli import add_job_arguments
-from herald.spec.flags import flag_errors, in_flag_terms
-from herald.spec.train import TrainConfig
-from herald.spec.vocab import MAX_WORKERS, SCHEDULES
+from herald.contracts.flags import flag_errors, in_flag_terms
+from herald.contracts.train import TrainConfig
+from herald.contracts.vocab import MAX_WORKERS, SCHEDULES
 from herald.loader.batch import Schema
 
 
@@ -90,7 +90,7 @@ def test_every_schedule_of_the_vocabulary_has_an_allocation_policy():
 
 def test_internal_config_errors_are_reworded_with_flags():
     from herald.dispatch.dispatcher import DispatcherConfig
-    from herald.spec.tables import TableConfig
+    from herald.contracts.tables import TableConfig
     from herald.scheduler import SchedulerConfig
 
     cases = [

@@ -1,6 +1,6 @@
 """Settings of the relaxed consistency modes and of straggler injection (docs/consistency.md).
 
-Torch-, numba- and zmq-free: :mod:`herald.spec.train` and :mod:`herald.spec.job` check
+Torch-, numba- and zmq-free: :mod:`herald.contracts.train` and :mod:`herald.contracts.job` check
 ``herald train``'s options with it before anything starts.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 from herald.errors import ConfigError
-from herald.spec.vocab import CONSISTENCY_MODES
+from herald.contracts.vocab import CONSISTENCY_MODES
 
 #: Largest staleness bound ``s`` (clock ticks = updates of one embedding).
 MAX_STALENESS = 1 << 20

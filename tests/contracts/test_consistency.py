@@ -3,10 +3,10 @@
 import pytest
 
 from herald.errors import ConfigError
-from herald.spec.job import JobSpec
-from herald.spec.train import TrainConfig
-from herald.spec.tables import OptimizerConfig, TableConfig
-from herald.spec.consistency import check_consistency, parse_slow_worker
+from herald.contracts.job import JobSpec
+from herald.contracts.train import TrainConfig
+from herald.contracts.tables import OptimizerConfig, TableConfig
+from herald.contracts.consistency import check_consistency, parse_slow_worker
 
 
 def test_slow_worker_parses_rank_and_ms():

@@ -1,4 +1,4 @@
-"""``--launcher``, ``--ray-address`` and ``--storage-path`` (herald/spec/train.py; docs/cluster.md):
+"""``--launcher``, ``--ray-address`` and ``--storage-path`` (herald/contracts/train.py; docs/cluster.md):
 checked before anything starts, naming the flag and the fix."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 from herald.cli import main
 from herald.errors import ConfigError
-from herald.spec.train import TrainConfig
+from herald.contracts.train import TrainConfig
 
 
 def test_the_ray_settings_need_the_ray_launcher():
