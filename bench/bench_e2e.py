@@ -1,6 +1,6 @@
 """End-to-end benchmark, herald vs vanilla (see herald/bench/e2e.py); same as `herald bench e2e`.
 
-    python bench/bench_e2e.py [--rows 200000] [--workers 2 4] [--out runs/bench-e2e]
+python bench/bench_e2e.py [--rows 200000] [--workers 2 4] [--out runs/bench-e2e]
 """
 
 import pathlib

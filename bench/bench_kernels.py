@@ -12,7 +12,7 @@ import os
 import pathlib
 import sys
 
-os.environ.setdefault("NUMBA_NUM_THREADS", "1")   # before numba loads
+os.environ.setdefault("NUMBA_NUM_THREADS", "1")  # before numba loads
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from herald.bench.kernels import main

@@ -36,11 +36,13 @@ if sys.argv[1:2] != ["--timing-worker"]:  # a timing worker imports herald from 
 
 CRITEO = str(ROOT.parent / "shared/data/criteo/criteo_kaggle_sample_train.tsv")
 #: (label, data, workers, samples per worker): 7, 195, 40, 12 and 12 global batches
-CASES = (("Criteo sample, 8 x 128", CRITEO, 8, 128),
-         ("synthetic Criteo, 8 x 128", "synthetic://criteo?rows=200000&seed=0", 8, 128),
-         ("synthetic Criteo, 64 x 16", "synthetic://criteo?rows=40960&seed=0", 64, 16),
-         ("synthetic Criteo, 8 x 1,024", "synthetic://criteo?rows=98304&seed=0", 8, 1024),
-         ("synthetic Criteo, 64 x 128", "synthetic://criteo?rows=98304&seed=0", 64, 128))
+CASES = (
+    ("Criteo sample, 8 x 128", CRITEO, 8, 128),
+    ("synthetic Criteo, 8 x 128", "synthetic://criteo?rows=200000&seed=0", 8, 128),
+    ("synthetic Criteo, 64 x 16", "synthetic://criteo?rows=40960&seed=0", 64, 16),
+    ("synthetic Criteo, 8 x 1,024", "synthetic://criteo?rows=98304&seed=0", 8, 1024),
+    ("synthetic Criteo, 64 x 128", "synthetic://criteo?rows=98304&seed=0", 64, 128),
+)
 
 
 def timing_worker(data: str, schedule: str, workers: int, per_worker: int, build_plans: bool) -> None:
@@ -50,14 +52,15 @@ def timing_worker(data: str, schedule: str, workers: int, per_worker: int, build
     import numpy as np
 
     from herald.bench.scheduler import load_batches
-    from herald.scheduler.config import SchedulerConfig
     from herald.loader.splits import count_distinct_keys
+    from herald.scheduler.config import SchedulerConfig
     from herald.scheduler.scheduler import Scheduler
 
     batches, tables, _ = load_batches(data, workers * per_worker)
     distinct = count_distinct_keys(batches)
-    cfg = SchedulerConfig(num_workers=workers, batch_size_per_worker=per_worker, schedule=schedule,
-                          cache_ratio=0.1, seed=0)
+    cfg = SchedulerConfig(
+        num_workers=workers, batch_size_per_worker=per_worker, schedule=schedule, cache_ratio=0.1, seed=0
+    )
     warm = Scheduler(cfg, len(tables), distinct, build_plans=build_plans)  # compile every kernel
     for b in batches[:3]:
         warm.submit(b)
@@ -72,8 +75,11 @@ def timing_worker(data: str, schedule: str, workers: int, per_worker: int, build
             cpu_ms.append(1e3 * (time.thread_time() - t0))
         if p is not None:
             digest.update(np.ascontiguousarray(p.counts).tobytes())
-    print(json.dumps({"submit_ms": [1e3 * s for s in sched.submit_seconds], "cpu_ms": cpu_ms,
-                      "counts": digest.hexdigest()}))
+    print(
+        json.dumps(
+            {"submit_ms": [1e3 * s for s in sched.submit_seconds], "cpu_ms": cpu_ms, "counts": digest.hexdigest()}
+        )
+    )
 
 
 def pool_vs_prange(repeats: int = 200) -> int:
@@ -84,15 +90,15 @@ def pool_vs_prange(repeats: int = 200) -> int:
     import numba as nb
     import numpy as np
 
+    from herald.bench.scheduler import load_batches
+    from herald.loader.splits import count_distinct_keys
     from herald.scheduler import parallel_kernels as PK
     from herald.scheduler import snapshot_kernels as SK
-    from herald.bench.scheduler import load_batches
     from herald.scheduler.config import SchedulerConfig
-    from herald.loader.splits import count_distinct_keys
     from herald.scheduler.scheduler import Scheduler
 
     @nb.njit(nogil=True)
-    def lru_workers(w0, w1, W, *args):   # the scheduler's per-worker function, for a range of workers
+    def lru_workers(w0, w1, W, *args):  # the scheduler's per-worker function, for a range of workers
         for w in range(w0, w1):
             SK._lru_worker_jit(w, W, *args, True)
 
@@ -101,7 +107,7 @@ def pool_vs_prange(repeats: int = 200) -> int:
     seen = {}
     forward = sched.snapshots.before_forward
 
-    def capture(keys, off, counts, threads=1):   # the state before step 4's snapshot pass
+    def capture(keys, off, counts, threads=1):  # the state before step 4's snapshot pass
         seen.setdefault("state", (copy.deepcopy(sched.snapshots), keys.copy(), off.copy()))
         return forward(keys, off, counts, threads)
 
@@ -115,10 +121,27 @@ def pool_vs_prange(repeats: int = 200) -> int:
 
     def fresh():
         sn, n = copy.deepcopy(snap0), keys.shape[0]
-        outs = (np.empty(n, np.int32), np.zeros(n, np.bool_), np.zeros(W, np.int64), np.empty(n, np.int32),
-                np.zeros(W, np.int64), np.zeros((W, 6), np.int64))
-        return (keys, off, sn.cached, sn.valid, sn.owner, sn.capacity_rows, sn.pos, sn.log, sn.head, sn.tail,
-                sn.size) + outs
+        outs = (
+            np.empty(n, np.int32),
+            np.zeros(n, np.bool_),
+            np.zeros(W, np.int64),
+            np.empty(n, np.int32),
+            np.zeros(W, np.int64),
+            np.zeros((W, 6), np.int64),
+        )
+        return (
+            keys,
+            off,
+            sn.cached,
+            sn.valid,
+            sn.owner,
+            sn.capacity_rows,
+            sn.pos,
+            sn.log,
+            sn.head,
+            sn.tail,
+            sn.size,
+        ) + outs
 
     def serial(a):
         SK.snapshot_lru_step_jit(*a, np.zeros(2, np.int64))
@@ -134,9 +157,9 @@ def pool_vs_prange(repeats: int = 200) -> int:
 
     runs = {f.__name__: [] for f in (serial, prange2, pool2)}
     for f in (serial, prange2, pool2):
-        f(fresh())   # compile
+        f(fresh())  # compile
     for _ in range(repeats // 20):
-        for f in (serial, prange2, pool2):   # interleaved: the same machine load for each
+        for f in (serial, prange2, pool2):  # interleaved: the same machine load for each
             for _ in range(20):
                 a = fresh()
                 t0 = time.perf_counter()
@@ -150,15 +173,22 @@ def pool_vs_prange(repeats: int = 200) -> int:
 
 def _run_child(root: str, case, schedule: str, build_plans: bool) -> dict:
     _, data, W, Bw = case
-    cmd = [sys.executable, str(ROOT / "bench" / "bench_scheduler.py"), "--timing-worker", data, schedule,
-           str(W), str(Bw), str(int(build_plans))]
+    cmd = [
+        sys.executable,
+        str(ROOT / "bench" / "bench_scheduler.py"),
+        "--timing-worker",
+        data,
+        schedule,
+        str(W),
+        str(Bw),
+        str(int(build_plans)),
+    ]
     env = dict(os.environ, PYTHONPATH=root, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def compare(ref: str, rounds: int, schedules: list, build_plans: bool, after_root: str = str(ROOT),
-            cases=None) -> int:
+def compare(ref: str, rounds: int, schedules: list, build_plans: bool, after_root: str = str(ROOT), cases=None) -> int:
     """Before (git ``ref``) / after (this checkout) table, measured in the same run.
 
     ``cases``: indices into :data:`CASES` (default all).
@@ -166,16 +196,19 @@ def compare(ref: str, rounds: int, schedules: list, build_plans: bool, after_roo
     import numpy as np
 
     with tempfile.TemporaryDirectory() as tmp:
-        archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "herald"], check=True,
-                                 capture_output=True).stdout
+        archive = subprocess.run(
+            ["git", "-C", str(ROOT), "archive", ref, "herald"], check=True, capture_output=True
+        ).stdout
         subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
         roots = {"before": tmp, "after": after_root}
-        print(f"ms per global batch, median / p99 of warm steps, {rounds} alternating runs per side; "
-              "wall = perf_counter around submit (what Scheduler.submit_seconds records), "
-              "cpu = thread CPU time (excludes time the shared machine ran other processes)")
+        print(
+            f"ms per global batch, median / p99 of warm steps, {rounds} alternating runs per side; "
+            "wall = perf_counter around submit (what Scheduler.submit_seconds records), "
+            "cpu = thread CPU time (excludes time the shared machine ran other processes)"
+        )
         print("| case | schedule | wall before | wall after | speed-up | cpu before | cpu after | speed-up |")
         print("|---|---|---|---|---|---|---|---|")
-        for case in (CASES if cases is None else [CASES[i] for i in cases]):
+        for case in CASES if cases is None else [CASES[i] for i in cases]:
             for schedule in schedules:
                 ms = {k: [] for k in roots}
                 cpu = {k: [] for k in roots}
@@ -209,19 +242,29 @@ if __name__ == "__main__":
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_scheduler_arguments(parser)
-    parser.add_argument("--compare-ref", default=None,
-                        help="time submit() of this checkout against git revision REF, same run")
+    parser.add_argument(
+        "--compare-ref", default=None, help="time submit() of this checkout against git revision REF, same run"
+    )
     parser.add_argument("--no-plans", action="store_true", help="--compare-ref: counts only (build_plans=False)")
-    parser.add_argument("--cases", default=None,
-                        help="--compare-ref: comma-separated indices into CASES (default all)")
+    parser.add_argument("--cases", default=None, help="--compare-ref: comma-separated indices into CASES (default all)")
     parser.add_argument("--after-root", default=str(ROOT), help=argparse.SUPPRESS)  # a frozen copy
-    parser.add_argument("--pool-vs-prange", action="store_true",
-                        help="time one LRU snapshot pass serially, with prange and on a Python thread pool")
+    parser.add_argument(
+        "--pool-vs-prange",
+        action="store_true",
+        help="time one LRU snapshot pass serially, with prange and on a Python thread pool",
+    )
     args = parser.parse_args()
     if args.pool_vs_prange:
         sys.exit(pool_vs_prange())
     if args.compare_ref:
-        sys.exit(compare(args.compare_ref, args.rounds, args.schedules.split(","), not args.no_plans,
-                         args.after_root,
-                         None if args.cases is None else [int(c) for c in args.cases.split(",")]))
+        sys.exit(
+            compare(
+                args.compare_ref,
+                args.rounds,
+                args.schedules.split(","),
+                not args.no_plans,
+                args.after_root,
+                None if args.cases is None else [int(c) for c in args.cases.split(",")],
+            )
+        )
     sys.exit(main(args))

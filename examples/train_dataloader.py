@@ -35,8 +35,9 @@ class EmbeddingBagMLP(nn.Module):
     def __init__(self, num_tables: int, dense_dim: int, rows_per_table: int, dim: int = 16, hidden: int = 64):
         super().__init__()
         self.rows = rows_per_table
-        self.bags = nn.ModuleList(nn.EmbeddingBag(rows_per_table, dim, mode="sum", include_last_offset=True)
-                                  for _ in range(num_tables))
+        self.bags = nn.ModuleList(
+            nn.EmbeddingBag(rows_per_table, dim, mode="sum", include_last_offset=True) for _ in range(num_tables)
+        )
         self.mlp = nn.Sequential(nn.Linear(dense_dim + num_tables * dim, hidden), nn.ReLU(), nn.Linear(hidden, 1))
 
     def forward(self, dense: torch.Tensor, sparse: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
@@ -52,8 +53,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=1024)
     p.add_argument("--num-workers", type=int, default=2, help="DataLoader worker processes")
     p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--rows-per-table", type=int, default=1000,
-                   help="embedding rows per table (ids are hashed into them; small: dense gradients)")
+    p.add_argument(
+        "--rows-per-table",
+        type=int,
+        default=1000,
+        help="embedding rows per table (ids are hashed into them; small: dense gradients)",
+    )
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--rank", type=int, default=int(os.environ.get("RANK", 0)))
     p.add_argument("--world-size", type=int, default=int(os.environ.get("WORLD_SIZE", 1)))
@@ -67,15 +72,22 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     torch.manual_seed(args.seed)
     data = args.data or f"synthetic://criteo?rows={args.rows}&seed={args.seed}"
-    dataset = HeraldIterableDataset(data, args.batch_size, output="torch", shuffle_buffer=4 * args.batch_size,
-                                    seed=args.seed, rank=args.rank, world_size=args.world_size)
+    dataset = HeraldIterableDataset(
+        data,
+        args.batch_size,
+        output="torch",
+        shuffle_buffer=4 * args.batch_size,
+        seed=args.seed,
+        rank=args.rank,
+        world_size=args.world_size,
+    )
     tables = dataset.schema.table_names
     model = EmbeddingBagMLP(len(tables), dataset.schema.dense_dim, args.rows_per_table)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     loader = DataLoader(dataset, batch_size=None, num_workers=args.num_workers)
     losses, samples, t0 = [], 0, time.perf_counter()
     for epoch in range(args.epochs):
-        dataset.set_epoch(epoch)                       # reseeds the shuffle, as DistributedSampler.set_epoch
+        dataset.set_epoch(epoch)  # reseeds the shuffle, as DistributedSampler.set_epoch
         for batch in loader:
             logits = model(batch["dense"], [batch[name] for name in tables])
             loss = F.binary_cross_entropy_with_logits(logits, batch["labels"])
@@ -87,10 +99,17 @@ def main(argv=None) -> dict:
             if len(losses) % 20 == 0:
                 print(f"epoch {epoch} step {len(losses)}: loss {loss.item():.4f}")
     seconds = time.perf_counter() - t0
-    out = {"steps": len(losses), "samples": samples, "first_loss": sum(losses[:10]) / max(len(losses[:10]), 1),
-           "last_loss": sum(losses[-10:]) / max(len(losses[-10:]), 1), "samples_per_s": samples / seconds}
-    print(f"{out['steps']} steps, {samples:,} samples in {seconds:.1f} s ({out['samples_per_s']:,.0f} samples/s); "
-          f"loss {out['first_loss']:.4f} -> {out['last_loss']:.4f}")
+    out = {
+        "steps": len(losses),
+        "samples": samples,
+        "first_loss": sum(losses[:10]) / max(len(losses[:10]), 1),
+        "last_loss": sum(losses[-10:]) / max(len(losses[-10:]), 1),
+        "samples_per_s": samples / seconds,
+    }
+    print(
+        f"{out['steps']} steps, {samples:,} samples in {seconds:.1f} s ({out['samples_per_s']:,.0f} samples/s); "
+        f"loss {out['first_loss']:.4f} -> {out['last_loss']:.4f}"
+    )
     return out
 
 

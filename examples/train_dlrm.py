@@ -32,16 +32,16 @@ def main() -> None:
     args = parser.parse_args()
 
     with ScheduledLoader.connect(args.dispatcher, rank=args.rank, world_size=args.world_size) as loader:
-        job = loader.job                                   # tables, dense features, seed, ... from the dispatcher
-        torch.manual_seed(job.seed)                        # identical dense replicas on every rank
+        job = loader.job  # tables, dense features, seed, ... from the dispatcher
+        torch.manual_seed(job.seed)  # identical dense replicas on every rank
         model = DLRM(job.dense_dim, len(job.tables), loader.dim).to(loader.device)
-        embedding = loader.embedding()                     # batch -> [b, tables, dim], from the worker cache
+        embedding = loader.embedding()  # batch -> [b, tables, dim], from the worker cache
         loader.attach(model, torch.optim.Adam(model.parameters(), lr=args.lr))
-        for step, batch in enumerate(loader):              # evictions and pulls of the plan are done here
+        for step, batch in enumerate(loader):  # evictions and pulls of the plan are done here
             logits = model(batch.dense, embedding(batch))
             loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
             loss.backward()
-            loader.step(loss)                              # pushes per plan, dense all-reduce, ack
+            loader.step(loss)  # pushes per plan, dense all-reduce, ack
             if args.rank == 0 and step % 20 == 0:
                 print(f"step {step}: loss {loss.item():.4f}")
 

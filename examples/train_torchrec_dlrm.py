@@ -33,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -55,8 +55,10 @@ def dlrm_for(loader: ScheduledLoader, dense_arch: list[int], over_arch: list[int
     if job.dense_dim == 0:
         raise SystemExit("DLRM needs dense features; this source has none (use a Criteo-shaped source)")
     # the tables' shapes only: on the meta device, no memory (the rows live in herald's PS)
-    tables = [EmbeddingBagConfig(name=n, embedding_dim=loader.dim, num_embeddings=1, feature_names=[n])
-              for n in loader.table_names]
+    tables = [
+        EmbeddingBagConfig(name=n, embedding_dim=loader.dim, num_embeddings=1, feature_names=[n])
+        for n in loader.table_names
+    ]
     ebc = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
     model = DLRM(ebc, job.dense_dim, dense_arch + [loader.dim], over_arch + [1], dense_device=loader.device)
     model.sparse_arch.embedding_bag_collection = nn.Identity()
@@ -65,16 +67,16 @@ def dlrm_for(loader: ScheduledLoader, dense_arch: list[int], over_arch: list[int
 
 def train(loader: ScheduledLoader, lr: float, log_every: int) -> list[float]:
     """The training loop; returns the losses of this rank's steps."""
-    torch.manual_seed(loader.job.seed)                         # identical dense replicas on every rank
+    torch.manual_seed(loader.job.seed)  # identical dense replicas on every rank
     model = dlrm_for(loader, dense_arch=[64], over_arch=[64])
-    embedding = loader.embedding(output="keyed_tensor")        # batch -> torchrec.KeyedTensor
+    embedding = loader.embedding(output="keyed_tensor")  # batch -> torchrec.KeyedTensor
     loader.attach(model, torch.optim.Adam(model.parameters(), lr=lr))
     losses = []
-    for step, batch in enumerate(loader):                      # the plan's evictions and pulls are done
+    for step, batch in enumerate(loader):  # the plan's evictions and pulls are done
         logits = model(batch.dense, embedding(batch)).squeeze(-1)
         loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
         loss.backward()
-        loader.step(loss, logits)                              # pushes per plan, dense all-reduce, ack
+        loader.step(loss, logits)  # pushes per plan, dense all-reduce, ack
         losses.append(loss.item())
         if loader.rank == 0 and step % log_every == 0:
             print(f"step {step}: loss {losses[-1]:.4f}", flush=True)
@@ -106,16 +108,56 @@ def services(args: argparse.Namespace) -> Iterator[tuple[str, subprocess.Popen]]
     with tempfile.TemporaryDirectory(prefix="herald-torchrec-") as tmp:
         try:
             ready = pathlib.Path(tmp) / "ps.ready"
-            procs.append(subprocess.Popen([*herald, "ps", "--shard", "0", "--num-shards", "1", "--bind",
-                                           "tcp://127.0.0.1:*", "--seed", str(args.seed),
-                                           "--ready-file", str(ready)], stdout=subprocess.DEVNULL))
+            procs.append(
+                subprocess.Popen(
+                    [
+                        *herald,
+                        "ps",
+                        "--shard",
+                        "0",
+                        "--num-shards",
+                        "1",
+                        "--bind",
+                        "tcp://127.0.0.1:*",
+                        "--seed",
+                        str(args.seed),
+                        "--ready-file",
+                        str(ready),
+                    ],
+                    stdout=subprocess.DEVNULL,
+                )
+            )
             ps = _wait_for(ready, procs[0], "the PS shard")
             address = f"tcp://127.0.0.1:{_free_port()}"
-            procs.append(subprocess.Popen([*herald, "dispatcher", "--source", args.source, "--workers", "1",
-                                           "--batch-size", str(args.batch_size), "--steps", str(args.steps),
-                                           "--embedding-dim", str(args.embedding_dim), "--lr", str(args.lr),
-                                           "--seed", str(args.seed), "--ps", ps, "--bind", address],
-                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+            procs.append(
+                subprocess.Popen(
+                    [
+                        *herald,
+                        "dispatcher",
+                        "--source",
+                        args.source,
+                        "--workers",
+                        "1",
+                        "--batch-size",
+                        str(args.batch_size),
+                        "--steps",
+                        str(args.steps),
+                        "--embedding-dim",
+                        str(args.embedding_dim),
+                        "--lr",
+                        str(args.lr),
+                        "--seed",
+                        str(args.seed),
+                        "--ps",
+                        ps,
+                        "--bind",
+                        address,
+                    ],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                )
+            )
             yield address, procs[1]
         finally:
             for proc in reversed(procs):

@@ -80,19 +80,25 @@ def generate_keys(keys_dir: str | os.PathLike, force: bool = False) -> list[path
     root = pathlib.Path(keys_dir)
     existing = [root / name for name in KEY_FILES if (root / name).exists()]
     if existing and not force:
-        raise ConfigError(f"{existing[0]} exists: refusing to overwrite keys that other hosts may hold; pass "
-                          "--force to replace them (then copy the folder to every host again) or choose "
-                          "another folder")
+        raise ConfigError(
+            f"{existing[0]} exists: refusing to overwrite keys that other hosts may hold; pass "
+            "--force to replace them (then copy the folder to every host again) or choose "
+            "another folder"
+        )
     try:
         (root / CLIENTS).mkdir(parents=True, exist_ok=True)
         for folder in (root, root / CLIENTS):
             os.chmod(folder, 0o700)
-        with tempfile.TemporaryDirectory(dir=root, prefix=".keys-") as tmp:   # mode 0700
+        with tempfile.TemporaryDirectory(dir=root, prefix=".keys-") as tmp:  # mode 0700
             zmq.auth.create_certificates(tmp, "server")
             zmq.auth.create_certificates(tmp, "client")
             written = []
-            for src, name in (("server.key", SERVER_PUBLIC), ("server.key_secret", SERVER_SECRET),
-                              ("client.key_secret", CLIENT_SECRET), ("client.key", f"{CLIENTS}/{CLIENT_PUBLIC}")):
+            for src, name in (
+                ("server.key", SERVER_PUBLIC),
+                ("server.key_secret", SERVER_SECRET),
+                ("client.key_secret", CLIENT_SECRET),
+                ("client.key", f"{CLIENTS}/{CLIENT_PUBLIC}"),
+            ):
                 os.chmod(os.path.join(tmp, src), 0o600)
                 os.replace(os.path.join(tmp, src), root / name)
                 written.append(root / name)
@@ -104,11 +110,15 @@ def generate_keys(keys_dir: str | os.PathLike, force: bool = False) -> list[path
 def _load(keys_dir: str | os.PathLike, name: str, secret: bool) -> tuple[bytes, bytes | None]:
     path = pathlib.Path(keys_dir) / name
     if not path.is_file():
-        raise ConfigError(f"keys folder {keys_dir} has no {name}: {_fix(keys_dir)} (copy the whole folder to "
-                          f"every host of the job; {GUIDE})")
+        raise ConfigError(
+            f"keys folder {keys_dir} has no {name}: {_fix(keys_dir)} (copy the whole folder to "
+            f"every host of the job; {GUIDE})"
+        )
     if secret and path.stat().st_mode & 0o077:
-        raise ConfigError(f"{path} holds a secret key but other users may read it (mode "
-                          f"{path.stat().st_mode & 0o777:o}); run `chmod 600 {path}`")
+        raise ConfigError(
+            f"{path} holds a secret key but other users may read it (mode "
+            f"{path.stat().st_mode & 0o777:o}); run `chmod 600 {path}`"
+        )
     try:
         public, secret_key = zmq.auth.load_certificate(path)
     except (OSError, ValueError) as exc:
@@ -145,8 +155,10 @@ def load_server_keys(keys_dir: str | os.PathLike) -> ServerKeys:
     public, secret = _load(keys_dir, SERVER_SECRET, secret=True)
     clients = pathlib.Path(keys_dir) / CLIENTS
     if not clients.is_dir() or not any(clients.glob("*.key")):
-        raise ConfigError(f"keys folder {keys_dir} has no authorised client keys ({clients}/*.key): every "
-                          f"client would be refused; {_fix(keys_dir)}")
+        raise ConfigError(
+            f"keys folder {keys_dir} has no authorised client keys ({clients}/*.key): every "
+            f"client would be refused; {_fix(keys_dir)}"
+        )
     return ServerKeys(public, secret, str(clients.resolve()))
 
 
@@ -170,7 +182,7 @@ def is_loopback(endpoint: str) -> bool:
         return True
     if not endpoint.startswith("tcp://"):
         return False
-    rest = endpoint[len("tcp://"):].rsplit(";", 1)[-1]   # "source;destination" of a connect
+    rest = endpoint[len("tcp://") :].rsplit(";", 1)[-1]  # "source;destination" of a connect
     host = rest.rsplit(":", 1)[0] if ":" in rest else rest
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
@@ -211,14 +223,19 @@ def check_bind(endpoint: str, keys_dir: str | os.PathLike | None, insecure: bool
     if is_loopback(endpoint):
         return False
     if not insecure:
-        raise ConfigError(f"{role}: {endpoint} is not a loopback endpoint, and without keys anyone who reaches it "
-                          f"could read and change the model: {_fix()}, or pass --insecure to accept "
-                          f"unauthenticated, unencrypted traffic ({GUIDE})")
+        raise ConfigError(
+            f"{role}: {endpoint} is not a loopback endpoint, and without keys anyone who reaches it "
+            f"could read and change the model: {_fix()}, or pass --insecure to accept "
+            f"unauthenticated, unencrypted traffic ({GUIDE})"
+        )
     if (role, endpoint) not in _warned:
         _warned.add((role, endpoint))
-        print(f"herald {role}: warning: --insecure: {endpoint} is not loopback and its traffic is neither "
-              "authenticated nor encrypted; anyone who reaches it can read and change the model", file=sys.stderr,
-              flush=True)
+        print(
+            f"herald {role}: warning: --insecure: {endpoint} is not loopback and its traffic is neither "
+            "authenticated nor encrypted; anyone who reaches it can read and change the model",
+            file=sys.stderr,
+            flush=True,
+        )
     return False
 
 
@@ -229,7 +246,7 @@ class _Authenticators:
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._by_context: dict[int, list[Any]] = {}   # id(ctx) -> [authenticator, users, clients_dir]
+        self._by_context: dict[int, list[Any]] = {}  # id(ctx) -> [authenticator, users, clients_dir]
 
     def acquire(self, ctx: zmq.Context, clients_dir: str) -> None:
         with self._lock:
@@ -240,8 +257,10 @@ class _Authenticators:
                 auth.configure_curve(domain="*", location=clients_dir)
                 self._by_context[id(ctx)] = [auth, 1, clients_dir]
             elif entry[2] != clients_dir:
-                raise ConfigError(f"this process already serves CURVE with the client keys of {entry[2]}; a second "
-                                  f"folder ({clients_dir}) needs another zmq.Context: use one keys folder per process")
+                raise ConfigError(
+                    f"this process already serves CURVE with the client keys of {entry[2]}; a second "
+                    f"folder ({clients_dir}) needs another zmq.Context: use one keys folder per process"
+                )
             else:
                 entry[1] += 1
 
@@ -345,8 +364,11 @@ class HandshakeMonitor:
     a key not in ``clients/``, or with the wrong server key). Create it before the socket
     binds; :meth:`take` is non-blocking."""
 
-    EVENTS = {zmq.EVENT_HANDSHAKE_FAILED_AUTH: "auth", zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "protocol",
-              zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "other"}
+    EVENTS = {
+        zmq.EVENT_HANDSHAKE_FAILED_AUTH: "auth",
+        zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "protocol",
+        zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "other",
+    }
 
     def __init__(self, sock: zmq.Socket):
         self._sock = sock
@@ -408,8 +430,10 @@ def _generate(args) -> int:
     print(f"wrote CURVE keys to {root} (files 0600, folder 0700):")
     for p in paths:
         print(f"  {p}")
-    print(f"give the whole folder to every host of the job (e.g. `scp -rp {root} HOST:{root.resolve()}`) and pass "
-          f"`--keys {root}` to herald train / herald serve ps|dispatcher|worker ({GUIDE})")
+    print(
+        f"give the whole folder to every host of the job (e.g. `scp -rp {root} HOST:{root.resolve()}`) and pass "
+        f"`--keys {root}` to herald train / herald serve ps|dispatcher|worker ({GUIDE})"
+    )
     return 0
 
 
@@ -418,15 +442,31 @@ def register(commands, bench, serve) -> None:
     k = commands.add_parser("keys", help="CURVE keys that authenticate and encrypt the roles' traffic")
     sub = k.add_subparsers(dest="keys_command", metavar="ACTION")
     k.set_defaults(func=lambda args: (k.print_help(sys.stderr), 2)[1])
-    g = sub.add_parser("generate", help="write a server and a client key pair into DIR",
-                       description="Write a server key pair (PS shards, dispatchers) and a client key pair (workers, "
-                                   "launchers) into DIR, files 0600 and DIR 0700. Copy DIR to every host and pass "
-                                   f"--keys DIR to every role ({GUIDE}).")
+    g = sub.add_parser(
+        "generate",
+        help="write a server and a client key pair into DIR",
+        description="Write a server key pair (PS shards, dispatchers) and a client key pair (workers, "
+        "launchers) into DIR, files 0600 and DIR 0700. Copy DIR to every host and pass "
+        f"--keys DIR to every role ({GUIDE}).",
+    )
     g.add_argument("dir", metavar="DIR", help="folder for the keys (created if missing)")
     g.add_argument("--force", action="store_true", help="replace existing keys")
     g.set_defaults(func=_generate)
 
 
-__all__ = ["ClientKeys", "HandshakeMonitor", "KEY_FILES", "ServerAuth", "ServerKeys", "check_bind",
-           "generate_keys", "is_loopback", "load_client_keys", "load_server_keys", "loopback_interface",
-           "secure_client", "secure_server", "server_socket"]
+__all__ = [
+    "ClientKeys",
+    "HandshakeMonitor",
+    "KEY_FILES",
+    "ServerAuth",
+    "ServerKeys",
+    "check_bind",
+    "generate_keys",
+    "is_loopback",
+    "load_client_keys",
+    "load_server_keys",
+    "loopback_interface",
+    "secure_client",
+    "secure_server",
+    "server_socket",
+]

@@ -42,7 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"herald {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    bench_parser = commands.add_parser("bench", help="benchmarks that compare against a baseline measured in the same run")
+    bench_parser = commands.add_parser(
+        "bench", help="benchmarks that compare against a baseline measured in the same run"
+    )
     bench = bench_parser.add_subparsers(dest="bench_command", metavar="BENCHMARK")
     serve_parser = commands.add_parser("serve", help="run one role (PS shard, dispatcher, worker) as a process")
     serve = serve_parser.add_subparsers(dest="serve_command", metavar="ROLE")
@@ -67,7 +69,7 @@ def _check_train_options(argv: list[str]) -> int | None:
         return None
     parser = argparse.ArgumentParser(prog="herald train", add_help=False)
     add_job_arguments(parser)
-    args, _ = parser.parse_known_args(argv[1:])    # a malformed value exits 2 here, as the full parser would
+    args, _ = parser.parse_known_args(argv[1:])  # a malformed value exits 2 here, as the full parser would
     try:
         config_from_args(args)
     except ConfigError as exc:
@@ -98,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except HeraldError as exc:
         code = getattr(exc, "exit_code", None)
-        if code is not None and int(code) >= 128:   # 128 + N: a job that stopped cleanly on a signal
+        if code is not None and int(code) >= 128:  # 128 + N: a job that stopped cleanly on a signal
             print(f"herald: {exc}", file=sys.stderr)
             return int(code)
         print(f"herald: error: {exc}", file=sys.stderr)

@@ -7,7 +7,8 @@ Settings carry units in field names (``timeout_ms``,
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, TypeVar
+from collections.abc import Mapping
+from typing import Any, TypeVar
 
 from herald.errors import ConfigError
 
@@ -34,8 +35,9 @@ def split_options(options: Mapping[str, Any], *classes: type, extra: tuple[str, 
     known = {f.name: c for c in classes for f in dataclasses.fields(c)}
     unknown = sorted(set(options) - set(known) - set(extra))
     if unknown:
-        raise ConfigError(f"unknown setting(s) {unknown} for {where}; known settings: "
-                          f"{sorted(set(known) | set(extra))}")
+        raise ConfigError(
+            f"unknown setting(s) {unknown} for {where}; known settings: {sorted(set(known) | set(extra))}"
+        )
     out = [c(**{k: v for k, v in options.items() if known.get(k) is c}) for c in classes]
     return out + [{k: v for k, v in options.items() if k in extra}]
 
@@ -113,8 +115,9 @@ def add_arguments(parser: Any, cls: type, *, exclude: tuple[str, ...] = ()) -> N
         elif hints[f.name] is bool:
             kwargs.update(action="store_true", default=f.default)
         else:
-            kind = meta.get("type") or next((t for t in typing.get_args(hints[f.name]) if t is not type(None)),
-                                            hints[f.name])
+            kind = meta.get("type") or next(
+                (t for t in typing.get_args(hints[f.name]) if t is not type(None)), hints[f.name]
+            )
             kwargs.update(type=kind, default=f.default)
             if f.default is not None:
                 kwargs["help"] += " (default: %(default)s)"

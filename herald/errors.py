@@ -27,8 +27,9 @@ class DataError(HeraldError, ValueError):
         reason: a short machine-readable reason (e.g. ``"field_count"``).
     """
 
-    def __init__(self, message: str, *, source: str | None = None,
-                 position: int | None = None, reason: str | None = None):
+    def __init__(
+        self, message: str, *, source: str | None = None, position: int | None = None, reason: str | None = None
+    ):
         where = ""
         if source is not None:
             where = f" [{source}" + (f":{position}" if position is not None else "") + "]"

@@ -35,13 +35,19 @@ FULL_BELOW_BYTES = 1 << 20
 _FREE = "free space on the file system of {folder} (`df -h {folder}`) or write to another one"
 _DENIED = "make {folder} writable by this user (uid {uid}) or write to another folder"
 #: errno -> (why, the fix; ``{folder}``: the file's folder, ``{uid}``: this user)
-_REASONS = {errno.ENOSPC: ("disk full", _FREE), errno.EDQUOT: ("disk quota exceeded", _FREE),
-            errno.EFBIG: ("file too large", _FREE),
-            errno.EACCES: ("permission denied", _DENIED), errno.EPERM: ("permission denied", _DENIED),
-            errno.EROFS: ("read-only file system", "write to a folder on a writable file system ({folder} is not)"),
-            errno.ENOTDIR: ("a part of the path is not a folder",
-                            "move the file that stands in the way or write to another folder"),
-            errno.EIO: ("input/output error", "check the disk (`dmesg`) or write to another one")}
+_REASONS = {
+    errno.ENOSPC: ("disk full", _FREE),
+    errno.EDQUOT: ("disk quota exceeded", _FREE),
+    errno.EFBIG: ("file too large", _FREE),
+    errno.EACCES: ("permission denied", _DENIED),
+    errno.EPERM: ("permission denied", _DENIED),
+    errno.EROFS: ("read-only file system", "write to a folder on a writable file system ({folder} is not)"),
+    errno.ENOTDIR: (
+        "a part of the path is not a folder",
+        "move the file that stands in the way or write to another folder",
+    ),
+    errno.EIO: ("input/output error", "check the disk (`dmesg`) or write to another one"),
+}
 _OTHER = "fix the file system of {folder} or write to another folder"
 
 
@@ -63,8 +69,11 @@ def storage_error(path: str | os.PathLike, exc: BaseException, what: str = "file
         why, fix = f"disk full ({type(exc).__name__}: {exc})", _FREE
     else:
         why, fix = f"{type(exc).__name__}: {exc}", _OTHER
-    return StorageError(f"cannot write {what} {path}: {why}; {fix.format(folder=path.parent, uid=os.geteuid())}",
-                        path=str(path), errno=code)
+    return StorageError(
+        f"cannot write {what} {path}: {why}; {fix.format(folder=path.parent, uid=os.geteuid())}",
+        path=str(path),
+        errno=code,
+    )
 
 
 def _free_bytes(folder: pathlib.Path) -> int:
@@ -73,7 +82,7 @@ def _free_bytes(folder: pathlib.Path) -> int:
     try:
         return shutil.disk_usage(folder).free
     except OSError:
-        return FULL_BELOW_BYTES   # unknown: not reported as full
+        return FULL_BELOW_BYTES  # unknown: not reported as full
 
 
 def is_short_write(exc: BaseException) -> bool:
@@ -97,7 +106,7 @@ def private_dir(path: str | os.PathLike) -> pathlib.Path:
     try:
         for folder in reversed(missing):
             folder.mkdir(mode=PRIVATE_DIR_MODE, exist_ok=True)
-        path.mkdir(mode=PRIVATE_DIR_MODE, exist_ok=True)   # a file there: FileExistsError
+        path.mkdir(mode=PRIVATE_DIR_MODE, exist_ok=True)  # a file there: FileExistsError
         st = path.stat()
         if st.st_uid == os.geteuid() and st.st_mode & 0o777 != PRIVATE_DIR_MODE:
             os.chmod(path, PRIVATE_DIR_MODE)
@@ -124,16 +133,17 @@ class PrivateFile:
     def __init__(self, path: str | os.PathLike, what: str = "file", *, sync: bool = True):
         self.path, self.what, self.sync = pathlib.Path(path), what, sync
         self._file = None
-        self._error: OSError | None = None   # what the file's write raised (torch hides it)
+        self._error: OSError | None = None  # what the file's write raised (torch hides it)
 
-    def __enter__(self) -> "PrivateFile":
+    def __enter__(self) -> PrivateFile:
         try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW,
-                         PRIVATE_FILE_MODE)
+            fd = os.open(
+                self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, PRIVATE_FILE_MODE
+            )
         except OSError as exc:
             raise storage_error(self.path, exc, self.what) from None
         try:
-            os.fchmod(fd, PRIVATE_FILE_MODE)   # an existing file keeps its mode otherwise
+            os.fchmod(fd, PRIVATE_FILE_MODE)  # an existing file keeps its mode otherwise
         except OSError as exc:
             os.close(fd)
             raise storage_error(self.path, exc, self.what) from None
@@ -173,7 +183,7 @@ class PrivateFile:
         self.path.unlink(missing_ok=True)
         failed = self._error or (exc if isinstance(exc, OSError) or is_short_write(exc) else None)
         if failed is None:
-            return False   # not a write failure (e.g. an object torch cannot pickle): ``exc`` goes on
+            return False  # not a write failure (e.g. an object torch cannot pickle): ``exc`` goes on
         raise storage_error(self.path, failed, self.what) from (exc if exc is not None else self._error)
 
 

@@ -66,8 +66,7 @@ def prefetch_jit(typingctx, arr, idx):
         i32 = ir.IntType(32)
         fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
         fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
-        builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, 0), ir.Constant(i32, 3),
-                          ir.Constant(i32, 1)])
+        builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
         return context.get_dummy_value()
 
     return types.void(arr, idx), codegen
@@ -99,8 +98,10 @@ def _item_ol(x, i):
 @overload(set_item)
 def _set_item_ol(x, i, v):
     if isinstance(x, types.Array):
+
         def impl(x, i, v):
             x[i] = v
+
         return impl
     if isinstance(x, types.Integer):
         return lambda x, i, v: None
@@ -282,7 +283,7 @@ def find_or_insert_tables_jit(buckets, slot_ids, slot_tab, n_slots, values, out_
     ring = np.empty(RING, np.uint64)  # home buckets of the keys up to AHEAD1 ahead
     ta = 0  # (table, index) of the next key to hash (stage 1)
     ja = 0
-    a = 0   # its table-major position
+    a = 0  # its table-major position
     i = 0
     for t in range(T):
         v_t = values[t]

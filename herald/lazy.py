@@ -12,11 +12,13 @@ needs one module, does not load every kernel (numba), torch or zmq of the packag
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 
-def lazy_exports(package: str, exports: Mapping[str, str], namespace: dict[str, Any],
-                 submodules: tuple[str, ...] = ()) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+def lazy_exports(
+    package: str, exports: Mapping[str, str], namespace: dict[str, Any], submodules: tuple[str, ...] = ()
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """The module ``__getattr__`` and ``__dir__`` of ``package``.
 
     Args:
@@ -29,6 +31,7 @@ def lazy_exports(package: str, exports: Mapping[str, str], namespace: dict[str, 
         ``(__getattr__, __dir__)``; ``__getattr__`` raises AttributeError naming the
         package for any other name.
     """
+
     def __getattr__(name: str) -> Any:
         if name in exports:
             value = getattr(importlib.import_module(f"{package}.{exports[name]}"), name)

@@ -10,13 +10,29 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 #: Worker phases, in step order (NOTE [step protocol]); ``compute`` is forward + backward
 #: when the training loop does not time them separately (a user's own loop).
-WORKER_PHASES = ("wait", "evict", "pull", "prefetch", "lookup", "forward", "backward", "compute", "grad_push",
-                 "local_update", "plan_push", "step_send", "replicas", "step_wait", "push_wait", "dense_allreduce",
-                 "ack")
+WORKER_PHASES = (
+    "wait",
+    "evict",
+    "pull",
+    "prefetch",
+    "lookup",
+    "forward",
+    "backward",
+    "compute",
+    "grad_push",
+    "local_update",
+    "plan_push",
+    "step_send",
+    "replicas",
+    "step_wait",
+    "push_wait",
+    "dense_allreduce",
+    "ack",
+)
 #: Dispatcher stages: reading global batches, scheduling, building micro-batches,
 #: sending them, and waiting for credit (acks).
 DISPATCHER_PHASES = ("read", "schedule", "build", "send", "wait_build", "wait_credit")
@@ -35,7 +51,7 @@ class PhaseTimer:
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
-        self._nested: list[float] = []   # per open phase: seconds of the phases inside it
+        self._nested: list[float] = []  # per open phase: seconds of the phases inside it
 
     @contextlib.contextmanager
     def __call__(self, phase: str) -> Iterator[None]:

@@ -17,7 +17,7 @@ import resource
 import signal
 import subprocess
 import time
-from typing import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from herald.errors import ConfigError, HeraldError
 
@@ -52,7 +52,7 @@ def tree_cpu_seconds() -> float:
     ticks: dict[int, int] = {}
     for name in names:
         fields = _stat_fields(int(name)) if name.isdigit() else None
-        if fields is None:   # not a process, or it exited meanwhile
+        if fields is None:  # not a process, or it exited meanwhile
             continue
         children.setdefault(int(fields[1]), []).append(int(name))
         ticks[int(name)] = int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])
@@ -232,14 +232,14 @@ def pin_to_cores(cores: Iterable[int], pid: int = 0) -> None:
     while True:
         try:
             tids = {int(t.name) for t in task_dir.iterdir()} - done
-        except FileNotFoundError:   # the process is gone
+        except FileNotFoundError:  # the process is gone
             return
         if not tids:
             return
         for tid in tids:
             try:
                 os.sched_setaffinity(tid, mask)
-            except ProcessLookupError:   # the thread ended
+            except ProcessLookupError:  # the thread ended
                 pass
         done |= tids
 
@@ -248,10 +248,12 @@ def _child_setup(cores: Sequence[int] | None) -> Callable[[], None]:
     """``preexec_fn`` of a child: :func:`die_with_parent`, then pinned to ``cores`` (None:
     not pinned). It runs in the child before ``exec``, while the child has one thread, so
     the mask is every later thread's (a worker's torch threads, its numba threads)."""
+
     def setup() -> None:
         die_with_parent()
         if cores is not None:
             os.sched_setaffinity(0, cores)
+
     return setup
 
 
@@ -274,8 +276,7 @@ class Supervisor:
     :class:`herald.ps.LocalShards`; exercised in tests/test_procs.py.
     """
 
-    def __init__(self, log_dir: str | os.PathLike, *, env: Mapping[str, str] | None = None,
-                 new_session: bool = False):
+    def __init__(self, log_dir: str | os.PathLike, *, env: Mapping[str, str] | None = None, new_session: bool = False):
         self.log_dir = pathlib.Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.env = dict(env or {})
@@ -302,10 +303,15 @@ class Supervisor:
         if old is not None and old.poll() is None:
             raise ConfigError(f"{name} is already running (pid {old.pid}); stop it before starting it again")
         with open(self.log_path(name), "ab" if old is not None else "wb") as log:
-            self.procs[name] = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=log,
-                                                stderr=subprocess.STDOUT, env=child_env(self.env),
-                                                start_new_session=self.new_session,
-                                                preexec_fn=_child_setup(cores))
+            self.procs[name] = subprocess.Popen(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=child_env(self.env),
+                start_new_session=self.new_session,
+                preexec_fn=_child_setup(cores),
+            )
         self._stopped.discard(name)
         return self.procs[name]
 
@@ -334,10 +340,13 @@ class Supervisor:
         (a peer's all-reduce failing when its partner is gone)."""
         deadline = time.monotonic() + grace_s
         while True:
-            failed = [(name, how) for name in self.procs
-                      if (how := self.exit_status(name)) is not None and how != "exited with code 0"]
+            failed = [
+                (name, how)
+                for name in self.procs
+                if (how := self.exit_status(name)) is not None and how != "exited with code 0"
+            ]
             if failed:
-                name, how = min(failed, key=lambda f: "signal" not in f[1])   # stable: first killed, else first
+                name, how = min(failed, key=lambda f: "signal" not in f[1])  # stable: first killed, else first
                 return f"{name} {how}; last lines of {self.log_path(name)}:\n{self.tail(name)}"
             if time.monotonic() >= deadline:
                 return None
@@ -361,8 +370,10 @@ class Supervisor:
             try:
                 p.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                raise HeraldError(f"{name} did not exit within {timeout_s:.0f} s{context}; last lines of "
-                                  f"{self.log_path(name)}:\n{self.tail(name)}") from None
+                raise HeraldError(
+                    f"{name} did not exit within {timeout_s:.0f} s{context}; last lines of "
+                    f"{self.log_path(name)}:\n{self.tail(name)}"
+                ) from None
         self.check()
 
     # ---------------------------------------------------------------- stop
@@ -411,7 +422,7 @@ class Supervisor:
         self._closed = True
         self.stop(timeout_s)
 
-    def __enter__(self) -> "Supervisor":
+    def __enter__(self) -> Supervisor:
         return self
 
     def __exit__(self, *exc) -> None:

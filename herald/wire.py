@@ -68,8 +68,9 @@ or connects:
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -78,8 +79,10 @@ import zmq
 from herald.errors import ConfigError, ProtocolError
 
 #: Every dtype the format can carry: fixed size, little endian or single byte.
-KNOWN_DTYPES = {name: np.dtype(name) for name in (
-    "<f2", "<f4", "<f8", "|i1", "<i2", "<i4", "<i8", "|u1", "<u2", "<u4", "<u8", "|b1")}
+KNOWN_DTYPES = {
+    name: np.dtype(name)
+    for name in ("<f2", "<f4", "<f8", "|i1", "<i2", "<i4", "<i8", "|u1", "<u2", "<u4", "<u8", "|b1")
+}
 #: Exclusive bound of one dimension: keeps ``prod(shape) * itemsize`` meaningful.
 MAX_DIM = 1 << 40
 #: Bytes a frame may exceed its payload by on the wire, as ``ZMQ_MAXMSGSIZE`` counts
@@ -121,14 +124,19 @@ class Protocol:
         object.__setattr__(self, "_names", {KNOWN_DTYPES[n]: n for n in self.dtypes if n in KNOWN_DTYPES})
         unknown = sorted(self.dtypes.difference(KNOWN_DTYPES))
         if unknown or not self.dtypes:
-            raise ConfigError(f"protocol {self.name!r}: dtypes {unknown or '(none)'} cannot go on the wire; "
-                              f"pick from {sorted(KNOWN_DTYPES)}")
+            raise ConfigError(
+                f"protocol {self.name!r}: dtypes {unknown or '(none)'} cannot go on the wire; "
+                f"pick from {sorted(KNOWN_DTYPES)}"
+            )
         positive = (self.max_header_bytes, self.max_frames, self.max_dims)
         threshold = 0 if self.copy_threshold_bytes is None else self.copy_threshold_bytes
-        if (any(type(x) is not int or x <= 0 for x in positive)
-                or any(type(x) is not int or x < 0 for x in (self.version, threshold))):
-            raise ConfigError(f"protocol {self.name!r}: max_header_bytes, max_frames and max_dims must be "
-                              f"ints > 0, version and copy_threshold_bytes ints >= 0; got {self}")
+        if any(type(x) is not int or x <= 0 for x in positive) or any(
+            type(x) is not int or x < 0 for x in (self.version, threshold)
+        ):
+            raise ConfigError(
+                f"protocol {self.name!r}: max_header_bytes, max_frames and max_dims must be "
+                f"ints > 0, version and copy_threshold_bytes ints >= 0; got {self}"
+            )
 
     # ------------------------------------------------------------------ send
     def pack(self, header: dict[str, Any], arrays: Iterable[np.ndarray] = ()) -> list:
@@ -150,22 +158,27 @@ class Protocol:
         names, max_dims = self._names, self.max_dims
         for a in arrays:
             a = np.ascontiguousarray(a)
-            dt = names.get(a.dtype)   # not a.dtype.str: that builds a new string (~0.3 us)
+            dt = names.get(a.dtype)  # not a.dtype.str: that builds a new string (~0.3 us)
             if dt is None or a.ndim > max_dims:
-                raise ProtocolError(f"{self.name}: cannot send a {a.dtype.str} array of shape {a.shape}; allowed "
-                                    f"dtypes {sorted(self.dtypes)}, at most {self.max_dims} dims (convert it first)")
+                raise ProtocolError(
+                    f"{self.name}: cannot send a {a.dtype.str} array of shape {a.shape}; allowed "
+                    f"dtypes {sorted(self.dtypes)}, at most {self.max_dims} dims (convert it first)"
+                )
             descs.append([dt, list(a.shape)])
             frames.append(a)
         if len(descs) > self.max_frames:
-            raise ProtocolError(f"{self.name}: {len(descs)} arrays exceed {self.max_frames} per message; "
-                                "split the message")
+            raise ProtocolError(
+                f"{self.name}: {len(descs)} arrays exceed {self.max_frames} per message; split the message"
+            )
         head = dict(header)
         head["v"] = self.version
         head["arrays"] = descs
         frames[0] = msgpack.packb(head, use_bin_type=True)
         if len(frames[0]) > self.max_header_bytes:
-            raise ProtocolError(f"{self.name}: header of {len(frames[0])} bytes exceeds {self.max_header_bytes}; "
-                                "move bulk data into arrays")
+            raise ProtocolError(
+                f"{self.name}: header of {len(frames[0])} bytes exceeds {self.max_header_bytes}; "
+                "move bulk data into arrays"
+            )
         return frames
 
     def configure(self, sock, max_array_bytes: int | None = None) -> None:
@@ -232,30 +245,38 @@ class Protocol:
             raise ProtocolError(f"{self.name}: header must be a msgpack map, got {type(header).__name__}")
         v = header.get("v")
         if type(v) is not int or v != self.version:
-            raise ProtocolError(f"{self.name}: message of protocol version {v!r:.20}, expected version "
-                                f"{self.version}; run the same herald release on both ends")
+            raise ProtocolError(
+                f"{self.name}: message of protocol version {v!r:.20}, expected version "
+                f"{self.version}; run the same herald release on both ends"
+            )
         if type(header.get("op")) is not str:
             raise ProtocolError(f"{self.name}: header must carry a str 'op'")
         descs = header.get("arrays")
         if type(descs) is not list or len(descs) > self.max_frames:
-            raise ProtocolError(f"{self.name}: header 'arrays' must be a list of at most {self.max_frames} "
-                                f"[dtype, shape] pairs, got {type(descs).__name__}")
+            raise ProtocolError(
+                f"{self.name}: header 'arrays' must be a list of at most {self.max_frames} "
+                f"[dtype, shape] pairs, got {type(descs).__name__}"
+            )
         dtypes, max_dims = self.dtypes, self.max_dims
         for i, d in enumerate(descs):
-            if not (type(d) is list and len(d) == 2 and type(d[0]) is str and type(d[1]) is list
-                    and len(d[1]) <= max_dims):
+            if not (
+                type(d) is list and len(d) == 2 and type(d[0]) is str and type(d[1]) is list and len(d[1]) <= max_dims
+            ):
                 self._bad_descriptor(i, d)
-            for n in d[1]:   # a loop, not all(...): every message's header passes here
+            for n in d[1]:  # a loop, not all(...): every message's header passes here
                 if type(n) is not int or not 0 <= n < MAX_DIM:
                     self._bad_descriptor(i, d)
             if d[0] not in dtypes:
-                raise ProtocolError(f"{self.name}: array {i}: dtype {d[0]!r:.20} not allowed; "
-                                    f"allowed: {sorted(dtypes)}")
+                raise ProtocolError(
+                    f"{self.name}: array {i}: dtype {d[0]!r:.20} not allowed; allowed: {sorted(dtypes)}"
+                )
         return header
 
     def _bad_descriptor(self, i: int, d: Any) -> None:
-        raise ProtocolError(f"{self.name}: array {i}: descriptor must be [dtype, [dims...]] with at most "
-                            f"{self.max_dims} dims, each in [0, 2**40); got {d!r:.80}")
+        raise ProtocolError(
+            f"{self.name}: array {i}: descriptor must be [dtype, [dims...]] with at most "
+            f"{self.max_dims} dims, each in [0, 2**40); got {d!r:.80}"
+        )
 
     def unpack_arrays(self, header: dict[str, Any], frames: Sequence[Any], readonly: bool = False) -> list[np.ndarray]:
         """Zero-copy arrays of the array frames, checked against ``header["arrays"]``.
@@ -271,23 +292,26 @@ class Protocol:
         """
         descs = header["arrays"]
         if len(descs) != len(frames):
-            raise ProtocolError(f"{self.name}: header describes {len(descs)} arrays "
-                                f"but {len(frames)} array frames arrived")
+            raise ProtocolError(
+                f"{self.name}: header describes {len(descs)} arrays but {len(frames)} array frames arrived"
+            )
         out = []
         for i, ((dt, shape), frame) in enumerate(zip(descs, frames)):
-            buf = getattr(frame, "buffer", None)   # a zmq.Frame's memoryview, else the frame's
+            buf = getattr(frame, "buffer", None)  # a zmq.Frame's memoryview, else the frame's
             if buf is None:
                 buf = memoryview(frame)
             if readonly:
                 buf = buf.toreadonly()
-            try:   # a view, as np.frombuffer(...).reshape(shape); the descriptor's dims are checked
+            try:  # a view, as np.frombuffer(...).reshape(shape); the descriptor's dims are checked
                 a = np.ndarray(shape, KNOWN_DTYPES[dt], buf)
-            except (TypeError, ValueError):   # the frame is too small, or the shape overflows
+            except (TypeError, ValueError):  # the frame is too small, or the shape overflows
                 a = None
             if a is None or a.nbytes != buf.nbytes:
                 expected = math.prod(shape) * KNOWN_DTYPES[dt].itemsize  # exact: Python ints
-                raise ProtocolError(f"{self.name}: array {i}: header says {expected} bytes ({dt} {shape}) "
-                                    f"but the frame has {buf.nbytes}")
+                raise ProtocolError(
+                    f"{self.name}: array {i}: header says {expected} bytes ({dt} {shape}) "
+                    f"but the frame has {buf.nbytes}"
+                )
             out.append(a)
         return out
 

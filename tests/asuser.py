@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Callable
+from collections.abc import Callable
 
 NOBODY = 65534
 
@@ -15,7 +15,7 @@ def as_nobody(action: Callable[[], str]) -> str:
     only (the parent's threads, ZeroMQ's among them, did not survive the fork)."""
     read, write = os.pipe()
     pid = os.fork()
-    if pid == 0:   # the child
+    if pid == 0:  # the child
         try:
             os.setgroups([])
             os.setgid(NOBODY)

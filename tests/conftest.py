@@ -16,7 +16,7 @@ if os.environ.get("CI", "").lower() == "true":
     settings.load_profile("ci")
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:   # ``from tests.fakes import ...`` however pytest was started
+if str(REPO) not in sys.path:  # ``from tests.fakes import ...`` however pytest was started
     sys.path.append(str(REPO))
 DATA = pathlib.Path(os.environ.get("HERALD_DATA", REPO.parent / "shared" / "data"))
 
@@ -25,6 +25,8 @@ DATA = pathlib.Path(os.environ.get("HERALD_DATA", REPO.parent / "shared" / "data
 def data_dir() -> pathlib.Path:
     """``../shared/data`` relative to the repository root (override with HERALD_DATA)."""
     if not DATA.is_dir():
-        pytest.fail(f"real data folder {DATA} is missing: the tests read ../shared/data beside the repository "
-                    "(set HERALD_DATA to its path)")
+        pytest.fail(
+            f"real data folder {DATA} is missing: the tests read ../shared/data beside the repository "
+            "(set HERALD_DATA to its path)"
+        )
     return DATA

@@ -24,16 +24,17 @@ import shutil
 import tempfile
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from herald import wire
-from herald.dispatch.microbatch import MicroBatch
 from herald.contracts.job import JobSpec
 from herald.contracts.tables import TableConfig
+from herald.dispatch.microbatch import MicroBatch
 
 if TYPE_CHECKING:
     import torch
@@ -78,8 +79,15 @@ class InProcessPS:
         servers: the :class:`ShardServer` objects, to read their counters.
     """
 
-    def __init__(self, tables: Sequence[TableConfig], num_shards: int = 1, workdir: pathlib.Path | None = None,
-                 seed: int = 0, start_timeout_s: float = 60.0, limits: Any = None):
+    def __init__(
+        self,
+        tables: Sequence[TableConfig],
+        num_shards: int = 1,
+        workdir: pathlib.Path | None = None,
+        seed: int = 0,
+        start_timeout_s: float = 60.0,
+        limits: Any = None,
+    ):
         self.tables, self.num_shards, self.seed = tuple(tables), int(num_shards), int(seed)
         self.limits = limits
         self.start_timeout_s = start_timeout_s
@@ -89,15 +97,16 @@ class InProcessPS:
         self.threads: list[threading.Thread] = []
         self.addresses: list[str] = []
 
-    def start(self) -> "InProcessPS":
+    def start(self) -> InProcessPS:
         """Serve the shards one after the other; return once every one is serving."""
         from herald.ps.server import ShardServer
 
         self.workdir.mkdir(parents=True, exist_ok=True)
         try:
             for s in range(self.num_shards):
-                server = ShardServer(s, self.num_shards, "tcp://127.0.0.1:*", self.tables, seed=self.seed,
-                                     limits=self.limits)
+                server = ShardServer(
+                    s, self.num_shards, "tcp://127.0.0.1:*", self.tables, seed=self.seed, limits=self.limits
+                )
                 ready = self.workdir / f"ready-{s}"
                 failed: list[BaseException] = []
 
@@ -112,8 +121,11 @@ class InProcessPS:
                 thread.start()
                 self.servers.append(server)
                 self.threads.append(thread)
-                wait_until(lambda: ready.exists() or not thread.is_alive(), self.start_timeout_s,
-                           f"in-process PS shard {s} serving")
+                wait_until(
+                    lambda: ready.exists() or not thread.is_alive(),
+                    self.start_timeout_s,
+                    f"in-process PS shard {s} serving",
+                )
                 assert thread.is_alive(), f"in-process PS shard {s} ended before serving: {failed[:1]!r}"
                 self.addresses.append(ready.read_text().strip())
         except BaseException:
@@ -130,7 +142,7 @@ class InProcessPS:
         if self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
 
-    def __enter__(self) -> "InProcessPS":
+    def __enter__(self) -> InProcessPS:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -201,8 +213,9 @@ class FakeDispatcher:
         assert ident == self.worker, ident
         return wire.unpack(frames)
 
-    def connect_loader(self, job: JobSpec | dict, *, rank: int = 0, world_size: int = 1, device: str = "cpu",
-                       **connect_kwargs) -> ScheduledLoader:
+    def connect_loader(
+        self, job: JobSpec | dict, *, rank: int = 0, world_size: int = 1, device: str = "cpu", **connect_kwargs
+    ) -> ScheduledLoader:
         """``ScheduledLoader.connect(self.address, rank, world_size, device, **connect_kwargs)``
         on a thread while this dispatcher checks its hello and answers with ``{"op":
         "config", "job": job}`` (``job``: a :class:`JobSpec` or its ``to_dict()``, possibly
@@ -218,8 +231,9 @@ class FakeDispatcher:
 
         def run():
             try:
-                out["loader"] = ScheduledLoader.connect(self.address, rank=rank, world_size=world_size, device=device,
-                                                        **connect_kwargs)
+                out["loader"] = ScheduledLoader.connect(
+                    self.address, rank=rank, world_size=world_size, device=device, **connect_kwargs
+                )
             except BaseException as exc:  # handed to the test thread
                 out["error"] = exc
 
@@ -267,13 +281,13 @@ class ScriptedWorker:
     def __init__(self, address: str, rank: int, log: list, *, world_size: int, rows: int, wait_s: float = 30.0):
         self.rank, self.log, self.world_size, self.rows, self.wait_s = rank, log, world_size, rows, wait_s
         self.sock = dealer(address, f"worker-{rank}".encode())
-        self.received: list[str] = []   # ops in arrival order
-        self.steps: list[int] = []      # micro-batch steps in arrival order
+        self.received: list[str] = []  # ops in arrival order
+        self.steps: list[int] = []  # micro-batch steps in arrival order
         self.micro_batches: list[MicroBatch] = []
-        self.sent_keys: set = set()     # (table, id) of every micro-batch received
+        self.sent_keys: set = set()  # (table, id) of every micro-batch received
         self.job: JobSpec | None = None
-        self.ended: int | None = None   # the end message's step count
-        self.error: str | None = None   # the dispatcher's error message
+        self.ended: int | None = None  # the end message's step count
+        self.error: str | None = None  # the dispatcher's error message
 
     def send(self, header: dict[str, Any], arrays: Sequence[np.ndarray] = ()) -> None:
         self.log.append((self.rank, "sent", header["op"]))
@@ -284,8 +298,10 @@ class ScriptedWorker:
         (default ``wait_s``); AssertionError if none came."""
         timeout_s = self.wait_s if timeout_s is None else timeout_s
         if not self.sock.poll(int(timeout_s * 1e3)):
-            raise AssertionError(f"peer {self.rank}: no message from the dispatcher within {timeout_s} s "
-                                 f"(received so far: {self.received})")
+            raise AssertionError(
+                f"peer {self.rank}: no message from the dispatcher within {timeout_s} s "
+                f"(received so far: {self.received})"
+            )
         return self.take()
 
     def take(self) -> tuple[dict, list]:
@@ -316,9 +332,17 @@ class ScriptedWorker:
         """Ack ``step`` with ``loss``, labels float32 [rows] (all = rank), predictions
         float32 [rows] (all 0.25), 10 + rank bytes pulled and 100 + rank pushed."""
         labels = np.full(self.rows, self.rank, np.float32)
-        self.send({"op": "ack", "rank": self.rank, "step": step, "loss": loss,
-                   "bytes_pulled": 10 + self.rank, "bytes_pushed": 100 + self.rank},
-                  [labels, np.full(self.rows, 0.25, np.float32)])
+        self.send(
+            {
+                "op": "ack",
+                "rank": self.rank,
+                "step": step,
+                "loss": loss,
+                "bytes_pulled": 10 + self.rank,
+                "bytes_pushed": 100 + self.rank,
+            },
+            [labels, np.full(self.rows, 0.25, np.float32)],
+        )
 
     def close(self) -> None:
         self.sock.close(linger=0)
@@ -334,7 +358,7 @@ class Stranger:
 
     def __init__(self, address: str, identity: bytes = b"stranger"):
         self.sock = dealer(address, identity, connect=False)
-        self.sock.copy_threshold = 0   # no copy of small frames either: each send can be tracked
+        self.sock.copy_threshold = 0  # no copy of small frames either: each send can be tracked
         self._monitor = self.sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
         self._handshaken = False
         self.sock.connect(address)
@@ -406,8 +430,12 @@ class ServedDispatcher:
         assert not self.thread.is_alive(), f"serve() still running after {timeout_s} s"
 
 
-def drive(peers: Sequence[ScriptedWorker], react: Callable[[ScriptedWorker, dict, list], None],
-          until: Callable[[], bool], timeout_s: float = 30.0) -> None:
+def drive(
+    peers: Sequence[ScriptedWorker],
+    react: Callable[[ScriptedWorker, dict, list], None],
+    until: Callable[[], bool],
+    timeout_s: float = 30.0,
+) -> None:
     """Deliver every dispatcher message to ``react(peer, header, arrays)`` until ``until()``.
 
     Raises:
@@ -420,8 +448,7 @@ def drive(peers: Sequence[ScriptedWorker], react: Callable[[ScriptedWorker, dict
     deadline = time.monotonic() + timeout_s
     while not until():
         if time.monotonic() > deadline:
-            raise AssertionError(f"script did not finish within {timeout_s} s; received: "
-                                 f"{[p.received for p in peers]}")
+            raise AssertionError(f"script did not finish within {timeout_s} s; received: {[p.received for p in peers]}")
         ready = dict(poller.poll(50))
         for p in peers:
             if p.sock in ready:
@@ -470,4 +497,5 @@ def thread_all_reduce(n: int, timeout_s: float = 20.0) -> Callable[[torch.Tensor
             parts.append(t.clone())
         barrier.wait()
         t.copy_(total["sum"])
+
     return reduce

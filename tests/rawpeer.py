@@ -27,7 +27,7 @@ def connect(address: str, timeout_s: float = 10.0) -> socket.socket:
     if address.startswith("ipc://"):
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.settimeout(timeout_s)
-        s.connect(address[len("ipc://"):])
+        s.connect(address[len("ipc://") :])
         return s
     host, port = address.removeprefix("tcp://").rsplit(":", 1)
     return socket.create_connection((host, int(port)), timeout=timeout_s)
@@ -39,8 +39,9 @@ def claim_prefix(claim_bytes: int, mechanism: str = "NULL") -> bytes:
     a command frame where the HELLO goes)."""
     if mechanism == "NULL":
         return b"\x01\x00" + b"\xff" + struct.pack(">Q", claim_bytes + 1) + b"\x00"
-    greeting = (b"\xff" + b"\x00" * 8 + b"\x7f" + b"\x03\x00" + mechanism.encode().ljust(20, b"\x00") + b"\x00"
-                + b"\x00" * 31)
+    greeting = (
+        b"\xff" + b"\x00" * 8 + b"\x7f" + b"\x03\x00" + mechanism.encode().ljust(20, b"\x00") + b"\x00" + b"\x00" * 31
+    )
     return greeting + b"\x06" + struct.pack(">Q", claim_bytes)
 
 
@@ -58,7 +59,7 @@ def claim_frame(address: str, claim_bytes: int, *, mechanism: str = "NULL", send
             s.sendall(claim_prefix(claim_bytes, mechanism))
             zeros = bytes(CHUNK)
             while sent < send_bytes:
-                sent += s.send(zeros[:min(CHUNK, send_bytes - sent)])
+                sent += s.send(zeros[: min(CHUNK, send_bytes - sent)])
         except (BrokenPipeError, ConnectionResetError):
             return sent
         return sent

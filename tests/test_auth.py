@@ -29,13 +29,17 @@ def test_generate_writes_private_key_pairs_and_refuses_to_overwrite(tmp_path):
     assert [p.relative_to(keys).as_posix() for p in written] == list(auth.KEY_FILES)
     assert _mode(keys) == 0o700 and _mode(keys / "clients") == 0o700
     assert all(_mode(p) == 0o600 for p in written)
-    assert sorted(p.name for p in keys.iterdir()) == ["client.key_secret", "clients", "server.key",
-                                                      "server.key_secret"]   # no temporary folder left
+    assert sorted(p.name for p in keys.iterdir()) == [
+        "client.key_secret",
+        "clients",
+        "server.key",
+        "server.key_secret",
+    ]  # no temporary folder left
     server, client = auth.load_server_keys(keys), auth.load_client_keys(keys)
     assert client.server_public == server.public and client.public != server.public
     with pytest.raises(ConfigError, match="refusing to overwrite.*--force"):
         auth.generate_keys(keys)
-    assert auth.load_server_keys(keys) == server   # untouched
+    assert auth.load_server_keys(keys) == server  # untouched
     auth.generate_keys(keys, force=True)
     assert auth.load_server_keys(keys).public != server.public
 
@@ -63,18 +67,31 @@ def test_missing_or_exposed_keys_name_the_fix(tmp_path):
         auth.load_server_keys(keys)
 
 
-@pytest.mark.parametrize("endpoint,loopback", [
-    ("tcp://127.0.0.1:5555", True), ("tcp://127.0.0.2:*", True), ("tcp://localhost:1", True),
-    ("tcp://[::1]:5", True), ("tcp://lo:5", True), ("ipc:///tmp/x.ipc", True), ("inproc://x", True),
-    ("tcp://0.0.0.0:0", False), ("tcp://*:5555", False), ("tcp://[::]:5", False), ("tcp://10.1.2.3:5", False),
-    ("tcp://eth0:5", False), ("tcp://host.example:5", False), ("ws://127.0.0.1:5", False),
-])
+@pytest.mark.parametrize(
+    "endpoint,loopback",
+    [
+        ("tcp://127.0.0.1:5555", True),
+        ("tcp://127.0.0.2:*", True),
+        ("tcp://localhost:1", True),
+        ("tcp://[::1]:5", True),
+        ("tcp://lo:5", True),
+        ("ipc:///tmp/x.ipc", True),
+        ("inproc://x", True),
+        ("tcp://0.0.0.0:0", False),
+        ("tcp://*:5555", False),
+        ("tcp://[::]:5", False),
+        ("tcp://10.1.2.3:5", False),
+        ("tcp://eth0:5", False),
+        ("tcp://host.example:5", False),
+        ("ws://127.0.0.1:5", False),
+    ],
+)
 def test_is_loopback(endpoint, loopback):
     assert auth.is_loopback(endpoint) is loopback
 
 
 def test_check_bind_policy(tmp_path, capsys):
-    assert auth.check_bind("tcp://127.0.0.1:0", None, False, "ps shard 0") is False   # loopback: no keys needed
+    assert auth.check_bind("tcp://127.0.0.1:0", None, False, "ps shard 0") is False  # loopback: no keys needed
     with pytest.raises(ConfigError) as info:
         auth.check_bind("tcp://0.0.0.0:0", None, False, "dispatcher")
     message = str(info.value)
@@ -83,7 +100,7 @@ def test_check_bind_policy(tmp_path, capsys):
     assert auth.check_bind("tcp://*:7001", None, True, "ps shard 3") is False
     assert auth.check_bind("tcp://*:7001", None, True, "ps shard 3") is False
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "ps shard 3: warning: --insecure: tcp://*:7001" in err   # one line, once
+    assert err.count("\n") == 1 and "ps shard 3: warning: --insecure: tcp://*:7001" in err  # one line, once
     auth.generate_keys(tmp_path / "keys")
     assert auth.check_bind("tcp://0.0.0.0:0", tmp_path / "keys", False, "dispatcher") is True
     assert capsys.readouterr().err == ""
@@ -117,16 +134,17 @@ def test_curve_server_accepts_only_authorised_clients_and_counts_the_rest(tmp_pa
         mine = auth.load_client_keys(good)
         stranger = auth.load_client_keys(other)
         assert _exchange(ctx, server, good)
-        assert not _exchange(ctx, server, None)                                  # no keys
-        assert not _exchange(ctx, server, auth.ClientKeys(stranger.public, stranger.secret,
-                                                          mine.server_public))   # key not in clients/
-        assert not _exchange(ctx, server, other)                                 # another server key
+        assert not _exchange(ctx, server, None)  # no keys
+        assert not _exchange(
+            ctx, server, auth.ClientKeys(stranger.public, stranger.secret, mine.server_public)
+        )  # key not in clients/
+        assert not _exchange(ctx, server, other)  # another server key
         refused = monitor.take()
         assert refused.get("auth", 0) >= 1 and refused.get("protocol", 0) >= 2, refused
         monitor.close()
         monitor.close()
         server.close()
-        assert auth._AUTHENTICATORS._by_context == {}   # stopped with its last socket
+        assert auth._AUTHENTICATORS._by_context == {}  # stopped with its last socket
         plain = auth.server_socket(ctx, zmq.ROUTER, None)
         assert type(plain) is zmq.Socket
         plain.close()
@@ -140,11 +158,11 @@ def test_one_keys_folder_per_context(tmp_path):
     ctx = zmq.Context()
     try:
         first = auth.server_socket(ctx, zmq.ROUTER, tmp_path / "a")
-        second = auth.server_socket(ctx, zmq.ROUTER, tmp_path / "a")   # shares the authenticator
+        second = auth.server_socket(ctx, zmq.ROUTER, tmp_path / "a")  # shares the authenticator
         with pytest.raises(ConfigError, match="one keys folder per process"):
             auth.server_socket(ctx, zmq.ROUTER, tmp_path / "b")
         first.close()
-        assert auth._AUTHENTICATORS._by_context   # still serving `second`
+        assert auth._AUTHENTICATORS._by_context  # still serving `second`
         second.close()
         assert auth._AUTHENTICATORS._by_context == {}
     finally:

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 import torch
 
+from herald.contracts.tables import OptimizerConfig, TableConfig
 from herald.errors import StorageError
 from herald.files import private_dir, storage_error, write_private
 from herald.ps import CheckpointError, checkpoint
 from herald.ps.table import EmbeddingTable
-from herald.contracts.tables import OptimizerConfig, TableConfig
 from herald.worker.dense import DenseSync
 from tests.asuser import as_nobody
 
@@ -43,8 +43,9 @@ def _umask(mask: int):
 def _tmpfs(path: pathlib.Path, options: str):
     """A tmpfs mounted at ``path`` (root only: skipped elsewhere), unmounted at exit."""
     path.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True,
-                             text=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True, text=True
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
     try:
@@ -54,7 +55,7 @@ def _tmpfs(path: pathlib.Path, options: str):
 
 
 def _model() -> DenseSync:
-    model = torch.nn.Linear(256, 256)   # ~260 KB: more than the tiny file system holds
+    model = torch.nn.Linear(256, 256)  # ~260 KB: more than the tiny file system holds
     return DenseSync(model, torch.optim.Adam(model.parameters()), world_size=1)
 
 
@@ -63,10 +64,10 @@ def test_checkpoint_files_are_private_whatever_the_umask(tmp_path):
         (tmp_path / "open").mkdir(mode=0o755)
         folder = private_dir(tmp_path / "open" / "new" / "deeper")
         assert _mode(folder) == _mode(folder.parent) == 0o700
-        assert _mode(private_dir(tmp_path / "open")) == 0o700   # an existing folder of ours is set
+        assert _mode(private_dir(tmp_path / "open")) == 0o700  # an existing folder of ours is set
         (tmp_path / "was-public").write_text("x")
         os.chmod(tmp_path / "was-public", 0o644)
-        write_private(tmp_path / "was-public", "y")   # an existing file is set too
+        write_private(tmp_path / "was-public", "y")  # an existing file is set too
         assert _mode(tmp_path / "was-public") == 0o600 and (tmp_path / "was-public").read_text() == "y"
         dense = _model().save(tmp_path / "step")
         assert _mode(dense) == 0o600 and _mode(dense.parent) == 0o700
@@ -80,24 +81,27 @@ def test_a_full_disk_is_named_with_the_path_and_the_fix(tmp_path):
     with _tmpfs(tmp_path / "full", "size=64k") as fs:
         with pytest.raises(StorageError, match=f"cannot write file {fs}/blob: disk full .*free space") as info:
             write_private(fs / "blob", b"\0" * 200_000)
-        assert info.value.errno == errno.ENOSPC and not (fs / "blob").exists()   # the partial file is gone
+        assert info.value.errno == errno.ENOSPC and not (fs / "blob").exists()  # the partial file is gone
         # torch.save's own error is "unexpected pos"; through PrivateFile the write's errno is kept
         with pytest.raises(StorageError, match=r"dense.pt.tmp: disk full \(errno ENOSPC\)"):
             _model().save(fs / "step")
         assert list((fs / "step").iterdir()) == []
         table = EmbeddingTable(TableConfig("a", 4, OptimizerConfig("adam")), 0, 9)
-        table.push_grad(np.arange(5000, dtype=np.uint64), np.ones((5000, 4), np.float32), np.ones(5000, np.uint16),
-                        0, 0)
+        table.push_grad(
+            np.arange(5000, dtype=np.uint64), np.ones((5000, 4), np.float32), np.ones(5000, np.uint16), 0, 0
+        )
         with pytest.raises(CheckpointError, match="cannot write checkpoint file .*: disk full") as info:
             checkpoint.save(fs / "ps", 0, 1, 9, [table])
-        assert info.value.reason == "write" and list((fs / "ps").iterdir()) == []   # the partial checkpoint too
+        assert info.value.reason == "write" and list((fs / "ps").iterdir()) == []  # the partial checkpoint too
         # a short write torch made itself (no errno): the free space of the folder tells
         with contextlib.suppress(OSError), open(fs / "filler", "wb") as f:
-            f.write(b"\0" * 200_000)   # fills the file system and stays
+            f.write(b"\0" * 200_000)  # fills the file system and stays
         assert str(storage_error(fs / "x.pt", SHORT_WRITE)).startswith(
-            f"cannot write file {fs}/x.pt: disk full (RuntimeError: [enforce fail")
+            f"cannot write file {fs}/x.pt: disk full (RuntimeError: [enforce fail"
+        )
     assert str(storage_error(tmp_path / "x.pt", SHORT_WRITE)).startswith(
-        f"cannot write file {tmp_path}/x.pt: RuntimeError: [enforce fail")   # not full: torch's message
+        f"cannot write file {tmp_path}/x.pt: RuntimeError: [enforce fail"
+    )  # not full: torch's message
 
 
 def test_an_unwritable_place_is_named(tmp_path):
@@ -113,7 +117,7 @@ def test_an_unwritable_place_is_named(tmp_path):
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
 def test_permission_denied_is_named(tmp_path):
-    target = private_dir(tmp_path / "root-only") / "latest"   # 0700, root's: user nobody may not write there
+    target = private_dir(tmp_path / "root-only") / "latest"  # 0700, root's: user nobody may not write there
 
     def write() -> str:
         try:
@@ -121,7 +125,10 @@ def test_permission_denied_is_named(tmp_path):
             return "written"
         except StorageError as exc:
             return f"{exc}|{exc.errno}"
+
     said = as_nobody(write)
     message, code = said.rsplit("|", 1)
-    assert message.startswith(f"cannot write file {target}: permission denied (errno EACCES); make ") \
+    assert (
+        message.startswith(f"cannot write file {target}: permission denied (errno EACCES); make ")
         and int(code) == errno.EACCES
+    )

@@ -45,8 +45,9 @@ class _Map:
         out = np.empty(ids.shape[0], np.int32)
         done = 0
         while done < ids.shape[0]:
-            done += KM.find_or_insert_many_jit(self.buckets, self.slot_ids, self.slot_tab, self.n,
-                                               tabs[done:], ids[done:], out[done:])
+            done += KM.find_or_insert_many_jit(
+                self.buckets, self.slot_ids, self.slot_tab, self.n, tabs[done:], ids[done:], out[done:]
+            )
             if done < ids.shape[0]:
                 self.grow()
         return out
@@ -62,7 +63,9 @@ def test_find_or_insert_grows_and_matches_a_dict(seed):
     rng = np.random.default_rng(seed)
     tabs, ids = _keys(rng, 60_000, num_tables=5, id_range=8_000)
     m = _Map(16)
-    got = np.concatenate([m.lookup(tabs[lo:lo + 7_000], ids[lo:lo + 7_000]) for lo in range(0, ids.shape[0], 7_000)])
+    got = np.concatenate(
+        [m.lookup(tabs[lo : lo + 7_000], ids[lo : lo + 7_000]) for lo in range(0, ids.shape[0], 7_000)]
+    )
     ref = _reference(tabs, ids)
     assert np.array_equal(got, ref)  # slots in lookup order, equal keys -> equal slot
     assert m.grown >= 10 and int(m.n[0]) == ref.max() + 1
@@ -73,15 +76,16 @@ def test_find_or_insert_grows_and_matches_a_dict(seed):
     # the same ids in a table never used, and unseen ids, are absent
     assert KM.find_many_jit(m.buckets, m.slot_ids, m.slot_tab, np.int16(7), ids, found) == 0
     assert (found == -1).all()
-    assert KM.find_jit(m.buckets, m.slot_ids, m.slot_tab, np.int16(2), np.uint64(2**64 - 1)) == \
-        ref[np.flatnonzero((tabs == 2) & (ids == np.uint64(2**64 - 1)))[0]]
+    assert (
+        KM.find_jit(m.buckets, m.slot_ids, m.slot_tab, np.int16(2), np.uint64(2**64 - 1))
+        == ref[np.flatnonzero((tabs == 2) & (ids == np.uint64(2**64 - 1)))[0]]
+    )
 
 
 def test_one_table_map_takes_a_scalar_table():
     """The PS form: one map per table, ``slot_tab`` and ``tables`` one int."""
     rng = np.random.default_rng(7)
-    ids = np.concatenate([EDGE_IDS, rng.integers(0, 2**64 - 1, 20_000, dtype=np.uint64, endpoint=True),
-                          EDGE_IDS])
+    ids = np.concatenate([EDGE_IDS, rng.integers(0, 2**64 - 1, 20_000, dtype=np.uint64, endpoint=True), EDGE_IDS])
     row_keys = np.zeros(ids.shape[0], np.uint64)
     buckets = KM.new_buckets(ids.shape[0], row_keys, 0, 0, np.int64)
     n = np.zeros(1, np.int64)
@@ -89,7 +93,7 @@ def test_one_table_map_takes_a_scalar_table():
     assert KM.find_or_insert_many_jit(buckets, row_keys, 0, n, 0, ids, out) == ids.shape[0]
     ref = _reference(np.zeros(ids.shape[0], np.int16), ids)
     assert np.array_equal(out, ref)
-    assert np.array_equal(row_keys[:n[0]], ids[np.sort(np.unique(ids, return_index=True)[1])])
+    assert np.array_equal(row_keys[: n[0]], ids[np.sort(np.unique(ids, return_index=True)[1])])
     rebuilt = KM.new_buckets(4 * ids.shape[0], row_keys, 0, int(n[0]), np.int64)
     again = np.empty_like(out)
     assert KM.find_many_jit(rebuilt, row_keys, 0, 0, ids, again) == ids.shape[0]
@@ -98,8 +102,9 @@ def test_one_table_map_takes_a_scalar_table():
 
 def test_tables_form_equals_the_concatenation():
     rng = np.random.default_rng(3)
-    values = tuple(np.concatenate([EDGE_IDS, rng.integers(0, 500, rng.integers(0, 3_000), dtype=np.uint64)])
-                   for _ in range(6))
+    values = tuple(
+        np.concatenate([EDGE_IDS, rng.integers(0, 500, rng.integers(0, 3_000), dtype=np.uint64)]) for _ in range(6)
+    )
     tabs = np.repeat(np.arange(6, dtype=np.int16), [v.shape[0] for v in values])
     ids = np.concatenate(values)
     ref = _reference(tabs, ids)
@@ -128,22 +133,41 @@ def test_insert_delete_churn_matches_a_dict(seed):
         gone = [k for k in ref if rng.random() < 0.3]
         if gone:
             out = np.empty(len(gone), np.int64)
-            KM.delete_many_jit(buckets, slot_ids, slot_tab, np.array([k[0] for k in gone], np.int32),
-                               np.array([k[1] for k in gone], np.uint64), out)
+            KM.delete_many_jit(
+                buckets,
+                slot_ids,
+                slot_tab,
+                np.array([k[0] for k in gone], np.int32),
+                np.array([k[1] for k in gone], np.uint64),
+                out,
+            )
             assert out.tolist() == [ref[k] for k in gone]
             for k in gone:
                 free.append(ref.pop(k))
-        absent = [k for k in dict.fromkeys(universe[i] for i in rng.integers(0, len(universe), 300))
-                  if k not in ref][:len(free)]
+        absent = [k for k in dict.fromkeys(universe[i] for i in rng.integers(0, len(universe), 300)) if k not in ref][
+            : len(free)
+        ]
         slots = np.array([free.pop() for _ in absent], np.int64)
-        new = KM.insert_many_jit(buckets, slot_ids, slot_tab, np.array([k[0] for k in absent], np.int32),
-                                 np.array([k[1] for k in absent], np.uint64), slots)
+        new = KM.insert_many_jit(
+            buckets,
+            slot_ids,
+            slot_tab,
+            np.array([k[0] for k in absent], np.int32),
+            np.array([k[1] for k in absent], np.uint64),
+            slots,
+        )
         assert new == len(absent)
         ref.update(zip(absent, slots.tolist()))
         probe = list(ref) + universe[:200]
         out = np.empty(len(probe), np.int64)
-        KM.find_many_jit(buckets, slot_ids, slot_tab, np.array([k[0] for k in probe], np.int32),
-                         np.array([k[1] for k in probe], np.uint64), out)
+        KM.find_many_jit(
+            buckets,
+            slot_ids,
+            slot_tab,
+            np.array([k[0] for k in probe], np.int32),
+            np.array([k[1] for k in probe], np.uint64),
+            out,
+        )
         assert out.tolist() == [ref.get(k, -1) for k in probe]
         assert int((buckets >= 0).sum()) == len(ref)
     missing = np.empty(1, np.int64)
@@ -153,8 +177,9 @@ def test_insert_delete_churn_matches_a_dict(seed):
 
 def test_key_hash_is_the_documented_splitmix64():
     rng = np.random.default_rng(1)
-    for t, v in [(0, 0), (0, 2**64 - 1), (25, 2**63)] + [(int(rng.integers(0, 30)), int(x)) for x in
-                                                         rng.integers(0, 2**64 - 1, 50, dtype=np.uint64)]:
+    for t, v in [(0, 0), (0, 2**64 - 1), (25, 2**63)] + [
+        (int(rng.integers(0, 30)), int(x)) for x in rng.integers(0, 2**64 - 1, 50, dtype=np.uint64)
+    ]:
         want = splitmix64(v ^ (((t + 1) * 0x9E3779B97F4A7C15) & (2**64 - 1)))
         assert int(KM.key_hash_jit(np.int16(t), np.uint64(v))) == want
 

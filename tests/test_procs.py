@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import os
 import pathlib
+import subprocess
 import sys
 import time
 
 import pytest
 
 from herald.errors import ConfigError, HeraldError
-import subprocess
-
 from herald.procs import Supervisor, core_plan, cpu_seconds, pin_to_cores, tree_cpu_seconds
 
 
@@ -23,10 +22,15 @@ def _python(code: str) -> list[str]:
 def test_check_names_the_child_that_exited_with_its_log_tail(tmp_path):
     with Supervisor(tmp_path, env={"HERALD_TEST_WORD": "marmot"}) as sup:
         sup.start("fine", _python("import time; time.sleep(30)"))
-        sup.start("bad", _python("import os, sys\n"
-                                 "for i in range(40): print('line', i)\n"
-                                 "print('dying:', os.environ['HERALD_TEST_WORD'], file=sys.stderr)\n"
-                                 "sys.exit(3)"))
+        sup.start(
+            "bad",
+            _python(
+                "import os, sys\n"
+                "for i in range(40): print('line', i)\n"
+                "print('dying:', os.environ['HERALD_TEST_WORD'], file=sys.stderr)\n"
+                "sys.exit(3)"
+            ),
+        )
         sup.procs["bad"].wait(30)
         with pytest.raises(HeraldError) as info:
             sup.check()
@@ -52,17 +56,22 @@ def test_failure_waits_up_to_grace_and_ignores_clean_exits(tmp_path):
 
 def test_stop_kills_a_child_that_ignores_sigterm_within_the_bound(tmp_path):
     sup = Supervisor(tmp_path, new_session=True)
-    p = sup.start("stubborn", _python("import signal, time\n"
-                                      "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-                                      "print('ready', flush=True)\n"
-                                      "time.sleep(60)"))
+    p = sup.start(
+        "stubborn",
+        _python(
+            "import signal, time\n"
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "print('ready', flush=True)\n"
+            "time.sleep(60)"
+        ),
+    )
     deadline = time.monotonic() + 30
     while "ready" not in sup.tail("stubborn") and time.monotonic() < deadline:
         time.sleep(0.05)
     t0 = time.monotonic()
     sup.stop(timeout_s=0.5)
     assert p.poll() == -9  # SIGKILL after the bound: a stop that waited for the child would see it exit 0 after 60 s
-    assert time.monotonic() - t0 < 30   # generous: a loaded machine delays the kill by seconds, not the child's 60 s
+    assert time.monotonic() - t0 < 30  # generous: a loaded machine delays the kill by seconds, not the child's 60 s
     assert sup.failure() is None  # stopped on purpose: not a failure
     sup.close()
 
@@ -72,7 +81,7 @@ def test_wait_is_bounded_and_names_the_child(tmp_path):
         sup.start("sleeper", _python("import time; time.sleep(60)"))
         with pytest.raises(HeraldError, match="sleeper did not exit within 0 s after the test"):
             sup.wait(timeout_s=0.3, context=" after the test")
-        assert sup.procs["sleeper"].poll() is None   # gave up on a child that still runs (for 60 s)
+        assert sup.procs["sleeper"].poll() is None  # gave up on a child that still runs (for 60 s)
 
 
 def test_restart_appends_to_the_log_and_a_running_name_is_refused(tmp_path):
@@ -92,11 +101,11 @@ def test_restart_appends_to_the_log_and_a_running_name_is_refused(tmp_path):
 def test_core_plan_gives_each_process_cores_of_its_own_while_there_are_enough():
     assert core_plan(3, range(8)) == [[0, 1, 2], [3, 4, 5], [6, 7]]
     assert core_plan(1, [2, 5]) == [[2, 5]]
-    assert core_plan(2, [6, 4]) == [[6], [4]]   # in the order given
+    assert core_plan(2, [6, 4]) == [[6], [4]]  # in the order given
     for cores in range(1, 13):
         for n in range(1, cores + 1):
             plan = core_plan(n, range(cores))
-            assert [c for block in plan for c in block] == list(range(cores))   # disjoint, every core used
+            assert [c for block in plan for c in block] == list(range(cores))  # disjoint, every core used
             assert max(map(len, plan)) - min(map(len, plan)) <= 1
 
 
@@ -129,12 +138,14 @@ def test_a_child_started_with_cores_runs_on_them_from_its_start(tmp_path):
 def test_pin_to_cores_pins_every_thread_of_a_running_process_and_its_later_threads(tmp_path):
     core = max(os.sched_getaffinity(0))
     go = tmp_path / "go"
-    code = ("import os, threading, time\n"
-            "for _ in range(3): threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
-            "print('ready', flush=True)\n"
-            f"while not os.path.exists({str(go)!r}): time.sleep(0.01)\n"   # the test pins it meanwhile
-            "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
-            "print('more', flush=True); time.sleep(60)")
+    code = (
+        "import os, threading, time\n"
+        "for _ in range(3): threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+        "print('ready', flush=True)\n"
+        f"while not os.path.exists({str(go)!r}): time.sleep(0.01)\n"  # the test pins it meanwhile
+        "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+        "print('more', flush=True); time.sleep(60)"
+    )
     with Supervisor(tmp_path) as sup:
         p = sup.start("threads", _python(code))
         deadline = time.monotonic() + 30
@@ -145,7 +156,7 @@ def test_pin_to_cores_pins_every_thread_of_a_running_process_and_its_later_threa
         go.touch()
         while "more" not in sup.tail("threads") and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert _threads_cores(p.pid) == [{core}] * 5   # the thread started after the pin took its creator's cores
+        assert _threads_cores(p.pid) == [{core}] * 5  # the thread started after the pin took its creator's cores
 
 
 def test_startup_garbage_is_frozen_and_the_collector_restored():
@@ -157,7 +168,7 @@ def test_startup_garbage_is_frozen_and_the_collector_restored():
     from herald.procs import startup_garbage_frozen
 
     runs = []
-    callback = lambda phase, info: runs.append(phase)   # noqa: E731
+    callback = lambda phase, info: runs.append(phase)  # noqa: E731
     gc.callbacks.append(callback)
     try:
         for enabled in (True, False):
@@ -165,7 +176,7 @@ def test_startup_garbage_is_frozen_and_the_collector_restored():
             gc.unfreeze()
             with startup_garbage_frozen():
                 assert not gc.isenabled()
-                made = [[i] for i in range(50_000)]   # far past the young generation's threshold
+                made = [[i] for i in range(50_000)]  # far past the young generation's threshold
                 assert runs == []
             assert gc.isenabled() and gc.get_freeze_count() >= len(made)
             gc.unfreeze()
@@ -179,15 +190,20 @@ def test_startup_garbage_is_frozen_and_the_collector_restored():
 def test_tree_cpu_counts_running_descendants_and_them_once_reaped():
     # a grandchild burning CPU under a child that waits for it (what a shard or a worker is)
     burn = "import time; t = time.process_time(); exec('while time.process_time() - t < 0.6: pass')"
-    child = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys; subprocess.run([sys.executable, '-c', "
-                                                     f"{burn!r}]); import time; time.sleep(30)"])
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import subprocess, sys; subprocess.run([sys.executable, '-c', {burn!r}]); import time; time.sleep(30)",
+        ]
+    )
     try:
         t0, own0 = tree_cpu_seconds(), cpu_seconds()
-        time.sleep(2.0)   # the grandchild has burnt its 0.6 s and was reaped by the child
+        time.sleep(2.0)  # the grandchild has burnt its 0.6 s and was reaped by the child
         t1, own1 = tree_cpu_seconds(), cpu_seconds()
-        assert own1 - own0 < 0.3   # cpu_seconds sees no child until it is reaped here
-        assert t1 - t0 >= 0.4      # the running child's waited-for grandchild
+        assert own1 - own0 < 0.3  # cpu_seconds sees no child until it is reaped here
+        assert t1 - t0 >= 0.4  # the running child's waited-for grandchild
     finally:
         child.kill()
         child.wait()
-    assert tree_cpu_seconds() >= t1   # reaped now: counted by cpu_seconds, not lost
+    assert tree_cpu_seconds() >= t1  # reaped now: counted by cpu_seconds, not lost

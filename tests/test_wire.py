@@ -59,7 +59,7 @@ def test_readonly_unpack_gives_views_that_cannot_be_written():
     header = PS.unpack_header(frames[0])
     (ro,) = PS.unpack_arrays(header, frames[1:], readonly=True)
     (rw,) = PS.unpack_arrays(header, frames[1:])
-    assert not ro.flags.writeable and rw.flags.writeable   # zmq frames are writable buffers
+    assert not ro.flags.writeable and rw.flags.writeable  # zmq frames are writable buffers
     assert np.shares_memory(ro, rw) and ro.tolist() == [0, 1, 2, 3]
     with pytest.raises(ValueError, match="read-only"):
         ro[0] = 9
@@ -75,7 +75,7 @@ def test_pack_keeps_big_arrays_zero_copy_and_makes_them_contiguous():
 def test_configure_sets_the_copy_threshold():
     sock = zmq.Context.instance().socket(zmq.DEALER)
     try:
-        assert sock.copy_threshold != 1 << 20   # pyzmq's default
+        assert sock.copy_threshold != 1 << 20  # pyzmq's default
         DISPATCH.configure(sock)
         assert sock.copy_threshold == DISPATCH.copy_threshold_bytes == 1 << 20
         sock.copy_threshold = 0
@@ -90,7 +90,7 @@ def test_configure_bounds_each_frame_by_the_largest_legitimate_one():
     sock = zmq.Context.instance().socket(zmq.ROUTER)
     try:
         DISPATCH.configure(sock)
-        assert sock.getsockopt(zmq.MAXMSGSIZE) == -1   # no bound unless asked
+        assert sock.getsockopt(zmq.MAXMSGSIZE) == -1  # no bound unless asked
         DISPATCH.configure(sock, max_array_bytes=0)
         assert sock.getsockopt(zmq.MAXMSGSIZE) == DISPATCH.max_header_bytes + wire.FRAME_OVERHEAD_BYTES
         PS.configure(sock, max_array_bytes=3 << 20)
@@ -117,12 +117,12 @@ def test_a_frame_over_the_bound_is_not_delivered_and_the_socket_serves_on(tmp_pa
     peer.setsockopt(zmq.LINGER, 0)
     peer.connect(address)
     try:
-        peer.send_multipart([b"h" * 100, bytes(bound)])     # the largest legitimate frame
+        peer.send_multipart([b"h" * 100, bytes(bound)])  # the largest legitimate frame
         assert router.poll(10_000)
         assert [len(f) for f in router.recv_multipart()[1:]] == [100, bound]
-        peer.send_multipart([b"h", bytes(bound + wire.FRAME_OVERHEAD_BYTES + 1)])   # one byte over
+        peer.send_multipart([b"h", bytes(bound + wire.FRAME_OVERHEAD_BYTES + 1)])  # one byte over
         assert not router.poll(1000)
-        peer.send(b"after")   # the same peer, reconnected by libzmq, and a new one are served
+        peer.send(b"after")  # the same peer, reconnected by libzmq, and a new one are served
         other = zmq.Context.instance().socket(zmq.DEALER)
         other.setsockopt(zmq.LINGER, 0)
         other.connect(address)
@@ -144,8 +144,10 @@ def test_a_huge_length_claim_is_cut_off_before_it_is_buffered(tmp_path):
     unbounded.bind(f"ipc://{tmp_path}/unbounded.ipc")
     try:
         assert rawpeer.claim_frame(address, 3 << 30, send_bytes=64 << 20) < 16 << 20
-        assert rawpeer.claim_frame(unbounded.getsockopt_string(zmq.LAST_ENDPOINT), 96 << 20,
-                                   send_bytes=32 << 20) == 32 << 20
+        assert (
+            rawpeer.claim_frame(unbounded.getsockopt_string(zmq.LAST_ENDPOINT), 96 << 20, send_bytes=32 << 20)
+            == 32 << 20
+        )
     finally:
         bounded.close()
         unbounded.close()
@@ -173,20 +175,25 @@ def test_with_keys_an_unauthenticated_peer_is_cut_off_at_the_bound_too(tmp_path)
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS, ids=lambda p: p.name)
-@pytest.mark.parametrize("make, match", [  # make(version) -> the frames
-    (lambda v: [], "empty message"),
-    (lambda v: [b"\xc1"], "not valid msgpack"),
-    (lambda v: [b"\x92\x01"], "not valid msgpack"),  # truncated array
-    (lambda v: [msgpack.packb([1, 2])], "must be a msgpack map"),
-    (lambda v: [msgpack.packb({1: 2})], "not valid msgpack"),  # non-str key
-    (lambda v: [msgpack.packb({"v": v, "op": "x", "arrays": [], "b": b"x"})], "not valid msgpack"),
-    (lambda v: [msgpack.packb({"v": v, "op": "x", "arrays": [], "e": msgpack.ExtType(1, b"x")})],
-     "not valid msgpack"),
-    (lambda v: [msgpack.packb({"op": "x", "arrays": []})], "expected version"),
-    (lambda v: [msgpack.packb({"v": v + 1, "op": "x", "arrays": []})], "expected version"),
-    (lambda v: [msgpack.packb({"v": float(v), "op": "x", "arrays": []})], "expected version"),
-    (lambda v: [msgpack.packb({"v": True, "op": "x", "arrays": []})], "expected version"),  # True == 1
-])
+@pytest.mark.parametrize(
+    "make, match",
+    [  # make(version) -> the frames
+        (lambda v: [], "empty message"),
+        (lambda v: [b"\xc1"], "not valid msgpack"),
+        (lambda v: [b"\x92\x01"], "not valid msgpack"),  # truncated array
+        (lambda v: [msgpack.packb([1, 2])], "must be a msgpack map"),
+        (lambda v: [msgpack.packb({1: 2})], "not valid msgpack"),  # non-str key
+        (lambda v: [msgpack.packb({"v": v, "op": "x", "arrays": [], "b": b"x"})], "not valid msgpack"),
+        (
+            lambda v: [msgpack.packb({"v": v, "op": "x", "arrays": [], "e": msgpack.ExtType(1, b"x")})],
+            "not valid msgpack",
+        ),
+        (lambda v: [msgpack.packb({"op": "x", "arrays": []})], "expected version"),
+        (lambda v: [msgpack.packb({"v": v + 1, "op": "x", "arrays": []})], "expected version"),
+        (lambda v: [msgpack.packb({"v": float(v), "op": "x", "arrays": []})], "expected version"),
+        (lambda v: [msgpack.packb({"v": True, "op": "x", "arrays": []})], "expected version"),  # True == 1
+    ],
+)
 def test_rejects_malformed_headers(protocol, make, match):
     with pytest.raises(ProtocolError, match=match) as info:
         protocol.unpack(make(protocol.version))

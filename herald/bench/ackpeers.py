@@ -64,7 +64,7 @@ def run_ack_peers(address: str, num_workers: int, idle_timeout_s: float = 30.0) 
                     return {"acks": acks, "ended": len(ended), "error": error, "timed_out": True}
                 continue
             last = time.monotonic()
-            for s, _ in ready:   # one message per ready socket and poll: no failing reads
+            for s, _ in ready:  # one message per ready socket and poll: no failing reads
                 rank = rank_of[s]
                 frames = s.recv_multipart(copy=False)
                 header = msgpack.unpackb(frames[0].buffer, raw=False)
@@ -91,8 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     JSON line; exit status 1 if they timed out."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) not in (2, 3, 4):
-        print("usage: python -m herald.bench.ackpeers ADDRESS NUM_WORKERS [IDLE_TIMEOUT_S [NICE]]",
-              file=sys.stderr)
+        print("usage: python -m herald.bench.ackpeers ADDRESS NUM_WORKERS [IDLE_TIMEOUT_S [NICE]]", file=sys.stderr)
         return 2
     if len(args) == 4 and int(args[3]):
         os.nice(int(args[3]))

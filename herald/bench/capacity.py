@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 
 from herald.bench.options import CAPACITY_ROWS, CAPACITY_SECONDS
+from herald.contracts.train import TrainConfig
 from herald.errors import ConfigError, HeraldError
-from herald.procs import child_env
 from herald.job.parts import NoPS, WorkerLauncher
 from herald.job.runner import JobRunner
 from herald.loader import open_source
@@ -40,8 +40,8 @@ from herald.loader.batch import SampleBatch
 from herald.loader.global_batches import GlobalBatches
 from herald.loader.source import Source, state_int
 from herald.loader.splits import count_distinct_keys
+from herald.procs import child_env
 from herald.scheduler import Scheduler, SchedulerConfig
-from herald.contracts.train import TrainConfig
 
 
 class MemorySource(Source):
@@ -102,9 +102,9 @@ def _cpu_seconds(peers_pid: int | None) -> dict[str, float]:
                 raw = f.read()
         except OSError:
             return None
-        comm = raw[raw.index("(") + 1:raw.rindex(")")]
-        fields = raw[raw.rindex(")") + 2:].split()
-        return comm, (int(fields[11]) + int(fields[12])) / tick   # utime, stime
+        comm = raw[raw.index("(") + 1 : raw.rindex(")")]
+        fields = raw[raw.rindex(")") + 2 :].split()
+        return comm, (int(fields[11]) + int(fields[12])) / tick  # utime, stime
 
     try:
         tids = os.listdir("/proc/self/task")
@@ -120,12 +120,12 @@ def _cpu_seconds(peers_pid: int | None) -> dict[str, float]:
             ptids = os.listdir(f"/proc/{peers_pid}/task")
         except OSError:
             ptids = []
-        for tid in ptids:   # the fake workers' Python thread and ZeroMQ I/O thread
+        for tid in ptids:  # the fake workers' Python thread and ZeroMQ I/O thread
             got = read(f"/proc/{peers_pid}/task/{tid}/stat")
             if got is not None:
                 name = "peers" if got[0] == "python" or tid == str(peers_pid) else f"peers {got[0]}"
                 out[name] = out.get(name, 0.0) + got[1]
-    try:   # every process of the machine (user + nice + system + irq + softirq + steal)
+    try:  # every process of the machine (user + nice + system + irq + softirq + steal)
         with open("/proc/stat") as f:
             cpu = [int(x) for x in f.readline().split()[1:]]
         out["(machine)"] = (sum(cpu[:3]) + sum(cpu[5:8])) / tick
@@ -152,23 +152,39 @@ class AckPeerWorkers(WorkerLauncher):
         return self.proc.pid if self.proc is not None else None
 
     def start(self, cfg, job, dispatchers: list[str]) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "herald.bench.ackpeers", dispatchers[0], str(cfg.workers),
-                                      str(self.idle_timeout_s), str(self.nice)],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "herald.bench.ackpeers",
+                dispatchers[0],
+                str(cfg.workers),
+                str(self.idle_timeout_s),
+                str(self.nice),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=child_env(),
+        )
 
     def check(self) -> None:
         """The dispatcher's liveness check: the fake workers' process must still run."""
         code = self.proc.poll() if self.proc is not None else None
         if code is not None:
             err = self.proc.stderr.read() if self.proc.stderr is not None else ""
-            raise HeraldError(f"the fake workers' process exited with status {code} during the capacity "
-                              f"measurement: {err.strip()[-2000:]}")
+            raise HeraldError(
+                f"the fake workers' process exited with status {code} during the capacity "
+                f"measurement: {err.strip()[-2000:]}"
+            )
 
     def wait(self) -> None:
         out, err = self._reap()
         if self.proc is not None and self.proc.returncode != 0:
-            raise HeraldError(f"the fake workers of the capacity measurement failed (exit status "
-                              f"{self.proc.returncode}): {(out + err).strip()[-2000:]}")
+            raise HeraldError(
+                f"the fake workers of the capacity measurement failed (exit status "
+                f"{self.proc.returncode}): {(out + err).strip()[-2000:]}"
+            )
 
     def stop(self) -> None:
         self._reap()
@@ -199,16 +215,18 @@ class _Rows:
 
     dataset, eval_source, replicated, replica_rows = None, None, (), 0
 
-    def __init__(self, url: str, rows: int | None, sched_cfg: SchedulerConfig, *, max_steps: int | None,
-                 materialize: bool):
+    def __init__(
+        self, url: str, rows: int | None, sched_cfg: SchedulerConfig, *, max_steps: int | None, materialize: bool
+    ):
         workers, batch_size = sched_cfg.num_workers, sched_cfg.batch_size_per_worker
         gb = workers * batch_size
         src = open_source(url)
         data = _read_all(src, rows)
         src.close()
         if len(data) < gb:
-            raise ConfigError(f"{len(data)} rows are fewer than one global batch ({workers} x {batch_size}); "
-                              "pass more rows")
+            raise ConfigError(
+                f"{len(data)} rows are fewer than one global batch ({workers} x {batch_size}); pass more rows"
+            )
         self.distinct_keys, self.num_rows = count_distinct_keys([data]), len(data)
         self.steps_per_epoch = len(data) // gb
         epochs = math.ceil(max_steps / self.steps_per_epoch) + 1 if max_steps is not None else 1_000_000
@@ -238,11 +256,22 @@ def _stage_seconds(disp) -> dict[str, float]:
     return dict(disp.timer.seconds)
 
 
-def measure_capacity(workers: int = 8, batch_size: int = 256, schedule: str = "herald",
-                     rows: int | None = CAPACITY_ROWS, source: str | None = None, steps: int | None = None,
-                     seconds: float | None = None, *, warmup_steps: int = 30, max_inflight_steps: int = 2,
-                     materialize: bool = True, cache_ratio: float = 0.1, seed: int = 0,
-                     peers_nice: int = 0) -> dict[str, Any]:
+def measure_capacity(
+    workers: int = 8,
+    batch_size: int = 256,
+    schedule: str = "herald",
+    rows: int | None = CAPACITY_ROWS,
+    source: str | None = None,
+    steps: int | None = None,
+    seconds: float | None = None,
+    *,
+    warmup_steps: int = 30,
+    max_inflight_steps: int = 2,
+    materialize: bool = True,
+    cache_ratio: float = 0.1,
+    seed: int = 0,
+    peers_nice: int = 0,
+) -> dict[str, Any]:
     """Samples/s of a real dispatcher serving ``workers`` fake workers that ack at once.
 
     Args:
@@ -284,22 +313,32 @@ def measure_capacity(workers: int = 8, batch_size: int = 256, schedule: str = "h
     if not 0 <= peers_nice <= 19:
         raise ConfigError(f"measure_capacity: peers_nice must be in 0..19, got {peers_nice}")
     gb = workers * batch_size
-    sched_cfg = SchedulerConfig(num_workers=workers, batch_size_per_worker=batch_size, schedule=schedule,
-                                cache_ratio=cache_ratio, seed=seed)
+    sched_cfg = SchedulerConfig(
+        num_workers=workers, batch_size_per_worker=batch_size, schedule=schedule, cache_ratio=cache_ratio, seed=seed
+    )
     url = source if source is not None else f"synthetic://criteo?rows={rows}&seed={seed}"
     # the job's settings for the runner: its dispatcher (credits, 60 s peer timeout) and JobSpec
-    cfg = TrainConfig(source=url, workers=workers, batch_size=batch_size, schedule=schedule, cache_ratio=cache_ratio,
-                      seed=seed, max_inflight_steps=max_inflight_steps, timeout_ms=60_000, embedding_dim=16)
+    cfg = TrainConfig(
+        source=url,
+        workers=workers,
+        batch_size=batch_size,
+        schedule=schedule,
+        cache_ratio=cache_ratio,
+        seed=seed,
+        max_inflight_steps=max_inflight_steps,
+        timeout_ms=60_000,
+        embedding_dim=16,
+    )
     need = warmup_steps + (steps if steps is not None else 0)
     data = _Rows(url, rows, sched_cfg, max_steps=need if steps is not None else None, materialize=materialize)
 
     peers = AckPeerWorkers(nice=peers_nice)
-    disps: list[Any] = []   # the dispatcher, once bound (on_serve)
+    disps: list[Any] = []  # the dispatcher, once bound (on_serve)
     marks: dict[str, Any] = {}
 
     def on_step(rec) -> None:
         now, disp = rec.acked_at, disps[0]
-        if rec.step == warmup_steps - 1:   # the clock starts when the warm-up's last step is acked
+        if rec.step == warmup_steps - 1:  # the clock starts when the warm-up's last step is acked
             marks["t0"], marks["s0"], marks["step0"] = now, _stage_seconds(disp), rec.step
             marks["c0"] = _cpu_seconds(peers.pid)
             return
@@ -315,8 +354,10 @@ def measure_capacity(workers: int = 8, batch_size: int = 256, schedule: str = "h
     # the job runner (NOTE [job runner]) with no PS, the fake workers, no checkpoints, no report
     JobRunner(ps=NoPS(), workers=peers, data=data, on_step=on_step, on_serve=disps.extend).run(cfg)
     if "t1" not in marks:
-        raise ConfigError(f"no step measured after {warmup_steps} warm-up steps: {data.steps_per_epoch} steps per "
-                          "epoch of data; pass more rows or fewer warm-up steps")
+        raise ConfigError(
+            f"no step measured after {warmup_steps} warm-up steps: {data.steps_per_epoch} steps per "
+            "epoch of data; pass more rows or fewer warm-up steps"
+        )
     wall = marks["t1"] - marks["t0"]
     n = marks["step1"] - marks["step0"]
     s0, s1 = marks["s0"], marks["s1"]
@@ -324,37 +365,66 @@ def measure_capacity(workers: int = 8, batch_size: int = 256, schedule: str = "h
     c0, c1 = marks.get("c0", {}), marks.get("c1", {})
     cpu = {k: round((c1[k] - c0.get(k, 0.0)) / wall, 3) for k in c1 if c1[k] - c0.get(k, 0.0) > 0}
     machine = cpu.pop("(machine)", None)
-    return {"samples_per_s": n * gb / wall, "steps": n, "seconds": wall, "ms_per_step": wall * 1e3 / n,
-            "phases": phases, "cpu": cpu, "machine_cpu": machine, "cpus": os.cpu_count(),
-            "workers": workers, "batch_size": batch_size, "schedule": schedule, "global_batch": gb,
-            "rows": data.num_rows, "materialized": materialize, "warmup_steps": warmup_steps,
-            "peers_nice": peers_nice, "distinct_keys": int(data.distinct_keys),
-            "capacity_rows": int(np.ceil(cache_ratio * data.distinct_keys))}
+    return {
+        "samples_per_s": n * gb / wall,
+        "steps": n,
+        "seconds": wall,
+        "ms_per_step": wall * 1e3 / n,
+        "phases": phases,
+        "cpu": cpu,
+        "machine_cpu": machine,
+        "cpus": os.cpu_count(),
+        "workers": workers,
+        "batch_size": batch_size,
+        "schedule": schedule,
+        "global_batch": gb,
+        "rows": data.num_rows,
+        "materialized": materialize,
+        "warmup_steps": warmup_steps,
+        "peers_nice": peers_nice,
+        "distinct_keys": int(data.distinct_keys),
+        "capacity_rows": int(np.ceil(cache_ratio * data.distinct_keys)),
+    }
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """``herald bench dispatcher``: :func:`measure_capacity` with the options in ``args``;
     prints samples/s, each stage's busy fraction and the CPU per thread, and writes the
     result as JSON to ``--out`` when given."""
-    res = measure_capacity(workers=args.workers, batch_size=args.batch_size, schedule=args.schedule,
-                           rows=args.rows, source=args.source, steps=args.steps, seconds=args.seconds,
-                           warmup_steps=args.warmup_steps, max_inflight_steps=args.max_inflight_steps,
-                           materialize=not args.no_materialize, peers_nice=args.peers_nice)
-    print(f"dispatcher capacity: {res['samples_per_s']:,.0f} samples/s  ({res['workers']} workers x "
-          f"{res['batch_size']}, {res['schedule']}, {res['steps']} steps in {res['seconds']:.2f} s, "
-          f"{res['ms_per_step']:.2f} ms/step)")
+    res = measure_capacity(
+        workers=args.workers,
+        batch_size=args.batch_size,
+        schedule=args.schedule,
+        rows=args.rows,
+        source=args.source,
+        steps=args.steps,
+        seconds=args.seconds,
+        warmup_steps=args.warmup_steps,
+        max_inflight_steps=args.max_inflight_steps,
+        materialize=not args.no_materialize,
+        peers_nice=args.peers_nice,
+    )
+    print(
+        f"dispatcher capacity: {res['samples_per_s']:,.0f} samples/s  ({res['workers']} workers x "
+        f"{res['batch_size']}, {res['schedule']}, {res['steps']} steps in {res['seconds']:.2f} s, "
+        f"{res['ms_per_step']:.2f} ms/step)"
+    )
     print("busy fraction of the measured time per stage (stages on different threads overlap):")
     for stage, frac in res["phases"].items():
         print(f"  {stage:<12} {frac:6.1%}   {frac * res['ms_per_step']:7.2f} ms/step")
     if res.get("cpu"):
-        print(f"CPU per thread (cores; {sum(res['cpu'].values()):.2f} in all): "
-              + ", ".join(f"{k} {v:.2f}" for k, v in sorted(res["cpu"].items(), key=lambda kv: -kv[1])))
+        print(
+            f"CPU per thread (cores; {sum(res['cpu'].values()):.2f} in all): "
+            + ", ".join(f"{k} {v:.2f}" for k, v in sorted(res["cpu"].items(), key=lambda kv: -kv[1]))
+        )
     if res.get("machine_cpu") is not None:
         print(f"machine: {res['machine_cpu']:.2f} of {res['cpus']} cores busy during the measurement")
         others = res["machine_cpu"] - sum(res.get("cpu", {}).values())
         if others > 0.1:
-            print(f"warning: other processes used {others:.2f} cores meanwhile: this measurement is low; "
-                  "rerun on an idle machine")
+            print(
+                f"warning: other processes used {others:.2f} cores meanwhile: this measurement is low; "
+                "rerun on an idle machine"
+            )
     if args.out:
         with open(args.out, "w") as f:
             json.dump(res, f, indent=2)

@@ -24,7 +24,7 @@ import ast
 import importlib
 import importlib.util
 import pathlib
-from typing import Callable
+from collections.abc import Callable
 
 from herald.bench import options
 
@@ -39,8 +39,15 @@ class _ModuleHelp(argparse.Action):
     """``-h, --help`` of a bench subcommand whose description is its module's docstring
     (:func:`module_doc`, read only when the help is printed)."""
 
-    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, *, module: str,
-                 help="show this help message and exit"):
+    def __init__(
+        self,
+        option_strings,
+        dest=argparse.SUPPRESS,
+        default=argparse.SUPPRESS,
+        *,
+        module: str,
+        help="show this help message and exit",
+    ):
         super().__init__(option_strings=option_strings, dest=dest, default=default, nargs=0, help=help)
         self.module = module
 
@@ -61,12 +68,25 @@ def _runner(module: str, entry: str) -> Callable[[argparse.Namespace], int]:
     return run
 
 
-def _add(bench, name: str, module: str, add_arguments: Callable[[argparse.ArgumentParser], None], help: str, *,
-         entry: str = "run", described: bool = True, raw: bool = True) -> None:
+def _add(
+    bench,
+    name: str,
+    module: str,
+    add_arguments: Callable[[argparse.ArgumentParser], None],
+    help: str,
+    *,
+    entry: str = "run",
+    described: bool = True,
+    raw: bool = True,
+) -> None:
     """Add ``herald bench NAME``: the options of ``add_arguments``, run by ``module.entry(args)``;
     ``described``: ``--help`` shows the module's docstring (``raw``: as written, else re-wrapped)."""
-    b = bench.add_parser(name, help=help, add_help=not described,
-                         formatter_class=argparse.RawDescriptionHelpFormatter if raw else argparse.HelpFormatter)
+    b = bench.add_parser(
+        name,
+        help=help,
+        add_help=not described,
+        formatter_class=argparse.RawDescriptionHelpFormatter if raw else argparse.HelpFormatter,
+    )
     if described:
         b.add_argument("-h", "--help", action=_ModuleHelp, module=module)
     add_arguments(b)
@@ -75,34 +95,103 @@ def _add(bench, name: str, module: str, add_arguments: Callable[[argparse.Argume
 
 def register(commands, bench, serve) -> None:
     """Add every ``herald bench`` subcommand (``commands`` and ``serve`` get none)."""
-    _add(bench, "loader", "herald.bench.loader", options.add_loader_arguments, entry="main", described=False,
-         help="samples/s: Parquet, Criteo TSV and herald's DataLoader dataset vs a plain torch DataLoader")
-    _add(bench, "scheduler", "herald.bench.scheduler", options.add_scheduler_arguments, entry="main",
-         described=False, help="Herald Table 2: transmissions of vanilla/laia/plan/herald/costaware, "
-                               "scheduling time, quality vs brute force")
-    _add(bench, "ps", "herald.bench.ps", options.add_ps_arguments, entry="main", described=False,
-         help="PS pull/push throughput vs numpy memcpy (one shard)")
-    _add(bench, "step", "herald.bench.step", options.add_step_arguments,
-         help="one PS shard's CPU time per global step of an N-worker job (requests replayed in process)")
-    _add(bench, "dispatcher", "herald.bench.capacity", options.add_dispatcher_arguments,
-         help="dispatcher capacity: samples/s with workers that ack at once")
-    _add(bench, "e2e", "herald.bench.e2e", options.add_e2e_arguments, raw=False,
-         help="herald vs vanilla end to end: samples/s and bytes moved (same run)")
-    _add(bench, "scale", "herald.bench.scale", options.add_scale_arguments,
-         help="herald with 1, 2, 4, ... workers vs plain single-process PyTorch (samples/s, scaling factor, "
-              "phases; same run)")
-    _add(bench, "network", "herald.bench.network", options.add_network_arguments,
-         help="vanilla, laia, plan, herald, costaware across hosts with shaped links (network-namespace test "
-              "bed, root; samples/s, bytes, AUC; same run)")
+    _add(
+        bench,
+        "loader",
+        "herald.bench.loader",
+        options.add_loader_arguments,
+        entry="main",
+        described=False,
+        help="samples/s: Parquet, Criteo TSV and herald's DataLoader dataset vs a plain torch DataLoader",
+    )
+    _add(
+        bench,
+        "scheduler",
+        "herald.bench.scheduler",
+        options.add_scheduler_arguments,
+        entry="main",
+        described=False,
+        help="Herald Table 2: transmissions of vanilla/laia/plan/herald/costaware, "
+        "scheduling time, quality vs brute force",
+    )
+    _add(
+        bench,
+        "ps",
+        "herald.bench.ps",
+        options.add_ps_arguments,
+        entry="main",
+        described=False,
+        help="PS pull/push throughput vs numpy memcpy (one shard)",
+    )
+    _add(
+        bench,
+        "step",
+        "herald.bench.step",
+        options.add_step_arguments,
+        help="one PS shard's CPU time per global step of an N-worker job (requests replayed in process)",
+    )
+    _add(
+        bench,
+        "dispatcher",
+        "herald.bench.capacity",
+        options.add_dispatcher_arguments,
+        help="dispatcher capacity: samples/s with workers that ack at once",
+    )
+    _add(
+        bench,
+        "e2e",
+        "herald.bench.e2e",
+        options.add_e2e_arguments,
+        raw=False,
+        help="herald vs vanilla end to end: samples/s and bytes moved (same run)",
+    )
+    _add(
+        bench,
+        "scale",
+        "herald.bench.scale",
+        options.add_scale_arguments,
+        help="herald with 1, 2, 4, ... workers vs plain single-process PyTorch (samples/s, scaling factor, "
+        "phases; same run)",
+    )
+    _add(
+        bench,
+        "network",
+        "herald.bench.network",
+        options.add_network_arguments,
+        help="vanilla, laia, plan, herald, costaware across hosts with shaped links (network-namespace test "
+        "bed, root; samples/s, bytes, AUC; same run)",
+    )
     # compression, groups: docs/compression.md
-    _add(bench, "compression", "herald.bench.comm", options.add_compression_arguments, entry="run_compression",
-         help="fp32 vs fp16/bf16/int8 wire: bytes, samples/s, AUC (same run)")
-    _add(bench, "groups", "herald.bench.comm", options.add_groups_arguments, entry="run_groups",
-         help="HT groups G = 1, 2 with and without a straggler: samples/s, AUC, lag")
+    _add(
+        bench,
+        "compression",
+        "herald.bench.comm",
+        options.add_compression_arguments,
+        entry="run_compression",
+        help="fp32 vs fp16/bf16/int8 wire: bytes, samples/s, AUC (same run)",
+    )
+    _add(
+        bench,
+        "groups",
+        "herald.bench.comm",
+        options.add_groups_arguments,
+        entry="run_groups",
+        help="HT groups G = 1, 2 with and without a straggler: samples/s, AUC, lag",
+    )
     # consistency modes with and without a straggler: docs/consistency.md
-    _add(bench, "consistency", "herald.bench.consistency", options.add_consistency_arguments,
-         help="bsp, bounded (s = 1, 4, 16), hybrid and gba (iota = 0, 4), with and without a straggler (2x each "
-              "mode's own step by default): AUC, log loss, samples/s and its ratio to bsp, transmissions (same run)")
+    _add(
+        bench,
+        "consistency",
+        "herald.bench.consistency",
+        options.add_consistency_arguments,
+        help="bsp, bounded (s = 1, 4, 16), hybrid and gba (iota = 0, 4), with and without a straggler (2x each "
+        "mode's own step by default): AUC, log loss, samples/s and its ratio to bsp, transmissions (same run)",
+    )
     # the worker cache's hot path against FBGEMM TBE, one thread
-    _add(bench, "kernels", "herald.bench.kernels", options.add_kernels_arguments,
-         help="worker cache hot path (numba) vs FBGEMM TBE on the CPU, one thread")
+    _add(
+        bench,
+        "kernels",
+        "herald.bench.kernels",
+        options.add_kernels_arguments,
+        help="worker cache hot path (numba) vs FBGEMM TBE on the CPU, one thread",
+    )

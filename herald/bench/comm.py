@@ -21,14 +21,20 @@ import json
 import pathlib
 
 from herald.bench.options import DATASETS
-from herald.job.launcher import run_train
 from herald.contracts.train import TrainConfig
+from herald.job.launcher import run_train
 
 
 def _job(args, dataset: str, run_dir: pathlib.Path, **kw) -> dict:
-    cfg = TrainConfig(source=str(pathlib.Path(args.data_dir) / DATASETS[dataset]), workers=args.workers,
-                      batch_size=args.batch_size, steps=args.steps, eval_fraction=0.1, run_dir=str(run_dir),
-                      **kw)
+    cfg = TrainConfig(
+        source=str(pathlib.Path(args.data_dir) / DATASETS[dataset]),
+        workers=args.workers,
+        batch_size=args.batch_size,
+        steps=args.steps,
+        eval_fraction=0.1,
+        run_dir=str(run_dir),
+        **kw,
+    )
     print(f"--- {dataset} {kw}", flush=True)
     return run_train(cfg, progress=False)
 
@@ -41,22 +47,30 @@ def run_compression(args: argparse.Namespace) -> dict:
             rep = _job(args, dataset, out / f"{dataset}-{wire}", wire_dtype=wire, embedding_dim=args.embedding_dim)
             comp = rep["compression"]
             results[f"{dataset}-{wire}"] = {
-                "embedding_bytes_fp32": comp["fp32_bytes"], "embedding_bytes_wire": comp["wire_bytes"],
-                "ratio": comp["ratio"], "per_cause": comp["per_cause"],
+                "embedding_bytes_fp32": comp["fp32_bytes"],
+                "embedding_bytes_wire": comp["wire_bytes"],
+                "ratio": comp["ratio"],
+                "per_cause": comp["per_cause"],
                 "worker_ps_bytes": rep["wire_bytes"]["pulled"] + rep["wire_bytes"]["pushed"],
-                "samples_per_second": rep["samples_per_second"], "auc": rep["metrics"].get("auc", float("nan")),
-                "steps": rep["steps"]}
-    print("\n| dataset | wire | embedding MiB fp32 | on the wire MiB | fewer bytes | samples/s | held-out AUC "
-          "| AUC - fp32 |")
+                "samples_per_second": rep["samples_per_second"],
+                "auc": rep["metrics"].get("auc", float("nan")),
+                "steps": rep["steps"],
+            }
+    print(
+        "\n| dataset | wire | embedding MiB fp32 | on the wire MiB | fewer bytes | samples/s | held-out AUC "
+        "| AUC - fp32 |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for dataset in args.datasets:
         base = results.get(f"{dataset}-fp32")
         for wire in args.wire_dtypes:
             r = results[f"{dataset}-{wire}"]
             r["auc_delta"] = r["auc"] - base["auc"] if base else float("nan")
-            print(f"| {dataset} | {wire} | {r['embedding_bytes_fp32'] / 2**20:.2f} | "
-                  f"{r['embedding_bytes_wire'] / 2**20:.2f} | {r['ratio']:.2f}x | {r['samples_per_second']:,.0f} | "
-                  f"{r['auc']:.4f} | {r['auc_delta']:+.4f} |")
+            print(
+                f"| {dataset} | {wire} | {r['embedding_bytes_fp32'] / 2**20:.2f} | "
+                f"{r['embedding_bytes_wire'] / 2**20:.2f} | {r['ratio']:.2f}x | {r['samples_per_second']:,.0f} | "
+                f"{r['auc']:.4f} | {r['auc_delta']:+.4f} |"
+            )
     _write(out, "bench_compression.json", results)
     return results
 
@@ -64,11 +78,17 @@ def run_compression(args: argparse.Namespace) -> dict:
 def _groups_row(rep: dict, g: int, slow: str | None, mode: str) -> dict:
     leaders = (rep.get("groups") or {}).get("leaders", [])
     streams = (rep.get("group_streams") or {}).get("groups", [])
-    return {"groups": g, "slow_worker": slow, "consistency": mode, "samples_per_second": rep["samples_per_second"],
-            "auc": rep["metrics"].get("auc", float("nan")), "steps": rep["steps"],
-            "group_steps": [s["steps"] for s in streams],
-            "lag_steps_mean": max((s["lag_steps_mean"] for s in leaders), default=0.0),
-            "lag_steps_max": max((s["lag_steps_max"] for s in leaders), default=0)}
+    return {
+        "groups": g,
+        "slow_worker": slow,
+        "consistency": mode,
+        "samples_per_second": rep["samples_per_second"],
+        "auc": rep["metrics"].get("auc", float("nan")),
+        "steps": rep["steps"],
+        "group_steps": [s["steps"] for s in streams],
+        "lag_steps_mean": max((s["lag_steps_mean"] for s in leaders), default=0.0),
+        "lag_steps_max": max((s["lag_steps_max"] for s in leaders), default=0),
+    }
 
 
 def run_groups(args: argparse.Namespace) -> dict:
@@ -78,11 +98,21 @@ def run_groups(args: argparse.Namespace) -> dict:
         for slow in (None, args.slow_worker):
             for g in args.groups:
                 name = f"{mode}-G{g}-" + ("straggler" if slow else "even")
-                rep = _job(args, args.dataset, out / name, groups=g, slow_worker=slow, consistency=mode,
-                           average_every=args.average_every, easgd_alpha=args.easgd_alpha)
+                rep = _job(
+                    args,
+                    args.dataset,
+                    out / name,
+                    groups=g,
+                    slow_worker=slow,
+                    consistency=mode,
+                    average_every=args.average_every,
+                    easgd_alpha=args.easgd_alpha,
+                )
                 results[name] = _groups_row(rep, g, slow, mode)
-    print("\n| consistency | straggler | G | samples/s | speed-up vs G=1 | held-out AUC | AUC - G=1 | averaging lag "
-          "mean / max (steps) | steps per group |")
+    print(
+        "\n| consistency | straggler | G | samples/s | speed-up vs G=1 | held-out AUC | AUC - G=1 | averaging lag "
+        "mean / max (steps) | steps per group |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for mode in args.consistencies:
         for slow in (None, args.slow_worker):
@@ -93,9 +123,11 @@ def run_groups(args: argparse.Namespace) -> dict:
                 r["speedup"] = r["samples_per_second"] / base["samples_per_second"]
                 r["auc_delta"] = r["auc"] - base["auc"]
                 shares = " / ".join(str(n) for n in r["group_steps"]) or "-"
-                print(f"| {mode} | {slow or 'none'} | {g} | {r['samples_per_second']:,.0f} | {r['speedup']:.2f}x | "
-                      f"{r['auc']:.4f} | {r['auc_delta']:+.4f} | {r['lag_steps_mean']:.1f} / {r['lag_steps_max']} | "
-                      f"{shares} |")
+                print(
+                    f"| {mode} | {slow or 'none'} | {g} | {r['samples_per_second']:,.0f} | {r['speedup']:.2f}x | "
+                    f"{r['auc']:.4f} | {r['auc_delta']:+.4f} | {r['lag_steps_mean']:.1f} / {r['lag_steps_max']} | "
+                    f"{shares} |"
+                )
     _write(out, "bench_groups.json", results)
     return results
 

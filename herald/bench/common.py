@@ -21,13 +21,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from herald.contracts.tables import OptimizerConfig, TableConfig
+from herald.contracts.train import TrainConfig
 from herald.errors import ConfigError
 from herald.job.launcher import run_train
 from herald.loader import splits
 from herald.loader.global_batches import GlobalBatches
 from herald.procs import cpu_seconds
-from herald.contracts.tables import OptimizerConfig, TableConfig
-from herald.contracts.train import TrainConfig
 from herald.worker.models import build_model
 
 EVAL_FRACTION = 0.02
@@ -54,8 +54,9 @@ class PlainBatches:
     remap_s: float
 
 
-def load_plain_batches(source: str, batch_size: int, *, eval_fraction: float = EVAL_FRACTION,
-                       max_steps: int | None = None) -> PlainBatches:
+def load_plain_batches(
+    source: str, batch_size: int, *, eval_fraction: float = EVAL_FRACTION, max_steps: int | None = None
+) -> PlainBatches:
     """Read the training split of ``source`` (the rows ``herald train`` trains on with
     ``eval_fraction``) as batches of ``batch_size`` (the partial last one dropped, as
     herald does) and remap each table's ids with ``np.unique``.
@@ -76,10 +77,19 @@ def load_plain_batches(source: str, batch_size: int, *, eval_fraction: float = E
     for t in range(raw[0].num_tables):
         uniq, inv = np.unique(np.concatenate([b.values[t] for b in raw]), return_inverse=True)
         cuts = np.cumsum([b.values[t].shape[0] for b in raw])[:-1]
-        per_table.append([torch.from_numpy(np.ascontiguousarray(part)) for part in np.split(inv.astype(np.int64), cuts)])
+        per_table.append(
+            [torch.from_numpy(np.ascontiguousarray(part)) for part in np.split(inv.astype(np.int64), cuts)]
+        )
         table_rows.append(max(1, int(uniq.shape[0])))
-    out = [(torch.from_numpy(b.dense), torch.from_numpy(b.labels), [ids[i] for ids in per_table],
-            [torch.from_numpy(np.ascontiguousarray(o[:-1])) for o in b.offsets]) for i, b in enumerate(raw)]
+    out = [
+        (
+            torch.from_numpy(b.dense),
+            torch.from_numpy(b.labels),
+            [ids[i] for ids in per_table],
+            [torch.from_numpy(np.ascontiguousarray(o[:-1])) for o in b.offsets],
+        )
+        for i, b in enumerate(raw)
+    ]
     return PlainBatches(out, table_rows, raw[0].dense.shape[1], read_s=t1 - t0, remap_s=time.perf_counter() - t1)
 
 
@@ -124,8 +134,9 @@ def train_loop(model: PlainDLRM, data: PlainBatches, warmup_steps: int) -> tuple
     return losses, time.perf_counter() - t0
 
 
-def train_plain_torch(data: PlainBatches, *, embedding_dim: int = 16, seed: int = 0,
-                      warmup_steps: int = WARMUP_STEPS) -> dict:
+def train_plain_torch(
+    data: PlainBatches, *, embedding_dim: int = 16, seed: int = 0, warmup_steps: int = WARMUP_STEPS
+) -> dict:
     """Train a fresh :class:`PlainDLRM` once over ``data`` with 1 torch thread (restored
     after); the clock starts after ``warmup_steps`` steps.
 
@@ -138,8 +149,10 @@ def train_plain_torch(data: PlainBatches, *, embedding_dim: int = 16, seed: int 
         ConfigError: no step left to time after the warm-up.
     """
     if len(data.batches) <= warmup_steps:
-        raise ConfigError(f"{len(data.batches)} batches leave nothing to time after {warmup_steps} warm-up "
-                          "steps; raise --rows or lower --batch-size")
+        raise ConfigError(
+            f"{len(data.batches)} batches leave nothing to time after {warmup_steps} warm-up "
+            "steps; raise --rows or lower --batch-size"
+        )
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -154,8 +167,13 @@ def train_plain_torch(data: PlainBatches, *, embedding_dim: int = 16, seed: int 
         torch.set_num_threads(threads)
     rows = sum(int(b[1].shape[0]) for b in data.batches[warmup_steps:])
     all_rows = sum(int(b[1].shape[0]) for b in data.batches)
-    return {"samples_per_s": rows / train_s, "timed_steps": len(data.batches) - warmup_steps, "train_s": train_s,
-            "losses": losses, "cpu_us_per_sample": 1e6 * cpu_s / max(1, all_rows)}
+    return {
+        "samples_per_s": rows / train_s,
+        "timed_steps": len(data.batches) - warmup_steps,
+        "train_s": train_s,
+        "losses": losses,
+        "cpu_us_per_sample": 1e6 * cpu_s / max(1, all_rows),
+    }
 
 
 def plain_torch_losses(source: str, steps: int, *, batch_size: int = 256, seed: int = 0) -> list[float]:
@@ -168,8 +186,16 @@ def plain_torch_losses(source: str, steps: int, *, batch_size: int = 256, seed: 
 # ------------------------------------------------------------------ herald
 
 
-def run_herald(source: str, workers: int, schedule: str, batch_size: int, run_dir: str, seed: int = 0,
-               device: str = "cpu", pin_cores: bool = False) -> dict:
+def run_herald(
+    source: str,
+    workers: int,
+    schedule: str,
+    batch_size: int,
+    run_dir: str,
+    seed: int = 0,
+    device: str = "cpu",
+    pin_cores: bool = False,
+) -> dict:
     """One ``herald train`` job on ``device`` (``--device``; ``--pin-cores`` when ``pin_cores``);
     ``{"samples_per_s", "phases_ms", "wall_ms_per_step", "steps", "cpu_us_per_sample", "step_barrier"}``
     (``phases_ms``: the worker's median ms per phase, ``{}`` when the report has no
@@ -179,23 +205,34 @@ def run_herald(source: str, workers: int, schedule: str, batch_size: int, run_di
     trained sample: :func:`herald.procs.cpu_seconds`; ``steady_cpu_us_per_sample``: the
     report's, from the first step to the end of serving, NOTE [steady cpu] in
     herald/job/runner.py)."""
-    cfg = TrainConfig(source=source, schedule=schedule, workers=workers, batch_size=batch_size,
-                      eval_fraction=EVAL_FRACTION, seed=seed, run_dir=run_dir, device=device,
-                      pin_cores=pin_cores)
+    cfg = TrainConfig(
+        source=source,
+        schedule=schedule,
+        workers=workers,
+        batch_size=batch_size,
+        eval_fraction=EVAL_FRACTION,
+        seed=seed,
+        run_dir=run_dir,
+        device=device,
+        pin_cores=pin_cores,
+    )
     cpu0 = cpu_seconds()
     with contextlib.redirect_stdout(io.StringIO()):  # the report text: the table says what matters here
         rep = run_train(cfg, progress=False)
     cpu_s = cpu_seconds() - cpu0
     phases = rep.get("phases") or {}
     barriers = [b["step_barrier"] for b in phases.get("ps_busy", []) if "step_barrier" in b]
-    return {"samples_per_s": rep["samples_per_second"],
-            "step_barrier": barriers,   # per shard (NOTE [step barrier timing] in herald/ps/stepped.py)
-            "cpu_us_per_sample": 1e6 * cpu_s / max(1, rep["steps"] * cfg.global_batch),
-            "steady_cpu_us_per_sample": rep.get("steady_cpu_us_per_sample", float("nan")),
-            "phases_ms": dict(phases.get("worker_ms_per_step", {})),
-            "wall_ms_per_step": phases.get("wall_ms_per_step", rep["train_seconds"] * 1e3 / max(1, rep["steps"])),
-            "wall_samples_per_s": rep.get("wall_samples_per_second"), "startup_s": rep.get("startup_seconds"),
-            "steps": rep["steps"]}
+    return {
+        "samples_per_s": rep["samples_per_second"],
+        "step_barrier": barriers,  # per shard (NOTE [step barrier timing] in herald/ps/stepped.py)
+        "cpu_us_per_sample": 1e6 * cpu_s / max(1, rep["steps"] * cfg.global_batch),
+        "steady_cpu_us_per_sample": rep.get("steady_cpu_us_per_sample", float("nan")),
+        "phases_ms": dict(phases.get("worker_ms_per_step", {})),
+        "wall_ms_per_step": phases.get("wall_ms_per_step", rep["train_seconds"] * 1e3 / max(1, rep["steps"])),
+        "wall_samples_per_s": rep.get("wall_samples_per_second"),
+        "startup_s": rep.get("startup_seconds"),
+        "steps": rep["steps"],
+    }
 
 
 def median_phases(phases: list[dict]) -> dict[str, float]:

@@ -31,9 +31,9 @@ import json
 import pathlib
 
 from herald.bench.options import CONSISTENCY_MODES
+from herald.contracts.train import TrainConfig
 from herald.errors import ConfigError
 from herald.job.launcher import run_train
-from herald.contracts.train import TrainConfig
 
 NOT_BUILT: tuple[str, ...] = ()
 
@@ -41,21 +41,37 @@ NOT_BUILT: tuple[str, ...] = ()
 def summarize(rep: dict) -> dict:
     """The figures compared, from a ``herald train`` report dict."""
     m, c, tx = rep["metrics"], rep["consistency"], rep["transmissions"]
-    return {"auc": m.get("auc", float("nan")), "logloss": m.get("logloss", float("nan")),
-            "samples_per_second": rep["samples_per_second"], "embeddings_moved": tx["total"],
-            "update_pulls": tx["update_pull"], "pulls_saved": c["stale_reads"], "rereads": c["rereads"],
-            "max_staleness": c["max_staleness_observed"], "mean_staleness": c["mean_staleness"],
-            "dropped_or_decayed": c["dropped_or_decayed"],
-            "wire_bytes": rep["wire_bytes"]["pulled"] + rep["wire_bytes"]["pushed"], "steps": rep["steps"]}
+    return {
+        "auc": m.get("auc", float("nan")),
+        "logloss": m.get("logloss", float("nan")),
+        "samples_per_second": rep["samples_per_second"],
+        "embeddings_moved": tx["total"],
+        "update_pulls": tx["update_pull"],
+        "pulls_saved": c["stale_reads"],
+        "rereads": c["rereads"],
+        "max_staleness": c["max_staleness_observed"],
+        "mean_staleness": c["mean_staleness"],
+        "dropped_or_decayed": c["dropped_or_decayed"],
+        "wire_bytes": rep["wire_bytes"]["pulled"] + rep["wire_bytes"]["pushed"],
+        "steps": rep["steps"],
+    }
 
 
 def _config(args: argparse.Namespace, mode: str, staleness: int, slow: str | None, name: str):
-    return TrainConfig(source=args.source, steps=getattr(args, "steps", None), workers=args.workers,
-                       batch_size=args.batch_size, epochs=args.epochs,
-                       cache_ratio=args.cache_ratio, embedding_dim=args.embedding_dim, consistency=mode,
-                       staleness=staleness if mode == "bounded" else 0,
-                       gba_threshold=staleness if mode == "gba" else 0, slow_worker=slow,
-                       run_dir=str(pathlib.Path(args.run_dir) / name))
+    return TrainConfig(
+        source=args.source,
+        steps=getattr(args, "steps", None),
+        workers=args.workers,
+        batch_size=args.batch_size,
+        epochs=args.epochs,
+        cache_ratio=args.cache_ratio,
+        embedding_dim=args.embedding_dim,
+        consistency=mode,
+        staleness=staleness if mode == "bounded" else 0,
+        gba_threshold=staleness if mode == "gba" else 0,
+        slow_worker=slow,
+        run_dir=str(pathlib.Path(args.run_dir) / name),
+    )
 
 
 def mean_step_ms(args: argparse.Namespace, row: dict) -> int:
@@ -84,17 +100,20 @@ def run(args: argparse.Namespace) -> dict:
     chosen = [m.strip() for m in getattr(args, "modes", "bsp").split(",") if m.strip()]
     unknown = sorted(set(chosen) - {label for label, _, _ in CONSISTENCY_MODES})
     if unknown or "bsp" not in chosen:
-        raise ConfigError(f"--modes: unknown {unknown} or no bsp (the baseline); choose among "
-                          f"{[label for label, _, _ in CONSISTENCY_MODES]}")
-    plain: dict = {}   # label -> its row without a straggler
+        raise ConfigError(
+            f"--modes: unknown {unknown} or no bsp (the baseline); choose among "
+            f"{[label for label, _, _ in CONSISTENCY_MODES]}"
+        )
+    plain: dict = {}  # label -> its row without a straggler
     for straggler in (False, True):
         for label, mode, s in (m for m in CONSISTENCY_MODES if m[0] in chosen):
             slow_ms = straggler_ms(args, label, plain) if straggler else None
             slow = f"{args.slow_rank}:{slow_ms}" if straggler else None
             key = label + (f" + slow {slow}" if straggler else "")
             print(f"--- {key}", flush=True)
-            rep = run_train(_config(args, mode, s, slow, key.replace(" ", "_").replace(":", "-").replace("=", "")),
-                            progress=False)
+            rep = run_train(
+                _config(args, mode, s, slow, key.replace(" ", "_").replace(":", "-").replace("=", "")), progress=False
+            )
             row = {**summarize(rep), "mode": label, "straggler": straggler, "slow_ms": slow_ms}
             results[key] = row
             if not straggler:
@@ -106,9 +125,17 @@ def run(args: argparse.Namespace) -> dict:
     if args.out:
         pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         definition = "slow-ms" if args.slow_ms is not None else getattr(args, "straggler", "own")
-        pathlib.Path(args.out).write_text(json.dumps(
-            {"results": results, "not_built": list(NOT_BUILT), "straggler": definition,
-             "slow_ms": {r["mode"]: r["slow_ms"] for r in results.values() if r["straggler"]}}, indent=2))
+        pathlib.Path(args.out).write_text(
+            json.dumps(
+                {
+                    "results": results,
+                    "not_built": list(NOT_BUILT),
+                    "straggler": definition,
+                    "slow_ms": {r["mode"]: r["slow_ms"] for r in results.values() if r["straggler"]},
+                },
+                indent=2,
+            )
+        )
         print(f"written {args.out}")
     return results
 
@@ -124,12 +151,16 @@ def add_ratios(results: dict) -> None:
 
 def print_table(results: dict) -> None:
     """A markdown table of :func:`summarize` rows (with ``vs_bsp`` and ``slow_ms``), keyed by the run's label."""
-    print("\n| mode | straggler ms | AUC | log loss | samples/s | vs bsp | embeddings moved | update pulls "
-          "| pulls saved | rereads | staleness max / mean | worker<->PS MiB |")
+    print(
+        "\n| mode | straggler ms | AUC | log loss | samples/s | vs bsp | embeddings moved | update pulls "
+        "| pulls saved | rereads | staleness max / mean | worker<->PS MiB |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for key, r in results.items():
         slow = "-" if r.get("slow_ms") is None else str(r["slow_ms"])
-        print(f"| {key} | {slow} | {r['auc']:.4f} | {r['logloss']:.4f} | {r['samples_per_second']:,.0f} | "
-              f"{r.get('vs_bsp', float('nan')):.2f}x | {r['embeddings_moved']:,} | {r['update_pulls']:,} | "
-              f"{r['pulls_saved']:,} | {r['rereads']:,} | {r['max_staleness']} / {r['mean_staleness']:.3f} | "
-              f"{r['wire_bytes'] / 2**20:.2f} |")
+        print(
+            f"| {key} | {slow} | {r['auc']:.4f} | {r['logloss']:.4f} | {r['samples_per_second']:,.0f} | "
+            f"{r.get('vs_bsp', float('nan')):.2f}x | {r['embeddings_moved']:,} | {r['update_pulls']:,} | "
+            f"{r['pulls_saved']:,} | {r['rereads']:,} | {r['max_staleness']} / {r['mean_staleness']:.3f} | "
+            f"{r['wire_bytes'] / 2**20:.2f} |"
+        )

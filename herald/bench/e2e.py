@@ -24,8 +24,8 @@ import pathlib
 from herald.bench import torchrec_baseline
 from herald.bench.common import summarize
 from herald.bench.options import add_e2e_arguments
-from herald.job.launcher import run_train
 from herald.contracts.train import TrainConfig
+from herald.job.launcher import run_train
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -43,19 +43,36 @@ def run(args: argparse.Namespace) -> dict:
     for workers in args.workers:
         for schedule in args.schedules:
             name, _, variant = schedule.partition("+")
-            cfg = TrainConfig(source=source, schedule=name, workers=workers, batch_size=args.batch_size,
-                              cache_ratio=args.cache_ratio, embedding_dim=args.embedding_dim,
-                              optimizer=args.optimizer, eval_fraction=0.0,
-                              replicate_below=args.replicate_below if variant == "replicated" else 0,
-                              run_dir=str(out / f"{schedule}-w{workers}"))
+            cfg = TrainConfig(
+                source=source,
+                schedule=name,
+                workers=workers,
+                batch_size=args.batch_size,
+                cache_ratio=args.cache_ratio,
+                embedding_dim=args.embedding_dim,
+                optimizer=args.optimizer,
+                eval_fraction=0.0,
+                replicate_below=args.replicate_below if variant == "replicated" else 0,
+                run_dir=str(out / f"{schedule}-w{workers}"),
+            )
             print(f"--- {schedule}, {workers} workers", flush=True)
             rep = run_train(cfg, progress=False)
             results[f"{schedule}-w{workers}"] = summarize(rep)
-    trec = None if args.no_torchrec else torchrec_baseline.torchrec_on_source(
-        source, batch_size=args.batch_size, eval_fraction=0.0, embedding_dim=args.embedding_dim,
-        optimizer=args.optimizer)
-    print("\n| workers | schedule | samples/s | worker<->PS MiB | embeddings moved | bytes vs vanilla "
-          "| all-reduce MiB | time vs vanilla | vs TorchRec |")
+    trec = (
+        None
+        if args.no_torchrec
+        else torchrec_baseline.torchrec_on_source(
+            source,
+            batch_size=args.batch_size,
+            eval_fraction=0.0,
+            embedding_dim=args.embedding_dim,
+            optimizer=args.optimizer,
+        )
+    )
+    print(
+        "\n| workers | schedule | samples/s | worker<->PS MiB | embeddings moved | bytes vs vanilla "
+        "| all-reduce MiB | time vs vanilla | vs TorchRec |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for workers in args.workers:
         base = results.get(f"vanilla-w{workers}")
@@ -65,9 +82,11 @@ def run(args: argparse.Namespace) -> dict:
             tratio = r["train_seconds"] / base["train_seconds"] if base else float("nan")
             r["bytes_ratio_vs_vanilla"], r["time_ratio_vs_vanilla"] = ratio, tratio
             r["ratio_vs_torchrec"] = torchrec_baseline.ratio_to(trec, r["samples_per_second"])
-            print(f"| {workers} | {schedule} | {r['samples_per_second']:,.0f} | {r['wire_bytes'] / 2**20:,.1f} | "
-                  f"{r['embeddings_moved']:,} | {ratio:.3f}x | {r['allreduce_bytes'] / 2**20:,.1f} | {tratio:.3f}x | "
-                  f"{torchrec_baseline.format_ratio(r['ratio_vs_torchrec'])} |")
+            print(
+                f"| {workers} | {schedule} | {r['samples_per_second']:,.0f} | {r['wire_bytes'] / 2**20:,.1f} | "
+                f"{r['embeddings_moved']:,} | {ratio:.3f}x | {r['allreduce_bytes'] / 2**20:,.1f} | {tratio:.3f}x | "
+                f"{torchrec_baseline.format_ratio(r['ratio_vs_torchrec'])} |"
+            )
     print(f"\n{torchrec_baseline.describe(trec)} (batch {args.batch_size}, one herald worker's)")
     results["torchrec"] = trec
     out.mkdir(parents=True, exist_ok=True)
@@ -81,4 +100,3 @@ def main(argv: list[str] | None = None) -> int:
     add_e2e_arguments(p)
     run(p.parse_args(argv))
     return 0
-

@@ -40,8 +40,9 @@ from herald.bench.common import (
 from herald.errors import ConfigError
 
 
-def train_plain_torch_on(data: PlainBatches, device: torch.device, *, embedding_dim: int = 16, seed: int = 0,
-                         warmup_steps: int | None = None) -> dict:
+def train_plain_torch_on(
+    data: PlainBatches, device: torch.device, *, embedding_dim: int = 16, seed: int = 0, warmup_steps: int | None = None
+) -> dict:
     """:func:`herald.bench.common.train_plain_torch` with the model and every batch on ``device``.
 
     Args:
@@ -56,17 +57,25 @@ def train_plain_torch_on(data: PlainBatches, device: torch.device, *, embedding_
     """
     warmup = WARMUP_STEPS if warmup_steps is None else warmup_steps
     if len(data.batches) <= warmup:
-        raise ConfigError(f"{len(data.batches)} batches leave nothing to time after {warmup} warm-up steps; "
-                          "raise --rows or lower --gpu-batch-sizes")
-    moved = [(d.to(device), y.to(device), [i.to(device) for i in ids], [o.to(device) for o in offs])
-             for d, y, ids, offs in data.batches]
+        raise ConfigError(
+            f"{len(data.batches)} batches leave nothing to time after {warmup} warm-up steps; "
+            "raise --rows or lower --gpu-batch-sizes"
+        )
+    moved = [
+        (d.to(device), y.to(device), [i.to(device) for i in ids], [o.to(device) for o in offs])
+        for d, y, ids, offs in data.batches
+    ]
     on_device = dataclasses.replace(data, batches=moved)
     with torch.sparse.check_sparse_tensor_invariants(enable=False):
         model = PlainDLRM(data.dense_dim, data.table_rows, embedding_dim, seed).to(device)
         losses, train_s = train_loop(model, on_device, warmup)
     rows = sum(int(b[1].shape[0]) for b in data.batches[warmup:])
-    return {"samples_per_s": rows / train_s, "timed_steps": len(data.batches) - warmup, "train_s": train_s,
-            "losses": losses}
+    return {
+        "samples_per_s": rows / train_s,
+        "timed_steps": len(data.batches) - warmup,
+        "train_s": train_s,
+        "losses": losses,
+    }
 
 
 def gpu_section(source: str, args, tmp: str) -> list[dict]:
@@ -76,23 +85,42 @@ def gpu_section(source: str, args, tmp: str) -> list[dict]:
     out = []
     for batch in args.gpu_batch_sizes:
         data = load_plain_batches(source, batch)
-        plain = statistics.median(train_plain_torch_on(data, device, seed=args.seed)["samples_per_s"]
-                                  for _ in range(args.repeats))
+        plain = statistics.median(
+            train_plain_torch_on(data, device, seed=args.seed)["samples_per_s"] for _ in range(args.repeats)
+        )
         del data
         runs = {}
         for where in ("cuda", "cpu"):
-            got = [run_herald(source, 1, "herald", batch, str(pathlib.Path(tmp) / f"gpu-{where}-b{batch}-r{r}"),
-                                 args.seed, device=where) for r in range(args.repeats)]
-            runs[where] = {"samples_per_s": statistics.median(g["samples_per_s"] for g in got),
-                           "phases_ms": median_phases([g["phases_ms"] for g in got])}
-        row = {"batch_size": batch, "plain_torch_gpu_samples_per_s": plain,
-               "herald_gpu_samples_per_s": runs["cuda"]["samples_per_s"],
-               "herald_cpu_samples_per_s": runs["cpu"]["samples_per_s"],
-               "herald_gpu_vs_plain_gpu": runs["cuda"]["samples_per_s"] / plain,
-               "herald_gpu_vs_herald_cpu": runs["cuda"]["samples_per_s"] / runs["cpu"]["samples_per_s"],
-               "herald_gpu_phases_ms": runs["cuda"]["phases_ms"]}
-        print(f"GPU, batch {batch}: plain PyTorch {plain:,.0f}, herald GPU {row['herald_gpu_samples_per_s']:,.0f}, "
-              f"herald CPU {row['herald_cpu_samples_per_s']:,.0f} samples/s", flush=True)
+            got = [
+                run_herald(
+                    source,
+                    1,
+                    "herald",
+                    batch,
+                    str(pathlib.Path(tmp) / f"gpu-{where}-b{batch}-r{r}"),
+                    args.seed,
+                    device=where,
+                )
+                for r in range(args.repeats)
+            ]
+            runs[where] = {
+                "samples_per_s": statistics.median(g["samples_per_s"] for g in got),
+                "phases_ms": median_phases([g["phases_ms"] for g in got]),
+            }
+        row = {
+            "batch_size": batch,
+            "plain_torch_gpu_samples_per_s": plain,
+            "herald_gpu_samples_per_s": runs["cuda"]["samples_per_s"],
+            "herald_cpu_samples_per_s": runs["cpu"]["samples_per_s"],
+            "herald_gpu_vs_plain_gpu": runs["cuda"]["samples_per_s"] / plain,
+            "herald_gpu_vs_herald_cpu": runs["cuda"]["samples_per_s"] / runs["cpu"]["samples_per_s"],
+            "herald_gpu_phases_ms": runs["cuda"]["phases_ms"],
+        }
+        print(
+            f"GPU, batch {batch}: plain PyTorch {plain:,.0f}, herald GPU {row['herald_gpu_samples_per_s']:,.0f}, "
+            f"herald CPU {row['herald_cpu_samples_per_s']:,.0f} samples/s",
+            flush=True,
+        )
         out.append(row)
     return out
 
@@ -100,10 +128,14 @@ def gpu_section(source: str, args, tmp: str) -> list[dict]:
 def print_gpu_table(rows: list[dict], device_name: str) -> None:
     """The GPU comparison as a Markdown table."""
     print(f"\nGPU ({device_name}), 1 herald worker, herald schedule\n")
-    print("| batch | plain PyTorch GPU | herald GPU | vs plain GPU | herald CPU | GPU vs CPU "
-          "| top herald GPU phases (ms/step) |")
+    print(
+        "| batch | plain PyTorch GPU | herald GPU | vs plain GPU | herald CPU | GPU vs CPU "
+        "| top herald GPU phases (ms/step) |"
+    )
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['batch_size']} | {r['plain_torch_gpu_samples_per_s']:,.0f} | {r['herald_gpu_samples_per_s']:,.0f} "
-              f"| {r['herald_gpu_vs_plain_gpu']:.2f}x | {r['herald_cpu_samples_per_s']:,.0f} "
-              f"| {r['herald_gpu_vs_herald_cpu']:.2f}x | {top_phases(r['herald_gpu_phases_ms'])} |")
+        print(
+            f"| {r['batch_size']} | {r['plain_torch_gpu_samples_per_s']:,.0f} | {r['herald_gpu_samples_per_s']:,.0f} "
+            f"| {r['herald_gpu_vs_plain_gpu']:.2f}x | {r['herald_cpu_samples_per_s']:,.0f} "
+            f"| {r['herald_gpu_vs_herald_cpu']:.2f}x | {top_phases(r['herald_gpu_phases_ms'])} |"
+        )

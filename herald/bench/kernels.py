@@ -44,9 +44,9 @@ import torch
 import torch.nn.functional as F
 
 from herald.bench.options import FBGEMM_OPTIMIZERS, add_kernels_arguments
+from herald.contracts.tables import OptimizerConfig, TableConfig
 from herald.errors import ConfigError
 from herald.scheduler.plan import KeySet
-from herald.contracts.tables import OptimizerConfig, TableConfig
 from herald.worker.cache import BagLayout, EmbeddingCache
 
 INSTALL_HINT = "pip install torchrec==1.8.0 fbgemm-gpu-cpu==1.8.0 (the pair that loads on torch 2.13)"
@@ -73,8 +73,11 @@ def fbgemm_modules():
 # --------------------------------------------------------------------------- inputs
 def table_config(optimizer: str, dim: int) -> TableConfig:
     """The bench's table: ``optimizer`` at its :data:`LR`, Adagrad accumulators at 0.1."""
-    return TableConfig(name="bench", dim=dim, optimizer=OptimizerConfig(name=optimizer, lr=LR[optimizer], eps=1e-8,
-                                                          initial_accumulator=ADAGRAD_INITIAL))
+    return TableConfig(
+        name="bench",
+        dim=dim,
+        optimizer=OptimizerConfig(name=optimizer, lr=LR[optimizer], eps=1e-8, initial_accumulator=ADAGRAD_INITIAL),
+    )
 
 
 def make_step(rng: np.random.Generator, tables: int, batch: int, bag: int, rows_per_table: int) -> dict:
@@ -92,12 +95,17 @@ def make_step(rng: np.random.Generator, tables: int, batch: int, bag: int, rows_
     np.cumsum([u.shape[0] for u in uniq], out=id_bounds[1:])
     inverse_bounds = np.zeros(tables + 1, np.int64)
     np.cumsum([i.shape[0] for i in idx], out=inverse_bounds[1:])
-    keys = KeySet(np.repeat(np.arange(tables, dtype=np.int32), np.diff(id_bounds)),
-                  np.concatenate([table_ids(t, rows_per_table)[u] for t, u in enumerate(uniq)]))
+    keys = KeySet(
+        np.repeat(np.arange(tables, dtype=np.int32), np.diff(id_bounds)),
+        np.concatenate([table_ids(t, rows_per_table)[u] for t, u in enumerate(uniq)]),
+    )
     flat_off = np.concatenate([o[:-1] + inverse_bounds[t] for t, o in enumerate(offs)] + [inverse_bounds[-1:]])
-    return {"keys": keys, "bags": BagLayout(id_bounds, np.concatenate(inv).astype(np.int32), inverse_bounds,
-                                            np.stack(offs)),
-            "fb_indices": torch.from_numpy(np.concatenate(idx)), "fb_offsets": torch.from_numpy(flat_off)}
+    return {
+        "keys": keys,
+        "bags": BagLayout(id_bounds, np.concatenate(inv).astype(np.int32), inverse_bounds, np.stack(offs)),
+        "fb_indices": torch.from_numpy(np.concatenate(idx)),
+        "fb_offsets": torch.from_numpy(flat_off),
+    }
 
 
 def table_ids(t: int, rows: int) -> np.ndarray:
@@ -109,9 +117,11 @@ def table_ids(t: int, rows: int) -> np.ndarray:
 def initial_rows(rng: np.random.Generator, n: int, tcfg: TableConfig) -> np.ndarray:
     """float32 [n, row_width]: embeddings in [-0.05, 0.05), optimizer state as a trained table's."""
     rows = np.zeros((n, tcfg.row_width), np.float32)
-    rows[:, :tcfg.dim] = rng.random((n, tcfg.dim), np.float32) * np.float32(0.1) - np.float32(0.05)
+    rows[:, : tcfg.dim] = rng.random((n, tcfg.dim), np.float32) * np.float32(0.1) - np.float32(0.05)
     if tcfg.optimizer.name in ("adagrad", "rowwise_adagrad"):
-        rows[:, tcfg.dim:] = rng.random((n, tcfg.row_width - tcfg.dim), np.float32) * np.float32(0.95) + np.float32(0.05)
+        rows[:, tcfg.dim :] = rng.random((n, tcfg.row_width - tcfg.dim), np.float32) * np.float32(0.95) + np.float32(
+            0.05
+        )
     return rows
 
 
@@ -121,8 +131,10 @@ class Sides:
     def __init__(self, rng, tables: int, rows_per_table: int, tcfg: TableConfig, use_fbgemm: bool):
         self.tcfg, self.T, self.dim = tcfg, tables, tcfg.dim
         init = initial_rows(rng, tables * rows_per_table, tcfg)
-        keys = KeySet(np.repeat(np.arange(tables, dtype=np.int32), rows_per_table),
-                      np.concatenate([table_ids(t, rows_per_table) for t in range(tables)]))
+        keys = KeySet(
+            np.repeat(np.arange(tables, dtype=np.int32), rows_per_table),
+            np.concatenate([table_ids(t, rows_per_table) for t in range(tables)]),
+        )
         self.ours = EmbeddingCache(len(keys), tcfg.row_width)
         self.ours.put(keys, init)
         self.fused = EmbeddingCache(len(keys), tcfg.row_width)
@@ -162,15 +174,19 @@ def make_fbgemm(tables: int, rows_per_table: int, tcfg: TableConfig, init: np.nd
     optimizer state (table t's row i is ``init[t * rows_per_table + i]``)."""
     EmbOptimType, EmbeddingLocation, ComputeDevice, TBE = fbgemm_modules()
     o = tcfg.optimizer
-    tbe = TBE([(rows_per_table, tcfg.dim, EmbeddingLocation.HOST, ComputeDevice.CPU)] * tables,
-              optimizer=getattr(EmbOptimType, FBGEMM_OPTIMIZERS[o.name]), learning_rate=o.lr, eps=o.eps)
+    tbe = TBE(
+        [(rows_per_table, tcfg.dim, EmbeddingLocation.HOST, ComputeDevice.CPU)] * tables,
+        optimizer=getattr(EmbOptimType, FBGEMM_OPTIMIZERS[o.name]),
+        learning_rate=o.lr,
+        eps=o.eps,
+    )
     with torch.no_grad():
         states = tbe.split_optimizer_states()
         for t, w in enumerate(tbe.split_embedding_weights()):
-            part = torch.from_numpy(init[t * rows_per_table:(t + 1) * rows_per_table])
-            w.copy_(part[:, :tcfg.dim])
+            part = torch.from_numpy(init[t * rows_per_table : (t + 1) * rows_per_table])
+            w.copy_(part[:, : tcfg.dim])
             if states:
-                states[t][0].copy_(part[:, tcfg.dim:].reshape(states[t][0].shape))
+                states[t][0].copy_(part[:, tcfg.dim :].reshape(states[t][0].shape))
     return tbe
 
 
@@ -194,16 +210,21 @@ def compare_arithmetic(optimizer: str, dim: int, seed: int = 0, steps: int = 3) 
         g = torch.from_numpy(rng.standard_normal((64, tables, dim)).astype(np.float32) * 0.1)
         sides.step_ours(s, g)
         sides.step_fbgemm(s, g)
-    keys = KeySet(np.repeat(np.arange(tables, dtype=np.int32), n),
-                  np.concatenate([table_ids(t, n) for t in range(tables)]))
+    keys = KeySet(
+        np.repeat(np.arange(tables, dtype=np.int32), n), np.concatenate([table_ids(t, n) for t in range(tables)])
+    )
     ours = sides.ours.read(sides.ours.slots(keys))
     fb_w = torch.cat([w.detach() for w in sides.fbgemm.split_embedding_weights()]).numpy()
     states = sides.fbgemm.split_optimizer_states()
     fb_s = torch.cat([st[0].detach().reshape(n, -1) for st in states]).numpy() if states else ours[:, dim:]
     emb, state = _rel(fb_w, ours[:, :dim]), _rel(fb_s, ours[:, dim:])
-    return {"supported": True, "max_rel_diff_embedding": emb, "max_rel_diff_state": state,
-            "within_1e-6": emb <= 1e-6 and state <= 1e-6,
-            "bit_identical": bool(np.array_equal(fb_w, ours[:, :dim]) and np.array_equal(fb_s, ours[:, dim:]))}
+    return {
+        "supported": True,
+        "max_rel_diff_embedding": emb,
+        "max_rel_diff_state": state,
+        "within_1e-6": emb <= 1e-6 and state <= 1e-6,
+        "bit_identical": bool(np.array_equal(fb_w, ours[:, :dim]) and np.array_equal(fb_s, ours[:, dim:])),
+    }
 
 
 # --------------------------------------------------------------------------- timing
@@ -217,21 +238,26 @@ def time_case(args, dim: int, bag: int, rows_per_table: int, optimizer: str, hav
     if use_fb:
         runs["fbgemm"] = sides.step_fbgemm
     pool = [make_step(rng, args.tables, args.batch, bag, rows_per_table) for _ in range(4)]
-    grads = [torch.from_numpy(rng.standard_normal((args.batch, args.tables, dim)).astype(np.float32))
-             for _ in range(4)]
+    grads = [torch.from_numpy(rng.standard_normal((args.batch, args.tables, dim)).astype(np.float32)) for _ in range(4)]
     cpu: dict[str, list[float]] = {k: [] for k in runs}
     wall: dict[str, list[float]] = {k: [] for k in runs}
     names = list(runs)
     for r in range(args.warmup + args.reps):
         s, g = pool[r % 4], grads[r % 4]
-        for name in names[r % len(names):] + names[:r % len(names)]:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             t0, c0 = time.perf_counter(), time.thread_time()
             runs[name](s, g)
             if r >= args.warmup:
                 cpu[name].append((time.thread_time() - c0) * 1e3)
                 wall[name].append((time.perf_counter() - t0) * 1e3)
-    out = {"dim": dim, "bag": bag, "rows_per_table": rows_per_table, "optimizer": optimizer,
-           "nnz": int(pool[0]["bags"].inverse.shape[0]), "distinct_rows": len(pool[0]["keys"])}
+    out = {
+        "dim": dim,
+        "bag": bag,
+        "rows_per_table": rows_per_table,
+        "optimizer": optimizer,
+        "nnz": int(pool[0]["bags"].inverse.shape[0]),
+        "distinct_rows": len(pool[0]["keys"]),
+    }
     for name in ("ours", "ours_fused", "fbgemm"):
         out[f"{name}_ms"] = statistics.median(cpu[name]) if name in cpu else None
         out[f"{name}_wall_ms"] = statistics.median(wall[name]) if name in wall else None
@@ -247,9 +273,13 @@ def run(args: argparse.Namespace) -> dict:
     torch.set_num_threads(1)
     numba.set_num_threads(1)
     have_fb = fbgemm_modules() is not None
-    result: dict = {"config": {k: v for k, v in vars(args).items() if k != "func"}, "threads": 1,
-                    "fbgemm": {"available": have_fb, **({} if have_fb else {"install": INSTALL_HINT})},
-                    "arithmetic": {}, "cases": []}
+    result: dict = {
+        "config": {k: v for k, v in vars(args).items() if k != "func"},
+        "threads": 1,
+        "fbgemm": {"available": have_fb, **({} if have_fb else {"install": INSTALL_HINT})},
+        "arithmetic": {},
+        "cases": [],
+    }
     if have_fb:
         for opt in args.optimizers:
             result["arithmetic"][opt] = {str(d): compare_arithmetic(opt, d) for d in args.dims}
@@ -261,8 +291,10 @@ def run(args: argparse.Namespace) -> dict:
                     c = time_case(args, dim, bag, rows, opt, have_fb)
                     result["cases"].append(c)
                     fb = f"{c['fbgemm_ms']:9.3f}" if c["fbgemm_ms"] is not None else f"{'n/a':>9}"
-                    print(f"{opt:>16} {dim:>4} {bag:>4} {rows:>10} {c['ours_ms']:9.3f} {c['ours_fused_ms']:9.3f} {fb}",
-                          flush=True)
+                    print(
+                        f"{opt:>16} {dim:>4} {bag:>4} {rows:>10} {c['ours_ms']:9.3f} {c['ours_fused_ms']:9.3f} {fb}",
+                        flush=True,
+                    )
     if args.out:
         path = pathlib.Path(args.out)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -273,8 +305,9 @@ def run(args: argparse.Namespace) -> dict:
 def check_arguments(args: argparse.Namespace) -> None:
     """Raise :class:`~herald.errors.ConfigError` on sizes that cannot run."""
     if min(args.batch, args.tables, args.reps, *args.dims, *args.bags, *args.rows_per_table) < 1 or args.warmup < 0:
-        raise ConfigError("bench kernels needs --batch, --tables, --reps, --dims, --bags, --rows-per-table >= 1 "
-                          "and --warmup >= 0")
+        raise ConfigError(
+            "bench kernels needs --batch, --tables, --reps, --dims, --bags, --rows-per-table >= 1 and --warmup >= 0"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -93,17 +93,16 @@ class _TorchDataset:
 
 
 def _torch_loader(dataset, batch_size, workers):
-    return iter(DataLoader(dataset, batch_size=batch_size, num_workers=workers,
-                           persistent_workers=False))
+    return iter(DataLoader(dataset, batch_size=batch_size, num_workers=workers, persistent_workers=False))
 
 
 def _herald_loader(path, batch_size, workers):
-    return iter(DataLoader(HeraldIterableDataset(path, batch_size, output="torch"), batch_size=None,
-                           num_workers=workers))
+    return iter(
+        DataLoader(HeraldIterableDataset(path, batch_size, output="torch"), batch_size=None, num_workers=workers)
+    )
 
 
-def run(rows: int, batch_size: int, repeats: int, torch_rows: int, criteo: str | None,
-        workdir: str | None) -> dict:
+def run(rows: int, batch_size: int, repeats: int, torch_rows: int, criteo: str | None, workdir: str | None) -> dict:
     """Run every measurement; returns ``{name: median samples/s}``."""
     tmp = tempfile.TemporaryDirectory() if workdir is None else None
     work = pathlib.Path(workdir or tmp.name)
@@ -111,30 +110,33 @@ def run(rows: int, batch_size: int, repeats: int, torch_rows: int, criteo: str |
         pq_path = work / "bench_criteo_shaped.parquet"
         if not pq_path.exists():
             datagen(pq_path, rows=rows, seed=0, row_group_rows=65536, progress=False)
-        criteo = criteo or str(pathlib.Path(__file__).resolve().parents[3] / "shared" / "data" / "criteo"
-                               / "criteo_kaggle_sample_train.tsv")
+        criteo = criteo or str(
+            pathlib.Path(__file__).resolve().parents[3]
+            / "shared"
+            / "data"
+            / "criteo"
+            / "criteo_kaggle_sample_train.tsv"
+        )
         tsv = work / "bench_criteo_repeated.tsv"
         if not tsv.exists():
             data = pathlib.Path(criteo).read_bytes()
             tsv.write_bytes(data * max(1, (30 << 20) // max(len(data), 1)))
         contenders = {
-            "parquet": lambda: _reads(ParquetSource(pq_path, settings=ParquetSettings(use_threads=False)),
-                                      batch_size),
+            "parquet": lambda: _reads(ParquetSource(pq_path, settings=ParquetSettings(use_threads=False)), batch_size),
             "parquet+batcher": lambda: iter(GlobalBatcher(ParquetSource(pq_path), batch_size)),
-            "parquet+shuffle64k": lambda: iter(GlobalBatcher(ParquetSource(pq_path), batch_size,
-                                                             shuffle_buffer=65536)),
+            "parquet+shuffle64k": lambda: iter(GlobalBatcher(ParquetSource(pq_path), batch_size, shuffle_buffer=65536)),
             "criteo_tsv": lambda: _reads(CriteoSource(tsv), batch_size),
         }
-        results = {name: statistics.median(_time_batches(f) for _ in range(repeats))
-                   for name, f in contenders.items()}
+        results = {name: statistics.median(_time_batches(f) for _ in range(repeats)) for name, f in contenders.items()}
         dataset = _TorchDataset(pq_path)
         for workers in (0, 2):
             results[f"torch_dl_w{workers}"] = statistics.median(
-                _time_batches(lambda: _torch_loader(dataset, batch_size, workers), torch_rows)
-                for _ in range(repeats))
+                _time_batches(lambda: _torch_loader(dataset, batch_size, workers), torch_rows) for _ in range(repeats)
+            )
         for workers in (0, 2):
             results[f"herald_dl_w{workers}"] = statistics.median(
-                _time_batches(lambda: _herald_loader(pq_path, batch_size, workers)) for _ in range(repeats))
+                _time_batches(lambda: _herald_loader(pq_path, batch_size, workers)) for _ in range(repeats)
+            )
         return results
     finally:
         if tmp is not None:
@@ -153,8 +155,10 @@ def main(args) -> int:
     """Entry point of ``herald bench loader`` and ``bench/bench_loader.py``."""
     if args.quick:
         args.rows, args.repeats, args.torch_rows = min(args.rows, 262144), 1, min(args.torch_rows, 16384)
-    print(f"herald bench loader: {args.rows:,} Criteo-shaped rows (13 dense, 26 tables), "
-          f"batch {args.batch_size}, medians of {args.repeats} (cores visible: {os.cpu_count()})")
+    print(
+        f"herald bench loader: {args.rows:,} Criteo-shaped rows (13 dense, 26 tables), "
+        f"batch {args.batch_size}, medians of {args.repeats} (cores visible: {os.cpu_count()})"
+    )
     results = run(args.rows, args.batch_size, args.repeats, args.torch_rows, args.criteo, args.workdir)
     print(report(results))
     return 0

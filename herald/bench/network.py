@@ -37,9 +37,9 @@ import pathlib
 from herald.bench import torchrec_baseline
 from herald.bench.common import summarize
 from herald.bench.options import add_network_arguments
+from herald.contracts.train import TrainConfig
 from herald.errors import ConfigError
 from herald.scheduler.plan import CAUSES
-from herald.contracts.train import TrainConfig
 from herald.testbed import TestBed
 from herald.testbed.job import bed_hosts, run_job
 
@@ -62,17 +62,34 @@ def run(args: argparse.Namespace) -> dict:
         for dim in args.dim:
             for schedule in args.schedules:
                 tag = f"{schedule}-d{dim}"
-                cfg = TrainConfig(source=source, schedule=schedule, workers=args.workers, batch_size=args.batch_size,
-                                  cache_ratio=args.cache_ratio, embedding_dim=dim, optimizer=args.optimizer,
-                                  eval_fraction=args.eval_fraction, run_dir=str(run_dir / tag))
+                cfg = TrainConfig(
+                    source=source,
+                    schedule=schedule,
+                    workers=args.workers,
+                    batch_size=args.batch_size,
+                    cache_ratio=args.cache_ratio,
+                    embedding_dim=dim,
+                    optimizer=args.optimizer,
+                    eval_fraction=args.eval_fraction,
+                    run_dir=str(run_dir / tag),
+                )
                 print(f"--- {schedule}, dim {dim}, {args.workers} worker hosts", flush=True)
                 runs.append(_row(schedule, dim, run_job(bed, cfg, tag=tag, timeout_s=args.timeout_s)))
         bed_record = describe_bed(bed, args.workers)
     trec = None if args.no_torchrec else torchrec_per_dim(source, args)
     _compare(runs, trec)
-    result = {"runs": runs, "bed": bed_record, "torchrec": trec,
-              "job": {"source": source, "batch_size": args.batch_size, "cache_ratio": args.cache_ratio,
-                      "optimizer": args.optimizer, "eval_fraction": args.eval_fraction}}
+    result = {
+        "runs": runs,
+        "bed": bed_record,
+        "torchrec": trec,
+        "job": {
+            "source": source,
+            "batch_size": args.batch_size,
+            "cache_ratio": args.cache_ratio,
+            "optimizer": args.optimizer,
+            "eval_fraction": args.eval_fraction,
+        },
+    }
     print(format_table(result))
     out = pathlib.Path(args.out) if args.out else run_dir / "bench_network.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -85,17 +102,32 @@ def describe_bed(bed, worker_hosts: int) -> dict:
     """The bed's settings as the JSON records them: ``rate``, ``delay_ms`` (in effect),
     ``delay_note`` (why it is not the default 0.2 ms: NOTE [test bed delay]; ``""``
     when it is), ``worker_hosts``, ``workers_per_host``."""
-    return {"rate": bed.rate, "delay_ms": bed.delay_ms, "delay_note": bed.delay_note,
-            "worker_hosts": worker_hosts, "workers_per_host": 1}
+    return {
+        "rate": bed.rate,
+        "delay_ms": bed.delay_ms,
+        "delay_note": bed.delay_note,
+        "worker_hosts": worker_hosts,
+        "workers_per_host": 1,
+    }
 
 
 def _row(schedule: str, dim: int, rep: dict) -> dict:
     s = summarize(rep)
-    return {"schedule": schedule, "dim": dim, "samples_per_s": s["samples_per_second"], "speedup_vs_vanilla": None,
-            "bytes": s["wire_bytes"], "bytes_vs_vanilla": None, "auc": rep["metrics"].get("auc"),
-            "allreduce_bytes": s["allreduce_bytes"], "embeddings_moved": s["embeddings_moved"],
-            "by_cause": {c: rep["transmissions"][c] for c in CAUSES}, "train_seconds": s["train_seconds"],
-            "steps": s["steps"], "phases_ms": phase_split(rep["phases"])}
+    return {
+        "schedule": schedule,
+        "dim": dim,
+        "samples_per_s": s["samples_per_second"],
+        "speedup_vs_vanilla": None,
+        "bytes": s["wire_bytes"],
+        "bytes_vs_vanilla": None,
+        "auc": rep["metrics"].get("auc"),
+        "allreduce_bytes": s["allreduce_bytes"],
+        "embeddings_moved": s["embeddings_moved"],
+        "by_cause": {c: rep["transmissions"][c] for c in CAUSES},
+        "train_seconds": s["train_seconds"],
+        "steps": s["steps"],
+        "phases_ms": phase_split(rep["phases"]),
+    }
 
 
 #: worker phases spent on the network: PS pulls, PS push acks, the step message (NOTE
@@ -122,10 +154,16 @@ def torchrec_per_dim(source: str, args: argparse.Namespace) -> dict:
     if missing:
         print(f"TorchRec: {missing}", flush=True)
         return {"error": missing}
-    return {str(dim): torchrec_baseline.torchrec_on_source(source, batch_size=args.batch_size,
-                                                        eval_fraction=args.eval_fraction, embedding_dim=dim,
-                                                        optimizer=args.optimizer)
-            for dim in args.dim}
+    return {
+        str(dim): torchrec_baseline.torchrec_on_source(
+            source,
+            batch_size=args.batch_size,
+            eval_fraction=args.eval_fraction,
+            embedding_dim=dim,
+            optimizer=args.optimizer,
+        )
+        for dim in args.dim
+    }
 
 
 def _compare(runs: list[dict], trec: dict | None = None) -> None:
@@ -143,28 +181,44 @@ def format_table(result: dict) -> str:
     causes = [c for c in CAUSES if c != "hit"]
     bed = result["bed"]
     note = f" ({bed['delay_note']})" if bed.get("delay_note") else ""
-    lines = [(f"\n{bed['worker_hosts']} worker hosts x 1 worker, links {bed['rate']} and {bed['delay_ms']:g} ms "
-              f"per direction{note}; batch {result['job']['batch_size']} per worker"),
-             "| dim | schedule | samples/s | speedup vs vanilla | worker<->PS MiB | bytes vs vanilla | "
-             + " | ".join(causes) + " | all-reduce MiB | AUC | vs TorchRec |",
-             "|---" * (9 + len(causes)) + "|"]
+    lines = [
+        (
+            f"\n{bed['worker_hosts']} worker hosts x 1 worker, links {bed['rate']} and {bed['delay_ms']:g} ms "
+            f"per direction{note}; batch {result['job']['batch_size']} per worker"
+        ),
+        "| dim | schedule | samples/s | speedup vs vanilla | worker<->PS MiB | bytes vs vanilla | "
+        + " | ".join(causes)
+        + " | all-reduce MiB | AUC | vs TorchRec |",
+        "|---" * (9 + len(causes)) + "|",
+    ]
     for r in result["runs"]:
         auc = f"{r['auc']:.4f}" if r["auc"] is not None else "-"
-        lines.append(f"| {r['dim']} | {r['schedule']} | {r['samples_per_s']:,.0f} | {r['speedup_vs_vanilla']:.2f}x | "
-                     f"{r['bytes'] / 2**20:,.1f} | {r['bytes_vs_vanilla']:.3f}x | "
-                     + " | ".join(f"{r['by_cause'][c]:,}" for c in causes)
-                     + f" | {r['allreduce_bytes'] / 2**20:,.1f} | {auc} | "
-                       f"{torchrec_baseline.format_ratio(r.get('vs_torchrec'))} |")
+        lines.append(
+            f"| {r['dim']} | {r['schedule']} | {r['samples_per_s']:,.0f} | {r['speedup_vs_vanilla']:.2f}x | "
+            f"{r['bytes'] / 2**20:,.1f} | {r['bytes_vs_vanilla']:.3f}x | "
+            + " | ".join(f"{r['by_cause'][c]:,}" for c in causes)
+            + f" | {r['allreduce_bytes'] / 2**20:,.1f} | {auc} | "
+            f"{torchrec_baseline.format_ratio(r.get('vs_torchrec'))} |"
+        )
     trec = result.get("torchrec")
     if trec is not None:
-        lines += [""] + ([torchrec_baseline.describe(trec)] if "error" in trec
-                         else [f"dim {dim}: {torchrec_baseline.describe(entry)}" for dim, entry in trec.items()])
-    lines += ["\nworker step, mean ms per phase (network: " + ", ".join(NETWORK_PHASES) + ")",
-              "| dim | schedule | step | " + " | ".join(NETWORK_PHASES) + " | other |", "|---" * (len(NETWORK_PHASES) + 4) + "|"]
+        lines += [""] + (
+            [torchrec_baseline.describe(trec)]
+            if "error" in trec
+            else [f"dim {dim}: {torchrec_baseline.describe(entry)}" for dim, entry in trec.items()]
+        )
+    lines += [
+        "\nworker step, mean ms per phase (network: " + ", ".join(NETWORK_PHASES) + ")",
+        "| dim | schedule | step | " + " | ".join(NETWORK_PHASES) + " | other |",
+        "|---" * (len(NETWORK_PHASES) + 4) + "|",
+    ]
     for r in result["runs"]:
         ph = r.get("phases_ms") or {}
-        lines.append(f"| {r['dim']} | {r['schedule']} | "
-                     + " | ".join(f"{ph.get(k, 0.0):,.0f}" for k in ("step", *NETWORK_PHASES, "other")) + " |")
+        lines.append(
+            f"| {r['dim']} | {r['schedule']} | "
+            + " | ".join(f"{ph.get(k, 0.0):,.0f}" for k in ("step", *NETWORK_PHASES, "other"))
+            + " |"
+        )
     return "\n".join(lines)
 
 

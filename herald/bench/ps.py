@@ -21,9 +21,9 @@ import time
 import numpy as np
 import zmq
 
+from herald.contracts.tables import OptimizerConfig, TableConfig
 from herald.ps.client import PSClient
 from herald.ps.local import LocalShards
-from herald.contracts.tables import OptimizerConfig, TableConfig
 
 
 def memcpy_gbps(nbytes: int, seconds: float) -> float:
@@ -117,8 +117,12 @@ def _worker(addresses, table, op, n_keys, table_rows, seconds, seed, out, errors
 def _round(addresses, table, op, n_keys, table_rows, seconds, n_threads, seed) -> tuple[float, list[float]]:
     """One timed round with ``n_threads`` clients: (GB/s of payload, request latencies in s)."""
     out, errors = [], []
-    ths = [threading.Thread(target=_worker, args=(addresses, table, op, n_keys, table_rows, seconds,
-                                                  seed + k, out, errors)) for k in range(n_threads)]
+    ths = [
+        threading.Thread(
+            target=_worker, args=(addresses, table, op, n_keys, table_rows, seconds, seed + k, out, errors)
+        )
+        for k in range(n_threads)
+    ]
     for t in ths:
         t.start()
     for t in ths:
@@ -132,9 +136,16 @@ def _round(addresses, table, op, n_keys, table_rows, seconds, n_threads, seed) -
     return sum(k for _, k in lat) * table.dim * 4 / wall / 1e9, [s for s, _ in lat]
 
 
-def run(dim: int = 128, keys=(1000, 10000), threads=(1, 2, 4), seconds: float = 0.3, repeats: int = 3,
-        table_rows: int = 200_000, ops=("pull", "push_grad", "push_rows"),
-        transports=("tcp", "ipc")) -> list[dict]:
+def run(
+    dim: int = 128,
+    keys=(1000, 10000),
+    threads=(1, 2, 4),
+    seconds: float = 0.3,
+    repeats: int = 3,
+    table_rows: int = 200_000,
+    ops=("pull", "push_grad", "push_rows"),
+    transports=("tcp", "ipc"),
+) -> list[dict]:
     """Run every (transport, op, keys, threads) configuration ``repeats`` times for
     ``seconds`` each; returns one result dict each (median GB/s over the rounds, latency
     percentiles over all requests)."""
@@ -159,36 +170,70 @@ def _run_transport(transport, dim, keys, threads, seconds, repeats, table_rows, 
                 for n_threads in threads:
                     rates, lat = [], []
                     for rep in range(repeats):
-                        gbps, lat_rep = _round(shards.addresses, table, op, n_keys, table_rows, seconds,
-                                               n_threads, 1000 * rep + 100 * n_threads)
+                        gbps, lat_rep = _round(
+                            shards.addresses,
+                            table,
+                            op,
+                            n_keys,
+                            table_rows,
+                            seconds,
+                            n_threads,
+                            1000 * rep + 100 * n_threads,
+                        )
                         rates.append(gbps)
                         lat.extend(lat_rep)
                     gbps = statistics.median(rates)
                     secs = np.array(lat)
-                    results.append({"transport": transport, "op": op, "keys": n_keys, "threads": n_threads, "requests": len(lat),
-                                    "gbps": gbps, "memcpy_gbps": base, "ratio": gbps / base,
-                                    "zmq_gbps": wire_base, "zmq_ratio": gbps / wire_base,
-                                    "p50_ms": float(np.percentile(secs, 50) * 1e3),
-                                    "p99_ms": float(np.percentile(secs, 99) * 1e3)})
+                    results.append(
+                        {
+                            "transport": transport,
+                            "op": op,
+                            "keys": n_keys,
+                            "threads": n_threads,
+                            "requests": len(lat),
+                            "gbps": gbps,
+                            "memcpy_gbps": base,
+                            "ratio": gbps / base,
+                            "zmq_gbps": wire_base,
+                            "zmq_ratio": gbps / wire_base,
+                            "p50_ms": float(np.percentile(secs, 50) * 1e3),
+                            "p99_ms": float(np.percentile(secs, 99) * 1e3),
+                        }
+                    )
     return results
 
 
 def format_table(results: list[dict]) -> str:
-    lines = ["| transport | op | keys/req | threads | GB/s | memcpy GB/s | vs memcpy | bare zmq GB/s | vs zmq "
-             "| p50 ms | p99 ms | requests |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| transport | op | keys/req | threads | GB/s | memcpy GB/s | vs memcpy | bare zmq GB/s | vs zmq "
+        "| p50 ms | p99 ms | requests |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
-        lines.append(f"| {r['transport']} | {r['op']} | {r['keys']} | {r['threads']} | {r['gbps']:.2f} | {r['memcpy_gbps']:.2f} | "
-                     f"{100 * r['ratio']:.0f}% | {r['zmq_gbps']:.2f} | {100 * r['zmq_ratio']:.0f}% | "
-                     f"{r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['requests']} |")
+        lines.append(
+            f"| {r['transport']} | {r['op']} | {r['keys']} | {r['threads']} | {r['gbps']:.2f} | "
+            f"{r['memcpy_gbps']:.2f} | "
+            f"{100 * r['ratio']:.0f}% | {r['zmq_gbps']:.2f} | {100 * r['zmq_ratio']:.0f}% | "
+            f"{r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['requests']} |"
+        )
     return "\n".join(lines)
 
 
 def main(args: argparse.Namespace | None = None) -> int:
     """Entry of ``herald bench ps``: prints a markdown table, writes the rows as JSON to ``--out``."""
-    kw = {} if args is None else {"dim": args.dim, "keys": tuple(args.keys), "threads": tuple(args.threads),
-                                  "seconds": args.seconds, "repeats": args.repeats,
-                                  "table_rows": args.table_rows, "transports": tuple(args.transport)}
+    kw = (
+        {}
+        if args is None
+        else {
+            "dim": args.dim,
+            "keys": tuple(args.keys),
+            "threads": tuple(args.threads),
+            "seconds": args.seconds,
+            "repeats": args.repeats,
+            "table_rows": args.table_rows,
+            "transports": tuple(args.transport),
+        }
+    )
     results = run(**kw)
     print(format_table(results))
     out = pathlib.Path(getattr(args, "out", None) or "runs/bench-ps.json")

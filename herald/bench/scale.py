@@ -81,8 +81,8 @@ from herald.bench.common import (
 )
 from herald.bench.options import add_scale_arguments, cores
 from herald.bench.torchrec_baseline import describe, format_ratio, ratio_to, torchrec_baseline
-from herald.errors import ConfigError
 from herald.contracts.vocab import SCHEDULES
+from herald.errors import ConfigError
 
 CAPACITY_WORKERS, CAPACITY_BATCH_SIZE, CAPACITY_SCHEDULE = 8, 256, "herald"
 
@@ -97,8 +97,9 @@ def dispatcher_capacity(seconds: float = 5.0) -> float:
     """Samples/s the dispatcher alone sustains over ``seconds`` s
     (:func:`herald.bench.capacity.measure_capacity`: fake workers that ack at once,
     8 workers x 256, herald schedule)."""
-    got = measure_capacity(workers=CAPACITY_WORKERS, batch_size=CAPACITY_BATCH_SIZE, schedule=CAPACITY_SCHEDULE,
-                           seconds=seconds)
+    got = measure_capacity(
+        workers=CAPACITY_WORKERS, batch_size=CAPACITY_BATCH_SIZE, schedule=CAPACITY_SCHEDULE, seconds=seconds
+    )
     print(f"dispatcher capacity: {got['samples_per_s']:,.0f} samples/s", flush=True)
     return float(got["samples_per_s"])
 
@@ -117,26 +118,33 @@ def _validate(args: argparse.Namespace) -> None:
     unknown = [s for s in args.schedules if s not in SCHEDULES]
     if unknown:
         raise ConfigError(f"unknown schedules {unknown}; choose from {sorted(SCHEDULES)}")
-    if args.out:   # its folder now, not after minutes of measuring
+    if args.out:  # its folder now, not after minutes of measuring
         pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
 
 
 def _plain_data(source: str, args: argparse.Namespace) -> PlainBatches:
     """The plain baseline's batches, read and remapped once for every repeat."""
     data = load_plain_batches(source, args.batch_size)
-    print(f"plain PyTorch: {len(data.batches)} batches of {args.batch_size} read in {data.read_s:.1f} s, ids "
-          f"remapped in {data.remap_s:.1f} s ({sum(data.table_rows):,} embedding rows)", flush=True)
+    print(
+        f"plain PyTorch: {len(data.batches)} batches of {args.batch_size} read in {data.read_s:.1f} s, ids "
+        f"remapped in {data.remap_s:.1f} s ({sum(data.table_rows):,} embedding rows)",
+        flush=True,
+    )
     return data
 
 
 def _plain(data: PlainBatches, got: list[dict]) -> dict:
     """The plain baseline's result from its repeats ``got`` (:func:`train_plain_torch`)."""
-    return {"samples_per_s": statistics.median(p["samples_per_s"] for p in got),
-            "repeats_samples_per_s": [p["samples_per_s"] for p in got],
-            "cpu_us_per_sample": statistics.median(p["cpu_us_per_sample"] for p in got),
-            "repeats_cpu_us_per_sample": [p["cpu_us_per_sample"] for p in got],
-            "timed_steps": got[0]["timed_steps"], "read_s": data.read_s, "remap_s": data.remap_s,
-            "embedding_rows": sum(data.table_rows)}
+    return {
+        "samples_per_s": statistics.median(p["samples_per_s"] for p in got),
+        "repeats_samples_per_s": [p["samples_per_s"] for p in got],
+        "cpu_us_per_sample": statistics.median(p["cpu_us_per_sample"] for p in got),
+        "repeats_cpu_us_per_sample": [p["cpu_us_per_sample"] for p in got],
+        "timed_steps": got[0]["timed_steps"],
+        "read_s": data.read_s,
+        "remap_s": data.remap_s,
+        "embedding_rows": sum(data.table_rows),
+    }
 
 
 def _runs(source: str, args: argparse.Namespace, data: PlainBatches, trec: dict | None) -> tuple[dict, list[dict]]:
@@ -152,33 +160,48 @@ def _runs(source: str, args: argparse.Namespace, data: PlainBatches, trec: dict 
             plain_reps.append(train_plain_torch(data, seed=args.seed))
             print(f"plain PyTorch: {plain_reps[-1]['samples_per_s']:,.0f} samples/s", flush=True)
             for workers, schedule in runs:
-                r = run_herald(source, workers, schedule, args.batch_size,
-                               str(pathlib.Path(tmp) / f"{schedule}-w{workers}-r{rep}"), args.seed,
-                               pin_cores=args.pin_cores)
+                r = run_herald(
+                    source,
+                    workers,
+                    schedule,
+                    args.batch_size,
+                    str(pathlib.Path(tmp) / f"{schedule}-w{workers}-r{rep}"),
+                    args.seed,
+                    pin_cores=args.pin_cores,
+                )
                 got[(workers, schedule)].append(r)
                 print(f"herald {schedule}, {workers} workers: {r['samples_per_s']:,.0f} samples/s", flush=True)
     plain = _plain(data, plain_reps)
     out = []
     for (workers, schedule), reps in got.items():
         sps = statistics.median(r["samples_per_s"] for r in reps)
-        out.append({"workers": workers, "schedule": schedule, "samples_per_s": sps,
-                    "phases_ms": median_phases([r["phases_ms"] for r in reps]),
-                    "wall_ms_per_step": statistics.median(r["wall_ms_per_step"] for r in reps),
-                    "cpu_us_per_sample": statistics.median(r["cpu_us_per_sample"] for r in reps),
-                    "ratio_vs_plain_torch": statistics.median(r["samples_per_s"] / p["samples_per_s"]
-                                                              for r, p in zip(reps, plain_reps)),
-                    "cpu_ratio_vs_plain_torch": statistics.median(r["cpu_us_per_sample"] / p["cpu_us_per_sample"]
-                                                                  for r, p in zip(reps, plain_reps)),
-                    "steady_cpu_us_per_sample": statistics.median(r["steady_cpu_us_per_sample"] for r in reps),
-                    "steady_cpu_ratio_vs_plain_torch": statistics.median(
-                        r["steady_cpu_us_per_sample"] / p["cpu_us_per_sample"] for r, p in zip(reps, plain_reps)),
-                    "ratio_vs_torchrec": ratio_to(trec, sps),
-                    "wall_samples_per_s": statistics.median(r["wall_samples_per_s"] or 0.0 for r in reps),
-                    "startup_s": statistics.median(r["startup_s"] or 0.0 for r in reps),
-                    "repeats_samples_per_s": [r["samples_per_s"] for r in reps],
-                    "repeats_cpu_us_per_sample": [r["cpu_us_per_sample"] for r in reps],
-                    "repeats_steady_cpu_us_per_sample": [r["steady_cpu_us_per_sample"] for r in reps],
-                    "step_barrier": barrier_summary([r["step_barrier"] for r in reps])})
+        out.append(
+            {
+                "workers": workers,
+                "schedule": schedule,
+                "samples_per_s": sps,
+                "phases_ms": median_phases([r["phases_ms"] for r in reps]),
+                "wall_ms_per_step": statistics.median(r["wall_ms_per_step"] for r in reps),
+                "cpu_us_per_sample": statistics.median(r["cpu_us_per_sample"] for r in reps),
+                "ratio_vs_plain_torch": statistics.median(
+                    r["samples_per_s"] / p["samples_per_s"] for r, p in zip(reps, plain_reps)
+                ),
+                "cpu_ratio_vs_plain_torch": statistics.median(
+                    r["cpu_us_per_sample"] / p["cpu_us_per_sample"] for r, p in zip(reps, plain_reps)
+                ),
+                "steady_cpu_us_per_sample": statistics.median(r["steady_cpu_us_per_sample"] for r in reps),
+                "steady_cpu_ratio_vs_plain_torch": statistics.median(
+                    r["steady_cpu_us_per_sample"] / p["cpu_us_per_sample"] for r, p in zip(reps, plain_reps)
+                ),
+                "ratio_vs_torchrec": ratio_to(trec, sps),
+                "wall_samples_per_s": statistics.median(r["wall_samples_per_s"] or 0.0 for r in reps),
+                "startup_s": statistics.median(r["startup_s"] or 0.0 for r in reps),
+                "repeats_samples_per_s": [r["samples_per_s"] for r in reps],
+                "repeats_cpu_us_per_sample": [r["cpu_us_per_sample"] for r in reps],
+                "repeats_steady_cpu_us_per_sample": [r["steady_cpu_us_per_sample"] for r in reps],
+                "step_barrier": barrier_summary([r["step_barrier"] for r in reps]),
+            }
+        )
     for r in out:
         t1 = next(o["samples_per_s"] for o in out if o["schedule"] == r["schedule"] and o["workers"] == 1)
         r["scaling_factor"] = r["samples_per_s"] / (r["workers"] * t1)
@@ -189,12 +212,17 @@ def barrier_summary(per_repeat: list[list[dict]]) -> dict | None:
     """``{"spread_ms", "release_ms"}``: the shards' mean spread of a step's messages and mean
     release (NOTE [step barrier timing] in herald/ps/stepped.py), averaged over the shards,
     median over the repeats; None when no repeat had step messages."""
-    got = [(statistics.mean(b["spread_ms_mean"] for b in shards),
-            statistics.mean(b["release_ms_mean"] for b in shards)) for shards in per_repeat if shards]
+    got = [
+        (statistics.mean(b["spread_ms_mean"] for b in shards), statistics.mean(b["release_ms_mean"] for b in shards))
+        for shards in per_repeat
+        if shards
+    ]
     if not got:
         return None
-    return {"spread_ms": round(statistics.median(g[0] for g in got), 3),
-            "release_ms": round(statistics.median(g[1] for g in got), 3)}
+    return {
+        "spread_ms": round(statistics.median(g[0] for g in got), 3),
+        "release_ms": round(statistics.median(g[1] for g in got), 3),
+    }
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -206,17 +234,27 @@ def run(args: argparse.Namespace) -> dict:
     _validate(args)
     source = args.source or f"synthetic://criteo?rows={args.rows}&seed=1"
     data = _plain_data(source, args)
-    trec = None if args.no_torchrec else torchrec_baseline(data, repeats=args.repeats, seed=args.seed,
-                                                           gpu=not args.no_gpu)
+    trec = (
+        None if args.no_torchrec else torchrec_baseline(data, repeats=args.repeats, seed=args.seed, gpu=not args.no_gpu)
+    )
     plain, runs = _runs(source, args, data, trec)
     capacity = None if args.no_capacity else dispatcher_capacity(args.capacity_seconds)
     gpu_rows = None
     if torch.cuda.is_available() and not args.no_gpu:
         with tempfile.TemporaryDirectory(prefix="herald-bench-gpu-") as tmp:
             gpu_rows = gpu.gpu_section(source, args, tmp)
-    results = {"plain_torch": plain, "torchrec": trec, "runs": runs, "dispatcher_capacity_samples_per_s": capacity,
-               "gpu": gpu_rows, "cores": cores(), "source": source, "rows": args.rows, "batch_size": args.batch_size,
-               "repeats": args.repeats}
+    results = {
+        "plain_torch": plain,
+        "torchrec": trec,
+        "runs": runs,
+        "dispatcher_capacity_samples_per_s": capacity,
+        "gpu": gpu_rows,
+        "cores": cores(),
+        "source": source,
+        "rows": args.rows,
+        "batch_size": args.batch_size,
+        "repeats": args.repeats,
+    }
     print_table(results)
     if gpu_rows is not None:
         gpu.print_gpu_table(gpu_rows, torch.cuda.get_device_name())
@@ -229,47 +267,68 @@ def run(args: argparse.Namespace) -> dict:
 def print_table(results: dict) -> None:
     """The comparison as a Markdown table (one row per run, plain PyTorch and TorchRec first)."""
     plain, trec = results["plain_torch"], results.get("torchrec")
-    print(f"\n{results['cores']} cores, batch {results['batch_size']} per worker, median of "
-          f"{results['repeats']} run(s); plain PyTorch: 1 process, 1 thread, batches pre-read; a herald step "
-          "is workers x batch samples; the ratios to plain PyTorch are medians of each repeat's ratio to the "
-          "plain run of the same repeat\n")
-    print("| workers | schedule | samples/s | vs plain PyTorch | vs TorchRec | scaling T_N/(N*T_1) | wall ms/step "
-          "| job CPU us/sample (steady) | top worker phases (ms/step) |")
+    print(
+        f"\n{results['cores']} cores, batch {results['batch_size']} per worker, median of "
+        f"{results['repeats']} run(s); plain PyTorch: 1 process, 1 thread, batches pre-read; a herald step "
+        "is workers x batch samples; the ratios to plain PyTorch are medians of each repeat's ratio to the "
+        "plain run of the same repeat\n"
+    )
+    print(
+        "| workers | schedule | samples/s | vs plain PyTorch | vs TorchRec | scaling T_N/(N*T_1) | wall ms/step "
+        "| job CPU us/sample (steady) | top worker phases (ms/step) |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     ms = 1e3 * results["batch_size"] / plain["samples_per_s"]
     trec_ratio = format_ratio(plain["samples_per_s"] / trec["samples_per_s"] if trec and "error" not in trec else None)
-    print(f"| 1 | plain PyTorch | {plain['samples_per_s']:,.0f} | 1.00x | {trec_ratio} | - | {ms:.2f} | "
-          f"{plain['cpu_us_per_sample']:.1f} | - |")
+    print(
+        f"| 1 | plain PyTorch | {plain['samples_per_s']:,.0f} | 1.00x | {trec_ratio} | - | {ms:.2f} | "
+        f"{plain['cpu_us_per_sample']:.1f} | - |"
+    )
     if trec and "error" not in trec:
         ms = 1e3 * results["batch_size"] / trec["samples_per_s"]
-        print(f"| 1 | TorchRec (fused TBE) | {trec['samples_per_s']:,.0f} | "
-              f"{trec['samples_per_s'] / plain['samples_per_s']:.2f}x | 1.00x | - | {ms:.2f} | - | - |")
+        print(
+            f"| 1 | TorchRec (fused TBE) | {trec['samples_per_s']:,.0f} | "
+            f"{trec['samples_per_s'] / plain['samples_per_s']:.2f}x | 1.00x | - | {ms:.2f} | - | - |"
+        )
     else:
         print(f"| 1 | TorchRec | {describe(trec)} | - | - | - | - | - | - |")
     for r in results["runs"]:
-        print(f"| {r['workers']} | {r['schedule']} | {r['samples_per_s']:,.0f} | {r['ratio_vs_plain_torch']:.2f}x | "
-              f"{format_ratio(r.get('ratio_vs_torchrec'))} | {r['scaling_factor']:.2f} | {r['wall_ms_per_step']:.2f} "
-              f"| {r['cpu_us_per_sample']:.1f} ({r['cpu_ratio_vs_plain_torch']:.2f}x); steady "
-              f"{r['steady_cpu_us_per_sample']:.1f} ({r['steady_cpu_ratio_vs_plain_torch']:.2f}x) "
-              f"| {top_phases(r['phases_ms'])} |")
+        print(
+            f"| {r['workers']} | {r['schedule']} | {r['samples_per_s']:,.0f} | {r['ratio_vs_plain_torch']:.2f}x | "
+            f"{format_ratio(r.get('ratio_vs_torchrec'))} | {r['scaling_factor']:.2f} | {r['wall_ms_per_step']:.2f} "
+            f"| {r['cpu_us_per_sample']:.1f} ({r['cpu_ratio_vs_plain_torch']:.2f}x); steady "
+            f"{r['steady_cpu_us_per_sample']:.1f} ({r['steady_cpu_ratio_vs_plain_torch']:.2f}x) "
+            f"| {top_phases(r['phases_ms'])} |"
+        )
     barriers = [r for r in results["runs"] if r.get("step_barrier")]
     if barriers:
-        print("\nstep barrier at the PS (NOTE [step barrier timing]: a step's messages first to last, then the "
-              "release; mean over the shards, median of the repeats):")
+        print(
+            "\nstep barrier at the PS (NOTE [step barrier timing]: a step's messages first to last, then the "
+            "release; mean over the shards, median of the repeats):"
+        )
         for r in barriers:
             b = r["step_barrier"]
-            print(f"  {r['workers']} workers, {r['schedule']}: {b['spread_ms']:.2f} ms apart, release "
-                  f"{b['release_ms']:.2f} ms; the workers' step_wait {r['phases_ms'].get('step_wait', 0.0):.2f} ms")
+            print(
+                f"  {r['workers']} workers, {r['schedule']}: {b['spread_ms']:.2f} ms apart, release "
+                f"{b['release_ms']:.2f} ms; the workers' step_wait {r['phases_ms'].get('step_wait', 0.0):.2f} ms"
+            )
     print(f"\n{describe(trec)}")
     cap = results["dispatcher_capacity_samples_per_s"]
-    print(f"\ndispatcher capacity ({CAPACITY_WORKERS} workers x {CAPACITY_BATCH_SIZE}, {CAPACITY_SCHEDULE}): "
-          + (f"{cap:,.0f} samples/s, {cap / max(r['samples_per_s'] for r in results['runs']):.1f}x the fastest "
-             "herald run" if cap is not None else "not measured"))
+    print(
+        f"\ndispatcher capacity ({CAPACITY_WORKERS} workers x {CAPACITY_BATCH_SIZE}, {CAPACITY_SCHEDULE}): "
+        + (
+            f"{cap:,.0f} samples/s, {cap / max(r['samples_per_s'] for r in results['runs']):.1f}x the fastest "
+            "herald run"
+            if cap is not None
+            else "not measured"
+        )
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="herald bench scale", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="herald bench scale", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_scale_arguments(p)
     run(p.parse_args(argv))
     return 0

@@ -56,26 +56,39 @@ def _reductions(results: dict) -> dict:
     out = {}
     for name, r in results.items():
         ms = _warm(r.submit_ms)
-        row = {"pulls": r.pulls, "pushes": r.pushes, "total": r.transmissions, "by_cause": r.by_cause(),
-               "submit_ms_median": float(np.median(ms)), "submit_ms_p99": float(np.percentile(ms, 99)),
-               "scored_tables": r.scored_tables}
+        row = {
+            "pulls": r.pulls,
+            "pushes": r.pushes,
+            "total": r.transmissions,
+            "by_cause": r.by_cause(),
+            "submit_ms_median": float(np.median(ms)),
+            "submit_ms_p99": float(np.percentile(ms, 99)),
+            "scored_tables": r.scored_tables,
+        }
         if v is not None:
-            row.update(pull_reduction=1 - r.pulls / v.pulls, push_reduction=1 - r.pushes / v.pushes,
-                       total_reduction=1 - r.transmissions / v.transmissions)
+            row.update(
+                pull_reduction=1 - r.pulls / v.pulls,
+                push_reduction=1 - r.pushes / v.pushes,
+                total_reduction=1 - r.transmissions / v.transmissions,
+            )
         out[name] = row
     return out
 
 
 def _print_table(rows: dict, bytes_total: dict) -> None:
-    hdr = (f"{'schedule':10s} {'pulls':>9s} {'pushes':>9s} {'total':>9s} {'pull red':>9s} {'push red':>9s} "
-           f"{'total red':>9s} {'GB moved':>9s} {'ms med':>7s} {'ms p99':>7s}")
+    hdr = (
+        f"{'schedule':10s} {'pulls':>9s} {'pushes':>9s} {'total':>9s} {'pull red':>9s} {'push red':>9s} "
+        f"{'total red':>9s} {'GB moved':>9s} {'ms med':>7s} {'ms p99':>7s}"
+    )
     print(hdr)
     print("-" * len(hdr))
     for name, r in rows.items():
         red = lambda k: f"{100 * r[k]:8.1f}%" if k in r else f"{'-':>9s}"  # noqa: E731
-        print(f"{name:10s} {r['pulls']:9d} {r['pushes']:9d} {r['total']:9d} {red('pull_reduction')} "
-              f"{red('push_reduction')} {red('total_reduction')} {bytes_total[name] / 1e9:9.3f} "
-              f"{r['submit_ms_median']:7.3f} {r['submit_ms_p99']:7.3f}")
+        print(
+            f"{name:10s} {r['pulls']:9d} {r['pushes']:9d} {r['total']:9d} {red('pull_reduction')} "
+            f"{red('push_reduction')} {red('total_reduction')} {bytes_total[name] / 1e9:9.3f} "
+            f"{r['submit_ms_median']:7.3f} {r['submit_ms_p99']:7.3f}"
+        )
 
 
 def _chart(rows: dict, path: pathlib.Path, title: str) -> None:
@@ -111,28 +124,49 @@ def run_table(args) -> dict:
     if not batches:
         raise SystemExit(f"{args.data}: fewer than {G} rows")
     distinct = count_distinct_keys(batches)
-    print(f"data {args.data}: {rows:,} rows, {len(tables)} tables, {len(batches)} global batches of {G}, "
-          f"{distinct:,} distinct keys (read {read_s:.1f} s)")
+    print(
+        f"data {args.data}: {rows:,} rows, {len(tables)} tables, {len(batches)} global batches of {G}, "
+        f"{distinct:,} distinct keys (read {read_s:.1f} s)"
+    )
     results = {}
     for name in args.schedules.split(","):
-        cfg = SchedulerConfig(num_workers=args.workers, batch_size_per_worker=args.batch_size, schedule=name,
-                              cache_policy=args.cache_policy, cache_capacity_rows=args.cache_rows,
-                              cache_ratio=args.cache_ratio, seed=args.seed, scheduling_budget_ms=args.budget_ms)
+        cfg = SchedulerConfig(
+            num_workers=args.workers,
+            batch_size_per_worker=args.batch_size,
+            schedule=name,
+            cache_policy=args.cache_policy,
+            cache_capacity_rows=args.cache_rows,
+            cache_ratio=args.cache_ratio,
+            seed=args.seed,
+            scheduling_budget_ms=args.budget_ms,
+        )
         results[name] = simulate(batches, cfg, len(tables), distinct)
     cap = next(iter(results.values())).capacity_rows
-    print(f"{args.workers} workers x {args.batch_size} samples, {args.cache_policy.upper()} cache of {cap:,} rows "
-          f"per worker, dim {args.dim} {args.dtype}")
+    print(
+        f"{args.workers} workers x {args.batch_size} samples, {args.cache_policy.upper()} cache of {cap:,} rows "
+        f"per worker, dim {args.dim} {args.dtype}"
+    )
     rows_out = _reductions(results)
     bytes_total = {n: int(to_bytes(r.counts, args.dim, args.dtype).sum()) for n, r in results.items()}
     _print_table(rows_out, bytes_total)
     if "herald" in results and "costaware" in results:
         h, c = results["herald"].transmissions, results["costaware"].transmissions
         print(f"costaware vs herald (static LAIA + plan): {100 * (1 - c / h):.1f}% fewer transmissions")
-    return {"data": args.data, "rows": rows, "tables": list(tables), "steps": len(batches),
-            "distinct_keys": distinct, "capacity_rows": cap, "dim": args.dim, "dtype": args.dtype,
-            "schedules": rows_out, "bytes": bytes_total,
-            "per_step_counts": {n: r.counts.tolist() for n, r in results.items()},
-            "submit_ms": {n: r.submit_ms.tolist() for n, r in results.items()}, "causes": list(CAUSES)}
+    return {
+        "data": args.data,
+        "rows": rows,
+        "tables": list(tables),
+        "steps": len(batches),
+        "distinct_keys": distinct,
+        "capacity_rows": cap,
+        "dim": args.dim,
+        "dtype": args.dtype,
+        "schedules": rows_out,
+        "bytes": bytes_total,
+        "per_step_counts": {n: r.counts.tolist() for n, r in results.items()},
+        "submit_ms": {n: r.submit_ms.tolist() for n, r in results.items()},
+        "causes": list(CAUSES),
+    }
 
 
 def run_quality(args) -> dict:
@@ -142,10 +176,20 @@ def run_quality(args) -> dict:
     distinct = count_distinct_keys(batches)
     cap = max(1, int(np.ceil(args.cache_ratio * distinct)))
     t0 = time.perf_counter()
-    q = quality_ratios(batches, W, len(tables), cap, schedules=("laia", "herald", "costaware"),
-                       cache_policy=args.cache_policy, seed=args.seed)
-    print(f"quality (brute force / schedule), {W} workers x 1 sample, {len(batches)} steps, cache {cap} rows: "
-          + ", ".join(f"{k} {v:.3f}" for k, v in q.items()) + f"  ({time.perf_counter() - t0:.1f} s)")
+    q = quality_ratios(
+        batches,
+        W,
+        len(tables),
+        cap,
+        schedules=("laia", "herald", "costaware"),
+        cache_policy=args.cache_policy,
+        seed=args.seed,
+    )
+    print(
+        f"quality (brute force / schedule), {W} workers x 1 sample, {len(batches)} steps, cache {cap} rows: "
+        + ", ".join(f"{k} {v:.3f}" for k, v in q.items())
+        + f"  ({time.perf_counter() - t0:.1f} s)"
+    )
     return {"workers": W, "steps": len(batches), "capacity_rows": cap, "ratios": q}
 
 
@@ -157,8 +201,9 @@ def run_scaling(args) -> dict:
         batches, tables, _ = load_batches(f"synthetic://criteo?rows={G * steps}&seed={args.seed}", G)
         distinct = count_distinct_keys(batches)
         for name in ("herald", "costaware"):
-            cfg = SchedulerConfig(num_workers=W, batch_size_per_worker=G // W, schedule=name,
-                                  cache_ratio=max(args.cache_ratio, 0.1))
+            cfg = SchedulerConfig(
+                num_workers=W, batch_size_per_worker=G // W, schedule=name, cache_ratio=max(args.cache_ratio, 0.1)
+            )
             try:
                 r = simulate(batches, cfg, len(tables), distinct)
             except Exception as exc:  # a too-small cache at 8 workers x 1,024 samples
@@ -166,12 +211,20 @@ def run_scaling(args) -> dict:
                 continue
             ms = r.submit_ms[3:]
             nnz = sum(int(v.shape[0]) for v in batches[0].values)
-            row = {"schedule": name, "workers": W, "global_batch": G, "nnz_per_batch": nnz,
-                   "ms_median": float(np.median(ms)), "ms_p99": float(np.percentile(ms, 99)),
-                   "ns_per_key": float(np.median(ms)) * 1e6 / nnz}
+            row = {
+                "schedule": name,
+                "workers": W,
+                "global_batch": G,
+                "nnz_per_batch": nnz,
+                "ms_median": float(np.median(ms)),
+                "ms_p99": float(np.percentile(ms, 99)),
+                "ns_per_key": float(np.median(ms)) * 1e6 / nnz,
+            }
             out.append(row)
-            print(f"scaling {name:9s} W={W:2d} G={G:5d} nnz={nnz:6d}: median {row['ms_median']:.2f} ms, "
-                  f"p99 {row['ms_p99']:.2f} ms, {row['ns_per_key']:.0f} ns per key")
+            print(
+                f"scaling {name:9s} W={W:2d} G={G:5d} nnz={nnz:6d}: median {row['ms_median']:.2f} ms, "
+                f"p99 {row['ms_p99']:.2f} ms, {row['ns_per_key']:.0f} ns per key"
+            )
     return {"rows": out}
 
 
@@ -184,18 +237,31 @@ def run_adaptive(args) -> dict:
     out = []
     base = None
     for k in [None] + ks:
-        cfg = SchedulerConfig(num_workers=args.workers, batch_size_per_worker=args.batch_size, schedule="herald",
-                              cache_policy=args.cache_policy, cache_capacity_rows=args.cache_rows,
-                              cache_ratio=args.cache_ratio, seed=args.seed, adaptive_num_tables=k)
+        cfg = SchedulerConfig(
+            num_workers=args.workers,
+            batch_size_per_worker=args.batch_size,
+            schedule="herald",
+            cache_policy=args.cache_policy,
+            cache_capacity_rows=args.cache_rows,
+            cache_ratio=args.cache_ratio,
+            seed=args.seed,
+            adaptive_num_tables=k,
+        )
         r = simulate(batches, cfg, T, distinct)
         if k is None:
             base = r.transmissions
             continue
-        row = {"k": k, "transmissions": r.transmissions, "vs_static": r.transmissions / base,
-               "ms_median": float(np.median(_warm(r.submit_ms)))}
+        row = {
+            "k": k,
+            "transmissions": r.transmissions,
+            "vs_static": r.transmissions / base,
+            "ms_median": float(np.median(_warm(r.submit_ms))),
+        }
         out.append(row)
-        print(f"adaptive LAIA k={k:2d}/{T}: {row['vs_static']:.3f}x static transmissions, "
-              f"{row['ms_median']:.3f} ms per batch")
+        print(
+            f"adaptive LAIA k={k:2d}/{T}: {row['vs_static']:.3f}x static transmissions, "
+            f"{row['ms_median']:.3f} ms per batch"
+        )
     return {"static_transmissions": base, "rows": out}
 
 
@@ -212,10 +278,17 @@ def run_memory(args) -> dict:
         snap.lookup(np.zeros(m, np.int16), ids)
     rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     nbytes = snap.nbytes()
-    out = {"keys": snap.num_keys, "workers": args.workers, "snapshot_bytes": nbytes,
-           "bytes_per_key": nbytes / snap.num_keys, "peak_rss_growth_bytes": (rss1 - rss0) * 1024}
-    print(f"memory: {snap.num_keys:,} keys, {args.workers} workers: {nbytes / 1e9:.2f} GB of snapshot arrays, "
-          f"{out['bytes_per_key']:.1f} B per key (peak RSS growth {out['peak_rss_growth_bytes'] / 1e9:.2f} GB)")
+    out = {
+        "keys": snap.num_keys,
+        "workers": args.workers,
+        "snapshot_bytes": nbytes,
+        "bytes_per_key": nbytes / snap.num_keys,
+        "peak_rss_growth_bytes": (rss1 - rss0) * 1024,
+    }
+    print(
+        f"memory: {snap.num_keys:,} keys, {args.workers} workers: {nbytes / 1e9:.2f} GB of snapshot arrays, "
+        f"{out['bytes_per_key']:.1f} B per key (peak RSS growth {out['peak_rss_growth_bytes'] / 1e9:.2f} GB)"
+    )
     return out
 
 
@@ -224,11 +297,19 @@ def main(args) -> int:
     outdir = pathlib.Path(args.out)
     outdir.mkdir(parents=True, exist_ok=True)
     stem = "scheduler_" + "".join(ch if ch.isalnum() else "_" for ch in pathlib.Path(args.data).stem)[:60]
-    report = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                          "note": "timings on a shared machine are noisy"}}
+    report = {
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "note": "timings on a shared machine are noisy",
+        }
+    }
     report["table"] = run_table(args)
-    _chart(report["table"]["schedules"], outdir / f"{stem}.png",
-           f"{args.data} - {args.workers} workers x {args.batch_size}, {args.cache_policy} cache {args.cache_ratio}")
+    _chart(
+        report["table"]["schedules"],
+        outdir / f"{stem}.png",
+        f"{args.data} - {args.workers} workers x {args.batch_size}, {args.cache_policy} cache {args.cache_ratio}",
+    )
     if args.quality:
         report["quality"] = run_quality(args)
     if args.scaling:

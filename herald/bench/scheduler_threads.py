@@ -33,11 +33,11 @@ def _run(batches, cfg: SchedulerConfig, num_tables: int, distinct: int) -> tuple
     for b in list(batches) + [None]:
         p = sched.submit(b) if b is not None else sched.finish()
         if p is not None:
-            total += int(p.counts[:, 1:].sum())   # every cause but hit
+            total += int(p.counts[:, 1:].sum())  # every cause but hit
             for a in p.assignment:
                 digest.update(a.tobytes())
     ms = np.array(sched.submit_seconds) * 1e3
-    skip = 10 if ms.shape[0] > 20 else 1   # Herald §6.1 drops the first 10 iterations
+    skip = 10 if ms.shape[0] > 20 else 1  # Herald §6.1 drops the first 10 iterations
     return ms[skip:], total, digest.hexdigest()
 
 
@@ -49,19 +49,30 @@ def run_threads(args, batches, num_tables: int) -> dict:
     pool = numba.config.NUMBA_NUM_THREADS
     runnable = [n for n in counts if n <= pool]
     for n in sorted(set(counts) - set(runnable)):
-        print(f"threads {n}: not measured: numba's thread pool has {pool} threads (NUMBA_NUM_THREADS, default the "
-              f"cores of this host); set NUMBA_NUM_THREADS={n} to oversubscribe")
+        print(
+            f"threads {n}: not measured: numba's thread pool has {pool} threads (NUMBA_NUM_THREADS, default the "
+            f"cores of this host); set NUMBA_NUM_THREADS={n} to oversubscribe"
+        )
     if 1 not in runnable:
-        runnable = [1] + runnable   # the baseline of every comparison
+        runnable = [1] + runnable  # the baseline of every comparison
     distinct = count_distinct_keys(batches)
     rows = []
     for label, schedule, lock_free in VARIANTS:
-        cfgs = {n: SchedulerConfig(num_workers=args.workers, batch_size_per_worker=args.batch_size,
-                                   schedule=schedule, cache_policy=args.cache_policy,
-                                   cache_capacity_rows=args.cache_rows, cache_ratio=args.cache_ratio, seed=args.seed,
-                                   threads=n, lock_free_allocation=lock_free and n > 1)
-                for n in runnable}
-        for cfg in cfgs.values():   # warm-up: load / compile the kernels
+        cfgs = {
+            n: SchedulerConfig(
+                num_workers=args.workers,
+                batch_size_per_worker=args.batch_size,
+                schedule=schedule,
+                cache_policy=args.cache_policy,
+                cache_capacity_rows=args.cache_rows,
+                cache_ratio=args.cache_ratio,
+                seed=args.seed,
+                threads=n,
+                lock_free_allocation=lock_free and n > 1,
+            )
+            for n in runnable
+        }
+        for cfg in cfgs.values():  # warm-up: load / compile the kernels
             _run(batches[:3], cfg, num_tables, distinct)
         times = {n: [] for n in runnable}
         result = {}
@@ -74,19 +85,37 @@ def run_threads(args, batches, num_tables: int) -> dict:
         for n in runnable:
             ms = np.concatenate(times[n])
             total, digest = result[n]
-            rows.append({"variant": label, "threads": n, "steps": int(ms.shape[0]),
-                         "ms_median": float(np.median(ms)), "ms_p90": float(np.percentile(ms, 90)),
-                         "transmissions": total, "vs_1_thread": total / base_total - 1,
-                         "same_allocation": digest == base_digest})
+            rows.append(
+                {
+                    "variant": label,
+                    "threads": n,
+                    "steps": int(ms.shape[0]),
+                    "ms_median": float(np.median(ms)),
+                    "ms_p90": float(np.percentile(ms, 90)),
+                    "transmissions": total,
+                    "vs_1_thread": total / base_total - 1,
+                    "same_allocation": digest == base_digest,
+                }
+            )
     base = {r["variant"]: r["ms_median"] for r in rows if r["threads"] == 1}
-    print(f"scheduling time vs threads ({args.workers} workers x {args.batch_size}, {num_tables} tables, "
-          f"{len(batches)} batches x {args.rounds} rounds, wall ms per global batch; numba pool {pool} threads, "
-          f"layer {numba.threading_layer() if len(runnable) > 1 else 'unused'}):")
-    print(f"{'variant':18s} {'threads':>7s} {'ms med':>7s} {'ms p90':>7s} {'speed-up':>8s} "
-          f"{'transmissions':>13s} {'vs 1 thread':>11s} {'same alloc':>10s}")
+    print(
+        f"scheduling time vs threads ({args.workers} workers x {args.batch_size}, {num_tables} tables, "
+        f"{len(batches)} batches x {args.rounds} rounds, wall ms per global batch; numba pool {pool} threads, "
+        f"layer {numba.threading_layer() if len(runnable) > 1 else 'unused'}):"
+    )
+    print(
+        f"{'variant':18s} {'threads':>7s} {'ms med':>7s} {'ms p90':>7s} {'speed-up':>8s} "
+        f"{'transmissions':>13s} {'vs 1 thread':>11s} {'same alloc':>10s}"
+    )
     for r in rows:
-        print(f"{r['variant']:18s} {r['threads']:7d} {r['ms_median']:7.3f} {r['ms_p90']:7.3f} "
-              f"{base[r['variant']] / r['ms_median']:7.2f}x {r['transmissions']:13d} "
-              f"{100 * r['vs_1_thread']:+10.2f}% {r['same_allocation']!s:>10}")
-    return {"numba_pool_threads": pool, "rounds": args.rounds, "rows": rows,
-            "not_measured": sorted(set(counts) - set(runnable))}
+        print(
+            f"{r['variant']:18s} {r['threads']:7d} {r['ms_median']:7.3f} {r['ms_p90']:7.3f} "
+            f"{base[r['variant']] / r['ms_median']:7.2f}x {r['transmissions']:13d} "
+            f"{100 * r['vs_1_thread']:+10.2f}% {r['same_allocation']!s:>10}"
+        )
+    return {
+        "numba_pool_threads": pool,
+        "rounds": args.rounds,
+        "rows": rows,
+        "not_measured": sorted(set(counts) - set(runnable)),
+    }

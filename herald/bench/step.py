@@ -46,20 +46,21 @@ import zmq
 from herald import keymap
 from herald.bench.options import add_step_arguments
 from herald.bench.scheduler import load_batches as load_source_batches
+from herald.contracts.tables import OptimizerConfig, TableConfig
 from herald.errors import ConfigError
 from herald.loader.splits import count_distinct_keys
 from herald.ps import kernels as K
 from herald.ps.client import PSClient
+from herald.ps.rows import hyper_params
 from herald.ps.server import ShardServer, warm_up
 from herald.ps.wire import PS
-from herald.ps.rows import hyper_params
 from herald.scheduler import Scheduler
 from herald.scheduler.config import SchedulerConfig
 from herald.scheduler.plan import KeySet
-from herald.contracts.tables import OptimizerConfig, TableConfig
 
 #: the ops inside a step message, in the order the shard applies them
 OPS = ("push_rows", "push_grad", "pull")
+
 
 def load_batches(source: str, global_batch: int, steps: int) -> tuple[list, list[str]]:
     """``steps`` global batches of ``global_batch`` samples from ``source``, and the table names.
@@ -69,8 +70,10 @@ def load_batches(source: str, global_batch: int, steps: int) -> tuple[list, list
     """
     batches, table_names, rows = load_source_batches(source, global_batch, max_rows=global_batch * steps)
     if len(batches) < steps:
-        raise ConfigError(f"{source}: {rows} rows, {global_batch * steps} needed for {steps} steps of "
-                          f"{global_batch} samples; use a larger source or fewer --steps")
+        raise ConfigError(
+            f"{source}: {rows} rows, {global_batch * steps} needed for {steps} steps of "
+            f"{global_batch} samples; use a larger source or fewer --steps"
+        )
     return batches[:steps], list(table_names)
 
 
@@ -79,15 +82,16 @@ class Capture:
     returns the frames of the requests to ``shard`` since the last call (the others dropped)."""
 
     def __init__(self, num_shards: int, tables: list[TableConfig], wire_dtype: str):
-        self.client = PSClient([f"inproc://herald-bench-step-{i}" for i in range(num_shards)], tables,
-                               declare=False, wire_dtype=wire_dtype)
+        self.client = PSClient(
+            [f"inproc://herald-bench-step-{i}" for i in range(num_shards)], tables, declare=False, wire_dtype=wire_dtype
+        )
         self._sent: list = []
-        self.client._post = self._sent.append   # the send: keep the request (header + array frames)
+        self.client._post = self._sent.append  # the send: keep the request (header + array frames)
 
     def take(self, shard: int) -> list[list]:
         out = [req.frames for req in self._sent if req.shard == shard]
         self._sent.clear()
-        self.client._pending.clear()   # no reply will come
+        self.client._pending.clear()  # no reply will come
         return out
 
     def close(self) -> None:
@@ -101,31 +105,48 @@ def _as_received(frames: list[bytes]) -> list:
 
 def _fake_rows(rng, n: int, width: int, dim: int) -> np.ndarray:
     rows = (rng.standard_normal((n, width)) * 0.01).astype(np.float32)
-    rows[:, dim:] = np.abs(rows[:, dim:])   # optimizer state: non-negative
+    rows[:, dim:] = np.abs(rows[:, dim:])  # optimizer state: non-negative
     return rows
 
 
-def step_message(cap: Capture, plan, next_plan, step: int, rank: int, workers: int, rng, width: int, dim: int,
-                 shard: int, dense_params: int = 0) -> list[list]:
+def step_message(
+    cap: Capture,
+    plan,
+    next_plan,
+    step: int,
+    rank: int,
+    workers: int,
+    rng,
+    width: int,
+    dim: int,
+    shard: int,
+    dense_params: int = 0,
+) -> list[list]:
     """The requests worker ``rank`` sends ``shard`` at the end of ``step`` (its step message,
     NOTE [step messages]): the plan pushes of ``plan`` and the write-backs of ``next_plan``'s
     evictions, the gradients of ``plan``, the pulls of ``next_plan``, and ``dense_params``
     dense gradient values (NOTE [dense gradients on the shards])."""
     wb = next_plan.write_back
-    written = KeySet(np.concatenate([plan.plan_push.table, next_plan.evict.table[wb]]),
-                     np.concatenate([plan.plan_push.ids, next_plan.evict.ids[wb]]))
+    written = KeySet(
+        np.concatenate([plan.plan_push.table, next_plan.evict.table[wb]]),
+        np.concatenate([plan.plan_push.ids, next_plan.evict.ids[wb]]),
+    )
     grads = (rng.standard_normal((len(plan.grad_push), dim)) * 0.01).astype(np.float32)
-    cap.client.step_async(step, rank, workers,
-                          rows=(written.table, written.ids, _fake_rows(rng, len(written), width, dim)),
-                          grads=(plan.grad_push.table, plan.grad_push.ids, grads, plan.contributors),
-                          pull=(next_plan.pull.table, next_plan.pull.ids),
-                          dense=(rng.standard_normal(dense_params) * 0.01).astype(np.float32) if dense_params else None)
+    cap.client.step_async(
+        step,
+        rank,
+        workers,
+        rows=(written.table, written.ids, _fake_rows(rng, len(written), width, dim)),
+        grads=(plan.grad_push.table, plan.grad_push.ids, grads, plan.contributors),
+        pull=(next_plan.pull.table, next_plan.pull.ids),
+        dense=(rng.standard_normal(dense_params) * 0.01).astype(np.float32) if dense_params else None,
+    )
     return cap.take(shard)
 
 
 def dlrm_dense_params(num_tables: int, dense_dim: int, dim: int) -> int:
     """Parameters of herald's DLRM (:func:`herald.worker.models.build_model`) of this shape."""
-    from herald.worker.models import build_model   # on use: torch
+    from herald.worker.models import build_model  # on use: torch
 
     return sum(p.numel() for p in build_model("dlrm", dense_dim, num_tables, dim, seed=0).parameters())
 
@@ -137,8 +158,12 @@ class OpTimes:
 
     def __init__(self, server: ShardServer):
         self.acc = {op: [0.0, 0, 0, 0] for op in OPS}
-        for op, method in (("push_rows", "_op_push_rows"), ("push_grad", "_op_push_grad"), ("pull", "resolve_pull"),
-                           ("pull", "read_pull")):
+        for op, method in (
+            ("push_rows", "_op_push_rows"),
+            ("push_grad", "_op_push_grad"),
+            ("pull", "resolve_pull"),
+            ("pull", "read_pull"),
+        ):
             setattr(server, method, self._timed(op, getattr(server, method), counted=method != "read_pull"))
 
     def _timed(self, op: str, method, counted: bool = True):
@@ -153,7 +178,7 @@ class OpTimes:
             if counted:
                 header, arrays = args
                 acc[1] += 1
-                acc[2] += int(arrays[1].shape[0])   # flat part: tables, keys, ...
+                acc[2] += int(arrays[1].shape[0])  # flat part: tables, keys, ...
                 acc[3] += len(header["parts"])
             return out
 
@@ -190,7 +215,7 @@ def numba_limit(keys_per_step: list[KeySet], dim: int, tcfg: TableConfig, repeat
         keymap.find_many_jit(buckets, slot_ids, slot_tab, keys.table, keys.ids, slots)
         K.apply_rows_at_jit(rows, slots, grads, order, kind, dim, hp)
         dt = time.perf_counter() - t0
-        if i >= len(keys_per_step) and m:   # the first pass compiles and warms
+        if i >= len(keys_per_step) and m:  # the first pass compiles and warms
             out.append(dt * 1e9 / m)
     return float(statistics.median(out)) if out else 0.0
 
@@ -201,9 +226,17 @@ def capture_steps(args: argparse.Namespace, tables: list[TableConfig], dense: in
     the (table, key) of every key in them, as the shard reads them."""
     W, S, shard = args.workers, args.shards, args.shard
     width, dim = tables[0].row_width, args.dim
-    sched = Scheduler(SchedulerConfig(num_workers=W, batch_size_per_worker=args.batch_size, schedule=args.schedule,
-                                      cache_ratio=args.cache_ratio, seed=args.seed),
-                      len(tables), count_distinct_keys(batches))
+    sched = Scheduler(
+        SchedulerConfig(
+            num_workers=W,
+            batch_size_per_worker=args.batch_size,
+            schedule=args.schedule,
+            cache_ratio=args.cache_ratio,
+            seed=args.seed,
+        ),
+        len(tables),
+        count_distinct_keys(batches),
+    )
     cap = Capture(S, tables, args.wire_dtype)
     rng = np.random.default_rng(args.seed)
     steps, shard_keys, before = [], [], None
@@ -216,8 +249,11 @@ def capture_steps(args: argparse.Namespace, tables: list[TableConfig], dense: in
                 before = sp.plans
                 continue
             step = len(steps)
-            msgs = [_captured(w, frames) for w, (p, q) in enumerate(zip(before, sp.plans))
-                    for frames in step_message(cap, p, q, step, w, W, rng, width, dim, shard, dense)]
+            msgs = [
+                _captured(w, frames)
+                for w, (p, q) in enumerate(zip(before, sp.plans))
+                for frames in step_message(cap, p, q, step, w, W, rng, width, dim, shard, dense)
+            ]
             before = sp.plans
             steps.append(msgs)
             if step >= args.warmup:
@@ -246,8 +282,9 @@ def _keys_of(msgs: list) -> KeySet:
                 tabs.append(arrays[at].astype(np.int32))
                 ids.append(np.array(arrays[at + 1]))
             at += sec["frames"]
-    return KeySet(np.concatenate(tabs) if tabs else np.zeros(0, np.int32),
-                  np.concatenate(ids) if ids else np.zeros(0, np.uint64))
+    return KeySet(
+        np.concatenate(tabs) if tabs else np.zeros(0, np.int32), np.concatenate(ids) if ids else np.zeros(0, np.uint64)
+    )
 
 
 def replay(args: argparse.Namespace, tables: list[TableConfig], steps: list, by_op: bool = True) -> list[dict]:
@@ -293,30 +330,35 @@ def run_step_bench(args: argparse.Namespace) -> dict:
     steps_total = args.warmup + args.steps
     G = W * args.batch_size
     source = args.source or f"synthetic://criteo?rows={G * (steps_total + 3)}&seed={args.seed}"
-    batches, names = load_batches(source, G, steps_total + 2)   # the scheduler and the pulls of t + 1 look ahead
+    batches, names = load_batches(source, G, steps_total + 2)  # the scheduler and the pulls of t + 1 look ahead
     opt = OptimizerConfig(name=args.optimizer, lr=0.01)
     tables = [TableConfig(name, args.dim, opt) for name in names]
-    dense = (dlrm_dense_params(len(tables), batches[0].dense.shape[1], args.dim) if args.dense_params is None
-             else args.dense_params)
+    dense = (
+        dlrm_dense_params(len(tables), batches[0].dense.shape[1], args.dim)
+        if args.dense_params is None
+        else args.dense_params
+    )
     steps, shard_keys = capture_steps(args, tables, dense, batches)
     warm_up()
     runs = []
-    for _ in range(args.repeats):   # a noisy machine: each repeat's ratio against its own limit
+    for _ in range(args.repeats):  # a noisy machine: each repeat's ratio against its own limit
         per_step = replay(args, tables, steps)
         # the whole messages timed again without the op timers (4 wrapped calls per message,
         # ~1.5 us each, that a shard process does not run), right before the limit
         for timed, bare in zip(per_step, replay(args, tables, steps, by_op=False)):
             timed["total"] = bare["total"]
-        runs.append(summarize(args, per_step, numba_limit(shard_keys, args.dim, tables[0]), source, len(tables),
-                              dense))
-    out = _median_of(runs)   # ratio_vs_numba_limit among them: the median of the repeats' ratios
-    out["repeats"] = [{k: r[k] for k in ("shard_ms_per_step", "shard_ns_per_row", "numba_limit_ns_per_row",
-                                         "ratio_vs_numba_limit")} for r in runs]
+        runs.append(summarize(args, per_step, numba_limit(shard_keys, args.dim, tables[0]), source, len(tables), dense))
+    out = _median_of(runs)  # ratio_vs_numba_limit among them: the median of the repeats' ratios
+    out["repeats"] = [
+        {k: r[k] for k in ("shard_ms_per_step", "shard_ns_per_row", "numba_limit_ns_per_row", "ratio_vs_numba_limit")}
+        for r in runs
+    ]
     return out
 
 
 def _median_of(runs: list[dict]) -> dict:
     """Per numeric field (nested maps too), the median over ``runs``; ``settings`` from the first."""
+
     def med(values: list):
         first = values[0]
         if isinstance(first, dict):
@@ -347,34 +389,60 @@ def summarize(args, per_step: list[dict], limit_ns: float, source: str, num_tabl
         "numba_limit_ns_per_row": round(limit_ns, 1),
         "shard_ns_per_row": round(1e9 * seconds / max(1, rows), 1),
         "ratio_vs_numba_limit": round(1e9 * seconds / max(1, rows) / max(limit_ns, 1e-9), 2),
-        "by_op": {op: {"calls_per_step": round(t[1] / n, 2), "rows_per_step": round(t[2] / n, 1),
-                       "ms_per_step": round(1e3 * t[0] / n, 4)}
-                  for op, t in total.items()},
-        "settings": {"workers": W, "shards": args.shards, "shard": args.shard, "batch_size": args.batch_size,
-                     "tables": num_tables, "dim": args.dim, "optimizer": args.optimizer, "schedule": args.schedule,
-                     "cache_ratio": args.cache_ratio, "wire_dtype": args.wire_dtype, "steps": len(per_step),
-                     "warmup": args.warmup, "repeats": args.repeats, "seed": args.seed, "source": source,
-                     "dense_params": dense_params},
+        "by_op": {
+            op: {
+                "calls_per_step": round(t[1] / n, 2),
+                "rows_per_step": round(t[2] / n, 1),
+                "ms_per_step": round(1e3 * t[0] / n, 4),
+            }
+            for op, t in total.items()
+        },
+        "settings": {
+            "workers": W,
+            "shards": args.shards,
+            "shard": args.shard,
+            "batch_size": args.batch_size,
+            "tables": num_tables,
+            "dim": args.dim,
+            "optimizer": args.optimizer,
+            "schedule": args.schedule,
+            "cache_ratio": args.cache_ratio,
+            "wire_dtype": args.wire_dtype,
+            "steps": len(per_step),
+            "warmup": args.warmup,
+            "repeats": args.repeats,
+            "seed": args.seed,
+            "source": source,
+            "dense_params": dense_params,
+        },
     }
 
 
 def print_table(r: dict) -> None:
     s = r["settings"]
-    print(f"herald bench step: shard {s['shard']} of {s['shards']}, {s['workers']} workers x {s['batch_size']} "
-          f"samples, {s['tables']} tables, dim {s['dim']} {s['optimizer']}, {s['steps']} steps measured, "
-          f"{s['repeats']} repeat(s)")
+    print(
+        f"herald bench step: shard {s['shard']} of {s['shards']}, {s['workers']} workers x {s['batch_size']} "
+        f"samples, {s['tables']} tables, dim {s['dim']} {s['optimizer']}, {s['steps']} steps measured, "
+        f"{s['repeats']} repeat(s)"
+    )
     print(f"{'op':10s} {'calls/step':>10s} {'rows/step':>10s} {'ms/step':>9s} {'ns/row':>8s}")
     for op, b in r["by_op"].items():
         ns = r["per_row_ns"].get(op)
-        print(f"{op:10s} {b['calls_per_step']:10.2f} {b['rows_per_step']:10.1f} {b['ms_per_step']:9.3f} "
-              f"{'-' if ns is None else f'{ns:.0f}':>8s}")
-    print(f"shard ms per step (median) {r['shard_ms_per_step']:.3f}; requests per worker per shard "
-          f"{r['requests_per_worker_per_shard']:.2f} ({r['sections_per_request']:.2f} op sections each, one flat "
-          f"part per section); {r['per_request_us']:.0f} us per request; {r['shard_ns_per_row']:.0f} ns per row vs "
-          f"numba limit {r['numba_limit_ns_per_row']:.0f} ns ({r['ratio_vs_numba_limit']:.1f}x)")
+        print(
+            f"{op:10s} {b['calls_per_step']:10.2f} {b['rows_per_step']:10.1f} {b['ms_per_step']:9.3f} "
+            f"{'-' if ns is None else f'{ns:.0f}':>8s}"
+        )
+    print(
+        f"shard ms per step (median) {r['shard_ms_per_step']:.3f}; requests per worker per shard "
+        f"{r['requests_per_worker_per_shard']:.2f} ({r['sections_per_request']:.2f} op sections each, one flat "
+        f"part per section); {r['per_request_us']:.0f} us per request; {r['shard_ns_per_row']:.0f} ns per row vs "
+        f"numba limit {r['numba_limit_ns_per_row']:.0f} ns ({r['ratio_vs_numba_limit']:.1f}x)"
+    )
     if len(r["repeats"]) > 1:
-        print(f"medians of {len(r['repeats'])} repeats; each repeat's ratio to its own limit: "
-              + ", ".join(f"{x['ratio_vs_numba_limit']:.2f}x" for x in r["repeats"]))
+        print(
+            f"medians of {len(r['repeats'])} repeats; each repeat's ratio to its own limit: "
+            + ", ".join(f"{x['ratio_vs_numba_limit']:.2f}x" for x in r["repeats"])
+        )
 
 
 def run(args: argparse.Namespace) -> dict:

@@ -42,12 +42,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from herald.bench.common import WARMUP_STEPS, PlainBatches, PlainDLRM, load_plain_batches
-from herald.errors import ConfigError
 from herald.contracts.tables import OptimizerConfig
 from herald.contracts.train import TrainConfig
+
 # herald's sparse optimizers, every one fused into backward by FBGEMM: ``EXACT_SGD``,
 # ``EXACT_ADAGRAD``, ``EXACT_ROWWISE_ADAGRAD`` and ``ADAM`` (CUDA only)
 from herald.contracts.vocab import SPARSE_OPTIMIZERS
+from herald.errors import ConfigError
 
 TORCHREC_MISSING = "torchrec not installed: make torchrec"
 FBGEMM_CUDA_MISSING = "fbgemm-gpu CUDA build not installed"
@@ -108,11 +109,15 @@ def check_optimizer(name: str, device: str = "cpu") -> None:
     """Raise ConfigError unless FBGEMM fuses sparse optimizer ``name`` on ``device``
     (every one of :data:`SPARSE_OPTIMIZERS` on CUDA; all but ``adam`` on the CPU)."""
     if name not in SPARSE_OPTIMIZERS:
-        raise ConfigError(f"the TorchRec baseline fuses one of {list(SPARSE_OPTIMIZERS)} into FBGEMM, got "
-                          f"{name!r}; pass --no-torchrec to leave it out")
+        raise ConfigError(
+            f"the TorchRec baseline fuses one of {list(SPARSE_OPTIMIZERS)} into FBGEMM, got "
+            f"{name!r}; pass --no-torchrec to leave it out"
+        )
     if name == "adam" and torch.device(device).type == "cpu":
-        raise ConfigError("FBGEMM fuses Adam into backward only on CUDA; choose --optimizer sgd, adagrad or "
-                          "rowwise_adagrad, or pass --no-torchrec to leave the TorchRec baseline out")
+        raise ConfigError(
+            "FBGEMM fuses Adam into backward only on CUDA; choose --optimizer sgd, adagrad or "
+            "rowwise_adagrad, or pass --no-torchrec to leave the TorchRec baseline out"
+        )
 
 
 def _optimizer_type(name: str, device: torch.device) -> type:
@@ -125,8 +130,9 @@ def _optimizer_type(name: str, device: torch.device) -> type:
     return {"sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad, "adam": torch.optim.Adam}[name]
 
 
-def build_torchrec_dlrm(data: PlainBatches, *, embedding_dim: int, seed: int, optimizer: str,
-                        device: torch.device) -> nn.Module:
+def build_torchrec_dlrm(
+    data: PlainBatches, *, embedding_dim: int, seed: int, optimizer: str, device: torch.device
+) -> nn.Module:
     """``torchrec.models.dlrm.DLRM`` over a ``FusedEmbeddingBagCollection`` holding the same
     parameters as ``PlainDLRM(data.dense_dim, data.table_rows, embedding_dim, seed)``.
 
@@ -145,19 +151,28 @@ def build_torchrec_dlrm(data: PlainBatches, *, embedding_dim: int, seed: int, op
     if optimizer != "sgd":
         kwargs["eps"] = OptimizerConfig(optimizer).eps
     plain = PlainDLRM(data.dense_dim, data.table_rows, embedding_dim, seed)
-    tables = [EmbeddingBagConfig(name=f"t{t}", embedding_dim=embedding_dim, num_embeddings=n, feature_names=[f"f{t}"])
-              for t, n in enumerate(data.table_rows)]
-    ebc = FusedEmbeddingBagCollection(tables=tables, optimizer_type=_optimizer_type(optimizer, device),
-                                      optimizer_kwargs=kwargs, device=device)
+    tables = [
+        EmbeddingBagConfig(name=f"t{t}", embedding_dim=embedding_dim, num_embeddings=n, feature_names=[f"f{t}"])
+        for t, n in enumerate(data.table_rows)
+    ]
+    ebc = FusedEmbeddingBagCollection(
+        tables=tables, optimizer_type=_optimizer_type(optimizer, device), optimizer_kwargs=kwargs, device=device
+    )
     bottom, top = _linears(plain.dense.bottom), _linears(plain.dense.top)
-    model = DLRM(embedding_bag_collection=ebc, dense_in_features=data.dense_dim,
-                 dense_arch_layer_sizes=[lin.out_features for lin in bottom],
-                 over_arch_layer_sizes=[lin.out_features for lin in top], dense_device=device)
+    model = DLRM(
+        embedding_bag_collection=ebc,
+        dense_in_features=data.dense_dim,
+        dense_arch_layer_sizes=[lin.out_features for lin in bottom],
+        over_arch_layer_sizes=[lin.out_features for lin in top],
+        dense_device=device,
+    )
     with torch.no_grad():
         for src, dst in zip(bottom + top, _linears(model.dense_arch) + _linears(model.over_arch)):
             if src.weight.shape != dst.weight.shape:
-                raise ConfigError(f"TorchRec's DLRM layer {tuple(dst.weight.shape)} does not match herald's "
-                                  f"{tuple(src.weight.shape)}; herald's DLRM changed: update {__name__}")
+                raise ConfigError(
+                    f"TorchRec's DLRM layer {tuple(dst.weight.shape)} does not match herald's "
+                    f"{tuple(src.weight.shape)}; herald's DLRM changed: update {__name__}"
+                )
             dst.weight.copy_(src.weight)
             dst.bias.copy_(src.bias)
         for bag, cfg in zip(plain.bags, tables):
@@ -169,8 +184,9 @@ def _dense_parameters(model: nn.Module) -> list[nn.Parameter]:
     return [*model.dense_arch.parameters(), *model.over_arch.parameters()]
 
 
-def _train_loop(model: nn.Module, batches: list[TorchRecBatch], warmup_steps: int,
-                dense_lr: float) -> tuple[list[float], float]:
+def _train_loop(
+    model: nn.Module, batches: list[TorchRecBatch], warmup_steps: int, dense_lr: float
+) -> tuple[list[float], float]:
     """Every step's loss, and the seconds of the steps after the first ``warmup_steps``
     (each step reads its loss, which waits for a GPU: the time is the device's)."""
     dense_opt = torch.optim.Adam(_dense_parameters(model), lr=dense_lr)
@@ -186,8 +202,15 @@ def _train_loop(model: nn.Module, batches: list[TorchRecBatch], warmup_steps: in
     return losses, time.perf_counter() - t0
 
 
-def train_torchrec(data: PlainBatches, *, embedding_dim: int = 16, seed: int = 0, device: str = "cpu",
-                   warmup_steps: int = WARMUP_STEPS, optimizer: str = "adagrad") -> dict:
+def train_torchrec(
+    data: PlainBatches,
+    *,
+    embedding_dim: int = 16,
+    seed: int = 0,
+    device: str = "cpu",
+    warmup_steps: int = WARMUP_STEPS,
+    optimizer: str = "adagrad",
+) -> dict:
     """Train a fresh :func:`build_torchrec_dlrm` once over ``data`` on ``device`` with
     1 torch thread (restored after); the clock starts after ``warmup_steps`` steps.
 
@@ -209,8 +232,10 @@ def train_torchrec(data: PlainBatches, *, embedding_dim: int = 16, seed: int = 0
     if missing:
         raise ConfigError(missing)
     if len(data.batches) <= warmup_steps:
-        raise ConfigError(f"{len(data.batches)} batches leave nothing to time after {warmup_steps} warm-up "
-                          "steps; raise --rows or lower --batch-size")
+        raise ConfigError(
+            f"{len(data.batches)} batches leave nothing to time after {warmup_steps} warm-up "
+            "steps; raise --rows or lower --batch-size"
+        )
     dev = torch.device(device)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -220,8 +245,12 @@ def train_torchrec(data: PlainBatches, *, embedding_dim: int = 16, seed: int = 0
     finally:
         torch.set_num_threads(threads)
     rows = sum(int(b[1].shape[0]) for b in data.batches[warmup_steps:])
-    return {"samples_per_s": rows / train_s, "timed_steps": len(data.batches) - warmup_steps, "train_s": train_s,
-            "losses": losses}
+    return {
+        "samples_per_s": rows / train_s,
+        "timed_steps": len(data.batches) - warmup_steps,
+        "train_s": train_s,
+        "losses": losses,
+    }
 
 
 def _cuda_entry(data: PlainBatches, kw: dict, repeats: int, gpu: bool) -> dict | str:
@@ -235,8 +264,15 @@ def _cuda_entry(data: PlainBatches, kw: dict, repeats: int, gpu: bool) -> dict |
     return {"samples_per_s": statistics.median(got), "repeats_samples_per_s": got}
 
 
-def torchrec_baseline(data: PlainBatches, *, repeats: int = 1, seed: int = 0, embedding_dim: int = 16,
-                      optimizer: str = "adagrad", gpu: bool = True) -> dict:
+def torchrec_baseline(
+    data: PlainBatches,
+    *,
+    repeats: int = 1,
+    seed: int = 0,
+    embedding_dim: int = 16,
+    optimizer: str = "adagrad",
+    gpu: bool = True,
+) -> dict:
     """The benches' ``"torchrec"`` entry: :func:`train_torchrec` on the CPU ``repeats``
     times (median), then on CUDA when ``gpu`` and a device and FBGEMM's CUDA build are there.
 
@@ -253,9 +289,14 @@ def torchrec_baseline(data: PlainBatches, *, repeats: int = 1, seed: int = 0, em
     got = [train_torchrec(data, **kw) for _ in range(repeats)]
     sps = statistics.median(g["samples_per_s"] for g in got)
     print(f"TorchRec (fused {optimizer}): {sps:,.0f} samples/s", flush=True)
-    return {"samples_per_s": sps, "repeats_samples_per_s": [g["samples_per_s"] for g in got],
-            "timed_steps": got[0]["timed_steps"], "sparse_optimizer": f"{optimizer}, fused into FBGEMM's backward",
-            "dense_optimizer": "adam", "cuda": _cuda_entry(data, kw, repeats, gpu)}
+    return {
+        "samples_per_s": sps,
+        "repeats_samples_per_s": [g["samples_per_s"] for g in got],
+        "timed_steps": got[0]["timed_steps"],
+        "sparse_optimizer": f"{optimizer}, fused into FBGEMM's backward",
+        "dense_optimizer": "adam",
+        "cuda": _cuda_entry(data, kw, repeats, gpu),
+    }
 
 
 def ratio_to(entry: dict | None, samples_per_s: float) -> float | None:
@@ -285,8 +326,16 @@ def check_bench_optimizer(optimizer: str, no_torchrec: bool) -> None:
         check_optimizer(optimizer, "cpu")
 
 
-def torchrec_on_source(source: str, *, batch_size: int, eval_fraction: float, embedding_dim: int,
-                       optimizer: str, seed: int = 0, gpu: bool = True) -> dict:
+def torchrec_on_source(
+    source: str,
+    *,
+    batch_size: int,
+    eval_fraction: float,
+    embedding_dim: int,
+    optimizer: str,
+    seed: int = 0,
+    gpu: bool = True,
+) -> dict:
     """:func:`torchrec_baseline` on the training split of ``source`` (what ``herald train``
     trains on with ``eval_fraction``), read as the plain baseline reads it, at
     ``batch_size`` samples per step; the entry gets ``batch_size`` and ``embedding_dim``.

@@ -21,8 +21,13 @@ from herald.lazy import lazy_exports
 
 # Names are imported on first use (PEP 562, herald/lazy.py).
 _EXPORTS = {
-    "JobSpec": "job", "TrainConfig": "train", "auto_model": "train", "TableConfig": "tables",
-    "OptimizerConfig": "tables", "check_tables": "tables", "tables_from_json": "tables",
+    "JobSpec": "job",
+    "TrainConfig": "train",
+    "auto_model": "train",
+    "TableConfig": "tables",
+    "OptimizerConfig": "tables",
+    "check_tables": "tables",
+    "tables_from_json": "tables",
     "tables_to_json": "tables",
 }
 _SUBMODULES = ("comm", "consistency", "flags", "job", "models", "modes", "tables", "train", "vocab")

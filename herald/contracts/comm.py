@@ -9,11 +9,13 @@ from __future__ import annotations
 import math
 import numbers
 
-from herald.errors import ConfigError
 from herald.contracts.vocab import DENSE_COMM_DTYPES, WIRE_DTYPES
+from herald.errors import ConfigError
 
-def check_comm(wire_dtype: str, dense_comm: str, groups: int, average_every: int, easgd_alpha: float,
-               workers: int | None = None) -> None:
+
+def check_comm(
+    wire_dtype: str, dense_comm: str, groups: int, average_every: int, easgd_alpha: float, workers: int | None = None
+) -> None:
     """Check the compression and group settings together, naming the flags.
 
     Args:
@@ -35,6 +37,10 @@ def check_comm(wire_dtype: str, dense_comm: str, groups: int, average_every: int
         raise ConfigError(f"--groups {groups} must divide --workers {workers} (equal groups of ranks)")
     if type(average_every) is not int or average_every < 1:
         raise ConfigError(f"--average-every must be an int >= 1 (steps), got {average_every!r}")
-    if (not isinstance(easgd_alpha, numbers.Real) or isinstance(easgd_alpha, bool) or not math.isfinite(easgd_alpha)
-            or not 0 < easgd_alpha < 1):
+    if (
+        not isinstance(easgd_alpha, numbers.Real)
+        or isinstance(easgd_alpha, bool)
+        or not math.isfinite(easgd_alpha)
+        or not 0 < easgd_alpha < 1
+    ):
         raise ConfigError(f"--easgd-alpha must be a number in (0, 1), got {easgd_alpha!r}")

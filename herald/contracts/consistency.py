@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import re
 
-from herald.errors import ConfigError
 from herald.contracts.vocab import CONSISTENCY_MODES
+from herald.errors import ConfigError
 
 #: Largest staleness bound ``s`` (clock ticks = updates of one embedding).
 MAX_STALENESS = 1 << 20
@@ -34,14 +34,15 @@ def parse_slow_worker(text: str | None, num_workers: int | None = None) -> tuple
         return -1, 0
     m = re.fullmatch(r"\s*([0-9]+)\s*:\s*([0-9]+)\s*", text) if isinstance(text, str) else None
     if m is None:
-        raise ConfigError(f"--slow-worker must be RANK:MS (e.g. 1:200: worker 1 sleeps 200 ms per step), "
-                          f"got {text!r}")
+        raise ConfigError(f"--slow-worker must be RANK:MS (e.g. 1:200: worker 1 sleeps 200 ms per step), got {text!r}")
     rank, ms = int(m.group(1)), int(m.group(2))
     if not 1 <= ms <= MAX_SLOW_MS:
         raise ConfigError(f"--slow-worker MS must be in 1..{MAX_SLOW_MS} milliseconds, got {ms}")
     if num_workers is not None and rank >= num_workers:
-        raise ConfigError(f"--slow-worker rank {rank} is not a worker of this job (--workers {num_workers}: "
-                          f"ranks 0..{num_workers - 1})")
+        raise ConfigError(
+            f"--slow-worker rank {rank} is not a worker of this job (--workers {num_workers}: "
+            f"ranks 0..{num_workers - 1})"
+        )
     return rank, ms
 
 
@@ -57,8 +58,10 @@ def check_consistency(mode: str, staleness: int) -> None:
     if type(staleness) is not int or not 0 <= staleness <= MAX_STALENESS:
         raise ConfigError(f"--staleness must be an integer in 0..{MAX_STALENESS}, got {staleness!r}")
     if staleness and mode != "bounded":
-        raise ConfigError(f"--staleness {staleness} bounds the reads of --consistency bounded; it has no meaning "
-                          f"for --consistency {mode}: drop it or choose bounded")
+        raise ConfigError(
+            f"--staleness {staleness} bounds the reads of --consistency bounded; it has no meaning "
+            f"for --consistency {mode}: drop it or choose bounded"
+        )
 
 
 def check_hybrid(mode: str, expiry_steps: int | None, replicated: bool) -> None:
@@ -77,11 +80,15 @@ def check_hybrid(mode: str, expiry_steps: int | None, replicated: bool) -> None:
     if expiry_steps is not None and (type(expiry_steps) is not int or not 0 <= expiry_steps <= MAX_HYBRID_EXPIRY):
         raise ConfigError(f"--hybrid-expiry must be an integer in 0..{MAX_HYBRID_EXPIRY} steps, got {expiry_steps!r}")
     if expiry_steps is not None and mode != "hybrid":
-        raise ConfigError(f"--hybrid-expiry drops the expired gradients of --consistency hybrid; it has no meaning "
-                          f"for --consistency {mode}: drop it or choose hybrid")
+        raise ConfigError(
+            f"--hybrid-expiry drops the expired gradients of --consistency hybrid; it has no meaning "
+            f"for --consistency {mode}: drop it or choose hybrid"
+        )
     if replicated and mode == "hybrid":
-        raise ConfigError("--consistency hybrid keeps no embedding rows on the workers, so it cannot replicate "
-                          "tables there: drop --replicate-below or choose another --consistency")
+        raise ConfigError(
+            "--consistency hybrid keeps no embedding rows on the workers, so it cannot replicate "
+            "tables there: drop --replicate-below or choose another --consistency"
+        )
 
 
 #: Largest ``--gba-buffer`` M and ``--gba-threshold`` iota (herald/ps/gba.py checks the same).
@@ -89,8 +96,18 @@ MAX_GBA_BUFFER = 4096
 MAX_GBA_THRESHOLD = 1 << 20
 
 
-def check_gba(mode: str, buffer: int, threshold: int, *, workers: int | None = None, global_batch: int | None = None,
-              checkpoint_every: int = 0, resume: bool = False, replicated: bool = False, groups: int = 1) -> None:
+def check_gba(
+    mode: str,
+    buffer: int,
+    threshold: int,
+    *,
+    workers: int | None = None,
+    global_batch: int | None = None,
+    checkpoint_every: int = 0,
+    resume: bool = False,
+    replicated: bool = False,
+    groups: int = 1,
+) -> None:
     """Check GBA's settings against the mode and the job (NOTE [gba tokens] in herald/ps/gba.py).
 
     Args:
@@ -108,20 +125,26 @@ def check_gba(mode: str, buffer: int, threshold: int, *, workers: int | None = N
             or combined with replicated tables or training groups.
     """
     if type(buffer) is not int or not 0 <= buffer <= MAX_GBA_BUFFER:
-        raise ConfigError(f"--gba-buffer must be an integer in 0..{MAX_GBA_BUFFER} (0: the number of workers), "
-                          f"got {buffer!r}")
+        raise ConfigError(
+            f"--gba-buffer must be an integer in 0..{MAX_GBA_BUFFER} (0: the number of workers), got {buffer!r}"
+        )
     if type(threshold) is not int or not 0 <= threshold <= MAX_GBA_THRESHOLD:
-        raise ConfigError(f"--gba-threshold must be an integer in 0..{MAX_GBA_THRESHOLD} global steps, "
-                          f"got {threshold!r}")
+        raise ConfigError(
+            f"--gba-threshold must be an integer in 0..{MAX_GBA_THRESHOLD} global steps, got {threshold!r}"
+        )
     if mode != "gba":
         if buffer or threshold:
-            raise ConfigError(f"--gba-buffer and --gba-threshold set GBA's gradient buffer; they have no meaning for "
-                              f"--consistency {mode}: drop them or choose gba")
+            raise ConfigError(
+                f"--gba-buffer and --gba-threshold set GBA's gradient buffer; they have no meaning for "
+                f"--consistency {mode}: drop them or choose gba"
+            )
         return
     m = buffer or workers
     if m and global_batch and global_batch % m:
-        raise ConfigError(f"--gba-buffer {m} must divide the global batch of {global_batch} samples (--workers x "
-                          "--batch-size): GBA keeps the synchronous global batch, in M micro-batches")
+        raise ConfigError(
+            f"--gba-buffer {m} must divide the global batch of {global_batch} samples (--workers x "
+            "--batch-size): GBA keeps the synchronous global batch, in M micro-batches"
+        )
     for bad, flag in ((replicated, "--replicate-below"), (groups > 1, "--groups")):
         if bad:
             raise ConfigError(f"--consistency gba does not support {flag} yet: drop it or choose another mode")

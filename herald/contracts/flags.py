@@ -10,7 +10,8 @@ import contextlib
 import math
 import numbers
 import re
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from herald.config import require
 from herald.errors import ConfigError
@@ -36,8 +37,12 @@ def _integer(cfg: Any, name: str, low: int, high: int | None = None, *, optional
     value = getattr(cfg, name)
     if optional and value is None:
         return
-    ok = isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= low \
+    ok = (
+        isinstance(value, numbers.Integral)
+        and not isinstance(value, bool)
+        and value >= low
         and (high is None or value <= high)
+    )
     span = f"in {low}..{high}" if high is not None else f">= {low}"
     require(ok, f"{_flag(name)} must be an integer {span}{' (or unset)' if optional else ''}, got {value!r}")
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from herald.config import from_mapping, require
-from herald.errors import ConfigError
 from herald.contracts.comm import check_comm
 from herald.contracts.consistency import check_consistency, check_gba, check_hybrid, parse_slow_worker
 from herald.contracts.flags import flag_errors
@@ -21,6 +21,7 @@ from herald.contracts.models import check_model
 from herald.contracts.tables import TableConfig
 from herald.contracts.train import TrainConfig, auto_model
 from herald.contracts.vocab import DENSE_OPTIMIZERS, MODELS
+from herald.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +62,7 @@ class JobSpec:
         ConfigError: from :meth:`from_dict`: another version, an unknown key, or a bad value.
     """
 
-    VERSION = 2   # 2: ps_timeout_ms became timeout_ms (the name TrainConfig gives it)
+    VERSION = 2  # 2: ps_timeout_ms became timeout_ms (the name TrainConfig gives it)
 
     tables: tuple[TableConfig, ...]
     dense_dim: int
@@ -94,64 +95,92 @@ class JobSpec:
     group_index: int = -1
 
     def __post_init__(self) -> None:
-        require(len(self.tables) >= 1 and all(isinstance(t, TableConfig) for t in self.tables),
-                "a job needs at least one TableConfig")
+        require(
+            len(self.tables) >= 1 and all(isinstance(t, TableConfig) for t in self.tables),
+            "a job needs at least one TableConfig",
+        )
         require(len(self.ps) >= 1, "a job needs at least one PS shard endpoint")
         require(self.dense_dim >= 0, f"dense_dim must be >= 0, got {self.dense_dim}")
         require(self.model in MODELS, f"model must be one of {MODELS}, got {self.model!r}")
         check_model(self.model, len(self.tables), min(t.dim for t in self.tables))
-        require(self.dense_optimizer in DENSE_OPTIMIZERS,
-                f"dense optimizer must be one of {DENSE_OPTIMIZERS}, got {self.dense_optimizer!r}")
+        require(
+            self.dense_optimizer in DENSE_OPTIMIZERS,
+            f"dense optimizer must be one of {DENSE_OPTIMIZERS}, got {self.dense_optimizer!r}",
+        )
         check_consistency(self.consistency, self.staleness)
         check_hybrid(self.consistency, self.hybrid_expiry_steps, bool(self.replicated_tables))
         check_gba(self.consistency, self.gba_buffer, self.gba_threshold, replicated=bool(self.replicated_tables))
         check_comm(self.wire_dtype, self.dense_comm, self.groups, self.average_every, self.easgd_alpha)
-        require(type(self.slow_worker_rank) is int and type(self.slow_worker_ms) is int and self.slow_worker_ms >= 0,
-                f"slow_worker_rank and slow_worker_ms must be ints, got {self.slow_worker_rank!r}, "
-                f"{self.slow_worker_ms!r}")
-        require(self.timeout_ms >= 1 and self.capacity_rows >= 0 and self.replica_rows >= 0,
-                "timeout_ms must be >= 1, capacity_rows and replica_rows >= 0")
-        require(all(0 <= t < len(self.tables) for t in self.replicated_tables),
-                f"replicated_tables {self.replicated_tables} must index the {len(self.tables)} tables")
-        require(self.keys_dir is None or isinstance(self.keys_dir, str), f"keys_dir must be a path or None, got "
-                                                                         f"{type(self.keys_dir).__name__}")
-        require(type(self.group_index) is int and -1 <= self.group_index < self.groups,
-                f"group_index must be -1 or a group below groups {self.groups}, got {self.group_index!r}")
+        require(
+            type(self.slow_worker_rank) is int and type(self.slow_worker_ms) is int and self.slow_worker_ms >= 0,
+            f"slow_worker_rank and slow_worker_ms must be ints, got {self.slow_worker_rank!r}, {self.slow_worker_ms!r}",
+        )
+        require(
+            self.timeout_ms >= 1 and self.capacity_rows >= 0 and self.replica_rows >= 0,
+            "timeout_ms must be >= 1, capacity_rows and replica_rows >= 0",
+        )
+        require(
+            all(0 <= t < len(self.tables) for t in self.replicated_tables),
+            f"replicated_tables {self.replicated_tables} must index the {len(self.tables)} tables",
+        )
+        require(
+            self.keys_dir is None or isinstance(self.keys_dir, str),
+            f"keys_dir must be a path or None, got {type(self.keys_dir).__name__}",
+        )
+        require(
+            type(self.group_index) is int and -1 <= self.group_index < self.groups,
+            f"group_index must be -1 or a group below groups {self.groups}, got {self.group_index!r}",
+        )
 
     @classmethod
-    def build(cls, cfg: TrainConfig, data: Any, ps_addresses: list[str]) -> "JobSpec":
+    def build(cls, cfg: TrainConfig, data: Any, ps_addresses: list[str]) -> JobSpec:
         """The spec of the job ``cfg`` reading ``data`` (a :class:`herald.job.data.JobData`: its
         ``schema``, ``dataset``, ``replicated`` and ``replica_rows`` are read), served by the PS
         at ``ps_addresses``."""
         with flag_errors():
-            return cls(tables=tuple(cfg.tables(data.schema)), dense_dim=data.schema.dense_dim,
-                       ps=tuple(ps_addresses),
-                       model=auto_model(cfg.model, data.dataset, data.schema.num_tables, data.schema.dense_dim),
-                       seed=cfg.seed, dense_optimizer=cfg.dense_optimizer,
-                       dense_lr=cfg.dense_lr, timeout_ms=cfg.timeout_ms, consistency=cfg.consistency,
-                       run_dir=str(pathlib.Path(cfg.run_dir).resolve()),
-                       replicated_tables=tuple(data.replicated), replica_rows=data.replica_rows,
-                       keys_dir=str(pathlib.Path(cfg.keys_dir).resolve()) if cfg.keys_dir else None,
-                       staleness=cfg.staleness, hybrid_expiry_steps=cfg.hybrid_expiry,
-                       gba_buffer=cfg.gba_buffer or (cfg.workers if cfg.consistency == "gba" else 0),
-                       gba_threshold=cfg.gba_threshold, wire_dtype=cfg.wire_dtype,
-                       dense_comm=cfg.dense_comm, groups=cfg.groups, average_every=cfg.average_every,
-                       easgd_alpha=float(cfg.easgd_alpha),
-                       **dict(zip(("slow_worker_rank", "slow_worker_ms"), parse_slow_worker(cfg.slow_worker))))
+            return cls(
+                tables=tuple(cfg.tables(data.schema)),
+                dense_dim=data.schema.dense_dim,
+                ps=tuple(ps_addresses),
+                model=auto_model(cfg.model, data.dataset, data.schema.num_tables, data.schema.dense_dim),
+                seed=cfg.seed,
+                dense_optimizer=cfg.dense_optimizer,
+                dense_lr=cfg.dense_lr,
+                timeout_ms=cfg.timeout_ms,
+                consistency=cfg.consistency,
+                run_dir=str(pathlib.Path(cfg.run_dir).resolve()),
+                replicated_tables=tuple(data.replicated),
+                replica_rows=data.replica_rows,
+                keys_dir=str(pathlib.Path(cfg.keys_dir).resolve()) if cfg.keys_dir else None,
+                staleness=cfg.staleness,
+                hybrid_expiry_steps=cfg.hybrid_expiry,
+                gba_buffer=cfg.gba_buffer or (cfg.workers if cfg.consistency == "gba" else 0),
+                gba_threshold=cfg.gba_threshold,
+                wire_dtype=cfg.wire_dtype,
+                dense_comm=cfg.dense_comm,
+                groups=cfg.groups,
+                average_every=cfg.average_every,
+                easgd_alpha=float(cfg.easgd_alpha),
+                **dict(zip(("slow_worker_rank", "slow_worker_ms"), parse_slow_worker(cfg.slow_worker))),
+            )
 
-    def replace(self, **changes: Any) -> "JobSpec":
+    def replace(self, **changes: Any) -> JobSpec:
         """A copy with ``changes`` applied (validated again)."""
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
         """A msgpack/JSON-able dict with a ``version`` key (inverse: :meth:`from_dict`)."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        out.update(version=self.VERSION, tables=[t.to_dict() for t in self.tables], ps=list(self.ps),
-                   replicated_tables=list(self.replicated_tables))
+        out.update(
+            version=self.VERSION,
+            tables=[t.to_dict() for t in self.tables],
+            ps=list(self.ps),
+            replicated_tables=list(self.replicated_tables),
+        )
         return out
 
     @classmethod
-    def from_dict(cls, mapping: Mapping[str, Any]) -> "JobSpec":
+    def from_dict(cls, mapping: Mapping[str, Any]) -> JobSpec:
         """Inverse of :meth:`to_dict`.
 
         Raises:
@@ -162,8 +191,10 @@ class JobSpec:
         values = dict(mapping)
         version = values.pop("version", None)
         if version != cls.VERSION:
-            raise ConfigError(f"job spec version {version!r} is not {cls.VERSION}: run the same herald version "
-                              "on the dispatcher and every worker")
+            raise ConfigError(
+                f"job spec version {version!r} is not {cls.VERSION}: run the same herald version "
+                "on the dispatcher and every worker"
+            )
         try:
             values["tables"] = tuple(TableConfig.from_dict(t) for t in values.get("tables", ()))
             values["ps"] = tuple(values.get("ps", ()))
@@ -181,6 +212,8 @@ class JobSpec:
         """
         dims = {(t.dim, t.row_width) for t in self.tables}
         if len(dims) != 1:
-            raise ConfigError("the worker cache needs every table to share dim and optimizer state width, got "
-                              f"{sorted(dims)}; give all tables the same dim and optimizer")
+            raise ConfigError(
+                "the worker cache needs every table to share dim and optimizer state width, got "
+                f"{sorted(dims)}; give all tables the same dim and optimizer"
+            )
         return next(iter(dims))[0]

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from herald.errors import ConfigError
 from herald.contracts.vocab import MODELS, SCALAR_SLICE_MODELS
+from herald.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,13 +53,21 @@ MODEL_NEEDS: dict[str, ModelNeeds] = {
     "ncf": _needs("ncf", "NCF", tables=2, tables_are="user, item"),
 }
 
-if set(MODEL_NEEDS) != set(MODELS) - {"auto"}:   # the vocabulary and this table name the same models
-    raise ImportError(f"herald.contracts.models: MODEL_NEEDS {sorted(MODEL_NEEDS)} and herald.contracts.vocab.MODELS "
-                      f"{sorted(MODELS)} (less 'auto') differ: give every model one entry")
+if set(MODEL_NEEDS) != set(MODELS) - {"auto"}:  # the vocabulary and this table name the same models
+    raise ImportError(
+        f"herald.contracts.models: MODEL_NEEDS {sorted(MODEL_NEEDS)} and herald.contracts.vocab.MODELS "
+        f"{sorted(MODELS)} (less 'auto') differ: give every model one entry"
+    )
 
 
-def check_model(model: str, num_tables: int | None, embedding_dim: int, *, chosen_as: str | None = None,
-                table_names: tuple[str, ...] | None = None) -> None:
+def check_model(
+    model: str,
+    num_tables: int | None,
+    embedding_dim: int,
+    *,
+    chosen_as: str | None = None,
+    table_names: tuple[str, ...] | None = None,
+) -> None:
     """Raise unless ``model`` can train ``num_tables`` tables of rows ``embedding_dim`` wide,
     naming the flags (``--model``, ``--embedding-dim``) and the fix.
 
@@ -80,18 +88,25 @@ def check_model(model: str, num_tables: int | None, embedding_dim: int, *, chose
     if num_tables is not None and num_tables < 1:
         raise ConfigError(f"{named} needs at least one embedding table (an id column), the source has none")
     needs = MODEL_NEEDS.get(model)
-    if needs is None:   # auto: build_model picks by shape
+    if needs is None:  # auto: build_model picks by shape
         return
     if num_tables is not None and needs.tables is not None and num_tables != needs.tables:
         shown = ""
         if table_names:
             shown = ": " + ", ".join(table_names[:4]) + (", ..." if len(table_names) > 4 else "")
         others = ", ".join(m for m, n in MODEL_NEEDS.items() if n.tables is None)
-        raise ConfigError(f"{named} ({needs.label}) needs exactly {needs.tables} tables ({needs.tables_are}), and "
-                          f"the source has {num_tables}{shown}; choose --model {others} (or auto), or a source of "
-                          f"{needs.tables} id columns")
+        raise ConfigError(
+            f"{named} ({needs.label}) needs exactly {needs.tables} tables ({needs.tables_are}), and "
+            f"the source has {num_tables}{shown}; choose --model {others} (or auto), or a source of "
+            f"{needs.tables} id columns"
+        )
     if embedding_dim < needs.min_dim:
-        why = (" (the last element of each row is the id's scalar weight: NOTE [scalar slice], docs/models.md)"
-               if model in SCALAR_SLICE_MODELS else "")
-        raise ConfigError(f"{named} needs --embedding-dim >= {needs.min_dim}{why}, got {embedding_dim}; set "
-                          f"--embedding-dim {needs.min_dim} or more, or choose another --model")
+        why = (
+            " (the last element of each row is the id's scalar weight: NOTE [scalar slice], docs/models.md)"
+            if model in SCALAR_SLICE_MODELS
+            else ""
+        )
+        raise ConfigError(
+            f"{named} needs --embedding-dim >= {needs.min_dim}{why}, got {embedding_dim}; set "
+            f"--embedding-dim {needs.min_dim} or more, or choose another --model"
+        )

@@ -39,11 +39,12 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from herald.errors import ConfigError
 from herald.contracts.consistency import check_consistency, check_gba, check_hybrid
 from herald.contracts.vocab import CONSISTENCY_MODES
+from herald.errors import ConfigError
 
 #: An entry point: ``package.module:attribute`` (the attribute may be dotted).
 REFERENCE = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*")
@@ -64,7 +65,7 @@ def resolve(reference: str) -> Any:
         obj: Any = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name is None or not (module_name == exc.name or module_name.startswith(exc.name + ".")):
-            raise   # the module exists; something it imports does not
+            raise  # the module exists; something it imports does not
         raise ConfigError(f"entry point {reference!r}: no module {module_name!r}") from None
     for part in attribute.split("."):
         try:
@@ -159,11 +160,12 @@ class ConsistencyMode:
     def __post_init__(self) -> None:
         for field in self.REFERENCES:
             ref = getattr(self, field)
-            if ref is None and field == "embedding_worker":   # optional
+            if ref is None and field == "embedding_worker":  # optional
                 continue
             if not (isinstance(ref, str) and REFERENCE.fullmatch(ref)):
-                raise ConfigError(f"consistency mode {self.name!r}: {field} {ref!r} is not an entry point "
-                                  "'package.module:attribute'")
+                raise ConfigError(
+                    f"consistency mode {self.name!r}: {field} {ref!r} is not an entry point 'package.module:attribute'"
+                )
 
     def resolve(self, field: str) -> Any:
         """The object the entry point in ``field`` names (None for an unset optional one).
@@ -173,8 +175,9 @@ class ConsistencyMode:
                 mode, the field and the reference).
         """
         if field not in self.REFERENCES:
-            raise ConfigError(f"consistency mode {self.name!r}: {field!r} is not one of its entry points "
-                              f"{list(self.REFERENCES)}")
+            raise ConfigError(
+                f"consistency mode {self.name!r}: {field!r} is not one of its entry points {list(self.REFERENCES)}"
+            )
         ref = getattr(self, field)
         if ref is None:
             return None
@@ -185,54 +188,59 @@ class ConsistencyMode:
 
 
 #: Every consistency mode by name, in the order of :data:`~herald.contracts.vocab.CONSISTENCY_MODES`.
-MODES: dict[str, ConsistencyMode] = {m.name: m for m in (
-    ConsistencyMode(   # exact: NOTE [step protocol] in herald/scheduler/plan.py
-        name="bsp",
-        protocol="herald.worker.protocol:BSP",
-        serve="herald.dispatch.dispatcher:serve_steps",
-        report="herald.job.report:plan_block",
-        ps_ops=("step", "pull", "push_grad", "push_rows"),   # NOTE [step messages] in herald/ps/stepped.py
-        inflight_steps=3,
-    ),
-    ConsistencyMode(   # HET: NOTE [bounded reads]; conditional pulls and clock advances ride on pull / push_rows
-        name="bounded",
-        protocol="herald.worker.consistency_bounded:Bounded",
-        serve="herald.dispatch.dispatcher:serve_steps",
-        report="herald.job.report:bounded_block",
-        ps_ops=("step", "pull", "push_grad", "push_rows"),   # step messages at staleness 0
-        inflight_steps=3,
-        protocol_settings=bounded_settings,
-        flags=("staleness",),
-        settings_check=check_consistency,
-        reads_early=bounded_reads_early,
-    ),
-    ConsistencyMode(   # Persia: NOTE [hybrid training]; the dispatcher's embedding worker sends push_grad
-        name="hybrid",
-        protocol="herald.worker.consistency_hybrid:Hybrid",
-        serve="herald.dispatch.dispatcher:serve_steps",
-        report="herald.job.report:hybrid_block",
-        ps_ops=("pull",),
-        flags=("hybrid_expiry",),
-        settings_check=check_hybrid,
-        independent_groups=True,
-        planned_transmissions=False,
-        embedding_worker="herald.dispatch.hybrid:make_hybrid",
-    ),
-    ConsistencyMode(   # GBA: NOTE [gba tokens] in herald/ps/gba.py
-        name="gba",
-        protocol="herald.worker.consistency_gba:GBA",
-        serve="herald.dispatch.gba:serve_gba",
-        report="herald.job.report:gba_block",
-        ps_ops=("gba_pull", "gba_push"),
-        protocol_settings=gba_settings,
-        flags=("gba_buffer", "gba_threshold"),
-        settings_check=check_gba,
-    ),
-)}
+MODES: dict[str, ConsistencyMode] = {
+    m.name: m
+    for m in (
+        ConsistencyMode(  # exact: NOTE [step protocol] in herald/scheduler/plan.py
+            name="bsp",
+            protocol="herald.worker.protocol:BSP",
+            serve="herald.dispatch.dispatcher:serve_steps",
+            report="herald.job.report:plan_block",
+            ps_ops=("step", "pull", "push_grad", "push_rows"),  # NOTE [step messages] in herald/ps/stepped.py
+            inflight_steps=3,
+        ),
+        ConsistencyMode(  # HET: NOTE [bounded reads]; conditional pulls and clock advances ride on pull / push_rows
+            name="bounded",
+            protocol="herald.worker.consistency_bounded:Bounded",
+            serve="herald.dispatch.dispatcher:serve_steps",
+            report="herald.job.report:bounded_block",
+            ps_ops=("step", "pull", "push_grad", "push_rows"),  # step messages at staleness 0
+            inflight_steps=3,
+            protocol_settings=bounded_settings,
+            flags=("staleness",),
+            settings_check=check_consistency,
+            reads_early=bounded_reads_early,
+        ),
+        ConsistencyMode(  # Persia: NOTE [hybrid training]; the dispatcher's embedding worker sends push_grad
+            name="hybrid",
+            protocol="herald.worker.consistency_hybrid:Hybrid",
+            serve="herald.dispatch.dispatcher:serve_steps",
+            report="herald.job.report:hybrid_block",
+            ps_ops=("pull",),
+            flags=("hybrid_expiry",),
+            settings_check=check_hybrid,
+            independent_groups=True,
+            planned_transmissions=False,
+            embedding_worker="herald.dispatch.hybrid:make_hybrid",
+        ),
+        ConsistencyMode(  # GBA: NOTE [gba tokens] in herald/ps/gba.py
+            name="gba",
+            protocol="herald.worker.consistency_gba:GBA",
+            serve="herald.dispatch.gba:serve_gba",
+            report="herald.job.report:gba_block",
+            ps_ops=("gba_pull", "gba_push"),
+            protocol_settings=gba_settings,
+            flags=("gba_buffer", "gba_threshold"),
+            settings_check=check_gba,
+        ),
+    )
+}
 
-if tuple(MODES) != CONSISTENCY_MODES:   # the vocabulary and the registry name the same modes, in one order
-    raise ImportError(f"herald.contracts.modes: MODES {tuple(MODES)} and herald.contracts.vocab.CONSISTENCY_MODES "
-                      f"{CONSISTENCY_MODES} differ: give every mode of the vocabulary one entry")
+if tuple(MODES) != CONSISTENCY_MODES:  # the vocabulary and the registry name the same modes, in one order
+    raise ImportError(
+        f"herald.contracts.modes: MODES {tuple(MODES)} and herald.contracts.vocab.CONSISTENCY_MODES "
+        f"{CONSISTENCY_MODES} differ: give every mode of the vocabulary one entry"
+    )
 
 
 def consistency_mode(name: str) -> ConsistencyMode:

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from herald.config import from_mapping, require
-from herald.errors import ConfigError
 from herald.contracts.vocab import INITS, SPARSE_OPTIMIZERS
+from herald.errors import ConfigError
 
 #: The sparse optimizers; ``OPTIMIZERS.index(name)`` is the kernels' optimizer code.
 OPTIMIZERS = SPARSE_OPTIMIZERS
@@ -57,10 +58,10 @@ class OptimizerConfig:
         require(self.name in OPTIMIZERS, f"optimizer {self.name!r} is unknown; use one of {OPTIMIZERS}")
         require(self.lr > 0, f"optimizer lr must be > 0, got {self.lr}")
         require(self.eps >= 0, f"optimizer eps must be >= 0, got {self.eps}")
-        require(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1,
-                f"adam betas must be in [0, 1), got {self.beta1}, {self.beta2}")
-        require(self.initial_accumulator >= 0,
-                f"initial_accumulator must be >= 0, got {self.initial_accumulator}")
+        require(
+            0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, f"adam betas must be in [0, 1), got {self.beta1}, {self.beta2}"
+        )
+        require(self.initial_accumulator >= 0, f"initial_accumulator must be >= 0, got {self.initial_accumulator}")
         require(self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay}")
 
     @property
@@ -98,8 +99,9 @@ class TableConfig:
 
     def __post_init__(self) -> None:
         if isinstance(self.optimizer, Mapping):
-            object.__setattr__(self, "optimizer", from_mapping(OptimizerConfig, self.optimizer,
-                                                               where=f"table {self.name!r} optimizer"))
+            object.__setattr__(
+                self, "optimizer", from_mapping(OptimizerConfig, self.optimizer, where=f"table {self.name!r} optimizer")
+            )
         require(isinstance(self.name, str) and self.name != "", "table name must be a non-empty string")
         require(isinstance(self.dim, int) and self.dim > 0, f"table {self.name!r}: dim must be a positive int")
         require(self.init in INITS, f"table {self.name!r}: init {self.init!r} is unknown; use one of {INITS}")
@@ -119,7 +121,7 @@ class TableConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, mapping: Mapping[str, Any]) -> "TableConfig":
+    def from_dict(cls, mapping: Mapping[str, Any]) -> TableConfig:
         """Inverse of :meth:`to_dict`; unknown keys raise :class:`ConfigError`."""
         if not isinstance(mapping, Mapping):
             raise ConfigError(f"a table declaration must be a mapping, got {type(mapping).__name__}")

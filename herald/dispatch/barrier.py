@@ -12,7 +12,8 @@ due is the serve loop's decision (:mod:`herald.dispatch.lockstep`,
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -41,9 +42,16 @@ class Barriers:
         checkpoints: the steps checkpointed, ascending.
     """
 
-    def __init__(self, config: DispatcherConfig, batches: Iterable[Any], channel: PeerChannel, ledger: StepLedger, *,
-                 on_checkpoint: Callable[[int, int, str, dict], None] | None = None,
-                 checkpoint_path: Callable[[int], str] | None = None):
+    def __init__(
+        self,
+        config: DispatcherConfig,
+        batches: Iterable[Any],
+        channel: PeerChannel,
+        ledger: StepLedger,
+        *,
+        on_checkpoint: Callable[[int, int, str, dict], None] | None = None,
+        checkpoint_path: Callable[[int], str] | None = None,
+    ):
         self.batches = batches
         self._workers = config.num_workers
         self._channel, self._ledger = channel, ledger
@@ -98,13 +106,20 @@ class Barriers:
                 steps are in flight (NOTE [checkpoint barrier]: take it in ``on_checkpoint``).
         """
         if not self.at_barrier or self._ledger.in_flight:
-            raise HeraldError("Dispatcher.state_dict() is complete only at a checkpoint barrier (NOTE [checkpoint "
-                              "barrier]): between barriers the scheduler holds batches and steps are in flight; "
-                              "take the state given to on_checkpoint")
+            raise HeraldError(
+                "Dispatcher.state_dict() is complete only at a checkpoint barrier (NOTE [checkpoint "
+                "barrier]): between barriers the scheduler holds batches and steps are in flight; "
+                "take the state given to on_checkpoint"
+            )
         get = getattr(self.batches, "state_dict", None)
-        return {"format": "dispatcher", "num_workers": self._workers, "next_step": self._ledger.next_step,
-                "next_batch": self.next_batch, "checkpoints": list(self.checkpoints),
-                "batches": get() if get is not None else None}
+        return {
+            "format": "dispatcher",
+            "num_workers": self._workers,
+            "next_step": self._ledger.next_step,
+            "next_batch": self.next_batch,
+            "checkpoints": list(self.checkpoints),
+            "batches": get() if get is not None else None,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` (a :meth:`state_dict` taken at a barrier), before serving.
@@ -117,8 +132,10 @@ class Barriers:
         if state.get("batches") is not None:
             load = getattr(self.batches, "load_state_dict", None)
             if load is None:
-                raise ConfigError("the state holds a global-batch position but these batches cannot load one; "
-                                  "pass a herald.loader.global_batches.GlobalBatches")
+                raise ConfigError(
+                    "the state holds a global-batch position but these batches cannot load one; "
+                    "pass a herald.loader.global_batches.GlobalBatches"
+                )
             load(state["batches"])
         self._ledger.next_step = self.first_step = next_step
         self.next_batch = next_batch

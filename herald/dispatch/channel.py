@@ -14,7 +14,8 @@ barriers (:mod:`herald.dispatch.barrier`) say what is awaited.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import zmq
@@ -43,8 +44,9 @@ class PeerChannel:
             the shape of an ack's arrays).
     """
 
-    def __init__(self, config: DispatcherConfig, liveness: Callable[[], None] | None = None, *,
-                 max_array_bytes: int = 0):
+    def __init__(
+        self, config: DispatcherConfig, liveness: Callable[[], None] | None = None, *, max_array_bytes: int = 0
+    ):
         self.timeout_ms = config.peer_timeout_ms
         #: the handshake's wait: never shorter than the start-up grace (workers import torch first)
         self.startup_ms = max(config.peer_timeout_ms, config.startup_grace_ms)
@@ -55,7 +57,7 @@ class PeerChannel:
         self._sock = server_socket(zmq.Context.instance(), zmq.ROUTER, config.keys_dir)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        wire.DISPATCH.configure(self._sock, max_array_bytes=max_array_bytes)   # NOTE [message size limits]
+        wire.DISPATCH.configure(self._sock, max_array_bytes=max_array_bytes)  # NOTE [message size limits]
         self._sock.bind(config.bind)
         self.address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.peers = PeerTable(config.num_workers, name=f"dispatcher {self.address}")  # NOTE [peer validation]
@@ -89,22 +91,25 @@ class PeerChannel:
         it would be dropped, and the worker would time out not knowing why)."""
         largest = max((f.nbytes if isinstance(f, np.ndarray) else len(f) for f in frames), default=0)
         if largest > MAX_WORKER_FRAME_BYTES:
-            raise ConfigError(f"a message to worker {rank} holds a frame of {largest} bytes, more than the "
-                              f"{MAX_WORKER_FRAME_BYTES} a worker accepts (NOTE [message size limits]); lower "
-                              "--batch-size (or --cache-rows, whose rows a flush lists)")
+            raise ConfigError(
+                f"a message to worker {rank} holds a frame of {largest} bytes, more than the "
+                f"{MAX_WORKER_FRAME_BYTES} a worker accepts (NOTE [message size limits]); lower "
+                "--batch-size (or --cache-rows, whose rows a flush lists)"
+            )
         try:
             self._sock.send_multipart([self.peers.identities[rank], *frames], copy=False)
         except zmq.ZMQError as exc:
             if exc.errno != zmq.EHOSTUNREACH:
                 raise
-            deadline = time.monotonic() + 1.0   # its last words (an error message) may still be queued
+            deadline = time.monotonic() + 1.0  # its last words (an error message) may still be queued
             try:
                 while True:
                     self.recv(f"the last message of worker {rank}", deadline)  # raises on `error`
             except PeerTimeout:
                 pass
-            raise HeraldError(f"worker {rank} is gone (its connection to dispatcher {self.address} closed); "
-                              "its log names the cause") from None
+            raise HeraldError(
+                f"worker {rank} is gone (its connection to dispatcher {self.address} closed); its log names the cause"
+            ) from None
 
     def tell_error(self, message: str) -> None:
         """Send ``error {message}`` to every worker that said hello, ignoring those gone (so
@@ -120,8 +125,14 @@ class PeerChannel:
         """``time.monotonic()`` seconds ``peer_timeout_ms`` from now."""
         return time.monotonic() + self.timeout_ms / 1e3
 
-    def recv(self, waiting_for: str, deadline: float | None = None, *, ranks: Sequence[int] | None = None,
-             timeout_ms: int | None = None) -> Message:
+    def recv(
+        self,
+        waiting_for: str,
+        deadline: float | None = None,
+        *,
+        ranks: Sequence[int] | None = None,
+        timeout_ms: int | None = None,
+    ) -> Message:
         """The next message that passes NOTE [peer validation] (:meth:`PeerTable.receive`).
 
         Args:
@@ -133,9 +144,14 @@ class PeerChannel:
         Raises:
             PeerTimeout: nothing admitted by the deadline. HeraldError: a worker's ``error``.
         """
-        return self.peers.receive(self._sock, self.deadline() if deadline is None else deadline,
-                                  waiting_for=waiting_for, timeout_ms=timeout_ms or self.timeout_ms,
-                                  liveness=self._liveness, ranks=ranks)
+        return self.peers.receive(
+            self._sock,
+            self.deadline() if deadline is None else deadline,
+            waiting_for=waiting_for,
+            timeout_ms=timeout_ms or self.timeout_ms,
+            liveness=self._liveness,
+            ranks=ranks,
+        )
 
     def wait_for_hellos(self) -> None:
         """Block until every rank said hello (a valid hello binds its identity: NOTE [peer
@@ -143,8 +159,12 @@ class PeerChannel:
         (``max(peer_timeout_ms, startup_grace_ms)``: starting a worker process is no step)."""
         deadline = time.monotonic() + self.startup_ms / 1e3
         while not self.peers.complete:
-            msg = self.recv(f"hello from workers {self.peers.missing()} (the start-up wait: --timeout-ms, at "
-                            f"least {self._grace_ms / 1e3:g} s)", deadline, timeout_ms=self.startup_ms)
+            msg = self.recv(
+                f"hello from workers {self.peers.missing()} (the start-up wait: --timeout-ms, at "
+                f"least {self._grace_ms / 1e3:g} s)",
+                deadline,
+                timeout_ms=self.startup_ms,
+            )
             if msg.header["op"] != "hello":
                 raise ProtocolError(f"expected hello, got {msg.header['op']!r} from worker {msg.rank}")
 
@@ -156,6 +176,8 @@ class PeerChannel:
         while done != ranks:
             msg = self.recv(f"{op} from workers {sorted(ranks - done)}", deadline, ranks=sorted(ranks - done))
             if msg.header["op"] != op or msg.rank not in ranks - done:
-                raise ProtocolError(f"unexpected {msg.header['op']} from rank {msg.rank}; waiting for {op} from "
-                                    f"workers {sorted(ranks - done)}")
+                raise ProtocolError(
+                    f"unexpected {msg.header['op']} from rank {msg.rank}; waiting for {op} from "
+                    f"workers {sorted(ranks - done)}"
+                )
             done.add(msg.rank)

@@ -50,8 +50,11 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, BinaryIO, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any, BinaryIO
 
+from herald.contracts.job import JobSpec
+from herald.contracts.modes import consistency_mode
 from herald.dispatch.barrier import Barriers
 from herald.dispatch.channel import PeerChannel
 from herald.dispatch.ledger import StepLedger
@@ -61,8 +64,6 @@ from herald.dispatch.records import DispatcherConfig, StepRecord
 from herald.errors import HeraldError
 from herald.loader.batch import SampleBatch
 from herald.phases import PhaseTimer
-from herald.contracts.job import JobSpec
-from herald.contracts.modes import consistency_mode
 
 __all__ = ["Dispatcher", "DispatcherConfig", "StepRecord"]
 
@@ -105,32 +106,56 @@ class Dispatcher:
     (:class:`~herald.dispatch.lockstep.LockstepServe`: the scheduler and the pipeline).
     """
 
-    def __init__(self, config: DispatcherConfig, batches: Iterable[SampleBatch], scheduler_factory: Callable[[], Any],
-                 job: JobSpec, *, on_step: Callable[[StepRecord], None] | None = None,
-                 on_checkpoint: Callable[[int, int, str, dict], None] | None = None,
-                 checkpoint_path: Callable[[int], str] | None = None,
-                 liveness: Callable[[], None] | None = None, sample_id_log: BinaryIO | None = None):
+    def __init__(
+        self,
+        config: DispatcherConfig,
+        batches: Iterable[SampleBatch],
+        scheduler_factory: Callable[[], Any],
+        job: JobSpec,
+        *,
+        on_step: Callable[[StepRecord], None] | None = None,
+        on_checkpoint: Callable[[int, int, str, dict], None] | None = None,
+        checkpoint_path: Callable[[int], str] | None = None,
+        liveness: Callable[[], None] | None = None,
+        sample_id_log: BinaryIO | None = None,
+    ):
         self.config = config
         self._job = job
         scheduler = scheduler_factory()
-        self.channel = PeerChannel(config, liveness, max_array_bytes=largest_frame_bytes(   # NOTE [message size limits]
-            job, config.num_workers, config.batch_size_per_worker))
+        self.channel = PeerChannel(
+            config,
+            liveness,
+            max_array_bytes=largest_frame_bytes(  # NOTE [message size limits]
+                job, config.num_workers, config.batch_size_per_worker
+            ),
+        )
         self.address = self.channel.address
         #: seconds per stage (:data:`herald.phases.DISPATCHER_PHASES`) over the whole job; the
         #: pipeline threads' stages are added when :meth:`serve` ends (live: :meth:`stage_seconds`)
         self.timer = PhaseTimer()
         self._stop = threading.Event()
         self.ledger = StepLedger(config, job, self.channel, self.timer, on_step=on_step, sample_id_log=sample_id_log)
-        self.barriers = Barriers(config, batches, self.channel, self.ledger, on_checkpoint=on_checkpoint,
-                                 checkpoint_path=checkpoint_path)
-        self.lockstep = LockstepServe(config, job, scheduler, scheduler_factory, self.channel, self.ledger,
-                                      self.barriers, self.timer, self._stop, liveness)
+        self.barriers = Barriers(
+            config, batches, self.channel, self.ledger, on_checkpoint=on_checkpoint, checkpoint_path=checkpoint_path
+        )
+        self.lockstep = LockstepServe(
+            config,
+            job,
+            scheduler,
+            scheduler_factory,
+            self.channel,
+            self.ledger,
+            self.barriers,
+            self.timer,
+            self._stop,
+            liveness,
+        )
         self._serving = False
         self._silence: Silence | None = None
-        self.hellos_at: float | None = None   # time.perf_counter() when every worker had said hello
+        self.hellos_at: float | None = None  # time.perf_counter() when every worker had said hello
 
     # ------------------------------------------------------------ lifecycle
-    def __enter__(self) -> "Dispatcher":
+    def __enter__(self) -> Dispatcher:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -191,7 +216,7 @@ class Dispatcher:
         counters the pipeline threads add to)."""
         out: dict[str, float] = {}
         for timer in (self.timer, self.lockstep.plan_timer, self.lockstep.build_timer):
-            for _ in range(3):   # a thread may add a new stage name while we copy
+            for _ in range(3):  # a thread may add a new stage name while we copy
                 try:
                     items = list(timer.seconds.items())
                     break
@@ -218,7 +243,7 @@ class Dispatcher:
         """
         self._serving = True
         self.channel.wait_for_hellos()
-        self.hellos_at = time.perf_counter()   # every worker has started (the report's start-up)
+        self.hellos_at = time.perf_counter()  # every worker has started (the report's start-up)
         job = self._job.replace(capacity_rows=int(self.scheduler.capacity_rows), num_workers=self.config.num_workers)
         self.channel.send_all({"op": "config", "job": job.to_dict()})
         try:

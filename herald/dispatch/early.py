@@ -63,7 +63,7 @@ def touched_keys(plans: list) -> TouchedKeys:
     keep = np.ones(ids.shape[0], np.bool_)
     if evict:
         keep[n_pushed:] = _concat([p.write_back for p in plans], np.bool_)
-    size = 1 << max(4, int(2 * np.count_nonzero(keep)).bit_length())   # load factor <= 1/2
+    size = 1 << max(4, int(2 * np.count_nonzero(keep)).bit_length())  # load factor <= 1/2
     slots = np.zeros(size, np.uint64)
     has_zero = np.zeros(1, np.bool_)
     touched_set_jit(table, ids, keep, slots, has_zero)
@@ -79,6 +79,7 @@ def early_pulls(pull: KeySet, touched_before: TouchedKeys | None) -> np.ndarray:
     the previous step is unknown)."""
     out = np.zeros(len(pull), np.bool_)
     if touched_before is not None and len(pull):
-        not_touched_jit(np.ascontiguousarray(pull.table, np.int32), pull.ids, touched_before.slots,
-                        touched_before.has_zero, out)
+        not_touched_jit(
+            np.ascontiguousarray(pull.table, np.int32), pull.ids, touched_before.slots, touched_before.has_zero, out
+        )
     return out

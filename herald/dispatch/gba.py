@@ -67,8 +67,10 @@ def split_global_batch(batch: SampleBatch, token: int, m: int, sample_ids: np.nd
     """
     gb = len(batch)
     if gb % m:
-        raise ConfigError(f"--gba-buffer {m} does not divide the global batch of {gb} samples "
-                          "(--workers x --batch-size); choose M dividing it")
+        raise ConfigError(
+            f"--gba-buffer {m} does not divide the global batch of {gb} samples "
+            "(--workers x --batch-size); choose M dividing it"
+        )
     size = gb // m
     order = np.arange(gb, dtype=np.int64)
     wstart = np.arange(0, gb + 1, size, dtype=np.int64)
@@ -76,8 +78,18 @@ def split_global_batch(batch: SampleBatch, token: int, m: int, sample_ids: np.nd
     out = []
     for slot in range(m):
         lo, hi = slot * size, (slot + 1) * size
-        out.append(MicroBatch(token * m + slot, slot, sample_ids[lo:hi], batch.labels[lo:hi], batch.dense[lo:hi],
-                              *parts[slot], CachePlan.empty(), KeySet.empty()))
+        out.append(
+            MicroBatch(
+                token * m + slot,
+                slot,
+                sample_ids[lo:hi],
+                batch.labels[lo:hi],
+                batch.dense[lo:hi],
+                *parts[slot],
+                CachePlan.empty(),
+                KeySet.empty(),
+            )
+        )
     return out
 
 
@@ -100,16 +112,16 @@ class GbaServe:
         self.credit = disp.config.max_inflight_steps
         self._batches = iter(self.barriers.batches)
         self._ids_of = getattr(self.barriers.batches, "sample_ids", None)
-        self._queue: collections.deque = collections.deque()   # (i, frames, rows of the micro-batch)
-        self._held: dict[int, dict[int, int]] = {r: {} for r in range(self.workers)}   # rank -> {i: rows}
-        self._acks: dict[int, dict[int, tuple]] = {}   # token -> {slot: (rank, header, arrays, rows)}
-        self._ids: dict[int, np.ndarray] = {}          # token -> sample ids (for the id log)
+        self._queue: collections.deque = collections.deque()  # (i, frames, rows of the micro-batch)
+        self._held: dict[int, dict[int, int]] = {r: {} for r in range(self.workers)}  # rank -> {i: rows}
+        self._acks: dict[int, dict[int, tuple]] = {}  # token -> {slot: (rank, header, arrays, rows)}
+        self._ids: dict[int, np.ndarray] = {}  # token -> sample ids (for the id log)
         self._next_token = self.ledger.next_step
         self._next_record = self.ledger.next_step
         self._exhausted = False
         self.every = int(disp.config.checkpoint_every_steps or 0)
-        self._barrier_due: int | None = None   # NOTE [gba checkpoints]: batch index of the barrier reached
-        self._last_index = self.barriers.next_batch - 1   # index of the last global batch read
+        self._barrier_due: int | None = None  # NOTE [gba checkpoints]: batch index of the barrier reached
+        self._last_index = self.barriers.next_batch - 1  # index of the last global batch read
 
     # ------------------------------------------------------------ data list
     def _fill(self) -> bool:
@@ -166,14 +178,15 @@ class GbaServe:
             if not held and not self._queue:
                 if self._barrier_due is None or disp.stopping:
                     break
-                self._barrier(self._barrier_due)   # every micro-batch up to the barrier acked
+                self._barrier(self._barrier_due)  # every micro-batch up to the barrier acked
                 self._barrier_due = None
                 continue
             with disp.timer("wait_credit"):
-                msg = self.ledger.receive_ack(f"an ack of micro-batches {held} (rank: data-list indices)",
-                                              ranks=sorted(held))
+                msg = self.ledger.receive_ack(
+                    f"an ack of micro-batches {held} (rank: data-list indices)", ranks=sorted(held)
+                )
             self._record_ack(msg.rank, msg.header, msg.arrays)
-        self._barrier(self._last_index)   # the final one (NOTE [gba checkpoints])
+        self._barrier(self._last_index)  # the final one (NOTE [gba checkpoints])
         return self.ledger.end()
 
     def _barrier(self, index: int) -> None:
@@ -181,23 +194,25 @@ class GbaServe:
         flush the workers (dense replicas at the PS's global step), then checkpoint when
         the job does (once per step, and only for a step this process trained)."""
         if self._acks or any(self._held.values()) or self._queue:
-            raise ProtocolError(f"gba checkpoint barrier at global batch {index} with micro-batches still in flight; "
-                                "this is a bug (NOTE [gba checkpoints])")
+            raise ProtocolError(
+                f"gba checkpoint barrier at global batch {index} with micro-batches still in flight; "
+                "this is a bug (NOTE [gba checkpoints])"
+            )
         # the dense replicas catch up with the last global step
-        self.barriers.flush([[np.zeros(0, np.int32), np.zeros(0, np.uint64)] for _ in range(self.workers)],
-                            reset=False)
+        self.barriers.flush([[np.zeros(0, np.int32), np.zeros(0, np.uint64)] for _ in range(self.workers)], reset=False)
         self.ledger.next_step = self._next_record
         self.barriers.complete(self._next_record - 1, index)
 
     def _record_ack(self, rank: int, header: dict[str, Any], arrays: list) -> None:
         i = header["step"]
         if i not in self._held[rank]:
-            raise ProtocolError(f"unexpected ack of micro-batch {i!r} from rank {rank} (it holds "
-                                f"{sorted(self._held[rank])})")
+            raise ProtocolError(
+                f"unexpected ack of micro-batch {i!r} from rank {rank} (it holds {sorted(self._held[rank])})"
+            )
         rows = self._held[rank].pop(i)
         token, slot = divmod(i, self.m)
         self._acks.setdefault(token, {})[slot] = (rank, header, arrays, rows)
-        while len(self._acks.get(self._next_record, ())) == self.m:   # records in token order
+        while len(self._acks.get(self._next_record, ())) == self.m:  # records in token order
             self._emit(self._next_record, self._acks.pop(self._next_record))
             self._next_record += 1
 

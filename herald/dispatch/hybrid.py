@@ -86,8 +86,10 @@ def expand_gradients(ids: np.ndarray, lengths: np.ndarray, bag_grads: np.ndarray
         ProtocolError: ``lengths`` does not add up to ``ids`` or ``bag_grads`` has not one row per sample.
     """
     if int(lengths.sum()) != ids.shape[0] or bag_grads.shape[0] != lengths.shape[0]:
-        raise ProtocolError(f"{lengths.shape[0]} samples with {int(lengths.sum())} ids, {ids.shape[0]} ids and "
-                            f"{bag_grads.shape[0]} bag gradients: one gradient per sample, one length per sample")
+        raise ProtocolError(
+            f"{lengths.shape[0]} samples with {int(lengths.sum())} ids, {ids.shape[0]} ids and "
+            f"{bag_grads.shape[0]} bag gradients: one gradient per sample, one length per sample"
+        )
     return np.repeat(bag_grads, lengths, axis=0)
 
 
@@ -129,8 +131,9 @@ def step_union(mbs: list[MicroBatch]) -> tuple[np.ndarray, np.ndarray, list[np.n
     return table[first], ids[first], np.split(rows, np.cumsum([t.shape[0] for t in tables])[:-1])
 
 
-def rank_key_sums(mb: MicroBatch, index: np.ndarray, bag_grads: np.ndarray, rows: np.ndarray, n_keys: int
-                  ) -> tuple[np.ndarray, np.ndarray]:
+def rank_key_sums(
+    mb: MicroBatch, index: np.ndarray, bag_grads: np.ndarray, rows: np.ndarray, n_keys: int
+) -> tuple[np.ndarray, np.ndarray]:
     """One rank's gradient per key of its step: :func:`expand_gradients` then
     :func:`sum_per_key` for every table at once, from the micro-batch's flat arrays (NOTE
     [micro-batch layout]: its inverse index gives each value's row among its distinct ids),
@@ -153,25 +156,26 @@ def rank_key_sums(mb: MicroBatch, index: np.ndarray, bag_grads: np.ndarray, rows
         return np.zeros((n_keys, dim), np.float64), np.zeros(n_keys, bool)
     offsets = mb.offsets_flat
     n_tables, b = offsets.shape[0], offsets.shape[1] - 1
-    lengths = np.diff(offsets, axis=1).ravel()                   # [T * b]: table-major, as inverse_flat
+    lengths = np.diff(offsets, axis=1).ravel()  # [T * b]: table-major, as inverse_flat
     sample = np.repeat(np.tile(np.arange(b, dtype=np.int64), n_tables), lengths)
     table = np.repeat(np.arange(n_tables, dtype=np.int64), offsets[:, -1])
-    key = rows[mb.id_bounds[:-1][table] + mb.inverse_flat.astype(np.int64)]   # row in the step's keys
+    key = rows[mb.id_bounds[:-1][table] + mb.inverse_flat.astype(np.int64)]  # row in the step's keys
     if index.shape[0] != b or (index != np.arange(b)).any():
         at = np.full(b, -1, np.int64)
         at[index] = np.arange(index.shape[0])
         row = at[sample]
         keep = row >= 0
         sample, table, key = row[keep], table[keep], key[keep]
-    occurrences = np.ascontiguousarray(bag_grads[sample, table].T)   # [dim, nnz]
+    occurrences = np.ascontiguousarray(bag_grads[sample, table].T)  # [dim, nnz]
     sums = np.empty((n_keys, dim), np.float64)
-    for d in range(dim):   # bincount adds in input order, in float64 (np.add.at: 15x slower)
+    for d in range(dim):  # bincount adds in input order, in float64 (np.add.at: 15x slower)
         sums[:, d] = np.bincount(key, weights=occurrences[d], minlength=n_keys)
     return sums, np.bincount(key, minlength=n_keys) > 0
 
 
-def merge_ranks(table: np.ndarray, ids: np.ndarray, per_rank: list[tuple[np.ndarray, np.ndarray]],
-                num_tables: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+def merge_ranks(
+    table: np.ndarray, ids: np.ndarray, per_rank: list[tuple[np.ndarray, np.ndarray]], num_tables: int
+) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     """Add the ranks' :func:`rank_key_sums` in the order given (rank order), in float64, into
     ``{table: (keys uint64 [u] sorted unique, grads float32 [u, dim])}`` of the keys some
     rank used (tables without one left out): what :class:`GradientPusher` pushes.
@@ -184,8 +188,11 @@ def merge_ranks(table: np.ndarray, ids: np.ndarray, per_rank: list[tuple[np.ndar
         used |= u
     table, ids, total = table[used], ids[used], total[used]
     bounds = np.searchsorted(table, np.arange(num_tables + 1)).tolist()
-    return {t: (ids[bounds[t]:bounds[t + 1]], total[bounds[t]:bounds[t + 1]].astype(np.float32))
-            for t in range(num_tables) if bounds[t + 1] > bounds[t]}
+    return {
+        t: (ids[bounds[t] : bounds[t + 1]], total[bounds[t] : bounds[t + 1]].astype(np.float32))
+        for t in range(num_tables)
+        if bounds[t + 1] > bounds[t]
+    }
 
 
 class GradientPusher:
@@ -224,15 +231,20 @@ class GradientPusher:
         """
         self._raise_error()
         if step <= self.submitted_through:
-            raise ProtocolError(f"hybrid gradients of step {step} after step {self.submitted_through}: steps "
-                                "complete in order (NOTE [hybrid training]); this is a bug")
+            raise ProtocolError(
+                f"hybrid gradients of step {step} after step {self.submitted_through}: steps "
+                "complete in order (NOTE [hybrid training]); this is a bug"
+            )
         try:
             self._queue.put((step, parts), timeout=self._timeout_s)
         except queue.Full:
             self._raise_error()
-            raise PeerTimeout(f"the dispatcher's hybrid push thread took no gradients for {self._timeout_s:.0f} s "
-                              f"(applied through step {self.applied_through}); check the PS shards' logs",
-                              peer="ps", op="push_grad") from None
+            raise PeerTimeout(
+                f"the dispatcher's hybrid push thread took no gradients for {self._timeout_s:.0f} s "
+                f"(applied through step {self.applied_through}); check the PS shards' logs",
+                peer="ps",
+                op="push_grad",
+            ) from None
         self.submitted_through = step
 
     def wait_applied(self, step: int) -> None:
@@ -247,16 +259,21 @@ class GradientPusher:
             while self.applied_through < step and self._error is None:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise PeerTimeout(f"the PS did not acknowledge the hybrid gradients of step {step} within "
-                                      f"{self._timeout_s:.0f} s (applied through step {self.applied_through}); "
-                                      "check the PS shards' logs", peer="ps", op="push_grad")
+                    raise PeerTimeout(
+                        f"the PS did not acknowledge the hybrid gradients of step {step} within "
+                        f"{self._timeout_s:.0f} s (applied through step {self.applied_through}); "
+                        "check the PS shards' logs",
+                        peer="ps",
+                        op="push_grad",
+                    )
                 self._cond.wait(min(left, 0.5))
         self._raise_error()
 
     def _raise_error(self) -> None:
         if self._error is not None:
-            raise HeraldError(f"hybrid gradient push failed: {type(self._error).__name__}: {self._error}") \
-                from self._error
+            raise HeraldError(
+                f"hybrid gradient push failed: {type(self._error).__name__}: {self._error}"
+            ) from self._error
 
     def _run(self) -> None:
         client = None
@@ -300,15 +317,22 @@ class HybridEmbeddingWorker:
         pusher: the :class:`GradientPusher` (owned: closed by :meth:`close`).
     """
 
-    def __init__(self, num_tables: int, dim: int, max_inflight_steps: int, expiry_steps: int | None,
-                 first_step: int, pusher: GradientPusher):
+    def __init__(
+        self,
+        num_tables: int,
+        dim: int,
+        max_inflight_steps: int,
+        expiry_steps: int | None,
+        first_step: int,
+        pusher: GradientPusher,
+    ):
         self.num_tables, self.dim = num_tables, dim
         self.window, self.expiry = max_inflight_steps, expiry_steps
         self.pusher = pusher
         self._staleness: dict[int, int] = {}
         # step -> rank -> its gradient per key of the step (rank_key_sums): (sums, used)
         self._grads: dict[int, dict[int, tuple[np.ndarray, np.ndarray]]] = {}
-        self._keys: dict[int, tuple] = {}   # step -> its keys (step_union): (table, ids, {rank: rows})
+        self._keys: dict[int, tuple] = {}  # step -> its keys (step_union): (table, ids, {rank: rows})
         self._dropped: dict[int, int] = {}
 
     def before_send(self, step: int) -> None:
@@ -317,8 +341,9 @@ class HybridEmbeddingWorker:
         self.pusher.wait_applied(step - self.window)
         self._staleness[step] = max(0, step - 1 - self.pusher.applied_through)
 
-    def receive(self, step: int, rank: int, arrays: list[np.ndarray], buffer: IdFeatureBuffer,
-                newest_step: int) -> list[np.ndarray]:
+    def receive(
+        self, step: int, rank: int, arrays: list[np.ndarray], buffer: IdFeatureBuffer, newest_step: int
+    ) -> list[np.ndarray]:
         """Take the gradients by sample id off an ack of ``step`` from ``rank`` (its last two
         arrays: sample ids uint64 [b], bag gradients float32 [b, T, dim]); returns the other
         arrays (labels and predictions, or none).
@@ -328,18 +353,22 @@ class HybridEmbeddingWorker:
                 micro-batch at that step, or one sample id twice.
         """
         if len(arrays) < 2 or arrays[-2].dtype != np.uint64 or arrays[-1].ndim != 3:
-            raise ProtocolError(f"a hybrid ack of step {step} from worker {rank} carries no gradients by sample id "
-                                "(NOTE [hybrid training]): run every worker with the same herald version")
+            raise ProtocolError(
+                f"a hybrid ack of step {step} from worker {rank} carries no gradients by sample id "
+                "(NOTE [hybrid training]): run every worker with the same herald version"
+            )
         ids, grads = arrays[-2], arrays[-1]
         found = buffer.resolve(ids, step)
         if ids.shape[0] and not ((found.step == step).all() and (found.rank == rank).all()):
             bad = int(np.flatnonzero((found.step != step) | (found.rank != rank))[0])
-            raise ProtocolError(f"worker {rank} sent a gradient for sample id {int(ids[bad])} of step {step}, which "
-                                f"is not in its micro-batch (at that step the buffer has it at rank "
-                                f"{int(found.rank[bad])}; -1: nowhere)")
+            raise ProtocolError(
+                f"worker {rank} sent a gradient for sample id {int(ids[bad])} of step {step}, which "
+                f"is not in its micro-batch (at that step the buffer has it at rank "
+                f"{int(found.rank[bad])}; -1: nowhere)"
+            )
         if np.unique(found.index).shape[0] != found.index.shape[0]:
             raise ProtocolError(f"worker {rank} sent two gradients for one sample of step {step}: one per sample")
-        if self.expiry is not None and newest_step - step > self.expiry:   # NOTE [hybrid training] 5
+        if self.expiry is not None and newest_step - step > self.expiry:  # NOTE [hybrid training] 5
             self._dropped[step] = self._dropped.get(step, 0) + int(ids.shape[0])
         else:
             # summed per key now, while the other ranks' acks are still coming (off the hand-out's path)
@@ -348,8 +377,9 @@ class HybridEmbeddingWorker:
                 table, keys, rows = step_union(mbs)
                 self._keys[step] = (table, keys, {mb.rank: r for mb, r in zip(mbs, rows)})
             table, keys, rows = self._keys[step]
-            self._grads.setdefault(step, {})[rank] = rank_key_sums(buffer.micro_batch(step, rank), found.index, grads,
-                                                                   rows[rank], keys.shape[0])
+            self._grads.setdefault(step, {})[rank] = rank_key_sums(
+                buffer.micro_batch(step, rank), found.index, grads, rows[rank], keys.shape[0]
+            )
         return arrays[:-2]
 
     def step_acked(self, step: int, buffer: IdFeatureBuffer) -> dict[str, int]:
@@ -360,8 +390,11 @@ class HybridEmbeddingWorker:
         table, keys, _ = self._keys.pop(step, (None, None, None))
         parts = merge_ranks(table, keys, [by_rank[rank] for rank in sorted(by_rank)], self.num_tables)
         self.pusher.submit(step, parts)
-        return {"staleness": self._staleness.pop(step, 0), "dropped": self._dropped.pop(step, 0),
-                "hybrid_rows": sum(k.shape[0] for k, _ in parts.values())}
+        return {
+            "staleness": self._staleness.pop(step, 0),
+            "dropped": self._dropped.pop(step, 0),
+            "hybrid_rows": sum(k.shape[0] for k, _ in parts.values()),
+        }
 
     def drain(self) -> None:
         """Wait (bounded) until every queued push is applied: at a checkpoint barrier."""
@@ -381,9 +414,15 @@ def make_hybrid(job: Any, config: Any, first_step: int, peers: Any) -> HybridEmb
     max_inflight_steps, timeout_ms = config.max_inflight_steps, config.peer_timeout_ms
 
     def client():
-        return PSClient(list(job.ps), tables=list(job.tables), timeout_ms=job.timeout_ms, keys_dir=job.keys_dir,
-                        wire_dtype=job.wire_dtype)
+        return PSClient(
+            list(job.ps),
+            tables=list(job.tables),
+            timeout_ms=job.timeout_ms,
+            keys_dir=job.keys_dir,
+            wire_dtype=job.wire_dtype,
+        )
 
     pusher = GradientPusher(client, first_step, timeout_s=2 * max(job.timeout_ms, timeout_ms) / 1e3 + 1.0)
-    return HybridEmbeddingWorker(len(job.tables), job.dim, max_inflight_steps, job.hybrid_expiry_steps, first_step,
-                                 pusher)
+    return HybridEmbeddingWorker(
+        len(job.tables), job.dim, max_inflight_steps, job.hybrid_expiry_steps, first_step, pusher
+    )

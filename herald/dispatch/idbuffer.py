@@ -50,10 +50,16 @@ class IdFeatureBuffer:
         self._steps[step] = micro_batches
         self.size_samples += n
         ids = np.concatenate([mb.sample_ids for mb in micro_batches]) if micro_batches else np.zeros(0, np.uint64)
-        ranks = np.concatenate([np.full(len(mb), mb.rank, np.int32) for mb in micro_batches]) \
-            if micro_batches else np.zeros(0, np.int32)
-        rows = np.concatenate([np.arange(len(mb), dtype=np.int64) for mb in micro_batches]) \
-            if micro_batches else np.zeros(0, np.int64)
+        ranks = (
+            np.concatenate([np.full(len(mb), mb.rank, np.int32) for mb in micro_batches])
+            if micro_batches
+            else np.zeros(0, np.int32)
+        )
+        rows = (
+            np.concatenate([np.arange(len(mb), dtype=np.int64) for mb in micro_batches])
+            if micro_batches
+            else np.zeros(0, np.int64)
+        )
         order = np.argsort(ids, kind="stable")
         self._index[step] = (ids[order], ranks[order], rows[order])
 
@@ -68,15 +74,18 @@ class IdFeatureBuffer:
             raise KeyError(f"sample id {sample_id} is not in flight")
         mb = self.micro_batch(int(got.step[0]), int(got.rank[0]))
         i = int(got.index[0])
-        return mb.rank, {t: mb.values(t)[mb.offsets[t][i]:mb.offsets[t][i + 1]] for t in range(mb.num_tables)}
+        return mb.rank, {t: mb.values(t)[mb.offsets[t][i] : mb.offsets[t][i + 1]] for t in range(mb.num_tables)}
 
     def resolve(self, sample_ids: np.ndarray, step: int | None = None) -> Resolved:
         """Find in-flight samples by id (uint64 [n]), in every buffered step or only in
         ``step``; a sample not found gets step, rank and index -1. Ids are unique per step
         (NOTE [micro-batch layout]); when several steps hold an id, the newest wins."""
         ids = np.asarray(sample_ids, np.uint64)
-        out = Resolved(np.full(ids.shape[0], -1, np.int64), np.full(ids.shape[0], -1, np.int32),
-                       np.full(ids.shape[0], -1, np.int64))
+        out = Resolved(
+            np.full(ids.shape[0], -1, np.int64),
+            np.full(ids.shape[0], -1, np.int32),
+            np.full(ids.shape[0], -1, np.int64),
+        )
         for at_step, (keys, ranks, rows) in self._index.items():
             if not keys.shape[0] or step is not None and at_step != step:
                 continue

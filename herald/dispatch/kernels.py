@@ -76,7 +76,7 @@ def segment_unique_jit(seg, n, out_uniq, ubase, out_inv, ibase, keys, local, use
             out_uniq[ubase + u] = v
             u += 1
         out_inv[ibase + j] = local[h]
-    out_uniq[ubase:ubase + u].sort()
+    out_uniq[ubase : ubase + u].sort()
     for k in range(u):
         rank[local[_probe_jit(keys, used, out_uniq[ubase + k], mask)]] = k
     for j in range(n):
@@ -85,8 +85,7 @@ def segment_unique_jit(seg, n, out_uniq, ubase, out_inv, ibase, keys, local, use
 
 
 @nb.njit(**JIT)
-def build_ranks_jit(order, wstart, values, vbounds, offsets, rank_nnz, out_inv, out_uniq, out_offsets,
-                    out_ubounds):
+def build_ranks_jit(order, wstart, values, vbounds, offsets, rank_nnz, out_inv, out_uniq, out_offsets, out_ubounds):
     """Every rank's micro-batch ids: per table its sorted distinct ids and the inverse
     index (``np.unique(ids, return_inverse=True)`` per (rank, table)), and its offsets.
 
@@ -138,8 +137,7 @@ def build_ranks_jit(order, wstart, values, vbounds, offsets, rank_nnz, out_inv, 
                 out_offsets[orow + k + 1] = n
             orow += b + 1
             if n > 0:
-                ub += segment_unique_jit(seg, n, out_uniq, base + ub, out_inv, base + n_before, keys, local,
-                                         used, rank)
+                ub += segment_unique_jit(seg, n, out_uniq, base + ub, out_inv, base + n_before, keys, local, used, rank)
             out_ubounds[w, t + 1] = ub
             n_before += n
         base += n_before

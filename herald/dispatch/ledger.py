@@ -13,10 +13,13 @@ the sample-id log). Its messages go through the peer channel (:mod:`herald.dispa
 
 from __future__ import annotations
 
-from typing import Any, BinaryIO, Callable
+from collections.abc import Callable
+from typing import Any, BinaryIO
 
 import numpy as np
 
+from herald.contracts.job import JobSpec
+from herald.contracts.modes import consistency_mode
 from herald.dispatch.channel import PeerChannel
 from herald.dispatch.idbuffer import IdFeatureBuffer
 from herald.dispatch.peers import Message
@@ -24,8 +27,6 @@ from herald.dispatch.records import DispatcherConfig, StepRecord, sum_consistenc
 from herald.dispatch.steps import ReadyStep
 from herald.errors import ProtocolError
 from herald.phases import PhaseTimer
-from herald.contracts.job import JobSpec
-from herald.contracts.modes import consistency_mode
 
 
 class StepLedger:
@@ -43,8 +44,16 @@ class StepLedger:
         records: the :class:`StepRecord` of every fully acked step, in step order.
     """
 
-    def __init__(self, config: DispatcherConfig, job: JobSpec, channel: PeerChannel, timer: PhaseTimer, *,
-                 on_step: Callable[[StepRecord], None] | None = None, sample_id_log: BinaryIO | None = None):
+    def __init__(
+        self,
+        config: DispatcherConfig,
+        job: JobSpec,
+        channel: PeerChannel,
+        timer: PhaseTimer,
+        *,
+        on_step: Callable[[StepRecord], None] | None = None,
+        sample_id_log: BinaryIO | None = None,
+    ):
         self._config, self._job, self._channel, self._timer = config, job, channel, timer
         self._workers = config.num_workers
         self._on_step, self._id_log = on_step, sample_id_log
@@ -53,7 +62,7 @@ class StepLedger:
         self._acks: dict[int, dict[int, tuple[dict[str, Any], list[np.ndarray]]]] = {}
         self._pending: dict[int, tuple[np.ndarray, float, np.ndarray]] = {}
         self._buffer: IdFeatureBuffer | None = None  # sized on the first step
-        self._hybrid = None   # --consistency hybrid: NOTE [hybrid training] (herald/dispatch/hybrid.py)
+        self._hybrid = None  # --consistency hybrid: NOTE [hybrid training] (herald/dispatch/hybrid.py)
 
     @property
     def in_flight(self) -> int:
@@ -74,7 +83,7 @@ class StepLedger:
         if self._buffer is None:
             self._buffer = IdFeatureBuffer((self._config.max_inflight_steps + 1) * len(ready.sample_ids))
             self._channel.peers.ack_rows = len(ready.sample_ids) // self._workers
-            make = consistency_mode(self._job.consistency).resolve("embedding_worker")   # hybrid's, else None
+            make = consistency_mode(self._job.consistency).resolve("embedding_worker")  # hybrid's, else None
             self._hybrid = make(self._job, self._config, step, self._channel.peers) if make is not None else None
         if self._hybrid is not None:
             self._hybrid.before_send(step)
@@ -113,11 +122,13 @@ class StepLedger:
         Raises:
             ProtocolError: the step is not in flight, or that rank acked it already.
         """
-        step, rank = header["step"], header["rank"]   # types and rank checked (NOTE [peer validation])
+        step, rank = header["step"], header["rank"]  # types and rank checked (NOTE [peer validation])
         if step not in self._pending or rank in self._acks[step]:
-            raise ProtocolError(f"unexpected ack of step {step!r} from rank {rank!r} (steps in flight: "
-                                f"{sorted(self._pending)}, ranks 0-{self._workers - 1}, one ack each)")
-        if self._hybrid is not None:   # gradients by sample id (NOTE [hybrid training])
+            raise ProtocolError(
+                f"unexpected ack of step {step!r} from rank {rank!r} (steps in flight: "
+                f"{sorted(self._pending)}, ranks 0-{self._workers - 1}, one ack each)"
+            )
+        if self._hybrid is not None:  # gradients by sample id (NOTE [hybrid training])
             arrays = self._hybrid.receive(step, rank, arrays, self._buffer, self.next_step - 1)
         self._acks[step][rank] = (header, arrays)
         if len(self._acks[step]) < self._workers:
@@ -132,8 +143,9 @@ class StepLedger:
         self.emit(step, acks, counts, sched_ms, ids, consistency)
 
     # ----------------------------------------------------------------- shared
-    def receive_ack(self, waiting_for: str, deadline: float | None = None, *,
-                    ranks: list[int] | None = None) -> Message:
+    def receive_ack(
+        self, waiting_for: str, deadline: float | None = None, *, ranks: list[int] | None = None
+    ) -> Message:
         """The next message, which must be an ``ack`` (ProtocolError otherwise; PeerTimeout
         naming ``waiting_for`` after ``peer_timeout_ms``); ``ranks``: those it waits on
         (NOTE [silent workers]), None: not known."""
@@ -142,8 +154,15 @@ class StepLedger:
             raise ProtocolError(f"expected ack, got {msg.header['op']!r} from worker {msg.rank}")
         return msg
 
-    def emit(self, step: int, acks: list[tuple[dict[str, Any], list]], counts: np.ndarray, schedule_ms: float,
-             sample_ids: np.ndarray, consistency: dict[str, int] | None = None) -> StepRecord:
+    def emit(
+        self,
+        step: int,
+        acks: list[tuple[dict[str, Any], list]],
+        counts: np.ndarray,
+        schedule_ms: float,
+        sample_ids: np.ndarray,
+        consistency: dict[str, int] | None = None,
+    ) -> StepRecord:
         """The :class:`StepRecord` of a fully acked step (acks in rank or slot order):
         appended to :attr:`records`, its sample ids to the id log, then ``on_step``."""
         rec = StepRecord.from_acks(step, acks, counts, schedule_ms, self._channel.rejected, consistency)

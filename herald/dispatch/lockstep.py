@@ -16,8 +16,11 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
+from herald.contracts.job import JobSpec
+from herald.contracts.modes import consistency_mode
 from herald.dispatch.barrier import Barriers
 from herald.dispatch.channel import PeerChannel
 from herald.dispatch.early import TouchedKeys
@@ -28,8 +31,6 @@ from herald.dispatch.steps import ReadyStep, build_ready_step, scheduled_view
 from herald.errors import HeraldError
 from herald.loader.batch import SampleBatch
 from herald.phases import PhaseTimer
-from herald.contracts.job import JobSpec
-from herald.contracts.modes import consistency_mode
 
 
 class LockstepServe:
@@ -48,16 +49,26 @@ class LockstepServe:
         scheduler: the scheduler in use. plan_timer, build_timer: the two threads' stages.
     """
 
-    def __init__(self, config: DispatcherConfig, job: JobSpec, scheduler: Any, scheduler_factory: Callable[[], Any],
-                 channel: PeerChannel, ledger: StepLedger, barriers: Barriers, timer: PhaseTimer,
-                 stop: threading.Event, liveness: Callable[[], None] | None = None):
+    def __init__(
+        self,
+        config: DispatcherConfig,
+        job: JobSpec,
+        scheduler: Any,
+        scheduler_factory: Callable[[], Any],
+        channel: PeerChannel,
+        ledger: StepLedger,
+        barriers: Barriers,
+        timer: PhaseTimer,
+        stop: threading.Event,
+        liveness: Callable[[], None] | None = None,
+    ):
         self._config, self._replicated = config, job.replicated_tables
         self.scheduler, self._factory = scheduler, scheduler_factory
         self._channel, self._ledger, self._barriers = channel, ledger, barriers
         self._timer, self._stop, self._liveness = timer, stop, liveness
-        self.plan_timer, self.build_timer = PhaseTimer(), PhaseTimer()   # one per pipeline thread
+        self.plan_timer, self.build_timer = PhaseTimer(), PhaseTimer()  # one per pipeline thread
         self._pipeline: Pipeline | None = None
-        self._plan_step = config.first_step      # plan thread: number of the next step planned
+        self._plan_step = config.first_step  # plan thread: number of the next step planned
         self._touched: TouchedKeys | None = None  # build thread, NOTE [early pulls]: keys the last step changes
         self._reads_early = bool(consistency_mode(job.consistency).reads_early(job))
 
@@ -77,8 +88,9 @@ class LockstepServe:
         """Start the pipeline, send every step, run the barriers, tell every worker ``end``."""
         last = None
         self._plan_step = self._ledger.next_step
-        self._pipeline = pipeline = Pipeline(self._plans, self.build_step, depth_plans=1,
-                                             depth_ready=self._config.ready_steps)
+        self._pipeline = pipeline = Pipeline(
+            self._plans, self.build_step, depth_plans=1, depth_ready=self._config.ready_steps
+        )
         pipeline.start()
         while True:
             with self._timer("wait_build"):
@@ -99,8 +111,10 @@ class LockstepServe:
     def _send_ready(self, ready: ReadyStep) -> None:
         step = ready.step
         if step != self._ledger.next_step:
-            raise HeraldError(f"the pipeline built step {step} where step {self._ledger.next_step} was due; this is "
-                              "a bug (NOTE [dispatch pipeline])")
+            raise HeraldError(
+                f"the pipeline built step {step} where step {self._ledger.next_step} was due; this is "
+                "a bug (NOTE [dispatch pipeline])"
+            )
         self._ledger.open(ready)
         with self._timer("send"):
             for rank, frames in enumerate(ready.frames):
@@ -137,7 +151,7 @@ class LockstepServe:
             plan = self.scheduler.submit(scheduled_view(batch, self._replicated))
             schedule_s = time.perf_counter() - t0
             timer.add("schedule", schedule_s)
-            if plan is not None:   # the held batch's step comes next: no barrier between
+            if plan is not None:  # the held batch's step comes next: no barrier between
                 yield self._plan_item(plan, held.pop(0), schedule_s, follows=True)
             due = every and (index + 1) % every == 0
             if due or self._stop.is_set():
@@ -148,13 +162,13 @@ class LockstepServe:
                 if final:
                     return
                 pipeline.wait_resume()
-                if self._stop.is_set():   # stopped during the barrier: it was the last one
+                if self._stop.is_set():  # stopped during the barrier: it was the last one
                     return
                 self.scheduler = self._factory()
         index = source.next_batch - 1
         if held:
             yield from self._finish_scheduler(held)
-        if index > barrier_at:   # batches since the last barrier (else that barrier was the final one)
+        if index > barrier_at:  # batches since the last barrier (else that barrier was the final one)
             yield ("barrier", self._plan_step - 1, index, True)
 
     def _plan_item(self, plan: Any, held: tuple, schedule_s: float, follows: bool = False) -> tuple:
@@ -179,8 +193,17 @@ class LockstepServe:
             return item
         _, step, step_plan, batch, index, ids, schedule_ms, follows = item
         with self.build_timer("build"):
-            ready, self._touched = build_ready_step(step, step_plan, batch, index, ids, schedule_ms,
-                                                    dispatcher_rank=self._config.dispatcher_rank,
-                                                    replicated=self._replicated, touched_before=self._touched,
-                                                    next_follows=follows, reads_early=self._reads_early)
+            ready, self._touched = build_ready_step(
+                step,
+                step_plan,
+                batch,
+                index,
+                ids,
+                schedule_ms,
+                dispatcher_rank=self._config.dispatcher_rank,
+                replicated=self._replicated,
+                touched_before=self._touched,
+                next_follows=follows,
+                reads_early=self._reads_early,
+            )
         return ("step", ready)

@@ -64,10 +64,23 @@ LAYOUT = 2
 #: frame it sends against it (:meth:`herald.dispatch.channel.PeerChannel.route`). 1 GiB:
 #: a micro-batch of several hundred thousand Criteo samples with its plan.
 MAX_WORKER_FRAME_BYTES = 1 << 30
-_NUM_KEY_LISTS = 6   # evict, pull, grad_push, update_local, plan_push, replicated
+_NUM_KEY_LISTS = 6  # evict, pull, grad_push, update_local, plan_push, replicated
 #: NOTE [micro-batch layout]: each part's dtype(s), in blob order
-_PART_DTYPES = (("<u8",), ("<f4",), ("<f4",), ("<u8",), ("<i8",), ("<u2", "<i4"), ("<i8",), ("<i4",), ("<u8",),
-                ("<i8",), ("|b1",), ("<u2",), ("|b1",))
+_PART_DTYPES = (
+    ("<u8",),
+    ("<f4",),
+    ("<f4",),
+    ("<u8",),
+    ("<i8",),
+    ("<u2", "<i4"),
+    ("<i8",),
+    ("<i4",),
+    ("<u8",),
+    ("<i8",),
+    ("|b1",),
+    ("<u2",),
+    ("|b1",),
+)
 _NUM_PARTS = len(_PART_DTYPES)
 _DTYPES = {name: np.dtype(name) for names in _PART_DTYPES for name in names}
 _MAX_DIM = 1 << 40
@@ -154,13 +167,13 @@ class MicroBatch:
     def unique_ids(self) -> list[np.ndarray]:
         """Per table, uint64 [u_t] its sorted distinct ids (views of :attr:`ids_flat`)."""
         b = self.id_bounds.tolist()
-        return [self.ids_flat[b[t]:b[t + 1]] for t in range(self.num_tables)]
+        return [self.ids_flat[b[t] : b[t + 1]] for t in range(self.num_tables)]
 
     @functools.cached_property
     def inverse(self) -> list[np.ndarray]:
         """Per table, uint16 or int32 [nnz_t]: value j is ``unique_ids[t][inverse[t][j]]``."""
         b = self.inverse_bounds.tolist()
-        return [self.inverse_flat[b[t]:b[t + 1]] for t in range(self.num_tables)]
+        return [self.inverse_flat[b[t] : b[t + 1]] for t in range(self.num_tables)]
 
     @functools.cached_property
     def offsets(self) -> list[np.ndarray]:
@@ -173,9 +186,17 @@ class MicroBatch:
 
     # ----------------------------------------------------------------- build
     @classmethod
-    def build(cls, step: int, rank: int, batch: SampleBatch, sample_ids: np.ndarray, plan: CachePlan,
-              replicated: KeySet | None = None, pull_early: np.ndarray | None = None,
-              index: np.ndarray | None = None) -> "MicroBatch":
+    def build(
+        cls,
+        step: int,
+        rank: int,
+        batch: SampleBatch,
+        sample_ids: np.ndarray,
+        plan: CachePlan,
+        replicated: KeySet | None = None,
+        pull_early: np.ndarray | None = None,
+        index: np.ndarray | None = None,
+    ) -> MicroBatch:
         """Compress ``batch`` (this worker's samples; or its rows ``index``, int [b],
         repeats allowed) into unique ids + inverse index.
 
@@ -191,8 +212,17 @@ class MicroBatch:
                 raise DataError(f"build: index out of range for a batch of {n} samples")
             index = np.where(index < 0, index + n, index)
         parts = build_parts(batch, index, np.array([0, index.shape[0]], np.int64))[0]
-        return cls(step, rank, sample_ids, batch.labels[index], batch.dense[index], *parts, plan,
-                   replicated if replicated is not None else KeySet.empty(), pull_early)
+        return cls(
+            step,
+            rank,
+            sample_ids,
+            batch.labels[index],
+            batch.dense[index],
+            *parts,
+            plan,
+            replicated if replicated is not None else KeySet.empty(),
+            pull_early,
+        )
 
     # ------------------------------------------------------------------ wire
     def to_frames(self) -> tuple[dict[str, Any], list[np.ndarray]]:
@@ -202,16 +232,34 @@ class MicroBatch:
         lists = (p.evict, p.pull, p.grad_push, p.update_local, p.plan_push, self.replicated)
         bounds = np.zeros(_NUM_KEY_LISTS + 1, np.int64)
         np.cumsum([len(k) for k in lists], out=bounds[1:])
-        parts = [self.sample_ids, self.labels, self.dense, self.ids_flat, self.id_bounds, self.inverse_flat,
-                 self.offsets_flat, np.concatenate([k.table for k in lists]), np.concatenate([k.ids for k in lists]),
-                 bounds, p.write_back.astype(np.bool_, copy=False), p.contributors.astype(np.uint16, copy=False),
-                 self.pull_early.astype(np.bool_, copy=False)]
-        header = {"op": "microbatch", "step": self.step, "rank": self.rank, "tables": self.num_tables,
-                  "next": bool(self.next_follows), "layout": LAYOUT, "parts": [[a.dtype.str, list(a.shape)] for a in parts]}
+        parts = [
+            self.sample_ids,
+            self.labels,
+            self.dense,
+            self.ids_flat,
+            self.id_bounds,
+            self.inverse_flat,
+            self.offsets_flat,
+            np.concatenate([k.table for k in lists]),
+            np.concatenate([k.ids for k in lists]),
+            bounds,
+            p.write_back.astype(np.bool_, copy=False),
+            p.contributors.astype(np.uint16, copy=False),
+            self.pull_early.astype(np.bool_, copy=False),
+        ]
+        header = {
+            "op": "microbatch",
+            "step": self.step,
+            "rank": self.rank,
+            "tables": self.num_tables,
+            "next": bool(self.next_follows),
+            "layout": LAYOUT,
+            "parts": [[a.dtype.str, list(a.shape)] for a in parts],
+        }
         return header, [pack_parts(parts)]
 
     @classmethod
-    def from_frames(cls, header: dict[str, Any], arrays: list[np.ndarray]) -> "MicroBatch":
+    def from_frames(cls, header: dict[str, Any], arrays: list[np.ndarray]) -> MicroBatch:
         """Rebuild from :func:`herald.wire.unpack` output (zero copy: views of the blob).
 
         Checks the layout version, the part descriptors against the blob, every part's
@@ -224,23 +272,42 @@ class MicroBatch:
         """
         t = header.get("tables")
         if header.get("layout") != LAYOUT:
-            raise ProtocolError(f"microbatch: layout {header.get('layout')!r:.20}, expected {LAYOUT}; run the same "
-                                "herald release on the dispatcher and the workers")
+            raise ProtocolError(
+                f"microbatch: layout {header.get('layout')!r:.20}, expected {LAYOUT}; run the same "
+                "herald release on the dispatcher and the workers"
+            )
         if type(t) is not int or t < 0:
             raise ProtocolError(f"microbatch: 'tables' must be an int >= 0, got {t!r:.20}")
-        (sample_ids, labels, dense, ids, id_bounds, inv, offsets, key_table, key_ids, key_bounds, write_back,
-         contributors, pull_early) = unpack_parts(header.get("parts"), arrays)
+        (
+            sample_ids,
+            labels,
+            dense,
+            ids,
+            id_bounds,
+            inv,
+            offsets,
+            key_table,
+            key_ids,
+            key_bounds,
+            write_back,
+            contributors,
+            pull_early,
+        ) = unpack_parts(header.get("parts"), arrays)
         b = labels.shape[0] if labels.ndim == 1 else -1
         _check(sample_ids.shape == (b,), "sample_ids must be uint64 [b]")
         _check(dense.ndim == 2 and dense.shape[0] == b, "labels/dense must be float32 [b] / [b, D]")
         _check(ids.ndim == 1, "ids_flat must be uint64 [U]")
-        _check(_is_bounds(id_bounds, t + 1, ids.shape[0]), "id_bounds must be int64 [T+1] from 0 to len(ids_flat), "
-                                                            "non-decreasing")
+        _check(
+            _is_bounds(id_bounds, t + 1, ids.shape[0]),
+            "id_bounds must be int64 [T+1] from 0 to len(ids_flat), non-decreasing",
+        )
         _check(offsets.shape == (t, b + 1), "offsets_flat must be int64 [T, b+1]")
         _check(inv.ndim == 1, "inverse_flat must be uint16 or int32 [N]")
         if t:
-            _check(not offsets[:, 0].any() and bool((offsets[:, 1:] >= offsets[:, :-1]).all()),
-                   "each table's offsets must start at 0 and be non-decreasing")
+            _check(
+                not offsets[:, 0].any() and bool((offsets[:, 1:] >= offsets[:, :-1]).all()),
+                "each table's offsets must start at 0 and be non-decreasing",
+            )
             nnz = offsets[:, -1]
             _check(int(nnz.sum()) == inv.shape[0], "inverse_flat length must be the sum of the tables' values")
             if inv.shape[0]:
@@ -249,19 +316,37 @@ class MicroBatch:
                     raise ProtocolError("microbatch: inverse index out of range of its table's distinct ids")
         else:
             _check(inv.shape[0] == 0, "inverse_flat must be empty without tables")
-        _check(key_table.ndim == 1 and key_table.shape == key_ids.shape, "key_table/key_ids must be int32 [K] / "
-                                                                         "uint64 [K]")
-        _check(_is_bounds(key_bounds, _NUM_KEY_LISTS + 1, key_ids.shape[0]),
-               f"key_bounds must be int64 [{_NUM_KEY_LISTS + 1}] from 0 to K, non-decreasing")
+        _check(
+            key_table.ndim == 1 and key_table.shape == key_ids.shape, "key_table/key_ids must be int32 [K] / uint64 [K]"
+        )
+        _check(
+            _is_bounds(key_bounds, _NUM_KEY_LISTS + 1, key_ids.shape[0]),
+            f"key_bounds must be int64 [{_NUM_KEY_LISTS + 1}] from 0 to K, non-decreasing",
+        )
         kb = key_bounds.tolist()
-        lists = [_keyset(key_table[kb[k]:kb[k + 1]], key_ids[kb[k]:kb[k + 1]]) for k in range(_NUM_KEY_LISTS)]
+        lists = [_keyset(key_table[kb[k] : kb[k + 1]], key_ids[kb[k] : kb[k + 1]]) for k in range(_NUM_KEY_LISTS)]
         evict, pull, grad_push, update_local, plan_push, replicated = lists
-        _check(write_back.shape == (len(evict),) and contributors.shape == (len(grad_push),),
-               "plan: write_back/contributors must be bool/uint16 of the lengths of evict/grad_push")
+        _check(
+            write_back.shape == (len(evict),) and contributors.shape == (len(grad_push),),
+            "plan: write_back/contributors must be bool/uint16 of the lengths of evict/grad_push",
+        )
         _check(pull_early.shape == (len(pull),), "plan: pull_early must be bool of the length of pull")
         plan = CachePlan(evict, write_back, pull, grad_push, contributors, update_local, plan_push)
-        return cls(int(header.get("step", -1)), int(header.get("rank", -1)), sample_ids, labels, dense,
-                   ids, id_bounds, inv, offsets, plan, replicated, pull_early, header.get("next") is True)
+        return cls(
+            int(header.get("step", -1)),
+            int(header.get("rank", -1)),
+            sample_ids,
+            labels,
+            dense,
+            ids,
+            id_bounds,
+            inv,
+            offsets,
+            plan,
+            replicated,
+            pull_early,
+            header.get("next") is True,
+        )
 
 
 def _aligned(n: int) -> int:
@@ -300,10 +385,18 @@ def unpack_parts(descs: Any, arrays: list[np.ndarray]) -> list[np.ndarray]:
     blob = arrays[0]
     end, spans = 0, []
     for i, (d, allowed) in enumerate(zip(descs, _PART_DTYPES)):
-        if not (type(d) is list and len(d) == 2 and d[0] in allowed and type(d[1]) is list and len(d[1]) <= 2
-                and all(type(n) is int and 0 <= n < _MAX_DIM for n in d[1])):
-            raise ProtocolError(f"microbatch: part {i}: descriptor must be [dtype, shape] with dtype in {allowed} "
-                                f"and at most 2 dims; got {d!r:.80}")
+        if not (
+            type(d) is list
+            and len(d) == 2
+            and d[0] in allowed
+            and type(d[1]) is list
+            and len(d[1]) <= 2
+            and all(type(n) is int and 0 <= n < _MAX_DIM for n in d[1])
+        ):
+            raise ProtocolError(
+                f"microbatch: part {i}: descriptor must be [dtype, shape] with dtype in {allowed} "
+                f"and at most 2 dims; got {d!r:.80}"
+            )
         dtype = _DTYPES[d[0]]
         count = 1
         for n in d[1]:
@@ -313,8 +406,10 @@ def unpack_parts(descs: Any, arrays: list[np.ndarray]) -> list[np.ndarray]:
         spans.append((dtype, d[1], start, count))
     if end != blob.shape[0]:
         raise ProtocolError(f"microbatch: the parts take {end} bytes but the blob has {blob.shape[0]}")
-    return [np.frombuffer(blob, dtype, count, start).reshape(shape) if count else np.zeros(shape, dtype)
-            for dtype, shape, start, count in spans]
+    return [
+        np.frombuffer(blob, dtype, count, start).reshape(shape) if count else np.zeros(shape, dtype)
+        for dtype, shape, start, count in spans
+    ]
 
 
 def build_parts(batch: SampleBatch, order: np.ndarray, wstart: np.ndarray) -> list[tuple]:
@@ -348,17 +443,28 @@ def build_parts(batch: SampleBatch, order: np.ndarray, wstart: np.ndarray) -> li
     for w in range(W):
         n, lo, b = rank_total[w], int(wstart[w]), int(wstart[w + 1] - wstart[w])
         ub = ubounds[w]
-        i = inv[base:base + n]
+        i = inv[base : base + n]
         orow = T * (lo + w)
-        out.append((uniq[base:base + int(ub[-1])], ub, i.astype(np.uint16) if small[w] else i,
-                    offs[orow:orow + T * (b + 1)].reshape(T, b + 1)))
+        out.append(
+            (
+                uniq[base : base + int(ub[-1])],
+                ub,
+                i.astype(np.uint16) if small[w] else i,
+                offs[orow : orow + T * (b + 1)].reshape(T, b + 1),
+            )
+        )
         base += n
     return out
 
 
 def _is_bounds(a: np.ndarray, n: int, end: int) -> bool:
-    return (a.dtype == np.int64 and a.shape == (n,) and int(a[0]) == 0 and int(a[-1]) == end
-            and bool((a[1:] >= a[:-1]).all()))
+    return (
+        a.dtype == np.int64
+        and a.shape == (n,)
+        and int(a[0]) == 0
+        and int(a[-1]) == end
+        and bool((a[1:] >= a[:-1]).all())
+    )
 
 
 def _keyset(tab: np.ndarray, ids: np.ndarray) -> KeySet:

@@ -53,13 +53,14 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, NamedTuple, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from herald import wire
-from herald.errors import HeraldError, PeerTimeout
 from herald.contracts.modes import consistency_mode
+from herald.errors import HeraldError, PeerTimeout
 
 #: Kinds of rejected messages, in the order of NOTE [peer validation]'s checks.
 KINDS = ("undecodable", "unknown_op", "bad_field", "unknown_peer", "wrong_identity", "duplicate_hello")
@@ -87,10 +88,17 @@ def _map(v: Any) -> bool:
 #: op -> {field: (required, check)}; ``rank`` is checked apart (its range needs num_workers).
 _FIELDS: dict[str, dict[str, tuple[bool, Callable[[Any], bool]]]] = {
     "hello": {"world_size": (True, _count)},
-    "ack": {"step": (True, _count), "loss": (False, _number), "bytes_pulled": (False, _count),
-            "bytes_pushed": (False, _count), "bytes_allreduced": (False, _count), "bytes_dense": (False, _count),
-            "phases_ms": (False, _map),
-            "consistency": (False, _map), "ps_requests": (False, _count)},
+    "ack": {
+        "step": (True, _count),
+        "loss": (False, _number),
+        "bytes_pulled": (False, _count),
+        "bytes_pushed": (False, _count),
+        "bytes_allreduced": (False, _count),
+        "bytes_dense": (False, _count),
+        "phases_ms": (False, _map),
+        "consistency": (False, _map),
+        "ps_requests": (False, _count),
+    },
     "flushed": {},
     "saved": {},
     "error": {"message": (False, _str)},
@@ -234,15 +242,25 @@ class PeerTable:
             return self._hello(identity, rank, header, arrays)
         bound = self._rank_of.get(identity)
         if bound is None:
-            return self._reject("unknown_peer", identity, f"{op} claiming rank {rank} from an identity that never "
-                                                          "said hello")
+            return self._reject(
+                "unknown_peer", identity, f"{op} claiming rank {rank} from an identity that never said hello"
+            )
         if bound != rank:
-            return self._reject("wrong_identity", identity, f"{op} claiming rank {rank} from the identity of "
-                                                            f"rank {bound}")
+            return self._reject(
+                "wrong_identity", identity, f"{op} claiming rank {rank} from the identity of rank {bound}"
+            )
         return Message(identity, rank, header, arrays)
 
-    def receive(self, sock: Any, deadline: float, *, waiting_for: str, timeout_ms: int,
-                liveness: Callable[[], None] | None = None, ranks: Sequence[int] | None = None) -> Message:
+    def receive(
+        self,
+        sock: Any,
+        deadline: float,
+        *,
+        waiting_for: str,
+        timeout_ms: int,
+        liveness: Callable[[], None] | None = None,
+        ranks: Sequence[int] | None = None,
+    ) -> Message:
         """The next message on ``sock`` (the dispatcher's ROUTER) that passes :meth:`admit`;
         the others are dropped. Bounded: the deadline holds however many are dropped.
 
@@ -270,9 +288,12 @@ class PeerTable:
                 next_check = now + 0.5
             left_ms = int((deadline - now) * 1e3)
             if left_ms <= 0:
-                raise PeerTimeout(f"{self.name}: no message within {timeout_ms} ms while waiting for {waiting_for}; "
-                                  "check that those worker processes are alive (their log names the cause)"
-                                  + self.summary(), peer=waiting_for, op="recv")
+                raise PeerTimeout(
+                    f"{self.name}: no message within {timeout_ms} ms while waiting for {waiting_for}; "
+                    "check that those worker processes are alive (their log names the cause)" + self.summary(),
+                    peer=waiting_for,
+                    op="recv",
+                )
             if not sock.poll(min(left_ms, 500)):
                 continue
             msg = self.admit(sock.recv_multipart(copy=False))
@@ -283,7 +304,7 @@ class PeerTable:
                 raise HeraldError(f"worker {msg.rank} failed: {msg.header.get('message')}")
             self._heard[msg.rank] = time.monotonic()
             if ranks is not None:
-                self._wait = None   # this wait is over (a failed one is kept for silence())
+                self._wait = None  # this wait is over (a failed one is kept for silence())
             return msg
 
     def silence(self, min_s: float) -> Silence | None:
@@ -310,8 +331,10 @@ class PeerTable:
             if name in header and not ok(header[name]) or required and name not in header:
                 return f"field {name!r} missing or malformed ({header.get(name)!r:.40})"
         if op == "hello" and header["world_size"] != self.num_workers:
-            return (f"worker {rank} expects world size {header['world_size']}, this dispatcher serves "
-                    f"{self.num_workers}; start every worker with --world-size {self.num_workers}")
+            return (
+                f"worker {rank} expects world size {header['world_size']}, this dispatcher serves "
+                f"{self.num_workers}; start every worker with --world-size {self.num_workers}"
+            )
         if op == "ack" and self.ack_grads is not None:
             problem = self._grads_problem(arrays)
             if problem:
@@ -321,30 +344,47 @@ class PeerTable:
             return f"{len(arrays)} arrays where {op} carries none" if arrays else ""
         rows = self.ack_rows if self.ack_rows is not None else arrays[0].shape[0] if arrays[0].ndim else -1
         if len(arrays) != 2 or any(a.dtype != np.float32 or a.shape != (rows,) for a in arrays):
-            return (f"an ack carries no arrays or two float32 [{self.ack_rows or 'micro-batch size'}] (labels, "
-                    f"predictions); got {[(a.dtype.str, a.shape) for a in arrays][:4]}")
+            return (
+                f"an ack carries no arrays or two float32 [{self.ack_rows or 'micro-batch size'}] (labels, "
+                f"predictions); got {[(a.dtype.str, a.shape) for a in arrays][:4]}"
+            )
         return ""
 
     def _grads_problem(self, arrays: list[np.ndarray]) -> str:
         rows = self.ack_rows if self.ack_rows is not None else arrays[-2].shape[0] if len(arrays) >= 2 else -1
         want = [(np.uint64, (rows,)), (np.float32, (rows, *self.ack_grads))]
         if len(arrays) < 2 or any(a.dtype != d or a.shape != s for a, (d, s) in zip(arrays[-2:], want)):
-            return (f"a hybrid ack ends with sample ids uint64 [{rows}] and gradients float32 [{rows}, "
-                    f"{self.ack_grads[0]}, {self.ack_grads[1]}]; got {[(a.dtype.str, a.shape) for a in arrays][-2:]}")
+            return (
+                f"a hybrid ack ends with sample ids uint64 [{rows}] and gradients float32 [{rows}, "
+                f"{self.ack_grads[0]}, {self.ack_grads[1]}]; got {[(a.dtype.str, a.shape) for a in arrays][-2:]}"
+            )
         return ""
 
     def _hello(self, identity: bytes, rank: int, header: dict[str, Any], arrays: list) -> Message | None:
         if rank in self.identities or identity in self._rank_of:
             bound = self._rank_of.get(identity)
-            return self._reject("duplicate_hello", identity, f"hello for rank {rank}, "
-                                + (f"an identity already bound to rank {bound}" if bound is not None
-                                   else f"already bound to {printable(self.identities[rank])}"))
+            return self._reject(
+                "duplicate_hello",
+                identity,
+                f"hello for rank {rank}, "
+                + (
+                    f"an identity already bound to rank {bound}"
+                    if bound is not None
+                    else f"already bound to {printable(self.identities[rank])}"
+                ),
+            )
         self.identities[rank], self._rank_of[identity] = identity, rank
         return Message(identity, rank, header, arrays)
 
     def _reject(self, kind: str, identity: bytes, detail: str) -> None:
         self.rejected[kind] += 1
         if self.rejected[kind] == 1:
-            _LOG.warning("%s: dropped a message from peer %s (%s): %s; further %s messages are only counted "
-                         "(the job report's 'rejected'; docs/operations.md, \"Hostile or malformed peers\")",
-                         self.name, printable(identity), kind, detail[:300], kind)
+            _LOG.warning(
+                "%s: dropped a message from peer %s (%s): %s; further %s messages are only counted "
+                "(the job report's 'rejected'; docs/operations.md, \"Hostile or malformed peers\")",
+                self.name,
+                printable(identity),
+                kind,
+                detail[:300],
+                kind,
+            )

@@ -37,7 +37,8 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from herald.errors import HeraldError
 
@@ -60,8 +61,16 @@ class Pipeline:
         name: prefix of the thread names.
     """
 
-    def __init__(self, produce: Callable[["Pipeline"], Iterator[Any]], build: Callable[[Any], Any], *, depth_plans: int = 1,
-                 depth_ready: int = 2, poll_s: float = 0.05, name: str = "herald-dispatch"):
+    def __init__(
+        self,
+        produce: Callable[[Pipeline], Iterator[Any]],
+        build: Callable[[Any], Any],
+        *,
+        depth_plans: int = 1,
+        depth_ready: int = 2,
+        poll_s: float = 0.05,
+        name: str = "herald-dispatch",
+    ):
         if depth_plans < 1 or depth_ready < 1:
             raise ValueError("pipeline queues need at least one slot each")
         self._produce, self._build, self._poll_s = produce, build, poll_s
@@ -69,8 +78,10 @@ class Pipeline:
         self._ready: queue.Queue = queue.Queue(depth_ready)
         self._closing = threading.Event()
         self._resume = threading.Event()
-        self._threads = [threading.Thread(target=self._run_plans, name=f"{name}-plan", daemon=True),
-                         threading.Thread(target=self._run_build, name=f"{name}-build", daemon=True)]
+        self._threads = [
+            threading.Thread(target=self._run_plans, name=f"{name}-plan", daemon=True),
+            threading.Thread(target=self._run_build, name=f"{name}-build", daemon=True),
+        ]
         self._started = self._ended = False
 
     def start(self) -> None:
@@ -97,8 +108,10 @@ class Pipeline:
                 if self._closing.is_set():
                     raise HeraldError("the dispatcher was closed while serving (NOTE [dispatch pipeline])") from None
                 if not any(t.is_alive() for t in self._threads) and self._ready.empty():
-                    raise HeraldError("the dispatcher's pipeline threads ended without a result; this is a bug "
-                                      "(NOTE [dispatch pipeline])") from None
+                    raise HeraldError(
+                        "the dispatcher's pipeline threads ended without a result; this is a bug "
+                        "(NOTE [dispatch pipeline])"
+                    ) from None
                 if on_idle is not None and time.monotonic() >= next_idle:
                     on_idle()
                     next_idle = time.monotonic() + idle_every_s

@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 
 from herald.config import require
+from herald.contracts.vocab import DEFAULT_TIMEOUT_MS, STARTUP_GRACE_MS
 from herald.errors import ConfigError, DataError
 from herald.loader.source import state_int
-from herald.contracts.vocab import DEFAULT_TIMEOUT_MS, STARTUP_GRACE_MS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,21 +58,27 @@ class DispatcherConfig:
     batch_size_per_worker: int = 0
 
     def __post_init__(self) -> None:
-        require(self.keys_dir is None or (isinstance(self.keys_dir, str) and self.keys_dir != ""),
-                f"keys_dir must be a folder path or None, got {self.keys_dir!r}")
+        require(
+            self.keys_dir is None or (isinstance(self.keys_dir, str) and self.keys_dir != ""),
+            f"keys_dir must be a folder path or None, got {self.keys_dir!r}",
+        )
         require(isinstance(self.insecure, bool), f"insecure must be True or False, got {self.insecure!r}")
         require(self.num_workers >= 1, f"num_workers must be >= 1, got {self.num_workers}")
         require(self.max_inflight_steps >= 1, "max_inflight_steps must be >= 1")
         require(self.peer_timeout_ms > 0, "peer_timeout_ms must be > 0")
-        require(type(self.startup_grace_ms) is int and self.startup_grace_ms >= 0,
-                f"startup_grace_ms must be an int >= 0, got {self.startup_grace_ms!r}")
+        require(
+            type(self.startup_grace_ms) is int and self.startup_grace_ms >= 0,
+            f"startup_grace_ms must be an int >= 0, got {self.startup_grace_ms!r}",
+        )
         require(0 <= self.dispatcher_rank < 256, "dispatcher_rank must be in [0, 255]")
         require(self.checkpoint_every_steps >= 0, "checkpoint_every_steps must be >= 0")
         require(self.first_step >= 0, "first_step must be >= 0")
         require(self.ready_steps >= 1, "ready_steps must be >= 1")
         require(self.close_timeout_ms >= 0, "close_timeout_ms must be >= 0")
-        require(type(self.batch_size_per_worker) is int and self.batch_size_per_worker >= 0,
-                f"batch_size_per_worker must be an int >= 0, got {self.batch_size_per_worker!r}")
+        require(
+            type(self.batch_size_per_worker) is int and self.batch_size_per_worker >= 0,
+            f"batch_size_per_worker must be an int >= 0, got {self.batch_size_per_worker!r}",
+        )
 
 
 @dataclasses.dataclass
@@ -85,7 +91,7 @@ class StepRecord:
 
     step: int
     loss: float
-    counts: np.ndarray          # int64 [num_workers, len(CAUSES)] from the scheduler
+    counts: np.ndarray  # int64 [num_workers, len(CAUSES)] from the scheduler
     bytes_pulled: int
     bytes_pushed: int
     schedule_ms: float
@@ -110,21 +116,36 @@ class StepRecord:
     bytes_dense: int = 0
 
     @classmethod
-    def from_acks(cls, step: int, acks: list[tuple[dict[str, Any], list]], counts: np.ndarray, schedule_ms: float,
-                  rejected: dict[str, int], consistency: dict[str, int] | None = None) -> "StepRecord":
+    def from_acks(
+        cls,
+        step: int,
+        acks: list[tuple[dict[str, Any], list]],
+        counts: np.ndarray,
+        schedule_ms: float,
+        rejected: dict[str, int],
+        consistency: dict[str, int] | None = None,
+    ) -> StepRecord:
         """The record of ``step`` from its acks (header, arrays), in rank order: loss and phases
         averaged, bytes and PS requests summed, predictions (``[labels, probs]`` arrays)
         concatenated, the consistency counters summed unless given."""
         preds = [a for _, a in acks if len(a) == 2]
-        return cls(step, float(np.mean([h.get("loss", float("nan")) for h, _ in acks])), counts,
-                   sum(int(h.get("bytes_pulled", 0)) for h, _ in acks),
-                   sum(int(h.get("bytes_pushed", 0)) for h, _ in acks), schedule_ms,
-                   np.concatenate([a[0] for a in preds]) if preds else np.zeros(0, np.float32),
-                   np.concatenate([a[1] for a in preds]) if preds else np.zeros(0, np.float32),
-                   sum(int(h.get("bytes_allreduced", 0)) for h, _ in acks), mean_phases(acks),
-                   time.perf_counter(), rejected, sum_consistency(acks) if consistency is None else consistency,
-                   sum(int(h.get("ps_requests", 0)) for h, _ in acks),
-                   sum(int(h.get("bytes_dense", 0)) for h, _ in acks))
+        return cls(
+            step,
+            float(np.mean([h.get("loss", float("nan")) for h, _ in acks])),
+            counts,
+            sum(int(h.get("bytes_pulled", 0)) for h, _ in acks),
+            sum(int(h.get("bytes_pushed", 0)) for h, _ in acks),
+            schedule_ms,
+            np.concatenate([a[0] for a in preds]) if preds else np.zeros(0, np.float32),
+            np.concatenate([a[1] for a in preds]) if preds else np.zeros(0, np.float32),
+            sum(int(h.get("bytes_allreduced", 0)) for h, _ in acks),
+            mean_phases(acks),
+            time.perf_counter(),
+            rejected,
+            sum_consistency(acks) if consistency is None else consistency,
+            sum(int(h.get("ps_requests", 0)) for h, _ in acks),
+            sum(int(h.get("bytes_dense", 0)) for h, _ in acks),
+        )
 
 
 def mean_phases(acks: list[tuple[dict[str, Any], list]]) -> dict[str, float]:
@@ -160,11 +181,12 @@ def check_state(state: Any, num_workers: int) -> tuple[int, int, list[int]]:
         DataError: malformed state. ConfigError: saved with another number of workers.
     """
     if not isinstance(state, dict) or state.get("format") != "dispatcher":
-        raise DataError("not a Dispatcher state; pass Dispatcher.state_dict() (a checkpoint's meta.json "
-                        "'dispatcher')")
+        raise DataError("not a Dispatcher state; pass Dispatcher.state_dict() (a checkpoint's meta.json 'dispatcher')")
     if state.get("num_workers") != num_workers:
-        raise ConfigError(f"state saved by a dispatcher of {state.get('num_workers')!r} workers, this one serves "
-                          f"{num_workers}; resume with the same number of workers")
+        raise ConfigError(
+            f"state saved by a dispatcher of {state.get('num_workers')!r} workers, this one serves "
+            f"{num_workers}; resume with the same number of workers"
+        )
     next_step, next_batch = state_int(state, "next_step"), state_int(state, "next_batch")
     done = state.get("checkpoints")
     if not isinstance(done, list) or not all(isinstance(s, int) and 0 <= s < next_step for s in done):

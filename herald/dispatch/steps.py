@@ -51,10 +51,20 @@ def replicated_union(batch: SampleBatch, replicated: tuple[int, ...]) -> KeySet:
     return KeySet(np.concatenate(tables), np.concatenate(ids))
 
 
-def build_ready_step(step: int, step_plan: Any, batch: SampleBatch, batch_index: int, sample_ids: np.ndarray | None,
-                     schedule_ms: float, *, dispatcher_rank: int, replicated: tuple[int, ...],
-                     touched_before: TouchedKeys | None, next_follows: bool = False,
-                     reads_early: bool = True) -> tuple[ReadyStep, TouchedKeys | None]:
+def build_ready_step(
+    step: int,
+    step_plan: Any,
+    batch: SampleBatch,
+    batch_index: int,
+    sample_ids: np.ndarray | None,
+    schedule_ms: float,
+    *,
+    dispatcher_rank: int,
+    replicated: tuple[int, ...],
+    touched_before: TouchedKeys | None,
+    next_follows: bool = False,
+    reads_early: bool = True,
+) -> tuple[ReadyStep, TouchedKeys | None]:
     """Cut ``batch`` by ``step_plan.assignment``, compress every rank's micro-batch
     (one kernel pass for all ranks), mark its early pulls and encode its frames.
 
@@ -87,9 +97,10 @@ def build_ready_step(step: int, step_plan: Any, batch: SampleBatch, batch_index:
     mbs, frames = [], []
     for rank in range(W):
         lo, hi = int(wstart[rank]), int(wstart[rank + 1])
-        early = early_pulls(plans[rank].pull, touched_before) if reads_early else None   # None: all False
-        mb = MicroBatch(step, rank, ids[lo:hi], labels[lo:hi], dense[lo:hi], *parts[rank], plans[rank], union,
-                        early, next_follows)
+        early = early_pulls(plans[rank].pull, touched_before) if reads_early else None  # None: all False
+        mb = MicroBatch(
+            step, rank, ids[lo:hi], labels[lo:hi], dense[lo:hi], *parts[rank], plans[rank], union, early, next_follows
+        )
         mbs.append(mb)
         frames.append(wire.pack(*mb.to_frames()))
     ready = ReadyStep(step, batch_index, mbs, frames, np.asarray(step_plan.counts), schedule_ms, sample_ids)

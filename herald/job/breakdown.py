@@ -9,15 +9,21 @@ and into ``herald bench scale``.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from herald.phases import DISPATCHER_PHASES, WORKER_PHASES, ordered
 
 
-def phase_breakdown(records: Sequence[Any], train_s: float, dispatcher_s: dict[str, float] | None = None,
-                    ps_stats: Sequence[dict] | None = None, job_s: float | None = None) -> dict[str, Any]:
+def phase_breakdown(
+    records: Sequence[Any],
+    train_s: float,
+    dispatcher_s: dict[str, float] | None = None,
+    ps_stats: Sequence[dict] | None = None,
+    job_s: float | None = None,
+) -> dict[str, Any]:
     """The breakdown of a job (JSON-able).
 
     Args:
@@ -48,15 +54,16 @@ def phase_breakdown(records: Sequence[Any], train_s: float, dispatcher_s: dict[s
     if records and train_s > 0:
         out["wall_ms_per_step"] = round(train_s * 1e3 / len(records), 3)
     if dispatcher_s and busy_over > 0:
-        out["dispatcher_busy"] = {k: round(v / busy_over, 4)
-                                  for k, v in ordered(dispatcher_s, DISPATCHER_PHASES).items()}
+        out["dispatcher_busy"] = {
+            k: round(v / busy_over, 4) for k, v in ordered(dispatcher_s, DISPATCHER_PHASES).items()
+        }
     if ps_stats and busy_over > 0:
         shards = []
         for s in ps_stats:
             busy = s.get("busy_s", {})
             by_op = {op: round(v / busy_over, 4) for op, v in sorted(busy.items(), key=lambda kv: -kv[1]) if v > 0}
             shard = {"shard": s.get("shard"), "busy": round(sum(busy.values()) / busy_over, 4), "by_op": by_op}
-            if (s.get("step_barrier") or {}).get("released"):   # NOTE [step barrier timing] in herald/ps/stepped.py
+            if (s.get("step_barrier") or {}).get("released"):  # NOTE [step barrier timing] in herald/ps/stepped.py
                 shard["step_barrier"] = s["step_barrier"]
             shards.append(shard)
         out["ps_busy"] = shards
@@ -68,15 +75,21 @@ def format_breakdown(b: dict[str, Any]) -> list[str]:
     lines = []
     if "worker_ms_per_step" in b:
         phases = "  ".join(f"{k} {v:.2f}" for k, v in b["worker_ms_per_step"].items())
-        lines.append(f"worker step {b['worker_step_ms']:.2f} ms (mean per phase and over workers; wall "
-                     f"{b.get('wall_ms_per_step', float('nan')):.2f} ms/step): {phases}")
+        lines.append(
+            f"worker step {b['worker_step_ms']:.2f} ms (mean per phase and over workers; wall "
+            f"{b.get('wall_ms_per_step', float('nan')):.2f} ms/step): {phases}"
+        )
     if "dispatcher_busy" in b:
         busy = {k: v for k, v in b["dispatcher_busy"].items() if not k.startswith("wait")}
-        lines.append(f"dispatcher stages (each on its thread) busy {100 * sum(busy.values()):.0f}% of the job's time in all: "
-                     + "  ".join(f"{k} {100 * v:.0f}%" for k, v in b["dispatcher_busy"].items()))
+        lines.append(
+            f"dispatcher stages (each on its thread) busy {100 * sum(busy.values()):.0f}% of the job's time in all: "
+            + "  ".join(f"{k} {100 * v:.0f}%" for k, v in b["dispatcher_busy"].items())
+        )
     for s in b.get("ps_busy", []):
-        lines.append(f"PS shard {s['shard']} busy {100 * s['busy']:.0f}%: "
-                     + "  ".join(f"{k} {100 * v:.0f}%" for k, v in s["by_op"].items()))
+        lines.append(
+            f"PS shard {s['shard']} busy {100 * s['busy']:.0f}%: "
+            + "  ".join(f"{k} {100 * v:.0f}%" for k, v in s["by_op"].items())
+        )
         if "step_barrier" in s:
             lines.append("  " + format_barrier(s["step_barrier"]))
     return lines
@@ -89,9 +102,11 @@ def format_barrier(st: dict[str, Any]) -> str:
     last = st.get("last_rank", {})
     n = max(1, sum(last.values()))
     shares = ", ".join(f"rank {r} {100 * c / n:.0f}%" for r, c in sorted(last.items(), key=lambda kv: -kv[1])[:4])
-    return (f"step barrier over {st['released']:,} steps: the ranks' messages came {st['spread_ms_mean']:.2f} ms apart "
-            f"(first to last, mean; max {st['spread_ms_max']:.1f} ms), then the release took "
-            f"{st['release_ms_mean']:.2f} ms; last to come: {shares}")
+    return (
+        f"step barrier over {st['released']:,} steps: the ranks' messages came {st['spread_ms_mean']:.2f} ms apart "
+        f"(first to last, mean; max {st['spread_ms_max']:.1f} ms), then the release took "
+        f"{st['release_ms_mean']:.2f} ms; last to come: {shares}"
+    )
 
 
 def plot_breakdown(ax: Any, b: dict[str, Any]) -> None:
@@ -107,7 +122,7 @@ def plot_breakdown(ax: Any, b: dict[str, Any]) -> None:
         return
     cmap = __import__("matplotlib").colormaps["tab20"]
     names = list(dict.fromkeys(k for _, d in bars for k in d))
-    for x, (label, d) in enumerate(bars):
+    for x, (_label, d) in enumerate(bars):
         bottom = 0.0
         for i, k in enumerate(names):
             v = d.get(k, 0.0)

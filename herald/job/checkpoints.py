@@ -45,7 +45,8 @@ import os
 import pathlib
 import shutil
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from herald.errors import ConfigError, DataError
 from herald.files import private_dir, write_private
@@ -53,8 +54,17 @@ from herald.ps.checkpoint import fsync_dir
 
 #: ``TrainConfig`` fields a resumed job keeps: its hyper-parameters (the global batch is
 #: ``workers x batch_size``).
-HYPER_PARAMETERS = ("workers", "batch_size", "embedding_dim", "model", "optimizer", "lr", "dense_optimizer",
-                    "dense_lr", "seed")
+HYPER_PARAMETERS = (
+    "workers",
+    "batch_size",
+    "embedding_dim",
+    "model",
+    "optimizer",
+    "lr",
+    "dense_optimizer",
+    "dense_lr",
+    "seed",
+)
 #: ``TrainConfig`` fields a resumed job may change: the consistency mode and GBA's settings.
 SWITCHABLE = ("consistency", "gba_buffer", "gba_threshold")
 
@@ -62,8 +72,10 @@ SWITCHABLE = ("consistency", "gba_buffer", "gba_threshold")
 def job_config(cfg: Any) -> dict[str, Any]:
     """``{"config": hyper-parameters, "consistency": {"mode", "gba_buffer", "gba_threshold"}}``
     of a ``TrainConfig`` (JSON-able), what :class:`Checkpointer` writes to ``meta.json``."""
-    return {"config": {k: getattr(cfg, k) for k in HYPER_PARAMETERS},
-            "consistency": {"mode": cfg.consistency, "gba_buffer": cfg.gba_buffer, "gba_threshold": cfg.gba_threshold}}
+    return {
+        "config": {k: getattr(cfg, k) for k in HYPER_PARAMETERS},
+        "consistency": {"mode": cfg.consistency, "gba_buffer": cfg.gba_buffer, "gba_threshold": cfg.gba_threshold},
+    }
 
 
 def check_resume_config(checkpoint: Checkpoint, cfg: Any) -> str | None:
@@ -79,12 +91,17 @@ def check_resume_config(checkpoint: Checkpoint, cfg: Any) -> str | None:
     saved = checkpoint.meta.get("config")
     if isinstance(saved, dict):
         now = job_config(cfg)["config"]
-        changed = [f"--{k.replace('_', '-')} {saved[k]!r} -> {now[k]!r}" for k in HYPER_PARAMETERS
-                   if k in saved and saved[k] != now[k]]
+        changed = [
+            f"--{k.replace('_', '-')} {saved[k]!r} -> {now[k]!r}"
+            for k in HYPER_PARAMETERS
+            if k in saved and saved[k] != now[k]
+        ]
         if changed:
-            raise ConfigError(f"--resume from {checkpoint.path}: the job's hyper-parameters changed "
-                              f"({'; '.join(changed)}); a resumed job keeps them (only --consistency, --gba-buffer "
-                              "and --gba-threshold may change): restore them, or start afresh in a new --run-dir")
+            raise ConfigError(
+                f"--resume from {checkpoint.path}: the job's hyper-parameters changed "
+                f"({'; '.join(changed)}); a resumed job keeps them (only --consistency, --gba-buffer "
+                "and --gba-threshold may change): restore them, or start afresh in a new --run-dir"
+            )
     mode = (checkpoint.meta.get("consistency") or {}).get("mode")
     return mode if isinstance(mode, str) and mode != cfg.consistency else None
 
@@ -106,8 +123,10 @@ class Checkpoint:
         """
         state = self.meta.get("dispatcher")
         if not isinstance(state, dict):
-            raise DataError(f"checkpoint {self.path} has no dispatcher state (written by an older herald); "
-                            f"delete {self.path.parent} to start afresh")
+            raise DataError(
+                f"checkpoint {self.path} has no dispatcher state (written by an older herald); "
+                f"delete {self.path.parent} to start afresh"
+            )
         return state
 
 
@@ -125,11 +144,15 @@ def latest(root: str | os.PathLike) -> Checkpoint | None:
     try:
         meta = json.loads((path / "meta.json").read_text())
     except (OSError, ValueError) as exc:
-        raise DataError(f"checkpoint {path} named by {pointer} is unreadable ({exc}); "
-                        "delete the run folder's checkpoints to start afresh") from None
+        raise DataError(
+            f"checkpoint {path} named by {pointer} is unreadable ({exc}); "
+            "delete the run folder's checkpoints to start afresh"
+        ) from None
     if not isinstance(meta, dict) or not isinstance(meta.get("step"), int):
-        raise DataError(f"checkpoint {path} has a malformed meta.json (no integer 'step'); "
-                        "delete the run folder's checkpoints to start afresh")
+        raise DataError(
+            f"checkpoint {path} has a malformed meta.json (no integer 'step'); "
+            "delete the run folder's checkpoints to start afresh"
+        )
     return Checkpoint(path, meta["step"], meta)
 
 
@@ -148,10 +171,16 @@ class Checkpointer:
         config: :func:`job_config` of the job, written to every ``meta.json``, or None.
     """
 
-    def __init__(self, root: str | os.PathLike, ps_checkpoint: Callable[[str], Any],
-                 position: Callable[[int], Any] | None = None, commit: Callable[[int], None] | None = None,
-                 keep: int = 2, config: dict[str, Any] | None = None):
-        self.root = private_dir(root)   # NOTE [private files]
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        ps_checkpoint: Callable[[str], Any],
+        position: Callable[[int], Any] | None = None,
+        commit: Callable[[int], None] | None = None,
+        keep: int = 2,
+        config: dict[str, Any] | None = None,
+    ):
+        self.root = private_dir(root)  # NOTE [private files]
         self._ps, self._position, self._commit, self.keep = ps_checkpoint, position, commit, keep
         self._config = dict(config or {})
 
@@ -172,9 +201,14 @@ class Checkpointer:
         staging_path = pathlib.Path(staging)
         self._ps(str(staging_path / "ps"))
         batches = (state or {}).get("batches") or {}
-        meta = {"step": step, "batch_index": batch_index,
-                "source_position": self._position(batch_index) if self._position else None,
-                "skipped": dict(batches.get("skipped", {})), "dispatcher": state, **self._config}
+        meta = {
+            "step": step,
+            "batch_index": batch_index,
+            "source_position": self._position(batch_index) if self._position else None,
+            "skipped": dict(batches.get("skipped", {})),
+            "dispatcher": state,
+            **self._config,
+        }
         write_private(staging_path / "meta.json", json.dumps(meta, indent=2), "checkpoint file")
         fsync_dir(staging_path)
         final = self.root / f"step-{step:08d}"
@@ -193,7 +227,6 @@ class Checkpointer:
         done = sorted(p for p in self.root.glob("step-*") if p.is_dir())
         for old in done[: max(0, len(done) - self.keep)]:
             shutil.rmtree(old, ignore_errors=True)
-
 
 
 class DispatcherCheckpoints:
@@ -236,8 +269,9 @@ class DispatcherCheckpoints:
         if resume and self.resume is None:
             print(f"{who} --resume: no checkpoint in {self.root}; starting at step 0", file=sys.stderr)
         self._config = job_config(config) if config is not None else None
-        self.switched_from = (check_resume_config(self.resume, config)
-                              if self.resume is not None and config is not None else None)
+        self.switched_from = (
+            check_resume_config(self.resume, config) if self.resume is not None and config is not None else None
+        )
         self.checkpointer: Checkpointer | None = None
 
     @property
@@ -251,15 +285,21 @@ class DispatcherCheckpoints:
         :class:`~herald.job.data.JobData` (source position and commit), or None."""
         if self.resume is not None:
             ps.restore(str(self.resume.path / "ps"))
-        self.checkpointer = Checkpointer(self.root, lambda path: ps.checkpoint(path),
-                                         position=data.position if data is not None else None,
-                                         commit=data.commit if data is not None else None, config=self._config)
+        self.checkpointer = Checkpointer(
+            self.root,
+            lambda path: ps.checkpoint(path),
+            position=data.position if data is not None else None,
+            commit=data.commit if data is not None else None,
+            config=self._config,
+        )
 
     def dispatcher_kwargs(self) -> dict[str, Any]:
         """``on_checkpoint`` and ``checkpoint_path`` for the Dispatcher (None when not enabled)."""
         on = self.enabled and self.checkpointer is not None
-        return {"on_checkpoint": self.checkpointer.save if on else None,
-                "checkpoint_path": self.checkpointer.staging_path if on else None}
+        return {
+            "on_checkpoint": self.checkpointer.save if on else None,
+            "checkpoint_path": self.checkpointer.staging_path if on else None,
+        }
 
     def load(self, disp) -> None:
         """Give ``disp`` the resume point's dispatcher state (before ``serve()``), if resuming."""

@@ -20,7 +20,7 @@ def config_from_args(args: argparse.Namespace):
 
 
 def _train(args: argparse.Namespace) -> int:
-    from herald.job.launcher import run_train   # on use: the parser must not load torch (~3 s: herald/cli.py)
+    from herald.job.launcher import run_train  # on use: the parser must not load torch (~3 s: herald/cli.py)
     from herald.job.runner import process_started_at
 
     run_train(config_from_args(args), progress=not args.quiet, started_at=process_started_at())
@@ -30,13 +30,14 @@ def _train(args: argparse.Namespace) -> int:
 def register(commands, bench, serve) -> None:
     """Add ``train``."""
     p = commands.add_parser(
-        "train", help="the main job: PS shard(s), a dispatcher and N workers as local processes "
-                      "(or Ray actors: --launcher ray)",
+        "train",
+        help="the main job: PS shard(s), a dispatcher and N workers as local processes (or Ray actors: --launcher ray)",
         description="Train a recommendation model with scheduled micro-batches: starts PS shard(s), the dispatcher "
-                    "and N worker processes, trains (exactly by default: --consistency bsp; bounded, hybrid and gba "
-                    "relax it), evaluates on the held-out split and writes a "
-                    "report (text, JSON, PNG). With no arguments it trains DLRM on a synthetic Criteo-shaped stream "
-                    "with 2 workers.")
+        "and N worker processes, trains (exactly by default: --consistency bsp; bounded, hybrid and gba "
+        "relax it), evaluates on the held-out split and writes a "
+        "report (text, JSON, PNG). With no arguments it trains DLRM on a synthetic Criteo-shaped stream "
+        "with 2 workers.",
+    )
     add_job_arguments(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_train)

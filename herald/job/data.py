@@ -33,7 +33,7 @@ class JobData:
 
     def __init__(self, cfg: TrainConfig, dispatcher_rank: int = 0):
         options = dict(cfg.source_options)
-        self._scheduling = None   # (SchedulerConfig, BudgetController or None): scheduler_factory()
+        self._scheduling = None  # (SchedulerConfig, BudgetController or None): scheduler_factory()
         self.dataset = options.get("format") or infer_format(cfg.source)
         self.source = None
         if cfg.is_stream:
@@ -46,9 +46,13 @@ class JobData:
                 raise
             # prefetch_batches=0: kafka-python's consumer is not thread-safe, and the
             # checkpoint commits through it from the dispatcher's thread
-            self.batches = GlobalBatches(self.source, cfg.global_batch, max_steps=cfg.steps,
-                                         tracker=KafkaRecords(dispatcher_rank),
-                                         prefetch_batches=0)
+            self.batches = GlobalBatches(
+                self.source,
+                cfg.global_batch,
+                max_steps=cfg.steps,
+                tracker=KafkaRecords(dispatcher_rank),
+                prefetch_batches=0,
+            )
             self.eval_source, self.distinct_keys = None, None
             self.replicated, self.replica_rows = [], 0
             self.split_info = {"total_rows": None, "train_rows": None, "eval_rows": 0}
@@ -78,14 +82,24 @@ class JobData:
             ConfigError: more scheduler threads than numba's pool.
         """
         cache_rows = cfg.cache_rows if cfg.cache_rows or not cfg.is_stream else STREAM_CACHE_ROWS
-        sched_cfg = SchedulerConfig(num_workers=cfg.workers, batch_size_per_worker=cfg.batch_size,
-                                    schedule=cfg.schedule, cache_policy=cfg.cache_policy,
-                                    cache_capacity_rows=cache_rows, cache_ratio=cfg.cache_ratio, seed=cfg.seed,
-                                    scheduling_budget_ms=cfg.scheduling_budget, threads=cfg.scheduler_threads)
+        sched_cfg = SchedulerConfig(
+            num_workers=cfg.workers,
+            batch_size_per_worker=cfg.batch_size,
+            schedule=cfg.schedule,
+            cache_policy=cfg.cache_policy,
+            cache_capacity_rows=cache_rows,
+            cache_ratio=cfg.cache_ratio,
+            seed=cfg.seed,
+            scheduling_budget_ms=cfg.scheduling_budget,
+            threads=cfg.scheduler_threads,
+        )
         check_threads(sched_cfg.threads)
         num_tables, distinct = self.schema.num_tables, self.distinct_keys
-        budget = (BudgetController(num_tables, sched_cfg.scheduling_budget_ms, fraction=sched_cfg.auto_budget_fraction)
-                  if sched_cfg.scheduling_budget_ms is not None else None)
+        budget = (
+            BudgetController(num_tables, sched_cfg.scheduling_budget_ms, fraction=sched_cfg.auto_budget_fraction)
+            if sched_cfg.scheduling_budget_ms is not None
+            else None
+        )
         self._scheduling = (sched_cfg, budget)
         return lambda: Scheduler(sched_cfg, num_tables=num_tables, distinct_keys=distinct, budget=budget)
 
@@ -96,8 +110,11 @@ class JobData:
         if self._scheduling is None:
             return None
         sched_cfg, budget = self._scheduling
-        return {"threads": sched_cfg.threads, "lock_free_allocation": sched_cfg.lock_free_allocation,
-                "adaptive": budget.stats() if budget is not None else None}
+        return {
+            "threads": sched_cfg.threads,
+            "lock_free_allocation": sched_cfg.lock_free_allocation,
+            "adaptive": budget.stats() if budget is not None else None,
+        }
 
     def total_steps(self, cfg: TrainConfig) -> int | None:
         """Steps the job will train, when known (None for an unbounded stream)."""

@@ -27,7 +27,7 @@ step (NOTE [gba checkpoints] in herald/dispatch/gba.py).
 from __future__ import annotations
 
 import pathlib
-from typing import Sequence
+from collections.abc import Sequence
 
 from herald.errors import HeraldError
 from herald.job import checkpoints
@@ -58,16 +58,22 @@ def shard_lost(cause: str, run_dir: str | None) -> ShardLost:
     root = pathlib.Path(run_dir).resolve() / "checkpoints" if run_dir else None
     try:
         found = checkpoints.latest(root) if root is not None else None
-    except HeraldError as exc:   # an unreadable checkpoint: say so, the shard is still the news
+    except HeraldError as exc:  # an unreadable checkpoint: say so, the shard is still the news
         found, root = None, f"{root} ({exc})"
     if found is not None:
-        what = (f"latest checkpoint: {found.path} (step {found.step}); restart the shard and this dispatcher "
-                f"with --resume to roll the job back to it")
+        what = (
+            f"latest checkpoint: {found.path} (step {found.step}); restart the shard and this dispatcher "
+            f"with --resume to roll the job back to it"
+        )
     elif root is not None:
-        what = (f"no checkpoint in {root}: the job cannot roll back; run it with --checkpoint-every STEPS to make "
-                "failover possible")
+        what = (
+            f"no checkpoint in {root}: the job cannot roll back; run it with --checkpoint-every STEPS to make "
+            "failover possible"
+        )
     else:
-        what = ("no checkpoints (--checkpoint-every 0): the job cannot roll back; give --run-dir and "
-                "--checkpoint-every STEPS to make failover possible")
+        what = (
+            "no checkpoints (--checkpoint-every 0): the job cannot roll back; give --run-dir and "
+            "--checkpoint-every STEPS to make failover possible"
+        )
     first = cause.splitlines()[0] if cause else "a PS shard was lost"
     return ShardLost(f"{first}\n{what} (exit status {SHARD_FAILED_EXIT}; docs/operations.md)")

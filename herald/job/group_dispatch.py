@@ -47,13 +47,13 @@ from typing import Any
 
 import numpy as np
 
+from herald.contracts.modes import consistency_mode
 from herald.dispatch.dispatcher import Dispatcher
-from herald.dispatch.records import StepRecord
 from herald.dispatch.microbatch import make_sample_ids
+from herald.dispatch.records import StepRecord
 from herald.errors import ConfigError
 from herald.job.report import final_loss
 from herald.loader.batch import SampleBatch
-from herald.contracts.modes import consistency_mode
 
 
 def independent_groups(cfg: Any) -> bool:
@@ -63,13 +63,18 @@ def independent_groups(cfg: Any) -> bool:
     Raises:
         ConfigError: such a job with checkpoints, ``--resume`` or a Kafka source.
     """
-    if getattr(cfg, "groups", 1) <= 1 or not consistency_mode(cfg.consistency).independent_groups:   # hybrid
+    if getattr(cfg, "groups", 1) <= 1 or not consistency_mode(cfg.consistency).independent_groups:  # hybrid
         return False
-    for on, flag in ((cfg.checkpoint_every, "--checkpoint-every"), (cfg.resume, "--resume"),
-                     (cfg.is_stream, "a kafka:// source")):
+    for on, flag in (
+        (cfg.checkpoint_every, "--checkpoint-every"),
+        (cfg.resume, "--resume"),
+        (cfg.is_stream, "a kafka:// source"),
+    ):
         if on:
-            raise ConfigError(f"--groups {cfg.groups} --consistency {cfg.consistency} (one dispatcher per group) "
-                              f"does not support {flag} yet: drop it, or use --groups 1")
+            raise ConfigError(
+                f"--groups {cfg.groups} --consistency {cfg.consistency} (one dispatcher per group) "
+                f"does not support {flag} yet: drop it, or use --groups 1"
+            )
     return True
 
 
@@ -125,8 +130,13 @@ def group_config(cfg: Any) -> Any:
     """The sub-job one group's dispatcher runs: k = W / G workers, G x ``steps`` batches of
     the shared stream (so the groups together train ``steps`` rounds' samples), no straggler
     flag (the worker applies it by its global rank) and one group."""
-    return dataclasses.replace(cfg, workers=cfg.workers // cfg.groups, groups=1, slow_worker=None,
-                               steps=None if cfg.steps is None else cfg.steps * cfg.groups)
+    return dataclasses.replace(
+        cfg,
+        workers=cfg.workers // cfg.groups,
+        groups=1,
+        slow_worker=None,
+        steps=None if cfg.steps is None else cfg.steps * cfg.groups,
+    )
 
 
 def stream_summary(records: list[list[StepRecord]], views: list[GroupBatches], wall_s: float) -> dict[str, Any]:
@@ -137,12 +147,18 @@ def stream_summary(records: list[list[StepRecord]], views: list[GroupBatches], w
     per = []
     for g, (recs, view) in enumerate(zip(records, views)):
         span = recs[-1].acked_at - recs[0].acked_at if len(recs) > 1 else 0.0
-        per.append({"group": g, "steps": len(recs), "samples": len(recs) * view.batch_rows,
-                    "samples_per_second": (len(recs) - 1) * view.batch_rows / span if span > 0 else float("nan"),
-                    "final_loss": final_loss(recs),
-                    "batches_taken": len(view.taken),
-                    "first_batch": view.taken[0] if view.taken else None,
-                    "last_batch": view.taken[-1] if view.taken else None})
+        per.append(
+            {
+                "group": g,
+                "steps": len(recs),
+                "samples": len(recs) * view.batch_rows,
+                "samples_per_second": (len(recs) - 1) * view.batch_rows / span if span > 0 else float("nan"),
+                "final_loss": final_loss(recs),
+                "batches_taken": len(view.taken),
+                "first_batch": view.taken[0] if view.taken else None,
+                "last_batch": view.taken[-1] if view.taken else None,
+            }
+        )
     return {"groups": per, "samples": sum(p["samples"] for p in per), "wall_seconds": wall_s}
 
 
@@ -175,8 +191,10 @@ def serve_all(disps: list[Dispatcher], stop_all: AllDispatchers) -> list[list[St
             results[g] = exc
             stop_all.stop()
 
-    threads = [threading.Thread(target=serve, args=(g,), name=f"herald-dispatcher-group-{g}", daemon=True)
-               for g in range(len(disps))]
+    threads = [
+        threading.Thread(target=serve, args=(g,), name=f"herald-dispatcher-group-{g}", daemon=True)
+        for g in range(len(disps))
+    ]
     for t in threads:
         t.start()
     for t in threads:

@@ -17,14 +17,14 @@ from __future__ import annotations
 import pathlib
 from typing import Any
 
+from herald.contracts.train import TrainConfig
 from herald.dispatch.dispatcher import Dispatcher
 from herald.job.parts import Checkpointing, LocalPS, LocalWorkers
 from herald.job.ray_parts import ray_parts
 from herald.job.rollback import Rollbacks, run_attempts
 from herald.job.runner import JobInterrupted, JobReport, JobRunner
-from herald.contracts.train import TrainConfig
 
-__all__ = ["JobInterrupted", "run_train"]   # JobInterrupted: herald train's clean stop on a signal
+__all__ = ["JobInterrupted", "run_train"]  # JobInterrupted: herald train's clean stop on a signal
 
 #: ``--launcher`` -> the job's PS and worker parts (herald.contracts.vocab.LAUNCHERS): local
 #: processes, or Ray actors over a cluster's nodes (NOTE [ray job] in herald/job/ray_parts.py)
@@ -52,8 +52,9 @@ PARTS = {"local": lambda cfg: (LocalPS(), LocalWorkers()), "ray": ray_parts}
 # the one loop of attempts).
 
 
-def run_train(cfg: TrainConfig, *, progress: bool = True, on_finish=None,
-              started_at: float | None = None) -> dict[str, Any]:
+def run_train(
+    cfg: TrainConfig, *, progress: bool = True, on_finish=None, started_at: float | None = None
+) -> dict[str, Any]:
     """Run a whole training job; returns the report dict (also written to ``run_dir``).
     ``started_at``: when this job's own process started (``herald train``:
     :func:`herald.job.runner.process_started_at`), the origin of the report's start-up
@@ -64,12 +65,17 @@ def run_train(cfg: TrainConfig, *, progress: bool = True, on_finish=None,
     checkpoint (NOTE [ps failover], :func:`herald.job.rollback.run_attempts`); see
     :func:`_run_attempt` for the rest.
     """
-    return run_attempts(cfg, lambda attempt, rollbacks: _run_attempt(
-        attempt, progress=progress, on_finish=on_finish, rollbacks=rollbacks, started_at=started_at))
+    return run_attempts(
+        cfg,
+        lambda attempt, rollbacks: _run_attempt(
+            attempt, progress=progress, on_finish=on_finish, rollbacks=rollbacks, started_at=started_at
+        ),
+    )
 
 
-def _run_attempt(cfg: TrainConfig, *, progress: bool, on_finish, rollbacks: Rollbacks,
-                 started_at: float | None) -> dict[str, Any]:
+def _run_attempt(
+    cfg: TrainConfig, *, progress: bool, on_finish, rollbacks: Rollbacks, started_at: float | None
+) -> dict[str, Any]:
     """One attempt of :func:`run_train`; ``rollbacks``: the earlier attempts (for the report)
     and this one's step callback (each step acked by every worker).
 
@@ -88,8 +94,20 @@ def _run_attempt(cfg: TrainConfig, *, progress: bool, on_finish, rollbacks: Roll
     ckpts = Checkpointing("herald train", enabled=bool(cfg.checkpoint_every or cfg.is_stream), check_config=True)
     # Dispatcher: looked up here at each attempt (tests wrap it: tests/integration/test_fuzz_dispatcher.py)
     ps, workers = PARTS[cfg.launcher](cfg)
-    return JobRunner(ps=ps, workers=workers, checkpoints=ckpts,
-                     report=JobReport(rollbacks.failovers, rollbacks.earlier),
-                     dispatcher=Dispatcher, progress=progress, stop_on_signals=True, on_finish=on_finish,
-                     on_step=rollbacks.on_step, sample_id_log=ids,
-                     started_at=started_at).run(cfg).report
+    return (
+        JobRunner(
+            ps=ps,
+            workers=workers,
+            checkpoints=ckpts,
+            report=JobReport(rollbacks.failovers, rollbacks.earlier),
+            dispatcher=Dispatcher,
+            progress=progress,
+            stop_on_signals=True,
+            on_finish=on_finish,
+            on_step=rollbacks.on_step,
+            sample_id_log=ids,
+            started_at=started_at,
+        )
+        .run(cfg)
+        .report
+    )

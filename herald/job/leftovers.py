@@ -72,8 +72,12 @@ def record(run_dir: str | os.PathLike, path: str | os.PathLike) -> None:
     """
     run_dir = pathlib.Path(run_dir)
     owner = _owner_file(run_dir, os.getpid())
-    state = _read(owner) or {"pid": os.getpid(), "start": start_time(os.getpid()), "host": socket.gethostname(),
-                             "paths": []}
+    state = _read(owner) or {
+        "pid": os.getpid(),
+        "start": start_time(os.getpid()),
+        "host": socket.gethostname(),
+        "paths": [],
+    }
     if str(path) not in state["paths"]:
         state["paths"].append(str(path))
         _write(owner, state)
@@ -103,19 +107,25 @@ def clean(run_dir: str | os.PathLike, who: str = "herald train") -> list[str]:
     run_dir = pathlib.Path(run_dir)
     removed: list[str] = []
     for owner in sorted(run_dir.glob(f"{OWNER_PREFIX}*.json")):
-        state = _read(owner) or {"paths": []}   # unreadable: names nothing to remove
+        state = _read(owner) or {"paths": []}  # unreadable: names nothing to remove
         pid = state.get("pid")
         if pid == os.getpid():
             continue
         paths = [p for p in state["paths"] if isinstance(p, str)]
         if state.get("host", socket.gethostname()) != socket.gethostname():
-            print(f"{who}: {owner} names a job on host {state.get('host')} (pid {pid}), which cannot be checked "
-                  f"from here: its paths are left ({', '.join(paths) or 'none'})", file=sys.stderr)
+            print(
+                f"{who}: {owner} names a job on host {state.get('host')} (pid {pid}), which cannot be checked "
+                f"from here: its paths are left ({', '.join(paths) or 'none'})",
+                file=sys.stderr,
+            )
             continue
         if is_alive(pid, state.get("start")):
-            print(f"{who}: run folder {run_dir} is in use by process {pid}, still running: its paths are left "
-                  f"({', '.join(paths) or 'none'}); two jobs in one run folder overwrite each other's checkpoints "
-                  "and report: give this one another --run-dir", file=sys.stderr)
+            print(
+                f"{who}: run folder {run_dir} is in use by process {pid}, still running: its paths are left "
+                f"({', '.join(paths) or 'none'}); two jobs in one run folder overwrite each other's checkpoints "
+                "and report: give this one another --run-dir",
+                file=sys.stderr,
+            )
             continue
         gone = [p for p in paths if _remove(run_dir, pathlib.Path(p))]
         owner.unlink(missing_ok=True)
@@ -127,12 +137,20 @@ def clean(run_dir: str | os.PathLike, who: str = "herald train") -> list[str]:
 
 def _remove(run_dir: pathlib.Path, path: pathlib.Path) -> bool:
     """Remove ``path`` if it is one of the kinds a job records; whether it was removed."""
-    if path.name.startswith((PS_PREFIX, DISPATCH_PREFIX)) and path.is_absolute() and path.is_dir() \
-            and not path.is_symlink():
+    if (
+        path.name.startswith((PS_PREFIX, DISPATCH_PREFIX))
+        and path.is_absolute()
+        and path.is_dir()
+        and not path.is_symlink()
+    ):
         shutil.rmtree(path, ignore_errors=True)
         return not path.exists()
-    if path.name.startswith(STORE_PREFIX) and path.parent == run_dir.resolve() and path.is_file() \
-            and not path.is_symlink():
+    if (
+        path.name.startswith(STORE_PREFIX)
+        and path.parent == run_dir.resolve()
+        and path.is_file()
+        and not path.is_symlink()
+    ):
         path.unlink(missing_ok=True)
         return True
     return False

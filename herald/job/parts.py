@@ -51,11 +51,14 @@ import shutil
 import sys
 import tempfile
 import time
-from typing import Any, Iterator, NoReturn, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any, NoReturn
 
 import zmq
 
 from herald.auth import load_client_keys, load_server_keys, loopback_interface
+from herald.contracts.job import JobSpec
+from herald.contracts.train import TrainConfig
 from herald.dispatch.peers import Silence
 from herald.errors import ConfigError, HeraldError
 from herald.files import private_dir
@@ -67,8 +70,7 @@ from herald.job.silence import killed_ranks, process_state, silent_culprits, sil
 from herald.procs import Supervisor, pin_to_cores, signal_words
 from herald.ps import LocalShards, PSClient
 from herald.ps.config import ShardLimits
-from herald.contracts.job import JobSpec
-from herald.contracts.train import TrainConfig
+from herald.worker.cli import worker_args
 
 #: Longest path of a Unix socket (``sockaddr_un.sun_path`` less its NUL; 107 on Linux).
 IPC_PATH_MAX_LEN = getattr(zmq, "IPC_PATH_MAX_LEN", 107)
@@ -104,9 +106,9 @@ def raise_job_failure(exc: HeraldError, ps_alive: Any, children: Any, silence: S
     failed: NOTE [worker failover] in herald/job/rollback.py); else a dead child's failure
     is put first (a worker's own error: the job ends).
     """
-    seen = time.time()   # the loss seen (NOTE [worker failover]: the report's recovery time counts from here)
+    seen = time.time()  # the loss seen (NOTE [worker failover]: the report's recovery time counts from here)
     cause = ps_alive.failure() or children.failure(grace_s=2.0)
-    codes = children.exit_codes()   # before the stop: which still run, which a signal ended
+    codes = children.exit_codes()  # before the stop: which still run, which a signal ended
     silent, killed = silent_culprits(silence, codes), killed_ranks(codes)
     head = silent_headline(silent, silence, children.describe) if silent else None
     children.stop()
@@ -114,17 +116,26 @@ def raise_job_failure(exc: HeraldError, ps_alive: Any, children: Any, silence: S
         raise HeraldError(str(exc).split("TrainingDiverged: ", 1)[1]) from None
     shard_cause = ps_alive.failure()
     if shard_cause:
-        raise ShardFailed(shard_cause if shard_cause in str(exc) else f"{shard_cause}\n(then: {exc})",
-                          seen_unix_s=seen) from exc
+        raise ShardFailed(
+            shard_cause if shard_cause in str(exc) else f"{shard_cause}\n(then: {exc})", seen_unix_s=seen
+        ) from exc
     if head is not None:
         then = [cause] if cause else []
         then += [str(exc)] if not cause or cause not in str(exc) else []
-        raise WorkerFailed("\n".join([head, *(f"(then: {t})" for t in then)]), ranks=silent,
-                           cause=f"{', '.join(f'worker-{r}' for r in silent)} went silent", seen_unix_s=seen) from exc
-    if killed:   # cause: children.failure() names a killed worker first, with its log's tail
+        raise WorkerFailed(
+            "\n".join([head, *(f"(then: {t})" for t in then)]),
+            ranks=silent,
+            cause=f"{', '.join(f'worker-{r}' for r in silent)} went silent",
+            seen_unix_s=seen,
+        ) from exc
+    if killed:  # cause: children.failure() names a killed worker first, with its log's tail
         words = "; ".join(f"worker-{r} was killed by {signal_words(codes[r])}" for r in killed)
-        raise WorkerFailed(cause if cause and cause in str(exc) else f"{cause or words}\n(then: {exc})",
-                           ranks=killed, cause=words, seen_unix_s=seen) from exc
+        raise WorkerFailed(
+            cause if cause and cause in str(exc) else f"{cause or words}\n(then: {exc})",
+            ranks=killed,
+            cause=words,
+            seen_unix_s=seen,
+        ) from exc
     if cause and cause not in str(exc):
         raise HeraldError(f"{cause}\n(then: {exc})") from exc
     raise exc
@@ -212,16 +223,32 @@ class LocalPS(PSProvider):
         # ipc: every process is local, and ZeroMQ over Unix sockets moves ~2x the bytes of
         # TCP loopback here (docs/ps.md, benchmark). NOTE [ps liveness]: an aggregation a
         # dead worker leaves open is aborted within the job's timeout
-        self.shards = stack.enter_context(LocalShards(
-            num_shards=cfg.num_ps_shards, tables=tables, seed=cfg.seed, transport="ipc", log_dir=run_dir,
-            limits=ShardLimits(aggregation_timeout_ms=cfg.timeout_ms, max_rows=cfg.ps_max_rows),
-            keys_dir=cfg.keys_dir, checkpoint_root=run_dir / "checkpoints", workdir=workdir))
+        self.shards = stack.enter_context(
+            LocalShards(
+                num_shards=cfg.num_ps_shards,
+                tables=tables,
+                seed=cfg.seed,
+                transport="ipc",
+                log_dir=run_dir,
+                limits=ShardLimits(aggregation_timeout_ms=cfg.timeout_ms, max_rows=cfg.ps_max_rows),
+                keys_dir=cfg.keys_dir,
+                checkpoint_root=run_dir / "checkpoints",
+                workdir=workdir,
+            )
+        )
         self.addresses = list(self.shards.addresses)
         for i, cores in enumerate(self.cores or ()):
             pin_to_cores(cores, self.shards.pid(i))
-        self.client = stack.enter_context(PSClient(
-            self.addresses, tables=tables, timeout_ms=cfg.timeout_ms, num_workers=cfg.workers,
-            keys_dir=cfg.keys_dir, admin_token=self.shards.admin_token))
+        self.client = stack.enter_context(
+            PSClient(
+                self.addresses,
+                tables=tables,
+                timeout_ms=cfg.timeout_ms,
+                num_workers=cfg.workers,
+                keys_dir=cfg.keys_dir,
+                admin_token=self.shards.admin_token,
+            )
+        )
         # a dead shard is named at the next check, a silent one after half the job's timeout
         self.watch = self.shards.watch(silent_ms=max(1, cfg.timeout_ms // 2))
 
@@ -254,12 +281,19 @@ class RemotePS(PSProvider):
         self.run_dir = run_dir
 
     def open(self, cfg: TrainConfig, data: Any, stack: contextlib.ExitStack) -> None:
-        self.watch = watch_shards(self.addresses, cfg.timeout_ms, cfg.keys_dir)   # NOTE [ps liveness]
+        self.watch = watch_shards(self.addresses, cfg.timeout_ms, cfg.keys_dir)  # NOTE [ps liveness]
         stack.callback(self.watch.close)
-        self.client = stack.enter_context(PSClient(
-            self.addresses, tables=cfg.tables(data.schema), timeout_ms=cfg.timeout_ms, num_workers=cfg.workers,
-            keys_dir=cfg.keys_dir, admin_token=os.environ.get("HERALD_PS_TOKEN")))
-        self.client.ping()   # every shard up (bounded by --timeout-ms) before the watch starts its clock
+        self.client = stack.enter_context(
+            PSClient(
+                self.addresses,
+                tables=cfg.tables(data.schema),
+                timeout_ms=cfg.timeout_ms,
+                num_workers=cfg.workers,
+                keys_dir=cfg.keys_dir,
+                admin_token=os.environ.get("HERALD_PS_TOKEN"),
+            )
+        )
+        self.client.ping()  # every shard up (bounded by --timeout-ms) before the watch starts its clock
 
     def check(self) -> None:
         self.watch()
@@ -410,7 +444,7 @@ class LocalWorkers(WorkerLauncher):
         """Refuse a ``--device`` the workers of this host cannot train on (CUDA asked for
         and no GPU visible, ``cuda:N`` beyond them) before anything starts:
         :func:`~herald.worker.devices.check_device`, what each worker would raise."""
-        if cfg.device.startswith("cuda"):   # on use: torch (1.2 s) stays off the launcher's start-up otherwise
+        if cfg.device.startswith("cuda"):  # on use: torch (1.2 s) stays off the launcher's start-up otherwise
             from herald.worker.devices import check_device
 
             check_device(cfg.device, cfg.workers)
@@ -423,11 +457,13 @@ class LocalWorkers(WorkerLauncher):
         self.sockets = tempfile.mkdtemp(prefix=leftovers.DISPATCH_PREFIX)
         stack.callback(_drop, run_dir, self.sockets)
         leftovers.record(run_dir, self.sockets)
-        longest = self.dispatcher_bind(max(cfg.groups, 1) - 1)[len("ipc://"):]
+        longest = self.dispatcher_bind(max(cfg.groups, 1) - 1)[len("ipc://") :]
         if len(longest) > IPC_PATH_MAX_LEN:
-            raise ConfigError(f"the dispatcher's socket {longest} would be longer than the {IPC_PATH_MAX_LEN} "
-                              "characters a Unix socket's path may have: set TMPDIR to a shorter folder "
-                              "(e.g. TMPDIR=/tmp)")
+            raise ConfigError(
+                f"the dispatcher's socket {longest} would be longer than the {IPC_PATH_MAX_LEN} "
+                "characters a Unix socket's path may have: set TMPDIR to a shorter folder "
+                "(e.g. TMPDIR=/tmp)"
+            )
 
     def dispatcher_bind(self, group: int) -> str:
         """``ipc://`` socket ``<group>.ipc`` in this job's private folder (NOTE [local job
@@ -444,13 +480,22 @@ class LocalWorkers(WorkerLauncher):
             self.children.env.update(LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(cfg.workers))
             if cores is not None and "OMP_NUM_THREADS" not in os.environ:
                 self.children.env["OMP_NUM_THREADS"] = str(len(cores))
-            self.children.start(f"worker-{rank}", [sys.executable, "-m", "herald", "serve", "worker",
-                                                   "--dispatcher", dispatchers[group], "--rank", str(group_rank),
-                                                   "--world-size", str(k),
-                                                   "--device", cfg.device, "--cache-device", cfg.cache_device,
-                                                   "--timeout-ms", str(cfg.timeout_ms),
-                                                   *(["--keys", job.keys_dir] if job.keys_dir else [])],
-                                cores=cores)
+            self.children.start(
+                f"worker-{rank}",
+                [
+                    sys.executable,
+                    *worker_args(
+                        dispatchers[group],
+                        rank=group_rank,
+                        world_size=k,
+                        device=cfg.device,
+                        cache_device=cfg.cache_device,
+                        timeout_ms=cfg.timeout_ms,
+                        keys_dir=job.keys_dir,
+                    ),
+                ],
+                cores=cores,
+            )
 
     def check(self) -> None:
         self.children.check()
@@ -488,5 +533,10 @@ class Checkpointing:
 
     def open(self, cfg: TrainConfig) -> DispatcherCheckpoints:
         """The job's checkpoints (finds the resume point; raises early on a bad one)."""
-        return DispatcherCheckpoints(cfg.run_dir, resume=cfg.resume, enabled=self.enabled, who=self.who,
-                                     config=cfg if self.check_config else None)
+        return DispatcherCheckpoints(
+            cfg.run_dir,
+            resume=cfg.resume,
+            enabled=self.enabled,
+            who=self.who,
+            config=cfg if self.check_config else None,
+        )

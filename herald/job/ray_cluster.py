@@ -15,14 +15,23 @@ import pathlib
 import secrets
 import sys
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
+from herald.contracts.train import TrainConfig
 from herald.errors import ConfigError, HeraldError
 from herald.files import write_private
-from herald.job.ray_plan import (RoleRequest, check_transport, needed_cpus, role_requests, shard_selector,
-                                 single_node, wants_gpus, worker_strategy)
+from herald.job.ray_plan import (
+    RoleRequest,
+    check_transport,
+    needed_cpus,
+    role_requests,
+    shard_selector,
+    single_node,
+    wants_gpus,
+    worker_strategy,
+)
 from herald.job.ray_role import RUN_CHECK_FILE, RoleHost
-from herald.contracts.train import TrainConfig
 
 #: Object store of the local Ray instance (bytes): the job passes only small arguments.
 LOCAL_OBJECT_STORE_BYTES = 256 << 20
@@ -41,8 +50,10 @@ def _ray() -> Any:
         import ray
         import ray.util.scheduling_strategies  # noqa: F401  (PlacementGroupSchedulingStrategy)
     except ImportError as exc:
-        raise ConfigError(f"--launcher ray needs Ray ({exc}): pip install 'herald[ray]' (or `make ray`), on this "
-                          "host and in every node's image") from None
+        raise ConfigError(
+            f"--launcher ray needs Ray ({exc}): pip install 'herald[ray]' (or `make ray`), on this "
+            "host and in every node's image"
+        ) from None
     return ray
 
 
@@ -83,9 +94,11 @@ class RayCluster:
         gpus_there = float(ray.cluster_resources().get("GPU", 0))
         self.gpus = wants_gpus(cfg.device, gpus_there, cfg.workers)
         if self.gpus and ours and gpus_there < cfg.workers:
-            raise ConfigError(f"--device {cfg.device}: each of the {cfg.workers} workers asks Ray for a GPU of its own "
-                              f"and this host has {gpus_there:g}: use fewer --workers, --device cpu, or --ray-address "
-                              "a cluster with more GPUs")
+            raise ConfigError(
+                f"--device {cfg.device}: each of the {cfg.workers} workers asks Ray for a GPU of its own "
+                f"and this host has {gpus_there:g}: use fewer --workers, --device cpu, or --ray-address "
+                "a cluster with more GPUs"
+            )
         self.requests = role_requests(cfg, cfg.tables(data.schema), getattr(data, "distinct_keys", None), self.gpus)
         groups, node_ids = self._place(ray, stack)
         ips = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
@@ -96,41 +109,63 @@ class RayCluster:
         strategy = ray.util.scheduling_strategies.PlacementGroupSchedulingStrategy
         stack.callback(self._kill_actors)
         bundles = [(groups[0], r) for r in range(cfg.workers)] + [(groups[1], i) for i in range(cfg.num_ps_shards)]
-        self.actors = [host.options(num_cpus=r.cpus, num_gpus=r.gpus, memory=r.memory_bytes or None,
-                                    scheduling_strategy=strategy(pg, placement_group_bundle_index=b),
-                                    max_restarts=0).remote(r.name, str(self.run_dir))
-                       for r, (pg, b) in zip(self.requests, bundles)]
+        self.actors = [
+            host.options(
+                num_cpus=r.cpus,
+                num_gpus=r.gpus,
+                memory=r.memory_bytes or None,
+                scheduling_strategy=strategy(pg, placement_group_bundle_index=b),
+                max_restarts=0,
+            ).remote(r.name, str(self.run_dir))
+            for r, (pg, b) in zip(self.requests, bundles)
+        ]
         self._check_nodes(node_ids, ips, stack)
-        where = ", ".join(f"{r.name} on {n['ip']} (node {n['node_id'][:8]}, {r.describe()})"
-                          for r, n in zip(self.requests, self.nodes))
-        how = ("ipc sockets (one node)" if self.single else
-               f"TCP on the nodes' addresses, {'CURVE keys' if cfg.keys_dir else '--insecure: no keys'}")
-        print(f"herald train: ray: {len(self.requests)} roles on {len(set(node_ids))} node(s): {where}; {how}",
-              file=sys.stderr, flush=True)
+        where = ", ".join(
+            f"{r.name} on {n['ip']} (node {n['node_id'][:8]}, {r.describe()})"
+            for r, n in zip(self.requests, self.nodes)
+        )
+        how = (
+            "ipc sockets (one node)"
+            if self.single
+            else f"TCP on the nodes' addresses, {'CURVE keys' if cfg.keys_dir else '--insecure: no keys'}"
+        )
+        print(
+            f"herald train: ray: {len(self.requests)} roles on {len(set(node_ids))} node(s): {where}; {how}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def _connect(self, ray: Any, cfg: TrainConfig, stack: contextlib.ExitStack) -> bool:
         """Connect this process to Ray (NOTE [ray job]); True when it started a local
         instance (stopped with ``stack``)."""
         if ray.is_initialized():
             if cfg.ray_address:
-                raise ConfigError(f"--ray-address {cfg.ray_address}: this process is already connected to Ray; "
-                                  "leave ray_address out to run on that connection")
+                raise ConfigError(
+                    f"--ray-address {cfg.ray_address}: this process is already connected to Ray; "
+                    "leave ray_address out to run on that connection"
+                )
             return False
         address = cfg.ray_address or os.environ.get("RAY_ADDRESS") or None
-        if address is not None and address.startswith("ray://"):   # from RAY_ADDRESS: TrainConfig checked the flag
-            raise ConfigError(f"RAY_ADDRESS={address}: Ray Client (ray://) runs this process off the cluster, and "
-                              "the workers must reach its dispatcher: run herald train on a node of the cluster "
-                              "(docs/cluster.md)")
+        if address is not None and address.startswith("ray://"):  # from RAY_ADDRESS: TrainConfig checked the flag
+            raise ConfigError(
+                f"RAY_ADDRESS={address}: Ray Client (ray://) runs this process off the cluster, and "
+                "the workers must reach its dispatcher: run herald train on a node of the cluster "
+                "(docs/cluster.md)"
+            )
         options: dict[str, Any] = dict(namespace="herald", log_to_driver=False, logging_level=logging.WARNING)
-        if address is None:   # a new instance for this job ("local": even beside a cluster of `ray start`)
-            options.update(num_cpus=max(os.cpu_count() or 1, needed_cpus(cfg)), include_dashboard=False,
-                           object_store_memory=LOCAL_OBJECT_STORE_BYTES)
+        if address is None:  # a new instance for this job ("local": even beside a cluster of `ray start`)
+            options.update(
+                num_cpus=max(os.cpu_count() or 1, needed_cpus(cfg)),
+                include_dashboard=False,
+                object_store_memory=LOCAL_OBJECT_STORE_BYTES,
+            )
         try:
             ray.init(address=address or "local", **options)
         except (ConnectionError, RuntimeError, ValueError) as exc:
-            raise HeraldError(f"cannot {'connect to the Ray cluster at ' + address if address else 'start Ray'}: "
-                              f"{exc}") from None
-        stack.callback(ray.shutdown)   # a cluster's connection closed; a local instance stopped
+            raise HeraldError(
+                f"cannot {'connect to the Ray cluster at ' + address if address else 'start Ray'}: {exc}"
+            ) from None
+        stack.callback(ray.shutdown)  # a cluster's connection closed; a local instance stopped
         return address is None
 
     def _place(self, ray: Any, stack: contextlib.ExitStack) -> tuple[list[Any], list[str]]:
@@ -143,7 +178,7 @@ class RayCluster:
             HeraldError: not placed in time (names what the job asks and what the cluster has).
         """
         nodes = {n["NodeID"]: n["Resources"] for n in ray.nodes() if n["Alive"]}
-        workers, shards = self.requests[:self.cfg.workers], self.requests[self.cfg.workers:]
+        workers, shards = self.requests[: self.cfg.workers], self.requests[self.cfg.workers :]
         deadline = time.monotonic() + self.startup_s
         worker_pg = self._group(ray, stack, workers, worker_strategy(workers, nodes), None, deadline)
         worker_nodes = self._nodes_of(ray, worker_pg, len(workers))
@@ -151,21 +186,33 @@ class RayCluster:
         shard_pg = self._group(ray, stack, shards, "SPREAD", selector, deadline)
         return [worker_pg, shard_pg], worker_nodes + self._nodes_of(ray, shard_pg, len(shards))
 
-    def _group(self, ray: Any, stack: contextlib.ExitStack, requests: list[RoleRequest], strategy: str,
-               selector: dict[str, str] | None, deadline: float) -> Any:
+    def _group(
+        self,
+        ray: Any,
+        stack: contextlib.ExitStack,
+        requests: list[RoleRequest],
+        strategy: str,
+        selector: dict[str, str] | None,
+        deadline: float,
+    ) -> Any:
         """A placement group of ``requests`` (``selector``: every bundle's label selector),
         ready by ``deadline``, removed with ``stack``."""
-        pg = ray.util.placement_group([r.bundle() for r in requests], strategy=strategy,
-                                      bundle_label_selector=[selector] * len(requests) if selector else None)
+        pg = ray.util.placement_group(
+            [r.bundle() for r in requests],
+            strategy=strategy,
+            bundle_label_selector=[selector] * len(requests) if selector else None,
+        )
         stack.callback(self._remove, pg)
         try:
             ray.get(pg.ready(), timeout=max(0.1, deadline - time.monotonic()))
         except ray.exceptions.GetTimeoutError:
             asked = "; ".join(f"{r.name}: {r.describe()}" for r in self.requests)
             have = {k: v for k, v in ray.available_resources().items() if k in ("CPU", "GPU", "memory")}
-            raise HeraldError(f"Ray could not place the job's {len(self.requests)} roles within {self.startup_s:.0f} s "
-                              f"({asked}; {strategy}); the cluster has {have} available: add nodes, or lower "
-                              "--workers / --ps-shards (a worker asks OMP_NUM_THREADS CPUs)") from None
+            raise HeraldError(
+                f"Ray could not place the job's {len(self.requests)} roles within {self.startup_s:.0f} s "
+                f"({asked}; {strategy}); the cluster has {have} available: add nodes, or lower "
+                "--workers / --ps-shards (a worker asks OMP_NUM_THREADS CPUs)"
+            ) from None
         return pg
 
     @staticmethod
@@ -174,7 +221,7 @@ class RayCluster:
         return [placed[i] for i in range(n)]
 
     def _remove(self, pg: Any) -> None:
-        with contextlib.suppress(Exception):   # the connection may be gone already: so is the group
+        with contextlib.suppress(Exception):  # the connection may be gone already: so is the group
             self.ray.util.remove_placement_group(pg)
 
     def _check_nodes(self, node_ids: list[str], ips: dict[str, str], stack: contextlib.ExitStack) -> None:
@@ -195,14 +242,22 @@ class RayCluster:
         self.nodes = [{"node_id": n, "ip": ip, **a} for n, ip, a in zip(node_ids, ip_of, answers)]
         for i, why in enumerate(self.call(range(len(self.actors)), "check_run_folder", token)):
             if why is not None:
-                raise ConfigError(f"the run folder {self.run_dir} is not the same folder on node {ip_of[i]} (where "
-                                  f"{self.requests[i].name} runs): {why}. Every node of a Ray job writes there (PS "
-                                  "checkpoints, dense replicas, logs): give --storage-path a folder every node mounts "
-                                  "at the same path (docs/cluster.md)")
+                raise ConfigError(
+                    f"the run folder {self.run_dir} is not the same folder on node {ip_of[i]} (where "
+                    f"{self.requests[i].name} runs): {why}. Every node of a Ray job writes there (PS "
+                    "checkpoints, dense replicas, logs): give --storage-path a folder every node mounts "
+                    "at the same path (docs/cluster.md)"
+                )
 
     # ------------------------------------------------------------------ calls to the roles
-    def call(self, roles: Sequence[int], method: str, *args: Any, args_of: Callable[[int], tuple] | None = None,
-             timeout_s: float = ACTOR_CALL_S) -> list[Any]:
+    def call(
+        self,
+        roles: Sequence[int],
+        method: str,
+        *args: Any,
+        args_of: Callable[[int], tuple] | None = None,
+        timeout_s: float = ACTOR_CALL_S,
+    ) -> list[Any]:
         """``method(*args)`` (or ``method(*args_of(i))``) on the actor of each role in
         ``roles``, at once; the answers in that order, a :class:`CallFailed` for an actor
         that died, did not answer within ``timeout_s`` in all, or raised."""
@@ -214,15 +269,16 @@ class RayCluster:
                 out.append(ray.get(ref, timeout=max(0.1, deadline - time.monotonic())))
             except ray.exceptions.GetTimeoutError:
                 out.append(CallFailed(f"its Ray actor answered nothing within {timeout_s:.0f} s"))
-            except ray.exceptions.RayTaskError as exc:   # the call raised in the actor: its error
+            except ray.exceptions.RayTaskError as exc:  # the call raised in the actor: its error
                 cause = exc.cause if exc.cause is not None else exc
                 out.append(CallFailed(f"{type(cause).__name__}: {cause}"))
-            except ray.exceptions.RayError as exc:   # the actor died (its node too, perhaps)
+            except ray.exceptions.RayError as exc:  # the actor died (its node too, perhaps)
                 out.append(CallFailed(f"its Ray actor died ({str(exc).strip().splitlines()[0]})"))
         return out
 
-    def start(self, roles: Sequence[int], spec: Callable[[int], tuple[list[str], dict[str, str], dict[str, bytes],
-                                                                      str]]) -> list[dict]:
+    def start(
+        self, roles: Sequence[int], spec: Callable[[int], tuple[list[str], dict[str, str], dict[str, bytes], str]]
+    ) -> list[dict]:
         """Start each role of ``roles`` as ``spec(i) = (args, env, files, folder prefix)``
         (:meth:`herald.job.ray_role.RoleHost.start`); returns each ``{"pid", "folder"}``.
 
@@ -263,6 +319,6 @@ class RayCluster:
         """The end of the job: every child stopped, every actor killed (bounded)."""
         self.stop(range(len(self.actors)))
         for actor in self.actors:
-            with contextlib.suppress(Exception):   # already dead: its children died with it
+            with contextlib.suppress(Exception):  # already dead: its children died with it
                 self.ray.kill(actor)
         self.actors = []

@@ -74,6 +74,9 @@ import time
 from typing import Any, NoReturn
 
 from herald.auth import loopback_interface
+from herald.contracts.job import JobSpec
+from herald.contracts.tables import tables_to_json
+from herald.contracts.train import TrainConfig
 from herald.dispatch.peers import Silence
 from herald.errors import HeraldError, PeerTimeout
 from herald.job import leftovers
@@ -83,11 +86,10 @@ from herald.job.ray_plan import KEYS, dense_env, local_ranks, split_keys, worker
 from herald.job.ray_role import FOLDER
 from herald.ps import PSClient
 from herald.ps.admin import TOKEN_ENV
+from herald.ps.cli import shard_args
 from herald.ps.config import ShardLimits
 from herald.ps.watch import ShardWatch
-from herald.contracts.job import JobSpec
-from herald.contracts.tables import tables_to_json
-from herald.contracts.train import TrainConfig
+from herald.worker.cli import worker_args
 
 
 # ------------------------------------------------------------------ the PS part
@@ -117,25 +119,43 @@ class RayPS(PSProvider):
         def spec(i: int) -> tuple[list[str], dict[str, str], dict[str, bytes], str]:
             shard = i - cfg.workers
             bind = f"ipc://{FOLDER}/shard.ipc" if cluster.single else f"tcp://{cluster.nodes[i]['ip']}:*"
-            args = ["-m", "herald", "serve", "ps", "--shard", str(shard), "--num-shards", str(cfg.num_ps_shards),
-                    "--bind", bind, "--tables", f"{FOLDER}/tables.json", "--seed", str(cfg.seed),
-                    "--ready-file", f"{FOLDER}/ready", "--checkpoint-root", str(cluster.run_dir / "checkpoints"),
-                    *(["--keys", f"{FOLDER}/{KEYS}"] if cfg.keys_dir else []),
-                    *(["--insecure"] if cfg.insecure and not cfg.keys_dir else []),
-                    *[a for name, v in limits.to_dict().items() for a in ("--" + name.replace("_", "-"), str(v))]]
+            args = shard_args(
+                shard,
+                cfg.num_ps_shards,
+                bind,
+                seed=cfg.seed,
+                tables_file=f"{FOLDER}/tables.json",
+                ready_file=f"{FOLDER}/ready",
+                keys_dir=f"{FOLDER}/{KEYS}" if cfg.keys_dir else None,
+                insecure=cfg.insecure,
+                checkpoint_root=str(cluster.run_dir / "checkpoints"),
+                limits=limits,
+            )
             return args, {TOKEN_ENV: token, "PYTHONUNBUFFERED": "1"}, files, leftovers.PS_PREFIX
 
         started = cluster.start(self.roles, spec)
-        if cluster.single:   # NOTE [run leftovers]: their folders are on this host
+        if cluster.single:  # NOTE [run leftovers]: their folders are on this host
             for answer in started:
                 leftovers.record(cluster.run_dir, answer["folder"])
                 stack.callback(leftovers.forget, cluster.run_dir, answer["folder"])
         self.addresses = self._wait_ready(cfg)
-        self.client = stack.enter_context(PSClient(
-            self.addresses, tables=tables, timeout_ms=cfg.timeout_ms, num_workers=cfg.workers,
-            keys_dir=cfg.keys_dir, admin_token=token))
-        self.watch = ShardWatch(self.addresses, max(1, cfg.timeout_ms // 2), describe=self._describe,
-                                dead=self.failure, keys_dir=cfg.keys_dir)
+        self.client = stack.enter_context(
+            PSClient(
+                self.addresses,
+                tables=tables,
+                timeout_ms=cfg.timeout_ms,
+                num_workers=cfg.workers,
+                keys_dir=cfg.keys_dir,
+                admin_token=token,
+            )
+        )
+        self.watch = ShardWatch(
+            self.addresses,
+            max(1, cfg.timeout_ms // 2),
+            describe=self._describe,
+            dead=self.failure,
+            keys_dir=cfg.keys_dir,
+        )
         stack.callback(self.watch.close)
 
     def _wait_ready(self, cfg: TrainConfig) -> list[str]:
@@ -154,9 +174,13 @@ class RayPS(PSProvider):
                 return list(addresses)
             if time.monotonic() > deadline:
                 late = next(i for i, a in zip(self.roles, addresses) if a is None or isinstance(a, CallFailed))
-                raise PeerTimeout(f"{self.cluster.requests[late].name} did not become ready within "
-                                  f"{self.cluster.startup_s:.0f} s ({self.cluster.describe(late)}); "
-                                  f"{self.cluster.log_tail(late)}", peer=self.cluster.requests[late].name, op="start")
+                raise PeerTimeout(
+                    f"{self.cluster.requests[late].name} did not become ready within "
+                    f"{self.cluster.startup_s:.0f} s ({self.cluster.describe(late)}); "
+                    f"{self.cluster.log_tail(late)}",
+                    peer=self.cluster.requests[late].name,
+                    op="start",
+                )
             time.sleep(0.05)
 
     def _describe(self, shard: int) -> str:
@@ -221,13 +245,19 @@ class RayWorkers(WorkerLauncher):
 
         def spec(rank: int) -> tuple[list[str], dict[str, str], dict[str, bytes], str]:
             group, group_rank = divmod(rank, k)
-            ifname = (loopback_interface() if cluster.single else cluster.nodes[rank]["ifname"])
-            env = dense_env(rank, cfg.workers, local[rank], master, threads,
-                            os.environ.get("GLOO_SOCKET_IFNAME", ifname))
-            args = ["-m", "herald", "serve", "worker", "--dispatcher", dispatchers[group], "--rank", str(group_rank),
-                    "--world-size", str(k), "--device", "cuda" if cluster.gpus else "cpu",
-                    "--cache-device", cfg.cache_device, "--timeout-ms", str(cfg.timeout_ms),
-                    *(["--keys", f"{FOLDER}/{KEYS}"] if cfg.keys_dir else [])]
+            ifname = loopback_interface() if cluster.single else cluster.nodes[rank]["ifname"]
+            env = dense_env(
+                rank, cfg.workers, local[rank], master, threads, os.environ.get("GLOO_SOCKET_IFNAME", ifname)
+            )
+            args = worker_args(
+                dispatchers[group],
+                rank=group_rank,
+                world_size=k,
+                device="cuda" if cluster.gpus else "cpu",
+                cache_device=cfg.cache_device,
+                timeout_ms=cfg.timeout_ms,
+                keys_dir=f"{FOLDER}/{KEYS}" if cfg.keys_dir else None,
+            )
             return args, env, client_keys, "herald-worker-"
 
         cluster.start(self.roles, spec)
@@ -240,8 +270,9 @@ class RayWorkers(WorkerLauncher):
         while not self.stopped:
             failed = {r: how for r, how in self.cluster.ended(self.roles).items() if how != "exited with code 0"}
             if failed:
-                rank = min(failed, key=lambda r: ("signal" not in failed[r] and not isinstance(failed[r], CallFailed),
-                                                  r))
+                rank = min(
+                    failed, key=lambda r: ("signal" not in failed[r] and not isinstance(failed[r], CallFailed), r)
+                )
                 return f"worker-{rank} {failed[rank]} ({self.cluster.describe(rank)}); {self.cluster.log_tail(rank)}"
             if time.monotonic() >= deadline:
                 break
@@ -262,15 +293,19 @@ class RayWorkers(WorkerLauncher):
                 break
             if time.monotonic() > deadline:
                 rank = next(r for r, code in codes.items() if code is None)
-                raise HeraldError(f"worker-{rank} did not exit within 60 s after the end of training "
-                                  f"({self.cluster.describe(rank)}); {self.cluster.log_tail(rank)}")
+                raise HeraldError(
+                    f"worker-{rank} did not exit within 60 s after the end of training "
+                    f"({self.cluster.describe(rank)}); {self.cluster.log_tail(rank)}"
+                )
             time.sleep(0.1)
         self.check()
 
     def exit_codes(self) -> dict[int, int | None]:
         """Each worker's exit code by rank (None while it runs; -9: its actor was lost)."""
-        return {r: -9 if isinstance(code, CallFailed) else code
-                for r, code in zip(self.roles, self.cluster.call(self.roles, "poll"))}
+        return {
+            r: -9 if isinstance(code, CallFailed) else code
+            for r, code in zip(self.roles, self.cluster.call(self.roles, "poll"))
+        }
 
     def describe(self, rank: int) -> str:
         return f"{self.cluster.describe(rank)}; log {self.cluster.run_dir / f'worker-{rank}.log'}"
@@ -285,4 +320,3 @@ def ray_parts(cfg: TrainConfig) -> tuple[RayPS, RayWorkers]:
     :class:`RayCluster`. Ray itself is imported once the job opens its PS part."""
     cluster = RayCluster()
     return RayPS(cluster), RayWorkers(cluster)
-

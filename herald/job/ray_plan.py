@@ -10,13 +10,13 @@ import dataclasses
 import math
 import os
 import pathlib
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from herald.auth import CLIENT_SECRET, CLIENTS, SERVER_PUBLIC, SERVER_SECRET
-from herald.errors import ConfigError
-from herald.ps.store import ROW_OVERHEAD_BYTES
 from herald.contracts.tables import TableConfig
 from herald.contracts.train import TrainConfig
+from herald.errors import ConfigError
+from herald.ps.store import ROW_OVERHEAD_BYTES
 
 #: Memory of a PS shard process before its rows: Python, numpy, numba's kernels, ZeroMQ
 #: (``herald serve ps`` with the 26 tables of the demo job and no row: 155 MiB resident,
@@ -64,8 +64,10 @@ def worker_cpus(env: Mapping[str, str] | None = None) -> int:
     """
     text = (os.environ if env is None else env).get("OMP_NUM_THREADS", "1")
     if not text.strip().isdigit() or int(text) < 1:
-        raise ConfigError(f"OMP_NUM_THREADS={text!r}: the workers' threads (and the CPUs each asks of Ray) must "
-                          "be an integer >= 1; unset it for 1")
+        raise ConfigError(
+            f"OMP_NUM_THREADS={text!r}: the workers' threads (and the CPUs each asks of Ray) must "
+            "be an integer >= 1; unset it for 1"
+        )
     return int(text)
 
 
@@ -97,14 +99,20 @@ def ps_memory_bytes(cfg: TrainConfig, tables: Sequence[TableConfig], distinct_ke
     return PS_BASE_BYTES + ROW_GROWTH * rows * row_bytes
 
 
-def role_requests(cfg: TrainConfig, tables: Sequence[TableConfig], distinct_keys: int | None, gpus: bool,
-                  env: Mapping[str, str] | None = None) -> list[RoleRequest]:
+def role_requests(
+    cfg: TrainConfig,
+    tables: Sequence[TableConfig],
+    distinct_keys: int | None,
+    gpus: bool,
+    env: Mapping[str, str] | None = None,
+) -> list[RoleRequest]:
     """The roles of the job in placement order, the workers first (``worker-0`` ..), then
     the PS shards (``ps-shard-0`` ..): :func:`worker_cpus` CPUs (and one GPU with ``gpus``)
     per worker; one CPU (a shard serves on one thread) and :func:`ps_memory_bytes` per shard."""
     threads, memory = worker_cpus(env), ps_memory_bytes(cfg, tables, distinct_keys)
-    return ([RoleRequest(f"worker-{r}", threads, int(gpus)) for r in range(cfg.workers)]
-            + [RoleRequest(f"ps-shard-{i}", 1, 0, memory) for i in range(cfg.num_ps_shards)])
+    return [RoleRequest(f"worker-{r}", threads, int(gpus)) for r in range(cfg.workers)] + [
+        RoleRequest(f"ps-shard-{i}", 1, 0, memory) for i in range(cfg.num_ps_shards)
+    ]
 
 
 def fits(request: RoleRequest, resources: Mapping[str, float]) -> bool:
@@ -121,8 +129,9 @@ def worker_strategy(workers: Sequence[RoleRequest], nodes: Mapping[str, Mapping[
     return "STRICT_SPREAD" if able >= len(workers) else "SPREAD"
 
 
-def shard_selector(shard: RoleRequest, nodes: Mapping[str, Mapping[str, float]],
-                   worker_nodes: Sequence[str]) -> dict[str, str] | None:
+def shard_selector(
+    shard: RoleRequest, nodes: Mapping[str, Mapping[str, float]], worker_nodes: Sequence[str]
+) -> dict[str, str] | None:
     """The label selector of each PS shard's bundle: nodes without a worker
     (``ray.io/node-id`` not among ``worker_nodes``) when one of the alive ``nodes`` can
     hold a shard; None (anywhere: beside the workers) when none can."""
@@ -148,11 +157,13 @@ def check_transport(single: bool, keys_dir: str | None, insecure: bool, nodes: i
     """
     if single or keys_dir is not None or insecure:
         return
-    raise ConfigError(f"Ray placed the job's roles over {nodes} nodes, so the PS shards and the dispatcher must "
-                      "listen on their nodes' network addresses, and without keys anyone who reaches them could "
-                      "read and change the model: run `herald keys generate DIR` and add `--keys DIR` (the keys "
-                      "reach every role through Ray), or add --insecure to accept unauthenticated, unencrypted "
-                      "traffic on a network you trust (docs/cluster.md, 'Security')")
+    raise ConfigError(
+        f"Ray placed the job's roles over {nodes} nodes, so the PS shards and the dispatcher must "
+        "listen on their nodes' network addresses, and without keys anyone who reaches them could "
+        "read and change the model: run `herald keys generate DIR` and add `--keys DIR` (the keys "
+        "reach every role through Ray), or add --insecure to accept unauthenticated, unencrypted "
+        "traffic on a network you trust (docs/cluster.md, 'Security')"
+    )
 
 
 def split_keys(keys_dir: str | os.PathLike) -> tuple[dict[str, bytes], dict[str, bytes]]:
@@ -170,8 +181,10 @@ def split_keys(keys_dir: str | os.PathLike) -> tuple[dict[str, bytes], dict[str,
         try:
             return (root / rel).read_bytes()
         except OSError as exc:
-            raise ConfigError(f"cannot read {root / rel} ({exc.strerror or exc}): the keys folder of --keys must "
-                              "be readable by herald train, which sends each role its half") from None
+            raise ConfigError(
+                f"cannot read {root / rel} ({exc.strerror or exc}): the keys folder of --keys must "
+                "be readable by herald train, which sends each role its half"
+            ) from None
 
     clients = sorted(p.relative_to(root).as_posix() for p in (root / CLIENTS).glob("*.key"))
     server = {f"{KEYS}/{rel}": read(rel) for rel in (SERVER_PUBLIC, SERVER_SECRET, *clients)}
@@ -191,17 +204,25 @@ def local_ranks(role_nodes: Sequence[str], gpus: bool) -> list[tuple[int, int]]:
     return [(role_nodes[:rank].count(node), counts[node]) for rank, node in enumerate(role_nodes)]
 
 
-def dense_env(rank: int, world_size: int, local: tuple[int, int], master: tuple[str, int], threads: int,
-              ifname: str | None) -> dict[str, str]:
+def dense_env(
+    rank: int, world_size: int, local: tuple[int, int], master: tuple[str, int], threads: int, ifname: str | None
+) -> dict[str, str]:
     """The environment of worker ``rank`` (of ``world_size``) for its dense group, as
     torchrun sets it: ``MASTER_ADDR``/``MASTER_PORT`` (``master``: rank 0's node and a
     port free there, where torch's TCP store listens), ``RANK``, ``WORLD_SIZE``,
     ``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` (``local``), the intra-op threads
     (``OMP_NUM_THREADS``) and gloo's interface (``GLOO_SOCKET_IFNAME`` = ``ifname``: the
     node's, or loopback on one node; None: gloo's own choice)."""
-    env = {"MASTER_ADDR": master[0], "MASTER_PORT": str(master[1]), "RANK": str(rank),
-           "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(local[0]), "LOCAL_WORLD_SIZE": str(local[1]),
-           "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
+    env = {
+        "MASTER_ADDR": master[0],
+        "MASTER_PORT": str(master[1]),
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_RANK": str(local[0]),
+        "LOCAL_WORLD_SIZE": str(local[1]),
+        "OMP_NUM_THREADS": str(threads),
+        "PYTHONUNBUFFERED": "1",
+    }
     if ifname is not None:
         env["GLOO_SOCKET_IFNAME"] = ifname
     return env

@@ -86,7 +86,7 @@ class RoleHost:
         """
         if self.children is None:
             self.children = Supervisor(self.log_dir, new_session=True)
-        self.folder = pathlib.Path(tempfile.mkdtemp(prefix=prefix))   # mode 0700
+        self.folder = pathlib.Path(tempfile.mkdtemp(prefix=prefix))  # mode 0700
         for rel, data in files.items():
             path = self.folder / rel
             private_dir(path.parent)
@@ -145,7 +145,7 @@ def interface_of(ip: str) -> str | None:
         for name in names:
             try:
                 raw = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
-            except OSError:   # no IPv4 address on it
+            except OSError:  # no IPv4 address on it
                 continue
             if socket.inet_ntoa(raw[20:24]) == ip:
                 return name

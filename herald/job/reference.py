@@ -8,14 +8,14 @@ exactness test compares herald's distributed result against this.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from herald.loader.batch import SampleBatch
 from herald.contracts.job import JobSpec
+from herald.loader.batch import SampleBatch
 from herald.ps import apply_gradients, init_rows
 from herald.worker.trainer import build_dense_optimizer, model_from_job
 
@@ -48,11 +48,17 @@ def train_reference(job: JobSpec, batches: Iterable[SampleBatch]):
                 rows.update({(t, k): r for k, r in zip(new, fresh)})
         pooled, leaves = [], []
         for t in range(batch.num_tables):
-            w = torch.from_numpy(np.stack([rows[(t, k)][:dim] for k in uniq[t].tolist()])
-                                 if uniq[t].size else np.zeros((0, dim), np.float32)).requires_grad_(True)
+            w = torch.from_numpy(
+                np.stack([rows[(t, k)][:dim] for k in uniq[t].tolist()])
+                if uniq[t].size
+                else np.zeros((0, dim), np.float32)
+            ).requires_grad_(True)
             leaves.append(w)
-            pooled.append(F.embedding_bag(torch.from_numpy(inv[t].astype(np.int64)), w,
-                                          torch.from_numpy(batch.offsets[t][:-1]), mode="sum"))
+            pooled.append(
+                F.embedding_bag(
+                    torch.from_numpy(inv[t].astype(np.int64)), w, torch.from_numpy(batch.offsets[t][:-1]), mode="sum"
+                )
+            )
         emb = torch.stack(pooled, dim=1)
         logits = model(torch.from_numpy(batch.dense), emb)
         loss = F.binary_cross_entropy_with_logits(logits, torch.from_numpy(batch.labels))

@@ -14,7 +14,8 @@ progressive validation) is the last attempt's.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -42,8 +43,9 @@ def retrained_steps(attempts: Sequence[Sequence[int]]) -> list[list[int]]:
     return [[int(r[0]), int(r[-1])] for r in runs]
 
 
-def attempts_block(rep: dict[str, Any], last_steps: Sequence[int], earlier: Sequence[Attempt],
-                   global_batch: int) -> dict[str, Any]:
+def attempts_block(
+    rep: dict[str, Any], last_steps: Sequence[int], earlier: Sequence[Attempt], global_batch: int
+) -> dict[str, Any]:
     """What the report of the last attempt (``rep``, built from its steps ``last_steps``)
     becomes with the ``earlier`` attempts a failover ended: ``steps``, ``samples``
     (``global_batch`` samples a step of an earlier attempt), ``train_seconds`` and
@@ -51,17 +53,28 @@ def attempts_block(rep: dict[str, Any], last_steps: Sequence[int], earlier: Sequ
     ``steps``, ``first_step``, ``last_step`` (None without steps), ``samples``,
     ``train_seconds``) and ``retrained_steps`` (:func:`retrained_steps`; ``[]`` without
     failovers)."""
+
     def entry(steps: Sequence[int], samples: int, seconds: float) -> dict[str, Any]:
-        return {"steps": len(steps), "first_step": min(steps, default=None), "last_step": max(steps, default=None),
-                "samples": samples, "train_seconds": seconds}
+        return {
+            "steps": len(steps),
+            "first_step": min(steps, default=None),
+            "last_step": max(steps, default=None),
+            "samples": samples,
+            "train_seconds": seconds,
+        }
 
     attempts = [entry(a.steps, len(a.steps) * global_batch, a.seconds) for a in earlier]
     attempts.append(entry(last_steps, rep["samples"], rep["train_seconds"]))
     samples = sum(a["samples"] for a in attempts)
     seconds = sum(a["train_seconds"] for a in attempts)
-    return {"steps": sum(a["steps"] for a in attempts), "samples": samples, "train_seconds": seconds,
-            "wall_samples_per_second": samples / seconds if seconds > 0 else float("nan"),
-            "attempts": attempts, "retrained_steps": retrained_steps([a.steps for a in earlier] + [last_steps])}
+    return {
+        "steps": sum(a["steps"] for a in attempts),
+        "samples": samples,
+        "train_seconds": seconds,
+        "wall_samples_per_second": samples / seconds if seconds > 0 else float("nan"),
+        "attempts": attempts,
+        "retrained_steps": retrained_steps([a.steps for a in earlier] + [last_steps]),
+    }
 
 
 def format_lines(rep: dict[str, Any]) -> list[str]:
@@ -69,10 +82,13 @@ def format_lines(rep: dict[str, Any]) -> list[str]:
     attempts = rep.get("attempts") or ()
     if len(attempts) < 2:
         return []
-    spans = ", ".join("no steps" if a["first_step"] is None else f"steps {a['first_step']}-{a['last_step']}"
-                      for a in attempts)
+    spans = ", ".join(
+        "no steps" if a["first_step"] is None else f"steps {a['first_step']}-{a['last_step']}" for a in attempts
+    )
     again = rep.get("retrained_steps") or []
     twice = ", ".join(f"{a}-{b}" for a, b in again) if again else "none"
     n_again = sum(b - a + 1 for a, b in again)
-    return [f"{len(attempts)} attempts (failover), every one counted in steps and samples: {spans}; steps "
-            f"trained again: {twice} ({n_again} steps)"]
+    return [
+        f"{len(attempts)} attempts (failover), every one counted in steps and samples: {spans}; steps "
+        f"trained again: {twice} ({n_again} steps)"
+    ]

@@ -27,8 +27,14 @@ def compression(cfg: Any, by_cause: dict[str, int]) -> dict[str, Any]:
     per = {c: {"fp32": n * full, "wire": n * packed} for c, n in by_cause.items()}
     fp32 = sum(v["fp32"] for v in per.values())
     sent = sum(v["wire"] for v in per.values())
-    return {"wire_dtype": wire, "dense_comm": getattr(cfg, "dense_comm", "fp32"), "per_cause": per,
-            "fp32_bytes": fp32, "wire_bytes": sent, "ratio": fp32 / sent if sent else 1.0}
+    return {
+        "wire_dtype": wire,
+        "dense_comm": getattr(cfg, "dense_comm", "fp32"),
+        "per_cause": per,
+        "fp32_bytes": fp32,
+        "wire_bytes": sent,
+        "ratio": fp32 / sent if sent else 1.0,
+    }
 
 
 def groups(cfg: Any) -> dict[str, Any] | None:
@@ -38,10 +44,14 @@ def groups(cfg: Any) -> dict[str, Any] | None:
     leaders = []
     for path in sorted(pathlib.Path(cfg.run_dir).glob("groups-rank*.json")):
         stats = json.loads(path.read_text())
-        if stats.get("leader") == int(path.stem.split("rank")[-1]):   # the group's own figures
+        if stats.get("leader") == int(path.stem.split("rank")[-1]):  # the group's own figures
             leaders.append(stats)
-    return {"groups": cfg.groups, "average_every": cfg.average_every, "easgd_alpha": cfg.easgd_alpha,
-            "leaders": leaders}
+    return {
+        "groups": cfg.groups,
+        "average_every": cfg.average_every,
+        "easgd_alpha": cfg.easgd_alpha,
+        "leaders": leaders,
+    }
 
 
 def fix_group_samples(rep: dict[str, Any], merged: list, batch_rows: int, train_s: float) -> None:
@@ -60,26 +70,38 @@ def format_lines(rep: dict[str, Any]) -> list[str]:
     lines = []
     comp = rep.get("compression")
     if comp and comp["wire_dtype"] != "fp32":
-        lines.append(f"wire compression {comp['wire_dtype']} (PS accumulates fp32): embedding bytes "
-                     f"{comp['fp32_bytes'] / 2**20:.2f} MiB as fp32 -> {comp['wire_bytes'] / 2**20:.2f} MiB on the "
-                     f"wire ({comp['ratio']:.2f}x fewer); per cause fp32 -> wire: "
-                     + ", ".join(f"{c} {v['fp32'] / 2**10:.0f} -> {v['wire'] / 2**10:.0f} KiB"
-                                 for c, v in comp["per_cause"].items() if v["fp32"]))
+        lines.append(
+            f"wire compression {comp['wire_dtype']} (PS accumulates fp32): embedding bytes "
+            f"{comp['fp32_bytes'] / 2**20:.2f} MiB as fp32 -> {comp['wire_bytes'] / 2**20:.2f} MiB on the "
+            f"wire ({comp['ratio']:.2f}x fewer); per cause fp32 -> wire: "
+            + ", ".join(
+                f"{c} {v['fp32'] / 2**10:.0f} -> {v['wire'] / 2**10:.0f} KiB"
+                for c, v in comp["per_cause"].items()
+                if v["fp32"]
+            )
+        )
     if comp and comp["dense_comm"] != "fp32":
         lines.append(f"dense all-reduce payload {comp['dense_comm']}")
     grp = rep.get("groups")
     if grp:
         for s in grp["leaders"]:
-            lines.append(f"group {s['group']} (ranks {s['ranks'][0]}-{s['ranks'][-1]}): {s['rounds']} EASGD rounds "
-                         f"(alpha {grp['easgd_alpha']}, every {grp['average_every']} steps), "
-                         f"{s['corrections']} applied, lag mean {s['lag_steps_mean']:.1f} / max "
-                         f"{s['lag_steps_max']} steps" + ("" if s.get("thread_ended", True)
-                                                          else "; its averaging thread did not end in time"))
+            lines.append(
+                f"group {s['group']} (ranks {s['ranks'][0]}-{s['ranks'][-1]}): {s['rounds']} EASGD rounds "
+                f"(alpha {grp['easgd_alpha']}, every {grp['average_every']} steps), "
+                f"{s['corrections']} applied, lag mean {s['lag_steps_mean']:.1f} / max "
+                f"{s['lag_steps_max']} steps"
+                + ("" if s.get("thread_ended", True) else "; its averaging thread did not end in time")
+            )
         if not grp["leaders"]:
             lines.append(f"groups {grp['groups']}: no averaging statistics were written by the group leaders")
     streams = rep.get("group_streams")
     if streams:
-        lines.append("one dispatcher per group (NOTE [independent groups]): " + "; ".join(
-            f"group {s['group']} {s['steps']} steps, {s['samples']:,} samples, {s['samples_per_second']:,.0f} "
-            f"samples/s, final train loss {s['final_loss']:.4f}" for s in streams["groups"]))
+        lines.append(
+            "one dispatcher per group (NOTE [independent groups]): "
+            + "; ".join(
+                f"group {s['group']} {s['steps']} steps, {s['samples']:,} samples, {s['samples_per_second']:,.0f} "
+                f"samples/s, final train loss {s['final_loss']:.4f}"
+                for s in streams["groups"]
+            )
+        )
     return lines

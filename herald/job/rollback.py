@@ -44,13 +44,14 @@ import os
 import pathlib
 import sys
 import time
-from typing import Any, Callable, Sequence, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
+from herald.contracts.train import TrainConfig
 from herald.dispatch.records import StepRecord
 from herald.errors import DataError, HeraldError
 from herald.job import checkpoints
 from herald.job.report_attempts import Attempt
-from herald.contracts.train import TrainConfig
 
 T = TypeVar("T")
 
@@ -68,11 +69,12 @@ class PartLost(HeraldError):
     """
 
     retriable = True
-    part = "process"   # the report's word for what was lost
-    budget = ""        # the TrainConfig setting: rollbacks allowed for this cause
+    part = "process"  # the report's word for what was lost
+    budget = ""  # the TrainConfig setting: rollbacks allowed for this cause
 
-    def __init__(self, message: str, *, ranks: Sequence[int] = (), cause: str | None = None,
-                 seen_unix_s: float | None = None):
+    def __init__(
+        self, message: str, *, ranks: Sequence[int] = (), cause: str | None = None, seen_unix_s: float | None = None
+    ):
         super().__init__(message)
         self.ranks = tuple(int(r) for r in ranks)
         self.cause = cause or (message.splitlines() or [""])[0]
@@ -118,7 +120,7 @@ class Rollbacks:
         self._first_step = start.step + 1 if cfg.resume and start is not None else 0
         self._acked: list[int] = []
         self._started = time.perf_counter()
-        self._lost_at: float | None = None   # when the last loss was seen (Unix s), until the next ack
+        self._lost_at: float | None = None  # when the last loss was seen (Unix s), until the next ack
 
     def begin(self) -> None:
         """An attempt starts (its steps and time are counted from here)."""
@@ -151,24 +153,40 @@ class Rollbacks:
         except DataError as err:
             raise HeraldError(f"{exc}\n(cannot roll back ({flag} {allowed}): {err})") from None
         if latest is None:
-            raise HeraldError(f"{exc}\n(no checkpoint of this job to roll back to yet ({flag} {allowed}): the first "
-                              f"is written after step {self.cfg.checkpoint_every - 1})") from None
+            raise HeraldError(
+                f"{exc}\n(no checkpoint of this job to roll back to yet ({flag} {allowed}): the first "
+                f"is written after step {self.cfg.checkpoint_every - 1})"
+            ) from None
         if used >= allowed:
             what = ", ".join(f"worker-{r}" for r in exc.ranks) or f"a {exc.part}"
-            raise HeraldError(f"{exc}\n({what} lost again after {used} rollback(s) for a lost {exc.part}, "
-                              f"{flag} {allowed}: the job ends here; the log above says why)") from None
+            raise HeraldError(
+                f"{exc}\n({what} lost again after {used} rollback(s) for a lost {exc.part}, "
+                f"{flag} {allowed}: the job ends here; the log above says why)"
+            ) from None
         last = max(self._acked, default=None)
-        self.failovers.append({
-            "part": exc.part, "ranks": list(exc.ranks) or None, "cause": exc.cause,
-            "detected_unix_s": round(exc.seen_unix_s, 3),
-            "lost_at_step": self._first_step if last is None else last + 1, "last_acked_step": last,
-            "rolled_back_to": latest.path.name, "checkpoint_step": latest.step,
-            "steps_rolled_back": None if last is None else max(0, last - latest.step),
-            "stopped_s": round(max(0.0, time.time() - exc.seen_unix_s), 3), "recovered_s": None})
+        self.failovers.append(
+            {
+                "part": exc.part,
+                "ranks": list(exc.ranks) or None,
+                "cause": exc.cause,
+                "detected_unix_s": round(exc.seen_unix_s, 3),
+                "lost_at_step": self._first_step if last is None else last + 1,
+                "last_acked_step": last,
+                "rolled_back_to": latest.path.name,
+                "checkpoint_step": latest.step,
+                "steps_rolled_back": None if last is None else max(0, last - latest.step),
+                "stopped_s": round(max(0.0, time.time() - exc.seen_unix_s), 3),
+                "recovered_s": None,
+            }
+        )
         self.earlier.append(Attempt(tuple(self._acked), now - self._started))
         self._lost_at, self._first_step = exc.seen_unix_s, latest.step + 1
-        print(f"herald train: {exc.cause}\nrolling the job back to checkpoint {latest.path.name} (failover "
-              f"{used + 1} of at most {allowed} for a lost {exc.part}, {flag} {allowed})", file=sys.stderr, flush=True)
+        print(
+            f"herald train: {exc.cause}\nrolling the job back to checkpoint {latest.path.name} (failover "
+            f"{used + 1} of at most {allowed} for a lost {exc.part}, {flag} {allowed})",
+            file=sys.stderr,
+            flush=True,
+        )
         return dataclasses.replace(self.cfg, resume=True)
 
     def _found(self) -> checkpoints.Checkpoint | None:

@@ -55,23 +55,23 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
+from herald.contracts.flags import flag_errors
+from herald.contracts.job import JobSpec
+from herald.contracts.train import TrainConfig
 from herald.dispatch.dispatcher import Dispatcher
 from herald.dispatch.peers import Silence
 from herald.dispatch.records import DispatcherConfig, StepRecord
 from herald.errors import HeraldError
-from herald.job import group_dispatch
+from herald.job import group_dispatch, report_comm
 from herald.job import report as report_mod
-from herald.job import report_comm
 from herald.job.data import JobData
 from herald.job.parts import Checkpointing, PSProvider, WorkerLauncher
 from herald.job.report_attempts import Attempt, attempts_block
 from herald.job.silence import merge_silences
 from herald.procs import core_plan, cpu_seconds, pin_to_cores, seconds_since_start, tree_cpu_seconds
-from herald.contracts.flags import flag_errors
-from herald.contracts.job import JobSpec
-from herald.contracts.train import TrainConfig
 
 
 class JobInterrupted(HeraldError):
@@ -83,11 +83,14 @@ class JobInterrupted(HeraldError):
         self.report, self.signal_name, self.at_step = report, interrupted["signal"], interrupted["at_step"]
         self.exit_code = 128 + int(signal.Signals[self.signal_name])
         folder = interrupted.get("checkpoint")
-        resume = (f"checkpoint {run_dir / 'checkpoints' / folder} written: continue with the same options and "
-                  "--resume" if folder is not None else
-                  "no checkpoint (run with --checkpoint-every STEPS to be able to --resume)")
-        super().__init__(f"interrupted by {self.signal_name} at step {self.at_step}; report in "
-                         f"{run_dir / 'report.txt'}; {resume}")
+        resume = (
+            f"checkpoint {run_dir / 'checkpoints' / folder} written: continue with the same options and --resume"
+            if folder is not None
+            else "no checkpoint (run with --checkpoint-every STEPS to be able to --resume)"
+        )
+        super().__init__(
+            f"interrupted by {self.signal_name} at step {self.at_step}; report in {run_dir / 'report.txt'}; {resume}"
+        )
 
 
 def dispatcher_config(cfg: TrainConfig, **overrides: Any) -> DispatcherConfig:
@@ -99,9 +102,15 @@ def dispatcher_config(cfg: TrainConfig, **overrides: Any) -> DispatcherConfig:
     Raises:
         ConfigError: a setting out of range (named by its flag).
     """
-    settings = dict(num_workers=cfg.workers, max_inflight_steps=cfg.inflight_steps,
-                    peer_timeout_ms=cfg.timeout_ms, checkpoint_every_steps=cfg.checkpoint_every,
-                    keys_dir=cfg.keys_dir, insecure=cfg.insecure, batch_size_per_worker=cfg.batch_size)
+    settings = dict(
+        num_workers=cfg.workers,
+        max_inflight_steps=cfg.inflight_steps,
+        peer_timeout_ms=cfg.timeout_ms,
+        checkpoint_every_steps=cfg.checkpoint_every,
+        keys_dir=cfg.keys_dir,
+        insecure=cfg.insecure,
+        batch_size_per_worker=cfg.batch_size,
+    )
     with flag_errors():
         return DispatcherConfig(**{**settings, **overrides})
 
@@ -153,9 +162,9 @@ class Served:
     train_s: float = 0.0
     cpu_s: float = 0.0
     cpu_scope: str = ""
-    steady_cpu_s: float | None = None   # NOTE [steady cpu]; None: no step acked
+    steady_cpu_s: float | None = None  # NOTE [steady cpu]; None: no step acked
     startup: dict[str, float] = dataclasses.field(default_factory=dict)
-    hellos_at: float | None = None   # perf_counter() when the last dispatcher had every hello
+    hellos_at: float | None = None  # perf_counter() when the last dispatcher had every hello
 
 
 class StartupClock:
@@ -175,7 +184,7 @@ class StartupClock:
     def mark(self, name: str) -> None:
         self.marks[name] = time.perf_counter() - self.origin
 
-    def milestones(self, served: "Served") -> dict[str, float]:
+    def milestones(self, served: Served) -> dict[str, float]:
         """Every milestone reached, in seconds (rounded to ms)."""
         out = dict(self.marks)
         if served.hellos_at is not None:
@@ -214,30 +223,62 @@ class JobReport:
         self.failovers = [] if failovers is None else failovers
         self.earlier = [] if earlier is None else earlier
 
-    def write(self, cfg: TrainConfig, data: Any, served: Served, records: list[StepRecord], *, grouped: bool,
-              ps_stats: list[dict] | None, metrics: dict, switched_from: str | None) -> dict[str, Any]:
+    def write(
+        self,
+        cfg: TrainConfig,
+        data: Any,
+        served: Served,
+        records: list[StepRecord],
+        *,
+        grouped: bool,
+        ps_stats: list[dict] | None,
+        metrics: dict,
+        switched_from: str | None,
+    ) -> dict[str, Any]:
         """Build the report of the job ``cfg`` (``records``: its steps, ack order), write it
         into ``cfg.run_dir`` and return it; ``data`` is closed (the skipped counts are final)."""
-        skipped = {"train": dict(data.batches.skipped),
-                   "eval": dict(data.eval_source.stats["skipped"]) if data.eval_source is not None else {}}
-        rep = report_mod.build(cfg, records, served.train_s, metrics, batches_info=data.batches.info,
-                               split_info=data.split_info, capacity_rows=served.capacity_rows,
-                               dispatcher_s=served.dispatcher_s, ps_stats=ps_stats, skipped=skipped,
-                               interrupted=served.interrupted, scheduler=data.scheduler_stats())
-        if grouped:   # NOTE [independent groups]: samples/s of all groups, and each group's stream
+        skipped = {
+            "train": dict(data.batches.skipped),
+            "eval": dict(data.eval_source.stats["skipped"]) if data.eval_source is not None else {},
+        }
+        rep = report_mod.build(
+            cfg,
+            records,
+            served.train_s,
+            metrics,
+            batches_info=data.batches.info,
+            split_info=data.split_info,
+            capacity_rows=served.capacity_rows,
+            dispatcher_s=served.dispatcher_s,
+            ps_stats=ps_stats,
+            skipped=skipped,
+            interrupted=served.interrupted,
+            scheduler=data.scheduler_stats(),
+        )
+        if grouped:  # NOTE [independent groups]: samples/s of all groups, and each group's stream
             report_comm.fix_group_samples(rep, records, served.feeds[0].batch_rows, served.train_s)
             rep["group_streams"] = group_dispatch.stream_summary(served.records, served.feeds, served.train_s)
             # each step is one group's, acked by that group's workers
-            rep.update(report_mod.ps_requests(records, group_dispatch.group_config(cfg).workers,
-                                              len(ps_stats) if ps_stats else cfg.num_ps_shards))
-        rep.update(report_mod.cpu_time(served.cpu_s, rep["samples"], served.cpu_scope,   # this attempt's
-                                       served.steady_cpu_s, max(0, rep["steps"] - 1) * cfg.global_batch))
-        rep["startup"] = served.startup   # this attempt's milestones (StartupClock)
+            rep.update(
+                report_mod.ps_requests(
+                    records, group_dispatch.group_config(cfg).workers, len(ps_stats) if ps_stats else cfg.num_ps_shards
+                )
+            )
+        rep.update(
+            report_mod.cpu_time(
+                served.cpu_s,
+                rep["samples"],
+                served.cpu_scope,  # this attempt's
+                served.steady_cpu_s,
+                max(0, rep["steps"] - 1) * cfg.global_batch,
+            )
+        )
+        rep["startup"] = served.startup  # this attempt's milestones (StartupClock)
         rep.update(attempts_block(rep, [r.step for r in records], self.earlier, cfg.global_batch))
         rep["replicated_tables"] = [data.schema.table_names[t] for t in data.replicated]
         rep["replica_rows_per_worker"] = data.replica_rows
         rep["failovers"] = self.failovers
-        rep["consistency"]["switched_from"] = switched_from   # --resume under another mode (NOTE [gba checkpoints])
+        rep["consistency"]["switched_from"] = switched_from  # --resume under another mode (NOTE [gba checkpoints])
         # one dispatcher per group: the job's steps in ack order (each group numbers its own from 0) for the plots
         plotted = [dataclasses.replace(r, step=i) for i, r in enumerate(records)] if grouped else records
         report_mod.write(rep, plotted, pathlib.Path(cfg.run_dir))
@@ -272,13 +313,24 @@ class JobRunner:
             None (a job run inside a longer-lived process): from :meth:`run`.
     """
 
-    def __init__(self, *, ps: PSProvider, workers: WorkerLauncher, checkpoints: Checkpointing | None = None,
-                 report: JobReport | None = None, data: Any = None, dispatcher: Callable[..., Any] = Dispatcher,
-                 dispatcher_settings: dict[str, Any] | None = None, progress: bool | None = None,
-                 stop_on_signals: bool = False, on_step: Callable[[StepRecord], None] | None = None,
-                 on_serve: Callable[[list], None] | None = None,
-                 on_finish: Callable[[list, JobSpec], None] | None = None,
-                 sample_id_log: str | pathlib.Path | None = None, started_at: float | None = None):
+    def __init__(
+        self,
+        *,
+        ps: PSProvider,
+        workers: WorkerLauncher,
+        checkpoints: Checkpointing | None = None,
+        report: JobReport | None = None,
+        data: Any = None,
+        dispatcher: Callable[..., Any] = Dispatcher,
+        dispatcher_settings: dict[str, Any] | None = None,
+        progress: bool | None = None,
+        stop_on_signals: bool = False,
+        on_step: Callable[[StepRecord], None] | None = None,
+        on_serve: Callable[[list], None] | None = None,
+        on_finish: Callable[[list, JobSpec], None] | None = None,
+        sample_id_log: str | pathlib.Path | None = None,
+        started_at: float | None = None,
+    ):
         self.ps, self.workers, self.checkpoints, self.report, self.data = ps, workers, checkpoints, report, data
         self.dispatcher, self.dispatcher_settings = dispatcher, dict(dispatcher_settings or {})
         self.progress, self.stop_on_signals = progress, stop_on_signals
@@ -315,20 +367,30 @@ class JobRunner:
                 ps.open(cfg, data, stack)
                 clock.mark("ps_ready")
                 workers.open(cfg, stack)
-                if my_cores is not None:   # after the shards started: they start with this process's cores
+                if my_cores is not None:  # after the shards started: they start with this process's cores
                     stack.callback(pin_to_cores, sorted(os.sched_getaffinity(0)))
                     pin_to_cores(my_cores)
                 if ckpts is not None:
-                    ckpts.attach(ps.client, data)   # --resume: restores the PS rows first
+                    ckpts.attach(ps.client, data)  # --resume: restores the PS rows first
                 job = JobSpec.build(cfg, data, ps.addresses).replace(
-                    dist_init=workers.dist_init, resume_dense=ckpts.resume_dense if ckpts is not None else None,
-                    **({} if self.report is not None else {"run_dir": None}))
-                bar = (report_mod.Progress(data_cfg, enabled=self.progress, total_steps=data.total_steps(data_cfg),
-                                           skipped=lambda: data.batches.skipped)
-                       if self.progress is not None else None)
+                    dist_init=workers.dist_init,
+                    resume_dense=ckpts.resume_dense if ckpts is not None else None,
+                    **({} if self.report is not None else {"run_dir": None}),
+                )
+                bar = (
+                    report_mod.Progress(
+                        data_cfg,
+                        enabled=self.progress,
+                        total_steps=data.total_steps(data_cfg),
+                        skipped=lambda: data.batches.skipped,
+                    )
+                    if self.progress is not None
+                    else None
+                )
                 try:
-                    served = self._serve(cfg, data_cfg, data, job, ckpts, disp_cfgs, new_scheduler, bar, id_log,
-                                         grouped)
+                    served = self._serve(
+                        cfg, data_cfg, data, job, ckpts, disp_cfgs, new_scheduler, bar, id_log, grouped
+                    )
                     workers.wait()
                 except HeraldError as exc:
                     ps.fail(exc, workers, self._silence)
@@ -342,15 +404,23 @@ class JobRunner:
                 served.startup = clock.milestones(served)
                 ps_stats, metrics = self._after_training(cfg, data, job)
                 data.close()
-            served.cpu_s, served.cpu_scope = cpu_seconds() - cpu0, self._cpu_scope(cfg)   # children reaped
+            served.cpu_s, served.cpu_scope = cpu_seconds() - cpu0, self._cpu_scope(cfg)  # children reaped
         except BaseException:
             data.close()
             raise
         records = group_dispatch.merge_records(served.records) if grouped else served.records[0]
         rep = None
         if self.report is not None:
-            rep = self.report.write(cfg, data, served, records, grouped=grouped, ps_stats=ps_stats, metrics=metrics,
-                                    switched_from=ckpts.switched_from if ckpts is not None else None)
+            rep = self.report.write(
+                cfg,
+                data,
+                served,
+                records,
+                grouped=grouped,
+                ps_stats=ps_stats,
+                metrics=metrics,
+                switched_from=ckpts.switched_from if ckpts is not None else None,
+            )
         if served.interrupted is not None:
             raise JobInterrupted(served.interrupted, rep, pathlib.Path(cfg.run_dir))
         return JobResult(records, served, rep)
@@ -361,8 +431,11 @@ class JobRunner:
         groups]: ``data_cfg`` is then a group's sub-job), else one dispatcher (``data_cfg`` is ``cfg``)."""
         if self.workers.places_groups and group_dispatch.independent_groups(cfg):
             sub = group_dispatch.group_config(cfg)
-            return True, sub, [dispatcher_config(cfg, num_workers=sub.workers, dispatcher_rank=g)
-                               for g in range(cfg.groups)]
+            return (
+                True,
+                sub,
+                [dispatcher_config(cfg, num_workers=sub.workers, dispatcher_rank=g) for g in range(cfg.groups)],
+            )
         return False, cfg, [dispatcher_config(cfg, **self.dispatcher_settings)]
 
     def _plan_cores(self, cfg: TrainConfig) -> list[int] | None:
@@ -408,56 +481,87 @@ class JobRunner:
         self.ps.check()
         self.workers.check()
 
-    def _serve(self, cfg: TrainConfig, data_cfg: TrainConfig, data: Any, job: JobSpec, ckpts: Any,
-               disp_cfgs: list[DispatcherConfig], new_scheduler: Callable[[], Any], bar: Any, id_log: Any,
-               grouped: bool) -> Served:
+    def _serve(
+        self,
+        cfg: TrainConfig,
+        data_cfg: TrainConfig,
+        data: Any,
+        job: JobSpec,
+        ckpts: Any,
+        disp_cfgs: list[DispatcherConfig],
+        new_scheduler: Callable[[], Any],
+        bar: Any,
+        id_log: Any,
+        grouped: bool,
+    ) -> Served:
         """Bind the dispatchers, start the workers and serve the job to its end (``data_cfg``:
         what one dispatcher serves, a group's sub-job when ``grouped``)."""
         with contextlib.ExitStack() as stack:
-            if grouped:   # NOTE [independent groups]: each group's dispatcher takes its own share of one stream
+            if grouped:  # NOTE [independent groups]: each group's dispatcher takes its own share of one stream
                 shared = group_dispatch.SharedBatches(data.batches)
                 feeds = [group_dispatch.GroupBatches(shared, g, data_cfg.global_batch) for g in range(len(disp_cfgs))]
                 jobs = [job.replace(group_index=g) for g in range(len(disp_cfgs))]
             else:
                 shared, feeds, jobs = None, [data.batches], [job]
             steady = SteadyCpu()
-            on_step = _chain(bar.update if bar is not None else None, self.on_step, steady.first_step,
-                             threads=grouped)
+            on_step = _chain(bar.update if bar is not None else None, self.on_step, steady.first_step, threads=grouped)
             extra = ckpts.dispatcher_kwargs() if ckpts is not None else {}
             # bound where the worker part says its workers reach them (herald train: private ipc sockets)
             binds = [self.workers.dispatcher_bind(g) for g in range(len(disp_cfgs))]
             disp_cfgs = [c if b is None else dataclasses.replace(c, bind=b) for c, b in zip(disp_cfgs, binds)]
-            disps = [stack.enter_context(self.dispatcher(c, feed, new_scheduler, j, on_step=on_step, **extra,
-                                                         liveness=self._liveness, sample_id_log=id_log))
-                     for c, feed, j in zip(disp_cfgs, feeds, jobs)]
+            disps = [
+                stack.enter_context(
+                    self.dispatcher(
+                        c,
+                        feed,
+                        new_scheduler,
+                        j,
+                        on_step=on_step,
+                        **extra,
+                        liveness=self._liveness,
+                        sample_id_log=id_log,
+                    )
+                )
+                for c, feed, j in zip(disp_cfgs, feeds, jobs)
+            ]
             everyone = group_dispatch.AllDispatchers(disps, shared) if grouped else disps[0]
             stopper = stack.enter_context(StopOnSignals(everyone, data)) if self.stop_on_signals else None
             if ckpts is not None:
-                ckpts.load(disps[0])   # one dispatcher: independent groups take no checkpoints
+                ckpts.load(disps[0])  # one dispatcher: independent groups take no checkpoints
             self.workers.start(cfg, job, [d.address for d in disps])
             if self.on_serve is not None:
                 self.on_serve(disps)
             try:
                 records = group_dispatch.serve_all(disps, everyone) if grouped else [disps[0].serve()]
                 steady.end()
-            except HeraldError:   # dispatcher g's rank r is worker g * k + r (one dispatcher: r)
-                self._silence = merge_silences([d.silence() for d in disps],
-                                               [g * disp_cfgs[0].num_workers for g in range(len(disps))])
+            except HeraldError:  # dispatcher g's rank r is worker g * k + r (one dispatcher: r)
+                self._silence = merge_silences(
+                    [d.silence() for d in disps], [g * disp_cfgs[0].num_workers for g in range(len(disps))]
+                )
                 raise
             interrupted = None
             if stopper is not None and stopper.signum is not None:
                 # at_step: steps trained = where --resume continues; checkpoint: its folder
                 done = disps[0].checkpoints if ckpts is not None and ckpts.enabled and not grouped else []
-                interrupted = {"signal": signal.Signals(stopper.signum).name,
-                               "at_step": sum(len(r) for r in records) if grouped else disps[0].next_step,
-                               "checkpoint": f"step-{done[-1]:08d}" if done else None}
+                interrupted = {
+                    "signal": signal.Signals(stopper.signum).name,
+                    "at_step": sum(len(r) for r in records) if grouped else disps[0].next_step,
+                    "checkpoint": f"step-{done[-1]:08d}" if done else None,
+                }
             dispatcher_s: dict[str, float] = {}
             for d in disps:
                 for name, ms in d.timer.take().items():
                     dispatcher_s[name] = dispatcher_s.get(name, 0.0) + ms / 1e3
             hellos = [d.hellos_at for d in disps if d.hellos_at is not None]
-            return Served(records, feeds, disps[0].scheduler.capacity_rows, dispatcher_s, interrupted,
-                          hellos_at=max(hellos) if len(hellos) == len(disps) else None, steady_cpu_s=steady.seconds)
+            return Served(
+                records,
+                feeds,
+                disps[0].scheduler.capacity_rows,
+                dispatcher_s,
+                interrupted,
+                hellos_at=max(hellos) if len(hellos) == len(disps) else None,
+                steady_cpu_s=steady.seconds,
+            )
 
 
 # NOTE [steady cpu]
@@ -504,4 +608,5 @@ def _chain(*calls: Callable[[StepRecord], None] | None, threads: bool) -> Callab
         with lock:
             for call in calls:
                 call(rec)
+
     return on_step

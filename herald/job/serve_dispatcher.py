@@ -24,7 +24,7 @@ def _serve_dispatcher(args: argparse.Namespace) -> int:
     with remote PS shards, workers started elsewhere and no report; with ``--checkpoint-every``
     / ``--resume`` it checkpoints and resumes as ``herald train`` does, and a lost PS shard
     ends it with exit status 75 (NOTE [ps failover across hosts])."""
-    from herald.auth import check_bind   # on use: see the comment on the imports
+    from herald.auth import check_bind  # on use: see the comment on the imports
     from herald.job.parts import ExternalWorkers, RemotePS
     from herald.job.runner import JobRunner
 
@@ -36,14 +36,19 @@ def _serve_dispatcher(args: argparse.Namespace) -> int:
     disp_cfg = dispatcher_config(cfg, args)
     check_bind(disp_cfg.bind, disp_cfg.keys_dir, disp_cfg.insecure, "dispatcher")
     ckpts = _checkpointing(cfg)
-    result = JobRunner(ps=RemotePS(args.ps.split(","), run_dir=cfg.run_dir if ckpts else None),
-                       workers=ExternalWorkers(dist_init=args.dist_init), checkpoints=ckpts,
-                       dispatcher_settings={"bind": args.bind, "dispatcher_rank": args.dispatcher_rank},
-                       sample_id_log=args.sample_id_log).run(cfg)
+    result = JobRunner(
+        ps=RemotePS(args.ps.split(","), run_dir=cfg.run_dir if ckpts else None),
+        workers=ExternalWorkers(dist_init=args.dist_init),
+        checkpoints=ckpts,
+        dispatcher_settings={"bind": args.bind, "dispatcher_rank": args.dispatcher_rank},
+        sample_id_log=args.sample_id_log,
+    ).run(cfg)
     records = result.records
     rejected = {k: n for k, n in (records[-1].rejected if records else {}).items() if n}
-    print(f"dispatcher {disp_cfg.dispatcher_rank}: {len(records)} steps acked by all {cfg.workers} workers"
-          + (f"; dropped messages (docs/operations.md): {rejected}" if rejected else ""))
+    print(
+        f"dispatcher {disp_cfg.dispatcher_rank}: {len(records)} steps acked by all {cfg.workers} workers"
+        + (f"; dropped messages (docs/operations.md): {rejected}" if rejected else "")
+    )
     return 0
 
 
@@ -55,43 +60,70 @@ def dispatcher_config(cfg, args: argparse.Namespace):
     Raises:
         ConfigError: a setting out of range (named by its flag).
     """
-    from herald.job.runner import dispatcher_config as job_dispatcher_config   # on use: see the imports
+    from herald.job.runner import dispatcher_config as job_dispatcher_config  # on use: see the imports
 
     return job_dispatcher_config(cfg, bind=args.bind, dispatcher_rank=args.dispatcher_rank)
 
 
 def _checkpointing(cfg):
     """The dispatcher's checkpoint part (``--checkpoint-every`` or ``--resume``), or None."""
-    from herald.job.parts import Checkpointing   # on use: see the imports
+    from herald.job.parts import Checkpointing  # on use: see the imports
 
     if not (cfg.checkpoint_every or cfg.resume):
         return None
     if not os.environ.get("HERALD_PS_TOKEN"):
-        raise ConfigError("herald serve dispatcher --checkpoint-every / --resume checkpoints and restores the PS "
-                          "through its admin ops: set HERALD_PS_TOKEN to the token the shards were started with "
-                          "(NOTE [ps admin ops], docs/operations.md)")
+        raise ConfigError(
+            "herald serve dispatcher --checkpoint-every / --resume checkpoints and restores the PS "
+            "through its admin ops: set HERALD_PS_TOKEN to the token the shards were started with "
+            "(NOTE [ps admin ops], docs/operations.md)"
+        )
     return Checkpointing("herald serve dispatcher", enabled=cfg.checkpoint_every > 0)
 
 
 def register(commands, bench, serve) -> None:
     """Add ``serve dispatcher``."""
-    d = serve.add_parser("dispatcher", help="the dispatcher (scheduler + micro-batch dispatch) for N workers",
-                         description="Read a source, schedule global batches and serve micro-batches to N workers "
-                                     "that connect with `herald serve worker`.")
+    d = serve.add_parser(
+        "dispatcher",
+        help="the dispatcher (scheduler + micro-batch dispatch) for N workers",
+        description="Read a source, schedule global batches and serve micro-batches to N workers "
+        "that connect with `herald serve worker`.",
+    )
     # --run-dir, --checkpoint-every, --resume: NOTE [ps failover across hosts] (herald/job/failover.py);
     # --ps-restarts / --worker-restarts are the supervisor's (herald train), not this process's; --pin-cores pins
     # herald train's local processes (one role alone: taskset -c CORES herald serve ...); --launcher,
     # --ray-address, --storage-path choose who starts herald train's roles (this process starts none)
-    add_job_arguments(d, exclude=("log_sample_ids", "eval_every", "ps_restarts", "worker_restarts", "pin_cores",
-                                  "launcher", "ray_address", "storage_path"))
+    add_job_arguments(
+        d,
+        exclude=(
+            "log_sample_ids",
+            "eval_every",
+            "ps_restarts",
+            "worker_restarts",
+            "pin_cores",
+            "launcher",
+            "ray_address",
+            "storage_path",
+        ),
+    )
     d.add_argument("--bind", default="tcp://127.0.0.1:5555", help="endpoint to bind (default: %(default)s)")
-    d.add_argument("--dispatcher-rank", type=int, default=0,
-                   help="this dispatcher's rank, 0-255: the top 8 bits of its sample ids (Persia §4.1), distinct per "
-                        "dispatcher when several feed one job's PS, e.g. each reading its own Kafka partitions "
-                        "(default: %(default)s)")
-    d.add_argument("--sample-id-log", default=None, metavar="FILE",
-                   help="append the uint64 sample ids of every step acked by all workers to FILE")
+    d.add_argument(
+        "--dispatcher-rank",
+        type=int,
+        default=0,
+        help="this dispatcher's rank, 0-255: the top 8 bits of its sample ids (Persia §4.1), distinct per "
+        "dispatcher when several feed one job's PS, e.g. each reading its own Kafka partitions "
+        "(default: %(default)s)",
+    )
+    d.add_argument(
+        "--sample-id-log",
+        default=None,
+        metavar="FILE",
+        help="append the uint64 sample ids of every step acked by all workers to FILE",
+    )
     d.add_argument("--ps", default="", help="comma-separated PS shard endpoints, in shard order")
-    d.add_argument("--dist-init", default=None, help="torch.distributed init method for the workers, "
-                                                     "e.g. tcp://127.0.0.1:29500 (default: workers use env://)")
+    d.add_argument(
+        "--dist-init",
+        default=None,
+        help="torch.distributed init method for the workers, e.g. tcp://127.0.0.1:29500 (default: workers use env://)",
+    )
     d.set_defaults(func=_serve_dispatcher)

@@ -31,7 +31,7 @@ Tests: tests/job/test_silence.py (the rule), tests/dispatch/test_dispatcher_peer
 
 from __future__ import annotations
 
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from herald.dispatch.peers import Silence
 
@@ -67,13 +67,12 @@ def silent_culprits(silence: Silence | None, exit_codes: Mapping[int, int | None
     if silence is None or exit_codes is None:
         return []
     if any(code is not None and code < 0 for code in exit_codes.values()):
-        return []   # a killed worker is dead, not silent: it is the cause
+        return []  # a killed worker is dead, not silent: it is the cause
     # a worker that failed after a long silence of its own had been waiting: it noticed
     noticed = [r for r in silence.quiet if r in silence.reported or (exit_codes.get(r) or 0) > 0]
     if not noticed:
         return []
-    return sorted(r for r in silence.silent
-                  if r not in silence.reported and r in exit_codes and exit_codes[r] is None)
+    return sorted(r for r in silence.silent if r not in silence.reported and r in exit_codes and exit_codes[r] is None)
 
 
 def killed_ranks(exit_codes: Mapping[int, int | None] | None) -> list[int]:
@@ -92,9 +91,11 @@ def silent_headline(ranks: Sequence[int], silence: Silence, describe: Callable[[
     who = ", ".join(f"worker-{r} ({describe(r)})" for r in ranks)
     it, they = ("it", "it") if len(ranks) == 1 else ("they", "them")
     longest = max(silence.silent[r] for r in ranks)
-    return (f"{who} went silent: {it} sent the dispatcher nothing for {longest:.1f} s while the job waited for "
-            f"{silence.waiting_for}, and the workers waiting on {they} gave up; a stopped, hung or CPU-starved "
-            "process (its log says what it was doing; raise --timeout-ms if it was only slow)")
+    return (
+        f"{who} went silent: {it} sent the dispatcher nothing for {longest:.1f} s while the job waited for "
+        f"{silence.waiting_for}, and the workers waiting on {they} gave up; a stopped, hung or CPU-starved "
+        "process (its log says what it was doing; raise --timeout-ms if it was only slow)"
+    )
 
 
 def process_state(pid: int) -> str:
@@ -106,5 +107,9 @@ def process_state(pid: int) -> str:
             state = f.read().rsplit(b")", 1)[1].split()[0].decode()
     except (OSError, IndexError, ValueError):
         return "state unknown"
-    return {"T": "stopped (SIGSTOP or a debugger)", "t": "stopped (SIGSTOP or a debugger)",
-            "D": "in uninterruptible I/O", "R": "running"}.get(state, "sleeping")
+    return {
+        "T": "stopped (SIGSTOP or a debugger)",
+        "t": "stopped (SIGSTOP or a debugger)",
+        "D": "in uninterruptible I/O",
+        "R": "running",
+    }.get(state, "sleeping")

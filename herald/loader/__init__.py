@@ -15,9 +15,16 @@ from herald.lazy import lazy_exports
 
 # Names are imported on first use (PEP 562, herald/lazy.py).
 _EXPORTS = {
-    "SampleBatch": "batch", "Schema": "batch", "GlobalBatcher": "batcher", "convert": "conversion",
-    "datagen": "conversion", "decode_records": "formats.decode", "open_source": "registry",
-    "register_format": "registry", "Source": "source", "SyntheticSource": "synthetic",
+    "SampleBatch": "batch",
+    "Schema": "batch",
+    "GlobalBatcher": "batcher",
+    "convert": "conversion",
+    "datagen": "conversion",
+    "decode_records": "formats.decode",
+    "open_source": "registry",
+    "register_format": "registry",
+    "Source": "source",
+    "SyntheticSource": "synthetic",
     "SyntheticSpec": "synthetic",
 }
 

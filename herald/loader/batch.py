@@ -6,7 +6,7 @@ See docs/design.md, "Data model". Keys are unsigned 64-bit everywhere.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -101,9 +101,7 @@ class SampleBatch:
         if self.labels.dtype != np.float32 or self.labels.ndim != 1:
             raise DataError(f"labels must be float32 [B], got {self.labels.dtype} {self.labels.shape}")
         if self.dense.dtype != np.float32 or self.dense.ndim != 2 or self.dense.shape[0] != b:
-            raise DataError(
-                f"dense must be float32 [B={b}, D], got {self.dense.dtype} {self.dense.shape}"
-            )
+            raise DataError(f"dense must be float32 [B={b}, D], got {self.dense.dtype} {self.dense.shape}")
         if not (len(self.values) == len(self.offsets) == len(self.table_names)):
             raise DataError(
                 f"need one values and one offsets array per table: got {len(self.values)} values, "
@@ -150,7 +148,7 @@ class SampleBatch:
         nnz = [int(v.shape[0]) for v in self.values]
         return f"SampleBatch(B={len(self)}, D={self.dense_dim}, tables={list(self.table_names)}, nnz={nnz})"
 
-    def equals(self, other: "SampleBatch") -> bool:
+    def equals(self, other: SampleBatch) -> bool:
         """Exact equality of every array and the table names (for tests)."""
         return (
             self.table_names == other.table_names
@@ -162,7 +160,7 @@ class SampleBatch:
 
     # ----------------------------------------------------------- construction
     @classmethod
-    def empty(cls, schema: Schema) -> "SampleBatch":
+    def empty(cls, schema: Schema) -> SampleBatch:
         """A batch of zero samples with ``schema``'s columns."""
         return cls(
             np.zeros(0, np.float32),
@@ -179,7 +177,7 @@ class SampleBatch:
         dense: np.ndarray,
         ids: np.ndarray,
         table_names: Sequence[str] | None = None,
-    ) -> "SampleBatch":
+    ) -> SampleBatch:
         """Build a batch where every table is single-hot.
 
         Args:
@@ -191,7 +189,7 @@ class SampleBatch:
         return cls(labels, dense, values, [offsets] * ids.shape[1], table_names)
 
     # ------------------------------------------------------------- transforms
-    def take(self, index: np.ndarray) -> "SampleBatch":
+    def take(self, index: np.ndarray) -> SampleBatch:
         """The samples at ``index`` (int array [n], any order, repeats allowed).
 
         Used to cut a global batch into micro-batches by an allocation.
@@ -225,10 +223,11 @@ class SampleBatch:
                 owner = np.repeat(np.arange(index.shape[0]), lens[t])
                 pos = starts[t][owner] + (np.arange(off[-1]) - off[:-1][owner])
                 values.append(v[pos])
-        return SampleBatch(self.labels[index], self.dense[index], values, list(new_off),
-                           self.table_names, validate=False)
+        return SampleBatch(
+            self.labels[index], self.dense[index], values, list(new_off), self.table_names, validate=False
+        )
 
-    def slice(self, start: int, stop: int) -> "SampleBatch":
+    def slice(self, start: int, stop: int) -> SampleBatch:
         """Samples ``start:stop`` (views where possible; offsets rebased to 0)."""
         n = len(self)
         start, stop = max(0, min(start, n)), max(0, min(stop, n))
@@ -236,13 +235,14 @@ class SampleBatch:
         values, offsets = [], []
         for v, o in zip(self.values, self.offsets):
             base = o[start]
-            values.append(v[base:o[stop]])
-            offsets.append(o[start:stop + 1] - base)
-        return SampleBatch(self.labels[start:stop], self.dense[start:stop], values, offsets,
-                           self.table_names, validate=False)
+            values.append(v[base : o[stop]])
+            offsets.append(o[start : stop + 1] - base)
+        return SampleBatch(
+            self.labels[start:stop], self.dense[start:stop], values, offsets, self.table_names, validate=False
+        )
 
     @staticmethod
-    def concat(batches: Sequence["SampleBatch"]) -> "SampleBatch":
+    def concat(batches: Sequence[SampleBatch]) -> SampleBatch:
         """Concatenate batches with the same schema, in order.
 
         Raises:
@@ -267,10 +267,13 @@ class SampleBatch:
         return SampleBatch(
             np.concatenate([b.labels for b in batches]),
             np.concatenate([b.dense for b in batches]),
-            values, offsets, first.table_names, validate=False,
+            values,
+            offsets,
+            first.table_names,
+            validate=False,
         )
 
-    def to_torch(self, device: "str | object" = "cpu") -> dict:
+    def to_torch(self, device: str | object = "cpu") -> dict:
         """Tensors on ``device``: ``labels`` [B], ``dense`` [B, D] float32 and, per
         table name, ``(values int64 [nnz], offsets int64 [B+1])``.
 
@@ -285,7 +288,7 @@ class SampleBatch:
             out[name] = (_tensor(v.view(np.int64)).to(device), _tensor(o).to(device))
         return out
 
-    def pin_memory(self) -> "SampleBatch":
+    def pin_memory(self) -> SampleBatch:
         """A copy in page-locked (pinned) host memory, same arrays and dtypes; what
         ``torch.utils.data.DataLoader(pin_memory=True)`` calls on each batch, so that
         later copies to the accelerator can be asynchronous.
@@ -294,11 +297,18 @@ class SampleBatch:
             RuntimeError: from torch, when no accelerator is available (DataLoader
                 itself turns ``pin_memory`` off then, with a warning).
         """
+
         def pinned(a: np.ndarray) -> np.ndarray:
             return _tensor(a.view(np.int64) if a.dtype == KEY_DTYPE else a).pin_memory().numpy().view(a.dtype)
 
-        return SampleBatch(pinned(self.labels), pinned(self.dense), [pinned(v) for v in self.values],
-                           [pinned(o) for o in self.offsets], self.table_names, validate=False)
+        return SampleBatch(
+            pinned(self.labels),
+            pinned(self.dense),
+            [pinned(v) for v in self.values],
+            [pinned(o) for o in self.offsets],
+            self.table_names,
+            validate=False,
+        )
 
 
 def _tensor(a: np.ndarray):

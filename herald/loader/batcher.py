@@ -71,8 +71,10 @@ class BatcherSettings:
         require(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
         require(self.shuffle_buffer >= 0, f"shuffle_buffer must be >= 0, got {self.shuffle_buffer}")
         require(self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}")
-        require(self.prefetch_batches >= 0, f"prefetch_batches must be >= 0 (0: no prefetch thread), "
-                                            f"got {self.prefetch_batches}")
+        require(
+            self.prefetch_batches >= 0,
+            f"prefetch_batches must be >= 0 (0: no prefetch thread), got {self.prefetch_batches}",
+        )
         require(self.poll_ms >= 1, f"poll_ms must be >= 1, got {self.poll_ms}")
 
 
@@ -119,19 +121,28 @@ class GlobalBatcher:
         ConfigError: invalid settings; DataError: from the source, re-raised by ``__next__``.
     """
 
-    def __init__(self, source: Source, batch_size: int, *, drop_last: bool = False,
-                 shuffle_buffer: int = 0, seed: int = 0, epochs: int = 1, prefetch_batches: int = 2,
-                 tracker: ReadTracker | None = None):
+    def __init__(
+        self,
+        source: Source,
+        batch_size: int,
+        *,
+        drop_last: bool = False,
+        shuffle_buffer: int = 0,
+        seed: int = 0,
+        epochs: int = 1,
+        prefetch_batches: int = 2,
+        tracker: ReadTracker | None = None,
+    ):
         self.settings = BatcherSettings(batch_size, drop_last, shuffle_buffer, seed, epochs, prefetch_batches)
         if tracker is not None and shuffle_buffer:
             raise ConfigError("a ReadTracker follows the rows in read order; use shuffle_buffer=0 with a tracker")
         self.source, self.tracker = source, tracker
         self._start_state = source.state_dict()
         self._state = {"epoch": 0, "batches": 0, "source": self._start_state}
-        self._moved = False          # the source left its construction state (reposition before reading)
+        self._moved = False  # the source left its construction state (reposition before reading)
         self._thread: threading.Thread | None = None
         self._queue: queue.Queue | None = None
-        self._items = None           # the producing generator when prefetch_batches == 0
+        self._items = None  # the producing generator when prefetch_batches == 0
         self._stop = threading.Event()
         self._done = False
         self._batches = self._rows = 0
@@ -139,7 +150,7 @@ class GlobalBatcher:
         self.last_tracked = None
 
     # --------------------------------------------------------------- consumer
-    def __iter__(self) -> "GlobalBatcher":
+    def __iter__(self) -> GlobalBatcher:
         return self
 
     def __next__(self) -> SampleBatch:
@@ -161,7 +172,7 @@ class GlobalBatcher:
         raise StopIteration
 
     def _next_item(self) -> tuple:
-        if self._items is not None:          # no prefetch thread: produce here
+        if self._items is not None:  # no prefetch thread: produce here
             try:
                 return next(self._items)
             except StopIteration:
@@ -180,14 +191,24 @@ class GlobalBatcher:
     @property
     def stats(self) -> dict:
         """Batches and rows delivered, the current epoch, and the source's stats."""
-        return {"batches": self._batches, "rows": self._rows, "epoch": self._state["epoch"],
-                "source": self.source.stats}
+        return {
+            "batches": self._batches,
+            "rows": self._rows,
+            "epoch": self._state["epoch"],
+            "source": self.source.stats,
+        }
 
     def state_dict(self) -> dict:
         """Position after the last batch returned by ``__next__``."""
         s = self.settings
-        return {"format": "global_batcher", "batch_size": s.batch_size, "shuffle_buffer": s.shuffle_buffer,
-                "seed": s.seed, "drop_last": s.drop_last, **self._state}
+        return {
+            "format": "global_batcher",
+            "batch_size": s.batch_size,
+            "shuffle_buffer": s.shuffle_buffer,
+            "seed": s.seed,
+            "drop_last": s.drop_last,
+            **self._state,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         """Resume at ``state``; stops a running prefetch thread first.
@@ -203,8 +224,10 @@ class GlobalBatcher:
         s = self.settings
         for key in ("batch_size", "shuffle_buffer", "seed", "drop_last"):
             if state.get(key) != getattr(s, key):
-                raise ConfigError(f"state saved with {key}={state.get(key)!r}, this batcher has "
-                                  f"{getattr(s, key)!r}; construct it with the same settings")
+                raise ConfigError(
+                    f"state saved with {key}={state.get(key)!r}, this batcher has "
+                    f"{getattr(s, key)!r}; construct it with the same settings"
+                )
         if not isinstance(state.get("source"), dict):
             raise DataError("malformed batcher state: 'source' must be a source state dict")
         self.close()
@@ -238,7 +261,7 @@ class GlobalBatcher:
         self._thread.join(timeout_s)
         return not self._thread.is_alive()
 
-    def __enter__(self) -> "GlobalBatcher":
+    def __enter__(self) -> GlobalBatcher:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -250,8 +273,9 @@ class GlobalBatcher:
             self._items = self._produce(dict(self._state), self._stop)
             return
         self._queue = queue.Queue(maxsize=self.settings.prefetch_batches)
-        self._thread = threading.Thread(target=self._run, args=(dict(self._state), self._stop, self._queue),
-                                        name="herald-prefetch", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(dict(self._state), self._stop, self._queue), name="herald-prefetch", daemon=True
+        )
         self._thread.start()
 
     def _run(self, state: dict, stop: threading.Event, q: queue.Queue) -> None:
@@ -280,7 +304,7 @@ class GlobalBatcher:
         self._reposition(self._start_state if shuffle else state["source"])
         for epoch in range(state["epoch"], self.settings.epochs):
             n = 0 if shuffle else state["batches"]
-            for batch in (self._shuffled(epoch) if shuffle else self._sequential()):
+            for batch in self._shuffled(epoch) if shuffle else self._sequential():
                 n += 1
                 tracked = self.tracker.take(len(batch)) if self.tracker is not None else None
                 if skip:
@@ -311,7 +335,7 @@ class GlobalBatcher:
             if have == b or (have and not drop):
                 yield SampleBatch.concat(parts)
             elif have and self.tracker is not None:
-                self.tracker.take(have)   # the dropped rows
+                self.tracker.take(have)  # the dropped rows
             if have < b:
                 return
 

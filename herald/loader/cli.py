@@ -11,23 +11,38 @@ from herald.loader.produce_cli import register as register_produce
 
 
 def _datagen(args) -> int:
-    from herald.loader.conversion import datagen   # on use: the herald parser must not load numba and pyarrow
+    from herald.loader.conversion import datagen  # on use: the herald parser must not load numba and pyarrow
 
-    out = datagen(args.out, rows=args.rows, seed=args.seed, fit=args.fit, preset=args.preset,
-                  fit_rows=args.fit_rows, row_group_rows=args.row_group_rows, progress=not args.quiet,
-                  force=args.force)
+    out = datagen(
+        args.out,
+        rows=args.rows,
+        seed=args.seed,
+        fit=args.fit,
+        preset=args.preset,
+        fit_rows=args.fit_rows,
+        row_group_rows=args.row_group_rows,
+        progress=not args.quiet,
+        force=args.force,
+    )
     print(f"wrote {out['rows']:,} rows to {out['path']}")
     return 0
 
 
 def _convert(args) -> int:
-    from herald.loader.conversion import convert   # on use: as in _datagen
+    from herald.loader.conversion import convert  # on use: as in _datagen
 
     options = {"bad_records": args.bad_records}
     if args.quarantine:
         options["quarantine_path"] = args.quarantine
-    out = convert(args.src, args.dst, format=args.format, row_group_rows=args.row_group_rows,
-                  progress=not args.quiet, force=args.force, **options)
+    out = convert(
+        args.src,
+        args.dst,
+        format=args.format,
+        row_group_rows=args.row_group_rows,
+        progress=not args.quiet,
+        force=args.force,
+        **options,
+    )
     skipped = out["source"].get("skipped", {})
     print(f"wrote {out['rows']:,} rows to {out['path']}; skipped: {skipped or 'none'}")
     return 0

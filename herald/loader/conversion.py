@@ -21,8 +21,8 @@ import pyarrow.parquet as pq
 from herald.config import require
 from herald.errors import ConfigError
 from herald.loader.formats.arrow import arrow_schema, batch_to_arrow
-from herald.loader.source import Source
 from herald.loader.registry import open_source
+from herald.loader.source import Source
 from herald.loader.synthetic import SyntheticSource, fit_spec, preset_spec
 
 DEFAULT_ROW_GROUP_ROWS = 131072
@@ -50,8 +50,9 @@ def check_output(dst, inputs=(), *, force: bool = False, make_folder: bool = Fal
         src = pathlib.Path(src)
         same = dst.resolve() == src.resolve() or (dst.exists() and src.exists() and os.path.samefile(dst, src))
         if same or (src.is_dir() and dst.resolve().is_relative_to(src.resolve())):
-            raise ConfigError(f"the output {dst} is the input {src}: writing it would destroy the input; "
-                              "give another output path")
+            raise ConfigError(
+                f"the output {dst} is the input {src}: writing it would destroy the input; give another output path"
+            )
     if dst.is_dir():
         raise ConfigError(f"the output {dst} is a folder; give a .parquet file path")
     if dst.exists() and not force:
@@ -74,8 +75,15 @@ def check_output(dst, inputs=(), *, force: bool = False, make_folder: bool = Fal
 # once complete (removed if writing fails), so a failed or interrupted run leaves the old
 # output as it was. Only the output's own folder is ever created (``datagen --out DIR``),
 # never missing parents.
-def write_parquet(source: Source, dst, *, row_group_rows: int = DEFAULT_ROW_GROUP_ROWS,
-                  extra_metadata: dict | None = None, progress: bool = True, desc: str = "convert") -> dict:
+def write_parquet(
+    source: Source,
+    dst,
+    *,
+    row_group_rows: int = DEFAULT_ROW_GROUP_ROWS,
+    extra_metadata: dict | None = None,
+    progress: bool = True,
+    desc: str = "convert",
+) -> dict:
     """Write every row of ``source`` to the Parquet file ``dst`` (with ``WRITER_OPTIONS``:
     page checksums) through a temporary file renamed over ``dst`` (NOTE [no input
     destroyed]; :func:`check_output` checks ``dst`` first).
@@ -100,14 +108,17 @@ def write_parquet(source: Source, dst, *, row_group_rows: int = DEFAULT_ROW_GROU
     os.close(fd)
     n = 0
     try:
-        with tqdm(total=source.num_rows, unit="rows", unit_scale=True, desc=desc, disable=not progress) as bar, \
-                pq.ParquetWriter(tmp, schema, **WRITER_OPTIONS) as writer:
+        with (
+            tqdm(total=source.num_rows, unit="rows", unit_scale=True, desc=desc, disable=not progress) as bar,
+            pq.ParquetWriter(tmp, schema, **WRITER_OPTIONS) as writer,
+        ):
             while True:
                 batch = source.read(row_group_rows)
                 if batch is None:
                     break
-                writer.write_batch(batch_to_arrow(batch, source.multi_hot_tables, schema),
-                                   row_group_size=row_group_rows)
+                writer.write_batch(
+                    batch_to_arrow(batch, source.multi_hot_tables, schema), row_group_size=row_group_rows
+                )
                 n += len(batch)
                 bar.update(len(batch))
         os.chmod(tmp, 0o644 & ~_umask())
@@ -124,20 +135,42 @@ def _umask() -> int:
     return mask
 
 
-def convert(src, dst, *, format: str | None = None, row_group_rows: int = DEFAULT_ROW_GROUP_ROWS,
-            progress: bool = True, force: bool = False, **options) -> dict:
+def convert(
+    src,
+    dst,
+    *,
+    format: str | None = None,
+    row_group_rows: int = DEFAULT_ROW_GROUP_ROWS,
+    progress: bool = True,
+    force: bool = False,
+    **options,
+) -> dict:
     """``herald convert SRC DST.parquet``: open ``src`` with ``open_source(src, format, **options)``
     and write it with :func:`write_parquet`; ``dst`` is checked first (:func:`check_output`:
     never an input, overwritten only with ``force``)."""
     check_output(dst, [src, options.get("quarantine_path")], force=force)
     with open_source(src, format=format, **options) as source:
-        return write_parquet(source, dst, row_group_rows=row_group_rows, progress=progress,
-                             desc=f"convert {os.path.basename(os.fspath(src))}")
+        return write_parquet(
+            source,
+            dst,
+            row_group_rows=row_group_rows,
+            progress=progress,
+            desc=f"convert {os.path.basename(os.fspath(src))}",
+        )
 
 
-def datagen(out, *, rows: int, seed: int = 0, fit: str | None = None, preset: str | None = None,
-            fit_rows: int = 1_000_000, row_group_rows: int = DEFAULT_ROW_GROUP_ROWS,
-            progress: bool = True, force: bool = False) -> dict:
+def datagen(
+    out,
+    *,
+    rows: int,
+    seed: int = 0,
+    fit: str | None = None,
+    preset: str | None = None,
+    fit_rows: int = 1_000_000,
+    row_group_rows: int = DEFAULT_ROW_GROUP_ROWS,
+    progress: bool = True,
+    force: bool = False,
+) -> dict:
     """``herald datagen``: write ``rows`` synthetic samples to ``out``.
 
     Args:
@@ -152,8 +185,12 @@ def datagen(out, *, rows: int, seed: int = 0, fit: str | None = None, preset: st
     """
     require(not (fit and preset), "give either fit or preset, not both")
     out = pathlib.Path(out)
-    dst = check_output(out if out.suffix == ".parquet" else out / "part-00000.parquet", [fit], force=force,
-                       make_folder=out.suffix != ".parquet")
+    dst = check_output(
+        out if out.suffix == ".parquet" else out / "part-00000.parquet",
+        [fit],
+        force=force,
+        make_folder=out.suffix != ".parquet",
+    )
     if fit:
         with open_source(fit) as real:
             spec = fit_spec(real, fit_rows)
@@ -161,5 +198,6 @@ def datagen(out, *, rows: int, seed: int = 0, fit: str | None = None, preset: st
         spec = preset_spec(preset or "criteo-kaggle")
     source = SyntheticSource(spec, rows=rows, seed=seed)
     meta = {"herald.synthetic": spec.to_json(), "herald.seed": str(int(seed))}
-    return write_parquet(source, dst, row_group_rows=row_group_rows, extra_metadata=meta,
-                         progress=progress, desc="datagen")
+    return write_parquet(
+        source, dst, row_group_rows=row_group_rows, extra_metadata=meta, progress=progress, desc="datagen"
+    )

@@ -41,7 +41,8 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
-from typing import Any, Mapping, NamedTuple
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -83,8 +84,11 @@ class DatasetSettings:
         for name in ("batch_size", "shuffle_buffer", "seed", "prefetch_batches"):
             value = getattr(self, name)
             require(isinstance(value, int) and not isinstance(value, bool), f"{name} must be an int, got {value!r}")
-        require(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}; the dataset batches, "
-                                      "so give the DataLoader batch_size=None")
+        require(
+            self.batch_size >= 1,
+            f"batch_size must be >= 1, got {self.batch_size}; the dataset batches, "
+            "so give the DataLoader batch_size=None",
+        )
         require(self.output in OUTPUTS, f"output must be one of {list(OUTPUTS)}, got {self.output!r}")
         require(self.shuffle_buffer >= 0, f"shuffle_buffer must be >= 0 (0: no shuffle), got {self.shuffle_buffer}")
         require(self.seed >= 0, f"seed must be >= 0, got {self.seed}")
@@ -112,7 +116,7 @@ def _seek_state(source: Source, row: int) -> dict | None:
     if isinstance(source, SyntheticSource):
         return {**base, "row": row, "seed": source.seed}
     if not isinstance(source, ParquetSource) or source.num_rows is None:
-        return None   # under ``skip`` a good row's index is known only after decoding
+        return None  # under ``skip`` a good row's index is known only after decoding
     path = pathlib.Path(source.path)
     for fi, file in enumerate(dataset_files(path) if path.is_dir() else [path]):
         meta = pq.read_metadata(file)
@@ -172,19 +176,26 @@ class TorchBatch(dict):
     """
 
     @classmethod
-    def from_batch(cls, batch: SampleBatch) -> "TorchBatch":
-        return cls((name, value if name in ("labels", "dense") else Jagged(*value))
-                   for name, value in batch.to_torch().items())
+    def from_batch(cls, batch: SampleBatch) -> TorchBatch:
+        return cls(
+            (name, value if name in ("labels", "dense") else Jagged(*value)) for name, value in batch.to_torch().items()
+        )
 
-    def __copy__(self) -> "TorchBatch":
+    def __copy__(self) -> TorchBatch:
         return TorchBatch(self)
 
     def __reduce__(self):
         names = [k for k in self if k not in ("labels", "dense")]
         b = self["labels"].shape[0]
         offsets = torch.stack([self[n][1] for n in names]) if names else torch.zeros((0, b + 1), dtype=torch.int64)
-        return _torch_batch, (self["labels"], self["dense"], _all_values(self, names), offsets,
-                              [int(self[n][0].shape[0]) for n in names], names)
+        return _torch_batch, (
+            self["labels"],
+            self["dense"],
+            _all_values(self, names),
+            offsets,
+            [int(self[n][0].shape[0]) for n in names],
+            names,
+        )
 
 
 def _all_values(tables: Mapping, names: list[str]) -> torch.Tensor:
@@ -238,9 +249,20 @@ class HeraldIterableDataset(IterableDataset):
             ``make torchrec``, docs/torchrec.md).
     """
 
-    def __init__(self, source: str, batch_size: int, *, output: str = "batch", shuffle_buffer: int = 0,
-                 seed: int = 0, drop_last: bool = False, prefetch_batches: int = 2, rank: int | None = None,
-                 world_size: int | None = None, source_options: Mapping[str, Any] | None = None):
+    def __init__(
+        self,
+        source: str,
+        batch_size: int,
+        *,
+        output: str = "batch",
+        shuffle_buffer: int = 0,
+        seed: int = 0,
+        drop_last: bool = False,
+        prefetch_batches: int = 2,
+        rank: int | None = None,
+        world_size: int | None = None,
+        source_options: Mapping[str, Any] | None = None,
+    ):
         super().__init__()
         self.settings = DatasetSettings(batch_size, output, shuffle_buffer, seed, drop_last, prefetch_batches)
         self.rank, self.world_size = _default_rank(rank, world_size)
@@ -254,21 +276,29 @@ class HeraldIterableDataset(IterableDataset):
             #: rows of the source (good rows under ``bad_records="skip"``): one pass when unknown.
             self.num_rows: int = rows if rows is not None else sum(len(b) for b in src)
         clash = {"labels", "dense"} & set(self.schema.table_names)
-        require(output != "torch" or not clash, f"table(s) {sorted(clash)} clash with the 'labels'/'dense' keys "
-                                                "of output='torch'; rename them in the data or use output='batch'")
+        require(
+            output != "torch" or not clash,
+            f"table(s) {sorted(clash)} clash with the 'labels'/'dense' keys "
+            "of output='torch'; rename them in the data or use output='batch'",
+        )
         self.epoch = 0
-        self._resume: dict[str, dict] = {}     # shard -> saved entry, used by its next iteration
-        self._positions: dict[str, Any] = {}   # shard -> (num_shards, live GlobalBatcher or its final state)
+        self._resume: dict[str, dict] = {}  # shard -> saved entry, used by its next iteration
+        self._positions: dict[str, Any] = {}  # shard -> (num_shards, live GlobalBatcher or its final state)
 
     def _check_source(self) -> None:
         fmt = self.source_options.get("format") or infer_format(self.spec)
-        require(fmt != "kafka", "a kafka:// stream cannot be a HeraldIterableDataset (no row count to shard, and "
-                                "a Kafka consumer cannot live in a DataLoader worker); train from Kafka with herald "
-                                "train, or read it with open_source and partitions= per rank")
-        require("quarantine_path" not in self.source_options,
-                "quarantine_path is not supported here (shards and epochs re-read rows, so a bad record would be "
-                "written several times); quarantine once with herald convert SRC DST.parquet --bad-records skip "
-                "--quarantine FILE and read DST.parquet")
+        require(
+            fmt != "kafka",
+            "a kafka:// stream cannot be a HeraldIterableDataset (no row count to shard, and "
+            "a Kafka consumer cannot live in a DataLoader worker); train from Kafka with herald "
+            "train, or read it with open_source and partitions= per rank",
+        )
+        require(
+            "quarantine_path" not in self.source_options,
+            "quarantine_path is not supported here (shards and epochs re-read rows, so a bad record would be "
+            "written several times); quarantine once with herald convert SRC DST.parquet --bad-records skip "
+            "--quarantine FILE and read DST.parquet",
+        )
 
     # ---------------------------------------------------------------- epochs
     def set_epoch(self, epoch: int) -> None:
@@ -277,8 +307,10 @@ class HeraldIterableDataset(IterableDataset):
         Raises:
             ConfigError: ``epoch`` is not an int >= 0.
         """
-        require(isinstance(epoch, int) and not isinstance(epoch, bool) and epoch >= 0,
-                f"epoch must be an int >= 0, got {epoch!r}")
+        require(
+            isinstance(epoch, int) and not isinstance(epoch, bool) and epoch >= 0,
+            f"epoch must be an int >= 0, got {epoch!r}",
+        )
         if epoch != self.epoch:
             self.epoch, self._resume, self._positions = epoch, {}, {}
 
@@ -313,8 +345,13 @@ class HeraldIterableDataset(IterableDataset):
         s = self.settings
         start, stop = shard_range(self.num_rows, shard, num_shards, s.batch_size, s.drop_last)
         source = open_shard(self.spec, self.source_options, start, stop)
-        batcher = GlobalBatcher(source, s.batch_size, shuffle_buffer=s.shuffle_buffer,
-                                seed=_shard_seed(s.seed, self.epoch, shard), prefetch_batches=s.prefetch_batches)
+        batcher = GlobalBatcher(
+            source,
+            s.batch_size,
+            shuffle_buffer=s.shuffle_buffer,
+            seed=_shard_seed(s.seed, self.epoch, shard),
+            prefetch_batches=s.prefetch_batches,
+        )
         key = str(shard)
         try:
             if resume is not None:
@@ -334,12 +371,18 @@ class HeraldIterableDataset(IterableDataset):
         if not self._resume:
             return None
         saved = {entry["num_shards"] for entry in self._resume.values()}
-        require(saved == {num_shards}, f"the state was saved with {sorted(saved)} shards (world_size x num_workers), "
-                                       f"this loader reads {num_shards}; resume with the same world_size and "
-                                       "num_workers")
+        require(
+            saved == {num_shards},
+            f"the state was saved with {sorted(saved)} shards (world_size x num_workers), "
+            f"this loader reads {num_shards}; resume with the same world_size and "
+            "num_workers",
+        )
         entry = self._resume.pop(str(shard), None)
-        require(entry is not None, f"the state holds the positions of shards {sorted(self._resume, key=int)}, not "
-                                   f"of shard {shard}; load the state this worker saved (StatefulDataLoader does)")
+        require(
+            entry is not None,
+            f"the state holds the positions of shards {sorted(self._resume, key=int)}, not "
+            f"of shard {shard}; load the state this worker saved (StatefulDataLoader does)",
+        )
         return entry["batcher"]
 
     # ----------------------------------------------------------------- state
@@ -350,9 +393,16 @@ class HeraldIterableDataset(IterableDataset):
         for key, (num_shards, pos) in self._saved_positions().items():
             shards[key] = {"num_shards": num_shards, "batcher": pos}
         s = self.settings
-        return {"format": STATE_FORMAT, "epoch": self.epoch, "seed": s.seed, "batch_size": s.batch_size,
-                "shuffle_buffer": s.shuffle_buffer, "drop_last": s.drop_last, "num_rows": self.num_rows,
-                "shards": shards}
+        return {
+            "format": STATE_FORMAT,
+            "epoch": self.epoch,
+            "seed": s.seed,
+            "batch_size": s.batch_size,
+            "shuffle_buffer": s.shuffle_buffer,
+            "drop_last": s.drop_last,
+            "num_rows": self.num_rows,
+            "shards": shards,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         """Resume at ``state`` (from :meth:`state_dict` of a dataset over the same data).
@@ -363,17 +413,31 @@ class HeraldIterableDataset(IterableDataset):
         if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
             raise DataError("not a HeraldIterableDataset state; pass HeraldIterableDataset.state_dict()")
         s = self.settings
-        for key, mine in (("seed", s.seed), ("batch_size", s.batch_size), ("shuffle_buffer", s.shuffle_buffer),
-                          ("drop_last", s.drop_last), ("num_rows", self.num_rows)):
-            require(state.get(key) == mine, f"state saved with {key}={state.get(key)!r}, this dataset has "
-                                            f"{mine!r}; build it with the same settings and data")
+        for key, mine in (
+            ("seed", s.seed),
+            ("batch_size", s.batch_size),
+            ("shuffle_buffer", s.shuffle_buffer),
+            ("drop_last", s.drop_last),
+            ("num_rows", self.num_rows),
+        ):
+            require(
+                state.get(key) == mine,
+                f"state saved with {key}={state.get(key)!r}, this dataset has "
+                f"{mine!r}; build it with the same settings and data",
+            )
         epoch, shards = state.get("epoch"), state.get("shards")
         if not isinstance(epoch, int) or epoch < 0 or not isinstance(shards, dict):
             raise DataError("malformed dataset state: 'epoch' must be an int >= 0 and 'shards' a dict")
         for key, entry in shards.items():
-            if not (isinstance(key, str) and key.isdigit() and isinstance(entry, dict)
-                    and isinstance(entry.get("num_shards"), int) and isinstance(entry.get("batcher"), dict)):
-                raise DataError(f"malformed dataset state: shard {key!r} must map to {{'num_shards': int, "
-                                "'batcher': dict}")
+            if not (
+                isinstance(key, str)
+                and key.isdigit()
+                and isinstance(entry, dict)
+                and isinstance(entry.get("num_shards"), int)
+                and isinstance(entry.get("batcher"), dict)
+            ):
+                raise DataError(
+                    f"malformed dataset state: shard {key!r} must map to {{'num_shards': int, 'batcher': dict}}"
+                )
         self.epoch, self._positions = epoch, {}
         self._resume = {key: dict(entry) for key, entry in shards.items()}

@@ -41,18 +41,25 @@ from herald.loader.splits import RowRange
 _INFO_KEYS = ("batches", "samples", "dropped_samples")
 
 
-def record_sample_ids(dispatcher_rank: int, partitions: np.ndarray, offsets: np.ndarray,
-                      rows: np.ndarray) -> np.ndarray:
+def record_sample_ids(
+    dispatcher_rank: int, partitions: np.ndarray, offsets: np.ndarray, rows: np.ndarray
+) -> np.ndarray:
     """uint64 [n] sample ids from (partition int32 [n], offset int64 [n], row int64 [n]).
 
     Raises:
         DataError: a field exceeds its bit range (see NOTE [kafka delivery]).
     """
     if partitions.size and (partitions.max() >= 256 or offsets.max() >= 2**32 or rows.max() >= 65536):
-        raise DataError("Kafka sample ids hold partitions < 256, offsets < 2**32 and < 65,536 samples per "
-                        "record; use fewer partitions or smaller arrow records")
-    return ((np.uint64(dispatcher_rank) << np.uint64(56)) | (partitions.astype(np.uint64) << np.uint64(48))
-            | (offsets.astype(np.uint64) << np.uint64(16)) | rows.astype(np.uint64))
+        raise DataError(
+            "Kafka sample ids hold partitions < 256, offsets < 2**32 and < 65,536 samples per "
+            "record; use fewer partitions or smaller arrow records"
+        )
+    return (
+        (np.uint64(dispatcher_rank) << np.uint64(56))
+        | (partitions.astype(np.uint64) << np.uint64(48))
+        | (offsets.astype(np.uint64) << np.uint64(16))
+        | rows.astype(np.uint64)
+    )
 
 
 class KafkaRecords(ReadTracker):
@@ -65,7 +72,7 @@ class KafkaRecords(ReadTracker):
 
     def __init__(self, dispatcher_rank: int = 0):
         self.dispatcher_rank = dispatcher_rank
-        self._row_of: dict[tuple[int, int], int] = {}   # (partition, offset) -> rows of it seen so far
+        self._row_of: dict[tuple[int, int], int] = {}  # (partition, offset) -> rows of it seen so far
         self._ids: list[np.ndarray] = []
         self._position = None
 
@@ -132,32 +139,44 @@ class GlobalBatches:
         ConfigError: fewer rows than one global batch, or invalid settings.
     """
 
-    def __init__(self, source: Source, global_batch: int, *, epochs: int = 1, train_rows: int | None = None,
-                 max_steps: int | None = None, tracker: ReadTracker | None = None, prefetch_batches: int = 2):
+    def __init__(
+        self,
+        source: Source,
+        global_batch: int,
+        *,
+        epochs: int = 1,
+        train_rows: int | None = None,
+        max_steps: int | None = None,
+        tracker: ReadTracker | None = None,
+        prefetch_batches: int = 2,
+    ):
         if train_rows is not None:
             source = RowRange(source, 0, train_rows)
         rows = source.num_rows
         if rows is not None and rows < global_batch:
             source.close()
-            raise ConfigError(f"{rows} training rows are fewer than one global batch "
-                              f"({global_batch} = workers x batch size); lower --batch-size or --workers")
+            raise ConfigError(
+                f"{rows} training rows are fewer than one global batch "
+                f"({global_batch} = workers x batch size); lower --batch-size or --workers"
+            )
         if max_steps is not None and max_steps < 1:
             raise ConfigError(f"max_steps must be >= 1 or None, got {max_steps}")
         self.source, self.global_batch, self.max_steps, self.rows_per_epoch = source, global_batch, max_steps, rows
-        self._batcher = GlobalBatcher(source, global_batch, drop_last=False, epochs=epochs,
-                                      prefetch_batches=prefetch_batches, tracker=tracker)
+        self._batcher = GlobalBatcher(
+            source, global_batch, drop_last=False, epochs=epochs, prefetch_batches=prefetch_batches, tracker=tracker
+        )
         self.info = dict.fromkeys(_INFO_KEYS, 0)
         self.skipped: dict[str, int] = {}
         self._tracked: dict[int, tuple[np.ndarray | None, Any]] = {}
 
-    def __iter__(self) -> "GlobalBatches":
+    def __iter__(self) -> GlobalBatches:
         return self
 
     def __next__(self) -> SampleBatch:
         while self.max_steps is None or self.info["batches"] < self.max_steps:
             try:
                 batch = next(self._batcher)
-            except StopIteration:   # the source is at its end: bad records after the last row count too
+            except StopIteration:  # the source is at its end: bad records after the last row count too
                 self._count_skipped(self.source.stats.get("skipped", {}))
                 raise
             self._count_skipped(self._batcher.state_dict()["source"].get("skipped", {}))
@@ -195,8 +214,14 @@ class GlobalBatches:
     def state_dict(self) -> dict:
         """Position after the last batch returned: epoch and batches consumed (the
         batcher's state, holding the source's), the :attr:`info` and :attr:`skipped` counts."""
-        return {"format": "global_batches", "global_batch": self.global_batch, "rows_per_epoch": self.rows_per_epoch,
-                "info": dict(self.info), "skipped": dict(self.skipped), "batcher": self._batcher.state_dict()}
+        return {
+            "format": "global_batches",
+            "global_batch": self.global_batch,
+            "rows_per_epoch": self.rows_per_epoch,
+            "info": dict(self.info),
+            "skipped": dict(self.skipped),
+            "batcher": self._batcher.state_dict(),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         """Continue after the batch ``state`` was saved at: the source is moved by its own
@@ -210,18 +235,24 @@ class GlobalBatches:
             raise DataError("not a GlobalBatches state; pass GlobalBatches.state_dict()")
         for key in ("global_batch", "rows_per_epoch"):
             if state.get(key) != getattr(self, key):
-                raise ConfigError(f"state saved with {key}={state.get(key)!r}, this producer has "
-                                  f"{getattr(self, key)!r}; resume with the same source, --workers, "
-                                  "--batch-size and --eval-fraction")
+                raise ConfigError(
+                    f"state saved with {key}={state.get(key)!r}, this producer has "
+                    f"{getattr(self, key)!r}; resume with the same source, --workers, "
+                    "--batch-size and --eval-fraction"
+                )
         info = state.get("info")
-        if (not isinstance(info, dict) or set(info) != set(_INFO_KEYS)
-                or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in info.values())):
-            raise DataError(f"malformed GlobalBatches state: 'info' must map {list(_INFO_KEYS)} to ints >= 0, "
-                            f"got {info!r}")
-        skipped = state.get("skipped", {})   # absent in states of older versions
+        if (
+            not isinstance(info, dict)
+            or set(info) != set(_INFO_KEYS)
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in info.values())
+        ):
+            raise DataError(
+                f"malformed GlobalBatches state: 'info' must map {list(_INFO_KEYS)} to ints >= 0, got {info!r}"
+            )
+        skipped = state.get("skipped", {})  # absent in states of older versions
         if not isinstance(skipped, dict) or not all(
-                isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0
-                for k, v in skipped.items()):
+            isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0 for k, v in skipped.items()
+        ):
             raise DataError(f"malformed GlobalBatches state: 'skipped' must map reason -> count, got {skipped!r}")
         self._batcher.load_state_dict(state.get("batcher"))
         self.info = dict(info)
@@ -233,7 +264,7 @@ class GlobalBatches:
         self._batcher.close()
         self.source.close()
 
-    def __enter__(self) -> "GlobalBatches":
+    def __enter__(self) -> GlobalBatches:
         return self
 
     def __exit__(self, *exc) -> None:

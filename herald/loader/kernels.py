@@ -29,17 +29,28 @@ OVERFLOW = 5
 BAD_FLOAT = 6
 BAD_LABEL = 7
 MISSING_ID = 8
-BAD_DENSE = 9    # a dense value not finite or beyond DENSE_LIMIT (NOTE [value checks], herald/loader/validation.py)
+BAD_DENSE = 9  # a dense value not finite or beyond DENSE_LIMIT (NOTE [value checks], herald/loader/validation.py)
 BAD_CHECKSUM = 10  # its Parquet row group has a page whose CRC does not match (herald/loader/formats/parquet.py)
-REASONS = ("ok", "empty_line", "bad_utf8", "field_count", "bad_int", "overflow",
-           "bad_float", "bad_label", "missing_id", "bad_dense", "bad_checksum")
+REASONS = (
+    "ok",
+    "empty_line",
+    "bad_utf8",
+    "field_count",
+    "bad_int",
+    "overflow",
+    "bad_float",
+    "bad_label",
+    "missing_id",
+    "bad_dense",
+    "bad_checksum",
+)
 
 # Column kinds of parse_delimited_jit.
-K_SKIP = 0      # ignored column (e.g. Avazu ``id``)
-K_LABEL01 = 1   # label, exactly "0" or "1"
+K_SKIP = 0  # ignored column (e.g. Avazu ``id``)
+K_LABEL01 = 1  # label, exactly "0" or "1"
 K_DENSE_LOG = 2  # signed int64, empty -> 0, value log(1 + max(x, 0))
-K_HASH = 3      # categorical bytes hashed per NOTE [id hash]; empty -> no id
-K_UINT_ID = 4   # decimal uint64 id used as is; empty -> missing_id
+K_HASH = 3  # categorical bytes hashed per NOTE [id hash]; empty -> no id
+K_UINT_ID = 4  # decimal uint64 id used as is; empty -> missing_id
 K_AUX_FLOAT = 5  # float64 auxiliary value (MovieLens rating, timestamp)
 
 _U64_MAX = np.uint64(0xFFFFFFFFFFFFFFFF)
@@ -69,8 +80,12 @@ def utf8_valid_jit(buf, s, e):
             if (buf[i + k] & 0xC0) != 0x80:
                 return False
         c1 = buf[i + 1]
-        if (c == 0xE0 and c1 < 0xA0) or (c == 0xED and c1 >= 0xA0) \
-                or (c == 0xF0 and c1 < 0x90) or (c == 0xF4 and c1 >= 0x90):
+        if (
+            (c == 0xE0 and c1 < 0xA0)
+            or (c == 0xED and c1 >= 0xA0)
+            or (c == 0xF0 and c1 < 0x90)
+            or (c == 0xF4 and c1 >= 0x90)
+        ):
             return False
         i += n + 1
     return True
@@ -163,7 +178,7 @@ def parse_float_jit(buf, s, e):
     if exp10 < 0:
         v = mant / 10.0 ** (-exp10) if exp10 > -300 else 0.0
     else:
-        v = mant * 10.0 ** exp10 if exp10 < 400 else math.inf
+        v = mant * 10.0**exp10 if exp10 < 400 else math.inf
     if not math.isfinite(v):
         return 0.0, OVERFLOW
     return (-v if neg else v), OK
@@ -227,8 +242,9 @@ def _field(buf, fs, fe, r, kind, slot, seeds, bucket_count, labels, dense, ids, 
 
 
 @nb.njit(cache=True, nogil=True)
-def parse_delimited_jit(buf, starts, ends, sep, kinds, slots, seeds, bucket_count,
-                        labels, dense, ids, has, aux, status):
+def parse_delimited_jit(
+    buf, starts, ends, sep, kinds, slots, seeds, bucket_count, labels, dense, ids, has, aux, status
+):
     """Parse ``n`` delimited records (Criteo TSV, Avazu CSV, MovieLens).
 
     Args:
@@ -280,8 +296,7 @@ def parse_delimited_jit(buf, starts, ends, sep, kinds, slots, seeds, bucket_coun
                     else:
                         dense[r, slot] = 0.0
                 elif kind != K_SKIP:
-                    st = _field(buf, fs, i, r, kind, slot, seeds, bucket_count,
-                                labels, dense, ids, has, aux)
+                    st = _field(buf, fs, i, r, kind, slot, seeds, bucket_count, labels, dense, ids, has, aux)
                     if st != OK:
                         break
                 col += 1
@@ -367,8 +382,24 @@ def compact_jit(ids, has, values, offsets):
 
 
 @nb.njit(cache=True, nogil=True)
-def synthetic_jit(seed, start, cards, pl_scale, pl_power, missing, key_seeds, table_weights,
-                  dense_mean, dense_std, dense_weights, bias, labels, dense, ids, has):
+def synthetic_jit(
+    seed,
+    start,
+    cards,
+    pl_scale,
+    pl_power,
+    missing,
+    key_seeds,
+    table_weights,
+    dense_mean,
+    dense_std,
+    dense_weights,
+    bias,
+    labels,
+    dense,
+    ids,
+    has,
+):
     """Generate samples ``start .. start+n-1``: each is a function of (seed, row) only.
 
     NOTE [synthetic sample]: row ``i`` draws its random numbers from the counter

@@ -28,7 +28,7 @@ split (docs/operations.md).
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -48,10 +48,11 @@ class BadRecordSettings:
     quarantine_path: str | None = None
 
     def __post_init__(self) -> None:
-        require(self.bad_records in POLICIES,
-                f"bad_records must be one of {POLICIES}, got {self.bad_records!r}")
-        require(self.quarantine_path is None or self.bad_records == "skip",
-                "quarantine_path needs bad_records='skip' (strict raises on the first bad record)")
+        require(self.bad_records in POLICIES, f"bad_records must be one of {POLICIES}, got {self.bad_records!r}")
+        require(
+            self.quarantine_path is None or self.bad_records == "skip",
+            "quarantine_path needs bad_records='skip' (strict raises on the first bad record)",
+        )
 
 
 class BadRecordLog:
@@ -67,8 +68,9 @@ class BadRecordLog:
     def strict(self) -> bool:
         return self.settings.bad_records == "strict"
 
-    def error(self, code: int, position: int, unit: str = "line", *, source: str | None = None,
-              detail: str = "") -> DataError:
+    def error(
+        self, code: int, position: int, unit: str = "line", *, source: str | None = None, detail: str = ""
+    ) -> DataError:
         """The strict policy's error for the record at ``position`` (``unit`` names what
         ``position`` counts, e.g. ``"line"`` or ``"row (0-based) {position} of FILE"`` with the
         position in it; ``source`` overrides the source name, e.g. one file of a directory;
@@ -78,7 +80,10 @@ class BadRecordLog:
         return DataError(
             f"bad record at {at}: {reason}{': ' + detail if detail else ''}; fix the input, or drop "
             "and count bad records with bad_records='skip' (herald train --source-option bad_records=skip)",
-            source=source or self.source_name, position=position, reason=reason)
+            source=source or self.source_name,
+            position=position,
+            reason=reason,
+        )
 
     def record(self, codes: np.ndarray, raw: Iterable[bytes] = ()) -> None:
         """Count bad records (int8 status codes [k], zeros ignored) and quarantine ``raw``."""
@@ -97,7 +102,8 @@ class BadRecordLog:
 
     def load(self, skipped: dict) -> None:
         if not isinstance(skipped, dict) or not all(
-                isinstance(k, str) and isinstance(v, int) for k, v in skipped.items()):
+            isinstance(k, str) and isinstance(v, int) for k, v in skipped.items()
+        ):
             raise DataError(f"malformed state: 'skipped' must map reason -> count, got {skipped!r}")
         self.skipped = dict(skipped)
 

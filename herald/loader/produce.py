@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 from herald.config import require
 from herald.errors import ConfigError, DataError, PeerTimeout
@@ -30,15 +31,15 @@ _TEXT_FORMATS = {"tsv": "criteo", "csv": "avazu"}
 @dataclasses.dataclass(frozen=True)
 class ProduceSettings:
     """Args:
-        bootstrap_servers: ``host:port[,host:port]``. topic: target topic.
-        format: ``arrow``, ``tsv`` (Criteo lines) or ``csv`` (Avazu lines).
-        rows_per_message: samples per Arrow message (``arrow`` only).
-        rate_samples_per_s: throttle to this many samples per second (None = as fast as possible).
-        limit_rows: publish at most this many samples (None = all).
-        client_options: extra kafka-python ``KafkaProducer`` settings (``api_version``, ...).
-        max_message_bytes: largest Arrow message (the broker's ``message.max.bytes``,
-            1,000,012 by default).
-        flush_timeout_ms: bound on the final flush and close.
+    bootstrap_servers: ``host:port[,host:port]``. topic: target topic.
+    format: ``arrow``, ``tsv`` (Criteo lines) or ``csv`` (Avazu lines).
+    rows_per_message: samples per Arrow message (``arrow`` only).
+    rate_samples_per_s: throttle to this many samples per second (None = as fast as possible).
+    limit_rows: publish at most this many samples (None = all).
+    client_options: extra kafka-python ``KafkaProducer`` settings (``api_version``, ...).
+    max_message_bytes: largest Arrow message (the broker's ``message.max.bytes``,
+        1,000,012 by default).
+    flush_timeout_ms: bound on the final flush and close.
     """
 
     bootstrap_servers: str
@@ -54,11 +55,12 @@ class ProduceSettings:
     def __post_init__(self) -> None:
         from kafka import KafkaProducer
 
-        require(self.format in ("arrow", *_TEXT_FORMATS),
-                f"format must be arrow, tsv or csv, got {self.format!r}")
+        require(self.format in ("arrow", *_TEXT_FORMATS), f"format must be arrow, tsv or csv, got {self.format!r}")
         require(self.rows_per_message >= 1, f"rows_per_message must be >= 1, got {self.rows_per_message}")
-        require(self.rate_samples_per_s is None or self.rate_samples_per_s > 0,
-                f"rate_samples_per_s must be > 0 or None, got {self.rate_samples_per_s}")
+        require(
+            self.rate_samples_per_s is None or self.rate_samples_per_s > 0,
+            f"rate_samples_per_s must be > 0 or None, got {self.rate_samples_per_s}",
+        )
         require(self.limit_rows is None or self.limit_rows >= 0, f"limit_rows must be >= 0, got {self.limit_rows}")
         require(self.max_message_bytes >= 1024, f"max_message_bytes must be >= 1024, got {self.max_message_bytes}")
         require(self.flush_timeout_ms >= 1, f"flush_timeout_ms must be >= 1, got {self.flush_timeout_ms}")
@@ -66,13 +68,15 @@ class ProduceSettings:
         bad = sorted(set(opts) & set(_RESERVED))
         require(not bad, f"client_options {bad} are set by herald produce itself")
         unknown = sorted(set(opts) - set(KafkaProducer.DEFAULT_CONFIG))
-        require(not unknown, f"unknown kafka-python producer option(s) {unknown}; known: "
-                             f"{sorted(set(KafkaProducer.DEFAULT_CONFIG) - set(_RESERVED))}")
+        require(
+            not unknown,
+            f"unknown kafka-python producer option(s) {unknown}; known: "
+            f"{sorted(set(KafkaProducer.DEFAULT_CONFIG) - set(_RESERVED))}",
+        )
         object.__setattr__(self, "client_options", dict(opts))
 
 
-def arrow_messages(batch: SampleBatch, multi_hot=frozenset(),
-                   max_bytes: int = 1_000_000) -> list[tuple[bytes, int]]:
+def arrow_messages(batch: SampleBatch, multi_hot=frozenset(), max_bytes: int = 1_000_000) -> list[tuple[bytes, int]]:
     """``batch`` as ``(Arrow IPC stream payload, samples in it)`` pairs of at most ``max_bytes``
     each (halving the batch as needed), in order.
 
@@ -80,7 +84,6 @@ def arrow_messages(batch: SampleBatch, multi_hot=frozenset(),
         ConfigError: a single sample is larger than ``max_bytes``.
     """
     import pyarrow as pa
-
 
     record = batch_to_arrow(batch, multi_hot)
     sink = pa.BufferOutputStream()
@@ -90,11 +93,14 @@ def arrow_messages(batch: SampleBatch, multi_hot=frozenset(),
     if len(payload) <= max_bytes:
         return [(payload, len(batch))]
     if len(batch) == 1:
-        raise ConfigError(f"one sample is {len(payload)} bytes as Arrow, over max_message_bytes={max_bytes}; "
-                          "raise the broker's message.max.bytes and max_message_bytes")
+        raise ConfigError(
+            f"one sample is {len(payload)} bytes as Arrow, over max_message_bytes={max_bytes}; "
+            "raise the broker's message.max.bytes and max_message_bytes"
+        )
     half = len(batch) // 2
-    return (arrow_messages(batch.slice(0, half), multi_hot, max_bytes)
-            + arrow_messages(batch.slice(half, len(batch)), multi_hot, max_bytes))
+    return arrow_messages(batch.slice(0, half), multi_hot, max_bytes) + arrow_messages(
+        batch.slice(half, len(batch)), multi_hot, max_bytes
+    )
 
 
 def text_lines(path: str, fmt: str, limit_rows: int | None) -> Iterator[bytes]:
@@ -120,7 +126,8 @@ def check_text_source(spec: str, fmt: str) -> None:
     if found != _TEXT_FORMATS[fmt]:
         raise ConfigError(
             f"format {fmt} publishes raw {_TEXT_FORMATS[fmt]} lines and needs a {_TEXT_FORMATS[fmt]} text file "
-            f"as SOURCE; {spec!r} is {found}: use --format arrow to publish any loader source")
+            f"as SOURCE; {spec!r} is {found}: use --format arrow to publish any loader source"
+        )
 
 
 class _Throttle:
@@ -135,8 +142,13 @@ class _Throttle:
                 time.sleep(ahead)
 
 
-def produce(spec: str, settings: ProduceSettings, *, source_options: Mapping[str, Any] | None = None,
-            progress: Callable[[int], None] | None = None) -> dict:
+def produce(
+    spec: str,
+    settings: ProduceSettings,
+    *,
+    source_options: Mapping[str, Any] | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> dict:
     """Publish ``spec`` (a path or URL ``open_source`` accepts) into ``settings.topic``.
 
     Args:
@@ -151,8 +163,8 @@ def produce(spec: str, settings: ProduceSettings, *, source_options: Mapping[str
         PeerTimeout: no broker answered, or the final flush did not finish in time.
         DataError: the source is unreadable.
     """
-    from kafka import KafkaProducer
     import kafka.errors as ke
+    from kafka import KafkaProducer
 
     if settings.format in _TEXT_FORMATS:
         check_text_source(spec, settings.format)
@@ -160,14 +172,22 @@ def produce(spec: str, settings: ProduceSettings, *, source_options: Mapping[str
             raise ConfigError(f"source options {sorted(source_options)} apply to --format arrow only")
 
     check_reachable(settings.bootstrap_servers, 10_000)
-    opts = {"linger_ms": 20, "max_block_ms": 30_000, "batch_size": 1 << 20, "max_request_size": settings.max_message_bytes + 4096,
-            **settings.client_options}
+    opts = {
+        "linger_ms": 20,
+        "max_block_ms": 30_000,
+        "batch_size": 1 << 20,
+        "max_request_size": settings.max_message_bytes + 4096,
+        **settings.client_options,
+    }
     try:
         producer = KafkaProducer(bootstrap_servers=settings.bootstrap_servers.split(","), **opts)
     except ke.NoBrokersAvailable as exc:
-        raise PeerTimeout(f"no Kafka broker answered at {settings.bootstrap_servers}; check the address and "
-                          "--client-option api_version=0.9 for an old broker",
-                          peer=settings.bootstrap_servers, op="bootstrap") from exc
+        raise PeerTimeout(
+            f"no Kafka broker answered at {settings.bootstrap_servers}; check the address and "
+            "--client-option api_version=0.9 for an old broker",
+            peer=settings.bootstrap_servers,
+            op="bootstrap",
+        ) from exc
     t0 = time.monotonic()
     stats = {"rows": 0, "messages": 0, "bytes": 0}
     throttle = _Throttle(settings.rate_samples_per_s)
@@ -193,8 +213,11 @@ def produce(spec: str, settings: ProduceSettings, *, source_options: Mapping[str
         producer.flush(timeout=settings.flush_timeout_ms / 1000)
         _settle(futures, settings)
     except ke.KafkaTimeoutError as exc:
-        raise PeerTimeout(f"Kafka at {settings.bootstrap_servers} did not accept messages within the timeout: "
-                          f"{exc}", peer=settings.bootstrap_servers, op="produce") from exc
+        raise PeerTimeout(
+            f"Kafka at {settings.bootstrap_servers} did not accept messages within the timeout: {exc}",
+            peer=settings.bootstrap_servers,
+            op="produce",
+        ) from exc
     finally:
         producer.close(timeout=settings.flush_timeout_ms / 1000)
     stats["seconds"] = time.monotonic() - t0

@@ -13,26 +13,41 @@ from herald.config import key_value, parse_value
 def register(commands) -> None:
     """Add ``herald produce`` to the top-level commands."""
     p = commands.add_parser(
-        "produce", help="publish a dataset into a Kafka topic (arrow batches or raw tsv/csv lines)",
+        "produce",
+        help="publish a dataset into a Kafka topic (arrow batches or raw tsv/csv lines)",
         description="Publish SOURCE (any path or URL the loader opens) into a Kafka topic that "
-                    "herald's Kafka source (kafka://HOST:PORT/TOPIC?format=...&group=...) reads. "
-                    "--format arrow: one Arrow IPC record batch of --rows-per-message samples per message, "
-                    "from any source. --format tsv/csv: raw Criteo/Avazu lines, one per message, "
-                    "from a Criteo .tsv / Avazu .csv file only.")
-    p.add_argument("source", metavar="SOURCE", help="dataset path or URL (e.g. data.tsv, dir/, synthetic://criteo?rows=1000)")
+        "herald's Kafka source (kafka://HOST:PORT/TOPIC?format=...&group=...) reads. "
+        "--format arrow: one Arrow IPC record batch of --rows-per-message samples per message, "
+        "from any source. --format tsv/csv: raw Criteo/Avazu lines, one per message, "
+        "from a Criteo .tsv / Avazu .csv file only.",
+    )
+    p.add_argument(
+        "source", metavar="SOURCE", help="dataset path or URL (e.g. data.tsv, dir/, synthetic://criteo?rows=1000)"
+    )
     p.add_argument("--bootstrap", required=True, metavar="HOST:PORT", help="broker(s), comma-separated")
     p.add_argument("--topic", required=True)
     p.add_argument("--format", choices=("arrow", "tsv", "csv"), default="arrow")
     p.add_argument("--rows-per-message", type=int, default=1024, metavar="N", help="samples per Arrow message")
     p.add_argument("--rate", type=float, default=None, metavar="SAMPLES_PER_S", help="throttle (default: unthrottled)")
     p.add_argument("--limit", type=int, default=None, metavar="N", help="publish at most N samples")
-    p.add_argument("--client-option", type=key_value, action="append", default=[], metavar="KEY=VALUE",
-                   help="kafka-python KafkaProducer setting, repeatable (e.g. api_version=0.9, acks=all)")
-    p.add_argument("--source-option", type=key_value, action="append", default=[], metavar="KEY=VALUE",
-                   help="loader option for SOURCE (arrow only; e.g. bad_records=skip)")
+    p.add_argument(
+        "--client-option",
+        type=key_value,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="kafka-python KafkaProducer setting, repeatable (e.g. api_version=0.9, acks=all)",
+    )
+    p.add_argument(
+        "--source-option",
+        type=key_value,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="loader option for SOURCE (arrow only; e.g. bad_records=skip)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run_produce)
-
 
 
 def run_produce(args) -> int:
@@ -42,26 +57,32 @@ def run_produce(args) -> int:
     from herald.loader.produce import ProduceSettings, check_text_source, produce
 
     settings = ProduceSettings(
-        bootstrap_servers=args.bootstrap, topic=args.topic, format=args.format,
-        rows_per_message=args.rows_per_message, rate_samples_per_s=args.rate, limit_rows=args.limit,
-        client_options={k: parse_kafka_value(k, v) for k, v in args.client_option})
+        bootstrap_servers=args.bootstrap,
+        topic=args.topic,
+        format=args.format,
+        rows_per_message=args.rows_per_message,
+        rate_samples_per_s=args.rate,
+        limit_rows=args.limit,
+        client_options={k: parse_kafka_value(k, v) for k, v in args.client_option},
+    )
     source_options = {k: parse_value(v) for k, v in args.source_option}
     if settings.format != "arrow":
-        check_text_source(args.source, settings.format)     # before the progress bar appears
+        check_text_source(args.source, settings.format)  # before the progress bar appears
     bar = None
     if not args.no_progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=args.limit, unit="sample", unit_scale=True, desc=f"produce {args.topic}",
-                   file=sys.stderr)
+        bar = tqdm(total=args.limit, unit="sample", unit_scale=True, desc=f"produce {args.topic}", file=sys.stderr)
     try:
-        stats = produce(args.source, settings, source_options=source_options,
-                        progress=bar.update if bar is not None else None)
+        stats = produce(
+            args.source, settings, source_options=source_options, progress=bar.update if bar is not None else None
+        )
     finally:
         if bar is not None:
             bar.close()
     rate = stats["rows"] / stats["seconds"] if stats["seconds"] > 0 else float("inf")
-    print(f"published {stats['rows']} samples in {stats['messages']} messages ({stats['bytes'] / 1e6:.1f} MB) "
-          f"to {args.topic} in {stats['seconds']:.2f} s ({rate:,.0f} samples/s)")
+    print(
+        f"published {stats['rows']} samples in {stats['messages']} messages ({stats['bytes'] / 1e6:.1f} MB) "
+        f"to {args.topic} in {stats['seconds']:.2f} s ({rate:,.0f} samples/s)"
+    )
     return 0
-

@@ -20,15 +20,15 @@ from __future__ import annotations
 
 import os
 import urllib.parse
-from typing import Callable
+from collections.abc import Callable
 
 from herald.config import split_options
 from herald.errors import ConfigError
 from herald.loader.formats.parquet import ParquetSettings, ParquetSource
-from herald.loader.policy import BadRecordSettings
 from herald.loader.formats.raw import AvazuSource, CriteoSource, LibfmSource, MovieLensSettings, MovieLensSource
-from herald.loader.source import Source
 from herald.loader.formats.text import TextSettings
+from herald.loader.policy import BadRecordSettings
+from herald.loader.source import Source
 from herald.loader.synthetic import SyntheticSource, fit_spec, preset_spec
 
 _REGISTRY: dict[str, Callable[..., Source]] = {}
@@ -51,6 +51,7 @@ def _text(cls, name, extra=()):
     def factory(spec, **options):
         bad, text, rest = split_options(options, BadRecordSettings, TextSettings, extra=extra, where=name)
         return cls(spec, bad=bad, text=text, **rest)
+
     return factory
 
 
@@ -68,7 +69,7 @@ def _synthetic(spec, **options):
     url = urllib.parse.urlparse(spec) if "://" in spec else urllib.parse.urlparse("synthetic://criteo")
     query = {k: v[-1] for k, v in urllib.parse.parse_qs(url.query).items()}
     query.update(options)
-    known, = split_options(query, extra=("rows", "seed", "path", "fit_rows"), where="synthetic")
+    (known,) = split_options(query, extra=("rows", "seed", "path", "fit_rows"), where="synthetic")
     try:
         rows, seed = int(known.get("rows", 1_000_000)), int(known.get("seed", 0))
         fit_rows = int(known.get("fit_rows", 1_000_000))

@@ -27,8 +27,10 @@ from herald.loader.formats.layouts import Decoded
 
 def _single_hot_or_empty(batch: SampleBatch) -> bool:
     n = len(batch)
-    return all(v.shape[0] == n or (v.shape[0] < n and np.diff(o).max(initial=0) <= 1)
-               for v, o in zip(batch.values, batch.offsets))
+    return all(
+        v.shape[0] == n or (v.shape[0] < n and np.diff(o).max(initial=0) <= 1)
+        for v, o in zip(batch.values, batch.offsets)
+    )
 
 
 class _DenseStore:
@@ -60,8 +62,9 @@ class _DenseStore:
         self.ids, self.has = np.concatenate([self.ids, ids], 1), np.concatenate([self.has, has], 1)
 
     def rows(self, idx: np.ndarray) -> SampleBatch:
-        return Decoded(np.zeros(0, np.int8), self.labels, self.dense, self.ids, self.has,
-                       np.zeros((0, 0)), self.table_names).batch(idx)
+        return Decoded(
+            np.zeros(0, np.int8), self.labels, self.dense, self.ids, self.has, np.zeros((0, 0)), self.table_names
+        ).batch(idx)
 
     def put(self, idx: np.ndarray, batch: SampleBatch) -> None:
         ids, has = self._dense_ids(batch)
@@ -123,7 +126,7 @@ class ShuffleBuffer:
         parts = []
         bounds = np.searchsorted(chunk[order], np.arange(len(self.chunks) + 1))
         for c in range(len(self.chunks)):
-            sel = order[bounds[c]:bounds[c + 1]]
+            sel = order[bounds[c] : bounds[c + 1]]
             if sel.size:
                 parts.append(self.chunks[c].take(rows[sel] - starts[c]))
         out = SampleBatch.concat(parts)

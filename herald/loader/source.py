@@ -69,8 +69,7 @@ class Source:
     def state_dict(self) -> dict:
         """The position after the last row returned (JSON-serialisable dict); its
         ``skipped`` (reason -> count, NOTE [bad records]) are the counts at that position."""
-        return {"format": self.format_name, "rows": self._rows, "skipped": dict(self._skipped()),
-                **self._get_state()}
+        return {"format": self.format_name, "rows": self._rows, "skipped": dict(self._skipped()), **self._get_state()}
 
     def load_state_dict(self, state: dict) -> None:
         """Move to ``state`` (from ``state_dict()`` of a source over the same data).
@@ -80,8 +79,10 @@ class Source:
         """
         if not isinstance(state, dict) or state.get("format") != self.format_name:
             got = state.get("format") if isinstance(state, dict) else type(state).__name__
-            raise DataError(f"state is for format {got!r}, this source is {self.format_name!r}; "
-                            "pass the state saved from the same source")
+            raise DataError(
+                f"state is for format {got!r}, this source is {self.format_name!r}; "
+                "pass the state saved from the same source"
+            )
         rows = state.get("rows")
         if not isinstance(rows, int) or rows < 0:
             raise DataError(f"malformed state: 'rows' must be an int >= 0, got {rows!r}")
@@ -92,7 +93,7 @@ class Source:
         """Release files; idempotent."""
         self._closed = True
 
-    def __enter__(self) -> "Source":
+    def __enter__(self) -> Source:
         return self
 
     def __exit__(self, *exc) -> None:

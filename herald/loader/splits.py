@@ -14,8 +14,8 @@ import numpy as np
 
 from herald import keymap
 from herald.errors import ConfigError, DataError
-from herald.loader.registry import open_source
 from herald.loader.batch import SampleBatch
+from herald.loader.registry import open_source
 from herald.loader.source import Source, state_int
 
 
@@ -85,8 +85,9 @@ class RowRange(Source):
     def _set_state(self, state: dict) -> None:
         self._pos = state_int(state, "pos")
         before = state.get("skipped_before", {} if self.start == 0 else None)
-        if before is not None and not (isinstance(before, dict) and all(
-                isinstance(k, str) and isinstance(v, int) for k, v in before.items())):
+        if before is not None and not (
+            isinstance(before, dict) and all(isinstance(k, str) and isinstance(v, int) for k, v in before.items())
+        ):
             raise DataError(f"malformed row range state: 'skipped_before' must map reason -> count, got {before!r}")
         self.inner.load_state_dict(state.get("inner"))
         self._before = before
@@ -169,12 +170,12 @@ def distinct_ids_per_table(batches) -> list[int]:
         tables = max(tables, b.num_tables)
         values = tuple(np.ascontiguousarray(v, dtype=np.uint64) for v in b.values)
         nnz = sum(v.shape[0] for v in values)
-        if used[0] + nnz > capacity:   # room for every key of the batch: one kernel call inserts them all
+        if used[0] + nnz > capacity:  # room for every key of the batch: one kernel call inserts them all
             capacity = max(2 * capacity, int(used[0]) + nnz)
             ids, tab = np.resize(ids, capacity), np.resize(tab, capacity)
             buckets = keymap.new_buckets(capacity, ids, tab, int(used[0]))
         keymap.find_or_insert_tables_jit(buckets, ids, tab, used, values, np.empty(nnz, np.int32))
-    return np.bincount(tab[:used[0]], minlength=tables).astype(int).tolist()
+    return np.bincount(tab[: used[0]], minlength=tables).astype(int).tolist()
 
 
 def count_distinct_keys(batches) -> int:

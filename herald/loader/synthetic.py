@@ -24,21 +24,72 @@ import numpy as np
 
 from herald.config import require
 from herald.errors import ConfigError, DataError
+from herald.hashing import splitmix64
 from herald.loader import kernels as K
 from herald.loader.batch import KEY_DTYPE, SampleBatch, Schema
-from herald.hashing import splitmix64
 from herald.loader.source import Source, state_int
 
 # Criteo Kaggle (DAC) per-field cardinalities, as published with DLRM/TorchRec.
-CRITEO_KAGGLE_CARDINALITIES = (1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683,
-                               8351593, 3194, 27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18,
-                               15, 286181, 105, 142572)
+CRITEO_KAGGLE_CARDINALITIES = (
+    1460,
+    583,
+    10131227,
+    2202608,
+    305,
+    24,
+    12517,
+    633,
+    3,
+    93145,
+    5683,
+    8351593,
+    3194,
+    27,
+    14992,
+    5461306,
+    10,
+    5652,
+    2173,
+    4,
+    7046547,
+    18,
+    15,
+    286181,
+    105,
+    142572,
+)
 # Dense mean/std of log(1+max(x,0)) and table missing rates measured on
 # criteo_kaggle_sample_train.tsv (7,200 rows); exponent 1.05 is an assumption.
 _CRITEO_DENSE_MEAN = (0.43, 2.11, 1.79, 1.38, 6.91, 2.70, 1.45, 2.05, 3.44, 0.20, 0.80, 0.07, 1.51)
 _CRITEO_DENSE_STD = (0.82, 2.13, 1.46, 1.10, 3.22, 2.21, 1.35, 1.18, 1.82, 0.35, 0.74, 0.31, 1.21)
-_CRITEO_MISSING = (0, 0, .033, .033, 0, .133, 0, 0, 0, 0, 0, .033, 0, 0, 0, .033, 0, 0, .453, .453,
-                   .033, .819, 0, .033, .453, .453)
+_CRITEO_MISSING = (
+    0,
+    0,
+    0.033,
+    0.033,
+    0,
+    0.133,
+    0,
+    0,
+    0,
+    0,
+    0,
+    0.033,
+    0,
+    0,
+    0,
+    0.033,
+    0,
+    0,
+    0.453,
+    0.453,
+    0.033,
+    0.819,
+    0,
+    0.033,
+    0.453,
+    0.453,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,8 +112,10 @@ class SyntheticSpec:
 
     def __post_init__(self) -> None:
         t = len(self.table_names)
-        require(len(self.cardinalities) == len(self.alphas) == len(self.missing_rates) == t,
-                "cardinalities, alphas and missing_rates need one entry per table")
+        require(
+            len(self.cardinalities) == len(self.alphas) == len(self.missing_rates) == t,
+            "cardinalities, alphas and missing_rates need one entry per table",
+        )
         require(len(self.dense_mean) == len(self.dense_std), "dense_mean and dense_std differ in length")
         require(all(c >= 1 for c in self.cardinalities), "cardinalities must be >= 1")
         require(all(a >= 0 for a in self.alphas), "alphas must be >= 0")
@@ -81,8 +134,15 @@ def preset_spec(name: str) -> SyntheticSpec:
     """Built-in specs: ``criteo-kaggle`` (the 26 published cardinalities, 13 dense)."""
     if name != "criteo-kaggle":
         raise ConfigError(f"unknown synthetic preset {name!r}; known presets: ['criteo-kaggle']")
-    return SyntheticSpec(tuple(f"C{i}" for i in range(1, 27)), CRITEO_KAGGLE_CARDINALITIES,
-                         (1.05,) * 26, _CRITEO_MISSING, _CRITEO_DENSE_MEAN, _CRITEO_DENSE_STD, 0.2562)
+    return SyntheticSpec(
+        tuple(f"C{i}" for i in range(1, 27)),
+        CRITEO_KAGGLE_CARDINALITIES,
+        (1.05,) * 26,
+        _CRITEO_MISSING,
+        _CRITEO_DENSE_MEAN,
+        _CRITEO_DENSE_STD,
+        0.2562,
+    )
 
 
 def fit_alpha(counts: np.ndarray) -> float:
@@ -117,9 +177,15 @@ def fit_spec(source: Source, max_rows: int = 1_000_000) -> SyntheticSpec:
         alphas.append(round(fit_alpha(counts), 4))
         missing.append(round(float(np.mean(b.lengths(t) == 0)), 4))
     ctr = float(np.clip(b.labels.mean(), 1e-3, 1 - 1e-3))
-    return SyntheticSpec(b.table_names, tuple(cards), tuple(alphas), tuple(missing),
-                         tuple(float(x) for x in b.dense.mean(0)), tuple(float(x) for x in b.dense.std(0)),
-                         round(ctr, 4))
+    return SyntheticSpec(
+        b.table_names,
+        tuple(cards),
+        tuple(alphas),
+        tuple(missing),
+        tuple(float(x) for x in b.dense.mean(0)),
+        tuple(float(x) for x in b.dense.std(0)),
+        round(ctr, 4),
+    )
 
 
 class Generator:
@@ -143,7 +209,7 @@ class Generator:
         self.dense_w = np.array([0.3 if i < 3 else 0.0 for i in range(d)], np.float64)
         # E[sigmoid(b + X)] ~= sigmoid(b / sqrt(1 + pi var(X) / 8)) (probit approximation),
         # var(X) = sum w_d^2 + sum v_t^2 / 3 (effects ~ uniform on [-1, 1)).
-        var = float(np.sum(self.dense_w ** 2) + np.sum(self.table_w ** 2 * (1 - self.missing)) / 3)
+        var = float(np.sum(self.dense_w**2) + np.sum(self.table_w**2 * (1 - self.missing)) / 3)
         self.bias = math.log(spec.ctr / (1 - spec.ctr)) * math.sqrt(1 + math.pi * var / 8)
 
     def rows(self, start: int, n: int) -> SampleBatch:
@@ -153,15 +219,30 @@ class Generator:
         dense = np.empty((n, self.mean.shape[0]), np.float32)
         ids = np.empty((t, n), KEY_DTYPE)
         has = np.empty((t, n), np.uint8)
-        K.synthetic_jit(self.seed, np.int64(start), self.cards, self.pl_scale, self.pl_power, self.missing,
-                        self.key_seeds, self.table_w, self.mean, self.std, self.dense_w, self.bias,
-                        labels, dense, ids, has)
+        K.synthetic_jit(
+            self.seed,
+            np.int64(start),
+            self.cards,
+            self.pl_scale,
+            self.pl_power,
+            self.missing,
+            self.key_seeds,
+            self.table_w,
+            self.mean,
+            self.std,
+            self.dense_w,
+            self.bias,
+            labels,
+            dense,
+            ids,
+            has,
+        )
         arange = np.arange(n + 1, dtype=np.int64)
         values, offsets = [], []
         for i in range(t):
             if self.missing[i] > 0:
                 v, o = np.empty(n, KEY_DTYPE), np.empty(n + 1, np.int64)
-                v = v[:K.compact_jit(ids[i], has[i], v, o)]
+                v = v[: K.compact_jit(ids[i], has[i], v, o)]
             else:
                 v, o = ids[i], arange
             values.append(v)
@@ -202,7 +283,7 @@ class SyntheticSource(Source):
         return out
 
     def _seek(self, rows: int) -> bool:
-        self._pos = min(int(rows), self._n)   # each row is a function of (seed, row index)
+        self._pos = min(int(rows), self._n)  # each row is a function of (seed, row index)
         return True
 
     def _get_state(self) -> dict:
@@ -211,6 +292,8 @@ class SyntheticSource(Source):
     def _set_state(self, state: dict) -> None:
         row = state_int(state, "row")
         if state.get("seed") != self.seed or row > self._n:
-            raise DataError(f"state (seed {state.get('seed')}, row {row}) does not fit this synthetic "
-                            f"source (seed {self.seed}, {self._n} rows)")
+            raise DataError(
+                f"state (seed {state.get('seed')}, row {row}) does not fit this synthetic "
+                f"source (seed {self.seed}, {self._n} rows)"
+            )
         self._pos = row

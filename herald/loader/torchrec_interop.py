@@ -20,12 +20,12 @@ as arguments, and :func:`to_torchrec` gives TorchRec's own ``Batch`` of all thre
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from herald.errors import DataError
-
 from herald.loader.batch import OFFSET_DTYPE, SampleBatch
 
 if TYPE_CHECKING:  # imported on use: torch and torchrec are not loaded by loader code
@@ -34,8 +34,10 @@ if TYPE_CHECKING:  # imported on use: torch and torchrec are not loaded by loade
 #: The install that works (docs/torchrec.md): torchrec 1.8.0 declares an unpinned ``fbgemm-gpu``
 #: dependency whose 1.9.0 wheel overwrites ``fbgemm-gpu-cpu==1.8.0`` and fails to load,
 #: so torchrec itself is installed without its dependencies (``make torchrec`` does both).
-TORCHREC_HINT = ("pip install fbgemm-gpu-cpu==1.8.0 tensordict torchmetrics pyre-extensions tqdm && "
-                 "pip install --no-deps torchrec==1.8.0   (or `make torchrec`; docs/torchrec.md)")
+TORCHREC_HINT = (
+    "pip install fbgemm-gpu-cpu==1.8.0 tensordict torchmetrics pyre-extensions tqdm && "
+    "pip install --no-deps torchrec==1.8.0   (or `make torchrec`; docs/torchrec.md)"
+)
 
 
 def _torchrec(what: str = "output='kjt'", instead: str = "use output='torch'"):
@@ -48,15 +50,17 @@ def _torchrec(what: str = "output='kjt'", instead: str = "use output='torch'"):
     try:
         from torchrec.datasets.utils import Batch
         from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-    except (ImportError, OSError) as exc:   # OSError: an FBGEMM library that does not load
+    except (ImportError, OSError) as exc:  # OSError: an FBGEMM library that does not load
         raise _missing(what, instead, exc) from exc
     return Batch, KeyedJaggedTensor
 
 
 def _missing(what: str, instead: str, exc: BaseException) -> ImportError:
-    return ImportError(f"{what} needs torchrec, which is not installed or does not load ({exc}); install it "
-                       f"with `{TORCHREC_HINT}` (a broken fbgemm-gpu: `pip uninstall -y fbgemm-gpu "
-                       f"fbgemm-gpu-cpu` first), or {instead}")
+    return ImportError(
+        f"{what} needs torchrec, which is not installed or does not load ({exc}); install it "
+        f"with `{TORCHREC_HINT}` (a broken fbgemm-gpu: `pip uninstall -y fbgemm-gpu "
+        f"fbgemm-gpu-cpu` first), or {instead}"
+    )
 
 
 def keyed_tensor_class():
@@ -78,14 +82,14 @@ def kjt_from_arrays(names: Sequence[str], values: np.ndarray, lengths: np.ndarra
     import torch
 
     _, kjt_cls = _torchrec("to_kjt()", "use SampleBatch.to_torch() for plain tensors")
-    vals = torch.from_numpy(np.ascontiguousarray(values).view(np.int64))   # a fresh array: no copy needed
+    vals = torch.from_numpy(np.ascontiguousarray(values).view(np.int64))  # a fresh array: no copy needed
     lens = torch.from_numpy(np.ascontiguousarray(lengths, dtype=np.int32))
     # stride only where it cannot be inferred (no keys): lengths / keys gives it otherwise
     stride = {} if names else {"stride": int(batch_size)}
     return kjt_cls(keys=list(names), values=vals, lengths=lens, **stride)
 
 
-def to_kjt(batch: "SampleBatch"):
+def to_kjt(batch: SampleBatch):
     """``batch``'s sparse features as a ``torchrec.KeyedJaggedTensor`` (NOTE [kjt layout]).
 
     Args:
@@ -116,8 +120,10 @@ def _ids_of(kjt) -> np.ndarray:
         return values.numpy().view(np.uint64).copy()
     if values.dtype == torch.int32:
         if values.numel() and int(values.min()) < 0:
-            raise DataError("from_kjt: negative int32 ids cannot be uint64 ids; give int64 values (their bits are "
-                            "kept) or hash the raw values with herald.hashing")
+            raise DataError(
+                "from_kjt: negative int32 ids cannot be uint64 ids; give int64 values (their bits are "
+                "kept) or hash the raw values with herald.hashing"
+            )
         return values.numpy().astype(np.uint64)
     raise DataError(f"from_kjt: KJT values must be int64 or int32 ids, got {values.dtype}; ids are never floats")
 
@@ -125,16 +131,21 @@ def _ids_of(kjt) -> np.ndarray:
 def _check_kjt(kjt) -> int:
     """The KJT's batch size ``B``, after checking herald can hold it losslessly."""
     if kjt.weights_or_none() is not None:
-        raise DataError("from_kjt: the KJT has per-id weights, which a SampleBatch cannot hold; drop them "
-                        "explicitly (KeyedJaggedTensor(keys, values, lengths=...)) if they are all 1")
+        raise DataError(
+            "from_kjt: the KJT has per-id weights, which a SampleBatch cannot hold; drop them "
+            "explicitly (KeyedJaggedTensor(keys, values, lengths=...)) if they are all 1"
+        )
     if kjt.variable_stride_per_key():
-        raise DataError("from_kjt: the KJT has a variable batch size per key (VBE); a SampleBatch has one "
-                        "batch size for every table: expand it to one stride first")
+        raise DataError(
+            "from_kjt: the KJT has a variable batch size per key (VBE); a SampleBatch has one "
+            "batch size for every table: expand it to one stride first"
+        )
     return int(kjt.stride())
 
 
-def from_kjt(kjt, labels: "np.ndarray | torch.Tensor | None" = None,
-             dense: "np.ndarray | torch.Tensor | None" = None) -> "SampleBatch":
+def from_kjt(
+    kjt, labels: np.ndarray | torch.Tensor | None = None, dense: np.ndarray | torch.Tensor | None = None
+) -> SampleBatch:
     """A :class:`~herald.loader.batch.SampleBatch` from a ``KeyedJaggedTensor``: the
     inverse of :func:`to_kjt` (NOTE [kjt layout]).
 
@@ -162,26 +173,33 @@ def from_kjt(kjt, labels: "np.ndarray | torch.Tensor | None" = None,
     offsets = np.zeros((len(names), b + 1), OFFSET_DTYPE)
     np.cumsum(lengths.reshape(len(names), b), axis=1, out=offsets[:, 1:])
     ends = np.concatenate([[0], np.cumsum(offsets[:, -1])])
-    values = [ids[ends[t]:ends[t + 1]] for t in range(len(names))]
-    return SampleBatch(_array(labels, np.zeros(b, np.float32), "labels", b),
-                       _array(dense, np.zeros((b, 0), np.float32), "dense", b), values, list(offsets), names)
+    values = [ids[ends[t] : ends[t + 1]] for t in range(len(names))]
+    return SampleBatch(
+        _array(labels, np.zeros(b, np.float32), "labels", b),
+        _array(dense, np.zeros((b, 0), np.float32), "dense", b),
+        values,
+        list(offsets),
+        names,
+    )
 
 
 def _array(value: Any, default: np.ndarray, name: str, b: int) -> np.ndarray:
     """``value`` (numpy, or torch on any device) as numpy, checked to have ``b`` rows."""
     if value is None:
         return default
-    if hasattr(value, "detach"):   # a torch tensor
+    if hasattr(value, "detach"):  # a torch tensor
         value = value.detach().to("cpu").numpy()
     if not isinstance(value, np.ndarray):
         raise DataError(f"from_kjt: {name} must be a numpy array or a torch tensor, got {type(value).__name__}")
     if value.ndim == 0 or value.shape[0] != b:
-        raise DataError(f"from_kjt: {name} has shape {value.shape}, the KJT holds {b} samples (its stride); "
-                        f"pass the {name} of the same batch")
+        raise DataError(
+            f"from_kjt: {name} has shape {value.shape}, the KJT holds {b} samples (its stride); "
+            f"pass the {name} of the same batch"
+        )
     return value
 
 
-def to_torchrec(batch: "SampleBatch"):
+def to_torchrec(batch: SampleBatch):
     """``torchrec.datasets.utils.Batch``: ``dense_features`` float32 [B, D],
     ``sparse_features`` :func:`to_kjt` (keys = table names; values int64, the ids of
     each table in turn, bits of the uint64 ids; lengths int32 [T x B]) and ``labels``
@@ -195,7 +213,7 @@ def to_torchrec(batch: "SampleBatch"):
     return batch_cls(dense_features=t["dense"], sparse_features=to_kjt(batch), labels=t["labels"])
 
 
-def from_torchrec(tr_batch) -> "SampleBatch":
+def from_torchrec(tr_batch) -> SampleBatch:
     """The inverse of :func:`to_torchrec`: a ``torchrec.datasets.utils.Batch`` (dense
     float32 [B, D], a KJT, labels float32 [B]) as a :class:`SampleBatch`.
 
@@ -205,7 +223,7 @@ def from_torchrec(tr_batch) -> "SampleBatch":
     return from_kjt(tr_batch.sparse_features, tr_batch.labels, tr_batch.dense_features)
 
 
-def keyed_pooled(pooled: "torch.Tensor", table_names: Sequence[str]):
+def keyed_pooled(pooled: torch.Tensor, table_names: Sequence[str]):
     """Sum-pooled embeddings ``[b, T, dim]`` as a ``torchrec.KeyedTensor``: what a
     TorchRec ``EmbeddingBagCollection`` returns, so a TorchRec model's dense part takes it.
 
@@ -225,5 +243,6 @@ def keyed_pooled(pooled: "torch.Tensor", table_names: Sequence[str]):
     if pooled.dim() != 3 or pooled.shape[1] != len(table_names):
         raise DataError(f"keyed_pooled: pooled must be [b, T={len(table_names)}, dim], got {tuple(pooled.shape)}")
     b, t, dim = pooled.shape
-    return keyed_tensor_class()(keys=list(table_names), length_per_key=[int(dim)] * t,
-                                 values=pooled.reshape(b, t * dim), key_dim=1)
+    return keyed_tensor_class()(
+        keys=list(table_names), length_per_key=[int(dim)] * t, values=pooled.reshape(b, t * dim), key_dim=1
+    )

@@ -58,5 +58,4 @@ def describe(labels: np.ndarray, dense: np.ndarray, row: int) -> str:
         return f"label {label!r} (labels must be finite and in [0, 1])"
     bad = np.flatnonzero(~(np.abs(dense[row]) <= DENSE_LIMIT))
     k = int(bad[0]) if bad.size else 0
-    return (f"dense feature {k} is {float(dense[row, k])!r} (dense values must be finite with "
-            f"|x| <= {DENSE_LIMIT:g})")
+    return f"dense feature {k} is {float(dense[row, k])!r} (dense values must be finite with |x| <= {DENSE_LIMIT:g})"

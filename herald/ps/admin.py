@@ -56,11 +56,17 @@ def check_token(token: str | None, where: str) -> str | None:
     """
     if token is None:
         return None
-    if not isinstance(token, str) or not MIN_TOKEN_CHARS <= len(token) <= MAX_TOKEN_CHARS \
-            or not token.isprintable() or token != token.strip():
-        raise ConfigError(f"the admin token from {where} must be {MIN_TOKEN_CHARS} to {MAX_TOKEN_CHARS} printable "
-                          "characters without surrounding spaces (e.g. python -c 'import secrets; "
-                          "print(secrets.token_hex(32))')")
+    if (
+        not isinstance(token, str)
+        or not MIN_TOKEN_CHARS <= len(token) <= MAX_TOKEN_CHARS
+        or not token.isprintable()
+        or token != token.strip()
+    ):
+        raise ConfigError(
+            f"the admin token from {where} must be {MIN_TOKEN_CHARS} to {MAX_TOKEN_CHARS} printable "
+            "characters without surrounding spaces (e.g. python -c 'import secrets; "
+            "print(secrets.token_hex(32))')"
+        )
     return token
 
 
@@ -79,8 +85,9 @@ def load_token(token_file: str | os.PathLike | None = None) -> str | None:
         except OSError as exc:
             raise ConfigError(f"cannot read the token file {path}: {exc}") from None
         if mode & 0o077:
-            raise ConfigError(f"the token file {path} is readable by other users (mode {mode & 0o777:o}); "
-                              f"run `chmod 600 {path}`")
+            raise ConfigError(
+                f"the token file {path} is readable by other users (mode {mode & 0o777:o}); run `chmod 600 {path}`"
+            )
         return check_token(text.strip(), str(path))
     return check_token(os.environ.get(TOKEN_ENV) or None, TOKEN_ENV)
 
@@ -98,8 +105,7 @@ class AdminGate:
         ConfigError: a malformed token.
     """
 
-    def __init__(self, checkpoint_root: str | os.PathLike | None, token: str | None,
-                 counters: collections.Counter):
+    def __init__(self, checkpoint_root: str | os.PathLike | None, token: str | None, counters: collections.Counter):
         self.root = pathlib.Path(checkpoint_root).resolve() if checkpoint_root is not None else None
         self._token = check_token(token, "the shard's settings")
         self._counters = counters
@@ -119,31 +125,49 @@ class AdminGate:
     def _check_token(self, op: str, header: dict) -> None:
         if self._token is None:
             if op == "shutdown":
-                self._refuse("token", f"{op} refused: this shard was started without an admin token "
-                                      f"({TOKEN_ENV} or --token-file); stop it with SIGTERM")
+                self._refuse(
+                    "token",
+                    f"{op} refused: this shard was started without an admin token "
+                    f"({TOKEN_ENV} or --token-file); stop it with SIGTERM",
+                )
             return
         given = header.get("token")
         if not isinstance(given, str) or not hmac.compare_digest(given.encode(), self._token.encode()):
-            self._refuse("token", f"{op} refused: {'wrong' if isinstance(given, str) else 'missing'} admin token; "
-                                  "pass the job's token (PSClient(admin_token=...)) (NOTE [ps admin ops])")
+            self._refuse(
+                "token",
+                f"{op} refused: {'wrong' if isinstance(given, str) else 'missing'} admin token; "
+                "pass the job's token (PSClient(admin_token=...)) (NOTE [ps admin ops])",
+            )
 
     def _check_path(self, op: str, raw: str) -> pathlib.Path:
         if self.root is None:
-            self._refuse("path", f"{op} refused: this shard has no checkpoint root; start it with "
-                                 "--checkpoint-root DIR (NOTE [ps admin ops])")
-        if "\x00" in raw:   # no file path holds one (resolve() would raise ValueError)
-            self._refuse("path", f"{op} refused: {raw!r} holds a NUL byte, which no path may hold; use a folder "
-                                 f"under this shard's checkpoint root {self.root}")
+            self._refuse(
+                "path",
+                f"{op} refused: this shard has no checkpoint root; start it with "
+                "--checkpoint-root DIR (NOTE [ps admin ops])",
+            )
+        if "\x00" in raw:  # no file path holds one (resolve() would raise ValueError)
+            self._refuse(
+                "path",
+                f"{op} refused: {raw!r} holds a NUL byte, which no path may hold; use a folder "
+                f"under this shard's checkpoint root {self.root}",
+            )
         path = pathlib.Path(raw)
         try:
             resolved = path.resolve() if path.is_absolute() else None
-        except (OSError, RuntimeError) as exc:   # RuntimeError: a symlink loop
-            self._refuse("path", f"{op} refused: {raw!r} cannot be resolved ({exc}); use a folder under this "
-                                 f"shard's checkpoint root {self.root}")
+        except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop
+            self._refuse(
+                "path",
+                f"{op} refused: {raw!r} cannot be resolved ({exc}); use a folder under this "
+                f"shard's checkpoint root {self.root}",
+            )
         if resolved is None or (resolved != self.root and self.root not in resolved.parents):
-            self._refuse("path", f"{op} refused: {raw!r} is not inside this shard's checkpoint root {self.root} "
-                                 "(absolute paths only; '..' and symlinks are resolved first); use a folder "
-                                 "under it or restart the shard with another --checkpoint-root")
+            self._refuse(
+                "path",
+                f"{op} refused: {raw!r} is not inside this shard's checkpoint root {self.root} "
+                "(absolute paths only; '..' and symlinks are resolved first); use a folder "
+                "under it or restart the shard with another --checkpoint-root",
+            )
         return resolved
 
     def _refuse(self, what: str, message: str) -> NoReturn:

@@ -96,7 +96,7 @@ class PendingStep:
         n = int(self.cnt[0])
         idx = np.flatnonzero((self.p_table[:n] == t) & (self.p_arrived[:n] < self.p_expected[:n]))
         np.subtract.at(marks, self.p_slot[idx], 1)
-        self.p_arrived[idx] = self.p_expected[idx]   # nothing open is left
+        self.p_arrived[idx] = self.p_expected[idx]  # nothing open is left
         self.cnt[2] -= idx.size
         self.open_t[t] = 0
         return int(idx.size), sorted(set(self.p_expected[idx].tolist()))
@@ -140,7 +140,7 @@ class PendingStep:
                 new = np.zeros(cap, old.dtype)
                 new[: old.shape[0]] = old
                 setattr(self, name, new)
-        if self.e_grad.shape[0] < self.e_rank.shape[0] or dim > self.dim:   # grown, or freed by a retired step
+        if self.e_grad.shape[0] < self.e_rank.shape[0] or dim > self.dim:  # grown, or freed by a retired step
             self.dim = max(self.dim, int(dim))
             g = np.zeros((self.e_rank.shape[0], self.dim), np.float32)
             g[: self.e_grad.shape[0], : self.e_grad.shape[1]] = self.e_grad
@@ -158,17 +158,40 @@ class PendingStep:
         per table position) had this step's aggregations aborted (NOTE [ps aggregation])."""
         for t, a in self.aborted.items():
             if t < counts.shape[0] and counts[t]:
-                raise ProtocolError(f"push_grad rejected: the aggregation of step {a['step']} on table "
-                                    f"{a['table']!r} was aborted after {a['waited_ms']} ms (ranks that did not "
-                                    f"push: {a['missing_ranks']}); restore the latest checkpoint and resume; "
-                                    "see NOTE [ps aggregation]")
+                raise ProtocolError(
+                    f"push_grad rejected: the aggregation of step {a['step']} on table "
+                    f"{a['table']!r} was aborted after {a['waited_ms']} ms (ranks that did not "
+                    f"push: {a['missing_ranks']}); restore the latest checkpoint and resume; "
+                    "see NOTE [ps aggregation]"
+                )
 
     def state_args(self) -> tuple:
         """The map arguments of :func:`~herald.ps.kernels.flat_push_grad_check_jit`."""
-        return (self.buckets, self.p_key, self.p_table, self.p_expected, self.p_arrived, self.p_head,
-                self.e_rank, self.e_next)
+        return (
+            self.buckets,
+            self.p_key,
+            self.p_table,
+            self.p_expected,
+            self.p_arrived,
+            self.p_head,
+            self.e_rank,
+            self.e_next,
+        )
 
     def apply_args(self) -> tuple:
         """The state arguments of :func:`~herald.ps.kernels.flat_push_grad_apply_jit`."""
-        return (self.buckets, self.p_key, self.p_table, self.p_slot, self.p_expected, self.p_arrived,
-                self.p_head, self.e_rank, self.e_next, self.e_grad, self.cnt, self.open_t, self.opened_at)
+        return (
+            self.buckets,
+            self.p_key,
+            self.p_table,
+            self.p_slot,
+            self.p_expected,
+            self.p_arrived,
+            self.p_head,
+            self.e_rank,
+            self.e_next,
+            self.e_grad,
+            self.cnt,
+            self.open_t,
+            self.opened_at,
+        )

@@ -45,10 +45,15 @@ def shard_dir(root: str | os.PathLike, shard: int, num_shards: int) -> pathlib.P
 def _write(path: pathlib.Path, arr: np.ndarray) -> dict:
     arr = np.ascontiguousarray(arr)
     data = memoryview(arr.reshape(-1).view(np.uint8))
-    with PrivateFile(path, "checkpoint file") as f:   # fsync'ed
+    with PrivateFile(path, "checkpoint file") as f:  # fsync'ed
         f.write(data)
-    return {"file": path.name, "dtype": arr.dtype.str, "shape": list(arr.shape),
-            "bytes": int(arr.nbytes), "sha256": hashlib.sha256(data).hexdigest()}
+    return {
+        "file": path.name,
+        "dtype": arr.dtype.str,
+        "shape": list(arr.shape),
+        "bytes": int(arr.nbytes),
+        "sha256": hashlib.sha256(data).hexdigest(),
+    }
 
 
 def fsync_dir(path: pathlib.Path) -> None:
@@ -81,13 +86,18 @@ def save(root, shard: int, num_shards: int, seed: int, tables) -> pathlib.Path:
         entries = []
         for t in tables:
             keys, rows = t.snapshot()
-            entries.append({"name": t.cfg.name, "config": t.cfg.to_dict(), "n_rows": int(keys.shape[0]),
-                            "keys": _write(tmp / f"t{t.index}.keys", keys),
-                            "rows": _write(tmp / f"t{t.index}.rows", rows)})
-        manifest = {"format": FORMAT, "shard": shard, "num_shards": num_shards, "seed": int(seed),
-                    "tables": entries}
+            entries.append(
+                {
+                    "name": t.cfg.name,
+                    "config": t.cfg.to_dict(),
+                    "n_rows": int(keys.shape[0]),
+                    "keys": _write(tmp / f"t{t.index}.keys", keys),
+                    "rows": _write(tmp / f"t{t.index}.rows", rows),
+                }
+            )
+        manifest = {"format": FORMAT, "shard": shard, "num_shards": num_shards, "seed": int(seed), "tables": entries}
         write_private(tmp / "manifest.json", json.dumps(manifest, indent=1), "checkpoint file")
-    except StorageError as exc:   # free what the partial checkpoint holds (a full disk)
+    except StorageError as exc:  # free what the partial checkpoint holds (a full disk)
         shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointError(str(exc), reason="write") from exc
     fsync_dir(tmp)
@@ -108,20 +118,28 @@ def _read(folder: pathlib.Path, meta: dict) -> np.ndarray:
         shape = tuple(int(d) for d in meta["shape"])
         size, digest = int(meta["bytes"]), str(meta["sha256"])
     except (KeyError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"checkpoint manifest in {folder} has a bad file entry ({exc})",
-                              source=str(folder), reason="manifest") from None
+        raise CheckpointError(
+            f"checkpoint manifest in {folder} has a bad file entry ({exc})", source=str(folder), reason="manifest"
+        ) from None
     if dtype.kind not in "uf" or path.parent != folder:
         raise CheckpointError(f"checkpoint manifest in {folder} has a bad file entry", source=str(folder))
     if not path.is_file() or path.stat().st_size != size:
-        raise CheckpointError(f"checkpoint file {path} is missing or has the wrong size (torn write?); "
-                              "restore an older checkpoint", source=str(path), reason="size")
+        raise CheckpointError(
+            f"checkpoint file {path} is missing or has the wrong size (torn write?); restore an older checkpoint",
+            source=str(path),
+            reason="size",
+        )
     data = path.read_bytes()
     if hashlib.sha256(data).hexdigest() != digest:
-        raise CheckpointError(f"checkpoint file {path} fails its SHA-256 check (corrupt); "
-                              "restore an older checkpoint", source=str(path), reason="checksum")
+        raise CheckpointError(
+            f"checkpoint file {path} fails its SHA-256 check (corrupt); restore an older checkpoint",
+            source=str(path),
+            reason="checksum",
+        )
     if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize != size:
-        raise CheckpointError(f"checkpoint file {path}: shape {shape} disagrees with its size",
-                              source=str(path), reason="shape")
+        raise CheckpointError(
+            f"checkpoint file {path}: shape {shape} disagrees with its size", source=str(path), reason="shape"
+        )
     return np.frombuffer(data, dtype=dtype).reshape(shape).copy()
 
 
@@ -135,32 +153,52 @@ def load(root, shard: int, num_shards: int, seed: int, tables) -> list[tuple[np.
     folder = shard_dir(root, shard, num_shards)
     mpath = folder / "manifest.json"
     if not mpath.is_file():
-        raise CheckpointError(f"no checkpoint manifest at {mpath}: the checkpoint is missing or was "
-                              "never completed", source=str(mpath), reason="missing")
+        raise CheckpointError(
+            f"no checkpoint manifest at {mpath}: the checkpoint is missing or was never completed",
+            source=str(mpath),
+            reason="missing",
+        )
     try:
         manifest = json.loads(mpath.read_text())
         entries = manifest["tables"]
-        ok = (manifest["format"] == FORMAT and manifest["shard"] == shard
-              and manifest["num_shards"] == num_shards and manifest["seed"] == int(seed)
-              and isinstance(entries, list))
+        ok = (
+            manifest["format"] == FORMAT
+            and manifest["shard"] == shard
+            and manifest["num_shards"] == num_shards
+            and manifest["seed"] == int(seed)
+            and isinstance(entries, list)
+        )
     except (ValueError, KeyError, TypeError) as exc:
-        raise CheckpointError(f"checkpoint manifest {mpath} is unreadable ({exc})", source=str(mpath),
-                              reason="manifest") from None
+        raise CheckpointError(
+            f"checkpoint manifest {mpath} is unreadable ({exc})", source=str(mpath), reason="manifest"
+        ) from None
     if not ok:
-        raise CheckpointError(f"checkpoint {folder} is for another format, shard layout or seed",
-                              source=str(mpath), reason="layout")
+        raise CheckpointError(
+            f"checkpoint {folder} is for another format, shard layout or seed", source=str(mpath), reason="layout"
+        )
     if [e.get("config") for e in entries] != [t.cfg.to_dict() for t in tables]:
-        raise CheckpointError(f"checkpoint {folder} was written with other table declarations; "
-                              "declare the same tables before restoring", source=str(mpath), reason="tables")
+        raise CheckpointError(
+            f"checkpoint {folder} was written with other table declarations; declare the same tables before restoring",
+            source=str(mpath),
+            reason="tables",
+        )
     out = []
     for e, t in zip(entries, tables):
         keys, rows = _read(folder, e["keys"]), _read(folder, e["rows"])
-        if keys.dtype != np.uint64 or rows.dtype != np.float32 or keys.ndim != 1 \
-                or rows.shape != (keys.shape[0], t.width):
-            raise CheckpointError(f"checkpoint {folder}: table {t.cfg.name!r} arrays have wrong shapes",
-                                  source=str(folder), reason="shape")
+        if (
+            keys.dtype != np.uint64
+            or rows.dtype != np.float32
+            or keys.ndim != 1
+            or rows.shape != (keys.shape[0], t.width)
+        ):
+            raise CheckpointError(
+                f"checkpoint {folder}: table {t.cfg.name!r} arrays have wrong shapes",
+                source=str(folder),
+                reason="shape",
+            )
         if np.unique(keys).shape[0] != keys.shape[0]:
-            raise CheckpointError(f"checkpoint {folder}: table {t.cfg.name!r} has duplicate keys",
-                                  source=str(folder), reason="keys")
+            raise CheckpointError(
+                f"checkpoint {folder}: table {t.cfg.name!r} has duplicate keys", source=str(folder), reason="keys"
+            )
         out.append((keys, rows))
     return out

@@ -34,29 +34,35 @@ import itertools
 import os
 import secrets
 import time
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import msgpack
 import numpy as np
 import zmq
 
 from herald.auth import load_client_keys, secure_client
-from herald.errors import ConfigError, HeraldError, PeerTimeout, ProtocolError
-from herald.ps.admin import AdminRefused, check_token
-from herald.ps import compress
-from herald.ps.clocked import ClockOps
-from herald.ps.stepped import StepOps
-from herald.ps.wire import PS, put_rows
-from herald.ps.checkpoint import CheckpointError
-from herald.ps.config import ShardLimits
 from herald.contracts.tables import TableConfig, check_tables
-from herald.ps import kernels as K
-from herald.ps.rows import table_salt
-from herald.ps.store import MAX_TABLES
 from herald.contracts.vocab import DEFAULT_TIMEOUT_MS
+from herald.errors import ConfigError, HeraldError, PeerTimeout, ProtocolError
+from herald.ps import compress
+from herald.ps import kernels as K
+from herald.ps.admin import AdminRefused, check_token
+from herald.ps.checkpoint import CheckpointError
+from herald.ps.clocked import ClockOps
+from herald.ps.config import ShardLimits
+from herald.ps.rows import table_salt
+from herald.ps.stepped import StepOps
+from herald.ps.store import MAX_TABLES
+from herald.ps.wire import PS, put_rows
 
-_ERRORS = {"protocol": ProtocolError, "config": ConfigError, "checkpoint": CheckpointError,
-           "refused": AdminRefused, "internal": ProtocolError}
+_ERRORS = {
+    "protocol": ProtocolError,
+    "config": ConfigError,
+    "checkpoint": CheckpointError,
+    "refused": AdminRefused,
+    "internal": ProtocolError,
+}
 
 
 def _loose_header(frame) -> dict:
@@ -75,7 +81,7 @@ class _Request:
     def __init__(self, shard, rid, op, frames, timeout_ms, attempts):
         self.shard, self.rid, self.op, self.frames = shard, rid, op, frames
         self.timeout_ms = timeout_ms
-        self.attempt_s = timeout_ms / 1000.0 / attempts   # NOTE [ps client deadline]
+        self.attempt_s = timeout_ms / 1000.0 / attempts  # NOTE [ps client deadline]
         self.deadline = time.monotonic() + self.attempt_s
         self.tries = 0
 
@@ -83,7 +89,7 @@ class _Request:
 class Handle:
     """An operation in flight; :meth:`wait` returns its result (once computed, cached)."""
 
-    def __init__(self, client: "PSClient", rids: list[int], finish: Callable[[list], Any]):
+    def __init__(self, client: PSClient, rids: list[int], finish: Callable[[list], Any]):
         self._client, self._rids, self._finish = client, rids, finish
         self._done = False
         self._result = None
@@ -131,10 +137,19 @@ class PSClient(ClockOps, StepOps):
         PeerTimeout: a shard did not answer the declaration within ``timeout_ms``.
     """
 
-    def __init__(self, addresses: Sequence[str], tables: Sequence[TableConfig], timeout_ms: int = 5000,
-                 retries: int = 3, declare: bool = True, num_workers: int | None = None, *,
-                 keys_dir: str | os.PathLike | None = None, admin_token: str | None = None,
-                 wire_dtype: str = "fp32"):
+    def __init__(
+        self,
+        addresses: Sequence[str],
+        tables: Sequence[TableConfig],
+        timeout_ms: int = 5000,
+        retries: int = 3,
+        declare: bool = True,
+        num_workers: int | None = None,
+        *,
+        keys_dir: str | os.PathLike | None = None,
+        admin_token: str | None = None,
+        wire_dtype: str = "fp32",
+    ):
         if not addresses:
             raise ConfigError("PSClient needs at least one shard address")
         if timeout_ms <= 0 or retries < 0:
@@ -195,7 +210,7 @@ class PSClient(ClockOps, StepOps):
             old.close(linger=0)
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.SNDTIMEO, max(1, self.timeout_ms // (self.retries + 1)))   # NOTE [ps client deadline]
+        sock.setsockopt(zmq.SNDTIMEO, max(1, self.timeout_ms // (self.retries + 1)))  # NOTE [ps client deadline]
         PS.configure(sock)
         if self._keys is not None:
             secure_client(sock, self._keys)
@@ -224,7 +239,7 @@ class PSClient(ClockOps, StepOps):
             sock.send_multipart(req.frames, copy=False)
             self.traffic["bytes_sent"] += sum(len(f) if isinstance(f, bytes) else f.nbytes for f in req.frames)
         except zmq.Again:
-            sock.setsockopt(zmq.SNDTIMEO, 0)   # until _connect replaces the socket
+            sock.setsockopt(zmq.SNDTIMEO, 0)  # until _connect replaces the socket
             req.deadline = time.monotonic()
 
     def _collect(self, rids: list[int]) -> list[tuple[dict, list]]:
@@ -254,8 +269,9 @@ class PSClient(ClockOps, StepOps):
         while any(r not in self._replies for r in rids):
             lost = [r for r in rids if r not in self._replies and r not in self._pending]
             if lost:
-                raise ProtocolError(f"request {lost[0]} was abandoned after an earlier timeout of its shard; "
-                                    "issue the operation again")
+                raise ProtocolError(
+                    f"request {lost[0]} was abandoned after an earlier timeout of its shard; issue the operation again"
+                )
             waiting = [self._pending[r] for r in rids if r not in self._replies]
             now = time.monotonic()
             for req in waiting:
@@ -289,12 +305,12 @@ class PSClient(ClockOps, StepOps):
     def _pop(self, rid: int):
         header, frames, req, error = self._replies.pop(rid)
         if error is not None:
-            raise ProtocolError(f"shard {req.shard} ({self.addresses[req.shard]}) sent a malformed reply to "
-                                f"{req.op}: {error}")
+            raise ProtocolError(
+                f"shard {req.shard} ({self.addresses[req.shard]}) sent a malformed reply to {req.op}: {error}"
+            )
         if not header.get("ok"):
             exc = _ERRORS.get(header.get("error"), ProtocolError)
-            raise exc(f"shard {req.shard} ({self.addresses[req.shard]}) rejected {req.op}: "
-                      f"{header.get('message')}")
+            raise exc(f"shard {req.shard} ({self.addresses[req.shard]}) rejected {req.op}: {header.get('message')}")
         return header, PS.unpack_arrays(header, frames)
 
     def _expire(self, req: _Request) -> None:
@@ -302,12 +318,15 @@ class PSClient(ClockOps, StepOps):
             for r in [r for r in self._pending.values() if r.shard == req.shard]:
                 del self._pending[r.rid]
             self._connect(req.shard)
-            raise PeerTimeout(f"PS shard {req.shard} at {self.addresses[req.shard]} did not answer {req.op} "
-                              f"within {req.timeout_ms} ms ({req.tries + 1} attempts of "
-                              f"{req.attempt_s * 1000:.0f} ms); is the shard running (herald serve ps), "
-                              "reachable, not stopped, and does this client hold its keys (--keys)? Its log "
-                              "names the cause",
-                              peer=self.addresses[req.shard], op=req.op)
+            raise PeerTimeout(
+                f"PS shard {req.shard} at {self.addresses[req.shard]} did not answer {req.op} "
+                f"within {req.timeout_ms} ms ({req.tries + 1} attempts of "
+                f"{req.attempt_s * 1000:.0f} ms); is the shard running (herald serve ps), "
+                "reachable, not stopped, and does this client hold its keys (--keys)? Its log "
+                "names the cause",
+                peer=self.addresses[req.shard],
+                op=req.op,
+            )
         self._connect(req.shard)  # Lazy Pirate: new socket, resend everything outstanding
         for r in sorted((r for r in self._pending.values() if r.shard == req.shard), key=lambda r: r.rid):
             r.tries += 1
@@ -326,11 +345,13 @@ class PSClient(ClockOps, StepOps):
             raise ConfigError(f"keys must be a 1-d uint64 array, got {keys.dtype} {keys.shape}")
         tables = np.asarray(tables)
         if tables.shape != keys.shape or tables.dtype.kind not in "iu":
-            raise ConfigError(f"tables must be an integer array of the keys' shape {keys.shape}, got "
-                              f"{tables.dtype} {tables.shape}")
+            raise ConfigError(
+                f"tables must be an integer array of the keys' shape {keys.shape}, got {tables.dtype} {tables.shape}"
+            )
         if keys.shape[0] and (int(tables.min()) < 0 or int(tables.max()) >= len(self.tables)):
-            raise ConfigError(f"table indices must be in [0, {len(self.tables)}), got {int(tables.min())}.."
-                              f"{int(tables.max())}")
+            raise ConfigError(
+                f"table indices must be in [0, {len(self.tables)}), got {int(tables.min())}..{int(tables.max())}"
+            )
         return np.ascontiguousarray(tables, np.uint16), np.ascontiguousarray(keys)
 
     def _shape(self, tables: np.ndarray) -> tuple[int, int] | None:
@@ -342,8 +363,10 @@ class PSClient(ClockOps, StepOps):
             return None
         classes = self._shape_of[tables]
         if (classes != classes[0]).any():
-            raise ConfigError("a flat operation takes tables of one dim and row width; use the per-table "
-                              "operations (pull_async({table: keys}), ...) for tables of several shapes")
+            raise ConfigError(
+                "a flat operation takes tables of one dim and row width; use the per-table "
+                "operations (pull_async({table: keys}), ...) for tables of several shapes"
+            )
         return self._shapes[int(classes[0])]
 
     def _route(self, tables: np.ndarray, keys: np.ndarray) -> list[tuple[int, np.ndarray | None]]:
@@ -372,7 +395,7 @@ class PSClient(ClockOps, StepOps):
                 out.append((sh, pos))
                 continue
             for a in range(0, m, limit):
-                out.append((sh, np.arange(a, min(a + limit, m)) if pos is None else pos[a:a + limit]))
+                out.append((sh, np.arange(a, min(a + limit, m)) if pos is None else pos[a : a + limit]))
         return out
 
     @staticmethod
@@ -380,14 +403,13 @@ class PSClient(ClockOps, StepOps):
         # np.take, not a[pos]: a 2-d a[pos] copies rows one by one (82 against 15 us, 2,500 x 17)
         return list(arrays) if pos is None else [np.take(a, pos, axis=0) for a in arrays]
 
-    def _wire(self, header: dict) -> dict:   # NOTE [wire compression]: header and frames
+    def _wire(self, header: dict) -> dict:  # NOTE [wire compression]: header and frames
         return header if self.wire_dtype == "fp32" else dict(header, wire=self.wire_dtype)
 
     def _send_flat(self, op: str, header: dict, routes: list, tables, keys, frames_of) -> list[int]:
         """One request per route: a flat part ``[tables, keys, *frames_of(positions)]``."""
         header = self._wire(dict(header, parts=[{"flat": True}]))
-        return [self._send(sh, op, header, [*self._take((tables, keys), pos), *frames_of(pos)])
-                for sh, pos in routes]
+        return [self._send(sh, op, header, [*self._take((tables, keys), pos), *frames_of(pos)]) for sh, pos in routes]
 
     def _flatten(self, batch: Mapping, arity: int) -> list[tuple]:
         """A per-table batch ``{table: arrays}`` as flat operations, one per shape class:
@@ -427,7 +449,7 @@ class PSClient(ClockOps, StepOps):
         def done(replies):
             results, at = [], 0
             for rs, f in ops:
-                results.append(f(replies[at:at + len(rs)]))
+                results.append(f(replies[at : at + len(rs)]))
                 at += len(rs)
             return finish(results)
 
@@ -456,7 +478,7 @@ class PSClient(ClockOps, StepOps):
         n = keys.shape[0]
 
         def finish(replies):
-            if len(routes) == 1 and routes[0][1] is None:   # one request: its frame as it is
+            if len(routes) == 1 and routes[0][1] is None:  # one request: its frame as it is
                 header, arrays = replies[0]
                 return compress.decode_rows(arrays, compress.wire_of(header))[0]
             out = np.empty((n, width), np.float32)
@@ -507,10 +529,13 @@ class PSClient(ClockOps, StepOps):
         contributors = np.ascontiguousarray(contributors, np.uint16)
         dim = shape[0] if shape else (grads.shape[1] if grads.ndim == 2 else -1)
         if grads.shape != (keys.shape[0], dim) or contributors.shape != keys.shape:
-            raise ConfigError(f"grads must be float32 [{keys.shape[0]}, {dim}] and contributors uint16 "
-                              f"[{keys.shape[0]}], got {grads.shape} and {contributors.shape}")
-        return lambda pos: compress.encode_part("push_grad", [keys[:0], *self._take((grads, contributors), pos)], dim,
-                                                self.wire_dtype)[1:]
+            raise ConfigError(
+                f"grads must be float32 [{keys.shape[0]}, {dim}] and contributors uint16 "
+                f"[{keys.shape[0]}], got {grads.shape} and {contributors.shape}"
+            )
+        return lambda pos: compress.encode_part(
+            "push_grad", [keys[:0], *self._take((grads, contributors), pos)], dim, self.wire_dtype
+        )[1:]
 
     def _rows_frames(self, tables, keys, rows, shape=None) -> Callable:
         """``frames_of(positions)``: a push_rows part's frames after the keys (NOTE [wire
@@ -523,14 +548,17 @@ class PSClient(ClockOps, StepOps):
         dim, width = shape or self._shape(tables) or (0, rows.shape[1] if rows.ndim == 2 else -1)
         if rows.shape != (keys.shape[0], width):
             raise ConfigError(f"rows must be float32 [{keys.shape[0]}, {width}], got {rows.shape}")
-        return lambda pos: compress.encode_part("push_rows", [keys[:0], *self._take((rows,), pos)], dim,
-                                                self.wire_dtype)[1:]
+        return lambda pos: compress.encode_part(
+            "push_rows", [keys[:0], *self._take((rows,), pos)], dim, self.wire_dtype
+        )[1:]
 
-    def _push_grad_op(self, tables, keys, grads, contributors, step: int, rank: int,
-                      shape=None) -> tuple[list[int], Callable]:
+    def _push_grad_op(
+        self, tables, keys, grads, contributors, step: int, rank: int, shape=None
+    ) -> tuple[list[int], Callable]:
         frames_of = self._grad_frames(tables, keys, grads, contributors, shape)
-        rids = self._send_flat("push_grad", {"step": int(step), "rank": int(rank)}, self._route(tables, keys), tables,
-                               keys, frames_of)
+        rids = self._send_flat(
+            "push_grad", {"step": int(step), "rank": int(rank)}, self._route(tables, keys), tables, keys, frames_of
+        )
         return rids, lambda replies: sum(h.get("applied", 0) for h, _ in replies)
 
     def push_grad_flat_async(self, tables, keys, grads, contributors, step: int, rank: int) -> Handle:
@@ -545,8 +573,10 @@ class PSClient(ClockOps, StepOps):
         contributors uint16 [n])}`` for ``step`` from worker ``rank`` (NOTE [ps
         aggregation]). ``wait()`` returns the number of rows the shards updated. Do not
         modify the arrays before ``wait()`` returns."""
-        ops = [self._push_grad_op(tables, keys, grads, contributors, step, rank, shape)
-               for _, tables, keys, (grads, contributors), shape in self._flatten(batch, 3)]
+        ops = [
+            self._push_grad_op(tables, keys, grads, contributors, step, rank, shape)
+            for _, tables, keys, (grads, contributors), shape in self._flatten(batch, 3)
+        ]
         return self._combine(ops, sum)
 
     def push_grad(self, table: int | str, keys, grads, step: int, contributors, rank: int = 0) -> int:
@@ -566,8 +596,9 @@ class PSClient(ClockOps, StepOps):
     def push_rows_async(self, batch: Mapping) -> Handle:
         """Start writing back ``{table: (keys uint64 [n] unique, rows float32 [n, row_width])}``
         (embedding and optimizer state; NOTE [step protocol] steps 1 and 6)."""
-        ops = [self._push_rows_op(tables, keys, rows, shape) for _, tables, keys, (rows,), shape in
-               self._flatten(batch, 2)]
+        ops = [
+            self._push_rows_op(tables, keys, rows, shape) for _, tables, keys, (rows,), shape in self._flatten(batch, 2)
+        ]
         return self._combine(ops, lambda results: None)
 
     def push_rows(self, table: int | str, keys, rows) -> None:
@@ -644,7 +675,7 @@ class PSClient(ClockOps, StepOps):
         self._pending.clear()
         self._replies.clear()
 
-    def __enter__(self) -> "PSClient":
+    def __enter__(self) -> PSClient:
         return self
 
     def __exit__(self, *exc) -> None:

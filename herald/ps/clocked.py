@@ -9,7 +9,8 @@ The shard side (:func:`op_pull`, :func:`op_push_rows`: a ``pull`` with ``stalene
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -22,7 +23,7 @@ def op_pull(server, header: dict[str, Any], arrays: list) -> tuple[dict, list]:
     """A conditional pull on ``server`` (a ShardServer): per part c_g of every key, then the
     rows of the keys whose cached copy is not valid under the header's ``staleness``."""
     staleness = wire.get_int(header, "staleness", 0, 1 << 62)
-    wire_dtype = compress.wire_of(header)   # NOTE [wire compression]
+    wire_dtype = compress.wire_of(header)  # NOTE [wire compression]
     parts = server._parts(header, arrays, "pull", clock="clocks")
     out = []
     for p in parts:
@@ -67,7 +68,7 @@ class ClockOps:
         for sh, pos in self._route(tables, keys):
             pos = np.arange(n) if pos is None else pos
             mine = checked[pos]
-            sub = np.concatenate([pos[mine], pos[~mine]])   # the checked keys first, each group by table
+            sub = np.concatenate([pos[mine], pos[~mine]])  # the checked keys first, each group by table
             m = int(np.count_nonzero(mine))
             clocks = wire.pack_clocks(c_c[sub[:m]])
             sent += clocks.nbytes
@@ -88,8 +89,9 @@ class ClockOps:
                 ok = np.ones(k, bool)
                 ok[:m] = ~wire.valid_copies(c_c[sub[:m]], cg[:m], staleness)
                 if r.shape[0] != int(ok.sum()):
-                    raise ProtocolError(f"a conditional pull reply holds {r.shape[0]} rows for {int(ok.sum())} keys "
-                                        "not valid")
+                    raise ProtocolError(
+                        f"a conditional pull reply holds {r.shape[0]} rows for {int(ok.sum())} keys not valid"
+                    )
                 c_g[sub], fetched[sub] = cg, ok
                 rows[sub[ok]] = r
             return c_g, fetched, rows, got
@@ -112,8 +114,9 @@ class ClockOps:
         tables, keys = self._flat_keys(tables, keys)
         checked, c_c = np.asarray(checked, bool), np.asarray(c_c, np.uint64)
         if checked.shape != keys.shape or c_c.shape != keys.shape:
-            raise ConfigError(f"checked and c_c must have the keys' shape {keys.shape}, got {checked.shape}, "
-                              f"{c_c.shape}")
+            raise ConfigError(
+                f"checked and c_c must have the keys' shape {keys.shape}, got {checked.shape}, {c_c.shape}"
+            )
         rids, finish, sent = self._pull_clocked_op(tables, keys, checked, c_c, staleness, None)
         return self._handle(rids, finish), sent
 
@@ -136,11 +139,18 @@ class ClockOps:
             if c.ndim != 1 or c.shape[0] > k.shape[0]:
                 raise ConfigError(f"table {t!r}: cached clocks must be uint64 [m <= {k.shape[0]}], got {c.shape}")
             pad = k.shape[0] - c.shape[0]
-            full[t] = (k, np.concatenate([c, np.zeros(pad, np.uint64)]),
-                       np.concatenate([np.ones(c.shape[0], bool), np.zeros(pad, bool)]))
+            full[t] = (
+                k,
+                np.concatenate([c, np.zeros(pad, np.uint64)]),
+                np.concatenate([np.ones(c.shape[0], bool), np.zeros(pad, bool)]),
+            )
         flat = self._flatten(full, 3)
-        ops, sent = self._issue(flat, lambda tables, keys, c_c, checked, shape: self._pull_clocked_op(
-            tables, keys, checked, c_c, staleness, shape))
+        ops, sent = self._issue(
+            flat,
+            lambda tables, keys, c_c, checked, shape: self._pull_clocked_op(
+                tables, keys, checked, c_c, staleness, shape
+            ),
+        )
         return self._combine(ops, lambda results: _per_table(flat, results)), sent
 
     def _push_rows_clocked_op(self, tables, keys, rows, advance, read_clocks: bool, shape) -> tuple[list, Any, int]:
@@ -149,8 +159,9 @@ class ClockOps:
         dim, width = shape or self._shape(tables) or (0, rows.shape[1] if rows.ndim == 2 else -1)
         n = keys.shape[0]
         if rows.shape != (n, width) or advance.shape != (n,):
-            raise ConfigError(f"rows must be float32 [{n}, {width}] and advance uint64 [{n}], got {rows.shape} "
-                              f"and {advance.shape}")
+            raise ConfigError(
+                f"rows must be float32 [{n}, {width}] and advance uint64 [{n}], got {rows.shape} and {advance.shape}"
+            )
         header = {"parts": [{"flat": True}], "advance": True}
         header = self._wire(dict(header, read_clocks=True) if read_clocks else header)
         routes = self._route(tables, keys)
@@ -195,8 +206,12 @@ class ClockOps:
         clock bytes received)``.
         """
         flat = self._flatten(batch, 3)
-        ops, sent = self._issue(flat, lambda tables, keys, rows, advance, shape: self._push_rows_clocked_op(
-            tables, keys, rows, advance, read_clocks, shape))
+        ops, sent = self._issue(
+            flat,
+            lambda tables, keys, rows, advance, shape: self._push_rows_clocked_op(
+                tables, keys, rows, advance, read_clocks, shape
+            ),
+        )
         return self._combine(ops, lambda results: _per_table(flat, results) if read_clocks else (None, 0)), sent
 
     @staticmethod

@@ -43,14 +43,14 @@ from typing import Any
 
 import numpy as np
 
-from herald.errors import ConfigError, DataError, ProtocolError
 from herald.contracts.vocab import WIRE_DTYPES
+from herald.errors import ConfigError, DataError, ProtocolError
 
 #: numpy dtype of the payload frame of each compressed format.
 PAYLOAD_DTYPES = {"fp16": np.dtype("<f2"), "bf16": np.dtype("<u2"), "int8": np.dtype("|i1")}
 #: Largest scaled magnitude of an fp16 row is below 2**FP16_TOP (NOTE [wire compression]).
 FP16_TOP = 14
-_F32_MIN_EXP = -149   # smallest float32 (subnormal) is 2**-149
+_F32_MIN_EXP = -149  # smallest float32 (subnormal) is 2**-149
 
 
 def check_wire_dtype(wire: str) -> str:
@@ -84,16 +84,19 @@ def encode(x: np.ndarray, wire: str) -> tuple[np.ndarray, np.ndarray]:
         raise DataError(f"encode: rows must be 2-d [n, dim], got shape {x.shape}")
     finite = np.isfinite(x).all(axis=1)
     if not finite.all():
-        raise DataError(f"encode: row {int(np.argmin(finite))} holds NaN or infinity; nothing is sent. "
-                        "Fix the values (a diverged loss?) before pushing them")
+        raise DataError(
+            f"encode: row {int(np.argmin(finite))} holds NaN or infinity; nothing is sent. "
+            "Fix the values (a diverged loss?) before pushing them"
+        )
     if wire == "bf16":
         return _bf16_encode(x), np.empty(0, np.float32)
     amax = np.abs(x).max(axis=1) if x.shape[1] else np.zeros(x.shape[0], np.float32)
     if wire == "fp16":
         _, e = np.frexp(amax)
         # amax = m * 2**e, m in [0.5, 1): amax / 2**(e - 14) = m * 2**14 is in [2**13, 2**14)
-        scales = np.where(amax > 0, np.ldexp(np.float32(1), np.maximum(e - FP16_TOP, _F32_MIN_EXP)),
-                          0).astype(np.float32)
+        scales = np.where(amax > 0, np.ldexp(np.float32(1), np.maximum(e - FP16_TOP, _F32_MIN_EXP)), 0).astype(
+            np.float32
+        )
         payload = _divide(x, scales).astype(np.float16)
         return payload, scales
     scales = (amax / np.float32(127)).astype(np.float32)
@@ -173,7 +176,7 @@ def decode_request(op: str, header: dict[str, Any], arrays: list) -> list:
         return arrays
     if len(arrays) % 4:
         raise ProtocolError(f"{op} with wire {wire}: each part needs 4 frames, got {len(arrays)} frames")
-    return [a for k in range(0, len(arrays), 4) for a in decode_part(op, arrays[k:k + 4], wire)]
+    return [a for k in range(0, len(arrays), 4) for a in decode_part(op, arrays[k : k + 4], wire)]
 
 
 def decode_part(op: str, frames: Sequence[np.ndarray], wire: str) -> list:
@@ -193,8 +196,10 @@ def decode_part(op: str, frames: Sequence[np.ndarray], wire: str) -> list:
     if op == "push_grad":
         return [keys, values, last]
     if last.dtype != np.float32 or last.ndim != 2 or last.shape[0] != values.shape[0]:
-        raise ProtocolError(f"push_rows with wire {wire}: optimizer state must be float32 [{values.shape[0]}, "
-                            f"state_dim], got {last.dtype.str} {last.shape}")
+        raise ProtocolError(
+            f"push_rows with wire {wire}: optimizer state must be float32 [{values.shape[0]}, "
+            f"state_dim], got {last.dtype.str} {last.shape}"
+        )
     return [keys, np.concatenate([values, last], axis=1) if last.shape[1] else values]
 
 
@@ -217,10 +222,12 @@ def decode_rows(frames: Sequence[np.ndarray], wire: str) -> list[np.ndarray]:
         raise ProtocolError(f"pull reply with wire {wire}: each part needs 3 frames, got {len(frames)}")
     out = []
     for k in range(0, len(frames), 3):
-        payload, scales, state = frames[k:k + 3]
+        payload, scales, state = frames[k : k + 3]
         values = decode(payload, scales, wire)
         if state.dtype != np.float32 or state.ndim != 2 or state.shape[0] != values.shape[0]:
-            raise ProtocolError(f"pull reply with wire {wire}: state must be float32 [{values.shape[0]}, "
-                                f"state_dim], got {state.dtype.str} {state.shape}")
+            raise ProtocolError(
+                f"pull reply with wire {wire}: state must be float32 [{values.shape[0]}, "
+                f"state_dim], got {state.dtype.str} {state.shape}"
+            )
         out.append(np.concatenate([values, state], axis=1) if state.shape[1] else values)
     return out

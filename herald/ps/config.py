@@ -9,9 +9,9 @@ from __future__ import annotations
 import dataclasses
 
 from herald.config import require
-from herald.errors import ConfigError
 from herald.contracts.tables import OptimizerConfig, TableConfig
 from herald.contracts.vocab import DEFAULT_TIMEOUT_MS, SPARSE_OPTIMIZERS
+from herald.errors import ConfigError
 
 #: Most tables a shard can hold at all: table positions travel as uint16 (NOTE [ps wire protocol]).
 MAX_TABLES = 1 << 16
@@ -68,31 +68,43 @@ class ShardLimits:
         for f in dataclasses.fields(self):
             v, least = getattr(self, f.name), 0 if f.name == "max_rows" else 1
             require(type(v) is int and v >= least, f"PS limit {f.name} must be an int >= {least}, got {v!r}")
-        require(self.max_contributors <= 65535,
-                f"max_contributors must be <= 65535 (contributors travel as uint16), got {self.max_contributors}")
-        require(self.max_tables <= MAX_TABLES,
-                f"max_tables must be <= {MAX_TABLES} (table positions travel as uint16), got {self.max_tables}")
+        require(
+            self.max_contributors <= 65535,
+            f"max_contributors must be <= 65535 (contributors travel as uint16), got {self.max_contributors}",
+        )
+        require(
+            self.max_tables <= MAX_TABLES,
+            f"max_tables must be <= {MAX_TABLES} (table positions travel as uint16), got {self.max_tables}",
+        )
 
     def check_table(self, tcfg: TableConfig) -> None:
         """Raise :class:`ConfigError` unless ``tcfg`` fits these limits (Python ints: no overflow)."""
         if tcfg.dim > self.max_dim:
-            raise ConfigError(f"table {tcfg.name!r}: dim {tcfg.dim} exceeds this shard's max_dim={self.max_dim}; "
-                              "use a smaller dim or start the shards with a larger --max-dim")
+            raise ConfigError(
+                f"table {tcfg.name!r}: dim {tcfg.dim} exceeds this shard's max_dim={self.max_dim}; "
+                "use a smaller dim or start the shards with a larger --max-dim"
+            )
         row_bytes = int(tcfg.row_width) * 4
         if row_bytes > self.max_table_bytes:
-            raise ConfigError(f"table {tcfg.name!r}: one row takes {row_bytes} bytes, more than this shard's "
-                              f"max_table_bytes={self.max_table_bytes}; raise --max-table-bytes")
+            raise ConfigError(
+                f"table {tcfg.name!r}: one row takes {row_bytes} bytes, more than this shard's "
+                f"max_table_bytes={self.max_table_bytes}; raise --max-table-bytes"
+            )
 
     def check_declare(self, n_tables: int, shard_bytes: int) -> None:
         """Raise :class:`ConfigError` unless a declare leaving the shard with ``n_tables``
         tables taking ``shard_bytes`` bytes (their first rows: herald/ps/table.py) fits."""
         if n_tables > self.max_tables:
-            raise ConfigError(f"declare: {n_tables} tables, more than this shard's max_tables={self.max_tables}; "
-                              "declare fewer tables or start the shards with a larger --max-tables")
+            raise ConfigError(
+                f"declare: {n_tables} tables, more than this shard's max_tables={self.max_tables}; "
+                "declare fewer tables or start the shards with a larger --max-tables"
+            )
         if shard_bytes > self.max_shard_bytes:
-            raise ConfigError(f"declare: {n_tables} tables would take {shard_bytes} bytes on this shard with their "
-                              f"first rows, past its max_shard_bytes={self.max_shard_bytes}; add PS shards or "
-                              "raise --max-shard-bytes")
+            raise ConfigError(
+                f"declare: {n_tables} tables would take {shard_bytes} bytes on this shard with their "
+                f"first rows, past its max_shard_bytes={self.max_shard_bytes}; add PS shards or "
+                "raise --max-shard-bytes"
+            )
 
     def to_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)

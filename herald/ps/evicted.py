@@ -22,7 +22,7 @@ import numpy as np
 
 from herald import keymap
 
-_ONE_TABLE = 0   # a set serves one table (NOTE [key map]: one int for every key)
+_ONE_TABLE = 0  # a set serves one table (NOTE [key map]: one int for every key)
 
 
 class EvictedKeys:
@@ -31,13 +31,13 @@ class EvictedKeys:
 
     def __init__(self):
         self._reset()
-        self.folded = 0   # keys read again counted before the last :meth:`clear`
+        self.folded = 0  # keys read again counted before the last :meth:`clear`
 
     def _reset(self) -> None:
         self.ids = np.zeros(16, np.uint64)
-        self.n = np.zeros(1, np.int64)      # keys held (keymap's n_slots)
+        self.n = np.zeros(1, np.int64)  # keys held (keymap's n_slots)
         self.buckets = keymap.new_buckets(16, self.ids, _ONE_TABLE, 0, np.int64)
-        self.repeats = 0                     # evictions of keys already held
+        self.repeats = 0  # evictions of keys already held
 
     def __len__(self) -> int:
         return int(self.n[0])
@@ -63,8 +63,9 @@ class EvictedKeys:
         if not len(self):
             return self.folded
         out = np.empty(resident.shape[0], np.int64)
-        found = keymap.find_many_jit(self.buckets, self.ids, _ONE_TABLE, _ONE_TABLE,
-                                     np.ascontiguousarray(resident, np.uint64), out)
+        found = keymap.find_many_jit(
+            self.buckets, self.ids, _ONE_TABLE, _ONE_TABLE, np.ascontiguousarray(resident, np.uint64), out
+        )
         return self.folded + self.repeats + int(found)
 
     def clear(self, resident: np.ndarray) -> None:

@@ -111,8 +111,14 @@ class GradientBuffer:
         ProtocolError: bad capacity, threshold or start step.
     """
 
-    def __init__(self, capacity: int, threshold: int, apply: Callable[[int, np.ndarray, np.ndarray], Any],
-                 dense_log_steps: int = DENSE_LOG_STEPS, start_step: int = 0):
+    def __init__(
+        self,
+        capacity: int,
+        threshold: int,
+        apply: Callable[[int, np.ndarray, np.ndarray], Any],
+        dense_log_steps: int = DENSE_LOG_STEPS,
+        start_step: int = 0,
+    ):
         if type(capacity) is not int or not 1 <= capacity <= MAX_CAPACITY:
             raise ProtocolError(f"gba: the buffer capacity M must be an int in 1..{MAX_CAPACITY}, got {capacity!r}")
         if type(threshold) is not int or not 0 <= threshold <= MAX_THRESHOLD:
@@ -122,8 +128,8 @@ class GradientBuffer:
         self.capacity, self.threshold, self._apply = capacity, threshold, apply
         self.start_step = self.global_step = start_step
         self._entries: list[Contribution] = []
-        self._received: dict[int, set[int]] = {}   # token -> slots received, for tokens >= _complete_below
-        self._complete_below = start_step            # every slot of every smaller token was received
+        self._received: dict[int, set[int]] = {}  # token -> slots received, for tokens >= _complete_below
+        self._complete_below = start_step  # every slot of every smaller token was received
         self._dense_size: int | None = None
         self._dense_log: collections.OrderedDict[int, np.ndarray | None] = collections.OrderedDict()
         self._dense_log_steps = int(dense_log_steps)
@@ -135,13 +141,17 @@ class GradientBuffer:
         """Raise :class:`ProtocolError` unless a request's ``m``, ``iota`` (and ``base``, when
         given) are this buffer's."""
         if capacity != self.capacity or threshold != self.threshold:
-            raise ProtocolError(f"gba: this shard aggregates M={self.capacity} with iota={self.threshold}; a request "
-                                f"with M={capacity!r}, iota={threshold!r} is rejected (one job per shard: restart "
-                                "the shards to change --gba-buffer or --gba-threshold)")
+            raise ProtocolError(
+                f"gba: this shard aggregates M={self.capacity} with iota={self.threshold}; a request "
+                f"with M={capacity!r}, iota={threshold!r} is rejected (one job per shard: restart "
+                "the shards to change --gba-buffer or --gba-threshold)"
+            )
         if start_step is not None and start_step != self.start_step:
-            raise ProtocolError(f"gba: this shard's global steps started at {self.start_step}; a request of a job "
-                                f"started at {start_step!r} is rejected (one job per shard: restart the shards, "
-                                "NOTE [gba checkpoints])")
+            raise ProtocolError(
+                f"gba: this shard's global steps started at {self.start_step}; a request of a job "
+                f"started at {start_step!r} is rejected (one job per shard: restart the shards, "
+                "NOTE [gba checkpoints])"
+            )
 
     # --------------------------------------------------------------- reads
     def ready(self, token: int) -> bool:
@@ -160,9 +170,11 @@ class GradientBuffer:
             raise ProtocolError(f"gba_pull: dense steps since {since} asked, but the global step is {k}")
         oldest = next(iter(self._dense_log), k)
         if since < oldest:
-            raise ProtocolError(f"gba_pull: dense step {since} is no longer logged (the log keeps the last "
-                                f"{self._dense_log_steps} global steps, from {oldest}): a worker lagged too far "
-                                "behind; lower --gba-threshold or remove the straggler")
+            raise ProtocolError(
+                f"gba_pull: dense step {since} is no longer logged (the log keeps the last "
+                f"{self._dense_log_steps} global steps, from {oldest}): a worker lagged too far "
+                "behind; lower --gba-threshold or remove the straggler"
+            )
         size = self._dense_size or 0
         steps = range(since, k)
         grads = np.zeros((len(steps), size), np.float32)
@@ -187,12 +199,16 @@ class GradientBuffer:
         if type(c.slot) is not int or not 0 <= c.slot < self.capacity:
             raise ProtocolError(f"gba_push: slot {c.slot!r} is not in 0..{self.capacity - 1} (M={self.capacity})")
         if c.token < self._complete_below or c.slot in self._received.get(c.token, ()):
-            raise ProtocolError(f"gba_push: micro-batch (token {c.token}, slot {c.slot}) was already received; "
-                                "a contribution counts once (NOTE [gba tokens])")
+            raise ProtocolError(
+                f"gba_push: micro-batch (token {c.token}, slot {c.slot}) was already received; "
+                "a contribution counts once (NOTE [gba tokens])"
+            )
         if c.dense is not None:
             if self._dense_size is not None and c.dense.shape[0] != self._dense_size:
-                raise ProtocolError(f"gba_push: a dense gradient of {c.dense.shape[0]} values, earlier ones had "
-                                    f"{self._dense_size}: every worker must train the same dense model")
+                raise ProtocolError(
+                    f"gba_push: a dense gradient of {c.dense.shape[0]} values, earlier ones had "
+                    f"{self._dense_size}: every worker must train the same dense model"
+                )
             self._dense_size = int(c.dense.shape[0])
         self._mark_received(c.token, c.slot)
         k = self.global_step
@@ -248,9 +264,14 @@ class GradientBuffer:
 
     def stats(self) -> dict[str, Any]:
         """Plain-typed counters (for the shard's ``stats``)."""
-        return {"capacity": self.capacity, "threshold": self.threshold, "global_step": self.global_step,
-                "pending": self.pending, **{k: int(v) for k, v in self.counters.items()},
-                "history": [list(h) for h in list(self.history)[-16:]]}
+        return {
+            "capacity": self.capacity,
+            "threshold": self.threshold,
+            "global_step": self.global_step,
+            "pending": self.pending,
+            **{k: int(v) for k, v in self.counters.items()},
+            "history": [list(h) for h in list(self.history)[-16:]],
+        }
 
 
 def aggregate_rows(pieces: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
@@ -262,7 +283,7 @@ def aggregate_rows(pieces: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndar
     uniq, inverse = np.unique(keys, return_inverse=True)
     out = np.zeros((uniq.shape[0], grads.shape[1]), np.float32)
     np.add.at(out, inverse, grads)
-    out.setflags(write=False)   # the kernels' read-only variant (herald/ps/server.py)
+    out.setflags(write=False)  # the kernels' read-only variant (herald/ps/server.py)
     return uniq, out
 
 
@@ -276,6 +297,7 @@ def _settings(server, header: dict[str, Any]) -> GradientBuffer:
     base = wire.get_int(header, "base", 0, MAX_TOKEN) if "base" in header else 0
     buf = getattr(server, "gba", None)
     if buf is None:
+
         def apply(t: int, keys: np.ndarray, grads: np.ndarray) -> None:
             table = server.tables[t]
             ones = np.ones(keys.shape[0], np.uint16)
@@ -319,8 +341,10 @@ def op_push(server, header: dict[str, Any], arrays: list) -> tuple[dict, list]:
     out = []
     for table, keys, (grads,) in _table_parts(server, header, arrays, "gba_push"):
         if not np.isfinite(grads).all():
-            raise ProtocolError(f"gba_push: a gradient of table {table.cfg.name!r} (token {token}, rank {rank}) "
-                                "holds NaN or infinity; nothing was stored")
+            raise ProtocolError(
+                f"gba_push: a gradient of table {table.cfg.name!r} (token {token}, rank {rank}) "
+                "holds NaN or infinity; nothing was stored"
+            )
         if np.unique(keys).shape[0] != keys.shape[0]:
             raise ProtocolError(f"gba_push: duplicate keys in table {table.cfg.name!r}; send each key once")
         out.append((table.index, keys, np.array(grads, np.float32)))

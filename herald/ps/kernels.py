@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import numba as nb
 import numpy as np
-
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from herald.keymap import AHEAD1, AHEAD2, RING, find_or_insert_jit, home_jit, prefetch_jit, probe_jit
 from herald.hashing import splitmix64_jit as mix64_jit  # the splitmix64 finaliser
+from herald.keymap import AHEAD1, AHEAD2, RING, find_or_insert_jit, home_jit, prefetch_jit, probe_jit
 
 SGD, ADAGRAD, ROWWISE_ADAGRAD, ADAM = 0, 1, 2, 3
 INIT_UNIFORM, INIT_NORMAL, INIT_ZEROS = 0, 1, 2
@@ -333,7 +332,7 @@ def flat_slots_jit(d, seeds, fparams, tables, keys, out, stamp, lru, state):
     if m == 0:
         return OK, -1
     ring = np.empty(RING, np.uint64)
-    ta_cur = nb.int64(tables[0])   # the tables of the keys ahead, and their arrays
+    ta_cur = nb.int64(tables[0])  # the tables of the keys ahead, and their arrays
     ba = dir_buckets(d, ta_cur)
     tb_cur = ta_cur
     bb = ba
@@ -359,7 +358,7 @@ def flat_slots_jit(d, seeds, fparams, tables, keys, out, stamp, lru, state):
     n = d[cur, D_NROWS]
     for i in range(m):
         a = i + AHEAD1
-        if a < m:   # stage 1: hash and prefetch the bucket of key a
+        if a < m:  # stage 1: hash and prefetch the bucket of key a
             ta = nb.int64(tables[a])
             if ta != ta_cur:
                 ta_cur = ta
@@ -368,7 +367,7 @@ def flat_slots_jit(d, seeds, fparams, tables, keys, out, stamp, lru, state):
             ring[a & (RING - 1)] = ha
             prefetch_jit(ba, ha)
         b = i + AHEAD2
-        if b < m:   # stage 2: the bucket of key b is near; prefetch its slot's key and row
+        if b < m:  # stage 2: the bucket of key b is near; prefetch its slot's key and row
             tb = nb.int64(tables[b])
             if tb != tb_cur:
                 tb_cur = tb
@@ -383,7 +382,7 @@ def flat_slots_jit(d, seeds, fparams, tables, keys, out, stamp, lru, state):
             if sb >= 0:
                 prefetch_jit(kb, sb)
                 prefetch_jit(rb, sb * wb)
-                prefetch_jit(rb, sb * wb + wb - 1)   # a row may span two cache lines
+                prefetch_jit(rb, sb * wb + wb - 1)  # a row may span two cache lines
                 if stamp != 0:
                     prefetch_jit(sbs, sb)
                 if state:
@@ -406,8 +405,7 @@ def flat_slots_jit(d, seeds, fparams, tables, keys, out, stamp, lru, state):
             return FULL, i
         if s == n:
             n += 1
-            init_row_jit(rows[s], key, seeds[t], d[t, D_DIM], d[t, D_INIT], fparams[t, 0], d[t, D_STATE],
-                         fparams[t, 1])
+            init_row_jit(rows[s], key, seeds[t], d[t, D_DIM], d[t, D_INIT], fparams[t, 0], d[t, D_STATE], fparams[t, 1])
         out[i] = s
         if d[t, D_BOUNDED]:
             used[s] = lru
@@ -434,7 +432,7 @@ def flat_rows_at_jit(d, tables, slots, out, count_marks):
     rows = dir_rows(d, cur)
     marks = dir_marks(d, cur)
     w = out.shape[1]
-    ta = cur   # the table of the key AHEAD1 ahead, whose row is prefetched
+    ta = cur  # the table of the key AHEAD1 ahead, whose row is prefetched
     ra = dir_rows_flat(d, ta)
     for i in range(m):
         a = i + AHEAD1
@@ -460,8 +458,26 @@ def flat_rows_at_jit(d, tables, slots, out, count_marks):
 
 
 @nb.njit(cache=True, nogil=True)
-def flat_pull_clocked_jit(d, seeds, fparams, salts, num_shards, shard, counts, check_room, tables, keys, dim, c_c,
-                          staleness, slots, c_g, out, lru, count_marks):
+def flat_pull_clocked_jit(
+    d,
+    seeds,
+    fparams,
+    salts,
+    num_shards,
+    shard,
+    counts,
+    check_room,
+    tables,
+    keys,
+    dim,
+    c_c,
+    staleness,
+    slots,
+    c_g,
+    out,
+    lru,
+    count_marks,
+):
     """A conditional pull (NOTE [clock frames] in herald/ps/wire.py): :func:`flat_room_jit`,
     then ``c_g[i]`` = the clock of every key; the rows of the keys not valid (i >=
     len(c_c), or ``c_g > c_c[i] + staleness``) go to ``out`` in key order. Returns
@@ -507,7 +523,7 @@ def flat_pull_clocked_jit(d, seeds, fparams, salts, num_shards, shard, counts, c
     return OK, -1, k, pending
 
 
-_EXPONENT = np.uint32(0x7F800000)   # float32 exponent bits: all set = NaN or infinity
+_EXPONENT = np.uint32(0x7F800000)  # float32 exponent bits: all set = NaN or infinity
 
 
 @nb.njit(cache=True, nogil=True)
@@ -530,8 +546,25 @@ def finite_rows_jit(a):
 
 
 @nb.njit(cache=True, nogil=True)
-def flat_push_rows_jit(d, seeds, fparams, salts, num_shards, shard, counts, check_room, tables, keys, src, advance,
-                       has_advance, slots, c_g, stamp, lru):
+def flat_push_rows_jit(
+    d,
+    seeds,
+    fparams,
+    salts,
+    num_shards,
+    shard,
+    counts,
+    check_room,
+    tables,
+    keys,
+    src,
+    advance,
+    has_advance,
+    slots,
+    c_g,
+    stamp,
+    lru,
+):
     """A write-back: every row of ``src`` (float32 [n, width]) finite (:func:`finite_rows_jit`:
     NONFINITE, before any room is made or key inserted), :func:`flat_room_jit`, then
     overwrite the rows of unique keys with ``src``; with ``has_advance`` also ``c_g +=
@@ -597,8 +630,9 @@ def grad_inputs_check_jit(grads, contributors, bound):
 
 
 @nb.njit(cache=True, nogil=True)
-def _aggregation_check_jit(tables, keys, contributors, rank, buckets, p_key, p_table, p_expected, p_arrived, p_head,
-                           e_rank, e_next):
+def _aggregation_check_jit(
+    tables, keys, contributors, rank, buckets, p_key, p_table, p_expected, p_arrived, p_head, e_rank, e_next
+):
     """NOTE [ps aggregation]'s rules for one push against a step's pending state: ``(code, i)``."""
     mask = nb.uint64(buckets.shape[0] - 1)
     for i in range(keys.shape[0]):
@@ -623,8 +657,30 @@ def _aggregation_check_jit(tables, keys, contributors, rank, buckets, p_key, p_t
 
 
 @nb.njit(cache=True, nogil=True)
-def _aggregation_apply_jit(d, hp, tables, keys, grads, contributors, rank, slots, buckets, p_key, p_table, p_slot,
-                           p_expected, p_arrived, p_head, e_rank, e_next, e_grad, cnt, open_t, opened_at, now):
+def _aggregation_apply_jit(
+    d,
+    hp,
+    tables,
+    keys,
+    grads,
+    contributors,
+    rank,
+    slots,
+    buckets,
+    p_key,
+    p_table,
+    p_slot,
+    p_expected,
+    p_arrived,
+    p_head,
+    e_rank,
+    e_next,
+    e_grad,
+    cnt,
+    open_t,
+    opened_at,
+    now,
+):
     """Record one contributor's gradients (checked, room reserved); apply the optimizer of
     each key's table to every (key, step) whose last contributor this is; tick the clock of
     every row left without an open aggregation. Returns the rows updated."""
@@ -641,7 +697,7 @@ def _aggregation_apply_jit(d, hp, tables, keys, grads, contributors, rank, slots
     dim = d[cur, D_DIM]
     hpt = hp[cur]
     acc = np.empty(e_grad.shape[1] if e_grad.shape[1] > grads.shape[1] else grads.shape[1], np.float32)
-    ids = np.empty(16, np.int64)    # a completed (key, step)'s entries, by increasing rank
+    ids = np.empty(16, np.int64)  # a completed (key, step)'s entries, by increasing rank
     rk = np.empty(16, np.int64)
     for i in range(m):
         t = nb.int64(tables[i])
@@ -661,7 +717,7 @@ def _aggregation_apply_jit(d, hp, tables, keys, grads, contributors, rank, slots
         if p < 0 and c == 1:
             apply_row_jit(rows[s], grads[i], kind, dim, hpt)
             applied += 1
-            if marks[s] == 0:   # NOTE [embedding clocks]: an applied update without an open one left
+            if marks[s] == 0:  # NOTE [embedding clocks]: an applied update without an open one left
                 clocks[s] += nb.uint64(1)
             continue
         if p < 0:
@@ -696,7 +752,7 @@ def _aggregation_apply_jit(d, hp, tables, keys, grads, contributors, rank, slots
                 rk = np.empty(2 * n, np.int64)
             e = p_head[p]
             k = 0
-            while e >= 0:   # insertion by rank (ranks of one (key, step) are distinct)
+            while e >= 0:  # insertion by rank (ranks of one (key, step) are distinct)
                 r = nb.int64(e_rank[e])
                 q = k
                 while q > 0 and rk[q - 1] > r:
@@ -724,9 +780,41 @@ def _aggregation_apply_jit(d, hp, tables, keys, grads, contributors, rank, slots
 
 
 @nb.njit(cache=True, nogil=True)
-def flat_push_grad_jit(d, seeds, fparams, salts, num_shards, shard, counts, check_room, hp, tables, keys, grads,
-                       contributors, rank, bound, slots, stamp, lru, mode, buckets, p_key, p_table, p_slot, p_expected, p_arrived,
-                       p_head, e_rank, e_next, e_grad, cnt, open_t, opened_at, now):
+def flat_push_grad_jit(
+    d,
+    seeds,
+    fparams,
+    salts,
+    num_shards,
+    shard,
+    counts,
+    check_room,
+    hp,
+    tables,
+    keys,
+    grads,
+    contributors,
+    rank,
+    bound,
+    slots,
+    stamp,
+    lru,
+    mode,
+    buckets,
+    p_key,
+    p_table,
+    p_slot,
+    p_expected,
+    p_arrived,
+    p_head,
+    e_rank,
+    e_next,
+    e_grad,
+    cnt,
+    open_t,
+    opened_at,
+    now,
+):
     """One contributor's gradients for one step (NOTE [ps aggregation]).
 
     ``mode`` CHECK_ONLY: validate without changing a row (:func:`flat_room_jit` of the
@@ -754,18 +842,45 @@ def flat_push_grad_jit(d, seeds, fparams, salts, num_shards, shard, counts, chec
             return code, at, cmax
         if mode == CHECK_AND_APPLY and cmax > 1:
             need = cnt[0] + m
-            if (need > p_key.shape[0] or 2 * need > buckets.shape[0] or cnt[1] + m > e_rank.shape[0]
-                    or cnt[1] + m > e_grad.shape[0] or e_grad.shape[1] < grads.shape[1]
-                    or open_t.shape[0] < d.shape[0]):
+            if (
+                need > p_key.shape[0]
+                or 2 * need > buckets.shape[0]
+                or cnt[1] + m > e_rank.shape[0]
+                or cnt[1] + m > e_grad.shape[0]
+                or e_grad.shape[1] < grads.shape[1]
+                or open_t.shape[0] < d.shape[0]
+            ):
                 return NEED_STATE, -1, cmax
         code, at = flat_slots_jit(d, seeds, fparams, tables, keys, slots, stamp, lru, True)
         if code != OK:
             return code, at, cmax
-        code, at = _aggregation_check_jit(tables, keys, contributors, rank, buckets, p_key, p_table, p_expected,
-                                          p_arrived, p_head, e_rank, e_next)
+        code, at = _aggregation_check_jit(
+            tables, keys, contributors, rank, buckets, p_key, p_table, p_expected, p_arrived, p_head, e_rank, e_next
+        )
         if code != OK or mode == CHECK_ONLY:
             return code, at, cmax
-    applied = _aggregation_apply_jit(d, hp, tables, keys, grads, contributors, rank, slots, buckets, p_key, p_table,
-                                     p_slot, p_expected, p_arrived, p_head, e_rank, e_next, e_grad, cnt, open_t,
-                                     opened_at, now)
+    applied = _aggregation_apply_jit(
+        d,
+        hp,
+        tables,
+        keys,
+        grads,
+        contributors,
+        rank,
+        slots,
+        buckets,
+        p_key,
+        p_table,
+        p_slot,
+        p_expected,
+        p_arrived,
+        p_head,
+        e_rank,
+        e_next,
+        e_grad,
+        cnt,
+        open_t,
+        opened_at,
+        now,
+    )
     return OK, -1, applied

@@ -11,15 +11,16 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
+from herald.contracts.tables import TableConfig, check_tables, tables_to_json
+from herald.contracts.vocab import DEFAULT_TIMEOUT_MS
 from herald.errors import ConfigError, HeraldError, PeerTimeout
 from herald.procs import Supervisor
 from herald.ps.admin import TOKEN_ENV, check_token
-from herald.ps.watch import ShardWatch
+from herald.ps.cli import shard_args
 from herald.ps.config import ShardLimits
-from herald.contracts.tables import TableConfig, check_tables, tables_to_json
-from herald.contracts.vocab import DEFAULT_TIMEOUT_MS
+from herald.ps.watch import ShardWatch
 
 _REPO_ROOT = str(pathlib.Path(__file__).resolve().parents[2])
 
@@ -63,11 +64,22 @@ class LocalShards:
         ConfigError: bad arguments.
     """
 
-    def __init__(self, num_shards: int, tables: Sequence[TableConfig], seed: int = 0,
-                 host: str = "127.0.0.1", startup_timeout_ms: int = DEFAULT_TIMEOUT_MS, transport: str = "tcp",
-                 limits: ShardLimits | None = None, log_dir: str | os.PathLike | None = None, *,
-                 keys_dir: str | os.PathLike | None = None, checkpoint_root: str | os.PathLike | None = None,
-                 admin_token: str | None = None, workdir: str | os.PathLike | None = None):
+    def __init__(
+        self,
+        num_shards: int,
+        tables: Sequence[TableConfig],
+        seed: int = 0,
+        host: str = "127.0.0.1",
+        startup_timeout_ms: int = DEFAULT_TIMEOUT_MS,
+        transport: str = "tcp",
+        limits: ShardLimits | None = None,
+        log_dir: str | os.PathLike | None = None,
+        *,
+        keys_dir: str | os.PathLike | None = None,
+        checkpoint_root: str | os.PathLike | None = None,
+        admin_token: str | None = None,
+        workdir: str | os.PathLike | None = None,
+    ):
         if num_shards < 1:
             raise ConfigError(f"num_shards must be >= 1, got {num_shards}")
         if transport not in ("tcp", "ipc"):
@@ -87,8 +99,10 @@ class LocalShards:
         self.workdir = pathlib.Path(self._tmp.name if self._tmp is not None else workdir)
         self._tables_file = self.workdir / "tables.json"
         self._tables_file.write_text(tables_to_json(self.tables))
-        env = {"PYTHONPATH": _REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               TOKEN_ENV: self.admin_token}   # NOTE [ps admin ops]: not on the command line
+        env = {
+            "PYTHONPATH": _REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+            TOKEN_ENV: self.admin_token,
+        }  # NOTE [ps admin ops]: not on the command line
         self._children = Supervisor(self.workdir if log_dir is None else log_dir, env=env)
         self.addresses: list[str] = [""] * self.num_shards
         self._watches: list[ShardWatch] = []
@@ -111,13 +125,18 @@ class LocalShards:
 
     def _spawn(self, i: int, bind: str) -> None:
         self._ready_file(i).unlink(missing_ok=True)
-        self._children.start(_name(i), [
-            sys.executable, "-m", "herald", "serve", "ps", "--shard", str(i), "--num-shards",
-            str(self.num_shards), "--bind", bind, "--tables", str(self._tables_file),
-            "--seed", str(self.seed), "--ready-file", str(self._ready_file(i)),
-            *(["--keys", self.keys_dir] if self.keys_dir else []),
-            *(["--checkpoint-root", self.checkpoint_root] if self.checkpoint_root else []),
-            *[a for name, v in self.limits.to_dict().items() for a in ("--" + name.replace("_", "-"), str(v))]])
+        args = shard_args(
+            i,
+            self.num_shards,
+            bind,
+            seed=self.seed,
+            tables_file=str(self._tables_file),
+            ready_file=str(self._ready_file(i)),
+            keys_dir=self.keys_dir,
+            checkpoint_root=self.checkpoint_root,
+            limits=self.limits,
+        )
+        self._children.start(_name(i), [sys.executable, *args])
 
     def _wait_ready(self, i: int) -> str:
         deadline = time.monotonic() + self.startup_timeout_ms / 1000.0
@@ -129,9 +148,12 @@ class LocalShards:
             if p.poll() is not None:
                 break
             time.sleep(0.02)
-        raise PeerTimeout(f"PS shard {i} did not become ready within {self.startup_timeout_ms} ms "
-                          f"(exit code {p.poll()}); its log ends with:\n{self._children.tail(_name(i), 30)}",
-                          peer=f"shard {i} pid {p.pid}", op="start")
+        raise PeerTimeout(
+            f"PS shard {i} did not become ready within {self.startup_timeout_ms} ms "
+            f"(exit code {p.poll()}); its log ends with:\n{self._children.tail(_name(i), 30)}",
+            peer=f"shard {i} pid {p.pid}",
+            op="start",
+        )
 
     def log_path(self, i: int) -> pathlib.Path:
         """Shard ``i``'s log file (stdout and stderr)."""
@@ -148,8 +170,10 @@ class LocalShards:
         for i in range(self.num_shards):
             how = self._children.exit_status(_name(i))
             if how is not None:
-                return (f"PS shard {i} at {self.addresses[i] or '(not ready)'} (pid {self.pid(i)}) {how}; "
-                        f"{self.describe(i)}")
+                return (
+                    f"PS shard {i} at {self.addresses[i] or '(not ready)'} (pid {self.pid(i)}) {how}; "
+                    f"{self.describe(i)}"
+                )
         return None
 
     def check(self) -> None:
@@ -198,7 +222,7 @@ class LocalShards:
         else:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
-    def __enter__(self) -> "LocalShards":
+    def __enter__(self) -> LocalShards:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from herald.contracts.tables import TableConfig
 from herald.errors import ConfigError
 from herald.hashing import splitmix64 as _mix
 from herald.ps import kernels as K
-from herald.contracts.tables import TableConfig
 
 _SHARD_SALT = 0x5EED_5AA2_D0C5_1DE5
 _SEED_SALT = 0x1217_0B5E_EDC0_FFEE
@@ -30,8 +30,10 @@ def table_seed(seed: int, table_index: int) -> np.uint64:
 def _keys(keys) -> np.ndarray:
     keys = np.asarray(keys)
     if keys.dtype != np.uint64 or keys.ndim != 1:
-        raise ConfigError(f"keys must be a 1-d uint64 array, got {keys.dtype} {keys.shape}; "
-                          "ids are never narrowed to 32 bits or floats")
+        raise ConfigError(
+            f"keys must be a 1-d uint64 array, got {keys.dtype} {keys.shape}; "
+            "ids are never narrowed to 32 bits or floats"
+        )
     return np.ascontiguousarray(keys)
 
 
@@ -60,8 +62,14 @@ def shard_of(table_index: int, keys: np.ndarray, num_shards: int) -> np.ndarray:
 
 def init_args(tcfg: TableConfig, table_index: int, seed: int) -> tuple:
     """The trailing kernel arguments of :func:`herald.ps.kernels.init_row_jit`."""
-    return (table_seed(seed, table_index), tcfg.dim, ("uniform", "normal", "zeros").index(tcfg.init),
-            float(tcfg.init_scale), tcfg.optimizer.kind, float(tcfg.optimizer.initial_accumulator))
+    return (
+        table_seed(seed, table_index),
+        tcfg.dim,
+        ("uniform", "normal", "zeros").index(tcfg.init),
+        float(tcfg.init_scale),
+        tcfg.optimizer.kind,
+        float(tcfg.optimizer.initial_accumulator),
+    )
 
 
 def init_rows(tcfg: TableConfig, table_index: int, keys: np.ndarray, seed: int) -> np.ndarray:
@@ -104,19 +112,25 @@ def apply_gradients(rows: np.ndarray, grads: np.ndarray, tcfg: TableConfig) -> n
     Raises:
         ConfigError: wrong dtype, shape or layout.
     """
-    if not (isinstance(rows, np.ndarray) and rows.dtype == np.float32 and rows.ndim == 2
-            and rows.shape[1] == tcfg.row_width and rows.flags.c_contiguous and rows.flags.writeable):
+    if not (
+        isinstance(rows, np.ndarray)
+        and rows.dtype == np.float32
+        and rows.ndim == 2
+        and rows.shape[1] == tcfg.row_width
+        and rows.flags.c_contiguous
+        and rows.flags.writeable
+    ):
         raise ConfigError(f"rows must be a writeable C-contiguous float32 [n, {tcfg.row_width}] array")
     grads = np.ascontiguousarray(grads)
     if grads.dtype != np.float32 or grads.shape != (rows.shape[0], tcfg.dim):
-        raise ConfigError(f"grads must be float32 [{rows.shape[0]}, {tcfg.dim}], "
-                          f"got {grads.dtype} {grads.shape}")
+        raise ConfigError(f"grads must be float32 [{rows.shape[0]}, {tcfg.dim}], got {grads.dtype} {grads.shape}")
     K.apply_rows_jit(rows, grads, tcfg.optimizer.kind, tcfg.dim, hyper_params(tcfg))
     return rows
 
 
-def apply_gradients_at(rows: np.ndarray, slots: np.ndarray, grads: np.ndarray, grad_rows: np.ndarray,
-                       tcfg: TableConfig) -> None:
+def apply_gradients_at(
+    rows: np.ndarray, slots: np.ndarray, grads: np.ndarray, grad_rows: np.ndarray, tcfg: TableConfig
+) -> None:
     """:func:`apply_gradients` on ``rows[slots[i]]`` with ``grads[grad_rows[i]]``, in place
     (no gather/scatter copies; bit-identical to gathering, applying and scattering).
 
@@ -129,11 +143,23 @@ def apply_gradients_at(rows: np.ndarray, slots: np.ndarray, grads: np.ndarray, g
     Raises:
         ConfigError: wrong dtype, shape or layout.
     """
-    if not (rows.dtype == np.float32 and rows.ndim == 2 and rows.shape[1] == tcfg.row_width
-            and rows.flags.c_contiguous and rows.flags.writeable):
+    if not (
+        rows.dtype == np.float32
+        and rows.ndim == 2
+        and rows.shape[1] == tcfg.row_width
+        and rows.flags.c_contiguous
+        and rows.flags.writeable
+    ):
         raise ConfigError(f"rows must be a writeable C-contiguous float32 [n, {tcfg.row_width}] array")
     grads = np.ascontiguousarray(grads, np.float32)
     if grads.ndim != 2 or grads.shape[1] != tcfg.dim or slots.shape != grad_rows.shape:
         raise ConfigError(f"grads must be float32 [m, {tcfg.dim}] and slots/grad_rows of one length")
-    K.apply_rows_at_jit(rows, slots.astype(np.int64, copy=False), grads, grad_rows.astype(np.int64, copy=False),
-                        tcfg.optimizer.kind, tcfg.dim, hyper_params(tcfg))
+    K.apply_rows_at_jit(
+        rows,
+        slots.astype(np.int64, copy=False),
+        grads,
+        grad_rows.astype(np.int64, copy=False),
+        tcfg.optimizer.kind,
+        tcfg.dim,
+        hyper_params(tcfg),
+    )

@@ -18,22 +18,23 @@ import signal
 import sys
 import time
 import traceback
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import zmq
 
 from herald.auth import HandshakeMonitor, check_bind, server_socket
-from herald.errors import ConfigError, HeraldError, ProtocolError
-from herald.ps import checkpoint, clocked, compress, gba, stepped, wire
-from herald.ps.admin import AdminGate, AdminRefused
-from herald.ps.wire import PS
-from herald.ps import kernels as K
-from herald.ps.config import ShardLimits, largest_frame_bytes
 from herald.contracts.tables import OptimizerConfig, TableConfig, check_tables
 from herald.contracts.vocab import SPARSE_OPTIMIZERS
+from herald.errors import ConfigError, HeraldError, ProtocolError
+from herald.ps import checkpoint, clocked, compress, gba, stepped, wire
+from herald.ps import kernels as K
+from herald.ps.admin import AdminGate, AdminRefused
+from herald.ps.config import ShardLimits, largest_frame_bytes
 from herald.ps.store import TableSet, frozen
 from herald.ps.table import FIRST_ROWS, EmbeddingTable, first_capacity, rows_within, table_bytes
+from herald.ps.wire import PS
 
 MAX_PARTS = 1024
 #: Steps whose pushing ranks are remembered (to name the missing ones of an aborted step).
@@ -90,10 +91,21 @@ class ShardServer:
             ``bind`` without keys or ``insecure``; bad keys.
     """
 
-    def __init__(self, shard: int, num_shards: int, bind: str = "tcp://127.0.0.1:*",
-                 tables: Sequence[TableConfig] = (), seed: int = 0, reply_cache: int = 4096,
-                 limits: ShardLimits | None = None, *, keys_dir: str | None = None, insecure: bool = False,
-                 checkpoint_root: str | None = None, admin_token: str | None = None):
+    def __init__(
+        self,
+        shard: int,
+        num_shards: int,
+        bind: str = "tcp://127.0.0.1:*",
+        tables: Sequence[TableConfig] = (),
+        seed: int = 0,
+        reply_cache: int = 4096,
+        limits: ShardLimits | None = None,
+        *,
+        keys_dir: str | None = None,
+        insecure: bool = False,
+        checkpoint_root: str | None = None,
+        admin_token: str | None = None,
+    ):
         if not (0 <= shard < num_shards):
             raise ConfigError(f"shard {shard} is not in [0, {num_shards}); pass --shard below --num-shards")
         self.shard, self.num_shards, self.seed = int(shard), int(num_shards), int(seed)
@@ -106,9 +118,9 @@ class ShardServer:
         #: every table's arrays reachable from one kernel call (NOTE [table directory]),
         #: within NOTE [ps limits]' max_shard_bytes
         self.store = TableSet(self.shard, self.num_shards, max_bytes=self.limits.max_shard_bytes)
-        self._replies: collections.OrderedDict = collections.OrderedDict()   # NOTE [reply cache]
-        self._reply_rids: dict[int, collections.deque] = {}   # per client, its kept replies' request ids in order
-        self._done_below: collections.OrderedDict = collections.OrderedDict()   # per client, its done_below
+        self._replies: collections.OrderedDict = collections.OrderedDict()  # NOTE [reply cache]
+        self._reply_rids: dict[int, collections.deque] = {}  # per client, its kept replies' request ids in order
+        self._done_below: collections.OrderedDict = collections.OrderedDict()  # per client, its done_below
         self._reply_cache = reply_cache
         self._stop = False
         self.counters = collections.Counter()
@@ -119,11 +131,11 @@ class ShardServer:
         self._started = time.monotonic()
         #: the job's worker count, once a declare carried it (bounds contributors and ranks)
         self.workers: int | None = None
-        self._pushers: collections.OrderedDict = collections.OrderedDict()   # step -> ranks that pushed
+        self._pushers: collections.OrderedDict = collections.OrderedDict()  # step -> ranks that pushed
         #: reports of the last aborted aggregations (NOTE [ps aggregation])
         self.aborted: collections.deque = collections.deque(maxlen=16)
         self._next_expiry = 0.0
-        self.gba: gba.GradientBuffer | None = None   # NOTE [gba tokens]: made by the first GBA request
+        self.gba: gba.GradientBuffer | None = None  # NOTE [gba tokens]: made by the first GBA request
         #: the step messages held until all their ranks' came (NOTE [step messages])
         self.steps = stepped.StepBarrier()
         self.declare(check_tables(tables))
@@ -133,20 +145,37 @@ class ShardServer:
         """Declare tables: the known list must be a prefix of ``tables`` (idempotent;
         appending is allowed, a different config at an existing index is rejected)."""
         tables = check_tables(tables)
-        new = tables[len(self.tables):]
+        new = tables[len(self.tables) :]
         for t in new:
             self.limits.check_table(t)
-        self.limits.check_declare(len(tables), self.store.nbytes() + sum(   # NOTE [ps limits], before any change
-            table_bytes(first_capacity(FIRST_ROWS, rows_within(self.limits.max_table_bytes, t.row_width)),
-                        t.row_width) for t in new))
+        self.limits.check_declare(
+            len(tables),
+            self.store.nbytes()
+            + sum(  # NOTE [ps limits], before any change
+                table_bytes(
+                    first_capacity(FIRST_ROWS, rows_within(self.limits.max_table_bytes, t.row_width)), t.row_width
+                )
+                for t in new
+            ),
+        )
         for i, t in enumerate(tables[: len(self.tables)]):
             if t != self.tables[i].cfg:
-                raise ConfigError(f"table {i} is declared as {self.tables[i].cfg} on shard {self.shard}; "
-                                  f"conflicting redeclaration {t} rejected (restart the shard to change it)")
+                raise ConfigError(
+                    f"table {i} is declared as {self.tables[i].cfg} on shard {self.shard}; "
+                    f"conflicting redeclaration {t} rejected (restart the shard to change it)"
+                )
         for i in range(len(self.tables), len(tables)):
-            self.tables.append(EmbeddingTable(tables[i], i, self.seed, capacity_rows=FIRST_ROWS,
-                                              max_bytes=self.limits.max_table_bytes,
-                                              max_resident_rows=self.limits.max_rows or None, tableset=self.store))
+            self.tables.append(
+                EmbeddingTable(
+                    tables[i],
+                    i,
+                    self.seed,
+                    capacity_rows=FIRST_ROWS,
+                    max_bytes=self.limits.max_table_bytes,
+                    max_resident_rows=self.limits.max_rows or None,
+                    tableset=self.store,
+                )
+            )
 
     # ------------------------------------------------------------------ requests
     def handle(self, frames: Sequence) -> list:
@@ -181,7 +210,7 @@ class ShardServer:
             key = None
             if op in wire.MUTATING:
                 key = (wire.get_int(header, "cid", 0, (1 << 64) - 1), wire.get_int(header, "rid", 0, (1 << 64) - 1))
-                if self._answered(key, header):   # NOTE [reply cache]: a late copy of a request answered
+                if self._answered(key, header):  # NOTE [reply cache]: a late copy of a request answered
                     self.counters["duplicate_requests"] += 1
                     return [], op
                 cached = self._replies.get(key)
@@ -191,7 +220,7 @@ class ShardServer:
                 if op == "step" and self.steps.readdress(key, peer):
                     self.counters["duplicate_requests"] += 1
                     return [], op
-            arrays = PS.unpack_arrays(header, frames[1:], readonly=True)   # the kernels' variant: frozen
+            arrays = PS.unpack_arrays(header, frames[1:], readonly=True)  # the kernels' variant: frozen
             if op == "step":
                 replies = stepped.op_step(self, peer, key, header, arrays)
                 self.counters["requests"] += 1
@@ -199,7 +228,7 @@ class ShardServer:
             reply_header, reply_arrays = getattr(self, "_op_" + op)(header, arrays)
             reply_header.update(op=op, rid=rid, ok=True)
             out = PS.pack(reply_header, reply_arrays)
-            if key is not None:   # the whole reply: a push_rows reply may carry clocks
+            if key is not None:  # the whole reply: a push_rows reply may carry clocks
                 self.remember(key, out)
             self.counters["requests"] += 1
             return [(peer, out)], op
@@ -270,11 +299,13 @@ class ShardServer:
             traceback.print_exception(exc, file=sys.stderr)
         msg = str(exc) if isinstance(exc, HeraldError) else f"{type(exc).__name__}: {exc}"
         # echo only a known op: an arbitrary one could push the reply past the header limit
-        return PS.pack({"op": op if op in wire.OPS else "", "rid": rid, "ok": False,
-                        "error": kind, "message": msg[:2000]})
+        return PS.pack(
+            {"op": op if op in wire.OPS else "", "rid": rid, "ok": False, "error": kind, "message": msg[:2000]}
+        )
 
-    def _parts(self, header: dict[str, Any], arrays: list, op: str, clock: str | None = None,
-               wire_dtype: str = "fp32") -> list[Part]:
+    def _parts(
+        self, header: dict[str, Any], arrays: list, op: str, clock: str | None = None, wire_dtype: str = "fp32"
+    ) -> list[Part]:
         """Check ``parts`` against the arrays (NOTE [ps wire protocol]): per-table parts
         ``{"table": t}`` and flat parts ``{"flat": true}`` (their first frame: the table of
         every key); compressed frames (``wire_dtype``, NOTE [wire compression]) are decoded.
@@ -283,9 +314,16 @@ class ShardServer:
         n). Every key's table, shape and shard are checked by the op's kernel."""
         parts = header.get("parts")
         spec = wire.PART_FRAMES[op]
-        if (clock is None and (wire_dtype == "fp32" or op == "pull") and type(parts) is list and len(parts) == 1
-                and type(parts[0]) is dict and len(parts[0]) == 1 and parts[0].get("flat") is True
-                and len(arrays) == len(spec) + 1):   # what PSClient sends: one flat part
+        if (
+            clock is None
+            and (wire_dtype == "fp32" or op == "pull")
+            and type(parts) is list
+            and len(parts) == 1
+            and type(parts[0]) is dict
+            and len(parts[0]) == 1
+            and parts[0].get("flat") is True
+            and len(arrays) == len(spec) + 1
+        ):  # what PSClient sends: one flat part
             p = self._part(op, spec, parts[0], arrays[0], arrays[1:])
             if p.keys.shape[0] > self.limits.max_keys_per_request:
                 self._too_many(op, p.keys.shape[0])
@@ -303,17 +341,22 @@ class ShardServer:
             raise ProtocolError(f"{op}: {len(parts)} parts need {sum(sizes)} frames, got {len(arrays)}")
         out, n_keys, at = [], 0, 0
         for k, part in enumerate(parts):
-            frames = arrays[at:at + sizes[k]]
+            frames = arrays[at : at + sizes[k]]
             at += sizes[k]
             flat = "table" not in part
             tables = frames[0] if flat else None
-            ops = frames[flat:sizes[k] - extra]
+            ops = frames[flat : sizes[k] - extra]
             if base != len(spec):
                 ops = compress.decode_part(op, ops, wire_dtype)
             p = self._part(op, spec, part, tables, ops)
             if extra:
-                p.rest.append(frozen(wire.unpack_clocks(frames[-1], f"{op} {clock} of part {k}", p.keys.shape[0],
-                                                        prefix=clock == "clocks")))
+                p.rest.append(
+                    frozen(
+                        wire.unpack_clocks(
+                            frames[-1], f"{op} {clock} of part {k}", p.keys.shape[0], prefix=clock == "clocks"
+                        )
+                    )
+                )
             n_keys += p.keys.shape[0]
             out.append(p)
         if n_keys > self.limits.max_keys_per_request:
@@ -328,38 +371,43 @@ class ShardServer:
         return out
 
     def _too_many(self, op: str, n_keys: int) -> None:
-        raise ProtocolError(f"{op}: {n_keys} keys in one request exceed this shard's max_keys_per_request="
-                            f"{self.limits.max_keys_per_request}; send fewer keys per request (PSClient "
-                            "splits by the limit the shards announce) or raise --max-keys-per-request")
+        raise ProtocolError(
+            f"{op}: {n_keys} keys in one request exceed this shard's max_keys_per_request="
+            f"{self.limits.max_keys_per_request}; send fewer keys per request (PSClient "
+            "splits by the limit the shards announce) or raise --max-keys-per-request"
+        )
 
     def _part(self, op: str, spec: tuple, part: dict, tables, frames: list) -> Part:
         """One part's frames: dtypes and shapes (against its first key's table); arrays
         frozen (one kernel variant each: :func:`~herald.ps.store.frozen`)."""
         for (name, dt), a in zip(spec, frames):
-            if a.dtype != dt:   # not a.dtype.str: that builds a string
+            if a.dtype != dt:  # not a.dtype.str: that builds a string
                 raise ProtocolError(f"{op}: {name} must be {dt}, got {a.dtype.str}")
         keys = frames[0]
         if keys.ndim != 1:
             raise ProtocolError(f"{op}: keys must be 1-d, got shape {keys.shape}")
         n = keys.shape[0]
         n_tables = len(self.tables)
-        if tables is None:   # a per-table part
+        if tables is None:  # a per-table part
             ti = part.get("table")
             if type(ti) is not int or not 0 <= ti < n_tables:
-                raise ProtocolError(f"{op}: unknown table {ti!r}; this shard has {n_tables} tables "
-                                    "(declare them first)")
+                raise ProtocolError(
+                    f"{op}: unknown table {ti!r}; this shard has {n_tables} tables (declare them first)"
+                )
             tables = self.store.positions(ti, n)
         else:
             if tables.dtype != wire.TABLES_DTYPE or tables.shape != (n,):
-                raise ProtocolError(f"{op}: the tables frame of a flat part must be {wire.TABLES_DTYPE} [{n}], "
-                                    f"got {tables.dtype.str} {tables.shape}")
+                raise ProtocolError(
+                    f"{op}: the tables frame of a flat part must be {wire.TABLES_DTYPE} [{n}], "
+                    f"got {tables.dtype.str} {tables.shape}"
+                )
             ti = int(tables[0]) if n else -1
             if ti >= n_tables:
                 raise ProtocolError(f"{op}: unknown table {ti}; this shard has {n_tables} tables (declare them first)")
             tables = frozen(tables)
         if ti >= 0:
             dim, width = self.tables[ti].cfg.dim, self.tables[ti].width
-        else:   # no keys: nothing to check
+        else:  # no keys: nothing to check
             dim = width = next((a.shape[1] for a in frames[1:] if a.ndim == 2), 0)
         for (field, _), a in zip(spec[1:], frames[1:]):
             want = (n, dim) if field == "grads" else (n, width) if field == "rows" else (n,)
@@ -379,11 +427,15 @@ class ShardServer:
         if workers is not None:
             bound = self.limits.max_contributors
             if type(workers) is not int or not 1 <= workers <= bound:
-                raise ConfigError(f"declare: workers must be an int in [1, {bound}] (this shard's "
-                                  f"max_contributors; raise --max-contributors), got {workers!r:.40}")
+                raise ConfigError(
+                    f"declare: workers must be an int in [1, {bound}] (this shard's "
+                    f"max_contributors; raise --max-contributors), got {workers!r:.40}"
+                )
             if self.workers is not None and workers != self.workers:
-                raise ConfigError(f"declare: this shard serves a job of {self.workers} workers; a declare of "
-                                  f"{workers} is rejected (restart the shards for another job)")
+                raise ConfigError(
+                    f"declare: this shard serves a job of {self.workers} workers; a declare of "
+                    f"{workers} is rejected (restart the shards for another job)"
+                )
         tables = [TableConfig.from_dict(d) for d in decl]
         self.declare(tables)
         if workers is not None:
@@ -391,9 +443,9 @@ class ShardServer:
         return {"n_tables": len(self.tables), "limits": self.limits.to_dict()}, []
 
     def _op_pull(self, header, arrays):
-        if "staleness" in header:   # NOTE [clock frames]: a conditional pull
+        if "staleness" in header:  # NOTE [clock frames]: a conditional pull
             return clocked.op_pull(self, header, arrays)
-        wire_dtype = compress.wire_of(header)   # NOTE [wire compression]
+        wire_dtype = compress.wire_of(header)  # NOTE [wire compression]
         return self.read_pull(self.resolve_pull(header, arrays), wire_dtype)
 
     def resolve_pull(self, header: dict[str, Any], arrays: list) -> list[tuple[Part, np.ndarray]]:
@@ -425,23 +477,41 @@ class ShardServer:
         bound = self.contributor_bound
         rank = wire.get_int(header, "rank", 0, 1 << 30)
         if rank >= bound:
-            raise ProtocolError(f"push_grad: rank {rank} is not below {self._bound_name()}; "
-                                "ranks run from 0 to workers - 1")
+            raise ProtocolError(
+                f"push_grad: rank {rank} is not below {self._bound_name()}; ranks run from 0 to workers - 1"
+            )
         parts = self._parts(header, arrays, "push_grad", wire_dtype=compress.wire_of(header))
-        stamp = self.store.next_stamp()   # a key twice in the request, in any part, is refused
+        stamp = self.store.next_stamp()  # a key twice in the request, in any part, is refused
         name = self._bound_name()
-        if len(parts) == 1:   # checked and applied in one kernel call
+        if len(parts) == 1:  # checked and applied in one kernel call
             p = parts[0]
-            applied = self.store.push_grad(p.tables, p.keys, p.rest[0], p.rest[1], step, rank, stamp, bound=bound,
-                                           bound_name=name)[1]
-        else:   # every part checked before any is applied (NOTE [ps aggregation])
-            checked = [self.store.push_grad(p.tables, p.keys, p.rest[0], p.rest[1], step, rank, stamp,
-                                            mode=K.CHECK_ONLY, bound=bound, bound_name=name) for p in parts]
+            applied = self.store.push_grad(
+                p.tables, p.keys, p.rest[0], p.rest[1], step, rank, stamp, bound=bound, bound_name=name
+            )[1]
+        else:  # every part checked before any is applied (NOTE [ps aggregation])
+            checked = [
+                self.store.push_grad(
+                    p.tables,
+                    p.keys,
+                    p.rest[0],
+                    p.rest[1],
+                    step,
+                    rank,
+                    stamp,
+                    mode=K.CHECK_ONLY,
+                    bound=bound,
+                    bound_name=name,
+                )
+                for p in parts
+            ]
             if max(cmax for _, cmax in checked) > 1:
                 self.store.reserve_step(step, sum(p.keys.shape[0] for p in parts), max(p.dim for p in parts))
-            applied = sum(self.store.push_grad(p.tables, p.keys, p.rest[0], p.rest[1], step, rank, stamp,
-                                               mode=K.APPLY_ONLY, slots=slots)[1]
-                          for p, (slots, _) in zip(parts, checked))
+            applied = sum(
+                self.store.push_grad(
+                    p.tables, p.keys, p.rest[0], p.rest[1], step, rank, stamp, mode=K.APPLY_ONLY, slots=slots
+                )[1]
+                for p, (slots, _) in zip(parts, checked)
+            )
         self._pushers_add(step, rank)
         self.counters["push_grad_keys"] += sum(p.keys.shape[0] for p in parts)
         self.counters["rows_updated"] += applied
@@ -484,15 +554,19 @@ class ShardServer:
                 self.counters["aggregation_keys_aborted"] += report["open_keys"]
                 self.aborted.append(report)
                 out.append(report)
-                print(f"herald ps shard {self.shard}/{self.num_shards}: aborted {report['open_keys']} open "
-                      f"aggregations of step {report['step']} on table {report['table']!r} after "
-                      f"{report['waited_ms']} ms (aggregation_timeout_ms={self.limits.aggregation_timeout_ms}); "
-                      f"expected {report['contributors']} contributors, ranks that pushed {pushed}, "
-                      f"missing ranks {report['missing_ranks']}", file=sys.stderr, flush=True)
+                print(
+                    f"herald ps shard {self.shard}/{self.num_shards}: aborted {report['open_keys']} open "
+                    f"aggregations of step {report['step']} on table {report['table']!r} after "
+                    f"{report['waited_ms']} ms (aggregation_timeout_ms={self.limits.aggregation_timeout_ms}); "
+                    f"expected {report['contributors']} contributors, ranks that pushed {pushed}, "
+                    f"missing ranks {report['missing_ranks']}",
+                    file=sys.stderr,
+                    flush=True,
+                )
         return out
 
     def _op_push_rows(self, header, arrays):
-        if "advance" in header or "read_clocks" in header:   # NOTE [clock frames]
+        if "advance" in header or "read_clocks" in header:  # NOTE [clock frames]
             return clocked.op_push_rows(self, header, arrays)
         parts = self._parts(header, arrays, "push_rows", wire_dtype=compress.wire_of(header))
         stamp = self.store.next_stamp()
@@ -501,7 +575,7 @@ class ShardServer:
             self.counters["push_rows_keys"] += p.keys.shape[0]
         return {}, []
 
-    def _op_gba_push(self, header, arrays):   # NOTE [gba tokens] (herald/ps/gba.py)
+    def _op_gba_push(self, header, arrays):  # NOTE [gba tokens] (herald/ps/gba.py)
         return gba.op_push(self, header, arrays)
 
     def _op_gba_pull(self, header, arrays):
@@ -511,13 +585,15 @@ class ShardServer:
         return {"stats": self.stats()}, []
 
     def _op_checkpoint(self, header, arrays):
-        path = self.admin.check("checkpoint", header)   # NOTE [ps admin ops]
+        path = self.admin.check("checkpoint", header)  # NOTE [ps admin ops]
         open_aggs = self.store.open_total
         if open_aggs:
-            raise ProtocolError(f"checkpoint refused: {open_aggs} gradient aggregations are open; "
-                                "checkpoint between steps (after every push of the step is acked); an "
-                                "aggregation whose contributors never come is aborted after "
-                                f"aggregation_timeout_ms={self.limits.aggregation_timeout_ms}")
+            raise ProtocolError(
+                f"checkpoint refused: {open_aggs} gradient aggregations are open; "
+                "checkpoint between steps (after every push of the step is acked); an "
+                "aggregation whose contributors never come is aborted after "
+                f"aggregation_timeout_ms={self.limits.aggregation_timeout_ms}"
+            )
         final = checkpoint.save(path, self.shard, self.num_shards, self.seed, self.tables)
         return {"path": str(final)}, []
 
@@ -531,8 +607,8 @@ class ShardServer:
         self.store.check_bytes(sum(table_bytes(c, t.width) for t, c in zip(self.tables, caps)), f"restoring {path}")
         for table, (keys, rows), cap in zip(self.tables, data, caps):
             table.load(keys, rows, cap)
-        self.gba = None   # its global step and buffered contributions belong to the rolled-back run (NOTE [gba tokens])
-        self.steps.clear()   # so do the held step messages (NOTE [step messages])
+        self.gba = None  # its global step and buffered contributions belong to the rolled-back run (NOTE [gba tokens])
+        self.steps.clear()  # so do the held step messages (NOTE [step messages])
         return {"rows": int(sum(k.shape[0] for k, _ in data))}, []
 
     def _op_shutdown(self, header, arrays):
@@ -544,21 +620,32 @@ class ShardServer:
         """Counters and per-table sizes (plain types, msgpack-able)."""
         self._count_handshakes()
         return {
-            "shard": self.shard, "num_shards": self.num_shards, "pid": os.getpid(),
+            "shard": self.shard,
+            "num_shards": self.num_shards,
+            "pid": os.getpid(),
             "counters": dict(self.counters),
             "busy_s": {op: round(s, 6) for op, s in self.busy_s.items()},
             "uptime_s": round(time.monotonic() - self._started, 6),
             "open_aggregations": self.store.open_total,
-            "replies_kept": len(self._replies),   # NOTE [reply cache]
-            "step_barrier": self.steps.stats(),    # NOTE [step barrier timing] in herald/ps/stepped.py
+            "replies_kept": len(self._replies),  # NOTE [reply cache]
+            "step_barrier": self.steps.stats(),  # NOTE [step barrier timing] in herald/ps/stepped.py
             "aborted": list(self.aborted),
-            "limits": self.limits.to_dict(), "workers": self.workers,
+            "limits": self.limits.to_dict(),
+            "workers": self.workers,
             "pull_pending_keys": self.counters["pull_pending_keys"],
             "gba": self.gba.stats() if self.gba is not None else None,
-            "tables": {t.cfg.name: {"index": t.index, "rows": t.n_rows, "row_width": t.width,
-                                    "capacity_rows": int(t.rows.shape[0]), "bytes": int(t.rows.nbytes),
-                                    "evicted_rows": t.evicted, "evicted_rows_read_again": t.evicted_read_again}
-                       for t in self.tables},
+            "tables": {
+                t.cfg.name: {
+                    "index": t.index,
+                    "rows": t.n_rows,
+                    "row_width": t.width,
+                    "capacity_rows": int(t.rows.shape[0]),
+                    "bytes": int(t.rows.nbytes),
+                    "evicted_rows": t.evicted,
+                    "evicted_rows_read_again": t.evicted_read_again,
+                }
+                for t in self.tables
+            },
         }
 
     # ------------------------------------------------------------------ loop
@@ -577,15 +664,19 @@ class ShardServer:
         Writes the bound endpoint to ``ready_file`` (atomically) once serving.
         """
         warm_up()
-        sock = server_socket(zmq.Context.instance(), zmq.ROUTER, self.keys_dir)   # NOTE [transport security]
+        sock = server_socket(zmq.Context.instance(), zmq.ROUTER, self.keys_dir)  # NOTE [transport security]
         self._handshakes = HandshakeMonitor(sock) if self.keys_dir is not None else None
         sock.setsockopt(zmq.LINGER, 1000)
-        PS.configure(sock, max_array_bytes=largest_frame_bytes(self.limits))   # NOTE [message size limits]
+        PS.configure(sock, max_array_bytes=largest_frame_bytes(self.limits))  # NOTE [message size limits]
         sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
         sock.bind(self.bind)
         self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        print(f"herald ps shard {self.shard}/{self.num_shards}: serving on {self.endpoint} "
-              f"({len(self.tables)} tables, seed {self.seed})", file=sys.stderr, flush=True)
+        print(
+            f"herald ps shard {self.shard}/{self.num_shards}: serving on {self.endpoint} "
+            f"({len(self.tables)} tables, seed {self.seed})",
+            file=sys.stderr,
+            flush=True,
+        )
         if ready_file:
             tmp = f"{ready_file}.tmp"
             with open(tmp, "w") as f:
@@ -629,8 +720,16 @@ def warm_up() -> None:
     K.shard_of_jit(np.uint64(0), frozen(np.arange(4, dtype=np.uint64)), 1, np.empty(4, np.int64))
 
 
-def run_shard(shard: int, num_shards: int, bind: str, tables=(), seed: int = 0,
-              ready_file: str | None = None, limits: ShardLimits | None = None, **security) -> int:
+def run_shard(
+    shard: int,
+    num_shards: int,
+    bind: str,
+    tables=(),
+    seed: int = 0,
+    ready_file: str | None = None,
+    limits: ShardLimits | None = None,
+    **security,
+) -> int:
     """Entry of ``herald serve ps``: serve until SIGTERM/SIGINT or a shutdown request
     (``security``: ``keys_dir``, ``insecure``, ``checkpoint_root``, ``admin_token`` of
     :class:`ShardServer`)."""
@@ -639,6 +738,5 @@ def run_shard(shard: int, num_shards: int, bind: str, tables=(), seed: int = 0,
     signal.signal(signal.SIGINT, server.stop)
     t0 = time.monotonic()
     server.serve(ready_file=ready_file)
-    print(f"herald ps shard {shard}/{num_shards}: stopped after {time.monotonic() - t0:.1f} s",
-          file=sys.stderr)
+    print(f"herald ps shard {shard}/{num_shards}: stopped after {time.monotonic() - t0:.1f} s", file=sys.stderr)
     return 0

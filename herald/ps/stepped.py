@@ -96,10 +96,10 @@ class _Held:
     """One rank's step message waiting for the others: where to answer and its pull."""
 
     peer: Any
-    key: tuple[int, int]            # (client id, request id): the reply cache's key
+    key: tuple[int, int]  # (client id, request id): the reply cache's key
     pull: tuple[dict, list] | None  # the pull section's (header, arrays), read at release
     dense: np.ndarray | None = None  # float32 [n]: this shard's slice of the rank's dense gradient
-    resolved: list | Exception | None = None   # the pull's parts and slots, found on arrival, or why not
+    resolved: list | Exception | None = None  # the pull's parts and slots, found on arrival, or why not
 
 
 class StepBarrier:
@@ -111,10 +111,10 @@ class StepBarrier:
         self.held: dict[int, dict[int, _Held]] = {}
         self._workers: dict[int, int] = {}
         self._opened: dict[int, float] = {}
-        self._where: dict[tuple[int, int], tuple[int, int]] = {}   # request key -> (step, rank)
+        self._where: dict[tuple[int, int], tuple[int, int]] = {}  # request key -> (step, rank)
         self._released = 0
         self._spread_s, self._spread_max_s, self._release_s = 0.0, 0.0, 0.0
-        self._last: dict[int, int] = {}   # rank -> steps whose message it sent last
+        self._last: dict[int, int] = {}  # rank -> steps whose message it sent last
 
     # NOTE [step barrier timing]
     # ~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -140,10 +140,13 @@ class StepBarrier:
         of a step), ``release_ms_mean`` and ``last_rank`` ({rank: steps it came last}; str
         keys, msgpack maps); NOTE [step barrier timing]."""
         n = max(1, self._released)
-        return {"released": self._released, "spread_ms_mean": round(1e3 * self._spread_s / n, 4),
-                "spread_ms_max": round(1e3 * self._spread_max_s, 4),
-                "release_ms_mean": round(1e3 * self._release_s / n, 4),
-                "last_rank": {str(r): c for r, c in sorted(self._last.items())}}
+        return {
+            "released": self._released,
+            "spread_ms_mean": round(1e3 * self._spread_s / n, 4),
+            "spread_ms_max": round(1e3 * self._spread_max_s, 4),
+            "release_ms_mean": round(1e3 * self._release_s / n, 4),
+            "last_rank": {str(r): c for r, c in sorted(self._last.items())},
+        }
 
     def opened_at(self, step: int) -> float:
         """``time.monotonic()`` when the first message of held step ``step`` came."""
@@ -165,14 +168,17 @@ class StepBarrier:
         """
         if step not in self.held:
             if len(self.held) >= MAX_HELD_STEPS:
-                raise ProtocolError(f"step {step}: this shard already holds {MAX_HELD_STEPS} unfinished steps; "
-                                    "are two jobs sharing the shards?")
+                raise ProtocolError(
+                    f"step {step}: this shard already holds {MAX_HELD_STEPS} unfinished steps; "
+                    "are two jobs sharing the shards?"
+                )
             self.held[step], self._workers[step], self._opened[step] = {}, workers, time.monotonic()
         elif self._workers[step] != workers:
-            raise ProtocolError(f"step {step}: rank {rank} says {workers} workers, an earlier message said "
-                                f"{self._workers[step]}")
+            raise ProtocolError(
+                f"step {step}: rank {rank} says {workers} workers, an earlier message said {self._workers[step]}"
+            )
         old = self.held[step].get(rank)
-        if old is not None:   # a restarted rank: its message replaces the lost one's
+        if old is not None:  # a restarted rank: its message replaces the lost one's
             self._where.pop(old.key, None)
         self.held[step][rank] = held
         self._where[held.key] = (step, rank)
@@ -215,10 +221,12 @@ def _sections(header: dict[str, Any], arrays: list) -> dict[str, list]:
         op = sec.get("op") if type(sec) is dict else None
         frames = sec.get("frames") if type(sec) is dict else None
         if op not in SECTIONS or SECTIONS.index(op) <= last or type(frames) is not int or not 0 < frames <= 8:
-            raise ProtocolError(f"step: section {k} must be {{'op': one of {list(SECTIONS)} in that order, "
-                                f"'frames': 1..8}}, got {sec!r:.80}")
+            raise ProtocolError(
+                f"step: section {k} must be {{'op': one of {list(SECTIONS)} in that order, "
+                f"'frames': 1..8}}, got {sec!r:.80}"
+            )
         last = SECTIONS.index(op)
-        out[op] = arrays[at:at + frames]
+        out[op] = arrays[at : at + frames]
         at += frames
     if at != len(arrays):
         raise ProtocolError(f"step: the sections name {at} frames, the message has {len(arrays)}")
@@ -246,10 +254,10 @@ def op_step(server, peer: Any, key: tuple[int, int], header: dict[str, Any], arr
     pull = (sub, sections["pull"]) if "pull" in sections else None
     dense = _dense_section(sections["dense"]) if "dense" in sections else None
     held = _Held(peer, key, pull, dense)
-    if pull is not None and not server.store.bounded:   # NOTE [pulls resolved on arrival]
+    if pull is not None and not server.store.bounded:  # NOTE [pulls resolved on arrival]
         try:
             held.resolved = server.resolve_pull(*pull)
-        except ProtocolError as exc:   # this rank's pull is refused at release; its writes stand
+        except ProtocolError as exc:  # this rank's pull is refused at release; its writes stand
             held.resolved = exc
     if not server.steps.add(step, rank, workers, held):
         return []
@@ -258,14 +266,14 @@ def op_step(server, peer: Any, key: tuple[int, int], header: dict[str, Any], arr
     held = server.steps.release(step)
     try:
         total = _dense_sum(held)
-    except ProtocolError as exc:   # the ranks disagree: none of them gets a sum
+    except ProtocolError as exc:  # the ranks disagree: none of them gets a sum
         return [(h.peer, server.error_reply("step", h.key[1], exc)) for h in held]
     out = []
     for h in held:
         frames = _reply(server, h, total)
         server.remember(h.key, frames)
         out.append((h.peer, frames))
-    server.steps.timed_release(rank, t0 - opened, time.monotonic() - t0)   # NOTE [step barrier timing]
+    server.steps.timed_release(rank, t0 - opened, time.monotonic() - t0)  # NOTE [step barrier timing]
     return out
 
 
@@ -290,8 +298,10 @@ def _dense_sum(held: list[_Held]) -> np.ndarray | None:
     if sizes == {None}:
         return None
     if len(sizes) > 1:
-        raise ProtocolError(f"step: the ranks' dense slices differ (lengths {sorted(sizes, key=str)}): every "
-                            "worker must train the same dense model the same way")
+        raise ProtocolError(
+            f"step: the ranks' dense slices differ (lengths {sorted(sizes, key=str)}): every "
+            "worker must train the same dense model the same way"
+        )
     total = held[0].dense.copy()
     for h in held[1:]:
         total += h.dense
@@ -304,7 +314,7 @@ def _reply(server, held: _Held, dense: np.ndarray | None) -> list:
     rid = held.key[1]
     try:
         head, rows = _read_held_pull(server, held) if held.pull is not None else ({}, [])
-    except Exception as exc:   # this rank's pull is refused; the others are answered
+    except Exception as exc:  # this rank's pull is refused; the others are answered
         return server.error_reply("step", rid, exc)
     if dense is not None:
         head, rows = dict(head, dense=int(dense.shape[0])), [*rows, dense]
@@ -344,8 +354,10 @@ def expire_steps(server, now: float) -> list[tuple[Any, list]]:
     timeout_ms = server.limits.aggregation_timeout_ms
     for step, missing, held in server.steps.expired(now, timeout_ms / 1000.0):
         server.counters["steps_aborted"] += 1
-        msg = (f"step {step}: ranks {missing} sent no step message within aggregation_timeout_ms={timeout_ms} "
-               "(stopped, slow or lost workers: their logs name the cause)")
+        msg = (
+            f"step {step}: ranks {missing} sent no step message within aggregation_timeout_ms={timeout_ms} "
+            "(stopped, slow or lost workers: their logs name the cause)"
+        )
         print(f"herald ps shard {server.shard}/{server.num_shards}: {msg}", file=sys.stderr, flush=True)
         out += [(h.peer, server.error_reply("step", h.key[1], ProtocolError(msg))) for h in held]
     return out
@@ -380,7 +392,7 @@ class StepOps:
         Raises:
             ConfigError: bad arrays (as the ops' own forms).
         """
-        sections = []   # (op, tables, keys, frames_of(positions))
+        sections = []  # (op, tables, keys, frames_of(positions))
         if rows is not None and len(rows[1]):
             tables, keys = self._flat_keys(rows[0], rows[1])
             sections.append(("push_rows", tables, keys, self._rows_frames(tables, keys, rows[2])))
@@ -399,38 +411,49 @@ class StepOps:
                     per_shard[sh].append((op, [*self._take((tables, keys), pos), *frames_of(pos)], pos))
                 elif op == "pull":
                     late.append((tables, keys, pos))
-                else:   # over max_keys_per_request: ahead of the step message, on the same connection
-                    pre.append(self._send_flat(op, {"step": int(step), "rank": int(rank)}, [(sh, pos)], tables,
-                                               keys, frames_of)[0])
+                else:  # over max_keys_per_request: ahead of the step message, on the same connection
+                    pre.append(
+                        self._send_flat(
+                            op, {"step": int(step), "rank": int(rank)}, [(sh, pos)], tables, keys, frames_of
+                        )[0]
+                    )
         slices = [] if dense is None else dense_slices(dense.shape[0], self.num_shards)
         for sh, part in enumerate(slices):
             if part.stop > part.start:
                 per_shard[sh].append(("dense", [dense[part]], None))
         for sh in range(self.num_shards):
-            header = self._wire({"step": int(step), "rank": int(rank), "workers": int(workers),
-                                 "sections": [{"op": op, "frames": len(fr)} for op, fr, _ in per_shard[sh]]})
+            header = self._wire(
+                {
+                    "step": int(step),
+                    "rank": int(rank),
+                    "workers": int(workers),
+                    "sections": [{"op": op, "frames": len(fr)} for op, fr, _ in per_shard[sh]],
+                }
+            )
             rids.append(self._send(sh, "step", header, [f for _, fr, _ in per_shard[sh] for f in fr]))
         pulled = next((s for s in sections if s[0] == "pull"), None)
 
         def finish(replies):
-            replies = replies[len(pre):]
-            for part, (head, arrays) in zip(slices, replies):   # the sum over the ranks: last frame
+            replies = replies[len(pre) :]
+            for part, (head, arrays) in zip(slices, replies):  # the sum over the ranks: last frame
                 if part.stop > part.start:
                     dense[part] = self._dense_of(head, arrays, part.stop - part.start)
             if pulled is None:
                 return None
             _, tables, keys, _ = pulled
             width = self._shape(tables)[1]
-            parts = [(pos, compress.decode_rows(arrays[:-1] if "dense" in head else arrays,
-                                                compress.wire_of(head))[0])
-                     for (head, arrays), sh_sections in zip(replies, per_shard)
-                     for op, _, pos in sh_sections if op == "pull"]
-            if len(parts) == 1 and parts[0][0] is None and not late:   # one shard held every key: zero copy
+            parts = [
+                (pos, compress.decode_rows(arrays[:-1] if "dense" in head else arrays, compress.wire_of(head))[0])
+                for (head, arrays), sh_sections in zip(replies, per_shard)
+                for op, _, pos in sh_sections
+                if op == "pull"
+            ]
+            if len(parts) == 1 and parts[0][0] is None and not late:  # one shard held every key: zero copy
                 return parts[0][1]
             out = np.empty((keys.shape[0], width), np.float32)
             for pos, got in parts:
                 wire.put_rows(out, pos, got, "step reply")
-            for t, k, pos in late:   # after the reply: ordered after the step (NOTE [step messages])
+            for t, k, pos in late:  # after the reply: ordered after the step (NOTE [step messages])
                 wire.put_rows(out, pos, self._handle(*self._pull_op(t[pos], k[pos])).wait(), "pull reply")
             return out
 
@@ -444,6 +467,7 @@ class StepOps:
             ProtocolError: the reply has none, or one of another length.
         """
         if head.get("dense") != size or not arrays or arrays[-1].shape != (size,):
-            raise ProtocolError(f"step: the reply should end with the dense sum of {size} values; "
-                                f"it says {head.get('dense')!r}")
+            raise ProtocolError(
+                f"step: the reply should end with the dense sum of {size} values; it says {head.get('dense')!r}"
+            )
         return arrays[-1]

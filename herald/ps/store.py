@@ -86,8 +86,8 @@ class TableSet:
         self.pending: dict[int, PendingStep] = {}
         self._retired: list[int] = []
         self._stamp = 0
-        self._hint = 0               # entries of the last completed step: a new step's first size
-        self.lru = 0                 # requests seen: the LRU's time (NOTE [bounded ps])
+        self._hint = 0  # entries of the last completed step: a new step's first size
+        self.lru = 0  # requests seen: the LRU's time (NOTE [bounded ps])
         #: whether a table is LRU-bounded (NOTE [bounded ps]): its rows may move
         self.bounded = False
         self._no_step = PendingStep(1, 0)
@@ -153,8 +153,10 @@ class TableSet:
         """Raise :class:`ProtocolError` if ``total`` bytes over all tables (after ``what``)
         pass ``max_bytes``."""
         if self.max_bytes is not None and total > self.max_bytes:
-            raise ProtocolError(f"{what} would take the tables of this shard to {total} bytes, past its "
-                                f"max_shard_bytes={self.max_bytes}; add PS shards or raise --max-shard-bytes")
+            raise ProtocolError(
+                f"{what} would take the tables of this shard to {total} bytes, past its "
+                f"max_shard_bytes={self.max_bytes}; add PS shards or raise --max-shard-bytes"
+            )
 
     @property
     def dims(self) -> np.ndarray:
@@ -195,8 +197,9 @@ class TableSet:
             self.tables[t].prepare(keys if counts[t] == keys.shape[0] else keys[tables == t])
         return False
 
-    def _fail(self, code: int, i: int, tables: np.ndarray, keys: np.ndarray, op: str, dim: int = -1,
-              width: int = -1) -> None:
+    def _fail(
+        self, code: int, i: int, tables: np.ndarray, keys: np.ndarray, op: str, dim: int = -1, width: int = -1
+    ) -> None:
         """Raise the :class:`ProtocolError` of a flat kernel's ``code`` at key ``i``."""
         t = int(tables[i])
         if code == K.UNKNOWN_TABLE:
@@ -204,25 +207,33 @@ class TableSet:
         name = self.tables[t].cfg.name
         key = int(keys[i])
         if code == K.WRONG_SHAPE:
-            raise ProtocolError(f"{op}: table {name!r} has dim {int(self.dims[t])} and row width "
-                                f"{int(self.widths[t])}, not the {dim} and {width} of its part; send tables of "
-                                "another shape in another part")
+            raise ProtocolError(
+                f"{op}: table {name!r} has dim {int(self.dims[t])} and row width "
+                f"{int(self.widths[t])}, not the {dim} and {width} of its part; send tables of "
+                "another shape in another part"
+            )
         if code == K.NOT_OWNED:
-            owner = int(K.shard_of_jit(self.salts[t], keys[i:i + 1], self.num_shards, np.empty(1, np.int64))[0])
-            raise ProtocolError(f"{op}: key {key} of table {t} belongs to shard {owner}, not {self.shard}; "
-                                "route keys with shard_of()")
+            owner = int(K.shard_of_jit(self.salts[t], keys[i : i + 1], self.num_shards, np.empty(1, np.int64))[0])
+            raise ProtocolError(
+                f"{op}: key {key} of table {t} belongs to shard {owner}, not {self.shard}; route keys with shard_of()"
+            )
         if code == K.DUPLICATE:
-            raise ProtocolError(f"{op} on table {name!r}: key {key} appears twice; "
-                                "send each key once per request (sum its gradients first)")
+            raise ProtocolError(
+                f"{op} on table {name!r}: key {key} appears twice; "
+                "send each key once per request (sum its gradients first)"
+            )
         if code == K.NONFINITE:
-            raise ProtocolError(f"{op} on table {name!r}: the row of key {key} holds NaN or infinity; nothing "
-                                "was stored: the sender's copy diverged (lower the learning rate, or clip the "
-                                "gradients, and continue from the last checkpoint)")
+            raise ProtocolError(
+                f"{op} on table {name!r}: the row of key {key} holds NaN or infinity; nothing "
+                "was stored: the sender's copy diverged (lower the learning rate, or clip the "
+                "gradients, and continue from the last checkpoint)"
+            )
         raise ProtocolError(f"{op} on table {name!r}: internal error {code} at key {key}")
 
     # ------------------------------------------------------------------ ops
-    def slots(self, tables: np.ndarray, keys: np.ndarray, dim: int = -1, width: int = -1,
-              op: str = "slots") -> np.ndarray:
+    def slots(
+        self, tables: np.ndarray, keys: np.ndarray, dim: int = -1, width: int = -1, op: str = "slots"
+    ) -> np.ndarray:
         """Row slots of ``(tables[i], keys[i])`` (int64 [n]), inserting unseen keys; with
         ``dim`` / ``width`` >= 0 every key's table must have that dim / row width.
 
@@ -233,8 +244,9 @@ class TableSet:
         """
         room = True
         while True:
-            code, i = K.flat_room_jit(self.d, self.salts, self.num_shards, self.shard, dim, width, tables, keys,
-                                      self.counts, room)
+            code, i = K.flat_room_jit(
+                self.d, self.salts, self.num_shards, self.shard, dim, width, tables, keys, self.counts, room
+            )
             if code != K.SHORT:
                 break
             room = self._make_room(tables, keys)
@@ -275,8 +287,9 @@ class TableSet:
         slots = np.empty(n, np.int64)
         marks, room = self.open_total > 0, True
         while True:
-            code, i, k, pending = K.flat_pull_clocked_jit(*self._head(room), tables, keys, dim, c_c, int(staleness),
-                                                          slots, c_g, out, self.lru, marks)
+            code, i, k, pending = K.flat_pull_clocked_jit(
+                *self._head(room), tables, keys, dim, c_c, int(staleness), slots, c_g, out, self.lru, marks
+            )
             if code != K.SHORT:
                 break
             room = self._make_room(tables, keys)
@@ -294,9 +307,18 @@ class TableSet:
         slots = np.empty(n, np.int64)
         room = True
         while True:
-            code, i = K.flat_push_rows_jit(*self._head(room), tables, keys, rows,
-                                           _EMPTY_U64 if advance is None else advance, advance is not None, slots,
-                                           c_g, stamp, self.lru)
+            code, i = K.flat_push_rows_jit(
+                *self._head(room),
+                tables,
+                keys,
+                rows,
+                _EMPTY_U64 if advance is None else advance,
+                advance is not None,
+                slots,
+                c_g,
+                stamp,
+                self.lru,
+            )
             if code != K.SHORT:
                 break
             room = self._make_room(tables, keys)
@@ -305,9 +327,21 @@ class TableSet:
             self._fail(code, i, tables, keys, "push_rows", -1, rows.shape[1])
         return c_g if advance is not None else None
 
-    def push_grad(self, tables, keys, grads, contributors, step: int, rank: int, stamp: int, *,
-                  mode: int = K.CHECK_AND_APPLY, slots: np.ndarray | None = None, bound: int = 65535,
-                  bound_name: str = "65535") -> tuple[np.ndarray, int]:
+    def push_grad(
+        self,
+        tables,
+        keys,
+        grads,
+        contributors,
+        step: int,
+        rank: int,
+        stamp: int,
+        *,
+        mode: int = K.CHECK_AND_APPLY,
+        slots: np.ndarray | None = None,
+        bound: int = 65535,
+        bound_name: str = "65535",
+    ) -> tuple[np.ndarray, int]:
         """One contributor's gradients (float32 [n, dim]) with their ``contributors`` (uint16
         [n]) for ``step`` (NOTE [ps aggregation], NOTE [ps limits]).
 
@@ -330,9 +364,22 @@ class TableSet:
         room = True
         while True:
             st = state if state is not None else self._no_step
-            code, i, value = K.flat_push_grad_jit(*self._head(room), self.hp, tables, keys, grads, contributors,
-                                                  int(rank), int(bound), slots, stamp, self.lru, mode,
-                                                  *st.apply_args(), time.monotonic())
+            code, i, value = K.flat_push_grad_jit(
+                *self._head(room),
+                self.hp,
+                tables,
+                keys,
+                grads,
+                contributors,
+                int(rank),
+                int(bound),
+                slots,
+                stamp,
+                self.lru,
+                mode,
+                *st.apply_args(),
+                time.monotonic(),
+            )
             if code == K.SHORT:
                 # growth or eviction ahead: refuse bad inputs first (nothing is changed for them)
                 bad, j, _ = K.grad_inputs_check_jit(grads, contributors, int(bound))
@@ -357,8 +404,9 @@ class TableSet:
         if state is None:
             # sized for the last completed step's entries and a quarter more: a step's size
             # varies, and each growth copies the state and rebuilds its key map
-            state = self.pending[step] = PendingStep(max(int(self.dims.max()), dim), self.n_tables,
-                                                     max(n, self._hint + self._hint // 4))
+            state = self.pending[step] = PendingStep(
+                max(int(self.dims.max()), dim), self.n_tables, max(n, self._hint + self._hint // 4)
+            )
         state.reserve(n, dim, self.n_tables)
         return state
 
@@ -372,16 +420,21 @@ class TableSet:
         t = self.tables[int(tables[i])]
         key = int(keys[i])
         if code == K.ABOVE_BOUND:
-            raise ProtocolError(f"push_grad: contributors {int(contributors[i])} of key {key} in table "
-                                f"{t.cfg.name!r} exceed {bound_name}; a key has at most one contributor per "
-                                "worker (NOTE [ps aggregation])")
+            raise ProtocolError(
+                f"push_grad: contributors {int(contributors[i])} of key {key} in table "
+                f"{t.cfg.name!r} exceed {bound_name}; a key has at most one contributor per "
+                "worker (NOTE [ps aggregation])"
+            )
         if code == K.NONFINITE:
-            raise ProtocolError(f"push_grad: the gradient of key {key} in table {t.cfg.name!r} (step {step}, "
-                                f"rank {rank}) holds NaN or infinity; nothing was stored: fix the model's loss "
-                                "(or clip the gradients) first")
+            raise ProtocolError(
+                f"push_grad: the gradient of key {key} in table {t.cfg.name!r} (step {step}, "
+                f"rank {rank}) holds NaN or infinity; nothing was stored: fix the model's loss "
+                "(or clip the gradients) first"
+            )
         if code in CHECK_MESSAGES:
-            raise ProtocolError(f"push_grad rejected: {CHECK_MESSAGES[code]} (key {key}, rank {rank}); see NOTE "
-                                "[ps aggregation]")
+            raise ProtocolError(
+                f"push_grad rejected: {CHECK_MESSAGES[code]} (key {key}, rank {rank}); see NOTE [ps aggregation]"
+            )
         self._fail(code, i, tables, keys, "push_grad")
 
     # ------------------------------------------------------------------ aggregations
@@ -425,8 +478,14 @@ class TableSet:
                     continue
                 waited = int((now - state.opened_at[t]) * 1000)
                 dropped, expected = state.abort(t, self.tables[t].row_marks)
-                report = {"table": self.tables[t].cfg.name, "step": int(step), "open_keys": dropped,
-                          "contributors": expected, "waited_ms": waited, "missing_ranks": None}
+                report = {
+                    "table": self.tables[t].cfg.name,
+                    "step": int(step),
+                    "open_keys": dropped,
+                    "contributors": expected,
+                    "waited_ms": waited,
+                    "missing_ranks": None,
+                }
                 state.aborted[t] = report
                 out.append(report)
             if state.open == 0:
@@ -437,7 +496,7 @@ class TableSet:
         """Drop every aggregation state of table position ``t`` (its rows were replaced)."""
         for step, state in list(self.pending.items()):
             state.forget(t)
-            if not (state.p_table[:int(state.cnt[0])] >= 0).any():
+            if not (state.p_table[: int(state.cnt[0])] >= 0).any():
                 del self.pending[step]
                 if step in self._retired:
                     self._retired.remove(step)

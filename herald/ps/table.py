@@ -14,13 +14,13 @@ from __future__ import annotations
 import numpy as np
 
 from herald import keymap
+from herald.contracts.tables import TableConfig
 from herald.errors import ProtocolError
 from herald.ps import kernels as K
 from herald.ps.aggregate import PendingStep
 from herald.ps.evicted import EvictedKeys
-from herald.ps.store import ROW_OVERHEAD_BYTES, TableSet, frozen
-from herald.contracts.tables import TableConfig
 from herald.ps.rows import hyper_params, init_args
+from herald.ps.store import ROW_OVERHEAD_BYTES, TableSet, frozen
 
 #: The table of every key in a table's map (one map per table: NOTE [key map]).
 _ONE_TABLE = 0
@@ -74,9 +74,16 @@ class EmbeddingTable:
             tables share them).
     """
 
-    def __init__(self, tcfg: TableConfig, table_index: int, seed: int, capacity_rows: int = FIRST_ROWS,
-                 max_bytes: int | None = None, max_resident_rows: int | None = None,
-                 tableset: TableSet | None = None):
+    def __init__(
+        self,
+        tcfg: TableConfig,
+        table_index: int,
+        seed: int,
+        capacity_rows: int = FIRST_ROWS,
+        max_bytes: int | None = None,
+        max_resident_rows: int | None = None,
+        tableset: TableSet | None = None,
+    ):
         self.cfg = tcfg
         self.index = table_index
         self.width = tcfg.row_width
@@ -86,17 +93,17 @@ class EmbeddingTable:
         self.max_resident = None if max_resident_rows is None else int(max_resident_rows)
         if self.max_resident is not None and self.max_resident < 1:
             raise ValueError(f"max_resident_rows must be >= 1, got {max_resident_rows}")
-        self.evicted = 0        # rows dropped by the LRU bound (NOTE [bounded ps])
-        self.evicted_keys = EvictedKeys()   # their keys (NOTE [evictions read again])
+        self.evicted = 0  # rows dropped by the LRU bound (NOTE [bounded ps])
+        self.evicted_keys = EvictedKeys()  # their keys (NOTE [evictions read again])
         self.init_args = init_args(tcfg, table_index, seed)
         self.hp = hyper_params(tcfg)
         cap = first_capacity(capacity_rows, self.max_rows)
         self.rows = np.zeros((cap, self.width), np.float32)
         self.row_keys = np.zeros(cap, np.uint64)
-        self.row_marks = np.zeros(cap, np.int32)   # open aggregations per row
-        self.stamps = np.zeros(cap, np.uint32)     # duplicate detection per request
+        self.row_marks = np.zeros(cap, np.int32)  # open aggregations per row
+        self.stamps = np.zeros(cap, np.uint32)  # duplicate detection per request
         self.last_used = np.zeros(cap, np.uint64)  # request clock of each row's last touch
-        self.clocks = np.zeros(cap, np.uint64)     # c_g of each row: NOTE [embedding clocks]
+        self.clocks = np.zeros(cap, np.uint64)  # c_g of each row: NOTE [embedding clocks]
         self._set = tableset if tableset is not None else TableSet()
         self.pos = self._set.add(self)
         self._rebuild_map(2 * cap)
@@ -142,20 +149,27 @@ class EmbeddingTable:
             self._rebuild_map(2 * need)
         self._set.publish(self.pos)
 
-    def _check(self, keys: np.ndarray, arr: np.ndarray | None = None, width: int = 0,
-               contributors: np.ndarray | None = None) -> None:
+    def _check(
+        self, keys: np.ndarray, arr: np.ndarray | None = None, width: int = 0, contributors: np.ndarray | None = None
+    ) -> None:
         """Shapes and dtypes the kernels rely on (they do no bounds checks)."""
         ok = isinstance(keys, np.ndarray) and keys.dtype == np.uint64 and keys.ndim == 1
         n = keys.shape[0] if ok else -1
         if arr is not None:
             ok = ok and arr.dtype == np.float32 and arr.shape == (n, width) and arr.flags.c_contiguous
         if contributors is not None:
-            ok = ok and isinstance(contributors, np.ndarray) and contributors.dtype == np.uint16 \
+            ok = (
+                ok
+                and isinstance(contributors, np.ndarray)
+                and contributors.dtype == np.uint16
                 and contributors.shape == (n,)
+            )
         if not ok:
-            raise ProtocolError(f"table {self.cfg.name!r}: expected keys uint64 [n]"
-                                + (f", float32 [n, {width}] C-contiguous" if arr is not None else "")
-                                + (", contributors uint16 [n]" if contributors is not None else ""))
+            raise ProtocolError(
+                f"table {self.cfg.name!r}: expected keys uint64 [n]"
+                + (f", float32 [n, {width}] C-contiguous" if arr is not None else "")
+                + (", contributors uint16 [n]" if contributors is not None else "")
+            )
 
     def _mine(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(tables, keys) of a request of this table's ``keys`` to its set."""
@@ -172,7 +186,7 @@ class EmbeddingTable:
             grow = self._check_growth(keys, scratch)
         room = self._set.room_rows(self.pos)
         if room is not None and self._rows_after(grow) > room:
-            if not counted:   # keys.shape[0] overstates the growth: count the distinct unseen keys
+            if not counted:  # keys.shape[0] overstates the growth: count the distinct unseen keys
                 grow = self._count_unseen(keys, scratch)
             self._check_shard_growth(grow, room)
         if self.max_resident is not None and self.n_rows + grow > self.max_resident:
@@ -207,17 +221,21 @@ class EmbeddingTable:
         if need <= 0:
             return unseen
         if unseen > self.max_resident:
-            raise ProtocolError(f"table {self.cfg.name!r}: one request has {unseen} new keys, more than this "
-                                f"shard's max_resident_rows={self.max_resident}; send smaller requests or "
-                                "raise --ps-max-rows")
+            raise ProtocolError(
+                f"table {self.cfg.name!r}: one request has {unseen} new keys, more than this "
+                f"shard's max_resident_rows={self.max_resident}; send smaller requests or "
+                "raise --ps-max-rows"
+            )
         n = self.n_rows
         evictable = self.row_marks[:n] == 0
         evictable[scratch[scratch >= 0]] = False
         candidates = np.flatnonzero(evictable)
         if candidates.shape[0] < need:
-            raise ProtocolError(f"table {self.cfg.name!r}: {need} rows must be evicted to stay within "
-                                f"max_resident_rows={self.max_resident}, but only {candidates.shape[0]} are "
-                                "free of this request and of open aggregations; raise --ps-max-rows")
+            raise ProtocolError(
+                f"table {self.cfg.name!r}: {need} rows must be evicted to stay within "
+                f"max_resident_rows={self.max_resident}, but only {candidates.shape[0]} are "
+                "free of this request and of open aggregations; raise --ps-max-rows"
+            )
         count = min(candidates.shape[0], max(need, self.max_resident // 16))
         age = self.last_used[candidates]
         victims = candidates[np.argpartition(age, count - 1)[:count]] if count < candidates.shape[0] else candidates
@@ -232,13 +250,13 @@ class EmbeddingTable:
         new_of_old = np.full(n, -1, np.int64)
         new_of_old[keep] = np.arange(int(keep.sum()))
         kept = n - victims.shape[0]
-        self.evicted_keys.add(self.row_keys[victims])   # before the keys move
+        self.evicted_keys.add(self.row_keys[victims])  # before the keys move
         self.rows[:kept] = self.rows[:n][keep]
         for name in _PER_ROW:
             arr = getattr(self, name)
             arr[:kept] = arr[:n][keep]
             arr[kept:n] = 0
-        self._set.remap(self.pos, new_of_old)   # pending aggregations follow their rows
+        self._set.remap(self.pos, new_of_old)  # pending aggregations follow their rows
         self.n_rows = kept
         self.evicted += int(victims.shape[0])
         self._rebuild_map(self.buckets.shape[0] // 2)
@@ -254,9 +272,11 @@ class EmbeddingTable:
         unseen = self._count_unseen(keys, scratch)
         if self.n_rows + unseen > self.max_rows:
             need = (self.n_rows + unseen) * 4 * self.width
-            raise ProtocolError(f"table {self.cfg.name!r}: {unseen} new keys would grow it to "
-                                f"{self.n_rows + unseen} rows ({need} bytes) on this shard, past its "
-                                f"max_table_bytes={self.max_bytes}; add PS shards or raise --max-table-bytes")
+            raise ProtocolError(
+                f"table {self.cfg.name!r}: {unseen} new keys would grow it to "
+                f"{self.n_rows + unseen} rows ({need} bytes) on this shard, past its "
+                f"max_table_bytes={self.max_bytes}; add PS shards or raise --max-table-bytes"
+            )
         return unseen
 
     def _rows_after(self, unseen: int) -> int:
@@ -290,8 +310,9 @@ class EmbeddingTable:
             ProtocolError: keys not uint64 [n] or ``c_c`` not uint64 [m <= n].
         """
         self._check(keys)
-        if not (isinstance(c_c, np.ndarray) and c_c.dtype == np.uint64 and c_c.ndim == 1
-                and c_c.shape[0] <= keys.shape[0]):
+        if not (
+            isinstance(c_c, np.ndarray) and c_c.dtype == np.uint64 and c_c.ndim == 1 and c_c.shape[0] <= keys.shape[0]
+        ):
             raise ProtocolError(f"table {self.cfg.name!r}: cached clocks must be uint64 [m <= {keys.shape[0]}]")
         return self._set.pull_clocked(*self._mine(keys), self.cfg.dim, self.width, frozen(c_c), staleness)
 
@@ -304,11 +325,13 @@ class EmbeddingTable:
             ProtocolError: bad shapes or dtypes, or a key given twice (nothing is stored then).
         """
         self._check(keys, rows, self.width)
-        if advance is not None and not (isinstance(advance, np.ndarray) and advance.dtype == np.uint64
-                                        and advance.shape == keys.shape):
+        if advance is not None and not (
+            isinstance(advance, np.ndarray) and advance.dtype == np.uint64 and advance.shape == keys.shape
+        ):
             raise ProtocolError(f"table {self.cfg.name!r}: clock advances must be uint64 [{keys.shape[0]}]")
-        return self._set.push_rows(*self._mine(keys), frozen(rows), None if advance is None else frozen(advance),
-                                   self._set.next_stamp())
+        return self._set.push_rows(
+            *self._mine(keys), frozen(rows), None if advance is None else frozen(advance), self._set.next_stamp()
+        )
 
     def push_grad(self, keys, grads, contributors, step: int, rank: int) -> int:
         """One contributor's gradients for ``step`` (NOTE [ps aggregation]); returns rows updated.
@@ -321,8 +344,9 @@ class EmbeddingTable:
                 breaks the aggregation rules (no row is changed then).
         """
         self._check(keys, grads, self.cfg.dim, contributors)
-        return self._set.push_grad(*self._mine(keys), frozen(grads), frozen(contributors), step, rank,
-                                   self._set.next_stamp())[1]
+        return self._set.push_grad(
+            *self._mine(keys), frozen(grads), frozen(contributors), step, rank, self._set.next_stamp()
+        )[1]
 
     # NOTE [embedding clocks]
     # ~~~~~~~~~~~~~~~~~~~~~~~
@@ -371,12 +395,16 @@ class EmbeddingTable:
         (:meth:`~herald.ps.store.TableSet.check_bytes` before the first :meth:`load`)."""
         n = keys.shape[0]
         if self.max_resident is not None and n > self.max_resident:
-            raise ProtocolError(f"table {self.cfg.name!r}: {n} rows exceed this shard's "
-                                f"max_resident_rows={self.max_resident}; raise --ps-max-rows")
+            raise ProtocolError(
+                f"table {self.cfg.name!r}: {n} rows exceed this shard's "
+                f"max_resident_rows={self.max_resident}; raise --ps-max-rows"
+            )
         if self.max_rows is not None and n > self.max_rows:
-            raise ProtocolError(f"table {self.cfg.name!r}: {n} rows ({n * 4 * self.width} bytes) exceed this "
-                                f"shard's max_table_bytes={self.max_bytes}; raise --max-table-bytes")
-        self.evicted_keys.clear(self.row_keys[: self.n_rows])   # NOTE [evictions read again]
+            raise ProtocolError(
+                f"table {self.cfg.name!r}: {n} rows ({n * 4 * self.width} bytes) exceed this "
+                f"shard's max_table_bytes={self.max_bytes}; raise --max-table-bytes"
+            )
+        self.evicted_keys.clear(self.row_keys[: self.n_rows])  # NOTE [evictions read again]
         cap = self.load_capacity(n) if capacity is None else max(int(capacity), n)
         self.rows = np.zeros((cap, self.width), np.float32)
         self.rows[:n] = rows
@@ -385,7 +413,7 @@ class EmbeddingTable:
         self.row_marks = np.zeros(cap, np.int32)
         self.stamps = np.zeros(cap, np.uint32)
         self.last_used = np.zeros(cap, np.uint64)
-        self.clocks = np.zeros(cap, np.uint64)   # clocks restart with a restored table
+        self.clocks = np.zeros(cap, np.uint64)  # clocks restart with a restored table
         self.n_rows = n
-        self._set.forget(self.pos)   # its open aggregations, and the key maps of its steps
+        self._set.forget(self.pos)  # its open aggregations, and the key maps of its steps
         self._rebuild_map(2 * cap)

@@ -23,7 +23,7 @@ import itertools
 import secrets
 import threading
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import zmq
 
@@ -49,9 +49,14 @@ class ShardWatch:
         (``peer`` = its address, ``op`` = ``"ping"``).
     """
 
-    def __init__(self, addresses: Sequence[str], silent_ms: int,
-                 describe: Callable[[int], str] | None = None, dead: Callable[[], str | None] | None = None,
-                 keys_dir: str | None = None):
+    def __init__(
+        self,
+        addresses: Sequence[str],
+        silent_ms: int,
+        describe: Callable[[int], str] | None = None,
+        dead: Callable[[], str | None] | None = None,
+        keys_dir: str | None = None,
+    ):
         if silent_ms < 1:
             raise HeraldError(f"silent_ms must be >= 1, got {silent_ms}")
         self.addresses, self.silent_ms = list(addresses), int(silent_ms)
@@ -84,7 +89,7 @@ class ShardWatch:
                 for address in self.addresses:
                     sock = zmq.Context.instance().socket(zmq.DEALER)
                     sock.setsockopt(zmq.LINGER, 0)
-                    PS.configure(sock, max_array_bytes=0)   # ping replies: a header only (NOTE [message size limits])
+                    PS.configure(sock, max_array_bytes=0)  # ping replies: a header only (NOTE [message size limits])
                     if self._keys is not None:
                         secure_client(sock, self._keys)
                     sock.connect(address)
@@ -102,9 +107,11 @@ class ShardWatch:
                         pass
                 elif (now - inflight[1]) * 1000 >= self.silent_ms:
                     more = f"; {self._describe(i)}" if self._describe is not None else ""
-                    self._failure = (f"PS shard {i} at {self.addresses[i]} answered no ping for "
-                                     f"{(now - inflight[1]) * 1000:.0f} ms (limit {self.silent_ms} ms): it is "
-                                     f"alive but silent (stopped, hung or swamped){more}")
+                    self._failure = (
+                        f"PS shard {i} at {self.addresses[i]} answered no ping for "
+                        f"{(now - inflight[1]) * 1000:.0f} ms (limit {self.silent_ms} ms): it is "
+                        f"alive but silent (stopped, hung or swamped){more}"
+                    )
                     raise PeerTimeout(self._failure, peer=self.addresses[i], op="ping")
 
     def _drain(self, i: int, sock: zmq.Socket, now: float) -> None:

@@ -21,13 +21,32 @@ from herald.wire import Protocol
 #: 1 MiB is cheaper than pyzmq's zero-copy bookkeeping (its garbage-collector thread).
 #: ``<f2`` and ``|i1`` carry compressed payloads (NOTE [wire compression], herald/ps/compress.py);
 #: ``|u1``, ``<u2``, ``<u4`` and ``<u8`` clock frames (:data:`CLOCK_DTYPES`).
-PS = Protocol("ps", 3, frozenset({"<u8", "<f4", "<u2", "<f2", "|i1", "|u1", "<u4"}), max_header_bytes=1 << 20,
-              max_frames=4096, max_dims=2, copy_threshold_bytes=1 << 20)
+PS = Protocol(
+    "ps",
+    3,
+    frozenset({"<u8", "<f4", "<u2", "<f2", "|i1", "|u1", "<u4"}),
+    max_header_bytes=1 << 20,
+    max_frames=4096,
+    max_dims=2,
+    copy_threshold_bytes=1 << 20,
+)
 
 #: Requests; the replies carry the same op. Mutating ops are deduplicated by
 #: (client id, request id) on the shard, so every op is safe to retry.
-OPS = ("declare", "pull", "push_grad", "push_rows", "stats", "checkpoint", "restore", "shutdown", "ping",
-       "gba_push", "gba_pull", "step")
+OPS = (
+    "declare",
+    "pull",
+    "push_grad",
+    "push_rows",
+    "stats",
+    "checkpoint",
+    "restore",
+    "shutdown",
+    "ping",
+    "gba_push",
+    "gba_pull",
+    "step",
+)
 MUTATING = frozenset({"declare", "push_grad", "push_rows", "checkpoint", "restore", "gba_push", "step"})
 #: Ops that carry the job's admin token (header ``token``), checked by the shard before
 #: anything else: NOTE [ps admin ops] (herald/ps/admin.py).
@@ -101,8 +120,10 @@ def unpack_clocks(frame: np.ndarray, what: str, n: int, prefix: bool = False) ->
     """
     size = frame.shape[0] if frame.ndim == 1 else -1
     if frame.dtype.str not in CLOCK_DTYPES or not (0 <= size <= n if prefix else size == n):
-        raise ProtocolError(f"{what}: a clock frame must be 1-d {'/'.join(CLOCK_DTYPES)} of length "
-                            f"{'at most ' if prefix else ''}{n}, got {frame.dtype.str} {frame.shape}")
+        raise ProtocolError(
+            f"{what}: a clock frame must be 1-d {'/'.join(CLOCK_DTYPES)} of length "
+            f"{'at most ' if prefix else ''}{n}, got {frame.dtype.str} {frame.shape}"
+        )
     return frame.astype(np.uint64)
 
 
@@ -145,6 +166,7 @@ def get_str(header: dict[str, Any], key: str, max_len: int = 4096) -> str:
     """``header[key]`` as a str of at most ``max_len`` characters or :class:`ProtocolError`."""
     v = header.get(key)
     if not isinstance(v, str) or len(v) > max_len:
-        raise ProtocolError(f"header field {key!r} must be a string of at most {max_len} characters, "
-                            f"got {type(v).__name__}")
+        raise ProtocolError(
+            f"header field {key!r} must be a string of at most {max_len} characters, got {type(v).__name__}"
+        )
     return v

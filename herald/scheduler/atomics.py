@@ -21,8 +21,13 @@ from numba.extending import intrinsic
 
 def _atomic_rmw(op: str):
     def typer(typingctx, arr, idx, val):
-        if (not isinstance(arr, types.Array) or arr.ndim != 1 or not isinstance(arr.dtype, types.Integer)
-                or not isinstance(idx, types.Integer) or not isinstance(val, types.Integer)):
+        if (
+            not isinstance(arr, types.Array)
+            or arr.ndim != 1
+            or not isinstance(arr.dtype, types.Integer)
+            or not isinstance(idx, types.Integer)
+            or not isinstance(val, types.Integer)
+        ):
             return None
 
         def codegen(context, builder, signature, args):

@@ -62,7 +62,7 @@ def cost_matrix(snaps, samp_off, samp_slot, num_workers: int) -> np.ndarray:
     """float64 [B, W]: allocation-dependent transmissions of placing sample s on worker w."""
     B = samp_off.shape[0] - 1
     W = num_workers
-    keys = [set(samp_slot[samp_off[i]:samp_off[i + 1]].tolist()) for i in range(B)]
+    keys = [set(samp_slot[samp_off[i] : samp_off[i + 1]].tolist()) for i in range(B)]
     m = {}
     for ks in keys:
         for s in ks:

@@ -56,12 +56,17 @@ class BudgetController:
         ConfigError: a value out of range.
     """
 
-    def __init__(self, num_tables: int, budget_ms, *, fraction: float = 0.5, window: int = 16,
-                 warmup_steps: int = 10) -> None:
+    def __init__(
+        self, num_tables: int, budget_ms, *, fraction: float = 0.5, window: int = 16, warmup_steps: int = 10
+    ) -> None:
         require(num_tables >= 1, f"num_tables must be >= 1, got {num_tables}")
-        require(budget_ms == "auto" or (isinstance(budget_ms, (int, float)) and not isinstance(budget_ms, bool)
-                                        and 0 < budget_ms < float("inf")),
-                f"budget_ms must be 'auto' or a number of ms > 0, got {budget_ms!r}")
+        require(
+            budget_ms == "auto"
+            or (
+                isinstance(budget_ms, (int, float)) and not isinstance(budget_ms, bool) and 0 < budget_ms < float("inf")
+            ),
+            f"budget_ms must be 'auto' or a number of ms > 0, got {budget_ms!r}",
+        )
         require(0 < fraction <= 1, f"fraction must be in (0, 1], got {fraction!r}")
         require(window >= 1 and warmup_steps >= 0, "window must be >= 1 and warmup_steps >= 0")
         self.num_tables = num_tables
@@ -77,10 +82,10 @@ class BudgetController:
         self._periods: deque = deque(maxlen=window)
         self._fixed: deque = deque(maxlen=window)
         self._per_table: deque = deque(maxlen=window)
-        self._k_steps = [0] * (num_tables + 1)   # steps scheduled with each k (bounded memory)
+        self._k_steps = [0] * (num_tables + 1)  # steps scheduled with each k (bounded memory)
         self._k_first: int | None = None
         self._k_last: int | None = None
-        self.series: list[list[int]] = []   # [step, k] at every change of k, from step 0
+        self.series: list[list[int]] = []  # [step, k] at every change of k, from step 0
 
     # ------------------------------------------------------------------ measurements
     @property
@@ -119,10 +124,12 @@ class BudgetController:
         if fixed + per_table > budget:  # even k = 1 does not fit: lowering k cannot help
             self.budget_unreachable += 1
             if self.notice is None:
-                self.notice = (f"scheduling budget {1e3 * budget:.3f} ms is below what k = 1 table takes "
-                               f"({1e3 * (fixed + per_table):.3f} ms: {1e3 * fixed:.3f} ms outside allocation); "
-                               f"keeping k = {self.k} of {self.num_tables} tables (lowering it would cost "
-                               "transmissions and still miss the budget); see stats()['budget_unreachable']")
+                self.notice = (
+                    f"scheduling budget {1e3 * budget:.3f} ms is below what k = 1 table takes "
+                    f"({1e3 * (fixed + per_table):.3f} ms: {1e3 * fixed:.3f} ms outside allocation); "
+                    f"keeping k = {self.k} of {self.num_tables} tables (lowering it would cost "
+                    "transmissions and still miss the budget); see stats()['budget_unreachable']"
+                )
                 print(f"herald scheduler: {self.notice}", file=sys.stderr, flush=True)
             return self.k
         fit = int((budget - fixed) // per_table) if per_table > 0 else self.num_tables

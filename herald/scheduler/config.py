@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Union
 
 from herald.config import require
 from herald.contracts.vocab import CACHE_POLICIES, MAX_BRUTEFORCE_WORKERS, MAX_WORKERS, SCHEDULES
@@ -18,8 +17,10 @@ POLICIES = {
     "costaware": ("costaware", False),
     "optimal": ("bruteforce", False),
 }
-if set(POLICIES) != set(SCHEDULES):   # a schedule added to the vocabulary needs its policy here
-    raise ImportError(f"herald.scheduler.config.POLICIES {sorted(POLICIES)} must cover herald.contracts.vocab.SCHEDULES")
+if set(POLICIES) != set(SCHEDULES):  # a schedule added to the vocabulary needs its policy here
+    raise ImportError(
+        f"herald.scheduler.config.POLICIES {sorted(POLICIES)} must cover herald.contracts.vocab.SCHEDULES"
+    )
 MAX_THREADS = 256
 #: ``scheduling_budget_ms="auto"``: the budget is this fraction of the measured step period
 #: (docs/scheduler.md, "Adaptive budget"; :class:`herald.scheduler.profiler.BudgetController`).
@@ -79,61 +80,89 @@ class SchedulerConfig:
     batch_size_per_worker: int = 128
     schedule: str = "herald"
     cache_policy: str = "lru"
-    cache_capacity_rows: Optional[int] = None
+    cache_capacity_rows: int | None = None
     cache_ratio: float = 0.1
     seed: int = 0
-    scheduling_budget_ms: Optional[Union[float, str]] = None
-    adaptive_num_tables: Optional[int] = None
+    scheduling_budget_ms: float | str | None = None
+    adaptive_num_tables: int | None = None
     profile_interval_steps: int = 16
-    costaware_contain_samples: Optional[int] = None
+    costaware_contain_samples: int | None = None
     costaware_share_cost: float = 0.0
     threads: int = 1
     lock_free_allocation: bool = False
     auto_budget_fraction: float = AUTO_BUDGET_FRACTION
 
     def __post_init__(self) -> None:
-        require(isinstance(self.num_workers, int) and 1 <= self.num_workers <= MAX_WORKERS,
-                f"num_workers must be an int in 1..{MAX_WORKERS}, got {self.num_workers!r}")
-        require(isinstance(self.batch_size_per_worker, int) and self.batch_size_per_worker >= 1,
-                f"batch_size_per_worker must be an int >= 1, got {self.batch_size_per_worker!r}")
-        require(self.schedule in SCHEDULES,
-                f"unknown schedule {self.schedule!r}; choose one of {sorted(SCHEDULES)}")
-        require(self.schedule != "optimal" or (self.batch_size_per_worker == 1 and self.num_workers <= MAX_BRUTEFORCE_WORKERS),
-                f"schedule 'optimal' (brute force) needs batch_size_per_worker=1 and num_workers <= "
-                f"{MAX_BRUTEFORCE_WORKERS}")
-        require(self.cache_policy in CACHE_POLICIES,
-                f"unknown cache_policy {self.cache_policy!r}; choose one of {list(CACHE_POLICIES)}")
-        require(self.cache_capacity_rows is None
-                or (isinstance(self.cache_capacity_rows, int) and self.cache_capacity_rows >= 1),
-                f"cache_capacity_rows must be None or an int >= 1, got {self.cache_capacity_rows!r}")
-        require(0.0 < float(self.cache_ratio) <= 1.0,
-                f"cache_ratio must be in (0, 1], got {self.cache_ratio!r}")
+        require(
+            isinstance(self.num_workers, int) and 1 <= self.num_workers <= MAX_WORKERS,
+            f"num_workers must be an int in 1..{MAX_WORKERS}, got {self.num_workers!r}",
+        )
+        require(
+            isinstance(self.batch_size_per_worker, int) and self.batch_size_per_worker >= 1,
+            f"batch_size_per_worker must be an int >= 1, got {self.batch_size_per_worker!r}",
+        )
+        require(self.schedule in SCHEDULES, f"unknown schedule {self.schedule!r}; choose one of {sorted(SCHEDULES)}")
+        require(
+            self.schedule != "optimal"
+            or (self.batch_size_per_worker == 1 and self.num_workers <= MAX_BRUTEFORCE_WORKERS),
+            f"schedule 'optimal' (brute force) needs batch_size_per_worker=1 and num_workers <= "
+            f"{MAX_BRUTEFORCE_WORKERS}",
+        )
+        require(
+            self.cache_policy in CACHE_POLICIES,
+            f"unknown cache_policy {self.cache_policy!r}; choose one of {list(CACHE_POLICIES)}",
+        )
+        require(
+            self.cache_capacity_rows is None
+            or (isinstance(self.cache_capacity_rows, int) and self.cache_capacity_rows >= 1),
+            f"cache_capacity_rows must be None or an int >= 1, got {self.cache_capacity_rows!r}",
+        )
+        require(0.0 < float(self.cache_ratio) <= 1.0, f"cache_ratio must be in (0, 1], got {self.cache_ratio!r}")
         budget = self.scheduling_budget_ms
-        require(budget is None or budget == "auto" or (isinstance(budget, (int, float)) and not isinstance(
-            budget, bool) and 0 < float(budget) < float("inf")),
-                f"scheduling_budget_ms must be None, 'auto' or a number of ms > 0, got {budget!r}")
-        require(isinstance(self.threads, int) and not isinstance(self.threads, bool)
-                and 1 <= self.threads <= MAX_THREADS,
-                f"threads must be an int in 1..{MAX_THREADS}, got {self.threads!r}")
-        require(isinstance(self.lock_free_allocation, bool),
-                f"lock_free_allocation must be True or False, got {self.lock_free_allocation!r}")
-        require(not self.lock_free_allocation or self.allocation == "laia",
-                f"lock_free_allocation applies to LAIA (schedule herald or laia), not schedule {self.schedule!r}")
-        require(isinstance(self.auto_budget_fraction, (int, float)) and 0 < self.auto_budget_fraction <= 1,
-                f"auto_budget_fraction must be in (0, 1], got {self.auto_budget_fraction!r}")
-        require(self.adaptive_num_tables is None
-                or (isinstance(self.adaptive_num_tables, int) and self.adaptive_num_tables >= 1),
-                f"adaptive_num_tables must be None or an int >= 1, got {self.adaptive_num_tables!r}")
-        require(self.adaptive_num_tables is None or self.scheduling_budget_ms is None,
-                "set either scheduling_budget_ms (k measured online) or adaptive_num_tables "
-                "(fixed k), not both")
-        require(isinstance(self.profile_interval_steps, int) and self.profile_interval_steps >= 1,
-                f"profile_interval_steps must be an int >= 1, got {self.profile_interval_steps!r}")
-        require(self.costaware_contain_samples is None
-                or (isinstance(self.costaware_contain_samples, int) and self.costaware_contain_samples >= 1),
-                f"costaware_contain_samples must be None or an int >= 1, got {self.costaware_contain_samples!r}")
-        require(float(self.costaware_share_cost) >= 0,
-                f"costaware_share_cost must be >= 0, got {self.costaware_share_cost!r}")
+        require(
+            budget is None
+            or budget == "auto"
+            or (isinstance(budget, (int, float)) and not isinstance(budget, bool) and 0 < float(budget) < float("inf")),
+            f"scheduling_budget_ms must be None, 'auto' or a number of ms > 0, got {budget!r}",
+        )
+        require(
+            isinstance(self.threads, int) and not isinstance(self.threads, bool) and 1 <= self.threads <= MAX_THREADS,
+            f"threads must be an int in 1..{MAX_THREADS}, got {self.threads!r}",
+        )
+        require(
+            isinstance(self.lock_free_allocation, bool),
+            f"lock_free_allocation must be True or False, got {self.lock_free_allocation!r}",
+        )
+        require(
+            not self.lock_free_allocation or self.allocation == "laia",
+            f"lock_free_allocation applies to LAIA (schedule herald or laia), not schedule {self.schedule!r}",
+        )
+        require(
+            isinstance(self.auto_budget_fraction, (int, float)) and 0 < self.auto_budget_fraction <= 1,
+            f"auto_budget_fraction must be in (0, 1], got {self.auto_budget_fraction!r}",
+        )
+        require(
+            self.adaptive_num_tables is None
+            or (isinstance(self.adaptive_num_tables, int) and self.adaptive_num_tables >= 1),
+            f"adaptive_num_tables must be None or an int >= 1, got {self.adaptive_num_tables!r}",
+        )
+        require(
+            self.adaptive_num_tables is None or self.scheduling_budget_ms is None,
+            "set either scheduling_budget_ms (k measured online) or adaptive_num_tables (fixed k), not both",
+        )
+        require(
+            isinstance(self.profile_interval_steps, int) and self.profile_interval_steps >= 1,
+            f"profile_interval_steps must be an int >= 1, got {self.profile_interval_steps!r}",
+        )
+        require(
+            self.costaware_contain_samples is None
+            or (isinstance(self.costaware_contain_samples, int) and self.costaware_contain_samples >= 1),
+            f"costaware_contain_samples must be None or an int >= 1, got {self.costaware_contain_samples!r}",
+        )
+        require(
+            float(self.costaware_share_cost) >= 0,
+            f"costaware_share_cost must be >= 0, got {self.costaware_share_cost!r}",
+        )
         require(isinstance(self.seed, int) and self.seed >= 0, f"seed must be an int >= 0, got {self.seed!r}")
 
     @property

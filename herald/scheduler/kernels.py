@@ -39,10 +39,74 @@ _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 _DEBRUIJN = np.uint64(0x03F79D71B4CB0A89)
 _DEBRUIJN_TABLE = np.array(
-    [0, 1, 48, 2, 57, 49, 28, 3, 61, 58, 50, 42, 38, 29, 17, 4, 62, 55, 59, 36, 53, 51, 43, 22,
-     45, 39, 33, 30, 24, 18, 12, 5, 63, 47, 56, 27, 60, 41, 37, 16, 54, 35, 52, 21, 44, 32, 23,
-     11, 46, 26, 40, 15, 34, 20, 31, 10, 25, 14, 19, 9, 13, 8, 7, 6], dtype=np.int64)
-
+    [
+        0,
+        1,
+        48,
+        2,
+        57,
+        49,
+        28,
+        3,
+        61,
+        58,
+        50,
+        42,
+        38,
+        29,
+        17,
+        4,
+        62,
+        55,
+        59,
+        36,
+        53,
+        51,
+        43,
+        22,
+        45,
+        39,
+        33,
+        30,
+        24,
+        18,
+        12,
+        5,
+        63,
+        47,
+        56,
+        27,
+        60,
+        41,
+        37,
+        16,
+        54,
+        35,
+        52,
+        21,
+        44,
+        32,
+        23,
+        11,
+        46,
+        26,
+        40,
+        15,
+        34,
+        20,
+        31,
+        10,
+        25,
+        14,
+        19,
+        9,
+        13,
+        8,
+        7,
+        6,
+    ],
+    dtype=np.int64,
+)
 
 
 @nb.njit(**JIT)
@@ -119,8 +183,9 @@ def _pick_jit(score, load, per_worker, ties, rng, maximize):
 
 
 @nb.njit(**JIT)
-def laia_alloc_jit(samp_off, samp_slot, samp_tab, table_on, valid, mark, token, num_workers,
-                   per_worker, rng, out_worker):
+def laia_alloc_jit(
+    samp_off, samp_slot, samp_tab, table_on, valid, mark, token, num_workers, per_worker, rng, out_worker
+):
     """Static / adaptive LAIA (Herald Alg. 1): greedy in sample order, score = distinct
     keys of the sample (in enabled tables) valid in the worker's snapshot.
 
@@ -165,8 +230,23 @@ def laia_alloc_jit(samp_off, samp_slot, samp_tab, table_on, valid, mark, token, 
 
 
 @nb.njit(**JIT)
-def costaware_alloc_jit(samp_off, samp_slot, samp_tab, table_on, valid, owner, use_mask, bcount, mark,
-                        token, num_workers, per_worker, params, rng, out_worker):
+def costaware_alloc_jit(
+    samp_off,
+    samp_slot,
+    samp_tab,
+    table_on,
+    valid,
+    owner,
+    use_mask,
+    bcount,
+    mark,
+    token,
+    num_workers,
+    per_worker,
+    params,
+    rng,
+    out_worker,
+):
     """Cost-aware greedy allocation ("costaware", ours; beyond Herald §4.3/§7).
 
     Gain of placing sample i on worker w, summed over its distinct keys e:
@@ -186,8 +266,14 @@ def costaware_alloc_jit(samp_off, samp_slot, samp_tab, table_on, valid, owner, u
     B = samp_off.shape[0] - 1
     W = num_workers
     one = np.uint64(1)
-    w_valid, w_inuse, w_inuse_hot, w_share, contain, sort_order = (params[0], params[1], params[2],
-                                                                   params[3], params[4], params[5])
+    w_valid, w_inuse, w_inuse_hot, w_share, contain, sort_order = (
+        params[0],
+        params[1],
+        params[2],
+        params[3],
+        params[4],
+        params[5],
+    )
     nnz = samp_slot.shape[0]
     for p in range(nnz):
         if p + _AHEAD < nnz:
@@ -290,8 +376,24 @@ def group_by_worker_jit(worker_of, out_order, out_start):
 
 
 @nb.njit(**JIT)
-def collect_keys_jit(samp_off, samp_slot, order, wstart, mark, token, use_mask, freq, count_freq, clear_use,
-                     owner, plan_push, out_keys, out_off, pp_slot, pp_worker):
+def collect_keys_jit(
+    samp_off,
+    samp_slot,
+    order,
+    wstart,
+    mark,
+    token,
+    use_mask,
+    freq,
+    count_freq,
+    clear_use,
+    owner,
+    plan_push,
+    out_keys,
+    out_off,
+    pp_slot,
+    pp_worker,
+):
     """Distinct keys per worker in canonical order (samples in ``order``, tables, values),
     and, when ``plan_push``, the previous step's plan pushes (Herald Alg. 2; their order:
     docs/scheduler.md, "Exact semantics").
@@ -352,8 +454,7 @@ def collect_keys_jit(samp_off, samp_slot, order, wstart, mark, token, use_mask, 
 
 
 @nb.njit(**JIT)
-def update_after_step_jit(keys, off, use_mask, valid, owner, full_sync, gp_slot, gp_contrib,
-                          ul_slot, gp_cnt, ul_cnt):
+def update_after_step_jit(keys, off, use_mask, valid, owner, full_sync, gp_slot, gp_contrib, ul_slot, gp_cnt, ul_cnt):
     """After backward (NOTE [step protocol], steps 4-5): gradient pushes, local updates, new validity.
 
     Per worker ``w``, in canonical order of K_w: keys used by >= 2 workers (or every key
@@ -365,13 +466,15 @@ def update_after_step_jit(keys, off, use_mask, valid, owner, full_sync, gp_slot,
     ``use_mask`` (workers are visited in rank order).
     """
     for w in range(off.shape[0] - 1):
-        update_worker_jit(w, keys, off, use_mask, valid, owner, full_sync, gp_slot, gp_contrib, ul_slot,
-                          gp_cnt, ul_cnt, True)
+        update_worker_jit(
+            w, keys, off, use_mask, valid, owner, full_sync, gp_slot, gp_contrib, ul_slot, gp_cnt, ul_cnt, True
+        )
 
 
 @nb.njit(**JIT)
-def update_worker_jit(w, keys, off, use_mask, valid, owner, full_sync, gp_slot, gp_contrib, ul_slot, gp_cnt,
-                      ul_cnt, clear_use):
+def update_worker_jit(
+    w, keys, off, use_mask, valid, owner, full_sync, gp_slot, gp_contrib, ul_slot, gp_cnt, ul_cnt, clear_use
+):
     """Worker w's part of :func:`update_after_step_jit`. Every user of a key writes the
     same new ``valid`` / ``owner``, so workers may run on several threads; then
     ``clear_use`` must be False (a user clearing ``use_mask`` while another still reads
@@ -398,7 +501,7 @@ def update_worker_jit(w, keys, off, use_mask, valid, owner, full_sync, gp_slot, 
             valid[s] = 0
             owner[s] = -1
         if clear_use and (um >> np.uint64(w)) == np.uint64(1):  # w is its last user: use_mask
-            use_mask[s] = 0                                      # holds no state between steps
+            use_mask[s] = 0  # holds no state between steps
     gp_cnt[w] = g - off[w]
     ul_cnt[w] = u - off[w]
 

@@ -27,10 +27,12 @@ def check_threads(threads: int) -> None:
     """Raise :class:`ConfigError` when numba's pool cannot run ``threads`` threads."""
     pool = numba.config.NUMBA_NUM_THREADS
     if threads > pool:
-        raise ConfigError(f"threads={threads} but numba's thread pool has {pool} threads (NUMBA_NUM_THREADS, "
-                          f"default: the {pool} cores of this host): use threads <= {pool}, or set "
-                          f"NUMBA_NUM_THREADS={threads} before starting (more threads than cores only adds "
-                          "switching)")
+        raise ConfigError(
+            f"threads={threads} but numba's thread pool has {pool} threads (NUMBA_NUM_THREADS, "
+            f"default: the {pool} cores of this host): use threads <= {pool}, or set "
+            f"NUMBA_NUM_THREADS={threads} before starting (more threads than cores only adds "
+            "switching)"
+        )
 
 
 class ParallelPasses:
@@ -59,8 +61,9 @@ class ParallelPasses:
         found = PK.find_tables_par_jit(snap.hk_slot, snap.slot_ids, snap.slot_tab, values, starts, slots)
         done = nnz if found == nnz else 0
         while done < nnz:
-            done = KM.insert_missing_tables_jit(snap.hk_slot, snap.slot_ids, snap.slot_tab, snap.n_slots, values,
-                                                slots, done)
+            done = KM.insert_missing_tables_jit(
+                snap.hk_slot, snap.slot_ids, snap.slot_tab, snap.n_slots, values, slots, done
+            )
             if done < nnz:  # all slots in use
                 snap.reserve(1)
         samp_off = np.empty(B + 1, np.int64)
@@ -70,8 +73,9 @@ class ParallelPasses:
         return samp_off, samp_slot, samp_tab
 
     # ------------------------------------------------------------------ allocation
-    def laia(self, samp_off, samp_slot, samp_tab, table_on, snap, num_workers: int, per_worker: int, rng,
-             lock_free: bool) -> np.ndarray:
+    def laia(
+        self, samp_off, samp_slot, samp_tab, table_on, snap, num_workers: int, per_worker: int, rng, lock_free: bool
+    ) -> np.ndarray:
         """LAIA (Herald Alg. 1): scores on the threads, then the greedy choice on this thread
         (the serial allocation), or lock-free on the threads (Herald §4.4). int32 [B]."""
         B = samp_off.shape[0] - 1
@@ -86,18 +90,58 @@ class ParallelPasses:
         return out
 
     # ------------------------------------------------------------------ step
-    def collect_keys(self, samp_off, samp_slot, order, wstart, snap, count_freq: bool, clear_use: bool,
-                     plan_push: bool, keys, off, pp_slot, pp_w) -> int:
+    def collect_keys(
+        self,
+        samp_off,
+        samp_slot,
+        order,
+        wstart,
+        snap,
+        count_freq: bool,
+        clear_use: bool,
+        plan_push: bool,
+        keys,
+        off,
+        pp_slot,
+        pp_w,
+    ) -> int:
         """:func:`herald.scheduler.kernels.collect_keys_jit` on the threads; returns the
         number of plan pushes."""
         snap.token[0] += off.shape[0] - 1
-        return PK.collect_keys_par_jit(samp_off, samp_slot, order, wstart, snap.use_mask, snap.freq, count_freq,
-                                       clear_use, snap.owner, plan_push, keys, off, pp_slot, pp_w, self.threads)
+        return PK.collect_keys_par_jit(
+            samp_off,
+            samp_slot,
+            order,
+            wstart,
+            snap.use_mask,
+            snap.freq,
+            count_freq,
+            clear_use,
+            snap.owner,
+            plan_push,
+            keys,
+            off,
+            pp_slot,
+            pp_w,
+            self.threads,
+        )
 
     def update(self, keys, off, snap, full_sync: bool, gp_slot, gp_contrib, ul_slot, gp_cnt, ul_cnt) -> None:
         """:func:`herald.scheduler.kernels.update_after_step_jit` on the threads."""
-        PK.update_after_step_par_jit(keys, off, snap.use_mask, snap.valid, snap.owner, full_sync, gp_slot,
-                                     gp_contrib, ul_slot, gp_cnt, ul_cnt, self.threads)
+        PK.update_after_step_par_jit(
+            keys,
+            off,
+            snap.use_mask,
+            snap.valid,
+            snap.owner,
+            full_sync,
+            gp_slot,
+            gp_contrib,
+            ul_slot,
+            gp_cnt,
+            ul_cnt,
+            self.threads,
+        )
 
     def gather_plan_keys(self, *args) -> None:
         """:func:`herald.scheduler.plan_build.gather_plan_keys_jit` on the threads."""

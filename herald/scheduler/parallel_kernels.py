@@ -57,7 +57,7 @@ def find_tables_par_jit(buckets, slot_ids, slot_tab, values, starts, out_slot):
     """
     found = 0
     for t in prange(len(values)):
-        found += find_many_jit(buckets, slot_ids, slot_tab, t, values[t], out_slot[starts[t]:starts[t + 1]])
+        found += find_many_jit(buckets, slot_ids, slot_tab, t, values[t], out_slot[starts[t] : starts[t + 1]])
     return found
 
 
@@ -188,8 +188,23 @@ def laia_pick_lockfree_par_jit(score, per_worker, nchunks, rng, out_worker):
 
 # ----------------------------------------------------------------------------- step keys
 @nb.njit(**PJIT)
-def collect_keys_par_jit(samp_off, samp_slot, order, wstart, use_mask, freq, count_freq, clear_use, owner,
-                         plan_push, out_keys, out_off, pp_slot, pp_worker, nchunks):
+def collect_keys_par_jit(
+    samp_off,
+    samp_slot,
+    order,
+    wstart,
+    use_mask,
+    freq,
+    count_freq,
+    clear_use,
+    owner,
+    plan_push,
+    out_keys,
+    out_off,
+    pp_slot,
+    pp_worker,
+    nchunks,
+):
     """:func:`herald.scheduler.kernels.collect_keys_jit` per worker on ``nchunks`` threads
     (same arguments but ``mark`` / ``token``: a worker's first occurrence of a key is the
     one that sets its bit in ``use_mask``). Returns the number of plan pushes."""
@@ -213,8 +228,21 @@ def collect_keys_par_jit(samp_off, samp_slot, order, wstart, use_mask, freq, cou
     for c in prange(nchunks):
         w0, w1 = _chunk(c, W, nchunks)
         for w in range(w0, w1):
-            cnt[w], ncand[w] = _collect_worker_jit(w, samp_off, samp_slot, order, wstart, use_mask, freq,
-                                                   count_freq, owner, plan_push, tmp, cand, region[w])
+            cnt[w], ncand[w] = _collect_worker_jit(
+                w,
+                samp_off,
+                samp_slot,
+                order,
+                wstart,
+                use_mask,
+                freq,
+                count_freq,
+                owner,
+                plan_push,
+                tmp,
+                cand,
+                region[w],
+            )
     out_off[0] = 0
     for w in range(W):
         out_off[w + 1] = out_off[w] + cnt[w]
@@ -223,7 +251,7 @@ def collect_keys_par_jit(samp_off, samp_slot, order, wstart, use_mask, freq, cou
     for c in prange(nchunks):
         w0, w1 = _chunk(c, W, nchunks)
         for w in range(w0, w1):
-            out_keys[out_off[w]:out_off[w + 1]] = tmp[region[w]:region[w] + cnt[w]]
+            out_keys[out_off[w] : out_off[w + 1]] = tmp[region[w] : region[w] + cnt[w]]
             if plan_push:
                 pp_cnt[w] = _claim_plan_pushes_jit(w, cand, region[w], ncand[w], use_mask, owner, tmp, pp_owner)
     n = 0
@@ -237,8 +265,9 @@ def collect_keys_par_jit(samp_off, samp_slot, order, wstart, use_mask, freq, cou
 
 
 @nb.njit(nogil=True, cache=True)
-def _collect_worker_jit(w, samp_off, samp_slot, order, wstart, use_mask, freq, count_freq, owner, plan_push, out,
-                        cand, n0):
+def _collect_worker_jit(
+    w, samp_off, samp_slot, order, wstart, use_mask, freq, count_freq, owner, plan_push, out, cand, n0
+):
     """K_w in canonical order into ``out[n0:]`` and, with ``plan_push``, those of its keys
     held dirty by another worker into ``cand[n0:]`` (candidate plan pushes: ``owner``
     does not change in this pass); returns both counts."""
@@ -292,8 +321,27 @@ def _claim_plan_pushes_jit(w, cand, n0, ncand, use_mask, owner, out_slot, out_ow
 
 # ----------------------------------------------------------------------------- snapshots, update
 @nb.njit(**PJIT)
-def snapshot_lru_par_jit(keys, off, cached, valid, owner, cap, pos, log, head, tail, size, ev_slot, ev_wb,
-                         ev_cnt, pull_slot, pull_cnt, counts, err, nchunks):
+def snapshot_lru_par_jit(
+    keys,
+    off,
+    cached,
+    valid,
+    owner,
+    cap,
+    pos,
+    log,
+    head,
+    tail,
+    size,
+    ev_slot,
+    ev_wb,
+    ev_cnt,
+    pull_slot,
+    pull_cnt,
+    counts,
+    err,
+    nchunks,
+):
     """:func:`herald.scheduler.snapshot_kernels.snapshot_lru_step_jit` per worker on
     ``nchunks`` threads (same arguments). A micro-batch over capacity is reported before
     any state changes."""
@@ -304,14 +352,54 @@ def snapshot_lru_par_jit(keys, off, cached, valid, owner, cap, pos, log, head, t
     for c in prange(nchunks):
         w0, w1 = _chunk(c, W, nchunks)
         for w in range(w0, w1):
-            code[w] = _lru_worker_jit(w, W, keys, off, cached, valid, owner, cap, pos, log, head, tail, size,
-                                      ev_slot, ev_wb, ev_cnt, pull_slot, pull_cnt, counts, True)
+            code[w] = _lru_worker_jit(
+                w,
+                W,
+                keys,
+                off,
+                cached,
+                valid,
+                owner,
+                cap,
+                pos,
+                log,
+                head,
+                tail,
+                size,
+                ev_slot,
+                ev_wb,
+                ev_cnt,
+                pull_slot,
+                pull_cnt,
+                counts,
+                True,
+            )
     _first_error_jit(code, err)
 
 
 @nb.njit(**PJIT)
-def snapshot_lfu_par_jit(keys, off, use_mask, cached, valid, owner, cap, pos, hslot, hprio, size, seq, ev_slot,
-                         ev_wb, ev_cnt, pull_slot, pull_cnt, counts, err, nchunks):
+def snapshot_lfu_par_jit(
+    keys,
+    off,
+    use_mask,
+    cached,
+    valid,
+    owner,
+    cap,
+    pos,
+    hslot,
+    hprio,
+    size,
+    seq,
+    ev_slot,
+    ev_wb,
+    ev_cnt,
+    pull_slot,
+    pull_cnt,
+    counts,
+    err,
+    nchunks,
+):
     """:func:`herald.scheduler.snapshot_kernels.snapshot_lfu_step_jit` per worker on
     ``nchunks`` threads (same arguments)."""
     W = off.shape[0] - 1
@@ -323,9 +411,30 @@ def snapshot_lfu_par_jit(keys, off, use_mask, cached, valid, owner, cap, pos, hs
         aside_s = np.empty(cap + 1, np.int32)
         aside_p = np.empty(cap + 1, np.int64)
         for w in range(w0, w1):
-            code[w] = _lfu_worker_jit(w, keys, off, use_mask, cached, valid, owner, cap, pos, hslot, hprio, size,
-                                      seq, ev_slot, ev_wb, ev_cnt, pull_slot, pull_cnt, counts, aside_s, aside_p,
-                                      True)
+            code[w] = _lfu_worker_jit(
+                w,
+                keys,
+                off,
+                use_mask,
+                cached,
+                valid,
+                owner,
+                cap,
+                pos,
+                hslot,
+                hprio,
+                size,
+                seq,
+                ev_slot,
+                ev_wb,
+                ev_cnt,
+                pull_slot,
+                pull_cnt,
+                counts,
+                aside_s,
+                aside_p,
+                True,
+            )
     _first_error_jit(code, err)
 
 
@@ -349,16 +458,18 @@ def _first_error_jit(code, err):
 
 
 @nb.njit(**PJIT)
-def update_after_step_par_jit(keys, off, use_mask, valid, owner, full_sync, gp_slot, gp_contrib, ul_slot, gp_cnt,
-                              ul_cnt, nchunks):
+def update_after_step_par_jit(
+    keys, off, use_mask, valid, owner, full_sync, gp_slot, gp_contrib, ul_slot, gp_cnt, ul_cnt, nchunks
+):
     """:func:`herald.scheduler.kernels.update_after_step_jit` per worker on ``nchunks``
     threads (same arguments); ``use_mask`` is cleared once every worker has read it."""
     W = off.shape[0] - 1
     for c in prange(nchunks):
         w0, w1 = _chunk(c, W, nchunks)
         for w in range(w0, w1):
-            update_worker_jit(w, keys, off, use_mask, valid, owner, full_sync, gp_slot, gp_contrib, ul_slot,
-                              gp_cnt, ul_cnt, False)
+            update_worker_jit(
+                w, keys, off, use_mask, valid, owner, full_sync, gp_slot, gp_contrib, ul_slot, gp_cnt, ul_cnt, False
+            )
     n = keys.shape[0]
     for c in prange(nchunks):
         lo, hi = _chunk(c, n, nchunks)
@@ -368,8 +479,25 @@ def update_after_step_par_jit(keys, off, use_mask, valid, owner, full_sync, gp_s
 
 # ----------------------------------------------------------------------------- plans
 @nb.njit(**PJIT)
-def gather_plan_keys_par_jit(off, ev_slot, pull_slot, gp_slot, ul_slot, ev_cnt, pull_cnt, gp_cnt, ul_cnt, pp_slot,
-                             pp_worker, slot_tab, slot_ids, out_tab, out_ids, out_bounds, nchunks):
+def gather_plan_keys_par_jit(
+    off,
+    ev_slot,
+    pull_slot,
+    gp_slot,
+    ul_slot,
+    ev_cnt,
+    pull_cnt,
+    gp_cnt,
+    ul_cnt,
+    pp_slot,
+    pp_worker,
+    slot_tab,
+    slot_ids,
+    out_tab,
+    out_ids,
+    out_bounds,
+    nchunks,
+):
     """:func:`herald.scheduler.plan_build.gather_plan_keys_jit` with the workers' lists
     copied on ``nchunks`` threads (same arguments); the plan pushes on one."""
     W = off.shape[0] - 1
@@ -377,6 +505,21 @@ def gather_plan_keys_par_jit(off, ev_slot, pull_slot, gp_slot, ul_slot, ev_cnt, 
     for c in prange(nchunks):
         w0, w1 = _chunk(c, W, nchunks)
         for w in range(w0, w1):
-            copy_worker_lists_jit(w, off, ev_slot, pull_slot, gp_slot, ul_slot, ev_cnt, pull_cnt, gp_cnt, ul_cnt,
-                                  slot_tab, slot_ids, out_tab, out_ids, out_bounds)
+            copy_worker_lists_jit(
+                w,
+                off,
+                ev_slot,
+                pull_slot,
+                gp_slot,
+                ul_slot,
+                ev_cnt,
+                pull_cnt,
+                gp_cnt,
+                ul_cnt,
+                slot_tab,
+                slot_ids,
+                out_tab,
+                out_ids,
+                out_bounds,
+            )
     scatter_plan_pushes_jit(pp_slot, pp_worker, slot_tab, slot_ids, out_tab, out_ids, out_bounds)

@@ -79,7 +79,7 @@ class KeySet:
             raise ValueError(f"KeySet table {self.table.shape} and ids {self.ids.shape} must be equal 1-d shapes")
 
     @classmethod
-    def empty(cls) -> "KeySet":
+    def empty(cls) -> KeySet:
         return cls(np.zeros(0, np.int32), np.zeros(0, np.uint64))
 
     def __len__(self) -> int:
@@ -122,6 +122,13 @@ class CachePlan:
     plan_push: KeySet
 
     @classmethod
-    def empty(cls) -> "CachePlan":
-        return cls(KeySet.empty(), np.zeros(0, bool), KeySet.empty(), KeySet.empty(),
-                   np.zeros(0, np.uint16), KeySet.empty(), KeySet.empty())
+    def empty(cls) -> CachePlan:
+        return cls(
+            KeySet.empty(),
+            np.zeros(0, bool),
+            KeySet.empty(),
+            KeySet.empty(),
+            np.zeros(0, np.uint16),
+            KeySet.empty(),
+            KeySet.empty(),
+        )

@@ -37,8 +37,24 @@ def _copy_keys_jit(src, lo, m, slot_tab, slot_ids, out_tab, out_ids, n):
 
 
 @nb.njit(**JIT)
-def gather_plan_keys_jit(off, ev_slot, pull_slot, gp_slot, ul_slot, ev_cnt, pull_cnt, gp_cnt, ul_cnt, pp_slot,
-                         pp_worker, slot_tab, slot_ids, out_tab, out_ids, out_bounds):
+def gather_plan_keys_jit(
+    off,
+    ev_slot,
+    pull_slot,
+    gp_slot,
+    ul_slot,
+    ev_cnt,
+    pull_cnt,
+    gp_cnt,
+    ul_cnt,
+    pp_slot,
+    pp_worker,
+    slot_tab,
+    slot_ids,
+    out_tab,
+    out_ids,
+    out_bounds,
+):
     """Keys of all plan lists of all workers, worker-major then list order.
 
     Args:
@@ -54,8 +70,23 @@ def gather_plan_keys_jit(off, ev_slot, pull_slot, gp_slot, ul_slot, ev_cnt, pull
     """
     plan_bounds_jit(ev_cnt, pull_cnt, gp_cnt, ul_cnt, pp_worker, out_bounds)
     for w in range(off.shape[0] - 1):
-        copy_worker_lists_jit(w, off, ev_slot, pull_slot, gp_slot, ul_slot, ev_cnt, pull_cnt, gp_cnt, ul_cnt,
-                              slot_tab, slot_ids, out_tab, out_ids, out_bounds)
+        copy_worker_lists_jit(
+            w,
+            off,
+            ev_slot,
+            pull_slot,
+            gp_slot,
+            ul_slot,
+            ev_cnt,
+            pull_cnt,
+            gp_cnt,
+            ul_cnt,
+            slot_tab,
+            slot_ids,
+            out_tab,
+            out_ids,
+            out_bounds,
+        )
     scatter_plan_pushes_jit(pp_slot, pp_worker, slot_tab, slot_ids, out_tab, out_ids, out_bounds)
 
 
@@ -80,8 +111,23 @@ def plan_bounds_jit(ev_cnt, pull_cnt, gp_cnt, ul_cnt, pp_worker, out_bounds):
 
 
 @nb.njit(**JIT)
-def copy_worker_lists_jit(w, off, ev_slot, pull_slot, gp_slot, ul_slot, ev_cnt, pull_cnt, gp_cnt, ul_cnt,
-                          slot_tab, slot_ids, out_tab, out_ids, out_bounds):
+def copy_worker_lists_jit(
+    w,
+    off,
+    ev_slot,
+    pull_slot,
+    gp_slot,
+    ul_slot,
+    ev_cnt,
+    pull_cnt,
+    gp_cnt,
+    ul_cnt,
+    slot_tab,
+    slot_ids,
+    out_tab,
+    out_ids,
+    out_bounds,
+):
     """Worker w's evict, pull, grad_push and update_local keys into its part of the buffers."""
     lo = off[w]
     n = _copy_keys_jit(ev_slot, lo, ev_cnt[w], slot_tab, slot_ids, out_tab, out_ids, out_bounds[w, 0])
@@ -138,13 +184,37 @@ def build_plans(off, before, after, pp, slot_tab, slot_ids, *, gather=None) -> l
     tab = np.empty(N, np.int32)
     ids = np.empty(N, np.uint64)
     bounds = np.empty((W, NUM_LISTS + 1), np.int64)
-    (gather or gather_plan_keys_jit)(off, ev_slot, pull_slot, gp_slot, ul_slot, ev_cnt, pull_cnt, gp_cnt, ul_cnt, pp[0], pp[1],
-                         slot_tab, slot_ids, tab, ids, bounds)
+    (gather or gather_plan_keys_jit)(
+        off,
+        ev_slot,
+        pull_slot,
+        gp_slot,
+        ul_slot,
+        ev_cnt,
+        pull_cnt,
+        gp_cnt,
+        ul_cnt,
+        pp[0],
+        pp[1],
+        slot_tab,
+        slot_ids,
+        tab,
+        ids,
+        bounds,
+    )
     plans = []
     for w, b in enumerate(bounds.tolist()):
-        ks = [_keyset(tab[b[k]:b[k + 1]], ids[b[k]:b[k + 1]]) for k in range(NUM_LISTS)]
+        ks = [_keyset(tab[b[k] : b[k + 1]], ids[b[k] : b[k + 1]]) for k in range(NUM_LISTS)]
         lo = int(off[w])
-        plans.append(CachePlan(evict=ks[0], write_back=ev_wb[lo:lo + b[1] - b[0]], pull=ks[1],
-                               grad_push=ks[2], contributors=gp_contrib[lo:lo + b[3] - b[2]],
-                               update_local=ks[3], plan_push=ks[4]))
+        plans.append(
+            CachePlan(
+                evict=ks[0],
+                write_back=ev_wb[lo : lo + b[1] - b[0]],
+                pull=ks[1],
+                grad_push=ks[2],
+                contributors=gp_contrib[lo : lo + b[3] - b[2]],
+                update_local=ks[3],
+                plan_push=ks[4],
+            )
+        )
     return plans

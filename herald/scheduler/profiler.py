@@ -36,8 +36,16 @@ class TableProfiler:
         if self._since < self.interval_steps:
             return
         self._since = 0
-        K.doi_jit(snaps.freq, snaps.slot_tab, snaps.cached, snaps.num_keys, samples_per_worker_seen,
-                  self.num_tables, self._infrequent, self._total)
+        K.doi_jit(
+            snaps.freq,
+            snaps.slot_tab,
+            snaps.cached,
+            snaps.num_keys,
+            samples_per_worker_seen,
+            self.num_tables,
+            self._infrequent,
+            self._total,
+        )
         with np.errstate(invalid="ignore", divide="ignore"):
             doi = self._infrequent / self._total
         self.doi = np.where(self._total > 0, doi, 1.0)
@@ -48,4 +56,3 @@ class TableProfiler:
         mask = np.zeros(self.num_tables, np.bool_)
         mask[order] = True
         return mask
-

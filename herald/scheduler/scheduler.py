@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import Optional
 
 import numpy as np
 
@@ -29,7 +28,6 @@ from herald.scheduler.plan import CAUSES, KeySet
 from herald.scheduler.plan_build import build_plans
 from herald.scheduler.profiler import TableProfiler
 from herald.scheduler.state import Snapshots
-
 
 #: most tables whose arrays ``_prepare`` passes to the kernels as tuples (else it concatenates)
 _MAX_TUPLE_TABLES = 64
@@ -89,8 +87,15 @@ class Scheduler:
             more ``threads`` than numba's thread pool.
     """
 
-    def __init__(self, config: SchedulerConfig, num_tables: int, distinct_keys: Optional[int] = None,
-                 *, build_plans: bool = True, budget: Optional[BudgetController] = None) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        num_tables: int,
+        distinct_keys: int | None = None,
+        *,
+        build_plans: bool = True,
+        budget: BudgetController | None = None,
+    ) -> None:
         require(isinstance(config, SchedulerConfig), "config must be a SchedulerConfig")
         require(1 <= num_tables <= 32767, f"num_tables must be in 1..32767, got {num_tables}")
         self.config = config
@@ -101,32 +106,41 @@ class Scheduler:
             require(distinct_keys >= 1, f"distinct_keys must be >= 1, got {distinct_keys}")
             cap = max(1, math.ceil(config.cache_ratio * distinct_keys))
         else:
-            raise ConfigError("cannot size the worker caches: pass distinct_keys (e.g. from "
-                              "herald.scheduler.count_distinct_keys over a pre-pass) to use cache_ratio, "
-                              "or set cache_capacity_rows")
+            raise ConfigError(
+                "cannot size the worker caches: pass distinct_keys (e.g. from "
+                "herald.scheduler.count_distinct_keys over a pre-pass) to use cache_ratio, "
+                "or set cache_capacity_rows"
+            )
         self.capacity_rows = int(cap)
         self.build_plans = build_plans
         W = config.num_workers
         # with distinct_keys known, reserve the key state once (no regrowth while scheduling)
-        self._snap = Snapshots(W, self.capacity_rows, config.cache_policy,
-                               initial_slots=int(distinct_keys) + 1024 if distinct_keys else 1 << 10)
+        self._snap = Snapshots(
+            W,
+            self.capacity_rows,
+            config.cache_policy,
+            initial_slots=int(distinct_keys) + 1024 if distinct_keys else 1 << 10,
+        )
         self._rng = np.array([config.seed], np.uint64)
-        self._pending: Optional[_Pending] = None
+        self._pending: _Pending | None = None
         self._next_step = 0
         self._finished = False
-        self._used = False        # submit() was called (load_state_dict only on an unused scheduler)
-        self._in_flight = False   # submitted and not yet finish() + flush(): state_dict() raises
+        self._used = False  # submit() was called (load_state_dict only on an unused scheduler)
+        self._in_flight = False  # submitted and not yet finish() + flush(): state_dict() raises
         self._totals = np.zeros((W, len(CAUSES)), np.int64)
         self._all_tables = np.ones(num_tables, np.bool_)
         self._profiler = TableProfiler(num_tables, config.profile_interval_steps) if config.adaptive else None
         if budget is not None:
-            require(config.scheduling_budget_ms is not None and budget.num_tables == num_tables,
-                    "a shared BudgetController needs scheduling_budget_ms set and the same num_tables")
+            require(
+                config.scheduling_budget_ms is not None and budget.num_tables == num_tables,
+                "a shared BudgetController needs scheduling_budget_ms set and the same num_tables",
+            )
         elif config.scheduling_budget_ms is not None:
             budget = BudgetController(num_tables, config.scheduling_budget_ms, fraction=config.auto_budget_fraction)
         self._budget = budget
-        self.num_scored_tables = num_tables if config.adaptive_num_tables is None else min(
-            config.adaptive_num_tables, num_tables)
+        self.num_scored_tables = (
+            num_tables if config.adaptive_num_tables is None else min(config.adaptive_num_tables, num_tables)
+        )
         if budget is not None:
             self.num_scored_tables = budget.k
         # Herald §4.4: the passes on config.threads threads (plans identical to one thread)
@@ -134,8 +148,11 @@ class Scheduler:
         #: seconds spent in each submit() (scheduling time per global batch).
         self.submit_seconds: list[float] = []
         self._samples_seen = 0
-        contain = (config.costaware_contain_samples if config.costaware_contain_samples is not None
-                   else max(1, config.batch_size_per_worker // 4))
+        contain = (
+            config.costaware_contain_samples
+            if config.costaware_contain_samples is not None
+            else max(1, config.batch_size_per_worker // 4)
+        )
         # gains: valid copy, in-use containable key, in-use hot key, sharing cost, containable
         # limit (samples), sort by affinity (see kernels.costaware_alloc_jit)
         self._ca_params = np.array([1.0, 1.0, 0.0, config.costaware_share_cost, contain, 1.0], np.float64)
@@ -165,12 +182,16 @@ class Scheduler:
         step) and ``adaptive``: the budget controller's :meth:`BudgetController.stats`
         (k over time, ``budget_unreachable``), or None without a budget."""
         sub = self.submit_seconds
-        return {"threads": self.config.threads, "lock_free_allocation": self.config.lock_free_allocation,
-                "num_tables": self.num_tables, "num_scored_tables": int(self.num_scored_tables),
-                "submit_ms_median": 1e3 * float(np.median(sub)) if sub else None,
-                "adaptive": self._budget.stats() if self._budget is not None else None}
+        return {
+            "threads": self.config.threads,
+            "lock_free_allocation": self.config.lock_free_allocation,
+            "num_tables": self.num_tables,
+            "num_scored_tables": int(self.num_scored_tables),
+            "submit_ms_median": 1e3 * float(np.median(sub)) if sub else None,
+            "adaptive": self._budget.stats() if self._budget is not None else None,
+        }
 
-    def submit(self, batch) -> Optional[StepPlan]:
+    def submit(self, batch) -> StepPlan | None:
         """Schedule ``batch`` as step t+1 and return the finished plan of step t (None first).
 
         Args:
@@ -188,12 +209,15 @@ class Scheduler:
         """
         t0 = time.perf_counter()
         if self._finished:
-            raise HeraldError("submit() after finish(): the final step has no plan pushes; "
-                              "create a new Scheduler for a new run")
+            raise HeraldError(
+                "submit() after finish(): the final step has no plan pushes; create a new Scheduler for a new run"
+            )
         cfg = self.config
         if len(batch) != cfg.global_batch_size:
-            raise DataError(f"global batch must have num_workers*batch_size_per_worker="
-                            f"{cfg.global_batch_size} samples, got {len(batch)}; use drop_last or pad upstream")
+            raise DataError(
+                f"global batch must have num_workers*batch_size_per_worker="
+                f"{cfg.global_batch_size} samples, got {len(batch)}; use drop_last or pad upstream"
+            )
         if batch.num_tables != self.num_tables:
             raise DataError(f"batch has {batch.num_tables} tables, scheduler was built for {self.num_tables}")
         self._used = self._in_flight = True
@@ -220,12 +244,39 @@ class Scheduler:
         plan_push = prev is not None and not cfg.full_sync
         # one pass: K_w in canonical order and step t's plan pushes (Herald Alg. 2, same order)
         if par is not None:
-            c = par.collect_keys(samp_off, samp_slot, order, wstart, s, self._profiler is not None,
-                                 cfg.allocation == "costaware", plan_push, keys, off, pp_slot, pp_w)
+            c = par.collect_keys(
+                samp_off,
+                samp_slot,
+                order,
+                wstart,
+                s,
+                self._profiler is not None,
+                cfg.allocation == "costaware",
+                plan_push,
+                keys,
+                off,
+                pp_slot,
+                pp_w,
+            )
         else:
-            c = K.collect_keys_jit(samp_off, samp_slot, order, wstart, s.mark, s.token, s.use_mask, s.freq,
-                                   self._profiler is not None, cfg.allocation == "costaware", s.owner, plan_push,
-                                   keys, off, pp_slot, pp_w)
+            c = K.collect_keys_jit(
+                samp_off,
+                samp_slot,
+                order,
+                wstart,
+                s.mark,
+                s.token,
+                s.use_mask,
+                s.freq,
+                self._profiler is not None,
+                cfg.allocation == "costaware",
+                s.owner,
+                plan_push,
+                keys,
+                off,
+                pp_slot,
+                pp_w,
+            )
         keys = keys[: off[-1]]
         pp = (pp_slot[:c], pp_w[:c]) if plan_push else None
         self._pending = self._run_step(worker_of, order, keys, off)
@@ -239,7 +290,7 @@ class Scheduler:
                 self.num_scored_tables = self._budget.observe(self.num_scored_tables, alloc_s, total_s, t0)
         return done
 
-    def finish(self) -> Optional[StepPlan]:
+    def finish(self) -> StepPlan | None:
         """Finish the last submitted step (no plan pushes: there is no next step)."""
         self._finished = True
         if self._par is not None:
@@ -283,10 +334,18 @@ class Scheduler:
             HeraldError: steps are in flight (submitted and not yet finished and flushed).
         """
         if self._in_flight:
-            raise HeraldError("Scheduler.state_dict() is valid only at a checkpoint barrier (NOTE [scheduler "
-                              "state]): call finish() and flush() first; the cache snapshots are not serialised")
-        return {"format": "scheduler", "config": dataclasses.asdict(self.config), "num_tables": self.num_tables,
-                "capacity_rows": self.capacity_rows, "next_step": self._next_step, "totals": self._totals.tolist()}
+            raise HeraldError(
+                "Scheduler.state_dict() is valid only at a checkpoint barrier (NOTE [scheduler "
+                "state]): call finish() and flush() first; the cache snapshots are not serialised"
+            )
+        return {
+            "format": "scheduler",
+            "config": dataclasses.asdict(self.config),
+            "num_tables": self.num_tables,
+            "capacity_rows": self.capacity_rows,
+            "next_step": self._next_step,
+            "totals": self._totals.tolist(),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state`` (:meth:`state_dict`; NOTE [scheduler state]) on a
@@ -298,22 +357,27 @@ class Scheduler:
             HeraldError: this scheduler already scheduled a batch.
         """
         if self._used:
-            raise HeraldError("Scheduler.load_state_dict() needs a fresh scheduler (nothing submitted); "
-                              "create a new Scheduler")
+            raise HeraldError(
+                "Scheduler.load_state_dict() needs a fresh scheduler (nothing submitted); create a new Scheduler"
+            )
         if not isinstance(state, dict) or state.get("format") != "scheduler":
             raise DataError("not a Scheduler state; pass Scheduler.state_dict()")
         config = state.get("config")
         mine = dataclasses.asdict(self.config)
         if not isinstance(config, dict) or set(config) != set(mine):
-            raise DataError(f"malformed scheduler state: 'config' must hold the SchedulerConfig fields "
-                            f"{sorted(mine)}, got {config!r}")
+            raise DataError(
+                f"malformed scheduler state: 'config' must hold the SchedulerConfig fields "
+                f"{sorted(mine)}, got {config!r}"
+            )
         theirs = {**config, "num_tables": state.get("num_tables"), "capacity_rows": state.get("capacity_rows")}
         mine.update(num_tables=self.num_tables, capacity_rows=self.capacity_rows)
         differ = sorted(k for k in mine if theirs[k] != mine[k])
         if differ:
-            raise ConfigError("state saved by a scheduler with other settings: "
-                              + ", ".join(f"{k}={theirs[k]!r} (this one: {mine[k]!r})" for k in differ)
-                              + "; build the scheduler with the same settings")
+            raise ConfigError(
+                "state saved by a scheduler with other settings: "
+                + ", ".join(f"{k}={theirs[k]!r} (this one: {mine[k]!r})" for k in differ)
+                + "; build the scheduler with the same settings"
+            )
         step = state.get("next_step")
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise DataError(f"malformed scheduler state: 'next_step' must be an int >= 0, got {step!r}")
@@ -322,8 +386,10 @@ class Scheduler:
         except (TypeError, ValueError, OverflowError):
             totals = None
         if totals is None or totals.dtype.kind not in "iu" or totals.shape != self._totals.shape or (totals < 0).any():
-            raise DataError(f"malformed scheduler state: 'totals' must be {self._totals.shape[0]} x "
-                            f"{self._totals.shape[1]} counts >= 0")
+            raise DataError(
+                f"malformed scheduler state: 'totals' must be {self._totals.shape[0]} x "
+                f"{self._totals.shape[1]} counts >= 0"
+            )
         self._next_step, self._totals = step, totals.astype(np.int64)
 
     # ------------------------------------------------------------------ parts
@@ -343,8 +409,7 @@ class Scheduler:
         direct = len(values) <= _MAX_TUPLE_TABLES
         for v, o in zip(values, offsets):
             nnz += v.shape[0]
-            if (v.dtype != np.uint64 or o.dtype != np.int64 or not v.flags.c_contiguous
-                    or not o.flags.c_contiguous):
+            if v.dtype != np.uint64 or o.dtype != np.int64 or not v.flags.c_contiguous or not o.flags.c_contiguous:
                 direct = False
         if not direct:
             return self._prepare_concat(batch)
@@ -390,15 +455,49 @@ class Scheduler:
         if kind == "random":
             K.random_alloc_jit(B, cfg.batch_size_per_worker, self._rng, out)
         elif kind == "laia" and self._par is not None:
-            return self._par.laia(samp_off, samp_slot, samp_tab, table_on, s, cfg.num_workers,
-                                  cfg.batch_size_per_worker, self._rng, cfg.lock_free_allocation)
+            return self._par.laia(
+                samp_off,
+                samp_slot,
+                samp_tab,
+                table_on,
+                s,
+                cfg.num_workers,
+                cfg.batch_size_per_worker,
+                self._rng,
+                cfg.lock_free_allocation,
+            )
         elif kind == "laia":
-            K.laia_alloc_jit(samp_off, samp_slot, samp_tab, table_on, s.valid, s.mark, s.token,
-                             cfg.num_workers, cfg.batch_size_per_worker, self._rng, out)
+            K.laia_alloc_jit(
+                samp_off,
+                samp_slot,
+                samp_tab,
+                table_on,
+                s.valid,
+                s.mark,
+                s.token,
+                cfg.num_workers,
+                cfg.batch_size_per_worker,
+                self._rng,
+                out,
+            )
         elif kind == "costaware":
-            K.costaware_alloc_jit(samp_off, samp_slot, samp_tab, table_on, s.valid, s.owner, s.use_mask,
-                                  s.bcount, s.mark, s.token, cfg.num_workers, cfg.batch_size_per_worker,
-                                  self._ca_params, self._rng, out)
+            K.costaware_alloc_jit(
+                samp_off,
+                samp_slot,
+                samp_tab,
+                table_on,
+                s.valid,
+                s.owner,
+                s.use_mask,
+                s.bcount,
+                s.mark,
+                s.token,
+                cfg.num_workers,
+                cfg.batch_size_per_worker,
+                self._ca_params,
+                self._rng,
+                out,
+            )
         elif kind == "bruteforce":
             bruteforce_alloc(s, samp_off, samp_slot, cfg.num_workers, out)
         else:  # pragma: no cover - SchedulerConfig validates the name
@@ -414,13 +513,17 @@ class Scheduler:
         err = before[-1]
         if err[0] == 1:
             w = int(err[1])
-            raise ConfigError(f"worker {w} needs {int(off[w + 1] - off[w])} distinct keys in step "
-                              f"{self._next_step} but its cache holds {self.capacity_rows} rows: "
-                              "use a bigger cache (cache_capacity_rows / cache_ratio) or a smaller "
-                              "batch_size_per_worker")
+            raise ConfigError(
+                f"worker {w} needs {int(off[w + 1] - off[w])} distinct keys in step "
+                f"{self._next_step} but its cache holds {self.capacity_rows} rows: "
+                "use a bigger cache (cache_capacity_rows / cache_ratio) or a smaller "
+                "batch_size_per_worker"
+            )
         if err[0] == 2:  # pragma: no cover - would be a scheduler bug
-            raise HeraldError(f"protocol violation: worker {int(err[1])} must pull a key whose latest "
-                              "copy is not at the PS (NOTE [step protocol])")
+            raise HeraldError(
+                f"protocol violation: worker {int(err[1])} must pull a key whose latest "
+                "copy is not at the PS (NOTE [step protocol])"
+            )
         n = keys.shape[0]
         gp_slot = np.empty(n, np.int32)
         gp_contrib = np.empty(n, np.uint16)
@@ -430,12 +533,15 @@ class Scheduler:
         if self._par is not None:
             self._par.update(keys, off, s, cfg.full_sync, gp_slot, gp_contrib, ul_slot, gp_cnt, ul_cnt)
         else:
-            K.update_after_step_jit(keys, off, s.use_mask, s.valid, s.owner, cfg.full_sync, gp_slot,
-                                    gp_contrib, ul_slot, gp_cnt, ul_cnt)
+            K.update_after_step_jit(
+                keys, off, s.use_mask, s.valid, s.owner, cfg.full_sync, gp_slot, gp_contrib, ul_slot, gp_cnt, ul_cnt
+            )
         counts[:, K.GRAD_PUSH] = gp_cnt
         step = self._next_step
         self._next_step += 1
-        return _Pending(step, worker_of, order, counts, keys, off, before[:5], (gp_slot, gp_contrib, ul_slot, gp_cnt, ul_cnt))
+        return _Pending(
+            step, worker_of, order, counts, keys, off, before[:5], (gp_slot, gp_contrib, ul_slot, gp_cnt, ul_cnt)
+        )
 
     def _finalize(self, p: _Pending, pp) -> StepPlan:
         W = self.config.num_workers
@@ -444,7 +550,7 @@ class Scheduler:
             counts[:, K.PLAN_PUSH] = np.bincount(pp[1], minlength=W)
         self._totals += counts
         Bw = self.config.batch_size_per_worker
-        assignment = [p.order[w * Bw:(w + 1) * Bw].copy() for w in range(W)]
+        assignment = [p.order[w * Bw : (w + 1) * Bw].copy() for w in range(W)]
         plans = self._build_plans(p, pp) if self.build_plans else []
         return StepPlan(p.step, assignment, plans, counts)
 

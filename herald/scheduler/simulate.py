@@ -8,7 +8,7 @@ plan_push + evict_push, total = pulls + pushes.
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, Optional, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -72,8 +72,9 @@ def to_bytes(counts: np.ndarray, dim: int, dtype="float32") -> np.ndarray:
     return out
 
 
-def simulate(batches: Iterable, config: SchedulerConfig, num_tables: int,
-             distinct_keys: Optional[int] = None) -> SimResult:
+def simulate(
+    batches: Iterable, config: SchedulerConfig, num_tables: int, distinct_keys: int | None = None
+) -> SimResult:
     """Run the scheduler over ``batches`` (SampleBatch of exactly the global batch size).
 
     Raises what :meth:`Scheduler.submit` raises.
@@ -89,19 +90,40 @@ def simulate(batches: Iterable, config: SchedulerConfig, num_tables: int,
         steps.append(last.counts)
     W = config.num_workers
     counts = np.stack(steps) if steps else np.zeros((0, W, len(CAUSES)), np.int64)
-    return SimResult(config, sched.capacity_rows, counts, np.array(sched.submit_seconds) * 1e3,
-                     sched.snapshots.num_keys, sched.num_scored_tables, sched.snapshots.nbytes())
+    return SimResult(
+        config,
+        sched.capacity_rows,
+        counts,
+        np.array(sched.submit_seconds) * 1e3,
+        sched.snapshots.num_keys,
+        sched.num_scored_tables,
+        sched.snapshots.nbytes(),
+    )
 
 
-def quality_ratios(batches: Sequence, num_workers: int, num_tables: int, cache_capacity_rows: int,
-                   schedules=("herald", "costaware"), cache_policy: str = "lru", seed: int = 0) -> dict:
+def quality_ratios(
+    batches: Sequence,
+    num_workers: int,
+    num_tables: int,
+    cache_capacity_rows: int,
+    schedules=("herald", "costaware"),
+    cache_policy: str = "lru",
+    seed: int = 0,
+) -> dict:
     """Herald App. C: transmissions of the brute-force scheduler / those of each schedule.
 
     ``batches`` must hold exactly ``num_workers`` samples each (one per worker).
     """
+
     def run(name):
-        cfg = SchedulerConfig(num_workers=num_workers, batch_size_per_worker=1, schedule=name,
-                              cache_policy=cache_policy, cache_capacity_rows=cache_capacity_rows, seed=seed)
+        cfg = SchedulerConfig(
+            num_workers=num_workers,
+            batch_size_per_worker=1,
+            schedule=name,
+            cache_policy=cache_policy,
+            cache_capacity_rows=cache_capacity_rows,
+            seed=seed,
+        )
         return simulate(batches, cfg, num_tables).transmissions
 
     best = run("optimal")

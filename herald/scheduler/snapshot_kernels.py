@@ -78,8 +78,26 @@ def _set_bit_jit(mask, s, bit, par):
 
 
 @nb.njit(**JIT)
-def snapshot_lru_step_jit(keys, off, cached, valid, owner, cap, pos, log, head, tail, size,
-                          ev_slot, ev_wb, ev_cnt, pull_slot, pull_cnt, counts, err):
+def snapshot_lru_step_jit(
+    keys,
+    off,
+    cached,
+    valid,
+    owner,
+    cap,
+    pos,
+    log,
+    head,
+    tail,
+    size,
+    ev_slot,
+    ev_wb,
+    ev_cnt,
+    pull_slot,
+    pull_cnt,
+    counts,
+    err,
+):
     """Before-forward part of a step (NOTE [step protocol], steps 1-2) for LRU snapshots.
 
     Per worker: touch, evict (write-back when the victim is the only latest copy), pull.
@@ -99,8 +117,28 @@ def snapshot_lru_step_jit(keys, off, cached, valid, owner, cap, pos, log, head, 
     """
     W = off.shape[0] - 1
     for w in range(W):
-        code = _lru_worker_jit(w, W, keys, off, cached, valid, owner, cap, pos, log, head, tail, size, ev_slot,
-                               ev_wb, ev_cnt, pull_slot, pull_cnt, counts, False)
+        code = _lru_worker_jit(
+            w,
+            W,
+            keys,
+            off,
+            cached,
+            valid,
+            owner,
+            cap,
+            pos,
+            log,
+            head,
+            tail,
+            size,
+            ev_slot,
+            ev_wb,
+            ev_cnt,
+            pull_slot,
+            pull_cnt,
+            counts,
+            False,
+        )
         if code != 0:
             err[0] = code
             err[1] = w
@@ -108,8 +146,28 @@ def snapshot_lru_step_jit(keys, off, cached, valid, owner, cap, pos, log, head, 
 
 
 @nb.njit(**JIT)
-def _lru_worker_jit(w, W, keys, off, cached, valid, owner, cap, pos, log, head, tail, size, ev_slot, ev_wb,
-                    ev_cnt, pull_slot, pull_cnt, counts, par):
+def _lru_worker_jit(
+    w,
+    W,
+    keys,
+    off,
+    cached,
+    valid,
+    owner,
+    cap,
+    pos,
+    log,
+    head,
+    tail,
+    size,
+    ev_slot,
+    ev_wb,
+    ev_cnt,
+    pull_slot,
+    pull_cnt,
+    counts,
+    par,
+):
     """Worker w's part of :func:`snapshot_lru_step_jit`; returns its error code (0: none).
     ``par``: other threads run other workers at the same time (atomic mask updates)."""
     lo = off[w]
@@ -252,8 +310,27 @@ def _heap_pop_jit(w, hslot, hprio, pos, n):
 
 
 @nb.njit(**JIT)
-def snapshot_lfu_step_jit(keys, off, use_mask, cached, valid, owner, cap, pos, hslot, hprio,
-                          size, seq, ev_slot, ev_wb, ev_cnt, pull_slot, pull_cnt, counts, err):
+def snapshot_lfu_step_jit(
+    keys,
+    off,
+    use_mask,
+    cached,
+    valid,
+    owner,
+    cap,
+    pos,
+    hslot,
+    hprio,
+    size,
+    seq,
+    ev_slot,
+    ev_wb,
+    ev_cnt,
+    pull_slot,
+    pull_cnt,
+    counts,
+    err,
+):
     """As :func:`snapshot_lru_step_jit` for LFU snapshots (HET §4.3).
 
     Priority int64 = count << 40 | recency seq (per worker, int64 [W]); min-heap per
@@ -266,8 +343,30 @@ def snapshot_lfu_step_jit(keys, off, use_mask, cached, valid, owner, cap, pos, h
     aside_s = np.empty(cap + 1, np.int32)
     aside_p = np.empty(cap + 1, np.int64)
     for w in range(W):
-        code = _lfu_worker_jit(w, keys, off, use_mask, cached, valid, owner, cap, pos, hslot, hprio, size, seq,
-                               ev_slot, ev_wb, ev_cnt, pull_slot, pull_cnt, counts, aside_s, aside_p, False)
+        code = _lfu_worker_jit(
+            w,
+            keys,
+            off,
+            use_mask,
+            cached,
+            valid,
+            owner,
+            cap,
+            pos,
+            hslot,
+            hprio,
+            size,
+            seq,
+            ev_slot,
+            ev_wb,
+            ev_cnt,
+            pull_slot,
+            pull_cnt,
+            counts,
+            aside_s,
+            aside_p,
+            False,
+        )
         if code != 0:
             err[0] = code
             err[1] = w
@@ -275,8 +374,30 @@ def snapshot_lfu_step_jit(keys, off, use_mask, cached, valid, owner, cap, pos, h
 
 
 @nb.njit(**JIT)
-def _lfu_worker_jit(w, keys, off, use_mask, cached, valid, owner, cap, pos, hslot, hprio, size, seq, ev_slot,
-                    ev_wb, ev_cnt, pull_slot, pull_cnt, counts, aside_s, aside_p, par):
+def _lfu_worker_jit(
+    w,
+    keys,
+    off,
+    use_mask,
+    cached,
+    valid,
+    owner,
+    cap,
+    pos,
+    hslot,
+    hprio,
+    size,
+    seq,
+    ev_slot,
+    ev_wb,
+    ev_cnt,
+    pull_slot,
+    pull_cnt,
+    counts,
+    aside_s,
+    aside_p,
+    par,
+):
     """Worker w's part of :func:`snapshot_lfu_step_jit` (``aside_s`` int32 / ``aside_p``
     int64 [cap + 1]: scratch of this thread); returns its error code (0: none)."""
     lo = off[w]

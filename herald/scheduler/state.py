@@ -51,8 +51,7 @@ class Snapshots:
         initial_slots: slots reserved up front (grows by doubling).
     """
 
-    def __init__(self, num_workers: int, capacity_rows: int, policy: str,
-                 initial_slots: int = 1 << 14) -> None:
+    def __init__(self, num_workers: int, capacity_rows: int, policy: str, initial_slots: int = 1 << 14) -> None:
         self.num_workers = W = num_workers
         self.capacity_rows = C = capacity_rows
         self.policy = policy
@@ -87,8 +86,8 @@ class Snapshots:
         # the per-key state a step touches is one cache line.
         words = 4 + (self.num_workers + 1) // 2
         template = np.zeros(-(-words // 8) * 8, np.uint64)
-        template.view(np.int32)[6] = -1                          # owner -1
-        template.view(np.int32)[8:8 + self.num_workers] = -1     # pos -1
+        template.view(np.int32)[6] = -1  # owner -1
+        template.view(np.int32)[8 : 8 + self.num_workers] = -1  # pos -1
         rec = np.empty((S, template.shape[0]), np.uint64)
         rec[:] = template
         return rec
@@ -101,7 +100,7 @@ class Snapshots:
         self.use_mask = rec[:, 2]
         self.owner = r32[:, 6]
         self.mark = r32[:, 7]
-        self.pos = r32[:, 8:8 + self.num_workers]
+        self.pos = r32[:, 8 : 8 + self.num_workers]
 
     def _aux_views(self) -> None:
         # popularity (table profiler) and batch count (costaware): strided views of aux
@@ -139,8 +138,9 @@ class Snapshots:
         out = np.empty(ids.shape[0], np.int32)
         done = 0
         while done < ids.shape[0]:
-            done += keymap.find_or_insert_many_jit(self.hk_slot, self.slot_ids, self.slot_tab, self.n_slots,
-                                                   tables[done:], ids[done:], out[done:])
+            done += keymap.find_or_insert_many_jit(
+                self.hk_slot, self.slot_ids, self.slot_tab, self.n_slots, tables[done:], ids[done:], out[done:]
+            )
             if done < ids.shape[0]:
                 self.reserve(1)
         return out
@@ -150,8 +150,7 @@ class Snapshots:
         T uint64 C-contiguous arrays (``nnz`` ids in all), inserting new ones; the same
         slots as :meth:`lookup` of the concatenation, without building it."""
         out = np.empty(nnz, np.int32)
-        done = keymap.find_or_insert_tables_jit(self.hk_slot, self.slot_ids, self.slot_tab, self.n_slots,
-                                                values, out)
+        done = keymap.find_or_insert_tables_jit(self.hk_slot, self.slot_ids, self.slot_tab, self.n_slots, values, out)
         if done < nnz:  # all slots in use: grow and finish the rest one table-major key list
             T = len(values)
             tabs = np.repeat(np.arange(T, dtype=np.int16), [v.shape[0] for v in values])
@@ -181,13 +180,51 @@ class Snapshots:
         par = (threads,) if threads > 1 else ()
         if self.policy == "lru":
             kernel = PK.snapshot_lru_par_jit if par else SK.snapshot_lru_step_jit
-            kernel(keys, off, self.cached, self.valid, self.owner, self.capacity_rows, self.pos, self.log, self.head,
-                   self.tail, self.size, ev_slot, ev_wb, ev_cnt, pull_slot, pull_cnt, counts, err, *par)
+            kernel(
+                keys,
+                off,
+                self.cached,
+                self.valid,
+                self.owner,
+                self.capacity_rows,
+                self.pos,
+                self.log,
+                self.head,
+                self.tail,
+                self.size,
+                ev_slot,
+                ev_wb,
+                ev_cnt,
+                pull_slot,
+                pull_cnt,
+                counts,
+                err,
+                *par,
+            )
         else:
             kernel = PK.snapshot_lfu_par_jit if par else SK.snapshot_lfu_step_jit
-            kernel(keys, off, self.use_mask, self.cached, self.valid, self.owner, self.capacity_rows, self.pos,
-                   self.hslot, self.hprio, self.size, self.seq, ev_slot, ev_wb, ev_cnt, pull_slot, pull_cnt, counts,
-                   err, *par)
+            kernel(
+                keys,
+                off,
+                self.use_mask,
+                self.cached,
+                self.valid,
+                self.owner,
+                self.capacity_rows,
+                self.pos,
+                self.hslot,
+                self.hprio,
+                self.size,
+                self.seq,
+                ev_slot,
+                ev_wb,
+                ev_cnt,
+                pull_slot,
+                pull_cnt,
+                counts,
+                err,
+                *par,
+            )
         return ev_slot, ev_wb, ev_cnt, pull_slot, pull_cnt, err
 
     def cached_slots(self, w: int) -> np.ndarray:
@@ -197,5 +234,4 @@ class Snapshots:
 
     def nbytes(self) -> int:
         """Bytes held by all snapshot arrays."""
-        return int(sum(v.nbytes for k, v in vars(self).items()
-                       if isinstance(v, np.ndarray) and k not in self._VIEWS))
+        return int(sum(v.nbytes for k, v in vars(self).items() if isinstance(v, np.ndarray) and k not in self._VIEWS))

@@ -25,39 +25,55 @@ from herald.testbed.job import bed_hosts, run_job
 
 
 def _bed_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--rate", default="1gbit", help="each host link's rate per direction, a tc rate such as 1gbit or "
-                                                   "100mbit; 'none': unshaped (default: %(default)s)")
-    p.add_argument("--delay", type=float, default=None,
-                   help="each host link's one-way delay per direction, ms; > 0 needs the netem qdisc (default: "
-                        "0.2 where the kernel has netem, else none, with a warning)")
+    p.add_argument(
+        "--rate",
+        default="1gbit",
+        help="each host link's rate per direction, a tc rate such as 1gbit or "
+        "100mbit; 'none': unshaped (default: %(default)s)",
+    )
+    p.add_argument(
+        "--delay",
+        type=float,
+        default=None,
+        help="each host link's one-way delay per direction, ms; > 0 needs the netem qdisc (default: "
+        "0.2 where the kernel has netem, else none, with a warning)",
+    )
 
 
 def _run(args: argparse.Namespace) -> int:
     import pathlib
 
-
     cfg = config_from_args(args)
     if args.procs_per_host < 1 or cfg.workers % args.procs_per_host:
         raise ConfigError(f"--workers {cfg.workers} must be a multiple of --procs-per-host {args.procs_per_host}")
     run_dir = pathlib.Path(cfg.run_dir).resolve()
-    with TestBed(bed_hosts(cfg.workers // args.procs_per_host), rate=None if args.rate == "none" else args.rate,
-                 delay_ms=args.delay, log_dir=run_dir / "logs") as bed:
+    with TestBed(
+        bed_hosts(cfg.workers // args.procs_per_host),
+        rate=None if args.rate == "none" else args.rate,
+        delay_ms=args.delay,
+        log_dir=run_dir / "logs",
+    ) as bed:
         print(bed.describe(), flush=True)
         rep = run_job(bed, cfg, procs_per_host=args.procs_per_host, timeout_s=args.timeout_s)
     print((run_dir / "report.txt").read_text(), end="")
     for f in rep["failovers"]:
-        print(f"failover: {f['cause']}: rolled back to {f['rolled_back_to']} ({f['steps_rolled_back']} steps trained "
-              f"twice), roles restarted in {f['restart_s']} s, training again {f['recovered_s']} s after the loss")
+        print(
+            f"failover: {f['cause']}: rolled back to {f['rolled_back_to']} ({f['steps_rolled_back']} steps trained "
+            f"twice), roles restarted in {f['restart_s']} s, training again {f['recovered_s']} s after the loss"
+        )
     return 0
 
 
 def _up(args: argparse.Namespace) -> int:
     with TestBed(args.hosts, rate=None if args.rate == "none" else args.rate, delay_ms=args.delay) as bed:
         print(bed.describe())
-        print("\nstart a role in a host with `ip netns exec <namespace> <command>` (docs/testbed.md has the "
-              "commands of a whole job); Ctrl-C tears the bed down.", flush=True)
+        print(
+            "\nstart a role in a host with `ip netns exec <namespace> <command>` (docs/testbed.md has the "
+            "commands of a whole job); Ctrl-C tears the bed down.",
+            flush=True,
+        )
         try:
-            while True:   # until the user stops it: SIGINT here, SIGTERM / SIGHUP tear down (NOTE [test bed teardown])
+            while True:  # until the user stops it: SIGINT here, SIGTERM / SIGHUP tear down (NOTE [test bed teardown])
                 signal.pause()
         except KeyboardInterrupt:
             print("\ntearing the test bed down", file=sys.stderr)
@@ -71,8 +87,9 @@ def _cleanup(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m herald.testbed", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m herald.testbed", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     r = commands.add_parser("run", help="train a job across a fresh bed, print the report, tear the bed down")

@@ -27,11 +27,11 @@ import sys
 import time
 from typing import Any
 
-from herald.errors import ConfigError, HeraldError, PeerTimeout
 from herald.config import from_mapping
+from herald.contracts.train import TrainConfig
+from herald.errors import ConfigError, HeraldError, PeerTimeout
 from herald.job.parts import Checkpointing, ExternalWorkers, RemotePS
 from herald.job.runner import JobReport, JobRunner
-from herald.contracts.train import TrainConfig
 
 
 def load_config(path: str | os.PathLike):
@@ -72,8 +72,11 @@ def wait_for_dense(run_dir: pathlib.Path, workers: int, timeout_s: float) -> Non
         if not missing:
             return
         if time.monotonic() > deadline:
-            raise PeerTimeout(f"worker rank(s) {missing} wrote no dense-rank<r>.pt into {run_dir} within "
-                              f"{timeout_s:.0f} s of the end of training: read their logs", peer=f"ranks {missing}")
+            raise PeerTimeout(
+                f"worker rank(s) {missing} wrote no dense-rank<r>.pt into {run_dir} within "
+                f"{timeout_s:.0f} s of the end of training: read their logs",
+                peer=f"ranks {missing}",
+            )
         time.sleep(0.1)
 
 
@@ -97,7 +100,9 @@ class TestBedWorkers(ExternalWorkers):
         wait_for_dense(pathlib.Path(cfg.run_dir).resolve(), cfg.workers, self.dense_timeout_s)
 
 
-def serve(cfg, bind: str, ps: list[str], *, save_ps: str | None = None, dense_timeout_s: float = 120.0) -> dict[str, Any]:
+def serve(
+    cfg, bind: str, ps: list[str], *, save_ps: str | None = None, dense_timeout_s: float = 120.0
+) -> dict[str, Any]:
     """Serve the job ``cfg`` to its workers from ``bind``, PS shards at ``ps``; write and
     return the report (``cfg.run_dir/report.json``): the job runner (NOTE [job runner] in
     herald/job/runner.py) with remote PS shards, the torchruns' workers
@@ -118,11 +123,19 @@ def serve(cfg, bind: str, ps: list[str], *, save_ps: str | None = None, dense_ti
         remote.client.checkpoint(str(pathlib.Path(save_ps).resolve()))
 
     # the job's run_dir: the shared folder; its dist_init None: env:// under torchrun
-    return JobRunner(ps=remote, workers=TestBedWorkers(dense_timeout_s),
-                     checkpoints=Checkpointing("herald test bed dispatcher", enabled=cfg.checkpoint_every > 0),
-                     report=JobReport(), dispatcher_settings={"bind": bind},
-                     on_step=_StepFile(run_dir / ".dispatcher-step"),
-                     on_finish=checkpoint_ps if save_ps else None).run(cfg).report
+    return (
+        JobRunner(
+            ps=remote,
+            workers=TestBedWorkers(dense_timeout_s),
+            checkpoints=Checkpointing("herald test bed dispatcher", enabled=cfg.checkpoint_every > 0),
+            report=JobReport(),
+            dispatcher_settings={"bind": bind},
+            on_step=_StepFile(run_dir / ".dispatcher-step"),
+            on_finish=checkpoint_ps if save_ps else None,
+        )
+        .run(cfg)
+        .report
+    )
 
 
 class _StepFile:
@@ -146,24 +159,42 @@ def last_step(run_dir: str | os.PathLike) -> int | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m herald.testbed.dispatcher", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m herald.testbed.dispatcher",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--config", required=True, help="TrainConfig settings as JSON (run_dir: a folder every host sees)")
     p.add_argument("--bind", required=True, help="endpoint to bind, e.g. tcp://10.200.7.2:5555")
     p.add_argument("--ps", required=True, help="comma-separated PS shard endpoints, in shard order")
-    p.add_argument("--save-ps", default=None, help="after training, checkpoint the PS into this folder (inside the "
-                                                   "shards' --checkpoint-root)")
-    p.add_argument("--dense-timeout-s", type=float, default=120.0,
-                   help="longest wait for the workers' dense replicas after training (default: %(default)s)")
+    p.add_argument(
+        "--save-ps",
+        default=None,
+        help="after training, checkpoint the PS into this folder (inside the shards' --checkpoint-root)",
+    )
+    p.add_argument(
+        "--dense-timeout-s",
+        type=float,
+        default=120.0,
+        help="longest wait for the workers' dense replicas after training (default: %(default)s)",
+    )
     args = p.parse_args(argv)
     try:
-        rep = serve(load_config(args.config), args.bind, args.ps.split(","), save_ps=args.save_ps,
-                    dense_timeout_s=args.dense_timeout_s)
+        rep = serve(
+            load_config(args.config),
+            args.bind,
+            args.ps.split(","),
+            save_ps=args.save_ps,
+            dense_timeout_s=args.dense_timeout_s,
+        )
     except HeraldError as exc:
         print(f"herald dispatcher: error: {exc}", file=sys.stderr)
-        return int(getattr(exc, "exit_code", None) or 1)   # ShardLost: 75 (NOTE [ps failover across hosts])
-    print(f"dispatcher: {rep['steps']} steps, {rep['samples_per_second']:,.0f} samples/s; report in "
-          f"{pathlib.Path(rep['config']['run_dir']) / 'report.json'}", flush=True)
+        return int(getattr(exc, "exit_code", None) or 1)  # ShardLost: 75 (NOTE [ps failover across hosts])
+    print(
+        f"dispatcher: {rep['steps']} steps, {rep['samples_per_second']:,.0f} samples/s; report in "
+        f"{pathlib.Path(rep['config']['run_dir']) / 'report.json'}",
+        flush=True,
+    )
     return 0
 
 

@@ -41,13 +41,17 @@ import pathlib
 import secrets
 import sys
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from herald.errors import ConfigError, HeraldError, PeerTimeout
 from herald.job import checkpoints
 from herald.job.failover import SHARD_FAILED_EXIT
+from herald.ps.cli import shard_args
+from herald.ps.config import ShardLimits
 from herald.testbed.dispatcher import last_step, save_config
 from herald.testbed.netns import TestBed
+from herald.worker.cli import worker_args
 
 PS_HOST, DISPATCHER_HOST = "ps", "dispatcher"
 PS_PORT, DISPATCHER_PORT, RENDEZVOUS_PORT = 6000, 5555, 29400
@@ -65,8 +69,16 @@ def worker_hosts_of(bed: TestBed) -> list[str]:
     return [h for h in bed.names if h not in (PS_HOST, DISPATCHER_HOST)]
 
 
-def run_job(bed: TestBed, cfg, *, procs_per_host: int = 1, save_ps: str | None = None, timeout_s: float = 600.0,
-            tag: str = "job", role_args: dict[str, Sequence[str]] | None = None) -> dict[str, Any]:
+def run_job(
+    bed: TestBed,
+    cfg,
+    *,
+    procs_per_host: int = 1,
+    save_ps: str | None = None,
+    timeout_s: float = 600.0,
+    tag: str = "job",
+    role_args: dict[str, Sequence[str]] | None = None,
+) -> dict[str, Any]:
     """Train ``cfg`` across ``bed`` (NOTE [test bed job]); returns the report dict, with
     ``failovers`` (NOTE [test bed failover]: ``cfg.ps_restarts`` with ``cfg.checkpoint_every``).
 
@@ -81,23 +93,28 @@ def run_job(bed: TestBed, cfg, *, procs_per_host: int = 1, save_ps: str | None =
             ``"worker"``), e.g. to test a failing role.
 
     Raises:
-        ConfigError: worker count mismatch, a missing host, ``worker_restarts`` (``ps_restarts`` without
-            ``checkpoint_every`` is refused by the TrainConfig itself). HeraldError: a role failed (named, with the end of its log),
-            or a PS shard was lost beyond ``ps_restarts``. PeerTimeout: the job ran past ``timeout_s``.
+        ConfigError: worker count mismatch, a missing host, ``worker_restarts`` (``ps_restarts``
+            without ``checkpoint_every`` is refused by the TrainConfig itself). HeraldError: a role
+            failed (named, with the end of its log), or a PS shard was lost beyond ``ps_restarts``.
+            PeerTimeout: the job ran past ``timeout_s``.
     """
     workers = worker_hosts_of(bed)
     if cfg.worker_restarts:
-        raise ConfigError(f"--worker-restarts {cfg.worker_restarts}: the test bed rolls a job back for a lost PS "
-                          "shard (--ps-restarts), not for a lost worker (herald train does: NOTE [worker failover] in "
-                          "herald/job/rollback.py); leave it out")
+        raise ConfigError(
+            f"--worker-restarts {cfg.worker_restarts}: the test bed rolls a job back for a lost PS "
+            "shard (--ps-restarts), not for a lost worker (herald train does: NOTE [worker failover] in "
+            "herald/job/rollback.py); leave it out"
+        )
     if cfg.workers != len(workers) * procs_per_host:
-        raise ConfigError(f"--workers {cfg.workers} must equal the bed's {len(workers)} worker hosts x "
-                          f"{procs_per_host} processes per host")
+        raise ConfigError(
+            f"--workers {cfg.workers} must equal the bed's {len(workers)} worker hosts x "
+            f"{procs_per_host} processes per host"
+        )
     run_dir = pathlib.Path(cfg.run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "report.json").unlink(missing_ok=True)
     if cfg.keys_dir is None:
-        cfg = dataclasses.replace(cfg, insecure=True)   # a private network: no keys needed
+        cfg = dataclasses.replace(cfg, insecure=True)  # a private network: no keys needed
     (run_dir / ".dispatcher-step").unlink(missing_ok=True)
     launch = _Launch(bed, cfg, run_dir, tag, dict(role_args or {}))
     deadline = time.monotonic() + timeout_s
@@ -107,10 +124,10 @@ def run_job(bed: TestBed, cfg, *, procs_per_host: int = 1, save_ps: str | None =
         launch.start_rendezvous()
         launch.start_dispatcher(save_ps)
         launch.start_workers(workers, procs_per_host)
-        while (lost := launch.wait_done(deadline)) is not None:   # NOTE [test bed failover]
+        while (lost := launch.wait_done(deadline)) is not None:  # NOTE [test bed failover]
             launch.fail_over(lost, save_ps, deadline)
     finally:
-        launch.stop()   # the bed may run another job next
+        launch.stop()  # the bed may run another job next
     report_path = run_dir / "report.json"
     rep = json.loads(report_path.read_text())
     rep["failovers"] = launch.failovers
@@ -125,16 +142,15 @@ class _Launch:
         self.bed, self.cfg, self.run_dir, self.tag, self.role_args = bed, cfg, run_dir, tag, role_args
         self.token = secrets.token_hex(32)
         self.env = {"PYTHONUNBUFFERED": "1", "PYTHONPATH": _REPO_ROOT}
-        self.security = ["--keys", str(cfg.keys_dir)] if cfg.keys_dir else ["--insecure"]
         self.ps_addresses = [f"tcp://{bed.address(PS_HOST)}:{PS_PORT + i}" for i in range(cfg.num_ps_shards)]
         self.dispatcher = f"tcp://{bed.address(DISPATCHER_HOST)}:{DISPATCHER_PORT}"
-        self.services: list[str] = []    # roles that serve until stopped: PS shards, rendezvous store
-        self.finishing: list[str] = []   # roles that end with the job: dispatcher, torchrun per host
-        self.failovers: list[dict[str, Any]] = []   # NOTE [test bed failover]
+        self.services: list[str] = []  # roles that serve until stopped: PS shards, rendezvous store
+        self.finishing: list[str] = []  # roles that end with the job: dispatcher, torchrun per host
+        self.failovers: list[dict[str, Any]] = []  # NOTE [test bed failover]
         self.worker_hosts: list[str] = []
         self.procs_per_host = 1
-        self._recovering: tuple[dict, float] | None = None   # (failover record, time the loss was seen)
-        self.t_start = time.time()   # a checkpoint older than this is another job's
+        self._recovering: tuple[dict, float] | None = None  # (failover record, time the loss was seen)
+        self.t_start = time.time()  # a checkpoint older than this is another job's
 
     def _start(self, host: str, role: str, argv: list[str], env: dict | None = None) -> str:
         """Start a role (a restart reuses its name: its log goes on in the same file)."""
@@ -149,45 +165,111 @@ class _Launch:
 
     def start_ps(self) -> None:
         for i, address in enumerate(self.ps_addresses):
-            name = self._start(PS_HOST, f"ps-{i}", [
-                sys.executable, "-m", "herald", "serve", "ps", "--shard", str(i), "--num-shards",
-                str(len(self.ps_addresses)), "--bind", address, "--seed", str(self.cfg.seed),
-                "--aggregation-timeout-ms", str(self.cfg.timeout_ms),
-                "--max-contributors", str(self.cfg.workers), "--checkpoint-root", str(self.run_dir),
-                *self.security, *self.role_args.get("ps", ())], env={"HERALD_PS_TOKEN": self.token})
+            name = self._start(
+                PS_HOST,
+                f"ps-{i}",
+                [
+                    sys.executable,
+                    *shard_args(
+                        i,
+                        len(self.ps_addresses),
+                        address,
+                        seed=self.cfg.seed,
+                        keys_dir=self.cfg.keys_dir,
+                        insecure=not self.cfg.keys_dir,
+                        checkpoint_root=str(self.run_dir),
+                        limits=ShardLimits(
+                            aggregation_timeout_ms=self.cfg.timeout_ms, max_contributors=self.cfg.workers
+                        ),
+                    ),
+                    *self.role_args.get("ps", ()),
+                ],
+                env={"HERALD_PS_TOKEN": self.token},
+            )
             self._track(self.services, name)
 
     def start_rendezvous(self) -> None:
-        self.services.append(self._start(DISPATCHER_HOST, "rendezvous", [
-            sys.executable, "-m", "herald.testbed.store", "--host", self.bed.address(DISPATCHER_HOST),
-            "--port", str(RENDEZVOUS_PORT)]))
+        self.services.append(
+            self._start(
+                DISPATCHER_HOST,
+                "rendezvous",
+                [
+                    sys.executable,
+                    "-m",
+                    "herald.testbed.store",
+                    "--host",
+                    self.bed.address(DISPATCHER_HOST),
+                    "--port",
+                    str(RENDEZVOUS_PORT),
+                ],
+            )
+        )
 
     def start_dispatcher(self, save_ps: str | None, resume: bool = False) -> None:
         cfg = dataclasses.replace(self.cfg, resume=True) if resume else self.cfg
         config = save_config(cfg, self.run_dir / f".{self.tag}-job.json")
-        name = self._start(DISPATCHER_HOST, "dispatcher", [
-            sys.executable, "-m", "herald.testbed.dispatcher", "--config", str(config), "--bind", self.dispatcher,
-            "--ps", ",".join(self.ps_addresses), *(["--save-ps", str(save_ps)] if save_ps else []),
-            *self.role_args.get("dispatcher", ())], env={"HERALD_PS_TOKEN": self.token})
+        name = self._start(
+            DISPATCHER_HOST,
+            "dispatcher",
+            [
+                sys.executable,
+                "-m",
+                "herald.testbed.dispatcher",
+                "--config",
+                str(config),
+                "--bind",
+                self.dispatcher,
+                "--ps",
+                ",".join(self.ps_addresses),
+                *(["--save-ps", str(save_ps)] if save_ps else []),
+                *self.role_args.get("dispatcher", ()),
+            ],
+            env={"HERALD_PS_TOKEN": self.token},
+        )
         self._track(self.finishing, name)
 
     def start_workers(self, hosts: list[str], procs_per_host: int) -> None:
         self.worker_hosts, self.procs_per_host = list(hosts), procs_per_host
-        attempt = f"-{len(self.failovers)}" if self.failovers else ""   # a fresh rendezvous per attempt
+        attempt = f"-{len(self.failovers)}" if self.failovers else ""  # a fresh rendezvous per attempt
         rendezvous = f"{self.bed.address(DISPATCHER_HOST)}:{RENDEZVOUS_PORT}"
         join_s = max(30, self.cfg.timeout_ms // 1000)
         for host in hosts:
-            name = self._start(host, f"workers@{host}", [
-                sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(hosts)),
-                "--nproc-per-node", str(procs_per_host), "--rdzv-backend", "c10d", "--rdzv-endpoint", rendezvous,
-                "--rdzv-id", f"{self.bed.uid}-{self.tag}{attempt}",
-                "--rdzv-conf", f"is_host=false,join_timeout={join_s}",
-                "--local-addr", self.bed.address(host), "--max-restarts", "0", "--monitor-interval", "0.2",
-                "-m", "herald", "serve", "worker", "--dispatcher", self.dispatcher, "--timeout-ms",
-                str(self.cfg.timeout_ms), "--device", self.cfg.device, "--cache-device", self.cfg.cache_device,
-                *(["--keys", str(self.cfg.keys_dir)] if self.cfg.keys_dir else []),
-                *self.role_args.get("worker", ())],
-                env={"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": self.bed.hosts[host].interface})
+            name = self._start(
+                host,
+                f"workers@{host}",
+                [
+                    sys.executable,
+                    "-m",
+                    "torch.distributed.run",
+                    "--nnodes",
+                    str(len(hosts)),
+                    "--nproc-per-node",
+                    str(procs_per_host),
+                    "--rdzv-backend",
+                    "c10d",
+                    "--rdzv-endpoint",
+                    rendezvous,
+                    "--rdzv-id",
+                    f"{self.bed.uid}-{self.tag}{attempt}",
+                    "--rdzv-conf",
+                    f"is_host=false,join_timeout={join_s}",
+                    "--local-addr",
+                    self.bed.address(host),
+                    "--max-restarts",
+                    "0",
+                    "--monitor-interval",
+                    "0.2",
+                    *worker_args(
+                        self.dispatcher,
+                        device=self.cfg.device,
+                        cache_device=self.cfg.cache_device,
+                        timeout_ms=self.cfg.timeout_ms,
+                        keys_dir=self.cfg.keys_dir,
+                    ),
+                    *self.role_args.get("worker", ()),
+                ],
+                env={"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": self.bed.hosts[host].interface},
+            )
             self._track(self.finishing, name)
 
     def wait_done(self, deadline: float) -> str | None:
@@ -202,13 +284,16 @@ class _Launch:
             self._note_recovery()
             self._check()
             if any(procs[n].poll() is not None for n in self.services):
-                raise HeraldError(f"{next(n for n in self.services if procs[n].poll() is not None)} stopped "
-                                  "during training")
+                raise HeraldError(
+                    f"{next(n for n in self.services if procs[n].poll() is not None)} stopped during training"
+                )
             if time.monotonic() > deadline:
                 late = [n for n in self.finishing if procs[n].poll() is None]
-                raise PeerTimeout(f"the job on the test bed ran past its time limit; still running: {late}; "
-                                  f"last lines of {self.bed.log_path(late[0])}:\n{self.bed.children.tail(late[0])}",
-                                  peer=late[0])
+                raise PeerTimeout(
+                    f"the job on the test bed ran past its time limit; still running: {late}; "
+                    f"last lines of {self.bed.log_path(late[0])}:\n{self.bed.children.tail(late[0])}",
+                    peer=late[0],
+                )
             time.sleep(0.1)
         lost = self._lost_shard()
         if lost:
@@ -242,21 +327,34 @@ class _Launch:
         t_lost = time.monotonic()
         latest = checkpoints.latest(self.run_dir / "checkpoints")
         if latest is not None and (latest.path / "meta.json").stat().st_mtime < self.t_start:
-            latest = None   # left in the run folder by an earlier job
+            latest = None  # left in the run folder by an earlier job
         if latest is None or len(self.failovers) >= self.cfg.ps_restarts:
-            why = ("no checkpoint to roll back to yet" if latest is None else
-                   f"{len(self.failovers)} failover(s) done, --ps-restarts {self.cfg.ps_restarts}")
+            why = (
+                "no checkpoint to roll back to yet"
+                if latest is None
+                else f"{len(self.failovers)} failover(s) done, --ps-restarts {self.cfg.ps_restarts}"
+            )
             raise HeraldError(f"the job on the test bed lost a PS shard: {cause} ({why})")
         last = last_step(self.run_dir)
-        print(f"herald test bed: {cause}\nrolling the job back to checkpoint {latest.path.name} (failover "
-              f"{len(self.failovers) + 1} of at most {self.cfg.ps_restarts})", file=sys.stderr, flush=True)
+        print(
+            f"herald test bed: {cause}\nrolling the job back to checkpoint {latest.path.name} (failover "
+            f"{len(self.failovers) + 1} of at most {self.cfg.ps_restarts})",
+            file=sys.stderr,
+            flush=True,
+        )
         for name in self.finishing + [n for n in self.services if n.startswith(f"{self.tag}-ps-")]:
             self.bed.children.terminate(name, timeout_s=5.0)
         self.bed.empty_hosts(self.worker_hosts, timeout_s=max(1.0, min(10.0, deadline - time.monotonic())))
         (self.run_dir / ".dispatcher-step").unlink(missing_ok=True)
-        record = {"cause": cause, "rolled_back_to": latest.path.name, "checkpoint_step": latest.step,
-                  "last_acked_step": last, "steps_rolled_back": None if last is None else max(0, last - latest.step),
-                  "restart_s": None, "recovered_s": None}
+        record = {
+            "cause": cause,
+            "rolled_back_to": latest.path.name,
+            "checkpoint_step": latest.step,
+            "last_acked_step": last,
+            "steps_rolled_back": None if last is None else max(0, last - latest.step),
+            "restart_s": None,
+            "recovered_s": None,
+        }
         self.failovers.append(record)
         self.start_ps()
         self.start_dispatcher(save_ps, resume=True)

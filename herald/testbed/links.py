@@ -30,7 +30,7 @@ import re
 import shutil
 import subprocess
 import zlib
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from herald.errors import ConfigError, HeraldError
 
@@ -38,13 +38,25 @@ from herald.errors import ConfigError, HeraldError
 COMMAND_TIMEOUT_S = 10.0
 #: one-way delay per link and direction when none is asked for and netem exists, ms
 DEFAULT_DELAY_MS = 0.2
-_NETEM_FIX = ("load it (modprobe sch_netem; on Ubuntu it is in linux-modules-extra-$(uname -r)), or run without "
-              "a delay (delay_ms=0 / --delay 0, or leave the delay out: the default then drops it with a "
-              "warning); tbf shapes the rate alone")
+_NETEM_FIX = (
+    "load it (modprobe sch_netem; on Ubuntu it is in linux-modules-extra-$(uname -r)), or run without "
+    "a delay (delay_ms=0 / --delay 0, or leave the delay out: the default then drops it with a "
+    "warning); tbf shapes the rate alone"
+)
 
 _RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps|tbps)$", re.IGNORECASE)
-_BITS_PER_UNIT = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12,
-                  "bps": 8, "kbps": 8e3, "mbps": 8e6, "gbps": 8e9, "tbps": 8e12}
+_BITS_PER_UNIT = {
+    "bit": 1,
+    "kbit": 1e3,
+    "mbit": 1e6,
+    "gbit": 1e9,
+    "tbit": 1e12,
+    "bps": 8,
+    "kbps": 8e3,
+    "mbps": 8e6,
+    "gbps": 8e9,
+    "tbps": 8e12,
+}
 
 
 class TestBedError(HeraldError):
@@ -64,8 +76,9 @@ def rate_bits_per_s(rate: str) -> float:
     m = _RATE.match(str(rate).strip())
     value = float(m.group(1)) * _BITS_PER_UNIT[m.group(2).lower()] if m else 0.0
     if not m or not math.isfinite(value) or value < 8000:
-        raise ConfigError(f"rate must be a tc rate of at least 8kbit such as '1gbit', '100mbit' or '125mbps', "
-                          f"got {rate!r}")
+        raise ConfigError(
+            f"rate must be a tc rate of at least 8kbit such as '1gbit', '100mbit' or '125mbps', got {rate!r}"
+        )
     return value
 
 
@@ -73,8 +86,9 @@ def check_tools(shaping: bool) -> None:
     """Raise :class:`TestBedError` naming the fix when this process cannot build a bed:
     not root, or ``ip`` (iproute2) missing, or ``tc`` missing while ``shaping``."""
     if os.geteuid() != 0:
-        raise TestBedError("the test bed creates network namespaces and needs root: run as root (sudo -E ...), "
-                           "as CI does")
+        raise TestBedError(
+            "the test bed creates network namespaces and needs root: run as root (sudo -E ...), as CI does"
+        )
     for tool, needed in (("ip", True), ("tc", shaping)):
         if needed and shutil.which(tool) is None:
             raise TestBedError(f"'{tool}' is not on PATH: install iproute2 (apt-get install iproute2)")
@@ -87,8 +101,9 @@ def run(argv: Sequence[str], *, check: bool = True) -> subprocess.CompletedProce
         TestBedError: it failed (``check``) or timed out; the message holds its stderr.
     """
     try:
-        done = subprocess.run(list(argv), stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                              timeout=COMMAND_TIMEOUT_S, check=False)
+        done = subprocess.run(
+            list(argv), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, check=False
+        )
     except subprocess.TimeoutExpired:
         raise TestBedError(f"`{' '.join(argv)}` did not finish within {COMMAND_TIMEOUT_S:.0f} s") from None
     if check and done.returncode != 0:
@@ -110,8 +125,9 @@ def choose_subnet(uid: str, taken: Iterable[ipaddress.IPv4Network]) -> ipaddress
         net = ipaddress.IPv4Network(f"10.{200 + i // 256}.{i % 256}.0/24")
         if not any(net.overlaps(t) for t in taken):
             return net
-    raise TestBedError("no free 10.200-249.x.0/24 subnet for the test bed: remove stale beds "
-                       "(python -m herald.testbed cleanup)")
+    raise TestBedError(
+        "no free 10.200-249.x.0/24 subnet for the test bed: remove stale beds (python -m herald.testbed cleanup)"
+    )
 
 
 def machine_networks() -> list[ipaddress.IPv4Network]:
@@ -135,13 +151,45 @@ def shape_commands(namespace: str, device: str, rate: str | None, delay_ms: floa
     128 KiB: a veth sends 64 KiB segments) and queues up to 20 ms."""
     cmds, parent = [], ["root", "handle", "1:"]
     if delay_ms > 0:
-        cmds.append(["tc", "-n", namespace, "qdisc", "add", "dev", device, *parent, "netem",
-                     "delay", f"{delay_ms:g}ms", "limit", "100000"])
+        cmds.append(
+            [
+                "tc",
+                "-n",
+                namespace,
+                "qdisc",
+                "add",
+                "dev",
+                device,
+                *parent,
+                "netem",
+                "delay",
+                f"{delay_ms:g}ms",
+                "limit",
+                "100000",
+            ]
+        )
         parent = ["parent", "1:1", "handle", "10:"]
     if rate is not None:
         burst = max(128 * 1024, int(rate_bits_per_s(rate) / 8 / 1000))
-        cmds.append(["tc", "-n", namespace, "qdisc", "add", "dev", device, *parent, "tbf", "rate", rate,
-                     "burst", str(burst), "latency", "20ms"])
+        cmds.append(
+            [
+                "tc",
+                "-n",
+                namespace,
+                "qdisc",
+                "add",
+                "dev",
+                device,
+                *parent,
+                "tbf",
+                "rate",
+                rate,
+                "burst",
+                str(burst),
+                "latency",
+                "20ms",
+            ]
+        )
     return cmds
 
 
@@ -159,8 +207,10 @@ def has_qdisc(namespace: str, kind: str, device: str = "lo") -> bool:
         return True
     if "unknown" in done.stderr.lower():
         return False
-    raise TestBedError(f"cannot tell whether the kernel has the '{kind}' qdisc: `tc qdisc add ... {kind}` "
-                       f"failed: {done.stderr.strip()}")
+    raise TestBedError(
+        f"cannot tell whether the kernel has the '{kind}' qdisc: `tc qdisc add ... {kind}` "
+        f"failed: {done.stderr.strip()}"
+    )
 
 
 def resolve_delay(requested_ms: float | None, netem: bool) -> tuple[float, str]:
@@ -182,12 +232,15 @@ def resolve_delay(requested_ms: float | None, netem: bool) -> tuple[float, str]:
     if requested_ms is None:
         if netem:
             return DEFAULT_DELAY_MS, ""
-        return 0.0, (f"this kernel has no netem qdisc, so the links have no delay (the default "
-                     f"{DEFAULT_DELAY_MS:g} ms is dropped; a rate is still shaped, by tbf); for a delay load "
-                     f"sch_netem (modprobe sch_netem; on Ubuntu it is in linux-modules-extra-$(uname -r))")
+        return 0.0, (
+            f"this kernel has no netem qdisc, so the links have no delay (the default "
+            f"{DEFAULT_DELAY_MS:g} ms is dropped; a rate is still shaped, by tbf); for a delay load "
+            f"sch_netem (modprobe sch_netem; on Ubuntu it is in linux-modules-extra-$(uname -r))"
+        )
     if requested_ms > 0 and not netem:
-        raise TestBedError(f"a delay of {requested_ms:g} ms needs the kernel's netem qdisc, which this kernel "
-                           f"lacks: {_NETEM_FIX}")
+        raise TestBedError(
+            f"a delay of {requested_ms:g} ms needs the kernel's netem qdisc, which this kernel lacks: {_NETEM_FIX}"
+        )
     return float(requested_ms), ""
 
 
@@ -205,6 +258,5 @@ def apply_shaping(namespace: str, device: str, rate: str | None, delay_ms: float
         kind = "netem" if "netem" in cmd else "tbf"
         if "unknown" in done.stderr.lower():
             fix = _NETEM_FIX if kind == "netem" else "load it (modprobe sch_tbf), or run without shaping (rate=None)"
-            raise TestBedError(f"this kernel has no '{kind}' qdisc (`{' '.join(cmd)}`: {done.stderr.strip()}): "
-                               f"{fix}")
+            raise TestBedError(f"this kernel has no '{kind}' qdisc (`{' '.join(cmd)}`: {done.stderr.strip()}): {fix}")
         raise TestBedError(f"`{' '.join(cmd)}` failed: {done.stderr.strip()}")

@@ -36,8 +36,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 from herald.errors import ConfigError
 from herald.procs import Supervisor, is_alive, is_zombie, start_time
@@ -94,17 +94,27 @@ class TestBed:
 
     __test__ = False  # not a pytest test class
 
-    def __init__(self, hosts: Sequence[str], *, rate: str | None = "1gbit", delay_ms: float | None = None,
-                 log_dir: str | os.PathLike | None = None, teardown_timeout_s: float = 30.0):
+    def __init__(
+        self,
+        hosts: Sequence[str],
+        *,
+        rate: str | None = "1gbit",
+        delay_ms: float | None = None,
+        log_dir: str | os.PathLike | None = None,
+        teardown_timeout_s: float = 30.0,
+    ):
         names = list(hosts)
         bad = [h for h in names if not isinstance(h, str) or not _HOST_NAME.match(h) or h == SWITCH]
         if not names or bad or len(set(names)) != len(names) or len(names) > 250:
-            raise ConfigError(f"hosts must be 1..250 unique names of lowercase letters, digits and '-' "
-                              f"(at most 20, not {SWITCH!r}), got {names!r}")
+            raise ConfigError(
+                f"hosts must be 1..250 unique names of lowercase letters, digits and '-' "
+                f"(at most 20, not {SWITCH!r}), got {names!r}"
+            )
         if rate is not None:
             links.rate_bits_per_s(rate)
-        if delay_ms is not None and not (isinstance(delay_ms, (int, float)) and math.isfinite(delay_ms)
-                                         and 0 <= delay_ms <= 10_000):
+        if delay_ms is not None and not (
+            isinstance(delay_ms, (int, float)) and math.isfinite(delay_ms) and 0 <= delay_ms <= 10_000
+        ):
             raise ConfigError(f"delay_ms must be a number in [0, 10000] or None (the default), got {delay_ms!r}")
         if not (teardown_timeout_s > 0):
             raise ConfigError(f"teardown_timeout_s must be > 0, got {teardown_timeout_s!r}")
@@ -113,14 +123,17 @@ class TestBed:
         self.delay_note = ""
         self.teardown_timeout_s = float(teardown_timeout_s)
         self.uid = secrets.token_hex(3)
-        self._own_log_dir = log_dir is None   # a temporary folder, made at open: removed at close if empty
-        self.log_dir = pathlib.Path(log_dir) if log_dir is not None else \
-            pathlib.Path(tempfile.gettempdir()) / f"herald-testbed-{self.uid}"
+        self._own_log_dir = log_dir is None  # a temporary folder, made at open: removed at close if empty
+        self.log_dir = (
+            pathlib.Path(log_dir)
+            if log_dir is not None
+            else pathlib.Path(tempfile.gettempdir()) / f"herald-testbed-{self.uid}"
+        )
         self.hosts: dict[str, Host] = {}
         self.subnet: ipaddress.IPv4Network | None = None
         self.pids_seen: set[int] = set()
         self._children: Supervisor | None = None
-        self._state = "new"    # new -> open -> closed
+        self._state = "new"  # new -> open -> closed
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ building
@@ -142,11 +155,12 @@ class TestBed:
 
     def _host(self, host: str) -> Host:
         if host not in self.hosts:
-            raise ConfigError(f"no host {host!r} in this test bed (hosts: {list(self.hosts) or self.names}; "
-                              "open the bed first)")
+            raise ConfigError(
+                f"no host {host!r} in this test bed (hosts: {list(self.hosts) or self.names}; open the bed first)"
+            )
         return self.hosts[host]
 
-    def open(self) -> "TestBed":
+    def open(self) -> TestBed:
         """Build the namespaces, the bridge and the shaped links.
 
         Raises:
@@ -161,10 +175,17 @@ class TestBed:
         _install_handlers()
         try:
             self.subnet = links.choose_subnet(self.uid, links.machine_networks() + _live_subnets())
-            _write_state(self.uid, {"pid": os.getpid(), "start": start_time(os.getpid()),
-                                    "namespaces": self.namespaces, "subnet": str(self.subnet)})
+            _write_state(
+                self.uid,
+                {
+                    "pid": os.getpid(),
+                    "start": start_time(os.getpid()),
+                    "namespaces": self.namespaces,
+                    "subnet": str(self.subnet),
+                },
+            )
             self._build()
-            self._children = Supervisor(self.log_dir, new_session=True)   # makes log_dir
+            self._children = Supervisor(self.log_dir, new_session=True)  # makes log_dir
         except BaseException:
             self.close()
             raise
@@ -173,8 +194,11 @@ class TestBed:
     def _build(self) -> None:
         sw = self.namespace(SWITCH)
         links.run(["ip", "netns", "add", sw])
-        for cmd in (["link", "set", "lo", "up"], ["link", "add", "br0", "type", "bridge"],
-                    ["link", "set", "br0", "up"]):
+        for cmd in (
+            ["link", "set", "lo", "up"],
+            ["link", "add", "br0", "type", "bridge"],
+            ["link", "set", "br0", "up"],
+        ):
             links.run(["ip", "-n", sw, *cmd])
         self._resolve_delay(sw)
         hosts = list(self.subnet.hosts())
@@ -183,11 +207,11 @@ class TestBed:
             host = Host(name, ns, str(hosts[i]))
             links.run(["ip", "netns", "add", ns])
             links.run(["ip", "-n", ns, "link", "set", "lo", "up"])
-            links.run(["ip", "link", "add", host.interface, "netns", ns, "type", "veth", "peer", "name", port,
-                       "netns", sw])
+            links.run(
+                ["ip", "link", "add", host.interface, "netns", ns, "type", "veth", "peer", "name", port, "netns", sw]
+            )
             links.run(["ip", "-n", sw, "link", "set", port, "master", "br0", "up"])
-            links.run(["ip", "-n", ns, "addr", "add", f"{host.address}/{self.subnet.prefixlen}",
-                       "dev", host.interface])
+            links.run(["ip", "-n", ns, "addr", "add", f"{host.address}/{self.subnet.prefixlen}", "dev", host.interface])
             links.run(["ip", "-n", ns, "link", "set", host.interface, "up"])
             links.apply_shaping(ns, host.interface, self.rate, self.delay_ms)
             links.apply_shaping(sw, port, self.rate, self.delay_ms)
@@ -202,8 +226,9 @@ class TestBed:
             print(f"herald test bed: warning: {self.delay_note}", file=sys.stderr, flush=True)
 
     # ------------------------------------------------------------------ processes
-    def run(self, host: str, argv: Sequence[str], *, name: str | None = None,
-            env: Mapping[str, str] | None = None) -> subprocess.Popen:
+    def run(
+        self, host: str, argv: Sequence[str], *, name: str | None = None, env: Mapping[str, str] | None = None
+    ) -> subprocess.Popen:
         """Start ``argv`` inside ``host`` (``ip netns exec``) in a session of its own,
         stdout and stderr to ``log_dir/<name>.log`` (see :meth:`log_path`).
 
@@ -259,16 +284,21 @@ class TestBed:
         Raises:
             ConfigError: unknown host. subprocess.TimeoutExpired: it ran past ``timeout_s``.
         """
-        return subprocess.run(["ip", "netns", "exec", self._host(host).namespace, *map(str, argv)],
-                              stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout_s,
-                              check=False)
+        return subprocess.run(
+            ["ip", "netns", "exec", self._host(host).namespace, *map(str, argv)],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
 
     # ------------------------------------------------------------------ teardown
     def close(self) -> None:
         """Tear the bed down (NOTE [test bed teardown]); idempotent, bounded in time."""
         with self._lock:
             state, self._state = self._state, "closed"
-        if state != "open":   # closed already, or never opened: nothing was built
+        if state != "open":  # closed already, or never opened: nothing was built
             return
         try:
             if self._children is not None:
@@ -278,8 +308,12 @@ class TestBed:
             _delete_namespaces(self.namespaces)
             left = [ns for ns in list_namespaces() if ns in self.namespaces]
             if left:
-                print(f"herald test bed: warning: could not delete {left}; remove them with "
-                      "`python -m herald.testbed cleanup`", file=sys.stderr, flush=True)
+                print(
+                    f"herald test bed: warning: could not delete {left}; remove them with "
+                    "`python -m herald.testbed cleanup`",
+                    file=sys.stderr,
+                    flush=True,
+                )
             else:
                 _state_file(self.uid).unlink(missing_ok=True)
             if self._own_log_dir and self.log_dir.is_dir() and not any(self.log_dir.iterdir()):
@@ -289,7 +323,7 @@ class TestBed:
             if not _LIVE:
                 _restore_handlers()
 
-    def __enter__(self) -> "TestBed":
+    def __enter__(self) -> TestBed:
         return self.open() if self._state == "new" else self
 
     def __exit__(self, *exc) -> None:
@@ -299,9 +333,10 @@ class TestBed:
         """One line per host: name, namespace, address; and the links' shaping."""
         delay = "default" if self.delay_ms is None else f"{self.delay_ms:g} ms"
         shaping = f"rate {self.rate or 'unshaped'}, delay {delay} per link and direction"
-        return "\n".join([f"test bed {self.uid} on {self.subnet} ({shaping}); logs in {self.log_dir}"]
-                         + [f"  {h.name:<12} {h.address:<15} ip netns exec {h.namespace} ..."
-                            for h in self.hosts.values()])
+        return "\n".join(
+            [f"test bed {self.uid} on {self.subnet} ({shaping}); logs in {self.log_dir}"]
+            + [f"  {h.name:<12} {h.address:<15} ip netns exec {h.namespace} ..." for h in self.hosts.values()]
+        )
 
 
 # ---------------------------------------------------------------------- stale beds
@@ -316,8 +351,8 @@ def cleanup_stale(*, everything: bool = False) -> list[str]:
         The namespaces removed.
     """
     by_uid: dict[str, list[str]] = {}
-    for ns in list_namespaces():   # before the owners: a bed writes its state file before its namespaces
-        by_uid.setdefault(ns[len(PREFIX):].split("-", 1)[0], []).append(ns)
+    for ns in list_namespaces():  # before the owners: a bed writes its state file before its namespaces
+        by_uid.setdefault(ns[len(PREFIX) :].split("-", 1)[0], []).append(ns)
     owners = {}
     for path in STATE_DIR.glob("*.json") if STATE_DIR.is_dir() else ():
         try:
@@ -361,8 +396,12 @@ def _empty_namespaces(namespaces: Sequence[str], deadline: float) -> set[int]:
     """SIGKILL every process inside ``namespaces`` until none is left or ``deadline``."""
     seen: set[int] = set()
     while True:
-        pids = {int(p) for ns in namespaces
-                for p in links.run(["ip", "netns", "pids", ns], check=False).stdout.split() if p.isdigit()}
+        pids = {
+            int(p)
+            for ns in namespaces
+            for p in links.run(["ip", "netns", "pids", ns], check=False).stdout.split()
+            if p.isdigit()
+        }
         pids = {p for p in pids if not is_zombie(p)}
         seen |= pids
         if not pids or time.monotonic() > deadline:

@@ -20,8 +20,9 @@ from datetime import timedelta
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m herald.testbed.store", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m herald.testbed.store", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--host", required=True, help="address to serve on (this host's address on the bed)")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--ready-file", default=None, help="write HOST:PORT here once serving")
@@ -31,8 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    store = TCPStore(args.host, args.port, is_master=True, wait_for_workers=False,
-                     timeout=timedelta(seconds=60))
+    store = TCPStore(args.host, args.port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
     if args.ready_file:
         tmp = pathlib.Path(args.ready_file).with_suffix(".tmp")
         tmp.write_text(f"{args.host}:{args.port}\n")

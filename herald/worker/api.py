@@ -35,18 +35,20 @@ import math
 import os
 import sys
 import time
+from collections.abc import Iterator
 from datetime import timedelta
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from herald.contracts.job import JobSpec
+from herald.contracts.vocab import DEFAULT_TIMEOUT_MS
 from herald.dispatch.microbatch import MicroBatch
 from herald.errors import ConfigError, DataError, HeraldError, ProtocolError
 from herald.loader.torchrec_interop import keyed_pooled, keyed_tensor_class, kjt_from_arrays
-from herald.contracts.job import JobSpec
 from herald.phases import PhaseTimer
 from herald.scheduler.plan import KeySet
 from herald.worker.dense import DenseState
@@ -55,7 +57,6 @@ from herald.worker.executor import PlanExecutor, StepRows
 from herald.worker.groups import world_position
 from herald.worker.link import DispatcherLink
 from herald.worker.protocol import job_protocol
-from herald.contracts.vocab import DEFAULT_TIMEOUT_MS
 
 
 @dataclasses.dataclass
@@ -93,8 +94,10 @@ class Batch:
         """
         mb = self.micro_batch
         if len(self.table_names) != mb.num_tables:
-            raise DataError(f"to_kjt: {len(self.table_names)} table names for a micro-batch of {mb.num_tables} "
-                            "tables; pass the job's table names (ScheduledLoader.table_names)")
+            raise DataError(
+                f"to_kjt: {len(self.table_names)} table names for a micro-batch of {mb.num_tables} "
+                "tables; pass the job's table names (ScheduledLoader.table_names)"
+            )
         nnz = np.diff(mb.inverse_bounds)
         index = mb.inverse_flat.astype(np.int64) + np.repeat(mb.id_bounds[:-1], nnz)
         lengths = np.diff(mb.offsets_flat, axis=1).ravel()
@@ -134,11 +137,13 @@ class CachedEmbedding(nn.Module):
         if output not in self.OUTPUTS:
             raise ConfigError(f"embedding output must be one of {list(self.OUTPUTS)}, got {output!r}")
         self.executor, self.output, self.table_names = executor, output, tuple(table_names)
-        if output == "keyed_tensor":   # a missing torchrec is named here, not at the first batch
+        if output == "keyed_tensor":  # a missing torchrec is named here, not at the first batch
             keyed_tensor_class()
             if not self.table_names:
-                raise ConfigError("output='keyed_tensor' needs the table names (the keys): pass table_names, "
-                                  "or use ScheduledLoader.embedding(output='keyed_tensor')")
+                raise ConfigError(
+                    "output='keyed_tensor' needs the table names (the keys): pass table_names, "
+                    "or use ScheduledLoader.embedding(output='keyed_tensor')"
+                )
 
     def forward(self, batch: Batch) -> Any:
         pooled, batch.rows = (self.protocol or self.executor).lookup(batch.micro_batch)
@@ -159,8 +164,9 @@ class ScheduledLoader:
         link: the :class:`~herald.worker.link.DispatcherLink` (the socket to the dispatcher).
     """
 
-    def __init__(self, link: DispatcherLink, world_size: int, job: JobSpec, device: torch.device,
-                 cache_device: str = "auto"):
+    def __init__(
+        self, link: DispatcherLink, world_size: int, job: JobSpec, device: torch.device, cache_device: str = "auto"
+    ):
         rank = link.rank
         self.rank, self.world_size, self.job, self.device = rank, world_size, job, device
         # torch.distributed's rank and world: differ from the dispatcher's with one dispatcher
@@ -168,14 +174,14 @@ class ScheduledLoader:
         self.dist_rank, self.dist_world_size = world_position(job.group_index, job.groups, rank, world_size)
         self.link = link
         self.executor = PlanExecutor(job, rank, world_size, device, cache_device)
-        self.protocol = job_protocol(job, self.executor)   # its mode's entry in herald.contracts.modes
+        self.protocol = job_protocol(job, self.executor)  # its mode's entry in herald.contracts.modes
         self.dense: DenseState | None = None
         self._batch: Batch | None = None
         self.steps = 0
-        self._yielded: tuple[float, float] | None = None   # (when, phase seconds then): see step()
-        self._ahead: tuple | None = None   # (header, arrays, MicroBatch or None) received early
+        self._yielded: tuple[float, float] | None = None  # (when, phase seconds then): see step()
+        self._ahead: tuple | None = None  # (header, arrays, MicroBatch or None) received early
         self._closed = False
-        self._owns_process_group = False   # set by connect() when it initialised torch.distributed
+        self._owns_process_group = False  # set by connect() when it initialised torch.distributed
 
     @property
     def timer(self) -> PhaseTimer:
@@ -191,9 +197,18 @@ class ScheduledLoader:
 
     # ------------------------------------------------------------ creation
     @classmethod
-    def connect(cls, dispatcher: str, *, rank: int, world_size: int, device: str | None = None,
-                cache_device: str = "auto", timeout_ms: int = DEFAULT_TIMEOUT_MS, dist_init: str | None = None,
-                keys_dir: str | None = None) -> "ScheduledLoader":
+    def connect(
+        cls,
+        dispatcher: str,
+        *,
+        rank: int,
+        world_size: int,
+        device: str | None = None,
+        cache_device: str = "auto",
+        timeout_ms: int = DEFAULT_TIMEOUT_MS,
+        dist_init: str | None = None,
+        keys_dir: str | None = None,
+    ) -> ScheduledLoader:
         """Say hello to the dispatcher, receive the job, join the dense all-reduce group.
 
         Args:
@@ -222,26 +237,29 @@ class ScheduledLoader:
                 cannot be had (``cuda`` without a GPU, ``cuda:N`` beyond the GPUs).
             On any failure the dispatcher is sent an ``error`` message (if it is there).
         """
-        link = DispatcherLink.connect(dispatcher, rank, timeout_ms, keys_dir)   # bad keys: raise before any socket
+        link = DispatcherLink.connect(dispatcher, rank, timeout_ms, keys_dir)  # bad keys: raise before any socket
         loader = None
         try:
             job = JobSpec.from_dict(link.handshake(world_size))
-            if keys_dir is not None:   # this host's copy of the keys folder
+            if keys_dir is not None:  # this host's copy of the keys folder
                 job = job.replace(keys_dir=str(keys_dir))
             # the dense process group's rank and world (NOTE [independent groups] in herald/job/group_dispatch.py)
             dist_rank, dist_world = world_position(job.group_index, job.groups, rank, world_size)
-            choice = select_device(dist_rank, dist_world, device)   # NOTE [worker devices]; set_device before the group
+            choice = select_device(dist_rank, dist_world, device)  # NOTE [worker devices]; set_device before the group
             loader = cls(link, world_size, job, choice.device, cache_device)
             if rank == 0:
-                print(f"herald worker: training on {choice.device}, {loader.executor.cache_description}",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"herald worker: training on {choice.device}, {loader.executor.cache_description}",
+                    file=sys.stderr,
+                    flush=True,
+                )
             if dist_world > 1 and not dist.is_initialized():
                 _init_process_group(job, choice, dist_rank, dist_world, dist_init, timeout_ms)
-                loader._owns_process_group = True   # destroyed by close()
+                loader._owns_process_group = True  # destroyed by close()
             if dist_world > 1:
-                setup_collectives()   # the gloo side group for CPU tensors when the group is NCCL
+                setup_collectives()  # the gloo side group for CPU tensors when the group is NCCL
         except BaseException as exc:  # tell the dispatcher (else it waits out its timeout); free the socket
-            link.report_error_nowait(f"{type(exc).__name__}: {exc}")   # no dispatcher connected: nobody to tell
+            link.report_error_nowait(f"{type(exc).__name__}: {exc}")  # no dispatcher connected: nobody to tell
             if loader is not None:
                 loader.executor.close()
             link.close(linger_ms=1000)  # bounded: lets the error report leave
@@ -265,11 +283,18 @@ class ScheduledLoader:
 
         A resumed job (``job.resume_dense``, a checkpoint folder) loads both states here.
         """
-        job = self.job   # groups > 1: a collective setup (NOTE [training groups])
+        job = self.job  # groups > 1: a collective setup (NOTE [training groups])
         # DenseSync, or the mode's own dense side (gba: the PS aggregates the dense gradients, NOTE [gba tokens])
-        self.dense = self.protocol.make_dense(model, optimizer, world_size=self.dist_world_size, rank=self.dist_rank,
-                                              dense_comm=job.dense_comm, groups=job.groups,
-                                              average_every=job.average_every, easgd_alpha=job.easgd_alpha)
+        self.dense = self.protocol.make_dense(
+            model,
+            optimizer,
+            world_size=self.dist_world_size,
+            rank=self.dist_rank,
+            dense_comm=job.dense_comm,
+            groups=job.groups,
+            average_every=job.average_every,
+            easgd_alpha=job.easgd_alpha,
+        )
         if self.job.resume_dense:
             self.dense.load(self.job.resume_dense, self.device)
 
@@ -285,9 +310,14 @@ class ScheduledLoader:
                     mb = mb or MicroBatch.from_frames(header, arrays)
                     self.protocol.before_forward(mb)
                     self._look_ahead()
-                    self._batch = Batch(torch.from_numpy(mb.labels.copy()).to(self.device),
-                                        torch.from_numpy(mb.dense.copy()).to(self.device), mb.sample_ids, mb.step, mb,
-                                        table_names=self.table_names)
+                    self._batch = Batch(
+                        torch.from_numpy(mb.labels.copy()).to(self.device),
+                        torch.from_numpy(mb.dense.copy()).to(self.device),
+                        mb.sample_ids,
+                        mb.step,
+                        mb,
+                        table_names=self.table_names,
+                    )
                     self._yielded = (time.perf_counter(), sum(self.timer.seconds.values()))
                     yield self._batch
                 elif op == "flush":
@@ -340,27 +370,38 @@ class ScheduledLoader:
         try:
             mb = batch.micro_batch
             self._check_finite(mb, loss, batch.rows)
-            if self.dist_rank == self.job.slow_worker_rank:   # --slow-worker: a straggler, counted as compute
+            if self.dist_rank == self.job.slow_worker_rank:  # --slow-worker: a straggler, counted as compute
                 time.sleep(self.job.slow_worker_ms / 1000.0)
             if self._yielded is not None:  # forward + backward not timed by the training loop
                 since, claimed = self._yielded
-                self.timer.add("compute", max(0.0, time.perf_counter() - since
-                                              - (sum(self.timer.seconds.values()) - claimed)))
-            if self._ahead is None:   # the next micro-batch came while this step computed: start its early pulls
+                self.timer.add(
+                    "compute", max(0.0, time.perf_counter() - since - (sum(self.timer.seconds.values()) - claimed))
+                )
+            if self._ahead is None:  # the next micro-batch came while this step computed: start its early pulls
                 self._look_ahead(wait=mb.next_follows and self.protocol.step_messages)
-            if self.protocol.step_messages:   # the dense sum rides in the step messages, or is all-reduced meanwhile
+            if self.protocol.step_messages:  # the dense sum rides in the step messages, or is all-reduced meanwhile
                 with self.timer("dense_allreduce"):
                     self.executor.step_dense = self.dense.start()
             self.protocol.after_backward(mb, batch.rows)
             with self.timer("dense_allreduce"):
                 self.dense.step(summed=self.executor.take_dense_summed())
-            value = float(loss.detach()) if isinstance(loss, torch.Tensor) else (float("nan") if loss is None else float(loss))
+            value = (
+                float(loss.detach())
+                if isinstance(loss, torch.Tensor)
+                else (float("nan") if loss is None else float(loss))
+            )
             preds = []
             if logits is not None:
                 preds = [mb.labels, torch.sigmoid(logits.detach()).to("cpu", torch.float32).numpy().reshape(-1)]
             with self.timer("ack"):
-                self.link.send_ack(mb.step, value, self.timer.take(), self.protocol.take_stats(),
-                                   self.executor.take_traffic(), preds + self.protocol.ack_arrays())
+                self.link.send_ack(
+                    mb.step,
+                    value,
+                    self.timer.take(),
+                    self.protocol.take_stats(),
+                    self.executor.take_traffic(),
+                    preds + self.protocol.ack_arrays(),
+                )
             self.steps += 1
         except Exception as exc:
             self.link.report_error(exc)
@@ -388,7 +429,8 @@ class ScheduledLoader:
             f"rank {self.rank}: {what} at step {mb.step}: training diverged. Likely cause: a learning rate too high "
             f"(--lr {lr:g}, --dense-lr {self.job.dense_lr:g}: lower them) or bad input values (the loader drops "
             "non-finite and out-of-range labels and dense values; look for extreme ones). Nothing of this step "
-            "was applied; fix and continue from the last checkpoint with --resume (docs/operations.md)")
+            "was applied; fix and continue from the last checkpoint with --resume (docs/operations.md)"
+        )
 
     def _save(self, path: str) -> None:
         """Write the dense model and optimizer state to ``path/dense.pt`` (atomically)."""
@@ -404,7 +446,7 @@ class ScheduledLoader:
             return
         self._closed = True
         stats = None
-        if self.dense is not None:   # the averaging thread's statistics, for the report
+        if self.dense is not None:  # the averaging thread's statistics, for the report
             stats = self.dense.close(self.link.timeout_ms / 1000.0, self.job.run_dir)
         self.executor.close()
         self.link.close()
@@ -414,7 +456,7 @@ class ScheduledLoader:
         if self._owns_process_group and dist.is_initialized() and (stats is None or stats.get("thread_ended")):
             dist.destroy_process_group()
 
-    def __enter__(self) -> "ScheduledLoader":
+    def __enter__(self) -> ScheduledLoader:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -430,9 +472,9 @@ def _all_finite(tensors: list[torch.Tensor]) -> bool:
     return all(bool(torch.isfinite(t).all()) for t in tensors)
 
 
-
-def _init_process_group(job: JobSpec, choice: DeviceChoice, dist_rank: int, dist_world: int, dist_init: str | None,
-                        timeout_ms: int) -> None:
+def _init_process_group(
+    job: JobSpec, choice: DeviceChoice, dist_rank: int, dist_world: int, dist_init: str | None, timeout_ms: int
+) -> None:
     """Join the dense process group as ``dist_rank`` of ``dist_world`` with ``choice``'s
     backend (NOTE [worker devices]); the method: ``dist_init``, else ``env://`` under
     torchrun, else the job's.
@@ -442,9 +484,15 @@ def _init_process_group(job: JobSpec, choice: DeviceChoice, dist_rank: int, dist
     """
     method = dist_init or ("env://" if "MASTER_ADDR" in os.environ else job.dist_init)
     if not method:
-        raise ConfigError("no torch.distributed init method: pass dist_init, run under torchrun, "
-                          "or set dist_init in the job")
+        raise ConfigError(
+            "no torch.distributed init method: pass dist_init, run under torchrun, or set dist_init in the job"
+        )
     if choice.notice and dist_rank == 0:
         print(f"herald worker: {choice.notice}", file=sys.stderr, flush=True)
-    dist.init_process_group(choice.backend, init_method=method, rank=dist_rank, world_size=dist_world,
-                            timeout=timedelta(milliseconds=timeout_ms))
+    dist.init_process_group(
+        choice.backend,
+        init_method=method,
+        rank=dist_rank,
+        world_size=dist_world,
+        timeout=timedelta(milliseconds=timeout_ms),
+    )

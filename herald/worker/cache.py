@@ -37,8 +37,8 @@ import numpy as np
 import torch
 
 from herald import keymap
-from herald.errors import ConfigError, ProtocolError
 from herald.contracts.tables import TableConfig
+from herald.errors import ConfigError, ProtocolError
 from herald.ps.rows import hyper_params
 from herald.scheduler.plan import KeySet
 from herald.worker.kernels import apply_rows_at_jit, bag_grads_jit, pooled_sum_jit, take_rows_jit
@@ -69,8 +69,9 @@ class RowCache(Protocol):
 
     def gather(self, slots: np.ndarray, dim: int, device: torch.device) -> torch.Tensor: ...
 
-    def apply_gradients(self, slots: np.ndarray, grads: torch.Tensor, grad_rows: np.ndarray,
-                        table: TableConfig) -> None: ...
+    def apply_gradients(
+        self, slots: np.ndarray, grads: torch.Tensor, grad_rows: np.ndarray, table: TableConfig
+    ) -> None: ...
 
     def clear(self) -> None: ...
 
@@ -119,8 +120,10 @@ class SlotMap:
         keymap.find_many_jit(self._buckets, self._slot_ids, self._slot_tab, keys.table, keys.ids, out)
         if must_exist and len(keys) and out.min() < 0:
             i = int(np.argmin(out))
-            raise ProtocolError(f"key (table {keys.table[i]}, id {keys.ids[i]}) is not in the worker cache although "
-                                "the plan uses it: cache and scheduler snapshot disagree")
+            raise ProtocolError(
+                f"key (table {keys.table[i]}, id {keys.ids[i]}) is not in the worker cache although "
+                "the plan uses it: cache and scheduler snapshot disagree"
+            )
         return out
 
     def key_set(self) -> KeySet:
@@ -144,7 +147,7 @@ class SlotMap:
         self.removals += 1
         gone = np.empty(len(keys), np.int64)
         keymap.delete_many_jit(self._buckets, self._slot_ids, self._slot_tab, keys.table, keys.ids, gone)
-        self._free[self._nfree: self._nfree + slots.shape[0]] = slots
+        self._free[self._nfree : self._nfree + slots.shape[0]] = slots
         self._nfree += slots.shape[0]
         self._size -= len(keys)
         return slots
@@ -158,11 +161,13 @@ class SlotMap:
         slots = self.slots(keys, must_exist=False)
         new = np.flatnonzero(slots < 0)
         if new.shape[0] > self._nfree:
-            raise ProtocolError(f"plan inserts {new.shape[0]} rows into a cache with {self._nfree} free slots "
-                                f"(capacity {self.capacity_rows}): cache and scheduler snapshot disagree")
+            raise ProtocolError(
+                f"plan inserts {new.shape[0]} rows into a cache with {self._nfree} free slots "
+                f"(capacity {self.capacity_rows}): cache and scheduler snapshot disagree"
+            )
         if new.shape[0]:
             self._nfree -= new.shape[0]
-            fresh = self._free[self._nfree: self._nfree + new.shape[0]].copy()
+            fresh = self._free[self._nfree : self._nfree + new.shape[0]].copy()
             slots[new] = fresh
             keymap.insert_many_jit(self._buckets, self._slot_ids, self._slot_tab, keys.table[new], keys.ids[new], fresh)
             self._size += new.shape[0]
@@ -198,7 +203,7 @@ class EmbeddingCache(SlotMap):
             ProtocolError: a key to evict is not cached.
         """
         slots = self.slots(keys)
-        out = np.take(self.rows, slots[write_back], axis=0)   # a copy; faster than fancy indexing
+        out = np.take(self.rows, slots[write_back], axis=0)  # a copy; faster than fancy indexing
         self._remove(keys)
         return out
 
@@ -220,8 +225,9 @@ class EmbeddingCache(SlotMap):
         """float32 [n, dim] on ``device``: the embeddings in ``slots`` (a new tensor)."""
         return torch.from_numpy(take_rows_jit(self.rows, slots, dim)).to(device)
 
-    def apply_gradients(self, slots: np.ndarray, grads: torch.Tensor | np.ndarray, grad_rows: np.ndarray,
-                        table: TableConfig) -> None:
+    def apply_gradients(
+        self, slots: np.ndarray, grads: torch.Tensor | np.ndarray, grad_rows: np.ndarray, table: TableConfig
+    ) -> None:
         """The sparse optimizer of ``table`` on the rows in ``slots`` (int64 [n], distinct)
         with the gradients ``grads[grad_rows]`` (float32 [m, dim]; int64 [n]), in place:
         the PS's arithmetic (:func:`herald.ps.kernels.apply_row_jit`, bit-identical to
@@ -236,15 +242,26 @@ class EmbeddingCache(SlotMap):
         if isinstance(grads, torch.Tensor):
             grads = grads.detach().to("cpu").numpy()
         grads = np.ascontiguousarray(grads, np.float32)
-        if table.row_width != self.row_width or grads.ndim != 2 or grads.shape[1] != table.dim \
-                or slots.shape != grad_rows.shape or slots.ndim != 1:
-            raise ConfigError(f"apply_gradients: grads must be float32 [m, {table.dim}] (got {grads.shape}), slots "
-                              f"and grad_rows of one length (got {slots.shape}, {grad_rows.shape}), and the table's "
-                              f"row width {table.row_width} the cache's ({self.row_width})")
+        if (
+            table.row_width != self.row_width
+            or grads.ndim != 2
+            or grads.shape[1] != table.dim
+            or slots.shape != grad_rows.shape
+            or slots.ndim != 1
+        ):
+            raise ConfigError(
+                f"apply_gradients: grads must be float32 [m, {table.dim}] (got {grads.shape}), slots "
+                f"and grad_rows of one length (got {slots.shape}, {grad_rows.shape}), and the table's "
+                f"row width {table.row_width} the cache's ({self.row_width})"
+            )
         slots = slots.astype(np.int64, copy=False)
         grad_rows = grad_rows.astype(np.int64, copy=False)
-        if slots.shape[0] and (slots.min() < 0 or slots.max() >= self.capacity_rows or grad_rows.min() < 0
-                               or grad_rows.max() >= grads.shape[0]):
+        if slots.shape[0] and (
+            slots.min() < 0
+            or slots.max() >= self.capacity_rows
+            or grad_rows.min() < 0
+            or grad_rows.max() >= grads.shape[0]
+        ):
             raise ProtocolError("apply_gradients: a slot outside the cache or a gradient row outside grads")
         apply_rows_at_jit(self.rows, slots, grads, grad_rows, table.optimizer.kind, table.dim, hyper_params(table))
 
@@ -252,8 +269,9 @@ class EmbeddingCache(SlotMap):
         """Forget every key (the rows' contents are left; every slot is free)."""
         self._reset_map()
 
-    def lookup_pooled(self, slots: np.ndarray, bags: BagLayout, dim: int, divisor: float = 1.0
-                      ) -> tuple[torch.Tensor, BagGrads]:
+    def lookup_pooled(
+        self, slots: np.ndarray, bags: BagLayout, dim: int, divisor: float = 1.0
+    ) -> tuple[torch.Tensor, BagGrads]:
         """Sum-pooled embeddings straight from the slots (NOTE [fused bag kernels] in
         herald/worker/kernels.py): ``F.embedding_bag(mode="sum")`` over the gathered rows,
         bit-identical, without the gather copy or the index arrays.
@@ -275,7 +293,7 @@ class EmbeddingCache(SlotMap):
         """
         bags.check(slots, dim, self.row_width)
         grads = BagGrads((slots.shape[0], dim), bags, np.float32(divisor))
-        anchor = torch.empty(0, requires_grad=True)   # gives the output a grad_fn (the rows have none)
+        anchor = torch.empty(0, requires_grad=True)  # gives the output a grad_fn (the rows have none)
         return _PooledSum.apply(anchor, self.rows, slots, bags, dim, grads), grads
 
 
@@ -292,8 +310,9 @@ class BagLayout:
 
     __slots__ = ("id_bounds", "inverse", "inverse_bounds", "offsets")
 
-    def __init__(self, id_bounds: np.ndarray, inverse_flat: np.ndarray, inverse_bounds: np.ndarray,
-                 offsets_flat: np.ndarray):
+    def __init__(
+        self, id_bounds: np.ndarray, inverse_flat: np.ndarray, inverse_bounds: np.ndarray, offsets_flat: np.ndarray
+    ):
         self.id_bounds, self.inverse = id_bounds, inverse_flat
         self.inverse_bounds, self.offsets = inverse_bounds, offsets_flat
 
@@ -307,19 +326,33 @@ class BagLayout:
         values are checked by :func:`~herald.worker.kernels.pooled_sum_jit` on the way)."""
         ib, off, inv, idb = self.inverse_bounds, self.offsets, self.inverse, self.id_bounds
         t = idb.shape[0] - 1
-        ok = (isinstance(slots, np.ndarray) and slots.dtype == np.int64 and slots.ndim == 1
-              and all(isinstance(a, np.ndarray) and a.dtype == np.int64 for a in (idb, ib, off))
-              and isinstance(inv, np.ndarray) and inv.dtype in (np.uint16, np.int32) and inv.ndim == 1
-              and idb.ndim == 1 and t >= 0 and ib.shape == (t + 1,) and off.ndim == 2 and off.shape[0] == t
-              and off.shape[1] >= 1 and idb[-1] == slots.shape[0] and 0 < dim <= row_width)
+        ok = (
+            isinstance(slots, np.ndarray)
+            and slots.dtype == np.int64
+            and slots.ndim == 1
+            and all(isinstance(a, np.ndarray) and a.dtype == np.int64 for a in (idb, ib, off))
+            and isinstance(inv, np.ndarray)
+            and inv.dtype in (np.uint16, np.int32)
+            and inv.ndim == 1
+            and idb.ndim == 1
+            and t >= 0
+            and ib.shape == (t + 1,)
+            and off.ndim == 2
+            and off.shape[0] == t
+            and off.shape[1] >= 1
+            and idb[-1] == slots.shape[0]
+            and 0 < dim <= row_width
+        )
         if not ok:
             raise ProtocolError(_LAYOUT_FIX)
 
 
-_LAYOUT_FIX = ("lookup_pooled: slots and bag layout do not fit (int64 slots [U], id_bounds and inverse_bounds "
-               "[T + 1], offsets [T, B + 1]; uint16 or int32 inverse; bounds and offsets consistent, every value "
-               "within its table's distinct keys, slots within the cache, 0 < dim <= row_width): build the layout "
-               "with BagLayout.of(micro_batch) and the slots with cache.slots(keys)")
+_LAYOUT_FIX = (
+    "lookup_pooled: slots and bag layout do not fit (int64 slots [U], id_bounds and inverse_bounds "
+    "[T + 1], offsets [T, B + 1]; uint16 or int32 inverse; bounds and offsets consistent, every value "
+    "within its table's distinct keys, slots within the cache, 0 < dim <= row_width): build the layout "
+    "with BagLayout.of(micro_batch) and the slots with cache.slots(keys)"
+)
 
 
 class BagGrads:
@@ -347,7 +380,7 @@ class BagGrads:
         (float32 [B, T, dim], C-contiguous) into :attr:`rows`."""
         b = self.bags
         if self._rows is None:
-            self._rows = np.empty(self.shape, np.float32)   # the kernel writes every element
+            self._rows = np.empty(self.shape, np.float32)  # the kernel writes every element
         bag_grads_jit(grad_out, b.id_bounds, b.inverse, b.inverse_bounds, b.offsets, self.divisor, self._rows)
 
 
@@ -357,8 +390,9 @@ class _PooledSum(torch.autograd.Function):
     themselves get no autograd gradient: the sparse optimizer applies ``BagGrads``)."""
 
     @staticmethod
-    def forward(ctx, anchor: torch.Tensor, table: np.ndarray, slots: np.ndarray, bags: BagLayout, dim: int,
-                grads: BagGrads):
+    def forward(
+        ctx, anchor: torch.Tensor, table: np.ndarray, slots: np.ndarray, bags: BagLayout, dim: int, grads: BagGrads
+    ):
         b = bags.offsets.shape[1] - 1
         out = np.empty((b, bags.offsets.shape[0], dim), np.float32)
         bad = pooled_sum_jit(table, slots, bags.id_bounds, bags.inverse, bags.inverse_bounds, bags.offsets, out)

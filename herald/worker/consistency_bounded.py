@@ -103,11 +103,13 @@ class Bounded(BSP):
     def __init__(self, executor: PlanExecutor, staleness: int = 0):
         super().__init__(executor)
         self.staleness = int(staleness)
-        self.step_messages = self.staleness == 0   # relaxed reads: the all-reduce orders the writes (NOTE [step protocol])
+        self.step_messages = (
+            self.staleness == 0
+        )  # relaxed reads: the all-reduce orders the writes (NOTE [step protocol])
         rows = executor.cache.capacity_rows
-        self.start = np.zeros(rows, np.uint64)     # c_s per cache slot
-        self.current = np.zeros(rows, np.uint64)   # c_c per cache slot
-        self.known = np.zeros(rows, bool)          # c_s is a PS clock (else: c_s = 0, c_c = local updates)
+        self.start = np.zeros(rows, np.uint64)  # c_s per cache slot
+        self.current = np.zeros(rows, np.uint64)  # c_c per cache slot
+        self.known = np.zeros(rows, bool)  # c_s is a PS clock (else: c_s = 0, c_c = local updates)
 
     # ------------------------------------------------------ before forward
     def prefetch(self, mb: MicroBatch) -> None:
@@ -119,12 +121,12 @@ class Bounded(BSP):
 
     def before_forward(self, mb: MicroBatch) -> None:
         ex, plan = self.executor, mb.plan
-        if self.staleness == 0:   # exact BSP (see the NOTE): no clocks needed
+        if self.staleness == 0:  # exact BSP (see the NOTE): no clocks needed
             super().before_forward(mb)
             return
         wb = plan.write_back
         advance = None
-        if wb.any():   # Het.Cache.Evict: the written-back copy's local updates go with it
+        if wb.any():  # Het.Cache.Evict: the written-back copy's local updates go with it
             slots = ex.cache.slots(KeySet(plan.evict.table[wb], plan.evict.ids[wb]))
             advance = self.current[slots] - self.start[slots]
         ex.evict(plan, mb.step, advance)
@@ -133,7 +135,7 @@ class Bounded(BSP):
         shared = member(pull, plan.grad_push)
         cand = (slots >= 0) & shared & ~member(pull, plan.update_local) & ~mb.pull_early
         cand[cand] = self.known[slots[cand]]
-        at = np.flatnonzero(cand)   # CheckValid's first condition is local; the shard checks the second
+        at = np.flatnonzero(cand)  # CheckValid's first condition is local; the shard checks the second
         checked = np.zeros(len(pull), bool)
         checked[at[fresh_enough(self.start[slots[at]], self.current[slots[at]], self.staleness)]] = True
         c_c = np.zeros(len(pull), np.uint64)
@@ -145,7 +147,7 @@ class Bounded(BSP):
         ex.pull_replicas(mb)
         self.count_reads(mb, gaps)
         self.stats["rereads"] += int(at.shape[0] - skip.sum())
-        if len(got.keys):   # a fetch: c_s = c_c = c_g (known for the shared rows)
+        if len(got.keys):  # a fetch: c_s = c_c = c_g (known for the shared rows)
             fetched = ex.cache.slots(got.keys)
             self.start[fetched] = self.current[fetched] = c_g[got.fetched]
             self.known[fetched] = shared[got.fetched]
@@ -164,10 +166,11 @@ class Bounded(BSP):
         self._read_my_updates(plan, grads, step_rows)
         pushed = plan.plan_push
         slots = ex.cache.slots(pushed) if len(pushed) else np.zeros(0, np.int64)
-        wait = ex.push_plan(plan, self.current[slots] - self.start[slots])   # Het.Cache.Evict's clock sync
+        wait = ex.push_plan(plan, self.current[slots] - self.start[slots])  # Het.Cache.Evict's clock sync
         ex.update_replicas(mb, grads, step_rows)
         if wait is not None:
-            def settle() -> None:   # the plan-pushed copies now hold c_g: c_s = c_c = c_g
+
+            def settle() -> None:  # the plan-pushed copies now hold c_g: c_s = c_c = c_g
                 self.start[slots] = self.current[slots] = wait()
                 self.known[slots] = True
 

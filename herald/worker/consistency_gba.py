@@ -85,7 +85,7 @@ class GbaDense(DenseState):
             offset = 0
             for p in self.params:
                 n = p.numel()
-                p.grad = flat[offset: offset + n].view_as(p).clone()
+                p.grad = flat[offset : offset + n].view_as(p).clone()
                 offset += n
             self.optimizer.step()
         self.next_step = first + grads.shape[0]
@@ -113,12 +113,15 @@ class GbaDense(DenseState):
             state = self.read_state(folder, device)
             meta = json.loads((folder / "meta.json").read_text())
         except (OSError, ValueError, RuntimeError) as exc:
-            raise DataError(f"gba --resume: checkpoint {folder} is unreadable ({exc}); delete it to start afresh") \
-                from None
+            raise DataError(
+                f"gba --resume: checkpoint {folder} is unreadable ({exc}); delete it to start afresh"
+            ) from None
         start = (meta.get("dispatcher") or {}).get("next_step") if isinstance(meta, dict) else None
         if type(start) is not int or start < 0:
-            raise DataError(f"gba --resume: {folder / 'meta.json'} has no dispatcher next_step; delete the "
-                            "checkpoint to start afresh")
+            raise DataError(
+                f"gba --resume: {folder / 'meta.json'} has no dispatcher next_step; delete the "
+                "checkpoint to start afresh"
+            )
         self.apply_state(state)
         self.start_step = self.next_step = start
 
@@ -156,15 +159,17 @@ class GBA(ConsistencyProtocol):
         ex = self.executor
         keys = micro_batch_keys(mb)
         if len(keys) > ex.cache.capacity_rows:
-            raise ConfigError(f"gba: micro-batch {mb.step} uses {len(keys)} rows, more than the worker cache's "
-                              f"{ex.cache.capacity_rows}; raise --cache-rows (or --cache-ratio)")
+            raise ConfigError(
+                f"gba: micro-batch {mb.step} uses {len(keys)} rows, more than the worker cache's "
+                f"{ex.cache.capacity_rows}; raise --cache-rows (or --cache-ratio)"
+            )
         with ex.timer("pull"):
             rows, dense = self._gated_pull(mb.step // self.m, keys)
             ex.cache.clear()
             if len(keys):
                 ex.cache.put(keys, rows)
         if dense is not None and self.dense is not None:
-            with ex.timer("dense_allreduce"):   # the dense update, replayed from the PS's log
+            with ex.timer("dense_allreduce"):  # the dense update, replayed from the PS's log
                 self.dense.replay(*dense)
         self.count_reads(mb, np.zeros(0, np.uint64))
 
@@ -183,11 +188,22 @@ class GBA(ConsistencyProtocol):
         waiting, dense, pause, behind = set(range(ps.num_shards)), None, 0.0002, None
         deadline = time.monotonic() + ex.ps.timeout_ms / 1000.0
         while True:
-            handles = {s: ps.request_async(s, "gba_pull", {"token": token, "m": self.m, "iota": self.iota,
-                                                           "base": self.start_step,
-                                                           "since": since if s == 0 else -1,
-                                                           "parts": [{"table": t} for t, _, _ in by_shard[s]]},
-                                           [ids for _, ids, _ in by_shard[s]]) for s in sorted(waiting)}
+            handles = {
+                s: ps.request_async(
+                    s,
+                    "gba_pull",
+                    {
+                        "token": token,
+                        "m": self.m,
+                        "iota": self.iota,
+                        "base": self.start_step,
+                        "since": since if s == 0 else -1,
+                        "parts": [{"table": t} for t, _, _ in by_shard[s]],
+                    },
+                    [ids for _, ids, _ in by_shard[s]],
+                )
+                for s in sorted(waiting)
+            }
             for s, handle in handles.items():
                 header, arrays = handle.wait()
                 if not header.get("ready"):
@@ -197,14 +213,17 @@ class GBA(ConsistencyProtocol):
                 for (_, _, at), got in zip(by_shard[s], arrays):
                     rows[at] = got
                 if s == 0 and since >= 0:
-                    dense = (since, *arrays[len(by_shard[s]):len(by_shard[s]) + 2])
+                    dense = (since, *arrays[len(by_shard[s]) : len(by_shard[s]) + 2])
             if not waiting:
                 return rows, dense
             if time.monotonic() > deadline:
-                raise PeerTimeout(f"gba: PS shards {sorted(waiting)} stayed at global step {behind}, below token "
-                                  f"{token} - iota {self.iota}, for {ex.ps.timeout_ms} ms: a worker holding an "
-                                  "earlier micro-batch is stuck or dead (its log names the cause)",
-                                  peer=str(sorted(waiting)), op="gba_pull")
+                raise PeerTimeout(
+                    f"gba: PS shards {sorted(waiting)} stayed at global step {behind}, below token "
+                    f"{token} - iota {self.iota}, for {ex.ps.timeout_ms} ms: a worker holding an "
+                    "earlier micro-batch is stuck or dead (its log names the cause)",
+                    peer=str(sorted(waiting)),
+                    op="gba_pull",
+                )
             time.sleep(pause)
             pause = min(2 * pause, MAX_RETRY_S)
 
@@ -214,19 +233,34 @@ class GBA(ConsistencyProtocol):
         token, slot = divmod(mb.step, self.m)
         with ex.timer("grad_push"):
             grad = step_rows.rows.grad
-            grads = (np.zeros((step_rows.rows.shape[0], ex.dim), np.float32) if grad is None
-                     else (grad.detach() / self._divisor).to("cpu", torch.float32).numpy())
+            grads = (
+                np.zeros((step_rows.rows.shape[0], ex.dim), np.float32)
+                if grad is None
+                else (grad.detach() / self._divisor).to("cpu", torch.float32).numpy()
+            )
             keys = KeySet(step_rows.tables(), step_rows.uniq)
             dense = self.dense.flat_grad(self._divisor) if self.dense is not None else None
             handles = []
             for s, parts in enumerate(route(keys, ex.ps.num_shards)):
                 arrays = [a for _, ids, at in parts for a in (ids, np.ascontiguousarray(grads[at]))]
                 with_dense = s == 0 and dense is not None
-                handles.append(ex.ps.request_async(s, "gba_push", {
-                    "token": token, "slot": slot, "rank": ex.rank, "m": self.m, "iota": self.iota,
-                    "base": self.start_step,
-                    "dense": with_dense, "parts": [{"table": t} for t, _, _ in parts]},
-                    arrays + ([dense] if with_dense else [])))
+                handles.append(
+                    ex.ps.request_async(
+                        s,
+                        "gba_push",
+                        {
+                            "token": token,
+                            "slot": slot,
+                            "rank": ex.rank,
+                            "m": self.m,
+                            "iota": self.iota,
+                            "base": self.start_step,
+                            "dense": with_dense,
+                            "parts": [{"table": t} for t, _, _ in parts],
+                        },
+                        arrays + ([dense] if with_dense else []),
+                    )
+                )
         with ex.timer("push_wait"):
             replies = [h.wait()[0] for h in handles]
         first = replies[0]

@@ -63,8 +63,8 @@ class Hybrid(ConsistencyProtocol):
 
     def __init__(self, executor: PlanExecutor):
         super().__init__(executor)
-        self._reads: dict[int, tuple[KeySet, object]] = {}   # step -> (keys, wait()): pulls in flight
-        self._rows: tuple[int, KeySet, np.ndarray] | None = None   # (step, keys, rows) of the current step
+        self._reads: dict[int, tuple[KeySet, object]] = {}  # step -> (keys, wait()): pulls in flight
+        self._rows: tuple[int, KeySet, np.ndarray] | None = None  # (step, keys, rows) of the current step
         self._out: list[np.ndarray] = []
         self._divisor = torch.tensor(float(executor.world_size), dtype=torch.float32, device=executor.device)
 
@@ -93,11 +93,13 @@ class Hybrid(ConsistencyProtocol):
         """
         ex = self.executor
         if self._rows is None or self._rows[0] != mb.step:
-            raise ProtocolError(f"hybrid lookup of step {mb.step} before its rows were read (call the embedding "
-                                "once per batch yielded by the loader)")
+            raise ProtocolError(
+                f"hybrid lookup of step {mb.step} before its rows were read (call the embedding "
+                "once per batch yielded by the loader)"
+            )
         _, keys, rows = self._rows
         with ex.timer("lookup"), torch.no_grad():
-            emb = torch.from_numpy(np.ascontiguousarray(rows[:, :ex.dim])).to(ex.device)
+            emb = torch.from_numpy(np.ascontiguousarray(rows[:, : ex.dim])).to(ex.device)
             pooled = pool(mb, emb)
         leaf = pooled.detach().requires_grad_(True)
         bounds = np.zeros(mb.num_tables + 1, np.int64)

@@ -127,28 +127,39 @@ class DenseSync(DenseState):
     parameters are on the CPU (:func:`herald.worker.devices.group_for`).
     """
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, world_size: int, *,
-                 dense_comm: str = "fp32", rank: int = 0, groups: int = 1, average_every: int = 10,
-                 easgd_alpha: float = 0.3):
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        world_size: int,
+        *,
+        dense_comm: str = "fp32",
+        rank: int = 0,
+        groups: int = 1,
+        average_every: int = 10,
+        easgd_alpha: float = 0.3,
+    ):
         super().__init__(model, optimizer)
         self.world_size = world_size
         self.dense_comm, self.steps = dense_comm, 0
         self._flat: torch.Tensor | None = None
         self._views: list[torch.Tensor] = []
-        self._work = None   # the all-reduce start() began
-        self._carried = False   # start() handed the buffer to the step messages
+        self._work = None  # the all-reduce start() began
+        self._carried = False  # start() handed the buffer to the step messages
         self.groups: TrainingGroups | None = None
         if groups > 1 and world_size > 1:
             params = self.params
             flat = torch.cat([p.detach().reshape(-1) for p in params]) if params else torch.zeros(0)
-            self.groups = TrainingGroups(rank, GroupLayout(world_size, groups), flat, easgd_alpha, average_every,
-                                         flat.device.type)
+            self.groups = TrainingGroups(
+                rank, GroupLayout(world_size, groups), flat, easgd_alpha, average_every, flat.device.type
+            )
 
     def _flat_grads(self, params: list[torch.Tensor]) -> torch.Tensor:
         """The flat gradient buffer whose views the ``p.grad`` are (made on first use)."""
         flat = self._flat
-        if flat is None or not all(p.grad is not None and p.grad.data_ptr() == v.data_ptr()
-                                   for p, v in zip(params, self._views)):
+        if flat is None or not all(
+            p.grad is not None and p.grad.data_ptr() == v.data_ptr() for p, v in zip(params, self._views)
+        ):
             flat = self._bucket(params)
         return flat
 
@@ -166,7 +177,7 @@ class DenseSync(DenseState):
             if flat.device.type == "cpu" and flat.numel() * flat.element_size() <= DENSE_MAX_BYTES:
                 self._carried = True
                 return flat.numpy()
-            self._work = dist.all_reduce(flat, group=group_for(flat), async_op=True)   # NOTE [worker devices]
+            self._work = dist.all_reduce(flat, group=group_for(flat), async_op=True)  # NOTE [worker devices]
         return None
 
     def step(self, summed: bool = False) -> None:
@@ -182,8 +193,11 @@ class DenseSync(DenseState):
         raised = False
         carried, self._carried = self._carried, False
         if carried != summed:
-            raise ProtocolError("the dense gradients were handed to the step messages but no sum came back"
-                                if carried else "a dense sum came back for gradients never handed out")
+            raise ProtocolError(
+                "the dense gradients were handed to the step messages but no sum came back"
+                if carried
+                else "a dense sum came back for gradients never handed out"
+            )
         if carried:
             self._flat /= self.world_size
         elif self._work is not None:
@@ -193,13 +207,13 @@ class DenseSync(DenseState):
         elif self.world_size > 1 and params:
             flat = self._flat_grads(params)
             if self.groups is not None:
-                flat[-1] = self.groups.flag()   # NOTE [training groups], step 3
+                flat[-1] = self.groups.flag()  # NOTE [training groups], step 3
                 self._all_reduce(flat, self.groups.process_group, self.groups.layout.size)
                 raised = bool(flat[-1] > 0)
             elif self.dense_comm != "fp32":
                 self._all_reduce(flat, group_for(flat), self.world_size)
             else:
-                dist.all_reduce(flat, group=group_for(flat))   # NOTE [worker devices]
+                dist.all_reduce(flat, group=group_for(flat))  # NOTE [worker devices]
                 flat /= self.world_size
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=False)
@@ -214,7 +228,7 @@ class DenseSync(DenseState):
             dist.all_reduce(flat, group=group)
             flat /= ranks
             return
-        compressed = flat.to(COMM_DTYPES[self.dense_comm]).div_(ranks)   # as DDP's fp16_compress_hook
+        compressed = flat.to(COMM_DTYPES[self.dense_comm]).div_(ranks)  # as DDP's fp16_compress_hook
         dist.all_reduce(compressed, group=group)
         flat.copy_(compressed)
 
@@ -224,7 +238,7 @@ class DenseSync(DenseState):
         without groups. Idempotent."""
         if self.groups is None:
             return None
-        ended = self.groups.close(timeout_s)   # first: the queued and drain rounds count in the stats
+        ended = self.groups.close(timeout_s)  # first: the queued and drain rounds count in the stats
         stats = dict(self.groups.stats(), thread_ended=ended)
         if stats_dir:
             out = pathlib.Path(stats_dir) / f"groups-rank{self.groups.rank}.json"
@@ -234,13 +248,12 @@ class DenseSync(DenseState):
 
     def _bucket(self, params: list[torch.Tensor]) -> torch.Tensor:
         extra = [torch.zeros(1, dtype=params[0].dtype, device=params[0].device)] if self.groups is not None else []
-        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
-                         + extra)
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params] + extra)
         self._flat, self._views = flat, []
         offset = 0
         for p in params:
             n = p.numel()
-            p.grad = flat[offset: offset + n].view_as(p)
+            p.grad = flat[offset : offset + n].view_as(p)
             self._views.append(p.grad)
             offset += n
         return flat
@@ -248,6 +261,7 @@ class DenseSync(DenseState):
     def load(self, folder: str | pathlib.Path, device: torch.device) -> None:
         """Load the state :meth:`save` wrote into ``folder``."""
         super().load(folder, device)
-        if self.groups is not None and self.groups.averager is not None:   # the center restarts from the replica
-            self.groups.averager.center = torch.cat([p.detach().reshape(-1).cpu() for p in self.model.parameters()
-                                                     if p.requires_grad])
+        if self.groups is not None and self.groups.averager is not None:  # the center restarts from the replica
+            self.groups.averager.center = torch.cat(
+                [p.detach().reshape(-1).cpu() for p in self.model.parameters() if p.requires_grad]
+            )

@@ -148,7 +148,7 @@ class DeviceCache(SlotMap):
         with self._on_side():
             staged = self._to_device(rows.astype(np.float32, copy=False))
             at = self._to_device(slots)
-            self._side_waits_compute()   # the copies above overlap; the scatter waits
+            self._side_waits_compute()  # the copies above overlap; the scatter waits
             self.rows.index_copy_(0, at, staged)
 
     def read(self, slots: np.ndarray) -> np.ndarray:
@@ -167,8 +167,9 @@ class DeviceCache(SlotMap):
             out = self.rows.index_select(0, at)[:, :dim].contiguous()
         return out.to(device)
 
-    def apply_gradients(self, slots: np.ndarray, grads: torch.Tensor | np.ndarray, grad_rows: np.ndarray,
-                        table: TableConfig) -> None:
+    def apply_gradients(
+        self, slots: np.ndarray, grads: torch.Tensor | np.ndarray, grad_rows: np.ndarray, table: TableConfig
+    ) -> None:
         """The sparse optimizer of ``table`` on the rows in ``slots`` (int64 [n], distinct)
         with ``grads[grad_rows]`` (float32 [m, dim] tensor on the device, or numpy; int64
         [n]), in place, as torch operations on the device (:func:`apply_rows_torch`)."""
@@ -177,8 +178,9 @@ class DeviceCache(SlotMap):
         if isinstance(grads, np.ndarray):
             grads = torch.from_numpy(grads)
         at = torch.from_numpy(np.ascontiguousarray(slots)).to(self.device, non_blocking=self._cuda)
-        g_at = torch.from_numpy(np.ascontiguousarray(grad_rows, dtype=np.int64)).to(grads.device,
-                                                                                      non_blocking=self._cuda)
+        g_at = torch.from_numpy(np.ascontiguousarray(grad_rows, dtype=np.int64)).to(
+            grads.device, non_blocking=self._cuda
+        )
         with self._on_compute():
             g = grads.detach().index_select(0, g_at).to(self.device, torch.float32)
             self.rows.index_copy_(0, at, apply_rows_torch(self.rows.index_select(0, at), g, table))

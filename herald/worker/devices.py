@@ -35,8 +35,8 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from herald.errors import ConfigError, HeraldError
 from herald.contracts.vocab import CACHE_DEVICES, DEVICE_PATTERN
+from herald.errors import ConfigError, HeraldError
 
 
 class DeviceChoice(NamedTuple):
@@ -67,8 +67,9 @@ def parse_device(requested: str | None) -> tuple[str, int | None]:
     return kind, (int(index) if index else None)
 
 
-def choose_device(rank: int, local_rank: int, world_size: int, local_world_size: int, requested: str | None,
-                  cuda_count: int) -> DeviceChoice:
+def choose_device(
+    rank: int, local_rank: int, world_size: int, local_world_size: int, requested: str | None, cuda_count: int
+) -> DeviceChoice:
     """This rank's device and the job's backend (NOTE [worker devices]); pure, no CUDA call.
 
     Args:
@@ -82,20 +83,26 @@ def choose_device(rank: int, local_rank: int, world_size: int, local_world_size:
             GPUs, or ranks out of range.
     """
     if not (0 <= rank < world_size and 0 <= local_rank < local_world_size <= world_size):
-        raise ConfigError(f"need 0 <= rank {rank} < world_size {world_size} and 0 <= local_rank {local_rank} < "
-                          f"local_world_size {local_world_size} <= world_size (check LOCAL_RANK / LOCAL_WORLD_SIZE)")
+        raise ConfigError(
+            f"need 0 <= rank {rank} < world_size {world_size} and 0 <= local_rank {local_rank} < "
+            f"local_world_size {local_world_size} <= world_size (check LOCAL_RANK / LOCAL_WORLD_SIZE)"
+        )
     kind, index = parse_device(requested)
     if kind == "cuda" and cuda_count < 1:
-        raise ConfigError(f"--device {requested} needs CUDA, but no GPU is visible (torch.cuda.device_count() == 0): "
-                          "use --device auto or cpu, or check CUDA_VISIBLE_DEVICES and the driver")
+        raise ConfigError(
+            f"--device {requested} needs CUDA, but no GPU is visible (torch.cuda.device_count() == 0): "
+            "use --device auto or cpu, or check CUDA_VISIBLE_DEVICES and the driver"
+        )
     if index is not None and index >= cuda_count:
-        raise ConfigError(f"--device {requested}: only {cuda_count} GPU(s) are visible (cuda:0..cuda:{cuda_count - 1}): "
-                          "choose one of them, or --device cuda (one GPU per worker) or auto")
+        raise ConfigError(
+            f"--device {requested}: only {cuda_count} GPU(s) are visible (cuda:0..cuda:{cuda_count - 1}): "
+            "choose one of them, or --device cuda (one GPU per worker) or auto"
+        )
     if kind == "cpu" or (kind == "auto" and cuda_count < 1):
         notice = f"{world_size} workers on the CPU: gloo all-reduce" if world_size > 1 else None
         return DeviceChoice(torch.device("cpu"), "gloo", notice)
     if index is not None:
-        shared = local_world_size > 1   # the same cuda:N is given to every rank of the host
+        shared = local_world_size > 1  # the same cuda:N is given to every rank of the host
         device = torch.device("cuda", index)
     else:
         shared = local_world_size > cuda_count
@@ -104,10 +111,15 @@ def choose_device(rank: int, local_rank: int, world_size: int, local_world_size:
         return DeviceChoice(device, "nccl", None)
     notice = None
     if world_size > 1:
-        why = (f"every rank was given {requested}" if index is not None
-               else f"{local_world_size} ranks on this host share {cuda_count} GPU(s)")
-        notice = f"{why}: gloo all-reduce (NCCL needs one GPU per rank; use --device cuda with <= {cuda_count} " \
-                 "workers per host for NCCL)"
+        why = (
+            f"every rank was given {requested}"
+            if index is not None
+            else f"{local_world_size} ranks on this host share {cuda_count} GPU(s)"
+        )
+        notice = (
+            f"{why}: gloo all-reduce (NCCL needs one GPU per rank; use --device cuda with <= {cuda_count} "
+            "workers per host for NCCL)"
+        )
     return DeviceChoice(device, "gloo", notice)
 
 
@@ -122,8 +134,10 @@ def local_ranks(rank: int, world_size: int, env: Mapping[str, str] | None = None
     try:
         return int(env.get("LOCAL_RANK", rank)), int(env.get("LOCAL_WORLD_SIZE", world_size))
     except ValueError:
-        raise ConfigError(f"LOCAL_RANK / LOCAL_WORLD_SIZE must be integers, got {env.get('LOCAL_RANK')!r} / "
-                          f"{env.get('LOCAL_WORLD_SIZE')!r}") from None
+        raise ConfigError(
+            f"LOCAL_RANK / LOCAL_WORLD_SIZE must be integers, got {env.get('LOCAL_RANK')!r} / "
+            f"{env.get('LOCAL_WORLD_SIZE')!r}"
+        ) from None
 
 
 def visible_gpus() -> int:
@@ -149,8 +163,9 @@ def check_device(requested: str | None, local_world_size: int, cuda_count: int |
     choose_device(0, 0, local_world_size, local_world_size, requested, count)
 
 
-def select_device(rank: int, world_size: int, requested: str | None,
-                  env: Mapping[str, str] | None = None) -> DeviceChoice:
+def select_device(
+    rank: int, world_size: int, requested: str | None, env: Mapping[str, str] | None = None
+) -> DeviceChoice:
     """:func:`choose_device` for this process (:func:`visible_gpus`, torchrun's environment),
     then ``torch.cuda.set_device`` when the device is a GPU: call before the process group.
 
@@ -183,7 +198,7 @@ def resolve_cache_device(cache_device: str, device: torch.device) -> str:
 
 # ------------------------------------------------------------------ collective groups
 
-_side: dict[str, object] = {}   # {"world": the default group it belongs to, "gloo": the side group}
+_side: dict[str, object] = {}  # {"world": the default group it belongs to, "gloo": the side group}
 
 
 def _world():
@@ -215,6 +230,8 @@ def group_for(tensor: torch.Tensor):
     if tensor.device.type != "cpu" or dist.get_backend() != "nccl":
         return None
     if _side.get("world") is not _world():
-        raise HeraldError("a CPU tensor is all-reduced in an NCCL group and no gloo side group exists: call "
-                          "herald.worker.devices.setup_collectives() on every rank after init_process_group")
+        raise HeraldError(
+            "a CPU tensor is all-reduced in an NCCL group and no gloo side group exists: call "
+            "herald.worker.devices.setup_collectives() on every rank after init_process_group"
+        )
     return _side["gloo"]

@@ -15,9 +15,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from herald.contracts.job import JobSpec
 from herald.dispatch.microbatch import MicroBatch
 from herald.errors import ProtocolError
-from herald.contracts.job import JobSpec
 from herald.phases import PhaseTimer
 from herald.ps import PSClient
 from herald.scheduler.plan import CachePlan, KeySet
@@ -101,8 +101,9 @@ class Pulled:
     clocks: np.ndarray
 
 
-def pool_bags(rows: torch.Tensor, inputs: np.ndarray, offsets_flat: np.ndarray, inverse_bounds: np.ndarray,
-              device: torch.device) -> torch.Tensor:
+def pool_bags(
+    rows: torch.Tensor, inputs: np.ndarray, offsets_flat: np.ndarray, inverse_bounds: np.ndarray, device: torch.device
+) -> torch.Tensor:
     """Sum-pool the bags of a micro-batch: float32 [T x b, dim], bag ``(t, i)`` at row ``t * b + i``.
 
     Args:
@@ -126,7 +127,7 @@ def pool_bags(rows: torch.Tensor, inputs: np.ndarray, offsets_flat: np.ndarray, 
         return F.embedding_bag(index, rows, torch.from_numpy(starts).to(device), mode="sum")
     values = rows.index_select(0, index)
     lengths = np.diff(offsets_flat, axis=1).reshape(-1)
-    if inputs.shape[0] == bags and bool((lengths == 1).all()):   # one value per bag: the values are the bags
+    if inputs.shape[0] == bags and bool((lengths == 1).all()):  # one value per bag: the values are the bags
         return values
     bag_of_value = torch.from_numpy(np.repeat(np.arange(bags, dtype=np.int64), lengths))
     return torch.zeros((bags, rows.shape[1]), dtype=rows.dtype).index_add(0, bag_of_value, values)
@@ -163,22 +164,30 @@ class PlanExecutor:
         self.rank, self.world_size, self.device = rank, world_size, device
         self.tables = list(job.tables)
         self.dim = job.dim
-        self._one_optimizer = len({t.optimizer for t in self.tables}) == 1   # dims are equal (job.dim)
+        self._one_optimizer = len({t.optimizer for t in self.tables}) == 1  # dims are equal (job.dim)
         row_width = self.tables[0].row_width
         self.cache = make_cache(resolve_cache_device(cache_device, device), job.capacity_rows, row_width, device)
         self._divisor = torch.tensor(float(world_size), dtype=torch.float32, device=device)
-        self.ps = PSClient(list(job.ps), tables=self.tables, timeout_ms=job.timeout_ms, keys_dir=job.keys_dir,
-                           wire_dtype=job.wire_dtype)   # NOTE [wire compression]
+        self.ps = PSClient(
+            list(job.ps),
+            tables=self.tables,
+            timeout_ms=job.timeout_ms,
+            keys_dir=job.keys_dir,
+            wire_dtype=job.wire_dtype,
+        )  # NOTE [wire compression]
         self._replicated = np.array(job.replicated_tables, np.int32)
-        self.replicas = (ReplicaStore(job.replica_rows, row_width, self.dim, self.tables, self.ps, world_size)
-                         if self._replicated.size else None)
+        self.replicas = (
+            ReplicaStore(job.replica_rows, row_width, self.dim, self.tables, self.ps, world_size)
+            if self._replicated.size
+            else None
+        )
         self.bytes_pulled = self.bytes_pushed = self.bytes_allreduced = self.bytes_dense = 0
         self.timer = PhaseTimer()
-        self._early: dict[int, tuple] = {}   # step -> (pull_early mask, clocked mask, wait())
-        self._writes: list = []                                   # pushes and write-backs in flight
-        self._written_back: tuple[int | None, KeySet] = (None, KeySet.empty())   # NOTE [own write-backs]
-        self._step: tuple | None = None            # the step message in flight: (next step or None, pulls, handle, dense carried)
-        self._prepared: int | None = None          # the step whose evictions and pulls are done (send_step)
+        self._early: dict[int, tuple] = {}  # step -> (pull_early mask, clocked mask, wait())
+        self._writes: list = []  # pushes and write-backs in flight
+        self._written_back: tuple[int | None, KeySet] = (None, KeySet.empty())  # NOTE [own write-backs]
+        self._step: tuple | None = None  # the step message in flight: (next step or None, pulls, handle, dense carried)
+        self._prepared: int | None = None  # the step whose evictions and pulls are done (send_step)
         #: float32 [P] or None: the dense gradient the next step message carries (NOTE [dense
         #: gradients on the shards] in herald/ps/stepped.py); it holds the sum after :meth:`finish_step`
         self.step_dense: np.ndarray | None = None
@@ -236,8 +245,11 @@ class PlanExecutor:
         if early.any() and mb.step not in self._early:
             keys = KeySet(mb.plan.pull.table[early], mb.plan.pull.ids[early])
             clocked = np.zeros(len(early), bool) if clocked is None else clocked
-            self._early[mb.step] = (early, clocked, psio.fetch_async(self.ps, keys, self.cache.row_width,
-                                                                     clocked[early]))
+            self._early[mb.step] = (
+                early,
+                clocked,
+                psio.fetch_async(self.ps, keys, self.cache.row_width, clocked[early]),
+            )
 
     def _own_write_backs(self, mb: MicroBatch) -> np.ndarray | None:
         """bool [len(mb.plan.pull)]: the pulls not marked early whose key this worker wrote
@@ -265,14 +277,20 @@ class PlanExecutor:
             return None
         cand = KeySet(mb.plan.pull.table[late], mb.plan.pull.ids[late])
         ok = self.cache.slots(cand, must_exist=False) < 0
-        if self.world_size > 1:   # alone, every key step t touches and this worker no longer holds is its write-back
+        if self.world_size > 1:  # alone, every key step t touches and this worker no longer holds is its write-back
             ok &= psio.member(cand, written)
         out = np.zeros(len(mb.plan.pull), bool)
         out[late[ok]] = True
         return out
 
-    def pull(self, mb: MicroBatch, clocked: np.ndarray | None = None, checked: np.ndarray | None = None,
-             c_c: np.ndarray | None = None, staleness: int = 0) -> Pulled:
+    def pull(
+        self,
+        mb: MicroBatch,
+        clocked: np.ndarray | None = None,
+        checked: np.ndarray | None = None,
+        c_c: np.ndarray | None = None,
+        staleness: int = 0,
+    ) -> Pulled:
         """Fetch ``mb.plan.pull`` (rows with optimizer state) from the PS into the cache:
         the prefetched rows (:meth:`prefetch`), then the others.
 
@@ -298,15 +316,27 @@ class PlanExecutor:
             return Pulled(pull, np.ones(0, bool), np.zeros(0, np.uint64))
         late = np.ones(n, bool) if early is None else ~early
         if early is not None and (checked[early].any() or (clocked & ~early_clocked)[early].any()):
-            raise ProtocolError(f"step {mb.step}: a relaxed protocol checked a prefetched pull, or asked the clock "
-                                "of one prefetched without it (a bug of the protocol: pass prefetch() the same "
-                                "clocked pulls; a pull_early key is always fetched)")
+            raise ProtocolError(
+                f"step {mb.step}: a relaxed protocol checked a prefetched pull, or asked the clock "
+                "of one prefetched without it (a bug of the protocol: pass prefetch() the same "
+                "clocked pulls; a pull_early key is always fetched)"
+            )
         with self.timer("pull"):
-            late_wait = (psio.fetch_async(self.ps, KeySet(pull.table[late], pull.ids[late]), self.cache.row_width,
-                                          clocked[late], checked[late], None if c_c is None else c_c[late],
-                                          staleness) if late.any() else None)
+            late_wait = (
+                psio.fetch_async(
+                    self.ps,
+                    KeySet(pull.table[late], pull.ids[late]),
+                    self.cache.row_width,
+                    clocked[late],
+                    checked[late],
+                    None if c_c is None else c_c[late],
+                    staleness,
+                )
+                if late.any()
+                else None
+            )
             parts = [(mask, wait()) for mask, wait in ((early, early_wait), (late, late_wait)) if wait is not None]
-            if len(parts) == 1 and parts[0][0].all():   # one pull of every key (BSP without prefetch)
+            if len(parts) == 1 and parts[0][0].all():  # one pull of every key (BSP without prefetch)
                 got = parts[0][1]
                 rows, fetched, clocks = got.rows, got.fetched, got.clocks
             else:
@@ -338,7 +368,7 @@ class PlanExecutor:
         # the micro-batch's flat arrays (NOTE [micro-batch layout]) serve as they are: no per-table lists
         t, b = mb.num_tables, len(mb)
         bounds = np.ascontiguousarray(mb.id_bounds, dtype=np.int64)
-        uniq = mb.ids_flat.copy()   # writable (the message's blob is not): one numba signature for its kernels
+        uniq = mb.ids_flat.copy()  # writable (the message's blob is not): one numba signature for its kernels
         keys = KeySet(np.repeat(np.arange(t, dtype=np.int32), np.diff(bounds)), uniq)
         slots = None
         if self.replicas is None:
@@ -349,13 +379,15 @@ class PlanExecutor:
             gathered = torch.empty((len(keys), self.dim), dtype=torch.float32, device=self.device)
             at_rep, at_rest = (torch.from_numpy(np.flatnonzero(m)).to(self.device) for m in (rep, ~rep))
             gathered[at_rep] = torch.from_numpy(self.replicas.rows(KeySet(keys.table[rep], keys.ids[rep]))).to(
-                self.device)
+                self.device
+            )
             rest = ~rep
-            gathered[at_rest] = self.cache.gather(self.cache.slots(KeySet(keys.table[rest], keys.ids[rest])),
-                                                  self.dim, self.device)
+            gathered[at_rest] = self.cache.gather(
+                self.cache.slots(KeySet(keys.table[rest], keys.ids[rest])), self.dim, self.device
+            )
         rows = gathered.requires_grad_(True)
         nnz = np.diff(mb.inverse_bounds)
-        inputs = mb.inverse_flat.astype(np.int64)            # row of each value among the step's rows
+        inputs = mb.inverse_flat.astype(np.int64)  # row of each value among the step's rows
         inputs += np.repeat(bounds[:-1], nnz)
         pooled = pool_bags(rows, inputs, mb.offsets_flat, mb.inverse_bounds, self.device)
         return pooled.view(t, b, self.dim).transpose(0, 1), StepRows(rows, uniq, bounds, slots, self.cache.removals)
@@ -379,8 +411,9 @@ class PlanExecutor:
             return
         with self.timer("grad_push"):
             g = grads.host_rows(step_rows.positions(plan.grad_push))
-            self._writes.append(psio.push_grads_async(self.ps, plan.grad_push, g, plan.contributors, mb.step,
-                                                      self.rank))
+            self._writes.append(
+                psio.push_grads_async(self.ps, plan.grad_push, g, plan.contributors, mb.step, self.rank)
+            )
 
     def update_local(self, plan: CachePlan, grads: StepGrads, step_rows: StepRows) -> None:
         """Apply the sparse optimizer to the cached rows of ``plan.update_local``: the PS's
@@ -389,7 +422,7 @@ class PlanExecutor:
             return
         with self.timer("local_update"):
             at = step_rows.positions(plan.update_local)
-            slots = step_rows.cache_slots(self.cache, at)   # a second lookup only if keys left the cache since
+            slots = step_rows.cache_slots(self.cache, at)  # a second lookup only if keys left the cache since
             if slots is None:
                 slots = self.cache.slots(plan.update_local)
             g = grads.tensor if isinstance(self.cache, DeviceCache) else grads.host()
@@ -407,8 +440,13 @@ class PlanExecutor:
         if not len(plan.plan_push):
             return None
         with self.timer("plan_push"):
-            handle = psio.push_rows_async(self.ps, plan.plan_push, self.cache.read(self.cache.slots(plan.plan_push)),
-                                          advance, read_clocks=advance is not None)
+            handle = psio.push_rows_async(
+                self.ps,
+                plan.plan_push,
+                self.cache.read(self.cache.slots(plan.plan_push)),
+                advance,
+                read_clocks=advance is not None,
+            )
             if advance is None:
                 self._writes.append(handle)
                 return None
@@ -444,15 +482,22 @@ class PlanExecutor:
                     back = self.cache.evict(nplan.evict, nplan.write_back)
                     wb = nplan.write_back
                     if wb.any():
-                        written = KeySet(np.concatenate([written.table, nplan.evict.table[wb]]),
-                                         np.concatenate([written.ids, nplan.evict.ids[wb]]))
+                        written = KeySet(
+                            np.concatenate([written.table, nplan.evict.table[wb]]),
+                            np.concatenate([written.ids, nplan.evict.ids[wb]]),
+                        )
                         rows = back if rows is None else np.concatenate([rows, back])
             pull = nplan.pull
         with self.timer("step_send"):
-            handle = self.ps.step_async(mb.step, self.rank, self.world_size,
-                                        rows=(written.table, written.ids, rows) if rows is not None else None,
-                                        grads=(plan.grad_push.table, plan.grad_push.ids, g, plan.contributors)
-                                        if g is not None else None, pull=(pull.table, pull.ids), dense=dense)
+            handle = self.ps.step_async(
+                mb.step,
+                self.rank,
+                self.world_size,
+                rows=(written.table, written.ids, rows) if rows is not None else None,
+                grads=(plan.grad_push.table, plan.grad_push.ids, g, plan.contributors) if g is not None else None,
+                pull=(pull.table, pull.ids),
+                dense=dense,
+            )
         self._step = (None if next_mb is None else next_mb.step, pull, handle, dense is not None)
 
     def finish_step(self) -> None:
@@ -484,8 +529,9 @@ class PlanExecutor:
         with self.timer("replicas"):
             tab = step_rows.tables()
             rep = np.isin(tab, self._replicated)
-            self.bytes_allreduced += self.replicas.update(mb.replicated, KeySet(tab[rep], step_rows.uniq[rep]),
-                                                          grads.host()[rep])
+            self.bytes_allreduced += self.replicas.update(
+                mb.replicated, KeySet(tab[rep], step_rows.uniq[rep]), grads.host()[rep]
+            )
 
     # ------------------------------------------------------------- barrier
     def flush(self, keys: KeySet, reset: bool, advance: np.ndarray | None = None) -> np.ndarray | None:
@@ -499,8 +545,9 @@ class PlanExecutor:
         if len(keys) and advance is None:
             psio.push_rows(self.ps, keys, self.cache.read(self.cache.slots(keys)))
         elif len(keys):
-            clocks = psio.push_rows_async(self.ps, keys, self.cache.read(self.cache.slots(keys)), advance,
-                                          read_clocks=not reset).wait()
+            clocks = psio.push_rows_async(
+                self.ps, keys, self.cache.read(self.cache.slots(keys)), advance, read_clocks=not reset
+            ).wait()
         if self.replicas is not None:
             if self.rank == 0:
                 self.replicas.write_back()
@@ -523,10 +570,13 @@ class PlanExecutor:
         same again among ``bytes_pulled``: NOTE [dense gradients on the shards] in
         herald/ps/stepped.py), and ``ps_requests``, the PS requests issued (all shards)."""
         ps = self.ps.take_traffic()
-        out = {"bytes_pulled": self.bytes_pulled + ps["bytes_received"],
-               "bytes_pushed": self.bytes_pushed + ps["bytes_sent"],
-               "bytes_allreduced": self.bytes_allreduced, "bytes_dense": self.bytes_dense,
-               "ps_requests": ps["requests"]}
+        out = {
+            "bytes_pulled": self.bytes_pulled + ps["bytes_received"],
+            "bytes_pushed": self.bytes_pushed + ps["bytes_sent"],
+            "bytes_allreduced": self.bytes_allreduced,
+            "bytes_dense": self.bytes_dense,
+            "ps_requests": ps["requests"],
+        }
         self.bytes_pulled = self.bytes_pushed = self.bytes_allreduced = self.bytes_dense = 0
         return out
 

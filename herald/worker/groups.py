@@ -35,7 +35,8 @@ groups] in herald/job/group_dispatch.py: each group has its own dispatcher and d
 every round also all-reduces a *finished* count (one extra element), and a leader whose
 group stopped training keeps running rounds with its final replica (the *drain*) until
 the count says every leader finished: all leaders then stop after the same round, and
-no collective is left waiting for a leader that is gone. A thread that fails is reported, by group and ranks, at the next step
+no collective is left waiting for a leader that is gone. A thread that fails is reported,
+by group and ranks, at the next step
 (:class:`GroupAveragingFailed`); it never dies silently. G = 1 creates nothing: the
 dense all-reduce is today's exact BSP.
 """
@@ -102,15 +103,18 @@ def world_position(group_index: int, groups: int, rank: int, world_size: int) ->
         ConfigError: ``group_index`` not in -1..groups-1 or ``rank`` not below ``world_size``.
     """
     if not -1 <= group_index < groups or not 0 <= rank < world_size:
-        raise ConfigError(f"group {group_index} of {groups}, rank {rank} of {world_size}: the dispatcher sent a "
-                          "job of another layout; restart the worker with its group's dispatcher address")
+        raise ConfigError(
+            f"group {group_index} of {groups}, rank {rank} of {world_size}: the dispatcher sent a "
+            "job of another layout; restart the worker with its group's dispatcher address"
+        )
     if group_index < 0:
         return rank, world_size
     return group_index * world_size + rank, groups * world_size
 
 
-def easgd_round_flagged(replica: torch.Tensor, center: torch.Tensor, alpha: float,
-                        reduce: Callable[[torch.Tensor], None], finished: bool) -> tuple[torch.Tensor, int]:
+def easgd_round_flagged(
+    replica: torch.Tensor, center: torch.Tensor, alpha: float, reduce: Callable[[torch.Tensor], None], finished: bool
+) -> tuple[torch.Tensor, int]:
     """:func:`easgd_round` whose all-reduce also sums the leaders' *finished* flags (one
     extra element, NOTE [training groups] "drain"). Returns ``(alpha * d, leaders finished)``."""
     diff = replica - center
@@ -120,8 +124,9 @@ def easgd_round_flagged(replica: torch.Tensor, center: torch.Tensor, alpha: floa
     return diff.mul_(alpha), round(float(total[-1]))
 
 
-def easgd_round(replica: torch.Tensor, center: torch.Tensor, alpha: float,
-                reduce: Callable[[torch.Tensor], None]) -> torch.Tensor:
+def easgd_round(
+    replica: torch.Tensor, center: torch.Tensor, alpha: float, reduce: Callable[[torch.Tensor], None]
+) -> torch.Tensor:
     """One EASGD round of one group (NOTE [training groups], step 2): ``reduce`` sums
     ``d = replica - center`` over the groups in place; ``center`` moves to
     ``center + alpha * sum d`` (in place). Returns the group's correction ``alpha * d``.
@@ -149,16 +154,23 @@ class GroupAverager:
             [training groups]); every leader must use the same setting.
     """
 
-    def __init__(self, layout: GroupLayout, group: int, center: torch.Tensor, alpha: float,
-                 reduce: Callable[[torch.Tensor], None], drain: bool = False):
+    def __init__(
+        self,
+        layout: GroupLayout,
+        group: int,
+        center: torch.Tensor,
+        alpha: float,
+        reduce: Callable[[torch.Tensor], None],
+        drain: bool = False,
+    ):
         self.layout, self.group, self.alpha, self._reduce = layout, group, float(alpha), reduce
         self._drain, self.drain_rounds = bool(drain), 0
         self.center = center.detach().to("cpu", torch.float32).clone()
         self._cond = threading.Condition()
-        self._rounds_due = 0            # rounds submitted and not yet run
+        self._rounds_due = 0  # rounds submitted and not yet run
         self._latest: tuple[int, torch.Tensor] | None = None
         self._delta: torch.Tensor | None = None
-        self._delta_read_step = -1      # oldest read step whose correction is pending
+        self._delta_read_step = -1  # oldest read step whose correction is pending
         self._error: BaseException | None = None
         self._stop = False
         self.rounds = self.coalesced = 0
@@ -171,7 +183,7 @@ class GroupAverager:
         self.check()
         with self._cond:
             if self._rounds_due and self._latest is not None:
-                self.coalesced += 1     # the queued round will use this newer copy
+                self.coalesced += 1  # the queued round will use this newer copy
             self._latest = (step, replica.detach().to("cpu", torch.float32, copy=True))
             self._rounds_due += 1
             self._cond.notify()
@@ -192,12 +204,13 @@ class GroupAverager:
 
     def check(self) -> None:
         """Raises:
-            GroupAveragingFailed: the thread died (names the group, its ranks and the cause)."""
+        GroupAveragingFailed: the thread died (names the group, its ranks and the cause)."""
         if self._error is not None:
             raise GroupAveragingFailed(
                 f"{self.layout.describe(self.group)}: its background EASGD averaging thread died: "
                 f"{type(self._error).__name__}: {self._error}. The leaders' group (gloo) is broken or a leader "
-                "left; restart the job (--resume continues from the last checkpoint)") from self._error
+                "left; restart the job (--resume continues from the last checkpoint)"
+            ) from self._error
 
     def _run(self) -> None:
         try:
@@ -260,8 +273,15 @@ class TrainingGroups:
             group then uses gloo, or the default backend).
     """
 
-    def __init__(self, rank: int, layout: GroupLayout, params: torch.Tensor, alpha: float, average_every: int,
-                 device_type: str = "cpu"):
+    def __init__(
+        self,
+        rank: int,
+        layout: GroupLayout,
+        params: torch.Tensor,
+        alpha: float,
+        average_every: int,
+        device_type: str = "cpu",
+    ):
         self.rank, self.layout, self.average_every = rank, layout, int(average_every)
         self.group_index = layout.group_of(rank)
         backend = "gloo" if device_type == "cpu" else None
@@ -269,9 +289,13 @@ class TrainingGroups:
         self.process_group = made[self.group_index]
         leaders = dist.new_group(layout.leaders(), backend="gloo")
         self.leader = layout.leaders()[self.group_index]
-        self.averager = (GroupAverager(layout, self.group_index, params, alpha,
-                                       lambda t: dist.all_reduce(t, group=leaders), drain=True)
-                         if rank == self.leader else None)
+        self.averager = (
+            GroupAverager(
+                layout, self.group_index, params, alpha, lambda t: dist.all_reduce(t, group=leaders), drain=True
+            )
+            if rank == self.leader
+            else None
+        )
         self.lags: list[int] = []
 
     def flag(self) -> float:
@@ -295,7 +319,7 @@ class TrainingGroups:
             offset = 0
             with torch.no_grad():
                 for p in params:
-                    p.sub_(delta[offset: offset + p.numel()].view_as(p))
+                    p.sub_(delta[offset : offset + p.numel()].view_as(p))
                     offset += p.numel()
         if self.averager is not None and step % self.average_every == 0:
             self.averager.submit(step, torch.cat([p.detach().reshape(-1) for p in params]))
@@ -304,11 +328,18 @@ class TrainingGroups:
         """Averaging statistics of this rank (the leader's are the group's): rounds, lag in steps."""
         lags = np.array(self.lags or [0])
         a = self.averager
-        return {"group": self.group_index, "ranks": self.layout.ranks(self.group_index), "leader": self.leader,
-                "rounds": a.rounds if a else 0, "coalesced": a.coalesced if a else 0,
-                "drain_rounds": a.drain_rounds if a else 0,
-                "averaging_busy_s": round(a.busy_s, 6) if a else 0.0, "corrections": len(self.lags),
-                "lag_steps_mean": float(lags.mean()), "lag_steps_max": int(lags.max())}
+        return {
+            "group": self.group_index,
+            "ranks": self.layout.ranks(self.group_index),
+            "leader": self.leader,
+            "rounds": a.rounds if a else 0,
+            "coalesced": a.coalesced if a else 0,
+            "drain_rounds": a.drain_rounds if a else 0,
+            "averaging_busy_s": round(a.busy_s, 6) if a else 0.0,
+            "corrections": len(self.lags),
+            "lag_steps_mean": float(lags.mean()),
+            "lag_steps_max": int(lags.max()),
+        }
 
     def close(self, timeout_s: float) -> bool:
         """Stop the averaging thread (bounded); True if it ended in time."""

@@ -162,8 +162,13 @@ def pooled_sum_jit(rows, slots, id_bounds, inverse, inverse_bounds, offsets, out
         nu = id_bounds[t + 1] - base
         ib = inverse_bounds[t]
         n = inverse_bounds[t + 1] - ib
-        if nu < 0 or id_bounds[t + 1] > slots.shape[0] or offsets[t, 0] != 0 or offsets[t, nb_] != n \
-                or inverse_bounds[t + 1] > inverse.shape[0]:
+        if (
+            nu < 0
+            or id_bounds[t + 1] > slots.shape[0]
+            or offsets[t, 0] != 0
+            or offsets[t, nb_] != n
+            or inverse_bounds[t + 1] > inverse.shape[0]
+        ):
             return t
         for j in range(min(_AHEAD, n)):
             v = nb.int64(inverse[ib + j])

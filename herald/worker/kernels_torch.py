@@ -41,7 +41,7 @@ def _row_sum_sq(g: torch.Tensor) -> torch.Tensor:
     sq = g * g
     acc = torch.zeros_like(sq[:, :1])
     for j in range(sq.shape[1]):
-        acc = acc + sq[:, j:j + 1]
+        acc = acc + sq[:, j : j + 1]
     return acc
 
 
@@ -64,8 +64,10 @@ def apply_rows_torch(rows: torch.Tensor, grads: torch.Tensor, table: TableConfig
     if rows.dtype != torch.float32 or rows.dim() != 2 or rows.shape[1] != width:
         raise ValueError(f"rows must be float32 [n, {width}], got {rows.dtype} {tuple(rows.shape)}")
     if grads.dtype != torch.float32 or tuple(grads.shape) != (rows.shape[0], dim) or grads.device != rows.device:
-        raise ValueError(f"grads must be float32 [{rows.shape[0]}, {dim}] on {rows.device}, "
-                         f"got {grads.dtype} {tuple(grads.shape)} on {grads.device}")
+        raise ValueError(
+            f"grads must be float32 [{rows.shape[0]}, {dim}] on {rows.device}, "
+            f"got {grads.dtype} {tuple(grads.shape)} on {grads.device}"
+        )
     opt = table.optimizer
     lr, eps, wd = _f32(opt.lr), _f32(opt.eps), _f32(opt.weight_decay)
     w = rows[:, :dim]
@@ -79,7 +81,7 @@ def apply_rows_torch(rows: torch.Tensor, grads: torch.Tensor, table: TableConfig
         out[:, dim:] = s
         out[:, :dim] = w - lr * g / (_sqrt(s) + eps)
     elif kind == ROWWISE_ADAGRAD:
-        s = rows[:, dim:dim + 1] + _row_sum_sq(g) / _f32(dim)
+        s = rows[:, dim : dim + 1] + _row_sum_sq(g) / _f32(dim)
         out[:, dim:] = s
         out[:, :dim] = w - lr * g / (_sqrt(s) + eps)
     elif kind == ADAM:
@@ -91,8 +93,8 @@ def apply_rows_torch(rows: torch.Tensor, grads: torch.Tensor, table: TableConfig
 
 def _adam(rows: torch.Tensor, g: torch.Tensor, dim: int, lr: float, eps: float, b1: float, b2: float) -> torch.Tensor:
     """Adam with a per-row step count stored at ``rows[:, 3 * dim]`` (torch.optim.Adam's formula)."""
-    w, m, v = rows[:, :dim], rows[:, dim:2 * dim], rows[:, 2 * dim:3 * dim]
-    t = rows[:, 3 * dim:3 * dim + 1] + 1.0
+    w, m, v = rows[:, :dim], rows[:, dim : 2 * dim], rows[:, 2 * dim : 3 * dim]
+    t = rows[:, 3 * dim : 3 * dim + 1] + 1.0
     t64 = t.double()
     bc1 = 1.0 - torch.pow(torch.tensor(b1, dtype=torch.float64, device=rows.device), t64)
     bc2 = 1.0 - torch.pow(torch.tensor(b2, dtype=torch.float64, device=rows.device), t64)

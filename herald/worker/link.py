@@ -12,16 +12,17 @@ messages mean to training is :class:`herald.worker.api.ScheduledLoader`'s.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import zmq
 
 from herald import wire
 from herald.auth import load_client_keys, secure_client
+from herald.contracts.vocab import STARTUP_GRACE_MS
 from herald.dispatch.microbatch import MAX_WORKER_FRAME_BYTES
 from herald.errors import HeraldError, PeerTimeout, ProtocolError
-from herald.contracts.vocab import STARTUP_GRACE_MS
 
 
 class DispatcherLink:
@@ -39,19 +40,19 @@ class DispatcherLink:
         self.sock, self.address, self.rank, self.timeout_ms = sock, address, rank, timeout_ms
 
     @classmethod
-    def connect(cls, address: str, rank: int, timeout_ms: int, keys_dir: str | None = None) -> "DispatcherLink":
+    def connect(cls, address: str, rank: int, timeout_ms: int, keys_dir: str | None = None) -> DispatcherLink:
         """A socket connected to ``address`` (ZeroMQ connects in the background: nothing is
         awaited here).
 
         Raises:
             ConfigError: ``keys_dir`` holds no usable client keys (before any socket is made).
         """
-        keys = load_client_keys(keys_dir) if keys_dir is not None else None   # bad keys: raise before any socket
+        keys = load_client_keys(keys_dir) if keys_dir is not None else None  # bad keys: raise before any socket
         sock = zmq.Context.instance().socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.IDENTITY, f"worker-{rank}".encode())
-        sock.setsockopt(zmq.SNDTIMEO, timeout_ms)   # no connected dispatcher (e.g. it refused our keys): bounded
-        wire.DISPATCH.configure(sock, max_array_bytes=MAX_WORKER_FRAME_BYTES)   # NOTE [message size limits]
+        sock.setsockopt(zmq.SNDTIMEO, timeout_ms)  # no connected dispatcher (e.g. it refused our keys): bounded
+        wire.DISPATCH.configure(sock, max_array_bytes=MAX_WORKER_FRAME_BYTES)  # NOTE [message size limits]
         if keys is not None:
             secure_client(sock, keys)
         sock.connect(address)
@@ -69,8 +70,9 @@ class DispatcherLink:
             PeerTimeout: no config within that wait. ProtocolError: another op came.
         """
         self.send({"op": "hello", "rank": self.rank, "world_size": world_size})
-        header, _ = self.receive("config (it comes once every worker said hello)",
-                                 timeout_ms=max(self.timeout_ms, STARTUP_GRACE_MS))
+        header, _ = self.receive(
+            "config (it comes once every worker said hello)", timeout_ms=max(self.timeout_ms, STARTUP_GRACE_MS)
+        )
         if header["op"] != "config":
             raise ProtocolError(f"expected config from the dispatcher, got {header['op']!r}")
         return header.get("job")
@@ -92,8 +94,12 @@ class DispatcherLink:
         """
         timeout_ms = self.timeout_ms if timeout_ms is None else timeout_ms
         if not self.sock.poll(timeout_ms):
-            raise PeerTimeout(f"dispatcher {self.address} sent no {what} within {timeout_ms} ms; check that the "
-                              "dispatcher process is alive", peer=self.address, op=what)
+            raise PeerTimeout(
+                f"dispatcher {self.address} sent no {what} within {timeout_ms} ms; check that the "
+                "dispatcher process is alive",
+                peer=self.address,
+                op=what,
+            )
         header, arrays = wire.unpack(self.sock.recv_multipart(copy=False))
         if header["op"] == "error":
             raise HeraldError(f"dispatcher {self.address} reported: {header.get('message')}")
@@ -108,18 +114,38 @@ class DispatcherLink:
                 this worker's keys).
         """
         try:
-            self.sock.send_multipart(wire.pack(header, arrays), copy=False)   # waits at most SNDTIMEO = timeout_ms
+            self.sock.send_multipart(wire.pack(header, arrays), copy=False)  # waits at most SNDTIMEO = timeout_ms
         except zmq.Again:
-            raise PeerTimeout(f"dispatcher {self.address} took no message within {self.timeout_ms} ms: no connection "
-                              "to it (is it running, and does this worker hold its keys, --keys?)",
-                              peer=self.address, op="send") from None
+            raise PeerTimeout(
+                f"dispatcher {self.address} took no message within {self.timeout_ms} ms: no connection "
+                "to it (is it running, and does this worker hold its keys, --keys?)",
+                peer=self.address,
+                op="send",
+            ) from None
 
-    def send_ack(self, step: int, loss: float, phases_ms: dict[str, float], consistency: dict[str, int],
-                 traffic: dict[str, int], arrays: Sequence[np.ndarray]) -> None:
+    def send_ack(
+        self,
+        step: int,
+        loss: float,
+        phases_ms: dict[str, float],
+        consistency: dict[str, int],
+        traffic: dict[str, int],
+        arrays: Sequence[np.ndarray],
+    ) -> None:
         """``ack {rank, step, loss, phases_ms, consistency, bytes_*}`` with ``arrays``
         (labels and predictions, and whatever the consistency protocol adds)."""
-        self.send({"op": "ack", "rank": self.rank, "step": step, "loss": loss, "phases_ms": phases_ms,
-                   "consistency": consistency, **traffic}, arrays)
+        self.send(
+            {
+                "op": "ack",
+                "rank": self.rank,
+                "step": step,
+                "loss": loss,
+                "phases_ms": phases_ms,
+                "consistency": consistency,
+                **traffic,
+            },
+            arrays,
+        )
 
     def send_flushed(self) -> None:
         self.send({"op": "flushed", "rank": self.rank})
@@ -138,8 +164,9 @@ class DispatcherLink:
         """``error {message}`` without waiting (a failed :meth:`connect`: there may be no
         dispatcher to take it, and then nobody to tell)."""
         try:
-            self.sock.send_multipart(wire.pack({"op": "error", "rank": self.rank, "message": message}),
-                                     flags=zmq.NOBLOCK)
+            self.sock.send_multipart(
+                wire.pack({"op": "error", "rank": self.rank, "message": message}), flags=zmq.NOBLOCK
+            )
         except zmq.ZMQError:
             pass
 

@@ -33,8 +33,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from herald.errors import ConfigError
 from herald.contracts.models import check_model
+from herald.errors import ConfigError
 
 #: Hidden layers of the deep part of WDL, DeepFM and DCN (HET Table 3).
 DEEP_MLP = (256, 256, 256)
@@ -69,10 +69,16 @@ class DLRM(nn.Module):
     Forward: ``dense float32 [B, D]``, ``emb float32 [B, T, dim]`` -> logits ``[B]``.
     """
 
-    def __init__(self, dense_dim: int, num_tables: int, embedding_dim: int,
-                 bottom_mlp: tuple[int, ...] = (64,), top_mlp: tuple[int, ...] = (64, 32)):
+    def __init__(
+        self,
+        dense_dim: int,
+        num_tables: int,
+        embedding_dim: int,
+        bottom_mlp: tuple[int, ...] = (64,),
+        top_mlp: tuple[int, ...] = (64, 32),
+    ):
         super().__init__()
-        check_model("dlrm", num_tables, embedding_dim)   # what each model needs: herald/contracts/models.py
+        check_model("dlrm", num_tables, embedding_dim)  # what each model needs: herald/contracts/models.py
         self.dense_dim = dense_dim
         self.bottom = _mlp([dense_dim, *bottom_mlp, embedding_dim], last_activation=True) if dense_dim else None
         n = num_tables + (1 if dense_dim else 0)
@@ -90,9 +96,9 @@ class DLRM(nn.Module):
         if self.bottom is not None:
             x = self.bottom(dense)
             feats = [x.unsqueeze(1), emb]
-        z = torch.cat(feats, dim=1)                       # [B, n, dim]
-        inter = torch.bmm(z, z.transpose(1, 2))           # [B, n, n]
-        flat = inter.flatten(1).index_select(1, self._pair_index)   # [B, n(n-1)/2], pairs (i < j) row-major
+        z = torch.cat(feats, dim=1)  # [B, n, dim]
+        inter = torch.bmm(z, z.transpose(1, 2))  # [B, n, n]
+        flat = inter.flatten(1).index_select(1, self._pair_index)  # [B, n(n-1)/2], pairs (i < j) row-major
         top_in = flat if x is None else torch.cat([x, flat], dim=1)
         return self.top(top_in).squeeze(1)
 
@@ -120,8 +126,7 @@ class WideAndDeep(nn.Module):
         ConfigError: no table or ``embedding_dim < 2``.
     """
 
-    def __init__(self, dense_dim: int, num_tables: int, embedding_dim: int,
-                 deep_mlp: tuple[int, ...] = DEEP_MLP):
+    def __init__(self, dense_dim: int, num_tables: int, embedding_dim: int, deep_mlp: tuple[int, ...] = DEEP_MLP):
         super().__init__()
         check_model("wdl", num_tables, embedding_dim)
         self.wide_dense = nn.Linear(dense_dim, 1, bias=False) if dense_dim else None
@@ -159,8 +164,7 @@ class DeepFM(nn.Module):
         ConfigError: no table or ``embedding_dim < 2``.
     """
 
-    def __init__(self, dense_dim: int, num_tables: int, embedding_dim: int,
-                 deep_mlp: tuple[int, ...] = DEEP_MLP):
+    def __init__(self, dense_dim: int, num_tables: int, embedding_dim: int, deep_mlp: tuple[int, ...] = DEEP_MLP):
         super().__init__()
         check_model("deepfm", num_tables, embedding_dim)
         k = embedding_dim - 1
@@ -170,10 +174,10 @@ class DeepFM(nn.Module):
         self.deep = _mlp([(num_tables + dense_dim) * k, *deep_mlp, 1], last_activation=False)
 
     def forward(self, dense: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
-        fields, weights = split_scalar(emb)                      # [B, T, k], [B, T]
+        fields, weights = split_scalar(emb)  # [B, T, k], [B, T]
         first = weights.sum(dim=1) + self.bias
         if self.dense_vectors is not None:
-            fields = torch.cat([fields, dense.unsqueeze(2) * self.dense_vectors], dim=1)   # [B, T + D, k]
+            fields = torch.cat([fields, dense.unsqueeze(2) * self.dense_vectors], dim=1)  # [B, T + D, k]
             first = first + self.dense_weights(dense).squeeze(1)
         total = fields.sum(dim=1)
         second = 0.5 * (total * total - (fields * fields).sum(dim=1)).sum(dim=1)
@@ -216,8 +220,14 @@ class DCNv2(nn.Module):
         ConfigError: no table, ``embedding_dim < 1`` or ``cross_layers < 1``.
     """
 
-    def __init__(self, dense_dim: int, num_tables: int, embedding_dim: int, cross_layers: int = 3,
-                 deep_mlp: tuple[int, ...] = DEEP_MLP):
+    def __init__(
+        self,
+        dense_dim: int,
+        num_tables: int,
+        embedding_dim: int,
+        cross_layers: int = 3,
+        deep_mlp: tuple[int, ...] = DEEP_MLP,
+    ):
         super().__init__()
         check_model("dcn", num_tables, embedding_dim)
         if cross_layers < 1:

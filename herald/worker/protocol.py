@@ -30,9 +30,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from herald.contracts.modes import consistency_mode
 from herald.dispatch.microbatch import MicroBatch
 from herald.scheduler.plan import KeySet
-from herald.contracts.modes import consistency_mode
 from herald.worker.dense import DenseState, DenseSync
 from herald.worker.executor import PlanExecutor, StepRows
 
@@ -78,6 +78,7 @@ class ConsistencyProtocol(abc.ABC):
     def prefetch(self, mb: MicroBatch) -> None:
         """Start reading what ``mb`` (the next micro-batch, received while the current step
         runs) may read before the current step's updates land; default: nothing."""
+        return None
 
     def lookup(self, mb: MicroBatch) -> tuple:
         """Sum-pooled embeddings of ``mb`` (float32 [b, T, dim]) and the :class:`StepRows` whose
@@ -94,14 +95,31 @@ class ConsistencyProtocol(abc.ABC):
         [checkpoint barrier] in herald/dispatch/dispatcher.py)."""
         self.executor.flush(keys, reset)
 
-    def make_dense(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, world_size: int, rank: int = 0,
-                   dense_comm: str = "fp32", groups: int = 1, average_every: int = 10,
-                   easgd_alpha: float = 0.3) -> DenseState:
+    def make_dense(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        world_size: int,
+        rank: int = 0,
+        dense_comm: str = "fp32",
+        groups: int = 1,
+        average_every: int = 10,
+        easgd_alpha: float = 0.3,
+    ) -> DenseState:
         """The dense side of the protocol for ``model`` and its ``optimizer`` (called once by
         ``ScheduledLoader.attach``); default: :class:`~herald.worker.dense.DenseSync`, the
         all-reduce of NOTE [step protocol] step 7 over ``world_size`` ranks (its arguments)."""
-        return DenseSync(model, optimizer, world_size, dense_comm=dense_comm, rank=rank, groups=groups,
-                         average_every=average_every, easgd_alpha=easgd_alpha)
+        return DenseSync(
+            model,
+            optimizer,
+            world_size,
+            dense_comm=dense_comm,
+            rank=rank,
+            groups=groups,
+            average_every=average_every,
+            easgd_alpha=easgd_alpha,
+        )
 
     @abc.abstractmethod
     def before_forward(self, mb: MicroBatch) -> None:
@@ -131,12 +149,12 @@ class BSP(ConsistencyProtocol):
         self._next: MicroBatch | None = None
 
     def prefetch(self, mb: MicroBatch) -> None:
-        self._next = mb                     # its evictions and pulls ride on this step's message
+        self._next = mb  # its evictions and pulls ride on this step's message
 
     def before_forward(self, mb: MicroBatch) -> None:
-        if not self.executor.prepared(mb.step):   # not sent with the previous step's message
-            self.executor.evict(mb.plan)    # 1. evict (write-backs acknowledged with this step's message)
-            self.executor.pull(mb)          # 2. pull: every key used is now cached and latest
+        if not self.executor.prepared(mb.step):  # not sent with the previous step's message
+            self.executor.evict(mb.plan)  # 1. evict (write-backs acknowledged with this step's message)
+            self.executor.pull(mb)  # 2. pull: every key used is now cached and latest
         self.executor.pull_replicas(mb)
         self.count_reads(mb, np.zeros(0, np.uint64))
 
@@ -145,10 +163,10 @@ class BSP(ConsistencyProtocol):
         grads = ex.gradients(step_rows)
         nxt = self._next if self._next is not None and self._next.step == mb.step + 1 else None
         self._next = None
-        ex.send_step(mb, grads, step_rows, nxt)   # 4-6 of t (and 1-2 of t + 1): one message per shard
+        ex.send_step(mb, grads, step_rows, nxt)  # 4-6 of t (and 1-2 of t + 1): one message per shard
         ex.update_replicas(mb, grads, step_rows)
-        ex.wait_writes()                        # write-backs of a step that came without its message
-        ex.finish_step()                        # every rank's step-t writes applied: an ack means so
+        ex.wait_writes()  # write-backs of a step that came without its message
+        ex.finish_step()  # every rank's step-t writes applied: an ack means so
 
     def flush(self, keys: KeySet, reset: bool) -> None:
         self._next = None

@@ -9,7 +9,7 @@ tables and ids as they are, no per-table split), in parallel, and waits for the 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -54,7 +54,7 @@ def pull_keys_async(ps: PSClient, keys: KeySet, row_width: int) -> Callable[[], 
 
     def wait() -> np.ndarray:
         rows = handle.wait()
-        return rows if rows.flags.writeable else rows.copy()   # one shard's reply frame is read-only
+        return rows if rows.flags.writeable else rows.copy()  # one shard's reply frame is read-only
 
     return wait
 
@@ -79,9 +79,15 @@ class Fetched:
     clocks: np.ndarray
 
 
-def fetch_async(ps: PSClient, keys: KeySet, row_width: int, clocked: np.ndarray | None = None,
-                checked: np.ndarray | None = None, c_c: np.ndarray | None = None,
-                staleness: int = 0) -> Callable[[], Fetched]:
+def fetch_async(
+    ps: PSClient,
+    keys: KeySet,
+    row_width: int,
+    clocked: np.ndarray | None = None,
+    checked: np.ndarray | None = None,
+    c_c: np.ndarray | None = None,
+    staleness: int = 0,
+) -> Callable[[], Fetched]:
     """Start pulling ``keys``, those marked ``clocked`` (bool [n]) in one conditional pull
     with their PS clocks (NOTE [clock frames] in herald/ps/wire.py), the others in a plain
     one, both at once; the returned ``wait()`` gives a :class:`Fetched`.
@@ -105,7 +111,7 @@ def fetch_async(ps: PSClient, keys: KeySet, row_width: int, clocked: np.ndarray 
 
     def wait() -> Fetched:
         fetched, clocks = np.ones(n, bool), np.zeros(n, np.uint64)
-        if clock_wait is None:   # a plain pull: its rows as they come
+        if clock_wait is None:  # a plain pull: its rows as they come
             rows = plain_wait() if plain_wait is not None else np.empty((0, row_width), np.float32)
             return Fetched(rows, fetched, clocks)
         rows = np.empty((n, row_width), np.float32)
@@ -119,8 +125,9 @@ def fetch_async(ps: PSClient, keys: KeySet, row_width: int, clocked: np.ndarray 
     return wait
 
 
-def push_rows_async(ps: PSClient, keys: KeySet, rows: np.ndarray, advance: np.ndarray | None = None,
-                    read_clocks: bool = False):
+def push_rows_async(
+    ps: PSClient, keys: KeySet, rows: np.ndarray, advance: np.ndarray | None = None, read_clocks: bool = False
+):
     """Start writing ``rows`` (float32 [len(keys), row_width]) back for ``keys`` (one flat
     request per shard), with their clock ``advance`` (uint64 [n], NOTE [clock frames]) when
     given; returns the handle (None for no keys). ``rows`` must not change until
@@ -133,15 +140,14 @@ def push_rows_async(ps: PSClient, keys: KeySet, rows: np.ndarray, advance: np.nd
         return ps.push_rows_flat_async(keys.table, keys.ids, rows)
     handle, _ = ps.push_rows_clocked_flat_async(keys.table, keys.ids, rows, advance, read_clocks)
 
-    def wait():   # may be called again: the handle keeps its reply
+    def wait():  # may be called again: the handle keeps its reply
         return handle.wait()[0]
 
     wait.wait = wait
     return wait
 
 
-def push_grads_async(ps: PSClient, keys: KeySet, grads: np.ndarray, contributors: np.ndarray, step: int,
-                     rank: int):
+def push_grads_async(ps: PSClient, keys: KeySet, grads: np.ndarray, contributors: np.ndarray, step: int, rank: int):
     """Start pushing ``grads`` (float32 [len(keys), dim]) of ``keys`` (unique) with their
     ``contributors`` (uint16 [len(keys)]) for ``step`` from ``rank`` (NOTE [ps aggregation]):
     one flat request per shard; returns the handle (``wait()`` gives the rows the shards
@@ -163,7 +169,7 @@ def member(keys: KeySet, of: KeySet) -> np.ndarray:
     if not len(keys) or not len(of):
         return out
     o_table, o_ids = of.table.astype(np.int32, copy=False), of.ids
-    if not pairs_sorted_jit(o_table, o_ids):   # the plan's KeySets mostly are: then no sort
+    if not pairs_sorted_jit(o_table, o_ids):  # the plan's KeySets mostly are: then no sort
         order = np.lexsort((o_ids, o_table))
         o_table, o_ids = o_table[order], o_ids[order]
     member_jit(keys.table.astype(np.int32, copy=False), keys.ids, o_table, o_ids, out)

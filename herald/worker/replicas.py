@@ -32,8 +32,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from herald.ps import PSClient, apply_gradients
 from herald.contracts.tables import TableConfig
+from herald.ps import PSClient, apply_gradients
 from herald.scheduler.plan import KeySet
 from herald.worker import psio
 from herald.worker.cache import EmbeddingCache
@@ -52,8 +52,9 @@ class ReplicaStore:
         world_size: number of workers (all-reduce only when > 1).
     """
 
-    def __init__(self, capacity_rows: int, row_width: int, dim: int, tables: list[TableConfig],
-                 ps: PSClient, world_size: int):
+    def __init__(
+        self, capacity_rows: int, row_width: int, dim: int, tables: list[TableConfig], ps: PSClient, world_size: int
+    ):
         self._args = (capacity_rows, row_width)
         self.store = EmbeddingCache(capacity_rows, row_width)
         self.dim, self.tables, self.ps, self.world_size = dim, tables, ps, world_size
@@ -83,7 +84,7 @@ class ReplicaStore:
             bounds = np.searchsorted(union.table, np.arange(len(self.tables) + 1, dtype=np.int32))
             buf[psio.positions(union.ids, bounds, keys)] = grads
         if self.world_size > 1:
-            summed = torch.from_numpy(buf)   # a CPU tensor: the gloo side group under NCCL (NOTE [worker devices])
+            summed = torch.from_numpy(buf)  # a CPU tensor: the gloo side group under NCCL (NOTE [worker devices])
             dist.all_reduce(summed, group=group_for(summed))
             buf = summed.numpy()
         slots = self.store.slots(union)

@@ -9,13 +9,13 @@ import pathlib
 import torch
 import torch.nn.functional as F
 
+from herald.contracts.job import JobSpec
+from herald.contracts.vocab import DEFAULT_TIMEOUT_MS
 from herald.errors import ConfigError
 from herald.files import PrivateFile
 from herald.procs import startup_garbage_frozen
-from herald.contracts.job import JobSpec
 from herald.worker.api import ScheduledLoader
 from herald.worker.models import build_model
-from herald.contracts.vocab import DEFAULT_TIMEOUT_MS
 
 DENSE_OPTIMIZERS = {"sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad, "adam": torch.optim.Adam}
 
@@ -59,8 +59,16 @@ def worker_threads(world_size: int) -> int:
     return max(1, cores // max(1, world_size))
 
 
-def run_worker(dispatcher: str, rank: int, world_size: int, *, device: str | None = None, cache_device: str = "auto",
-               timeout_ms: int = DEFAULT_TIMEOUT_MS, keys_dir: str | None = None) -> int:
+def run_worker(
+    dispatcher: str,
+    rank: int,
+    world_size: int,
+    *,
+    device: str | None = None,
+    cache_device: str = "auto",
+    timeout_ms: int = DEFAULT_TIMEOUT_MS,
+    keys_dir: str | None = None,
+) -> int:
     """Train until the dispatcher says end; rank files ``dense-rank<r>.pt`` in the job's run_dir.
 
     Returns:
@@ -68,9 +76,16 @@ def run_worker(dispatcher: str, rank: int, world_size: int, *, device: str | Non
     """
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(worker_threads(world_size))
-    with ScheduledLoader.connect(dispatcher, rank=rank, world_size=world_size, device=device, cache_device=cache_device,
-                                 timeout_ms=timeout_ms, keys_dir=keys_dir) as loader:
-        with startup_garbage_frozen():   # NOTE [start-up garbage] in herald/procs.py
+    with ScheduledLoader.connect(
+        dispatcher,
+        rank=rank,
+        world_size=world_size,
+        device=device,
+        cache_device=cache_device,
+        timeout_ms=timeout_ms,
+        keys_dir=keys_dir,
+    ) as loader:
+        with startup_garbage_frozen():  # NOTE [start-up garbage] in herald/procs.py
             job = loader.job
             model = model_from_job(job).to(loader.device)
             embedding = loader.embedding()
@@ -85,7 +100,7 @@ def run_worker(dispatcher: str, rank: int, world_size: int, *, device: str | Non
             loader.step(loss, logits)
         if job.run_dir:
             out = pathlib.Path(job.run_dir) / f"dense-rank{loader.dist_rank}.pt"
-            with PrivateFile(out.with_suffix(".tmp"), "dense replica") as f:   # NOTE [private files]: 0600
+            with PrivateFile(out.with_suffix(".tmp"), "dense replica") as f:  # NOTE [private files]: 0600
                 torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, f)
             out.with_suffix(".tmp").replace(out)
         return loader.steps

@@ -22,8 +22,27 @@ def test_measure_capacity_reports_samples_per_second_and_stages():
 
 def test_bench_dispatcher_command_writes_json(tmp_path, capsys):
     out = tmp_path / "cap.json"
-    assert main(["bench", "dispatcher", "--workers", "2", "--batch-size", "8", "--rows", "1000", "--steps", "4",
-                 "--warmup-steps", "2", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "dispatcher",
+                "--workers",
+                "2",
+                "--batch-size",
+                "8",
+                "--rows",
+                "1000",
+                "--steps",
+                "4",
+                "--warmup-steps",
+                "2",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert "samples/s" in capsys.readouterr().out
     assert json.loads(out.read_text())["samples_per_s"] > 0
 

@@ -14,14 +14,23 @@ from herald.bench.options import add_consistency_arguments
 from herald.errors import ConfigError
 
 #: samples/s of the fake runs without a straggler (2 workers x 128 samples per step)
-SPEED = {"bsp": 2560.0, "hybrid": 5120.0, "gba iota=4": 10240.0}   # 100, 50, 25 ms per step
+SPEED = {"bsp": 2560.0, "hybrid": 5120.0, "gba iota=4": 10240.0}  # 100, 50, 25 ms per step
 
 
 def _args(tmp_path, *extra):
     p = argparse.ArgumentParser()
     add_consistency_arguments(p)
-    return p.parse_args(["--modes", "bsp,hybrid,gba iota=4", "--run-dir", str(tmp_path / "runs"),
-                         "--out", str(tmp_path / "out.json"), *extra])
+    return p.parse_args(
+        [
+            "--modes",
+            "bsp,hybrid,gba iota=4",
+            "--run-dir",
+            str(tmp_path / "runs"),
+            "--out",
+            str(tmp_path / "out.json"),
+            *extra,
+        ]
+    )
 
 
 @pytest.fixture
@@ -33,10 +42,20 @@ def fake_train(monkeypatch):
         label = {"bsp": "bsp", "hybrid": "hybrid", "gba": "gba iota=4"}[cfg.consistency]
         seen.append((label, cfg.slow_worker))
         sps = SPEED[label] / (2 if cfg.slow_worker else 1)
-        return {"metrics": {"auc": 0.7, "logloss": 0.5}, "samples_per_second": sps, "steps": 10,
-                "consistency": {"stale_reads": 0, "rereads": 0, "max_staleness_observed": 0, "mean_staleness": 0.0,
-                                "dropped_or_decayed": 0},
-                "transmissions": {"total": 1, "update_pull": 1}, "wire_bytes": {"pulled": 1, "pushed": 1}}
+        return {
+            "metrics": {"auc": 0.7, "logloss": 0.5},
+            "samples_per_second": sps,
+            "steps": 10,
+            "consistency": {
+                "stale_reads": 0,
+                "rereads": 0,
+                "max_staleness_observed": 0,
+                "mean_staleness": 0.0,
+                "dropped_or_decayed": 0,
+            },
+            "transmissions": {"total": 1, "update_pull": 1},
+            "wire_bytes": {"pulled": 1, "pushed": 1},
+        }
 
     monkeypatch.setattr("herald.bench.consistency.run_train", run_train)
     return seen
@@ -46,7 +65,7 @@ def test_own_straggler_sleeps_each_modes_own_step_time(tmp_path, fake_train):
     results = consistency.run(_args(tmp_path))
     slowed = {label: slow for label, slow in fake_train if slow}
     assert slowed == {"bsp": "1:100", "hybrid": "1:50", "gba iota=4": "1:25"}
-    assert [label for label, slow in fake_train if not slow] == ["bsp", "hybrid", "gba iota=4"]   # measured first
+    assert [label for label, slow in fake_train if not slow] == ["bsp", "hybrid", "gba iota=4"]  # measured first
     assert results["hybrid + slow 1:50"]["slow_ms"] == 50 and results["hybrid"]["slow_ms"] is None
     # vs bsp: no-straggler rows against bsp, straggler rows against bsp + straggler
     assert results["hybrid"]["vs_bsp"] == pytest.approx(2.0)

@@ -8,9 +8,33 @@ from herald.cli import main
 
 def test_bench_kernels_smoke_reports_ours_and_fbgemm(tmp_path):
     out = tmp_path / "kernels.json"
-    rc = main(["bench", "kernels", "--batch", "8", "--tables", "2", "--dims", "4", "--bags", "1", "3",
-               "--rows-per-table", "50", "--optimizers", "sgd", "rowwise_adagrad", "adam", "--reps", "2",
-               "--warmup", "1", "--out", str(out)])
+    rc = main(
+        [
+            "bench",
+            "kernels",
+            "--batch",
+            "8",
+            "--tables",
+            "2",
+            "--dims",
+            "4",
+            "--bags",
+            "1",
+            "3",
+            "--rows-per-table",
+            "50",
+            "--optimizers",
+            "sgd",
+            "rowwise_adagrad",
+            "adam",
+            "--reps",
+            "2",
+            "--warmup",
+            "1",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     res = json.loads(out.read_text())
     assert len(res["cases"]) == 2 * 3
@@ -19,7 +43,7 @@ def test_bench_kernels_smoke_reports_ours_and_fbgemm(tmp_path):
     have_fbgemm = fbgemm_modules() is not None
     assert res["fbgemm"]["available"] is have_fbgemm
     by_opt = {c["optimizer"]: c for c in res["cases"]}
-    if have_fbgemm:   # fbgemm-gpu-cpu is an optional dependency (pip install herald[torchrec])
+    if have_fbgemm:  # fbgemm-gpu-cpu is an optional dependency (pip install herald[torchrec])
         assert by_opt["sgd"]["fbgemm_ms"] > 0 and by_opt["rowwise_adagrad"]["fbgemm_ms"] > 0
         assert by_opt["adam"]["fbgemm_ms"] is None and "adam" in by_opt["adam"]["fbgemm_why"]
         arith = res["arithmetic"]["rowwise_adagrad"]["4"]

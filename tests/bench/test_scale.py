@@ -32,21 +32,31 @@ def test_the_step_barrier_is_averaged_over_shards_and_the_median_taken_over_repe
 def test_ratios_to_plain_torch_pair_each_repeat_with_its_own_plain_run(monkeypatch):
     # a noisy machine: the second repeat runs everything faster; each ratio is to the plain
     # run of its own repeat (1.5 and 1.1 -> median 1.3), not median over median (185 / 150)
-    plain = iter([{"samples_per_s": 100.0, "cpu_us_per_sample": 10.0, "timed_steps": 5},
-                  {"samples_per_s": 200.0, "cpu_us_per_sample": 20.0, "timed_steps": 5}])
+    plain = iter(
+        [
+            {"samples_per_s": 100.0, "cpu_us_per_sample": 10.0, "timed_steps": 5},
+            {"samples_per_s": 200.0, "cpu_us_per_sample": 20.0, "timed_steps": 5},
+        ]
+    )
     herald = iter([(150.0, 30.0, 25.0), (220.0, 50.0, 36.0)])
     monkeypatch.setattr(scale, "train_plain_torch", lambda data, seed: next(plain))
 
     def run_herald(*args, **kwargs):
         sps, cpu, steady = next(herald)
-        return {"samples_per_s": sps, "cpu_us_per_sample": cpu, "steady_cpu_us_per_sample": steady,
-                "phases_ms": {}, "wall_ms_per_step": 1.0,
-                "wall_samples_per_s": sps, "startup_s": 1.0, "step_barrier": []}
+        return {
+            "samples_per_s": sps,
+            "cpu_us_per_sample": cpu,
+            "steady_cpu_us_per_sample": steady,
+            "phases_ms": {},
+            "wall_ms_per_step": 1.0,
+            "wall_samples_per_s": sps,
+            "startup_s": 1.0,
+            "step_barrier": [],
+        }
 
     monkeypatch.setattr(scale, "run_herald", run_herald)
     args = argparse.Namespace(max_workers=1, schedules=["herald"], repeats=2, seed=0, batch_size=4, pin_cores=False)
-    got_plain, (run,) = scale._runs("synthetic://criteo?rows=10", args, common.PlainBatches([], [1], 1, 0.0, 0.0),
-                                    None)
+    got_plain, (run,) = scale._runs("synthetic://criteo?rows=10", args, common.PlainBatches([], [1], 1, 0.0, 0.0), None)
     assert got_plain["samples_per_s"] == 150.0 and got_plain["repeats_samples_per_s"] == [100.0, 200.0]
     assert run["ratio_vs_plain_torch"] == pytest.approx(1.3)
     assert run["cpu_ratio_vs_plain_torch"] == pytest.approx(2.75) and run["step_barrier"] is None
@@ -61,8 +71,23 @@ def test_the_plain_torch_baseline_trains():
 
 def test_bench_scale_writes_every_run(tmp_path):
     out = tmp_path / "scale.json"
-    assert scale.main(["--rows", "20000", "--max-workers", "2", "--schedules", "herald",
-                             "--capacity-seconds", "1", "--out", str(out)]) == 0
+    assert (
+        scale.main(
+            [
+                "--rows",
+                "20000",
+                "--max-workers",
+                "2",
+                "--schedules",
+                "herald",
+                "--capacity-seconds",
+                "1",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     got = json.loads(out.read_text())
     assert got["plain_torch"]["samples_per_s"] > 0
     assert got["plain_torch"]["cpu_us_per_sample"] > 0
@@ -71,13 +96,14 @@ def test_bench_scale_writes_every_run(tmp_path):
         assert r["samples_per_s"] > 0
         assert isinstance(r["phases_ms"], dict)
         assert r["ratio_vs_plain_torch"] > 0 and r["scaling_factor"] > 0
-        assert r["cpu_us_per_sample"] > 0   # every process of the job, the reaped children included
-        assert 0 < r["steady_cpu_us_per_sample"] < r["cpu_us_per_sample"]   # start-up and evaluation out
+        assert r["cpu_us_per_sample"] > 0  # every process of the job, the reaped children included
+        assert 0 < r["steady_cpu_us_per_sample"] < r["cpu_us_per_sample"]  # start-up and evaluation out
         # one repeat: the ratios are to the plain run of that repeat
         assert r["ratio_vs_plain_torch"] == pytest.approx(r["samples_per_s"] / got["plain_torch"]["samples_per_s"])
-        assert r["cpu_ratio_vs_plain_torch"] == pytest.approx(r["cpu_us_per_sample"]
-                                                              / got["plain_torch"]["cpu_us_per_sample"])
-        assert r["step_barrier"]["spread_ms"] >= 0 and r["step_barrier"]["release_ms"] > 0   # bsp: step messages
+        assert r["cpu_ratio_vs_plain_torch"] == pytest.approx(
+            r["cpu_us_per_sample"] / got["plain_torch"]["cpu_us_per_sample"]
+        )
+        assert r["step_barrier"]["spread_ms"] >= 0 and r["step_barrier"]["release_ms"] > 0  # bsp: step messages
     assert got["runs"][0]["scaling_factor"] == pytest.approx(1.0)
     trec = got["torchrec"]  # the TorchRec baseline, same batches, same run
     if torchrec_baseline.torchrec_import_error() and os.environ.get("CI") != "true":
@@ -86,8 +112,11 @@ def test_bench_scale_writes_every_run(tmp_path):
     else:
         assert "error" not in trec, trec
         assert trec["samples_per_s"] > 0 and trec["timed_steps"] == got["plain_torch"]["timed_steps"]
-        assert trec["cuda"] == "no CUDA device" or trec["cuda"] == "fbgemm-gpu CUDA build not installed" \
+        assert (
+            trec["cuda"] == "no CUDA device"
+            or trec["cuda"] == "fbgemm-gpu CUDA build not installed"
             or trec["cuda"]["samples_per_s"] > 0
+        )
         for r in got["runs"]:
             assert r["ratio_vs_torchrec"] == pytest.approx(r["samples_per_s"] / trec["samples_per_s"])
     cap = got["dispatcher_capacity_samples_per_s"]

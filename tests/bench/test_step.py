@@ -6,14 +6,44 @@ import pytest
 
 from herald.cli import main
 
-KEYS = {"shard_ms_per_step", "requests_per_worker_per_shard", "parts_per_request", "rows_per_step",
-        "per_request_us", "per_row_ns", "numba_limit_ns_per_row", "ratio_vs_numba_limit", "repeats", "settings"}
+KEYS = {
+    "shard_ms_per_step",
+    "requests_per_worker_per_shard",
+    "parts_per_request",
+    "rows_per_step",
+    "per_request_us",
+    "per_row_ns",
+    "numba_limit_ns_per_row",
+    "ratio_vs_numba_limit",
+    "repeats",
+    "settings",
+}
 
 
 def test_bench_step_writes_its_figures(tmp_path):
     out = tmp_path / "step.json"
-    rc = main(["bench", "step", "--workers", "2", "--shards", "2", "--batch-size", "32", "--steps", "2",
-               "--warmup", "2", "--cache-ratio", "0.5", "--repeats", "3", "--out", str(out)])
+    rc = main(
+        [
+            "bench",
+            "step",
+            "--workers",
+            "2",
+            "--shards",
+            "2",
+            "--batch-size",
+            "32",
+            "--steps",
+            "2",
+            "--warmup",
+            "2",
+            "--cache-ratio",
+            "0.5",
+            "--repeats",
+            "3",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     res = json.loads(out.read_text())
     assert KEYS <= set(res)
@@ -26,12 +56,28 @@ def test_bench_step_writes_its_figures(tmp_path):
     assert all(r["shard_ns_per_row"] > 0 and r["numba_limit_ns_per_row"] > 0 for r in res["repeats"])
     # the real client packing: one step message per worker per shard, one flat part per op section
     assert res["parts_per_request"] == 1.0 and res["requests_per_worker_per_shard"] == 1.0
-    assert 1 <= res["sections_per_request"] <= 4   # with the dense section (NOTE [dense gradients on the shards])
-    assert res["settings"]["dense_params"] == 27_601   # herald's DLRM on the synthetic Criteo rows
+    assert 1 <= res["sections_per_request"] <= 4  # with the dense section (NOTE [dense gradients on the shards])
+    assert res["settings"]["dense_params"] == 27_601  # herald's DLRM on the synthetic Criteo rows
     assert {"pull", "push_grad"} <= set(res["per_row_ns"]) <= {"push_rows", "push_grad", "pull"}
 
 
 def test_bench_step_refuses_no_repeat():
     with pytest.raises(SystemExit, match="--repeats must be >= 1"):
-        main(["bench", "step", "--workers", "2", "--shards", "1", "--batch-size", "8", "--steps", "1", "--warmup", "1",
-              "--repeats", "0"])
+        main(
+            [
+                "bench",
+                "step",
+                "--workers",
+                "2",
+                "--shards",
+                "1",
+                "--batch-size",
+                "8",
+                "--steps",
+                "1",
+                "--warmup",
+                "1",
+                "--repeats",
+                "0",
+            ]
+        )

@@ -76,12 +76,30 @@ def test_without_torchrec_the_benches_say_how_to_install_it(monkeypatch, capsys)
     with pytest.raises(ConfigError, match="make torchrec"):
         torchrec_baseline.train_torchrec(empty)
     torchrec_baseline.check_bench_optimizer("adam", no_torchrec=False)  # nothing to check without torchrec
-    results = {"plain_torch": {"samples_per_s": 1000.0, "cpu_us_per_sample": 40.0}, "torchrec": entry, "cores": 2, "batch_size": 256,
-               "repeats": 1, "dispatcher_capacity_samples_per_s": None,
-               "runs": [{"workers": 1, "schedule": "herald", "samples_per_s": 500.0, "ratio_vs_plain_torch": 0.5,
-                         "ratio_vs_torchrec": None, "scaling_factor": 1.0, "wall_ms_per_step": 2.0,
-                         "cpu_us_per_sample": 80.0, "cpu_ratio_vs_plain_torch": 2.0,
-                         "steady_cpu_us_per_sample": 60.0, "steady_cpu_ratio_vs_plain_torch": 1.5, "phases_ms": {}}]}
+    results = {
+        "plain_torch": {"samples_per_s": 1000.0, "cpu_us_per_sample": 40.0},
+        "torchrec": entry,
+        "cores": 2,
+        "batch_size": 256,
+        "repeats": 1,
+        "dispatcher_capacity_samples_per_s": None,
+        "runs": [
+            {
+                "workers": 1,
+                "schedule": "herald",
+                "samples_per_s": 500.0,
+                "ratio_vs_plain_torch": 0.5,
+                "ratio_vs_torchrec": None,
+                "scaling_factor": 1.0,
+                "wall_ms_per_step": 2.0,
+                "cpu_us_per_sample": 80.0,
+                "cpu_ratio_vs_plain_torch": 2.0,
+                "steady_cpu_us_per_sample": 60.0,
+                "steady_cpu_ratio_vs_plain_torch": 1.5,
+                "phases_ms": {},
+            }
+        ],
+    }
     capsys.readouterr()
     scale.print_table(results)
     out = capsys.readouterr().out
@@ -91,17 +109,30 @@ def test_without_torchrec_the_benches_say_how_to_install_it(monkeypatch, capsys)
 
 
 def test_the_network_table_gives_the_ratio_to_torchrec():
-    row = {"schedule": "vanilla", "dim": 64, "samples_per_s": 900.0, "bytes": 2**20, "auc": 0.5,
-           "allreduce_bytes": 0, "by_cause": dict.fromkeys(["miss_pull", "update_pull", "evict_push", "grad_push",
-                                                           "plan_push"], 0), "phases_ms": {}}
+    row = {
+        "schedule": "vanilla",
+        "dim": 64,
+        "samples_per_s": 900.0,
+        "bytes": 2**20,
+        "auc": 0.5,
+        "allreduce_bytes": 0,
+        "by_cause": dict.fromkeys(["miss_pull", "update_pull", "evict_push", "grad_push", "plan_push"], 0),
+        "phases_ms": {},
+    }
     trec = {"64": {"samples_per_s": 3000.0, "cuda": "no CUDA device"}}
     network._compare([row], trec)
     assert row["vs_torchrec"] == pytest.approx(0.3) and row["speedup_vs_vanilla"] == 1.0
-    result = {"runs": [row], "bed": {"worker_hosts": 2, "rate": "1gbit", "delay_ms": 0.0}, "job": {"batch_size": 256},
-              "torchrec": trec}
+    result = {
+        "runs": [row],
+        "bed": {"worker_hosts": 2, "rate": "1gbit", "delay_ms": 0.0},
+        "job": {"batch_size": 256},
+        "torchrec": trec,
+    }
     table = network.format_table(result)
-    assert "| 0.30x |" in table and "dim 64: TorchRec (1 process, 1 thread): CPU 3,000 samples/s; CUDA: no CUDA " \
-                                   "device" in table, table
+    assert (
+        "| 0.30x |" in table
+        and "dim 64: TorchRec (1 process, 1 thread): CPU 3,000 samples/s; CUDA: no CUDA device" in table
+    ), table
     result["torchrec"] = {"error": "torchrec not installed: make torchrec"}
     assert "TorchRec: torchrec not installed: make torchrec" in network.format_table(result)
 

@@ -2,11 +2,11 @@
 
 import pytest
 
-from herald.errors import ConfigError
-from herald.contracts.job import JobSpec
-from herald.contracts.train import TrainConfig
-from herald.contracts.tables import OptimizerConfig, TableConfig
 from herald.contracts.consistency import check_consistency, parse_slow_worker
+from herald.contracts.job import JobSpec
+from herald.contracts.tables import OptimizerConfig, TableConfig
+from herald.contracts.train import TrainConfig
+from herald.errors import ConfigError
 
 
 def test_slow_worker_parses_rank_and_ms():
@@ -15,8 +15,9 @@ def test_slow_worker_parses_rank_and_ms():
     assert parse_slow_worker(" 0 : 5 ", num_workers=1) == (0, 5)
 
 
-@pytest.mark.parametrize("text, words", [("1", "RANK:MS"), ("a:1", "RANK:MS"), ("1:0", "1.."), ("-1:3", "RANK:MS"),
-                                         ("2:10", "ranks 0..1")])
+@pytest.mark.parametrize(
+    "text, words", [("1", "RANK:MS"), ("a:1", "RANK:MS"), ("1:0", "1.."), ("-1:3", "RANK:MS"), ("2:10", "ranks 0..1")]
+)
 def test_slow_worker_rejects_bad_values_naming_the_fix(text, words):
     with pytest.raises(ConfigError, match="--slow-worker") as info:
         parse_slow_worker(text, num_workers=2)
@@ -41,8 +42,13 @@ def test_train_config_checks_and_job_spec_carries_the_settings():
         TrainConfig(staleness=1)
     cfg = TrainConfig(workers=2, consistency="bounded", staleness=4, slow_worker="1:25")
     table = TableConfig(name="t0", dim=4, optimizer=OptimizerConfig(name="sgd", lr=0.1))
-    job = JobSpec(tables=(table,), dense_dim=0, ps=("tcp://127.0.0.1:1",), consistency=cfg.consistency,
-                  staleness=cfg.staleness, **dict(zip(("slow_worker_rank", "slow_worker_ms"),
-                                                      parse_slow_worker(cfg.slow_worker))))
+    job = JobSpec(
+        tables=(table,),
+        dense_dim=0,
+        ps=("tcp://127.0.0.1:1",),
+        consistency=cfg.consistency,
+        staleness=cfg.staleness,
+        **dict(zip(("slow_worker_rank", "slow_worker_ms"), parse_slow_worker(cfg.slow_worker))),
+    )
     back = JobSpec.from_dict(job.to_dict())
     assert (back.consistency, back.staleness, back.slow_worker_rank, back.slow_worker_ms) == ("bounded", 4, 1, 25)

@@ -8,8 +8,8 @@ import dataclasses
 import pytest
 
 from herald.cli import main
-from herald.errors import ConfigError
 from herald.contracts.train import TrainConfig
+from herald.errors import ConfigError
 
 
 def test_the_ray_settings_need_the_ray_launcher():
@@ -24,18 +24,21 @@ def test_the_ray_settings_need_the_ray_launcher():
 def test_the_storage_path_holds_the_run_folder():
     cfg = TrainConfig(launcher="ray", storage_path="/mnt/shared", run_dir="runs/a")
     assert cfg.run_dir == "/mnt/shared/runs/a"
-    assert dataclasses.replace(cfg, resume=True).run_dir == "/mnt/shared/runs/a"   # kept, not joined twice
+    assert dataclasses.replace(cfg, resume=True).run_dir == "/mnt/shared/runs/a"  # kept, not joined twice
     assert TrainConfig(launcher="ray", storage_path="/mnt/shared", run_dir="/mnt/shared/b").run_dir == "/mnt/shared/b"
     for outside in ("/elsewhere", "../up"):
         with pytest.raises(ConfigError, match="is outside --storage-path"):
             TrainConfig(launcher="ray", storage_path="/mnt/shared", run_dir=outside)
 
 
-@pytest.mark.parametrize("settings,words", [
-    (dict(ray_address="ray://head:10001"), "Ray Client"),
-    (dict(device="cuda:1"), "use --device cuda"),
-    (dict(pin_cores=True), "leave --pin-cores out"),
-])
+@pytest.mark.parametrize(
+    "settings,words",
+    [
+        (dict(ray_address="ray://head:10001"), "Ray Client"),
+        (dict(device="cuda:1"), "use --device cuda"),
+        (dict(pin_cores=True), "leave --pin-cores out"),
+    ],
+)
 def test_what_the_ray_launcher_cannot_do_is_refused(settings, words):
     with pytest.raises(ConfigError, match=words):
         TrainConfig(launcher="ray", **settings)

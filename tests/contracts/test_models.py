@@ -7,12 +7,12 @@ import types
 
 import pytest
 
-from herald.errors import ConfigError
-from herald.loader.batch import Schema
 from herald.contracts.job import JobSpec
 from herald.contracts.models import MODEL_NEEDS, check_model
 from herald.contracts.train import TrainConfig
 from herald.contracts.vocab import MODELS, SCALAR_SLICE_MODELS
+from herald.errors import ConfigError
+from herald.loader.batch import Schema
 
 
 def test_every_model_has_one_entry():
@@ -21,21 +21,26 @@ def test_every_model_has_one_entry():
     assert {m: n.tables for m, n in MODEL_NEEDS.items() if n.tables is not None} == {"ncf": 2}
 
 
-@pytest.mark.parametrize("model,tables,dim,message", [
-    ("ncf", 26, 16, r"--model ncf \(NCF\) needs exactly 2 tables \(user, item\), and the source has 26"),
-    ("ncf", 1, 16, "needs exactly 2 tables"),
-    ("wdl", 26, 1, r"--model wdl needs --embedding-dim >= 2 \(the last element"),
-    ("deepfm", None, 1, "--model deepfm needs --embedding-dim >= 2"),
-    ("dlrm", 0, 16, "--model dlrm needs at least one embedding table"),
-    ("auto", 0, 16, "--model auto needs at least one embedding table"),
-])
+@pytest.mark.parametrize(
+    "model,tables,dim,message",
+    [
+        ("ncf", 26, 16, r"--model ncf \(NCF\) needs exactly 2 tables \(user, item\), and the source has 26"),
+        ("ncf", 1, 16, "needs exactly 2 tables"),
+        ("wdl", 26, 1, r"--model wdl needs --embedding-dim >= 2 \(the last element"),
+        ("deepfm", None, 1, "--model deepfm needs --embedding-dim >= 2"),
+        ("dlrm", 0, 16, "--model dlrm needs at least one embedding table"),
+        ("auto", 0, 16, "--model auto needs at least one embedding table"),
+    ],
+)
 def test_refusals_name_the_flags(model, tables, dim, message):
     with pytest.raises(ConfigError, match=message):
         check_model(model, tables, dim)
 
 
-@pytest.mark.parametrize("model,tables,dim", [("ncf", 2, 1), ("ncf", None, 1), ("dlrm", 26, 1), ("dcn", 3, 1),
-                                              ("wdl", 26, 2), ("auto", 5, 1)])
+@pytest.mark.parametrize(
+    "model,tables,dim",
+    [("ncf", 2, 1), ("ncf", None, 1), ("dlrm", 26, 1), ("dcn", 3, 1), ("wdl", 26, 2), ("auto", 5, 1)],
+)
 def test_what_a_model_can_take_passes(model, tables, dim):
     check_model(model, tables, dim)
 
@@ -47,7 +52,7 @@ def test_a_resolved_model_is_named_with_what_was_asked():
 
 def test_check_schema_resolves_auto_and_shows_the_tables():
     schema = Schema(tuple(f"C{i}" for i in range(1, 27)), 13)
-    TrainConfig(model="auto", embedding_dim=1).check_schema(schema, None)   # synthetic / parquet: dlrm takes dim 1
+    TrainConfig(model="auto", embedding_dim=1).check_schema(schema, None)  # synthetic / parquet: dlrm takes dim 1
     with pytest.raises(ConfigError, match=r"source has 26: C1, C2, C3, C4, \.\.\.; choose --model dlrm"):
         TrainConfig(model="ncf").check_schema(schema, "criteo")
     with pytest.raises(ConfigError, match=r"--model auto \(here wdl\)"):
@@ -55,8 +60,7 @@ def test_check_schema_resolves_auto_and_shows_the_tables():
 
 
 def test_the_job_spec_checks_the_same_needs():
-    data = types.SimpleNamespace(dataset="parquet", schema=Schema(("a", "b", "c"), 0), replicated=[],
-                                 replica_rows=0)
+    data = types.SimpleNamespace(dataset="parquet", schema=Schema(("a", "b", "c"), 0), replicated=[], replica_rows=0)
     with pytest.raises(ConfigError, match="--model ncf .* needs exactly 2 tables"):
         JobSpec.build(TrainConfig(model="ncf"), data, ["tcp://127.0.0.1:1"])
     assert JobSpec.build(TrainConfig(model="dcn", embedding_dim=1), data, ["tcp://127.0.0.1:1"]).model == "dcn"

@@ -29,29 +29,33 @@ def header(op, arrays: list | None = None, **fields) -> bytes:
 def undecodable() -> list[list[bytes]]:
     """Messages no validator can read as NOTE [wire format]."""
     return [
-        [b"\x00\x01\x02\x03\x04\x05\x06\x07\x08"],                       # 9 bytes, not msgpack
-        [b""],                                                           # empty header frame
-        [b"\xc1" * 16],                                                  # a reserved msgpack byte
-        [b"\x91" * 200_000 + b"\xc0"],                                   # nesting deeper than msgpack's stack
-        [msgpack.packb([1, 2, 3])],                                      # msgpack, not a map
-        [msgpack.packb({"v": V + 7, "op": "hello", "arrays": []})],      # another protocol version
-        [msgpack.packb({"v": V, "op": 5, "arrays": []})],                # op not a str
-        [msgpack.packb({"v": V, "op": "ack", "arrays": "none"})],        # arrays not a list
+        [b"\x00\x01\x02\x03\x04\x05\x06\x07\x08"],  # 9 bytes, not msgpack
+        [b""],  # empty header frame
+        [b"\xc1" * 16],  # a reserved msgpack byte
+        [b"\x91" * 200_000 + b"\xc0"],  # nesting deeper than msgpack's stack
+        [msgpack.packb([1, 2, 3])],  # msgpack, not a map
+        [msgpack.packb({"v": V + 7, "op": "hello", "arrays": []})],  # another protocol version
+        [msgpack.packb({"v": V, "op": 5, "arrays": []})],  # op not a str
+        [msgpack.packb({"v": V, "op": "ack", "arrays": "none"})],  # arrays not a list
         [msgpack.packb({"v": V, "op": "ack", "arrays": [], "x": b"\x00"}, use_bin_type=True)],  # a bin value
-        [header("ack", [["<f4", [1 << 39]]]), b"\x00" * 8],              # a huge array claimed, 8 bytes sent
-        [header("ack", [["<f4", [1 << 40]]]), b""],                      # a dimension out of range
-        [header("ack", [["<f4", [4]]])],                                 # a descriptor without its frame
-        [header("ack"), b"\x00" * 16],                                   # a frame without a descriptor
-        [header("ack", [["|O", [2]]]), b"\x00" * 16],                    # an object dtype
-        [header("ack", [["<f4", [1] * 9]]), b"\x00" * 4],                # too many dimensions
-        [b"\x80" + b"\x00" * (1 << 20)],                                 # a header over 1 MiB
+        [header("ack", [["<f4", [1 << 39]]]), b"\x00" * 8],  # a huge array claimed, 8 bytes sent
+        [header("ack", [["<f4", [1 << 40]]]), b""],  # a dimension out of range
+        [header("ack", [["<f4", [4]]])],  # a descriptor without its frame
+        [header("ack"), b"\x00" * 16],  # a frame without a descriptor
+        [header("ack", [["|O", [2]]]), b"\x00" * 16],  # an object dtype
+        [header("ack", [["<f4", [1] * 9]]), b"\x00" * 4],  # too many dimensions
+        [b"\x80" + b"\x00" * (1 << 20)],  # a header over 1 MiB
     ]
 
 
 def unknown_ops(rank: int = 0) -> list[list[bytes]]:
     """Well-formed messages whose op no worker sends."""
-    return [[header("frobnicate", rank=rank)], [header("microbatch", rank=rank, step=0)],
-            [header("", rank=rank)], [header("x" * 5000, rank=rank)]]
+    return [
+        [header("frobnicate", rank=rank)],
+        [header("microbatch", rank=rank, step=0)],
+        [header("", rank=rank)],
+        [header("x" * 5000, rank=rank)],
+    ]
 
 
 def _f4(*shape: int) -> bytes:
@@ -65,7 +69,7 @@ def bad_fields(rank: int, world_size: int, rows: int) -> list[list[bytes]]:
     pair = [["<f4", [rows]], ["<f4", [rows]]]
     return [
         [header("hello", rank=str(rank), world_size=world_size)],
-        [header("hello", rank=True, world_size=world_size)],           # a bool is not a rank
+        [header("hello", rank=True, world_size=world_size)],  # a bool is not a rank
         [header("hello", rank=world_size, world_size=world_size)],
         [header("hello", rank=-1, world_size=world_size)],
         [header("hello", rank=rank, world_size=world_size + 1)],
@@ -80,8 +84,8 @@ def bad_fields(rank: int, world_size: int, rows: int) -> list[list[bytes]]:
         [header("ack", **{**ack, "bytes_pushed": (1 << 64) - 1})],
         [header("ack", **{**ack, "phases_ms": [1, 2]})],
         [header("ack", **{**ack, "rank": float(rank)})],
-        [header("ack", [["<f4", [rows]]], **ack), _f4(rows)],                        # one array
-        [header("ack", pair * 2, **ack), *[_f4(rows)] * 4],                          # four arrays
+        [header("ack", [["<f4", [rows]]], **ack), _f4(rows)],  # one array
+        [header("ack", pair * 2, **ack), *[_f4(rows)] * 4],  # four arrays
         [header("ack", [["<f8", [rows]], ["<f8", [rows]]], **ack), *[np.zeros(rows).tobytes()] * 2],
         [header("ack", [["<f4", [rows + 1]], ["<f4", [rows]]], **ack), _f4(rows + 1), _f4(rows)],
         [header("ack", [["<f4", [rows, 1]], ["<f4", [rows, 1]]], **ack), _f4(rows, 1), _f4(rows, 1)],
@@ -131,5 +135,5 @@ def send_raw_tcp(address: str, payload: bytes, timeout_s: float = 5.0) -> None:
     with rawpeer.connect(address, timeout_s) as s:
         try:
             s.sendall(payload)
-        except OSError:   # libzmq may hang up on noise first: that is a valid outcome
+        except OSError:  # libzmq may hang up on noise first: that is a valid outcome
             pass

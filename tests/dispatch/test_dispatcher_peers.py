@@ -17,20 +17,20 @@ import time
 import numpy as np
 import pytest
 
+from herald.contracts.job import JobSpec
+from herald.contracts.tables import TableConfig
+from herald.contracts.vocab import STARTUP_GRACE_MS
 from herald.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from herald.errors import HeraldError, PeerTimeout, ProtocolError
-from herald.contracts.job import JobSpec
+from herald.job.parts import raise_job_failure
 from herald.loader.batch import SampleBatch
-from herald.contracts.tables import TableConfig
 from herald.scheduler import Scheduler
 from herald.scheduler.config import SchedulerConfig
-from herald.job.parts import raise_job_failure
-from herald.contracts.vocab import STARTUP_GRACE_MS
 from tests.fakes import ScriptedWorker, ServedDispatcher, all_ended, cooperative, drive
 
 WORKERS, PER_WORKER, TABLES, VOCAB = 2, 4, 2, 12
-CAPACITY_ROWS = 10           # >= the 8 keys of a micro-batch, < the 24 keys of the job: evictions happen
-WAIT_S = 30.0                # longest a scripted exchange may take (a fresh clone compiles the numba kernels first)
+CAPACITY_ROWS = 10  # >= the 8 keys of a micro-batch, < the 24 keys of the job: evictions happen
+WAIT_S = 30.0  # longest a scripted exchange may take (a fresh clone compiles the numba kernels first)
 PEER_TIMEOUT_MS = 1000
 # A wait that honours PEER_TIMEOUT_MS lasts at least that long, names it in its error, and
 # ends long before the 120 s default peer timeout: this generous bound only tells the two
@@ -74,8 +74,14 @@ def make_batches(n: int, seed: int = 0) -> list[SampleBatch]:
     for _ in range(n):
         values = [rng.integers(0, VOCAB, gb).astype(np.uint64) for _ in range(TABLES)]
         offsets = [np.arange(gb + 1, dtype=np.int64) for _ in range(TABLES)]
-        out.append(SampleBatch(rng.integers(0, 2, gb).astype(np.float32),
-                               rng.standard_normal((gb, 3)).astype(np.float32), values, offsets))
+        out.append(
+            SampleBatch(
+                rng.integers(0, 2, gb).astype(np.float32),
+                rng.standard_normal((gb, 3)).astype(np.float32),
+                values,
+                offsets,
+            )
+        )
     return out
 
 
@@ -91,8 +97,7 @@ def scheduler_factory() -> Scheduler:
 
 def make_peers(address: str, log: list) -> list[ScriptedWorker]:
     """The job's ``WORKERS`` scripted workers (``worker-<rank>``) at ``address``."""
-    return [ScriptedWorker(address, r, log, world_size=WORKERS, rows=PER_WORKER, wait_s=WAIT_S)
-            for r in range(WORKERS)]
+    return [ScriptedWorker(address, r, log, world_size=WORKERS, rows=PER_WORKER, wait_s=WAIT_S) for r in range(WORKERS)]
 
 
 @pytest.fixture
@@ -108,8 +113,11 @@ def job_of():
     def start(batches, hello: tuple[int, ...] = (0, 1), log: list | None = None, **kwargs):
         log = [] if log is None else log
         kwargs.setdefault("peer_timeout_ms", PEER_TIMEOUT_MS)
-        extra = {k: kwargs.pop(k) for k in ("on_step", "on_checkpoint", "checkpoint_path", "sample_id_log",
-                                            "liveness") if k in kwargs}
+        extra = {
+            k: kwargs.pop(k)
+            for k in ("on_step", "on_checkpoint", "checkpoint_path", "sample_id_log", "liveness")
+            if k in kwargs
+        }
         factory = kwargs.pop("scheduler_factory", scheduler_factory)
         cls = kwargs.pop("dispatcher_cls", Dispatcher)
         job = kwargs.pop("job", make_job())
@@ -166,10 +174,10 @@ def test_happy_path_every_step_is_recorded_in_order_and_end_counts_steps(job_of)
         # the final barrier flushes (reset=False) before the end; then nothing else
         assert p.received == ["config"] + ["microbatch"] * n + ["flush", "end"]
     for r in records:
-        assert r.loss == pytest.approx(1.0)              # mean of 0.5 and 1.5
+        assert r.loss == pytest.approx(1.0)  # mean of 0.5 and 1.5
         assert (r.bytes_pulled, r.bytes_pushed) == (21, 201)
         assert r.counts.shape[0] == WORKERS
-        assert r.labels.tolist() == [0.0] * PER_WORKER + [1.0] * PER_WORKER   # rank order
+        assert r.labels.tolist() == [0.0] * PER_WORKER + [1.0] * PER_WORKER  # rank order
         assert r.probs.shape == (WORKERS * PER_WORKER,)
 
 
@@ -196,13 +204,13 @@ def test_final_flush_names_only_keys_the_worker_was_sent(job_of):
 def test_acks_of_two_inflight_steps_may_interleave_across_ranks(job_of):
     d, served, peers, _ = job_of(make_batches(3), max_inflight_steps=2)
     p0, p1 = peers
-    for p in peers:       # two steps in flight: both arrive before any ack
+    for p in peers:  # two steps in flight: both arrive before any ack
         for step in (0, 1):
             header, _ = p.recv()
             assert (header["op"], header["step"]) == ("microbatch", step)
     assert not p0.sock.poll(200), "a third step was sent beyond max_inflight_steps=2"
     p1.ack(0)
-    p1.ack(1)             # rank 1 acks step 1 before rank 0 acked step 0
+    p1.ack(1)  # rank 1 acks step 1 before rank 0 acked step 0
     p0.ack(0)
     p0.ack(1)
     drive(peers, cooperative, all_ended(peers))
@@ -231,7 +239,7 @@ def test_bad_ack_is_a_protocol_error_naming_step_and_rank(job_of, bad):
     served.join()
     assert isinstance(served.error, ProtocolError), served.error
     assert re.search(want, str(served.error)), str(served.error)
-    for p in peers:       # every worker is told, so none waits out its own timeout
+    for p in peers:  # every worker is told, so none waits out its own timeout
         header, _ = p.recv()
         while header["op"] != "error":
             header, _ = p.recv()
@@ -241,7 +249,7 @@ def test_bad_ack_is_a_protocol_error_naming_step_and_rank(job_of, bad):
 def test_out_of_turn_op_from_a_worker_is_a_protocol_error_naming_it(job_of):
     d, served, peers, _ = job_of(make_batches(3))
     peers[0].recv()
-    peers[0].send({"op": "saved", "rank": 0})     # while the dispatcher waits for acks
+    peers[0].send({"op": "saved", "rank": 0})  # while the dispatcher waits for acks
     served.join()
     assert isinstance(served.error, ProtocolError), served.error
     assert "expected ack, got 'saved' from worker 0" in str(served.error)
@@ -251,11 +259,11 @@ def test_out_of_turn_op_from_a_worker_is_a_protocol_error_naming_it(job_of):
 def test_silent_peer_is_a_peer_timeout_naming_the_missing_rank(job_of):
     d, served, peers, _ = job_of(make_batches(3), max_inflight_steps=2)
     p0, p1 = peers
-    for _ in range(2):    # rank 1 receives its steps and never answers
+    for _ in range(2):  # rank 1 receives its steps and never answers
         assert p1.recv()[0]["op"] == "microbatch"
     for _ in range(2):
         step = p0.recv()[0]["step"]
-        last_message = time.monotonic()       # the dispatcher's wait starts once it got this ack
+        last_message = time.monotonic()  # the dispatcher's wait starts once it got this ack
         p0.ack(step)
     served.join()
     assert isinstance(served.error, PeerTimeout), served.error
@@ -264,7 +272,7 @@ def test_silent_peer_is_a_peer_timeout_naming_the_missing_rank(job_of):
     msg = str(served.error)
     assert "ack of step 0 from workers [1]" in msg and f"{PEER_TIMEOUT_MS} ms" in msg
     assert served.error.peer is not None and "[1]" in served.error.peer
-    header, _ = p0.recv()                     # the live worker learns why the job stopped
+    header, _ = p0.recv()  # the live worker learns why the job stopped
     assert header["op"] == "error" and "PeerTimeout" in header["message"]
 
 
@@ -273,10 +281,10 @@ def test_peer_missing_at_handshake_is_a_peer_timeout_naming_it(job_of):
     d, served, peers, _ = job_of(make_batches(1), hello=(0,), startup_grace_ms=2 * PEER_TIMEOUT_MS)
     served.join()
     assert isinstance(served.error, PeerTimeout), served.error
-    msg = str(served.error)   # the start-up wait, not the step timeout (below)
+    msg = str(served.error)  # the start-up wait, not the step timeout (below)
     assert "hello from workers [1]" in msg and f"{2 * PEER_TIMEOUT_MS} ms" in msg and "start-up" in msg
     assert 0.8 * 2 * PEER_TIMEOUT_MS / 1e3 <= served.ended_at - t0 < HONOURED_S
-    assert d.silence() is None   # workers still starting are not blamed (NOTE [silent workers])
+    assert d.silence() is None  # workers still starting are not blamed (NOTE [silent workers])
 
 
 def test_the_hello_wait_is_the_start_up_grace_not_the_step_timeout(job_of):
@@ -285,7 +293,7 @@ def test_the_hello_wait_is_the_start_up_grace_not_the_step_timeout(job_of):
     assert DispatcherConfig(num_workers=1).startup_grace_ms == STARTUP_GRACE_MS == 60_000
     d, served, peers, _ = job_of(make_batches(2), hello=(0,), startup_grace_ms=4 * PEER_TIMEOUT_MS)
     assert d.channel.startup_ms == 4 * PEER_TIMEOUT_MS and d.channel.timeout_ms == PEER_TIMEOUT_MS
-    time.sleep(1.5 * PEER_TIMEOUT_MS / 1e3)   # past the step timeout
+    time.sleep(1.5 * PEER_TIMEOUT_MS / 1e3)  # past the step timeout
     assert served.thread.is_alive() and served.error is None
     peers[1].hello()
     for p in peers:
@@ -303,7 +311,7 @@ def test_a_worker_timing_out_on_a_silent_one_leaves_the_silent_one_named(job_of)
     d, served, peers, _ = job_of(make_batches(3))
     p0, p1 = peers
     assert p1.recv()[0]["step"] == 0
-    p1.ack(0)                                   # rank 0 received its step and stays silent
+    p1.ack(0)  # rank 0 received its step and stays silent
     time.sleep(0.6 * PEER_TIMEOUT_MS / 1e3)
     p1.send({"op": "error", "rank": 1, "message": "PeerTimeout: PS shard 0 did not answer step within 1000 ms"})
     served.join()
@@ -360,8 +368,9 @@ def test_checkpoint_barrier_flushes_saves_calls_back_and_goes_on(job_of, tmp_pat
     def path(step: int) -> str:
         return str(tmp_path / f"ckpt-{step}")
 
-    d, served, peers, _ = job_of(make_batches(4), log=log, checkpoint_every_steps=2,
-                                 on_checkpoint=on_checkpoint, checkpoint_path=path)
+    d, served, peers, _ = job_of(
+        make_batches(4), log=log, checkpoint_every_steps=2, on_checkpoint=on_checkpoint, checkpoint_path=path
+    )
     saves: list[str] = []
     resets: list[bool] = []
 
@@ -378,15 +387,33 @@ def test_checkpoint_barrier_flushes_saves_calls_back_and_goes_on(job_of, tmp_pat
     assert [r.step for r in served.result] == [0, 1, 2, 3]
     assert [c[:3] for c in calls] == [(1, 1, path(1)), (3, 3, path(3))]
     assert saves == [path(1), path(3)]
-    assert resets == [True] * 4      # two periodic barriers (caches emptied), two workers each
+    assert resets == [True] * 4  # two periodic barriers (caches emptied), two workers each
     first = calls[0][3]
     assert (first["next_step"], first["next_batch"], first["checkpoints"]) == (2, 2, [1])
     assert d.checkpoints == [1, 3]
     # each rank's view: steps, then the barrier, then training goes on
-    assert peers[0].received == ["config", "microbatch", "microbatch", "flush", "save",
-                                 "microbatch", "microbatch", "flush", "save", "end"]
-    assert peers[1].received == ["config", "microbatch", "microbatch", "flush",
-                                 "microbatch", "microbatch", "flush", "end"]
+    assert peers[0].received == [
+        "config",
+        "microbatch",
+        "microbatch",
+        "flush",
+        "save",
+        "microbatch",
+        "microbatch",
+        "flush",
+        "save",
+        "end",
+    ]
+    assert peers[1].received == [
+        "config",
+        "microbatch",
+        "microbatch",
+        "flush",
+        "microbatch",
+        "microbatch",
+        "flush",
+        "end",
+    ]
     # across ranks: both flushed before rank 0 is asked to save; on_checkpoint after saved
     # and before any micro-batch of the next step is sent
     events = list(log)

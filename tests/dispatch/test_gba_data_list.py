@@ -27,17 +27,18 @@ def test_a_global_batch_becomes_m_contiguous_micro_batches_with_their_token():
     batch = _batch(np.random.default_rng(5))
     ids = make_sample_ids(0, 7 * 8, 8)
     mbs = split_global_batch(batch, 7, 4, ids)
-    assert [mb.step for mb in mbs] == [28, 29, 30, 31]           # i = token x M + slot
+    assert [mb.step for mb in mbs] == [28, 29, 30, 31]  # i = token x M + slot
     assert [divmod(mb.step, 4) for mb in mbs] == [(7, s) for s in range(4)]
     for slot, mb in enumerate(mbs):
-        ref = MicroBatch.build(mb.step, slot, batch, ids[2 * slot:2 * slot + 2], mb.plan,
-                               index=np.arange(2 * slot, 2 * slot + 2))
-        assert np.array_equal(mb.sample_ids, ids[2 * slot:2 * slot + 2]) and np.array_equal(mb.labels, ref.labels)
+        ref = MicroBatch.build(
+            mb.step, slot, batch, ids[2 * slot : 2 * slot + 2], mb.plan, index=np.arange(2 * slot, 2 * slot + 2)
+        )
+        assert np.array_equal(mb.sample_ids, ids[2 * slot : 2 * slot + 2]) and np.array_equal(mb.labels, ref.labels)
         for t in range(3):
             assert np.array_equal(mb.values(t), ref.values(t)) and np.array_equal(mb.offsets[t], ref.offsets[t])
-        keys = micro_batch_keys(mb)   # what the worker pulls: every (table, id) once, table by table
+        keys = micro_batch_keys(mb)  # what the worker pulls: every (table, id) once, table by table
         assert len(keys) == sum(np.unique(ref.values(t)).shape[0] for t in range(3))
-        assert not len(mb.plan.pull) and not len(mb.plan.grad_push)   # no plan: GBA reads from the PS
+        assert not len(mb.plan.pull) and not len(mb.plan.grad_push)  # no plan: GBA reads from the PS
 
 
 def test_m_must_divide_the_global_batch():

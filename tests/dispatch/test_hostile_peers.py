@@ -2,7 +2,8 @@
 it drops and counts each (NOTE [peer validation]) and goes on serving the job.
 
 Scripted workers and strangers are ZeroMQ DEALERs (ScriptedWorker and Stranger,
-tests/fakes.py) and plain TCP sockets on the dispatcher's real port. Hostile messages are sent while the dispatcher waits (for
+tests/fakes.py) and plain TCP sockets on the dispatcher's real port. Hostile messages are
+sent while the dispatcher waits (for
 hellos or for an ack), the test waits until it counted them, and then the workers
 finish the job, so every count is exact.
 """
@@ -14,14 +15,14 @@ import time
 
 import hostile
 import pytest
-from test_dispatcher_peers import PER_WORKER, PEER_TIMEOUT_MS, WAIT_S, WORKERS, make_batches
+from test_dispatcher_peers import PEER_TIMEOUT_MS, PER_WORKER, WAIT_S, WORKERS, make_batches
 
 from herald.dispatch.peers import KINDS
 from herald.errors import PeerTimeout
 from tests.fakes import Stranger, all_ended, cooperative, drive, wait_until
 
 STEPS = 3
-PATIENT_MS = 5000    # the dispatcher's peer_timeout_ms where the test sends hostile messages first
+PATIENT_MS = 5000  # the dispatcher's peer_timeout_ms where the test sends hostile messages first
 
 
 @pytest.fixture
@@ -71,12 +72,21 @@ def in_flight(peers) -> None:
 def test_garbage_during_the_handshake_is_dropped_and_the_job_goes_on(job_of, strangers):
     d, served, peers, _ = job_of(make_batches(STEPS), hello=(), peer_timeout_ms=PATIENT_MS)
     s = strangers(d.address)
-    s.send_all(hostile.undecodable() + hostile.unknown_ops() + hostile.bad_fields(0, WORKERS, PER_WORKER)
-               + hostile.claims(0, PER_WORKER) + hostile.claims(1, PER_WORKER))
-    want = {"undecodable": len(hostile.undecodable()), "unknown_op": len(hostile.unknown_ops()),
-            "bad_field": len(hostile.bad_fields(0, WORKERS, PER_WORKER)), "unknown_peer": 2 * len(hostile.claims(0, 1))}
+    s.send_all(
+        hostile.undecodable()
+        + hostile.unknown_ops()
+        + hostile.bad_fields(0, WORKERS, PER_WORKER)
+        + hostile.claims(0, PER_WORKER)
+        + hostile.claims(1, PER_WORKER)
+    )
+    want = {
+        "undecodable": len(hostile.undecodable()),
+        "unknown_op": len(hostile.unknown_ops()),
+        "bad_field": len(hostile.bad_fields(0, WORKERS, PER_WORKER)),
+        "unknown_peer": 2 * len(hostile.claims(0, 1)),
+    }
     wait_rejected(d, want)
-    assert not served.error and served.thread.is_alive()   # a forged error before any hello stopped nothing
+    assert not served.error and served.thread.is_alive()  # a forged error before any hello stopped nothing
     for p in peers:
         p.hello()
     for p in peers:
@@ -90,16 +100,16 @@ def test_second_hello_for_a_bound_rank_is_refused_and_never_replaces_the_first(j
     d, served, peers, _ = job_of(make_batches(STEPS), hello=(), peer_timeout_ms=PATIENT_MS)
     p0, p1 = peers
     p0.hello()
-    p0.hello()                                                          # the same hello again
-    p0.send({"op": "hello", "rank": 1, "world_size": WORKERS})          # one identity, a second rank
+    p0.hello()  # the same hello again
+    p0.send({"op": "hello", "rank": 1, "world_size": WORKERS})  # one identity, a second rank
     wait_rejected(d, {"duplicate_hello": 2})
     s = strangers(d.address)
-    s.send_all(hostile.hellos(WORKERS)[:1])                             # a stranger claims bound rank 0
+    s.send_all(hostile.hellos(WORKERS)[:1])  # a stranger claims bound rank 0
     wait_rejected(d, {"duplicate_hello": 3})
-    p1.hello()                                                          # rank 1 was still free
+    p1.hello()  # rank 1 was still free
     for p in peers:
         assert p.recv()[0]["op"] == "config"
-    s.send_all(hostile.hellos(WORKERS))                                 # every rank is bound now
+    s.send_all(hostile.hellos(WORKERS))  # every rank is bound now
     in_flight(peers)
     wait_rejected(d, {"duplicate_hello": 5})
     finish(served, peers, ack_step0=True)
@@ -113,29 +123,37 @@ def test_malformed_and_foreign_messages_during_steps_are_dropped_and_counted(job
     p0, p1 = peers
     in_flight(peers)
     s = strangers(d.address, b"\x01not a worker\xff")
-    s.send_all(hostile.undecodable() + hostile.unknown_ops() + hostile.claims(0, PER_WORKER)
-               + hostile.claims(1, PER_WORKER))                        # forged acks and errors included
+    s.send_all(
+        hostile.undecodable() + hostile.unknown_ops() + hostile.claims(0, PER_WORKER) + hostile.claims(1, PER_WORKER)
+    )  # forged acks and errors included
     for frames in hostile.undecodable() + hostile.unknown_ops() + hostile.bad_fields(0, WORKERS, PER_WORKER):
-        p0.sock.send_multipart(frames)                                  # the worker's own identity, bad words
-    p1.sock.send_multipart(hostile.claims(0, PER_WORKER)[0])            # rank 1 acks in rank 0's name,
-    p1.sock.send_multipart(hostile.claims(0, PER_WORKER)[-1])           # and fails in its name
-    want = {"undecodable": 2 * len(hostile.undecodable()), "unknown_op": 2 * len(hostile.unknown_ops()),
-            "bad_field": len(hostile.bad_fields(0, WORKERS, PER_WORKER)),
-            "unknown_peer": 2 * len(hostile.claims(0, 1)), "wrong_identity": 2}
+        p0.sock.send_multipart(frames)  # the worker's own identity, bad words
+    p1.sock.send_multipart(hostile.claims(0, PER_WORKER)[0])  # rank 1 acks in rank 0's name,
+    p1.sock.send_multipart(hostile.claims(0, PER_WORKER)[-1])  # and fails in its name
+    want = {
+        "undecodable": 2 * len(hostile.undecodable()),
+        "unknown_op": 2 * len(hostile.unknown_ops()),
+        "bad_field": len(hostile.bad_fields(0, WORKERS, PER_WORKER)),
+        "unknown_peer": 2 * len(hostile.claims(0, 1)),
+        "wrong_identity": 2,
+    }
     wait_rejected(d, want)
     assert not d.records, "a forged or malformed ack completed step 0"
     records = finish(served, peers, ack_step0=True)
     assert records[-1].rejected == {**dict.fromkeys(KINDS, 0), **want}
-    assert records[0].loss == pytest.approx(1.0)      # the real acks only (0.5 and 1.5)
+    assert records[0].loss == pytest.approx(1.0)  # the real acks only (0.5 and 1.5)
     assert s.got_nothing()
 
 
 def test_wrong_identity_during_the_barrier_is_dropped(job_of):
     d, served, peers, _ = job_of(make_batches(1), peer_timeout_ms=PATIENT_MS)
     p1 = peers[1]
-    drive(peers, lambda p, h, a: p.ack(h["step"]) if h["op"] == "microbatch" else None,
-          lambda: all("flush" in p.received for p in peers))
-    p1.send({"op": "flushed", "rank": 0})          # rank 1 answers in rank 0's name
+    drive(
+        peers,
+        lambda p, h, a: p.ack(h["step"]) if h["op"] == "microbatch" else None,
+        lambda: all("flush" in p.received for p in peers),
+    )
+    p1.send({"op": "flushed", "rank": 0})  # rank 1 answers in rank 0's name
     wait_rejected(d, {"wrong_identity": 1})
     for p in peers:
         p.send({"op": "flushed", "rank": p.rank})
@@ -148,11 +166,12 @@ def test_wrong_identity_during_the_barrier_is_dropped(job_of):
 def test_raw_tcp_bytes_are_dropped_and_counted(job_of):
     d, served, peers, _ = job_of(make_batches(STEPS), peer_timeout_ms=PATIENT_MS)
     in_flight(peers)
-    for noise in hostile.NOISE:                    # not ZMTP at all: libzmq may drop the connection
+    for noise in hostile.NOISE:  # not ZMTP at all: libzmq may drop the connection
         hostile.send_raw_tcp(d.address, noise)
     noise_counts = dict(d.rejected)
-    framed = (hostile.undecodable()[:1] + hostile.unknown_ops()[:1] + hostile.claims(0, PER_WORKER)
-              + hostile.hellos(WORKERS))            # ZMTP/1.0 framing: delivered as messages
+    framed = (
+        hostile.undecodable()[:1] + hostile.unknown_ops()[:1] + hostile.claims(0, PER_WORKER) + hostile.hellos(WORKERS)
+    )  # ZMTP/1.0 framing: delivered as messages
     hostile.send_raw_tcp(d.address, hostile.zmtp10(framed))
     want = {"unknown_op": 1, "unknown_peer": len(hostile.claims(0, 1)), "duplicate_hello": WORKERS}
     deadline = time.monotonic() + WAIT_S
@@ -173,14 +192,17 @@ def test_a_stranger_using_a_workers_identity_cannot_speak_for_it(job_of, strange
     any real ack; then they must have had no effect."""
     d, served, peers, _ = job_of(make_batches(STEPS), peer_timeout_ms=PATIENT_MS)
     in_flight(peers)
-    forged = hostile.claims(0, PER_WORKER)         # forged acks and error in worker 0's identity
+    forged = hostile.claims(0, PER_WORKER)  # forged acks and error in worker 0's identity
     spoof = strangers(d.address, b"worker-0")
-    spoof.wait_handshake(WAIT_S)                    # connected to the dispatcher, as worker 0 is
-    spoof.send_all(forged, wait_s=WAIT_S)           # every frame written to that connection
-    control = strangers(d.address, b"control")     # the same frames from an identity not in use:
-    control.send_all(forged)                        # read and counted, after the spoofed ones arrived
-    wait_until(lambda: d.rejected["unknown_peer"] >= len(forged) or not served.thread.is_alive(), WAIT_S,
-               f"the dispatcher counting the control's {len(forged)} messages (counted: {d.rejected})")
+    spoof.wait_handshake(WAIT_S)  # connected to the dispatcher, as worker 0 is
+    spoof.send_all(forged, wait_s=WAIT_S)  # every frame written to that connection
+    control = strangers(d.address, b"control")  # the same frames from an identity not in use:
+    control.send_all(forged)  # read and counted, after the spoofed ones arrived
+    wait_until(
+        lambda: d.rejected["unknown_peer"] >= len(forged) or not served.thread.is_alive(),
+        WAIT_S,
+        f"the dispatcher counting the control's {len(forged)} messages (counted: {d.rejected})",
+    )
     assert served.thread.is_alive() and served.error is None, f"a forged message stopped the job: {served.error!r}"
     assert not d.records, "a forged ack completed step 0"
     wait_rejected(d, {"unknown_peer": len(forged)})
@@ -194,7 +216,7 @@ def test_a_stranger_using_a_workers_identity_cannot_speak_for_it(job_of, strange
 def test_a_flood_of_garbage_does_not_hold_the_timeout_or_the_liveness_check(job_of, strangers):
     checks: list[float] = []
     d, served, peers, _ = job_of(make_batches(STEPS), liveness=lambda: checks.append(time.monotonic()))
-    in_flight(peers)                               # rank 1 never acks
+    in_flight(peers)  # rank 1 never acks
     peers[0].ack(0)
     flood = strangers(d.address)
     stop = threading.Event()

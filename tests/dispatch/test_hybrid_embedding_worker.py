@@ -32,13 +32,17 @@ def _plan():
 def _mb(step, rank, first_seq, values, offsets):
     """One micro-batch of len(offsets[0]) - 1 samples; ``values``/``offsets`` per table."""
     b = len(offsets[0]) - 1
-    batch = SampleBatch(np.zeros(b, np.float32), np.zeros((b, 0), np.float32),
-                        [np.array(v, np.uint64) for v in values], [np.array(o, np.int64) for o in offsets])
+    batch = SampleBatch(
+        np.zeros(b, np.float32),
+        np.zeros((b, 0), np.float32),
+        [np.array(v, np.uint64) for v in values],
+        [np.array(o, np.int64) for o in offsets],
+    )
     return MicroBatch.build(step, rank, batch, make_sample_ids(0, first_seq, b), _plan())
 
 
 # step 5: rank 0 has samples 0-1, rank 1 samples 2-3; two tables
-MB0 = _mb(5, 0, 0, [[7, 9, 7], [4, 4]], [[0, 2, 3], [0, 1, 2]])       # s0: {7, 9} {4}; s1: {7} {4}
+MB0 = _mb(5, 0, 0, [[7, 9, 7], [4, 4]], [[0, 2, 3], [0, 1, 2]])  # s0: {7, 9} {4}; s1: {7} {4}
 MB1 = _mb(5, 1, 2, [[9], [8, 4, 2**64 - 1]], [[0, 1, 1], [0, 2, 3]])  # s2: {9} {8, 4}; s3: {} {2^64-1}
 
 
@@ -113,8 +117,12 @@ def _worker(log, window=2, expiry=None, gate=None, fail=None, timeout_s=5.0, tab
 
 
 def _ack(mb, grads):
-    return [np.zeros(len(mb), np.float32), np.zeros(len(mb), np.float32), mb.sample_ids.copy(),
-            np.asarray(grads, np.float32)]
+    return [
+        np.zeros(len(mb), np.float32),
+        np.zeros(len(mb), np.float32),
+        mb.sample_ids.copy(),
+        np.asarray(grads, np.float32),
+    ]
 
 
 def test_a_step_is_expanded_summed_over_ranks_and_pushed_once_per_key():
@@ -122,20 +130,20 @@ def test_a_step_is_expanded_summed_over_ranks_and_pushed_once_per_key():
     hw, buf = _worker(log), _buffer()
     try:
         hw.before_send(5)
-        g0 = np.arange(2 * 2 * 2, dtype=np.float32).reshape(2, 2, 2)          # [b, T, dim]
+        g0 = np.arange(2 * 2 * 2, dtype=np.float32).reshape(2, 2, 2)  # [b, T, dim]
         g1 = 100 + np.arange(2 * 2 * 2, dtype=np.float32).reshape(2, 2, 2)
         rest = hw.receive(5, 0, _ack(MB0, g0), buf, newest_step=5)
-        assert len(rest) == 2                                                   # labels, predictions
+        assert len(rest) == 2  # labels, predictions
         hw.receive(5, 1, _ack(MB1, g1), buf, newest_step=6)
         stats = hw.step_acked(5, buf)
         hw.drain()
         assert stats == {"staleness": 0, "dropped": 0, "hybrid_rows": 2 + 3}
-        (step, rank, parts), = log
+        ((step, rank, parts),) = log
         assert step == 5 and rank == 0
-        k0, s0, c0 = parts[0]            # table 0: 7 <- s0, s1; 9 <- s0, s2
+        k0, s0, c0 = parts[0]  # table 0: 7 <- s0, s1; 9 <- s0, s2
         assert k0.tolist() == [7, 9] and (c0 == 1).all()
         np.testing.assert_array_equal(s0, [g0[0, 0] + g0[1, 0], g0[0, 0] + g1[0, 0]])
-        k1, s1, _ = parts[1]             # table 1: 4 <- s0, s1, s2; 8 <- s2; 2^64-1 <- s3
+        k1, s1, _ = parts[1]  # table 1: 4 <- s0, s1, s2; 8 <- s2; 2^64-1 <- s3
         assert k1.tolist() == [4, 8, 2**64 - 1]
         np.testing.assert_array_equal(s1, [g0[0, 1] + g0[1, 1] + g1[0, 1], g1[0, 1], g1[1, 1]])
     finally:
@@ -147,13 +155,13 @@ def test_a_gradient_older_than_the_expiry_is_dropped_and_counted():
     hw, buf = _worker(log, window=3, expiry=1), _buffer()
     try:
         hw.before_send(5)
-        hw.receive(5, 0, _ack(MB0, np.ones((2, 2, 2))), buf, newest_step=6)     # age 1: kept
-        hw.receive(5, 1, _ack(MB1, np.ones((2, 2, 2))), buf, newest_step=7)     # age 2 > 1: dropped
+        hw.receive(5, 0, _ack(MB0, np.ones((2, 2, 2))), buf, newest_step=6)  # age 1: kept
+        hw.receive(5, 1, _ack(MB1, np.ones((2, 2, 2))), buf, newest_step=7)  # age 2 > 1: dropped
         stats = hw.step_acked(5, buf)
         hw.drain()
         assert stats["dropped"] == 2
-        (_, _, parts), = log
-        assert parts[0][0].tolist() == [7, 9] and parts[1][0].tolist() == [4]    # rank 0's ids only
+        ((_, _, parts),) = log
+        assert parts[0][0].tolist() == [7, 9] and parts[1][0].tolist() == [4]  # rank 0's ids only
     finally:
         hw.close()
 
@@ -174,7 +182,7 @@ def test_all_tables_at_once_equal_the_per_table_expansion_and_sum():
         mbs.append(mb)
         acks.append((perm, rng.standard_normal((b, tables, dim)).astype(np.float32)))
     table, keys, rows = step_union(mbs)
-    for mb, r in zip(mbs, rows):   # each distinct id's row in the step's sorted key list
+    for mb, r in zip(mbs, rows):  # each distinct id's row in the step's sorted key list
         mine = np.repeat(np.arange(tables), np.diff(mb.id_bounds))
         assert (table[r] == mine).all() and (keys[r] == mb.ids_flat).all()
     assert np.unique(np.stack([table, keys.astype(np.int64)]), axis=1).shape[1] == keys.shape[0]
@@ -194,10 +202,11 @@ def test_all_tables_at_once_equal_the_per_table_expansion_and_sum():
             continue
         assert got[t][0].tolist() == want_keys.tolist() and got[t][1].dtype == np.float32
         np.testing.assert_allclose(got[t][1], sums.astype(np.float32), rtol=1e-6, atol=1e-7)
-    only = merge_ranks(table, keys, [rank_key_sums(mbs[0], np.array([2]), acks[0][1][:1], rows[0], keys.shape[0])],
-                       tables)   # one sample only: its keys, no other
+    only = merge_ranks(
+        table, keys, [rank_key_sums(mbs[0], np.array([2]), acks[0][1][:1], rows[0], keys.shape[0])], tables
+    )  # one sample only: its keys, no other
     for t in range(tables):
-        want = sorted(set(mbs[0].values(t)[mbs[0].offsets[t][2]:mbs[0].offsets[t][3]].tolist()))
+        want = sorted(set(mbs[0].values(t)[mbs[0].offsets[t][2] : mbs[0].offsets[t][3]].tolist()))
         assert (only[t][0].tolist() if t in only else []) == want
     assert merge_ranks(table, keys, [], tables) == {}
 
@@ -211,7 +220,7 @@ def test_gradients_for_samples_not_in_the_micro_batch_are_refused():
         with pytest.raises(ProtocolError, match="two gradients for one sample"):
             hw.receive(5, 0, twice, buf, newest_step=5)
         with pytest.raises(ProtocolError, match="not in its micro-batch"):
-            hw.receive(5, 0, _ack(MB1, np.zeros((2, 2, 2))), buf, newest_step=5)   # rank 1's samples
+            hw.receive(5, 0, _ack(MB1, np.zeros((2, 2, 2))), buf, newest_step=5)  # rank 1's samples
         with pytest.raises(ProtocolError, match="no gradients"):
             hw.receive(5, 0, [np.zeros(2, np.float32), np.zeros(2, np.float32)], buf, newest_step=5)
     finally:
@@ -228,12 +237,12 @@ def test_staleness_counts_the_earlier_updates_not_applied_at_hand_out():
             hw.before_send(step)
             buf.put(step, [_mb(step, 0, 10 * step, [[1]], [[0, 1]])])
         buf_mb = [buf.micro_batch(s, 0) for s in (5, 6)]
-        for step, mb in zip((5, 6), buf_mb):   # acked, pushes held by the gate
+        for step, mb in zip((5, 6), buf_mb):  # acked, pushes held by the gate
             g = np.ones((1, 1, 2), np.float32)
             hw.receive(step, 0, [mb.sample_ids.copy(), g], buf, newest_step=7)
             assert hw.step_acked(step, buf)["staleness"] == step - 5
         threading.Timer(0.2, gate.set).start()
-        hw.before_send(8)           # waits (bounded) until step 5 is applied
+        hw.before_send(8)  # waits (bounded) until step 5 is applied
         assert hw.pusher.applied_through >= 5
         hw.drain()
         assert [s for s, _, _ in log] == [5, 6]
@@ -257,7 +266,7 @@ def test_a_push_thread_failure_reaches_the_serve_thread():
 
 def test_a_silent_ps_is_a_bounded_wait():
     log: list = []
-    gate = threading.Event()   # never set: the push never completes
+    gate = threading.Event()  # never set: the push never completes
     hw, buf = _worker(log, gate=gate, timeout_s=0.3), _buffer()
     try:
         hw.receive(5, 0, _ack(MB0, np.ones((2, 2, 2))), buf, newest_step=5)
@@ -271,8 +280,8 @@ def test_a_silent_ps_is_a_bounded_wait():
 
 
 def test_hybrid_settings_are_checked_with_the_fix_named():
-    from herald.errors import ConfigError
     from herald.contracts.train import TrainConfig
+    from herald.errors import ConfigError
 
     assert TrainConfig(consistency="hybrid", hybrid_expiry=2).hybrid_expiry == 2
     with pytest.raises(ConfigError, match="no meaning for --consistency bsp"):
@@ -285,8 +294,8 @@ def test_hybrid_settings_are_checked_with_the_fix_named():
 
 def test_resolve_can_be_limited_to_one_step():
     buf = _buffer()
-    again = _mb(6, 0, 0, [[1, 2]], [[0, 1, 2]])   # the same sample ids as step 5's rank 0 (a replayed source)
+    again = _mb(6, 0, 0, [[1, 2]], [[0, 1, 2]])  # the same sample ids as step 5's rank 0 (a replayed source)
     buf.put(6, [again])
-    assert buf.resolve(MB0.sample_ids).step.tolist() == [6, 6]          # the newest
+    assert buf.resolve(MB0.sample_ids).step.tolist() == [6, 6]  # the newest
     assert buf.resolve(MB0.sample_ids, 5).step.tolist() == [5, 5]
     assert buf.resolve(MB1.sample_ids, 6).step.tolist() == [-1, -1]

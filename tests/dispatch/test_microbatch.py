@@ -1,12 +1,13 @@
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from herald import wire
+from herald.dispatch.microbatch import MicroBatch, make_sample_ids
 from herald.errors import ProtocolError
 from herald.loader.batch import SampleBatch
 from herald.scheduler.plan import CachePlan, KeySet
-from herald.dispatch.microbatch import MicroBatch, make_sample_ids
 
 
 def _plan():
@@ -15,9 +16,12 @@ def _plan():
 
 
 def test_roundtrip_through_wire_keeps_every_bit():
-    batch = SampleBatch(np.array([1, 0, 1], np.float32), np.arange(6, dtype=np.float32).reshape(3, 2),
-                        [np.array([7, 2**63 + 9, 7], np.uint64), np.array([11, 12, 13, 11], np.uint64)],
-                        [np.arange(4, dtype=np.int64), np.array([0, 2, 2, 4], np.int64)])
+    batch = SampleBatch(
+        np.array([1, 0, 1], np.float32),
+        np.arange(6, dtype=np.float32).reshape(3, 2),
+        [np.array([7, 2**63 + 9, 7], np.uint64), np.array([11, 12, 13, 11], np.uint64)],
+        [np.arange(4, dtype=np.int64), np.array([0, 2, 2, 4], np.int64)],
+    )
     ids = make_sample_ids(3, 100, 3)
     mb = MicroBatch.build(7, 1, batch, ids, _plan())
     assert mb.inverse[0].dtype == np.uint16 and mb.unique_ids[0].tolist() == [7, 2**63 + 9]
@@ -37,6 +41,7 @@ def test_header_and_frame_sizes_are_checked():
     with pytest.raises(ProtocolError, match="array frames"):
         wire.unpack([frames[0]])
     import msgpack
+
     with pytest.raises(ProtocolError, match="not allowed"):
         wire.unpack([msgpack.packb({"v": 1, "op": "x", "arrays": [["|O", [1]]]}), b"\0" * 8])
 
@@ -81,9 +86,12 @@ def test_flat_arrays_and_per_table_views_match_np_unique():
 
 def test_inverse_is_int32_when_a_table_has_65536_values():
     n = 70_000
-    batch = SampleBatch(np.zeros(1, np.float32), np.zeros((1, 0), np.float32),
-                        [np.arange(n, dtype=np.uint64) % np.uint64(70_001), np.array([4], np.uint64)],
-                        [np.array([0, n], np.int64), np.array([0, 1], np.int64)])
+    batch = SampleBatch(
+        np.zeros(1, np.float32),
+        np.zeros((1, 0), np.float32),
+        [np.arange(n, dtype=np.uint64) % np.uint64(70_001), np.array([4], np.uint64)],
+        [np.array([0, n], np.int64), np.array([0, 1], np.int64)],
+    )
     mb = MicroBatch.build(0, 0, batch, make_sample_ids(0, 0, 1), _plan())
     assert mb.inverse_flat.dtype == np.int32
     back = MicroBatch.from_frames(*wire.unpack(wire.pack(*mb.to_frames())))
@@ -99,20 +107,22 @@ def test_one_blob_frame_per_micro_batch():
 
 def _valid_message(seed: int):
     rng = np.random.default_rng(seed)
-    mb = MicroBatch.build(2, 1, _batch(rng), make_sample_ids(0, 0, 6), _plan(),
-                          pull_early=np.array([True, False]))
+    mb = MicroBatch.build(2, 1, _batch(rng), make_sample_ids(0, 0, 6), _plan(), pull_early=np.array([True, False]))
     return wire.unpack(wire.pack(*mb.to_frames()))
 
 
-@pytest.mark.parametrize("mutate, match", [
-    (lambda h, a: h.update(layout=1), "layout"),
-    (lambda h, a: h.update(tables=-1), "tables"),
-    (lambda h, a: h["parts"].pop(), "parts"),
-    (lambda h, a: h["parts"][5].__setitem__(0, "<i8"), "part 5"),
-    (lambda h, a: h["parts"][2].__setitem__(1, [6, 2, 1]), "part 2"),
-    (lambda h, a: h["parts"][3].__setitem__(1, [10**6]), "bytes"),
-    (lambda h, a: a.append(a[0]), "one uint8"),
-])
+@pytest.mark.parametrize(
+    "mutate, match",
+    [
+        (lambda h, a: h.update(layout=1), "layout"),
+        (lambda h, a: h.update(tables=-1), "tables"),
+        (lambda h, a: h["parts"].pop(), "parts"),
+        (lambda h, a: h["parts"][5].__setitem__(0, "<i8"), "part 5"),
+        (lambda h, a: h["parts"][2].__setitem__(1, [6, 2, 1]), "part 2"),
+        (lambda h, a: h["parts"][3].__setitem__(1, [10**6]), "bytes"),
+        (lambda h, a: a.append(a[0]), "one uint8"),
+    ],
+)
 def test_malformed_descriptors_are_protocol_errors(mutate, match):
     header, arrays = _valid_message(0)
     mutate(header, arrays)
@@ -124,20 +134,26 @@ def test_bad_bounds_and_inverse_are_protocol_errors():
     header, arrays = _valid_message(1)
     blob = arrays[0].copy()
     parts = MicroBatch.from_frames(header, [blob])
-    offset_of = {name: part.ctypes.data - blob.ctypes.data for name, part in
-                 (("id_bounds", parts.id_bounds), ("inverse", parts.inverse_flat), ("offsets", parts.offsets_flat))}
-    for name, value, match in (("id_bounds", 5, "id_bounds"), ("inverse", 60000, "inverse"),
-                               ("offsets", 3, "offsets")):
+    offset_of = {
+        name: part.ctypes.data - blob.ctypes.data
+        for name, part in (
+            ("id_bounds", parts.id_bounds),
+            ("inverse", parts.inverse_flat),
+            ("offsets", parts.offsets_flat),
+        )
+    }
+    for name, value, match in (("id_bounds", 5, "id_bounds"), ("inverse", 60000, "inverse"), ("offsets", 3, "offsets")):
         bad = arrays[0].copy()
         dtype = {"id_bounds": np.int64, "inverse": np.uint16, "offsets": np.int64}[name]
-        bad[offset_of[name]:offset_of[name] + np.dtype(dtype).itemsize] = np.array([value], dtype).view(np.uint8)
+        bad[offset_of[name] : offset_of[name] + np.dtype(dtype).itemsize] = np.array([value], dtype).view(np.uint8)
         with pytest.raises(ProtocolError, match=match):
             MicroBatch.from_frames(header, [bad])
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.integers(0, 3), st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), max_size=8),
-       st.integers(-16, 16))
+@given(
+    st.integers(0, 3), st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), max_size=8), st.integers(-16, 16)
+)
 def test_corrupted_blobs_never_crash_the_decoder(seed, flips, resize):
     header, arrays = _valid_message(seed)
     blob = arrays[0].copy()
@@ -151,5 +167,5 @@ def test_corrupted_blobs_never_crash_the_decoder(seed, flips, resize):
         mb = MicroBatch.from_frames(header, [blob])
     except ProtocolError:
         return
-    for t in range(mb.num_tables):   # whatever passed the checks is usable
+    for t in range(mb.num_tables):  # whatever passed the checks is usable
         mb.values(t)

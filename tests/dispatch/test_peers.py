@@ -36,9 +36,14 @@ def bound_table(rows: int | None = ROWS) -> PeerTable:
     return table
 
 
-@pytest.mark.parametrize("kind,messages", [("undecodable", hostile.undecodable()),
-                                           ("unknown_op", hostile.unknown_ops()),
-                                           ("bad_field", hostile.bad_fields(0, WORKERS, ROWS))])
+@pytest.mark.parametrize(
+    "kind,messages",
+    [
+        ("undecodable", hostile.undecodable()),
+        ("unknown_op", hostile.unknown_ops()),
+        ("bad_field", hostile.bad_fields(0, WORKERS, ROWS)),
+    ],
+)
 @pytest.mark.parametrize("sender", [b"worker-0", b"stranger"])
 def test_each_malformed_message_is_rejected_as_its_kind_whoever_sends_it(kind, messages, sender):
     table = bound_table()
@@ -62,12 +67,12 @@ def test_claims_from_strangers_and_from_another_rank_are_rejected():
     table = bound_table()
     for frames in hostile.claims(0, ROWS):
         assert kind_of(table, b"stranger", frames) == "unknown_peer"
-        assert kind_of(table, b"worker-1", frames) == "wrong_identity"   # rank 1's identity claims rank 0
+        assert kind_of(table, b"worker-1", frames) == "wrong_identity"  # rank 1's identity claims rank 0
         assert table.admit([b"worker-0", *frames]) is not None
 
 
 def test_ack_arrays_must_have_the_micro_batch_size_once_it_is_known():
-    table = bound_table(rows=None)                  # before the first step: two equal float32 vectors
+    table = bound_table(rows=None)  # before the first step: two equal float32 vectors
     assert table.admit([b"worker-0", *hostile.claims(0, ROWS + 3)[0]]) is not None
     table.ack_rows = ROWS
     assert kind_of(table, b"worker-0", hostile.claims(0, ROWS + 3)[0]) == "bad_field"
@@ -79,14 +84,14 @@ def test_first_hello_binds_and_is_never_replaced():
     hello0, hello1 = hostile.hellos(WORKERS)
     assert table.missing() == [0, 1] and not table.complete
     assert kind_of(table, b"first", hello0) is None
-    assert kind_of(table, b"second", hello0) == "duplicate_hello"     # another identity, same rank
-    assert kind_of(table, b"first", hello0) == "duplicate_hello"      # the same hello again
-    assert kind_of(table, b"first", hello1) == "duplicate_hello"      # one identity, one rank
+    assert kind_of(table, b"second", hello0) == "duplicate_hello"  # another identity, same rank
+    assert kind_of(table, b"first", hello0) == "duplicate_hello"  # the same hello again
+    assert kind_of(table, b"first", hello1) == "duplicate_hello"  # one identity, one rank
     assert table.identities == {0: b"first"} and table.missing() == [1]
     assert kind_of(table, b"other", hello1) is None
     assert table.complete and table.identities == {0: b"first", 1: b"other"}
     assert kind_of(table, b"late", hello1) == "duplicate_hello"
-    assert kind_of(table, b"second", hostile.claims(0, ROWS)[-1]) == "unknown_peer"   # its error changes nothing
+    assert kind_of(table, b"second", hostile.claims(0, ROWS)[-1]) == "unknown_peer"  # its error changes nothing
     assert table.identities == {0: b"first", 1: b"other"}
     assert table.rejected["duplicate_hello"] == 4
 
@@ -101,7 +106,7 @@ def test_each_kind_is_logged_once_with_the_escaped_identity(caplog):
     lines = [r.getMessage() for r in caplog.records]
     assert [k for line in lines for k in KINDS if f"({k})" in line] == ["undecodable", "unknown_op", "bad_field"]
     assert all(r"b'ev\xffil\n\x07xxx" in line and "..." in line and "\n" not in line for line in lines)
-    assert "--world-size 2" in lines[2]       # the first bad field says the fix
+    assert "--world-size 2" in lines[2]  # the first bad field says the fix
     assert table.rejected["undecodable"] == 9 and table.rejected["unknown_op"] == 12
 
 
@@ -111,20 +116,34 @@ def test_printable_escapes_and_bounds_any_identity():
     assert printable(b"a" * 300, limit=8) == "b'aaaaaaaa'..."
 
 
-_values = st.one_of(st.integers(-2**63, 2**64 - 1), st.text(max_size=8), st.none(), st.booleans(), st.floats(),
-                   st.lists(st.integers(0, 8), max_size=3), st.dictionaries(st.text(max_size=3), st.floats(), max_size=2))
+_values = st.one_of(
+    st.integers(-(2**63), 2**64 - 1),
+    st.text(max_size=8),
+    st.none(),
+    st.booleans(),
+    st.floats(),
+    st.lists(st.integers(0, 8), max_size=3),
+    st.dictionaries(st.text(max_size=3), st.floats(), max_size=2),
+)
 _headers = st.fixed_dictionaries(
-    {"v": st.sampled_from([wire.DISPATCH.version]) | _values,
-     "op": st.sampled_from(["hello", "ack", "flushed", "saved", "error", "config"]) | _values,
-     "arrays": st.sampled_from([[], [["<f4", [4]], ["<f4", [4]]], [["<f8", [2]]]]) | _values},
-    optional={k: st.integers(-1, 3) | _values for k in ("rank", "world_size", "step", "loss", "bytes_pulled",
-                                                       "phases_ms", "message")})
+    {
+        "v": st.sampled_from([wire.DISPATCH.version]) | _values,
+        "op": st.sampled_from(["hello", "ack", "flushed", "saved", "error", "config"]) | _values,
+        "arrays": st.sampled_from([[], [["<f4", [4]], ["<f4", [4]]], [["<f8", [2]]]]) | _values,
+    },
+    optional={
+        k: st.integers(-1, 3) | _values
+        for k in ("rank", "world_size", "step", "loss", "bytes_pulled", "phases_ms", "message")
+    },
+)
 
 
 @settings(max_examples=400, deadline=None)
-@given(identity=st.sampled_from([b"worker-0", b"worker-1", b"stranger"]) | st.binary(min_size=1, max_size=255),
-       head=st.one_of(_headers.map(msgpack.packb), st.binary(max_size=64)),
-       arrays=st.lists(st.sampled_from([b"", b"\x00" * 16, b"\x00" * 8]), max_size=3))
+@given(
+    identity=st.sampled_from([b"worker-0", b"worker-1", b"stranger"]) | st.binary(min_size=1, max_size=255),
+    head=st.one_of(_headers.map(msgpack.packb), st.binary(max_size=64)),
+    arrays=st.lists(st.sampled_from([b"", b"\x00" * 16, b"\x00" * 8]), max_size=3),
+)
 def test_admit_never_raises_counts_every_rejection_and_keeps_the_bindings(identity, head, arrays):
     table = bound_table()
     msg = table.admit([identity, head, *arrays])

@@ -15,15 +15,22 @@ import traceback
 
 import numpy as np
 import zmq
+from test_dispatcher_peers import (
+    PEER_TIMEOUT_MS,
+    PER_WORKER,
+    WAIT_S,
+    WORKERS,
+    make_batches,
+    make_job,
+    make_peers,
+    scheduler_factory,
+)
 
 from herald.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from herald.dispatch.early import key_hash
 from herald.dispatch.lockstep import LockstepServe
 from herald.errors import DataError, HeraldError
 from herald.scheduler import Scheduler
-
-from test_dispatcher_peers import (PEER_TIMEOUT_MS, PER_WORKER, WAIT_S, WORKERS, make_batches, make_job,
-                                   make_peers, scheduler_factory)
 from tests.fakes import ServedDispatcher, all_ended, cooperative, drive
 
 
@@ -84,7 +91,7 @@ def test_plan_thread_error_is_raised_by_serve_with_its_traceback_and_workers_are
     _drive_until_error(peers)
     served.join()
     assert isinstance(served.error, ValueError) and "exploded" in str(served.error)
-    assert "submit" in _function_names(served.error), _function_names(served.error)   # where it was raised
+    assert "submit" in _function_names(served.error), _function_names(served.error)  # where it was raised
     assert all("scheduler exploded" in p.error for p in peers)
     _assert_threads_end()
 
@@ -97,7 +104,7 @@ class _BuildFails(LockstepServe):
 
 
 def test_build_thread_error_is_raised_by_serve_after_the_steps_before_it(job_of, monkeypatch):
-    monkeypatch.setattr("herald.dispatch.dispatcher.LockstepServe", _BuildFails)   # the dispatcher's pipeline part
+    monkeypatch.setattr("herald.dispatch.dispatcher.LockstepServe", _BuildFails)  # the dispatcher's pipeline part
     d, served, peers, _ = job_of(make_batches(5))
     _drive_until_error(peers)
     served.join()
@@ -129,8 +136,11 @@ def test_stop_mid_run_ends_after_the_steps_read_with_a_final_barrier(job_of):
         if rec.step == 1:
             holder["d"].stop()
 
-    d, served, peers, _ = job_of(make_batches(40), on_step=on_step,
-                                 on_checkpoint=lambda step, index, path, state: states.append((step, index, state)))
+    d, served, peers, _ = job_of(
+        make_batches(40),
+        on_step=on_step,
+        on_checkpoint=lambda step, index, path, state: states.append((step, index, state)),
+    )
     holder["d"] = d
     drive(peers, cooperative, all_ended(peers))
     served.join()
@@ -144,7 +154,7 @@ def test_stop_mid_run_ends_after_the_steps_read_with_a_final_barrier(job_of):
     for p in peers:
         assert p.ended == len(steps) and p.steps == steps
         assert p.received[-2:] == ["flush", "end"]
-    (step, index, state), = states                          # one final barrier
+    ((step, index, state),) = states  # one final barrier
     assert step == len(steps) - 1 and index == len(steps) - 1
     assert state["next_step"] == state["next_batch"] == len(steps)
     _assert_threads_end()
@@ -163,7 +173,7 @@ class CountingBatches:
     def __next__(self):
         if self.consumed >= len(self.batches):
             raise StopIteration
-        time.sleep(0.002)   # let the serve thread fall behind the producer
+        time.sleep(0.002)  # let the serve thread fall behind the producer
         self.consumed += 1
         return self.batches[self.consumed - 1]
 
@@ -183,23 +193,26 @@ def test_barrier_sees_exactly_the_batches_before_it(job_of):
         # the plan thread waits at the barrier: nothing was read beyond its batch
         seen.append((step, index, batches.consumed, state))
 
-    d, served, peers, _ = job_of(batches, checkpoint_every_steps=every, on_checkpoint=on_checkpoint,
-                                 max_inflight_steps=2)
+    d, served, peers, _ = job_of(
+        batches, checkpoint_every_steps=every, on_checkpoint=on_checkpoint, max_inflight_steps=2
+    )
     drive(peers, cooperative, all_ended(peers))
     served.join()
     assert served.error is None, served.error
     assert [(s, i, c) for s, i, c, _ in seen] == [(2, 2, 3), (5, 5, 6), (8, 8, 9)]
-    for step, index, consumed, state in seen:
+    for step, _index, consumed, state in seen:
         assert state["next_step"] == state["next_batch"] == step + 1
         assert state["batches"] == {"consumed": consumed}
-
 
 
 def test_resumed_dispatcher_continues_at_the_saved_step_and_batch(job_of):
     n, gb = 6, WORKERS * PER_WORKER
     states: list = []
-    d, served, peers, _ = job_of(CountingBatches(make_batches(n)), checkpoint_every_steps=2,
-                                 on_checkpoint=lambda step, index, path, state: states.append(state))
+    d, served, peers, _ = job_of(
+        CountingBatches(make_batches(n)),
+        checkpoint_every_steps=2,
+        on_checkpoint=lambda step, index, path, state: states.append(state),
+    )
     drive(peers, cooperative, all_ended(peers))
     served.join()
     assert served.error is None, served.error
@@ -207,8 +220,9 @@ def test_resumed_dispatcher_continues_at_the_saved_step_and_batch(job_of):
     # a fresh dispatcher given the first barrier's state before serve() trains steps 2..5
     # on batches 2..5, with their own sample ids
     rest = CountingBatches(make_batches(n))
-    d2 = Dispatcher(DispatcherConfig(num_workers=WORKERS, peer_timeout_ms=PEER_TIMEOUT_MS), rest,
-                    scheduler_factory, make_job())
+    d2 = Dispatcher(
+        DispatcherConfig(num_workers=WORKERS, peer_timeout_ms=PEER_TIMEOUT_MS), rest, scheduler_factory, make_job()
+    )
     d2.load_state_dict(states[0])
     assert rest.consumed == 2 and d2.next_step == 2
     peers2 = make_peers(d2.address, [])
@@ -223,7 +237,9 @@ def test_resumed_dispatcher_continues_at_the_saved_step_and_batch(job_of):
         for p in peers2:
             assert p.steps == [2, 3, 4, 5] and p.ended == 6
             for mb in p.micro_batches:
-                assert ((mb.sample_ids >= np.uint64(mb.step * gb)) & (mb.sample_ids < np.uint64((mb.step + 1) * gb))).all()
+                assert (
+                    (mb.sample_ids >= np.uint64(mb.step * gb)) & (mb.sample_ids < np.uint64((mb.step + 1) * gb))
+                ).all()
     finally:
         for p in peers2:
             p.close()
@@ -248,8 +264,9 @@ def test_early_pulls_follow_the_previous_steps_touched_keys(job_of):
         for plan in before:
             touched |= set(key_hash(plan.grad_push).tolist()) | set(key_hash(plan.plan_push).tolist())
             wb = plan.write_back.astype(bool)
-            touched |= set((plan.evict.ids[wb] ^ (plan.evict.table[wb].astype(np.uint64)
-                                                  * np.uint64(0x9E3779B97F4A7C15))).tolist())
+            touched |= set(
+                (plan.evict.ids[wb] ^ (plan.evict.table[wb].astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15))).tolist()
+            )
         for mb in mbs:
             want = np.array([h not in touched for h in key_hash(mb.plan.pull).tolist()], bool)
             assert np.array_equal(mb.pull_early, want), step
@@ -273,18 +290,19 @@ def test_close_is_bounded_with_a_producer_blocked_in_a_read(job_of):
 
     def batches():
         yield from make_batches(1)
-        blocked.set()             # the plan thread now waits in the read
-        release.wait(120)         # a source that blocks (a stream with no data)
+        blocked.set()  # the plan thread now waits in the read
+        release.wait(120)  # a source that blocks (a stream with no data)
         return
 
     d, served, peers, _ = job_of(batches(), close_timeout_ms=200)
     assert blocked.wait(WAIT_S), "the plan thread never asked for a second batch"
     closer = threading.Thread(target=d.close, daemon=True, name="close")
     closer.start()
-    closer.join(WAIT_S)           # a close that joined the blocked read would wait until release
+    closer.join(WAIT_S)  # a close that joined the blocked read would wait until release
     assert not closer.is_alive(), f"close() still waiting after {WAIT_S} s on a producer blocked in a read"
-    assert not release.is_set() and any(t.name.endswith("-plan") for t in _pipeline_threads()), \
+    assert not release.is_set() and any(t.name.endswith("-plan") for t in _pipeline_threads()), (
         "the plan thread's read ended before close() returned: nothing was tested"
+    )
     served.join()
     assert isinstance(served.error, HeraldError) and "closed" in str(served.error)
     release.set()
@@ -298,8 +316,9 @@ def test_scheduler_factory_runs_after_each_barrier_only(job_of):
         made.append(time.monotonic())
         return scheduler_factory()
 
-    d, served, peers, _ = job_of(make_batches(6), checkpoint_every_steps=2, on_checkpoint=lambda *a: None,
-                                 scheduler_factory=factory)
+    d, served, peers, _ = job_of(
+        make_batches(6), checkpoint_every_steps=2, on_checkpoint=lambda *a: None, scheduler_factory=factory
+    )
     drive(peers, cooperative, all_ended(peers))
     served.join()
     assert served.error is None, served.error

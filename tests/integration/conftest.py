@@ -34,10 +34,13 @@ def no_test_bed_left_behind():
     yield
     from herald.testbed.netns import beds_of
 
-    left = beds_of(os.getpid())   # this session's beds only: other sessions may be running theirs
+    left = beds_of(os.getpid())  # this session's beds only: other sessions may be running theirs
     if left:
-        pytest.fail(f"test beds left behind by this session: {left} (they are closed at exit; otherwise "
-                    "`python -m herald.testbed cleanup`)", pytrace=False)
+        pytest.fail(
+            f"test beds left behind by this session: {left} (they are closed at exit; otherwise "
+            "`python -m herald.testbed cleanup`)",
+            pytrace=False,
+        )
 
 
 @pytest.fixture(scope="session")

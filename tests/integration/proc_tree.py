@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 
-FAULT_TIMEOUT_MS = 10_000   # the jobs' --timeout-ms
+FAULT_TIMEOUT_MS = 10_000  # the jobs' --timeout-ms
 
 
 def _processes() -> dict[int, tuple[int, str]]:
@@ -50,16 +50,38 @@ def train_until_mid_job(tmp_path, data_dir, *role: str) -> tuple[subprocess.Pope
     :data:`FAULT_TIMEOUT_MS`); once 10 steps are trained return it and the pid of its child
     whose command line holds every string of ``role`` (e.g. ``"serve ps", "--shard 0"``)."""
     source = data_dir / "movielens" / "ml-latest-small" / "ratings.csv"
-    job = subprocess.Popen([sys.executable, "-m", "herald", "train", "--quiet", "--source", str(source),
-                            "--workers", "2", "--batch-size", "64", "--epochs", "20", "--run-dir", str(tmp_path),
-                            "--timeout-ms", str(FAULT_TIMEOUT_MS), "--log-sample-ids"],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    job = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "herald",
+            "train",
+            "--quiet",
+            "--source",
+            str(source),
+            "--workers",
+            "2",
+            "--batch-size",
+            "64",
+            "--epochs",
+            "20",
+            "--run-dir",
+            str(tmp_path),
+            "--timeout-ms",
+            str(FAULT_TIMEOUT_MS),
+            "--log-sample-ids",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 180
     pid = None
     log = tmp_path / "trained_sample_ids.u64"
-    while pid is None or not log.exists() or log.stat().st_size < 10 * 128 * 8:   # ten steps trained
-        assert job.poll() is None and time.monotonic() < deadline, \
+    while pid is None or not log.exists() or log.stat().st_size < 10 * 128 * 8:  # ten steps trained
+        assert job.poll() is None and time.monotonic() < deadline, (
             f"training ended or stalled before the fault: {job.communicate(timeout=30)[1][-3000:]}"
+        )
         pid = pid or next((p for p, cmd in children(job.pid) if all(part in cmd for part in role)), None)
         time.sleep(0.05)
     return job, pid

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from herald.job.launcher import run_train
 from herald.contracts.train import TrainConfig
+from herald.job.launcher import run_train
 
 pytestmark = pytest.mark.integration
 
@@ -20,9 +20,20 @@ def test_evaluation_splits_its_pulls_under_ps_max_rows_and_counts_rows_read_agai
     some tables than a shard may hold: the evaluation's pulls are split so that none
     inserts more than ``--ps-max-rows`` keys of a table, and evicted rows read again are
     counted in training and in the evaluation."""
-    cfg = TrainConfig(source=str(data_dir / "criteo" / "criteo_kaggle_sample_train.tsv"), workers=2, batch_size=16,
-                      cache_rows=400, embedding_dim=4, steps=20, eval_fraction=0.1, seed=3, ps_shards=1,
-                      ps_max_rows=MAX_ROWS, run_dir=str(tmp_path), timeout_ms=60_000)
+    cfg = TrainConfig(
+        source=str(data_dir / "criteo" / "criteo_kaggle_sample_train.tsv"),
+        workers=2,
+        batch_size=16,
+        cache_rows=400,
+        embedding_dim=4,
+        steps=20,
+        eval_fraction=0.1,
+        seed=3,
+        ps_shards=1,
+        ps_max_rows=MAX_ROWS,
+        run_dir=str(tmp_path),
+        timeout_ms=60_000,
+    )
     rep = run_train(cfg, progress=False)
     m = rep["metrics"]
     assert rep["steps"] == 20 and m["eval_rows"] == 720
@@ -33,5 +44,4 @@ def test_evaluation_splits_its_pulls_under_ps_max_rows_and_counts_rows_read_agai
     assert m["ps_evicted_rows_read_again"] > 0
     assert 0 < rep["ps_evicted_rows_read_again"] <= rep["ps_evicted_rows"]
     text = (tmp_path / "report.txt").read_text()
-    assert (f"evaluation {m['ps_evicted_rows']:,} evicted, {m['ps_evicted_rows_read_again']:,} read again"
-            in text), text
+    assert f"evaluation {m['ps_evicted_rows']:,} evicted, {m['ps_evicted_rows_read_again']:,} read again" in text, text

@@ -7,17 +7,31 @@ import numpy as np
 import pytest
 import torch
 
-from herald.job.launcher import run_train
 from herald.contracts.train import TrainConfig
+from herald.job.launcher import run_train
 
 pytestmark = pytest.mark.integration
 
 
 def _cfg(tmp_path, data_dir, **kw):
-    base = {"source": str(data_dir / "criteo" / "criteo_kaggle_sample_train.tsv"), "schedule": "herald",
-            "workers": 2, "batch_size": 16, "cache_rows": 400, "embedding_dim": 8, "optimizer": "adagrad",
-            "lr": 0.05, "dense_optimizer": "sgd", "dense_lr": 0.05, "model": "dlrm", "steps": 30,
-            "eval_fraction": 0.1, "seed": 3, "run_dir": str(tmp_path), "timeout_ms": 60_000}
+    base = {
+        "source": str(data_dir / "criteo" / "criteo_kaggle_sample_train.tsv"),
+        "schedule": "herald",
+        "workers": 2,
+        "batch_size": 16,
+        "cache_rows": 400,
+        "embedding_dim": 8,
+        "optimizer": "adagrad",
+        "lr": 0.05,
+        "dense_optimizer": "sgd",
+        "dense_lr": 0.05,
+        "model": "dlrm",
+        "steps": 30,
+        "eval_fraction": 0.1,
+        "seed": 3,
+        "run_dir": str(tmp_path),
+        "timeout_ms": 60_000,
+    }
     return TrainConfig(**{**base, **kw})
 
 
@@ -25,7 +39,7 @@ def test_int8_wire_trains_and_reports_bytes(tmp_path, data_dir):
     rep = run_train(_cfg(tmp_path, data_dir, wire_dtype="int8", dense_comm="bf16"), progress=False)
     comp = rep["compression"]
     assert rep["steps"] == 30 and comp["wire_dtype"] == "int8" and comp["dense_comm"] == "bf16"
-    assert comp["ratio"] == pytest.approx(32 / 12)   # dim 8: 32 bytes -> 8 + a 4-byte scale
+    assert comp["ratio"] == pytest.approx(32 / 12)  # dim 8: 32 bytes -> 8 + a 4-byte scale
     assert comp["fp32_bytes"] == rep["transmissions"]["embedding_bytes"]
     assert 0.4 < rep["metrics"]["auc"] <= 1.0 and np.isfinite(rep["metrics"]["logloss"])
     text = (tmp_path / "report.txt").read_text()
@@ -33,8 +47,9 @@ def test_int8_wire_trains_and_reports_bytes(tmp_path, data_dir):
 
 
 def test_four_workers_in_two_groups_train(tmp_path, data_dir):
-    rep = run_train(_cfg(tmp_path, data_dir, workers=4, groups=2, average_every=3, easgd_alpha=0.5, batch_size=8),
-                    progress=False)
+    rep = run_train(
+        _cfg(tmp_path, data_dir, workers=4, groups=2, average_every=3, easgd_alpha=0.5, batch_size=8), progress=False
+    )
     assert rep["steps"] == 30
     grp = rep["groups"]
     assert [s["group"] for s in grp["leaders"]] == [0, 1]
@@ -50,17 +65,19 @@ def test_four_workers_in_two_groups_train(tmp_path, data_dir):
 def test_client_compresses_across_shards_and_split_requests(wire):
     """Two real shards, requests split by max_keys_per_request: a compressed client sees
     the rows an fp32 client sees within the format's bound, optimizer state exact."""
-    from herald.ps import LocalShards, PSClient, compress
     from herald.contracts.tables import OptimizerConfig, TableConfig
+    from herald.ps import LocalShards, PSClient, compress
 
     tables = [TableConfig("a", 6, OptimizerConfig(name="adagrad", lr=0.1)), TableConfig("b", 6)]
     keys = np.arange(3000, dtype=np.uint64) * 7919
     rng = np.random.default_rng(0)
     grads = rng.standard_normal((keys.shape[0], 6)).astype(np.float32)
-    with LocalShards(num_shards=2, tables=tables, seed=1) as sh, \
-            PSClient(sh.addresses, tables, timeout_ms=20_000, wire_dtype=wire) as lossy, \
-            PSClient(sh.addresses, tables, timeout_ms=20_000) as exact:
-        lossy.max_keys_per_request = 700   # several requests per shard
+    with (
+        LocalShards(num_shards=2, tables=tables, seed=1) as sh,
+        PSClient(sh.addresses, tables, timeout_ms=20_000, wire_dtype=wire) as lossy,
+        PSClient(sh.addresses, tables, timeout_ms=20_000) as exact,
+    ):
+        lossy.max_keys_per_request = 700  # several requests per shard
         lossy.push_grad_async({"a": (keys, grads, np.ones(keys.shape[0], np.uint16))}, step=0, rank=0).wait()
         rows = lossy.pull_async({"a": keys, "b": keys[:10]}).wait()
         want = exact.pull_async({"a": keys, "b": keys[:10]}).wait()

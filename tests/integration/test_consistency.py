@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from herald.job.launcher import run_train
 from herald.contracts.train import TrainConfig
+from herald.job.launcher import run_train
 
 pytestmark = pytest.mark.integration
 
@@ -14,10 +14,25 @@ STEPS = 60
 
 
 def _train(tmp_path, data_dir, name, **settings):
-    cfg = TrainConfig(source=str(data_dir / "criteo" / "criteo_kaggle_sample_train.tsv"), schedule="herald",
-                      workers=2, batch_size=16, cache_rows=400, embedding_dim=4, optimizer="adagrad", lr=0.01,
-                      dense_optimizer="sgd", dense_lr=0.05, model="dlrm", steps=STEPS, eval_fraction=0.0, seed=3,
-                      run_dir=str(tmp_path / name), timeout_ms=60_000, **settings)
+    cfg = TrainConfig(
+        source=str(data_dir / "criteo" / "criteo_kaggle_sample_train.tsv"),
+        schedule="herald",
+        workers=2,
+        batch_size=16,
+        cache_rows=400,
+        embedding_dim=4,
+        optimizer="adagrad",
+        lr=0.01,
+        dense_optimizer="sgd",
+        dense_lr=0.05,
+        model="dlrm",
+        steps=STEPS,
+        eval_fraction=0.0,
+        seed=3,
+        run_dir=str(tmp_path / name),
+        timeout_ms=60_000,
+        **settings,
+    )
     return run_train(cfg, progress=False)
 
 
@@ -45,13 +60,14 @@ def test_bounded_through_checkpoint_barriers_with_a_straggler(tmp_path, data_dir
     """Checkpoint barriers (NOTE [checkpoint barrier]) flush and empty the caches under the
     bound too (their write-backs advance the PS clocks); --slow-worker reaches the worker
     from the JobSpec and its sleep shows as compute."""
-    rep = _train(tmp_path, data_dir, "ckpt", consistency="bounded", staleness=4, checkpoint_every=20,
-                 slow_worker="1:30")
+    rep = _train(
+        tmp_path, data_dir, "ckpt", consistency="bounded", staleness=4, checkpoint_every=20, slow_worker="1:30"
+    )
     c = rep["consistency"]
     assert rep["steps"] == STEPS
     assert c["settings"] == {"staleness": 4, "slow_worker": "1:30"}
     assert c["stale_reads"] > 0 and c["max_staleness_observed"] <= 4
-    assert rep["phases"]["worker_ms_per_step"]["compute"] >= 15.0   # mean over 2 workers of a 30 ms sleep on one
+    assert rep["phases"]["worker_ms_per_step"]["compute"] >= 15.0  # mean over 2 workers of a 30 ms sleep on one
 
 
 def test_bounded_trains_as_well_as_bsp_on_hot_keys(tmp_path, data_dir):
@@ -59,10 +75,19 @@ def test_bounded_trains_as_well_as_bsp_on_hot_keys(tmp_path, data_dir):
     the worker's own updates (Het.Write's read-my-updates, NOTE [bounded reads]); frozen
     copies made bounded s = 4 diverge (progressive log loss 1.96 against BSP's 0.39 over 2
     epochs). The scores are the training samples' before each update (no held-out split)."""
+
     def run(name, **settings):
-        cfg = TrainConfig(source=str(data_dir / "avazu" / "avazu_sample_train.csv"), workers=2, batch_size=128,
-                          steps=30, eval_fraction=0.0, seed=0, run_dir=str(tmp_path / name), timeout_ms=60_000,
-                          **settings)
+        cfg = TrainConfig(
+            source=str(data_dir / "avazu" / "avazu_sample_train.csv"),
+            workers=2,
+            batch_size=128,
+            steps=30,
+            eval_fraction=0.0,
+            seed=0,
+            run_dir=str(tmp_path / name),
+            timeout_ms=60_000,
+            **settings,
+        )
         return run_train(cfg, progress=False)
 
     bsp = run("bsp")

@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 TIMEOUT_MS = FAULT_TIMEOUT_MS
 
 
-@pytest.mark.slow   # ~20 s (2 shared cores)
+@pytest.mark.slow  # ~20 s (2 shared cores)
 def test_a_killed_ps_shard_is_named_within_seconds(tmp_path, data_dir):
     job, shard = train_until_mid_job(tmp_path, data_dir, "serve ps", "--shard 0")
     t0 = time.monotonic()
@@ -30,7 +30,7 @@ def test_a_killed_ps_shard_is_named_within_seconds(tmp_path, data_dir):
     assert job.returncode != 0, err[-3000:]
     log = tmp_path / "ps-shard-0.log"
     assert "PS shard 0" in err and "killed by signal 9" in err and str(log) in err, err[-3000:]
-    assert "serving on" in err   # the log's tail is quoted
+    assert "serving on" in err  # the log's tail is quoted
     assert log.exists(), "the shard log must survive the job (it lives in the run folder)"
     # named by the liveness check, not by a worker's PS timeout: no timeout was reported first, and
     # the job failed before any TIMEOUT_MS ran out (a generous bound: a loaded machine adds seconds)

@@ -21,12 +21,12 @@ import numpy as np
 import pytest
 import zmq
 
+from herald.contracts.train import TrainConfig
 from herald.dispatch.dispatcher import Dispatcher
 from herald.dispatch.peers import KINDS
 from herald.job import launcher
 from herald.job.launcher import run_train
 from herald.job.reference import train_reference
-from herald.contracts.train import TrainConfig
 from herald.loader import GlobalBatcher, open_source
 from herald.loader.splits import RowRange
 from herald.ps import PSClient
@@ -34,12 +34,13 @@ from herald.ps import PSClient
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "dispatch"))
 import hostile  # tests/dispatch/hostile.py: the catalogue of bad messages
 from test_train_exact import assert_matches_reference
+
 from tests.fakes import dealer
 
 pytestmark = pytest.mark.integration
 
 WORKERS, BATCH, STEPS = 2, 8, 20
-PAUSE_S = 0.004          # between two fuzzer messages: a steady stream that leaves the 2 cores to the job
+PAUSE_S = 0.004  # between two fuzzer messages: a steady stream that leaves the 2 cores to the job
 
 
 class Fuzzer:
@@ -55,7 +56,7 @@ class Fuzzer:
         self.dispatcher: Dispatcher | None = None
         self.attached = threading.Event()
         self.halt = threading.Event()
-        self.hellos_sent = threading.Event()   # forged hellos for every rank, once the handshake is over
+        self.hellos_sent = threading.Event()  # forged hellos for every rank, once the handshake is over
         self.sent = 0
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._main, name="fuzzer", daemon=True)
@@ -88,8 +89,8 @@ class Fuzzer:
             for rnd in itertools.count():
                 if self.halt.is_set():
                     return
-                late = bool(self.dispatcher.records)   # the handshake is over
-                if late and len(socks) < 6:            # the workers' identities, reused by strangers
+                late = bool(self.dispatcher.records)  # the handshake is over
+                if late and len(socks) < 6:  # the workers' identities, reused by strangers
                     socks.append(self._dealer(address, f"worker-{len(socks) % WORKERS}".encode()))
                 socks.append(self._dealer(address, secrets.token_bytes(1 + rnd % 40).lstrip(b"\x00") or b"z"))
                 sock = socks[-1]
@@ -101,10 +102,10 @@ class Fuzzer:
                         self._forge_hellos(address)
                     self._send(socks[rnd % len(socks)] if late else sock, frames)
                     time.sleep(PAUSE_S)
-                raw = hostile.zmtp10(messages[:: 3])
+                raw = hostile.zmtp10(messages[::3])
                 try:
                     hostile.send_raw_tcp(address, raw if rnd % 2 else hostile.NOISE[rnd % len(hostile.NOISE)])
-                except OSError:   # the job ended and its port closed before on_finish stopped us
+                except OSError:  # the job ended and its port closed before on_finish stopped us
                     pass
                 if len(socks) > 12:
                     socks.pop(len(socks) - 12).close(linger=0)
@@ -117,7 +118,7 @@ class Fuzzer:
         sock = self._dealer(address, b"stranger")
         try:
             for frames in hostile.hellos(WORKERS):
-                sock.send_multipart(frames)   # a fresh socket's queue is empty: never blocks here
+                sock.send_multipart(frames)  # a fresh socket's queue is empty: never blocks here
                 self.sent += 1
         finally:
             sock.close(linger=1000)
@@ -125,27 +126,41 @@ class Fuzzer:
 
     @staticmethod
     def _dealer(address: str, identity: bytes) -> zmq.Socket:
-        return dealer(address, identity, sndhwm=100)   # tests/fakes.py
+        return dealer(address, identity, sndhwm=100)  # tests/fakes.py
 
     def _send(self, sock: zmq.Socket, frames: list[bytes]) -> None:
         try:
             sock.send_multipart(frames, flags=zmq.NOBLOCK)
             self.sent += 1
-        except zmq.Again:   # the dispatcher reads at its own pace: a full queue drops the message
+        except zmq.Again:  # the dispatcher reads at its own pace: a full queue drops the message
             pass
 
 
 def test_training_under_a_hostile_peer_finishes_and_equals_single_process(tmp_path, data_dir, monkeypatch):
     source = str(data_dir / "criteo" / "criteo_kaggle_sample_train.tsv")
-    cfg = TrainConfig(source=source, schedule="herald", workers=WORKERS, batch_size=BATCH, cache_rows=260,
-                      embedding_dim=4, optimizer="adagrad", lr=0.01, dense_optimizer="sgd", dense_lr=0.05,
-                      model="dlrm", steps=STEPS, eval_fraction=0.0, seed=3, run_dir=str(tmp_path),
-                      timeout_ms=60_000)
+    cfg = TrainConfig(
+        source=source,
+        schedule="herald",
+        workers=WORKERS,
+        batch_size=BATCH,
+        cache_rows=260,
+        embedding_dim=4,
+        optimizer="adagrad",
+        lr=0.01,
+        dense_optimizer="sgd",
+        dense_lr=0.05,
+        model="dlrm",
+        steps=STEPS,
+        eval_fraction=0.0,
+        seed=3,
+        run_dir=str(tmp_path),
+        timeout_ms=60_000,
+    )
     fuzzer = Fuzzer()
 
-    class Watched(Dispatcher):   # the real dispatcher; its address goes to the fuzzer
+    class Watched(Dispatcher):  # the real dispatcher; its address goes to the fuzzer
         def __init__(self, *args, on_step=None, **kwargs):
-            def paced(*a, **k):   # the first acked step waits (bounded) for the forged hellos
+            def paced(*a, **k):  # the first acked step waits (bounded) for the forged hellos
                 fuzzer.hellos_sent.wait(10)
                 return on_step(*a, **k) if on_step is not None else None
 
@@ -155,7 +170,7 @@ def test_training_under_a_hostile_peer_finishes_and_equals_single_process(tmp_pa
     monkeypatch.setattr(launcher, "Dispatcher", Watched)
     seen: dict = {}
 
-    def grab(addresses, job):   # the trained rows, read while the PS shards are up
+    def grab(addresses, job):  # the trained rows, read while the PS shards are up
         fuzzer.stop()
         tables = list(job.tables)
         ref_model, ref_rows = _reference(job, source)
@@ -168,8 +183,9 @@ def test_training_under_a_hostile_peer_finishes_and_equals_single_process(tmp_pa
         dim = tables[0].dim
         pairs = [(got[t][i], ref_rows[(t, k)]) for t, ks in by_table.items() for i, k in enumerate(ks)]
         seen["diff"] = max(float(np.abs(a[:dim] - b[:dim]).max()) for a, b in pairs)
-        seen["state_rel"] = max(float((np.abs(a[dim:] - b[dim:]) / np.maximum(1.0, np.abs(b[dim:]))).max())
-                                for a, b in pairs)
+        seen["state_rel"] = max(
+            float((np.abs(a[dim:] - b[dim:]) / np.maximum(1.0, np.abs(b[dim:]))).max()) for a, b in pairs
+        )
 
     try:
         rep = run_train(cfg, progress=False, on_finish=grab)

@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from herald.contracts.train import TrainConfig
 from herald.errors import ConfigError
 from herald.job.launcher import run_train
-from herald.contracts.train import TrainConfig
 from herald.ps import PSClient
 from tests.integration.test_train_exact import (
     BATCH,
@@ -23,10 +23,25 @@ pytestmark = pytest.mark.integration
 
 
 def _cfg(tmp_path, data_dir, name, steps=STEPS, **settings):
-    base = dict(source=str(data_dir / "criteo" / "criteo_kaggle_sample_train.tsv"), schedule="herald", workers=2,
-                batch_size=BATCH, cache_rows=260, embedding_dim=4, optimizer="adagrad", lr=LR["adagrad"],
-                dense_optimizer="sgd", dense_lr=0.05, model="dlrm", steps=steps, eval_fraction=0.0, seed=3,
-                run_dir=str(tmp_path / name), timeout_ms=60_000, consistency="gba")
+    base = dict(
+        source=str(data_dir / "criteo" / "criteo_kaggle_sample_train.tsv"),
+        schedule="herald",
+        workers=2,
+        batch_size=BATCH,
+        cache_rows=260,
+        embedding_dim=4,
+        optimizer="adagrad",
+        lr=LR["adagrad"],
+        dense_optimizer="sgd",
+        dense_lr=0.05,
+        model="dlrm",
+        steps=steps,
+        eval_fraction=0.0,
+        seed=3,
+        run_dir=str(tmp_path / name),
+        timeout_ms=60_000,
+        consistency="gba",
+    )
     base.update(settings)
     return TrainConfig(**base)
 
@@ -56,18 +71,22 @@ def test_gba_threshold_zero_equals_single_process(tmp_path, data_dir, ps_shards,
         dim = tables[0].dim
         pairs = [(got[t][i], ref_rows[(t, k)]) for t, ks in by_table.items() for i, k in enumerate(ks)]
         seen["diff"] = max(float(np.abs(a[:dim] - b[:dim]).max()) for a, b in pairs)
-        seen["state_rel"] = max(float((np.abs(a[dim:] - b[dim:]) / np.maximum(1.0, np.abs(b[dim:]))).max())
-                                for a, b in pairs)
+        seen["state_rel"] = max(
+            float((np.abs(a[dim:] - b[dim:]) / np.maximum(1.0, np.abs(b[dim:]))).max()) for a, b in pairs
+        )
 
     rep = run_train(cfg, progress=False, on_finish=grab)
     assert rep["steps"] == STEPS
-    for shard in seen["gba"]:   # every shard: exactly M contributions per applied global step, none stale
+    for shard in seen["gba"]:  # every shard: exactly M contributions per applied global step, none stale
         assert shard["global_step"] == STEPS and shard["contributions"] == m * STEPS
         assert shard["dropped"] == 0 and shard["staleness_max"] == 0 and shard["pending"] == 0
         assert all(n == m and d == 0 for _, n, d in shard["history"])
     c = rep["consistency"]
-    assert c["mode"] == "gba" and c["settings"] == {"gba_buffer": m, "gba_threshold": 0,
-                                                     **({"slow_worker": slow} if slow else {})}
+    assert c["mode"] == "gba" and c["settings"] == {
+        "gba_buffer": m,
+        "gba_threshold": 0,
+        **({"slow_worker": slow} if slow else {}),
+    }
     assert c["dropped_or_decayed"] == 0 and c["max_staleness_observed"] == 0
     assert_matches_reference(seen, tmp_path / "exact", 2)
 
@@ -76,12 +95,15 @@ def test_gba_drops_stale_gradients_of_a_straggler(tmp_path, data_dir):
     """One worker slowed: the fast one takes more tokens; the straggler's gradients that are
     more than iota global steps stale are dropped and counted, the others kept."""
     seen: dict = {}
-    rep = run_train(_cfg(tmp_path, data_dir, "slow", steps=40, gba_threshold=1, slow_worker="1:150"),
-                    progress=False, on_finish=lambda a, j: _gba_stats(a, j, seen))
+    rep = run_train(
+        _cfg(tmp_path, data_dir, "slow", steps=40, gba_threshold=1, slow_worker="1:150"),
+        progress=False,
+        on_finish=lambda a, j: _gba_stats(a, j, seen),
+    )
     assert rep["steps"] == 40
     shard = seen["gba"][0]
     assert shard["global_step"] == 40 and shard["contributions"] == 80 and shard["pending"] == 0
-    assert all(n == 2 for _, n, _ in shard["history"])          # exactly M per applied global step
+    assert all(n == 2 for _, n, _ in shard["history"])  # exactly M per applied global step
     assert shard["dropped"] > 0 and shard["staleness_max"] > 1
     c = rep["consistency"]
     assert c["dropped_or_decayed"] == shard["dropped"] and c["max_staleness_observed"] == shard["staleness_max"]
@@ -89,12 +111,15 @@ def test_gba_drops_stale_gradients_of_a_straggler(tmp_path, data_dir):
     assert "consistency gba" in (tmp_path / "slow" / "report.txt").read_text()
 
 
-@pytest.mark.parametrize("settings,match", [
-    (dict(gba_buffer=3), "must divide the global batch"),
-    (dict(gba_threshold=-1), "--gba-threshold"),
-    (dict(replicate_below=100), "--replicate-below"),
-    (dict(consistency="bsp", gba_threshold=2), "no meaning for --consistency bsp"),
-])
+@pytest.mark.parametrize(
+    "settings,match",
+    [
+        (dict(gba_buffer=3), "must divide the global batch"),
+        (dict(gba_threshold=-1), "--gba-threshold"),
+        (dict(replicate_below=100), "--replicate-below"),
+        (dict(consistency="bsp", gba_threshold=2), "no meaning for --consistency bsp"),
+    ],
+)
 def test_gba_settings_errors_name_the_flag(tmp_path, data_dir, settings, match):
     with pytest.raises(ConfigError, match=match):
         _cfg(tmp_path, data_dir, "bad", **settings)

@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 import torch
 
+from herald.contracts.train import TrainConfig
 from herald.errors import ConfigError
 from herald.job import checkpoints
 from herald.job.launcher import run_train
-from herald.contracts.train import TrainConfig
 from herald.ps import PSClient
 from tests.integration.test_resume import _ids, _ps_rows
 
@@ -34,11 +34,27 @@ WORKERS, BATCH, STEPS, EVERY, DIM = 2, 8, 20, 10, 4
 
 
 def _cfg(data_dir, run_dir, consistency, steps, **settings) -> TrainConfig:
-    base = dict(source=str(data_dir / "criteo" / "criteo_kaggle_sample_train.tsv"), schedule="herald",
-                workers=WORKERS, batch_size=BATCH, cache_rows=260, embedding_dim=DIM, optimizer="adagrad", lr=0.01,
-                dense_optimizer="adam", dense_lr=0.01, model="dlrm", steps=steps, eval_fraction=0.0, seed=3,
-                run_dir=str(run_dir), timeout_ms=60_000, checkpoint_every=EVERY, log_sample_ids=True,
-                consistency=consistency)
+    base = dict(
+        source=str(data_dir / "criteo" / "criteo_kaggle_sample_train.tsv"),
+        schedule="herald",
+        workers=WORKERS,
+        batch_size=BATCH,
+        cache_rows=260,
+        embedding_dim=DIM,
+        optimizer="adagrad",
+        lr=0.01,
+        dense_optimizer="adam",
+        dense_lr=0.01,
+        model="dlrm",
+        steps=steps,
+        eval_fraction=0.0,
+        seed=3,
+        run_dir=str(run_dir),
+        timeout_ms=60_000,
+        checkpoint_every=EVERY,
+        log_sample_ids=True,
+        consistency=consistency,
+    )
     base.update(settings)
     return TrainConfig(**base)
 
@@ -51,8 +67,9 @@ def _train(data_dir, run_dir, consistency, steps, resume=False, **settings) -> d
             with PSClient(addresses, tables=list(job.tables), timeout_ms=10_000) as client:
                 seen["gba"] = [s["gba"] for s in client.stats()]
 
-    rep = run_train(_cfg(data_dir, run_dir, consistency, steps, resume=resume, **settings), progress=False,
-                    on_finish=gba_stats)
+    rep = run_train(
+        _cfg(data_dir, run_dir, consistency, steps, resume=resume, **settings), progress=False, on_finish=gba_stats
+    )
     rep["_gba"] = seen.get("gba")
     return rep
 
@@ -112,7 +129,7 @@ def test_bsp_checkpoint_resumed_as_gba_trains_the_bsp_model(tmp_path, data_dir, 
     rep = _train(data_dir, parts, "gba", STEPS, resume=True)
     assert rep["steps"] == STEPS - EVERY and rep["consistency"]["switched_from"] == "bsp"
     assert "switched from bsp" in (parts / "report.txt").read_text()
-    for shard in rep["_gba"]:   # the shards' buffers started at the checkpoint's next global step
+    for shard in rep["_gba"]:  # the shards' buffers started at the checkpoint's next global step
         assert shard["global_step"] == STEPS and shard["contributions"] == WORKERS * (STEPS - EVERY)
         assert shard["dropped"] == 0 and shard["staleness_max"] == 0
     assert _meta(parts, STEPS - 1)["consistency"]["mode"] == "gba"
@@ -135,7 +152,7 @@ def test_gba_job_with_checkpoints_resumes_exactly(tmp_path, data_dir, whole_bsp,
     whole = tmp_path / "whole-gba"
     rep = _train(data_dir, whole, "gba", STEPS)
     assert rep["steps"] == STEPS and [s["global_step"] for s in rep["_gba"]] == [STEPS]
-    assert _meta(whole, EVERY - 1)["dispatcher"]["next_step"] == EVERY   # the mid-job barrier's checkpoint
+    assert _meta(whole, EVERY - 1)["dispatcher"]["next_step"] == EVERY  # the mid-job barrier's checkpoint
     _assert_same_model(whole, whole_bsp, 1e-5)
     parts = tmp_path / "gba-then-gba"
     shutil.copytree(half_gba, parts)
@@ -147,7 +164,7 @@ def test_gba_job_with_checkpoints_resumes_exactly(tmp_path, data_dir, whole_bsp,
 def test_resume_refuses_a_hyper_parameter_change_but_not_a_mode_change(tmp_path, data_dir, half_gba):
     parts = tmp_path / "changed"
     shutil.copytree(half_gba, parts)
-    with pytest.raises(ConfigError, match="hyper-parameters changed") as err:   # before anything starts
+    with pytest.raises(ConfigError, match="hyper-parameters changed") as err:  # before anything starts
         _train(data_dir, parts, "bsp", STEPS, resume=True, lr=0.1, batch_size=4)
     assert "--lr 0.01 -> 0.1" in str(err.value) and "--batch-size 8 -> 4" in str(err.value)
     assert "only --consistency" in str(err.value)
@@ -168,12 +185,16 @@ def test_a_buffer_started_at_a_checkpoint_step_gates_and_logs_from_there():
     assert buf.ready(10) and not buf.ready(11)
     dense = np.ones(3, np.float32)
     for slot in range(2):
-        assert buf.add(Contribution(10, slot, slot, [(0, np.array([7], np.uint64), np.ones((1, 2), np.float32))],
-                                    dense))["staleness"] == 0
+        assert (
+            buf.add(Contribution(10, slot, slot, [(0, np.array([7], np.uint64), np.ones((1, 2), np.float32))], dense))[
+                "staleness"
+            ]
+            == 0
+        )
     assert buf.global_step == 11 and applied == [(10, [7])]
     grads, kept = buf.dense_since(10)
     assert kept.tolist() == [2] and grads.tolist() == [[2.0, 2.0, 2.0]]
-    with pytest.raises(ProtocolError, match="already received"):   # tokens before the start count as done
+    with pytest.raises(ProtocolError, match="already received"):  # tokens before the start count as done
         buf.add(Contribution(9, 0, 0, [], None))
     with pytest.raises(ProtocolError, match="started at 10"):
         buf.check_settings(2, 0, 0)
@@ -195,7 +216,7 @@ def test_gba_dense_resumes_from_a_checkpoint_folder(tmp_path):
     model = torch.nn.Linear(3, 1)
     dense = GbaDense(model, torch.optim.Adam(model.parameters(), lr=0.1))
     with pytest.raises(DataError, match="unreadable"):
-        dense.load(tmp_path, torch.device("cpu"))   # no meta.json
+        dense.load(tmp_path, torch.device("cpu"))  # no meta.json
     (tmp_path / "meta.json").write_text(json.dumps({"step": 9, "dispatcher": {"next_step": 10}}))
     dense.load(tmp_path, torch.device("cpu"))
     assert dense.next_step == dense.start_step == 10

@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 import torch
 
+from herald.contracts.train import TrainConfig
 from herald.dispatch.microbatch import SAMPLE_ID_RANK_SHIFT
 from herald.errors import ConfigError
-from herald.job.data import JobData
 from herald.job import group_dispatch
+from herald.job.data import JobData
 from herald.job.group_dispatch import (
     GroupBatches,
     SharedBatches,
@@ -24,7 +25,6 @@ from herald.job.group_dispatch import (
 )
 from herald.job.launcher import run_train
 from herald.job.metrics import log_loss
-from herald.contracts.train import TrainConfig
 from herald.worker.groups import GroupAverager, GroupLayout, world_position
 from tests.fakes import thread_all_reduce
 
@@ -34,11 +34,28 @@ WORKERS, GROUPS, BATCH, STEPS = 4, 2, 16, 60
 
 
 def _cfg(tmp_path, data_dir, **kw) -> TrainConfig:
-    base = {"source": str(data_dir / "criteo" / "criteo_kaggle_sample_train.tsv"), "schedule": "herald",
-            "workers": WORKERS, "batch_size": BATCH, "cache_rows": 1500, "embedding_dim": 4, "optimizer": "adagrad",
-            "lr": 0.01, "dense_optimizer": "sgd", "dense_lr": 0.05, "model": "dlrm", "steps": STEPS,
-            "eval_fraction": 0.0, "seed": 3, "run_dir": str(tmp_path), "timeout_ms": 60_000, "consistency": "hybrid",
-            "groups": GROUPS, "average_every": 3, "easgd_alpha": 0.5}
+    base = {
+        "source": str(data_dir / "criteo" / "criteo_kaggle_sample_train.tsv"),
+        "schedule": "herald",
+        "workers": WORKERS,
+        "batch_size": BATCH,
+        "cache_rows": 1500,
+        "embedding_dim": 4,
+        "optimizer": "adagrad",
+        "lr": 0.01,
+        "dense_optimizer": "sgd",
+        "dense_lr": 0.05,
+        "model": "dlrm",
+        "steps": STEPS,
+        "eval_fraction": 0.0,
+        "seed": 3,
+        "run_dir": str(tmp_path),
+        "timeout_ms": 60_000,
+        "consistency": "hybrid",
+        "groups": GROUPS,
+        "average_every": 3,
+        "easgd_alpha": 0.5,
+    }
     return TrainConfig(**{**base, **kw})
 
 
@@ -49,7 +66,7 @@ def test_shared_batches_hand_each_batch_to_one_group():
     got = [next(views[0]), next(views[1]), next(views[1]), *views[0]]
     assert got == list(range(7)) and next(views[1], None) is None
     assert views[0].taken == [0, 3, 4, 5, 6] and views[1].taken == [1, 2]
-    ids = views[1].sample_ids(1)   # the view's second batch: stream batch 2, samples 8..11
+    ids = views[1].sample_ids(1)  # the view's second batch: stream batch 2, samples 8..11
     assert (ids >> np.uint64(SAMPLE_ID_RANK_SHIFT)).tolist() == [1] * 4
     assert (ids & np.uint64((1 << SAMPLE_ID_RANK_SHIFT) - 1)).tolist() == [8, 9, 10, 11]
 
@@ -72,7 +89,7 @@ def test_only_hybrid_groups_get_dispatchers_and_unsupported_options_are_refused(
 def test_leaders_with_uneven_rounds_drain_until_all_finished():
     """Leader 0 runs 1 round, leader 1 runs 3: leader 0 drains (finished flag raised) through
     leader 1's last two rounds and one more that both flag; both threads end."""
-    reduce = thread_all_reduce(2)   # tests/fakes.py
+    reduce = thread_all_reduce(2)  # tests/fakes.py
     lay = GroupLayout(4, 2)
     avgs = [GroupAverager(lay, g, torch.zeros(3), 0.5, reduce, drain=True) for g in range(2)]
     avgs[0].submit(3, torch.ones(3))
@@ -80,7 +97,7 @@ def test_leaders_with_uneven_rounds_drain_until_all_finished():
         avgs[1].submit(step, torch.full((3,), -1.0))
     ended = {}
     closers = [threading.Thread(target=lambda g=g: ended.__setitem__(g, avgs[g].close(20.0))) for g in range(2)]
-    for t in closers:   # each leader closes in its own process in a job: here, at the same time
+    for t in closers:  # each leader closes in its own process in a job: here, at the same time
         t.start()
     for t in closers:
         t.join(30)
@@ -104,7 +121,9 @@ def test_the_groups_stream_holds_exactly_the_samples_g1_trains(tmp_path, data_di
     np.testing.assert_array_equal(np.concatenate([x.labels for x in a]), np.concatenate([x.labels for x in b]))
     np.testing.assert_array_equal(np.concatenate([x.dense for x in a]), np.concatenate([x.dense for x in b]))
     for t in range(len(a[0].values)):
-        np.testing.assert_array_equal(np.concatenate([x.values[t] for x in a]), np.concatenate([x.values[t] for x in b]))
+        np.testing.assert_array_equal(
+            np.concatenate([x.values[t] for x in a]), np.concatenate([x.values[t] for x in b])
+        )
 
 
 # ------------------------------------------------------------------ a real job
@@ -136,20 +155,20 @@ def test_two_groups_train_their_own_data_and_a_straggler_slows_only_its_group(tm
     replica's, while the progressive log loss is mostly the fast group's."""
     kept, merge = {}, group_dispatch.merge_records
 
-    def keep(records):   # each group's step records, in its own step order
+    def keep(records):  # each group's step records, in its own step order
         kept["per_group"] = records
         return merge(records)
 
     monkeypatch.setattr(group_dispatch, "merge_records", keep)
     rep = run_train(_cfg(tmp_path, data_dir, slow_worker="1:150", log_sample_ids=True), progress=False)
     per = rep["group_streams"]["groups"]
-    total_batches = STEPS * GROUPS                    # group batches of k * BATCH samples
+    total_batches = STEPS * GROUPS  # group batches of k * BATCH samples
     rows = (WORKERS // GROUPS) * BATCH
     assert [p["group"] for p in per] == [0, 1]
     assert sum(p["steps"] for p in per) == total_batches == rep["steps"]
     assert rep["samples"] == STEPS * WORKERS * BATCH
     # nobody waits for the straggler: the groups are not in lockstep (that would be 60 / 60)
-    assert per[1]["steps"] > per[0]["steps"], per   # the straggler's group took fewer batches
+    assert per[1]["steps"] > per[0]["steps"], per  # the straggler's group took fewer batches
     positions, groups = _sample_positions(tmp_path)
     assert set(groups.tolist()) == {0, 1}
     assert not set(positions[0].tolist()) & set(positions[1].tolist()), "a sample was trained by both groups"
@@ -164,7 +183,7 @@ def test_two_groups_train_their_own_data_and_a_straggler_slows_only_its_group(tm
     assert [len(r) for r in by_group] == [p["steps"] for p in per]
     assert [p["final_loss"] for p in per] == [float(np.mean([r.loss for r in recs[-10:]])) for recs in by_group]
     for g, recs in enumerate(by_group):
-        first, second = _progressive_logloss(recs[:len(recs) // 2]), _progressive_logloss(recs[len(recs) // 2:])
+        first, second = _progressive_logloss(recs[: len(recs) // 2]), _progressive_logloss(recs[len(recs) // 2 :])
         assert second < first, (g, first, second)
     assert rep["consistency"]["mode"] == "hybrid" and rep["consistency"]["gradient_rows_pushed"] > 0
     leaders = rep["groups"]["leaders"]

@@ -9,11 +9,11 @@ import sys
 
 import pytest
 
-from herald.job.launcher import run_train
-from herald.ps import LocalShards, PSClient
 from herald.contracts.tables import TableConfig
 from herald.contracts.train import TrainConfig
+from herald.job.launcher import run_train
 from herald.procs import Supervisor
+from herald.ps import LocalShards, PSClient
 
 pytestmark = pytest.mark.integration
 
@@ -25,8 +25,7 @@ def hostile_cwd(tmp_path, monkeypatch) -> pathlib.Path:
     folder = tmp_path / "cwd"
     (folder / "herald").mkdir(parents=True)
     marker = tmp_path / "imported"
-    code = (f"open({str(marker)!r}, 'a').write(__file__ + '\\n')\n"
-            "raise SystemExit('hostile herald imported')\n")
+    code = f"open({str(marker)!r}, 'a').write(__file__ + '\\n')\nraise SystemExit('hostile herald imported')\n"
     (folder / "herald.py").write_text(code)
     (folder / "herald" / "__init__.py").write_text(code)
     (folder / "herald" / "__main__.py").write_text(code)
@@ -53,8 +52,15 @@ def test_ps_shards_started_from_a_hostile_folder_serve(hostile_cwd):
 
 @pytest.mark.slow
 def test_herald_train_from_a_hostile_folder(hostile_cwd, tmp_path):
-    cfg = TrainConfig(source="synthetic://criteo?rows=4000&seed=0", workers=2, batch_size=32, steps=4,
-                      eval_fraction=0.0, run_dir=str(tmp_path / "run"), timeout_ms=60_000)
+    cfg = TrainConfig(
+        source="synthetic://criteo?rows=4000&seed=0",
+        workers=2,
+        batch_size=32,
+        steps=4,
+        eval_fraction=0.0,
+        run_dir=str(tmp_path / "run"),
+        timeout_ms=60_000,
+    )
     result = run_train(cfg, progress=False)
     assert result["steps"] == 4
     assert not hostile_cwd.exists(), hostile_cwd.read_text()

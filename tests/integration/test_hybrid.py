@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from test_train_exact import BATCH, LR, STEPS, _reference, assert_matches_reference
 
-from herald.job.launcher import run_train
 from herald.contracts.train import TrainConfig
+from herald.job.launcher import run_train
 from herald.ps import PSClient
 
 pytestmark = pytest.mark.integration
@@ -20,10 +20,26 @@ CRITEO = ("criteo", "criteo_kaggle_sample_train.tsv")
 
 
 def _config(tmp_path, data_dir, name, steps, batch, **settings) -> TrainConfig:
-    return TrainConfig(source=str(data_dir.joinpath(*CRITEO)), schedule="herald", workers=2, batch_size=batch,
-                       cache_rows=1500, embedding_dim=4, optimizer="adagrad", lr=0.01, dense_optimizer="sgd",
-                       dense_lr=0.05, model="dlrm", steps=steps, eval_fraction=0.0, seed=3,
-                       run_dir=str(tmp_path / name), timeout_ms=60_000, consistency="hybrid", **settings)
+    return TrainConfig(
+        source=str(data_dir.joinpath(*CRITEO)),
+        schedule="herald",
+        workers=2,
+        batch_size=batch,
+        cache_rows=1500,
+        embedding_dim=4,
+        optimizer="adagrad",
+        lr=0.01,
+        dense_optimizer="sgd",
+        dense_lr=0.05,
+        model="dlrm",
+        steps=steps,
+        eval_fraction=0.0,
+        seed=3,
+        run_dir=str(tmp_path / name),
+        timeout_ms=60_000,
+        consistency="hybrid",
+        **settings,
+    )
 
 
 def test_hybrid_trains_with_staleness_within_the_credit_window(tmp_path, data_dir):
@@ -52,8 +68,20 @@ def test_hybrid_expiry_drops_late_gradients_and_counts_them(tmp_path, data_dir):
     """A straggler's gradients arrive after the dispatcher handed out later steps; with
     --hybrid-expiry 0 they expire: dropped and counted, never applied; training goes on,
     through checkpoint barriers (every queued push applied before the PS checkpoint)."""
-    rep = run_train(_config(tmp_path, data_dir, "expiry", 30, 16, max_inflight_steps=3, hybrid_expiry=0,
-                            slow_worker="1:40", checkpoint_every=10), progress=False)
+    rep = run_train(
+        _config(
+            tmp_path,
+            data_dir,
+            "expiry",
+            30,
+            16,
+            max_inflight_steps=3,
+            hybrid_expiry=0,
+            slow_worker="1:40",
+            checkpoint_every=10,
+        ),
+        progress=False,
+    )
     c = rep["consistency"]
     assert rep["steps"] == 30
     assert c["settings"]["hybrid_expiry"] == 0
@@ -70,10 +98,26 @@ def test_hybrid_with_window_one_equals_single_process(tmp_path, data_dir, optimi
     every read is latest and hybrid equals BSP and the single-process reference within the
     exactness tolerances (NOTE [hybrid training], last paragraph)."""
     source = str(data_dir.joinpath(*CRITEO))
-    cfg = TrainConfig(source=source, schedule="herald", workers=2, batch_size=BATCH, cache_rows=260,
-                      embedding_dim=4, optimizer=optimizer, lr=LR[optimizer], dense_optimizer="sgd", dense_lr=0.05,
-                      model="dlrm", steps=STEPS, eval_fraction=0.0, seed=3, run_dir=str(tmp_path),
-                      timeout_ms=60_000, consistency="hybrid", max_inflight_steps=1)
+    cfg = TrainConfig(
+        source=source,
+        schedule="herald",
+        workers=2,
+        batch_size=BATCH,
+        cache_rows=260,
+        embedding_dim=4,
+        optimizer=optimizer,
+        lr=LR[optimizer],
+        dense_optimizer="sgd",
+        dense_lr=0.05,
+        model="dlrm",
+        steps=STEPS,
+        eval_fraction=0.0,
+        seed=3,
+        run_dir=str(tmp_path),
+        timeout_ms=60_000,
+        consistency="hybrid",
+        max_inflight_steps=1,
+    )
     seen: dict = {}
 
     def grab(addresses, job):
@@ -88,8 +132,14 @@ def test_hybrid_with_window_one_equals_single_process(tmp_path, data_dir, optimi
         dim = tables[0].dim
         pairs = [(got[t][i], ref_rows[(t, k)]) for t, ks in by_table.items() for i, k in enumerate(ks)]
         seen["diff"] = max(float(np.abs(a[:dim] - b[:dim]).max()) for a, b in pairs)
-        seen["state_rel"] = max((float((np.abs(a[dim:] - b[dim:]) / np.maximum(1.0, np.abs(b[dim:]))).max())
-                                 for a, b in pairs if a.shape[0] > dim), default=0.0)
+        seen["state_rel"] = max(
+            (
+                float((np.abs(a[dim:] - b[dim:]) / np.maximum(1.0, np.abs(b[dim:]))).max())
+                for a, b in pairs
+                if a.shape[0] > dim
+            ),
+            default=0.0,
+        )
 
     rep = run_train(cfg, progress=False, on_finish=grab)
     assert rep["steps"] == STEPS

@@ -7,10 +7,10 @@ import argparse
 import pytest
 
 from herald.errors import ConfigError
-from herald.loader.produce_cli import register
 from herald.loader.batch import SampleBatch
 from herald.loader.kafka.source import KafkaSourceConfig, config_from_url
 from herald.loader.produce import ProduceSettings, produce
+from herald.loader.produce_cli import register
 from herald.loader.registry import open_source
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -31,14 +31,34 @@ def read_topic(bootstrap, topic, fmt, group="check"):
         return SampleBatch.concat(list(src)), src.stats
 
 
-@pytest.mark.parametrize("fmt,file", [("tsv", "criteo/criteo_kaggle_sample_dev.tsv"),
-                                      ("csv", "avazu/avazu_sample_train.csv"),   # has a header line
-                                      ("arrow", "criteo/criteo_kaggle_sample_dev.tsv")])
+@pytest.mark.parametrize(
+    "fmt,file",
+    [
+        ("tsv", "criteo/criteo_kaggle_sample_dev.tsv"),
+        ("csv", "avazu/avazu_sample_train.csv"),  # has a header line
+        ("arrow", "criteo/criteo_kaggle_sample_dev.tsv"),
+    ],
+)
 def test_produce_cli_round_trip(kafka_broker, kafka_topic, data_dir, fmt, file, capsys):
     path = data_dir / file
-    rc = herald_produce(["--bootstrap", kafka_broker, "--topic", kafka_topic, "--format", fmt,
-                         "--rows-per-message", "100", "--limit", "250", "--no-progress",
-                         "--client-option", "api_version=0.9", str(path)])
+    rc = herald_produce(
+        [
+            "--bootstrap",
+            kafka_broker,
+            "--topic",
+            kafka_topic,
+            "--format",
+            fmt,
+            "--rows-per-message",
+            "100",
+            "--limit",
+            "250",
+            "--no-progress",
+            "--client-option",
+            "api_version=0.9",
+            str(path),
+        ]
+    )
     assert rc == 0
     assert "published 250 samples in " + ("3" if fmt == "arrow" else "250") + " messages" in capsys.readouterr().out
     got, stats = read_topic(kafka_broker, kafka_topic, fmt)
@@ -48,11 +68,17 @@ def test_produce_cli_round_trip(kafka_broker, kafka_topic, data_dir, fmt, file, 
 
 
 def test_produce_arrow_from_any_source_and_rate_limit(kafka_broker, kafka_topic):
-    settings = ProduceSettings(kafka_broker, kafka_topic, "arrow", rows_per_message=64,
-                               rate_samples_per_s=2000, client_options={"api_version": (0, 9)})
+    settings = ProduceSettings(
+        kafka_broker,
+        kafka_topic,
+        "arrow",
+        rows_per_message=64,
+        rate_samples_per_s=2000,
+        client_options={"api_version": (0, 9)},
+    )
     stats = produce("synthetic://criteo?rows=500&seed=3", settings)
     assert stats["rows"] == 500 and stats["messages"] == 8
-    assert stats["seconds"] >= 0.2                        # 500 samples at 2,000/s, first message free
+    assert stats["seconds"] >= 0.2  # 500 samples at 2,000/s, first message free
     got, _ = read_topic(kafka_broker, kafka_topic, "arrow")
     with open_source("synthetic://criteo?rows=500&seed=3") as src:
         assert got.equals(SampleBatch.concat(list(src)))
@@ -81,8 +107,10 @@ def test_config_rejects_unknown_and_reserved_client_options():
 
 
 def test_config_from_url():
-    cfg = config_from_url("kafka://a:1,b:2/clicks?format=arrow&group=g&partitions=0,2&api_version=0.9"
-                          "&idle_timeout_ms=500&bad=skip&security_protocol=PLAINTEXT")
+    cfg = config_from_url(
+        "kafka://a:1,b:2/clicks?format=arrow&group=g&partitions=0,2&api_version=0.9"
+        "&idle_timeout_ms=500&bad=skip&security_protocol=PLAINTEXT"
+    )
     assert (cfg.bootstrap_servers, cfg.topic, cfg.group_id, cfg.format) == ("a:1,b:2", "clicks", "g", "arrow")
     assert cfg.partitions == (0, 2) and cfg.idle_timeout_ms == 500 and cfg.bad_records == "skip"
     assert dict(cfg.client_options) == {"api_version": (0, 9), "security_protocol": "PLAINTEXT"}

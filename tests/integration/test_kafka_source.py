@@ -36,8 +36,7 @@ def criteo_batch(criteo_path):
 def send_all(bootstrap, topic, payloads):
     from kafka import KafkaProducer
 
-    producer = KafkaProducer(bootstrap_servers=bootstrap, api_version=(0, 9), linger_ms=5,
-                             max_request_size=2_000_000)
+    producer = KafkaProducer(bootstrap_servers=bootstrap, api_version=(0, 9), linger_ms=5, max_request_size=2_000_000)
     try:
         for p in payloads:
             producer.send(topic, p)
@@ -50,8 +49,9 @@ def source(bootstrap, topic, fmt, group=None, **kw):
     # a group per topic by default: one group shared by the tests' topics rebalances whenever
     # any test's consumer joins or leaves, and a lingering member stalls the next assignment
     kw.setdefault("idle_timeout_ms", 1000)
-    return KafkaSource(KafkaSourceConfig(bootstrap, topic, group or f"g-{topic}", fmt,
-                                         client_options={"api_version": (0, 9)}, **kw))
+    return KafkaSource(
+        KafkaSourceConfig(bootstrap, topic, group or f"g-{topic}", fmt, client_options={"api_version": (0, 9)}, **kw)
+    )
 
 
 def read_all(src, max_rows=100):
@@ -73,8 +73,11 @@ def take(src, n):
 
 
 def arrow_payloads(batch, rows_per_message):
-    return [p for s in range(0, len(batch), rows_per_message)
-            for p, _ in arrow_messages(batch.slice(s, s + rows_per_message))]
+    return [
+        p
+        for s in range(0, len(batch), rows_per_message)
+        for p, _ in arrow_messages(batch.slice(s, s + rows_per_message))
+    ]
 
 
 def test_tsv_round_trip_equals_file(kafka_broker, kafka_topic, criteo_lines, criteo_batch):
@@ -83,7 +86,7 @@ def test_tsv_round_trip_equals_file(kafka_broker, kafka_topic, criteo_lines, cri
         got, offsets = [], []
         while (b := src.read(64)) is not None:
             got.append(b)
-            parts, offs = src.last_read_records          # the record of every returned row
+            parts, offs = src.last_read_records  # the record of every returned row
             assert len(offs) == len(b) and not parts.any()
             offsets.append(offs)
         assert all(len(b) <= 64 for b in got)
@@ -97,7 +100,7 @@ def test_arrow_round_trip_across_message_boundaries(kafka_broker, kafka_topic, c
     send_all(kafka_broker, kafka_topic, arrow_payloads(criteo_batch, 50))
     with source(kafka_broker, kafka_topic, "arrow", partitions=(0,)) as src:
         assert src.schema == criteo_batch.schema
-        got = read_all(src, max_rows=37)               # 37 does not divide 50: reads split messages
+        got = read_all(src, max_rows=37)  # 37 does not divide 50: reads split messages
         assert SampleBatch.concat(got).equals(criteo_batch)
         assert src.last_read_position.offsets == {0: (9, 0)}
 
@@ -113,15 +116,14 @@ def test_bad_tsv_records_skipped_and_counted(kafka_broker, kafka_topic, criteo_l
         assert src.state_dict()["positions"] == {"0": [34, 0]}
 
 
-def test_bad_tsv_record_raises_under_strict_after_the_good_ones(kafka_broker, kafka_topic, criteo_lines,
-                                                                  criteo_batch):
+def test_bad_tsv_record_raises_under_strict_after_the_good_ones(kafka_broker, kafka_topic, criteo_lines, criteo_batch):
     send_all(kafka_broker, kafka_topic, criteo_lines[:5] + [b"garbage"] + criteo_lines[5:10])
     with source(kafka_broker, kafka_topic, "tsv") as src:
         assert take(src, 5).equals(criteo_batch.slice(0, 5))
         with pytest.raises(DataError) as err:
             src.read(100)
         assert err.value.position == 5 and err.value.reason == "field_count"
-        assert src.state_dict()["positions"] == {"0": [5, 0]}   # the position stops at the bad record
+        assert src.state_dict()["positions"] == {"0": [5, 0]}  # the position stops at the bad record
 
 
 def test_bad_arrow_messages_skipped_or_raised(kafka_broker, kafka_topic, criteo_batch):
@@ -139,24 +141,25 @@ def test_bad_arrow_messages_skipped_or_raised(kafka_broker, kafka_topic, criteo_
         assert err.value.position == 1 and err.value.reason == "bad_arrow"
 
 
-def test_committed_offsets_resume_and_uncommitted_are_redelivered(kafka_broker, kafka_topic, criteo_lines,
-                                                                  criteo_batch):
+def test_committed_offsets_resume_and_uncommitted_are_redelivered(
+    kafka_broker, kafka_topic, criteo_lines, criteo_batch
+):
     send_all(kafka_broker, kafka_topic, criteo_lines[:100])
     with source(kafka_broker, kafka_topic, "tsv", group="resume") as src:
         first = take(src, 30)
         assert first.equals(criteo_batch.slice(0, 30))
-        src.commit(src.last_read_position)             # samples 0-29 trained
-        take(src, 40)                                  # read but never committed
+        src.commit(src.last_read_position)  # samples 0-29 trained
+        take(src, 40)  # read but never committed
         assert src.committed().offsets == {0: (30, 0)}
     with source(kafka_broker, kafka_topic, "tsv", group="resume") as src:
         rest = SampleBatch.concat(read_all(src))
-        assert rest.equals(criteo_batch.slice(30, 100))   # 30-69 come again, nothing before 30
+        assert rest.equals(criteo_batch.slice(30, 100))  # 30-69 come again, nothing before 30
 
 
 def test_commit_inside_an_arrow_message_resumes_at_the_exact_sample(kafka_broker, kafka_topic, criteo_batch):
     send_all(kafka_broker, kafka_topic, arrow_payloads(criteo_batch.slice(0, 100), 40))
     with source(kafka_broker, kafka_topic, "arrow", group="mid") as src:
-        take(src, 55)                                  # message 0 and 15 samples of message 1
+        take(src, 55)  # message 0 and 15 samples of message 1
         assert src.last_read_position.offsets == {0: (1, 15)}
         src.commit()
     with source(kafka_broker, kafka_topic, "arrow", group="mid") as src:
@@ -179,7 +182,7 @@ def test_unbounded_read_waits_for_records_and_interrupt_ends_it(kafka_broker, ka
     with source(kafka_broker, kafka_topic, "tsv", idle_timeout_ms=None, poll_timeout_ms=100) as src:
         threading.Timer(1.0, send_all, (kafka_broker, kafka_topic, criteo_lines[:3])).start()
         t0 = time.monotonic()
-        assert len(src.read(10)) == 3                  # blocked until the records came
+        assert len(src.read(10)) == 3  # blocked until the records came
         assert time.monotonic() - t0 >= 0.9
         threading.Timer(0.5, src.interrupt).start()
         assert src.read(10) is None
@@ -205,7 +208,7 @@ def test_shared_resume_harness_with_bad_records_mid_message(kafka_broker, kafka_
     msgs = arrow_payloads(criteo_batch.slice(0, 300), 70)
     send_all(kafka_broker, kafka_topic, [msgs[0], b"junk", msgs[1], msgs[2][:100], msgs[3], msgs[4]])
 
-    def make():   # a fresh group each time: the state, not a commit, decides where to start
+    def make():  # a fresh group each time: the state, not a commit, decides where to start
         return source(kafka_broker, kafka_topic, "arrow", group=uuid.uuid4().hex, bad_records="skip")
 
     full = check_source_resume(make, trials=2, max_read=90)

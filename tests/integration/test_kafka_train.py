@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
-from herald.loader.kafka.config import KafkaPosition
 from herald.loader.global_batches import record_sample_ids
+from herald.loader.kafka.config import KafkaPosition
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]   # ~40-55 s a case (2 shared cores, real Kafka)
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # ~40-55 s a case (2 shared cores, real Kafka)
 
 WORKERS, BATCH, ROWS_PER_MESSAGE = 2, 32, 100
 STEP_SAMPLES = WORKERS * BATCH
@@ -31,9 +31,31 @@ STEP_SAMPLES = WORKERS * BATCH
 
 def _train_cmd(bootstrap, topic, run_dir, *extra):
     url = f"kafka://{bootstrap}/{topic}?format=arrow&group=g-{topic}&api_version=0.9&idle_timeout_ms=4000"
-    return [sys.executable, "-m", "herald", "train", "--quiet", "--source", url, "--workers", str(WORKERS),
-            "--batch-size", str(BATCH), "--cache-rows", "1500", "--embedding-dim", "4", "--checkpoint-every", "4",
-            "--log-sample-ids", "--run-dir", str(run_dir), "--timeout-ms", "60000", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "herald",
+        "train",
+        "--quiet",
+        "--source",
+        url,
+        "--workers",
+        str(WORKERS),
+        "--batch-size",
+        str(BATCH),
+        "--cache-rows",
+        "1500",
+        "--embedding-dim",
+        "4",
+        "--checkpoint-every",
+        "4",
+        "--log-sample-ids",
+        "--run-dir",
+        str(run_dir),
+        "--timeout-ms",
+        "60000",
+        *extra,
+    ]
 
 
 def _logged(run_dir) -> np.ndarray:
@@ -63,8 +85,9 @@ def _ids_before(position: KafkaPosition, rows_per_message: int, total: int) -> n
 
 def _committed(bootstrap, topic) -> KafkaPosition:
     """The group's committed position of partition 0 (with herald's skip metadata)."""
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=f"g-{topic}", api_version=(0, 9),
-                             enable_auto_commit=False)
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap, group_id=f"g-{topic}", api_version=(0, 9), enable_auto_commit=False
+    )
     try:
         meta = consumer.committed(TopicPartition(topic, 0), metadata=True)
         if meta is None:
@@ -82,15 +105,37 @@ def test_kill_minus_9_then_resume_trains_every_record(tmp_path, data_dir, kafka_
     BSP's does. ``kafka_topic`` is a fresh topic per parametrization."""
     source = data_dir / "criteo" / "criteo_kaggle_sample_train.tsv"
     total = 1530
-    subprocess.run([sys.executable, "-m", "herald", "produce", "--bootstrap", kafka_broker, "--topic", kafka_topic,
-                    "--format", "arrow", "--rows-per-message", str(ROWS_PER_MESSAGE), "--limit", str(total), "--client-option",
-                    "api_version=0.9", "--no-progress", str(source)], check=True, timeout=120)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "herald",
+            "produce",
+            "--bootstrap",
+            kafka_broker,
+            "--topic",
+            kafka_topic,
+            "--format",
+            "arrow",
+            "--rows-per-message",
+            str(ROWS_PER_MESSAGE),
+            "--limit",
+            str(total),
+            "--client-option",
+            "api_version=0.9",
+            "--no-progress",
+            str(source),
+        ],
+        check=True,
+        timeout=120,
+    )
     steps_total = total // STEP_SAMPLES
     kill_after = random.Random(7).randrange(6, steps_total - 3)
     run_dir = tmp_path / "run"
 
-    job = subprocess.Popen(_train_cmd(kafka_broker, kafka_topic, run_dir, *mode), stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL)
+    job = subprocess.Popen(
+        _train_cmd(kafka_broker, kafka_topic, run_dir, *mode), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     deadline = time.monotonic() + 120
     while _logged(run_dir).size < kill_after * STEP_SAMPLES:
         assert job.poll() is None, "training ended before the kill point"
@@ -112,19 +157,21 @@ def test_kill_minus_9_then_resume_trains_every_record(tmp_path, data_dir, kafka_
 
     ckpts = run_dir / "checkpoints"
     meta = json.loads((ckpts / (ckpts / "latest").read_text().strip() / "meta.json").read_text())
-    ckpt = KafkaPosition.from_dict(meta["source_position"])   # where the resumed job starts
-    done = subprocess.run(_train_cmd(kafka_broker, kafka_topic, run_dir, *mode, "--resume"), capture_output=True,
-                          text=True, timeout=300)
+    ckpt = KafkaPosition.from_dict(meta["source_position"])  # where the resumed job starts
+    done = subprocess.run(
+        _train_cmd(kafka_broker, kafka_topic, run_dir, *mode, "--resume"), capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     consistency = json.loads((run_dir / "report.json").read_text())["consistency"]
     assert consistency["mode"] == ("gba" if mode else "bsp")
-    assert consistency.get("dropped_or_decayed", 0) == 0   # iota = 0: GBA is exactly BSP
+    assert consistency.get("dropped_or_decayed", 0) == 0  # iota = 0: GBA is exactly BSP
     trained = _logged(run_dir)
-    everything = _ids_before(KafkaPosition(kafka_topic, {0: (total // ROWS_PER_MESSAGE, total % ROWS_PER_MESSAGE)}),
-                             ROWS_PER_MESSAGE, total)
-    trainable = everything[: steps_total * STEP_SAMPLES]   # the final partial global batch is never trained
+    everything = _ids_before(
+        KafkaPosition(kafka_topic, {0: (total // ROWS_PER_MESSAGE, total % ROWS_PER_MESSAGE)}), ROWS_PER_MESSAGE, total
+    )
+    trainable = everything[: steps_total * STEP_SAMPLES]  # the final partial global batch is never trained
     assert np.isin(trainable, trained).all(), "a record was never trained"
-    assert not np.isin(everything[steps_total * STEP_SAMPLES:], trained).any()
+    assert not np.isin(everything[steps_total * STEP_SAMPLES :], trained).any()
     # replays are exactly the samples trained after the checkpoint the job resumed from
     replayed = first.size - np.isin(first, _ids_before(ckpt, ROWS_PER_MESSAGE, total)).sum()
     assert trained.size - np.unique(trained).size == replayed

@@ -24,19 +24,19 @@ import types
 import numpy as np
 import pytest
 import torch
+from test_multihost import TOLERANCE, _alive, _config
+from test_train_exact import BATCH, STEPS, _reference
 
+from herald.contracts.job import JobSpec
 from herald.job.data import JobData
 from herald.job.failover import SHARD_FAILED_EXIT, shard_lost
-from herald.contracts.job import JobSpec
 from herald.ps.checkpoint import load as load_ps_checkpoint
 from herald.testbed import TestBed, TestBedError, cleanup_stale, list_namespaces
 from herald.testbed.dispatcher import last_step
 from herald.testbed.job import bed_hosts, run_job
 from herald.testbed.links import check_tools
-from test_multihost import TOLERANCE, _alive, _config
-from test_train_exact import BATCH, STEPS, _reference
 
-EVERY = 10   # checkpoint every 10 of the 50 steps
+EVERY = 10  # checkpoint every 10 of the 50 steps
 
 
 @pytest.fixture
@@ -79,8 +79,10 @@ def _assert_reference_model(run: pathlib.Path, cfg, source: str) -> None:
     assert not missing, f"{len(missing)} trained rows are not on the PS, e.g. {missing[:3]}"
     dim = job.tables[0].dim
     diff = max(float(np.abs(got[key][:dim] - ref[:dim]).max()) for key, ref in ref_rows.items())
-    state = max(float((np.abs(got[key][dim:] - ref[dim:]) / np.maximum(1.0, np.abs(ref[dim:]))).max())
-                for key, ref in ref_rows.items())
+    state = max(
+        float((np.abs(got[key][dim:] - ref[dim:]) / np.maximum(1.0, np.abs(ref[dim:]))).max())
+        for key, ref in ref_rows.items()
+    )
     assert diff < TOLERANCE, f"embeddings differ from the uninterrupted model by {diff}"
     assert state < TOLERANCE, f"optimizer state differs from the uninterrupted model by {state} (relative)"
     dense = torch.load(run / "dense-rank0.pt", weights_only=True)
@@ -93,7 +95,7 @@ def _assert_reference_model(run: pathlib.Path, cfg, source: str) -> None:
 
 @pytest.mark.integration
 @pytest.mark.multihost
-@pytest.mark.slow   # ~50 s (2 shared cores)
+@pytest.mark.slow  # ~50 s (2 shared cores)
 @pytest.mark.usefixtures("bed_tools")
 def test_a_killed_ps_host_fails_over_and_the_job_ends_with_the_uninterrupted_model(tmp_path, data_dir):
     source = str(data_dir / "criteo" / "criteo_kaggle_sample_train.tsv")
@@ -147,7 +149,7 @@ def _free_port() -> int:
 
 
 @pytest.mark.integration
-@pytest.mark.slow   # ~48 s (2 shared cores)
+@pytest.mark.slow  # ~48 s (2 shared cores)
 def test_serve_dispatcher_exits_75_on_a_lost_shard_and_resumes(tmp_path, data_dir):
     """``herald serve dispatcher --run-dir --checkpoint-every`` (loopback, no namespaces):
     SIGKILL of ``herald serve ps`` after a checkpoint ends the dispatcher with status 75,
@@ -166,22 +168,65 @@ def test_serve_dispatcher_exits_75_on_a_lost_shard_and_resumes(tmp_path, data_di
     procs: list[subprocess.Popen] = []
 
     def start(argv, output=subprocess.DEVNULL):
-        procs.append(subprocess.Popen([sys.executable, "-m", "herald", "serve", *argv], env=env, text=True,
-                                      stdout=output, stderr=subprocess.STDOUT))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "herald", "serve", *argv],
+                env=env,
+                text=True,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+            )
+        )
         return procs[-1]
 
     def attempt(resume: bool):
-        ps = start(["ps", "--shard", "0", "--num-shards", "1", "--bind", ps_addr, "--checkpoint-root", str(tmp_path),
-                    "--max-contributors", "2"])
+        ps = start(
+            [
+                "ps",
+                "--shard",
+                "0",
+                "--num-shards",
+                "1",
+                "--bind",
+                ps_addr,
+                "--checkpoint-root",
+                str(tmp_path),
+                "--max-contributors",
+                "2",
+            ]
+        )
         disp_addr = f"tcp://127.0.0.1:{_free_port()}"
-        disp = start(["dispatcher", "--source", str(source), "--workers", "2", "--batch-size", "16",
-                      "--embedding-dim", "4", "--steps", str(steps), "--ps", ps_addr, "--bind", disp_addr,
-                      "--timeout-ms", "30000", "--run-dir", str(run), "--checkpoint-every", "5",
-                      "--dist-init", f"tcp://127.0.0.1:{_free_port()}", *(["--resume"] if resume else [])],
-                     output=subprocess.PIPE)
+        disp = start(
+            [
+                "dispatcher",
+                "--source",
+                str(source),
+                "--workers",
+                "2",
+                "--batch-size",
+                "16",
+                "--embedding-dim",
+                "4",
+                "--steps",
+                str(steps),
+                "--ps",
+                ps_addr,
+                "--bind",
+                disp_addr,
+                "--timeout-ms",
+                "30000",
+                "--run-dir",
+                str(run),
+                "--checkpoint-every",
+                "5",
+                "--dist-init",
+                f"tcp://127.0.0.1:{_free_port()}",
+                *(["--resume"] if resume else []),
+            ],
+            output=subprocess.PIPE,
+        )
         for r in range(2):
-            start(["worker", "--dispatcher", disp_addr, "--rank", str(r), "--world-size", "2",
-                   "--timeout-ms", "30000"])
+            start(["worker", "--dispatcher", disp_addr, "--rank", str(r), "--world-size", "2", "--timeout-ms", "30000"])
         return ps, disp
 
     try:
@@ -195,9 +240,10 @@ def test_serve_dispatcher_exits_75_on_a_lost_shard_and_resumes(tmp_path, data_di
         out = disp.communicate(timeout=120)[0]
         assert disp.returncode == SHARD_FAILED_EXIT, out[-3000:]
         found = latest(run / "checkpoints")
-        assert f"PS shard 0 at {ps_addr}" in out and f"latest checkpoint: {found.path} (step {found.step})" in out, \
-            out[-3000:]
-        for p in procs:   # the workers end on their own PS timeout; do not wait for it
+        assert f"PS shard 0 at {ps_addr}" in out and f"latest checkpoint: {found.path} (step {found.step})" in out, out[
+            -3000:
+        ]
+        for p in procs:  # the workers end on their own PS timeout; do not wait for it
             if p.poll() is None:
                 p.kill()
             p.communicate(timeout=30)
@@ -207,7 +253,7 @@ def test_serve_dispatcher_exits_75_on_a_lost_shard_and_resumes(tmp_path, data_di
         out = disp.communicate(timeout=240)[0]
         assert disp.returncode == 0, out[-3000:]
         assert f"{steps - found.step - 1} steps acked by all 2 workers" in out, out[-3000:]
-        assert latest(run / "checkpoints").step == steps - 1   # the final checkpoint
+        assert latest(run / "checkpoints").step == steps - 1  # the final checkpoint
     finally:
         for p in procs:
             if p.poll() is None:

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import zmq
 
-from herald.ps import LocalShards, PSClient, shard_of
 from herald.contracts.tables import OptimizerConfig, TableConfig
+from herald.ps import LocalShards, PSClient, shard_of
 from herald.ps.wire import PS
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -32,13 +32,15 @@ def _valid(rng: random.Random, fuzz_keys: list[np.ndarray], rid: int):
     keys = fuzz_keys[t][: rng.randrange(1, 40)]
     n = keys.size
     header = {"op": op, "rid": rid, "cid": 7, "parts": [{"table": t}], "step": rng.randrange(3), "rank": 0}
-    arrays = {"pull": [keys],
-              "push_grad": [keys, np.ones((n, dim), np.float32), np.ones(n, np.uint16)],
-              "push_rows": [keys, np.zeros((n, width), np.float32)]}.get(op, [])
-    if arrays and rng.random() < 0.5:   # a flat part (NOTE [ps wire protocol]): the tables frame first
+    arrays = {
+        "pull": [keys],
+        "push_grad": [keys, np.ones((n, dim), np.float32), np.ones(n, np.uint16)],
+        "push_rows": [keys, np.zeros((n, width), np.float32)],
+    }.get(op, [])
+    if arrays and rng.random() < 0.5:  # a flat part (NOTE [ps wire protocol]): the tables frame first
         tables = np.full(n, t, np.uint16)
         if rng.random() < 0.1:
-            tables[rng.randrange(n)] = rng.choice([1 - t, 7, 65535])   # another shape, or unknown
+            tables[rng.randrange(n)] = rng.choice([1 - t, 7, 65535])  # another shape, or unknown
         header["parts"] = [{"flat": True}]
         arrays = [tables] + arrays
     return header, arrays
@@ -57,9 +59,29 @@ def _mutate(rng: random.Random, header: dict, arrays: list) -> list[bytes]:
     elif kind == 2:  # replace a header field by a wrong value
         h = msgpack.unpackb(frames[0])
         field = rng.choice(["op", "rid", "cid", "parts", "arrays", "v", "step", "rank"])
-        h[field] = rng.choice([None, -1, 2**63, "x", [], {}, [[1]], 3.5, "shutdownx",
-                               [{"table": 99}], [{"table": -1}], [["<u8", [5]]], [["<f4", [1, 2, 3]]], 1, 2, True,
-                               [[[1], [2]]], [["<u8", [2**40]]], [["<u8", [2**39, 2**39]]]])
+        h[field] = rng.choice(
+            [
+                None,
+                -1,
+                2**63,
+                "x",
+                [],
+                {},
+                [[1]],
+                3.5,
+                "shutdownx",
+                [{"table": 99}],
+                [{"table": -1}],
+                [["<u8", [5]]],
+                [["<f4", [1, 2, 3]]],
+                1,
+                2,
+                True,
+                [[[1], [2]]],
+                [["<u8", [2**40]]],
+                [["<u8", [2**39, 2**39]]],
+            ]
+        )
         frames[0] = msgpack.packb(h)
     elif kind == 3 and len(frames) > 1:  # drop a frame
         del frames[rng.randrange(1, len(frames))]
@@ -67,7 +89,7 @@ def _mutate(rng: random.Random, header: dict, arrays: list) -> list[bytes]:
         frames.append(rng.randbytes(rng.randrange(0, 32)))
     elif kind == 5 and len(frames) > 1:  # truncate or extend an array frame
         i = rng.randrange(1, len(frames))
-        frames[i] = frames[i][:-rng.randrange(1, 9)] if rng.random() < 0.5 else frames[i] + b"\0" * 4
+        frames[i] = frames[i][: -rng.randrange(1, 9)] if rng.random() < 0.5 else frames[i] + b"\0" * 4
     elif kind == 6 and len(frames) > 1:  # wrong dtype/shape in the descriptor, sizes kept
         h = msgpack.unpackb(frames[0])
         i = rng.randrange(len(h["arrays"]))
@@ -90,8 +112,14 @@ def test_fuzz_10000_messages_keep_the_shard_serving():
     with LocalShards(num_shards=2, tables=TABLES, seed=5) as sh:
         client = PSClient(sh.addresses, TABLES, timeout_ms=10_000)
         known = {t: _own(t, np.arange(0, 3000, dtype=np.uint64)) for t in range(2)}
-        client.push_grad_async({t: (k, np.ones((k.size, TABLES[t].dim), np.float32), np.ones(k.size, np.uint16))
-                                for t, k in known.items()}, step=0, rank=0).wait()
+        client.push_grad_async(
+            {
+                t: (k, np.ones((k.size, TABLES[t].dim), np.float32), np.ones(k.size, np.uint16))
+                for t, k in known.items()
+            },
+            step=0,
+            rank=0,
+        ).wait()
         before = client.pull_async(known).wait()
         fuzz_keys = [_own(t, np.arange(10**6, 10**6 + 400, dtype=np.uint64)) for t in range(2)]
 

@@ -11,19 +11,21 @@ import numpy as np
 import pytest
 import torch
 
+from herald.contracts.tables import OptimizerConfig, TableConfig
 from herald.errors import ConfigError, PeerTimeout, ProtocolError
 from herald.ps import CheckpointError, LocalShards, PSClient, apply_gradients, init_rows, shard_of
-from herald.contracts.tables import OptimizerConfig, TableConfig
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 LR = 0.05
 TABLES = [
     TableConfig("sgd", 16, OptimizerConfig("sgd", lr=LR), init="normal", init_scale=0.1),
-    TableConfig("adagrad", 16, OptimizerConfig("adagrad", lr=LR, initial_accumulator=0.1), init="normal",
-                init_scale=0.1),
-    TableConfig("rowwise", 16, OptimizerConfig("rowwise_adagrad", lr=LR, initial_accumulator=0.1),
-                init="normal", init_scale=0.1),
+    TableConfig(
+        "adagrad", 16, OptimizerConfig("adagrad", lr=LR, initial_accumulator=0.1), init="normal", init_scale=0.1
+    ),
+    TableConfig(
+        "rowwise", 16, OptimizerConfig("rowwise_adagrad", lr=LR, initial_accumulator=0.1), init="normal", init_scale=0.1
+    ),
     TableConfig("adam", 16, OptimizerConfig("adam", lr=LR), init="normal", init_scale=0.1),
     TableConfig("agg", 8, OptimizerConfig("adam", lr=LR), init="zeros"),
 ]
@@ -52,11 +54,13 @@ def _torch_step(name, w, state, g):
             w -= opt.lr * g / (state["acc"].sqrt() + opt.eps)
         return
     if "opt" not in state:
-        state["opt"] = {"sgd": lambda: torch.optim.SGD([w], lr=opt.lr),
-                        "adagrad": lambda: torch.optim.Adagrad([w], lr=opt.lr, eps=opt.eps,
-                                                               initial_accumulator_value=opt.initial_accumulator),
-                        "adam": lambda: torch.optim.Adam([w], lr=opt.lr, eps=opt.eps,
-                                                         betas=(opt.beta1, opt.beta2))}[name]()
+        state["opt"] = {
+            "sgd": lambda: torch.optim.SGD([w], lr=opt.lr),
+            "adagrad": lambda: torch.optim.Adagrad(
+                [w], lr=opt.lr, eps=opt.eps, initial_accumulator_value=opt.initial_accumulator
+            ),
+            "adam": lambda: torch.optim.Adam([w], lr=opt.lr, eps=opt.eps, betas=(opt.beta1, opt.beta2)),
+        }[name]()
     w.grad = g
     state["opt"].step()
 
@@ -97,18 +101,19 @@ def test_exact_aggregation_in_any_arrival_order(shards):
         rng = np.random.default_rng(3)
         expected = np.zeros((200, TABLES[4].row_width), np.float32)
         for step in range(2):
-            grads = [rng.standard_normal((200, 8)).astype(np.float32) * 10.0 ** r for r in range(3)]
+            grads = [rng.standard_normal((200, 8)).astype(np.float32) * 10.0**r for r in range(3)]
             for keys, order in zip(keysets, orders):
                 for r in order:
-                    clients[r].push_grad("agg", keys, grads[r], step=step,
-                                         contributors=np.full(200, 3, np.uint16), rank=r)
+                    clients[r].push_grad(
+                        "agg", keys, grads[r], step=step, contributors=np.full(200, 3, np.uint16), rank=r
+                    )
             total = np.zeros((200, 8), np.float32)
             for r in range(3):
                 total += grads[r]
             apply_gradients(expected, total, TABLES[4])
         res = clients[0].pull_async({"agg": np.concatenate(keysets)}).wait()["agg"]
         for i in range(len(orders)):
-            assert np.array_equal(res[200 * i:200 * (i + 1)], expected), orders[i]
+            assert np.array_equal(res[200 * i : 200 * (i + 1)], expected), orders[i]
         assert sum(s["open_aggregations"] for s in clients[0].stats()) == 0
     finally:
         for c in clients:
@@ -120,8 +125,9 @@ def test_multi_table_async_and_push_rows(client):
     h = client.pull_async({"sgd": keys, 3: keys[:10], "agg": keys[:0]})
     res = h.wait()
     assert res["sgd"].shape == (500, 16) and res[3].shape == (10, 49) and res["agg"].shape == (0, 25)
-    new = {t: (keys, np.full((500, TABLES[i].row_width), float(i), np.float32)) for i, t in
-           enumerate(["sgd", "adagrad"])}
+    new = {
+        t: (keys, np.full((500, TABLES[i].row_width), float(i), np.float32)) for i, t in enumerate(["sgd", "adagrad"])
+    }
     client.push_rows_async(new).wait()
     got = client.pull_async({"sgd": keys, "adagrad": keys[::-1]}).wait()
     assert np.all(got["sgd"] == 0.0) and np.all(got["adagrad"] == 1.0)
@@ -148,8 +154,14 @@ def test_checkpoint_kill9_restart_restore(tmp_path, transport):
         keys = np.arange(4000, dtype=np.uint64) * 7919
         rng = np.random.default_rng(4)
         for step in range(2):
-            client.push_grad_async({t.name: (keys, rng.standard_normal((4000, 16)).astype(np.float32),
-                                             np.ones(4000, np.uint16)) for t in tables}, step=step, rank=0).wait()
+            client.push_grad_async(
+                {
+                    t.name: (keys, rng.standard_normal((4000, 16)).astype(np.float32), np.ones(4000, np.uint16))
+                    for t in tables
+                },
+                step=step,
+                rank=0,
+            ).wait()
         before = client.pull_async({t.name: keys for t in tables}).wait()
         paths = client.checkpoint(str(tmp_path / "ckpt"))
         assert len(paths) == 2
@@ -207,8 +219,9 @@ def test_retried_push_is_applied_once(shards):
         for p in shards.procs:
             p.send_signal(signal.SIGSTOP)
         try:
-            h = client.push_grad_async({"sgd": (keys, np.ones((50, 16), np.float32), np.ones(50, np.uint16))},
-                                       step=0, rank=0)
+            h = client.push_grad_async(
+                {"sgd": (keys, np.ones((50, 16), np.float32), np.ones(50, np.uint16))}, step=0, rank=0
+            )
             with PSClient(shards.addresses, TABLES, timeout_ms=100, retries=0, declare=False) as other:
                 with pytest.raises(PeerTimeout):  # a frozen shard: the deadline holds
                     other.ping()
@@ -233,9 +246,12 @@ def test_limits_on_real_shards_client_splits_and_aborts_are_reported(tmp_path):
 
     tables = [TableConfig("t", 8, OptimizerConfig("sgd", lr=LR), init="zeros")]
     limits = ShardLimits(max_keys_per_request=1000, max_dim=64, aggregation_timeout_ms=500)
-    with LocalShards(num_shards=2, tables=tables, seed=SEED, limits=limits, log_dir=tmp_path / "logs",
-                     checkpoint_root=tmp_path) as sh, \
-            PSClient(sh.addresses, tables, timeout_ms=10_000, num_workers=2, admin_token=sh.admin_token) as client:
+    with (
+        LocalShards(
+            num_shards=2, tables=tables, seed=SEED, limits=limits, log_dir=tmp_path / "logs", checkpoint_root=tmp_path
+        ) as sh,
+        PSClient(sh.addresses, tables, timeout_ms=10_000, num_workers=2, admin_token=sh.admin_token) as client,
+    ):
         assert client.max_keys_per_request == 1000
         keys = np.arange(5000, dtype=np.uint64)
         assert client.pull("t", keys).shape == (5000, 8)
@@ -246,7 +262,7 @@ def test_limits_on_real_shards_client_splits_and_aborts_are_reported(tmp_path):
                 raw._collect([raw._send(0, "pull", {"parts": [{"table": 0}]}, [mine])])
         with pytest.raises(ConfigError, match="max_dim=64"):
             PSClient(sh.addresses, tables + [TableConfig("wide", 128)], timeout_ms=10_000).close()
-        g = np.ones((500, 8), np.float32)   # one request per shard: refused whole
+        g = np.ones((500, 8), np.float32)  # one request per shard: refused whole
         g[432, 0] = np.nan
         with pytest.raises(ProtocolError, match="'t'.*NaN"):
             client.push_grad("t", keys[:500], g, step=0, contributors=np.ones(500, np.uint16), rank=0)
@@ -285,7 +301,7 @@ def test_a_silent_shard_is_named_within_one_timeout_retries_included(shards):
             assert time.monotonic() - t0 < 4.0
         finally:
             shards.procs[1].send_signal(signal.SIGCONT)
-        client.pull("sgd", keys)   # the shard serves again: a new request succeeds
+        client.pull("sgd", keys)  # the shard serves again: a new request succeeds
     finally:
         client.close()
 
@@ -308,6 +324,6 @@ def test_a_send_with_no_peer_to_take_it_is_bounded_and_retried(shards):
             else:
                 with pytest.raises(PeerTimeout, match=r"PS shard 0 at .* did not answer pull within 1000 ms"):
                     client.pull("sgd", keys)
-            assert time.monotonic() - t0 < 30   # generous: a send that blocked would never return
+            assert time.monotonic() - t0 < 30  # generous: a send that blocked would never return
         finally:
             client.close()

@@ -22,14 +22,14 @@ import re
 
 import numpy as np
 import pytest
+from proc_tree import children
+from test_train_exact import BATCH, LR, STEPS, _reference, assert_matches_reference
 
 from herald.auth import generate_keys
+from herald.contracts.train import TrainConfig
 from herald.errors import ConfigError
 from herald.job.launcher import run_train
 from herald.ps import PSClient
-from herald.contracts.train import TrainConfig
-from proc_tree import children
-from test_train_exact import BATCH, LR, STEPS, _reference, assert_matches_reference
 
 pytestmark = pytest.mark.integration
 
@@ -39,8 +39,10 @@ def two_nodes(ray):
     """A Ray cluster of two nodes on this machine (2 logical CPUs each, no dashboard); its address."""
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False,
-                                                            "object_store_memory": 100 << 20})
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 2, "include_dashboard": False, "object_store_memory": 100 << 20},
+    )
     try:
         cluster.add_node(num_cpus=2, object_store_memory=100 << 20)
         cluster.wait_for_nodes()
@@ -67,7 +69,7 @@ def _ray_services() -> set[int]:
 
 def _left_on(ray, address: str) -> tuple[list, list]:
     """The actors still alive and the placement groups not removed on the cluster at ``address``."""
-    from ray._private import state   # the GCS's own tables: ray.util.state needs the dashboard
+    from ray._private import state  # the GCS's own tables: ray.util.state needs the dashboard
 
     ray.init(address=address, log_to_driver=False)
     try:
@@ -79,16 +81,33 @@ def _left_on(ray, address: str) -> tuple[list, list]:
 
 
 def _config(tmp_path, source, **overrides) -> TrainConfig:
-    settings = dict(source=source, schedule="herald", workers=2, batch_size=BATCH, cache_rows=260, embedding_dim=4,
-                    optimizer="adagrad", lr=LR["adagrad"], dense_optimizer="sgd", dense_lr=0.05, model="dlrm",
-                    steps=STEPS, eval_fraction=0.0, seed=3, run_dir=str(tmp_path / "run"), timeout_ms=60_000,
-                    launcher="ray", ps_shards=1)
+    settings = dict(
+        source=source,
+        schedule="herald",
+        workers=2,
+        batch_size=BATCH,
+        cache_rows=260,
+        embedding_dim=4,
+        optimizer="adagrad",
+        lr=LR["adagrad"],
+        dense_optimizer="sgd",
+        dense_lr=0.05,
+        model="dlrm",
+        steps=STEPS,
+        eval_fraction=0.0,
+        seed=3,
+        run_dir=str(tmp_path / "run"),
+        timeout_ms=60_000,
+        launcher="ray",
+        ps_shards=1,
+    )
     return TrainConfig(**{**settings, **overrides})
 
 
 def _grab(seen: dict, source: str, workers: int, keys_dir: str | None):
     """``on_finish``: the trained PS rows against the single-process reference (into
     ``seen``, for :func:`assert_matches_reference`) and the shards' addresses."""
+
     def grab(addresses, job):
         seen["addresses"] = list(addresses)
         seen["ref_model"], ref_rows = _reference(job, source, workers * BATCH)
@@ -100,12 +119,14 @@ def _grab(seen: dict, source: str, workers: int, keys_dir: str | None):
         dim = job.tables[0].dim
         pairs = [(got[t][i], ref_rows[(t, k)]) for t, ks in by_table.items() for i, k in enumerate(ks)]
         seen["diff"] = max(float(np.abs(a[:dim] - b[:dim]).max()) for a, b in pairs)
-        seen["state_rel"] = max(float((np.abs(a[dim:] - b[dim:]) / np.maximum(1.0, np.abs(b[dim:]))).max())
-                                for a, b in pairs)
+        seen["state_rel"] = max(
+            float((np.abs(a[dim:] - b[dim:]) / np.maximum(1.0, np.abs(b[dim:]))).max()) for a, b in pairs
+        )
+
     return grab
 
 
-@pytest.mark.slow   # ~30 s on 2 cores: two Ray nodes, 3 actors, the reference
+@pytest.mark.slow  # ~30 s on 2 cores: two Ray nodes, 3 actors, the reference
 def test_two_node_job_equals_single_process(ray, two_nodes, tmp_path, data_dir, capfd):
     source = str(data_dir / "criteo" / "criteo_kaggle_sample_train.tsv")
     keys = tmp_path / "keys"
@@ -122,7 +143,9 @@ def test_two_node_job_equals_single_process(ray, two_nodes, tmp_path, data_dir, 
     assert rep["steps"] == STEPS
     assert rep["transmissions"]["evict_push"] + rep["transmissions"]["update_pull"] > 0, "no cache pressure"
     assert_matches_reference(seen, tmp_path / "run", cfg.workers)
-    assert f"trained {STEPS} steps" in (tmp_path / "run" / "worker-1.log").read_text(), "no worker log in the run folder"
+    assert f"trained {STEPS} steps" in (tmp_path / "run" / "worker-1.log").read_text(), (
+        "no worker log in the run folder"
+    )
     assert not list((tmp_path / "run").glob(".ray-run-check")), "the run folder check outlived the job"
 
     assert not (_serving() - before), "a herald serve process of the job outlived it"
@@ -141,7 +164,7 @@ def test_several_nodes_without_keys_are_refused(ray, two_nodes, tmp_path, data_d
     assert not actors and not groups, (actors, groups)
 
 
-@pytest.mark.slow   # ~10 s on 2 cores
+@pytest.mark.slow  # ~10 s on 2 cores
 def test_several_nodes_with_insecure_run_on_plain_tcp(ray, two_nodes, tmp_path, data_dir, capfd):
     source = str(data_dir / "criteo" / "criteo_kaggle_sample_train.tsv")
     rep = run_train(_config(tmp_path, source, ray_address=two_nodes, insecure=True, steps=5), progress=False)
@@ -152,13 +175,16 @@ def test_several_nodes_with_insecure_run_on_plain_tcp(ray, two_nodes, tmp_path, 
     assert not actors and not groups, (actors, groups)
 
 
-@pytest.mark.slow   # ~15 s on 2 cores: a Ray instance started and stopped
+@pytest.mark.slow  # ~15 s on 2 cores: a Ray instance started and stopped
 def test_local_ray_instance_is_started_and_stopped(ray, tmp_path, data_dir):
     source = str(data_dir / "criteo" / "criteo_kaggle_sample_train.tsv")
     seen: dict = {}
     before = _ray_services()
-    rep = run_train(_config(tmp_path, source, steps=10), progress=False,
-                    on_finish=lambda addresses, job: seen.update(addresses=list(addresses)))
+    rep = run_train(
+        _config(tmp_path, source, steps=10),
+        progress=False,
+        on_finish=lambda addresses, job: seen.update(addresses=list(addresses)),
+    )
     assert rep["steps"] == 10
     assert all(a.startswith("ipc://") for a in seen["addresses"]), "one node: ipc sockets (NOTE [local job sockets])"
     assert set(rep["startup"]) >= {"ps_ready", "workers_ready", "first_step"}

@@ -23,14 +23,14 @@ import pytest
 import torch
 from proc_tree import descendants
 
+from herald.contracts.job import JobSpec
+from herald.contracts.tables import TableConfig
+from herald.contracts.train import TrainConfig
 from herald.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from herald.errors import ConfigError, DataError, HeraldError
 from herald.job.launcher import run_train
-from herald.contracts.job import JobSpec
-from herald.contracts.train import TrainConfig
 from herald.loader import datagen, open_source
 from herald.loader.global_batches import GlobalBatches
-from herald.contracts.tables import TableConfig
 
 pytestmark = pytest.mark.integration
 
@@ -43,16 +43,29 @@ def sources(tmp_path_factory, data_dir):
     root = tmp_path_factory.mktemp("resume-data")
     pq = root / "synthetic.parquet"
     datagen(pq, rows=3000, seed=11, progress=False)
-    tsv = root / "criteo_prefix.tsv"   # a prefix of the real Criteo sample
+    tsv = root / "criteo_prefix.tsv"  # a prefix of the real Criteo sample
     lines = (data_dir / "criteo" / "criteo_kaggle_sample_train.tsv").read_bytes().splitlines(keepends=True)
     tsv.write_bytes(b"".join(lines[:2500]))
     return {"parquet": pq, "tsv": tsv}
 
 
 def _flags(source, run_dir, steps):
-    return {"source": str(source), "workers": WORKERS, "batch_size": BATCH, "cache_rows": 1200, "embedding_dim": 4,
-            "dense_optimizer": "adam", "dense_lr": 0.01, "steps": steps, "eval_fraction": 0.0, "seed": 3,
-            "checkpoint_every": EVERY, "run_dir": str(run_dir), "timeout_ms": 60_000, "log_sample_ids": True}
+    return {
+        "source": str(source),
+        "workers": WORKERS,
+        "batch_size": BATCH,
+        "cache_rows": 1200,
+        "embedding_dim": 4,
+        "dense_optimizer": "adam",
+        "dense_lr": 0.01,
+        "steps": steps,
+        "eval_fraction": 0.0,
+        "seed": 3,
+        "checkpoint_every": EVERY,
+        "run_dir": str(run_dir),
+        "timeout_ms": 60_000,
+        "log_sample_ids": True,
+    }
 
 
 def _train(source, run_dir, steps, resume=False):
@@ -112,7 +125,7 @@ def _kill_after_first_checkpoint(args: list[str], run_dir: pathlib.Path) -> int:
         children = [pid for pid, _ in descendants(job.pid)]
         os.kill(job.pid, signal.SIGKILL)
         assert job.wait(10) == -signal.SIGKILL, "herald train had already finished: kill it earlier"
-        gone = time.monotonic() + 10   # its PS shard and workers die with it
+        gone = time.monotonic() + 10  # its PS shard and workers die with it
         while any(pathlib.Path(f"/proc/{c}").exists() for c in children) and time.monotonic() < gone:
             time.sleep(0.05)
     finally:
@@ -125,7 +138,7 @@ def _kill_after_first_checkpoint(args: list[str], run_dir: pathlib.Path) -> int:
     return step
 
 
-@pytest.mark.slow   # ~25 s a case (2 shared cores): a job, then its resumed run
+@pytest.mark.slow  # ~25 s a case (2 shared cores): a job, then its resumed run
 @pytest.mark.parametrize("kind,stop", [("parquet", "at_checkpoint_step"), ("tsv", "kill_minus_9")])
 def test_resumed_job_trains_the_uninterrupted_model(tmp_path, sources, kind, stop):
     source = sources[kind]
@@ -134,20 +147,20 @@ def test_resumed_job_trains_the_uninterrupted_model(tmp_path, sources, kind, sto
     assert rep["steps"] == STEPS and rep["transmissions"]["evict_push"] > 0, "the cache was never under pressure"
 
     if stop == "at_checkpoint_step":
-        _train(source, parts, 2 * EVERY)        # stops right after the checkpoint of step 2 * EVERY - 1
+        _train(source, parts, 2 * EVERY)  # stops right after the checkpoint of step 2 * EVERY - 1
         stopped_at = 2 * EVERY - 1
         trained_before = _ids(parts).size
     else:
         stopped_at = _kill_after_first_checkpoint(_cli(source, parts, STEPS), parts)
-        trained_before = _ids(parts).size       # may include steps after the checkpoint (replayed)
+        trained_before = _ids(parts).size  # may include steps after the checkpoint (replayed)
     assert (stopped_at + 1) % EVERY == 0
 
     rep = _train(source, parts, STEPS, resume=True)
     assert rep["steps"] == STEPS - stopped_at - 1, "--steps counts the job's total steps"
     # the resumed dispatcher continues at the next step and the next global batch
     ids = _ids(whole)
-    assert np.array_equal(_ids(parts)[trained_before:], ids[(stopped_at + 1) * GB:])
-    assert np.array_equal(_ids(parts)[:(stopped_at + 1) * GB], ids[:(stopped_at + 1) * GB])
+    assert np.array_equal(_ids(parts)[trained_before:], ids[(stopped_at + 1) * GB :])
+    assert np.array_equal(_ids(parts)[: (stopped_at + 1) * GB], ids[: (stopped_at + 1) * GB])
     _assert_same_model(parts, whole)
     meta = json.loads((parts / f"checkpoints/step-{STEPS - 1:08d}/meta.json").read_text())
     assert meta["dispatcher"]["next_step"] == meta["dispatcher"]["next_batch"] == STEPS
@@ -161,10 +174,15 @@ def test_dispatcher_state_is_validated(sources):
     with Dispatcher(DispatcherConfig(num_workers=WORKERS), batches, lambda: None, job) as disp:
         good = json.loads(json.dumps(disp.state_dict()))
         assert good["next_step"] == good["next_batch"] == 0 and good["batches"]["format"] == "global_batches"
-        for bad, err in [(None, DataError), ({**good, "format": "scheduler"}, DataError),
-                         ({**good, "next_step": -1}, DataError), ({**good, "next_batch": "2"}, DataError),
-                         ({**good, "checkpoints": [5]}, DataError), ({**good, "num_workers": 3}, ConfigError),
-                         ({**good, "batches": {**good["batches"], "global_batch": 32}}, ConfigError)]:
+        for bad, err in [
+            (None, DataError),
+            ({**good, "format": "scheduler"}, DataError),
+            ({**good, "next_step": -1}, DataError),
+            ({**good, "next_batch": "2"}, DataError),
+            ({**good, "checkpoints": [5]}, DataError),
+            ({**good, "num_workers": 3}, ConfigError),
+            ({**good, "batches": {**good["batches"], "global_batch": 32}}, ConfigError),
+        ]:
             with pytest.raises(err):
                 disp.load_state_dict(bad)
         disp.load_state_dict({**good, "next_step": 7, "next_batch": 7, "checkpoints": [3]})
@@ -173,7 +191,7 @@ def test_dispatcher_state_is_validated(sources):
     with Dispatcher(DispatcherConfig(num_workers=WORKERS), [], lambda: None, job) as disp:
         with pytest.raises(ConfigError, match="cannot load"):
             disp.load_state_dict(good)
-        disp.barriers.at_barrier = False   # as between two barriers
+        disp.barriers.at_barrier = False  # as between two barriers
         with pytest.raises(HeraldError, match="checkpoint barrier"):
             disp.state_dict()
 
@@ -184,7 +202,8 @@ _FAILOVER_MODES = {"bsp": {}, "gba": {"consistency": "gba", "gba_threshold": 0}}
 
 def _kill_mid_job(tmp_path, source, extra: dict, flags: list[str], role: tuple[str, ...]):
     """A job run whole, then the same job with ``flags``, whose process with every string of
-    ``role`` in its command line (a child, or further down: a Ray actor's) is killed -9 after the first checkpoint (step EVERY - 1) and
+    ``role`` in its command line (a child, or further down: a Ray actor's) is killed -9 after
+    the first checkpoint (step EVERY - 1) and
     two more steps. The job must roll back once and end with the whole run's model. Returns (the
     failed-over job's run folder, its stderr, its report, the kill's Unix time)."""
     whole, failed = tmp_path / "whole", tmp_path / "failover"
@@ -219,7 +238,7 @@ def _assert_one_rollback(failed: pathlib.Path, report: dict) -> tuple[int, int]:
     counted (herald/job/report_attempts.py). Returns (the checkpoint's step, the last step acked before)."""
     assert len(report["failovers"]) == 1 and report["failovers"][0]["rolled_back_to"].startswith("step-")
     failover = report["failovers"][0]
-    rolled_back, last = int(failover["rolled_back_to"][len("step-"):]), failover["last_acked_step"]
+    rolled_back, last = int(failover["rolled_back_to"][len("step-") :]), failover["last_acked_step"]
     assert failover["checkpoint_step"] == rolled_back and last >= EVERY + 1 and last > rolled_back
     assert failover["steps_rolled_back"] == last - rolled_back and failover["lost_at_step"] == last + 1
     assert failover["recovered_s"] > 0
@@ -227,7 +246,9 @@ def _assert_one_rollback(failed: pathlib.Path, report: dict) -> tuple[int, int]:
     # between the checkpoint and the failure were trained twice
     attempts = report["attempts"]
     assert [(a["first_step"], a["last_step"], a["steps"]) for a in attempts] == [
-        (0, last, last + 1), (rolled_back + 1, STEPS - 1, STEPS - rolled_back - 1)]
+        (0, last, last + 1),
+        (rolled_back + 1, STEPS - 1, STEPS - rolled_back - 1),
+    ]
     assert report["steps"] == last + 1 + STEPS - rolled_back - 1 == sum(a["steps"] for a in attempts)
     assert report["samples"] == report["steps"] * GB == sum(a["samples"] for a in attempts)
     assert report["retrained_steps"] == [[rolled_back + 1, last]]
@@ -238,7 +259,7 @@ def _assert_one_rollback(failed: pathlib.Path, report: dict) -> tuple[int, int]:
     return rolled_back, last
 
 
-@pytest.mark.slow   # ~25 s a case (2 shared cores)
+@pytest.mark.slow  # ~25 s a case (2 shared cores)
 @pytest.mark.parametrize("mode", sorted(_FAILOVER_MODES))
 def test_a_killed_ps_shard_fails_over_to_the_latest_checkpoint(tmp_path, sources, mode):
     """NOTE [ps failover] (herald/job/launcher.py): kill -9 of the PS shard after the
@@ -251,8 +272,9 @@ def test_a_killed_ps_shard_fails_over_to_the_latest_checkpoint(tmp_path, sources
     [gba tokens] in herald/ps/gba.py): it must start at the checkpoint's next global step
     (the ``base`` of every GBA request, NOTE [gba checkpoints]), so the resumed attempt
     applies exactly M = 2 fresh contributions for each global step after the checkpoint."""
-    failed, err, report, _ = _kill_mid_job(tmp_path, sources["parquet"], _FAILOVER_MODES[mode],
-                                           ["--ps-restarts", "1"], ("serve ps",))
+    failed, err, report, _ = _kill_mid_job(
+        tmp_path, sources["parquet"], _FAILOVER_MODES[mode], ["--ps-restarts", "1"], ("serve ps",)
+    )
     assert "PS shard 0" in err, err[-3000:]
     rolled_back, _ = _assert_one_rollback(failed, report)
     assert report["failovers"][0]["part"] == "ps"
@@ -269,7 +291,7 @@ def test_a_killed_ps_shard_fails_over_to_the_latest_checkpoint(tmp_path, sources
         assert meta["consistency"]["mode"] == "gba" and meta["dispatcher"]["next_step"] == STEPS
 
 
-@pytest.mark.slow   # ~30 s a case (2 shared cores)
+@pytest.mark.slow  # ~30 s a case (2 shared cores)
 @pytest.mark.parametrize("mode", sorted(_FAILOVER_MODES))
 def test_a_killed_worker_fails_over_to_the_latest_checkpoint(tmp_path, sources, mode):
     """NOTE [worker failover] (herald/job/rollback.py): kill -9 of worker rank 1 after the
@@ -278,8 +300,9 @@ def test_a_killed_worker_fails_over_to_the_latest_checkpoint(tmp_path, sources, 
     model of an uninterrupted run of the same mode. The report names the lost rank, the step
     it was lost at and the steps trained again; ``recovered_s`` is the time from the loss
     seen to the next step acked by every worker."""
-    failed, err, report, killed_at = _kill_mid_job(tmp_path, sources["parquet"], _FAILOVER_MODES[mode],
-                                                   ["--worker-restarts", "1"], ("serve worker", "--rank 1 "))
+    failed, err, report, killed_at = _kill_mid_job(
+        tmp_path, sources["parquet"], _FAILOVER_MODES[mode], ["--worker-restarts", "1"], ("serve worker", "--rank 1 ")
+    )
     assert "herald train: worker-1 was killed by signal 9 (SIGKILL)" in err, err[-3000:]
     _, last = _assert_one_rollback(failed, report)
     failover = report["failovers"][0]
@@ -288,21 +311,26 @@ def test_a_killed_worker_fails_over_to_the_latest_checkpoint(tmp_path, sources, 
     assert failover["detected_unix_s"] >= killed_at
     assert 0 <= failover["stopped_s"] <= failover["recovered_s"]
     seen_s = failover["detected_unix_s"] - killed_at
-    print(f"\nworker failover ({mode}): loss seen {seen_s:.2f} s after the kill, the attempt stopped "
-          f"{failover['stopped_s']:.2f} s later, training again {failover['recovered_s']:.2f} s after the loss was "
-          f"seen: {seen_s + failover['recovered_s']:.2f} s from the kill to the next acked step; steps "
-          f"{failover['checkpoint_step'] + 1}-{last} trained twice")
-    assert "failover 1: worker-1 was killed by signal 9 (SIGKILL); rolled back to checkpoint" in \
-        (failed / "report.txt").read_text()
+    print(
+        f"\nworker failover ({mode}): loss seen {seen_s:.2f} s after the kill, the attempt stopped "
+        f"{failover['stopped_s']:.2f} s later, training again {failover['recovered_s']:.2f} s after the loss was "
+        f"seen: {seen_s + failover['recovered_s']:.2f} s from the kill to the next acked step; steps "
+        f"{failover['checkpoint_step'] + 1}-{last} trained twice"
+    )
+    assert (
+        "failover 1: worker-1 was killed by signal 9 (SIGKILL); rolled back to checkpoint"
+        in (failed / "report.txt").read_text()
+    )
 
 
-@pytest.mark.slow   # ~60 s (2 shared cores): each run starts and stops a local Ray instance
+@pytest.mark.slow  # ~60 s (2 shared cores): each run starts and stops a local Ray instance
 def test_a_killed_worker_fails_over_under_the_ray_launcher(tmp_path, sources, ray):
     """The same under ``--launcher ray`` (docs/cluster.md): worker rank 1's process, a Ray
     actor's child, killed -9; the job rolls back (new actors), and ends with the model of an
     uninterrupted Ray run, which equals the local launcher's (tests/integration/test_ray.py)."""
-    failed, err, report, _ = _kill_mid_job(tmp_path, sources["parquet"], {"launcher": "ray"},
-                                           ["--worker-restarts", "1"], ("serve worker", "--rank 1 "))
+    failed, err, report, _ = _kill_mid_job(
+        tmp_path, sources["parquet"], {"launcher": "ray"}, ["--worker-restarts", "1"], ("serve worker", "--rank 1 ")
+    )
     # one rollback, of the lost rank, counted in the report (which checkpoint: not asserted;
     # Ray's process tree is large, and the kill may land after the next checkpoint)
     assert len(report["failovers"]) == 1 and len(report["attempts"]) == 2, report["failovers"]

@@ -20,12 +20,12 @@ import numpy as np
 import pytest
 import torch
 
-from herald.loader import GlobalBatcher, open_source
-from herald.ps import PSClient
-from herald.job.reference import train_reference
-from herald.loader.splits import RowRange
-from herald.job.launcher import run_train
 from herald.contracts.train import TrainConfig
+from herald.job.launcher import run_train
+from herald.job.reference import train_reference
+from herald.loader import GlobalBatcher, open_source
+from herald.loader.splits import RowRange
+from herald.ps import PSClient
 
 pytestmark = pytest.mark.integration
 
@@ -41,28 +41,58 @@ LR = {"sgd": 0.1, "adagrad": 0.01}
 
 _CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available on this machine")
 # 4 workers, their PS and dispatcher on 2 shared cores: 14-32 s a case (slow)
-CASES = ([pytest.param(*c, 0, "cpu", "auto", marks=pytest.mark.slow) if c[0] == 4 else (*c, 0, "cpu", "auto")
-          for c in itertools.product([2, 4], ["herald", "vanilla"], ["sgd", "adagrad"])]
-         # NOTE [replicated tables]: the small tables live on every worker, all-reduced
-         + [(2, "herald", "adagrad", 200, "cpu", "auto"), (4, "costaware", "sgd", 200, "cpu", "auto"),
-            # NOTE [device cache]: the torch cache and its torch optimizer, on CPU tensors
-            (2, "herald", "adagrad", 200, "cpu", "torch")]
-         # workers on the GPU: the device cache (auto), the host cache (cpu), replicas via the gloo side group
-         + [pytest.param(*c, marks=_CUDA) for c in [(2, "herald", "sgd", 0, "cuda", "auto"),
-                                                    (4, "vanilla", "adagrad", 0, "cuda", "auto"),
-                                                    (2, "herald", "adagrad", 200, "cuda", "auto"),
-                                                    (2, "herald", "adagrad", 0, "cuda", "cpu")]])
+CASES = (
+    [
+        pytest.param(*c, 0, "cpu", "auto", marks=pytest.mark.slow) if c[0] == 4 else (*c, 0, "cpu", "auto")
+        for c in itertools.product([2, 4], ["herald", "vanilla"], ["sgd", "adagrad"])
+    ]
+    # NOTE [replicated tables]: the small tables live on every worker, all-reduced
+    + [
+        (2, "herald", "adagrad", 200, "cpu", "auto"),
+        (4, "costaware", "sgd", 200, "cpu", "auto"),
+        # NOTE [device cache]: the torch cache and its torch optimizer, on CPU tensors
+        (2, "herald", "adagrad", 200, "cpu", "torch"),
+    ]
+    # workers on the GPU: the device cache (auto), the host cache (cpu), replicas via the gloo side group
+    + [
+        pytest.param(*c, marks=_CUDA)
+        for c in [
+            (2, "herald", "sgd", 0, "cuda", "auto"),
+            (4, "vanilla", "adagrad", 0, "cuda", "auto"),
+            (2, "herald", "adagrad", 200, "cuda", "auto"),
+            (2, "herald", "adagrad", 0, "cuda", "cpu"),
+        ]
+    ]
+)
 
 
 @pytest.mark.parametrize("workers,schedule,optimizer,replicate_below,device,cache_device", CASES)
-def test_distributed_training_equals_single_process(tmp_path, data_dir, workers, schedule, optimizer,
-                                                    replicate_below, device, cache_device, consistency="bsp"):
+def test_distributed_training_equals_single_process(
+    tmp_path, data_dir, workers, schedule, optimizer, replicate_below, device, cache_device, consistency="bsp"
+):
     source = str(data_dir / "criteo" / "criteo_kaggle_sample_train.tsv")
-    cfg = TrainConfig(source=source, schedule=schedule, workers=workers, batch_size=BATCH, cache_rows=260,
-                      embedding_dim=4, optimizer=optimizer, lr=LR[optimizer], dense_optimizer="sgd", dense_lr=0.05,
-                      model="dlrm", steps=STEPS, eval_fraction=0.0, seed=3, run_dir=str(tmp_path),
-                      timeout_ms=60_000, replicate_below=replicate_below, device=device, cache_device=cache_device,
-                      consistency=consistency)
+    cfg = TrainConfig(
+        source=source,
+        schedule=schedule,
+        workers=workers,
+        batch_size=BATCH,
+        cache_rows=260,
+        embedding_dim=4,
+        optimizer=optimizer,
+        lr=LR[optimizer],
+        dense_optimizer="sgd",
+        dense_lr=0.05,
+        model="dlrm",
+        steps=STEPS,
+        eval_fraction=0.0,
+        seed=3,
+        run_dir=str(tmp_path),
+        timeout_ms=60_000,
+        replicate_below=replicate_below,
+        device=device,
+        cache_device=cache_device,
+        consistency=consistency,
+    )
     seen: dict = {}
 
     def grab(addresses, job):
@@ -78,13 +108,21 @@ def test_distributed_training_equals_single_process(tmp_path, data_dir, workers,
         dim = tables[0].dim
         pairs = [(got[t][i], ref_rows[(t, k)]) for t, ks in by_table.items() for i, k in enumerate(ks)]
         seen["diff"] = max(float(np.abs(a[:dim] - b[:dim]).max()) for a, b in pairs)
-        seen["state_rel"] = max((float((np.abs(a[dim:] - b[dim:]) / np.maximum(1.0, np.abs(b[dim:]))).max())
-                                 for a, b in pairs if a.shape[0] > dim), default=0.0)
+        seen["state_rel"] = max(
+            (
+                float((np.abs(a[dim:] - b[dim:]) / np.maximum(1.0, np.abs(b[dim:]))).max())
+                for a, b in pairs
+                if a.shape[0] > dim
+            ),
+            default=0.0,
+        )
         seen["client"].close()
 
     rep = run_train(cfg, progress=False, on_finish=grab)
     assert rep["steps"] == STEPS
-    cache = "DeviceCache" if cache_device == "torch" or (device == "cuda" and cache_device == "auto") else "EmbeddingCache"
+    cache = (
+        "DeviceCache" if cache_device == "torch" or (device == "cuda" and cache_device == "auto") else "EmbeddingCache"
+    )
     assert f"embedding cache {cache}" in (tmp_path / "worker-0.log").read_text(), f"the workers did not use {cache}"
     assert bool(rep["replicated_tables"]) == bool(replicate_below)
     assert (rep["wire_bytes"]["allreduced"] > 0) == bool(replicate_below and workers > 1)
@@ -111,8 +149,9 @@ def assert_matches_reference(seen: dict, run_dir: pathlib.Path, workers: int) ->
 
 def test_bounded_staleness_zero_equals_single_process(tmp_path, data_dir):
     """HET's bound s = 0 is exact BSP (NOTE [bounded reads] in herald/worker/consistency_bounded.py)."""
-    test_distributed_training_equals_single_process(tmp_path, data_dir, 2, "herald", "adagrad", 0, "cpu", "auto",
-                                                    consistency="bounded")
+    test_distributed_training_equals_single_process(
+        tmp_path, data_dir, 2, "herald", "adagrad", 0, "cpu", "auto", consistency="bounded"
+    )
 
 
 def _reference(job, source, global_batch):
@@ -129,9 +168,24 @@ def _reference(job, source, global_batch):
 # LR note above (one accumulator of 1.3e-6 gave 1.5e-5 while every state agreed to 4e-10).
 def test_deepfm_on_avazu_equals_single_process(tmp_path, data_dir):
     source = str(data_dir / "avazu" / "avazu_sample_train.csv")
-    cfg = TrainConfig(source=source, schedule="herald", workers=2, batch_size=BATCH, cache_rows=200,
-                      embedding_dim=5, optimizer="sgd", lr=LR["sgd"], dense_optimizer="sgd", dense_lr=0.05,
-                      model="auto", steps=STEPS, eval_fraction=0.0, seed=3, run_dir=str(tmp_path), timeout_ms=60_000)
+    cfg = TrainConfig(
+        source=source,
+        schedule="herald",
+        workers=2,
+        batch_size=BATCH,
+        cache_rows=200,
+        embedding_dim=5,
+        optimizer="sgd",
+        lr=LR["sgd"],
+        dense_optimizer="sgd",
+        dense_lr=0.05,
+        model="auto",
+        steps=STEPS,
+        eval_fraction=0.0,
+        seed=3,
+        run_dir=str(tmp_path),
+        timeout_ms=60_000,
+    )
     seen: dict = {}
 
     def grab(addresses, job):
@@ -141,8 +195,11 @@ def test_deepfm_on_avazu_equals_single_process(tmp_path, data_dir):
             by_table.setdefault(t, []).append(k)
         with PSClient(addresses, tables=list(job.tables), timeout_ms=10_000) as client:
             got = client.pull_async({t: np.array(ks, np.uint64) for t, ks in by_table.items()}).wait()
-        seen["diff"] = max(float(np.abs(got[t][i] - ref_rows[(t, k)]).max() / max(1.0, np.abs(ref_rows[(t, k)]).max()))
-                           for t, ks in by_table.items() for i, k in enumerate(ks))
+        seen["diff"] = max(
+            float(np.abs(got[t][i] - ref_rows[(t, k)]).max() / max(1.0, np.abs(ref_rows[(t, k)]).max()))
+            for t, ks in by_table.items()
+            for i, k in enumerate(ks)
+        )
 
     rep = run_train(cfg, progress=False, on_finish=grab)
     assert seen["job"].model == "deepfm", "--model auto must pick DeepFM for Avazu (Herald W3)"

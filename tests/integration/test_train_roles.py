@@ -25,9 +25,31 @@ def _free_port() -> int:
 
 def test_a_killed_worker_is_named_and_the_job_stops_cleanly(tmp_path, data_dir):
     source = data_dir / "movielens" / "ml-latest-small" / "ratings.csv"
-    job = subprocess.Popen([sys.executable, "-m", "herald", "train", "--quiet", "--source", str(source),
-                            "--workers", "2", "--batch-size", "64", "--epochs", "5", "--run-dir", str(tmp_path),
-                            "--timeout-ms", "60000", "--log-sample-ids"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    job = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "herald",
+            "train",
+            "--quiet",
+            "--source",
+            str(source),
+            "--workers",
+            "2",
+            "--batch-size",
+            "64",
+            "--epochs",
+            "5",
+            "--run-dir",
+            str(tmp_path),
+            "--timeout-ms",
+            "60000",
+            "--log-sample-ids",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     victim = None
     while victim is None and time.monotonic() < deadline:
@@ -44,7 +66,7 @@ def test_a_killed_worker_is_named_and_the_job_stops_cleanly(tmp_path, data_dir):
     assert job.returncode != 0
     assert "worker-1" in err or "worker 1" in err, err[-2000:]
 
-    def running(pid: int) -> bool:   # alive and not a zombie
+    def running(pid: int) -> bool:  # alive and not a zombie
         try:
             return "Z" not in pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
         except FileNotFoundError:
@@ -53,13 +75,13 @@ def test_a_killed_worker_is_named_and_the_job_stops_cleanly(tmp_path, data_dir):
     def outlived() -> list[int]:
         return [p for p in others if running(p)]
 
-    gone = time.monotonic() + 10   # far below the job's 60 s timeout, after which a child would end by itself
+    gone = time.monotonic() + 10  # far below the job's 60 s timeout, after which a child would end by itself
     while outlived() and time.monotonic() < gone:
         time.sleep(0.05)
     assert not outlived(), "a child outlived the failed job"
 
 
-@pytest.mark.slow   # ~23 s (2 shared cores)
+@pytest.mark.slow  # ~23 s (2 shared cores)
 def test_example_script_trains_against_served_ps_and_dispatcher(tmp_path, data_dir):
     """examples/train_dlrm.py (public API only) with `herald serve ps` and `herald serve dispatcher`."""
     source = data_dir / "criteo" / "criteo_kaggle_sample_dev.tsv"
@@ -67,19 +89,73 @@ def test_example_script_trains_against_served_ps_and_dispatcher(tmp_path, data_d
     procs = []
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO))
     try:
-        procs.append(subprocess.Popen([sys.executable, "-m", "herald", "serve", "ps", "--shard", "0", "--num-shards",
-                                       "1", "--bind", f"tcp://127.0.0.1:{ps_port}", "--seed", "0"], env=env,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        disp = subprocess.Popen([sys.executable, "-m", "herald", "serve", "dispatcher", "--source", str(source),
-                                 "--workers", "2", "--batch-size", "32", "--cache-ratio", "0.5", "--ps", f"tcp://127.0.0.1:{ps_port}",
-                                 "--bind", f"tcp://127.0.0.1:{disp_port}", "--timeout-ms", "60000",
-                                 "--dist-init", f"tcp://127.0.0.1:{dist_port}"],
-                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "herald",
+                    "serve",
+                    "ps",
+                    "--shard",
+                    "0",
+                    "--num-shards",
+                    "1",
+                    "--bind",
+                    f"tcp://127.0.0.1:{ps_port}",
+                    "--seed",
+                    "0",
+                ],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
+        disp = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "herald",
+                "serve",
+                "dispatcher",
+                "--source",
+                str(source),
+                "--workers",
+                "2",
+                "--batch-size",
+                "32",
+                "--cache-ratio",
+                "0.5",
+                "--ps",
+                f"tcp://127.0.0.1:{ps_port}",
+                "--bind",
+                f"tcp://127.0.0.1:{disp_port}",
+                "--timeout-ms",
+                "60000",
+                "--dist-init",
+                f"tcp://127.0.0.1:{dist_port}",
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         procs.append(disp)
-        workers = [subprocess.Popen([sys.executable, str(REPO / "examples" / "train_dlrm.py"), "--dispatcher",
-                                     f"tcp://127.0.0.1:{disp_port}"],
-                                    env=dict(env, RANK=str(r), WORLD_SIZE="2"), stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, text=True) for r in range(2)]
+        workers = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    str(REPO / "examples" / "train_dlrm.py"),
+                    "--dispatcher",
+                    f"tcp://127.0.0.1:{disp_port}",
+                ],
+                env=dict(env, RANK=str(r), WORLD_SIZE="2"),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            for r in range(2)
+        ]
         procs += workers
         outs = [w.communicate(timeout=240)[0] for w in workers]
         assert all(w.returncode == 0 for w in workers), (outs, disp.poll() is not None and disp.communicate()[0])

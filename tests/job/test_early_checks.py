@@ -9,13 +9,13 @@ import time
 
 import pytest
 
+from herald.contracts.train import TrainConfig
 from herald.errors import ConfigError
 from herald.job import parts
 from herald.job.data import JobData
 from herald.job.launcher import run_train
 from herald.loader import splits
 from herald.procs import Supervisor
-from herald.contracts.train import TrainConfig
 from herald.worker import devices
 
 CRITEO = "criteo/criteo_kaggle_sample_train.tsv"
@@ -26,13 +26,19 @@ MOVIELENS = "movielens/ml-latest-small/ratings.csv"
 def nothing_starts(monkeypatch):
     """Every call that would start a process of the job, or read the whole input (the row
     count, the distinct-key pre-pass), fails the test instead."""
+
     def forbidden(what):
         def call(*args, **kwargs):
             raise AssertionError(f"{what} was called: the refusal must come before it")
+
         return call
 
-    for cls, name in ((parts.LocalPS, "open"), (parts.LocalWorkers, "open"), (parts.LocalWorkers, "start"),
-                      (Supervisor, "start")):
+    for cls, name in (
+        (parts.LocalPS, "open"),
+        (parts.LocalWorkers, "open"),
+        (parts.LocalWorkers, "start"),
+        (Supervisor, "start"),
+    ):
         monkeypatch.setattr(cls, name, forbidden(f"{cls.__name__}.{name}"))
     for name in ("open_train_eval", "distinct_keys_per_table"):
         monkeypatch.setattr(splits, name, forbidden(f"splits.{name}"))
@@ -71,8 +77,9 @@ def test_job_data_refuses_before_its_passes_over_the_data(data_dir, nothing_star
         JobData(TrainConfig(source=str(data_dir / "avazu/avazu_sample_train.csv"), model="ncf"))
 
 
-@pytest.mark.parametrize("source,model,dim", [(MOVIELENS, "ncf", 1), (MOVIELENS, "auto", 16), (CRITEO, "auto", 2),
-                                              (CRITEO, "dcn", 1)])
+@pytest.mark.parametrize(
+    "source,model,dim", [(MOVIELENS, "ncf", 1), (MOVIELENS, "auto", 16), (CRITEO, "auto", 2), (CRITEO, "dcn", 1)]
+)
 def test_models_the_source_can_feed_pass(data_dir, source, model, dim):
     path = str(data_dir / source)
     cfg = TrainConfig(source=path, model=model, embedding_dim=dim)
@@ -99,5 +106,5 @@ def test_the_device_check_asks_cuda_only_for_cuda(monkeypatch):
     monkeypatch.setattr(devices, "visible_gpus", no_cuda_call)
     for device in ("auto", "cpu"):
         parts.LocalWorkers().prepare(TrainConfig(device=device, workers=4))
-    devices.check_device("cuda", 4, cuda_count=2)      # 4 workers share 2 GPUs (gloo): trains
+    devices.check_device("cuda", 4, cuda_count=2)  # 4 workers share 2 GPUs (gloo): trains
     devices.check_device("cuda:1", 4, cuda_count=2)

@@ -32,8 +32,12 @@ time.sleep(600)
 
 
 def _owner(run_dir: pathlib.Path, name: str, tmp: pathlib.Path) -> tuple[subprocess.Popen, list[pathlib.Path]]:
-    proc = subprocess.Popen([sys.executable, "-c", OWNER, str(run_dir), name], stdout=subprocess.PIPE, text=True,
-                            env=dict(os.environ, TMPDIR=str(tmp)))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", OWNER, str(run_dir), name],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, TMPDIR=str(tmp)),
+    )
     return proc, [pathlib.Path(p) for p in proc.stdout.readline().split()]
 
 
@@ -47,10 +51,14 @@ def test_a_gone_owners_paths_are_removed_and_a_live_owners_left(tmp_path, capsys
         os.kill(killed.pid, signal.SIGKILL)
         killed.wait(30)
         assert all(p.exists() for p in killed_paths + alive_paths)
-        precious = tmp_path / "precious"   # an owner file may name anything: only the two kinds go
+        precious = tmp_path / "precious"  # an owner file may name anything: only the two kinds go
         precious.mkdir()
-        reused = {"pid": alive.pid, "start": 1, "host": socket.gethostname(),   # the pid, now another process's
-                  "paths": [str(precious), str(tmp / "herald-ps-reused")]}
+        reused = {
+            "pid": alive.pid,
+            "start": 1,
+            "host": socket.gethostname(),  # the pid, now another process's
+            "paths": [str(precious), str(tmp / "herald-ps-reused")],
+        }
         (tmp / "herald-ps-reused").mkdir()
         (run_dir / ".owner-999999999.json").write_text(json.dumps(reused))
         removed = leftovers.clean(run_dir)
@@ -65,17 +73,18 @@ def test_a_gone_owners_paths_are_removed_and_a_live_owners_left(tmp_path, capsys
     finally:
         alive.kill()
         alive.wait(30)
-    assert leftovers.clean(run_dir) == [str(p) for p in alive_paths]   # now gone too
+    assert leftovers.clean(run_dir) == [str(p) for p in alive_paths]  # now gone too
     assert list(run_dir.iterdir()) == [] and list(tmp.iterdir()) == []
 
 
 def test_an_owner_on_another_host_and_this_process_are_left(tmp_path, capsys):
     store = tmp_path / ".dist-store-x"
     store.write_text("")
-    (tmp_path / ".owner-1.json").write_text(json.dumps({"pid": 1, "start": 0, "host": "elsewhere",
-                                                        "paths": [str(store)]}))
-    with dense_store(tmp_path) as init:   # this process's own paths: named while in use, then dropped
-        path = pathlib.Path(init[len("file://"):])
+    (tmp_path / ".owner-1.json").write_text(
+        json.dumps({"pid": 1, "start": 0, "host": "elsewhere", "paths": [str(store)]})
+    )
+    with dense_store(tmp_path) as init:  # this process's own paths: named while in use, then dropped
+        path = pathlib.Path(init[len("file://") :])
         assert json.loads((tmp_path / f".owner-{os.getpid()}.json").read_text())["paths"] == [str(path)]
         assert leftovers.clean(tmp_path) == []
     assert "names a job on host elsewhere" in capsys.readouterr().err and store.exists()

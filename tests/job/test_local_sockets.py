@@ -14,18 +14,20 @@ import tempfile
 import pytest
 
 from herald import wire
+from herald.contracts.train import TrainConfig
 from herald.dispatch.channel import PeerChannel
 from herald.dispatch.records import DispatcherConfig
 from herald.errors import ConfigError
 from herald.job import leftovers
 from herald.job.parts import ExternalWorkers, LocalWorkers, WorkerLauncher
-from herald.contracts.train import TrainConfig
 from tests.asuser import as_nobody
 from tests.fakes import dealer
+
 
 def _as_nobody(path: pathlib.Path) -> str:
     """What user nobody gets for ``path`` (a Unix socket): ``"access=<bool> connect=<errno
     name or ok>"``."""
+
     def reach() -> str:
         said = f"access={os.access(path, os.W_OK)} "
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -36,6 +38,7 @@ def _as_nobody(path: pathlib.Path) -> str:
             return said + f"connect={errno.errorcode.get(exc.errno, exc.errno)}"
         finally:
             s.close()
+
     return as_nobody(reach)
 
 
@@ -48,15 +51,15 @@ def test_the_dispatcher_of_a_local_job_is_out_of_other_users_reach(tmp_path):
         workers.open(TrainConfig(run_dir=str(run_dir)), stack)
         address = workers.dispatcher_bind(0)
         assert address.startswith("ipc://") and workers.dispatcher_bind(1) != address
-        path = pathlib.Path(address[len("ipc://"):])
+        path = pathlib.Path(address[len("ipc://") :])
         folder = path.parent
         assert folder.name.startswith(leftovers.DISPATCH_PREFIX)
         assert (folder.stat().st_mode & 0o777, folder.stat().st_uid) == (0o700, os.getuid())
         store = pathlib.Path(workers.dist_init.removeprefix("file://"))
         assert store.parent == run_dir.resolve() and store.stat().st_mode & 0o777 == 0o600
-        old_umask = os.umask(0)   # the socket file itself 0777: only its folder keeps others out
+        old_umask = os.umask(0)  # the socket file itself 0777: only its folder keeps others out
         try:
-            channel = PeerChannel(DispatcherConfig(num_workers=1, bind=address))   # binds as the job's dispatcher
+            channel = PeerChannel(DispatcherConfig(num_workers=1, bind=address))  # binds as the job's dispatcher
         finally:
             os.umask(old_umask)
         worker = dealer(address, b"worker-0")
@@ -64,11 +67,11 @@ def test_the_dispatcher_of_a_local_job_is_out_of_other_users_reach(tmp_path):
             assert channel.address == address and path.is_socket() and path.stat().st_mode & 0o777 == 0o777
             assert _as_nobody(path) == "access=False connect=EACCES"
             worker.send_multipart(wire.pack({"op": "hello", "rank": 0, "world_size": 1}))
-            channel.wait_for_hellos()   # the job's own workers reach it
+            channel.wait_for_hellos()  # the job's own workers reach it
         finally:
             worker.close(linger=0)
             channel.close()
-    assert not folder.exists() and not store.exists()   # removed with the job
+    assert not folder.exists() and not store.exists()  # removed with the job
     assert not list(run_dir.glob(f"{leftovers.OWNER_PREFIX}*"))
 
 
@@ -84,4 +87,4 @@ def test_a_tmpdir_too_long_for_a_unix_socket_is_named(tmp_path, monkeypatch):
     (tmp_path / "run").mkdir()
     with contextlib.ExitStack() as stack, pytest.raises(ConfigError, match="longer than the 107 .*set TMPDIR"):
         LocalWorkers().open(TrainConfig(run_dir=str(tmp_path / "run")), stack)
-    assert list(deep.iterdir()) == []   # its folder removed all the same
+    assert list(deep.iterdir()) == []  # its folder removed all the same

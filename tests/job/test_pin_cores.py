@@ -56,22 +56,40 @@ def snapshot(train_pid: int) -> dict[str, tuple[set[frozenset[int]], str | None]
 
 def test_pin_cores_pins_every_process_of_the_job_and_the_report_counts_its_cpu_time(tmp_path):
     available = sorted(os.sched_getaffinity(0))
-    plan = core_plan(WORKERS + SHARDS + 1, available)   # workers first, then the shards, then this process
+    plan = core_plan(WORKERS + SHARDS + 1, available)  # workers first, then the shards, then this process
     expected = {"worker-0": plan[0], "worker-1": plan[1], "ps-shard-0": plan[2], "dispatcher": plan[3]}
     run_dir = tmp_path / "run"
-    argv = [sys.executable, "-m", "herald", "train", "--source", "synthetic://criteo?rows=20000&seed=0",
-            "--workers", str(WORKERS), "--ps-shards", str(SHARDS), "--batch-size", "64", "--steps", "80",
-            "--pin-cores", "--quiet", "--run-dir", str(run_dir)]
+    argv = [
+        sys.executable,
+        "-m",
+        "herald",
+        "train",
+        "--source",
+        "synthetic://criteo?rows=20000&seed=0",
+        "--workers",
+        str(WORKERS),
+        "--ps-shards",
+        str(SHARDS),
+        "--batch-size",
+        "64",
+        "--steps",
+        "80",
+        "--pin-cores",
+        "--quiet",
+        "--run-dir",
+        str(run_dir),
+    ]
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     with open(tmp_path / "stderr.log", "wb") as err:
-        proc = subprocess.Popen(argv, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=err)
+        proc = subprocess.Popen(
+            argv, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err
+        )
     try:
         seen, deadline = None, time.monotonic() + 240
         while seen is None and proc.poll() is None and time.monotonic() < deadline:
             try:
                 seen = snapshot(proc.pid)
-            except (ProcessLookupError, FileNotFoundError):   # a process ended while being read
+            except (ProcessLookupError, FileNotFoundError):  # a process ended while being read
                 seen = None
             time.sleep(0.05)
         code = proc.wait(timeout=240)
@@ -83,22 +101,25 @@ def test_pin_cores_pins_every_process_of_the_job_and_the_report_counts_its_cpu_t
     assert code == 0, log
     assert seen is not None, f"never saw both workers running:\n{log}"
     assert {name: cores for name, (cores, _) in seen.items()} == {
-        name: {frozenset(cores)} for name, cores in expected.items()}
+        name: {frozenset(cores)} for name, cores in expected.items()
+    }
     assert seen["worker-0"][1] == str(len(plan[0])) and seen["worker-1"][1] == str(len(plan[1]))
     line = next(line for line in log.splitlines() if line.startswith("--pin-cores: "))
     assert line.startswith("--pin-cores: worker-0 on ")
-    assert ("round-robin" in line) == (len(plan) > len(available))   # said once, when processes share cores
+    assert ("round-robin" in line) == (len(plan) > len(available))  # said once, when processes share cores
 
     rep = json.loads((run_dir / "report.json").read_text())
     assert rep["steps"] == 80 and rep["config"]["pin_cores"] is True
     assert rep["cpu_scope"] == "local processes (dispatcher, PS shards, workers)"
     assert rep["cpu_seconds"] > 0 and rep["cpu_us_per_sample"] == pytest.approx(
-        1e6 * rep["cpu_seconds"] / rep["samples"])
+        1e6 * rep["cpu_seconds"] / rep["samples"]
+    )
     # NOTE [steady cpu]: without the start-up (every process's imports), the evaluation, the report
     assert 0 < rep["steady_cpu_us_per_sample"] < rep["cpu_us_per_sample"]
     assert isinstance(rep["ps_requests"], int) and rep["ps_requests"] >= 0
     assert rep["ps_requests_per_worker_per_shard_per_step"] == pytest.approx(
-        rep["ps_requests"] / (WORKERS * SHARDS * rep["steps"]))
+        rep["ps_requests"] / (WORKERS * SHARDS * rep["steps"])
+    )
     text = (run_dir / "report.txt").read_text()
     assert "per worker per shard per step" in text and "us per trained sample" in text
     # the start-up milestones, seconds after herald train started, in the order they happen

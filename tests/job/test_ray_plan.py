@@ -11,15 +11,31 @@ import sys
 import pytest
 
 from herald.auth import generate_keys, load_client_keys, load_server_keys
-from herald.errors import ConfigError
-from herald.job import ray_cluster
-from herald.job.ray_plan import (KEYS, PS_BASE_BYTES, ROW_GROWTH, RoleRequest, check_transport, dense_env, fits,
-                                 local_ranks, needed_cpus, ps_memory_bytes, role_requests, shard_selector,
-                                 single_node, split_keys, wants_gpus, worker_cpus, worker_strategy)
-from herald.job.ray_role import FOLDER, RoleHost, interface_of
-from herald.ps.store import ROW_OVERHEAD_BYTES
 from herald.contracts.tables import OptimizerConfig, TableConfig
 from herald.contracts.train import TrainConfig
+from herald.errors import ConfigError
+from herald.job import ray_cluster
+from herald.job.ray_plan import (
+    KEYS,
+    PS_BASE_BYTES,
+    ROW_GROWTH,
+    RoleRequest,
+    check_transport,
+    dense_env,
+    fits,
+    local_ranks,
+    needed_cpus,
+    ps_memory_bytes,
+    role_requests,
+    shard_selector,
+    single_node,
+    split_keys,
+    wants_gpus,
+    worker_cpus,
+    worker_strategy,
+)
+from herald.job.ray_role import FOLDER, RoleHost, interface_of
+from herald.ps.store import ROW_OVERHEAD_BYTES
 
 TABLES = [TableConfig(name=f"t{i}", dim=4, optimizer=OptimizerConfig(name="adagrad", lr=0.1)) for i in range(3)]
 
@@ -41,7 +57,7 @@ def test_ps_memory_follows_the_row_bound_else_the_distinct_keys():
     assert ps_memory_bytes(bounded, TABLES, distinct_keys=10**9) == PS_BASE_BYTES + ROW_GROWTH * 500 * 3 * row
     shared = TrainConfig(ps_shards=2, launcher="ray")
     assert ps_memory_bytes(shared, TABLES, distinct_keys=1001) == PS_BASE_BYTES + ROW_GROWTH * 501 * row
-    assert ps_memory_bytes(shared, TABLES, distinct_keys=None) == PS_BASE_BYTES   # a stream: no pre-pass
+    assert ps_memory_bytes(shared, TABLES, distinct_keys=None) == PS_BASE_BYTES  # a stream: no pre-pass
 
 
 def test_worker_threads_come_from_omp_num_threads():
@@ -61,10 +77,10 @@ def test_workers_spread_one_per_node_when_nodes_allow_and_shards_keep_off_them()
     nodes = {"a": {"CPU": 4.0, "memory": 8e9}, "b": {"CPU": 2.0, "memory": 8e9}, "c": {"CPU": 1.0, "memory": 2e9}}
     assert fits(worker, nodes["a"]) and not fits(worker, nodes["c"]) and fits(shard, nodes["c"])
     assert worker_strategy([worker] * 2, nodes) == "STRICT_SPREAD"
-    assert worker_strategy([worker] * 3, nodes) == "SPREAD"   # c cannot hold a worker
+    assert worker_strategy([worker] * 3, nodes) == "SPREAD"  # c cannot hold a worker
     assert shard_selector(shard, nodes, ["b", "a"]) == {"ray.io/node-id": "!in(a,b)"}
-    assert shard_selector(shard, {k: nodes[k] for k in "ab"}, ["a", "b"]) is None   # no other node: beside them
-    assert shard_selector(shard, {**nodes, "c": {"CPU": 1.0, "memory": 1e8}}, ["a", "b"]) is None   # c too small
+    assert shard_selector(shard, {k: nodes[k] for k in "ab"}, ["a", "b"]) is None  # no other node: beside them
+    assert shard_selector(shard, {**nodes, "c": {"CPU": 1.0, "memory": 1e8}}, ["a", "b"]) is None  # c too small
 
 
 def test_several_nodes_need_keys_or_insecure():
@@ -81,7 +97,7 @@ def test_each_role_gets_only_its_half_of_the_keys(tmp_path):
     server, client = split_keys(tmp_path / "keys")
     assert set(server) == {f"{KEYS}/server.key", f"{KEYS}/server.key_secret", f"{KEYS}/clients/client.key"}
     assert set(client) == {f"{KEYS}/server.key", f"{KEYS}/client.key_secret"}
-    for name, files in (("ps", server), ("worker", client)):   # what a role writes on its node loads as keys
+    for name, files in (("ps", server), ("worker", client)):  # what a role writes on its node loads as keys
         for rel, data in files.items():
             path = tmp_path / name / rel
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -97,15 +113,23 @@ def test_local_ranks_as_torchrun_numbers_them_and_a_gpu_worker_sees_its_gpu():
     assert local_ranks(["a", "b", "a", "b", "a"], gpus=False) == [(0, 3), (0, 2), (1, 3), (1, 2), (2, 3)]
     assert local_ranks(["a", "a"], gpus=True) == [(0, 1), (0, 1)]
     env = dense_env(1, 2, (0, 1), ("10.0.0.5", 29500), 2, "eth0")
-    assert env == {"MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "29500", "RANK": "1", "WORLD_SIZE": "2",
-                   "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "OMP_NUM_THREADS": "2", "PYTHONUNBUFFERED": "1",
-                   "GLOO_SOCKET_IFNAME": "eth0"}
+    assert env == {
+        "MASTER_ADDR": "10.0.0.5",
+        "MASTER_PORT": "29500",
+        "RANK": "1",
+        "WORLD_SIZE": "2",
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "1",
+        "OMP_NUM_THREADS": "2",
+        "PYTHONUNBUFFERED": "1",
+        "GLOO_SOCKET_IFNAME": "eth0",
+    }
     assert "GLOO_SOCKET_IFNAME" not in dense_env(0, 2, (0, 2), ("10.0.0.5", 1), 1, None)
 
 
 def test_role_host_runs_its_child_in_a_private_folder_and_cleans_up(tmp_path):
     host = RoleHost("ps-shard-0", str(tmp_path))
-    assert host.poll() is None and host.read("ready") is None and host.stop() is None   # nothing started yet
+    assert host.poll() is None and host.read("ready") is None and host.stop() is None  # nothing started yet
     script = "import pathlib, sys; pathlib.Path(sys.argv[1]).write_text('tcp://10.0.0.1:5555'); print('up')"
     out = host.start(["-c", script, f"{FOLDER}/ready"], {"X": "1"}, {"keys/server.key_secret": b"s"}, "herald-ps-")
     folder = out["folder"]
@@ -139,6 +163,6 @@ def test_the_loopback_address_is_on_the_loopback_interface():
 
 
 def test_a_missing_ray_is_named_with_the_fix(monkeypatch):
-    monkeypatch.setitem(sys.modules, "ray", None)   # import ray -> ImportError
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
     with pytest.raises(ConfigError, match=r"--launcher ray needs Ray .*pip install 'herald\[ray\]'"):
         ray_cluster._ray()

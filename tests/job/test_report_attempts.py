@@ -10,7 +10,7 @@ from herald.job.report_attempts import Attempt, attempts_block, format_lines, re
 
 def test_retrained_steps_are_the_runs_of_steps_of_more_than_one_attempt():
     assert retrained_steps([range(0, 13), range(9, 24)]) == [[9, 12]]
-    assert retrained_steps([range(0, 8), range(8, 24)]) == []            # failed right at a checkpoint
+    assert retrained_steps([range(0, 8), range(8, 24)]) == []  # failed right at a checkpoint
     assert retrained_steps([range(0, 13), range(9, 20), range(16, 24)]) == [[9, 12], [16, 19]]
     assert retrained_steps([[0, 1, 2, 5, 6], [1, 2, 6]]) == [[1, 2], [6, 6]]
     assert retrained_steps([range(0, 10)]) == [] and retrained_steps([]) == []
@@ -23,10 +23,13 @@ def test_every_attempt_is_counted_in_steps_samples_and_time():
     assert block["train_seconds"] == 8.0 and block["wall_samples_per_second"] == pytest.approx(28 * 64 / 8.0)
     assert block["attempts"] == [
         {"steps": 13, "first_step": 0, "last_step": 12, "samples": 13 * 64, "train_seconds": 5.0},
-        {"steps": 15, "first_step": 9, "last_step": 23, "samples": 15 * 64, "train_seconds": 3.0}]
+        {"steps": 15, "first_step": 9, "last_step": 23, "samples": 15 * 64, "train_seconds": 3.0},
+    ]
     assert block["retrained_steps"] == [[9, 12]]
-    assert format_lines(block) == ["2 attempts (failover), every one counted in steps and samples: steps 0-12, "
-                                   "steps 9-23; steps trained again: 9-12 (4 steps)"]
+    assert format_lines(block) == [
+        "2 attempts (failover), every one counted in steps and samples: steps 0-12, "
+        "steps 9-23; steps trained again: 9-12 (4 steps)"
+    ]
 
 
 def test_one_attempt_changes_nothing_and_prints_no_line():

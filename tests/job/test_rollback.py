@@ -13,9 +13,9 @@ import types
 
 import pytest
 
+from herald.contracts.train import TrainConfig
 from herald.errors import HeraldError
 from herald.job.rollback import Rollbacks, ShardFailed, WorkerFailed, run_attempts
-from herald.contracts.train import TrainConfig
 
 EVERY = 4
 
@@ -36,34 +36,45 @@ def _checkpoint(tmp_path, step: int) -> None:
 
 def _acks(rollbacks: Rollbacks, steps) -> None:
     for step in steps:
-        rollbacks.on_step(types.SimpleNamespace(step=step))   # a StepRecord's step is all it reads
+        rollbacks.on_step(types.SimpleNamespace(step=step))  # a StepRecord's step is all it reads
 
 
 def _killed(rank: int, seen_unix_s: float | None = None) -> WorkerFailed:
-    return WorkerFailed(f"worker-{rank} was killed by signal 9; last lines of worker-{rank}.log:\n(tail)",
-                        ranks=[rank], cause=f"worker-{rank} was killed by signal 9 (SIGKILL)", seen_unix_s=seen_unix_s)
+    return WorkerFailed(
+        f"worker-{rank} was killed by signal 9; last lines of worker-{rank}.log:\n(tail)",
+        ranks=[rank],
+        cause=f"worker-{rank} was killed by signal 9 (SIGKILL)",
+        seen_unix_s=seen_unix_s,
+    )
 
 
 def test_a_lost_worker_rolls_back_then_the_job_goes_on(tmp_path):
-    seen, lost_at = [], time.time() - 2.0   # the loss seen 2 s before the rollback (the attempt stopping)
+    seen, lost_at = [], time.time() - 2.0  # the loss seen 2 s before the rollback (the attempt stopping)
 
     def attempt(cfg, rollbacks):
         seen.append(cfg.resume)
         if len(seen) == 1:
-            _acks(rollbacks, range(0, 6))   # steps 0..5 acked, checkpoint of step 3, worker 1 lost in step 6
+            _acks(rollbacks, range(0, 6))  # steps 0..5 acked, checkpoint of step 3, worker 1 lost in step 6
             _checkpoint(tmp_path, 3)
             raise _killed(1, seen_unix_s=lost_at)
         _acks(rollbacks, range(4, 10))
         return {"failovers": rollbacks.failovers, "earlier": rollbacks.earlier}
 
     rep = run_attempts(_cfg(tmp_path, worker_restarts=1), attempt)
-    assert seen == [False, True]   # the second attempt resumes from the checkpoint
+    assert seen == [False, True]  # the second attempt resumes from the checkpoint
     (failover,) = rep["failovers"]
     assert failover["detected_unix_s"] == round(lost_at, 3)
-    assert 2.0 <= failover["stopped_s"] <= failover["recovered_s"]   # both counted from the loss seen
+    assert 2.0 <= failover["stopped_s"] <= failover["recovered_s"]  # both counted from the loss seen
     assert {k: v for k, v in failover.items() if k not in ("detected_unix_s", "stopped_s", "recovered_s")} == {
-        "part": "worker", "ranks": [1], "cause": "worker-1 was killed by signal 9 (SIGKILL)", "lost_at_step": 6,
-        "last_acked_step": 5, "rolled_back_to": "step-00000003", "checkpoint_step": 3, "steps_rolled_back": 2}
+        "part": "worker",
+        "ranks": [1],
+        "cause": "worker-1 was killed by signal 9 (SIGKILL)",
+        "lost_at_step": 6,
+        "last_acked_step": 5,
+        "rolled_back_to": "step-00000003",
+        "checkpoint_step": 3,
+        "steps_rolled_back": 2,
+    }
     assert [a.steps for a in rep["earlier"]] == [tuple(range(6))]
 
 
@@ -79,9 +90,11 @@ def test_a_worker_lost_again_after_its_budget_ends_the_job_naming_the_rank(tmp_p
         run_attempts(_cfg(tmp_path, worker_restarts=2), attempt)
     assert len(calls) == 3 and not isinstance(ended.value, WorkerFailed)
     lines = str(ended.value).splitlines()
-    assert lines[0].startswith("worker-1 was killed by signal 9") and lines[1] == "(tail)"   # its log's tail
-    assert lines[-1] == ("(worker-1 lost again after 2 rollback(s) for a lost worker, --worker-restarts 2: the job "
-                         "ends here; the log above says why)")
+    assert lines[0].startswith("worker-1 was killed by signal 9") and lines[1] == "(tail)"  # its log's tail
+    assert lines[-1] == (
+        "(worker-1 lost again after 2 rollback(s) for a lost worker, --worker-restarts 2: the job "
+        "ends here; the log above says why)"
+    )
 
 
 def test_each_cause_has_its_own_budget(tmp_path):
@@ -103,13 +116,16 @@ def test_each_cause_has_its_own_budget(tmp_path):
 
 
 def test_no_rollback_before_this_jobs_first_checkpoint(tmp_path):
-    _checkpoint(tmp_path, 11)   # another job's, left in the run folder
+    _checkpoint(tmp_path, 11)  # another job's, left in the run folder
 
     def attempt(cfg, rollbacks):
         raise _killed(1)
 
-    with pytest.raises(HeraldError, match=r"no checkpoint of this job to roll back to yet \(--worker-restarts 1\): "
-                                          r"the first is written after step 3\)$"):
+    with pytest.raises(
+        HeraldError,
+        match=r"no checkpoint of this job to roll back to yet \(--worker-restarts 1\): "
+        r"the first is written after step 3\)$",
+    ):
         run_attempts(_cfg(tmp_path, worker_restarts=1), attempt)
     # resumed from it, the job rolls back to it
     tried = []

@@ -59,10 +59,10 @@ def test_the_silent_worker_is_named_when_the_one_waiting_on_it_failed():
 
 def test_no_one_is_named_without_a_witness_or_with_a_dead_worker():
     silence = _silence({0: 21.0, 1: 20.0}, awaited={0, 1})
-    assert silent_culprits(silence, {0: None, 1: None}) == []      # nobody failed after waiting
-    assert silent_culprits(silence, {0: -9, 1: 1}) == []           # rank 0 was killed: that is the cause
-    assert silent_culprits(_silence({0: 21.0}, {0, 1}), {0: None, 1: 1}) == []   # rank 1 failed mid-step
-    assert silent_culprits(silence, None) == []                    # workers not started here
+    assert silent_culprits(silence, {0: None, 1: None}) == []  # nobody failed after waiting
+    assert silent_culprits(silence, {0: -9, 1: 1}) == []  # rank 0 was killed: that is the cause
+    assert silent_culprits(_silence({0: 21.0}, {0, 1}), {0: None, 1: 1}) == []  # rank 1 failed mid-step
+    assert silent_culprits(silence, None) == []  # workers not started here
     assert silent_culprits(None, {0: None, 1: 1}) == []
 
 
@@ -73,8 +73,10 @@ def test_the_headline_names_the_silent_worker_then_what_followed():
     with pytest.raises(HeraldError) as failed:
         raise_job_failure(exc, _Shards(), workers, silence)
     lines = str(failed.value).splitlines()
-    assert lines[0].startswith("worker-0 (pid 100; log worker-0.log) went silent: it sent the dispatcher nothing "
-                               "for 20.4 s while the job waited for ack of step 11 from workers [0, 1]"), lines[0]
+    assert lines[0].startswith(
+        "worker-0 (pid 100; log worker-0.log) went silent: it sent the dispatcher nothing "
+        "for 20.4 s while the job waited for ack of step 11 from workers [0, 1]"
+    ), lines[0]
     assert lines[1].startswith("(then: worker-1 exited with code 1") and "(then: dispatcher x" in lines[-1]
     assert workers.stopped
     # a lost PS shard keeps its precedence
@@ -105,7 +107,7 @@ def test_a_killed_worker_is_lost_and_a_worker_error_ends_the_job():
     before = time.time()
     with pytest.raises(WorkerFailed) as lost:
         raise_job_failure(echo, _Shards(), workers)
-    assert before <= lost.value.seen_unix_s <= time.time()   # when the job saw it: the report's recovery counts from it
+    assert before <= lost.value.seen_unix_s <= time.time()  # when the job saw it: the report's recovery counts from it
     assert lost.value.ranks == (1,) and lost.value.cause == "worker-1 was killed by signal 9 (SIGKILL)"
     assert str(lost.value) == f"{dead}\n(then: {echo})" and workers.stopped
     # the liveness check's own error names the dead worker already: the message as it was
@@ -135,7 +137,9 @@ def test_several_silent_workers_and_groups():
     silence = _silence({0: 30.0, 2: 25.0, 1: 20.0}, awaited={0, 1, 2}, reported={1})
     assert silent_culprits(silence, {0: None, 1: None, 2: None}) == [0, 2]
     head = silent_headline([0, 2], silence, lambda r: f"pid {r}")
-    assert head.startswith("worker-0 (pid 0), worker-2 (pid 2) went silent: they sent the dispatcher nothing for 30.0 s")
+    assert head.startswith(
+        "worker-0 (pid 0), worker-2 (pid 2) went silent: they sent the dispatcher nothing for 30.0 s"
+    )
     # one dispatcher per group: group 1's rank 0 is worker 2
     merged = merge_silences([None, _silence({0: 12.0}, {0}, reported={1}, waiting_for="w")], [0, 2])
     assert merged.quiet == {2: 12.0} and merged.awaited == {2} and merged.reported == {3} and merged.silent == {2: 12.0}
@@ -154,4 +158,4 @@ def test_process_state_tells_a_stopped_process():
     finally:
         child.kill()
         child.wait()
-    assert process_state(child.pid) == "state unknown"   # reaped: gone
+    assert process_state(child.pid) == "state unknown"  # reaped: gone

@@ -5,16 +5,15 @@ import pyarrow as pa
 import pytest
 
 from herald.errors import DataError
-from herald.loader.formats.arrow import META_KEY, arrow_to_batch, batch_to_arrow
 from herald.loader.batch import SampleBatch
+from herald.loader.formats.arrow import META_KEY, arrow_to_batch, batch_to_arrow
 
 
 def _batch():
     return SampleBatch(
         np.array([1, 0, 1], np.float32),
         np.array([[0.1, 0.2], [0.0, 1.3], [2.0, 0.5]], np.float32),
-        [np.array([7, 2 ** 64 - 1, 7], np.uint64), np.array([11, 12, 13, 11], np.uint64),
-         np.array([5, 6], np.uint64)],
+        [np.array([7, 2**64 - 1, 7], np.uint64), np.array([11, 12, 13, 11], np.uint64), np.array([5, 6], np.uint64)],
         [np.array([0, 1, 2, 3], np.int64), np.array([0, 2, 2, 4], np.int64), np.array([0, 1, 1, 2], np.int64)],
         ["user", "tags", "opt"],
     )
@@ -30,7 +29,7 @@ def test_roundtrip_single_multi_and_missing():
     assert META_KEY in rb.schema.metadata
     back = arrow_to_batch(rb)
     assert back.equals(b)
-    assert back.values[0][1] == 2 ** 64 - 1  # no float or 32-bit narrowing
+    assert back.values[0][1] == 2**64 - 1  # no float or 32-bit narrowing
 
 
 def test_roundtrip_table_with_chunks_and_slices():
@@ -42,16 +41,24 @@ def test_roundtrip_table_with_chunks_and_slices():
 
 
 def test_zero_copy_single_hot_column():
-    b = SampleBatch.from_single_hot(np.zeros(4, np.float32), np.zeros((4, 1), np.float32),
-                                    np.arange(8, dtype=np.uint64).reshape(4, 2))
+    b = SampleBatch.from_single_hot(
+        np.zeros(4, np.float32), np.zeros((4, 1), np.float32), np.arange(8, dtype=np.uint64).reshape(4, 2)
+    )
     rb = batch_to_arrow(b)
     back = arrow_to_batch(rb)
     assert np.shares_memory(back.values[0], np.frombuffer(rb.column(2).buffers()[1], np.uint64))
 
 
 def test_inferred_layout_without_metadata():
-    t = pa.table({"label": pa.array([1.0, 0.0], pa.float64()), "f1": [0.5, 1.5], "f2": [1.0, 2.0],
-                  "user": pa.array([3, 4], pa.int64()), "tags": pa.array([[1, 2], []], pa.list_(pa.int32()))})
+    t = pa.table(
+        {
+            "label": pa.array([1.0, 0.0], pa.float64()),
+            "f1": [0.5, 1.5],
+            "f2": [1.0, 2.0],
+            "user": pa.array([3, 4], pa.int64()),
+            "tags": pa.array([[1, 2], []], pa.list_(pa.int32())),
+        }
+    )
     b = arrow_to_batch(t)
     assert b.dense.tolist() == [[0.5, 1.0], [1.5, 2.0]]
     assert b.table_names == ("user", "tags") and b.values[1].tolist() == [1, 2]

@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 
 from herald.errors import DataError
-from herald.loader.batch import SampleBatch
 from herald.hashing import hash_strings, hash_value
+from herald.loader.batch import SampleBatch
 
 
 def _batch():

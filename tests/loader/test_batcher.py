@@ -116,8 +116,7 @@ def test_close_stops_running_thread_and_queue_bounded():
     time.sleep(0.2)
     assert b._queue.qsize() <= 2
     assert b.close(2.0)
-    assert not any(t.name == "herald-prefetch" and t.is_alive() and t is b._thread
-                   for t in threading.enumerate())
+    assert not any(t.name == "herald-prefetch" and t.is_alive() and t is b._thread for t in threading.enumerate())
 
 
 def test_stats():

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from herald.cli import main
-from herald.errors import ConfigError
+from herald.errors import ConfigError, DataError
 from herald.loader import convert, datagen, open_source
 
 CRITEO = "criteo/criteo_kaggle_sample_dev.tsv"
@@ -27,9 +27,9 @@ def test_convert_onto_its_input_is_refused_and_the_input_kept(tsv, capsys):
     assert main(["convert", str(tsv), str(tsv), "--quiet"]) == 1
     err = capsys.readouterr().err
     assert "would destroy the input" in err and "Traceback" not in err
-    assert main(["convert", str(tsv), str(tsv), "--quiet", "--force"]) == 1   # --force never overwrites an input
+    assert main(["convert", str(tsv), str(tsv), "--quiet", "--force"]) == 1  # --force never overwrites an input
     link = tsv.with_name("link.tsv")
-    os.link(tsv, link)   # the same file under another name
+    os.link(tsv, link)  # the same file under another name
     with pytest.raises(ConfigError, match="would destroy the input"):
         convert(tsv, link, progress=False)
     sym = tsv.with_name("sym.parquet")
@@ -37,7 +37,7 @@ def test_convert_onto_its_input_is_refused_and_the_input_kept(tsv, capsys):
     with pytest.raises(ConfigError, match="would destroy the input"):
         convert(tsv, sym, progress=False)
     assert tsv.read_bytes() == before
-    assert sorted(p.name for p in tsv.parent.iterdir()) == ["a.tsv", "link.tsv", "sym.parquet"]   # no temporary left
+    assert sorted(p.name for p in tsv.parent.iterdir()) == ["a.tsv", "link.tsv", "sym.parquet"]  # no temporary left
 
 
 def test_an_output_inside_an_input_folder_is_refused(tmp_path):
@@ -65,7 +65,7 @@ def test_only_the_output_folder_is_created(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         datagen(tmp_path / "missing" / "deeper", rows=10, progress=False)
     assert not (tmp_path / "missing").exists()
-    out = datagen(tmp_path / "ds", rows=10, progress=False)   # DIR: its own folder is made
+    out = datagen(tmp_path / "ds", rows=10, progress=False)  # DIR: its own folder is made
     assert out["path"] == str(tmp_path / "ds" / "part-00000.parquet")
 
 
@@ -74,7 +74,7 @@ def test_a_failed_write_leaves_the_old_output(tmp_path, data_dir):
     out.write_bytes(b"old")
     bad = tmp_path / "bad.tsv"
     bad.write_text("not\ta\tcriteo\trow\n")
-    with pytest.raises(Exception):
+    with pytest.raises(DataError):
         convert(bad, out, progress=False, force=True, format="criteo")
     assert out.read_bytes() == b"old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.tsv", "out.parquet"]

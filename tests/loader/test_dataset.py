@@ -65,9 +65,17 @@ def _sorted_rows(batch: SampleBatch) -> SampleBatch:
 
 
 def _as_batch(b) -> SampleBatch:
-    return b if isinstance(b, SampleBatch) else SampleBatch(
-        b["labels"].numpy(), b["dense"].numpy(), [b[n][0].numpy().view(np.uint64) for n in _TABLES],
-        [b[n][1].numpy() for n in _TABLES], _TABLES)
+    return (
+        b
+        if isinstance(b, SampleBatch)
+        else SampleBatch(
+            b["labels"].numpy(),
+            b["dense"].numpy(),
+            [b[n][0].numpy().view(np.uint64) for n in _TABLES],
+            [b[n][1].numpy() for n in _TABLES],
+            _TABLES,
+        )
+    )
 
 
 _TABLES = tuple(f"C{i}" for i in range(1, 27))
@@ -113,7 +121,7 @@ def test_shards_in_order_equal_the_source_and_drop_last_gives_equal_ranks():
     assert SampleBatch.concat([b for s in shards for b in s]).equals(full)
     even = [HeraldIterableDataset(SYNTHETIC, 128, rank=r, world_size=4, drop_last=True) for r in range(4)]
     counts = [[len(b) for b in d] for d in even]
-    assert counts == [[128] * 5] * 4                     # 3001 // (4 x 128) = 5 full batches per rank
+    assert counts == [[128] * 5] * 4  # 3001 // (4 x 128) = 5 full batches per rank
     assert even[0].dropped_rows(0) == 3001 - 4 * 5 * 128
     assert even[0].dropped_rows(2) == 3001 - 8 * 2 * 128 and HeraldIterableDataset(SYNTHETIC, 128).dropped_rows(2) == 0
 
@@ -138,7 +146,7 @@ def test_torch_output_shapes_and_dtypes():
         assert isinstance(b[name], Jagged)
         values, offsets = b[name]
         assert values.dtype == torch.int64 and offsets.dtype == torch.int64 and offsets.shape == (201,)
-        assert np.array_equal(values.numpy().view(np.uint64), plain.values[t])   # same 64 bits
+        assert np.array_equal(values.numpy().view(np.uint64), plain.values[t])  # same 64 bits
     assert _as_batch(b).equals(plain)
 
 
@@ -155,7 +163,7 @@ def test_torch_batch_crosses_processes_as_four_tensors():
 
 def test_torch_output_of_parquet_is_writable_without_warnings(parquet_path):
     with warnings.catch_warnings():
-        warnings.simplefilter("error")        # read-only Arrow buffers are copied, not wrapped
+        warnings.simplefilter("error")  # read-only Arrow buffers are copied, not wrapped
         b = next(iter(HeraldIterableDataset(parquet_path, 100, output="torch")))
     b["dense"][0, 0] = 1.0
 
@@ -169,8 +177,16 @@ def _install_fake_torchrec(monkeypatch):
         def __init__(self, dense_features, sparse_features, labels):
             self.dense_features, self.sparse_features, self.labels = dense_features, sparse_features, labels
 
-    modules = {name: types.ModuleType(name) for name in ("torchrec", "torchrec.sparse", "torchrec.datasets",
-                                                         "torchrec.sparse.jagged_tensor", "torchrec.datasets.utils")}
+    modules = {
+        name: types.ModuleType(name)
+        for name in (
+            "torchrec",
+            "torchrec.sparse",
+            "torchrec.datasets",
+            "torchrec.sparse.jagged_tensor",
+            "torchrec.datasets.utils",
+        )
+    }
     modules["torchrec.sparse.jagged_tensor"].KeyedJaggedTensor = KeyedJaggedTensor
     modules["torchrec.datasets.utils"].Batch = Batch
     for name, module in modules.items():
@@ -190,7 +206,7 @@ def test_kjt_output_layout_with_torchrec(monkeypatch):
 
 def test_kjt_without_torchrec_names_the_install(monkeypatch):
     for name in ("torchrec", "torchrec.datasets.utils", "torchrec.sparse.jagged_tensor"):
-        monkeypatch.setitem(sys.modules, name, None)            # importing them raises ImportError
+        monkeypatch.setitem(sys.modules, name, None)  # importing them raises ImportError
     with pytest.raises(ImportError, match=r"pip install --no-deps torchrec==1\.8\.0"):
         HeraldIterableDataset(SYNTHETIC, 50, output="kjt")
 
@@ -206,11 +222,14 @@ def test_pin_memory_pins_every_array(output, monkeypatch):
     pinned = torch_pin_memory(item)
     assert _as_batch(pinned).equals(_as_batch(item))
     if torch.accelerator.is_available():
-        tensors = ([torch.from_numpy(a) for a in (pinned.labels, pinned.dense)] if output == "batch"
-                   else [pinned["labels"], pinned["dense"]])
+        tensors = (
+            [torch.from_numpy(a) for a in (pinned.labels, pinned.dense)]
+            if output == "batch"
+            else [pinned["labels"], pinned["dense"]]
+        )
         assert all(t.is_pinned() for t in tensors)
     else:
-        assert len(calls) == 2 + 2 * 26               # labels, dense, values and offsets of each table
+        assert len(calls) == 2 + 2 * 26  # labels, dense, values and offsets of each table
     if output == "batch":
         assert not np.shares_memory(pinned.dense, item.dense)
 
@@ -218,14 +237,13 @@ def test_pin_memory_pins_every_array(output, monkeypatch):
 def test_dataloader_with_pin_memory_runs():
     dataset = HeraldIterableDataset(SYNTHETIC, 500, output="torch")
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")   # "no accelerator is found": DataLoader turns pinning off then
+        warnings.simplefilter("ignore")  # "no accelerator is found": DataLoader turns pinning off then
         got = list(DataLoader(dataset, batch_size=None, num_workers=2, pin_memory=True))
     assert _sorted_rows(SampleBatch.concat([_as_batch(b) for b in got])).equals(_sorted_rows(_plain(SYNTHETIC)))
 
 
 # -------------------------------------------------------------------- resume
-@pytest.mark.parametrize("spec,shuffle", [("synthetic", 0), ("synthetic", 600), ("parquet", 0),
-                                          ("criteo_tsv", 1000)])
+@pytest.mark.parametrize("spec,shuffle", [("synthetic", 0), ("synthetic", 600), ("parquet", 0), ("criteo_tsv", 1000)])
 def test_resume_mid_epoch_yields_exactly_the_remaining_samples(spec, shuffle, parquet_path, criteo_tsv):
     path = {"synthetic": SYNTHETIC, "parquet": parquet_path, "criteo_tsv": criteo_tsv}[spec]
 
@@ -243,7 +261,7 @@ def test_resume_mid_epoch_yields_exactly_the_remaining_samples(spec, shuffle, pa
         assert resumed.state_dict() == state
         got += list(resumed)
         assert len(got) == len(full) and all(a.equals(b) for a, b in zip(got, full)), f"resume after {stop}"
-        assert [len(b) for b in resumed] == [len(b) for b in full]     # the next iteration: the whole epoch
+        assert [len(b) for b in resumed] == [len(b) for b in full]  # the next iteration: the whole epoch
 
 
 def test_set_epoch_reseeds_the_shuffle_and_forgets_positions():
@@ -267,8 +285,11 @@ def _labels(batches):
 @pytest.mark.parametrize("workers", [0, 2])
 def test_stateful_dataloader_resumes_mid_epoch(workers):
     def make():
-        return StatefulDataLoader(HeraldIterableDataset(SYNTHETIC, 200, output="torch", shuffle_buffer=500, seed=9),
-                                  batch_size=None, num_workers=workers)
+        return StatefulDataLoader(
+            HeraldIterableDataset(SYNTHETIC, 200, output="torch", shuffle_buffer=500, seed=9),
+            batch_size=None,
+            num_workers=workers,
+        )
 
     full = [_as_batch(b) for b in make()]
     loader = make()
@@ -283,22 +304,25 @@ def test_stateful_dataloader_resumes_mid_epoch(workers):
     resumed.load_state_dict(state)
     got += [_as_batch(b) for b in resumed]
     assert len(got) == len(full) and all(a.equals(b) for a, b in zip(got, full))
-    again = [_as_batch(b) for b in resumed]              # the following epoch is whole again
+    again = [_as_batch(b) for b in resumed]  # the following epoch is whole again
     assert len(again) == len(full) and all(a.equals(b) for a, b in zip(again, full))
 
 
 # ------------------------------------------------------------ bad arguments
-@pytest.mark.parametrize("kwargs,match", [
-    ({"batch_size": 0}, "batch_size must be >= 1"),
-    ({"output": "numpy"}, "output must be one of"),
-    ({"shuffle_buffer": -1}, "shuffle_buffer must be >= 0"),
-    ({"seed": -3}, "seed must be >= 0"),
-    ({"rank": 2, "world_size": 2}, r"rank must be in \[0, world_size=2\)"),
-    ({"world_size": 0}, "world_size must be >= 1"),
-    ({"drop_last": "yes"}, "drop_last must be a bool"),
-    ({"source_options": {"quarantine_path": "q.txt", "bad_records": "skip"}}, "herald convert"),
-    ({"source_options": {"colour": "red"}}, "colour"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"batch_size": 0}, "batch_size must be >= 1"),
+        ({"output": "numpy"}, "output must be one of"),
+        ({"shuffle_buffer": -1}, "shuffle_buffer must be >= 0"),
+        ({"seed": -3}, "seed must be >= 0"),
+        ({"rank": 2, "world_size": 2}, r"rank must be in \[0, world_size=2\)"),
+        ({"world_size": 0}, "world_size must be >= 1"),
+        ({"drop_last": "yes"}, "drop_last must be a bool"),
+        ({"source_options": {"quarantine_path": "q.txt", "bad_records": "skip"}}, "herald convert"),
+        ({"source_options": {"colour": "red"}}, "colour"),
+    ],
+)
 def test_bad_arguments_raise_config_errors(kwargs, match):
     args = {"batch_size": 100, **kwargs}
     with pytest.raises(ConfigError, match=match):
@@ -340,5 +364,5 @@ def test_example_trains_a_plain_model_over_every_sample():
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
     out = example.main(["--rows", "3000", "--batch-size", "256", "--num-workers", "2", "--rows-per-table", "100"])
-    assert out["samples"] == 3000 and out["steps"] == 2 * 6      # 2 workers x 1500 rows: 5 x 256 + 220
+    assert out["samples"] == 3000 and out["steps"] == 2 * 6  # 2 workers x 1500 rows: 5 x 256 + 220
     assert np.isfinite(out["first_loss"]) and np.isfinite(out["last_loss"])

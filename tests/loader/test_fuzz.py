@@ -11,31 +11,34 @@ from herald.loader import decode_records, open_source
 from herald.loader.batch import SampleBatch
 
 HEX = st.text("0123456789abcdef", min_size=0, max_size=8)
-SMALL_INT = st.one_of(st.just(""), st.integers(-10, 10 ** 6).map(str))
-UID = st.integers(0, 2 ** 64 - 1).map(str)
+SMALL_INT = st.one_of(st.just(""), st.integers(-10, 10**6).map(str))
+UID = st.integers(0, 2**64 - 1).map(str)
 
 FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def criteo_good():
-    return st.tuples(st.sampled_from("01"), st.lists(SMALL_INT, min_size=13, max_size=13),
-                     st.lists(HEX, min_size=26, max_size=26)).map(
-        lambda t: "\t".join([t[0], *t[1], *t[2]]).encode())
+    return st.tuples(
+        st.sampled_from("01"), st.lists(SMALL_INT, min_size=13, max_size=13), st.lists(HEX, min_size=26, max_size=26)
+    ).map(lambda t: "\t".join([t[0], *t[1], *t[2]]).encode())
 
 
 def avazu_good():
     return st.tuples(UID, st.sampled_from("01"), st.lists(HEX, min_size=22, max_size=22)).map(
-        lambda t: ",".join([t[0], t[1], *t[2]]).encode())
+        lambda t: ",".join([t[0], t[1], *t[2]]).encode()
+    )
 
 
 def libfm_good():
     return st.tuples(st.sampled_from(["1", "-1", "+1"]), st.lists(UID, min_size=10, max_size=10)).map(
-        lambda t: " ".join([t[0]] + [f"{i}:1" for i in t[1]]).encode())
+        lambda t: " ".join([t[0]] + [f"{i}:1" for i in t[1]]).encode()
+    )
 
 
 def movielens_good():
-    return st.tuples(UID, UID, st.sampled_from(["0.5", "3", "4.0", "5"]), st.integers(0, 2 ** 40)).map(
-        lambda t: f"{t[0]},{t[1]},{t[2]},{t[3]}".encode())
+    return st.tuples(UID, UID, st.sampled_from(["0.5", "3", "4.0", "5"]), st.integers(0, 2**40)).map(
+        lambda t: f"{t[0]},{t[1]},{t[2]},{t[3]}".encode()
+    )
 
 
 def _replace_field(line: bytes, sep: bytes, index: int, value: bytes) -> bytes:
@@ -50,23 +53,28 @@ def mutations(fmt):
     muts = [
         (lambda line, i: b"", "empty_line"),
         (lambda line, i: line + sep + b"1", "field_count"),
-        (lambda line, i: sep.join(line.split(sep)[:-1 - i % 3]), "field_count"),
-        (lambda line, i: _replace_field(line, sep, -1, b"\xff\xfe") if fmt != "libfm"
-         else line + b"\xc3", "bad_utf8"),
+        (lambda line, i: sep.join(line.split(sep)[: -1 - i % 3]), "field_count"),
+        (lambda line, i: _replace_field(line, sep, -1, b"\xff\xfe") if fmt != "libfm" else line + b"\xc3", "bad_utf8"),
         (lambda line, i: _replace_field(line, sep, 1 if fmt == "avazu" else 0, b"7"), "bad_label"),
     ]
     if fmt == "criteo":
-        muts += [(lambda line, i: _replace_field(line, sep, 1 + i % 13, b"1x"), "bad_int"),
-                 (lambda line, i: _replace_field(line, sep, 1 + i % 13, b"9" * (20 + i % 30)), "overflow")]
+        muts += [
+            (lambda line, i: _replace_field(line, sep, 1 + i % 13, b"1x"), "bad_int"),
+            (lambda line, i: _replace_field(line, sep, 1 + i % 13, b"9" * (20 + i % 30)), "overflow"),
+        ]
     if fmt == "libfm":
-        muts += [(lambda line, i: _replace_field(line, sep, 1 + i % 10, b"a:1"), "bad_int"),
-                 (lambda line, i: _replace_field(line, sep, 1 + i % 10, b"9" * 21 + b":1"), "overflow"),
-                 (lambda line, i: _replace_field(line, sep, 1 + i % 10, b"5:z"), "bad_float")]
+        muts += [
+            (lambda line, i: _replace_field(line, sep, 1 + i % 10, b"a:1"), "bad_int"),
+            (lambda line, i: _replace_field(line, sep, 1 + i % 10, b"9" * 21 + b":1"), "overflow"),
+            (lambda line, i: _replace_field(line, sep, 1 + i % 10, b"5:z"), "bad_float"),
+        ]
     if fmt == "movielens":
         muts = [m for m in muts if m[1] != "bad_label"]
-        muts += [(lambda line, i: _replace_field(line, sep, i % 2, b"u1"), "bad_int"),
-                 (lambda line, i: _replace_field(line, sep, i % 2, b"9" * 21), "overflow"),
-                 (lambda line, i: _replace_field(line, sep, 2, b"4.x"), "bad_float")]
+        muts += [
+            (lambda line, i: _replace_field(line, sep, i % 2, b"u1"), "bad_int"),
+            (lambda line, i: _replace_field(line, sep, i % 2, b"9" * 21), "overflow"),
+            (lambda line, i: _replace_field(line, sep, 2, b"4.x"), "bad_float"),
+        ]
     return muts
 
 
@@ -158,5 +166,5 @@ def test_fuzz_random_bytes_never_crash(records, fmt):
         parts, stats = _read(path, fmt, bad_records="skip", chunk_bytes=64)
         n_lines = blob.count(b"\n") + (1 if blob and not blob.endswith(b"\n") else 0)
         if fmt == "avazu" and blob.startswith(b"id,click,"):
-            n_lines -= 1   # the first line is Avazu's header (formats/raw.py), neither a row nor a bad record
+            n_lines -= 1  # the first line is Avazu's header (formats/raw.py), neither a row nor a bad record
         assert stats["rows"] + sum(stats["skipped"].values()) == n_lines

@@ -11,20 +11,35 @@ def _b(s):
     return np.frombuffer(s, np.uint8)
 
 
-@pytest.mark.parametrize("text,value,status", [
-    (b"0", 0, K.OK), (b"-17", -17, K.OK), (b"+5", 5, K.OK),
-    (b"9223372036854775807", 2 ** 63 - 1, K.OK), (b"9223372036854775808", 0, K.OVERFLOW),
-    (b"", 0, K.BAD_INT), (b"-", 0, K.BAD_INT), (b"1x", 0, K.BAD_INT), (b"1.5", 0, K.BAD_INT),
-])
+@pytest.mark.parametrize(
+    "text,value,status",
+    [
+        (b"0", 0, K.OK),
+        (b"-17", -17, K.OK),
+        (b"+5", 5, K.OK),
+        (b"9223372036854775807", 2**63 - 1, K.OK),
+        (b"9223372036854775808", 0, K.OVERFLOW),
+        (b"", 0, K.BAD_INT),
+        (b"-", 0, K.BAD_INT),
+        (b"1x", 0, K.BAD_INT),
+        (b"1.5", 0, K.BAD_INT),
+    ],
+)
 def test_parse_int64(text, value, status):
     buf = _b(text)
     assert K.parse_int64_jit(buf, 0, len(buf)) == (value, status)
 
 
-@pytest.mark.parametrize("text,value,status", [
-    (b"18446744073709551615", 2 ** 64 - 1, K.OK), (b"18446744073709551616", 0, K.OVERFLOW),
-    (b"", 0, K.MISSING_ID), (b"-1", 0, K.BAD_INT), (b"12a", 0, K.BAD_INT),
-])
+@pytest.mark.parametrize(
+    "text,value,status",
+    [
+        (b"18446744073709551615", 2**64 - 1, K.OK),
+        (b"18446744073709551616", 0, K.OVERFLOW),
+        (b"", 0, K.MISSING_ID),
+        (b"-1", 0, K.BAD_INT),
+        (b"12a", 0, K.BAD_INT),
+    ],
+)
 def test_parse_uint64(text, value, status):
     buf = _b(text)
     v, st = K.parse_uint64_jit(buf, 0, len(buf))
@@ -37,10 +52,17 @@ def test_parse_float_exact(text):
     assert K.parse_float_jit(buf, 0, len(buf)) == (float(text), K.OK)
 
 
-@pytest.mark.parametrize("text,status", [
-    (b"", K.BAD_FLOAT), (b"nan", K.BAD_FLOAT), (b"inf", K.BAD_FLOAT), (b"1e", K.BAD_FLOAT),
-    (b"1.2.3", K.BAD_FLOAT), (b"1e999", K.OVERFLOW),
-])
+@pytest.mark.parametrize(
+    "text,status",
+    [
+        (b"", K.BAD_FLOAT),
+        (b"nan", K.BAD_FLOAT),
+        (b"inf", K.BAD_FLOAT),
+        (b"1e", K.BAD_FLOAT),
+        (b"1.2.3", K.BAD_FLOAT),
+        (b"1e999", K.OVERFLOW),
+    ],
+)
 def test_parse_float_bad(text, status):
     buf = _b(text)
     assert K.parse_float_jit(buf, 0, len(buf))[1] == status

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-if os.environ.get("CI", "").lower() != "true":   # CI installs torchrec (make torchrec): a missing one fails there
+if os.environ.get("CI", "").lower() != "true":  # CI installs torchrec (make torchrec): a missing one fails there
     pytest.importorskip("torchrec")
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor  # noqa: E402
 
@@ -26,8 +26,13 @@ from herald.scheduler.plan import CachePlan  # noqa: E402
 from herald.worker.api import Batch  # noqa: E402
 
 CRITEO = "criteo/criteo_kaggle_sample_dev.tsv"
-FILES = {"criteo": CRITEO, "avazu": "avazu/avazu_sample_dev.csv", "libfm": "frappe/frappe.test.libfm",
-         "movielens-100k": "movielens/ml-100k/u.data", "movielens": "movielens/ml-latest-small/ratings.csv"}
+FILES = {
+    "criteo": CRITEO,
+    "avazu": "avazu/avazu_sample_dev.csv",
+    "libfm": "frappe/frappe.test.libfm",
+    "movielens-100k": "movielens/ml-100k/u.data",
+    "movielens": "movielens/ml-latest-small/ratings.csv",
+}
 ROWS = 600
 
 
@@ -94,36 +99,41 @@ def test_round_trip_is_lossless_for_every_source(name, data_dir, tmp_path):
     batch = _source_batch(name, data_dir, tmp_path)
     assert len(batch) > 1
     _round_trip(batch)
-    _round_trip(batch.slice(0, 1))                      # a batch of 1
+    _round_trip(batch.slice(0, 1))  # a batch of 1
     _round_trip(batch.take(np.array([len(batch) - 1, 0, 0])))
 
 
 def _edge_batch() -> SampleBatch:
     """ids >= 2^63 (negative as int64), empty bags, an all-empty table, multi-hot."""
     return SampleBatch(
-        np.array([1, 0, 1], np.float32), np.array([[0.1, 0.2], [0.0, 1.3], [2.0, 0.5]], np.float32),
-        [np.array([7, 2 ** 64 - 1, 2 ** 63], np.uint64), np.array([11, 2 ** 63 + 5, 13, 11], np.uint64),
-         np.zeros(0, np.uint64)],
+        np.array([1, 0, 1], np.float32),
+        np.array([[0.1, 0.2], [0.0, 1.3], [2.0, 0.5]], np.float32),
+        [
+            np.array([7, 2**64 - 1, 2**63], np.uint64),
+            np.array([11, 2**63 + 5, 13, 11], np.uint64),
+            np.zeros(0, np.uint64),
+        ],
         [np.array([0, 1, 2, 3], np.int64), np.array([0, 2, 2, 4], np.int64), np.zeros(4, np.int64)],
-        ["user", "tags", "never"])
+        ["user", "tags", "never"],
+    )
 
 
 def test_ids_above_2_63_and_empty_bags_survive():
     batch = _edge_batch()
     kjt = to_kjt(batch)
-    assert kjt["user"].values().tolist() == [7, -1, -(2 ** 63)]          # the bits, as int64
+    assert kjt["user"].values().tolist() == [7, -1, -(2**63)]  # the bits, as int64
     assert kjt["tags"].lengths().tolist() == [2, 0, 2] and kjt["never"].lengths().tolist() == [0, 0, 0]
     _round_trip(batch)
     back = from_kjt(kjt)
-    assert back.values[0][1] == 2 ** 64 - 1 and back.values[1][1] == 2 ** 63 + 5
+    assert back.values[0][1] == 2**64 - 1 and back.values[1][1] == 2**63 + 5
     assert back.dense.shape == (3, 0) and np.array_equal(back.labels, np.zeros(3, np.float32))
 
 
 def test_batch_of_one_empty_batch_and_no_tables():
     batch = _edge_batch()
     for i in range(3):
-        _round_trip(batch.slice(i, i + 1))                  # sample 1 has an empty "tags" bag
-    _round_trip(SampleBatch.empty(batch.schema))            # zero samples
+        _round_trip(batch.slice(i, i + 1))  # sample 1 has an empty "tags" bag
+    _round_trip(SampleBatch.empty(batch.schema))  # zero samples
     no_tables = SampleBatch(batch.labels, batch.dense, [], [], [])
     kjt = to_kjt(no_tables)
     assert kjt.keys() == [] and kjt.stride() == 3
@@ -132,7 +142,7 @@ def test_batch_of_one_empty_batch_and_no_tables():
 
 def test_without_torchrec_the_error_names_the_install(monkeypatch):
     for name in ("torchrec", "torchrec.datasets.utils", "torchrec.sparse.jagged_tensor"):
-        monkeypatch.setitem(sys.modules, name, None)            # importing them raises ImportError
+        monkeypatch.setitem(sys.modules, name, None)  # importing them raises ImportError
     with pytest.raises(ImportError, match=r"fbgemm-gpu-cpu==1\.8\.0 .* && pip install --no-deps torchrec==1\.8\.0"):
         to_kjt(_edge_batch())
     with pytest.raises(ImportError, match="make torchrec"):
@@ -148,27 +158,32 @@ def test_the_kjt_is_a_copy():
 
 def test_from_kjt_rejects_what_a_sample_batch_cannot_hold():
     keys, lengths = ["a"], torch.tensor([1, 1], dtype=torch.int32)
-    weighted = KeyedJaggedTensor(keys=keys, values=torch.tensor([1, 2]), lengths=lengths,
-                                 weights=torch.tensor([0.5, 1.0]))
+    weighted = KeyedJaggedTensor(
+        keys=keys, values=torch.tensor([1, 2]), lengths=lengths, weights=torch.tensor([0.5, 1.0])
+    )
     with pytest.raises(DataError, match="weights"):
         from_kjt(weighted)
     with pytest.raises(DataError, match="int64 or int32"):
         from_kjt(KeyedJaggedTensor(keys=keys, values=torch.tensor([1.0, 2.0]), lengths=lengths))
     with pytest.raises(DataError, match="negative int32"):
-        from_kjt(KeyedJaggedTensor(keys=keys, values=torch.tensor([1, -2], dtype=torch.int32),
-                                               lengths=lengths))
-    vbe = KeyedJaggedTensor(keys=["a", "b"], values=torch.tensor([1, 2, 3]), lengths=torch.tensor([1, 1, 1],
-                            dtype=torch.int32), stride_per_key_per_rank=[[2], [1]])
+        from_kjt(KeyedJaggedTensor(keys=keys, values=torch.tensor([1, -2], dtype=torch.int32), lengths=lengths))
+    vbe = KeyedJaggedTensor(
+        keys=["a", "b"],
+        values=torch.tensor([1, 2, 3]),
+        lengths=torch.tensor([1, 1, 1], dtype=torch.int32),
+        stride_per_key_per_rank=[[2], [1]],
+    )
     with pytest.raises(DataError, match="variable batch size"):
         from_kjt(vbe)
     with pytest.raises(DataError, match="labels has shape .3,., the KJT holds 2 samples"):
-        from_kjt(KeyedJaggedTensor(keys=keys, values=torch.tensor([1, 2]), lengths=lengths),
-                             labels=np.zeros(3, np.float32))
+        from_kjt(
+            KeyedJaggedTensor(keys=keys, values=torch.tensor([1, 2]), lengths=lengths), labels=np.zeros(3, np.float32)
+        )
     with pytest.raises(DataError, match="float32"):
-        from_kjt(KeyedJaggedTensor(keys=keys, values=torch.tensor([1, 2]), lengths=lengths),
-                             labels=np.zeros(2, np.float64))
-    widened = from_kjt(KeyedJaggedTensor(keys=keys, values=torch.tensor([1, 2], dtype=torch.int32),
-                                                     lengths=lengths))
+        from_kjt(
+            KeyedJaggedTensor(keys=keys, values=torch.tensor([1, 2]), lengths=lengths), labels=np.zeros(2, np.float64)
+        )
+    widened = from_kjt(KeyedJaggedTensor(keys=keys, values=torch.tensor([1, 2], dtype=torch.int32), lengths=lengths))
     assert widened.values[0].dtype == np.uint64 and widened.values[0].tolist() == [1, 2]
 
 
@@ -177,8 +192,14 @@ def _worker_batch(batch: SampleBatch, index: np.ndarray) -> Batch:
     """What ScheduledLoader yields: the micro-batch after the wire (uint16 inverse index)."""
     mb = MicroBatch.build(4, 1, batch, make_sample_ids(0, 0, len(index)), CachePlan.empty(), index=index)
     mb = MicroBatch.from_frames(*mb.to_frames())
-    return Batch(torch.from_numpy(mb.labels.copy()), torch.from_numpy(mb.dense.copy()), mb.sample_ids, mb.step, mb,
-                 table_names=batch.table_names)
+    return Batch(
+        torch.from_numpy(mb.labels.copy()),
+        torch.from_numpy(mb.dense.copy()),
+        mb.sample_ids,
+        mb.step,
+        mb,
+        table_names=batch.table_names,
+    )
 
 
 @pytest.mark.parametrize("name", ["criteo", "movielens", "edge"])
@@ -191,10 +212,10 @@ def test_worker_batch_round_trip(name, data_dir, tmp_path):
     _check_layout(kjt, want)
     back = from_kjt(kjt, wb.labels, wb.dense)
     assert back.equals(want)
-    again = MicroBatch.build(4, 1, back, wb.sample_ids, CachePlan.empty())   # and back to a micro-batch
+    again = MicroBatch.build(4, 1, back, wb.sample_ids, CachePlan.empty())  # and back to a micro-batch
     for part in ("ids_flat", "id_bounds", "inverse_flat", "offsets_flat", "labels", "dense"):
         np.testing.assert_array_equal(getattr(again, part), getattr(wb.micro_batch, part))
-    one = _worker_batch(batch, np.array([1]))                 # a micro-batch of 1
+    one = _worker_batch(batch, np.array([1]))  # a micro-batch of 1
     assert from_kjt(one.to_kjt(), one.labels, one.dense).equals(batch.slice(1, 2))
 
 

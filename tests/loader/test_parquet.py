@@ -17,8 +17,13 @@ from herald.loader.formats.arrow import batch_to_arrow
 
 from .resume_harness import check_source_resume
 
-RAW = ["criteo/criteo_kaggle_sample_dev.tsv", "avazu/avazu_sample_dev.csv",
-       "frappe/frappe.test.libfm", "movielens/ml-100k/u.data", "movielens/ml-latest-small/ratings.csv"]
+RAW = [
+    "criteo/criteo_kaggle_sample_dev.tsv",
+    "avazu/avazu_sample_dev.csv",
+    "frappe/frappe.test.libfm",
+    "movielens/ml-100k/u.data",
+    "movielens/ml-latest-small/ratings.csv",
+]
 
 
 @pytest.mark.parametrize("rel", RAW)
@@ -34,7 +39,7 @@ def test_convert_every_raw_format_roundtrips(tmp_path, data_dir, rel):
 
 def test_directory_of_files_and_resume_across_files(tmp_path, data_dir):
     d = tmp_path / "ds"
-    d.mkdir()   # convert creates no missing folder (NOTE [no input destroyed])
+    d.mkdir()  # convert creates no missing folder (NOTE [no input destroyed])
     convert(data_dir / "criteo/criteo_kaggle_sample_dev.tsv", d / "a.parquet", row_group_rows=100, progress=False)
     convert(data_dir / "criteo/criteo_kaggle_sample_test.tsv", d / "b.parquet", row_group_rows=100, progress=False)
     full = check_source_resume(lambda: open_source(d), max_read=150)
@@ -50,13 +55,27 @@ def test_cli_convert_and_datagen(tmp_path, data_dir, capsys):
     out = tmp_path / "c.parquet"
     assert main(["convert", str(data_dir / "avazu/avazu_sample_train.csv"), str(out), "--quiet"]) == 0
     assert pq.ParquetFile(out).metadata.num_rows == 8087
-    assert main(["datagen", "--out", str(tmp_path / "syn"), "--rows", "3000", "--seed", "5",
-                 "--fit", str(data_dir / "criteo/criteo_kaggle_sample_dev.tsv"), "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "datagen",
+                "--out",
+                str(tmp_path / "syn"),
+                "--rows",
+                "3000",
+                "--seed",
+                "5",
+                "--fit",
+                str(data_dir / "criteo/criteo_kaggle_sample_dev.tsv"),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     with open_source(tmp_path / "syn") as s:
         assert s.num_rows == 3000 and s.schema.num_tables == 26 and s.schema.dense_dim == 13
         assert b"herald.synthetic" in s.metadata
-    assert main(["datagen", "--out", str(tmp_path / "p.parquet"), "--rows", "100",
-                 "--preset", "nope", "--quiet"]) == 1
+    assert main(["datagen", "--out", str(tmp_path / "p.parquet"), "--rows", "100", "--preset", "nope", "--quiet"]) == 1
     assert "unknown synthetic preset" in capsys.readouterr().err
 
 
@@ -72,9 +91,13 @@ def test_cli_convert_skip_with_quarantine(tmp_path):
 
 
 def test_multi_hot_list_columns_roundtrip(tmp_path):
-    b = SampleBatch(np.array([1, 0, 1], np.float32), np.zeros((3, 0), np.float32),
-                    [np.array([7, 9, 7], np.uint64), np.array([11, 12, 13, 2 ** 64 - 2], np.uint64)],
-                    [np.array([0, 1, 2, 3], np.int64), np.array([0, 2, 2, 4], np.int64)], ["user", "tags"])
+    b = SampleBatch(
+        np.array([1, 0, 1], np.float32),
+        np.zeros((3, 0), np.float32),
+        [np.array([7, 9, 7], np.uint64), np.array([11, 12, 13, 2**64 - 2], np.uint64)],
+        [np.array([0, 1, 2, 3], np.int64), np.array([0, 2, 2, 4], np.int64)],
+        ["user", "tags"],
+    )
     pq.write_table(pa.Table.from_batches([batch_to_arrow(b)] * 3), tmp_path / "m.parquet", row_group_size=4)
     with open_source(tmp_path / "m.parquet") as s:
         assert s.multi_hot_tables == frozenset({"tags"})
@@ -91,26 +114,39 @@ def test_bench_smoke(tmp_path, data_dir):
     from herald.bench.loader import report, run
 
     results = run(8192, 1024, 1, 2048, str(data_dir / "criteo/criteo_kaggle_sample_dev.tsv"), str(tmp_path))
-    assert set(results) == {"parquet", "parquet+batcher", "parquet+shuffle64k", "criteo_tsv", "torch_dl_w0", "torch_dl_w2",
-                            "herald_dl_w0", "herald_dl_w2"}
+    assert set(results) == {
+        "parquet",
+        "parquet+batcher",
+        "parquet+shuffle64k",
+        "criteo_tsv",
+        "torch_dl_w0",
+        "torch_dl_w2",
+        "herald_dl_w0",
+        "herald_dl_w2",
+    }
     assert all(v > 0 for v in results.values()) and "x torch w0" in report(results)
 
 
 # ---------------------------------------------------------------- page checksums
-GROUP = 128   # rows per row group; 128 distinct ids per group, so every dictionary index a flip makes is valid
+GROUP = 128  # rows per row group; 128 distinct ids per group, so every dictionary index a flip makes is valid
 
 
 def _unique_ids_batch(n=4 * GROUP) -> SampleBatch:
     rng = np.random.default_rng(3)
     ids = (np.arange(n, dtype=np.uint64) * np.uint64(2654435761) + np.uint64(1))[:, None]
-    return SampleBatch.from_single_hot((rng.random(n) < 0.3).astype(np.float32),
-                                       rng.normal(size=(n, 2)).astype(np.float32), ids, ["user"])
+    return SampleBatch.from_single_hot(
+        (rng.random(n) < 0.3).astype(np.float32), rng.normal(size=(n, 2)).astype(np.float32), ids, ["user"]
+    )
 
 
 def _write_unchecked(path, batch):
     """A file as herald wrote it before page checksums (same options, no CRC in the page headers)."""
-    pq.write_table(pa.Table.from_batches([batch_to_arrow(batch)]), path, row_group_size=GROUP,
-                   **{**WRITER_OPTIONS, "write_page_checksum": False})
+    pq.write_table(
+        pa.Table.from_batches([batch_to_arrow(batch)]),
+        path,
+        row_group_size=GROUP,
+        **{**WRITER_OPTIONS, "write_page_checksum": False},
+    )
     return path
 
 
@@ -122,9 +158,9 @@ def _flip_page(path, row_group, column="user", nbytes=16):
     start = chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset
     page, stop = chunk.data_page_offset, start + chunk.total_compressed_size
     mid = (page + stop) // 2
-    assert page + 32 <= mid - nbytes // 2 and mid + nbytes // 2 <= stop   # well past the page header
+    assert page + 32 <= mid - nbytes // 2 and mid + nbytes // 2 <= stop  # well past the page header
     data = bytearray(path.read_bytes())
-    data[mid - nbytes // 2:mid + nbytes // 2] = bytes(b ^ 0xFF for b in data[mid - nbytes // 2:mid + nbytes // 2])
+    data[mid - nbytes // 2 : mid + nbytes // 2] = bytes(b ^ 0xFF for b in data[mid - nbytes // 2 : mid + nbytes // 2])
     path.write_bytes(bytes(data))
 
 
@@ -148,13 +184,13 @@ def test_without_checksums_the_flip_reads_silently(tmp_path):
         assert src.stats["skipped"] == {}
     assert len(got) == len(b) and not got.equals(b)
     changed = np.flatnonzero(got.values[0] != b.values[0])
-    assert changed.size and GROUP <= changed.min() and changed.max() < 2 * GROUP   # only row group 1's ids
+    assert changed.size and GROUP <= changed.min() and changed.max() < 2 * GROUP  # only row group 1's ids
 
 
 def test_checksum_mismatch_under_strict_names_file_and_row_group(checked):
     b, path = checked
     with open_source(path) as src:
-        assert src.read(10 * GROUP).equals(b.slice(0, GROUP))     # row group 0 is intact
+        assert src.read(10 * GROUP).equals(b.slice(0, GROUP))  # row group 0 is intact
         with pytest.raises(DataError) as info:
             src.read(10 * GROUP)
     err = info.value
@@ -172,8 +208,12 @@ def test_checksum_mismatch_under_skip_counts_the_group_and_reads_on(checked, tmp
         assert src.stats["skipped"] == {"bad_checksum": GROUP}
     assert got.equals(SampleBatch.concat([b.slice(0, GROUP), b.slice(2 * GROUP, len(b))]))
     (line,) = [json.loads(x) for x in q.read_text().splitlines()]
-    assert (line["file"], line["row_group"], line["rows"], line["reason"]) == (str(path), 1, [GROUP, 2 * GROUP],
-                                                                              "bad_checksum")
+    assert (line["file"], line["row_group"], line["rows"], line["reason"]) == (
+        str(path),
+        1,
+        [GROUP, 2 * GROUP],
+        "bad_checksum",
+    )
     check_source_resume(lambda: open_source(path, bad_records="skip"), max_read=GROUP + 50)
 
 

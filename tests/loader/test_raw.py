@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from herald.errors import DataError
+from herald.hashing import hash_value
 from herald.loader import open_source
 from herald.loader.batch import SampleBatch
-from herald.hashing import hash_value
 
 ROW_COUNTS = [
     ("criteo/criteo_kaggle_sample_train.tsv", "criteo", 7200, 1549),
@@ -41,8 +41,9 @@ def test_row_counts_on_real_files(data_dir, rel, fmt, rows, positives):
 
 
 def test_avazu_clicks_over_all_files(data_dir):
-    clicks = sum(int(read_all(data_dir / f"avazu/avazu_sample_{p}.csv")[0].labels.sum())
-                 for p in ("train", "dev", "test"))
+    clicks = sum(
+        int(read_all(data_dir / f"avazu/avazu_sample_{p}.csv")[0].labels.sum()) for p in ("train", "dev", "test")
+    )
     assert clicks == 1563
 
 

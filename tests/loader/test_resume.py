@@ -30,28 +30,33 @@ def parquet_path(tmp_path_factory, data_dir):
 def criteo_with_bad(tmp_path_factory, data_dir):
     lines = (data_dir / "criteo/criteo_kaggle_sample_dev.tsv").read_bytes().splitlines(keepends=True)
     p = tmp_path_factory.mktemp("bad") / "mixed.tsv"
-    p.write_bytes(b"".join(line + (BAD if i % 37 == 0 else b"") + (b"\n" if i % 53 == 0 else b"")
-                           for i, line in enumerate(lines)))
+    p.write_bytes(
+        b"".join(line + (BAD if i % 37 == 0 else b"") + (b"\n" if i % 53 == 0 else b"") for i, line in enumerate(lines))
+    )
     return p
 
 
-@pytest.mark.parametrize("rel,options", [
-    ("criteo/criteo_kaggle_sample_dev.tsv", {}),
-    ("criteo/criteo_kaggle_sample_dev.tsv", {"chunk_bytes": 4096}),
-    ("avazu/avazu_sample_train.csv", {"chunk_bytes": 65536}),
-    ("avazu/avazu_sample_dev.csv", {}),
-    ("frappe/frappe.test.libfm", {"chunk_bytes": 300000}),
-    ("movielens/ml-100k/u.data", {}),
-    ("movielens/ml-latest-small/ratings.csv", {}),
-])
+@pytest.mark.parametrize(
+    "rel,options",
+    [
+        ("criteo/criteo_kaggle_sample_dev.tsv", {}),
+        ("criteo/criteo_kaggle_sample_dev.tsv", {"chunk_bytes": 4096}),
+        ("avazu/avazu_sample_train.csv", {"chunk_bytes": 65536}),
+        ("avazu/avazu_sample_dev.csv", {}),
+        ("frappe/frappe.test.libfm", {"chunk_bytes": 300000}),
+        ("movielens/ml-100k/u.data", {}),
+        ("movielens/ml-latest-small/ratings.csv", {}),
+    ],
+)
 def test_resume_real_files(data_dir, rel, options):
     max_read = 3000 if "movielens" in rel or "frappe" in rel else 300
     check_source_resume(functools.partial(open_source, data_dir / rel, **options), max_read=max_read)
 
 
 def test_resume_skip_policy_counts(criteo_with_bad, tmp_path):
-    full = check_source_resume(functools.partial(open_source, criteo_with_bad, bad_records="skip",
-                                                 chunk_bytes=8192), trials=4)
+    full = check_source_resume(
+        functools.partial(open_source, criteo_with_bad, bad_records="skip", chunk_bytes=8192), trials=4
+    )
     assert len(full) == 409
 
 
@@ -63,12 +68,15 @@ def test_resume_synthetic():
     check_source_resume(functools.partial(open_source, "synthetic://criteo?rows=5000&seed=7"), max_read=900)
 
 
-@pytest.mark.parametrize("kwargs", [
-    {},
-    {"drop_last": True, "epochs": 2},
-    {"shuffle_buffer": 1000, "seed": 3, "epochs": 2},
-    {"shuffle_buffer": 700, "seed": 1, "drop_last": True},
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"drop_last": True, "epochs": 2},
+        {"shuffle_buffer": 1000, "seed": 3, "epochs": 2},
+        {"shuffle_buffer": 700, "seed": 1, "drop_last": True},
+    ],
+)
 def test_resume_batcher(parquet_path, kwargs):
     make = lambda: GlobalBatcher(open_source(parquet_path), 512, **kwargs)  # noqa: E731
     full = check_batcher_resume(make, trials=2)
@@ -78,17 +86,28 @@ def test_resume_batcher(parquet_path, kwargs):
 
 
 def test_resume_batcher_text_source(data_dir):
-    make = lambda: GlobalBatcher(open_source(data_dir / "avazu/avazu_sample_train.csv", chunk_bytes=50000),  # noqa: E731
-                                 1000, shuffle_buffer=2000, epochs=2)
+    make = lambda: GlobalBatcher(
+        open_source(data_dir / "avazu/avazu_sample_train.csv", chunk_bytes=50000),  # noqa: E731
+        1000,
+        shuffle_buffer=2000,
+        epochs=2,
+    )
     check_batcher_resume(make, trials=2)
 
 
 def test_malformed_states(data_dir, parquet_path):
     with open_source(data_dir / "criteo/criteo_kaggle_sample_dev.tsv") as s:
         good = s.state_dict()
-        for bad in [None, {}, {**good, "format": "avazu"}, {**good, "offset": -1},
-                    {**good, "offset": "x"}, {**good, "path": "other.tsv"},
-                    {**good, "offset": 10 ** 12}, {**good, "skipped": [1]}]:
+        for bad in [
+            None,
+            {},
+            {**good, "format": "avazu"},
+            {**good, "offset": -1},
+            {**good, "offset": "x"},
+            {**good, "path": "other.tsv"},
+            {**good, "offset": 10**12},
+            {**good, "skipped": [1]},
+        ]:
             with pytest.raises(DataError):
                 s.load_state_dict(bad)
     with open_source(parquet_path) as s:
@@ -103,16 +122,20 @@ def test_malformed_states(data_dir, parquet_path):
 
 # ---------------------------------------------------------------- GlobalBatches (the job's producer)
 
+
 def _producer(source, gb=500, **kw):
     return lambda: GlobalBatches(source(), gb, **kw)  # noqa: E731
 
 
-@pytest.mark.parametrize("kwargs", [
-    {},
-    {"epochs": 3, "train_rows": 5300},
-    {"epochs": 2, "train_rows": 6100, "max_steps": 17},
-    {"epochs": 2, "prefetch_batches": 0},
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"epochs": 3, "train_rows": 5300},
+        {"epochs": 2, "train_rows": 6100, "max_steps": 17},
+        {"epochs": 2, "prefetch_batches": 0},
+    ],
+)
 def test_resume_global_batches(parquet_path, kwargs):
     full = check_batcher_resume(_producer(lambda: open_source(parquet_path), **kwargs), trials=3)
     assert all(len(b) == 500 for b in full)
@@ -135,8 +158,9 @@ def test_resume_global_batches(parquet_path, kwargs):
 
 def test_resume_global_batches_text_source(data_dir):
     path = data_dir / "criteo/criteo_kaggle_sample_train.tsv"
-    check_batcher_resume(_producer(lambda: open_source(path, chunk_bytes=60000), 320, epochs=2, train_rows=3000),
-                         trials=3)
+    check_batcher_resume(
+        _producer(lambda: open_source(path, chunk_bytes=60000), 320, epochs=2, train_rows=3000), trials=3
+    )
 
 
 def test_global_batches_max_steps_counts_the_whole_job(parquet_path):
@@ -156,13 +180,18 @@ def test_global_batches_errors(parquet_path):
     with GlobalBatches(open_source(parquet_path), 500) as p:
         next(p)
         good = p.state_dict()
-        for bad, err in [(None, DataError), ({**good, "format": "global_batcher"}, DataError),
-                         ({**good, "info": {"batches": -1, "samples": 0, "dropped_samples": 0}}, DataError),
-                         ({**good, "info": {"batches": 1}}, DataError), ({**good, "batcher": None}, DataError),
-                         ({**good, "global_batch": 400}, ConfigError), ({**good, "rows_per_epoch": 10}, ConfigError)]:
+        for bad, err in [
+            (None, DataError),
+            ({**good, "format": "global_batcher"}, DataError),
+            ({**good, "info": {"batches": -1, "samples": 0, "dropped_samples": 0}}, DataError),
+            ({**good, "info": {"batches": 1}}, DataError),
+            ({**good, "batcher": None}, DataError),
+            ({**good, "global_batch": 400}, ConfigError),
+            ({**good, "rows_per_epoch": 10}, ConfigError),
+        ]:
             with pytest.raises(err):
                 p.load_state_dict(bad)
-        assert p.sample_ids(0) is None and p.position(0) is None   # a file has no tracker
+        assert p.sample_ids(0) is None and p.position(0) is None  # a file has no tracker
 
 
 class _Records(Source):
@@ -188,7 +217,7 @@ class _Records(Source):
         return KafkaPosition("t", {0: divmod(self.row, self.PER_RECORD)})
 
     def _read(self, max_rows):
-        b = self.inner.read(min(max_rows, 7))   # reads end inside records
+        b = self.inner.read(min(max_rows, 7))  # reads end inside records
         if b is None:
             return None
         rows = np.arange(self.row, self.row + len(b))
@@ -207,8 +236,12 @@ class _Records(Source):
 
 @pytest.mark.parametrize("prefetch", [0, 2])
 def test_kafka_records_ids_and_positions_survive_resume(prefetch):
-    make = lambda: GlobalBatches(_Records(), 64, tracker=KafkaRecords(dispatcher_rank=3),  # noqa: E731
-                                 prefetch_batches=prefetch)
+    make = lambda: GlobalBatches(
+        _Records(),
+        64,
+        tracker=KafkaRecords(dispatcher_rank=3),  # noqa: E731
+        prefetch_batches=prefetch,
+    )
     full = check_batcher_resume(make, trials=4, seed=1)
     with make() as p:
         for i, _ in enumerate(p):

@@ -29,18 +29,29 @@ def test_multi_hot_switches_store():
         lens = np.array([1, 2, 0, 3] * 16)
         off = np.zeros(65, np.int64)
         np.cumsum(lens, out=off[1:])
-        return SampleBatch(np.full(64, i, np.float32), np.zeros((64, 0), np.float32),
-                           [np.arange(off[-1], dtype=np.uint64) + 1000 * i], [off], ["tags"])
-    single = [SampleBatch.from_single_hot(np.full(64, 100 + i, np.float32), np.zeros((64, 0), np.float32),
-                                          np.full((64, 1), i, np.uint64), ["tags"]) for i in range(4)]
+        return SampleBatch(
+            np.full(64, i, np.float32),
+            np.zeros((64, 0), np.float32),
+            [np.arange(off[-1], dtype=np.uint64) + 1000 * i],
+            [off],
+            ["tags"],
+        )
+
+    single = [
+        SampleBatch.from_single_hot(
+            np.full(64, 100 + i, np.float32), np.zeros((64, 0), np.float32), np.full((64, 1), i, np.uint64), ["tags"]
+        )
+        for i in range(4)
+    ]
     buf = ShuffleBuffer(np.random.default_rng(0), 64)
     buf.fill(SampleBatch.concat(single))
     outs = [buf.step(batch(i)) for i in range(4)]
     outs.append(buf.drain(None))
     total = SampleBatch.concat(outs)
     assert buf.store is None and len(total) == 64 * 8
-    assert np.array_equal(np.sort(total.labels), np.sort(np.concatenate(
-        [b.labels for b in single] + [batch(i).labels for i in range(4)])))
+    assert np.array_equal(
+        np.sort(total.labels), np.sort(np.concatenate([b.labels for b in single] + [batch(i).labels for i in range(4)]))
+    )
 
 
 def test_batcher_shuffle_buffer_smaller_than_batch():

@@ -74,7 +74,7 @@ def test_fit_from_real_file_and_skew(data_dir):
 
 def test_fit_alpha_recovers_exponent():
     ranks = np.arange(1, 2001)
-    counts = np.round(1e5 * ranks ** -1.2)
+    counts = np.round(1e5 * ranks**-1.2)
     assert abs(fit_alpha(counts) - 1.2) < 0.1
     assert fit_alpha(np.ones(50)) == 0.0
 
@@ -91,6 +91,6 @@ def test_labels_learnable():
 
 
 def test_big_stream_bounded_memory():
-    s = SyntheticSource(preset_spec("criteo-kaggle"), rows=10 ** 9, seed=0)
-    s.load_state_dict({**s.state_dict(), "row": 10 ** 9 - 10})
+    s = SyntheticSource(preset_spec("criteo-kaggle"), rows=10**9, seed=0)
+    s.load_state_dict({**s.state_dict(), "row": 10**9 - 10})
     assert len(s.read(100)) == 10 and s.read(100) is None

@@ -49,7 +49,7 @@ def test_value_status_flags_each_kind_of_bad_value():
     labels = np.array([0, 1, 0.5, np.nan, 2, -0.1, np.inf, 1], np.float32)
     dense = np.zeros((8, 2), np.float32)
     dense[7, 1] = np.nan
-    assert value_status(labels[:3], dense[:3]) is None          # the common case: nothing allocated
+    assert value_status(labels[:3], dense[:3]) is None  # the common case: nothing allocated
     status = value_status(labels, dense)
     assert status.tolist() == [0, 0, 0, BAD_LABEL, BAD_LABEL, BAD_LABEL, BAD_LABEL, BAD_DENSE]
     big = np.array([[DENSE_LIMIT], [-DENSE_LIMIT], [3e38], [-2e30], [np.inf]], np.float32)
@@ -59,9 +59,9 @@ def test_value_status_flags_each_kind_of_bad_value():
 
 def test_parquet_strict_names_file_and_row(bad_parquet):
     with open_source(bad_parquet) as src:
-        assert src.num_rows == N                       # strict: every row served is a metadata row
+        assert src.num_rows == N  # strict: every row served is a metadata row
         first = src.read(5000)
-        assert len(first) == 100                       # the good rows before the bad one
+        assert len(first) == 100  # the good rows before the bad one
         with pytest.raises(DataError) as info:
             src.read(5000)
     err = info.value
@@ -73,7 +73,7 @@ def test_parquet_strict_names_file_and_row(bad_parquet):
 def test_parquet_skip_counts_per_reason_and_quarantines_json(bad_parquet, tmp_path):
     q = tmp_path / "q.jsonl"
     with open_source(bad_parquet, bad_records="skip", quarantine_path=str(q)) as src:
-        assert src.num_rows is None                    # good rows are known only after decoding
+        assert src.num_rows is None  # good rows are known only after decoding
         rows = SampleBatch.concat(list(src))
         assert src.stats["skipped"] == {"bad_dense": 3, "bad_label": 2}
     assert len(rows) == N - len(BAD_ROWS)
@@ -98,7 +98,9 @@ def test_arrow_records_drop_bad_samples_and_keep_row_indices():
     chunk = ArrowDecoder().decode(0, np.array([7], np.int64), [stream.getvalue().to_pybytes()])
     assert len(chunk.batch) == 3 and chunk.rows.tolist() == [0, 2, 4] and chunk.last.tolist() == [False, False, True]
     assert list(zip(chunk.bad_offsets.tolist(), chunk.bad_rows.tolist(), chunk.bad_reasons)) == [
-        (7, 1, "bad_label"), (7, 3, "bad_dense")]
+        (7, 1, "bad_label"),
+        (7, 3, "bad_dense"),
+    ]
 
 
 def test_string_label_names_file_column_and_fix(tmp_path):
@@ -134,17 +136,21 @@ def test_directory_checks_every_file_before_reading(tmp_path):
     d = tmp_path / "ds"
     d.mkdir()
     _write(d / "a.parquet", _batch(bad=False))
-    (d / "_SUCCESS").write_text("")                        # Spark/Hadoop markers are metadata
+    (d / "_SUCCESS").write_text("")  # Spark/Hadoop markers are metadata
     assert open_source(d).num_rows == N
-    good = batch_to_arrow(_batch(n=2, bad=False))   # same herald layout, but a string label column
+    good = batch_to_arrow(_batch(n=2, bad=False))  # same herald layout, but a string label column
     table = pa.Table.from_batches([good]).set_column(0, "label", pa.array(["1", "0"]))
     pq.write_table(table.replace_schema_metadata(good.schema.metadata), d / "b.parquet")
     with pytest.raises(DataError) as info:
-        open_source(d)                                     # at open: before any row is read
+        open_source(d)  # at open: before any row is read
     assert str(d / "b.parquet") in str(info.value) and "label must be a float or integer" in str(info.value)
     (d / "b.parquet").unlink()
-    _write(d / "c.parquet", SampleBatch.from_single_hot(np.zeros(2, np.float32), np.zeros((2, 7), np.float32),
-                                                         np.zeros((2, 3), np.uint64), ["t0", "t1", "t2"]))
+    _write(
+        d / "c.parquet",
+        SampleBatch.from_single_hot(
+            np.zeros(2, np.float32), np.zeros((2, 7), np.float32), np.zeros((2, 3), np.uint64), ["t0", "t1", "t2"]
+        ),
+    )
     with pytest.raises(DataError, match="7 dense features"):
         open_source(d)
 
@@ -181,9 +187,9 @@ def test_job_passes_quarantine_each_bad_record_once(bad_parquet, tmp_path):
     while ev.read(500) is not None:
         pass
     rows = [json.loads(line)["row"] for line in q.read_text().splitlines()]
-    assert sorted(rows) == sorted(BAD_ROWS)                 # once each, the stale line gone
+    assert sorted(rows) == sorted(BAD_ROWS)  # once each, the stale line gone
     assert train_skipped == {"bad_dense": 2, "bad_label": 2}  # not x3 for three epochs
-    assert ev.stats["skipped"] == {"bad_dense": 1}          # the held-out split's own (row 2999)
+    assert ev.stats["skipped"] == {"bad_dense": 1}  # the held-out split's own (row 2999)
     ev.close()
 
 
@@ -196,7 +202,7 @@ def test_global_batches_carry_skip_counts_through_resume(bad_parquet):
         for _ in range(10):
             next(b)
         state = json.loads(json.dumps(b.state_dict()))
-    assert state["skipped"] == {"bad_dense": 2, "bad_label": 1}   # rows 100, 200, 300 are before 10 x 128
+    assert state["skipped"] == {"bad_dense": 2, "bad_label": 1}  # rows 100, 200, 300 are before 10 x 128
     with make() as b2:
         b2.load_state_dict(state)
         assert b2.skipped == state["skipped"]

@@ -5,9 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from herald.ps import CheckpointError
 from herald.contracts.tables import OptimizerConfig, TableConfig
-from herald.ps import checkpoint
+from herald.ps import CheckpointError, checkpoint
 from herald.ps.table import EmbeddingTable
 
 

@@ -23,13 +23,13 @@ def test_fp16_scaled_relative_error_per_element():
     assert payload.dtype == np.float16 and scales.dtype == np.float32 and scales.shape == (x.shape[0],)
     y = C.decode(payload, scales, "fp16")
     amax = np.abs(x).max(axis=1, keepdims=True)
-    normal = np.abs(x) >= amax * 2.0 ** -27
+    normal = np.abs(x) >= amax * 2.0**-27
     rel = np.abs(y - x)[normal] / np.abs(x)[normal]
-    assert rel.max() <= 2.0 ** -10
-    assert (np.abs(y - x)[~normal] <= (amax * 2.0 ** -38 * np.ones_like(x))[~normal]).all()
+    assert rel.max() <= 2.0**-10
+    assert (np.abs(y - x)[~normal] <= (amax * 2.0**-38 * np.ones_like(x))[~normal]).all()
     # the scale is a power of two: the row maximum lands in [2**13, 2**14)
     scaled_max = np.abs(payload.astype(np.float32)).max(axis=1)
-    assert (scaled_max >= 2 ** 13).all() and (scaled_max <= 2 ** 14).all()
+    assert (scaled_max >= 2**13).all() and (scaled_max <= 2**14).all()
     assert (np.frexp(scales)[0] == 0.5).all()
 
 
@@ -37,8 +37,8 @@ def test_fp16_extreme_magnitudes_stay_finite():
     x = np.array([[3.0e38, -1.0], [1e-40, 2e-41], [65504.0 * 4, 1.0]], np.float32)
     y = C.decode(*C.encode(x, "fp16"), "fp16")
     assert np.isfinite(y).all()
-    assert abs(y[0, 0] - x[0, 0]) <= 2.0 ** -11 * x[0, 0]
-    assert abs(y[2, 0] - x[2, 0]) <= 2.0 ** -11 * x[2, 0]
+    assert abs(y[0, 0] - x[0, 0]) <= 2.0**-11 * x[0, 0]
+    assert abs(y[2, 0] - x[2, 0]) <= 2.0**-11 * x[2, 0]
 
 
 def test_bf16_relative_error_and_rounding():
@@ -46,7 +46,7 @@ def test_bf16_relative_error_and_rounding():
     payload, scales = C.encode(x, "bf16")
     assert payload.dtype == np.uint16 and scales.shape == (0,)
     y = C.decode(payload, scales, "bf16")
-    assert (np.abs(y - x) <= 2.0 ** -8 * np.abs(x)).all()
+    assert (np.abs(y - x) <= 2.0**-8 * np.abs(x)).all()
     # round to nearest even, and values exact in bf16 come back bit-identical
     exact = np.array([[1.0, -2.5, 0.15625, 0.0]], np.float32)
     assert np.array_equal(C.decode(*C.encode(exact, "bf16"), "bf16"), exact)
@@ -61,7 +61,7 @@ def test_int8_absolute_error_bound():
     y = C.decode(payload, scales, "int8")
     amax = np.abs(x).max(axis=1, keepdims=True)
     assert (np.abs(y - x) <= amax / 127).all()
-    assert (np.abs(y - x) <= amax / 254 * (1 + 1e-6)).all()   # rint: half a step
+    assert (np.abs(y - x) <= amax / 254 * (1 + 1e-6)).all()  # rint: half a step
 
 
 @pytest.mark.parametrize("wire", ["fp16", "bf16", "int8"])
@@ -109,13 +109,13 @@ def test_row_bytes():
 def test_push_rows_frames_round_trip_keeps_state_exact():
     rng = np.random.default_rng(3)
     keys = np.arange(5, dtype=np.uint64)
-    rows = rng.standard_normal((5, 10)).astype(np.float32)   # dim 8 + 2 state values
+    rows = rng.standard_normal((5, 10)).astype(np.float32)  # dim 8 + 2 state values
     frames = C.encode_part("push_rows", [keys, rows], 8, "int8")
     assert [f.dtype.str for f in frames] == ["<u8", "|i1", "<f4", "<f4"]
     k, back = C.decode_request("push_rows", {"wire": "int8"}, frames)
     assert np.array_equal(k, keys) and np.array_equal(back[:, 8:], rows[:, 8:])
     assert np.abs(back[:, :8] - rows[:, :8]).max() <= np.abs(rows[:, :8]).max() / 127
-    assert C.decode_request("push_rows", {}, [keys, rows])[1] is rows   # fp32: untouched
+    assert C.decode_request("push_rows", {}, [keys, rows])[1] is rows  # fp32: untouched
 
 
 def test_pull_reply_frames_round_trip():
@@ -165,12 +165,12 @@ def test_shard_accumulates_fp32_and_answers_compressed(wire):
     _call(exact, dict(part, op="push_grad"), [keys, decoded, contributors])
     _, (want,) = _call(exact, {"op": "pull", "parts": [{"table": 0}]}, [keys])
     _, (stored,) = _call(lossy, {"op": "pull", "parts": [{"table": 0}]}, [keys])
-    assert np.array_equal(stored, want)   # float32 on the PS: same update bit for bit
+    assert np.array_equal(stored, want)  # float32 on the PS: same update bit for bit
     h, got = _call(lossy, {"op": "pull", "wire": wire, "parts": [{"table": 0}]}, [keys])
     assert h["wire"] == wire and [a.dtype.str for a in got][1:] == ["<f4", "<f4"]
     (rows,) = C.decode_rows(got, wire)
-    assert np.array_equal(rows[:, 8:], want[:, 8:])   # optimizer state: exact
-    bound = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}.get(wire)
+    assert np.array_equal(rows[:, 8:], want[:, 8:])  # optimizer state: exact
+    bound = {"fp16": 2.0**-11, "bf16": 2.0**-8}.get(wire)
     err = np.abs(rows[:, :8] - want[:, :8])
     if bound is not None:
         assert (err <= bound * np.abs(want[:, :8])).all()
@@ -178,8 +178,11 @@ def test_shard_accumulates_fp32_and_answers_compressed(wire):
         assert (err <= np.abs(want[:, :8]).max(axis=1, keepdims=True) / 127).all()
     # a compressed write-back stores the decoded embedding and the exact state
     new = rng.standard_normal((keys.shape[0], 16)).astype(np.float32)
-    _call(lossy, {"op": "push_rows", "wire": wire, "parts": [{"table": 0}]},
-          C.encode_part("push_rows", [keys, new], 8, wire))
+    _call(
+        lossy,
+        {"op": "push_rows", "wire": wire, "parts": [{"table": 0}]},
+        C.encode_part("push_rows", [keys, new], 8, wire),
+    )
     _, (back,) = _call(lossy, {"op": "pull", "parts": [{"table": 0}]}, [keys])
     assert np.array_equal(back[:, 8:], new[:, 8:])
     assert np.array_equal(back[:, :8], C.decode(*C.encode(new[:, :8], wire), wire))
@@ -193,7 +196,9 @@ def test_shard_refuses_a_bad_compressed_request():
     server = _shard()
     keys = np.arange(3, dtype=np.uint64)
     payload, scales = C.encode(np.ones((3, 8), np.float32), "fp16")
-    msg = PS.pack({"op": "push_grad", "rid": 1, "cid": 1, "step": 0, "rank": 0, "wire": "int8",
-                   "parts": [{"table": 0}]}, [keys, payload, scales, np.ones(3, np.uint16)])
+    msg = PS.pack(
+        {"op": "push_grad", "rid": 1, "cid": 1, "step": 0, "rank": 0, "wire": "int8", "parts": [{"table": 0}]},
+        [keys, payload, scales, np.ones(3, np.uint16)],
+    )
     h = PS.unpack_header(server.handle([zmq.Frame(bytes(memoryview(m))) for m in msg])[0])
     assert not h["ok"] and "int8 payload" in h["message"]

@@ -8,8 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from herald.errors import ConfigError
 from herald.contracts.tables import OptimizerConfig, TableConfig
+from herald.errors import ConfigError
 from herald.ps.config import ShardLimits
 from herald.ps.server import ShardServer
 from herald.ps.store import ROW_OVERHEAD_BYTES
@@ -18,20 +18,22 @@ from herald.ps.wire import PS
 from tests.fakes import as_frames, shard_request
 from tests.ps.test_step_message import _step_frames
 
-
 _RID = iter(range(1, 1 << 30))
 
 
 def _pull(server, keys, table=0):
-    return shard_request(server, {"op": "pull", "rid": next(_RID), "cid": 1, "parts": [{"table": table}]},
-                  [np.asarray(keys, np.uint64)])
+    return shard_request(
+        server, {"op": "pull", "rid": next(_RID), "cid": 1, "parts": [{"table": table}]}, [np.asarray(keys, np.uint64)]
+    )
 
 
 def _push(server, keys, grads, contributors, step=0, rank=0):
     keys = np.asarray(keys, np.uint64)
-    return shard_request(server, {"op": "push_grad", "rid": next(_RID), "cid": 1, "step": step, "rank": rank,
-                           "parts": [{"table": 0}]},
-                  [keys, np.asarray(grads, np.float32), np.full(keys.shape[0], contributors, np.uint16)])
+    return shard_request(
+        server,
+        {"op": "push_grad", "rid": next(_RID), "cid": 1, "step": step, "rank": rank, "parts": [{"table": 0}]},
+        [keys, np.asarray(grads, np.float32), np.full(keys.shape[0], contributors, np.uint16)],
+    )
 
 
 def _declare(server, tables, workers=None):
@@ -60,7 +62,7 @@ def test_too_many_keys_in_one_request_are_refused_before_any_change():
 
 def test_dims_and_table_bytes_are_checked_without_overflow():
     server = ShardServer(0, 1, tables=[TableConfig("t", 4)])
-    for dim in (4097, 1 << 20, 1 << 62):   # 2**62: row_width * 4 overflows int64, not Python ints
+    for dim in (4097, 1 << 20, 1 << 62):  # 2**62: row_width * 4 overflows int64, not Python ints
         big = TableConfig("big", dim, OptimizerConfig("adam"))
         h = _declare(server, [server.tables[0].cfg, big])
         assert not h["ok"] and h["error"] == "config" and "max_dim=4096" in h["message"], h
@@ -74,7 +76,7 @@ def test_a_table_never_grows_past_max_table_bytes():
     row = 4 * 4  # dim 4, sgd: 16 bytes per row
     server = ShardServer(0, 1, tables=[TableConfig("t", 4)], limits=ShardLimits(max_table_bytes=100 * row))
     assert _pull(server, np.arange(80))[0]["ok"]
-    h, _ = _pull(server, np.arange(80, 120))   # 40 unseen keys: 120 rows > 100
+    h, _ = _pull(server, np.arange(80, 120))  # 40 unseen keys: 120 rows > 100
     assert not h["ok"] and "max_table_bytes=1600" in h["message"] and "'t'" in h["message"]
     assert server.stats()["tables"]["t"]["rows"] == 80
     keys = np.concatenate([np.arange(60), np.arange(80, 100), np.arange(80, 100)])  # 20 unseen, repeated
@@ -117,8 +119,13 @@ def test_an_open_aggregation_is_aborted_after_its_timeout_and_named():
     """One rank declares 2 contributors and the other never pushes: the aggregation is
     aborted after aggregation_timeout_ms, the missing rank is named in stats, later
     pushes to that step are refused, and checkpoints work again."""
-    server = ShardServer(0, 1, tables=[TableConfig("t", 2)], limits=ShardLimits(aggregation_timeout_ms=5000),
-                         checkpoint_root="/nonexistent")   # NOTE [ps admin ops]: the path below is inside it
+    server = ShardServer(
+        0,
+        1,
+        tables=[TableConfig("t", 2)],
+        limits=ShardLimits(aggregation_timeout_ms=5000),
+        checkpoint_root="/nonexistent",
+    )  # NOTE [ps admin ops]: the path below is inside it
     assert _declare(server, [server.tables[0].cfg], workers=2)["ok"]
     keys = np.arange(10)
     assert _push(server, keys, np.ones((10, 2)), 2, step=5, rank=0)[0]["ok"]
@@ -126,7 +133,7 @@ def test_an_open_aggregation_is_aborted_after_its_timeout_and_named():
     ckpt = {"op": "checkpoint", "rid": next(_RID), "cid": 1, "dir": "/nonexistent/never-written"}
     h, _ = shard_request(server, ckpt)
     assert not h["ok"] and "aggregations are open" in h["message"]
-    assert server.expire_aggregations() == []   # not yet
+    assert server.expire_aggregations() == []  # not yet
     reports = server.expire_aggregations(time.monotonic() + 5.0)
     assert len(reports) == 1
     stats = server.stats()
@@ -135,7 +142,7 @@ def test_an_open_aggregation_is_aborted_after_its_timeout_and_named():
     (report,) = stats["aborted"]
     assert report["table"] == "t" and report["step"] == 5 and report["missing_ranks"] == [1]
     assert report["ranks_pushed"] == [0] and report["contributors"] == [2] and report["open_keys"] == 10
-    h, _ = _push(server, keys, np.ones((10, 2)), 2, step=5, rank=1)   # the late rank
+    h, _ = _push(server, keys, np.ones((10, 2)), 2, step=5, rank=1)  # the late rank
     assert not h["ok"] and "aborted" in h["message"] and "[1]" in h["message"]
     # rows were unmarked: a pull no longer counts pending keys; the next step aggregates normally
     _pull(server, keys)
@@ -145,12 +152,13 @@ def test_an_open_aggregation_is_aborted_after_its_timeout_and_named():
 
 
 def test_checkpoint_is_possible_again_after_an_abort(tmp_path):
-    server = ShardServer(0, 1, tables=[TableConfig("t", 2)], limits=ShardLimits(aggregation_timeout_ms=1),
-                         checkpoint_root=tmp_path)
+    server = ShardServer(
+        0, 1, tables=[TableConfig("t", 2)], limits=ShardLimits(aggregation_timeout_ms=1), checkpoint_root=tmp_path
+    )
     assert _push(server, np.arange(4), np.ones((4, 2)), 2, step=0, rank=0)[0]["ok"]
     time.sleep(0.01)
     (report,) = server.expire_aggregations()
-    assert "unknown" in report["missing_ranks"]   # workers never declared: says how to name them
+    assert "unknown" in report["missing_ranks"]  # workers never declared: says how to name them
     h, _ = shard_request(server, {"op": "checkpoint", "rid": next(_RID), "cid": 1, "dir": str(tmp_path)})
     assert h["ok"], h
 
@@ -181,7 +189,7 @@ def _push_rows(server, keys, rows, table=0, advance=None):
     keys = np.asarray(keys, np.uint64)
     header = {"op": "push_rows", "rid": next(_RID), "cid": 1, "parts": [{"table": table}]}
     arrays = [keys, np.asarray(rows, np.float32)]
-    if advance is not None:   # NOTE [clock frames]: the clocked path stores rows through the same kernel
+    if advance is not None:  # NOTE [clock frames]: the clocked path stores rows through the same kernel
         header["advance"] = True
         arrays.append(np.full(keys.shape[0], advance, np.uint64))
     return shard_request(server, header, arrays)
@@ -194,13 +202,13 @@ def test_non_finite_rows_are_refused_and_nothing_is_stored(bad, advance):
     _pull(server, [7])
     before = _pull(server, [7])[1][0].copy()
     rows = np.ones((3, 4), np.float32)
-    rows[2, 3] = bad   # in the optimizer state: the whole row is checked
+    rows[2, 3] = bad  # in the optimizer state: the whole row is checked
     h, _ = _push_rows(server, [7, 8, 9], rows, advance=advance)
     assert not h["ok"] and h["error"] == "protocol", h
     assert "'emb'" in h["message"] and "key 9" in h["message"] and "NaN or infinity" in h["message"]
-    assert server.stats()["tables"]["emb"]["rows"] == 1   # keys 8 and 9 not inserted, 7 not written
+    assert server.stats()["tables"]["emb"]["rows"] == 1  # keys 8 and 9 not inserted, 7 not written
     assert np.array_equal(_pull(server, [7])[1][0], before)
-    assert _push_rows(server, [7, 8, 9], np.ones((3, 4), np.float32), advance=advance)[0]["ok"]   # finite: stored
+    assert _push_rows(server, [7, 8, 9], np.ones((3, 4), np.float32), advance=advance)[0]["ok"]  # finite: stored
     assert np.array_equal(_pull(server, [8])[1][0], np.ones((1, 4), np.float32))
 
 
@@ -210,14 +218,14 @@ def test_non_finite_rows_in_a_step_message_are_refused_before_any_change():
     rows = np.ones((2, 2), np.float32)
     rows[0, 0] = np.nan
     grads = ([0], [5], np.ones((1, 2), np.float32), np.array([1], np.uint16))
-    (peer, frames), = server.receive("w0", _step_frames(0, 0, 1, next(_RID), rows=([0, 0], [3, 4], rows),
-                                                        grads=grads))
+    ((peer, frames),) = server.receive(
+        "w0", _step_frames(0, 0, 1, next(_RID), rows=([0, 0], [3, 4], rows), grads=grads)
+    )
     h, _ = PS.unpack(as_frames(frames))
     assert peer == "w0" and not h["ok"] and "key 3" in h["message"] and "NaN or infinity" in h["message"]
-    assert server.stats()["tables"]["emb"]["rows"] == 0   # neither the rows nor the gradient's key
+    assert server.stats()["tables"]["emb"]["rows"] == 0  # neither the rows nor the gradient's key
     rows[0, 0] = 0.5
-    (_, frames), = server.receive("w0", _step_frames(1, 0, 1, next(_RID), rows=([0, 0], [3, 4], rows),
-                                                     grads=grads))
+    ((_, frames),) = server.receive("w0", _step_frames(1, 0, 1, next(_RID), rows=([0, 0], [3, 4], rows), grads=grads))
     assert PS.unpack(as_frames(frames))[0]["ok"]
     assert np.array_equal(_pull(server, [3, 4])[1][0], rows)
 
@@ -225,24 +233,24 @@ def test_non_finite_rows_in_a_step_message_are_refused_before_any_change():
 def test_shard_bytes_bound_every_table_together():
     """max_shard_bytes: rows allocated over all tables (4 x width + 96 bytes each); growth
     past it and declares past it are refused before any change, naming the option."""
-    row = 4 * 4 + ROW_OVERHEAD_BYTES   # dim 4, sgd
-    limit = 3 * FIRST_ROWS * row       # three tables' first rows
+    row = 4 * 4 + ROW_OVERHEAD_BYTES  # dim 4, sgd
+    limit = 3 * FIRST_ROWS * row  # three tables' first rows
     tables = [TableConfig("a", 4), TableConfig("b", 4)]
     server = ShardServer(0, 1, tables=tables, limits=ShardLimits(max_shard_bytes=limit))
     assert server.store.nbytes() == 2 * FIRST_ROWS * row
-    assert _pull(server, np.arange(2 * FIRST_ROWS - 48))[0]["ok"]   # 'a' grows into the third table's share
-    h, _ = _pull(server, np.arange(2 * FIRST_ROWS - 48, 2 * FIRST_ROWS + 100))   # 148 new rows: past the share
+    assert _pull(server, np.arange(2 * FIRST_ROWS - 48))[0]["ok"]  # 'a' grows into the third table's share
+    h, _ = _pull(server, np.arange(2 * FIRST_ROWS - 48, 2 * FIRST_ROWS + 100))  # 148 new rows: past the share
     assert not h["ok"] and f"max_shard_bytes={limit}" in h["message"] and "--max-shard-bytes" in h["message"], h
     assert "'a'" in h["message"] and server.stats()["tables"]["a"]["rows"] == 2 * FIRST_ROWS - 48
-    h, _ = _push_rows(server, [1 << 40], np.ones((1, 4)), table=1)   # 'b' within its first rows: fine
+    h, _ = _push_rows(server, [1 << 40], np.ones((1, 4)), table=1)  # 'b' within its first rows: fine
     assert h["ok"], h
-    h, _ = _pull(server, np.arange(FIRST_ROWS + 1), table=1)         # 'b' would grow: no room left
+    h, _ = _pull(server, np.arange(FIRST_ROWS + 1), table=1)  # 'b' would grow: no room left
     assert not h["ok"] and "--max-shard-bytes" in h["message"] and server.stats()["tables"]["b"]["rows"] == 1
     h = _declare(server, [*tables, TableConfig("c", 4)])
     assert not h["ok"] and h["error"] == "config" and f"max_shard_bytes={limit}" in h["message"], h
     assert len(server.tables) == 2 and server.store.nbytes() <= limit
     assert np.array_equal(_pull(server, [1 << 40], table=1)[1][0], np.ones((1, 4), np.float32))
-    assert _pull(server, np.arange(100))[0]["ok"]   # rows held are served as before
+    assert _pull(server, np.arange(100))[0]["ok"]  # rows held are served as before
 
 
 def test_the_number_of_tables_is_bounded():
@@ -266,12 +274,14 @@ def test_a_restore_is_held_to_the_shard_bytes_before_any_change(tmp_path):
     assert h["ok"], h
 
     def restore(limit):
-        server = ShardServer(0, 1, tables=[TableConfig("a", 4)], checkpoint_root=tmp_path,
-                             limits=ShardLimits(max_shard_bytes=limit))
-        return server, shard_request(server, {"op": "restore", "rid": next(_RID), "cid": 1,
-                                              "dir": str(tmp_path / "c")})[0]
+        server = ShardServer(
+            0, 1, tables=[TableConfig("a", 4)], checkpoint_root=tmp_path, limits=ShardLimits(max_shard_bytes=limit)
+        )
+        return server, shard_request(
+            server, {"op": "restore", "rid": next(_RID), "cid": 1, "dir": str(tmp_path / "c")}
+        )[0]
 
-    fits, reply = restore(3000 * row)   # the rows fit, their power-of-two arrays would not: exact arrays
+    fits, reply = restore(3000 * row)  # the rows fit, their power-of-two arrays would not: exact arrays
     assert reply["ok"], reply["message"]
     assert fits.stats()["tables"]["a"]["rows"] == 3000 and fits.store.nbytes() <= 3000 * row
     assert np.array_equal(_pull(fits, np.arange(3000))[1][0], _pull(src, np.arange(3000))[1][0])

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
+from herald.contracts.tables import OptimizerConfig, TableConfig
 from herald.errors import ConfigError
 from herald.ps import apply_gradients, init_rows, shard_of
-from herald.contracts.tables import OptimizerConfig, TableConfig
 
 KEYS = np.array([0, 1, 2, 2**63, 2**64 - 1, 123456789012345678], np.uint64)
 
@@ -35,8 +35,8 @@ def test_init_is_deterministic_and_keyed():
     t = TableConfig("t", 8, OptimizerConfig("adagrad", initial_accumulator=0.1), init="uniform", init_scale=0.5)
     a = init_rows(t, 0, KEYS, seed=7)
     assert np.array_equal(a, init_rows(t, 0, KEYS[::-1], seed=7)[::-1])  # per key, not per position
-    assert not np.array_equal(a, init_rows(t, 1, KEYS, seed=7))          # per table
-    assert not np.array_equal(a, init_rows(t, 0, KEYS, seed=8))          # per seed
+    assert not np.array_equal(a, init_rows(t, 1, KEYS, seed=7))  # per table
+    assert not np.array_equal(a, init_rows(t, 0, KEYS, seed=8))  # per seed
     assert np.all(np.abs(a[:, :8]) <= 0.5) and np.all(a[:, 8:] == np.float32(0.1))
     big = init_rows(t, 0, np.arange(20000, dtype=np.uint64), seed=1)[:, :8]
     assert abs(big.mean()) < 0.01 and abs(big.std() - 0.5 / np.sqrt(3)) < 0.01
@@ -60,11 +60,15 @@ def _torch_reference(opt: OptimizerConfig, w0: np.ndarray, grads: list[np.ndarra
     if opt.name == "sgd":
         o = torch.optim.SGD([w], lr=opt.lr, weight_decay=opt.weight_decay)
     elif opt.name == "adagrad":
-        o = torch.optim.Adagrad([w], lr=opt.lr, eps=opt.eps, weight_decay=opt.weight_decay,
-                                initial_accumulator_value=opt.initial_accumulator)
+        o = torch.optim.Adagrad(
+            [w],
+            lr=opt.lr,
+            eps=opt.eps,
+            weight_decay=opt.weight_decay,
+            initial_accumulator_value=opt.initial_accumulator,
+        )
     elif opt.name == "adam":
-        o = torch.optim.Adam([w], lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps,
-                             weight_decay=opt.weight_decay)
+        o = torch.optim.Adam([w], lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps, weight_decay=opt.weight_decay)
     else:
         o = None
         state = torch.full((w0.shape[0], 1), opt.initial_accumulator)

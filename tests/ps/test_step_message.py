@@ -10,12 +10,12 @@ import time
 import numpy as np
 import pytest
 
+from herald.contracts.tables import OptimizerConfig, TableConfig
 from herald.errors import ProtocolError
 from herald.ps import LocalShards, PSClient
 from herald.ps.config import ShardLimits
 from herald.ps.server import ShardServer
 from herald.ps.wire import PS
-from herald.contracts.tables import OptimizerConfig, TableConfig
 from tests.fakes import as_frames
 
 TABLES = [TableConfig(f"t{i}", 4, OptimizerConfig("adagrad", lr=0.1)) for i in range(3)]
@@ -33,15 +33,25 @@ def _step_frames(step, rank, workers, rid, rows=None, grads=None, pull=None, cid
     if dense is not None:
         sections.append({"op": "dense", "frames": 1})
         arrays.append(dense)
-    header = {"op": "step", "rid": rid, "cid": cid if cid is not None else 100 + rank, "step": step, "rank": rank,
-              "workers": workers, "sections": sections}
+    header = {
+        "op": "step",
+        "rid": rid,
+        "cid": cid if cid is not None else 100 + rank,
+        "step": step,
+        "rank": rank,
+        "workers": workers,
+        "sections": sections,
+    }
     return as_frames(PS.pack(header, arrays))
 
 
 def _pull(server, tables, keys, rid=9999):
     header = {"op": "pull", "rid": rid, "cid": 1, "parts": [{"flat": True}]}
-    h, arrays = PS.unpack(as_frames(server.handle(as_frames(PS.pack(header, [np.asarray(tables, np.uint16),
-                                                                            np.asarray(keys, np.uint64)])))))
+    h, arrays = PS.unpack(
+        as_frames(
+            server.handle(as_frames(PS.pack(header, [np.asarray(tables, np.uint16), np.asarray(keys, np.uint64)])))
+        )
+    )
     assert h["ok"], h
     return arrays[0]
 
@@ -58,22 +68,31 @@ def test_pulls_wait_for_every_rank_and_read_the_step_writes():
     rows = np.ones((1, TABLES[0].row_width), np.float32)
     # the reference: the writes as their own requests, then a pull
     for rank, g in ((0, g0), (1, g1)):
-        header = {"op": "push_grad", "rid": 1 + rank, "cid": 50 + rank, "step": 3, "rank": rank,
-                  "parts": [{"flat": True}]}
+        header = {
+            "op": "push_grad",
+            "rid": 1 + rank,
+            "cid": 50 + rank,
+            "step": 3,
+            "rank": rank,
+            "parts": [{"flat": True}],
+        }
         assert PS.unpack(as_frames(ref.handle(as_frames(PS.pack(header, [tabs, keys, g, two])))))[0]["ok"]
     header = {"op": "push_rows", "rid": 3, "cid": 52, "parts": [{"flat": True}]}
-    assert PS.unpack(as_frames(ref.handle(as_frames(PS.pack(header, [tabs[:1], np.array([9], np.uint64), rows])))))[0]["ok"]
+    assert PS.unpack(as_frames(ref.handle(as_frames(PS.pack(header, [tabs[:1], np.array([9], np.uint64), rows])))))[0][
+        "ok"
+    ]
     want = _pull(ref, [0, 1, 2, 0], [5, 6, 7, 9])
 
     assert srv.receive("w0", _step_frames(3, 0, 2, 1, grads=(tabs, keys, g0, two), pull=([0, 1], [5, 6]))) == []
-    replies = srv.receive("w1", _step_frames(3, 1, 2, 1, rows=(tabs[:1], [9], rows), grads=(tabs, keys, g1, two),
-                                             pull=([2, 0], [7, 9])))
+    replies = srv.receive(
+        "w1", _step_frames(3, 1, 2, 1, rows=(tabs[:1], [9], rows), grads=(tabs, keys, g1, two), pull=([2, 0], [7, 9]))
+    )
     assert [p for p, _ in replies] == ["w0", "w1"]
     got = [PS.unpack(as_frames(frames)) for _, frames in replies]
     assert all(h["ok"] and h["op"] == "step" for h, _ in got)
     assert np.array_equal(got[0][1][0], want[:2]) and np.array_equal(got[1][1][0], want[2:])
     assert srv.counters["steps_released"] == 1 and srv.counters["step_messages"] == 2
-    barrier = srv.stats()["step_barrier"]   # NOTE [step barrier timing]: rank 1 came last
+    barrier = srv.stats()["step_barrier"]  # NOTE [step barrier timing]: rank 1 came last
     assert barrier["released"] == 1 and barrier["last_rank"] == {"1": 1}
     assert 0 <= barrier["spread_ms_mean"] == barrier["spread_ms_max"] and barrier["release_ms_mean"] >= 0
 
@@ -110,7 +129,7 @@ def test_a_bounded_table_reads_a_held_pull_at_the_release():
     evict older rows, the rows of rank 0's pulled keys move down, and rank 0 reads them
     where they are, as a shard gives when the writes come first."""
     shards = [ShardServer(0, 1, tables=TABLES, seed=1, limits=ShardLimits(max_rows=600)) for _ in range(2)]
-    for srv in shards:   # 200 keys least recently used, then keys 5 and 7
+    for srv in shards:  # 200 keys least recently used, then keys 5 and 7
         _pull(srv, np.zeros(200), np.arange(1000, 1200), rid=1)
         _pull(srv, [0, 0], [5, 7], rid=2)
     ref, srv = shards
@@ -145,7 +164,7 @@ def test_retry_while_held_is_readdressed_and_answered_once():
     srv = ShardServer(0, 1, tables=TABLES, seed=1)
     g = (np.array([0], np.uint16), np.array([5], np.uint64), np.ones((1, 4), np.float32), np.array([2], np.uint16))
     assert srv.receive("a", _step_frames(0, 0, 2, 7, grads=g)) == []
-    assert srv.receive("a2", _step_frames(0, 0, 2, 7, grads=g)) == []   # Lazy Pirate resend, new socket
+    assert srv.receive("a2", _step_frames(0, 0, 2, 7, grads=g)) == []  # Lazy Pirate resend, new socket
     replies = srv.receive("b", _step_frames(0, 1, 2, 7, grads=g))
     assert sorted(p for p, _ in replies) == ["a2", "b"]
     assert srv.counters["push_grad_keys"] == 2 and srv.counters["duplicate_requests"] == 1
@@ -157,15 +176,27 @@ def test_bad_step_messages_are_refused_and_a_lost_rank_is_named(capsys):
     """Malformed sections and a rank at or above workers get error replies; a step whose
     other rank never comes is refused after aggregation_timeout_ms, naming that rank."""
     srv = ShardServer(0, 1, tables=TABLES, seed=1)
-    bad = as_frames(PS.pack({"op": "step", "rid": 1, "cid": 1, "step": 0, "rank": 0, "workers": 1,
-                             "sections": [{"op": "pull", "frames": 2}, {"op": "push_rows", "frames": 3}]}))
-    (_, frames), = srv.receive("x", bad)
+    bad = as_frames(
+        PS.pack(
+            {
+                "op": "step",
+                "rid": 1,
+                "cid": 1,
+                "step": 0,
+                "rank": 0,
+                "workers": 1,
+                "sections": [{"op": "pull", "frames": 2}, {"op": "push_rows", "frames": 3}],
+            }
+        )
+    )
+    ((_, frames),) = srv.receive("x", bad)
     assert "section 1" in PS.unpack(as_frames(frames))[0]["message"]
-    (_, frames), = srv.receive("x", _step_frames(0, 2, 2, 2))
+    ((_, frames),) = srv.receive("x", _step_frames(0, 2, 2, 2))
     assert "rank 2 is not below workers=2" in PS.unpack(as_frames(frames))[0]["message"]
     assert srv.receive("x", _step_frames(5, 0, 2, 3, pull=([0], [1]))) == []
     from herald.ps import stepped
-    (peer, frames), = stepped.expire_steps(srv, now=10**9)
+
+    ((peer, frames),) = stepped.expire_steps(srv, now=10**9)
     head = PS.unpack(as_frames(frames))[0]
     assert peer == "x" and not head["ok"] and "ranks [1]" in head["message"]
     assert "ranks [1]" in capsys.readouterr().err
@@ -189,7 +220,7 @@ def test_dense_slices_are_summed_in_rank_order_and_sent_to_every_rank():
     assert sorted(got) == ["w0", "w1", "w2"]
     for peer, (head, arrays) in got.items():
         assert head["ok"] and head["dense"] == 1000 and np.array_equal(arrays[-1], want), peer
-    assert np.array_equal(got["w0"][1][0], _pull(srv, [0], [5]))   # the pull, ahead of the sum
+    assert np.array_equal(got["w0"][1][0], _pull(srv, [0], [5]))  # the pull, ahead of the sum
 
 
 @pytest.mark.parametrize("second", [None, np.zeros(999, np.float32), np.zeros(1000, np.float16)])
@@ -218,8 +249,11 @@ def test_three_ranks_over_two_real_shards_get_one_dense_sum():
                 bufs, out = [d.copy() for d in dense], [None] * 3
 
                 def run(r):
-                    out[r] = np.array(clients[r].step_async(size, r, 3, pull=((keys % 3).astype(np.uint16), keys),
-                                                            dense=bufs[r]).wait())
+                    out[r] = np.array(
+                        clients[r]
+                        .step_async(size, r, 3, pull=((keys % 3).astype(np.uint16), keys), dense=bufs[r])
+                        .wait()
+                    )
 
                 threads = [threading.Thread(target=run, args=(r,)) for r in range(3)]
                 for t in threads:
@@ -250,15 +284,24 @@ def test_two_clients_over_real_shards_read_what_separate_requests_give(wire):
             for step in range(3):
                 grads = [rng.standard_normal((keys.shape[0], 4)).astype(np.float32) for _ in range(2)]
                 contrib = np.full(keys.shape[0], 2, np.uint16)
-                own = [keys[:200] + np.uint64(1 + r) for r in range(2)]   # each rank's plan pushes
+                own = [keys[:200] + np.uint64(1 + r) for r in range(2)]  # each rank's plan pushes
                 rows = [np.abs(rng.standard_normal((200, TABLES[0].row_width))).astype(np.float32) for _ in range(2)]
                 pulls = [keys[::2] if r == 0 else np.concatenate([keys[1::2], own[0][:5]]) for r in range(2)]
                 out = [None, None]
 
                 def run(r):
-                    out[r] = np.array(clients[r].step_async(
-                        step, r, 2, rows=(tabs[:200], own[r], rows[r]), grads=(tabs, keys, grads[r], contrib),
-                        pull=((pulls[r] % 3).astype(np.uint16), pulls[r])).wait())
+                    out[r] = np.array(
+                        clients[r]
+                        .step_async(
+                            step,
+                            r,
+                            2,
+                            rows=(tabs[:200], own[r], rows[r]),
+                            grads=(tabs, keys, grads[r], contrib),
+                            pull=((pulls[r] % 3).astype(np.uint16), pulls[r]),
+                        )
+                        .wait()
+                    )
 
                 threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
                 for t in threads:

@@ -6,11 +6,12 @@ import itertools
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from herald.contracts.tables import OptimizerConfig, TableConfig
 from herald.errors import ProtocolError
 from herald.ps import apply_gradients, init_rows
-from herald.contracts.tables import OptimizerConfig, TableConfig
 from herald.ps.table import EmbeddingTable
 
 ADAM = TableConfig("t", 8, OptimizerConfig("adam", lr=0.01), init="zeros")
@@ -48,7 +49,7 @@ def test_aggregation_is_exact_in_any_arrival_order(order):
     table = EmbeddingTable(ADAM, 0, 0)
     keys = np.arange(40, dtype=np.uint64)
     rng = np.random.default_rng(7)
-    grads = [rng.standard_normal((40, 8)).astype(np.float32) * 10.0 ** r for r in range(3)]
+    grads = [rng.standard_normal((40, 8)).astype(np.float32) * 10.0**r for r in range(3)]
     contrib = np.full(40, 3, np.uint16)
     for i, r in enumerate(order):
         applied = table.push_grad(keys, grads[r], contrib, step=5, rank=r)
@@ -104,8 +105,8 @@ def test_mixed_single_and_shared_keys_and_growth_of_pending_state():
     rows = table.pull(keys)[0]
     assert np.all(rows[::2] == -2.0) and np.all(rows[1::2] == -1.0)
 
-_KEY = st.one_of(st.integers(0, 40), st.sampled_from([2**64 - 1, 2**63, 2**32, 2**32 - 1]),
-                 st.integers(0, 2**64 - 1))
+
+_KEY = st.one_of(st.integers(0, 40), st.sampled_from([2**64 - 1, 2**63, 2**32, 2**32 - 1]), st.integers(0, 2**64 - 1))
 
 
 @settings(max_examples=40, deadline=None)

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import zmq
 
+from herald.contracts.tables import TableConfig
 from herald.errors import ProtocolError
 from herald.ps import shard_of
-from herald.contracts.tables import TableConfig
 from herald.ps.server import ShardServer
 from herald.ps.wire import CLOCK_DTYPES, PART_FRAMES, PS, put_rows
 from tests.fakes import as_frames, shard_request
@@ -27,18 +27,24 @@ def test_round_trip_is_zero_copy_views():
 
 
 def test_part_frames_use_the_protocol_dtypes():
-    payloads = {"<f2", "<u2", "|i1"}   # NOTE [wire compression]
+    payloads = {"<f2", "<u2", "|i1"}  # NOTE [wire compression]
     assert {dt for spec in PART_FRAMES.values() for _, dt in spec} | payloads | set(CLOCK_DTYPES) == PS.dtypes
 
 
-@pytest.mark.parametrize("bad", [
-    b"", b"\xc1", msgpack.packb([1, 2]), msgpack.packb({"v": 1, "op": "x", "arrays": []}),
-    msgpack.packb({"v": PS.version, "op": "x", "arrays": [["<f8", [3]]]}),
-    msgpack.packb({"v": PS.version, "op": "x", "arrays": [["<u8", [-1]]]}),
-    msgpack.packb({"v": PS.version, "op": "x", "arrays": [["<u8", [1, 2, 3]]]}),
-    msgpack.packb({"v": PS.version, "op": "x", "arrays": "no"}),
-    msgpack.packb({"v": PS.version, "op": "x", "frames": []}),
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b"",
+        b"\xc1",
+        msgpack.packb([1, 2]),
+        msgpack.packb({"v": 1, "op": "x", "arrays": []}),
+        msgpack.packb({"v": PS.version, "op": "x", "arrays": [["<f8", [3]]]}),
+        msgpack.packb({"v": PS.version, "op": "x", "arrays": [["<u8", [-1]]]}),
+        msgpack.packb({"v": PS.version, "op": "x", "arrays": [["<u8", [1, 2, 3]]]}),
+        msgpack.packb({"v": PS.version, "op": "x", "arrays": "no"}),
+        msgpack.packb({"v": PS.version, "op": "x", "frames": []}),
+    ],
+)
 def test_bad_headers_raise(bad):
     with pytest.raises(ProtocolError, match="ps: "):
         PS.unpack_header(bad)
@@ -84,10 +90,16 @@ def test_server_rejects_and_keeps_state():
         ({"op": "pull", "rid": 3, "cid": 1, "parts": [{"table": 9}]}, [mine], "unknown table"),
         ({"op": "fly", "rid": 4, "cid": 1}, [], "unknown op"),
         ({"op": "pull", "rid": 5, "cid": 1, "parts": [{"table": 0}]}, [mine.astype(np.float32)], "must be"),
-        ({"op": "push_rows", "rid": 6, "cid": 1, "parts": [{"table": 0}]},
-         [mine, np.zeros((mine.size, 5), np.float32)], "shape"),
-        ({"op": "push_grad", "rid": 7, "cid": 1, "step": 0, "rank": 0, "parts": [{"table": 0}]},
-         [mine, np.zeros((mine.size, 4), np.float32)], "frames"),
+        (
+            {"op": "push_rows", "rid": 6, "cid": 1, "parts": [{"table": 0}]},
+            [mine, np.zeros((mine.size, 5), np.float32)],
+            "shape",
+        ),
+        (
+            {"op": "push_grad", "rid": 7, "cid": 1, "step": 0, "rank": 0, "parts": [{"table": 0}]},
+            [mine, np.zeros((mine.size, 4), np.float32)],
+            "frames",
+        ),
         ({"op": "declare", "rid": 8, "cid": 1, "tables": [{"name": "t", "dim": 5}]}, [], "conflicting"),
     ]
     for header, arrays, match in cases:
@@ -119,17 +131,24 @@ def test_reply_cache_keeps_only_replies_a_client_may_still_retry():
     arrays = [keys, np.ones((3, 2), np.float32), np.ones(3, np.uint16)]
 
     def push(rid, done_below, cid=42):
-        return {"op": "push_grad", "rid": rid, "cid": cid, "step": rid, "rank": 0, "done_below": done_below,
-                "parts": [{"table": 0}]}
+        return {
+            "op": "push_grad",
+            "rid": rid,
+            "cid": cid,
+            "step": rid,
+            "rank": 0,
+            "done_below": done_below,
+            "parts": [{"table": 0}],
+        }
 
     for rid in range(1, 6):
         assert shard_request(server, push(rid, rid), arrays)[0]["applied"] == 3
-    assert server.stats()["replies_kept"] == 1   # rid 5's: rids 1-4 were released
-    shard_request(server, push(1, 1, cid=7), arrays)   # another client's is kept beside it
+    assert server.stats()["replies_kept"] == 1  # rid 5's: rids 1-4 were released
+    shard_request(server, push(1, 1, cid=7), arrays)  # another client's is kept beside it
     assert server.stats()["replies_kept"] == 2
     updated = server.stats()["counters"]["rows_updated"]
-    assert shard_request(server, push(5, 5), arrays)[0]["applied"] == 3   # a retry: answered from the cache
-    assert server.receive(b"peer", PS.pack(push(2, 2), arrays)) == []   # a late copy of an answered request
+    assert shard_request(server, push(5, 5), arrays)[0]["applied"] == 3  # a retry: answered from the cache
+    assert server.receive(b"peer", PS.pack(push(2, 2), arrays)) == []  # a late copy of an answered request
     counters = server.stats()["counters"]
     assert counters["rows_updated"] == updated and counters["duplicate_requests"] == 2
     h, _ = shard_request(server, push(6, -1), arrays)

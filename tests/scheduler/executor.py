@@ -29,8 +29,11 @@ def execute(batches, plans, cap, W):
         for w, cp in enumerate(p.plans):
             for k, wb in zip(keylist(cp.evict), cp.write_back.tolist()):
                 assert k in cache[w], f"evict of uncached {k}"
-                only_latest = cache[w][k] == latest[k] and ps[k] != latest[k] and not any(
-                    cache[v].get(k) == latest[k] for v in range(W) if v != w)
+                only_latest = (
+                    cache[w][k] == latest[k]
+                    and ps[k] != latest[k]
+                    and not any(cache[v].get(k) == latest[k] for v in range(W) if v != w)
+                )
                 assert wb == only_latest, f"write_back flag wrong for {k}"
                 if wb:
                     ps[k] = cache[w][k]

@@ -25,8 +25,9 @@ def random_batches(seed, num_steps, global_batch, num_tables, vocab=12, max_len=
             idx = np.minimum(rng.geometric(0.25, size=int(off[-1])) - 1, vocab - 1)
             values.append(pool[idx])
             offsets.append(off)
-        out.append(SampleBatch(np.zeros(global_batch, np.float32), np.zeros((global_batch, 0), np.float32),
-                               values, offsets))
+        out.append(
+            SampleBatch(np.zeros(global_batch, np.float32), np.zeros((global_batch, 0), np.float32), values, offsets)
+        )
     return out
 
 

@@ -42,7 +42,7 @@ def sample_keys(batch, i):
     out = []
     for t in range(batch.num_tables):
         o = batch.offsets[t]
-        out.extend((t, int(v)) for v in batch.values[t][o[i]:o[i + 1]])
+        out.extend((t, int(v)) for v in batch.values[t][o[i] : o[i + 1]])
     return out
 
 
@@ -119,9 +119,16 @@ class RefScheduler:
                             pp[o].append(k)
                             del self.owner[k]
             self.finalize(pp)
-        rec = {"worker_of": worker_of, "counts": [dict.fromkeys(CAUSES, 0) for _ in range(self.W)],
-               "evict": [], "write_back": [], "pull": [], "grad_push": [], "contributors": [],
-               "update_local": []}
+        rec = {
+            "worker_of": worker_of,
+            "counts": [dict.fromkeys(CAUSES, 0) for _ in range(self.W)],
+            "evict": [],
+            "write_back": [],
+            "pull": [],
+            "grad_push": [],
+            "contributors": [],
+            "update_local": [],
+        }
         for w in range(self.W):
             c = rec["counts"][w]
             kset = set(Kw[w])
@@ -140,7 +147,7 @@ class RefScheduler:
             need = len(self.cache[w]) + misses - self.cap
             victims = sorted((k for k in self.cache[w] if k not in kset), key=lambda k: self.prio(w, k))
             ev, wb = [], []
-            for k in victims[:max(need, 0)]:
+            for k in victims[: max(need, 0)]:
                 del self.cache[w][k]
                 self.valid[w].discard(k)
                 flag = self.owner.get(k) == w

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from herald.contracts.vocab import SCHEDULES
 from herald.loader.batch import SampleBatch
 from herald.scheduler import SchedulerConfig
-from herald.contracts.vocab import SCHEDULES
 
 from .executor import execute
 from .helpers import random_batches, run_scheduler
@@ -20,16 +20,23 @@ def _skewed_batches(steps, W, Bw, seed=0):
     for _ in range(steps):
         n = W * Bw
         ids = np.stack([rng.integers(0, 2, n), rng.integers(0, 400, n), rng.integers(0, 300, n)], 1)
-        out.append(SampleBatch.from_single_hot(np.zeros(n, np.float32), np.zeros((n, 0), np.float32),
-                                               ids.astype(np.uint64)))
+        out.append(
+            SampleBatch.from_single_hot(np.zeros(n, np.float32), np.zeros((n, 0), np.float32), ids.astype(np.uint64))
+        )
     return out
 
 
 def test_profiler_ranks_tables_by_doi():
     W, Bw = 4, 8
     batches = _skewed_batches(10, W, Bw)
-    cfg = SchedulerConfig(num_workers=W, batch_size_per_worker=Bw, schedule="herald", cache_capacity_rows=200,
-                          adaptive_num_tables=2, profile_interval_steps=1)
+    cfg = SchedulerConfig(
+        num_workers=W,
+        batch_size_per_worker=Bw,
+        schedule="herald",
+        cache_capacity_rows=200,
+        adaptive_num_tables=2,
+        profile_interval_steps=1,
+    )
     _, sched = run_scheduler(batches, cfg, 3)
     doi = sched.table_doi
     assert doi[0] < doi[1] and doi[0] < doi[2]
@@ -39,8 +46,14 @@ def test_profiler_ranks_tables_by_doi():
 def test_adaptive_matches_reference_with_the_chosen_tables():
     W, Bw, T = 3, 2, 3
     batches = random_batches(9, 8, W * Bw, T, vocab=12, max_len=2)
-    cfg = SchedulerConfig(num_workers=W, batch_size_per_worker=Bw, schedule="herald", cache_capacity_rows=14,
-                          adaptive_num_tables=1, profile_interval_steps=1000)
+    cfg = SchedulerConfig(
+        num_workers=W,
+        batch_size_per_worker=Bw,
+        schedule="herald",
+        cache_capacity_rows=14,
+        adaptive_num_tables=1,
+        profile_interval_steps=1000,
+    )
     plans, sched = run_scheduler(batches, cfg, T)
     on = set(np.flatnonzero(sched.scored_tables()).tolist())
     ref = RefScheduler(W, Bw, 14, "lru", False, "laia", 0, tables_on=on)
@@ -61,8 +74,14 @@ def test_budget_sets_k_and_plans_stay_exact():
     # cannot be met by adapting; the steps are counted); 1e6 ms: every table fits
     for budget in (1e-6, 1e6):
         for sched_name in ("herald", "costaware"):
-            cfg = SchedulerConfig(num_workers=W, batch_size_per_worker=Bw, schedule=sched_name,
-                                  cache_capacity_rows=40, scheduling_budget_ms=budget, profile_interval_steps=4)
+            cfg = SchedulerConfig(
+                num_workers=W,
+                batch_size_per_worker=Bw,
+                schedule=sched_name,
+                cache_capacity_rows=40,
+                scheduling_budget_ms=budget,
+                profile_interval_steps=4,
+            )
             plans, sched = run_scheduler(batches, cfg, T)
             assert sched.num_scored_tables == T
             assert (sched.stats()["adaptive"]["budget_unreachable"] > 0) == (budget < 1)

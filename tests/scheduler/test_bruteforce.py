@@ -29,8 +29,9 @@ def _step_cost(ref, batch, worker_of):
 def test_optimal_is_step_optimal(policy, seed):
     W, T, cap = 4, 2, 4 + seed
     batches = random_batches(seed, 7, W, T, vocab=8, max_len=2)
-    cfg = SchedulerConfig(num_workers=W, batch_size_per_worker=1, schedule="optimal", cache_policy=policy,
-                          cache_capacity_rows=cap)
+    cfg = SchedulerConfig(
+        num_workers=W, batch_size_per_worker=1, schedule="optimal", cache_policy=policy, cache_capacity_rows=cap
+    )
     plans, _ = run_scheduler(batches, cfg, T)
     ref = RefScheduler(W, 1, cap, policy, False, "external", 0)
     for b, p in zip(batches, plans):
@@ -46,7 +47,6 @@ def test_quality_ratio_bounds():
     from herald.scheduler.simulate import quality_ratios
 
     batches = random_batches(4, 20, 8, 2, vocab=20, max_len=1, single_hot=True)
-    q = quality_ratios(batches, num_workers=8, num_tables=2, cache_capacity_rows=6,
-                       schedules=("herald", "costaware"))
+    q = quality_ratios(batches, num_workers=8, num_tables=2, cache_capacity_rows=6, schedules=("herald", "costaware"))
     assert set(q) == {"herald", "costaware"}
     assert all(0 < v <= 1.5 for v in q.values())

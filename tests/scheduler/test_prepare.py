@@ -36,10 +36,11 @@ def _strided(batch):
 
 
 def test_direct_and_concat_prepare_agree_with_growth():
-    cfg = SchedulerConfig(num_workers=4, batch_size_per_worker=16, schedule="herald",
-                          cache_capacity_rows=10_000, seed=0)
+    cfg = SchedulerConfig(
+        num_workers=4, batch_size_per_worker=16, schedule="herald", cache_capacity_rows=10_000, seed=0
+    )
     batches = _uniform_batches(3, 12, 64, 5, max_len=4)
-    a = Scheduler(cfg, 5, 1)   # key state of 1025 slots: the lookup grows mid-batch
+    a = Scheduler(cfg, 5, 1)  # key state of 1025 slots: the lookup grows mid-batch
     b = Scheduler(cfg, 5, 1)
     c = Scheduler(cfg, 5, 1)
     for batch in batches:

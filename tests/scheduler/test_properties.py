@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from herald.contracts.vocab import SCHEDULES
 from herald.errors import ConfigError, DataError
 from herald.scheduler import Scheduler, SchedulerConfig
-from herald.contracts.vocab import SCHEDULES
 
 from .executor import execute
 from .helpers import keylist, random_batches, run_scheduler
@@ -21,8 +21,9 @@ SCHEDS = [s for s in sorted(SCHEDULES) if s != "optimal"]
 def test_plans_execute_consistently(schedule, policy):
     W, Bw, T, cap = 4, 3, 3, 20
     batches = random_batches(7, 12, W * Bw, T, vocab=25, max_len=2)
-    cfg = SchedulerConfig(num_workers=W, batch_size_per_worker=Bw, schedule=schedule, cache_policy=policy,
-                          cache_capacity_rows=cap, seed=3)
+    cfg = SchedulerConfig(
+        num_workers=W, batch_size_per_worker=Bw, schedule=schedule, cache_policy=policy, cache_capacity_rows=cap, seed=3
+    )
     plans, sched = run_scheduler(batches, cfg, T)
     cache, ps, latest = execute(batches, plans, cap, W)
     # worker caches equal the snapshots by construction
@@ -92,6 +93,7 @@ def test_full_sync_pushes_every_key():
 def test_ids_above_2_63_survive():
     big = np.array([2**64 - 1, 2**63, 2**63 + 12345, 7], np.uint64)
     from herald.loader.batch import SampleBatch
+
     b = SampleBatch.from_single_hot(np.zeros(4, np.float32), np.zeros((4, 0), np.float32), big.reshape(4, 1))
     cfg = SchedulerConfig(num_workers=2, batch_size_per_worker=2, schedule="herald", cache_capacity_rows=4)
     plans, sched = run_scheduler([b, b], cfg, 1)
@@ -131,11 +133,13 @@ def test_key_state_growth_keeps_everything():
     W, Bw, T = 2, 50, 2
     rng = np.random.default_rng(0)
     from herald.loader.batch import SampleBatch
+
     batches = []
     for _ in range(30):
         ids = rng.integers(0, 3000, size=(W * Bw, T)).astype(np.uint64) | np.uint64(2**63)
-        batches.append(SampleBatch.from_single_hot(np.zeros(W * Bw, np.float32),
-                                                   np.zeros((W * Bw, 0), np.float32), ids))
+        batches.append(
+            SampleBatch.from_single_hot(np.zeros(W * Bw, np.float32), np.zeros((W * Bw, 0), np.float32), ids)
+        )
     runs = []
     for dk in (None, 10_000):
         cfg = SchedulerConfig(num_workers=W, batch_size_per_worker=Bw, schedule="herald", cache_capacity_rows=300)

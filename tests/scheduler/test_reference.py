@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from herald.contracts.vocab import SCHEDULES
 from herald.scheduler import CAUSES, SchedulerConfig
 from herald.scheduler.config import POLICIES
-from herald.contracts.vocab import SCHEDULES
 
 from .helpers import keylist, random_batches, run_scheduler
 from .reference import RefScheduler
@@ -33,8 +33,14 @@ def test_matches_reference(schedule, policy, seed):
     if schedule == "optimal":
         Bw, cap = 1, max_len * T + seed % 3
     batches = random_batches(seed, steps, W * Bw, T, vocab=vocab, max_len=max_len)
-    cfg = SchedulerConfig(num_workers=W, batch_size_per_worker=Bw, schedule=schedule, cache_policy=policy,
-                          cache_capacity_rows=cap, seed=seed)
+    cfg = SchedulerConfig(
+        num_workers=W,
+        batch_size_per_worker=Bw,
+        schedule=schedule,
+        cache_policy=policy,
+        cache_capacity_rows=cap,
+        seed=seed,
+    )
     plans, sched = run_scheduler(batches, cfg, T)
     alloc, full_sync = POLICIES[schedule]
     ref = RefScheduler(W, Bw, cap, policy, full_sync, alloc if alloc in ("random", "laia") else "external", seed)

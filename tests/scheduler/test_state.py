@@ -38,7 +38,7 @@ def test_state_at_barrier_restores_the_fresh_scheduler():
 
     restored = Scheduler(CFG, T)
     restored.load_state_dict(state)
-    fresh = Scheduler(CFG, T)   # what the dispatcher makes after the barrier
+    fresh = Scheduler(CFG, T)  # what the dispatcher makes after the barrier
     got, want = _plans(restored, batches[4:]), _plans(fresh, batches[4:])
     assert [p.step for p in got] == list(range(4, 10))
     for a, b in zip(got, want):
@@ -50,12 +50,12 @@ def test_state_at_barrier_restores_the_fresh_scheduler():
 def test_state_is_refused_mid_run():
     batches = random_batches(2, 3, W * BW, T)
     s = Scheduler(CFG, T)
-    assert s.state_dict()["next_step"] == 0            # fresh: valid
+    assert s.state_dict()["next_step"] == 0  # fresh: valid
     s.submit(batches[0])
     with pytest.raises(HeraldError, match="checkpoint barrier"):
         s.state_dict()
     s.finish()
-    with pytest.raises(HeraldError):                    # finished, not flushed
+    with pytest.raises(HeraldError):  # finished, not flushed
         s.state_dict()
     s.flush()
     assert s.state_dict()["next_step"] == 1
@@ -66,10 +66,13 @@ def test_state_is_refused_mid_run():
 def test_malformed_and_mismatched_states():
     good = Scheduler(CFG, T).state_dict()
     cases = [
-        (None, DataError), ({**good, "format": "dispatcher"}, DataError),
-        ({**good, "next_step": -1}, DataError), ({**good, "next_step": "3"}, DataError),
+        (None, DataError),
+        ({**good, "format": "dispatcher"}, DataError),
+        ({**good, "next_step": -1}, DataError),
+        ({**good, "next_step": "3"}, DataError),
         ({**good, "totals": [[0] * len(CAUSES)]}, DataError),
-        ({**good, "totals": [[0.5] * len(CAUSES)] * W}, DataError), ({**good, "totals": [[-1] * len(CAUSES)] * W}, DataError),
+        ({**good, "totals": [[0.5] * len(CAUSES)] * W}, DataError),
+        ({**good, "totals": [[-1] * len(CAUSES)] * W}, DataError),
         ({**good, "config": {"seed": 5}}, DataError),
         ({**good, "config": {**good["config"], "seed": 6}}, ConfigError),
         ({**good, "num_tables": T + 1}, ConfigError),

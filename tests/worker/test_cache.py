@@ -76,21 +76,22 @@ def test_lookup_pooled_step_equals_the_gather_embedding_bag_step(optimizer):
     import torch
     import torch.nn.functional as F
 
-    from herald.ps import apply_gradients
     from herald.contracts.tables import OptimizerConfig, TableConfig
+    from herald.ps import apply_gradients
 
     rng = np.random.default_rng(7)
     tcfg = TableConfig("t", 8, OptimizerConfig(optimizer, lr=0.05, initial_accumulator=0.1))
     tables, per = 3, 40
     cached = [np.unique(rng.integers(0, 2**64 - 1, per, dtype=np.uint64)) for _ in range(tables)]
-    all_keys = KeySet(np.repeat(np.arange(tables, dtype=np.int32), [c.shape[0] for c in cached]),
-                      np.concatenate(cached))
+    all_keys = KeySet(
+        np.repeat(np.arange(tables, dtype=np.int32), [c.shape[0] for c in cached]), np.concatenate(cached)
+    )
     cache = EmbeddingCache(len(all_keys) + 5, tcfg.row_width)
     cache.put(all_keys, rng.uniform(0.01, 0.5, (len(all_keys), tcfg.row_width)).astype(np.float32))
     for _ in range(5):
         keys, bags = _layout(rng, tables, 16, cached)
         slots = cache.slots(keys)
-        leaf = torch.from_numpy(cache.read(slots)[:, :tcfg.dim]).requires_grad_(True)
+        leaf = torch.from_numpy(cache.read(slots)[:, : tcfg.dim]).requires_grad_(True)
         inputs = bags.inverse.astype(np.int64) + np.repeat(bags.id_bounds[:-1], np.diff(bags.inverse_bounds))
         starts = (bags.offsets[:, :-1] + bags.inverse_bounds[:-1, None]).reshape(-1)
         ref = F.embedding_bag(torch.from_numpy(inputs), leaf, torch.from_numpy(starts), mode="sum")
@@ -110,23 +111,29 @@ def test_lookup_pooled_step_equals_the_gather_embedding_bag_step(optimizer):
 
 
 def test_lookup_pooled_and_apply_gradients_reject_what_does_not_fit():
-    from herald.errors import ConfigError
     from herald.contracts.tables import TableConfig
+    from herald.errors import ConfigError
     from herald.worker.cache import BagLayout
 
     cache = EmbeddingCache(4, 3)
-    idb, inv, ib, off = (np.array([0, 2], np.int64), np.array([0, 1, 1], np.int32), np.array([0, 3], np.int64),
-                         np.array([[0, 1, 3]], np.int64))
+    idb, inv, ib, off = (
+        np.array([0, 2], np.int64),
+        np.array([0, 1, 1], np.int32),
+        np.array([0, 3], np.int64),
+        np.array([[0, 1, 3]], np.int64),
+    )
     slots = np.array([0, 3], np.int64)
     pooled, _ = cache.lookup_pooled(slots, BagLayout(idb, inv, ib, off), 3)
     assert pooled.shape == (2, 1, 3)
-    bad = [(np.array([0, 4], np.int64), BagLayout(idb, inv, ib, off), 3),                       # slot beyond the cache
-           (slots, BagLayout(idb, np.array([0, 2, 1], np.int32), ib, off), 3),                   # value beyond the table
-           (slots, BagLayout(idb, inv, ib, np.array([[0, 2, 1]], np.int64)), 3),                 # offsets decrease
-           (slots, BagLayout(idb, inv, ib, np.array([[0, 1, 2]], np.int64)), 3),                 # offsets miss a value
-           (slots, BagLayout(idb, inv.astype(np.int64), ib, off), 3),                            # inverse dtype
-           (slots.astype(np.int32), BagLayout(idb, inv, ib, off), 3),                            # slots dtype
-           (slots, BagLayout(idb, inv, ib, off), 4)]                                             # dim beyond the row
+    bad = [
+        (np.array([0, 4], np.int64), BagLayout(idb, inv, ib, off), 3),  # slot beyond the cache
+        (slots, BagLayout(idb, np.array([0, 2, 1], np.int32), ib, off), 3),  # value beyond the table
+        (slots, BagLayout(idb, inv, ib, np.array([[0, 2, 1]], np.int64)), 3),  # offsets decrease
+        (slots, BagLayout(idb, inv, ib, np.array([[0, 1, 2]], np.int64)), 3),  # offsets miss a value
+        (slots, BagLayout(idb, inv.astype(np.int64), ib, off), 3),  # inverse dtype
+        (slots.astype(np.int32), BagLayout(idb, inv, ib, off), 3),  # slots dtype
+        (slots, BagLayout(idb, inv, ib, off), 4),
+    ]  # dim beyond the row
     for s, layout, dim in bad:
         with pytest.raises(ProtocolError, match="BagLayout.of"):
             cache.lookup_pooled(s, layout, dim)
@@ -146,13 +153,14 @@ def test_apply_gradients_is_the_ps_update_bit_for_bit(optimizer, weight_decay):
     the PS's rows (herald.ps.apply_gradients) exactly, over several steps."""
     import torch
 
-    from herald.ps import apply_gradients
     from herald.contracts.tables import OptimizerConfig, TableConfig
+    from herald.ps import apply_gradients
 
     rng = np.random.default_rng(11)
     for dim in (1, 5, 16, 64):
-        tcfg = TableConfig("t", dim, OptimizerConfig(optimizer, lr=0.03, weight_decay=weight_decay,
-                                                     initial_accumulator=0.1))
+        tcfg = TableConfig(
+            "t", dim, OptimizerConfig(optimizer, lr=0.03, weight_decay=weight_decay, initial_accumulator=0.1)
+        )
         cache = EmbeddingCache(300, tcfg.row_width)
         cache.rows[:] = rng.uniform(0.0, 0.5, cache.rows.shape).astype(np.float32)
         slots = rng.choice(300, 120, replace=False).astype(np.int64)
@@ -176,7 +184,7 @@ def test_slots_found_stay_the_keys_until_a_key_leaves():
     a = _ks([(0, 1), (1, 2), (0, 3)])
     cache.put(a, np.ones((3, 2), np.float32))
     found = StepRows(torch.zeros(3, 2), a.ids, np.array([0, 2, 3]), cache.slots(a), cache.removals)
-    cache.put(_ks([(2, 9), (0, 1)]), np.zeros((2, 2), np.float32))   # an insert and an overwrite
+    cache.put(_ks([(2, 9), (0, 1)]), np.zeros((2, 2), np.float32))  # an insert and an overwrite
     assert np.array_equal(found.cache_slots(cache, np.array([2, 0])), cache.slots(a)[[2, 0]])
     cache.evict(_ks([(2, 9)]), np.zeros(1, bool))
     assert found.cache_slots(cache, np.array([0])) is None

@@ -9,15 +9,17 @@ import pytest
 import torch
 
 from herald.contracts.job import JobSpec
-from herald.ps import PSClient, compress
 from herald.contracts.tables import OptimizerConfig, TableConfig
+from herald.ps import PSClient, compress
 from herald.scheduler.plan import CachePlan, KeySet
 from herald.worker import psio
 from herald.worker.executor import PlanExecutor
 from tests.fakes import InProcessPS
 
-TABLES = (TableConfig("a", 4, OptimizerConfig("adagrad", lr=0.1)),
-          TableConfig("b", 4, OptimizerConfig("adagrad", lr=0.2)))
+TABLES = (
+    TableConfig("a", 4, OptimizerConfig("adagrad", lr=0.1)),
+    TableConfig("b", 4, OptimizerConfig("adagrad", lr=0.2)),
+)
 WIDTH = TABLES[0].row_width
 
 
@@ -36,11 +38,11 @@ def _keys(n, table_of, base=1000):
 @pytest.mark.parametrize("wire_dtype", ["fp32", "int8"])
 def test_conditional_pull_and_advances_across_shards_and_split_requests(shards, wire_dtype):
     ps = PSClient(shards, TABLES, timeout_ms=5000, wire_dtype=wire_dtype)
-    ps.max_keys_per_request = 3   # several requests per shard: each part keeps its checked keys first
+    ps.max_keys_per_request = 3  # several requests per shard: each part keeps its checked keys first
     try:
-        keys = _keys(24, lambda i: i % 2, base=2000 if wire_dtype == "fp32" else 3000)   # fresh clocks
+        keys = _keys(24, lambda i: i % 2, base=2000 if wire_dtype == "fp32" else 3000)  # fresh clocks
         rows = np.random.default_rng(0).standard_normal((24, WIDTH)).astype(np.float32)
-        rows[:, 4:] = np.abs(rows[:, 4:])   # Adagrad sums
+        rows[:, 4:] = np.abs(rows[:, 4:])  # Adagrad sums
         advance = np.arange(24, dtype=np.uint64) * np.uint64(100 if wire_dtype == "fp32" else 1)
         assert np.array_equal(psio.push_rows_async(ps, keys, rows, advance, read_clocks=True).wait(), advance)
         ps.take_traffic()
@@ -51,7 +53,7 @@ def test_conditional_pull_and_advances_across_shards_and_split_requests(shards, 
         c_c = advance.copy()
         c_c[checked & (np.arange(24) % 2 == 0)] -= np.minimum(c_c[checked & (np.arange(24) % 2 == 0)], 2)
         c_c[checked & (np.arange(24) % 2 == 1)] -= np.minimum(c_c[checked & (np.arange(24) % 2 == 1)], 3)
-        clocked = np.arange(24) % 4 != 1   # some keys go in a plain pull
+        clocked = np.arange(24) % 4 != 1  # some keys go in a plain pull
         checked &= clocked
         got = psio.fetch_async(ps, keys, WIDTH, clocked, checked, c_c, 2)()
         valid = checked & (advance - c_c <= 2)
@@ -63,10 +65,11 @@ def test_conditional_pull_and_advances_across_shards_and_split_requests(shards, 
         # frame as narrow as its values allow), and back the clocks but no row of a valid copy
         traffic = ps.take_traffic()
         width = 1 if wire_dtype == "int8" else 2
-        assert traffic["requests"] >= plain_traffic["requests"]   # a plain and a conditional pull, split
+        assert traffic["requests"] >= plain_traffic["requests"]  # a plain and a conditional pull, split
         row = compress.row_bytes(wire_dtype, 4) + 4 * (WIDTH - 4)
         assert traffic["bytes_received"] - plain_traffic["bytes_received"] <= (
-            -row * int(valid.sum()) + width * int(clocked.sum()) + 2048)
+            -row * int(valid.sum()) + width * int(clocked.sum()) + 2048
+        )
     finally:
         ps.close()
 
@@ -77,17 +80,24 @@ def test_executor_counts_the_clock_frames(shards):
     try:
         keys = _keys(8, lambda i: 0)
         ex.cache.put(keys, np.ones((8, WIDTH), np.float32))
-        plan = CachePlan(KeySet.empty(), np.zeros(0, bool), KeySet.empty(), KeySet.empty(), np.zeros(0, np.uint16),
-                         KeySet.empty(), keys)
-        ex.take_traffic()   # the declaration's
+        plan = CachePlan(
+            KeySet.empty(),
+            np.zeros(0, bool),
+            KeySet.empty(),
+            KeySet.empty(),
+            np.zeros(0, np.uint16),
+            KeySet.empty(),
+            keys,
+        )
+        ex.take_traffic()  # the declaration's
         wait = ex.push_plan(plan, np.full(8, 3, np.uint64))
         ex.wait_writes()
         clocked = ex.take_traffic()
         before = psio.pull_keys(ex.ps, keys, WIDTH)
         assert np.array_equal(before, np.ones((8, WIDTH), np.float32))
-        assert wait().tolist() == [3] * 8 and wait().tolist() == [3] * 8   # the reply is kept
+        assert wait().tolist() == [3] * 8 and wait().tolist() == [3] * 8  # the reply is kept
         ex.take_traffic()
-        assert ex.push_plan(plan) is None   # a plain plan push: no clocks
+        assert ex.push_plan(plan) is None  # a plain plan push: no clocks
         ex.wait_writes()
         plain = ex.take_traffic()
         # the frames as sent: the same requests plus one byte of advance per key (and header
@@ -95,7 +105,7 @@ def test_executor_counts_the_clock_frames(shards):
         assert clocked["ps_requests"] == plain["ps_requests"] >= 1
         assert 8 <= clocked["bytes_pushed"] - plain["bytes_pushed"] <= 8 + 64 * plain["ps_requests"]
         assert 8 <= clocked["bytes_pulled"] - plain["bytes_pulled"] <= 8 + 64 * plain["ps_requests"]
-        assert plain["bytes_pushed"] >= 8 * (2 + 8 + 4 * WIDTH)   # tables, keys and rows at least
+        assert plain["bytes_pushed"] >= 8 * (2 + 8 + 4 * WIDTH)  # tables, keys and rows at least
     finally:
         ex.close()
 
@@ -115,5 +125,5 @@ def test_client_counts_compressed_frames_as_they_go(shards):
             ps.close()
     assert got["fp32"]["requests"] == got["fp16"]["requests"] == 2
     saved = got["fp32"]["bytes_received"] - got["fp16"]["bytes_received"]
-    per_row = compress.row_bytes("fp32", 4) - compress.row_bytes("fp16", 4)   # the embedding part's bytes saved
-    assert per_row > 0 and 64 * per_row - 128 <= saved <= 64 * per_row   # less the bigger headers
+    per_row = compress.row_bytes("fp32", 4) - compress.row_bytes("fp16", 4)  # the embedding part's bytes saved
+    assert per_row > 0 and 64 * per_row - 128 <= saved <= 64 * per_row  # less the bigger headers

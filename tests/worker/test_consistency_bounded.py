@@ -5,16 +5,16 @@ import numpy as np
 import pytest
 import torch
 
-from herald.dispatch.microbatch import MicroBatch, make_sample_ids
 from herald.contracts.job import JobSpec
-from herald.loader.batch import SampleBatch
+from herald.contracts.modes import consistency_mode
 from herald.contracts.tables import OptimizerConfig, TableConfig
+from herald.dispatch.microbatch import MicroBatch, make_sample_ids
+from herald.loader.batch import SampleBatch
 from herald.scheduler.plan import CachePlan, KeySet
 from herald.worker import psio
 from herald.worker.consistency_bounded import Bounded, check_valid
-from herald.worker.psio import member
 from herald.worker.executor import PlanExecutor
-from herald.contracts.modes import consistency_mode
+from herald.worker.psio import member
 from tests.fakes import InProcessPS
 
 
@@ -62,15 +62,23 @@ def _step(protocol: Bounded, step: int, item: int, evict: bool = False) -> torch
     ``evict`` the copy is dropped first, without write-back (it is not the only latest one).
     Returns the rows the forward read (float32 [1, 4])."""
     key = KeySet(np.array([0], np.int32), _u(item))
-    plan = CachePlan(key if evict else KeySet.empty(), np.zeros(int(evict), bool), key, key,
-                     np.array([1], np.uint16), KeySet.empty(), KeySet.empty())
-    batch = SampleBatch(np.array([1.0], np.float32), np.zeros((1, 1), np.float32), [_u(item)],
-                        [np.array([0, 1], np.int64)])
+    plan = CachePlan(
+        key if evict else KeySet.empty(),
+        np.zeros(int(evict), bool),
+        key,
+        key,
+        np.array([1], np.uint16),
+        KeySet.empty(),
+        KeySet.empty(),
+    )
+    batch = SampleBatch(
+        np.array([1.0], np.float32), np.zeros((1, 1), np.float32), [_u(item)], [np.array([0, 1], np.int64)]
+    )
     mb = MicroBatch.build(step, 0, batch, make_sample_ids(0, step, 1), plan)
     protocol.before_forward(mb)
     pooled, rows = protocol.lookup(mb)
     read = rows.rows.detach().clone()
-    ((pooled - 1.0) ** 2).sum().backward()   # a gradient that depends on the row read
+    ((pooled - 1.0) ** 2).sum().backward()  # a gradient that depends on the row read
     protocol.after_backward(mb, rows)
     return read
 
@@ -81,8 +89,7 @@ def test_a_stale_read_holds_the_workers_own_updates_and_none_is_lost(ps_address)
     delayed (Avazu DeepFM AUC 0.60 against BSP's 0.74 at s = 4). With one worker its own
     updates are all there are: every read must equal the PS row exactly, the PS must
     receive every gradient once, and the copy must be re-fetched after s local updates."""
-    job = JobSpec(tables=TABLES, dense_dim=1, ps=(ps_address,), timeout_ms=2000, capacity_rows=8,
-                  num_workers=1)
+    job = JobSpec(tables=TABLES, dense_dim=1, ps=(ps_address,), timeout_ms=2000, capacity_rows=8, num_workers=1)
     ex = PlanExecutor(job, 0, 1, torch.device("cpu"), cache_device="cpu")
     key = KeySet(np.array([0], np.int32), _u(11))
     try:
@@ -92,13 +99,13 @@ def test_a_stale_read_holds_the_workers_own_updates_and_none_is_lost(ps_address)
             read = _step(protocol, step, 11)
             assert np.array_equal(read.numpy(), ps_row), f"step {step}: the read missed the worker's own updates"
         stats = protocol.take_stats()
-        assert stats["stale_reads"] == 4 and stats["rereads"] == 1   # fetch, 2 stale reads, reread, 2 stale reads
-        assert stats.get("gap_max", 0) == 0                          # nothing is missing: no other worker
+        assert stats["stale_reads"] == 4 and stats["rereads"] == 1  # fetch, 2 stale reads, reread, 2 stale reads
+        assert stats.get("gap_max", 0) == 0  # nothing is missing: no other worker
         cached = ex.cache.read(ex.cache.slots(key))
         assert np.array_equal(cached, psio.pull_keys(ex.ps, key, ex.cache.row_width))
         handle, _ = ex.ps.pull_clocked_async({0: (key.ids, _u())}, 0)
-        assert handle.wait()[0][0][0].tolist() == [6]   # c_g: one application per step
-        _step(protocol, 6, 11, evict=True)   # dropped without write-back, pulled again: the PS copy is latest
+        assert handle.wait()[0][0][0].tolist() == [6]  # c_g: one application per step
+        _step(protocol, 6, 11, evict=True)  # dropped without write-back, pulled again: the PS copy is latest
         assert np.array_equal(ex.cache.read(ex.cache.slots(key)), psio.pull_keys(ex.ps, key, ex.cache.row_width))
     finally:
         ex.close()

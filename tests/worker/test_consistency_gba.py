@@ -24,7 +24,7 @@ def test_route_lists_every_shard_and_each_key_once():
             assert (shard_of(t, ids, 3) == s).all()
             seen[at] += 1
     assert seen.tolist() == [1] * 5
-    assert route(KeySet.empty(), 2) == [[], []]    # an empty contribution still goes to every shard
+    assert route(KeySet.empty(), 2) == [[], []]  # an empty contribution still goes to every shard
 
 
 def test_replay_steps_the_optimizer_once_per_kept_global_step():
@@ -37,7 +37,7 @@ def test_replay_steps_the_optimizer_once_per_kept_global_step():
     grads = np.arange(8, dtype=np.float32).reshape(2, 4) / 10
     logged = np.concatenate([grads[:1], np.zeros((1, 4), np.float32), grads[1:]])
     dense.replay(0, logged, np.array([2, 0, 2], np.uint64))
-    for g in grads:   # the same two Adam steps by hand; the dropped step (kept 0) is skipped
+    for g in grads:  # the same two Adam steps by hand; the dropped step (kept 0) is skipped
         twin.weight.grad, twin.bias.grad = torch.from_numpy(g[:3]).view(1, 3), torch.from_numpy(g[3:])
         ref_opt.step()
     assert dense.next_step == 3 and all(p.grad is None for p in model.parameters())

@@ -34,11 +34,11 @@ def test_the_buffer_goes_out_and_its_sum_is_averaged_and_stepped():
     flat = sync.start()
     assert isinstance(flat, np.ndarray) and flat.dtype == np.float32
     assert flat.shape == (sum(p.numel() for p in sync.model.parameters()),)
-    flat *= 3.0   # the shards' sum over the ranks: here, this rank's gradient times 3
+    flat *= 3.0  # the shards' sum over the ranks: here, this rank's gradient times 3
     sync.step(summed=True)
     for p, b, g in zip(sync.model.parameters(), before, mine):
         assert torch.allclose(p.detach(), b - 0.5 * (3.0 * g / 2))
-        assert not p.grad.any()   # zeroed, not freed: the buffer's views stay
+        assert not p.grad.any()  # zeroed, not freed: the buffer's views stay
 
 
 def test_a_step_without_the_sum_is_refused():

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
+from herald.contracts.tables import OptimizerConfig, TableConfig
 from herald.errors import ProtocolError
 from herald.ps import apply_gradients
-from herald.contracts.tables import OptimizerConfig, TableConfig
 from herald.scheduler.plan import KeySet
 from herald.worker.cache import EmbeddingCache
 from herald.worker.device_cache import DeviceCache, make_cache
@@ -21,13 +21,22 @@ from herald.worker.kernels_torch import apply_rows_torch
 
 TOL = 1e-6
 DIM = 8
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
-                                                                 reason="CUDA is not available on this machine"))]
-OPTIMIZERS = [OptimizerConfig("sgd", lr=0.1), OptimizerConfig("sgd", lr=0.1, weight_decay=0.01),
-              OptimizerConfig("adagrad", lr=0.05, initial_accumulator=0.1),
-              OptimizerConfig("adagrad", lr=0.05, weight_decay=0.001),
-              OptimizerConfig("rowwise_adagrad", lr=0.05), OptimizerConfig("rowwise_adagrad", lr=0.05, eps=1e-6),
-              OptimizerConfig("adam", lr=0.01), OptimizerConfig("adam", lr=0.01, beta1=0.8, weight_decay=0.01)]
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available on this machine")
+    ),
+]
+OPTIMIZERS = [
+    OptimizerConfig("sgd", lr=0.1),
+    OptimizerConfig("sgd", lr=0.1, weight_decay=0.01),
+    OptimizerConfig("adagrad", lr=0.05, initial_accumulator=0.1),
+    OptimizerConfig("adagrad", lr=0.05, weight_decay=0.001),
+    OptimizerConfig("rowwise_adagrad", lr=0.05),
+    OptimizerConfig("rowwise_adagrad", lr=0.05, eps=1e-6),
+    OptimizerConfig("adam", lr=0.01),
+    OptimizerConfig("adam", lr=0.01, beta1=0.8, weight_decay=0.01),
+]
 IDS = [f"{o.name}-wd{o.weight_decay:g}-eps{o.eps:g}" for o in OPTIMIZERS]
 
 
@@ -107,7 +116,7 @@ def test_torch_optimizers_equal_the_ps_kernels_over_many_steps(device, opt):
     got = torch.from_numpy(want.copy()).to(device)
     for _ in range(30):
         g = rng.normal(0, 1, (64, DIM)).astype(np.float32)
-        g[rng.random(64) < 0.1] = 0.0   # rows without gradient this step still get a step (as at the PS)
+        g[rng.random(64) < 0.1] = 0.0  # rows without gradient this step still get a step (as at the PS)
         apply_gradients(want, g, table)
         got = apply_rows_torch(got, torch.from_numpy(g).to(device), table)
     _close(got, want, f"{opt.name} after 30 steps")

@@ -18,22 +18,31 @@ from herald.worker.devices import (
 
 
 def _choice(requested, cuda_count, *, rank=0, world=1, local_rank=None, local_world=None):
-    return choose_device(rank, rank if local_rank is None else local_rank, world,
-                         world if local_world is None else local_world, requested, cuda_count)
+    return choose_device(
+        rank,
+        rank if local_rank is None else local_rank,
+        world,
+        world if local_world is None else local_world,
+        requested,
+        cuda_count,
+    )
 
 
-@pytest.mark.parametrize("requested,cuda,rank,world,device,backend", [
-    ("auto", 0, 0, 1, "cpu", "gloo"),
-    (None, 0, 1, 4, "cpu", "gloo"),
-    ("cpu", 8, 3, 4, "cpu", "gloo"),                  # cpu even with GPUs
-    ("auto", 1, 0, 1, "cuda:0", "nccl"),              # one worker, one GPU
-    ("auto", 4, 2, 4, "cuda:2", "nccl"),              # one GPU per rank
-    ("cuda", 8, 3, 4, "cuda:3", "nccl"),
-    ("auto", 1, 1, 2, "cuda:0", "gloo"),              # two ranks share the only GPU: no NCCL
-    ("auto", 2, 3, 4, "cuda:1", "gloo"),              # 4 ranks round-robin on 2 GPUs
-    ("cuda:1", 2, 0, 1, "cuda:1", "nccl"),            # one rank, the GPU it asked for
-    ("cuda:0", 4, 1, 2, "cuda:0", "gloo"),            # every rank given the same GPU
-])
+@pytest.mark.parametrize(
+    "requested,cuda,rank,world,device,backend",
+    [
+        ("auto", 0, 0, 1, "cpu", "gloo"),
+        (None, 0, 1, 4, "cpu", "gloo"),
+        ("cpu", 8, 3, 4, "cpu", "gloo"),  # cpu even with GPUs
+        ("auto", 1, 0, 1, "cuda:0", "nccl"),  # one worker, one GPU
+        ("auto", 4, 2, 4, "cuda:2", "nccl"),  # one GPU per rank
+        ("cuda", 8, 3, 4, "cuda:3", "nccl"),
+        ("auto", 1, 1, 2, "cuda:0", "gloo"),  # two ranks share the only GPU: no NCCL
+        ("auto", 2, 3, 4, "cuda:1", "gloo"),  # 4 ranks round-robin on 2 GPUs
+        ("cuda:1", 2, 0, 1, "cuda:1", "nccl"),  # one rank, the GPU it asked for
+        ("cuda:0", 4, 1, 2, "cuda:0", "gloo"),  # every rank given the same GPU
+    ],
+)
 def test_device_and_backend_follow_the_torchrun_rule(requested, cuda, rank, world, device, backend):
     got = _choice(requested, cuda, rank=rank, world=world)
     assert (str(got.device), got.backend) == (device, backend)
@@ -54,14 +63,17 @@ def test_the_notice_says_why_and_how_to_get_nccl():
     assert "gloo" in _choice("cpu", 0, rank=0, world=2).notice
 
 
-@pytest.mark.parametrize("requested,cuda,message", [
-    ("cuda", 0, "needs CUDA, but no GPU is visible"),
-    ("cuda:0", 0, "needs CUDA"),
-    ("cuda:2", 2, r"only 2 GPU\(s\) are visible"),
-    ("gpu", 1, "not one of auto, cpu, cuda, cuda:N"),
-    ("cuda:", 1, "not one of"),
-    ("cuda:-1", 1, "not one of"),
-])
+@pytest.mark.parametrize(
+    "requested,cuda,message",
+    [
+        ("cuda", 0, "needs CUDA, but no GPU is visible"),
+        ("cuda:0", 0, "needs CUDA"),
+        ("cuda:2", 2, r"only 2 GPU\(s\) are visible"),
+        ("gpu", 1, "not one of auto, cpu, cuda, cuda:N"),
+        ("cuda:", 1, "not one of"),
+        ("cuda:-1", 1, "not one of"),
+    ],
+)
 def test_impossible_devices_raise_naming_the_fix(requested, cuda, message):
     with pytest.raises(ConfigError, match=message):
         _choice(requested, cuda)
@@ -88,10 +100,16 @@ def test_select_device_on_this_machine_without_cuda_is_the_cpu():
     assert devices.select_device(0, 1, "auto", env={}) == (torch.device("cpu"), "gloo", None)
 
 
-@pytest.mark.parametrize("cache_device,device,kind", [
-    ("auto", "cpu", "host"), ("auto", "cuda:1", "torch"), ("cpu", "cuda:0", "host"),
-    ("torch", "cpu", "torch"), ("torch", "cuda:0", "torch"),
-])
+@pytest.mark.parametrize(
+    "cache_device,device,kind",
+    [
+        ("auto", "cpu", "host"),
+        ("auto", "cuda:1", "torch"),
+        ("cpu", "cuda:0", "host"),
+        ("torch", "cpu", "torch"),
+        ("torch", "cuda:0", "torch"),
+    ],
+)
 def test_cache_device_resolves_to_an_implementation(cache_device, device, kind):
     assert resolve_cache_device(cache_device, torch.device(device)) == kind
 
@@ -112,13 +130,13 @@ def test_cpu_tensors_go_to_the_gloo_side_group_under_nccl(monkeypatch):
     side = object()
     monkeypatch.setattr(devices, "_side", {"world": world, "gloo": side})
     assert devices.group_for(torch.zeros(1)) is side
-    assert devices.group_for(torch.zeros(1, device="meta")) is None   # a device tensor: the NCCL group
+    assert devices.group_for(torch.zeros(1, device="meta")) is None  # a device tensor: the NCCL group
 
 
 def test_gloo_needs_no_side_group(monkeypatch):
     monkeypatch.setattr(dist, "get_backend", lambda group=None: "gloo")
     assert devices.group_for(torch.zeros(1)) is None
-    devices.setup_collectives()   # no process group: nothing to do, no error
+    devices.setup_collectives()  # no process group: nothing to do, no error
 
 
 def test_herald_train_checks_device_settings_naming_the_flag():

@@ -35,7 +35,7 @@ def _embedding_bag(rows: torch.Tensor, inputs, offsets, inverse_bounds) -> torch
     return F.embedding_bag(torch.from_numpy(inputs), rows, torch.from_numpy(starts), mode="sum")
 
 
-@pytest.mark.parametrize("max_len", [1, 0, 2, 5])   # one-hot, all bags empty, some empty, multi-hot
+@pytest.mark.parametrize("max_len", [1, 0, 2, 5])  # one-hot, all bags empty, some empty, multi-hot
 def test_pool_bags_equals_embedding_bag(max_len):
     rng = np.random.default_rng(max_len)
     inputs, offsets, inverse_bounds = _bags(rng, tables=5, batch=33, max_len=max_len, rows=40)
@@ -45,14 +45,14 @@ def test_pool_bags_equals_embedding_bag(max_len):
     pooled = pool_bags(ours, inputs, offsets, inverse_bounds, torch.device("cpu"))
     expected = _embedding_bag(ref, inputs, offsets, inverse_bounds)
     assert pooled.shape == expected.shape == (5 * 33, 8)
-    assert torch.equal(pooled, expected)            # values added in bag order: the same bits
+    assert torch.equal(pooled, expected)  # values added in bag order: the same bits
     pooled.backward(upstream)
     expected.backward(upstream)
     if max_len == 0:
         assert ours.grad is None or not ours.grad.any()
         return
-    torch.testing.assert_close(ours.grad, ref.grad, rtol=1e-6, atol=1e-6)   # summation order may differ
-    seq = np.zeros((40, 8), np.float32)              # each row's gradients added in value order
+    torch.testing.assert_close(ours.grad, ref.grad, rtol=1e-6, atol=1e-6)  # summation order may differ
+    seq = np.zeros((40, 8), np.float32)  # each row's gradients added in value order
     bag_of_value = np.repeat(np.arange(5 * 33), np.diff(offsets, axis=1).reshape(-1))
     for v, row in enumerate(inputs):
         seq[row] += upstream.numpy()[bag_of_value[v]]
@@ -71,7 +71,7 @@ def test_dlrm_pair_selection_equals_advanced_indexing():
     (g_ours,) = torch.autograd.grad(got.sum(), emb)
     (g_ref,) = torch.autograd.grad(expected.sum(), emb)
     assert torch.equal(g_ours, g_ref)
-    assert "_pair_index" not in model.state_dict()    # not a parameter, not saved
+    assert "_pair_index" not in model.state_dict()  # not a parameter, not saved
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
@@ -83,7 +83,7 @@ def test_all_finite_finds_any_non_finite_element(bad):
 
 
 def test_all_finite_is_not_fooled_by_an_overflowing_sum():
-    big = torch.full((4,), 3e38)                     # finite values whose sum overflows float32
+    big = torch.full((4,), 3e38)  # finite values whose sum overflows float32
     assert _all_finite([big, torch.zeros(2)])
 
 
@@ -93,8 +93,9 @@ def test_fused_dense_optimizer_steps_like_the_default(name):
     a, b = torch.nn.Linear(5, 3), torch.nn.Linear(5, 3)
     b.load_state_dict(a.state_dict())
     fused = build_dense_optimizer(a.parameters(), name, 0.01)
-    plain = {"sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad, "adam": torch.optim.Adam}[name](b.parameters(),
-                                                                                                    lr=0.01)
+    plain = {"sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad, "adam": torch.optim.Adam}[name](
+        b.parameters(), lr=0.01
+    )
     assert fused.defaults.get("fused") is True
     x = torch.randn(16, 5)
     for _ in range(5):
@@ -132,6 +133,7 @@ class _FakePS:
         class H:
             def wait(self_inner):
                 return np.repeat(keys.astype(np.float32)[:, None], 3, axis=1)
+
         return H()
 
 
@@ -174,7 +176,7 @@ def test_member_equals_a_set_of_pairs_sorted_or_not():
         pool = rng.integers(0, 2**64 if trial % 2 else 40, size=50, dtype=np.uint64)
         keys = KeySet(rng.integers(0, 4, n).astype(np.int32), rng.choice(pool, n))
         of = KeySet(rng.integers(0, 4, m).astype(np.int32), rng.choice(pool, m))
-        if trial % 3 == 0:   # the plan's KeySets come sorted: the path without a sort
+        if trial % 3 == 0:  # the plan's KeySets come sorted: the path without a sort
             order = np.lexsort((of.ids, of.table))
             of = KeySet(of.table[order], of.ids[order])
         pairs = set(zip(of.table.tolist(), of.ids.tolist()))
@@ -232,6 +234,6 @@ def test_own_write_backs_of_the_step_before_are_pulled_early(world_size):
     # (2,9), (1,7): not held, never written back: only a lone worker knows nobody else touched them
     lone = world_size == 1
     assert own.tolist() == [True, False, False, lone, lone]
-    assert ex._own_write_backs(_Step(7, pull, [False] * 5)) is None      # not the step after the write-back
-    ex.evict(CachePlan.empty(), step=6)                                   # a step without write-backs
+    assert ex._own_write_backs(_Step(7, pull, [False] * 5)) is None  # not the step after the write-back
+    ex.evict(CachePlan.empty(), step=6)  # a step without write-backs
     assert ex._own_write_backs(_Step(7, pull, [False] * 5)) is None

@@ -14,8 +14,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from herald.errors import ConfigError
 from herald.contracts.comm import check_comm
+from herald.errors import ConfigError
 from herald.worker.groups import (
     GroupAverager,
     GroupAveragingFailed,
@@ -41,9 +41,13 @@ def test_layout():
 
 def test_settings_checked_with_flag_names():
     check_comm("int8", "bf16", 2, 5, 0.5, workers=4)
-    for args, flag in [(("fp8", "fp32", 1, 1, 0.5), "--wire-dtype"), (("fp32", "int8", 1, 1, 0.5), "--dense-comm"),
-                       (("fp32", "fp32", 0, 1, 0.5), "--groups"), (("fp32", "fp32", 1, 0, 0.5), "--average-every"),
-                       (("fp32", "fp32", 1, 1, 1.0), "--easgd-alpha")]:
+    for args, flag in [
+        (("fp8", "fp32", 1, 1, 0.5), "--wire-dtype"),
+        (("fp32", "int8", 1, 1, 0.5), "--dense-comm"),
+        (("fp32", "fp32", 0, 1, 0.5), "--groups"),
+        (("fp32", "fp32", 1, 0, 0.5), "--average-every"),
+        (("fp32", "fp32", 1, 1, 1.0), "--easgd-alpha"),
+    ]:
         with pytest.raises(ConfigError, match=flag):
             check_comm(*args)
     with pytest.raises(ConfigError, match="divide --workers 3"):
@@ -73,7 +77,7 @@ def test_averagers_in_threads_match_numpy_over_rounds():
     rng = np.random.default_rng(1)
     lay, alpha = GroupLayout(6, 3), 0.25
     center0 = rng.standard_normal(5).astype(np.float32)
-    reduce = thread_all_reduce(3)   # tests/fakes.py
+    reduce = thread_all_reduce(3)  # tests/fakes.py
     avgs = [GroupAverager(lay, g, torch.from_numpy(center0), alpha, reduce) for g in range(3)]
     xs, c = [center0 + rng.standard_normal(5).astype(np.float32) for _ in range(3)], center0
     try:
@@ -129,7 +133,7 @@ def test_busy_rounds_are_coalesced_not_dropped():
         a.submit(step, torch.full((2,), float(step)))
     gate.set()
     assert a.close(10.0)
-    assert a.rounds == 3 and a.coalesced >= 1   # every round ran; queued ones used the newest copy
+    assert a.rounds == 3 and a.coalesced >= 1  # every round ran; queued ones used the newest copy
 
 
 # ------------------------------------------------------ real gloo groups
@@ -147,8 +151,16 @@ def _rank_main(rank, world, port, groups, dense_comm, out):
     try:
         torch.manual_seed(0)
         model = torch.nn.Linear(4, 1)
-        sync = DenseSync(model, torch.optim.SGD(model.parameters(), lr=0.1), world, dense_comm=dense_comm,
-                         rank=rank, groups=groups, average_every=2, easgd_alpha=0.5)
+        sync = DenseSync(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            world,
+            dense_comm=dense_comm,
+            rank=rank,
+            groups=groups,
+            average_every=2,
+            easgd_alpha=0.5,
+        )
         gen = torch.Generator().manual_seed(100 + (rank // (world // groups)) * 7 + rank)
         for _ in range(12):
             x = torch.randn(8, 4, generator=gen)
@@ -156,8 +168,8 @@ def _rank_main(rank, world, port, groups, dense_comm, out):
             loss.backward()
             sync.step()
         averager = sync.groups.averager if sync.groups is not None else None
-        if averager is not None:   # a leader: wait until its thread ran every round submitted (one every
-            deadline = time.monotonic() + 60   # 2 steps), then one more step applies their correction
+        if averager is not None:  # a leader: wait until its thread ran every round submitted (one every
+            deadline = time.monotonic() + 60  # 2 steps), then one more step applies their correction
             while averager.rounds < 12 // 2:
                 averager.check()
                 assert time.monotonic() < deadline, f"rank {rank}: {averager.rounds} of 6 EASGD rounds after 60 s"
@@ -186,13 +198,13 @@ def _run_ranks(world, groups, dense_comm):
 
 
 @pytest.mark.integration
-@pytest.mark.slow   # ~42 s (2 shared cores): 4 spawned gloo ranks, twice
+@pytest.mark.slow  # ~42 s (2 shared cores): 4 spawned gloo ranks, twice
 def test_dense_sync_groups_and_compression_in_gloo():
     fp32 = _run_ranks(4, 1, "fp32")
     assert all(np.array_equal(fp32[r][0], fp32[0][0]) for r in range(4)) and fp32[0][1] is None
-    grouped = _run_ranks(4, 2, "fp16")   # groups, and the fp16 payload in the group all-reduce
+    grouped = _run_ranks(4, 2, "fp16")  # groups, and the fp16 payload in the group all-reduce
     assert np.array_equal(grouped[0][0], grouped[1][0]) and np.array_equal(grouped[2][0], grouped[3][0])
-    assert not np.array_equal(grouped[0][0], grouped[2][0])   # two replicas
+    assert not np.array_equal(grouped[0][0], grouped[2][0])  # two replicas
     lead = grouped[0][1]
     assert lead["group"] == 0 and lead["rounds"] == 6 and lead["corrections"] >= 1 and lead["thread_ended"]
     assert lead["lag_steps_max"] >= 1 and grouped[1][1]["rounds"] == 0

@@ -21,7 +21,7 @@ def test_segment_unique_equals_np_unique_per_segment():
         segment_unique_jit(values, bounds, uniq, inv, ub)
         for t, seg in enumerate(segs):
             u, i = np.unique(seg, return_inverse=True)
-            assert np.array_equal(uniq[ub[t]:ub[t + 1]], u) and np.array_equal(inv[bounds[t]:bounds[t + 1]], i)
+            assert np.array_equal(uniq[ub[t] : ub[t + 1]], u) and np.array_equal(inv[bounds[t] : bounds[t + 1]], i)
 
 
 def test_table_masks_select_what_boolean_masks_select():
@@ -61,8 +61,15 @@ def _random_bags(rng):
     inverse_bounds = np.zeros(tables + 1, np.int64)
     np.cumsum([i.shape[0] for i in inv], out=inverse_bounds[1:])
     inverse = np.concatenate(inv).astype(inv[0].dtype) if inv else np.zeros(0, np.int32)
-    return (rows, np.concatenate(slots).astype(np.int64), np.array(id_bounds, np.int64), inverse, inverse_bounds,
-            np.stack(offs), dim)
+    return (
+        rows,
+        np.concatenate(slots).astype(np.int64),
+        np.array(id_bounds, np.int64),
+        inverse,
+        inverse_bounds,
+        np.stack(offs),
+        dim,
+    )
 
 
 def _embedding_bag(rows, slots, id_bounds, inverse, inverse_bounds, offsets, dim):
@@ -118,8 +125,9 @@ def test_bag_grads_sums_in_table_bag_position_order():
     go = (rng.standard_normal((40, 1, 4)) * 10.0 ** rng.integers(-4, 4, (40, 1, 1))).astype(np.float32)
     off = np.arange(41, dtype=np.int64)[None]
     got = np.empty((1, 4), np.float32)
-    bag_grads_jit(go, np.array([0, 1], np.int64), np.zeros(40, np.int32), np.array([0, 40], np.int64), off,
-                  np.float32(1), got)
+    bag_grads_jit(
+        go, np.array([0, 1], np.int64), np.zeros(40, np.int32), np.array([0, 40], np.int64), off, np.float32(1), got
+    )
     want = np.zeros(4, np.float32)
     for b in range(40):
         want = want + go[b, 0]
@@ -134,7 +142,7 @@ def test_pooled_sum_reports_the_first_table_out_of_range():
     good = (np.array([1, 2, 3], np.int64), np.array([0, 1, 0], np.int32))
     assert pooled_sum_jit(rows, good[0], idb, good[1], ib, off, out) == -1
     assert np.array_equal(out[:, 0], np.ones((2, 2), np.float32)) and np.array_equal(out[:, 1], [[1, 1], [0, 0]])
-    assert pooled_sum_jit(rows, good[0], idb, np.array([0, 1, 1], np.int32), ib, off, out) == 1   # value beyond table 1
+    assert pooled_sum_jit(rows, good[0], idb, np.array([0, 1, 1], np.int32), ib, off, out) == 1  # value beyond table 1
     assert pooled_sum_jit(rows, np.array([1, 10, 3], np.int64), idb, good[1], ib, off, out) == 0  # slot beyond rows
     assert pooled_sum_jit(rows, good[0], idb, good[1], ib, np.array([[0, 2, 1], [0, 1, 1]], np.int64), out) == 0
     assert pooled_sum_jit(rows, good[0], idb, good[1], ib, np.array([[0, 1, 2], [0, 1, 2]], np.int64), out) == 1

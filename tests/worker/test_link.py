@@ -34,7 +34,7 @@ def test_the_job_may_come_later_than_the_step_timeout(router):
     assert router.poll(10_000)
     identity, *frames = router.recv_multipart()
     assert wire.unpack(frames)[0]["op"] == "hello"
-    time.sleep(0.6)   # three step timeouts: the other workers are still starting
+    time.sleep(0.6)  # three step timeouts: the other workers are still starting
     router.send_multipart([identity, *wire.pack({"op": "config", "job": {"x": 1}})])
     thread.join(10)
     link.close()

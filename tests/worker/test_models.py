@@ -9,14 +9,24 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from herald.errors import ConfigError
 from herald import contracts
+from herald.errors import ConfigError
 from herald.worker.models import MODELS, DCNv2, DeepFM, WideAndDeep, build_model
 
 B, DIM = 16, 5
 # (model, dense_dim, num_tables): NCF takes exactly two tables
-SHAPES = [("dlrm", 3, 4), ("dlrm", 0, 4), ("wdl", 3, 4), ("wdl", 0, 4), ("deepfm", 3, 4), ("deepfm", 0, 4),
-          ("dcn", 3, 4), ("dcn", 0, 4), ("ncf", 0, 2), ("ncf", 3, 2)]
+SHAPES = [
+    ("dlrm", 3, 4),
+    ("dlrm", 0, 4),
+    ("wdl", 3, 4),
+    ("wdl", 0, 4),
+    ("deepfm", 3, 4),
+    ("deepfm", 0, 4),
+    ("dcn", 3, 4),
+    ("dcn", 0, 4),
+    ("ncf", 0, 2),
+    ("ncf", 3, 2),
+]
 
 
 def _inputs(dense_dim, num_tables, seed=0):
@@ -69,8 +79,9 @@ def test_deepfm_is_first_order_plus_pairwise_field_interactions():
         model.bias.fill_(0.25)
     dense, emb = _inputs(2, 3)
     fields = torch.cat([emb[..., :-1], dense.unsqueeze(2) * model.dense_vectors], dim=1)
-    pairs = sum((fields[:, i] * fields[:, j]).sum(dim=1)
-                for i in range(fields.shape[1]) for j in range(i + 1, fields.shape[1]))
+    pairs = sum(
+        (fields[:, i] * fields[:, j]).sum(dim=1) for i in range(fields.shape[1]) for j in range(i + 1, fields.shape[1])
+    )
     first = 0.25 + emb[..., -1].sum(dim=1) + dense @ model.dense_weights.weight[0]
     torch.testing.assert_close(model(dense, emb), first + pairs, rtol=1e-5, atol=1e-5)
 
@@ -84,8 +95,9 @@ def test_dcn_cross_layer_is_x0_times_linear_of_xl_plus_xl():
     torch.testing.assert_close(model(dense, emb), model.deep(x1).squeeze(1), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("name,dense_dim,num_tables", [("dlrm", 2, 3), ("wdl", 2, 3), ("deepfm", 2, 3),
-                                                       ("dcn", 2, 3), ("ncf", 0, 2)])
+@pytest.mark.parametrize(
+    "name,dense_dim,num_tables", [("dlrm", 2, 3), ("wdl", 2, 3), ("deepfm", 2, 3), ("dcn", 2, 3), ("ncf", 0, 2)]
+)
 def test_a_tiny_training_run_lowers_the_loss(name, dense_dim, num_tables):
     """Labels depend on table 0's id: the model must learn it through the embeddings."""
     gen = torch.Generator().manual_seed(0)
@@ -98,7 +110,7 @@ def test_a_tiny_training_run_lowers_the_loss(name, dense_dim, num_tables):
     opt = torch.optim.Adam([tables, *model.parameters()], lr=0.01)
     losses = []
     for _ in range(100):
-        emb = tables[torch.arange(num_tables), ids]          # [128, T, DIM] (one id per table)
+        emb = tables[torch.arange(num_tables), ids]  # [128, T, DIM] (one id per table)
         loss = F.binary_cross_entropy_with_logits(model(dense, emb), labels)
         opt.zero_grad()
         loss.backward()
@@ -128,9 +140,18 @@ def test_the_job_options_name_every_model():
     assert set(contracts.vocab.SCALAR_SLICE_MODELS) == {"wdl", "deepfm"}
 
 
-@pytest.mark.parametrize("dataset,num_tables,dense_dim,want", [
-    ("criteo", 26, 13, "wdl"), ("movielens", 2, 0, "ncf"), ("avazu", 21, 0, "deepfm"),   # Herald W1-W3
-    ("synthetic", 26, 13, "dlrm"), ("parquet", 2, 0, "ncf"), ("libfm", 10, 0, "dlrm"), (None, 3, 1, "dlrm")])
+@pytest.mark.parametrize(
+    "dataset,num_tables,dense_dim,want",
+    [
+        ("criteo", 26, 13, "wdl"),
+        ("movielens", 2, 0, "ncf"),
+        ("avazu", 21, 0, "deepfm"),  # Herald W1-W3
+        ("synthetic", 26, 13, "dlrm"),
+        ("parquet", 2, 0, "ncf"),
+        ("libfm", 10, 0, "dlrm"),
+        (None, 3, 1, "dlrm"),
+    ],
+)
 def test_auto_picks_the_herald_workload_model_of_a_known_dataset(dataset, num_tables, dense_dim, want):
     assert contracts.train.auto_model("auto", dataset, num_tables, dense_dim) == want
     assert contracts.train.auto_model("dcn", dataset, num_tables, dense_dim) == "dcn"
@@ -139,8 +160,9 @@ def test_auto_picks_the_herald_workload_model_of_a_known_dataset(dataset, num_ta
 def test_the_job_spec_carries_the_resolved_model():
     from herald.loader.batch import Schema
 
-    data = types.SimpleNamespace(dataset="avazu", schema=Schema(tuple(f"C{i}" for i in range(21)), 0),
-                                 replicated=[], replica_rows=0)
+    data = types.SimpleNamespace(
+        dataset="avazu", schema=Schema(tuple(f"C{i}" for i in range(21)), 0), replicated=[], replica_rows=0
+    )
     job = contracts.job.JobSpec.build(contracts.train.TrainConfig(embedding_dim=4), data, ["tcp://127.0.0.1:1"])
     assert job.model == "deepfm"
     with pytest.raises(ConfigError, match="--embedding-dim 2 or more"):

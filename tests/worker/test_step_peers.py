@@ -17,18 +17,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from herald.contracts.job import JobSpec
+from herald.contracts.tables import OptimizerConfig, TableConfig
 from herald.dispatch.microbatch import MicroBatch, make_sample_ids
 from herald.errors import ConfigError, HeraldError, PeerTimeout, ProtocolError
-from herald.contracts.job import JobSpec
 from herald.loader.batch import SampleBatch
 from herald.ps import PSClient, apply_gradients
-from herald.contracts.tables import OptimizerConfig, TableConfig
 from herald.scheduler.plan import CachePlan, KeySet
 from herald.worker import link as link_mod
 from herald.worker.api import ScheduledLoader
 from tests.fakes import FakeDispatcher, InProcessPS
 
-OPT = OptimizerConfig("rowwise_adagrad", lr=0.1)      # stateful: the row's accumulator changes too
+OPT = OptimizerConfig("rowwise_adagrad", lr=0.1)  # stateful: the row's accumulator changes too
 TABLES = (TableConfig("user", 4, OPT), TableConfig("item", 4, OPT))
 DENSE_DIM = 2
 WAIT_S = 5.0
@@ -62,8 +62,9 @@ def dispatcher():
 
 
 def make_job(ps_address: str) -> JobSpec:
-    return JobSpec(tables=TABLES, dense_dim=DENSE_DIM, ps=(ps_address,), timeout_ms=2000,
-                   capacity_rows=16, num_workers=1)
+    return JobSpec(
+        tables=TABLES, dense_dim=DENSE_DIM, ps=(ps_address,), timeout_ms=2000, capacity_rows=16, num_workers=1
+    )
 
 
 def connect(dispatcher: FakeDispatcher, ps_address: str, cache_device: str = "auto") -> ScheduledLoader:
@@ -81,19 +82,21 @@ def micro_batch(step: int, base: int) -> tuple[MicroBatch, KeySet, KeySet]:
     Returns the micro-batch, its update_local keys and its grad_push keys.
     """
     u1, u2, item = (np.uint64(base + k) for k in (1, 2, 3))
-    batch = SampleBatch(np.array([1.0, 0.0], np.float32), np.array([[0.5, -1.0], [2.0, 0.25]], np.float32),
-                        [np.array([u1, u2], np.uint64), np.array([item, item], np.uint64)],
-                        [np.array([0, 1, 2], np.int64), np.array([0, 1, 2], np.int64)])
+    batch = SampleBatch(
+        np.array([1.0, 0.0], np.float32),
+        np.array([[0.5, -1.0], [2.0, 0.25]], np.float32),
+        [np.array([u1, u2], np.uint64), np.array([item, item], np.uint64)],
+        [np.array([0, 1, 2], np.int64), np.array([0, 1, 2], np.int64)],
+    )
     local = KeySet(np.array([0, 0], np.int32), np.array([u1, u2], np.uint64))
     shared = KeySet(np.array([1], np.int32), np.array([item], np.uint64))
     pull = KeySet(np.concatenate([local.table, shared.table]), np.concatenate([local.ids, shared.ids]))
-    plan = CachePlan(KeySet.empty(), np.zeros(0, bool), pull, shared, np.array([1], np.uint16), local,
-                     KeySet.empty())
+    plan = CachePlan(KeySet.empty(), np.zeros(0, bool), pull, shared, np.array([1], np.uint16), local, KeySet.empty())
     return MicroBatch.build(step, 0, batch, make_sample_ids(0, 2 * step, 2), plan), local, shared
 
 
 def forward_backward(loader: ScheduledLoader, batch, model: torch.nn.Module) -> torch.Tensor:
-    pooled = loader.embedding()(batch)                       # [b, T, dim]
+    pooled = loader.embedding()(batch)  # [b, T, dim]
     assert tuple(pooled.shape) == (2, len(TABLES), 4)
     logits = model(torch.cat([batch.dense, pooled.flatten(1)], dim=1)).squeeze(-1)
     loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
@@ -168,8 +171,8 @@ def test_step_updates_local_keys_in_cache_and_shared_keys_at_the_ps(dispatcher, 
         assert (flushed["op"], flushed["rank"]) == ("flushed", 0)
         np.testing.assert_allclose(ps_rows(ps, first), cached_local[:1], atol=0, rtol=0)
         rest = KeySet(local.table[1:], local.ids[1:])
-        np.testing.assert_array_equal(ps_rows(ps, rest), before_local[1:])   # not flushed: still stale
-        assert len(loader.executor.cache) == 0                               # reset emptied the cache
+        np.testing.assert_array_equal(ps_rows(ps, rest), before_local[1:])  # not flushed: still stale
+        assert len(loader.executor.cache) == 0  # reset emptied the cache
         assert not dispatcher.sock.poll(100), "nothing after flushed"
     finally:
         loader.close()
@@ -197,15 +200,14 @@ def test_silent_dispatcher_at_connect_is_a_peer_timeout_naming_it(dispatcher, mo
     monkeypatch.setattr(link_mod, "STARTUP_GRACE_MS", grace_ms)
     t0 = time.monotonic()
     with pytest.raises(PeerTimeout) as info:
-        ScheduledLoader.connect(dispatcher.address, rank=0, world_size=1, device="cpu",
-                                timeout_ms=LOADER_TIMEOUT_MS)
+        ScheduledLoader.connect(dispatcher.address, rank=0, world_size=1, device="cpu", timeout_ms=LOADER_TIMEOUT_MS)
     waited = time.monotonic() - t0
     assert 0.8 * grace_ms / 1e3 <= waited < HONOURED_S, waited
     assert f"{grace_ms} ms" in str(info.value)
     assert dispatcher.address in str(info.value) and info.value.peer == dispatcher.address
     assert "config" in str(info.value)
     assert dispatcher.recv()[0]["op"] == "hello"
-    header, _ = dispatcher.recv()                   # a late dispatcher still learns why
+    header, _ = dispatcher.recv()  # a late dispatcher still learns why
     assert (header["op"], header["rank"]) == ("error", 0) and "PeerTimeout" in header["message"]
 
 
@@ -253,7 +255,7 @@ def test_unknown_op_is_a_protocol_error_reported_to_the_dispatcher_first(dispatc
         dispatcher.send({"op": "frobnicate"})
         with pytest.raises(ProtocolError, match="'frobnicate'"):
             next(iter(loader))
-        header, _ = dispatcher.recv()   # sent before the error was raised
+        header, _ = dispatcher.recv()  # sent before the error was raised
         assert (header["op"], header["rank"]) == ("error", 0)
         assert "ProtocolError" in header["message"] and "frobnicate" in header["message"]
     finally:

@@ -19,16 +19,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-if os.environ.get("CI", "").lower() != "true":   # CI installs torchrec (make torchrec): a missing one fails there
+if os.environ.get("CI", "").lower() != "true":  # CI installs torchrec (make torchrec): a missing one fails there
     pytest.importorskip("torchrec")
 from torchrec.sparse.jagged_tensor import KeyedTensor  # noqa: E402
 
+from herald.contracts.job import JobSpec  # noqa: E402
+from herald.contracts.tables import OptimizerConfig, TableConfig
 from herald.dispatch.microbatch import MicroBatch, make_sample_ids  # noqa: E402
 from herald.errors import ConfigError  # noqa: E402
-from herald.contracts.job import JobSpec# noqa: E402
 from herald.loader.batch import SampleBatch  # noqa: E402
-from herald.ps import PSClient# noqa: E402
-from herald.contracts.tables import OptimizerConfig, TableConfig
+from herald.ps import PSClient  # noqa: E402
 from herald.scheduler.plan import CachePlan, KeySet  # noqa: E402
 from herald.worker.api import CachedEmbedding  # noqa: E402
 from tests.fakes import FakeDispatcher, InProcessPS  # noqa: E402
@@ -43,9 +43,14 @@ def _micro_batch(step: int) -> MicroBatch:
     """Three samples; "user" single-hot (ids only this worker uses: update_local), "tags"
     multi-hot with an empty bag and an id >= 2^63 (grad_push, as for shared keys)."""
     user = np.array([1, 2, 1], np.uint64) + np.uint64(10 * step)
-    tags = np.array([7, 2 ** 63 + 3, 7], np.uint64)
-    batch = SampleBatch(np.array([1, 0, 1], np.float32), np.array([[0.5, -1], [2, 0.25], [0, 1]], np.float32),
-                        [user, tags], [np.array([0, 1, 2, 3]), np.array([0, 2, 2, 3])], ["user", "tags"])
+    tags = np.array([7, 2**63 + 3, 7], np.uint64)
+    batch = SampleBatch(
+        np.array([1, 0, 1], np.float32),
+        np.array([[0.5, -1], [2, 0.25], [0, 1]], np.float32),
+        [user, tags],
+        [np.array([0, 1, 2, 3]), np.array([0, 2, 2, 3])],
+        ["user", "tags"],
+    )
     local = KeySet(np.zeros(2, np.int32), np.unique(user))
     shared = KeySet(np.ones(2, np.int32), np.unique(tags))
     pull = KeySet(np.concatenate([local.table, shared.table]), np.concatenate([local.ids, shared.ids]))
@@ -69,8 +74,9 @@ def _train(tmp_path: pathlib.Path, output: str, steps: int = 2) -> dict[str, np.
     shards = InProcessPS(TABLES, workdir=tmp_path).start()
     ps_address = shards.addresses[0]
     dispatcher = FakeDispatcher(wait_s=WAIT_S)
-    job = JobSpec(tables=TABLES, dense_dim=DENSE_DIM, ps=(ps_address,), timeout_ms=2000, capacity_rows=16,
-                  num_workers=1)
+    job = JobSpec(
+        tables=TABLES, dense_dim=DENSE_DIM, ps=(ps_address,), timeout_ms=2000, capacity_rows=16, num_workers=1
+    )
     loader = dispatcher.connect_loader(job, timeout_ms=2000)
     try:
         torch.manual_seed(0)
@@ -89,10 +95,13 @@ def _train(tmp_path: pathlib.Path, output: str, steps: int = 2) -> dict[str, np.
             assert dispatcher.recv()[0]["op"] == "ack"
         local = KeySet(np.zeros(4, np.int32), np.array([1, 2, 11, 12], np.uint64))
         with PSClient([ps_address], TABLES, timeout_ms=2000) as ps:
-            shared = np.array(ps.pull(1, np.array([7, 2 ** 63 + 3], np.uint64)))
+            shared = np.array(ps.pull(1, np.array([7, 2**63 + 3], np.uint64)))
         cache = loader.executor.cache
-        return {"cached": cache.read(cache.slots(local)), "ps": shared,
-                "dense": torch.cat([p.detach().flatten() for p in model.parameters()]).numpy()}
+        return {
+            "cached": cache.read(cache.slots(local)),
+            "ps": shared,
+            "dense": torch.cat([p.detach().flatten() for p in model.parameters()]).numpy(),
+        }
     finally:
         loader.close()
         dispatcher.close()
@@ -114,14 +123,14 @@ def test_keyed_tensor_layout_and_bad_output(monkeypatch):
     kt = keyed_pooled(pooled, ["a", "b", "c"])
     assert kt.keys() == ["a", "b", "c"] and kt.length_per_key() == [4, 4, 4] and kt.values().shape == (2, 12)
     assert torch.equal(kt["b"], pooled[:, 1])
-    kt["c"].sum().backward()                                   # the gradient reaches the pooled rows
+    kt["c"].sum().backward()  # the gradient reaches the pooled rows
     assert pooled.grad[:, 2].eq(1).all() and pooled.grad[:, :2].eq(0).all()
     with pytest.raises(ConfigError, match="keyed_tensor"):
         CachedEmbedding(executor=None, output="keyed")
     with pytest.raises(ConfigError, match="table names"):
         CachedEmbedding(executor=None, output="keyed_tensor")
     for name in ("torchrec", "torchrec.sparse.jagged_tensor"):
-        monkeypatch.setitem(sys.modules, name, None)            # importing them raises ImportError
+        monkeypatch.setitem(sys.modules, name, None)  # importing them raises ImportError
     with pytest.raises(ImportError, match=r"pip install --no-deps torchrec==1\.8\.0"):
         CachedEmbedding(executor=None, output="keyed_tensor", table_names=("a",))
-    CachedEmbedding(executor=None)                             # the plain tensor needs no torchrec
+    CachedEmbedding(executor=None)  # the plain tensor needs no torchrec

@@ -33,9 +33,14 @@ META_KEY = b"herald.schema"
 
 def layout_of(batch_schema, multi_hot=frozenset()) -> dict:
     """The ``herald.schema`` JSON object for a herald Schema (dense as one column)."""
-    return {"version": 1, "label": "label", "dense": "dense" if batch_schema.dense_dim else None,
-            "tables": [{"name": n, "column": n, "kind": "multi" if n in multi_hot else "single"}
-                       for n in batch_schema.table_names]}
+    return {
+        "version": 1,
+        "label": "label",
+        "dense": "dense" if batch_schema.dense_dim else None,
+        "tables": [
+            {"name": n, "column": n, "kind": "multi" if n in multi_hot else "single"} for n in batch_schema.table_names
+        ],
+    }
 
 
 def arrow_schema(batch_schema, multi_hot=frozenset(), extra_metadata: dict | None = None) -> pa.Schema:
@@ -99,13 +104,16 @@ def infer_layout(schema: pa.Schema, where: str = "") -> dict:
             [(t["name"], t["column"]) for t in layout["tables"]]
             layout["label"]
         except (ValueError, KeyError, TypeError) as exc:
-            raise DataError(f"{at}malformed {META_KEY.decode()} metadata: {exc}; rewrite the file "
-                            "with herald convert") from exc
+            raise DataError(
+                f"{at}malformed {META_KEY.decode()} metadata: {exc}; rewrite the file with herald convert"
+            ) from exc
         check_layout(schema, layout, where)
         return layout
     if "label" not in schema.names:
-        raise DataError(f"{at}no 'label' column and no herald.schema metadata; write the file with "
-                        f"herald convert (columns: {schema.names})")
+        raise DataError(
+            f"{at}no 'label' column and no herald.schema metadata; write the file with "
+            f"herald convert (columns: {schema.names})"
+        )
     dense, tables, unmapped = [], [], []
     for f in schema:
         t = f.type
@@ -122,10 +130,12 @@ def infer_layout(schema: pa.Schema, where: str = "") -> dict:
         else:
             unmapped.append(f"{f.name!r} ({t})")
     if unmapped:
-        raise DataError(f"{at}column(s) {', '.join(unmapped)} map to nothing herald reads (label: a float or "
-                        "integer column; dense: float columns or a fixed_size_list<float32> 'dense'; tables: "
-                        "integer or list<integer> id columns); drop them, cast them, or write the file with "
-                        "herald convert")
+        raise DataError(
+            f"{at}column(s) {', '.join(unmapped)} map to nothing herald reads (label: a float or "
+            "integer column; dense: float columns or a fixed_size_list<float32> 'dense'; tables: "
+            "integer or list<integer> id columns); drop them, cast them, or write the file with "
+            "herald convert"
+        )
     layout = {"version": 1, "label": "label", "dense": dense or None, "tables": tables}
     check_layout(schema, layout, where)
     return layout
@@ -149,37 +159,51 @@ def check_layout(schema: pa.Schema, layout: dict, where: str = "") -> None:
 
     def field(column: str, role: str) -> pa.Field:
         if column not in schema.names:
-            raise DataError(f"{at}the {role} column {column!r} named by the herald layout is missing (columns: "
-                            f"{schema.names}); rewrite the file with herald convert")
+            raise DataError(
+                f"{at}the {role} column {column!r} named by the herald layout is missing (columns: "
+                f"{schema.names}); rewrite the file with herald convert"
+            )
         return schema.field(column)
 
     label = field(layout["label"], "label")
     if not _numeric(label.type):
-        raise DataError(f"{at}column {label.name!r} is {label.type}: label must be a float or integer column "
-                        "(0/1 or a probability); cast it to float32, or write the file from the raw data with "
-                        "herald convert")
+        raise DataError(
+            f"{at}column {label.name!r} is {label.type}: label must be a float or integer column "
+            "(0/1 or a probability); cast it to float32, or write the file from the raw data with "
+            "herald convert"
+        )
     spec = layout.get("dense")
-    for column in ([spec] if isinstance(spec, str) else list(spec or [])):
+    for column in [spec] if isinstance(spec, str) else list(spec or []):
         f = field(column, "dense")
-        ok = (pa.types.is_fixed_size_list(f.type) and _numeric(f.type.value_type)) if isinstance(spec, str) \
+        ok = (
+            (pa.types.is_fixed_size_list(f.type) and _numeric(f.type.value_type))
+            if isinstance(spec, str)
             else _numeric(f.type)
+        )
         if not ok:
             want = "a fixed_size_list<float32>" if isinstance(spec, str) else "a float column"
-            raise DataError(f"{at}column {column!r} is {f.type}: dense features must be {want}; cast it, or "
-                            "write the file from the raw data with herald convert")
+            raise DataError(
+                f"{at}column {column!r} is {f.type}: dense features must be {want}; cast it, or "
+                "write the file from the raw data with herald convert"
+            )
     if not layout["tables"]:
-        raise DataError(f"{at}no table column: herald needs at least one id column (integer, e.g. uint64, or "
-                        f"list<integer>) beside the label and dense features (columns: {schema.names}); write the "
-                        "file with herald convert")
+        raise DataError(
+            f"{at}no table column: herald needs at least one id column (integer, e.g. uint64, or "
+            f"list<integer>) beside the label and dense features (columns: {schema.names}); write the "
+            "file with herald convert"
+        )
     for t in layout["tables"]:
         f = field(t["column"], "table")
         ty = f.type
-        ok = pa.types.is_integer(ty) or ((pa.types.is_list(ty) or pa.types.is_large_list(ty))
-                                         and pa.types.is_integer(ty.value_type))
+        ok = pa.types.is_integer(ty) or (
+            (pa.types.is_list(ty) or pa.types.is_large_list(ty)) and pa.types.is_integer(ty.value_type)
+        )
         if not ok:
-            raise DataError(f"{at}table column {t['column']!r} is {ty}: ids must be integers (uint64) or lists of "
-                            "integers; hash categorical strings to ids (herald convert does, from a text format) "
-                            "or cast the column")
+            raise DataError(
+                f"{at}table column {t['column']!r} is {ty}: ids must be integers (uint64) or lists of "
+                "integers; hash categorical strings to ids (herald convert does, from a text format) "
+                "or cast the column"
+            )
 
 
 def _column(data, name: str) -> pa.Array:
@@ -196,8 +220,11 @@ def _ids(arr: pa.Array) -> np.ndarray:
         return out
     if not pa.types.is_integer(arr.type):
         raise DataError(f"table column of type {arr.type}: expected integers; rewrite with herald convert")
-    vals = arr.to_numpy(zero_copy_only=False) if arr.null_count == 0 else \
-        np.frombuffer(arr.buffers()[1], arr.type.to_pandas_dtype(), len(arr), arr.offset)
+    vals = (
+        arr.to_numpy(zero_copy_only=False)
+        if arr.null_count == 0
+        else np.frombuffer(arr.buffers()[1], arr.type.to_pandas_dtype(), len(arr), arr.offset)
+    )
     if np.issubdtype(vals.dtype, np.signedinteger) and vals.size and vals.min() < 0:
         raise DataError("negative id in a table column; ids must be >= 0 (or stored as int64 bits)")
     return vals.astype(KEY_DTYPE)
@@ -208,8 +235,12 @@ def _table(arr: pa.Array, arange: np.ndarray):
     if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
         if arr.null_count:
             arr = arr.fill_null(pa.scalar([], arr.type))
-        offs = np.frombuffer(arr.buffers()[1], np.int32 if pa.types.is_list(arr.type) else np.int64,
-                             b + 1, arr.offset * (4 if pa.types.is_list(arr.type) else 8))
+        offs = np.frombuffer(
+            arr.buffers()[1],
+            np.int32 if pa.types.is_list(arr.type) else np.int64,
+            b + 1,
+            arr.offset * (4 if pa.types.is_list(arr.type) else 8),
+        )
         start, stop = int(offs[0]), int(offs[-1])
         values = _ids(arr.values.slice(start, stop - start))
         return np.ascontiguousarray(values), (offs - start).astype(OFFSET_DTYPE)
@@ -217,10 +248,10 @@ def _table(arr: pa.Array, arange: np.ndarray):
     if arr.null_count == 0:
         return vals, arange
     bits = np.frombuffer(arr.buffers()[0], np.uint8)
-    valid = np.unpackbits(bits, count=arr.offset + b, bitorder="little")[arr.offset:]
+    valid = np.unpackbits(bits, count=arr.offset + b, bitorder="little")[arr.offset :]
     values = np.empty(b, KEY_DTYPE)
     offsets = np.empty(b + 1, OFFSET_DTYPE)
-    return values[:compact_jit(vals, valid, values, offsets)], offsets
+    return values[: compact_jit(vals, valid, values, offsets)], offsets
 
 
 def arrow_to_batch(data, layout: dict | None = None) -> SampleBatch:
@@ -243,8 +274,9 @@ def arrow_to_batch(data, layout: dict | None = None) -> SampleBatch:
             d = col.type.list_size
             dense = col.flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False).reshape(b, d)
         elif dense_spec:
-            dense = np.stack([_column(data, c).to_numpy(zero_copy_only=False) for c in dense_spec],
-                             axis=1).astype(np.float32)
+            dense = np.stack([_column(data, c).to_numpy(zero_copy_only=False) for c in dense_spec], axis=1).astype(
+                np.float32
+            )
         else:
             dense = np.zeros((b, 0), np.float32)
         arange = np.arange(b + 1, dtype=OFFSET_DTYPE)
@@ -258,6 +290,7 @@ def arrow_to_batch(data, layout: dict | None = None) -> SampleBatch:
             offsets.append(o)
             names.append(t["name"])
     except KeyError as exc:
-        raise DataError(f"column {exc} named by the herald layout is missing; rewrite the file "
-                        "with herald convert") from exc
+        raise DataError(
+            f"column {exc} named by the herald layout is missing; rewrite the file with herald convert"
+        ) from exc
     return SampleBatch(labels, dense, values, offsets, names, validate=False)

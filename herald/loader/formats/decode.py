@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 from herald.errors import ConfigError, DataError
-from herald.loader.formats import layouts as formats
 from herald.loader.batch import SampleBatch
+from herald.loader.formats import layouts as formats
 from herald.loader.formats.layouts import Decoded
 from herald.loader.kernels import REASONS
 from herald.loader.policy import POLICIES
@@ -33,8 +33,9 @@ def decode_lines(format: str, records: list[bytes], *, bucket_count: int = 0) ->
         raise ConfigError(f"decode_records supports formats {sorted(_FORMATS)}, got {format!r}")
     key = (format, bucket_count)
     fmt = _CACHE.get(key) or _CACHE.setdefault(key, _FORMATS[format](bucket_count))
-    clean = [b"" if r is None else r[:-2] if r.endswith(b"\r\n") else r[:-1] if r.endswith(b"\n") else r
-             for r in records]
+    clean = [
+        b"" if r is None else r[:-2] if r.endswith(b"\r\n") else r[:-1] if r.endswith(b"\n") else r for r in records
+    ]
     lengths = np.fromiter((len(r) for r in clean), np.int64, len(clean))
     ends = np.cumsum(lengths)
     starts = ends - lengths
@@ -46,9 +47,15 @@ def decode_lines(format: str, records: list[bytes], *, bucket_count: int = 0) ->
     return decoded
 
 
-def decode_records(format: str, records: list[bytes], *, policy: str = "strict",
-                   source_name: str = "records", first_position: int = 0,
-                   bucket_count: int = 0) -> tuple[SampleBatch, dict[str, int], list[bytes]]:
+def decode_records(
+    format: str,
+    records: list[bytes],
+    *,
+    policy: str = "strict",
+    source_name: str = "records",
+    first_position: int = 0,
+    bucket_count: int = 0,
+) -> tuple[SampleBatch, dict[str, int], list[bytes]]:
     """Decode header-less ``criteo`` or ``avazu`` lines into one SampleBatch.
 
     Args:
@@ -75,8 +82,12 @@ def decode_records(format: str, records: list[bytes], *, policy: str = "strict",
     bad = np.flatnonzero(decoded.status)
     if bad.size and policy == "strict":
         reason = REASONS[decoded.status[bad[0]]]
-        raise DataError(f"bad {format} record: {reason}; fix the producer or decode with policy='skip'",
-                        source=source_name, position=first_position + int(bad[0]), reason=reason)
+        raise DataError(
+            f"bad {format} record: {reason}; fix the producer or decode with policy='skip'",
+            source=source_name,
+            position=first_position + int(bad[0]),
+            reason=reason,
+        )
     skipped: dict[str, int] = {}
     for code in decoded.status[bad]:
         skipped[REASONS[code]] = skipped.get(REASONS[code], 0) + 1

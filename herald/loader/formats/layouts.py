@@ -26,14 +26,36 @@ import dataclasses
 
 import numpy as np
 
+from herald.hashing import table_seed
 from herald.loader import kernels as K
 from herald.loader.batch import KEY_DTYPE, OFFSET_DTYPE, SampleBatch, Schema
-from herald.hashing import table_seed
 
-AVAZU_COLUMNS = ("id", "click", "hour", "C1", "banner_pos", "site_id", "site_domain",
-                 "site_category", "app_id", "app_domain", "app_category", "device_id",
-                 "device_ip", "device_model", "device_type", "device_conn_type", "C14",
-                 "C15", "C16", "C17", "C18", "C19", "C20", "C21")
+AVAZU_COLUMNS = (
+    "id",
+    "click",
+    "hour",
+    "C1",
+    "banner_pos",
+    "site_id",
+    "site_domain",
+    "site_category",
+    "app_id",
+    "app_domain",
+    "app_category",
+    "device_id",
+    "device_ip",
+    "device_model",
+    "device_type",
+    "device_conn_type",
+    "C14",
+    "C15",
+    "C16",
+    "C17",
+    "C18",
+    "C19",
+    "C20",
+    "C21",
+)
 
 
 def _jagged(ids_t: np.ndarray, has_t: np.ndarray | None, arange: np.ndarray):
@@ -75,8 +97,7 @@ class Decoded:
             v, o = _jagged(self.ids[t, rows], None if self.has is None else self.has[t, rows], arange)
             values.append(v)
             offsets.append(o)
-        return SampleBatch(self.labels[rows], self.dense[rows], values, offsets,
-                           self.table_names, validate=False)
+        return SampleBatch(self.labels[rows], self.dense[rows], values, offsets, self.table_names, validate=False)
 
 
 class DelimitedFormat:
@@ -89,8 +110,7 @@ class DelimitedFormat:
         ``K_AUX_FLOAT`` columns; bucket_count: reduce hashed ids modulo this (0 = no).
     """
 
-    def __init__(self, name: str, sep: bytes, kinds: list[int], table_names, *,
-                 bucket_count: int = 0):
+    def __init__(self, name: str, sep: bytes, kinds: list[int], table_names, *, bucket_count: int = 0):
         self.name = name
         self.sep = sep[0]
         self.kinds = np.asarray(kinds, np.int64)
@@ -118,10 +138,23 @@ class DelimitedFormat:
         has = np.ones((t, n), np.uint8)
         aux = np.zeros((self.aux_dim, n), np.float64)
         status = np.zeros(n, np.int8)
-        K.parse_delimited_jit(buf, starts, ends, self.sep, self.kinds, self.slots, self.seeds,
-                              self.bucket_count, labels, dense, ids, has, aux, status)
-        return Decoded(status, labels, dense, ids, None if self.all_present else has, aux,
-                       self.schema.table_names)
+        K.parse_delimited_jit(
+            buf,
+            starts,
+            ends,
+            self.sep,
+            self.kinds,
+            self.slots,
+            self.seeds,
+            self.bucket_count,
+            labels,
+            dense,
+            ids,
+            has,
+            aux,
+            status,
+        )
+        return Decoded(status, labels, dense, ids, None if self.all_present else has, aux, self.schema.table_names)
 
 
 class LibfmFormat:
@@ -134,8 +167,18 @@ class LibfmFormat:
     is a ``field_count`` error.
     """
 
-    FRAPPE_FIELDS = ("user", "item", "daytime", "weekday", "isweekend", "homework", "cost",
-                     "weather", "country", "city")
+    FRAPPE_FIELDS = (
+        "user",
+        "item",
+        "daytime",
+        "weekday",
+        "isweekend",
+        "homework",
+        "cost",
+        "weather",
+        "country",
+        "city",
+    )
 
     def __init__(self, table_names=FRAPPE_FIELDS):
         self.name = "libfm"
@@ -147,15 +190,15 @@ class LibfmFormat:
         ids = np.zeros((self.schema.num_tables, n), KEY_DTYPE)
         status = np.zeros(n, np.int8)
         K.parse_libfm_jit(buf, starts, ends, labels, ids, status)
-        return Decoded(status, labels, np.zeros((n, 0), np.float32), ids, None,
-                       np.zeros((0, n)), self.schema.table_names)
+        return Decoded(
+            status, labels, np.zeros((n, 0), np.float32), ids, None, np.zeros((0, n)), self.schema.table_names
+        )
 
 
 def criteo_format(bucket_count: int = 0) -> DelimitedFormat:
     """Criteo TSV: label, I1..I13, C1..C26 (see module docstring)."""
     kinds = [K.K_LABEL01] + [K.K_DENSE_LOG] * 13 + [K.K_HASH] * 26
-    return DelimitedFormat("criteo", b"\t", kinds, [f"C{i}" for i in range(1, 27)],
-                           bucket_count=bucket_count)
+    return DelimitedFormat("criteo", b"\t", kinds, [f"C{i}" for i in range(1, 27)], bucket_count=bucket_count)
 
 
 def avazu_format(bucket_count: int = 0) -> DelimitedFormat:

@@ -77,10 +77,13 @@ def dataset_files(folder: pathlib.Path) -> list[pathlib.Path]:
         (files if entry.is_file() and entry.name.endswith(".parquet") else others).append(entry.name)
     if others:
         shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
-        raise DataError(f"{folder} holds {len(others)} entr{'y' if len(others) == 1 else 'ies'} herald does not "
-                        f"read: {shown}. A directory source reads only *.parquet files (names starting with '_' "
-                        "or '.' are ignored as metadata); convert the others with herald convert (e.g. a .tsv to "
-                        ".parquet) or move them out of the directory", source=str(folder))
+        raise DataError(
+            f"{folder} holds {len(others)} entr{'y' if len(others) == 1 else 'ies'} herald does not "
+            f"read: {shown}. A directory source reads only *.parquet files (names starting with '_' "
+            "or '.' are ignored as metadata); convert the others with herald convert (e.g. a .tsv to "
+            ".parquet) or move them out of the directory",
+            source=str(folder),
+        )
     return [folder / name for name in files]
 
 
@@ -101,41 +104,49 @@ class ParquetSource(Source):
 
     format_name = "parquet"
 
-    def __init__(self, path, *, settings: ParquetSettings = ParquetSettings(),
-                 bad: BadRecordSettings = BadRecordSettings()):
+    def __init__(
+        self, path, *, settings: ParquetSettings = ParquetSettings(), bad: BadRecordSettings = BadRecordSettings()
+    ):
         super().__init__()
         p = pathlib.Path(path)
         self.path = os.fspath(path)
         files = dataset_files(p) if p.is_dir() else [p]
         if not files or not files[0].exists():
-            raise DataError(f"no Parquet file at {path}; write one with herald convert or herald datagen",
-                            source=self.path)
+            raise DataError(
+                f"no Parquet file at {path}; write one with herald convert or herald datagen", source=self.path
+            )
         self._settings = settings
         self._files = []
         for f in files:
             try:
                 self._files.append(pq.ParquetFile(f, **READ_OPTIONS))
             except (OSError, ValueError, pa.ArrowException) as exc:
-                raise DataError(f"cannot read Parquet file {f}: {exc}; rewrite it with herald convert",
-                                source=str(f)) from exc
+                raise DataError(
+                    f"cannot read Parquet file {f}: {exc}; rewrite it with herald convert", source=str(f)
+                ) from exc
         self._paths = [str(f) for f in files]
         self._names = [f.name for f in files]
         self._layout = infer_layout(self._files[0].schema_arrow, self._paths[0])
         dense_dim = self._dense_dim(self._files[0].schema_arrow)
         for f, where in zip(self._files[1:], self._paths[1:]):
             if infer_layout(f.schema_arrow, where) != self._layout:
-                raise DataError(f"{where} has another column layout than {self._paths[0]}; a directory must hold "
-                                "one dataset (the same label, dense and table columns in every file)",
-                                source=self.path)
+                raise DataError(
+                    f"{where} has another column layout than {self._paths[0]}; a directory must hold "
+                    "one dataset (the same label, dense and table columns in every file)",
+                    source=self.path,
+                )
             if self._dense_dim(f.schema_arrow) != dense_dim:
-                raise DataError(f"{where} has {self._dense_dim(f.schema_arrow)} dense features, {self._paths[0]} "
-                                f"has {dense_dim}; a directory must hold one dataset", source=self.path)
+                raise DataError(
+                    f"{where} has {self._dense_dim(f.schema_arrow)} dense features, {self._paths[0]} "
+                    f"has {dense_dim}; a directory must hold one dataset",
+                    source=self.path,
+                )
         self._schema = Schema(tuple(t["name"] for t in self._layout["tables"]), dense_dim)
         self._log = BadRecordLog(bad, self.path)
         self._pos = (0, 0, 0)
         self._group: SampleBatch | None = None
-        self._status: np.ndarray | None = None   # NOTE [record status] codes of the group, None: all good
-        self._good: np.ndarray | None = None     # rows to serve (strict: only those before the first bad one)
+        self._status: np.ndarray | None = None  # NOTE [record status] codes of the group, None: all good
+        self._good: np.ndarray | None = None  # rows to serve (strict: only those before the first bad one)
 
     def _dense_dim(self, schema) -> int:
         spec = self._layout.get("dense")
@@ -181,15 +192,17 @@ class ParquetSource(Source):
             if isinstance(exc, OSError) and _CHECKSUM_MESSAGE in str(exc):
                 self._drop_group(fi, gi, row, exc)
                 return False
-            raise DataError(f"cannot decode row group {gi} of {self._paths[fi]}: {exc}; rewrite the file with "
-                            "herald convert", source=self._paths[fi]) from exc
+            raise DataError(
+                f"cannot decode row group {gi} of {self._paths[fi]}: {exc}; rewrite the file with herald convert",
+                source=self._paths[fi],
+            ) from exc
         self._group = group
         self._status = value_status(group.labels, group.dense)
         self._good = None
         if self._status is not None:
             good = self._status == 0
             if self._log.strict:
-                good[int(np.flatnonzero(~good)[0]):] = False
+                good[int(np.flatnonzero(~good)[0]) :] = False
             self._good = np.flatnonzero(good)
         return True
 
@@ -204,13 +217,27 @@ class ParquetSource(Source):
         stop = first + self._files[fi].metadata.row_group(gi).num_rows
         if self._log.strict:
             where = f"row group {gi} (rows {{position}} to {stop - 1}, 0-based) of {path}"
-            raise self._log.error(BAD_CHECKSUM, first, where, source=path,
-                                  detail=f"{exc}; the file changed after it was written (disk or copy corruption): "
-                                  "restore it, or write it again with herald convert")
+            raise self._log.error(
+                BAD_CHECKSUM,
+                first,
+                where,
+                source=path,
+                detail=f"{exc}; the file changed after it was written (disk or copy corruption): "
+                "restore it, or write it again with herald convert",
+            )
         raw = ()
         if self._log.settings.quarantine_path is not None:
-            raw = [json.dumps({"file": path, "row_group": gi, "rows": [first + row, stop],
-                               "reason": REASONS[BAD_CHECKSUM], "error": str(exc)}).encode()]
+            raw = [
+                json.dumps(
+                    {
+                        "file": path,
+                        "row_group": gi,
+                        "rows": [first + row, stop],
+                        "reason": REASONS[BAD_CHECKSUM],
+                        "error": str(exc),
+                    }
+                ).encode()
+            ]
         self._log.record(np.full(max(stop - first - row, 0), BAD_CHECKSUM, np.int8), raw)
 
     def _file_row(self, fi: int, gi: int, row: int) -> int:
@@ -229,8 +256,18 @@ class ParquetSource(Source):
         if self._log.settings.quarantine_path is not None:
             first = self._file_row(fi, gi, 0)
             g = self._group
-            raw = [json.dumps({"file": self._paths[fi], "row": first + int(r), "reason": REASONS[self._status[r]],
-                               "label": float(g.labels[r]), "dense": g.dense[r].tolist()}).encode() for r in bad]
+            raw = [
+                json.dumps(
+                    {
+                        "file": self._paths[fi],
+                        "row": first + int(r),
+                        "reason": REASONS[self._status[r]],
+                        "label": float(g.labels[r]),
+                        "dense": g.dense[r].tolist(),
+                    }
+                ).encode()
+                for r in bad
+            ]
         self._log.record(codes, raw)
 
     def _read(self, max_rows: int) -> SampleBatch | None:
@@ -254,16 +291,19 @@ class ParquetSource(Source):
                 out = self._group.slice(row, row + max_rows)
                 row += len(out)
             else:
-                idx = self._good[np.searchsorted(self._good, row):][:max_rows]
-                if idx.size == 0:     # nothing to serve from ``row`` on: pass the rest (strict: stop at the bad row)
+                idx = self._good[np.searchsorted(self._good, row) :][:max_rows]
+                if idx.size == 0:  # nothing to serve from ``row`` on: pass the rest (strict: stop at the bad row)
                     bad = np.flatnonzero(self._status[row:]) + row
                     if self._log.strict and bad.size:
                         self._pos = (fi, gi, int(bad[0]))
                         r = int(bad[0])
-                        raise self._log.error(int(self._status[r]), self._file_row(fi, gi, r),
-                                              f"row {{position}} (0-based) of {self._paths[fi]}",
-                                              source=self._paths[fi],
-                                              detail=describe(self._group.labels, self._group.dense, r))
+                        raise self._log.error(
+                            int(self._status[r]),
+                            self._file_row(fi, gi, r),
+                            f"row {{position}} (0-based) of {self._paths[fi]}",
+                            source=self._paths[fi],
+                            detail=describe(self._group.labels, self._group.dense, r),
+                        )
                     self._pass(fi, gi, row, n)
                     gi, row, self._group = gi + 1, 0, None
                     continue
@@ -286,8 +326,10 @@ class ParquetSource(Source):
         fi, gi, row = state_int(state, "file_index"), state_int(state, "row_group"), state_int(state, "row")
         if fi < len(self._files):
             if state.get("file") != self._names[fi]:
-                raise DataError(f"state is for file {state.get('file')!r}, file {fi} here is "
-                                f"{self._names[fi]!r}; pass the state of the same dataset")
+                raise DataError(
+                    f"state is for file {state.get('file')!r}, file {fi} here is "
+                    f"{self._names[fi]!r}; pass the state of the same dataset"
+                )
             if gi > self._files[fi].num_row_groups:
                 raise DataError(f"malformed state: row group {gi} of {self._names[fi]} does not exist")
         elif fi > len(self._files):

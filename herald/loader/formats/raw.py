@@ -14,11 +14,11 @@ import numpy as np
 
 from herald.config import require
 from herald.errors import DataError
-from herald.loader.formats import layouts as formats
 from herald.loader.batch import SampleBatch, Schema
+from herald.loader.formats import layouts as formats
+from herald.loader.formats.text import TextFileSource, TextSettings
 from herald.loader.policy import BadRecordLog, BadRecordSettings
 from herald.loader.source import Source, state_int
-from herald.loader.formats.text import TextFileSource, TextSettings
 
 
 class CriteoSource(TextFileSource):
@@ -35,15 +35,21 @@ class AvazuSource(TextFileSource):
     malformed one is counted as bad rather than dropped as a header)."""
 
     def __init__(self, path, *, bucket_count: int = 0, bad=BadRecordSettings(), text=TextSettings()):
-        super().__init__(path, formats.avazu_format(bucket_count), bad=bad, text=text,
-                         header=lambda line: line.startswith(b"id,click,"))
+        super().__init__(
+            path,
+            formats.avazu_format(bucket_count),
+            bad=bad,
+            text=text,
+            header=lambda line: line.startswith(b"id,click,"),
+        )
 
 
 class LibfmSource(TextFileSource):
     """libFM with one active index per field (Frappe: 10 fields); see ``LibfmFormat``."""
 
-    def __init__(self, path, *, table_names=formats.LibfmFormat.FRAPPE_FIELDS,
-                 bad=BadRecordSettings(), text=TextSettings()):
+    def __init__(
+        self, path, *, table_names=formats.LibfmFormat.FRAPPE_FIELDS, bad=BadRecordSettings(), text=TextSettings()
+    ):
         super().__init__(path, formats.LibfmFormat(tuple(table_names)), bad=bad, text=text)
 
 
@@ -93,7 +99,7 @@ class MovieLensSource(Source):
         if bad_rows.size:
             if self._log.strict:
                 raise self._log.error(int(decoded.status[bad_rows[0]]), int(bad_rows[0]) + first + 1)
-            raw = [data[starts[k]:ends[k]] for k in bad_rows] if bad.quarantine_path else ()
+            raw = [data[starts[k] : ends[k]] for k in bad_rows] if bad.quarantine_path else ()
             self._log.record(decoded.status, raw)
         good = np.flatnonzero(decoded.status == 0)
         order = good[np.argsort(decoded.aux[1, good], kind="stable")]

@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
 from herald.config import require
 from herald.errors import DataError
 from herald.loader.batch import SampleBatch, Schema
+from herald.loader.formats.layouts import split_lines
 from herald.loader.policy import BadRecordLog, BadRecordSettings
 from herald.loader.source import Source, state_int
-from herald.loader.formats.layouts import split_lines
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,11 +51,11 @@ class _Chunk:
             if bad.size:
                 self.error_line = int(bad[0])
                 self.good = self.good[self.good < bad[0]]
-        self.gp = 0          # next good row (index into self.good)
-        self.line_ptr = 0    # next line not yet passed
+        self.gp = 0  # next good row (index into self.good)
+        self.line_ptr = 0  # next line not yet passed
 
     def raw(self, lines: np.ndarray) -> list[bytes]:
-        return [self.buf[self.starts[k]:self.ends[k]].tobytes() for k in lines]
+        return [self.buf[self.starts[k] : self.ends[k]].tobytes() for k in lines]
 
 
 class TextFileSource(Source):
@@ -70,9 +70,15 @@ class TextFileSource(Source):
         DataError: the file cannot be opened; bad records under ``strict``.
     """
 
-    def __init__(self, path, fmt, *, bad: BadRecordSettings = BadRecordSettings(),
-                 text: TextSettings = TextSettings(),
-                 header: Callable[[bytes], bool] | None = None):
+    def __init__(
+        self,
+        path,
+        fmt,
+        *,
+        bad: BadRecordSettings = BadRecordSettings(),
+        text: TextSettings = TextSettings(),
+        header: Callable[[bytes], bool] | None = None,
+    ):
         super().__init__()
         self.format_name = fmt.name
         self.path = os.fspath(path)
@@ -122,15 +128,14 @@ class TextFileSource(Source):
         buf = np.frombuffer(data, np.uint8)
         starts, ends, consumed = split_lines(buf, final)
         decoded = self._fmt.decode(buf, starts, ends)
-        self._chunk = _Chunk(self._offset, self._line, buf, starts, ends, consumed, decoded,
-                             self._log.strict)
+        self._chunk = _Chunk(self._offset, self._line, buf, starts, ends, consumed, decoded, self._log.strict)
         return True
 
     def _advance(self, chunk: _Chunk, line_ptr: int) -> None:
         """Pass lines ``[chunk.line_ptr, line_ptr)``: count/quarantine bad ones, move position."""
         if line_ptr <= chunk.line_ptr:
             return
-        status = chunk.decoded.status[chunk.line_ptr:line_ptr]
+        status = chunk.decoded.status[chunk.line_ptr : line_ptr]
         if not self._log.strict:
             bad = np.flatnonzero(status) + chunk.line_ptr
             if bad.size:
@@ -144,7 +149,7 @@ class TextFileSource(Source):
         while True:
             chunk = self._chunk
             if chunk is not None and chunk.gp < chunk.good.shape[0]:
-                idx = chunk.good[chunk.gp:chunk.gp + max_rows]
+                idx = chunk.good[chunk.gp : chunk.gp + max_rows]
                 chunk.gp += idx.shape[0]
                 self._advance(chunk, int(idx[-1]) + 1)
                 return chunk.decoded.batch(idx)
@@ -162,15 +167,21 @@ class TextFileSource(Source):
 
     # ------------------------------------------------------------------- state
     def _get_state(self) -> dict:
-        return {"path": os.path.basename(self.path), "offset": self._offset, "line": self._line,
-                "skipped": dict(self._log.skipped)}
+        return {
+            "path": os.path.basename(self.path),
+            "offset": self._offset,
+            "line": self._line,
+            "skipped": dict(self._log.skipped),
+        }
 
     def _set_state(self, state: dict) -> None:
         offset = state_int(state, "offset")
         line = state_int(state, "line")
         if state.get("path") != os.path.basename(self.path):
-            raise DataError(f"state is for file {state.get('path')!r}, this source reads "
-                            f"{os.path.basename(self.path)!r}; pass the state of the same file")
+            raise DataError(
+                f"state is for file {state.get('path')!r}, this source reads "
+                f"{os.path.basename(self.path)!r}; pass the state of the same file"
+            )
         if offset > os.fstat(self._file.fileno()).st_size:
             raise DataError(f"malformed state: offset {offset} is past the end of {self.path}")
         self._log.load(state.get("skipped", {}))

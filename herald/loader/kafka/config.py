@@ -4,8 +4,9 @@ and ``kafka://`` URL parsing (NOTE [kafka position] in :mod:`herald.loader.kafka
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
 
 from herald.config import parse_value, require
 from herald.errors import ConfigError, DataError, PeerTimeout
@@ -13,8 +14,7 @@ from herald.loader.kafka.records import FORMATS
 from herald.loader.policy import POLICIES
 
 # Set by the source itself; a client option naming one of these raises.
-_RESERVED = ("bootstrap_servers", "group_id", "enable_auto_commit", "key_deserializer",
-             "value_deserializer")
+_RESERVED = ("bootstrap_servers", "group_id", "enable_auto_commit", "key_deserializer", "value_deserializer")
 _META_PREFIX = "herald:skip="
 #: Added to the consumer's session timeout to bound the wait for a group assignment
 #: (NOTE [kafka assignment]): coordinator lookup, join and sync round trips.
@@ -42,14 +42,18 @@ def check_reachable(bootstrap_servers: str, timeout_ms: int) -> None:
     for server in bootstrap_servers.split(","):
         host, _, port = server.strip().rpartition(":")
         try:
-            with socket.create_connection((host.strip("[]") or "localhost", int(port)),
-                                          timeout=max(0.05, deadline - time.monotonic())):
+            with socket.create_connection(
+                (host.strip("[]") or "localhost", int(port)), timeout=max(0.05, deadline - time.monotonic())
+            ):
                 return
         except (OSError, ValueError) as exc:
             errors.append(f"{server}: {exc}")
-    raise PeerTimeout(f"no Kafka broker reachable at {bootstrap_servers} within {timeout_ms} ms "
-                      f"({'; '.join(errors)}); start the broker or fix the address",
-                      peer=bootstrap_servers, op="connect")
+    raise PeerTimeout(
+        f"no Kafka broker reachable at {bootstrap_servers} within {timeout_ms} ms "
+        f"({'; '.join(errors)}); start the broker or fix the address",
+        peer=bootstrap_servers,
+        op="connect",
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,30 +111,47 @@ class KafkaSourceConfig:
         require(bool(self.bootstrap_servers), "bootstrap_servers must name at least one host:port")
         require(bool(self.topic), "topic must be a non-empty string")
         require(bool(self.group_id), "group_id must be a non-empty string: committed positions are per group")
-        require(self.format in FORMATS,
-                f"format must be one of {sorted(FORMATS)} (a setting, never guessed), got {self.format!r}")
+        require(
+            self.format in FORMATS,
+            f"format must be one of {sorted(FORMATS)} (a setting, never guessed), got {self.format!r}",
+        )
         require(self.bad_records in POLICIES, f"bad_records must be one of {POLICIES}, got {self.bad_records!r}")
         if self.partitions is not None:
             parts = tuple(int(p) for p in self.partitions)
-            require(len(parts) > 0 and min(parts) >= 0 and len(set(parts)) == len(parts),
-                    f"partitions must be distinct ints >= 0 (or None for group assignment), got {self.partitions}")
+            require(
+                len(parts) > 0 and min(parts) >= 0 and len(set(parts)) == len(parts),
+                f"partitions must be distinct ints >= 0 (or None for group assignment), got {self.partitions}",
+            )
             object.__setattr__(self, "partitions", parts)
-        for name in ("poll_timeout_ms", "schema_timeout_ms", "commit_timeout_ms", "connect_timeout_ms",
-                     "close_timeout_ms"):
+        for name in (
+            "poll_timeout_ms",
+            "schema_timeout_ms",
+            "commit_timeout_ms",
+            "connect_timeout_ms",
+            "close_timeout_ms",
+        ):
             require(int(getattr(self, name)) >= 1, f"{name} must be >= 1 ms, got {getattr(self, name)}")
-        require(self.assignment_timeout_ms is None or self.assignment_timeout_ms >= 1,
-                f"assignment_timeout_ms must be >= 1 ms or None (session timeout + margin), "
-                f"got {self.assignment_timeout_ms}")
-        require(self.idle_timeout_ms is None or self.idle_timeout_ms >= 1,
-                f"idle_timeout_ms must be >= 1 ms or None (unbounded), got {self.idle_timeout_ms}")
+        require(
+            self.assignment_timeout_ms is None or self.assignment_timeout_ms >= 1,
+            f"assignment_timeout_ms must be >= 1 ms or None (session timeout + margin), "
+            f"got {self.assignment_timeout_ms}",
+        )
+        require(
+            self.idle_timeout_ms is None or self.idle_timeout_ms >= 1,
+            f"idle_timeout_ms must be >= 1 ms or None (unbounded), got {self.idle_timeout_ms}",
+        )
         require(self.bucket_count >= 0, f"bucket_count must be >= 0, got {self.bucket_count}")
         opts = dict(self.client_options)
         reserved = sorted(set(opts) & set(_RESERVED))
-        require(not reserved, f"client_options {reserved} are set by KafkaSource itself; use the "
-                              "KafkaSourceConfig fields (commits are explicit: KafkaSource.commit)")
+        require(
+            not reserved,
+            f"client_options {reserved} are set by KafkaSource itself; use the "
+            "KafkaSourceConfig fields (commits are explicit: KafkaSource.commit)",
+        )
         unknown = sorted(set(opts) - known_client_options())
-        require(not unknown, f"unknown kafka-python consumer option(s) {unknown}; known: "
-                             f"{sorted(known_client_options())}")
+        require(
+            not unknown, f"unknown kafka-python consumer option(s) {unknown}; known: {sorted(known_client_options())}"
+        )
         if isinstance(opts.get("api_version"), list):
             opts["api_version"] = tuple(opts["api_version"])
         object.__setattr__(self, "client_options", MappingProxyType(opts))
@@ -152,21 +173,24 @@ class KafkaPosition:
 
     def to_dict(self) -> dict:
         """JSON form: ``{"topic": ..., "positions": {"0": [offset, skip], ...}}``."""
-        return {"topic": self.topic,
-                "positions": {str(p): [int(o), int(s)] for p, (o, s) in sorted(self.offsets.items())}}
+        return {
+            "topic": self.topic,
+            "positions": {str(p): [int(o), int(s)] for p, (o, s) in sorted(self.offsets.items())},
+        }
 
     @classmethod
-    def from_dict(cls, state: dict) -> "KafkaPosition":
+    def from_dict(cls, state: dict) -> KafkaPosition:
         """Inverse of :meth:`to_dict`. Raises DataError on a malformed state."""
         topic, positions = state.get("topic"), state.get("positions")
         if not isinstance(topic, str) or not isinstance(positions, dict):
             raise DataError(f"malformed kafka state: need 'topic' (str) and 'positions' (dict), got {state!r}")
         offsets = {}
         for p, v in positions.items():
-            ok = (isinstance(v, (list, tuple)) and len(v) == 2 and all(isinstance(x, int) and x >= 0 for x in v))
+            ok = isinstance(v, (list, tuple)) and len(v) == 2 and all(isinstance(x, int) and x >= 0 for x in v)
             if not (str(p).isdigit() and ok):
-                raise DataError(f"malformed kafka state: position of partition {p!r} must be [offset, skip] "
-                                f"ints >= 0, got {v!r}")
+                raise DataError(
+                    f"malformed kafka state: position of partition {p!r} must be [offset, skip] ints >= 0, got {v!r}"
+                )
             offsets[int(p)] = (int(v[0]), int(v[1]))
         return cls(topic, MappingProxyType(offsets))
 
@@ -176,8 +200,10 @@ class KafkaPosition:
 
         # kafka-python >= 2.1 adds leader_epoch (-1 = unknown) to OffsetAndMetadata.
         extra = (-1,) if "leader_epoch" in OffsetAndMetadata._fields else ()
-        return {TopicPartition(self.topic, p): OffsetAndMetadata(o, f"{_META_PREFIX}{s}" if s else "", *extra)
-                for p, (o, s) in self.offsets.items()}
+        return {
+            TopicPartition(self.topic, p): OffsetAndMetadata(o, f"{_META_PREFIX}{s}" if s else "", *extra)
+            for p, (o, s) in self.offsets.items()
+        }
 
 
 def timeout_kw(method, timeout_ms: int) -> dict:
@@ -193,8 +219,16 @@ def timeout_kw(method, timeout_ms: int) -> dict:
 
 # ------------------------------------------------------------------ kafka:// URLs
 _URL_ALIASES = {"group": "group_id", "bad": "bad_records"}
-_INT_FIELDS = ("poll_timeout_ms", "idle_timeout_ms", "bucket_count", "schema_timeout_ms",
-               "commit_timeout_ms", "connect_timeout_ms", "close_timeout_ms", "assignment_timeout_ms")
+_INT_FIELDS = (
+    "poll_timeout_ms",
+    "idle_timeout_ms",
+    "bucket_count",
+    "schema_timeout_ms",
+    "commit_timeout_ms",
+    "connect_timeout_ms",
+    "close_timeout_ms",
+    "assignment_timeout_ms",
+)
 
 
 def parse_kafka_value(key: str, value: Any) -> Any:
@@ -254,12 +288,16 @@ def config_from_url(spec: str, **options) -> KafkaSourceConfig:
         else:
             unknown.append(key)
     if unknown:
-        raise ConfigError(f"unknown kafka option(s) {sorted(unknown)}; known: {sorted(fields | set(_URL_ALIASES))} "
-                          "and the kafka-python consumer settings (client_options)")
+        raise ConfigError(
+            f"unknown kafka option(s) {sorted(unknown)}; known: {sorted(fields | set(_URL_ALIASES))} "
+            "and the kafka-python consumer settings (client_options)"
+        )
     for key in ("format", "group_id"):
         if key not in settings:
-            raise ConfigError(f"kafka source needs {key}= ({'tsv, csv or arrow' if key == 'format' else 'a consumer group'}"
-                              f"): kafka://HOST:PORT/TOPIC?format=arrow&group=NAME, got {spec!r}")
+            raise ConfigError(
+                f"kafka source needs {key}= ({'tsv, csv or arrow' if key == 'format' else 'a consumer group'}"
+                f"): kafka://HOST:PORT/TOPIC?format=arrow&group=NAME, got {spec!r}"
+            )
     for key in _INT_FIELDS:
         if isinstance(settings.get(key), str):
             raise ConfigError(f"{key} must be an integer, got {settings[key]!r}")

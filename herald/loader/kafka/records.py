@@ -20,14 +20,14 @@ import numpy as np
 
 from herald.errors import DataError
 from herald.loader.batch import SampleBatch, Schema
-from herald.loader.kernels import REASONS
-from herald.loader.validation import value_status
 from herald.loader.formats import layouts as formats
 from herald.loader.formats.arrow import arrow_to_batch
 from herald.loader.formats.decode import decode_lines
+from herald.loader.kernels import REASONS
+from herald.loader.validation import value_status
 
 # Kafka-only reasons, beside NOTE [record status]'s REASONS.
-BAD_ARROW = "bad_arrow"            # payload is not a readable Arrow IPC stream
+BAD_ARROW = "bad_arrow"  # payload is not a readable Arrow IPC stream
 SCHEMA_MISMATCH = "schema_mismatch"  # an Arrow stream with other columns than the source's schema
 
 FORMATS = {"tsv": "criteo", "csv": "avazu", "arrow": "arrow"}
@@ -79,14 +79,23 @@ class Chunk:
             return int(self.offsets[j]) + 1, 0
         return int(self.offsets[j]), int(self.rows[j]) + 1
 
-    def truncate_at_first_bad(self) -> "Chunk":
+    def truncate_at_first_bad(self) -> Chunk:
         """For ``strict``: the rows before the first bad record, ending at that record."""
         if not self.bad_reasons:
             return self
         pos = (int(self.bad_offsets[0]), int(self.bad_rows[0]))
         idx = np.flatnonzero(self._before(self.offsets, self.rows, pos))
-        return Chunk(self.partition, self.batch.take(idx), self.offsets[idx], self.rows[idx],
-                     self.last[idx], pos, self.bad_offsets[:1], self.bad_rows[:1], self.bad_reasons[:1])
+        return Chunk(
+            self.partition,
+            self.batch.take(idx),
+            self.offsets[idx],
+            self.rows[idx],
+            self.last[idx],
+            pos,
+            self.bad_offsets[:1],
+            self.bad_rows[:1],
+            self.bad_reasons[:1],
+        )
 
     @staticmethod
     def _before(offsets: np.ndarray, rows: np.ndarray, position: tuple[int, int]) -> np.ndarray:
@@ -97,7 +106,7 @@ class Chunk:
         """Number of bad records strictly before ``position`` (offset, row)."""
         return int(np.count_nonzero(self._before(self.bad_offsets, self.bad_rows, position)))
 
-    def drop_before(self, position: tuple[int, int]) -> "Chunk":
+    def drop_before(self, position: tuple[int, int]) -> Chunk:
         """This chunk without the rows and bad records before ``position`` (resume skip-ahead)."""
         keep = ~self._before(self.offsets, self.rows, position)
         bkeep = ~self._before(self.bad_offsets, self.bad_rows, position)
@@ -105,16 +114,32 @@ class Chunk:
             return self
         idx = np.flatnonzero(keep)
         bidx = np.flatnonzero(bkeep)
-        return Chunk(self.partition, self.batch.take(idx), self.offsets[idx], self.rows[idx],
-                     self.last[idx], self.end, self.bad_offsets[bidx], self.bad_rows[bidx],
-                     [self.bad_reasons[i] for i in bidx])
+        return Chunk(
+            self.partition,
+            self.batch.take(idx),
+            self.offsets[idx],
+            self.rows[idx],
+            self.last[idx],
+            self.end,
+            self.bad_offsets[bidx],
+            self.bad_rows[bidx],
+            [self.bad_reasons[i] for i in bidx],
+        )
 
 
 def _empty_chunk(partition: int, schema: Schema, end_offset: int, bad: list) -> Chunk:
     z = np.zeros(0, np.int64)
-    return Chunk(partition, SampleBatch.empty(schema), z, z, np.zeros(0, bool), (end_offset, 0),
-                 np.array([b[0] for b in bad], np.int64), np.array([b[1] for b in bad], np.int64),
-                 [b[2] for b in bad])
+    return Chunk(
+        partition,
+        SampleBatch.empty(schema),
+        z,
+        z,
+        np.zeros(0, bool),
+        (end_offset, 0),
+        np.array([b[0] for b in bad], np.int64),
+        np.array([b[1] for b in bad], np.int64),
+        [b[2] for b in bad],
+    )
 
 
 class TextDecoder:
@@ -138,9 +163,17 @@ class TextDecoder:
         good = np.flatnonzero(decoded.status == 0)
         bad = np.flatnonzero(decoded.status != 0)
         zeros = np.zeros(good.shape[0], np.int64)
-        return Chunk(partition, decoded.batch(good), offsets[good], zeros, np.ones(good.shape[0], bool),
-                     (int(offsets[-1]) + 1, 0), offsets[bad], np.zeros(bad.shape[0], np.int64),
-                     [REASONS[c] for c in decoded.status[bad]])
+        return Chunk(
+            partition,
+            decoded.batch(good),
+            offsets[good],
+            zeros,
+            np.ones(good.shape[0], bool),
+            (int(offsets[-1]) + 1, 0),
+            offsets[bad],
+            np.zeros(bad.shape[0], np.int64),
+            [REASONS[c] for c in decoded.status[bad]],
+        )
 
 
 class ArrowDecoder:
@@ -161,7 +194,6 @@ class ArrowDecoder:
 
     def _read(self, value: bytes) -> SampleBatch:
         import pyarrow as pa
-
 
         try:
             table = pa.ipc.open_stream(pa.py_buffer(value)).read_all()
@@ -201,10 +233,17 @@ class ArrowDecoder:
         if not batches:
             return _empty_chunk(partition, self.schema or Schema((), 0), end, bad)
         z = np.zeros(0, np.int64)
-        return Chunk(partition, SampleBatch.concat(batches), np.concatenate(offs), np.concatenate(rows),
-                     np.concatenate(lasts), (end, 0),
-                     np.array([b[0] for b in bad], np.int64) if bad else z,
-                     np.array([b[1] for b in bad], np.int64) if bad else z, [b[2] for b in bad])
+        return Chunk(
+            partition,
+            SampleBatch.concat(batches),
+            np.concatenate(offs),
+            np.concatenate(rows),
+            np.concatenate(lasts),
+            (end, 0),
+            np.array([b[0] for b in bad], np.int64) if bad else z,
+            np.array([b[1] for b in bad], np.int64) if bad else z,
+            [b[2] for b in bad],
+        )
 
 
 class _Bad(Exception):

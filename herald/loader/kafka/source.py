@@ -48,20 +48,30 @@ from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
 
 from herald.errors import ConfigError, DataError, PeerTimeout, ProtocolError
 from herald.loader.batch import SampleBatch, Schema
-from herald.loader.kafka.config import (_META_PREFIX, ASSIGNMENT_MARGIN_MS, KafkaPosition, KafkaSourceConfig,
-                                        check_reachable, config_from_url, known_client_options, timeout_kw)
+from herald.loader.kafka.config import (
+    _META_PREFIX,
+    ASSIGNMENT_MARGIN_MS,
+    KafkaPosition,
+    KafkaSourceConfig,
+    check_reachable,
+    config_from_url,
+    known_client_options,
+    timeout_kw,
+)
 from herald.loader.kafka.records import Chunk, make_decoder
 from herald.loader.source import Source
 
-__all__ = ["KafkaPosition", "KafkaSource", "KafkaSourceConfig", "config_from_url", "known_client_options",
-           "open_kafka"]
+__all__ = ["KafkaPosition", "KafkaSource", "KafkaSourceConfig", "config_from_url", "known_client_options", "open_kafka"]
 
 # Consumer defaults the caller's client_options may override.
 # metadata_max_age_ms: a topic created after the consumer subscribed (trainer started
 # before the producer) is found within seconds, not kafka-python's default 5 minutes.
-_CLIENT_DEFAULTS = {"max_poll_records": 10000, "fetch_max_wait_ms": 100, "auto_offset_reset": "earliest",
-                    "metadata_max_age_ms": 2000}
-
+_CLIENT_DEFAULTS = {
+    "max_poll_records": 10000,
+    "fetch_max_wait_ms": 100,
+    "auto_offset_reset": "earliest",
+    "metadata_max_age_ms": 2000,
+}
 
 
 class KafkaSource(Source):
@@ -86,22 +96,22 @@ class KafkaSource(Source):
         self.config = config
         self._decoder = make_decoder(config.format, config.bucket_count)
         self._chunks: list[Chunk] = []
-        self._next: dict[int, tuple[int, int]] = {}      # partition -> position of delivered rows
-        self._resume: dict[int, tuple[int, int]] = {}    # partition -> position to skip to
-        self._pending_start: set = set()                 # newly assigned partitions (group mode)
+        self._next: dict[int, tuple[int, int]] = {}  # partition -> position of delivered rows
+        self._resume: dict[int, tuple[int, int]] = {}  # partition -> position to skip to
+        self._pending_start: set = set()  # newly assigned partitions (group mode)
         self._skipped_counts: dict[str, int] = {}
         self._error: DataError | None = None
         self._interrupted = threading.Event()
         # NOTE [kafka assignment]: since when this group member waits for an assignment
         # (None: assigned, or manual partitions); set and cleared by _Rebalance as well
         self._unassigned_since: float | None = time.monotonic() if config.partitions is None else None
-        self._delivered = 0                              # rows returned since start / load_state_dict
+        self._delivered = 0  # rows returned since start / load_state_dict
         self.last_read_position = KafkaPosition(config.topic, MappingProxyType({}))
         self.last_read_records = (np.zeros(0, np.int32), np.zeros(0, np.int64))
         self.last_read_rows = np.zeros(0, np.int64)
         self._consumer = consumer if consumer is not None else self._connect()
         self._last_data = time.monotonic()
-        self._next_check_ms = config.connect_timeout_ms   # quiet time before the next liveness check
+        self._next_check_ms = config.connect_timeout_ms  # quiet time before the next liveness check
 
     # ------------------------------------------------------------- assignment
     @property
@@ -138,7 +148,9 @@ class KafkaSource(Source):
             f"timeout is {self._session_timeout_ms()} ms). A consumer of a crashed run holds its partitions until "
             "its session times out, and the group waits for every member to rejoin: check that no other "
             "consumer of the group is stuck, then retry, or raise assignment_timeout_ms",
-            peer=self.config.bootstrap_servers, op="join_group")
+            peer=self.config.bootstrap_servers,
+            op="join_group",
+        )
 
     def _records_left(self) -> list[tuple[int, int, int]]:
         """``[(partition, position, end offset)]`` of the topic's partitions with records after
@@ -153,16 +165,23 @@ class KafkaSource(Source):
             if not positions:
                 return []
             tps = [TopicPartition(self.config.topic, p) for p in sorted(positions)]
-            ends = self._consumer.end_offsets(tps, **timeout_kw(self._consumer.end_offsets,
-                                                                self.config.commit_timeout_ms))
+            ends = self._consumer.end_offsets(
+                tps, **timeout_kw(self._consumer.end_offsets, self.config.commit_timeout_ms)
+            )
         except ke.KafkaTimeoutError as exc:
-            raise PeerTimeout(f"{self.config.source_name}: the brokers did not return the end offsets within "
-                              f"{self.config.commit_timeout_ms} ms", peer=self.config.bootstrap_servers,
-                              op="end_offsets") from exc
+            raise PeerTimeout(
+                f"{self.config.source_name}: the brokers did not return the end offsets within "
+                f"{self.config.commit_timeout_ms} ms",
+                peer=self.config.bootstrap_servers,
+                op="end_offsets",
+            ) from exc
         except ke.KafkaError as exc:
             raise ProtocolError(f"{self.config.source_name}: end offsets lookup failed: {exc!r}") from exc
-        return [(tp.partition, positions[tp.partition], int(ends[tp]))
-                for tp in tps if ends.get(tp) is not None and int(ends[tp]) > positions[tp.partition]]
+        return [
+            (tp.partition, positions[tp.partition], int(ends[tp]))
+            for tp in tps
+            if ends.get(tp) is not None and int(ends[tp]) > positions[tp.partition]
+        ]
 
     def _check_end_of_data(self) -> None:
         """At the idle end: raise if nothing was delivered while records are left (NOTE [kafka assignment])."""
@@ -179,19 +198,28 @@ class KafkaSource(Source):
             "holds those partitions: after a crash its consumer stays a member until its session times out "
             f"({self._session_timeout_ms()} ms): wait that long and run --resume again; if another job reads "
             "with the same group, give this one its own group (group=...), or raise idle_timeout_ms",
-            peer=self.config.bootstrap_servers, op="fetch")
+            peer=self.config.bootstrap_servers,
+            op="fetch",
+        )
 
     # ------------------------------------------------------------- connection
     def _connect(self):
         opts = {**_CLIENT_DEFAULTS, **self.config.client_options}
         check_reachable(self.config.bootstrap_servers, self.config.connect_timeout_ms)
         try:
-            consumer = KafkaConsumer(bootstrap_servers=self.config.bootstrap_servers.split(","),
-                                     group_id=self.config.group_id, enable_auto_commit=False, **opts)
+            consumer = KafkaConsumer(
+                bootstrap_servers=self.config.bootstrap_servers.split(","),
+                group_id=self.config.group_id,
+                enable_auto_commit=False,
+                **opts,
+            )
         except ke.NoBrokersAvailable as exc:
-            raise PeerTimeout(f"no Kafka broker answered at {self.config.bootstrap_servers}; check the address "
-                              "and that client_options['api_version'] matches the broker (e.g. (0, 9))",
-                              peer=self.config.bootstrap_servers, op="bootstrap") from exc
+            raise PeerTimeout(
+                f"no Kafka broker answered at {self.config.bootstrap_servers}; check the address "
+                "and that client_options['api_version'] matches the broker (e.g. (0, 9))",
+                peer=self.config.bootstrap_servers,
+                op="bootstrap",
+            ) from exc
         except ke.KafkaConfigurationError as exc:
             raise ConfigError(f"kafka-python rejected client_options: {exc}") from exc
         if self.config.partitions is None:
@@ -214,7 +242,7 @@ class KafkaSource(Source):
         if p not in self._resume:
             committed = self._committed(consumer, tp)
             if committed is None:
-                return False                   # auto_offset_reset decides; fetched records are right
+                return False  # auto_offset_reset decides; fetched records are right
             self._resume[p] = committed
         self._next[p] = self._resume[p]
         if first_offset == self._resume[p][0]:
@@ -224,17 +252,21 @@ class KafkaSource(Source):
 
     def _committed(self, consumer, tp) -> tuple[int, int] | None:
         try:
-            meta = consumer.committed(tp, metadata=True,
-                                      **timeout_kw(consumer.committed, self.config.commit_timeout_ms))
+            meta = consumer.committed(
+                tp, metadata=True, **timeout_kw(consumer.committed, self.config.commit_timeout_ms)
+            )
         except ke.KafkaTimeoutError as exc:
-            raise PeerTimeout(f"group coordinator of {self.config.bootstrap_servers} did not return the "
-                              f"committed offset of {tp} within {self.config.commit_timeout_ms} ms",
-                              peer=self.config.bootstrap_servers, op="committed") from exc
+            raise PeerTimeout(
+                f"group coordinator of {self.config.bootstrap_servers} did not return the "
+                f"committed offset of {tp} within {self.config.commit_timeout_ms} ms",
+                peer=self.config.bootstrap_servers,
+                op="committed",
+            ) from exc
         if meta is None or meta.offset is None or meta.offset < 0:
             return None
         skip = 0
         if meta.metadata and meta.metadata.startswith(_META_PREFIX):
-            skip = int(meta.metadata[len(_META_PREFIX):] or 0)
+            skip = int(meta.metadata[len(_META_PREFIX) :] or 0)
         return int(meta.offset), skip
 
     # --------------------------------------------------------------- reading
@@ -243,7 +275,7 @@ class KafkaSource(Source):
         """Criteo/Avazu columns for ``tsv``/``csv``; for ``arrow`` those of the first message
         (waits up to ``schema_timeout_ms``; raises DataError if none arrives)."""
         if self._decoder.schema is None:
-            deadline = None   # counts from the group assignment on (NOTE [kafka assignment])
+            deadline = None  # counts from the group assignment on (NOTE [kafka assignment])
             while self._decoder.schema is None and not self._error:
                 if self._awaiting_assignment():
                     deadline = None
@@ -253,9 +285,12 @@ class KafkaSource(Source):
                     break
                 self._poll(min(self.config.poll_timeout_ms, self.config.schema_timeout_ms))
             if self._decoder.schema is None:
-                raise DataError(f"no readable Arrow message within schema_timeout_ms="
-                                f"{self.config.schema_timeout_ms}; produce to the topic first or raise "
-                                "the timeout", source=self.config.source_name)
+                raise DataError(
+                    f"no readable Arrow message within schema_timeout_ms="
+                    f"{self.config.schema_timeout_ms}; produce to the topic first or raise "
+                    "the timeout",
+                    source=self.config.source_name,
+                )
         return self._decoder.schema
 
     @property
@@ -283,7 +318,7 @@ class KafkaSource(Source):
                 raise self._error
             if self._interrupted.is_set():
                 return None
-            if self._awaiting_assignment():   # NOTE [kafka assignment]: not idle yet
+            if self._awaiting_assignment():  # NOTE [kafka assignment]: not idle yet
                 waiting_since = time.monotonic()
                 self._poll(self.config.poll_timeout_ms)
                 continue
@@ -291,13 +326,12 @@ class KafkaSource(Source):
             quiet_ms = (time.monotonic() - max(self._last_data, waiting_since)) * 1000
             if idle is not None and quiet_ms >= idle:
                 check_reachable(self.config.bootstrap_servers, self.config.connect_timeout_ms)
-                self._check_end_of_data()   # records left for another member are not the end
-                return None                 # end of data, not a dead broker
+                self._check_end_of_data()  # records left for another member are not the end
+                return None  # end of data, not a dead broker
             if quiet_ms >= self._next_check_ms:
                 check_reachable(self.config.bootstrap_servers, self.config.connect_timeout_ms)
                 self._next_check_ms = quiet_ms + self.config.connect_timeout_ms
-            self._poll(self.config.poll_timeout_ms if idle is None else
-                       max(1, min(self.config.poll_timeout_ms, idle)))
+            self._poll(self.config.poll_timeout_ms if idle is None else max(1, min(self.config.poll_timeout_ms, idle)))
         parts, partitions, offsets, rows, need = [], [], [], [], max_rows
         while need and self._chunks:
             chunk = self._chunks[0]
@@ -305,8 +339,8 @@ class KafkaSource(Source):
             if take:
                 parts.append(chunk.batch.slice(chunk.cursor, chunk.cursor + take))
                 partitions.append(np.full(take, chunk.partition, np.int32))
-                offsets.append(chunk.offsets[chunk.cursor:chunk.cursor + take])
-                rows.append(chunk.rows[chunk.cursor:chunk.cursor + take])
+                offsets.append(chunk.offsets[chunk.cursor : chunk.cursor + take])
+                rows.append(chunk.rows[chunk.cursor : chunk.cursor + take])
                 chunk.cursor += take
                 need -= take
                 self._advance(chunk, chunk.position_after(chunk.cursor))
@@ -331,13 +365,16 @@ class KafkaSource(Source):
                 f"bad {self.config.format} record: {chunk.bad_reasons[0]}"
                 + (f" (sample {row} of the message)" if row else "")
                 + "; fix the producer or open the source with bad_records='skip' to drop and count bad records",
-                source=f"{self.config.source_name}/{chunk.partition}", position=off, reason=chunk.bad_reasons[0])
+                source=f"{self.config.source_name}/{chunk.partition}",
+                position=off,
+                reason=chunk.bad_reasons[0],
+            )
 
     def _advance(self, chunk: Chunk, position: tuple[int, int]) -> None:
         self._next[chunk.partition] = position
         if self.config.bad_records == "skip":
             n = chunk.bad_before(position)
-            for reason in chunk.bad_reasons[chunk.bad_counted:n]:
+            for reason in chunk.bad_reasons[chunk.bad_counted : n]:
                 self._skipped_counts[reason] = self._skipped_counts.get(reason, 0) + 1
             chunk.bad_counted = max(n, chunk.bad_counted)
 
@@ -347,15 +384,18 @@ class KafkaSource(Source):
         except ke.KafkaError as exc:
             raise ProtocolError(f"Kafka poll from {self.config.source_name} failed: {exc!r}") from exc
         starting, self._pending_start = self._pending_start, set()
-        moved = {tp for tp in starting
-                 if self._start_partition(self._consumer, tp, polled[tp][0].offset if polled.get(tp) else None)}
+        moved = {
+            tp
+            for tp in starting
+            if self._start_partition(self._consumer, tp, polled[tp][0].offset if polled.get(tp) else None)
+        }
         if starting or any(polled.values()):
-            self._last_data = time.monotonic()   # joining the group is activity, not idleness
+            self._last_data = time.monotonic()  # joining the group is activity, not idleness
             self._next_check_ms = self.config.connect_timeout_ms
         for tp in sorted(polled, key=lambda t: t.partition):
             records = polled[tp]
             if not records or tp in moved:
-                continue                      # the partition was moved: its records come again
+                continue  # the partition was moved: its records come again
             offsets = np.fromiter((r.offset for r in records), np.int64, len(records))
             chunk = self._decoder.decode(tp.partition, offsets, [r.value for r in records])
             resume = self._resume.get(tp.partition)
@@ -386,15 +426,20 @@ class KafkaSource(Source):
         if not position.offsets:
             return
         try:
-            self._consumer.commit(position.to_commit(),
-                                  **timeout_kw(self._consumer.commit, self.config.commit_timeout_ms))
+            self._consumer.commit(
+                position.to_commit(), **timeout_kw(self._consumer.commit, self.config.commit_timeout_ms)
+            )
         except ke.KafkaTimeoutError as exc:
-            raise PeerTimeout(f"commit to {self.config.source_name} not acknowledged within "
-                              f"{self.config.commit_timeout_ms} ms", peer=self.config.bootstrap_servers,
-                              op="commit") from exc
+            raise PeerTimeout(
+                f"commit to {self.config.source_name} not acknowledged within {self.config.commit_timeout_ms} ms",
+                peer=self.config.bootstrap_servers,
+                op="commit",
+            ) from exc
         except ke.KafkaError as exc:
-            raise ProtocolError(f"commit to {self.config.source_name} failed: {exc!r}; after a group "
-                                "rebalance, re-read from the committed position") from exc
+            raise ProtocolError(
+                f"commit to {self.config.source_name} failed: {exc!r}; after a group "
+                "rebalance, re-read from the committed position"
+            ) from exc
 
     def committed(self) -> KafkaPosition:
         """The group's committed position for this source's partitions (blocking, bounded)."""
@@ -446,8 +491,7 @@ class KafkaSource(Source):
         """
         if not self._closed and self._consumer is not None:
             try:
-                self._consumer.close(autocommit=False,
-                                     **timeout_kw(self._consumer.close, self.config.close_timeout_ms))
+                self._consumer.close(autocommit=False, **timeout_kw(self._consumer.close, self.config.close_timeout_ms))
             except Exception:  # noqa: BLE001 - closing must not raise over a dead broker
                 pass
         super().close()
@@ -460,7 +504,7 @@ class _Rebalance(ConsumerRebalanceListener):
         self.source = source
 
     def on_partitions_revoked(self, revoked) -> None:
-        if self.source._unassigned_since is None:   # NOTE [kafka assignment]: a rebalance began
+        if self.source._unassigned_since is None:  # NOTE [kafka assignment]: a rebalance began
             self.source._unassigned_since = time.monotonic()
         gone = {tp.partition for tp in revoked}
         self.source._chunks = [c for c in self.source._chunks if c.partition not in gone]
@@ -471,8 +515,8 @@ class _Rebalance(ConsumerRebalanceListener):
         # Runs on kafka-python's IO thread, where blocking calls (committed()) are refused:
         # the source starts these partitions after poll() returns (KafkaSource._poll).
         self.source._pending_start.update(assigned)
-        self.source._last_data = time.monotonic()       # idle time counts from here
-        self.source._unassigned_since = None            # NOTE [kafka assignment] (maybe none assigned)
+        self.source._last_data = time.monotonic()  # idle time counts from here
+        self.source._unassigned_since = None  # NOTE [kafka assignment] (maybe none assigned)
 
 
 def open_kafka(spec: str, **options) -> KafkaSource:
