@@ -20,14 +20,14 @@ from typing import Any
 from herald.contracts.train import TrainConfig
 from herald.dispatch.dispatcher import Dispatcher
 from herald.job.parts import Checkpointing, LocalPS, LocalWorkers
-from herald.job.ray_parts import ray_parts
+from herald.job.ray.parts import ray_parts
 from herald.job.rollback import Rollbacks, run_attempts
 from herald.job.runner import JobInterrupted, JobReport, JobRunner
 
 __all__ = ["JobInterrupted", "run_train"]  # JobInterrupted: herald train's clean stop on a signal
 
 #: ``--launcher`` -> the job's PS and worker parts (herald.contracts.vocab.LAUNCHERS): local
-#: processes, or Ray actors over a cluster's nodes (NOTE [ray job] in herald/job/ray_parts.py)
+#: processes, or Ray actors over a cluster's nodes (NOTE [ray job] in herald/job/ray/parts.py)
 PARTS = {"local": lambda cfg: (LocalPS(), LocalWorkers()), "ray": ray_parts}
 
 

@@ -1,9 +1,9 @@
 """The Ray side of a ``herald train --launcher ray`` job (NOTE [ray job] in
-herald/job/ray_parts.py): :class:`RayCluster` connects to Ray (or starts a local
+herald/job/ray/parts.py): :class:`RayCluster` connects to Ray (or starts a local
 instance), places the job's roles with two placement groups, starts one
-:class:`~herald.job.ray_role.RoleHost` actor per role, calls them, and takes all of it
-down at the end of the job. :class:`herald.job.ray_parts.RayPS` and
-:class:`~herald.job.ray_parts.RayWorkers` share one.
+:class:`~herald.job.ray.role.RoleHost` actor per role, calls them, and takes all of it
+down at the end of the job. :class:`herald.job.ray.parts.RayPS` and
+:class:`~herald.job.ray.parts.RayWorkers` share one.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 from herald.contracts.train import TrainConfig
 from herald.errors import ConfigError, HeraldError
 from herald.files import write_private
-from herald.job.ray_plan import (
+from herald.job.ray.plan import (
     RoleRequest,
     check_transport,
     needed_cpus,
@@ -31,7 +31,7 @@ from herald.job.ray_plan import (
     wants_gpus,
     worker_strategy,
 )
-from herald.job.ray_role import RUN_CHECK_FILE, RoleHost
+from herald.job.ray.role import RUN_CHECK_FILE, RoleHost
 
 #: Object store of the local Ray instance (bytes): the job passes only small arguments.
 LOCAL_OBJECT_STORE_BYTES = 256 << 20
@@ -66,9 +66,9 @@ class CallFailed(str):
 class RayCluster:
     """The Ray side of one job attempt, shared by :class:`RayPS` (which opens it) and
     :class:`RayWorkers`: the connection, the placement groups and one
-    :class:`~herald.job.ray_role.RoleHost` actor per role (NOTE [ray job]).
+    :class:`~herald.job.ray.role.RoleHost` actor per role (NOTE [ray job]).
 
-    Attributes (once opened): requests: the roles (:class:`~herald.job.ray_plan.RoleRequest`,
+    Attributes (once opened): requests: the roles (:class:`~herald.job.ray.plan.RoleRequest`,
     workers first); actors; nodes: each role's ``{"node_id", "ip", "hostname", "pid",
     "ifname"}``; single: every role on this process's node; gpus: each worker has a GPU;
     driver_ip: this node's address.
@@ -280,7 +280,7 @@ class RayCluster:
         self, roles: Sequence[int], spec: Callable[[int], tuple[list[str], dict[str, str], dict[str, bytes], str]]
     ) -> list[dict]:
         """Start each role of ``roles`` as ``spec(i) = (args, env, files, folder prefix)``
-        (:meth:`herald.job.ray_role.RoleHost.start`); returns each ``{"pid", "folder"}``.
+        (:meth:`herald.job.ray.role.RoleHost.start`); returns each ``{"pid", "folder"}``.
 
         Raises:
             HeraldError: an actor was lost, or refused (its error).

@@ -1,6 +1,6 @@
 """``herald train --launcher ray``: the job's PS shards and workers as Ray actors placed over
 the nodes of a Ray cluster (:class:`RayPS`, :class:`RayWorkers`, sharing one
-:class:`~herald.job.ray_cluster.RayCluster`); the dispatcher stays in this process (NOTE [ray
+:class:`~herald.job.ray.cluster.RayCluster`); the dispatcher stays in this process (NOTE [ray
 job]).
 
 NOTE [ray job] (docs/cluster.md)
@@ -17,7 +17,7 @@ differs is who starts each role and where:
   that cluster; neither: a local Ray instance started for the job (as many logical CPUs
   as the roles ask, at least this host's cores; no dashboard) and stopped after it. A
   connection this process already had is used and kept.
-- **Placement.** One bundle per role (:func:`herald.job.ray_plan.role_requests`): a
+- **Placement.** One bundle per role (:func:`herald.job.ray.plan.role_requests`): a
   worker asks for ``OMP_NUM_THREADS`` CPUs (1 when unset) and, with ``--device cuda`` (or
   ``auto`` on a cluster with a GPU per worker), one GPU; a PS shard one CPU and its memory
   (rows of ``--ps-max-rows``, or its share of the training split's distinct keys, plus
@@ -26,10 +26,10 @@ differs is who starts each role and where:
   effort: one SPREAD group of 2 workers and a shard over 2 nodes put both workers on one
   node in 9 of 12 tries); then the shards' (SPREAD), kept off the workers' nodes by a label selector
   (``ray.io/node-id``) when some other node can hold a shard, else beside the workers
-  (:func:`herald.job.ray_plan.worker_strategy`, :func:`~herald.job.ray_plan.shard_selector`).
+  (:func:`herald.job.ray.plan.worker_strategy`, :func:`~herald.job.ray.plan.shard_selector`).
   Both are waited for (at least 60 s, or ``--timeout-ms``); a cluster that cannot hold
   them is named with what it has.
-- **Roles.** One actor per bundle (:class:`herald.job.ray_role.RoleHost`) runs the same
+- **Roles.** One actor per bundle (:class:`herald.job.ray.role.RoleHost`) runs the same
   ``python -m herald serve ps|worker`` command line as the local parts, with its log in
   the run folder (``ps-shard-I.log``, ``worker-R.log``): the protocol code is the same.
 - **Transport.** Every role on this process's node: ipc sockets in private folders, as
@@ -81,9 +81,9 @@ from herald.dispatch.peers import Silence
 from herald.errors import HeraldError, PeerTimeout
 from herald.job import leftovers
 from herald.job.parts import PSProvider, WorkerLauncher, prepare_run, raise_job_failure
-from herald.job.ray_cluster import CallFailed, RayCluster
-from herald.job.ray_plan import KEYS, dense_env, local_ranks, split_keys, worker_cpus
-from herald.job.ray_role import FOLDER
+from herald.job.ray.cluster import CallFailed, RayCluster
+from herald.job.ray.plan import KEYS, dense_env, local_ranks, split_keys, worker_cpus
+from herald.job.ray.role import FOLDER
 from herald.ps import PSClient
 from herald.ps.admin import TOKEN_ENV
 from herald.ps.cli import shard_args
