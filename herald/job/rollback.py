@@ -51,7 +51,7 @@ from herald.contracts.train import TrainConfig
 from herald.dispatch.records import StepRecord
 from herald.errors import DataError, HeraldError
 from herald.job import checkpoints
-from herald.job.report_attempts import Attempt
+from herald.job.report.attempts import Attempt
 
 T = TypeVar("T")
 
@@ -98,7 +98,7 @@ class WorkerFailed(PartLost):
 class Rollbacks:
     """The rollbacks of one job ``cfg`` (its first attempt's settings): the report's
     ``failovers`` (one dict per rollback) and the ``earlier`` attempts
-    (:class:`~herald.job.report_attempts.Attempt`), both filled as the job goes.
+    (:class:`~herald.job.report.attempts.Attempt`), both filled as the job goes.
 
     A failover dict: ``part`` (``"worker"`` or ``"ps"``), ``ranks`` (the lost workers'
     ranks; None for a shard: ``cause`` names it), ``cause``, ``detected_unix_s`` (when the

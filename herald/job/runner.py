@@ -65,11 +65,12 @@ from herald.dispatch.dispatcher import Dispatcher
 from herald.dispatch.peers import Silence
 from herald.dispatch.records import DispatcherConfig, StepRecord
 from herald.errors import HeraldError
-from herald.job import group_dispatch, report_comm
+from herald.job import group_dispatch
 from herald.job import report as report_mod
 from herald.job.data import JobData
 from herald.job.parts import Checkpointing, PSProvider, WorkerLauncher
-from herald.job.report_attempts import Attempt, attempts_block
+from herald.job.report import comm as report_comm
+from herald.job.report.attempts import Attempt, attempts_block
 from herald.job.silence import merge_silences
 from herald.procs import core_plan, cpu_seconds, pin_to_cores, seconds_since_start, tree_cpu_seconds
 

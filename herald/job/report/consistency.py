@@ -13,9 +13,10 @@ import numpy as np
 from herald.contracts.modes import consistency_mode
 from herald.dispatch.dispatcher import StepRecord
 from herald.errors import HeraldError
-from herald.job import report_attempts, report_comm
-from herald.job.breakdown import format_breakdown, phase_breakdown, plot_breakdown
-from herald.job.metrics import log_loss, roc_auc
+from herald.job.report import attempts as report_attempts
+from herald.job.report import comm as report_comm
+from herald.job.report.breakdown import format_breakdown, phase_breakdown, plot_breakdown
+from herald.job.report.metrics import log_loss, roc_auc
 from herald.ps import PSClient
 from herald.scheduler.plan import CAUSES
 
