@@ -9,7 +9,7 @@ and the whole job stops (children are terminated with a bounded wait: no orphans
 [independent groups] in herald/job/group_dispatch.py). The job itself is run by
 :class:`herald.job.runner.JobRunner` (NOTE [job runner]); this module picks its parts
 and rolls it back when a PS shard or a worker is lost (NOTE [ps failover], NOTE [worker
-failover] in herald/job/rollback.py).
+failover] in herald/job/recovery/rollback.py).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from herald.contracts.train import TrainConfig
 from herald.dispatch.dispatcher import Dispatcher
 from herald.job.parts import Checkpointing, LocalPS, LocalWorkers
 from herald.job.ray.parts import ray_parts
-from herald.job.rollback import Rollbacks, run_attempts
+from herald.job.recovery.rollback import Rollbacks, run_attempts
 from herald.job.runner import JobInterrupted, JobReport, JobRunner
 
 __all__ = ["JobInterrupted", "run_train"]  # JobInterrupted: herald train's clean stop on a signal
@@ -48,7 +48,7 @@ PARTS = {"local": lambda cfg: (LocalPS(), LocalWorkers()), "ray": ray_parts}
 # trained again (``attempts``, ``retrained_steps``: herald/job/report_attempts.py). Without
 # a checkpoint (``--checkpoint-every``) there is nothing to go back to and the failure ends
 # the job as before. A lost worker is rolled back for the same way (``--worker-restarts N``,
-# its own budget: NOTE [worker failover] in herald/job/rollback.py, whose run_attempts is
+# its own budget: NOTE [worker failover] in herald/job/recovery/rollback.py, whose run_attempts is
 # the one loop of attempts).
 
 
@@ -62,7 +62,7 @@ def run_train(
 
     A PS shard that dies is survived up to ``cfg.ps_restarts`` times, a worker that dies or
     goes silent up to ``cfg.worker_restarts`` times, by rolling the job back to its latest
-    checkpoint (NOTE [ps failover], :func:`herald.job.rollback.run_attempts`); see
+    checkpoint (NOTE [ps failover], :func:`herald.job.recovery.rollback.run_attempts`); see
     :func:`_run_attempt` for the rest.
     """
     return run_attempts(

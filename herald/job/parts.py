@@ -62,11 +62,11 @@ from herald.contracts.train import TrainConfig
 from herald.dispatch.peers import Silence
 from herald.errors import ConfigError, HeraldError
 from herald.files import private_dir
-from herald.job import leftovers
 from herald.job.checkpoints import DispatcherCheckpoints
-from herald.job.failover import shard_lost, watch_shards
-from herald.job.rollback import ShardFailed, WorkerFailed
-from herald.job.silence import killed_ranks, process_state, silent_culprits, silent_headline
+from herald.job.recovery import leftovers
+from herald.job.recovery.failover import shard_lost, watch_shards
+from herald.job.recovery.rollback import ShardFailed, WorkerFailed
+from herald.job.recovery.silence import killed_ranks, process_state, silent_culprits, silent_headline
 from herald.procs import Supervisor, pin_to_cores, signal_words
 from herald.ps import LocalShards, PSClient
 from herald.ps.config import ShardLimits
@@ -80,7 +80,7 @@ def prepare_run(cfg: TrainConfig) -> pathlib.Path:
     """Check ``--keys`` (bad keys stop the job before anything starts: NOTE [transport
     security]), create the run folder with its ``checkpoints`` root (the shards'
     admin-op root, NOTE [ps admin ops]; mode 0700, NOTE [private files]) and remove what
-    a killed job left there (NOTE [run leftovers] in herald/job/leftovers.py). Returns the
+    a killed job left there (NOTE [run leftovers] in herald/job/recovery/leftovers.py). Returns the
     run folder."""
     if cfg.keys_dir is not None:
         load_server_keys(cfg.keys_dir)
@@ -101,9 +101,9 @@ def raise_job_failure(exc: HeraldError, ps_alive: Any, children: Any, silence: S
     is the cause of whatever the workers report next (:class:`ShardFailed`: ``run_train``
     decides whether to roll back, NOTE [ps failover]); a worker's ``TrainingDiverged``
     says it all (step, rank, cause); a worker that went silent is named before the
-    workers that timed out waiting on it (NOTE [silent workers] in herald/job/silence.py)
+    workers that timed out waiting on it (NOTE [silent workers] in herald/job/recovery/silence.py)
     and a worker a signal ended is put first: both are :class:`WorkerFailed` (lost, not
-    failed: NOTE [worker failover] in herald/job/rollback.py); else a dead child's failure
+    failed: NOTE [worker failover] in herald/job/recovery/rollback.py); else a dead child's failure
     is put first (a worker's own error: the job ends).
     """
     seen = time.time()  # the loss seen (NOTE [worker failover]: the report's recovery time counts from here)
@@ -271,8 +271,8 @@ class RemotePS(PSProvider):
     """PS shards started elsewhere, at ``addresses`` (``herald serve dispatcher --ps``, the
     test bed): dialled with the admin token of ``HERALD_PS_TOKEN`` (if set, for checkpoint
     and restore), every shard pinged before the job starts (bounded by ``--timeout-ms``) and
-    watched during it (:func:`herald.job.failover.watch_shards`). A lost shard ends the job
-    with :class:`~herald.job.failover.ShardLost` (exit status 75, NOTE [ps failover across
+    watched during it (:func:`herald.job.recovery.failover.watch_shards`). A lost shard ends the job
+    with :class:`~herald.job.recovery.failover.ShardLost` (exit status 75, NOTE [ps failover across
     hosts]) naming the latest checkpoint of ``run_dir`` (None: the job writes none).
     """
 
@@ -299,7 +299,7 @@ class RemotePS(PSProvider):
         self.watch()
 
     def fail(self, exc: HeraldError, workers: WorkerLauncher, silence: Silence | None = None) -> NoReturn:
-        """``exc`` as it was, or :func:`~herald.job.failover.shard_lost` when the watch saw a
+        """``exc`` as it was, or :func:`~herald.job.recovery.failover.shard_lost` when the watch saw a
         shard go silent (the symptom replaced by its cause)."""
         workers.stop()
         if self.watch.failure() is None:

@@ -69,9 +69,9 @@ from herald.job import group_dispatch
 from herald.job import report as report_mod
 from herald.job.data import JobData
 from herald.job.parts import Checkpointing, PSProvider, WorkerLauncher
+from herald.job.recovery.silence import merge_silences
 from herald.job.report import comm as report_comm
 from herald.job.report.attempts import Attempt, attempts_block
-from herald.job.silence import merge_silences
 from herald.procs import core_plan, cpu_seconds, pin_to_cores, seconds_since_start, tree_cpu_seconds
 
 
@@ -337,7 +337,7 @@ class JobRunner:
         self.progress, self.stop_on_signals = progress, stop_on_signals
         self.on_step, self.on_serve, self.on_finish, self.sample_id_log = on_step, on_serve, on_finish, sample_id_log
         self.started_at = started_at
-        #: what the dispatchers' failed wait saw (NOTE [silent workers] in herald/job/silence.py)
+        #: what the dispatchers' failed wait saw (NOTE [silent workers] in herald/job/recovery/silence.py)
         self._silence: Silence | None = None
 
     def run(self, cfg: TrainConfig) -> JobResult:

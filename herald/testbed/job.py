@@ -15,7 +15,7 @@ holds the settings, the workers' dense replicas, the report and
 binding roles get ``--insecure``. The PS admin token is made per job and passed in the
 environment of the PS and the dispatcher only.
 
-NOTE [test bed failover]: NOTE [ps failover across hosts] (herald/job/failover.py) with
+NOTE [test bed failover]: NOTE [ps failover across hosts] (herald/job/recovery/failover.py) with
 this module as the supervisor. With ``cfg.ps_restarts`` N > 0 and
 ``cfg.checkpoint_every`` > 0, a PS shard process that ends during training (seen at
 once: the bed started it), or a dispatcher that exits with status 75 (it lost a shard),
@@ -46,7 +46,7 @@ from typing import Any
 
 from herald.errors import ConfigError, HeraldError, PeerTimeout
 from herald.job import checkpoints
-from herald.job.failover import SHARD_FAILED_EXIT
+from herald.job.recovery.failover import SHARD_FAILED_EXIT
 from herald.ps.cli import shard_args
 from herald.ps.config import ShardLimits
 from herald.testbed.dispatcher import last_step, save_config
@@ -103,7 +103,7 @@ def run_job(
         raise ConfigError(
             f"--worker-restarts {cfg.worker_restarts}: the test bed rolls a job back for a lost PS "
             "shard (--ps-restarts), not for a lost worker (herald train does: NOTE [worker failover] in "
-            "herald/job/rollback.py); leave it out"
+            "herald/job/recovery/rollback.py); leave it out"
         )
     if cfg.workers != len(workers) * procs_per_host:
         raise ConfigError(

@@ -294,7 +294,7 @@ def test_a_killed_ps_shard_fails_over_to_the_latest_checkpoint(tmp_path, sources
 @pytest.mark.slow  # ~30 s a case (2 shared cores)
 @pytest.mark.parametrize("mode", sorted(_FAILOVER_MODES))
 def test_a_killed_worker_fails_over_to_the_latest_checkpoint(tmp_path, sources, mode):
-    """NOTE [worker failover] (herald/job/rollback.py): kill -9 of worker rank 1 after the
+    """NOTE [worker failover] (herald/job/recovery/rollback.py): kill -9 of worker rank 1 after the
     first checkpoint and two more steps; with --worker-restarts 1 the job rolls back to that
     checkpoint (every process restarted, as for a lost PS shard), goes on, and ends with the
     model of an uninterrupted run of the same mode. The report names the lost rank, the step

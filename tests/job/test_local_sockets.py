@@ -18,8 +18,8 @@ from herald.contracts.train import TrainConfig
 from herald.dispatch.channel import PeerChannel
 from herald.dispatch.records import DispatcherConfig
 from herald.errors import ConfigError
-from herald.job import leftovers
 from herald.job.parts import ExternalWorkers, LocalWorkers, WorkerLauncher
+from herald.job.recovery import leftovers
 from tests.asuser import as_nobody
 from tests.fakes import dealer
 

@@ -1,4 +1,4 @@
-"""The loop of attempts of a job that loses a process (herald/job/rollback.py, NOTE [worker
+"""The loop of attempts of a job that loses a process (herald/job/recovery/rollback.py, NOTE [worker
 failover], NOTE [ps failover]) with a fake attempt: each cause's budget, the job ending
 naming the lost rank once its budget is spent, the report's failovers, and no rollback to
 a checkpoint another job left in the run folder. The real thing (a worker killed -9, the
@@ -15,7 +15,7 @@ import pytest
 
 from herald.contracts.train import TrainConfig
 from herald.errors import HeraldError
-from herald.job.rollback import Rollbacks, ShardFailed, WorkerFailed, run_attempts
+from herald.job.recovery.rollback import Rollbacks, ShardFailed, WorkerFailed, run_attempts
 
 EVERY = 4
 

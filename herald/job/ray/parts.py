@@ -79,11 +79,11 @@ from herald.contracts.tables import tables_to_json
 from herald.contracts.train import TrainConfig
 from herald.dispatch.peers import Silence
 from herald.errors import HeraldError, PeerTimeout
-from herald.job import leftovers
 from herald.job.parts import PSProvider, WorkerLauncher, prepare_run, raise_job_failure
 from herald.job.ray.cluster import CallFailed, RayCluster
 from herald.job.ray.plan import KEYS, dense_env, local_ranks, split_keys, worker_cpus
 from herald.job.ray.role import FOLDER
+from herald.job.recovery import leftovers
 from herald.ps import PSClient
 from herald.ps.admin import TOKEN_ENV
 from herald.ps.cli import shard_args

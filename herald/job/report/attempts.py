@@ -1,5 +1,5 @@
 """The report of a job that failed over (NOTE [ps failover] in herald/job/launcher.py,
-NOTE [worker failover] in herald/job/rollback.py): every attempt's steps and samples
+NOTE [worker failover] in herald/job/recovery/rollback.py): every attempt's steps and samples
 counted, and the steps trained again named.
 
 A failover rolls the job back to its latest checkpoint, so the steps the lost attempt

@@ -8,7 +8,7 @@ NOTE [worker failover]
 ~~~~~~~~~~~~~~~~~~~~~~
 A worker process that dies (killed by a signal: ``kill -9``, the OOM killer, a crash in
 native code: SIGSEGV, SIGABRT) or goes silent (stopped, hung: NOTE [silent workers] in
-herald/job/silence.py) takes the job's dense replica, its cache and its place in the
+herald/job/recovery/silence.py) takes the job's dense replica, its cache and its place in the
 all-reduce with it; the other workers' state is then ahead of anything a replacement
 could join. So a lost worker is handled as a lost PS shard is (NOTE [ps failover]):
 with ``--worker-restarts N`` (and ``--checkpoint-every``) every process of the attempt
@@ -21,7 +21,7 @@ not this job's state (:meth:`Rollbacks._latest`).
 
 Lost, not failed. :func:`herald.job.parts.raise_job_failure` (``herald train``'s local
 workers, whose exit codes it knows) raises :class:`WorkerFailed` only for a worker that
-a signal this job did not send ended (negative exit code: :func:`~herald.job.silence.killed_ranks`)
+a signal this job did not send ended (negative exit code: :func:`~herald.job.recovery.silence.killed_ranks`)
 or that the silence rule names (alive, reported nothing). A worker that reported an
 error itself (an exception in its training loop, sent to the dispatcher as ``error``,
 then exit code 1: a diverged loss, a bad setting, a model the data cannot feed, a

@@ -77,7 +77,7 @@ def silent_culprits(silence: Silence | None, exit_codes: Mapping[int, int | None
 
 def killed_ranks(exit_codes: Mapping[int, int | None] | None) -> list[int]:
     """The workers a signal ended (negative exit code), ascending: dead, not failed (NOTE
-    [worker failover] in herald/job/rollback.py). Read before the job stops its workers (its
+    [worker failover] in herald/job/recovery/rollback.py). Read before the job stops its workers (its
     own SIGTERM would count); ``exit_codes`` as :func:`silent_culprits` takes them (None: [])."""
     return sorted(r for r, code in (exit_codes or {}).items() if code is not None and code < 0)
 
