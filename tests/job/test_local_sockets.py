@@ -1,4 +1,4 @@
-"""NOTE [local job sockets] (herald/job/parts.py): a ``herald train`` job's dispatcher
+"""NOTE [local job sockets] (herald/job/parts/local_workers.py): a ``herald train`` job's dispatcher
 listens on an ``ipc://`` socket in a folder of mode 0700, which another local user cannot
 reach, and its workers' rendezvous file is 0600."""
 

@@ -14,7 +14,8 @@ import pytest
 
 from herald.dispatch.peers import Silence
 from herald.errors import HeraldError
-from herald.job.parts import ShardFailed, WorkerFailed, raise_job_failure
+from herald.job.recovery.failure import raise_job_failure
+from herald.job.recovery.rollback import ShardFailed, WorkerFailed
 from herald.job.recovery.silence import killed_ranks, merge_silences, process_state, silent_culprits, silent_headline
 
 

@@ -55,7 +55,7 @@ differs is who starts each role and where:
 - **Liveness and failures** as under the local launcher: each check asks every role's
   actor how its child is (an actor that died, with its node, is a dead role), the PS
   shards are pinged too (NOTE [ps liveness]); a lost shard or worker is what it is under
-  the local launcher (:func:`herald.job.parts.raise_job_failure`: a worker whose actor
+  the local launcher (:func:`herald.job.recovery.failure.raise_job_failure`: a worker whose actor
   was lost counts as killed), so a rollback (NOTE [ps failover]) runs the next attempt
   with a fresh connection, placement and actors.
 - **End** (also on a failure): every child stopped (SIGTERM, SIGKILL after 5 s), every
@@ -68,8 +68,6 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-import shutil
-import tempfile
 import time
 from typing import Any, NoReturn
 
@@ -79,11 +77,13 @@ from herald.contracts.tables import tables_to_json
 from herald.contracts.train import TrainConfig
 from herald.dispatch.peers import Silence
 from herald.errors import HeraldError, PeerTimeout
-from herald.job.parts import PSProvider, WorkerLauncher, prepare_run, raise_job_failure
+from herald.job.parts.base import PSProvider, WorkerLauncher
+from herald.job.parts.local_ps import prepare_run
 from herald.job.ray.cluster import CallFailed, RayCluster
 from herald.job.ray.plan import KEYS, dense_env, local_ranks, split_keys, worker_cpus
 from herald.job.ray.role import FOLDER
 from herald.job.recovery import leftovers
+from herald.job.recovery.failure import raise_job_failure
 from herald.ps import PSClient
 from herald.ps.admin import TOKEN_ENV
 from herald.ps.cli import shard_args
@@ -97,7 +97,7 @@ class RayPS(PSProvider):
     """``cfg.num_ps_shards`` PS shards as Ray actors (NOTE [ray job]), each running ``python -m
     herald serve ps`` on its node; dialled with this job's admin token, watched (NOTE [ps
     liveness]); a lost shard fails the job as a local one does
-    (:func:`~herald.job.parts.raise_job_failure`: NOTE [ps failover] may roll it back)."""
+    (:func:`~herald.job.recovery.failure.raise_job_failure`: NOTE [ps failover] may roll it back)."""
 
     def __init__(self, cluster: RayCluster):
         super().__init__()
@@ -200,7 +200,7 @@ class RayPS(PSProvider):
         self.watch()
 
     def fail(self, exc: HeraldError, workers: WorkerLauncher, silence: Silence | None = None) -> NoReturn:
-        """:func:`~herald.job.parts.raise_job_failure` of these shards and ``workers``."""
+        """:func:`~herald.job.recovery.failure.raise_job_failure` of these shards and ``workers``."""
         raise_job_failure(exc, self.watch, workers, silence)
 
 
@@ -223,10 +223,7 @@ class RayWorkers(WorkerLauncher):
         self.roles = list(range(cfg.workers))
         if self.cluster.single:
             run_dir = self.cluster.run_dir
-            self.sockets = tempfile.mkdtemp(prefix=leftovers.DISPATCH_PREFIX)
-            leftovers.record(run_dir, self.sockets)
-            stack.callback(leftovers.forget, run_dir, self.sockets)
-            stack.callback(shutil.rmtree, self.sockets, ignore_errors=True)
+            self.sockets = leftovers.private_folder(run_dir, leftovers.DISPATCH_PREFIX, stack)
 
     def dispatcher_bind(self, group: int) -> str:
         """One node: ``ipc://`` in a private folder; several: TCP on this node's address, any port."""

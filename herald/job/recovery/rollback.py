@@ -19,7 +19,7 @@ workers. A loss before the job's first checkpoint ends it: the checkpoint anothe
 left in the run folder (the latest at the start, unless this job resumed from it) is
 not this job's state (:meth:`Rollbacks._latest`).
 
-Lost, not failed. :func:`herald.job.parts.raise_job_failure` (``herald train``'s local
+Lost, not failed. :func:`herald.job.recovery.failure.raise_job_failure` (``herald train``'s local
 workers, whose exit codes it knows) raises :class:`WorkerFailed` only for a worker that
 a signal this job did not send ended (negative exit code: :func:`~herald.job.recovery.silence.killed_ranks`)
 or that the silence rule names (alive, reported nothing). A worker that reported an

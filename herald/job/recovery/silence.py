@@ -13,7 +13,7 @@ the wait fails it notes the ranks silent for at least half of ``--timeout-ms`` (
 or not: the one that noticed may have acked the step the wait is for, and be stuck in
 the next) and those that reported an error (:class:`~herald.dispatch.peers.Silence`,
 :meth:`Dispatcher.silence() <herald.dispatch.dispatcher.Dispatcher.silence>`). The job
-(:func:`herald.job.parts.raise_job_failure`) then names as the cause the silent workers
+(:func:`herald.job.recovery.failure.raise_job_failure`) then names as the cause the silent workers
 whose process still runs and that reported nothing (:func:`silent_culprits`), provided the
 failure is one of waiting on them: a silent worker failed (reported an error, or exited
 with an error code) after its own long silence, so it had been waiting, not working.
