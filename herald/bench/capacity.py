@@ -33,6 +33,7 @@ import numpy as np
 from herald.bench.options import CAPACITY_ROWS, CAPACITY_SECONDS
 from herald.contracts.train import TrainConfig
 from herald.errors import ConfigError, HeraldError
+from herald.job.interfaces import JobHooks
 from herald.job.parts import NoPS, WorkerLauncher
 from herald.job.runner import JobRunner
 from herald.loader import open_source
@@ -352,7 +353,7 @@ def measure_capacity(
             disp.stop()
 
     # the job runner (NOTE [job runner]) with no PS, the fake workers, no checkpoints, no report
-    JobRunner(ps=NoPS(), workers=peers, data=data, on_step=on_step, on_serve=disps.extend).run(cfg)
+    JobRunner(ps=NoPS(), workers=peers, data=data, hooks=JobHooks(on_step=on_step, on_serve=disps.extend)).run(cfg)
     if "t1" not in marks:
         raise ConfigError(
             f"no step measured after {warmup_steps} warm-up steps: {data.steps_per_epoch} steps per "

@@ -19,6 +19,7 @@ from typing import Any
 
 from herald.contracts.train import TrainConfig
 from herald.dispatch.dispatcher import Dispatcher
+from herald.job.interfaces import JobHooks, RunOptions
 from herald.job.parts import Checkpointing, LocalPS, LocalWorkers
 from herald.job.ray.parts import ray_parts
 from herald.job.recovery.rollback import Rollbacks, run_attempts
@@ -94,19 +95,17 @@ def _run_attempt(
     ckpts = Checkpointing("herald train", enabled=bool(cfg.checkpoint_every or cfg.is_stream), check_config=True)
     # Dispatcher: looked up here at each attempt (tests wrap it: tests/integration/test_fuzz_dispatcher.py)
     ps, workers = PARTS[cfg.launcher](cfg)
+    options = RunOptions(
+        dispatcher=Dispatcher, progress=progress, stop_on_signals=True, sample_id_log=ids, started_at=started_at
+    )
     return (
         JobRunner(
             ps=ps,
             workers=workers,
             checkpoints=ckpts,
             report=JobReport(rollbacks.failovers, rollbacks.earlier),
-            dispatcher=Dispatcher,
-            progress=progress,
-            stop_on_signals=True,
-            on_finish=on_finish,
-            on_step=rollbacks.on_step,
-            sample_id_log=ids,
-            started_at=started_at,
+            hooks=JobHooks(on_step=rollbacks.on_step, on_finish=on_finish),
+            options=options,
         )
         .run(cfg)
         .report

@@ -25,6 +25,7 @@ def _serve_dispatcher(args: argparse.Namespace) -> int:
     / ``--resume`` it checkpoints and resumes as ``herald train`` does, and a lost PS shard
     ends it with exit status 75 (NOTE [ps failover across hosts])."""
     from herald.auth import check_bind  # on use: see the comment on the imports
+    from herald.job.interfaces import RunOptions
     from herald.job.parts import ExternalWorkers, RemotePS
     from herald.job.runner import JobRunner
 
@@ -40,8 +41,10 @@ def _serve_dispatcher(args: argparse.Namespace) -> int:
         ps=RemotePS(args.ps.split(","), run_dir=cfg.run_dir if ckpts else None),
         workers=ExternalWorkers(dist_init=args.dist_init),
         checkpoints=ckpts,
-        dispatcher_settings={"bind": args.bind, "dispatcher_rank": args.dispatcher_rank},
-        sample_id_log=args.sample_id_log,
+        options=RunOptions(
+            dispatcher_settings={"bind": args.bind, "dispatcher_rank": args.dispatcher_rank},
+            sample_id_log=args.sample_id_log,
+        ),
     ).run(cfg)
     records = result.records
     rejected = {k: n for k, n in (records[-1].rejected if records else {}).items() if n}
