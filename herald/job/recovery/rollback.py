@@ -1,8 +1,10 @@
-"""Rolling a job back to its latest checkpoint when one of its processes is lost: the
-failures that ask for it (:class:`PartLost`: :class:`ShardFailed`, :class:`WorkerFailed`),
-each cause's budget (``--ps-restarts``, ``--worker-restarts``), the loop of attempts
-(:func:`run_attempts`) and the report's ``failovers`` (NOTE [ps failover] in
-herald/job/launcher.py says why the whole job goes back; NOTE [worker failover] below).
+"""``herald train`` rolling a job back to its latest checkpoint when one of its processes is
+lost: the failures that ask for it (:class:`PartLost`: :class:`ShardFailed`,
+:class:`WorkerFailed`), the loop of attempts (:func:`run_attempts`) and its use of the failover
+policy (:class:`Rollbacks`: each cause's budget, ``--ps-restarts``, ``--worker-restarts``, and
+the report's ``failovers``: NOTE [failover policy] in herald/job/recovery/policy.py; NOTE [ps
+failover] in herald/job/launcher.py says why the whole job goes back; NOTE [worker failover]
+below).
 
 NOTE [worker failover]
 ~~~~~~~~~~~~~~~~~~~~~~
@@ -17,7 +19,7 @@ N times; the final model is the uninterrupted run's. Each cause has its own budg
 job with ``--ps-restarts 1 --worker-restarts 2`` survives one lost shard and two lost
 workers. A loss before the job's first checkpoint ends it: the checkpoint another job
 left in the run folder (the latest at the start, unless this job resumed from it) is
-not this job's state (:meth:`Rollbacks._latest`).
+not this job's state (:meth:`~herald.job.recovery.policy.FailoverPolicy.latest`).
 
 Lost, not failed. :func:`herald.job.recovery.failure.raise_job_failure` (``herald train``'s local
 workers, whose exit codes it knows) raises :class:`WorkerFailed` only for a worker that
@@ -40,18 +42,14 @@ the remaining workers instead (GBA's elastic training) is not built.
 from __future__ import annotations
 
 import dataclasses
-import os
-import pathlib
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from herald.contracts.train import TrainConfig
-from herald.dispatch.records import StepRecord
-from herald.errors import DataError, HeraldError
-from herald.job import checkpoints
-from herald.job.report.attempts import Attempt
+from herald.errors import HeraldError
+from herald.job.recovery.policy import Budget, FailoverPolicy, RollbackRefused
 
 T = TypeVar("T")
 
@@ -95,43 +93,24 @@ class WorkerFailed(PartLost):
     part, budget = "worker", "worker_restarts"
 
 
-class Rollbacks:
-    """The rollbacks of one job ``cfg`` (its first attempt's settings): the report's
-    ``failovers`` (one dict per rollback) and the ``earlier`` attempts
-    (:class:`~herald.job.report.attempts.Attempt`), both filled as the job goes.
+class Rollbacks(FailoverPolicy):
+    """The failover policy of one ``herald train`` job ``cfg`` (its first attempt's settings;
+    NOTE [failover policy]): a budget for each :class:`PartLost` cause (``--ps-restarts``,
+    ``--worker-restarts``), and :meth:`roll_back` in ``herald train``'s words.
 
-    A failover dict: ``part`` (``"worker"`` or ``"ps"``), ``ranks`` (the lost workers'
-    ranks; None for a shard: ``cause`` names it), ``cause``, ``detected_unix_s`` (when the
-    job saw the loss, Unix seconds), ``lost_at_step`` (the first step not acked by every
-    worker), ``last_acked_step`` (None: none in that attempt), ``rolled_back_to`` (the
-    checkpoint folder), ``checkpoint_step``, ``steps_rolled_back`` (trained again),
-    ``stopped_s`` (seconds from the loss seen to every process of the attempt stopped) and
-    ``recovered_s`` (from the loss seen to the next attempt's first step acked by every
-    worker; None while there is none), as the test bed's (herald/testbed/job.py).
+    A failover record has the policy's keys and ``ranks`` (the lost workers' ranks; None for a
+    shard: ``cause`` names it) and ``stopped_s`` (seconds from the loss seen to every process of
+    the attempt stopped); ``recovered_s`` is from the loss seen to the next attempt's first step
+    acked by every worker (None while there is none), as the test bed's (herald/testbed/job.py).
     """
 
     def __init__(self, cfg: TrainConfig):
-        self.cfg, self.root = cfg, pathlib.Path(cfg.run_dir) / "checkpoints"
-        self.failovers: list[dict[str, Any]] = []
-        self.earlier: list[Attempt] = []
-        start = self._found()
-        # the latest checkpoint at the start is another job's unless this one resumes from it
-        self._foreign = None if cfg.resume or start is None else _identity(start)
-        self._first_step = start.step + 1 if cfg.resume and start is not None else 0
-        self._acked: list[int] = []
-        self._started = time.perf_counter()
-        self._lost_at: float | None = None  # when the last loss was seen (Unix s), until the next ack
-
-    def begin(self) -> None:
-        """An attempt starts (its steps and time are counted from here)."""
-        self._acked, self._started = [], time.perf_counter()
-
-    def on_step(self, rec: StepRecord) -> None:
-        """The attempt's ``on_step``: ``rec.step`` was acked by every worker."""
-        self._acked.append(rec.step)
-        if self._lost_at is not None:
-            self.failovers[-1]["recovered_s"] = round(time.time() - self._lost_at, 3)
-            self._lost_at = None
+        budgets = {
+            lost.part: Budget(int(getattr(cfg, lost.budget)), "--" + lost.budget.replace("_", "-"))
+            for lost in (ShardFailed, WorkerFailed)
+        }
+        super().__init__(cfg.run_dir, budgets, resumed=cfg.resume)
+        self.cfg = cfg
 
     def roll_back(self, exc: PartLost) -> TrainConfig:
         """The settings of the attempt after ``exc`` (``--resume`` from the latest checkpoint
@@ -142,77 +121,42 @@ class Rollbacks:
             cause's budget is 0 (the message as it was) or spent, or this job has written
             no checkpoint yet.
         """
-        now = time.perf_counter()
-        allowed = int(getattr(self.cfg, exc.budget))
-        flag = "--" + exc.budget.replace("_", "-")
-        used = sum(f["part"] == exc.part for f in self.failovers)
-        if allowed == 0:
-            raise HeraldError(str(exc)) from None
         try:
-            latest = self._latest()
-        except DataError as err:
-            raise HeraldError(f"{exc}\n(cannot roll back ({flag} {allowed}): {err})") from None
-        if latest is None:
-            raise HeraldError(
-                f"{exc}\n(no checkpoint of this job to roll back to yet ({flag} {allowed}): the first "
-                f"is written after step {self.cfg.checkpoint_every - 1})"
-            ) from None
-        if used >= allowed:
-            what = ", ".join(f"worker-{r}" for r in exc.ranks) or f"a {exc.part}"
-            raise HeraldError(
-                f"{exc}\n({what} lost again after {used} rollback(s) for a lost {exc.part}, "
-                f"{flag} {allowed}: the job ends here; the log above says why)"
-            ) from None
-        last = max(self._acked, default=None)
-        self.failovers.append(
-            {
-                "part": exc.part,
-                "ranks": list(exc.ranks) or None,
-                "cause": exc.cause,
-                "detected_unix_s": round(exc.seen_unix_s, 3),
-                "lost_at_step": self._first_step if last is None else last + 1,
-                "last_acked_step": last,
-                "rolled_back_to": latest.path.name,
-                "checkpoint_step": latest.step,
-                "steps_rolled_back": None if last is None else max(0, last - latest.step),
-                "stopped_s": round(max(0.0, time.time() - exc.seen_unix_s), 3),
-                "recovered_s": None,
-            }
-        )
-        self.earlier.append(Attempt(tuple(self._acked), now - self._started))
-        self._lost_at, self._first_step = exc.seen_unix_s, latest.step + 1
+            record = self.record_rollback(
+                exc.part,
+                exc.cause,
+                exc.seen_unix_s,
+                ranks=list(exc.ranks) or None,
+                stopped_s=round(max(0.0, time.time() - exc.seen_unix_s), 3),
+            )
+        except RollbackRefused as refused:
+            raise HeraldError(self._refusal(exc, refused)) from None
+        budget = self.budgets[exc.part]
         print(
-            f"herald train: {exc.cause}\nrolling the job back to checkpoint {latest.path.name} (failover "
-            f"{used + 1} of at most {allowed} for a lost {exc.part}, {flag} {allowed})",
+            f"herald train: {exc.cause}\nrolling the job back to checkpoint {record['rolled_back_to']} (failover "
+            f"{self.used(exc.part)} of at most {budget.allowed} for a lost {exc.part}, {budget.flag} {budget.allowed})",
             file=sys.stderr,
             flush=True,
         )
         return dataclasses.replace(self.cfg, resume=True)
 
-    def _found(self) -> checkpoints.Checkpoint | None:
-        """The latest checkpoint in the run folder at the start (None: none, or unreadable: the
-        first attempt names why when it resumes from it)."""
-        try:
-            return checkpoints.latest(self.root)
-        except DataError:
-            return None
-
-    def _latest(self) -> checkpoints.Checkpoint | None:
-        """The latest checkpoint of this job: None when there is none or it is the one another
-        job left in the run folder (the latest at the start, when this job did not resume from it).
-
-        Raises:
-            DataError: ``latest`` names an unreadable checkpoint.
-        """
-        found = checkpoints.latest(self.root)
-        return None if found is None or _identity(found) == self._foreign else found
-
-
-def _identity(found: checkpoints.Checkpoint) -> tuple[str, int, int]:
-    """One checkpoint on disk: its folder's name, its ``meta.json``'s inode and modification
-    time (ns); a checkpoint written again under the same name is another."""
-    st = os.stat(found.path / "meta.json")
-    return found.path.name, st.st_ino, st.st_mtime_ns
+    def _refusal(self, exc: PartLost, refused: RollbackRefused) -> str:
+        """``exc``'s message with why there is no rollback (none added without a budget)."""
+        flag, allowed = refused.budget.flag, refused.budget.allowed
+        if refused.reason == "no budget":
+            return str(exc)
+        if refused.reason == "unreadable":
+            return f"{exc}\n(cannot roll back ({flag} {allowed}): {refused.detail})"
+        if refused.reason == "no checkpoint":
+            return (
+                f"{exc}\n(no checkpoint of this job to roll back to yet ({flag} {allowed}): the first "
+                f"is written after step {self.cfg.checkpoint_every - 1})"
+            )
+        what = ", ".join(f"worker-{r}" for r in exc.ranks) or f"a {exc.part}"
+        return (
+            f"{exc}\n({what} lost again after {refused.used} rollback(s) for a lost {exc.part}, "
+            f"{flag} {allowed}: the job ends here; the log above says why)"
+        )
 
 
 def run_attempts(cfg: TrainConfig, attempt: Callable[[TrainConfig, Rollbacks], T]) -> T:
