@@ -173,3 +173,17 @@ class Checkpointing:
             who=self.who,
             config=cfg if self.check_config else None,
         )
+
+
+def job_client(cfg: TrainConfig, addresses: Sequence[str], tables: Sequence[Any], admin_token: str | None) -> PSClient:
+    """The job's own :class:`PSClient` of the shards at ``addresses`` (shard order) over ``tables``
+    (``cfg.tables(schema)``), with the job's timeout, workers and keys, holding ``admin_token``
+    (checkpoint and restore: NOTE [ps admin ops]; None: none), as every PS part opens it."""
+    return PSClient(
+        list(addresses),
+        tables=tables,
+        timeout_ms=cfg.timeout_ms,
+        num_workers=cfg.workers,
+        keys_dir=cfg.keys_dir,
+        admin_token=admin_token,
+    )

@@ -12,11 +12,11 @@ from herald.contracts.train import TrainConfig
 from herald.dispatch.peers import Silence
 from herald.errors import HeraldError
 from herald.files import private_dir
-from herald.job.parts.base import PSProvider, WorkerLauncher
+from herald.job.parts.base import PSProvider, WorkerLauncher, job_client
 from herald.job.recovery import leftovers
 from herald.job.recovery.failure import raise_job_failure
 from herald.procs import pin_to_cores
-from herald.ps import LocalShards, PSClient
+from herald.ps import LocalShards
 from herald.ps.config import ShardLimits
 
 
@@ -81,16 +81,7 @@ class LocalPS(PSProvider):
         self.addresses = list(self.shards.addresses)
         for i, cores in enumerate(self.cores or ()):
             pin_to_cores(cores, self.shards.pid(i))
-        self.client = stack.enter_context(
-            PSClient(
-                self.addresses,
-                tables=tables,
-                timeout_ms=cfg.timeout_ms,
-                num_workers=cfg.workers,
-                keys_dir=cfg.keys_dir,
-                admin_token=self.shards.admin_token,
-            )
-        )
+        self.client = stack.enter_context(job_client(cfg, self.addresses, tables, self.shards.admin_token))
         # a dead shard is named at the next check, a silent one after half the job's timeout
         self.watch = self.shards.watch(silent_ms=max(1, cfg.timeout_ms // 2))
 

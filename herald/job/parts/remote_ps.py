@@ -10,9 +10,8 @@ from typing import Any, NoReturn
 from herald.contracts.train import TrainConfig
 from herald.dispatch.peers import Silence
 from herald.errors import HeraldError
-from herald.job.parts.base import PSProvider, WorkerLauncher
+from herald.job.parts.base import PSProvider, WorkerLauncher, job_client
 from herald.job.recovery.failover import shard_lost, watch_shards
-from herald.ps import PSClient
 
 
 class RemotePS(PSProvider):
@@ -31,16 +30,8 @@ class RemotePS(PSProvider):
     def open(self, cfg: TrainConfig, data: Any, stack: contextlib.ExitStack) -> None:
         self.watch = watch_shards(self.addresses, cfg.timeout_ms, cfg.keys_dir)  # NOTE [ps liveness]
         stack.callback(self.watch.close)
-        self.client = stack.enter_context(
-            PSClient(
-                self.addresses,
-                tables=cfg.tables(data.schema),
-                timeout_ms=cfg.timeout_ms,
-                num_workers=cfg.workers,
-                keys_dir=cfg.keys_dir,
-                admin_token=os.environ.get("HERALD_PS_TOKEN"),
-            )
-        )
+        token = os.environ.get("HERALD_PS_TOKEN")
+        self.client = stack.enter_context(job_client(cfg, self.addresses, cfg.tables(data.schema), token))
         self.client.ping()  # every shard up (bounded by --timeout-ms) before the watch starts its clock
 
     def check(self) -> None:

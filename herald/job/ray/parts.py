@@ -77,14 +77,13 @@ from herald.contracts.tables import tables_to_json
 from herald.contracts.train import TrainConfig
 from herald.dispatch.peers import Silence
 from herald.errors import HeraldError, PeerTimeout
-from herald.job.parts.base import PSProvider, WorkerLauncher
+from herald.job.parts.base import PSProvider, WorkerLauncher, job_client
 from herald.job.parts.local_ps import prepare_run
 from herald.job.ray.cluster import CallFailed, RayCluster
 from herald.job.ray.plan import KEYS, dense_env, local_ranks, split_keys, worker_cpus
 from herald.job.ray.role import FOLDER
 from herald.job.recovery import leftovers
 from herald.job.recovery.failure import raise_job_failure
-from herald.ps import PSClient
 from herald.ps.admin import TOKEN_ENV
 from herald.ps.cli import shard_args
 from herald.ps.config import ShardLimits
@@ -139,16 +138,7 @@ class RayPS(PSProvider):
                 leftovers.record(cluster.run_dir, answer["folder"])
                 stack.callback(leftovers.forget, cluster.run_dir, answer["folder"])
         self.addresses = self._wait_ready(cfg)
-        self.client = stack.enter_context(
-            PSClient(
-                self.addresses,
-                tables=tables,
-                timeout_ms=cfg.timeout_ms,
-                num_workers=cfg.workers,
-                keys_dir=cfg.keys_dir,
-                admin_token=token,
-            )
-        )
+        self.client = stack.enter_context(job_client(cfg, self.addresses, tables, token))
         self.watch = ShardWatch(
             self.addresses,
             max(1, cfg.timeout_ms // 2),
