@@ -46,11 +46,13 @@ PARTS = {"local": lambda cfg: (LocalPS(), LocalWorkers()), "ray": ray_parts}
 # the steps after the checkpoint are trained twice, which is the cost of a failure. The
 # report lists each failover (``failovers``: cause, checkpoint, the last step acked before,
 # the steps rolled back) and counts every attempt's steps and samples, naming the steps
-# trained again (``attempts``, ``retrained_steps``: herald/job/report_attempts.py). Without
+# trained again (``attempts``, ``retrained_steps``: herald/job/report/attempts.py). Without
 # a checkpoint (``--checkpoint-every``) there is nothing to go back to and the failure ends
 # the job as before. A lost worker is rolled back for the same way (``--worker-restarts N``,
 # its own budget: NOTE [worker failover] in herald/job/recovery/rollback.py, whose run_attempts is
-# the one loop of attempts).
+# the one loop of attempts). Whether to roll back, to which checkpoint, and the record of it are
+# the failover policy's (NOTE [failover policy] in herald/job/recovery/policy.py), which the test
+# bed's supervisor uses too.
 
 
 def run_train(

@@ -101,17 +101,7 @@ def run_job(
             PeerTimeout: the job ran past ``timeout_s``.
     """
     workers = worker_hosts_of(bed)
-    if cfg.worker_restarts:
-        raise ConfigError(
-            f"--worker-restarts {cfg.worker_restarts}: the test bed rolls a job back for a lost PS "
-            "shard (--ps-restarts), not for a lost worker (herald train does: NOTE [worker failover] in "
-            "herald/job/recovery/rollback.py); leave it out"
-        )
-    if cfg.workers != len(workers) * procs_per_host:
-        raise ConfigError(
-            f"--workers {cfg.workers} must equal the bed's {len(workers)} worker hosts x "
-            f"{procs_per_host} processes per host"
-        )
+    _check_job(cfg, len(workers), procs_per_host)
     run_dir = pathlib.Path(cfg.run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "report.json").unlink(missing_ok=True)
@@ -135,6 +125,25 @@ def run_job(
     rep["failovers"] = launch.policy.failovers
     report_path.write_text(json.dumps(rep, indent=2))
     return rep
+
+
+def _check_job(cfg, worker_hosts: int, procs_per_host: int) -> None:
+    """Refuse what the test bed cannot run (:func:`run_job`).
+
+    Raises:
+        ConfigError: ``worker_restarts`` set, or ``cfg.workers`` not worker hosts x ``procs_per_host``.
+    """
+    if cfg.worker_restarts:
+        raise ConfigError(
+            f"--worker-restarts {cfg.worker_restarts}: the test bed rolls a job back for a lost PS "
+            "shard (--ps-restarts), not for a lost worker (herald train does: NOTE [worker failover] in "
+            "herald/job/recovery/rollback.py); leave it out"
+        )
+    if cfg.workers != worker_hosts * procs_per_host:
+        raise ConfigError(
+            f"--workers {cfg.workers} must equal the bed's {worker_hosts} worker hosts x "
+            f"{procs_per_host} processes per host"
+        )
 
 
 class _Launch:
