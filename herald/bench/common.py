@@ -205,7 +205,7 @@ def run_herald(
     trained sample: :func:`herald.procs.cpu_seconds`; ``steady_cpu_us_per_sample``: the
     report's, from the first step to the end of serving, NOTE [steady cpu] in
     herald/job/runner.py)."""
-    cfg = TrainConfig(
+    cfg = TrainConfig.from_flags(
         source=source,
         schedule=schedule,
         workers=workers,

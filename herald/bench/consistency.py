@@ -58,7 +58,7 @@ def summarize(rep: dict) -> dict:
 
 
 def _config(args: argparse.Namespace, mode: str, staleness: int, slow: str | None, name: str):
-    return TrainConfig(
+    return TrainConfig.from_flags(
         source=args.source,
         steps=getattr(args, "steps", None),
         workers=args.workers,

@@ -15,17 +15,16 @@ import os
 import re
 from typing import Any
 
-from herald.config import key_value, parse_value, require, setting
+from herald.config import flags_of, from_flags, key_value, nested, parse_value, require, setting
 from herald.contracts.comm import check_comm
-from herald.contracts.consistency import check_consistency, check_gba, check_hybrid, parse_slow_worker
+from herald.contracts.consistency import ModeContext, ModeSettings, Straggler
 from herald.contracts.flags import _flag, _integer, _number, flag_errors, scheduling_budget_value
 from herald.contracts.models import check_model
-from herald.contracts.modes import consistency_mode
+from herald.contracts.modes import MODE_FLAGS, BspSettings, check_mode, consistency_mode
 from herald.contracts.tables import OptimizerConfig, TableConfig
 from herald.contracts.vocab import (
     CACHE_DEVICES,
     CACHE_POLICIES,
-    CONSISTENCY_MODES,
     DEFAULT_TIMEOUT_MS,
     DENSE_COMM_DTYPES,
     DENSE_OPTIMIZERS,
@@ -112,24 +111,7 @@ class TrainConfig:
         "<= 8 workers)",
         choices=SCHEDULES,
     )
-    consistency: str = setting(
-        "bsp",
-        "consistency protocol of the embeddings (docs/consistency.md): bsp (exact, "
-        "equal to single-process training), bounded (HET's bound on reads: a cached "
-        "copy at most --staleness updates behind is read instead of re-pulled; writes "
-        "stay exact), hybrid (Persia: workers hold no embeddings and return gradients "
-        "by sample id; the dispatcher, as Persia's embedding worker, pushes them "
-        "asynchronously: reads at most --max-inflight-steps - 1 steps stale; dense "
-        "exact), gba (GBA: the PS applies --gba-buffer gradients per global step, "
-        "dropping those over --gba-threshold steps stale)",
-        choices=CONSISTENCY_MODES,
-    )
-    staleness: int = setting(
-        0, "--consistency bounded: staleness bound s in updates of one embedding (0 = exact BSP)", metavar="S"
-    )
-    hybrid_expiry: int | None = setting(None, "hybrid: drop and count gradients over STEPS steps late", metavar="STEPS")
-    gba_buffer: int = setting(0, "gba: gradients aggregated per global step, M (0: --workers)", metavar="M")
-    gba_threshold: int = setting(0, "gba: drop (count) gradients > IOTA global steps stale", metavar="IOTA")
+    mode: ModeSettings = nested(BspSettings, flags=MODE_FLAGS)  # --consistency and its mode's options
     slow_worker: str | None = setting(
         None, "straggler injection for experiments: worker RANK sleeps MS milliseconds once per step", metavar="RANK:MS"
     )
@@ -335,7 +317,6 @@ class TrainConfig:
         )
         for name, choices in (
             ("schedule", SCHEDULES),
-            ("consistency", CONSISTENCY_MODES),
             ("cache_policy", CACHE_POLICIES),
             ("optimizer", SPARSE_OPTIMIZERS),
             ("dense_optimizer", DENSE_OPTIMIZERS),
@@ -344,8 +325,7 @@ class TrainConfig:
             value = getattr(self, name)
             require(value in choices, f"{_flag(name)} must be one of {', '.join(choices)}, got {value!r}")
         _integer(self, "workers", 1, MAX_WORKERS)
-        check_consistency(self.consistency, self.staleness)
-        parse_slow_worker(self.slow_worker, self.workers)
+        Straggler.parse(self.slow_worker, self.workers)
         check_comm(self.wire_dtype, self.dense_comm, self.groups, self.average_every, self.easgd_alpha, self.workers)
         _integer(self, "batch_size", 1)
         _integer(self, "cache_rows", 1, optional=True)
@@ -368,18 +348,7 @@ class TrainConfig:
             )
         _integer(self, "eval_every", 1)
         _integer(self, "replicate_below", 0)
-        check_hybrid(self.consistency, self.hybrid_expiry, self.replicate_below > 0)
-        check_gba(
-            self.consistency,
-            self.gba_buffer,
-            self.gba_threshold,
-            workers=self.workers,
-            resume=self.resume,
-            global_batch=self.workers * self.batch_size,
-            checkpoint_every=self.checkpoint_every,
-            replicated=self.replicate_below > 0,
-            groups=self.groups,
-        )
+        check_mode(self.mode, self.mode_context)
         _integer(self, "scheduler_threads", 1, 256)
         budget = self.scheduling_budget
         require(
@@ -481,6 +450,48 @@ class TrainConfig:
                 "relative to the storage path (the run folder is STORAGE_PATH/RUN_DIR)",
             )
             object.__setattr__(self, "run_dir", run)  # frozen: normalised once, on construction
+
+    @classmethod
+    def from_flags(cls, values: Any = None, /, *, where: str = "", **flags: Any) -> TrainConfig:
+        """The settings from options by flag name, as the command line gives them
+        (``TrainConfig.from_flags(consistency="bounded", staleness=4)`` is ``--consistency
+        bounded --staleness 4``; a mapping and keywords together: keywords win).
+
+        Raises:
+            ConfigError: an unknown name (the known ones listed) or a bad value, naming the flag.
+        """
+        return from_flags(cls, {**dict(values or {}), **flags}, where=where or "herald train")
+
+    def flags(self) -> dict[str, Any]:
+        """Every setting by flag name (inverse of :meth:`from_flags`; JSON-able but for
+        ``source_options``, a tuple of pairs)."""
+        return flags_of(self)
+
+    def with_flags(self, **flags: Any) -> TrainConfig:
+        """A copy with the settings ``flags`` (by flag name) changed, validated again."""
+        return self.from_flags(self.flags(), **flags)
+
+    @property
+    def consistency(self) -> str:
+        """The consistency mode's name (``--consistency``): ``mode.name``."""
+        return self.mode.name
+
+    @property
+    def straggler(self) -> Straggler:
+        """``--slow-worker`` parsed (:class:`~herald.contracts.consistency.Straggler`; rank -1: none)."""
+        return Straggler.parse(self.slow_worker)
+
+    @property
+    def mode_context(self) -> ModeContext:
+        """What the mode's settings are checked against (:func:`herald.contracts.modes.check_mode`)."""
+        return ModeContext(
+            workers=self.workers,
+            global_batch=self.workers * self.batch_size,
+            replicated=self.replicate_below > 0,
+            groups=self.groups,
+            resume=self.resume,
+            checkpoint_every=self.checkpoint_every,
+        )
 
     @property
     def is_stream(self) -> bool:

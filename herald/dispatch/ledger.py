@@ -19,9 +19,9 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from herald.contracts.job import JobSpec
-from herald.contracts.modes import consistency_mode
 from herald.dispatch.channel import PeerChannel
 from herald.dispatch.idbuffer import IdFeatureBuffer
+from herald.dispatch.modes import dispatch_mode
 from herald.dispatch.peers import Message
 from herald.dispatch.records import DispatcherConfig, StepRecord, sum_consistency
 from herald.dispatch.steps import ReadyStep
@@ -83,7 +83,7 @@ class StepLedger:
         if self._buffer is None:
             self._buffer = IdFeatureBuffer((self._config.max_inflight_steps + 1) * len(ready.sample_ids))
             self._channel.peers.ack_rows = len(ready.sample_ids) // self._workers
-            make = consistency_mode(self._job.consistency).resolve("embedding_worker")  # hybrid's, else None
+            make = dispatch_mode(self._job.consistency).embedding_worker  # hybrid's, else None
             self._hybrid = make(self._job, self._config, step, self._channel.peers) if make is not None else None
         if self._hybrid is not None:
             self._hybrid.before_send(step)

@@ -56,7 +56,7 @@ from herald.worker.devices import DeviceChoice, select_device, setup_collectives
 from herald.worker.executor import PlanExecutor, StepRows
 from herald.worker.groups import world_position
 from herald.worker.link import DispatcherLink
-from herald.worker.protocol import job_protocol
+from herald.worker.modes import job_protocol
 
 
 @dataclasses.dataclass
@@ -174,7 +174,7 @@ class ScheduledLoader:
         self.dist_rank, self.dist_world_size = world_position(job.group_index, job.groups, rank, world_size)
         self.link = link
         self.executor = PlanExecutor(job, rank, world_size, device, cache_device)
-        self.protocol = job_protocol(job, self.executor)  # its mode's entry in herald.contracts.modes
+        self.protocol = job_protocol(job, self.executor)  # its mode's entry in herald.worker.modes
         self.dense: DenseState | None = None
         self._batch: Batch | None = None
         self.steps = 0
@@ -370,8 +370,8 @@ class ScheduledLoader:
         try:
             mb = batch.micro_batch
             self._check_finite(mb, loss, batch.rows)
-            if self.dist_rank == self.job.slow_worker_rank:  # --slow-worker: a straggler, counted as compute
-                time.sleep(self.job.slow_worker_ms / 1000.0)
+            if self.dist_rank == self.job.straggler.rank:  # --slow-worker: a straggler, counted as compute
+                time.sleep(self.job.straggler.ms / 1000.0)
             if self._yielded is not None:  # forward + backward not timed by the training loop
                 since, claimed = self._yielded
                 self.timer.add(

@@ -71,6 +71,7 @@ import dataclasses
 
 import numpy as np
 
+from herald.contracts.modes import BoundedSettings
 from herald.dispatch.microbatch import MicroBatch
 from herald.ps.wire import valid_copies
 from herald.scheduler.plan import CachePlan, KeySet
@@ -98,7 +99,11 @@ class Bounded(BSP):
         staleness: the bound ``s`` (updates of one embedding); 0 is exact BSP.
     """
 
-    name = "bounded"
+    name = BoundedSettings.name
+
+    @classmethod
+    def for_settings(cls, executor: PlanExecutor, settings: BoundedSettings) -> Bounded:
+        return cls(executor, staleness=settings.staleness)
 
     def __init__(self, executor: PlanExecutor, staleness: int = 0):
         super().__init__(executor)

@@ -283,13 +283,13 @@ def test_hybrid_settings_are_checked_with_the_fix_named():
     from herald.contracts.train import TrainConfig
     from herald.errors import ConfigError
 
-    assert TrainConfig(consistency="hybrid", hybrid_expiry=2).hybrid_expiry == 2
+    assert TrainConfig.from_flags(consistency="hybrid", hybrid_expiry=2).mode.expiry_steps == 2
     with pytest.raises(ConfigError, match="no meaning for --consistency bsp"):
-        TrainConfig(hybrid_expiry=2)
+        TrainConfig.from_flags(hybrid_expiry=2)
     with pytest.raises(ConfigError, match="0..1048576 steps"):
-        TrainConfig(consistency="hybrid", hybrid_expiry=-1)
+        TrainConfig.from_flags(consistency="hybrid", hybrid_expiry=-1)
     with pytest.raises(ConfigError, match="drop --replicate-below"):
-        TrainConfig(consistency="hybrid", replicate_below=100)
+        TrainConfig.from_flags(consistency="hybrid", replicate_below=100)
 
 
 def test_resolve_can_be_limited_to_one_step():

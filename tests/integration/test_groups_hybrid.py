@@ -56,7 +56,7 @@ def _cfg(tmp_path, data_dir, **kw) -> TrainConfig:
         "average_every": 3,
         "easgd_alpha": 0.5,
     }
-    return TrainConfig(**{**base, **kw})
+    return TrainConfig.from_flags(**{**base, **kw})
 
 
 # ------------------------------------------------------------------ units

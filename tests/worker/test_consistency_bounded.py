@@ -14,6 +14,7 @@ from herald.scheduler.plan import CachePlan, KeySet
 from herald.worker import psio
 from herald.worker.consistency_bounded import Bounded, check_valid
 from herald.worker.executor import PlanExecutor
+from herald.worker.modes import PROTOCOLS
 from herald.worker.psio import member
 from tests.fakes import InProcessPS
 
@@ -38,7 +39,7 @@ def test_member_matches_table_and_id():
 
 
 def test_bounded_is_registered():
-    assert consistency_mode("bounded").resolve("protocol") is Bounded
+    assert PROTOCOLS[consistency_mode("bounded").name] is Bounded
 
 
 # ---------------------------------------------------------------- read-my-updates (docs/consistency.md)
