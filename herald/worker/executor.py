@@ -4,12 +4,16 @@ It carries out the operations of a :class:`~herald.scheduler.plan.CachePlan` (ev
 with write-back, pull, gradient push, local sparse update, plan push) and the
 embedding lookup of a micro-batch; it decides nothing. The order of the calls is the
 consistency protocol's (:mod:`herald.worker.protocol`, NOTE [step protocol] in
-``herald/scheduler/plan.py``).
+``herald/scheduler/plan.py``). A protocol that sends more with the rows (HET's clocks:
+herald/worker/clocks.py) passes its own :data:`Fetch` and :data:`Write` functions; the
+executor only moves rows.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -17,7 +21,6 @@ import torch.nn.functional as F
 
 from herald.contracts.job import JobSpec
 from herald.dispatch.microbatch import MicroBatch
-from herald.errors import ProtocolError
 from herald.phases import PhaseTimer
 from herald.ps import PSClient
 from herald.scheduler.plan import CachePlan, KeySet
@@ -85,15 +88,26 @@ class StepGrads:
         return self.tensor.index_select(0, index).to("cpu").numpy()
 
 
+#: ``fetch(keys, at) -> wait``: start reading the rows of ``keys``, the pulls ``at`` (bool
+#: [len(plan.pull)]) of a plan, from the PS; ``wait()`` gives a :class:`~herald.worker.psio.Fetched`
+#: in key order. The executor's own reads all of them (:func:`herald.worker.psio.fetch_async`).
+Fetch = Callable[[KeySet, np.ndarray], Callable[[], psio.Fetched]]
+#: ``write(keys, rows) -> handle``: start writing ``rows`` (float32 [len(keys), row_width]) of
+#: ``keys`` to the PS; the handle's ``wait()`` acknowledges it (None for no keys). The
+#: executor's own: :func:`herald.worker.psio.push_rows_async`.
+Write = Callable[[KeySet, np.ndarray], Any]
+
+
 @dataclasses.dataclass
 class Pulled:
     """What :meth:`PlanExecutor.pull` fetched.
 
     Attributes:
         keys: the keys whose rows came (now in the cache), in plan order.
-        fetched: bool [len(plan.pull)]: which pulls those are (False: a checked copy was
-            still valid and stays).
-        clocks: uint64 [len(plan.pull)]: c_g of the clocked pulls (NOTE [clock frames]), 0 elsewhere.
+        fetched: bool [len(plan.pull)]: which pulls those are (False: the fetch left a copy
+            that is still valid in the cache).
+        clocks: uint64 [len(plan.pull)]: the fetch's clocks (:class:`~herald.worker.psio.Fetched`;
+            NOTE [clock frames]), 0 elsewhere.
     """
 
     keys: KeySet
@@ -183,7 +197,7 @@ class PlanExecutor:
         )
         self.bytes_pulled = self.bytes_pushed = self.bytes_allreduced = self.bytes_dense = 0
         self.timer = PhaseTimer()
-        self._early: dict[int, tuple] = {}  # step -> (pull_early mask, clocked mask, wait())
+        self._early: dict[int, tuple] = {}  # step -> (prefetched pulls mask, wait())
         self._writes: list = []  # pushes and write-backs in flight
         self._written_back: tuple[int | None, KeySet] = (None, KeySet.empty())  # NOTE [own write-backs]
         self._step: tuple | None = None  # the step message in flight: (next step or None, pulls, handle, dense carried)
@@ -200,13 +214,12 @@ class PlanExecutor:
         return f"embedding cache {type(self.cache).__name__} {where} ({self.cache.capacity_rows:,} rows)"
 
     # ------------------------------------------------------ before forward
-    def evict(self, plan: CachePlan, step: int | None = None, advance: np.ndarray | None = None) -> None:
+    def evict(self, plan: CachePlan, step: int | None = None, write: Write | None = None) -> None:
         """Drop ``plan.evict``; start writing back the rows flagged in ``plan.write_back``
         (finished by :meth:`wait_writes`: NOTE [early pulls] in herald/dispatch/early.py).
         With ``step`` (the plan's step) the written-back keys are remembered, so that
         :meth:`prefetch` may fetch them early for ``step + 1`` (NOTE [own write-backs]).
-        ``advance``: uint64 [write_back.sum()], the written-back copies' local updates, sent
-        with the rows (NOTE [clock frames] in herald/ps/wire.py)."""
+        ``write``: how the rows go (:data:`Write`; default a plain ``push_rows``)."""
         self._written_back = (step, KeySet.empty())
         if not len(plan.evict):
             return
@@ -214,10 +227,18 @@ class PlanExecutor:
             rows = self.cache.evict(plan.evict, plan.write_back)
             wb = plan.write_back
             written = KeySet(plan.evict.table[wb], plan.evict.ids[wb])
-            handle = psio.push_rows_async(self.ps, written, rows, advance)
+            handle = (write or self._write)(written, rows)
             self._written_back = (step, written)
             if handle is not None:
                 self._writes.append(handle)
+
+    def _write(self, keys: KeySet, rows: np.ndarray):
+        """The plain :data:`Write`: the rows, nothing more."""
+        return psio.push_rows_async(self.ps, keys, rows)
+
+    def _fetch(self, keys: KeySet, at: np.ndarray) -> Callable[[], psio.Fetched]:
+        """The plain :data:`Fetch`: every row of ``keys``."""
+        return psio.fetch_async(self.ps, keys, self.cache.row_width)
 
     def track_write(self, handle) -> None:
         """Have :meth:`wait_writes` wait for ``handle`` (an object with ``wait()``) too."""
@@ -232,24 +253,24 @@ class PlanExecutor:
                     handle.wait()
                 self._writes.clear()
 
-    def prefetch(self, mb: MicroBatch, clocked: np.ndarray | None = None) -> None:
+    def prefetch(self, mb: MicroBatch, fetch: Fetch | None = None) -> None:
         """Start pulling the pulls of ``mb`` marked ``pull_early`` (NOTE [early pulls]) and
         those of this worker's own write-backs (NOTE [own write-backs]); call only once the
-        step before ``mb.step - 1`` is finished on this worker. ``clocked``: bool
-        [len(plan.pull)] or None: the pulls that also fetch their PS clock c_g (NOTE
-        [bounded reads]); pass the same to :meth:`pull`."""
+        step before ``mb.step - 1`` is finished on this worker. ``fetch``: how they are read
+        (:data:`Fetch`; default: plain pulls); :meth:`prefetched` then names them."""
         early = mb.pull_early
         own = self._own_write_backs(mb)
         if own is not None:
             early = early | own
         if early.any() and mb.step not in self._early:
             keys = KeySet(mb.plan.pull.table[early], mb.plan.pull.ids[early])
-            clocked = np.zeros(len(early), bool) if clocked is None else clocked
-            self._early[mb.step] = (
-                early,
-                clocked,
-                psio.fetch_async(self.ps, keys, self.cache.row_width, clocked[early]),
-            )
+            self._early[mb.step] = (early, (fetch or self._fetch)(keys, early))
+
+    def prefetched(self, step: int) -> np.ndarray | None:
+        """bool [len(plan.pull)]: the pulls of ``step`` :meth:`prefetch` started (not yet
+        taken by :meth:`pull`), or None."""
+        got = self._early.get(step)
+        return None if got is None else got[0]
 
     def _own_write_backs(self, mb: MicroBatch) -> np.ndarray | None:
         """bool [len(mb.plan.pull)]: the pulls not marked early whose key this worker wrote
@@ -283,58 +304,19 @@ class PlanExecutor:
         out[late[ok]] = True
         return out
 
-    def pull(
-        self,
-        mb: MicroBatch,
-        clocked: np.ndarray | None = None,
-        checked: np.ndarray | None = None,
-        c_c: np.ndarray | None = None,
-        staleness: int = 0,
-    ) -> Pulled:
+    def pull(self, mb: MicroBatch, fetch: Fetch | None = None) -> Pulled:
         """Fetch ``mb.plan.pull`` (rows with optimizer state) from the PS into the cache:
-        the prefetched rows (:meth:`prefetch`), then the others.
-
-        Args:
-            clocked: bool [len(plan.pull)] or None: pulls that also fetch their PS clock c_g,
-                in a conditional pull (NOTE [clock frames] in herald/ps/wire.py): as given to
-                :meth:`prefetch`.
-            checked: bool [len(plan.pull)] or None: clocked pulls whose cached copy stays and
-                is read when the shard finds it valid, ``c_g <= c_c + staleness`` (NOTE
-                [bounded reads]); never a prefetched one.
-            c_c: uint64 [len(plan.pull)]: the cached copies' current clocks (where ``checked``).
-
-        Raises:
-            ProtocolError: a checked pull was prefetched, or a clocked one prefetched without
-                its clock (a bug of the protocol).
-        """
+        the prefetched rows (:meth:`prefetch`), then the others, read by ``fetch``
+        (:data:`Fetch`; default: plain pulls). A pull the fetch did not bring (its copy is
+        still valid: NOTE [bounded reads]) leaves the cached copy as it is."""
         pull = mb.plan.pull
         n = len(pull)
-        early, early_clocked, early_wait = self._early.pop(mb.step, (None, None, None))
-        clocked = np.zeros(n, bool) if clocked is None else clocked
-        checked = np.zeros(n, bool) if checked is None else checked
+        early, early_wait = self._early.pop(mb.step, (None, None))
         if not n:
             return Pulled(pull, np.ones(0, bool), np.zeros(0, np.uint64))
         late = np.ones(n, bool) if early is None else ~early
-        if early is not None and (checked[early].any() or (clocked & ~early_clocked)[early].any()):
-            raise ProtocolError(
-                f"step {mb.step}: a relaxed protocol checked a prefetched pull, or asked the clock "
-                "of one prefetched without it (a bug of the protocol: pass prefetch() the same "
-                "clocked pulls; a pull_early key is always fetched)"
-            )
         with self.timer("pull"):
-            late_wait = (
-                psio.fetch_async(
-                    self.ps,
-                    KeySet(pull.table[late], pull.ids[late]),
-                    self.cache.row_width,
-                    clocked[late],
-                    checked[late],
-                    None if c_c is None else c_c[late],
-                    staleness,
-                )
-                if late.any()
-                else None
-            )
+            late_wait = (fetch or self._fetch)(KeySet(pull.table[late], pull.ids[late]), late) if late.any() else None
             parts = [(mask, wait()) for mask, wait in ((early, early_wait), (late, late_wait)) if wait is not None]
             if len(parts) == 1 and parts[0][0].all():  # one pull of every key (BSP without prefetch)
                 got = parts[0][1]
@@ -432,26 +414,16 @@ class PlanExecutor:
             for t, m in psio.table_groups(plan.update_local.table):
                 self.cache.apply_gradients(slots[m], g, at[m], self.tables[t])
 
-    def push_plan(self, plan: CachePlan, advance: np.ndarray | None = None):
+    def push_plan(self, plan: CachePlan, write: Write | None = None):
         """Send the rows of ``plan.plan_push`` (with optimizer state) to the PS (Herald Alg. 2);
-        acknowledged by :meth:`wait_writes`. With ``advance`` (uint64 [len(plan_push)], the
-        copies' local updates: NOTE [clock frames]) the PS clocks advance with the rows, and
-        the returned ``wait()`` gives c_g after (uint64 [len(plan_push)]); else None."""
+        acknowledged by :meth:`wait_writes`. With ``write`` (:data:`Write`) the rows go by it
+        and its handle is returned (None for no rows); else a plain ``push_rows``, and None."""
         if not len(plan.plan_push):
             return None
         with self.timer("plan_push"):
-            handle = psio.push_rows_async(
-                self.ps,
-                plan.plan_push,
-                self.cache.read(self.cache.slots(plan.plan_push)),
-                advance,
-                read_clocks=advance is not None,
-            )
-            if advance is None:
-                self._writes.append(handle)
-                return None
+            handle = (write or self._write)(plan.plan_push, self.cache.read(self.cache.slots(plan.plan_push)))
             self._writes.append(handle)
-        return handle
+        return handle if write is not None else None
 
     # ------------------------------------------------- the step message
     def send_step(self, mb: MicroBatch, grads: StepGrads, step_rows: StepRows, next_mb: MicroBatch | None) -> None:
@@ -534,20 +506,18 @@ class PlanExecutor:
             )
 
     # ------------------------------------------------------------- barrier
-    def flush(self, keys: KeySet, reset: bool, advance: np.ndarray | None = None) -> np.ndarray | None:
-        """Write back the only-latest rows ``keys``; with ``reset`` then empty the cache
-        (NOTE [checkpoint barrier] in herald/dispatch/dispatcher.py). With ``advance``
-        (uint64 [len(keys)]: NOTE [clock frames]) the PS clocks advance with the rows and,
-        without ``reset``, c_g after is returned (uint64 [len(keys)]); else None."""
+    def flush(self, keys: KeySet, reset: bool, write: Write | None = None) -> Any:
+        """Write back the only-latest rows ``keys`` and wait; with ``reset`` then empty the
+        cache (NOTE [checkpoint barrier] in herald/dispatch/dispatcher.py). With ``write``
+        (:data:`Write`) the rows go by it and what its handle's ``wait()`` gives is returned;
+        else a plain ``push_rows``, and None."""
         self._written_back = (None, KeySet.empty())
         self._prepared = None
         clocks = None
-        if len(keys) and advance is None:
+        if len(keys) and write is None:
             psio.push_rows(self.ps, keys, self.cache.read(self.cache.slots(keys)))
         elif len(keys):
-            clocks = psio.push_rows_async(
-                self.ps, keys, self.cache.read(self.cache.slots(keys)), advance, read_clocks=not reset
-            ).wait()
+            clocks = write(keys, self.cache.read(self.cache.slots(keys))).wait()
         if self.replicas is not None:
             if self.rank == 0:
                 self.replicas.write_back()
