@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from herald.contracts.modes import BoundedSettings, BspSettings, GbaSettings, HybridSettings, consistency_mode
+from herald.dispatch.embedding_worker import EmbeddingWorker, no_embedding_worker
 from herald.dispatch.gba import serve_gba
 from herald.dispatch.hybrid import make_hybrid
 from herald.dispatch.records import StepRecord
@@ -34,12 +35,13 @@ class DispatchMode:
             (:meth:`herald.dispatch.dispatcher.Dispatcher.serve`).
         embedding_worker: a factory ``(job, config, first_step, peers) -> worker`` of the
             dispatcher-side embedding worker (hybrid's, NOTE [hybrid training] in
-            herald/dispatch/hybrid.py), made when the dispatcher sends its first step; None:
+            herald/dispatch/hybrid.py), made when the dispatcher sends its first step; by
+            default the null one (:class:`~herald.dispatch.embedding_worker.NullEmbeddingWorker`):
             the workers write the PS themselves.
     """
 
     serve: Callable[[Any], list[StepRecord]]
-    embedding_worker: Callable[..., Any] | None = None
+    embedding_worker: Callable[..., EmbeddingWorker] = no_embedding_worker
 
 
 #: Each mode's dispatcher parts, by mode name.

@@ -26,6 +26,7 @@ from herald.contracts.modes import (
 from herald.contracts.tables import OptimizerConfig, TableConfig
 from herald.contracts.train import TrainConfig
 from herald.contracts.vocab import CONSISTENCY_MODES
+from herald.dispatch.embedding_worker import no_embedding_worker
 from herald.dispatch.modes import DISPATCH, dispatch_mode
 from herald.errors import ConfigError
 from herald.job.report import consistency_block
@@ -53,9 +54,7 @@ def test_every_registry_has_exactly_the_vocabulary_modes():
     assert tuple(PROTOCOLS) == CONSISTENCY_MODES
     assert all(issubclass(cls, ConsistencyProtocol) and cls.name == name for name, cls in PROTOCOLS.items())
     assert tuple(DISPATCH) == CONSISTENCY_MODES
-    assert all(
-        callable(d.serve) and (d.embedding_worker is None or callable(d.embedding_worker)) for d in DISPATCH.values()
-    )
+    assert all(callable(d.serve) and callable(d.embedding_worker) for d in DISPATCH.values())
     assert tuple(SETTINGS) == CONSISTENCY_MODES
 
 
@@ -83,7 +82,7 @@ def test_only_hybrid_runs_one_dispatcher_per_group_and_no_plan():
     assert [n for n, m in MODES.items() if m.independent_groups] == ["hybrid"]
     assert [n for n, m in MODES.items() if not m.planned_transmissions] == ["hybrid"]
     assert [n for n, m in MODES.items() if m.embedding_worker] == ["hybrid"]
-    assert [n for n, d in DISPATCH.items() if d.embedding_worker is not None] == ["hybrid"]
+    assert [n for n, d in DISPATCH.items() if d.embedding_worker is not no_embedding_worker] == ["hybrid"]
     assert [n for n, s in SETTINGS.items() if s.reads_early] == ["bounded"]
     assert not BoundedSettings(0).reads_early
 
