@@ -161,3 +161,24 @@ def test_the_registry_loads_nothing_heavy():
         "assert not heavy, heavy"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_no_mode_name_is_compared_outside_the_contracts():
+    """A mode's behaviour comes from its registry entries and settings, never from comparing
+    its name (docs/consistency.md, "Adding a mode"): no ``== "gba"``, ``in ("bsp", ...)``."""
+    import pathlib
+    import re
+
+    name = "|".join(CONSISTENCY_MODES)
+    compared = re.compile(
+        rf"""(==|!=|\bin|\bis)\s*[(\[{{]?\s*["']({name})["']|["']({name})["']\s*(==|!=|\bin\b|\bnot in\b)"""
+    )
+    root = pathlib.Path(__file__).resolve().parents[2] / "herald"
+    found = [
+        f"{path.relative_to(root)}:{n}: {line.strip()}"
+        for path in sorted(root.rglob("*.py"))
+        if "contracts" not in path.relative_to(root).parts
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if compared.search(line)
+    ]
+    assert not found, found
