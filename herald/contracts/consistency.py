@@ -76,10 +76,16 @@ class ModeSettings:
         """Samples in one micro-batch a worker trains: ``batch_size_per_worker`` by default."""
         return batch_size_per_worker
 
+    def described(self) -> tuple[str, bool]:
+        """What these settings do, naming their flags, and whether that is one flag (for :meth:`misplaced`)."""
+        flags = [f"--{dest.replace('_', '-')}" for dest in self.flags()]
+        return f"{', '.join(flags)} set --consistency {self.name}", len(flags) == 1
+
     def misplaced(self, mode: str) -> str:
         """The error when these settings are given to ``mode``, another mode (naming the flags)."""
-        flags = ", ".join("--" + dest.replace("_", "-") for dest in self.flags())
-        return f"{flags} set --consistency {self.name}; they have no meaning for --consistency {mode}: drop them"
+        what, one = self.described()
+        it, have = ("it", "it has") if one else ("them", "they have")
+        return f"{what}; {have} no meaning for --consistency {mode}: drop {it} or choose {self.name}"
 
     def flags(self) -> dict[str, Any]:
         """The settings by option name (``{"staleness": 4}``; JSON-able)."""

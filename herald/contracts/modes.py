@@ -73,11 +73,8 @@ class BoundedSettings(ModeSettings):
         """Above 0 the workers read early; at 0 their pulls ride on the step messages, as bsp's."""
         return self.staleness > 0
 
-    def misplaced(self, mode: str) -> str:
-        return (
-            f"--staleness {self.staleness} bounds the reads of --consistency bounded; it has no meaning "
-            f"for --consistency {mode}: drop it or choose bounded"
-        )
+    def described(self) -> tuple[str, bool]:
+        return f"--staleness {self.staleness} bounds the reads of --consistency bounded", True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,11 +109,8 @@ class HybridSettings(ModeSettings):
                 "tables there: drop --replicate-below or choose another --consistency"
             )
 
-    def misplaced(self, mode: str) -> str:
-        return (
-            f"--hybrid-expiry drops the expired gradients of --consistency hybrid; it has no meaning "
-            f"for --consistency {mode}: drop it or choose hybrid"
-        )
+    def described(self) -> tuple[str, bool]:
+        return "--hybrid-expiry drops the expired gradients of --consistency hybrid", True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,11 +169,8 @@ class GbaSettings(ModeSettings):
         """The global batch over its M micro-batches (``buffer`` resolved; unresolved: one worker's batch)."""
         return batch_size_per_worker * num_workers // self.buffer if self.buffer else batch_size_per_worker
 
-    def misplaced(self, mode: str) -> str:
-        return (
-            f"--gba-buffer and --gba-threshold set GBA's gradient buffer; they have no meaning for "
-            f"--consistency {mode}: drop them or choose gba"
-        )
+    def described(self) -> tuple[str, bool]:
+        return "--gba-buffer and --gba-threshold set GBA's gradient buffer", False
 
 
 @dataclasses.dataclass(frozen=True)
