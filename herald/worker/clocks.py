@@ -22,8 +22,9 @@ from herald.ps import PSClient
 from herald.ps.wire import valid_copies
 from herald.scheduler.plan import CachePlan, KeySet
 from herald.worker import psio
-from herald.worker.executor import Fetch, PlanExecutor, Write
+from herald.worker.executor import PlanExecutor
 from herald.worker.psio import member
+from herald.worker.rows import Fetch, Write
 
 
 def check_valid(c_s: np.ndarray, c_c: np.ndarray, c_g: np.ndarray, staleness: int) -> np.ndarray:

@@ -73,9 +73,10 @@ from herald.contracts.modes import BoundedSettings
 from herald.dispatch.microbatch import MicroBatch
 from herald.scheduler.plan import CachePlan, KeySet
 from herald.worker.clocks import CopyClocks
-from herald.worker.executor import PlanExecutor, StepGrads, StepRows
+from herald.worker.executor import PlanExecutor
 from herald.worker.protocol import BSP
 from herald.worker.psio import member
+from herald.worker.rows import StepGrads, StepRows
 
 
 class Bounded(BSP):

@@ -36,8 +36,9 @@ from herald.ps.rows import shard_of
 from herald.scheduler.plan import KeySet
 from herald.worker import psio
 from herald.worker.dense import DenseState
-from herald.worker.executor import PlanExecutor, StepRows
+from herald.worker.executor import PlanExecutor
 from herald.worker.protocol import ConsistencyProtocol
+from herald.worker.rows import StepRows
 
 #: Longest pause between two gated reads of a shard that is not ready yet, seconds.
 MAX_RETRY_S = 0.004

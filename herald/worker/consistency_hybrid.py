@@ -24,8 +24,9 @@ from herald.dispatch.microbatch import MicroBatch
 from herald.errors import ProtocolError
 from herald.scheduler.plan import KeySet
 from herald.worker import psio
-from herald.worker.executor import PlanExecutor, StepRows
+from herald.worker.executor import PlanExecutor
 from herald.worker.protocol import ConsistencyProtocol
+from herald.worker.rows import StepRows
 
 
 def step_keys(mb: MicroBatch) -> KeySet:

@@ -34,7 +34,8 @@ from herald.contracts.modes import BspSettings
 from herald.dispatch.microbatch import MicroBatch
 from herald.scheduler.plan import KeySet
 from herald.worker.dense import DenseState, DenseSync
-from herald.worker.executor import PlanExecutor, StepRows
+from herald.worker.executor import PlanExecutor
+from herald.worker.rows import StepRows
 
 
 class ConsistencyProtocol(abc.ABC):
