@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from herald.config import from_mapping, require
-from herald.contracts.comm import check_comm
+from herald.contracts.comm import CommSettings, GroupSettings
 from herald.contracts.consistency import ModeContext, ModeSettings, Straggler
 from herald.contracts.flags import flag_errors
 from herald.contracts.models import check_model
@@ -44,9 +44,9 @@ class JobSpec:
             their defaults resolved for the job (GBA's M: NOTE [gba tokens]).
         straggler: straggler injection (``--slow-worker``): that rank sleeps that many ms
             once per step (:class:`~herald.contracts.consistency.Straggler`, rank -1: none).
-        wire_dtype, dense_comm, groups, average_every, easgd_alpha: wire compression and
-            hierarchical training groups (docs/compression.md; checked by
-            :func:`herald.contracts.comm.check_comm`).
+        comm, groups: wire compression and hierarchical training groups, as the job's
+            ``TrainConfig`` has them (:class:`~herald.contracts.comm.CommSettings`,
+            :class:`~herald.contracts.comm.GroupSettings`; docs/compression.md).
         group_index: -1: one dispatcher serves every rank; ``g`` >= 0: this job's dispatcher
             serves only group ``g``'s ranks, as its ranks 0..k-1 (NOTE [independent groups]
             in herald/job/group_dispatch.py; the worker's torch.distributed rank is ``g * k + r``).
@@ -63,7 +63,11 @@ class JobSpec:
         ConfigError: from :meth:`from_dict`: another version, an unknown key, or a bad value.
     """
 
-    VERSION = 3  # 2: ps_timeout_ms became timeout_ms (the name TrainConfig gives it); 3: mode and straggler nest
+    #: 2: ps_timeout_ms became timeout_ms (the name TrainConfig gives it); 3: the mode's settings,
+    #: the straggler, compression and groups nest (``mode``, ``straggler``, ``comm``, ``groups``)
+    VERSION = 3
+    #: The nested settings of the wire form other than ``mode``: field -> class.
+    NESTED = {"straggler": Straggler, "comm": CommSettings, "groups": GroupSettings}
 
     tables: tuple[TableConfig, ...]
     dense_dim: int
@@ -83,11 +87,8 @@ class JobSpec:
     num_workers: int = 0
     keys_dir: str | None = None
     straggler: Straggler = Straggler()
-    wire_dtype: str = "fp32"
-    dense_comm: str = "fp32"
-    groups: int = 1
-    average_every: int = 10
-    easgd_alpha: float = 0.3
+    comm: CommSettings = CommSettings()
+    groups: GroupSettings = GroupSettings()
     group_index: int = -1
 
     def __post_init__(self) -> None:
@@ -104,8 +105,9 @@ class JobSpec:
             f"dense optimizer must be one of {DENSE_OPTIMIZERS}, got {self.dense_optimizer!r}",
         )
         check_mode(self.mode, ModeContext(replicated=bool(self.replicated_tables)))
-        check_comm(self.wire_dtype, self.dense_comm, self.groups, self.average_every, self.easgd_alpha)
-        require(isinstance(self.straggler, Straggler), f"straggler must be a Straggler, got {self.straggler!r}")
+        for name, kind in self.NESTED.items():
+            value = getattr(self, name)
+            require(isinstance(value, kind), f"{name} must be a {kind.__name__}, got {value!r}")
         require(
             self.timeout_ms >= 1 and self.capacity_rows >= 0 and self.replica_rows >= 0,
             "timeout_ms must be >= 1, capacity_rows and replica_rows >= 0",
@@ -119,8 +121,8 @@ class JobSpec:
             f"keys_dir must be a path or None, got {type(self.keys_dir).__name__}",
         )
         require(
-            type(self.group_index) is int and -1 <= self.group_index < self.groups,
-            f"group_index must be -1 or a group below groups {self.groups}, got {self.group_index!r}",
+            type(self.group_index) is int and -1 <= self.group_index < self.groups.count,
+            f"group_index must be -1 or a group below groups {self.groups.count}, got {self.group_index!r}",
         )
 
     @classmethod
@@ -135,19 +137,16 @@ class JobSpec:
                 ps=tuple(ps_addresses),
                 model=auto_model(cfg.model, data.dataset, data.schema.num_tables, data.schema.dense_dim),
                 seed=cfg.seed,
-                dense_optimizer=cfg.dense_optimizer,
-                dense_lr=cfg.dense_lr,
+                dense_optimizer=cfg.dense.optimizer,
+                dense_lr=cfg.dense.lr,
                 timeout_ms=cfg.timeout_ms,
                 mode=cfg.mode.for_job(cfg.mode_context),
                 run_dir=str(pathlib.Path(cfg.run_dir).resolve()),
                 replicated_tables=tuple(data.replicated),
                 replica_rows=data.replica_rows,
-                keys_dir=str(pathlib.Path(cfg.keys_dir).resolve()) if cfg.keys_dir else None,
-                wire_dtype=cfg.wire_dtype,
-                dense_comm=cfg.dense_comm,
+                keys_dir=str(pathlib.Path(cfg.security.keys_dir).resolve()) if cfg.security.keys_dir else None,
+                comm=cfg.comm,
                 groups=cfg.groups,
-                average_every=cfg.average_every,
-                easgd_alpha=float(cfg.easgd_alpha),
                 straggler=cfg.straggler,
             )
 
@@ -164,7 +163,7 @@ class JobSpec:
             ps=list(self.ps),
             replicated_tables=list(self.replicated_tables),
             mode=self.mode.to_dict(),
-            straggler=dataclasses.asdict(self.straggler),
+            **{name: dataclasses.asdict(getattr(self, name)) for name in self.NESTED},
         )
         return out
 
@@ -190,8 +189,9 @@ class JobSpec:
             values["replicated_tables"] = tuple(int(t) for t in values.get("replicated_tables", ()))
             if "mode" in values:
                 values["mode"] = mode_from_dict(values["mode"])
-            if "straggler" in values:
-                values["straggler"] = from_mapping(Straggler, values["straggler"], where="job spec straggler")
+            for name, kind in cls.NESTED.items():
+                if name in values:
+                    values[name] = from_mapping(kind, values[name], where=f"job spec {name}")
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"malformed job spec: {exc}") from None
         return from_mapping(cls, values, where="job spec")

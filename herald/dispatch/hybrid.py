@@ -419,7 +419,7 @@ def make_hybrid(job: Any, config: Any, first_step: int, peers: Any) -> HybridEmb
             tables=list(job.tables),
             timeout_ms=job.timeout_ms,
             keys_dir=job.keys_dir,
-            wire_dtype=job.wire_dtype,
+            wire_dtype=job.comm.wire_dtype,
         )
 
     pusher = GradientPusher(client, first_step, timeout_s=2 * max(job.timeout_ms, timeout_ms) / 1e3 + 1.0)

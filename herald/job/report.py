@@ -45,7 +45,9 @@ class Progress:
         if enabled:
             from tqdm import tqdm
 
-            self._bar = tqdm(total=total_steps, unit="step", desc=f"train [{cfg.schedule}]", dynamic_ncols=True)
+            self._bar = tqdm(
+                total=total_steps, unit="step", desc=f"train [{cfg.scheduling.schedule}]", dynamic_ncols=True
+            )
 
     def update(self, rec: StepRecord) -> None:
         self._samples += self.cfg.global_batch
@@ -237,7 +239,7 @@ def build(
             "miss_pull": consistency["reads"],
             "grad_push": consistency["gradient_rows_pushed"],
         }
-    row_bytes = cfg.embedding_dim * 4
+    row_bytes = cfg.embedding.dim * 4
     pulls = sum(by_cause[c] for c in _PULLS)
     pushes = sum(by_cause[c] for c in _PUSHES)
     steps = len(records)

@@ -70,7 +70,7 @@ class PlanExecutor:
             tables=self.tables,
             timeout_ms=job.timeout_ms,
             keys_dir=job.keys_dir,
-            wire_dtype=job.wire_dtype,
+            wire_dtype=job.comm.wire_dtype,
         )  # NOTE [wire compression]
         self._replicated = np.array(job.replicated_tables, np.int32)
         self.replicas = (

@@ -18,7 +18,7 @@ def test_the_ray_settings_need_the_ray_launcher():
             TrainConfig.from_flags(**{name: value})
     with pytest.raises(ConfigError, match="--launcher must be one of local, ray"):
         TrainConfig.from_flags(launcher="k8s")
-    assert TrainConfig().launcher == "local"
+    assert TrainConfig().launcher.name == "local"
 
 
 def test_the_storage_path_holds_the_run_folder():

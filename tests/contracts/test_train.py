@@ -67,10 +67,13 @@ def test_every_setting_is_checked_with_its_flag_name(argv, message):
 
 
 def test_restarts_with_checkpoints_are_accepted():
-    assert _config("--ps-restarts", "2", "--checkpoint-every", "10").ps_restarts == 2
+    assert _config("--ps-restarts", "2", "--checkpoint-every", "10").recovery.ps_restarts == 2
     cfg = _config("--worker-restarts", "3", "--ps-restarts", "1", "--checkpoint-every", "10")
-    assert (cfg.worker_restarts, cfg.ps_restarts) == (3, 1)
-    assert _config("--worker-restarts", "1", "--checkpoint-every", "5", "--consistency", "gba").worker_restarts == 1
+    assert (cfg.recovery.worker_restarts, cfg.recovery.ps_restarts) == (3, 1)
+    assert (
+        _config("--worker-restarts", "1", "--checkpoint-every", "5", "--consistency", "gba").recovery.worker_restarts
+        == 1
+    )
 
 
 def test_programmatic_values_are_checked_too():

@@ -144,7 +144,7 @@ def test_herald_train_checks_device_settings_naming_the_flag():
 
     assert (
         TrainConfig.from_flags(device="cuda:3").device,
-        TrainConfig.from_flags(cache_device="torch").cache_device,
+        TrainConfig.from_flags(cache_device="torch").cache.device,
     ) == ("cuda:3", "torch")
     with pytest.raises(ConfigError, match="--device must be auto, cpu, cuda or cuda:N, got 'gpu'"):
         TrainConfig.from_flags(device="gpu")
