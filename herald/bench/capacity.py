@@ -318,7 +318,7 @@ def measure_capacity(
     )
     url = source if source is not None else f"synthetic://criteo?rows={rows}&seed={seed}"
     # the job's settings for the runner: its dispatcher (credits, 60 s peer timeout) and JobSpec
-    cfg = TrainConfig(
+    cfg = TrainConfig.from_flags(
         source=url,
         workers=workers,
         batch_size=batch_size,

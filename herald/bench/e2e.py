@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> dict:
     for workers in args.workers:
         for schedule in args.schedules:
             name, _, variant = schedule.partition("+")
-            cfg = TrainConfig(
+            cfg = TrainConfig.from_flags(
                 source=source,
                 schedule=name,
                 workers=workers,

@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> dict:
         for dim in args.dim:
             for schedule in args.schedules:
                 tag = f"{schedule}-d{dim}"
-                cfg = TrainConfig(
+                cfg = TrainConfig.from_flags(
                     source=source,
                     schedule=schedule,
                     workers=args.workers,

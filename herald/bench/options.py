@@ -402,18 +402,20 @@ def add_groups_arguments(p: argparse.ArgumentParser) -> None:
 # ------------------------------------------------------------------ consistency
 
 CONSISTENCY_SOURCE = "/work/shared/data/criteo/criteo_kaggle_sample_train.tsv"
-#: (label, consistency, its setting: the staleness bound s of bounded, the threshold iota of gba)
+#: (label, consistency, its flags: the staleness bound s of bounded, the threshold iota of gba)
 CONSISTENCY_MODES = (
-    ("bsp", "bsp", 0),
-    ("bounded s=1", "bounded", 1),
-    ("bounded s=4", "bounded", 4),
-    ("bounded s=16", "bounded", 16),
-    ("hybrid", "hybrid", 0),
-    ("gba iota=0", "gba", 0),
-    ("gba iota=4", "gba", 4),
+    ("bsp", "bsp", {}),
+    ("bounded s=1", "bounded", {"staleness": 1}),
+    ("bounded s=4", "bounded", {"staleness": 4}),
+    ("bounded s=16", "bounded", {"staleness": 16}),
+    ("hybrid", "hybrid", {}),
+    ("gba iota=0", "gba", {"gba_threshold": 0}),
+    ("gba iota=4", "gba", {"gba_threshold": 4}),
 )
+#: the label of the row every other is compared with: exact BSP
+BASELINE = CONSISTENCY_MODES[0][0]
 #: --straggler: whose mean step time the straggler sleeps
-STRAGGLERS = ("own", "bsp")
+STRAGGLERS = ("own", BASELINE)
 
 
 def add_consistency_arguments(p: argparse.ArgumentParser) -> None:

@@ -20,7 +20,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from herald.contracts.job import JobSpec
-from herald.contracts.modes import consistency_mode
 from herald.dispatch.barrier import Barriers
 from herald.dispatch.channel import PeerChannel
 from herald.dispatch.early import TouchedKeys
@@ -70,7 +69,7 @@ class LockstepServe:
         self._pipeline: Pipeline | None = None
         self._plan_step = config.first_step  # plan thread: number of the next step planned
         self._touched: TouchedKeys | None = None  # build thread, NOTE [early pulls]: keys the last step changes
-        self._reads_early = bool(consistency_mode(job.consistency).reads_early(job))
+        self._reads_early = job.mode.reads_early
 
     def close(self) -> None:
         """Stop the pipeline threads (joined for at most ``close_timeout_ms``) and add their

@@ -115,14 +115,15 @@ def largest_frame_bytes(job: Any, num_workers: int, batch_size_per_worker: int) 
     :attr:`PeerTable.ack_grads`) also sample ids, uint64 [rows], and bag gradients,
     float32 [rows, tables, dim]. ``rows`` is one micro-batch: ``batch_size_per_worker``,
     or under GBA the global batch (``num_workers * batch_size_per_worker``) over its
-    ``job.gba_buffer`` micro-batches. 0 rows (the batch size unknown): 0.
+    M micro-batches (:meth:`~herald.contracts.consistency.ModeSettings.micro_batch_rows`). 0 rows
+    (the batch size unknown): 0.
 
     Args:
-        job: the :class:`~herald.contracts.job.JobSpec` served (tables, consistency, gba_buffer).
+        job: the :class:`~herald.contracts.job.JobSpec` served (tables, mode).
         num_workers: the ranks this dispatcher serves; batch_size_per_worker: ``--batch-size``.
     """
-    rows = batch_size_per_worker * num_workers // job.gba_buffer if job.gba_buffer else batch_size_per_worker
-    if consistency_mode(job.consistency).embedding_worker is None:
+    rows = job.mode.micro_batch_rows(batch_size_per_worker, num_workers)
+    if not consistency_mode(job.consistency).embedding_worker:
         return rows * 4
     return rows * max(8, 4 * len(job.tables) * job.dim)
 

@@ -82,9 +82,9 @@ def prepare_run(cfg: TrainConfig) -> pathlib.Path:
     admin-op root, NOTE [ps admin ops]; mode 0700, NOTE [private files]) and remove what
     a killed job left there (NOTE [run leftovers] in herald/job/leftovers.py). Returns the
     run folder."""
-    if cfg.keys_dir is not None:
-        load_server_keys(cfg.keys_dir)
-        load_client_keys(cfg.keys_dir)
+    if cfg.security.keys_dir is not None:
+        load_server_keys(cfg.security.keys_dir)
+        load_client_keys(cfg.security.keys_dir)
     run_dir = pathlib.Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     private_dir(run_dir / "checkpoints")
@@ -231,7 +231,7 @@ class LocalPS(PSProvider):
                 transport="ipc",
                 log_dir=run_dir,
                 limits=ShardLimits(aggregation_timeout_ms=cfg.timeout_ms, max_rows=cfg.ps_max_rows),
-                keys_dir=cfg.keys_dir,
+                keys_dir=cfg.security.keys_dir,
                 checkpoint_root=run_dir / "checkpoints",
                 workdir=workdir,
             )
@@ -245,7 +245,7 @@ class LocalPS(PSProvider):
                 tables=tables,
                 timeout_ms=cfg.timeout_ms,
                 num_workers=cfg.workers,
-                keys_dir=cfg.keys_dir,
+                keys_dir=cfg.security.keys_dir,
                 admin_token=self.shards.admin_token,
             )
         )
@@ -281,7 +281,7 @@ class RemotePS(PSProvider):
         self.run_dir = run_dir
 
     def open(self, cfg: TrainConfig, data: Any, stack: contextlib.ExitStack) -> None:
-        self.watch = watch_shards(self.addresses, cfg.timeout_ms, cfg.keys_dir)  # NOTE [ps liveness]
+        self.watch = watch_shards(self.addresses, cfg.timeout_ms, cfg.security.keys_dir)  # NOTE [ps liveness]
         stack.callback(self.watch.close)
         self.client = stack.enter_context(
             PSClient(
@@ -289,7 +289,7 @@ class RemotePS(PSProvider):
                 tables=cfg.tables(data.schema),
                 timeout_ms=cfg.timeout_ms,
                 num_workers=cfg.workers,
-                keys_dir=cfg.keys_dir,
+                keys_dir=cfg.security.keys_dir,
                 admin_token=os.environ.get("HERALD_PS_TOKEN"),
             )
         )
@@ -457,7 +457,7 @@ class LocalWorkers(WorkerLauncher):
         self.sockets = tempfile.mkdtemp(prefix=leftovers.DISPATCH_PREFIX)
         stack.callback(_drop, run_dir, self.sockets)
         leftovers.record(run_dir, self.sockets)
-        longest = self.dispatcher_bind(max(cfg.groups, 1) - 1)[len("ipc://") :]
+        longest = self.dispatcher_bind(max(cfg.groups.count, 1) - 1)[len("ipc://") :]
         if len(longest) > IPC_PATH_MAX_LEN:
             raise ConfigError(
                 f"the dispatcher's socket {longest} would be longer than the {IPC_PATH_MAX_LEN} "
@@ -489,7 +489,7 @@ class LocalWorkers(WorkerLauncher):
                         rank=group_rank,
                         world_size=k,
                         device=cfg.device,
-                        cache_device=cfg.cache_device,
+                        cache_device=cfg.cache.device,
                         timeout_ms=cfg.timeout_ms,
                         keys_dir=job.keys_dir,
                     ),

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from herald.contracts.modes import consistency_mode
+from herald.contracts.modes import BoundedSettings, BspSettings, GbaSettings, HybridSettings, consistency_mode
 from herald.dispatch.dispatcher import StepRecord
 from herald.errors import HeraldError
 from herald.job import report_attempts, report_comm
@@ -45,7 +45,9 @@ class Progress:
         if enabled:
             from tqdm import tqdm
 
-            self._bar = tqdm(total=total_steps, unit="step", desc=f"train [{cfg.schedule}]", dynamic_ncols=True)
+            self._bar = tqdm(
+                total=total_steps, unit="step", desc=f"train [{cfg.scheduling.schedule}]", dynamic_ncols=True
+            )
 
     def update(self, rec: StepRecord) -> None:
         self._samples += self.cfg.global_batch
@@ -237,7 +239,7 @@ def build(
             "miss_pull": consistency["reads"],
             "grad_push": consistency["gradient_rows_pushed"],
         }
-    row_bytes = cfg.embedding_dim * 4
+    row_bytes = cfg.embedding.dim * 4
     pulls = sum(by_cause[c] for c in _PULLS)
     pushes = sum(by_cause[c] for c in _PUSHES)
     steps = len(records)
@@ -245,7 +247,7 @@ def build(
     steady_s = records[-1].acked_at - records[0].acked_at if steps > 1 else 0.0
     steady = (steps - 1) * cfg.global_batch / steady_s if steady_s > 0 else float("nan")
     return {
-        "config": {k: v for k, v in vars(cfg).items() if k != "source_options"},
+        "config": {k: v for k, v in cfg.flags().items() if k != "source_options"},
         "interrupted": interrupted,
         "skipped": {"train": dict((skipped or {}).get("train", {})), "eval": dict((skipped or {}).get("eval", {}))},
         "rejected": dict(records[-1].rejected) if records else {},
@@ -346,14 +348,14 @@ def consistency_block(cfg: Any, records: list[StepRecord]) -> dict[str, Any]:
     ``mean_staleness`` (clock gap of the rows read, in updates, over every row read),
     ``dropped_or_decayed``, ``rereads`` (copies re-fetched because the bound was reached),
     ``reads``, ``stale_reads`` (the pulls saved); docs/consistency.md. Built by the mode's
-    ``report`` function (its entry in :data:`herald.contracts.modes.MODES`: :func:`plan_block`,
+    block function (its entry in :data:`CONSISTENCY_BLOCKS`: :func:`plan_block`,
     :func:`bounded_block`, :func:`hybrid_block`, :func:`gba_block`)."""
     total: dict[str, int] = {}
     for r in records:
         for k, v in r.consistency.items():
             total[k] = max(total.get(k, 0), v) if k == "gap_max" else total.get(k, 0) + v
     settings = {"slow_worker": cfg.slow_worker} if getattr(cfg, "slow_worker", None) else {}
-    block = consistency_mode(getattr(cfg, "consistency", "bsp")).resolve("report")
+    block = CONSISTENCY_BLOCKS[consistency_mode(getattr(cfg, "consistency", "bsp")).name]
     return block(cfg, records, total, settings, total.get("reads", 0))
 
 
@@ -379,7 +381,7 @@ def bounded_block(
 ) -> dict[str, Any]:
     """HET's (NOTE [bounded reads] in herald/worker/consistency_bounded.py): :func:`plan_block`
     with the bound ``staleness`` first in the settings."""
-    return plan_block(cfg, records, total, {"staleness": cfg.staleness, **settings}, reads)
+    return plan_block(cfg, records, total, {"staleness": cfg.mode.staleness, **settings}, reads)
 
 
 def hybrid_block(
@@ -391,7 +393,7 @@ def hybrid_block(
     per_step = [int(r.consistency.get("staleness", 0)) for r in records]
     settings = {
         "max_inflight_steps": getattr(cfg, "inflight_steps", None),
-        "hybrid_expiry": getattr(cfg, "hybrid_expiry", None),
+        "hybrid_expiry": cfg.mode.expiry_steps,
         **settings,
     }
     return {
@@ -413,7 +415,7 @@ def gba_block(cfg: Any, records: list[StepRecord], total: dict[str, int], settin
     """GBA (NOTE [gba tokens] in herald/ps/gba.py): staleness = global steps between a
     micro-batch's token and the step its gradient is applied at, over every contribution;
     ``dropped_or_decayed``: contributions eq. (1) dropped (shard 0's count)."""
-    settings = {"gba_buffer": cfg.gba_buffer or cfg.workers, "gba_threshold": cfg.gba_threshold, **settings}
+    settings = {"gba_buffer": cfg.mode.buffer or cfg.workers, "gba_threshold": cfg.mode.threshold, **settings}
     n = total.get("contributions", 0)
     return {
         "mode": "gba",
@@ -427,6 +429,15 @@ def gba_block(cfg: Any, records: list[StepRecord], total: dict[str, int], settin
         "staleness_unit": "global steps",
         "contributions": n,
     }
+
+
+#: Each mode's consistency block, by mode name (the report's registry of the modes).
+CONSISTENCY_BLOCKS = {
+    BspSettings.name: plan_block,
+    BoundedSettings.name: bounded_block,
+    HybridSettings.name: hybrid_block,
+    GbaSettings.name: gba_block,
+}
 
 
 def format_consistency(rep: dict[str, Any]) -> str:

@@ -22,14 +22,14 @@ from herald.ps.compress import row_bytes
 def compression(cfg: Any, by_cause: dict[str, int]) -> dict[str, Any]:
     """``{"wire_dtype", "dense_comm", "per_cause": {cause: {"fp32": bytes, "wire": bytes}},
     "fp32_bytes", "wire_bytes", "ratio"}`` for the transmission counts ``by_cause``."""
-    wire = getattr(cfg, "wire_dtype", "fp32")
-    full, packed = row_bytes("fp32", cfg.embedding_dim), row_bytes(wire, cfg.embedding_dim)
+    wire = cfg.comm.wire_dtype
+    full, packed = row_bytes("fp32", cfg.embedding.dim), row_bytes(wire, cfg.embedding.dim)
     per = {c: {"fp32": n * full, "wire": n * packed} for c, n in by_cause.items()}
     fp32 = sum(v["fp32"] for v in per.values())
     sent = sum(v["wire"] for v in per.values())
     return {
         "wire_dtype": wire,
-        "dense_comm": getattr(cfg, "dense_comm", "fp32"),
+        "dense_comm": cfg.comm.dense_comm,
         "per_cause": per,
         "fp32_bytes": fp32,
         "wire_bytes": sent,
@@ -39,7 +39,7 @@ def compression(cfg: Any, by_cause: dict[str, int]) -> dict[str, Any]:
 
 def groups(cfg: Any) -> dict[str, Any] | None:
     """The groups' averaging statistics (None with one group), from the run folder."""
-    if getattr(cfg, "groups", 1) <= 1:
+    if cfg.groups.count <= 1:
         return None
     leaders = []
     for path in sorted(pathlib.Path(cfg.run_dir).glob("groups-rank*.json")):
@@ -47,9 +47,9 @@ def groups(cfg: Any) -> dict[str, Any] | None:
         if stats.get("leader") == int(path.stem.split("rank")[-1]):  # the group's own figures
             leaders.append(stats)
     return {
-        "groups": cfg.groups,
-        "average_every": cfg.average_every,
-        "easgd_alpha": cfg.easgd_alpha,
+        "groups": cfg.groups.count,
+        "average_every": cfg.groups.average_every,
+        "easgd_alpha": cfg.groups.easgd_alpha,
         "leaders": leaders,
     }
 

@@ -58,7 +58,7 @@ T = TypeVar("T")
 
 class PartLost(HeraldError):
     """A process of one attempt of a job died or went silent: that attempt cannot go on, a
-    rolled-back one can (:func:`run_attempts`, at most ``getattr(cfg, budget)`` times per
+    rolled-back one can (:func:`run_attempts`, at most ``getattr(cfg.recovery, budget)`` times per
     cause). The message names the process and says what followed.
 
     Args:
@@ -70,7 +70,7 @@ class PartLost(HeraldError):
 
     retriable = True
     part = "process"  # the report's word for what was lost
-    budget = ""  # the TrainConfig setting: rollbacks allowed for this cause
+    budget = ""  # the TrainConfig setting (of its recovery): rollbacks allowed for this cause
 
     def __init__(
         self, message: str, *, ranks: Sequence[int] = (), cause: str | None = None, seen_unix_s: float | None = None
@@ -143,7 +143,7 @@ class Rollbacks:
             no checkpoint yet.
         """
         now = time.perf_counter()
-        allowed = int(getattr(self.cfg, exc.budget))
+        allowed = int(getattr(self.cfg.recovery, exc.budget))
         flag = "--" + exc.budget.replace("_", "-")
         used = sum(f["part"] == exc.part for f in self.failovers)
         if allowed == 0:

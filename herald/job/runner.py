@@ -107,8 +107,8 @@ def dispatcher_config(cfg: TrainConfig, **overrides: Any) -> DispatcherConfig:
         max_inflight_steps=cfg.inflight_steps,
         peer_timeout_ms=cfg.timeout_ms,
         checkpoint_every_steps=cfg.checkpoint_every,
-        keys_dir=cfg.keys_dir,
-        insecure=cfg.insecure,
+        keys_dir=cfg.security.keys_dir,
+        insecure=cfg.security.insecure,
         batch_size_per_worker=cfg.batch_size,
     )
     with flag_errors():
@@ -434,7 +434,7 @@ class JobRunner:
             return (
                 True,
                 sub,
-                [dispatcher_config(cfg, num_workers=sub.workers, dispatcher_rank=g) for g in range(cfg.groups)],
+                [dispatcher_config(cfg, num_workers=sub.workers, dispatcher_rank=g) for g in range(cfg.groups.count)],
             )
         return False, cfg, [dispatcher_config(cfg, **self.dispatcher_settings)]
 

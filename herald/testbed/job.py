@@ -16,7 +16,7 @@ binding roles get ``--insecure``. The PS admin token is made per job and passed 
 environment of the PS and the dispatcher only.
 
 NOTE [test bed failover]: NOTE [ps failover across hosts] (herald/job/failover.py) with
-this module as the supervisor. With ``cfg.ps_restarts`` N > 0 and
+this module as the supervisor. With ``cfg.recovery.ps_restarts`` N > 0 and
 ``cfg.checkpoint_every`` > 0, a PS shard process that ends during training (seen at
 once: the bed started it), or a dispatcher that exits with status 75 (it lost a shard),
 starts a failover: the dispatcher and the torchruns are stopped (SIGTERM, SIGKILL after
@@ -80,7 +80,7 @@ def run_job(
     role_args: dict[str, Sequence[str]] | None = None,
 ) -> dict[str, Any]:
     """Train ``cfg`` across ``bed`` (NOTE [test bed job]); returns the report dict, with
-    ``failovers`` (NOTE [test bed failover]: ``cfg.ps_restarts`` with ``cfg.checkpoint_every``).
+    ``failovers`` (NOTE [test bed failover]: ``cfg.recovery.ps_restarts`` with ``cfg.checkpoint_every``).
 
     Args:
         bed: an open :class:`TestBed` whose hosts are :func:`bed_hosts`.
@@ -99,9 +99,9 @@ def run_job(
             PeerTimeout: the job ran past ``timeout_s``.
     """
     workers = worker_hosts_of(bed)
-    if cfg.worker_restarts:
+    if cfg.recovery.worker_restarts:
         raise ConfigError(
-            f"--worker-restarts {cfg.worker_restarts}: the test bed rolls a job back for a lost PS "
+            f"--worker-restarts {cfg.recovery.worker_restarts}: the test bed rolls a job back for a lost PS "
             "shard (--ps-restarts), not for a lost worker (herald train does: NOTE [worker failover] in "
             "herald/job/rollback.py); leave it out"
         )
@@ -113,8 +113,8 @@ def run_job(
     run_dir = pathlib.Path(cfg.run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "report.json").unlink(missing_ok=True)
-    if cfg.keys_dir is None:
-        cfg = dataclasses.replace(cfg, insecure=True)  # a private network: no keys needed
+    if cfg.security.keys_dir is None:
+        cfg = cfg.with_flags(insecure=True)  # a private network: no keys needed
     (run_dir / ".dispatcher-step").unlink(missing_ok=True)
     launch = _Launch(bed, cfg, run_dir, tag, dict(role_args or {}))
     deadline = time.monotonic() + timeout_s
@@ -175,8 +175,8 @@ class _Launch:
                         len(self.ps_addresses),
                         address,
                         seed=self.cfg.seed,
-                        keys_dir=self.cfg.keys_dir,
-                        insecure=not self.cfg.keys_dir,
+                        keys_dir=self.cfg.security.keys_dir,
+                        insecure=not self.cfg.security.keys_dir,
                         checkpoint_root=str(self.run_dir),
                         limits=ShardLimits(
                             aggregation_timeout_ms=self.cfg.timeout_ms, max_contributors=self.cfg.workers
@@ -262,9 +262,9 @@ class _Launch:
                     *worker_args(
                         self.dispatcher,
                         device=self.cfg.device,
-                        cache_device=self.cfg.cache_device,
+                        cache_device=self.cfg.cache.device,
                         timeout_ms=self.cfg.timeout_ms,
-                        keys_dir=self.cfg.keys_dir,
+                        keys_dir=self.cfg.security.keys_dir,
                     ),
                     *self.role_args.get("worker", ()),
                 ],
@@ -274,7 +274,7 @@ class _Launch:
 
     def wait_done(self, deadline: float) -> str | None:
         """Wait until the dispatcher and every torchrun have exited; raise on the first
-        failure. Returns None when the job ended, or (failover allowed: ``cfg.ps_restarts``)
+        failure. Returns None when the job ended, or (failover allowed: ``cfg.recovery.ps_restarts``)
         the cause of a lost PS shard (NOTE [test bed failover])."""
         procs = self.bed.children.procs
         while any(procs[n].poll() is None for n in self.finishing):
@@ -307,7 +307,7 @@ class _Launch:
         shard), as a message; None when neither, when failover is off, or once the
         dispatcher has finished the job (exit status 0: the PS is no longer needed)."""
         children = self.bed.children
-        if not self.cfg.ps_restarts or children.procs[f"{self.tag}-dispatcher"].poll() == 0:
+        if not self.cfg.recovery.ps_restarts or children.procs[f"{self.tag}-dispatcher"].poll() == 0:
             return None
         for name in self.services:
             if name.startswith(f"{self.tag}-ps-") and children.procs[name].poll() is not None:
@@ -322,23 +322,23 @@ class _Launch:
         """Roll the job back to its latest checkpoint (NOTE [test bed failover]).
 
         Raises:
-            HeraldError: no checkpoint yet, or ``cfg.ps_restarts`` failovers already done.
+            HeraldError: no checkpoint yet, or ``cfg.recovery.ps_restarts`` failovers already done.
         """
         t_lost = time.monotonic()
         latest = checkpoints.latest(self.run_dir / "checkpoints")
         if latest is not None and (latest.path / "meta.json").stat().st_mtime < self.t_start:
             latest = None  # left in the run folder by an earlier job
-        if latest is None or len(self.failovers) >= self.cfg.ps_restarts:
+        if latest is None or len(self.failovers) >= self.cfg.recovery.ps_restarts:
             why = (
                 "no checkpoint to roll back to yet"
                 if latest is None
-                else f"{len(self.failovers)} failover(s) done, --ps-restarts {self.cfg.ps_restarts}"
+                else f"{len(self.failovers)} failover(s) done, --ps-restarts {self.cfg.recovery.ps_restarts}"
             )
             raise HeraldError(f"the job on the test bed lost a PS shard: {cause} ({why})")
         last = last_step(self.run_dir)
         print(
             f"herald test bed: {cause}\nrolling the job back to checkpoint {latest.path.name} (failover "
-            f"{len(self.failovers) + 1} of at most {self.cfg.ps_restarts})",
+            f"{len(self.failovers) + 1} of at most {self.cfg.recovery.ps_restarts})",
             file=sys.stderr,
             flush=True,
         )
