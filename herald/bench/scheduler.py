@@ -3,7 +3,9 @@ brute-force quality and snapshot memory. Everything is measured in the same run.
 
 Protocol and counters: docs/design.md, "Consistency protocol", and docs/scheduler.md,
 "Exact semantics"; reductions are relative to ``vanilla`` (random partition + full-set
-sync) measured on the same batches. ``--threads``: :mod:`herald.bench.scheduler_threads`.
+sync) measured on the same batches. ``--threads``: :mod:`herald.bench.scheduler_threads`;
+``--compare-ref REF`` and ``--pool-vs-prange`` (instead of the table):
+:mod:`herald.bench.scheduler_compare`.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import time
 
 import numpy as np
 
+from herald.bench import scheduler_compare
 from herald.bench.scheduler_threads import run_threads
 from herald.loader import SampleBatch, open_source
 from herald.loader.splits import count_distinct_keys
@@ -293,7 +296,24 @@ def run_memory(args) -> dict:
 
 
 def main(args) -> int:
-    """Run the benchmark; writes ``scheduler_<data>.json`` and ``.png`` under ``args.out``."""
+    """Run the benchmark; writes ``scheduler_<data>.json`` and ``.png`` under ``args.out``.
+    With ``--pool-vs-prange`` or ``--compare-ref`` runs that instead (it writes nothing).
+
+    Raises:
+        ConfigError: ``--cases`` is not a list of indices into ``scheduler_compare.CASES``.
+    """
+    if args.pool_vs_prange:
+        batches, tables, _ = load_batches(scheduler_compare.CRITEO, 1024)
+        return scheduler_compare.pool_vs_prange(batches, len(tables))
+    if args.compare_ref:
+        return scheduler_compare.compare(
+            args.compare_ref,
+            args.rounds,
+            args.schedules.split(","),
+            not args.no_plans,
+            args.after_root or str(scheduler_compare.ROOT),
+            scheduler_compare.case_indices(args.cases),
+        )
     outdir = pathlib.Path(args.out)
     outdir.mkdir(parents=True, exist_ok=True)
     stem = "scheduler_" + "".join(ch if ch.isalnum() else "_" for ch in pathlib.Path(args.data).stem)[:60]

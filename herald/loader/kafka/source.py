@@ -33,7 +33,7 @@ there mean this consumer was not given them (another live member of the group ho
 the partition), not the end of data, and raise :class:`PeerTimeout` saying what to do.
 
 Clients must talk the broker's protocol: pass ``client_options={"api_version": (0, 9)}``
-for a 0.9 broker (the test broker, ``tests/integration/kafka_broker.py``).
+for a 0.9 broker (the test broker, :mod:`herald.loader.kafka.broker`).
 """
 
 from __future__ import annotations
