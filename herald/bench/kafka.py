@@ -27,7 +27,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from kafka import KafkaProducer
 
-from herald.bench.options import add_kafka_arguments
 from herald.errors import ConfigError
 from herald.loader.batch import SampleBatch
 from herald.loader.formats.arrow import batch_to_arrow
@@ -173,13 +172,3 @@ def run(args) -> None:
     finally:
         if broker is not None:
             broker.stop()
-
-
-def main(argv=None) -> int:
-    """``python -m herald.bench.kafka``: the same as ``herald bench kafka``."""
-    import argparse
-
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_kafka_arguments(parser)
-    run(parser.parse_args(argv))
-    return 0
