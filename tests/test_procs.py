@@ -13,6 +13,7 @@ import pytest
 
 from herald.errors import ConfigError, HeraldError
 from herald.procs import Supervisor, core_plan, cpu_seconds, pin_to_cores, tree_cpu_seconds
+from tests.fakes import wait_until
 
 
 def _python(code: str) -> list[str]:
@@ -48,8 +49,13 @@ def test_failure_waits_up_to_grace_and_ignores_clean_exits(tmp_path):
         sup.start("ok", _python("pass"))
         sup.procs["ok"].wait(30)
         assert sup.failure() is None
-        sup.start("late", _python("import time, sys; time.sleep(0.5); sys.exit(2)"))
-        assert sup.failure(grace_s=0.0) is None
+        go = tmp_path / "go"
+        sup.start(
+            "late",
+            _python(f"import os, sys, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.01)\nsys.exit(2)"),
+        )
+        assert sup.failure(grace_s=0.0) is None  # it runs until the test lets it fail
+        go.touch()
         msg = sup.failure(grace_s=20.0)
         assert msg is not None and msg.startswith("late exited with code 2")
 
@@ -187,19 +193,21 @@ def test_startup_garbage_is_frozen_and_the_collector_restored():
         gc.enable()
 
 
-def test_tree_cpu_counts_running_descendants_and_them_once_reaped():
+def test_tree_cpu_counts_running_descendants_and_them_once_reaped(tmp_path):
     # a grandchild burning CPU under a child that waits for it (what a shard or a worker is)
     burn = "import time; t = time.process_time(); exec('while time.process_time() - t < 0.6: pass')"
+    reaped = tmp_path / "reaped"
     child = subprocess.Popen(
         [
             sys.executable,
             "-c",
-            f"import subprocess, sys; subprocess.run([sys.executable, '-c', {burn!r}]); import time; time.sleep(30)",
+            f"import pathlib, subprocess, sys; subprocess.run([sys.executable, '-c', {burn!r}]); "
+            f"pathlib.Path({str(reaped)!r}).touch(); import time; time.sleep(30)",
         ]
     )
     try:
         t0, own0 = tree_cpu_seconds(), cpu_seconds()
-        time.sleep(2.0)  # the grandchild has burnt its 0.6 s and was reaped by the child
+        wait_until(reaped.exists, 60, "the grandchild burning its 0.6 s and reaped by the child")
         t1, own1 = tree_cpu_seconds(), cpu_seconds()
         assert own1 - own0 < 0.3  # cpu_seconds sees no child until it is reaped here
         assert t1 - t0 >= 0.4  # the running child's waited-for grandchild
