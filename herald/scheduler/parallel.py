@@ -54,7 +54,7 @@ class ParallelPasses:
     def lookup_and_gather(self, snap, values: tuple, offsets: tuple, B: int, nnz: int):
         """Slots of a batch's keys (read-only lookup per table on the threads, new keys
         inserted on this one in table-major order) and its sample-major CSR; the same
-        arrays as :meth:`Scheduler._prepare`."""
+        arrays as :func:`herald.scheduler.batch_keys.sample_csr`."""
         starts = np.zeros(len(values) + 1, np.int64)
         np.cumsum([v.shape[0] for v in values], out=starts[1:])
         slots = np.empty(nnz, np.int32)

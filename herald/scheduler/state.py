@@ -39,6 +39,7 @@ from __future__ import annotations
 import numpy as np
 
 from herald import keymap
+from herald.scheduler import kernels as K
 from herald.scheduler import parallel_kernels as PK
 from herald.scheduler import snapshot_kernels as SK
 
@@ -226,6 +227,38 @@ class Snapshots:
                 *par,
             )
         return ev_slot, ev_wb, ev_cnt, pull_slot, pull_cnt, err
+
+    def after_backward(self, keys: np.ndarray, off: np.ndarray, full_sync: bool, par=None) -> tuple:
+        """Gradient pushes and local updates of every worker (NOTE [step protocol], steps
+        3-4), on ``par``'s threads when given (a :class:`~herald.scheduler.parallel.ParallelPasses`:
+        the same result).
+
+        Returns ``(gp_slot int32, gp_contrib uint16, ul_slot int32, gp_cnt int64 [W],
+        ul_cnt int64 [W])``, the slot lists laid out at ``off[w]``.
+        """
+        n, W = keys.shape[0], self.num_workers
+        gp_slot = np.empty(n, np.int32)
+        gp_contrib = np.empty(n, np.uint16)
+        ul_slot = np.empty(n, np.int32)
+        gp_cnt = np.zeros(W, np.int64)
+        ul_cnt = np.zeros(W, np.int64)
+        if par is not None:
+            par.update(keys, off, self, full_sync, gp_slot, gp_contrib, ul_slot, gp_cnt, ul_cnt)
+        else:
+            K.update_after_step_jit(
+                keys,
+                off,
+                self.use_mask,
+                self.valid,
+                self.owner,
+                full_sync,
+                gp_slot,
+                gp_contrib,
+                ul_slot,
+                gp_cnt,
+                ul_cnt,
+            )
+        return gp_slot, gp_contrib, ul_slot, gp_cnt, ul_cnt
 
     def cached_slots(self, w: int) -> np.ndarray:
         """Slots cached by worker ``w`` (int32, unordered; for tests and debugging)."""
