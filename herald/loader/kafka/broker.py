@@ -140,6 +140,37 @@ def _tail(path: pathlib.Path, lines: int = 40) -> str:
         return "(no log)"
 
 
+def _server_properties(tmp: pathlib.Path, zk_port: int, kafka_port: int) -> str:
+    """The broker's ``server.properties``: loopback listeners, logs under ``tmp``, topics
+    auto-created, a one-partition offsets topic (the group coordinator is ready at once)."""
+    listener = f"PLAINTEXT://127.0.0.1:{kafka_port}"
+    return "\n".join(
+        [
+            "broker.id=0",
+            f"listeners={listener}",
+            f"advertised.listeners={listener}",
+            "host.name=127.0.0.1",
+            "advertised.host.name=127.0.0.1",
+            f"port={kafka_port}",
+            f"advertised.port={kafka_port}",
+            f"log.dirs={tmp / 'kafka-logs'}",
+            f"zookeeper.connect=127.0.0.1:{zk_port}",
+            "zookeeper.connection.timeout.ms=60000",
+            "auto.create.topics.enable=true",
+            "delete.topic.enable=true",
+            "num.partitions=1",
+            "offsets.topic.replication.factor=1",
+            "offsets.topic.num.partitions=1",
+            "controlled.shutdown.enable=false",
+            "num.network.threads=2",
+            "num.io.threads=2",
+            "log.flush.interval.messages=1000000",
+            "group.min.session.timeout.ms=1000",
+            "",
+        ]
+    )
+
+
 class KafkaBroker:
     """One ZooKeeper + one Kafka broker as child processes on free loopback ports.
 
@@ -201,34 +232,7 @@ class KafkaBroker:
         (self._tmp / "zk.properties").write_text(
             f"dataDir={self._tmp / 'zk'}\nclientPort={zk_port}\nclientPortAddress=127.0.0.1\nmaxClientCnxns=0\n"
         )
-        listener = f"PLAINTEXT://127.0.0.1:{kafka_port}"
-        (self._tmp / "server.properties").write_text(
-            "\n".join(
-                [
-                    "broker.id=0",
-                    f"listeners={listener}",
-                    f"advertised.listeners={listener}",
-                    "host.name=127.0.0.1",
-                    "advertised.host.name=127.0.0.1",
-                    f"port={kafka_port}",
-                    f"advertised.port={kafka_port}",
-                    f"log.dirs={self._tmp / 'kafka-logs'}",
-                    f"zookeeper.connect=127.0.0.1:{zk_port}",
-                    "zookeeper.connection.timeout.ms=60000",
-                    "auto.create.topics.enable=true",
-                    "delete.topic.enable=true",
-                    "num.partitions=1",
-                    "offsets.topic.replication.factor=1",
-                    "offsets.topic.num.partitions=1",
-                    "controlled.shutdown.enable=false",
-                    "num.network.threads=2",
-                    "num.io.threads=2",
-                    "log.flush.interval.messages=1000000",
-                    "group.min.session.timeout.ms=1000",
-                    "",
-                ]
-            )
-        )
+        (self._tmp / "server.properties").write_text(_server_properties(self._tmp, zk_port, kafka_port))
         cp = str(home / "libs" / "*")
         log4j = f"-Dlog4j.configuration=file:{self._tmp / 'log4j.properties'}"
         # ZooKeeper first: Kafka waits for it (zookeeper.connection.timeout.ms), so both JVMs boot in parallel.

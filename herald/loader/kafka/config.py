@@ -15,7 +15,8 @@ from herald.loader.policy import POLICIES
 
 # Set by the source itself; a client option naming one of these raises.
 _RESERVED = ("bootstrap_servers", "group_id", "enable_auto_commit", "key_deserializer", "value_deserializer")
-_META_PREFIX = "herald:skip="
+#: commit metadata carrying a position's skip (NOTE [kafka position]): ``herald:skip=N``
+META_PREFIX = "herald:skip="
 #: Added to the consumer's session timeout to bound the wait for a group assignment
 #: (NOTE [kafka assignment]): coordinator lookup, join and sync round trips.
 ASSIGNMENT_MARGIN_MS = 10_000
@@ -201,7 +202,7 @@ class KafkaPosition:
         # kafka-python >= 2.1 adds leader_epoch (-1 = unknown) to OffsetAndMetadata.
         extra = (-1,) if "leader_epoch" in OffsetAndMetadata._fields else ()
         return {
-            TopicPartition(self.topic, p): OffsetAndMetadata(o, f"{_META_PREFIX}{s}" if s else "", *extra)
+            TopicPartition(self.topic, p): OffsetAndMetadata(o, f"{META_PREFIX}{s}" if s else "", *extra)
             for p, (o, s) in self.offsets.items()
         }
 
