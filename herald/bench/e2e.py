@@ -68,6 +68,18 @@ def run(args: argparse.Namespace) -> dict:
             optimizer=args.optimizer,
         )
     )
+    _print_table(args, results, trec)
+    print(f"\n{torchrec_baseline.describe(trec)} (batch {args.batch_size}, one herald worker's)")
+    results["torchrec"] = trec
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench_e2e.json").write_text(json.dumps(results, indent=2))
+    print(f"\nwritten {out / 'bench_e2e.json'}")
+    return results
+
+
+def _print_table(args: argparse.Namespace, results: dict, trec) -> None:
+    """The markdown table of every run against vanilla (same worker count) and TorchRec
+    (``trec``); adds the ratios to each run's entry of ``results``."""
     print(
         "\n| workers | schedule | samples/s | worker<->PS MiB | embeddings moved | bytes vs vanilla "
         "| all-reduce MiB | time vs vanilla | vs TorchRec |"
@@ -86,9 +98,3 @@ def run(args: argparse.Namespace) -> dict:
                 f"{r['embeddings_moved']:,} | {ratio:.3f}x | {r['allreduce_bytes'] / 2**20:,.1f} | {tratio:.3f}x | "
                 f"{torchrec_baseline.format_ratio(r['ratio_vs_torchrec'])} |"
             )
-    print(f"\n{torchrec_baseline.describe(trec)} (batch {args.batch_size}, one herald worker's)")
-    results["torchrec"] = trec
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_e2e.json").write_text(json.dumps(results, indent=2))
-    print(f"\nwritten {out / 'bench_e2e.json'}")
-    return results

@@ -93,7 +93,11 @@ def add_scheduler_arguments(p: argparse.ArgumentParser) -> None:
         default=3,
         help="interleaved runs per thread count (--threads) or per side (--compare-ref)",
     )
-    # herald.bench.scheduler_compare: instead of the table
+    _add_scheduler_compare_arguments(p)
+
+
+def _add_scheduler_compare_arguments(p: argparse.ArgumentParser) -> None:
+    """``herald bench scheduler``'s options of :mod:`herald.bench.scheduler_compare` (instead of the table)."""
     p.add_argument(
         "--compare-ref",
         default=None,
