@@ -37,6 +37,7 @@ from herald.scheduler import parallel_kernels as PK
 from herald.scheduler import snapshot_kernels as SK
 from herald.scheduler.config import SchedulerConfig
 from herald.scheduler.scheduler import Scheduler
+from herald.scheduler.state import step_outputs
 
 #: the checkout this module runs from (``git archive`` reads the revision compared from it)
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -137,7 +138,7 @@ def compare(
 def _lru_workers(w0, w1, W, *args):
     """The scheduler's per-worker LRU function for the workers ``w0 .. w1-1``."""
     for w in range(w0, w1):
-        SK._lru_worker_jit(w, W, *args, True)
+        SK.lru_worker_jit(w, W, *args, True)
 
 
 def _snapshot_before_step(batches: list[SampleBatch], num_tables: int, step: int):
@@ -158,18 +159,11 @@ def _snapshot_before_step(batches: list[SampleBatch], num_tables: int, step: int
 
 
 def _pass_arguments(snap0, keys: np.ndarray, off: np.ndarray) -> tuple:
-    """The arguments of one LRU snapshot pass over a fresh copy of ``snap0``."""
+    """The arguments ``(keys, off, cap, lru, out)`` of one LRU snapshot pass over a fresh copy of ``snap0``."""
     sn, n, W = copy.deepcopy(snap0), keys.shape[0], off.shape[0] - 1
-    state = (sn.cached, sn.valid, sn.owner, sn.capacity_rows, sn.pos, sn.log, sn.head, sn.tail, sn.size)
-    outs = (
-        np.empty(n, np.int32),
-        np.zeros(n, np.bool_),
-        np.zeros(W, np.int64),
-        np.empty(n, np.int32),
-        np.zeros(W, np.int64),
-        np.zeros((W, 6), np.int64),
-    )
-    return (keys, off) + state + outs
+    lru = tuple(getattr(sn, name) for name in SK.LRU_STATE)
+    outs = step_outputs(n, W, np.zeros((W, 6), np.int64))
+    return keys, off, sn.capacity_rows, lru, outs
 
 
 def pool_vs_prange(batches: list[SampleBatch], num_tables: int, repeats: int = 200) -> int:

@@ -140,6 +140,24 @@ def popcount_jit(m):
     return n
 
 
+@nb.njit(inline="always", **JIT)
+def add_copies_jit(score, m):
+    """``score[w] += 1`` (float64 [W]) for every bit ``w`` of ``m`` (the workers holding a valid copy)."""
+    while m:
+        score[lowbit_index_jit(m)] += 1.0
+        m &= m - np.uint64(1)
+
+
+@nb.njit(inline="always", **JIT)
+def repeats_table_jit(samp_tab, lo, hi):
+    """Whether a table comes again among a sample's tables ``samp_tab[lo:hi]`` (int16, else
+    ascending): keys of different tables differ, so only then can the sample repeat a key."""
+    for p in range(lo + 1, hi):
+        if samp_tab[p] <= samp_tab[p - 1]:
+            return True
+    return False
+
+
 @nb.njit(**JIT)
 def key_hash_jit(table, key):
     return mix64_jit(key ^ (np.uint64(table + 1) * _GOLDEN))
@@ -205,10 +223,7 @@ def laia_alloc_jit(
         tok += 1
         lo = samp_off[i]
         hi = samp_off[i + 1]
-        dedup = False  # keys of different tables differ: only a repeated table can repeat a key
-        for p in range(lo + 1, hi):
-            if samp_tab[p] <= samp_tab[p - 1]:
-                dedup = True
+        dedup = repeats_table_jit(samp_tab, lo, hi)
         for p in range(lo, hi):
             if p + _AHEAD < nnz:
                 prefetch_jit(valid, samp_slot[p + _AHEAD])
@@ -219,10 +234,7 @@ def laia_alloc_jit(
                 if mark[s] == tok:
                     continue
                 mark[s] = tok
-            m = valid[s]
-            while m:
-                score[lowbit_index_jit(m)] += 1.0
-                m &= m - np.uint64(1)
+            add_copies_jit(score, valid[s])
         w = _pick_jit(score, load, per_worker, ties, rng, True)
         out_worker[i] = w
         load[w] += 1
@@ -375,32 +387,28 @@ def group_by_worker_jit(worker_of, out_order, out_start):
         cur[w] += 1
 
 
+@nb.njit(inline="always", **JIT)
+def prefetch_next_sample_jit(batch, q, end, records):
+    """Prefetch the entries of ``records`` (an array indexed by slot) of the keys of the
+    sample after the ``q``-th of ``order``, when ``q + 1 < end``; ``batch`` as
+    :func:`collect_keys_jit`'s."""
+    samp_off, samp_slot, order, _ = batch
+    if q + 1 < end:
+        i1 = order[q + 1]
+        for p in range(samp_off[i1], samp_off[i1 + 1]):
+            prefetch_jit(records, samp_slot[p])
+
+
 @nb.njit(**JIT)
-def collect_keys_jit(
-    samp_off,
-    samp_slot,
-    order,
-    wstart,
-    mark,
-    token,
-    use_mask,
-    freq,
-    count_freq,
-    clear_use,
-    owner,
-    plan_push,
-    out_keys,
-    out_off,
-    pp_slot,
-    pp_worker,
-):
+def collect_keys_jit(batch, mark, token, use_mask, freq, owner, count_freq, clear_use, plan_push, out):
     """Distinct keys per worker in canonical order (samples in ``order``, tables, values),
     and, when ``plan_push``, the previous step's plan pushes (Herald Alg. 2; their order:
     docs/scheduler.md, "Exact semantics").
 
     Args:
-        order: int64 [B] samples grouped by worker, ascending within a worker;
-        wstart: int64 [W+1] group bounds in ``order``.
+        batch: ``(samp_off, samp_slot, order, wstart)``: the sample-major CSR (int64 [B+1],
+            int32 [nnz]), ``order`` int64 [B] samples grouped by worker, ascending within
+            a worker, and ``wstart`` int64 [W+1] group bounds in ``order``.
         use_mask: uint64 [S]: bit w set for K_w; zero on entry for these keys unless
             ``clear_use`` (then cleared first: an allocation used it as scratch).
         freq: int32 [S] popularity (+1 per sample occurrence; the table profiler), updated
@@ -408,11 +416,13 @@ def collect_keys_jit(
         owner: int32 [S]; with ``plan_push``, every key of K_w held dirty by ``o != w`` is
             pushed once by ``o`` in this (worker, canonical) order and ``owner`` becomes
             -1: ``pp_slot`` / ``pp_worker`` int32 [nnz] (written).
-        out_keys: int32 [nnz]; out_off: int64 [W+1] (written).
+        out: ``(out_keys int32 [nnz], out_off int64 [W+1], pp_slot, pp_worker)`` (written).
 
     Returns:
         the number of plan pushes.
     """
+    samp_off, samp_slot, order, wstart = batch
+    out_keys, out_off, pp_slot, pp_worker = out
     if clear_use:
         nnz = samp_slot.shape[0]
         for p in range(nnz):
@@ -429,10 +439,7 @@ def collect_keys_jit(
         bit = np.uint64(1) << np.uint64(w)
         for q in range(wstart[w], wstart[w + 1]):
             i = order[q]
-            if q + 1 < wstart[W]:  # the next sample's records
-                i1 = order[q + 1]
-                for p in range(samp_off[i1], samp_off[i1 + 1]):
-                    prefetch_jit(use_mask, samp_slot[p])
+            prefetch_next_sample_jit(batch, q, wstart[W], use_mask)
             for p in range(samp_off[i], samp_off[i + 1]):
                 s = samp_slot[p]
                 if count_freq:
@@ -454,31 +461,29 @@ def collect_keys_jit(
 
 
 @nb.njit(**JIT)
-def update_after_step_jit(keys, off, use_mask, valid, owner, full_sync, gp_slot, gp_contrib, ul_slot, gp_cnt, ul_cnt):
+def update_after_step_jit(keys, off, use_mask, valid, owner, full_sync, upd):
     """After backward (NOTE [step protocol], steps 4-5): gradient pushes, local updates, new validity.
 
     Per worker ``w``, in canonical order of K_w: keys used by >= 2 workers (or every key
     under full-set sync) go to ``grad_push`` with contributors = |U(e)|; sole-user keys
-    go to ``update_local``. Outputs are written at ``off[w] + i`` (int32 / uint16 arrays
-    [nnz]); counts in ``gp_cnt`` / ``ul_cnt`` int64 [W]. Then: sole-user keys are valid
+    go to ``update_local``. ``upd`` = ``(gp_slot, gp_contrib, ul_slot, gp_cnt, ul_cnt)``:
+    the lists are written at ``off[w] + i`` (int32 / uint16 / int32 arrays [nnz]), their
+    counts in ``gp_cnt`` / ``ul_cnt`` int64 [W]. Then: sole-user keys are valid
     only at their user, which owns them (dirty) unless full sync; shared keys are stale
     everywhere and latest at the PS. The last user (highest worker) of a key clears its
     ``use_mask`` (workers are visited in rank order).
     """
     for w in range(off.shape[0] - 1):
-        update_worker_jit(
-            w, keys, off, use_mask, valid, owner, full_sync, gp_slot, gp_contrib, ul_slot, gp_cnt, ul_cnt, True
-        )
+        update_worker_jit(w, keys, off, use_mask, valid, owner, full_sync, upd, True)
 
 
 @nb.njit(**JIT)
-def update_worker_jit(
-    w, keys, off, use_mask, valid, owner, full_sync, gp_slot, gp_contrib, ul_slot, gp_cnt, ul_cnt, clear_use
-):
+def update_worker_jit(w, keys, off, use_mask, valid, owner, full_sync, upd, clear_use):
     """Worker w's part of :func:`update_after_step_jit`. Every user of a key writes the
     same new ``valid`` / ``owner``, so workers may run on several threads; then
     ``clear_use`` must be False (a user clearing ``use_mask`` while another still reads
     it) and ``use_mask`` is cleared after all of them (:mod:`herald.scheduler.parallel_kernels`)."""
+    gp_slot, gp_contrib, ul_slot, gp_cnt, ul_cnt = upd
     g = off[w]
     u = off[w]
     hi = off[w + 1]

@@ -90,57 +90,12 @@ class ParallelPasses:
         return out
 
     # ------------------------------------------------------------------ step
-    def collect_keys(
-        self,
-        samp_off,
-        samp_slot,
-        order,
-        wstart,
-        snap,
-        count_freq: bool,
-        clear_use: bool,
-        plan_push: bool,
-        keys,
-        off,
-        pp_slot,
-        pp_w,
-    ) -> int:
-        """:func:`herald.scheduler.kernels.collect_keys_jit` on the threads; returns the
-        number of plan pushes."""
-        snap.token[0] += off.shape[0] - 1
+    def collect_keys(self, batch, snap, count_freq: bool, clear_use: bool, plan_push: bool, out) -> int:
+        """:func:`herald.scheduler.kernels.collect_keys_jit` on the threads (the same ``batch``
+        and ``out`` tuples, the arrays of ``snap``); returns the number of plan pushes."""
+        snap.token[0] += out[1].shape[0] - 1
         return PK.collect_keys_par_jit(
-            samp_off,
-            samp_slot,
-            order,
-            wstart,
-            snap.use_mask,
-            snap.freq,
-            count_freq,
-            clear_use,
-            snap.owner,
-            plan_push,
-            keys,
-            off,
-            pp_slot,
-            pp_w,
-            self.threads,
-        )
-
-    def update(self, keys, off, snap, full_sync: bool, gp_slot, gp_contrib, ul_slot, gp_cnt, ul_cnt) -> None:
-        """:func:`herald.scheduler.kernels.update_after_step_jit` on the threads."""
-        PK.update_after_step_par_jit(
-            keys,
-            off,
-            snap.use_mask,
-            snap.valid,
-            snap.owner,
-            full_sync,
-            gp_slot,
-            gp_contrib,
-            ul_slot,
-            gp_cnt,
-            ul_cnt,
-            self.threads,
+            batch, snap.use_mask, snap.freq, snap.owner, count_freq, clear_use, plan_push, out, self.threads
         )
 
     def gather_plan_keys(self, *args) -> None:

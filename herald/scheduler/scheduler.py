@@ -337,29 +337,15 @@ class Scheduler:
         plan_push = has_prev and not cfg.full_sync
         count_freq = self._alloc.profiler is not None
         clear_use = cfg.allocation == "costaware"
+        batch, out, flags = (
+            (samp_off, samp_slot, order, wstart),
+            (keys, off, pp_slot, pp_w),
+            (count_freq, clear_use, plan_push),
+        )
         if self._par is not None:
-            c = self._par.collect_keys(
-                samp_off, samp_slot, order, wstart, s, count_freq, clear_use, plan_push, keys, off, pp_slot, pp_w
-            )
+            c = self._par.collect_keys(batch, s, *flags, out)
         else:
-            c = K.collect_keys_jit(
-                samp_off,
-                samp_slot,
-                order,
-                wstart,
-                s.mark,
-                s.token,
-                s.use_mask,
-                s.freq,
-                count_freq,
-                clear_use,
-                s.owner,
-                plan_push,
-                keys,
-                off,
-                pp_slot,
-                pp_w,
-            )
+            c = K.collect_keys_jit(batch, s.mark, s.token, s.use_mask, s.freq, s.owner, *flags, out)
         return keys[: off[-1]], off, ((pp_slot[:c], pp_w[:c]) if plan_push else None)
 
     def _run_step(self, worker_of, order, keys, off) -> _Pending:
@@ -369,7 +355,7 @@ class Scheduler:
         counts = np.zeros((cfg.num_workers, len(CAUSES)), np.int64)
         before = self._snap.before_forward(keys, off, counts, threads=cfg.threads)
         _check_before_forward(before[-1], off, self._next_step, self.capacity_rows)
-        after = self._snap.after_backward(keys, off, cfg.full_sync, self._par)
+        after = self._snap.after_backward(keys, off, cfg.full_sync, threads=cfg.threads)
         counts[:, K.GRAD_PUSH] = after[3]
         step = self._next_step
         self._next_step += 1
