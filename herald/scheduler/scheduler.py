@@ -43,7 +43,7 @@ def cache_capacity(config: SchedulerConfig, distinct_keys: int | None) -> int:
         return int(max(1, math.ceil(config.cache_ratio * distinct_keys)))
     raise ConfigError(
         "cannot size the worker caches: pass distinct_keys (e.g. from "
-        "herald.scheduler.count_distinct_keys over a pre-pass) to use cache_ratio, "
+        "herald.loader.splits.count_distinct_keys over a pre-pass) to use cache_ratio, "
         "or set cache_capacity_rows"
     )
 
