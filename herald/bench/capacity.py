@@ -268,6 +268,12 @@ class CapacityRun:
         """The source URL: ``source``, else synthetic Criteo rows."""
         return self.source if self.source is not None else f"synthetic://criteo?rows={self.rows}&seed={self.seed}"
 
+    def scheduler_config(self) -> SchedulerConfig:
+        """The job's scheduler: ``schedule`` with caches of ``cache_ratio`` of the distinct keys."""
+        return SchedulerConfig(
+            self.workers, self.batch_size, self.schedule, cache_ratio=self.cache_ratio, seed=self.seed
+        )
+
     def train_config(self) -> TrainConfig:
         """The job's settings for the runner: its dispatcher (credits, 60 s peer timeout) and JobSpec."""
         return TrainConfig(
@@ -318,37 +324,14 @@ def measure_capacity(
         ConfigError: bad settings, or too few rows for one global batch.
         HeraldError: the dispatcher or the fake workers failed.
     """
-    return _measure(
-        CapacityRun(
-            workers,
-            batch_size,
-            schedule,
-            rows,
-            source,
-            steps,
-            seconds,
-            warmup_steps,
-            max_inflight_steps,
-            materialize,
-            cache_ratio,
-            seed,
-            peers_nice,
-        )
-    )
+    return _measure(CapacityRun(**locals()))  # the parameters are CapacityRun's fields
 
 
 def _measure(run: CapacityRun) -> dict[str, Any]:
     """:func:`measure_capacity` of the settings ``run``."""
-    sched_cfg = SchedulerConfig(
-        num_workers=run.workers,
-        batch_size_per_worker=run.batch_size,
-        schedule=run.schedule,
-        cache_ratio=run.cache_ratio,
-        seed=run.seed,
-    )
     need = run.warmup_steps + (run.steps if run.steps is not None else 0)
     max_steps = need if run.steps is not None else None
-    data = _Rows(run.url, run.rows, sched_cfg, max_steps=max_steps, materialize=run.materialize)
+    data = _Rows(run.url, run.rows, run.scheduler_config(), max_steps=max_steps, materialize=run.materialize)
     peers = AckPeerWorkers(nice=run.peers_nice)
     clock = _Clock(peers, run.warmup_steps, run.steps, run.limit_seconds)
     # the job runner (NOTE [job runner]) with no PS, the fake workers, no checkpoints, no report
@@ -431,19 +414,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """``herald bench dispatcher``: :func:`measure_capacity` with the options in ``args``;
     prints samples/s, each stage's busy fraction and the CPU per thread, and writes the
     result as JSON to ``--out`` when given."""
-    res = measure_capacity(
-        workers=args.workers,
-        batch_size=args.batch_size,
-        schedule=args.schedule,
-        rows=args.rows,
-        source=args.source,
-        steps=args.steps,
-        seconds=args.seconds,
-        warmup_steps=args.warmup_steps,
-        max_inflight_steps=args.max_inflight_steps,
-        materialize=not args.no_materialize,
-        peers_nice=args.peers_nice,
-    )
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(CapacityRun) if hasattr(args, f.name)}
+    res = _measure(CapacityRun(**given, materialize=not args.no_materialize))
     print(
         f"dispatcher capacity: {res['samples_per_s']:,.0f} samples/s  ({res['workers']} workers x "
         f"{res['batch_size']}, {res['schedule']}, {res['steps']} steps in {res['seconds']:.2f} s, "

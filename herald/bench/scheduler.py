@@ -20,6 +20,7 @@ import time
 import numpy as np
 
 from herald.bench import scheduler_compare
+from herald.bench.scheduler_args import scheduler_config
 from herald.bench.scheduler_threads import run_threads
 from herald.loader import SampleBatch, open_source
 from herald.loader.splits import count_distinct_keys
@@ -133,16 +134,7 @@ def run_table(args) -> dict:
     )
     results = {}
     for name in args.schedules.split(","):
-        cfg = SchedulerConfig(
-            num_workers=args.workers,
-            batch_size_per_worker=args.batch_size,
-            schedule=name,
-            cache_policy=args.cache_policy,
-            cache_capacity_rows=args.cache_rows,
-            cache_ratio=args.cache_ratio,
-            seed=args.seed,
-            scheduling_budget_ms=args.budget_ms,
-        )
+        cfg = scheduler_config(args, name, scheduling_budget_ms=args.budget_ms)
         results[name] = simulate(batches, cfg, len(tables), distinct)
     cap = next(iter(results.values())).capacity_rows
     print(
@@ -240,16 +232,7 @@ def run_adaptive(args) -> dict:
     out = []
     base = None
     for k in [None] + ks:
-        cfg = SchedulerConfig(
-            num_workers=args.workers,
-            batch_size_per_worker=args.batch_size,
-            schedule="herald",
-            cache_policy=args.cache_policy,
-            cache_capacity_rows=args.cache_rows,
-            cache_ratio=args.cache_ratio,
-            seed=args.seed,
-            adaptive_num_tables=k,
-        )
+        cfg = scheduler_config(args, "herald", adaptive_num_tables=k)
         r = simulate(batches, cfg, T, distinct)
         if k is None:
             base = r.transmissions

@@ -17,6 +17,7 @@ import hashlib
 import numba
 import numpy as np
 
+from herald.bench.scheduler_args import scheduler_config
 from herald.loader.splits import count_distinct_keys
 from herald.scheduler.config import SchedulerConfig
 from herald.scheduler.scheduler import Scheduler
@@ -65,20 +66,7 @@ def _runnable(args, pool: int) -> tuple[list[int], list[int]]:
 def _variant_rows(args, batches, num_tables: int, distinct: int, label: str, schedule: str, lock_free: bool, runnable):
     """The rows of one variant: ``args.rounds`` interleaved runs per thread count, each row's
     transmissions and allocation compared with 1 thread's."""
-    cfgs = {
-        n: SchedulerConfig(
-            num_workers=args.workers,
-            batch_size_per_worker=args.batch_size,
-            schedule=schedule,
-            cache_policy=args.cache_policy,
-            cache_capacity_rows=args.cache_rows,
-            cache_ratio=args.cache_ratio,
-            seed=args.seed,
-            threads=n,
-            lock_free_allocation=lock_free and n > 1,
-        )
-        for n in runnable
-    }
+    cfgs = {n: scheduler_config(args, schedule, threads=n, lock_free_allocation=lock_free and n > 1) for n in runnable}
     for cfg in cfgs.values():  # warm-up: load / compile the kernels
         _run(batches[:3], cfg, num_tables, distinct)
     times = {n: [] for n in runnable}

@@ -18,10 +18,10 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from herald.config import require
-from herald.errors import ConfigError, DataError, PeerTimeout
+from herald.errors import ConfigError, DataError
 from herald.loader.batch import SampleBatch
 from herald.loader.formats.arrow import batch_to_arrow
-from herald.loader.kafka.config import check_reachable
+from herald.loader.kafka.config import broker_timeout, check_reachable
 from herald.loader.registry import infer_format, open_source
 
 _RESERVED = ("bootstrap_servers", "key_serializer", "value_serializer")
@@ -181,10 +181,10 @@ def produce(
         producer.flush(timeout=settings.flush_timeout_ms / 1000)
         _settle(send.futures, settings)
     except ke.KafkaTimeoutError as exc:
-        raise PeerTimeout(
+        raise broker_timeout(
+            settings.bootstrap_servers,
+            "produce",
             f"Kafka at {settings.bootstrap_servers} did not accept messages within the timeout: {exc}",
-            peer=settings.bootstrap_servers,
-            op="produce",
         ) from exc
     finally:
         producer.close(timeout=settings.flush_timeout_ms / 1000)
@@ -211,11 +211,11 @@ def _open_producer(settings: ProduceSettings):
     try:
         return KafkaProducer(bootstrap_servers=settings.bootstrap_servers.split(","), **opts)
     except ke.NoBrokersAvailable as exc:
-        raise PeerTimeout(
+        raise broker_timeout(
+            settings.bootstrap_servers,
+            "bootstrap",
             f"no Kafka broker answered at {settings.bootstrap_servers}; check the address and "
             "--client-option api_version=0.9 for an old broker",
-            peer=settings.bootstrap_servers,
-            op="bootstrap",
         ) from exc
 
 

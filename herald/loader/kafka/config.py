@@ -29,6 +29,12 @@ def known_client_options() -> frozenset[str]:
     return frozenset(KafkaConsumer.DEFAULT_CONFIG) - frozenset(_RESERVED)
 
 
+def broker_timeout(bootstrap_servers: str, op: str, message: str) -> PeerTimeout:
+    """The :class:`PeerTimeout` of a Kafka call ``op`` (``"commit"``, ``"fetch"``, ...) that
+    the brokers ``bootstrap_servers`` (its peer) did not answer; ``message`` names the fix."""
+    return PeerTimeout(message, peer=bootstrap_servers, op=op)
+
+
 def check_reachable(bootstrap_servers: str, timeout_ms: int) -> None:
     """Raise PeerTimeout unless one of ``host:port[,host:port]`` accepts a TCP connection in ``timeout_ms``.
 
@@ -49,11 +55,11 @@ def check_reachable(bootstrap_servers: str, timeout_ms: int) -> None:
                 return
         except (OSError, ValueError) as exc:
             errors.append(f"{server}: {exc}")
-    raise PeerTimeout(
+    raise broker_timeout(
+        bootstrap_servers,
+        "connect",
         f"no Kafka broker reachable at {bootstrap_servers} within {timeout_ms} ms "
         f"({'; '.join(errors)}); start the broker or fix the address",
-        peer=bootstrap_servers,
-        op="connect",
     )
 
 

@@ -10,9 +10,8 @@ from collections.abc import Callable
 
 from kafka import ConsumerRebalanceListener
 
-from herald.errors import PeerTimeout
 from herald.loader.kafka import offsets
-from herald.loader.kafka.config import ASSIGNMENT_MARGIN_MS, KafkaSourceConfig, check_reachable
+from herald.loader.kafka.config import ASSIGNMENT_MARGIN_MS, KafkaSourceConfig, broker_timeout, check_reachable
 
 
 class GroupMembership(ConsumerRebalanceListener):
@@ -70,14 +69,14 @@ class GroupMembership(ConsumerRebalanceListener):
             return True
         cfg = self.config
         check_reachable(cfg.bootstrap_servers, cfg.connect_timeout_ms)
-        raise PeerTimeout(
+        raise broker_timeout(
+            cfg.bootstrap_servers,
+            "join_group",
             f"{cfg.source_name}: consumer group {cfg.group_id!r} assigned this consumer no "
             f"partitions of topic {cfg.topic!r} within {bound} ms (assignment_timeout_ms; the session "
             f"timeout is {self.session_timeout_ms()} ms). A consumer of a crashed run holds its partitions until "
             "its session times out, and the group waits for every member to rejoin: check that no other "
             "consumer of the group is stuck, then retry, or raise assignment_timeout_ms",
-            peer=cfg.bootstrap_servers,
-            op="join_group",
         )
 
     def check_end_of_data(self, positions: dict[int, int]) -> None:
@@ -92,15 +91,15 @@ class GroupMembership(ConsumerRebalanceListener):
             return
         cfg = self.config
         what = ", ".join(f"partition {p}: offsets {pos}..{end - 1}" for p, pos, end in left)
-        raise PeerTimeout(
+        raise broker_timeout(
+            cfg.bootstrap_servers,
+            "fetch",
             f"{cfg.source_name}: no record arrived within idle_timeout_ms={cfg.idle_timeout_ms} "
             f"although records are left after this consumer's position ({what}; group "
             f"{cfg.group_id!r}), so this is not the end of the data. Another live member of the group "
             "holds those partitions: after a crash its consumer stays a member until its session times out "
             f"({self.session_timeout_ms()} ms): wait that long and run --resume again; if another job reads "
             "with the same group, give this one its own group (group=...), or raise idle_timeout_ms",
-            peer=cfg.bootstrap_servers,
-            op="fetch",
         )
 
     def take_started(self) -> set:

@@ -7,8 +7,15 @@ from __future__ import annotations
 import kafka.errors as ke
 from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
 
-from herald.errors import ConfigError, PeerTimeout, ProtocolError
-from herald.loader.kafka.config import META_PREFIX, KafkaPosition, KafkaSourceConfig, check_reachable, timeout_kw
+from herald.errors import ConfigError, ProtocolError
+from herald.loader.kafka.config import (
+    META_PREFIX,
+    KafkaPosition,
+    KafkaSourceConfig,
+    broker_timeout,
+    check_reachable,
+    timeout_kw,
+)
 
 # Consumer defaults the caller's client_options may override.
 # metadata_max_age_ms: a topic created after the consumer subscribed (trainer started
@@ -39,11 +46,11 @@ def connect(config: KafkaSourceConfig, listener: ConsumerRebalanceListener):
             **opts,
         )
     except ke.NoBrokersAvailable as exc:
-        raise PeerTimeout(
+        raise broker_timeout(
+            config.bootstrap_servers,
+            "bootstrap",
             f"no Kafka broker answered at {config.bootstrap_servers}; check the address "
             "and that client_options['api_version'] matches the broker (e.g. (0, 9))",
-            peer=config.bootstrap_servers,
-            op="bootstrap",
         ) from exc
     except ke.KafkaConfigurationError as exc:
         raise ConfigError(f"kafka-python rejected client_options: {exc}") from exc
@@ -63,11 +70,11 @@ def committed(consumer, tp, config: KafkaSourceConfig) -> tuple[int, int] | None
     try:
         meta = consumer.committed(tp, metadata=True, **timeout_kw(consumer.committed, config.commit_timeout_ms))
     except ke.KafkaTimeoutError as exc:
-        raise PeerTimeout(
+        raise broker_timeout(
+            config.bootstrap_servers,
+            "committed",
             f"group coordinator of {config.bootstrap_servers} did not return the "
             f"committed offset of {tp} within {config.commit_timeout_ms} ms",
-            peer=config.bootstrap_servers,
-            op="committed",
         ) from exc
     if meta is None or meta.offset is None or meta.offset < 0:
         return None
@@ -98,10 +105,10 @@ def records_left(consumer, config: KafkaSourceConfig, positions: dict[int, int])
         tps = [TopicPartition(config.topic, p) for p in sorted(positions)]
         ends = consumer.end_offsets(tps, **timeout_kw(consumer.end_offsets, config.commit_timeout_ms))
     except ke.KafkaTimeoutError as exc:
-        raise PeerTimeout(
+        raise broker_timeout(
+            config.bootstrap_servers,
+            "end_offsets",
             f"{config.source_name}: the brokers did not return the end offsets within {config.commit_timeout_ms} ms",
-            peer=config.bootstrap_servers,
-            op="end_offsets",
         ) from exc
     except ke.KafkaError as exc:
         raise ProtocolError(f"{config.source_name}: end offsets lookup failed: {exc!r}") from exc
@@ -127,10 +134,10 @@ def commit(consumer, config: KafkaSourceConfig, position: KafkaPosition) -> None
     try:
         consumer.commit(position.to_commit(), **timeout_kw(consumer.commit, config.commit_timeout_ms))
     except ke.KafkaTimeoutError as exc:
-        raise PeerTimeout(
+        raise broker_timeout(
+            config.bootstrap_servers,
+            "commit",
             f"commit to {config.source_name} not acknowledged within {config.commit_timeout_ms} ms",
-            peer=config.bootstrap_servers,
-            op="commit",
         ) from exc
     except ke.KafkaError as exc:
         raise ProtocolError(
