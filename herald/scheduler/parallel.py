@@ -91,7 +91,7 @@ class ParallelPasses:
 
     # ------------------------------------------------------------------ step
     def collect_keys(self, batch, snap, count_freq: bool, clear_use: bool, plan_push: bool, out) -> int:
-        """:func:`herald.scheduler.kernels.collect_keys_jit` on the threads (the same ``batch``
+        """:func:`herald.scheduler.step_kernels.collect_keys_jit` on the threads (the same ``batch``
         and ``out`` tuples, the arrays of ``snap``); returns the number of plan pushes."""
         snap.token[0] += out[1].shape[0] - 1
         return PK.collect_keys_par_jit(

@@ -32,17 +32,16 @@ from numba import prange
 from herald.keymap import find_many_jit
 from herald.scheduler.atomics import atomic_add_jit, atomic_or_jit
 from herald.scheduler.kernels import (
-    _GOLDEN,
-    _pick_jit,
+    GOLDEN,
     add_copies_jit,
     lowbit_index_jit,
+    pick_jit,
     prefetch_jit,
-    prefetch_next_sample_jit,
     repeats_table_jit,
-    update_worker_jit,
 )
 from herald.scheduler.plan_build import copy_worker_lists_jit, plan_bounds_jit, scatter_plan_pushes_jit
 from herald.scheduler.snapshot_kernels import lfu_worker_jit, lru_worker_jit
+from herald.scheduler.step_kernels import prefetch_next_sample_jit, update_worker_jit
 
 PJIT = dict(nogil=True, cache=True, parallel=True)
 _AHEAD = 32  # keys ahead whose record is prefetched (as in kernels.py)
@@ -154,7 +153,7 @@ def laia_pick_jit(score, per_worker, rng, out_worker, lo, hi):
     load = np.zeros(W, np.int64)
     ties = np.zeros(W, np.int64)
     for i in range(lo, hi):
-        w = _pick_jit(score[i], load, per_worker, ties, rng, True)
+        w = pick_jit(score[i], load, per_worker, ties, rng, True)
         out_worker[i] = w
         load[w] += 1
 
@@ -180,15 +179,15 @@ def laia_pick_lockfree_par_jit(score, per_worker, nchunks, rng, out_worker):
         cap = per_worker // nchunks + (1 if c < per_worker % nchunks else 0)
         lo = W * before
         stream = np.empty(1, np.uint64)
-        stream[0] = state0 + np.uint64(lo) * _GOLDEN
+        stream[0] = state0 + np.uint64(lo) * GOLDEN
         laia_pick_jit(score, cap, stream, out_worker, lo, lo + W * cap)
-    rng[0] = state0 + np.uint64(B) * _GOLDEN
+    rng[0] = state0 + np.uint64(B) * GOLDEN
 
 
 # ----------------------------------------------------------------------------- step keys
 @nb.njit(**PJIT)
 def collect_keys_par_jit(batch, use_mask, freq, owner, count_freq, clear_use, plan_push, out, nchunks):
-    """:func:`herald.scheduler.kernels.collect_keys_jit` per worker on ``nchunks`` threads
+    """:func:`herald.scheduler.step_kernels.collect_keys_jit` per worker on ``nchunks`` threads
     (same arguments but ``mark`` / ``token``: a worker's first occurrence of a key is the
     one that sets its bit in ``use_mask``). Returns the number of plan pushes."""
     samp_off, samp_slot, order, wstart = batch
@@ -343,7 +342,7 @@ def _first_error_jit(code, err):
 
 @nb.njit(**PJIT)
 def update_after_step_par_jit(keys, off, use_mask, valid, owner, full_sync, upd, nchunks):
-    """:func:`herald.scheduler.kernels.update_after_step_jit` per worker on ``nchunks``
+    """:func:`herald.scheduler.step_kernels.update_after_step_jit` per worker on ``nchunks``
     threads (same arguments); ``use_mask`` is cleared once every worker has read it."""
     W = off.shape[0] - 1
     for c in prange(nchunks):

@@ -19,6 +19,7 @@ import numpy as np
 from herald.config import require
 from herald.errors import ConfigError, DataError, HeraldError
 from herald.scheduler import kernels as K
+from herald.scheduler import step_kernels as STK
 from herald.scheduler.allocation import Allocator
 from herald.scheduler.batch_keys import sample_csr
 from herald.scheduler.budget import BudgetController
@@ -230,7 +231,7 @@ class Scheduler:
         W = self.config.num_workers
         order = np.empty(worker_of.shape[0], np.int64)
         wstart = np.empty(W + 1, np.int64)  # = Bw * arange(W + 1): every worker gets Bw samples
-        K.group_by_worker_jit(worker_of, order, wstart)
+        STK.group_by_worker_jit(worker_of, order, wstart)
         prev = self._pending
         keys, off, pp = self._collect_keys(samp_off, samp_slot, order, wstart, prev is not None)
         self._pending = self._run_step(worker_of, order, keys, off)
@@ -345,7 +346,7 @@ class Scheduler:
         if self._par is not None:
             c = self._par.collect_keys(batch, s, *flags, out)
         else:
-            c = K.collect_keys_jit(batch, s.mark, s.token, s.use_mask, s.freq, s.owner, *flags, out)
+            c = STK.collect_keys_jit(batch, s.mark, s.token, s.use_mask, s.freq, s.owner, *flags, out)
         return keys[: off[-1]], off, ((pp_slot[:c], pp_w[:c]) if plan_push else None)
 
     def _run_step(self, worker_of, order, keys, off) -> _Pending:

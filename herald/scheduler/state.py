@@ -39,9 +39,9 @@ from __future__ import annotations
 import numpy as np
 
 from herald import keymap
-from herald.scheduler import kernels as K
 from herald.scheduler import parallel_kernels as PK
 from herald.scheduler import snapshot_kernels as SK
+from herald.scheduler import step_kernels as STK
 
 
 def step_outputs(n: int, num_workers: int, counts: np.ndarray) -> tuple:
@@ -215,7 +215,7 @@ class Snapshots:
             np.zeros(W, np.int64),
         )
         par = (threads,) if threads > 1 else ()
-        kernel = PK.update_after_step_par_jit if par else K.update_after_step_jit
+        kernel = PK.update_after_step_par_jit if par else STK.update_after_step_jit
         kernel(keys, off, self.use_mask, self.valid, self.owner, full_sync, upd, *par)
         return upd
 
