@@ -39,18 +39,6 @@ def group_by_worker_jit(worker_of, out_order, out_start):
         cur[w] += 1
 
 
-@nb.njit(inline="always", **JIT)
-def prefetch_next_sample_jit(batch, q, end, records):
-    """Prefetch the entries of ``records`` (an array indexed by slot) of the keys of the
-    sample after the ``q``-th of ``order``, when ``q + 1 < end``; ``batch`` as
-    :func:`collect_keys_jit`'s."""
-    samp_off, samp_slot, order, _ = batch
-    if q + 1 < end:
-        i1 = order[q + 1]
-        for p in range(samp_off[i1], samp_off[i1 + 1]):
-            prefetch_jit(records, samp_slot[p])
-
-
 @nb.njit(**JIT)
 def collect_keys_jit(batch, mark, token, use_mask, freq, owner, count_freq, clear_use, plan_push, out):
     """Distinct keys per worker in canonical order (samples in ``order``, tables, values),
@@ -91,7 +79,10 @@ def collect_keys_jit(batch, mark, token, use_mask, freq, owner, count_freq, clea
         bit = np.uint64(1) << np.uint64(w)
         for q in range(wstart[w], wstart[w + 1]):
             i = order[q]
-            prefetch_next_sample_jit(batch, q, wstart[W], use_mask)
+            if q + 1 < wstart[W]:  # the next sample's records (written out: as a helper 1.4x slower)
+                i1 = order[q + 1]
+                for p in range(samp_off[i1], samp_off[i1 + 1]):
+                    prefetch_jit(use_mask, samp_slot[p])
             for p in range(samp_off[i], samp_off[i + 1]):
                 s = samp_slot[p]
                 if count_freq:
