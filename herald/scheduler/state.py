@@ -191,10 +191,10 @@ class Snapshots:
         par = (threads,) if threads > 1 else ()
         cap = self.capacity_rows
         if self.policy == "lru":
-            lru = tuple(getattr(self, name) for name in SK.LRU_STATE)
+            lru = (self.cached, self.valid, self.owner, self.pos, self.log, self.head, self.tail, self.size)
             (PK.snapshot_lru_par_jit if par else SK.snapshot_lru_step_jit)(keys, off, cap, lru, out, err, *par)
         else:
-            lfu = tuple(getattr(self, name) for name in SK.LFU_STATE)
+            lfu = (self.cached, self.valid, self.owner, self.pos, self.hslot, self.hprio, self.size, self.seq)
             kernel = PK.snapshot_lfu_par_jit if par else SK.snapshot_lfu_step_jit
             kernel(keys, off, self.use_mask, cap, lfu, out, err, *par)
         return out[:5] + (err,)
