@@ -211,6 +211,10 @@ def _stage_seconds(disp) -> dict[str, float]:
     return dict(disp.timer.seconds)
 
 
+#: the settings of a CapacityRun that the job's TrainConfig takes under the same name
+_TRAIN_FIELDS = ("workers", "batch_size", "schedule", "cache_ratio", "seed", "max_inflight_steps")
+
+
 @dataclasses.dataclass(frozen=True)
 class CapacityRun:
     """The settings of one :func:`measure_capacity` run.
@@ -276,17 +280,8 @@ class CapacityRun:
 
     def train_config(self) -> TrainConfig:
         """The job's settings for the runner: its dispatcher (credits, 60 s peer timeout) and JobSpec."""
-        return TrainConfig(
-            source=self.url,
-            workers=self.workers,
-            batch_size=self.batch_size,
-            schedule=self.schedule,
-            cache_ratio=self.cache_ratio,
-            seed=self.seed,
-            max_inflight_steps=self.max_inflight_steps,
-            timeout_ms=60_000,
-            embedding_dim=16,
-        )
+        shared = {name: getattr(self, name) for name in _TRAIN_FIELDS}
+        return TrainConfig(source=self.url, timeout_ms=60_000, embedding_dim=16, **shared)
 
 
 def measure_capacity(
