@@ -56,11 +56,12 @@ from typing import Any, BinaryIO
 from herald.contracts.job import JobSpec
 from herald.dispatch.barrier import Barriers
 from herald.dispatch.channel import PeerChannel
+from herald.dispatch.config import DispatcherConfig
 from herald.dispatch.ledger import StepLedger
 from herald.dispatch.lockstep import LockstepServe
 from herald.dispatch.modes import dispatch_mode
 from herald.dispatch.peers import Silence, largest_frame_bytes
-from herald.dispatch.records import DispatcherConfig, StepRecord
+from herald.dispatch.records import StepRecord
 from herald.errors import HeraldError
 from herald.loader.batch import SampleBatch
 from herald.phases import PhaseTimer

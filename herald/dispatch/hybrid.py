@@ -408,7 +408,7 @@ def make_hybrid(job: Any, config: Any, first_step: int, peers: Any) -> HybridEmb
     """The :class:`HybridEmbeddingWorker` of ``job`` (a :class:`~herald.contracts.job.JobSpec` of a
     mode whose entry in :data:`herald.dispatch.modes.DISPATCH` names this factory as its
     ``embedding_worker``: hybrid), with a PS client of its shards on its push thread.
-    ``config``: the :class:`~herald.dispatch.records.DispatcherConfig`; ``peers``: the
+    ``config``: the :class:`~herald.dispatch.config.DispatcherConfig`; ``peers``: the
     dispatcher's :class:`~herald.dispatch.peers.PeerTable` (its acks then carry gradients)."""
     peers.ack_grads = (len(job.tables), job.dim)
     max_inflight_steps, timeout_ms = config.max_inflight_steps, config.peer_timeout_ms

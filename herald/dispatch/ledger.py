@@ -20,11 +20,12 @@ import numpy as np
 
 from herald.contracts.job import JobSpec
 from herald.dispatch.channel import PeerChannel
+from herald.dispatch.config import DispatcherConfig
 from herald.dispatch.embedding_worker import EmbeddingWorker, NullEmbeddingWorker
 from herald.dispatch.idbuffer import IdFeatureBuffer
 from herald.dispatch.modes import dispatch_mode
 from herald.dispatch.peers import Message
-from herald.dispatch.records import DispatcherConfig, StepRecord, sum_consistency
+from herald.dispatch.records import StepRecord, sum_consistency
 from herald.dispatch.steps import ReadyStep
 from herald.errors import ProtocolError
 from herald.phases import PhaseTimer

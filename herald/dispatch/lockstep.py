@@ -22,10 +22,11 @@ from typing import Any
 from herald.contracts.job import JobSpec
 from herald.dispatch.barrier import Barriers
 from herald.dispatch.channel import PeerChannel
+from herald.dispatch.config import DispatcherConfig
 from herald.dispatch.early import TouchedKeys
 from herald.dispatch.ledger import StepLedger
 from herald.dispatch.pipeline import Pipeline
-from herald.dispatch.records import DispatcherConfig, StepRecord
+from herald.dispatch.records import StepRecord
 from herald.dispatch.steps import ReadyStep, build_ready_step, scheduled_view
 from herald.errors import HeraldError
 from herald.loader.batch import SampleBatch

@@ -61,9 +61,10 @@ from typing import Any
 from herald.contracts.flags import flag_errors
 from herald.contracts.job import JobSpec
 from herald.contracts.train import TrainConfig
+from herald.dispatch.config import DispatcherConfig
 from herald.dispatch.dispatcher import Dispatcher
 from herald.dispatch.peers import Silence
-from herald.dispatch.records import DispatcherConfig, StepRecord
+from herald.dispatch.records import StepRecord
 from herald.errors import HeraldError
 from herald.job import group_dispatch, report_comm
 from herald.job import report as report_mod

@@ -53,7 +53,7 @@ def _serve_dispatcher(args: argparse.Namespace) -> int:
 
 
 def dispatcher_config(cfg, args: argparse.Namespace):
-    """The :class:`~herald.dispatch.records.DispatcherConfig` of ``herald serve dispatcher``:
+    """The :class:`~herald.dispatch.config.DispatcherConfig` of ``herald serve dispatcher``:
     the job's settings (``cfg``, a :class:`~herald.contracts.train.TrainConfig`) with this process's
     ``--bind`` and ``--dispatcher-rank`` (``args``): :func:`herald.job.runner.dispatcher_config`.
 

@@ -23,9 +23,9 @@ from herald.contracts.modes import GbaSettings, HybridSettings
 from herald.contracts.tables import TableConfig
 from herald.dispatch import channel as channel_mod
 from herald.dispatch.channel import PeerChannel
+from herald.dispatch.config import DispatcherConfig
 from herald.dispatch.microbatch import MAX_WORKER_FRAME_BYTES
 from herald.dispatch.peers import KINDS, largest_frame_bytes
-from herald.dispatch.records import DispatcherConfig
 from herald.errors import ConfigError, PeerTimeout
 from herald.worker.link import DispatcherLink
 from tests import rawpeer

@@ -16,7 +16,7 @@ import pytest
 from herald import wire
 from herald.contracts.train import TrainConfig
 from herald.dispatch.channel import PeerChannel
-from herald.dispatch.records import DispatcherConfig
+from herald.dispatch.config import DispatcherConfig
 from herald.errors import ConfigError
 from herald.job import leftovers
 from herald.job.parts import ExternalWorkers, LocalWorkers, WorkerLauncher
