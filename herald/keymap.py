@@ -44,7 +44,7 @@ from numba.extending import intrinsic, overload
 from herald.hashing import splitmix64_jit
 
 JIT = dict(nogil=True, cache=True)
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _ONE = np.uint64(1)
 AHEAD1, AHEAD2, RING = 8, 4, 16  # pipeline distances (keys) and ring of home buckets (a power of 2)
 
@@ -111,7 +111,7 @@ def _set_item_ol(x, i, v):
 @nb.njit(**JIT)
 def key_hash_jit(table, key):
     """uint64 hash of the key ``(table, key)``: ``splitmix64(key ^ (table + 1) * golden)``."""
-    return splitmix64_jit(nb.uint64(key) ^ (nb.uint64(table + 1) * _GOLDEN))
+    return splitmix64_jit(nb.uint64(key) ^ (nb.uint64(table + 1) * GOLDEN))
 
 
 @nb.njit(inline="always", **JIT)

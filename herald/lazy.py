@@ -7,12 +7,16 @@ needs one module, does not load every kernel (numba), torch or zmq of the packag
     _EXPORTS = {"PSClient": "client", "ShardLimits": "config"}
     __all__ = sorted(_EXPORTS)
     __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
+
+or, the same in one call that sets ``__all__``, ``__getattr__`` and ``__dir__``, by submodule::
+
+    lazy_package(globals(), {"client": ("PSClient",), "config": ("ShardLimits",)})
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 
@@ -46,3 +50,19 @@ def lazy_exports(
         return sorted(set(namespace) | set(exports) | set(submodules))
 
     return __getattr__, __dir__
+
+
+def lazy_package(
+    namespace: dict[str, Any], modules: Mapping[str, Sequence[str]], submodules: tuple[str, ...] = ()
+) -> None:
+    """Set ``__all__``, ``__getattr__`` and ``__dir__`` of the package whose ``globals()`` is
+    ``namespace`` (:func:`lazy_exports` of its ``__name__``).
+
+    Args:
+        namespace: the package's ``globals()``.
+        modules: submodule (relative to the package) -> the public names it defines.
+        submodules: submodules also reachable as attributes.
+    """
+    exports = {name: module for module, names in modules.items() for name in names}
+    namespace["__all__"] = sorted(exports)
+    namespace["__getattr__"], namespace["__dir__"] = lazy_exports(namespace["__name__"], exports, namespace, submodules)

@@ -4,7 +4,8 @@
 died (with the end of its log), and stops them all within a bound. :func:`core_plan` and
 :func:`pin_to_cores` pin co-located processes to cores of their own (``herald train
 --pin-cores``). :func:`start_time` and :func:`is_alive` tell whether a process recorded
-earlier (a pid and its start time) still runs.
+earlier (a pid and its start time) still runs. What the kernel says about a process (its
+start, state, CPU times, threads) is read through ``psutil``.
 """
 
 from __future__ import annotations
@@ -19,9 +20,13 @@ import subprocess
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
+import psutil
+
 from herald.errors import ConfigError, HeraldError
 
 _REAP_S = 2.0  # after SIGKILL: how long to wait for the kernel to reap a child
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")  # the unit of /proc's times (and of start_time)
+_BOOT_CLOCK = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)  # seconds since boot, as /proc/uptime
 
 
 def cpu_seconds() -> float:
@@ -39,29 +44,21 @@ def cpu_seconds() -> float:
 
 def tree_cpu_seconds() -> float:
     """:func:`cpu_seconds` plus the CPU seconds of every descendant still running (user +
-    sys, with what each has waited for: /proc's ``utime stime cutime cstime``), on Linux;
-    elsewhere :func:`cpu_seconds` alone. Two readings taken while a job runs give the
-    CPU of every local process of the job between them, children that exit in between
-    included once they are reaped (NOTE [steady cpu] in herald/job/runner.py)."""
+    sys, with what each has waited for: ``psutil``'s ``cpu_times()``, on Linux /proc's
+    ``utime stime cutime cstime``). Two readings taken while a job runs give the CPU of
+    every local process of the job between them, children that exit in between included
+    once they are reaped (NOTE [steady cpu] in herald/job/runner.py)."""
     total = cpu_seconds()
     try:
-        names = os.listdir("/proc")
-    except OSError:
+        descendants = psutil.Process().children(recursive=True)
+    except psutil.Error:
         return total
-    children: dict[int, list[int]] = {}
-    ticks: dict[int, int] = {}
-    for name in names:
-        fields = _stat_fields(int(name)) if name.isdigit() else None
-        if fields is None:  # not a process, or it exited meanwhile
+    for proc in descendants:
+        try:
+            t = proc.cpu_times()
+        except psutil.Error:  # it exited meanwhile
             continue
-        children.setdefault(int(fields[1]), []).append(int(name))
-        ticks[int(name)] = int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])
-    hz = os.sysconf("SC_CLK_TCK")
-    todo = list(children.get(os.getpid(), ()))
-    while todo:
-        pid = todo.pop()
-        total += ticks[pid] / hz
-        todo.extend(children.get(pid, ()))
+        total += t.user + t.system + t.children_user + t.children_system
     return total
 
 
@@ -126,36 +123,28 @@ def die_with_parent() -> None:
         pass
 
 
-def _stat_fields(pid: int) -> list[str] | None:
-    """The fields of ``/proc/PID/stat`` after the command (which may hold spaces and
-    parentheses): ``[state, ppid, ...]``, field 3 on; None when there is no such process."""
+def _seconds_after_boot(pid: int) -> float | None:
+    """When process ``pid`` started, in seconds after boot, or None when there is no such process."""
     try:
-        fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
+        created = psutil.Process(pid).create_time()  # seconds after boot + the boot's epoch time
+    except (psutil.Error, ValueError, TypeError):
         return None
-    return fields or None
+    return created - psutil.boot_time()
 
 
 def start_time(pid: int) -> int | None:
     """When process ``pid`` started (clock ticks after boot, ``/proc/PID/stat`` field 22),
     or None when there is no such process. With the pid it names one process: a pid the
     kernel reused belongs to a process with another start time."""
-    fields = _stat_fields(pid)
-    try:
-        return int(fields[19]) if fields is not None else None
-    except (IndexError, ValueError):
-        return None
+    seconds = _seconds_after_boot(pid)
+    return None if seconds is None else round(seconds * _CLOCK_TICKS)
 
 
 def seconds_since_start(pid: int = 0) -> float:
-    """How long ago process ``pid`` (0: this one) started, in seconds (``/proc/uptime``
-    minus its :func:`start_time`; 0.0 where ``/proc`` does not say)."""
-    ticks = start_time(pid or os.getpid())
-    try:
-        uptime = float(pathlib.Path("/proc/uptime").read_text().split()[0])
-    except (OSError, IndexError, ValueError):
-        return 0.0
-    return max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK")) if ticks is not None else 0.0
+    """How long ago process ``pid`` (0: this one) started, in seconds (the time since boot,
+    ``CLOCK_BOOTTIME`` as ``/proc/uptime``, minus its start; 0.0 where that is unknown)."""
+    seconds = _seconds_after_boot(pid or os.getpid())
+    return 0.0 if seconds is None else max(0.0, time.clock_gettime(_BOOT_CLOCK) - seconds)
 
 
 def signal_words(code: int) -> str:
@@ -168,8 +157,10 @@ def signal_words(code: int) -> str:
 
 def is_zombie(pid: int) -> bool:
     """Whether process ``pid`` has ended (a zombie not yet reaped, or gone)."""
-    fields = _stat_fields(pid)
-    return fields is None or fields[0] in "ZX"
+    try:
+        return psutil.Process(pid).status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except (psutil.Error, ValueError, TypeError):
+        return True
 
 
 def is_alive(pid: object, start: object) -> bool:
@@ -218,21 +209,20 @@ def pin_to_cores(cores: Iterable[int], pid: int = 0) -> None:
     """Pin every thread of process ``pid`` (0: this process) to ``cores`` (Linux).
 
     ``os.sched_setaffinity(tid)`` sets the mask of one thread, and a thread takes its
-    creator's mask only when it is created; so each thread listed in
-    ``/proc/PID/task`` is set, and the listing is read again until it shows no thread
-    not yet set (threads started meanwhile). A thread that ends meanwhile is skipped, and
-    so is a process that is gone (its supervisor names it).
+    creator's mask only when it is created; so each thread ``psutil`` lists (``/proc/PID/task``)
+    is set, and the listing is read again until it shows no thread not yet set (threads
+    started meanwhile). A thread that ends meanwhile is skipped, and so is a process that
+    is gone (its supervisor names it).
 
     Raises:
         OSError: a core this process may not use (``EINVAL``), or no permission on ``pid``.
     """
     mask = {int(c) for c in cores}
-    task_dir = pathlib.Path(f"/proc/{pid or os.getpid()}/task")
     done: set[int] = set()
     while True:
         try:
-            tids = {int(t.name) for t in task_dir.iterdir()} - done
-        except FileNotFoundError:  # the process is gone
+            tids = {t.id for t in psutil.Process(pid or os.getpid()).threads()} - done
+        except psutil.NoSuchProcess:  # the process is gone
             return
         if not tids:
             return

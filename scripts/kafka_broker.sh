@@ -6,4 +6,4 @@
 # Clients must pass api_version 0.9 (herald: --client-option api_version=0.9, ?api_version=0.9).
 set -eu
 cd "$(dirname "$0")/.."
-exec "${PYTHON:-python3}" tests/integration/kafka_broker.py
+exec "${PYTHON:-python3}" -m herald.loader.kafka.broker

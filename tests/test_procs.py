@@ -13,6 +13,7 @@ import pytest
 
 from herald.errors import ConfigError, HeraldError
 from herald.procs import Supervisor, core_plan, cpu_seconds, pin_to_cores, tree_cpu_seconds
+from tests.fakes import wait_until
 
 
 def _python(code: str) -> list[str]:
@@ -48,8 +49,13 @@ def test_failure_waits_up_to_grace_and_ignores_clean_exits(tmp_path):
         sup.start("ok", _python("pass"))
         sup.procs["ok"].wait(30)
         assert sup.failure() is None
-        sup.start("late", _python("import time, sys; time.sleep(0.5); sys.exit(2)"))
-        assert sup.failure(grace_s=0.0) is None
+        go = tmp_path / "go"
+        sup.start(
+            "late",
+            _python(f"import os, sys, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.01)\nsys.exit(2)"),
+        )
+        assert sup.failure(grace_s=0.0) is None  # it runs until the test lets it fail
+        go.touch()
         msg = sup.failure(grace_s=20.0)
         assert msg is not None and msg.startswith("late exited with code 2")
 
@@ -187,19 +193,21 @@ def test_startup_garbage_is_frozen_and_the_collector_restored():
         gc.enable()
 
 
-def test_tree_cpu_counts_running_descendants_and_them_once_reaped():
+def test_tree_cpu_counts_running_descendants_and_them_once_reaped(tmp_path):
     # a grandchild burning CPU under a child that waits for it (what a shard or a worker is)
     burn = "import time; t = time.process_time(); exec('while time.process_time() - t < 0.6: pass')"
+    reaped = tmp_path / "reaped"
     child = subprocess.Popen(
         [
             sys.executable,
             "-c",
-            f"import subprocess, sys; subprocess.run([sys.executable, '-c', {burn!r}]); import time; time.sleep(30)",
+            f"import pathlib, subprocess, sys; subprocess.run([sys.executable, '-c', {burn!r}]); "
+            f"pathlib.Path({str(reaped)!r}).touch(); import time; time.sleep(30)",
         ]
     )
     try:
         t0, own0 = tree_cpu_seconds(), cpu_seconds()
-        time.sleep(2.0)  # the grandchild has burnt its 0.6 s and was reaped by the child
+        wait_until(reaped.exists, 60, "the grandchild burning its 0.6 s and reaped by the child")
         t1, own1 = tree_cpu_seconds(), cpu_seconds()
         assert own1 - own0 < 0.3  # cpu_seconds sees no child until it is reaped here
         assert t1 - t0 >= 0.4  # the running child's waited-for grandchild
@@ -207,3 +215,55 @@ def test_tree_cpu_counts_running_descendants_and_them_once_reaped():
         child.kill()
         child.wait()
     assert tree_cpu_seconds() >= t1  # reaped now: counted by cpu_seconds, not lost
+
+
+def _stat_start_ticks(pid: int) -> int:
+    """``/proc/PID/stat`` field 22 (the start, clock ticks after boot), read by hand."""
+    return int(pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+
+
+def test_start_time_is_the_kernels_start_in_clock_ticks_and_none_for_no_process():
+    from herald.procs import start_time
+
+    child = subprocess.Popen(_python("import time; time.sleep(30)"))
+    try:
+        assert start_time(os.getpid()) == _stat_start_ticks(os.getpid())
+        assert start_time(child.pid) == _stat_start_ticks(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+    assert start_time(child.pid) is None  # reaped: gone
+    assert start_time(2**22 + 1) is None  # above any pid_max
+
+
+def test_is_zombie_and_is_alive_follow_a_child_until_it_is_reaped():
+    from herald.procs import is_alive, is_zombie, start_time
+
+    child = subprocess.Popen(_python("import sys; sys.stdin.read()"), stdin=subprocess.PIPE)
+    start = start_time(child.pid)
+    assert not is_zombie(child.pid) and is_alive(child.pid, start)
+    assert not is_alive(child.pid, start + 1)  # the same pid with another start: a reused pid
+    assert not is_alive(str(child.pid), start) and not is_alive(child.pid, None)
+    child.stdin.close()  # it exits; not reaped yet: a zombie
+    deadline = time.monotonic() + 30
+    while not is_zombie(child.pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert is_zombie(child.pid) and not is_alive(child.pid, start)
+    child.wait()
+    assert is_zombie(child.pid)  # gone
+
+
+def test_seconds_since_start_is_the_uptime_minus_the_start():
+    from herald.procs import seconds_since_start
+
+    child = subprocess.Popen(_python("import time; time.sleep(30)"))
+    try:
+        for pid in (0, child.pid):
+            got = seconds_since_start(pid)
+            uptime = float(pathlib.Path("/proc/uptime").read_text().split()[0])
+            want = uptime - _stat_start_ticks(pid or os.getpid()) / os.sysconf("SC_CLK_TCK")
+            assert abs(got - want) < 0.05  # /proc/uptime has 10 ms steps, the two readings a moment apart
+    finally:
+        child.kill()
+        child.wait()
+    assert seconds_since_start(child.pid) == 0.0

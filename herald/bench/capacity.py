@@ -20,17 +20,18 @@ loading, caches filling) are not measured.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
 import subprocess
 import sys
-import threading
 from typing import Any
 
 import numpy as np
 
 from herald.bench.options import CAPACITY_ROWS, CAPACITY_SECONDS
+from herald.bench.thread_cpu import thread_cpu_seconds
 from herald.contracts.train import TrainConfig
 from herald.errors import ConfigError, HeraldError
 from herald.job.interfaces import JobHooks
@@ -87,52 +88,6 @@ def _read_all(source: Source, rows: int | None) -> SampleBatch:
     if not parts:
         raise ConfigError("the capacity source has no rows; pass more --rows or another --source")
     return SampleBatch.concat(parts)
-
-
-def _cpu_seconds(peers_pid: int | None) -> dict[str, float]:
-    """CPU seconds (user + system) of each thread of this process, by thread name (Python
-    threads by their ``name``, native ones such as ZeroMQ's I/O thread by their OS name),
-    and of the process ``peers_pid`` as ``"peers"``; empty where /proc is not readable."""
-    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-    names = {t.native_id: t.name for t in threading.enumerate()}
-    out: dict[str, float] = {}
-
-    def read(path: str) -> tuple[str, float] | None:
-        try:
-            with open(path) as f:
-                raw = f.read()
-        except OSError:
-            return None
-        comm = raw[raw.index("(") + 1 : raw.rindex(")")]
-        fields = raw[raw.rindex(")") + 2 :].split()
-        return comm, (int(fields[11]) + int(fields[12])) / tick  # utime, stime
-
-    try:
-        tids = os.listdir("/proc/self/task")
-    except OSError:
-        return out
-    for tid in tids:
-        got = read(f"/proc/self/task/{tid}/stat")
-        if got is not None:
-            name = names.get(int(tid), got[0])
-            out[name] = out.get(name, 0.0) + got[1]
-    if peers_pid is not None:
-        try:
-            ptids = os.listdir(f"/proc/{peers_pid}/task")
-        except OSError:
-            ptids = []
-        for tid in ptids:  # the fake workers' Python thread and ZeroMQ I/O thread
-            got = read(f"/proc/{peers_pid}/task/{tid}/stat")
-            if got is not None:
-                name = "peers" if got[0] == "python" or tid == str(peers_pid) else f"peers {got[0]}"
-                out[name] = out.get(name, 0.0) + got[1]
-    try:  # every process of the machine (user + nice + system + irq + softirq + steal)
-        with open("/proc/stat") as f:
-            cpu = [int(x) for x in f.readline().split()[1:]]
-        out["(machine)"] = (sum(cpu[:3]) + sum(cpu[5:8])) / tick
-    except (OSError, ValueError):
-        pass
-    return out
 
 
 class AckPeerWorkers(WorkerLauncher):
@@ -257,23 +212,13 @@ def _stage_seconds(disp) -> dict[str, float]:
     return dict(disp.timer.seconds)
 
 
-def measure_capacity(
-    workers: int = 8,
-    batch_size: int = 256,
-    schedule: str = "herald",
-    rows: int | None = CAPACITY_ROWS,
-    source: str | None = None,
-    steps: int | None = None,
-    seconds: float | None = None,
-    *,
-    warmup_steps: int = 30,
-    max_inflight_steps: int = 2,
-    materialize: bool = True,
-    cache_ratio: float = 0.1,
-    seed: int = 0,
-    peers_nice: int = 0,
-) -> dict[str, Any]:
-    """Samples/s of a real dispatcher serving ``workers`` fake workers that ack at once.
+#: the settings of a CapacityRun that the job's TrainConfig takes under the same name
+_TRAIN_FIELDS = ("workers", "batch_size", "schedule", "cache_ratio", "seed", "max_inflight_steps")
+
+
+@dataclasses.dataclass(frozen=True)
+class CapacityRun:
+    """The settings of one :func:`measure_capacity` run.
 
     Args:
         workers: ranks served; batch_size: samples per micro-batch (global batch
@@ -293,6 +238,74 @@ def measure_capacity(
             0: the dispatcher's own. A higher value lets the OS run the dispatcher's
             threads first when the cores are contended (POSIX only).
 
+    Raises:
+        ConfigError: ``steps`` < 1, ``seconds`` <= 0, ``warmup_steps`` < 1 or ``peers_nice`` outside 0..19.
+    """
+
+    workers: int = 8
+    batch_size: int = 256
+    schedule: str = "herald"
+    rows: int | None = CAPACITY_ROWS
+    source: str | None = None
+    steps: int | None = None
+    seconds: float | None = None
+    warmup_steps: int = 30
+    max_inflight_steps: int = 2
+    materialize: bool = True
+    cache_ratio: float = 0.1
+    seed: int = 0
+    peers_nice: int = 0
+
+    def __post_init__(self) -> None:
+        steps, seconds = self.steps, self.seconds
+        if (steps is not None and steps < 1) or (seconds is not None and seconds <= 0) or self.warmup_steps < 1:
+            raise ConfigError("measure_capacity: steps must be >= 1, seconds > 0 and warmup_steps >= 1")
+        if not 0 <= self.peers_nice <= 19:
+            raise ConfigError(f"measure_capacity: peers_nice must be in 0..19, got {self.peers_nice}")
+
+    @property
+    def limit_seconds(self) -> float | None:
+        """Seconds measured at most: ``seconds``, else :data:`CAPACITY_SECONDS` without ``steps``."""
+        return CAPACITY_SECONDS if self.steps is None and self.seconds is None else self.seconds
+
+    @property
+    def url(self) -> str:
+        """The source URL: ``source``, else synthetic Criteo rows."""
+        return self.source if self.source is not None else f"synthetic://criteo?rows={self.rows}&seed={self.seed}"
+
+    def scheduler_config(self) -> SchedulerConfig:
+        """The job's scheduler: ``schedule`` with caches of ``cache_ratio`` of the distinct keys."""
+        return SchedulerConfig(
+            self.workers, self.batch_size, self.schedule, cache_ratio=self.cache_ratio, seed=self.seed
+        )
+
+    def train_config(self) -> TrainConfig:
+        """The job's settings for the runner: its dispatcher (credits, 60 s peer timeout) and JobSpec."""
+        shared = {name: getattr(self, name) for name in _TRAIN_FIELDS}
+        return TrainConfig.from_flags(source=self.url, timeout_ms=60_000, embedding_dim=16, **shared)
+
+
+def measure_capacity(
+    workers: int = 8,
+    batch_size: int = 256,
+    schedule: str = "herald",
+    rows: int | None = CAPACITY_ROWS,
+    source: str | None = None,
+    steps: int | None = None,
+    seconds: float | None = None,
+    *,
+    warmup_steps: int = 30,
+    max_inflight_steps: int = 2,
+    materialize: bool = True,
+    cache_ratio: float = 0.1,
+    seed: int = 0,
+    peers_nice: int = 0,
+) -> dict[str, Any]:
+    """Samples/s of a real dispatcher serving ``workers`` fake workers that ack at once.
+
+    Args:
+        the fields of :class:`CapacityRun`, which says what each is.
+
     Returns:
         ``{"samples_per_s", "steps" (measured), "seconds", "ms_per_step", "phases"
         ({stage: busy seconds / measured seconds}, stages of
@@ -307,104 +320,97 @@ def measure_capacity(
         ConfigError: bad settings, or too few rows for one global batch.
         HeraldError: the dispatcher or the fake workers failed.
     """
-    if steps is None and seconds is None:
-        seconds = CAPACITY_SECONDS
-    if (steps is not None and steps < 1) or (seconds is not None and seconds <= 0) or warmup_steps < 1:
-        raise ConfigError("measure_capacity: steps must be >= 1, seconds > 0 and warmup_steps >= 1")
-    if not 0 <= peers_nice <= 19:
-        raise ConfigError(f"measure_capacity: peers_nice must be in 0..19, got {peers_nice}")
-    gb = workers * batch_size
-    sched_cfg = SchedulerConfig(
-        num_workers=workers, batch_size_per_worker=batch_size, schedule=schedule, cache_ratio=cache_ratio, seed=seed
-    )
-    url = source if source is not None else f"synthetic://criteo?rows={rows}&seed={seed}"
-    # the job's settings for the runner: its dispatcher (credits, 60 s peer timeout) and JobSpec
-    cfg = TrainConfig(
-        source=url,
-        workers=workers,
-        batch_size=batch_size,
-        schedule=schedule,
-        cache_ratio=cache_ratio,
-        seed=seed,
-        max_inflight_steps=max_inflight_steps,
-        timeout_ms=60_000,
-        embedding_dim=16,
-    )
-    need = warmup_steps + (steps if steps is not None else 0)
-    data = _Rows(url, rows, sched_cfg, max_steps=need if steps is not None else None, materialize=materialize)
+    return _measure(CapacityRun(**locals()))  # the parameters are CapacityRun's fields
 
-    peers = AckPeerWorkers(nice=peers_nice)
-    disps: list[Any] = []  # the dispatcher, once bound (on_serve)
-    marks: dict[str, Any] = {}
 
-    def on_step(rec) -> None:
-        now, disp = rec.acked_at, disps[0]
-        if rec.step == warmup_steps - 1:  # the clock starts when the warm-up's last step is acked
+def _measure(run: CapacityRun) -> dict[str, Any]:
+    """:func:`measure_capacity` of the settings ``run``."""
+    need = run.warmup_steps + (run.steps if run.steps is not None else 0)
+    max_steps = need if run.steps is not None else None
+    data = _Rows(run.url, run.rows, run.scheduler_config(), max_steps=max_steps, materialize=run.materialize)
+    peers = AckPeerWorkers(nice=run.peers_nice)
+    clock = _Clock(peers, run.warmup_steps, run.steps, run.limit_seconds)
+    # the job runner (NOTE [job runner]) with no PS, the fake workers, no checkpoints, no report
+    hooks = JobHooks(on_step=clock.on_step, on_serve=clock.disps.extend)
+    JobRunner(ps=NoPS(), workers=peers, data=data, hooks=hooks).run(run.train_config())
+    if "t1" not in clock.marks:
+        raise ConfigError(
+            f"no step measured after {run.warmup_steps} warm-up steps: {data.steps_per_epoch} steps per "
+            "epoch of data; pass more rows or fewer warm-up steps"
+        )
+    gb = run.workers * run.batch_size
+    return {
+        **clock.figures(gb),
+        "cpus": os.cpu_count(),
+        "workers": run.workers,
+        "batch_size": run.batch_size,
+        "schedule": run.schedule,
+        "global_batch": gb,
+        "rows": data.num_rows,
+        "materialized": run.materialize,
+        "warmup_steps": run.warmup_steps,
+        "peers_nice": run.peers_nice,
+        "distinct_keys": int(data.distinct_keys),
+        "capacity_rows": int(np.ceil(run.cache_ratio * data.distinct_keys)),
+    }
+
+
+class _Clock:
+    """The measurement of :func:`measure_capacity`: the job runner's ``on_step`` starts it at
+    the ack of the last warm-up step and stops the dispatcher once ``steps`` steps or
+    ``seconds`` seconds are measured (whichever first); the stage and CPU seconds are read
+    at both ends."""
+
+    def __init__(self, peers: AckPeerWorkers, warmup_steps: int, steps: int | None, seconds: float | None) -> None:
+        self.peers, self.warmup_steps, self.steps, self.seconds = peers, warmup_steps, steps, seconds
+        self.disps: list[Any] = []  # the dispatcher, once bound (on_serve)
+        self.marks: dict[str, Any] = {}
+
+    def on_step(self, rec) -> None:
+        marks, now, disp = self.marks, rec.acked_at, self.disps[0]
+        if rec.step == self.warmup_steps - 1:  # the clock starts when the warm-up's last step is acked
             marks["t0"], marks["s0"], marks["step0"] = now, _stage_seconds(disp), rec.step
-            marks["c0"] = _cpu_seconds(peers.pid)
+            marks["c0"] = thread_cpu_seconds(self.peers.pid)
             return
         if "t0" not in marks or "stopped" in marks:
             return
         marks["t1"], marks["s1"], marks["step1"] = now, _stage_seconds(disp), rec.step
         n = rec.step - marks["step0"]
-        if (steps is not None and n >= steps) or (seconds is not None and now - marks["t0"] >= seconds):
+        if (self.steps is not None and n >= self.steps) or (
+            self.seconds is not None and now - marks["t0"] >= self.seconds
+        ):
             marks["stopped"] = True
-            marks["c1"] = _cpu_seconds(peers.pid)
+            marks["c1"] = thread_cpu_seconds(self.peers.pid)
             disp.stop()
 
-    # the job runner (NOTE [job runner]) with no PS, the fake workers, no checkpoints, no report
-    JobRunner(ps=NoPS(), workers=peers, data=data, hooks=JobHooks(on_step=on_step, on_serve=disps.extend)).run(cfg)
-    if "t1" not in marks:
-        raise ConfigError(
-            f"no step measured after {warmup_steps} warm-up steps: {data.steps_per_epoch} steps per "
-            "epoch of data; pass more rows or fewer warm-up steps"
-        )
-    wall = marks["t1"] - marks["t0"]
-    n = marks["step1"] - marks["step0"]
-    s0, s1 = marks["s0"], marks["s1"]
-    phases = {k: round((s1.get(k, 0.0) - s0.get(k, 0.0)) / wall, 4) for k in s1}
-    c0, c1 = marks.get("c0", {}), marks.get("c1", {})
-    cpu = {k: round((c1[k] - c0.get(k, 0.0)) / wall, 3) for k in c1 if c1[k] - c0.get(k, 0.0) > 0}
-    machine = cpu.pop("(machine)", None)
-    return {
-        "samples_per_s": n * gb / wall,
-        "steps": n,
-        "seconds": wall,
-        "ms_per_step": wall * 1e3 / n,
-        "phases": phases,
-        "cpu": cpu,
-        "machine_cpu": machine,
-        "cpus": os.cpu_count(),
-        "workers": workers,
-        "batch_size": batch_size,
-        "schedule": schedule,
-        "global_batch": gb,
-        "rows": data.num_rows,
-        "materialized": materialize,
-        "warmup_steps": warmup_steps,
-        "peers_nice": peers_nice,
-        "distinct_keys": int(data.distinct_keys),
-        "capacity_rows": int(np.ceil(cache_ratio * data.distinct_keys)),
-    }
+    def figures(self, global_batch: int) -> dict[str, Any]:
+        """``samples_per_s``, ``steps``, ``seconds``, ``ms_per_step``, ``phases``, ``cpu`` and
+        ``machine_cpu`` of the measured steps (see :func:`measure_capacity`)."""
+        marks = self.marks
+        wall = marks["t1"] - marks["t0"]
+        n = marks["step1"] - marks["step0"]
+        s0, s1 = marks["s0"], marks["s1"]
+        phases = {k: round((s1.get(k, 0.0) - s0.get(k, 0.0)) / wall, 4) for k in s1}
+        c0, c1 = marks.get("c0", {}), marks.get("c1", {})
+        cpu = {k: round((c1[k] - c0.get(k, 0.0)) / wall, 3) for k in c1 if c1[k] - c0.get(k, 0.0) > 0}
+        machine = cpu.pop("(machine)", None)
+        return {
+            "samples_per_s": n * global_batch / wall,
+            "steps": n,
+            "seconds": wall,
+            "ms_per_step": wall * 1e3 / n,
+            "phases": phases,
+            "cpu": cpu,
+            "machine_cpu": machine,
+        }
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """``herald bench dispatcher``: :func:`measure_capacity` with the options in ``args``;
     prints samples/s, each stage's busy fraction and the CPU per thread, and writes the
     result as JSON to ``--out`` when given."""
-    res = measure_capacity(
-        workers=args.workers,
-        batch_size=args.batch_size,
-        schedule=args.schedule,
-        rows=args.rows,
-        source=args.source,
-        steps=args.steps,
-        seconds=args.seconds,
-        warmup_steps=args.warmup_steps,
-        max_inflight_steps=args.max_inflight_steps,
-        materialize=not args.no_materialize,
-        peers_nice=args.peers_nice,
-    )
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(CapacityRun) if hasattr(args, f.name)}
+    res = _measure(CapacityRun(**given, materialize=not args.no_materialize))
     print(
         f"dispatcher capacity: {res['samples_per_s']:,.0f} samples/s  ({res['workers']} workers x "
         f"{res['batch_size']}, {res['schedule']}, {res['steps']} steps in {res['seconds']:.2f} s, "

@@ -2,7 +2,9 @@
 
 - ``herald bench loader [--rows N] [--repeats R] [--quick]`` (:mod:`herald.bench.loader`)
 - ``herald bench scheduler --data PATH_OR_URL --workers 8 --batch-size 128 --cache-ratio 0.1
-  [--quality] [--scaling] [--memory-keys N] [--threads N,N] [--out DIR]`` (:mod:`herald.bench.scheduler`)
+  [--quality] [--scaling] [--memory-keys N] [--threads N,N] [--out DIR]`` (:mod:`herald.bench.scheduler`),
+  or ``--compare-ref REF`` / ``--pool-vs-prange`` (:mod:`herald.bench.scheduler_compare`)
+- ``herald bench kafka``: the Kafka source, tsv vs arrow records vs Parquet (:mod:`herald.bench.kafka`)
 - ``herald bench ps``: pull/push throughput against one shard next to a numpy memcpy (:mod:`herald.bench.ps`)
 - ``herald bench step --workers N --shards S``: one shard's CPU time per global step (:mod:`herald.bench.step`)
 - ``herald bench dispatcher``: the dispatcher's capacity (:mod:`herald.bench.capacity`)
@@ -10,7 +12,7 @@
   TorchRec (:mod:`herald.bench.e2e`, :mod:`herald.bench.scale`, :mod:`herald.bench.network`)
 - ``herald bench compression | groups`` (:mod:`herald.bench.comm`, docs/compression.md)
 - ``herald bench consistency`` (:mod:`herald.bench.consistency`, docs/consistency.md)
-- ``herald bench kernels``: the worker cache's hot path against FBGEMM (:mod:`herald.bench.kernels`)
+- ``herald bench kernels``: the worker cache's hot path against FBGEMM (:mod:`herald.bench.kernel_speed`)
 
 Building the parsers imports :mod:`herald.bench.options` only: a bench module is imported
 when its subcommand runs, and its docstring (the ``--help`` description) is read from its
@@ -93,105 +95,109 @@ def _add(
     b.set_defaults(func=_runner(module, entry))
 
 
-def register(commands, bench, serve) -> None:
-    """Add every ``herald bench`` subcommand (``commands`` and ``serve`` get none)."""
-    _add(
-        bench,
+#: every ``herald bench`` subcommand: ``(name, module, add_arguments, help, options of _add)``
+SUBCOMMANDS = (
+    (
         "loader",
         "herald.bench.loader",
         options.add_loader_arguments,
-        entry="main",
-        described=False,
-        help="samples/s: Parquet, Criteo TSV and herald's DataLoader dataset vs a plain torch DataLoader",
-    )
-    _add(
-        bench,
+        "samples/s: Parquet, Criteo TSV and herald's DataLoader dataset vs a plain torch DataLoader",
+        {"entry": "main", "described": False},
+    ),
+    (
         "scheduler",
         "herald.bench.scheduler",
         options.add_scheduler_arguments,
-        entry="main",
-        described=False,
-        help="Herald Table 2: transmissions of vanilla/laia/plan/herald/costaware, "
-        "scheduling time, quality vs brute force",
-    )
-    _add(
-        bench,
+        "Herald Table 2: transmissions of vanilla/laia/plan/herald/costaware, scheduling time, quality vs brute force",
+        {"entry": "main", "described": False},
+    ),
+    (
+        "kafka",
+        "herald.bench.kafka",
+        options.add_kafka_arguments,
+        "Kafka source samples/s from a real broker: tsv vs arrow records vs Parquet (same run)",
+        {},
+    ),
+    (
         "ps",
         "herald.bench.ps",
         options.add_ps_arguments,
-        entry="main",
-        described=False,
-        help="PS pull/push throughput vs numpy memcpy (one shard)",
-    )
-    _add(
-        bench,
+        "PS pull/push throughput vs numpy memcpy (one shard)",
+        {"entry": "main", "described": False},
+    ),
+    (
         "step",
         "herald.bench.step",
         options.add_step_arguments,
-        help="one PS shard's CPU time per global step of an N-worker job (requests replayed in process)",
-    )
-    _add(
-        bench,
+        "one PS shard's CPU time per global step of an N-worker job (requests replayed in process)",
+        {},
+    ),
+    (
         "dispatcher",
         "herald.bench.capacity",
         options.add_dispatcher_arguments,
-        help="dispatcher capacity: samples/s with workers that ack at once",
-    )
-    _add(
-        bench,
+        "dispatcher capacity: samples/s with workers that ack at once",
+        {},
+    ),
+    (
         "e2e",
         "herald.bench.e2e",
         options.add_e2e_arguments,
-        raw=False,
-        help="herald vs vanilla end to end: samples/s and bytes moved (same run)",
-    )
-    _add(
-        bench,
+        "herald vs vanilla end to end: samples/s and bytes moved (same run)",
+        {"raw": False},
+    ),
+    (
         "scale",
         "herald.bench.scale",
         options.add_scale_arguments,
-        help="herald with 1, 2, 4, ... workers vs plain single-process PyTorch (samples/s, scaling factor, "
+        "herald with 1, 2, 4, ... workers vs plain single-process PyTorch (samples/s, scaling factor, "
         "phases; same run)",
-    )
-    _add(
-        bench,
+        {},
+    ),
+    (
         "network",
         "herald.bench.network",
         options.add_network_arguments,
-        help="vanilla, laia, plan, herald, costaware across hosts with shaped links (network-namespace test "
+        "vanilla, laia, plan, herald, costaware across hosts with shaped links (network-namespace test "
         "bed, root; samples/s, bytes, AUC; same run)",
-    )
+        {},
+    ),
     # compression, groups: docs/compression.md
-    _add(
-        bench,
+    (
         "compression",
         "herald.bench.comm",
         options.add_compression_arguments,
-        entry="run_compression",
-        help="fp32 vs fp16/bf16/int8 wire: bytes, samples/s, AUC (same run)",
-    )
-    _add(
-        bench,
+        "fp32 vs fp16/bf16/int8 wire: bytes, samples/s, AUC (same run)",
+        {"entry": "run_compression"},
+    ),
+    (
         "groups",
         "herald.bench.comm",
         options.add_groups_arguments,
-        entry="run_groups",
-        help="HT groups G = 1, 2 with and without a straggler: samples/s, AUC, lag",
-    )
+        "HT groups G = 1, 2 with and without a straggler: samples/s, AUC, lag",
+        {"entry": "run_groups"},
+    ),
     # consistency modes with and without a straggler: docs/consistency.md
-    _add(
-        bench,
+    (
         "consistency",
         "herald.bench.consistency",
         options.add_consistency_arguments,
-        help="bsp, bounded (s = 1, 4, 16), hybrid and gba (iota = 0, 4), with and without a straggler (2x each "
+        "bsp, bounded (s = 1, 4, 16), hybrid and gba (iota = 0, 4), with and without a straggler (2x each "
         "mode's own step by default): AUC, log loss, samples/s and its ratio to bsp, transmissions (same run)",
-    )
+        {},
+    ),
     # the worker cache's hot path against FBGEMM TBE, one thread
-    _add(
-        bench,
+    (
         "kernels",
-        "herald.bench.kernels",
+        "herald.bench.kernel_speed",
         options.add_kernels_arguments,
-        help="worker cache hot path (numba) vs FBGEMM TBE on the CPU, one thread",
-    )
+        "worker cache hot path (numba) vs FBGEMM TBE on the CPU, one thread",
+        {},
+    ),
+)
+
+
+def register(commands, bench, serve) -> None:
+    """Add every ``herald bench`` subcommand of :data:`SUBCOMMANDS` (``commands`` and ``serve`` get none)."""
+    for name, module, add_arguments, help, kw in SUBCOMMANDS:
+        _add(bench, name, module, add_arguments, help, **kw)

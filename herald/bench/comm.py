@@ -26,7 +26,7 @@ from herald.job.launcher import run_train
 
 
 def _job(args, dataset: str, run_dir: pathlib.Path, **kw) -> dict:
-    cfg = TrainConfig(
+    cfg = TrainConfig.from_flags(
         source=str(pathlib.Path(args.data_dir) / DATASETS[dataset]),
         workers=args.workers,
         batch_size=args.batch_size,

@@ -118,8 +118,10 @@ class PlainDLRM(nn.Module):
 def train_loop(model: PlainDLRM, data: PlainBatches, warmup_steps: int) -> tuple[list[float], float]:
     """Every step's loss, and the seconds of the steps after the first ``warmup_steps``."""
     defaults = TrainConfig()
-    sparse_opt = torch.optim.Adagrad(model.bags.parameters(), lr=defaults.lr, eps=OptimizerConfig("adagrad").eps)
-    dense_opt = torch.optim.Adam(model.dense.parameters(), lr=defaults.dense_lr)
+    sparse_opt = torch.optim.Adagrad(
+        model.bags.parameters(), lr=defaults.embedding.lr, eps=OptimizerConfig("adagrad").eps
+    )
+    dense_opt = torch.optim.Adam(model.dense.parameters(), lr=defaults.dense.lr)
     losses, t0 = [], time.perf_counter()
     for step, (dense, labels, ids, offsets) in enumerate(data.batches):
         if step == warmup_steps:
@@ -205,7 +207,7 @@ def run_herald(
     trained sample: :func:`herald.procs.cpu_seconds`; ``steady_cpu_us_per_sample``: the
     report's, from the first step to the end of serving, NOTE [steady cpu] in
     herald/job/runner.py)."""
-    cfg = TrainConfig(
+    cfg = TrainConfig.from_flags(
         source=source,
         schedule=schedule,
         workers=workers,

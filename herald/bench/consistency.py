@@ -30,7 +30,7 @@ import argparse
 import json
 import pathlib
 
-from herald.bench.options import CONSISTENCY_MODES
+from herald.bench.options import BASELINE, CONSISTENCY_MODES
 from herald.contracts.train import TrainConfig
 from herald.errors import ConfigError
 from herald.job.launcher import run_train
@@ -57,8 +57,8 @@ def summarize(rep: dict) -> dict:
     }
 
 
-def _config(args: argparse.Namespace, mode: str, staleness: int, slow: str | None, name: str):
-    return TrainConfig(
+def _config(args: argparse.Namespace, mode: str, flags: dict, slow: str | None, name: str):
+    return TrainConfig.from_flags(
         source=args.source,
         steps=getattr(args, "steps", None),
         workers=args.workers,
@@ -67,10 +67,9 @@ def _config(args: argparse.Namespace, mode: str, staleness: int, slow: str | Non
         cache_ratio=args.cache_ratio,
         embedding_dim=args.embedding_dim,
         consistency=mode,
-        staleness=staleness if mode == "bounded" else 0,
-        gba_threshold=staleness if mode == "gba" else 0,
         slow_worker=slow,
         run_dir=str(pathlib.Path(args.run_dir) / name),
+        **flags,
     )
 
 
@@ -86,7 +85,7 @@ def straggler_ms(args: argparse.Namespace, label: str, results: dict) -> int:
     straggler, from ``results`` (label -> :func:`summarize` row)."""
     if args.slow_ms is not None:
         return int(args.slow_ms)
-    return mean_step_ms(args, results[label if getattr(args, "straggler", "own") == "own" else "bsp"])
+    return mean_step_ms(args, results[label if getattr(args, "straggler", "own") == "own" else BASELINE])
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -99,20 +98,21 @@ def run(args: argparse.Namespace) -> dict:
     results: dict = {}
     chosen = [m.strip() for m in getattr(args, "modes", "bsp").split(",") if m.strip()]
     unknown = sorted(set(chosen) - {label for label, _, _ in CONSISTENCY_MODES})
-    if unknown or "bsp" not in chosen:
+    if unknown or BASELINE not in chosen:
         raise ConfigError(
             f"--modes: unknown {unknown} or no bsp (the baseline); choose among "
             f"{[label for label, _, _ in CONSISTENCY_MODES]}"
         )
     plain: dict = {}  # label -> its row without a straggler
     for straggler in (False, True):
-        for label, mode, s in (m for m in CONSISTENCY_MODES if m[0] in chosen):
+        for label, mode, flags in (m for m in CONSISTENCY_MODES if m[0] in chosen):
             slow_ms = straggler_ms(args, label, plain) if straggler else None
             slow = f"{args.slow_rank}:{slow_ms}" if straggler else None
             key = label + (f" + slow {slow}" if straggler else "")
             print(f"--- {key}", flush=True)
             rep = run_train(
-                _config(args, mode, s, slow, key.replace(" ", "_").replace(":", "-").replace("=", "")), progress=False
+                _config(args, mode, flags, slow, key.replace(" ", "_").replace(":", "-").replace("=", "")),
+                progress=False,
             )
             row = {**summarize(rep), "mode": label, "straggler": straggler, "slow_ms": slow_ms}
             results[key] = row
@@ -143,7 +143,7 @@ def run(args: argparse.Namespace) -> dict:
 def add_ratios(results: dict) -> None:
     """Set each row's ``vs_bsp``: its samples/s over the bsp row of the same pass (rows
     without a straggler over bsp, rows with one over bsp + straggler); NaN if none."""
-    base = {r["straggler"]: r["samples_per_second"] for r in results.values() if r["mode"] == "bsp"}
+    base = {r["straggler"]: r["samples_per_second"] for r in results.values() if r["mode"] == BASELINE}
     for r in results.values():
         b = base.get(r["straggler"])
         r["vs_bsp"] = r["samples_per_second"] / b if b else float("nan")

@@ -12,7 +12,7 @@ table-batched embeddings, 1 thread, on the same rows, embedding dim, sparse opti
 (``--optimizer``; FBGEMM has no fused Adam on the CPU) and ``--batch-size`` (one worker's
 batch); each herald run's samples/s is also given as a ratio to it. Without torchrec the
 JSON's ``"torchrec"`` says ``{"error": "torchrec not installed: make torchrec"}``.
-Run as ``herald bench e2e`` or ``python bench/bench_e2e.py``.
+Run as ``herald bench e2e``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import pathlib
 
 from herald.bench import torchrec_baseline
 from herald.bench.common import summarize
-from herald.bench.options import add_e2e_arguments
 from herald.contracts.train import TrainConfig
 from herald.job.launcher import run_train
 
@@ -43,7 +42,7 @@ def run(args: argparse.Namespace) -> dict:
     for workers in args.workers:
         for schedule in args.schedules:
             name, _, variant = schedule.partition("+")
-            cfg = TrainConfig(
+            cfg = TrainConfig.from_flags(
                 source=source,
                 schedule=name,
                 workers=workers,
@@ -69,6 +68,18 @@ def run(args: argparse.Namespace) -> dict:
             optimizer=args.optimizer,
         )
     )
+    _print_table(args, results, trec)
+    print(f"\n{torchrec_baseline.describe(trec)} (batch {args.batch_size}, one herald worker's)")
+    results["torchrec"] = trec
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench_e2e.json").write_text(json.dumps(results, indent=2))
+    print(f"\nwritten {out / 'bench_e2e.json'}")
+    return results
+
+
+def _print_table(args: argparse.Namespace, results: dict, trec) -> None:
+    """The markdown table of every run against vanilla (same worker count) and TorchRec
+    (``trec``); adds the ratios to each run's entry of ``results``."""
     print(
         "\n| workers | schedule | samples/s | worker<->PS MiB | embeddings moved | bytes vs vanilla "
         "| all-reduce MiB | time vs vanilla | vs TorchRec |"
@@ -87,16 +98,3 @@ def run(args: argparse.Namespace) -> dict:
                 f"{r['embeddings_moved']:,} | {ratio:.3f}x | {r['allreduce_bytes'] / 2**20:,.1f} | {tratio:.3f}x | "
                 f"{torchrec_baseline.format_ratio(r['ratio_vs_torchrec'])} |"
             )
-    print(f"\n{torchrec_baseline.describe(trec)} (batch {args.batch_size}, one herald worker's)")
-    results["torchrec"] = trec
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_e2e.json").write_text(json.dumps(results, indent=2))
-    print(f"\nwritten {out / 'bench_e2e.json'}")
-    return results
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_e2e_arguments(p)
-    run(p.parse_args(argv))
-    return 0

@@ -152,7 +152,7 @@ def report(results: dict) -> str:
 
 
 def main(args) -> int:
-    """Entry point of ``herald bench loader`` and ``bench/bench_loader.py``."""
+    """Entry point of ``herald bench loader``."""
     if args.quick:
         args.rows, args.repeats, args.torch_rows = min(args.rows, 262144), 1, min(args.torch_rows, 16384)
     print(

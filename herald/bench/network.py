@@ -24,8 +24,7 @@ Beside them, in the same run (unless ``--no-torchrec``), the TorchRec baseline a
 table-batched embeddings, 1 thread, outside the bed (no network in it), on the same rows,
 sparse optimizer and ``--batch-size`` (one worker's batch); each run's samples/s is also
 given as a ratio to it (``vs_torchrec``). Without torchrec the JSON's ``"torchrec"`` says
-``{"error": "torchrec not installed: make torchrec"}``. Run as ``herald bench network`` or
-``python bench/bench_network.py``.
+``{"error": "torchrec not installed: make torchrec"}``. Run as ``herald bench network``.
 """
 
 from __future__ import annotations
@@ -36,7 +35,6 @@ import pathlib
 
 from herald.bench import torchrec_baseline
 from herald.bench.common import summarize
-from herald.bench.options import add_network_arguments
 from herald.contracts.train import TrainConfig
 from herald.errors import ConfigError
 from herald.scheduler.plan import CAUSES
@@ -62,7 +60,7 @@ def run(args: argparse.Namespace) -> dict:
         for dim in args.dim:
             for schedule in args.schedules:
                 tag = f"{schedule}-d{dim}"
-                cfg = TrainConfig(
+                cfg = TrainConfig.from_flags(
                     source=source,
                     schedule=schedule,
                     workers=args.workers,
@@ -220,10 +218,3 @@ def format_table(result: dict) -> str:
             + " |"
         )
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_network_arguments(p)
-    run(p.parse_args(argv))
-    return 0

@@ -23,7 +23,7 @@ def cores() -> int:
 
 
 def add_loader_arguments(parser: argparse.ArgumentParser) -> None:
-    """Arguments of ``herald bench loader`` (also used by ``bench/bench_loader.py``)."""
+    """Arguments of ``herald bench loader``."""
     parser.add_argument("--rows", type=int, default=1_048_576, help="synthetic Criteo-shaped rows (default 1M)")
     parser.add_argument("--batch-size", type=int, default=4096)
     parser.add_argument("--repeats", type=int, default=3, help="repeats per measurement; medians are reported")
@@ -43,7 +43,7 @@ def add_loader_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_scheduler_arguments(p: argparse.ArgumentParser) -> None:
-    """Arguments of ``herald bench scheduler`` (also used by ``bench/bench_scheduler.py``)."""
+    """Arguments of ``herald bench scheduler``."""
     p.add_argument(
         "--data",
         default="../shared/data/movielens/ml-latest-small/ratings.csv",
@@ -92,6 +92,44 @@ def add_scheduler_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=3,
         help="interleaved runs per thread count (--threads) or per side (--compare-ref)",
+    )
+    _add_scheduler_compare_arguments(p)
+
+
+def _add_scheduler_compare_arguments(p: argparse.ArgumentParser) -> None:
+    """``herald bench scheduler``'s options of :mod:`herald.bench.scheduler_compare` (instead of the table)."""
+    p.add_argument(
+        "--compare-ref",
+        default=None,
+        metavar="REF",
+        help="instead: time submit() of this checkout against git revision REF, same run (per-step counts must match)",
+    )
+    p.add_argument("--no-plans", action="store_true", help="--compare-ref: counts only (build_plans=False)")
+    p.add_argument("--cases", default=None, help="--compare-ref: comma-separated indices into CASES (default all)")
+    p.add_argument("--after-root", default=None, help=argparse.SUPPRESS)  # a frozen copy of this checkout's herald
+    p.add_argument(
+        "--pool-vs-prange",
+        action="store_true",
+        help="instead: time one LRU snapshot pass serially, with prange and on a Python thread pool",
+    )
+
+
+# ------------------------------------------------------------------ kafka
+
+
+def add_kafka_arguments(p: argparse.ArgumentParser) -> None:
+    """Arguments of ``herald bench kafka``."""
+    p.add_argument("--rows", type=int, default=200_000, help="samples published and read (default: %(default)s)")
+    p.add_argument("--batch", type=int, default=4096, help="max_rows per read() (default: %(default)s)")
+    p.add_argument(
+        "--rows-per-message", type=int, default=2048, help="samples per Arrow message (default: %(default)s)"
+    )
+    p.add_argument("--bootstrap", default=None, help="use this broker (api_version 0.9) instead of starting one")
+    p.add_argument(
+        "--criteo",
+        default=None,
+        help="Criteo TSV replicated to --rows (default: $HERALD_DATA/criteo/criteo_kaggle_sample_train.tsv, "
+        "HERALD_DATA defaulting to ../shared/data beside the checkout)",
     )
 
 
@@ -402,18 +440,20 @@ def add_groups_arguments(p: argparse.ArgumentParser) -> None:
 # ------------------------------------------------------------------ consistency
 
 CONSISTENCY_SOURCE = "/work/shared/data/criteo/criteo_kaggle_sample_train.tsv"
-#: (label, consistency, its setting: the staleness bound s of bounded, the threshold iota of gba)
+#: (label, consistency, its flags: the staleness bound s of bounded, the threshold iota of gba)
 CONSISTENCY_MODES = (
-    ("bsp", "bsp", 0),
-    ("bounded s=1", "bounded", 1),
-    ("bounded s=4", "bounded", 4),
-    ("bounded s=16", "bounded", 16),
-    ("hybrid", "hybrid", 0),
-    ("gba iota=0", "gba", 0),
-    ("gba iota=4", "gba", 4),
+    ("bsp", "bsp", {}),
+    ("bounded s=1", "bounded", {"staleness": 1}),
+    ("bounded s=4", "bounded", {"staleness": 4}),
+    ("bounded s=16", "bounded", {"staleness": 16}),
+    ("hybrid", "hybrid", {}),
+    ("gba iota=0", "gba", {"gba_threshold": 0}),
+    ("gba iota=4", "gba", {"gba_threshold": 4}),
 )
+#: the label of the row every other is compared with: exact BSP
+BASELINE = CONSISTENCY_MODES[0][0]
 #: --straggler: whose mean step time the straggler sleeps
-STRAGGLERS = ("own", "bsp")
+STRAGGLERS = ("own", BASELINE)
 
 
 def add_consistency_arguments(p: argparse.ArgumentParser) -> None:

@@ -56,7 +56,7 @@ Runtime per repeat on 2 cores: ``--rows 300000 --max-workers 2`` took 3.3 minute
 herald job also spends 7-25 s starting up and evaluating); the default ``--rows 1200000``
 needs about 4x the training time, roughly 11 minutes (scaled, not measured). The
 baseline holds the training split and its tables in memory (under 1 GB at 1.2M rows,
-estimated). Run as ``herald bench scale`` or ``python bench/bench_scale.py``.
+estimated). Run as ``herald bench scale``.
 """
 
 from __future__ import annotations

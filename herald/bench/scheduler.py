@@ -3,7 +3,9 @@ brute-force quality and snapshot memory. Everything is measured in the same run.
 
 Protocol and counters: docs/design.md, "Consistency protocol", and docs/scheduler.md,
 "Exact semantics"; reductions are relative to ``vanilla`` (random partition + full-set
-sync) measured on the same batches. ``--threads``: :mod:`herald.bench.scheduler_threads`.
+sync) measured on the same batches. ``--threads``: :mod:`herald.bench.scheduler_threads`;
+``--compare-ref REF`` and ``--pool-vs-prange`` (instead of the table):
+:mod:`herald.bench.scheduler_compare`.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import time
 
 import numpy as np
 
+from herald.bench import scheduler_compare
+from herald.bench.scheduler_args import scheduler_config
 from herald.bench.scheduler_threads import run_threads
 from herald.loader import SampleBatch, open_source
 from herald.loader.splits import count_distinct_keys
@@ -130,16 +134,7 @@ def run_table(args) -> dict:
     )
     results = {}
     for name in args.schedules.split(","):
-        cfg = SchedulerConfig(
-            num_workers=args.workers,
-            batch_size_per_worker=args.batch_size,
-            schedule=name,
-            cache_policy=args.cache_policy,
-            cache_capacity_rows=args.cache_rows,
-            cache_ratio=args.cache_ratio,
-            seed=args.seed,
-            scheduling_budget_ms=args.budget_ms,
-        )
+        cfg = scheduler_config(args, name, scheduling_budget_ms=args.budget_ms)
         results[name] = simulate(batches, cfg, len(tables), distinct)
     cap = next(iter(results.values())).capacity_rows
     print(
@@ -237,16 +232,7 @@ def run_adaptive(args) -> dict:
     out = []
     base = None
     for k in [None] + ks:
-        cfg = SchedulerConfig(
-            num_workers=args.workers,
-            batch_size_per_worker=args.batch_size,
-            schedule="herald",
-            cache_policy=args.cache_policy,
-            cache_capacity_rows=args.cache_rows,
-            cache_ratio=args.cache_ratio,
-            seed=args.seed,
-            adaptive_num_tables=k,
-        )
+        cfg = scheduler_config(args, "herald", adaptive_num_tables=k)
         r = simulate(batches, cfg, T, distinct)
         if k is None:
             base = r.transmissions
@@ -293,7 +279,24 @@ def run_memory(args) -> dict:
 
 
 def main(args) -> int:
-    """Run the benchmark; writes ``scheduler_<data>.json`` and ``.png`` under ``args.out``."""
+    """Run the benchmark; writes ``scheduler_<data>.json`` and ``.png`` under ``args.out``.
+    With ``--pool-vs-prange`` or ``--compare-ref`` runs that instead (it writes nothing).
+
+    Raises:
+        ConfigError: ``--cases`` is not a list of indices into ``scheduler_compare.CASES``.
+    """
+    if args.pool_vs_prange:
+        batches, tables, _ = load_batches(scheduler_compare.CRITEO, 1024)
+        return scheduler_compare.pool_vs_prange(batches, len(tables))
+    if args.compare_ref:
+        return scheduler_compare.compare(
+            args.compare_ref,
+            args.rounds,
+            args.schedules.split(","),
+            not args.no_plans,
+            args.after_root or str(scheduler_compare.ROOT),
+            scheduler_compare.case_indices(args.cases),
+        )
     outdir = pathlib.Path(args.out)
     outdir.mkdir(parents=True, exist_ok=True)
     stem = "scheduler_" + "".join(ch if ch.isalnum() else "_" for ch in pathlib.Path(args.data).stem)[:60]

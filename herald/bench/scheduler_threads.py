@@ -17,6 +17,7 @@ import hashlib
 import numba
 import numpy as np
 
+from herald.bench.scheduler_args import scheduler_config
 from herald.loader.splits import count_distinct_keys
 from herald.scheduler.config import SchedulerConfig
 from herald.scheduler.scheduler import Scheduler
@@ -41,12 +42,16 @@ def _run(batches, cfg: SchedulerConfig, num_tables: int, distinct: int) -> tuple
     return ms[skip:], total, digest.hexdigest()
 
 
-def run_threads(args, batches, num_tables: int) -> dict:
-    """Time per batch vs threads, transmissions vs 1 thread; prints a table, returns rows."""
+def _runnable(args, pool: int) -> tuple[list[int], list[int]]:
+    """``(thread counts measured, thread counts asked)``: 1 always measured, counts over numba's
+    pool of ``pool`` threads left out (with a line saying why).
+
+    Raises:
+        SystemExit: ``--threads`` is not a comma list of counts >= 1.
+    """
     counts = [int(x) for x in str(args.threads).split(",") if x.strip()]
     if not counts or min(counts) < 1:
         raise SystemExit(f"--threads must be a comma list of thread counts >= 1, got {args.threads!r}")
-    pool = numba.config.NUMBA_NUM_THREADS
     runnable = [n for n in counts if n <= pool]
     for n in sorted(set(counts) - set(runnable)):
         print(
@@ -55,48 +60,50 @@ def run_threads(args, batches, num_tables: int) -> dict:
         )
     if 1 not in runnable:
         runnable = [1] + runnable  # the baseline of every comparison
+    return runnable, counts
+
+
+def _variant_rows(args, batches, num_tables: int, distinct: int, label: str, schedule: str, lock_free: bool, runnable):
+    """The rows of one variant: ``args.rounds`` interleaved runs per thread count, each row's
+    transmissions and allocation compared with 1 thread's."""
+    cfgs = {n: scheduler_config(args, schedule, threads=n, lock_free_allocation=lock_free and n > 1) for n in runnable}
+    for cfg in cfgs.values():  # warm-up: load / compile the kernels
+        _run(batches[:3], cfg, num_tables, distinct)
+    times = {n: [] for n in runnable}
+    result = {}
+    for _ in range(args.rounds):
+        for n, cfg in cfgs.items():
+            ms, total, digest = _run(batches, cfg, num_tables, distinct)
+            times[n].append(ms)
+            result[n] = (total, digest)
+    base_total, base_digest = result[1]
+    rows = []
+    for n in runnable:
+        ms = np.concatenate(times[n])
+        total, digest = result[n]
+        rows.append(
+            {
+                "variant": label,
+                "threads": n,
+                "steps": int(ms.shape[0]),
+                "ms_median": float(np.median(ms)),
+                "ms_p90": float(np.percentile(ms, 90)),
+                "transmissions": total,
+                "vs_1_thread": total / base_total - 1,
+                "same_allocation": digest == base_digest,
+            }
+        )
+    return rows
+
+
+def run_threads(args, batches, num_tables: int) -> dict:
+    """Time per batch vs threads, transmissions vs 1 thread; prints a table, returns rows."""
+    pool = numba.config.NUMBA_NUM_THREADS
+    runnable, counts = _runnable(args, pool)
     distinct = count_distinct_keys(batches)
     rows = []
     for label, schedule, lock_free in VARIANTS:
-        cfgs = {
-            n: SchedulerConfig(
-                num_workers=args.workers,
-                batch_size_per_worker=args.batch_size,
-                schedule=schedule,
-                cache_policy=args.cache_policy,
-                cache_capacity_rows=args.cache_rows,
-                cache_ratio=args.cache_ratio,
-                seed=args.seed,
-                threads=n,
-                lock_free_allocation=lock_free and n > 1,
-            )
-            for n in runnable
-        }
-        for cfg in cfgs.values():  # warm-up: load / compile the kernels
-            _run(batches[:3], cfg, num_tables, distinct)
-        times = {n: [] for n in runnable}
-        result = {}
-        for _ in range(args.rounds):
-            for n, cfg in cfgs.items():
-                ms, total, digest = _run(batches, cfg, num_tables, distinct)
-                times[n].append(ms)
-                result[n] = (total, digest)
-        base_total, base_digest = result[1]
-        for n in runnable:
-            ms = np.concatenate(times[n])
-            total, digest = result[n]
-            rows.append(
-                {
-                    "variant": label,
-                    "threads": n,
-                    "steps": int(ms.shape[0]),
-                    "ms_median": float(np.median(ms)),
-                    "ms_p90": float(np.percentile(ms, 90)),
-                    "transmissions": total,
-                    "vs_1_thread": total / base_total - 1,
-                    "same_allocation": digest == base_digest,
-                }
-            )
+        rows += _variant_rows(args, batches, num_tables, distinct, label, schedule, lock_free, runnable)
     base = {r["variant"]: r["ms_median"] for r in rows if r["threads"] == 1}
     print(
         f"scheduling time vs threads ({args.workers} workers x {args.batch_size}, {num_tables} tables, "

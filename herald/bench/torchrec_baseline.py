@@ -147,7 +147,7 @@ def build_torchrec_dlrm(
 
     if data.dense_dim < 1:
         raise ConfigError("TorchRec's DLRM needs dense features; this source has none: pass --no-torchrec")
-    kwargs = {"lr": TrainConfig().lr}
+    kwargs = {"lr": TrainConfig().embedding.lr}
     if optimizer != "sgd":
         kwargs["eps"] = OptimizerConfig(optimizer).eps
     plain = PlainDLRM(data.dense_dim, data.table_rows, embedding_dim, seed)
@@ -241,7 +241,7 @@ def train_torchrec(
     torch.set_num_threads(1)
     try:
         model = build_torchrec_dlrm(data, embedding_dim=embedding_dim, seed=seed, optimizer=optimizer, device=dev)
-        losses, train_s = _train_loop(model, to_torchrec_batches(data, dev), warmup_steps, TrainConfig().dense_lr)
+        losses, train_s = _train_loop(model, to_torchrec_batches(data, dev), warmup_steps, TrainConfig().dense.lr)
     finally:
         torch.set_num_threads(threads)
     rows = sum(int(b[1].shape[0]) for b in data.batches[warmup_steps:])

@@ -7,11 +7,15 @@ that ``herald train`` refuses a bad option before anything heavy loads.
 - :mod:`herald.contracts.vocab`: every vocabulary (schedules, optimizers, consistency modes,
   wire dtypes, cache policies, devices, models) and default (timeouts, limits), once.
 - :mod:`herald.contracts.tables`: :class:`TableConfig`, :class:`OptimizerConfig`.
-- :mod:`herald.contracts.consistency`, :mod:`herald.contracts.comm`: the settings checks of the
-  consistency modes and of compression / groups.
+- :mod:`herald.contracts.consistency`: what every mode's settings share (``ModeSettings``,
+  ``ModeContext``) and straggler injection (``Straggler``).
+- :mod:`herald.contracts.comm`, :mod:`herald.contracts.settings`: the groups of settings a job
+  nests (compression, training groups; scheduling, cache, embeddings, dense, recovery,
+  security, launcher), each validating itself.
 - :mod:`herald.contracts.models`: what each ``--model`` needs of a job (tables, embedding dim), once.
-- :mod:`herald.contracts.modes`: the registry of the consistency modes, one entry each, naming
-  the code above this layer that runs them as entry points (docs/consistency.md, "Adding a mode").
+- :mod:`herald.contracts.modes`: the registry of the consistency modes, one entry and one
+  settings class each; each role above keeps its own registry of what it runs
+  (docs/consistency.md, "Adding a mode").
 - :mod:`herald.contracts.train`: :class:`TrainConfig`, the user's settings of a job.
 - :mod:`herald.contracts.job`: :class:`JobSpec`, the versioned contract sent to every worker.
 - :mod:`herald.contracts.flags`: errors worded in ``herald train``'s flags.
@@ -30,7 +34,7 @@ _EXPORTS = {
     "tables_from_json": "tables",
     "tables_to_json": "tables",
 }
-_SUBMODULES = ("comm", "consistency", "flags", "job", "models", "modes", "tables", "train", "vocab")
+_SUBMODULES = ("comm", "consistency", "flags", "job", "models", "modes", "settings", "tables", "train", "vocab")
 
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals(), _SUBMODULES)

@@ -1,4 +1,9 @@
-"""Settings of the relaxed consistency modes and of straggler injection (docs/consistency.md).
+"""What every consistency mode's settings share, and straggler injection (docs/consistency.md).
+
+A mode's settings are one frozen dataclass, a :class:`ModeSettings` (each mode's own is
+defined beside its entry in :mod:`herald.contracts.modes`): validated on construction,
+checked against the job through one signature, :meth:`ModeSettings.check` with a
+:class:`ModeContext`. Straggler injection (``--slow-worker``) is no mode's: :class:`Straggler`.
 
 Torch-, numba- and zmq-free: :mod:`herald.contracts.train` and :mod:`herald.contracts.job` check
 ``herald train``'s options with it before anything starts.
@@ -6,145 +11,138 @@ Torch-, numba- and zmq-free: :mod:`herald.contracts.train` and :mod:`herald.cont
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from typing import Any, ClassVar
 
-from herald.contracts.vocab import CONSISTENCY_MODES
+from herald.config import Nested
 from herald.errors import ConfigError
 
-#: Largest staleness bound ``s`` (clock ticks = updates of one embedding).
-MAX_STALENESS = 1 << 20
-#: Largest ``--hybrid-expiry`` (steps a buffered sample waits for its gradient).
-MAX_HYBRID_EXPIRY = 1 << 20
 #: Longest injected delay per step (``--slow-worker``), milliseconds.
 MAX_SLOW_MS = 600_000
 
 
-def parse_slow_worker(text: str | None, num_workers: int | None = None) -> tuple[int, int]:
-    """``--slow-worker RANK:MS`` as ``(rank, ms)``; ``None`` -> ``(-1, 0)`` (no straggler).
+@dataclasses.dataclass(frozen=True)
+class ModeContext:
+    """What a mode's settings are checked against: the job around them (None: not known here).
 
-    Args:
-        text: ``"RANK:MS"``, RANK an int >= 0, MS an int in 1..:data:`MAX_SLOW_MS` (milliseconds
-            slept by that worker once per step), or None.
-        num_workers: when given, RANK must be below it.
-
-    Raises:
-        ConfigError: malformed, out of range, or RANK not a worker of the job.
-    """
-    if text is None:
-        return -1, 0
-    m = re.fullmatch(r"\s*([0-9]+)\s*:\s*([0-9]+)\s*", text) if isinstance(text, str) else None
-    if m is None:
-        raise ConfigError(f"--slow-worker must be RANK:MS (e.g. 1:200: worker 1 sleeps 200 ms per step), got {text!r}")
-    rank, ms = int(m.group(1)), int(m.group(2))
-    if not 1 <= ms <= MAX_SLOW_MS:
-        raise ConfigError(f"--slow-worker MS must be in 1..{MAX_SLOW_MS} milliseconds, got {ms}")
-    if num_workers is not None and rank >= num_workers:
-        raise ConfigError(
-            f"--slow-worker rank {rank} is not a worker of this job (--workers {num_workers}: "
-            f"ranks 0..{num_workers - 1})"
-        )
-    return rank, ms
-
-
-def check_consistency(mode: str, staleness: int) -> None:
-    """Check the consistency mode and its settings together naming the flags.
-
-    Raises:
-        ConfigError: an unknown mode, a staleness out of 0..:data:`MAX_STALENESS`, or
-            ``--staleness`` given to a mode that does not read it.
-    """
-    if mode not in CONSISTENCY_MODES:
-        raise ConfigError(f"--consistency must be one of {', '.join(CONSISTENCY_MODES)}, got {mode!r}")
-    if type(staleness) is not int or not 0 <= staleness <= MAX_STALENESS:
-        raise ConfigError(f"--staleness must be an integer in 0..{MAX_STALENESS}, got {staleness!r}")
-    if staleness and mode != "bounded":
-        raise ConfigError(
-            f"--staleness {staleness} bounds the reads of --consistency bounded; it has no meaning "
-            f"for --consistency {mode}: drop it or choose bounded"
-        )
-
-
-def check_hybrid(mode: str, expiry_steps: int | None, replicated: bool) -> None:
-    """Check ``--hybrid-expiry`` against the mode (NOTE [hybrid training] in herald/dispatch/hybrid.py).
-
-    Args:
-        mode: the consistency mode.
-        expiry_steps: steps a sample's ID features wait in the dispatcher's buffer for their
-            gradient before they are dropped (counted); None: never (the credit window bounds it).
+    Attributes:
+        workers: ranks of the job; global_batch: samples per global step (``workers x batch``).
         replicated: whether the job replicates tables on the workers (``--replicate-below``).
+        groups: training groups (``--groups``); resume: ``--resume``;
+        checkpoint_every: ``--checkpoint-every`` steps (0: none).
+    """
+
+    workers: int | None = None
+    global_batch: int | None = None
+    replicated: bool = False
+    groups: int = 1
+    resume: bool = False
+    checkpoint_every: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class ModeSettings:
+    """The settings of one consistency mode; a subclass per mode, each field a :func:`~herald.config.setting`
+    whose option (``--staleness``, ...) only that mode reads. Validated on construction.
+
+    Attributes:
+        name: the mode (``--consistency``), a class attribute of each subclass.
+    """
+
+    name: ClassVar[str] = ""
+
+    def check(self, job: ModeContext) -> None:
+        """Check the settings against the job (nothing by default).
+
+        Raises:
+            ConfigError: a combination the mode cannot run, naming the flags.
+        """
+
+    def for_job(self, job: ModeContext) -> ModeSettings:
+        """The settings with their defaults resolved for ``job`` (what the workers get): themselves by default."""
+        return self
+
+    @property
+    def reads_early(self) -> bool:
+        """Whether the workers start the pulls marked ``pull_early`` while the step before
+        computes (NOTE [early pulls] in herald/dispatch/early.py), so the dispatcher computes
+        the marks. False by default: bsp's pulls ride on the step messages (NOTE [step
+        messages] in herald/ps/stepped.py), hybrid pulls every row unordered, gba builds no
+        plan-driven micro-batches; the micro-batches then carry no marks (all False)."""
+        return False
+
+    def micro_batch_rows(self, batch_size_per_worker: int, num_workers: int) -> int:
+        """Samples in one micro-batch a worker trains: ``batch_size_per_worker`` by default."""
+        return batch_size_per_worker
+
+    def described(self) -> tuple[str, bool]:
+        """What these settings do, naming their flags, and whether that is one flag (for :meth:`misplaced`)."""
+        flags = [f"--{dest.replace('_', '-')}" for dest in self.flags()]
+        return f"{', '.join(flags)} set --consistency {self.name}", len(flags) == 1
+
+    def misplaced(self, mode: str) -> str:
+        """The error when these settings are given to ``mode``, another mode (naming the flags)."""
+        what, one = self.described()
+        it, have = ("it", "it has") if one else ("them", "they have")
+        return f"{what}; {have} no meaning for --consistency {mode}: drop {it} or choose {self.name}"
+
+    def flags(self) -> dict[str, Any]:
+        """The settings by option name (``{"staleness": 4}``; JSON-able)."""
+        return Nested(type(self)).flatten(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"name": mode, field: value, ...}`` (JSON-able; inverse:
+        :func:`herald.contracts.modes.mode_from_dict`)."""
+        return {"name": self.name, **dataclasses.asdict(self)}
+
+
+def integer_in(value: Any, low: int, high: int) -> bool:
+    """Whether ``value`` is an int (not a bool) in ``low..high``."""
+    return type(value) is int and low <= value <= high
+
+
+@dataclasses.dataclass(frozen=True)
+class Straggler:
+    """Straggler injection for experiments (``--slow-worker RANK:MS``): worker ``rank`` sleeps
+    ``ms`` milliseconds once per step (rank -1: none).
 
     Raises:
-        ConfigError: an expiry out of 0..:data:`MAX_HYBRID_EXPIRY`, an expiry given to another
-            mode, or replicated tables under hybrid (its workers hold no embedding rows).
+        ConfigError: not ints, or ``ms`` below 0.
     """
-    if expiry_steps is not None and (type(expiry_steps) is not int or not 0 <= expiry_steps <= MAX_HYBRID_EXPIRY):
-        raise ConfigError(f"--hybrid-expiry must be an integer in 0..{MAX_HYBRID_EXPIRY} steps, got {expiry_steps!r}")
-    if expiry_steps is not None and mode != "hybrid":
-        raise ConfigError(
-            f"--hybrid-expiry drops the expired gradients of --consistency hybrid; it has no meaning "
-            f"for --consistency {mode}: drop it or choose hybrid"
-        )
-    if replicated and mode == "hybrid":
-        raise ConfigError(
-            "--consistency hybrid keeps no embedding rows on the workers, so it cannot replicate "
-            "tables there: drop --replicate-below or choose another --consistency"
-        )
 
+    rank: int = -1
+    ms: int = 0
 
-#: Largest ``--gba-buffer`` M and ``--gba-threshold`` iota (herald/ps/gba.py checks the same).
-MAX_GBA_BUFFER = 4096
-MAX_GBA_THRESHOLD = 1 << 20
+    def __post_init__(self) -> None:
+        if not (type(self.rank) is int and type(self.ms) is int and self.ms >= 0):
+            raise ConfigError(f"slow_worker_rank and slow_worker_ms must be ints, got {self.rank!r}, {self.ms!r}")
 
+    @classmethod
+    def parse(cls, text: str | None, num_workers: int | None = None) -> Straggler:
+        """``--slow-worker RANK:MS``; ``None`` -> no straggler (rank -1).
 
-def check_gba(
-    mode: str,
-    buffer: int,
-    threshold: int,
-    *,
-    workers: int | None = None,
-    global_batch: int | None = None,
-    checkpoint_every: int = 0,
-    resume: bool = False,
-    replicated: bool = False,
-    groups: int = 1,
-) -> None:
-    """Check GBA's settings against the mode and the job (NOTE [gba tokens] in herald/ps/gba.py).
+        Args:
+            text: ``"RANK:MS"``, RANK an int >= 0, MS an int in 1..:data:`MAX_SLOW_MS` (milliseconds
+                slept by that worker once per step), or None.
+            num_workers: when given, RANK must be below it.
 
-    Args:
-        mode: the consistency mode.
-        buffer: ``--gba-buffer`` M, contributions per global step, 0 = the number of workers.
-        threshold: ``--gba-threshold`` iota: a gradient more than iota global steps stale is dropped.
-        workers, global_batch: the job's workers and samples per global batch, when known
-            (M must divide the global batch: micro-batches of ``global_batch / M`` samples).
-        checkpoint_every, resume: accepted: GBA checkpoints at barriers and resumes, also from
-            a BSP checkpoint and into BSP (NOTE [gba checkpoints] in herald/dispatch/gba.py).
-        replicated, groups: settings GBA does not support yet.
-
-    Raises:
-        ConfigError: out of range, given to another mode, M not dividing the global batch,
-            or combined with replicated tables or training groups.
-    """
-    if type(buffer) is not int or not 0 <= buffer <= MAX_GBA_BUFFER:
-        raise ConfigError(
-            f"--gba-buffer must be an integer in 0..{MAX_GBA_BUFFER} (0: the number of workers), got {buffer!r}"
-        )
-    if type(threshold) is not int or not 0 <= threshold <= MAX_GBA_THRESHOLD:
-        raise ConfigError(
-            f"--gba-threshold must be an integer in 0..{MAX_GBA_THRESHOLD} global steps, got {threshold!r}"
-        )
-    if mode != "gba":
-        if buffer or threshold:
+        Raises:
+            ConfigError: malformed, out of range, or RANK not a worker of the job.
+        """
+        if text is None:
+            return cls()
+        m = re.fullmatch(r"\s*([0-9]+)\s*:\s*([0-9]+)\s*", text) if isinstance(text, str) else None
+        if m is None:
             raise ConfigError(
-                f"--gba-buffer and --gba-threshold set GBA's gradient buffer; they have no meaning for "
-                f"--consistency {mode}: drop them or choose gba"
+                f"--slow-worker must be RANK:MS (e.g. 1:200: worker 1 sleeps 200 ms per step), got {text!r}"
             )
-        return
-    m = buffer or workers
-    if m and global_batch and global_batch % m:
-        raise ConfigError(
-            f"--gba-buffer {m} must divide the global batch of {global_batch} samples (--workers x "
-            "--batch-size): GBA keeps the synchronous global batch, in M micro-batches"
-        )
-    for bad, flag in ((replicated, "--replicate-below"), (groups > 1, "--groups")):
-        if bad:
-            raise ConfigError(f"--consistency gba does not support {flag} yet: drop it or choose another mode")
+        rank, ms = int(m.group(1)), int(m.group(2))
+        if not 1 <= ms <= MAX_SLOW_MS:
+            raise ConfigError(f"--slow-worker MS must be in 1..{MAX_SLOW_MS} milliseconds, got {ms}")
+        if num_workers is not None and rank >= num_workers:
+            raise ConfigError(
+                f"--slow-worker rank {rank} is not a worker of this job (--workers {num_workers}: "
+                f"ranks 0..{num_workers - 1})"
+            )
+        return cls(rank, ms)

@@ -33,7 +33,10 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _integer(cfg: Any, name: str, low: int, high: int | None = None, *, optional: bool = False) -> None:
+def _integer(
+    cfg: Any, name: str, low: int, high: int | None = None, *, optional: bool = False, flag: str | None = None
+) -> None:
+    """Check that ``cfg.name`` is an integer in ``low..high`` (``flag``: its option, default ``--name``)."""
     value = getattr(cfg, name)
     if optional and value is None:
         return
@@ -44,13 +47,20 @@ def _integer(cfg: Any, name: str, low: int, high: int | None = None, *, optional
         and (high is None or value <= high)
     )
     span = f"in {low}..{high}" if high is not None else f">= {low}"
-    require(ok, f"{_flag(name)} must be an integer {span}{' (or unset)' if optional else ''}, got {value!r}")
+    require(ok, f"{flag or _flag(name)} must be an integer {span}{' (or unset)' if optional else ''}, got {value!r}")
 
 
-def _number(cfg: Any, name: str, span: str, check) -> None:
+def _number(cfg: Any, name: str, span: str, check, *, flag: str | None = None) -> None:
+    """Check that ``cfg.name`` is a finite number passing ``check`` (``flag``: its option, default ``--name``)."""
     value = getattr(cfg, name)
     ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and check(value)
-    require(ok, f"{_flag(name)} must be a finite number {span}, got {value!r}")
+    require(ok, f"{flag or _flag(name)} must be a finite number {span}, got {value!r}")
+
+
+def _choice(cfg: Any, name: str, choices: tuple[str, ...], *, flag: str | None = None) -> None:
+    """Check that ``cfg.name`` is one of ``choices`` (``flag``: its option, default ``--name``)."""
+    value = getattr(cfg, name)
+    require(value in choices, f"{flag or _flag(name)} must be one of {', '.join(choices)}, got {value!r}")
 
 
 #: Where an internal config's setting comes from: (pattern in its error message, the

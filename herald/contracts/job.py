@@ -14,10 +14,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from herald.config import from_mapping, require
-from herald.contracts.comm import check_comm
-from herald.contracts.consistency import check_consistency, check_gba, check_hybrid, parse_slow_worker
+from herald.contracts.comm import CommSettings, GroupSettings
+from herald.contracts.consistency import ModeContext, ModeSettings, Straggler
 from herald.contracts.flags import flag_errors
 from herald.contracts.models import check_model
+from herald.contracts.modes import BspSettings, check_mode, mode_from_dict
 from herald.contracts.tables import TableConfig
 from herald.contracts.train import TrainConfig, auto_model
 from herald.contracts.vocab import DENSE_OPTIMIZERS, MODELS
@@ -38,14 +39,14 @@ class JobSpec:
         dense_optimizer, dense_lr: the dense optimizer (``sgd``/``adagrad``/``adam``).
         ps: PS shard endpoints in shard order; timeout_ms: longest wait for any peer (a PS
             shard, the dispatcher) in milliseconds: the job's ``--timeout-ms``.
-        consistency, staleness: the consistency protocol (NOTE [step protocol]; ``bsp`` or
-            ``bounded`` with its staleness bound: docs/consistency.md).
-        slow_worker_rank, slow_worker_ms: straggler injection (``--slow-worker``): that rank
-            sleeps that many ms once per step (rank -1: none); hybrid_expiry_steps: ``--hybrid-expiry``;
-            gba_buffer, gba_threshold: GBA's M (resolved) and iota (NOTE [gba tokens]).
-        wire_dtype, dense_comm, groups, average_every, easgd_alpha: wire compression and
-            hierarchical training groups (docs/compression.md; checked by
-            :func:`herald.contracts.comm.check_comm`).
+        mode: the consistency mode's settings (a :class:`~herald.contracts.consistency.ModeSettings`
+            of :mod:`herald.contracts.modes`, its name :attr:`consistency`; docs/consistency.md),
+            their defaults resolved for the job (GBA's M: NOTE [gba tokens]).
+        straggler: straggler injection (``--slow-worker``): that rank sleeps that many ms
+            once per step (:class:`~herald.contracts.consistency.Straggler`, rank -1: none).
+        comm, groups: wire compression and hierarchical training groups, as the job's
+            ``TrainConfig`` has them (:class:`~herald.contracts.comm.CommSettings`,
+            :class:`~herald.contracts.comm.GroupSettings`; docs/compression.md).
         group_index: -1: one dispatcher serves every rank; ``g`` >= 0: this job's dispatcher
             serves only group ``g``'s ranks, as its ranks 0..k-1 (NOTE [independent groups]
             in herald/job/group_dispatch.py; the worker's torch.distributed rank is ``g * k + r``).
@@ -62,7 +63,11 @@ class JobSpec:
         ConfigError: from :meth:`from_dict`: another version, an unknown key, or a bad value.
     """
 
-    VERSION = 2  # 2: ps_timeout_ms became timeout_ms (the name TrainConfig gives it)
+    #: 2: ps_timeout_ms became timeout_ms (the name TrainConfig gives it); 3: the mode's settings,
+    #: the straggler, compression and groups nest (``mode``, ``straggler``, ``comm``, ``groups``)
+    VERSION = 3
+    #: The nested settings of the wire form other than ``mode``: field -> class.
+    NESTED = {"straggler": Straggler, "comm": CommSettings, "groups": GroupSettings}
 
     tables: tuple[TableConfig, ...]
     dense_dim: int
@@ -72,7 +77,7 @@ class JobSpec:
     dense_optimizer: str = "sgd"
     dense_lr: float = 0.01
     timeout_ms: int = 30_000
-    consistency: str = "bsp"
+    mode: ModeSettings = BspSettings()
     run_dir: str | None = None
     dist_init: str | None = None
     resume_dense: str | None = None
@@ -81,17 +86,9 @@ class JobSpec:
     capacity_rows: int = 0
     num_workers: int = 0
     keys_dir: str | None = None
-    staleness: int = 0
-    slow_worker_rank: int = -1
-    slow_worker_ms: int = 0
-    hybrid_expiry_steps: int | None = None
-    gba_buffer: int = 0
-    gba_threshold: int = 0
-    wire_dtype: str = "fp32"
-    dense_comm: str = "fp32"
-    groups: int = 1
-    average_every: int = 10
-    easgd_alpha: float = 0.3
+    straggler: Straggler = Straggler()
+    comm: CommSettings = CommSettings()
+    groups: GroupSettings = GroupSettings()
     group_index: int = -1
 
     def __post_init__(self) -> None:
@@ -107,14 +104,10 @@ class JobSpec:
             self.dense_optimizer in DENSE_OPTIMIZERS,
             f"dense optimizer must be one of {DENSE_OPTIMIZERS}, got {self.dense_optimizer!r}",
         )
-        check_consistency(self.consistency, self.staleness)
-        check_hybrid(self.consistency, self.hybrid_expiry_steps, bool(self.replicated_tables))
-        check_gba(self.consistency, self.gba_buffer, self.gba_threshold, replicated=bool(self.replicated_tables))
-        check_comm(self.wire_dtype, self.dense_comm, self.groups, self.average_every, self.easgd_alpha)
-        require(
-            type(self.slow_worker_rank) is int and type(self.slow_worker_ms) is int and self.slow_worker_ms >= 0,
-            f"slow_worker_rank and slow_worker_ms must be ints, got {self.slow_worker_rank!r}, {self.slow_worker_ms!r}",
-        )
+        check_mode(self.mode, ModeContext(replicated=bool(self.replicated_tables)))
+        for name, kind in self.NESTED.items():
+            value = getattr(self, name)
+            require(isinstance(value, kind), f"{name} must be a {kind.__name__}, got {value!r}")
         require(
             self.timeout_ms >= 1 and self.capacity_rows >= 0 and self.replica_rows >= 0,
             "timeout_ms must be >= 1, capacity_rows and replica_rows >= 0",
@@ -128,8 +121,8 @@ class JobSpec:
             f"keys_dir must be a path or None, got {type(self.keys_dir).__name__}",
         )
         require(
-            type(self.group_index) is int and -1 <= self.group_index < self.groups,
-            f"group_index must be -1 or a group below groups {self.groups}, got {self.group_index!r}",
+            type(self.group_index) is int and -1 <= self.group_index < self.groups.count,
+            f"group_index must be -1 or a group below groups {self.groups.count}, got {self.group_index!r}",
         )
 
     @classmethod
@@ -144,24 +137,17 @@ class JobSpec:
                 ps=tuple(ps_addresses),
                 model=auto_model(cfg.model, data.dataset, data.schema.num_tables, data.schema.dense_dim),
                 seed=cfg.seed,
-                dense_optimizer=cfg.dense_optimizer,
-                dense_lr=cfg.dense_lr,
+                dense_optimizer=cfg.dense.optimizer,
+                dense_lr=cfg.dense.lr,
                 timeout_ms=cfg.timeout_ms,
-                consistency=cfg.consistency,
+                mode=cfg.mode.for_job(cfg.mode_context),
                 run_dir=str(pathlib.Path(cfg.run_dir).resolve()),
                 replicated_tables=tuple(data.replicated),
                 replica_rows=data.replica_rows,
-                keys_dir=str(pathlib.Path(cfg.keys_dir).resolve()) if cfg.keys_dir else None,
-                staleness=cfg.staleness,
-                hybrid_expiry_steps=cfg.hybrid_expiry,
-                gba_buffer=cfg.gba_buffer or (cfg.workers if cfg.consistency == "gba" else 0),
-                gba_threshold=cfg.gba_threshold,
-                wire_dtype=cfg.wire_dtype,
-                dense_comm=cfg.dense_comm,
+                keys_dir=str(pathlib.Path(cfg.security.keys_dir).resolve()) if cfg.security.keys_dir else None,
+                comm=cfg.comm,
                 groups=cfg.groups,
-                average_every=cfg.average_every,
-                easgd_alpha=float(cfg.easgd_alpha),
-                **dict(zip(("slow_worker_rank", "slow_worker_ms"), parse_slow_worker(cfg.slow_worker))),
+                straggler=cfg.straggler,
             )
 
     def replace(self, **changes: Any) -> JobSpec:
@@ -176,6 +162,8 @@ class JobSpec:
             tables=[t.to_dict() for t in self.tables],
             ps=list(self.ps),
             replicated_tables=list(self.replicated_tables),
+            mode=self.mode.to_dict(),
+            **{name: dataclasses.asdict(getattr(self, name)) for name in self.NESTED},
         )
         return out
 
@@ -199,9 +187,19 @@ class JobSpec:
             values["tables"] = tuple(TableConfig.from_dict(t) for t in values.get("tables", ()))
             values["ps"] = tuple(values.get("ps", ()))
             values["replicated_tables"] = tuple(int(t) for t in values.get("replicated_tables", ()))
+            if "mode" in values:
+                values["mode"] = mode_from_dict(values["mode"])
+            for name, kind in cls.NESTED.items():
+                if name in values:
+                    values[name] = from_mapping(kind, values[name], where=f"job spec {name}")
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"malformed job spec: {exc}") from None
         return from_mapping(cls, values, where="job spec")
+
+    @property
+    def consistency(self) -> str:
+        """The consistency mode's name: ``mode.name``."""
+        return self.mode.name
 
     @property
     def dim(self) -> int:

@@ -1,35 +1,22 @@
-"""The consistency modes as plug-ins: one :class:`ConsistencyMode` entry per mode, defined once.
+"""The consistency modes: one :class:`ConsistencyMode` entry per mode, with its settings class, defined once.
 
 A mode (``--consistency``; docs/consistency.md, "Adding a mode") touches every role of a job:
-the worker's protocol, the dispatcher's serve loop, the PS ops its workers send, the
-settings it reads, whether groups get a dispatcher each, and its part of the report. Each of
-those parts asks :data:`MODES` (through :func:`consistency_mode`) instead of comparing the
-mode's name, so a new mode is one new entry here plus the code its entry names.
+the worker's protocol, the dispatcher's serve loop and embedding worker, the PS ops its
+workers send, its part of the report. This module holds what the contracts layer can: the
+mode's name, its settings (a :class:`~herald.contracts.consistency.ModeSettings` subclass,
+validated on construction and checked against the job by :func:`check_mode`) and the facts
+every role reads (:class:`ConsistencyMode`). Each role keeps its own registry of objects
+keyed by mode name, beside the code it runs: the worker's protocols
+(:data:`herald.worker.modes.PROTOCOLS`), the dispatcher's serve strategies and embedding
+workers (:data:`herald.dispatch.modes.DISPATCH`), the report's blocks (herald/job/report/consistency.py).
+tests/contracts/test_modes.py checks that every registry has exactly the modes of
+:data:`herald.contracts.vocab.CONSISTENCY_MODES`.
 
-Entry points
-~~~~~~~~~~~~
-This module is the contracts layer (:mod:`herald.contracts`): it may not import the worker,
-dispatcher or job code its entries name (they sit above it and import it). So an entry
-names that code as an *entry point*: a string ``"package.module:attribute"`` (the attribute
-may be dotted, ``"module:Class.method"``), the style of Python packaging's entry points.
-:func:`resolve` (or :meth:`ConsistencyMode.resolve`, which names the mode and the field in
-its errors) imports the module with :mod:`importlib` and returns the attribute, when the
-part that needs it asks, never at import: ``herald train`` checks its options without
-torch, numba or zmq loaded. import-linter does not see these strings, which is the point:
-the layers stay as they are (docs/design.md, "Layers").
-
-What each reference resolves to:
-
-- ``protocol``: a :class:`~herald.worker.protocol.ConsistencyProtocol` subclass, built as
-  ``cls(executor, **protocol_settings(job))`` by each worker.
-- ``serve``: a function ``serve(dispatcher) -> list[StepRecord]`` running the dispatcher's
-  hand-out loop after its handshake (:meth:`herald.dispatch.dispatcher.Dispatcher.serve`).
-- ``report``: a function ``block(cfg, records, total, settings, reads) -> dict`` building the
-  report's ``consistency`` block (:func:`herald.job.report.consistency_block`): ``total`` the
-  summed ack counters, ``settings`` the shared settings (``slow_worker``), ``reads`` the rows read.
-- ``embedding_worker`` (optional): a factory ``(job, config, first_step, peers) -> worker``
-  of a dispatcher-side embedding worker (hybrid's, NOTE [hybrid training] in
-  herald/dispatch/hybrid.py), made when the dispatcher sends its first step.
+The settings nest once in :class:`~herald.contracts.train.TrainConfig` and
+:class:`~herald.contracts.job.JobSpec` (their field ``mode``), while the command line stays
+flat: :data:`MODE_FLAGS` gives ``--consistency`` and every mode's options (``--staleness``,
+``--hybrid-expiry``, ``--gba-buffer``, ``--gba-threshold``), refusing a mode's option given
+to another mode.
 
 Plain Python, like the rest of :mod:`herald.contracts`.
 """
@@ -37,87 +24,162 @@ Plain Python, like the rest of :mod:`herald.contracts`.
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import re
-from collections.abc import Callable
+from collections.abc import Mapping
 from typing import Any
 
-from herald.contracts.consistency import check_consistency, check_gba, check_hybrid
+from herald.config import Nested, Option, from_mapping, setting
+from herald.contracts.consistency import ModeContext, ModeSettings, integer_in
 from herald.contracts.vocab import CONSISTENCY_MODES
 from herald.errors import ConfigError
 
-#: An entry point: ``package.module:attribute`` (the attribute may be dotted).
-REFERENCE = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*")
+#: Largest staleness bound ``s`` (clock ticks = updates of one embedding).
+MAX_STALENESS = 1 << 20
+#: Largest ``--hybrid-expiry`` (steps a buffered sample waits for its gradient).
+MAX_HYBRID_EXPIRY = 1 << 20
+#: Largest ``--gba-buffer`` M and ``--gba-threshold`` iota (herald/ps/gba.py checks the same).
+MAX_GBA_BUFFER = 4096
+MAX_GBA_THRESHOLD = 1 << 20
 
 
-def resolve(reference: str) -> Any:
-    """The object an entry point ``"package.module:attribute"`` names (imported on this call).
+@dataclasses.dataclass(frozen=True)
+class BspSettings(ModeSettings):
+    """Bulk-synchronous, exact (NOTE [step protocol] in herald/scheduler/plan.py): no settings."""
+
+    name = "bsp"
+
+
+@dataclasses.dataclass(frozen=True)
+class BoundedSettings(ModeSettings):
+    """HET's clock-bounded reads (HET §3.3, §4.1; NOTE [bounded reads] in herald/worker/consistency_bounded.py).
+
+    Attributes:
+        staleness: the bound ``s``, in updates of one embedding, 0..:data:`MAX_STALENESS` (0: exact BSP).
 
     Raises:
-        ConfigError: a malformed reference, a module that does not exist, or a module
-            without that attribute (the message names the reference). An ImportError
-            raised *inside* an existing module (e.g. torch missing) is not hidden.
+        ConfigError: ``staleness`` out of range.
     """
-    if not isinstance(reference, str) or not REFERENCE.fullmatch(reference):
-        raise ConfigError(f"entry point {reference!r} is malformed: write 'package.module:attribute'")
-    module_name, attribute = reference.split(":")
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name is None or not (module_name == exc.name or module_name.startswith(exc.name + ".")):
-            raise  # the module exists; something it imports does not
-        raise ConfigError(f"entry point {reference!r}: no module {module_name!r}") from None
-    for part in attribute.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise ConfigError(f"entry point {reference!r}: {module_name} has no attribute {attribute!r}") from None
-    return obj
+
+    name = "bounded"
+    staleness: int = setting(
+        0, "--consistency bounded: staleness bound s in updates of one embedding (0 = exact BSP)", metavar="S"
+    )
+
+    def __post_init__(self) -> None:
+        if not integer_in(self.staleness, 0, MAX_STALENESS):
+            raise ConfigError(f"--staleness must be an integer in 0..{MAX_STALENESS}, got {self.staleness!r}")
+
+    @property
+    def reads_early(self) -> bool:
+        """Above 0 the workers read early; at 0 their pulls ride on the step messages, as bsp's."""
+        return self.staleness > 0
+
+    def described(self) -> tuple[str, bool]:
+        return f"--staleness {self.staleness} bounds the reads of --consistency bounded", True
 
 
-def no_settings(job: Any) -> dict[str, Any]:
-    """A mode whose protocol reads no setting of the job."""
-    return {}
+@dataclasses.dataclass(frozen=True)
+class HybridSettings(ModeSettings):
+    """Persia's hybrid training (Persia §3, §4.2; NOTE [hybrid training] in herald/dispatch/hybrid.py).
+
+    Attributes:
+        expiry_steps: steps a sample's ID features wait in the dispatcher's buffer for their
+            gradient before they are dropped (counted), 0..:data:`MAX_HYBRID_EXPIRY`; None:
+            never (the credit window bounds it).
+
+    Raises:
+        ConfigError: ``expiry_steps`` out of range.
+    """
+
+    name = "hybrid"
+    expiry_steps: int | None = setting(
+        None, "hybrid: drop and count gradients over STEPS steps late", metavar="STEPS", dest="hybrid_expiry"
+    )
+
+    def __post_init__(self) -> None:
+        if self.expiry_steps is not None and not integer_in(self.expiry_steps, 0, MAX_HYBRID_EXPIRY):
+            raise ConfigError(
+                f"--hybrid-expiry must be an integer in 0..{MAX_HYBRID_EXPIRY} steps, got {self.expiry_steps!r}"
+            )
+
+    def check(self, job: ModeContext) -> None:
+        """Hybrid's workers hold no embedding rows, so they replicate no table (``--replicate-below``)."""
+        if job.replicated:
+            raise ConfigError(
+                "--consistency hybrid keeps no embedding rows on the workers, so it cannot replicate "
+                "tables there: drop --replicate-below or choose another --consistency"
+            )
+
+    def described(self) -> tuple[str, bool]:
+        return "--hybrid-expiry drops the expired gradients of --consistency hybrid", True
 
 
-def bounded_settings(job: Any) -> dict[str, Any]:
-    """HET's bound ``s`` (``--staleness``, NOTE [bounded reads] in herald/worker/consistency_bounded.py)."""
-    return {"staleness": job.staleness}
+@dataclasses.dataclass(frozen=True)
+class GbaSettings(ModeSettings):
+    """GBA's token-controlled global-batch aggregation on the PS (GBA §4.1; NOTE [gba tokens] in herald/ps/gba.py).
 
+    Attributes:
+        buffer: M, contributions per global step, 0..:data:`MAX_GBA_BUFFER` (0: the number
+            of workers, resolved by :meth:`for_job`).
+        threshold: iota: a gradient more than iota global steps stale is dropped,
+            0..:data:`MAX_GBA_THRESHOLD`.
 
-def never(job: Any) -> bool:
-    """False for every job (a mode's :attr:`ConsistencyMode.reads_early`)."""
-    return False
+    Raises:
+        ConfigError: a value out of range.
+    """
 
+    name = "gba"
+    buffer: int = setting(
+        0, "gba: gradients aggregated per global step, M (0: --workers)", metavar="M", dest="gba_buffer"
+    )
+    threshold: int = setting(
+        0, "gba: drop (count) gradients > IOTA global steps stale", metavar="IOTA", dest="gba_threshold"
+    )
 
-def bounded_reads_early(job: Any) -> bool:
-    """Bounded staleness reads early when its bound is above 0; at 0 its pulls ride on the
-    step messages, as bsp's."""
-    return job.staleness > 0
+    def __post_init__(self) -> None:
+        if not integer_in(self.buffer, 0, MAX_GBA_BUFFER):
+            raise ConfigError(
+                f"--gba-buffer must be an integer in 0..{MAX_GBA_BUFFER} (0: the number of workers), "
+                f"got {self.buffer!r}"
+            )
+        if not integer_in(self.threshold, 0, MAX_GBA_THRESHOLD):
+            raise ConfigError(
+                f"--gba-threshold must be an integer in 0..{MAX_GBA_THRESHOLD} global steps, got {self.threshold!r}"
+            )
 
+    def check(self, job: ModeContext) -> None:
+        """M divides the global batch (micro-batches of ``global_batch / M`` samples); no
+        replicated tables, no training groups yet. Checkpoints and ``--resume`` are fine:
+        GBA checkpoints at barriers and resumes, also from a BSP checkpoint and into BSP
+        (NOTE [gba checkpoints] in herald/dispatch/gba.py)."""
+        m = self.buffer or job.workers
+        if m and job.global_batch and job.global_batch % m:
+            raise ConfigError(
+                f"--gba-buffer {m} must divide the global batch of {job.global_batch} samples (--workers x "
+                "--batch-size): GBA keeps the synchronous global batch, in M micro-batches"
+            )
+        for bad, flag in ((job.replicated, "--replicate-below"), (job.groups > 1, "--groups")):
+            if bad:
+                raise ConfigError(f"--consistency gba does not support {flag} yet: drop it or choose another mode")
 
-def gba_settings(job: Any) -> dict[str, Any]:
-    """GBA's M and iota (``--gba-buffer``, ``--gba-threshold``; NOTE [gba tokens] in herald/ps/gba.py)."""
-    return {"gba_buffer": job.gba_buffer, "gba_threshold": job.gba_threshold}
+    def for_job(self, job: ModeContext) -> GbaSettings:
+        """M resolved: ``buffer``, or the job's workers when 0."""
+        return dataclasses.replace(self, buffer=self.buffer or job.workers or 0)
+
+    def micro_batch_rows(self, batch_size_per_worker: int, num_workers: int) -> int:
+        """The global batch over its M micro-batches (``buffer`` resolved; unresolved: one worker's batch)."""
+        return batch_size_per_worker * num_workers // self.buffer if self.buffer else batch_size_per_worker
+
+    def described(self) -> tuple[str, bool]:
+        return "--gba-buffer and --gba-threshold set GBA's gradient buffer", False
 
 
 @dataclasses.dataclass(frozen=True)
 class ConsistencyMode:
-    """One consistency mode: what each role of a job runs under it (module docstring).
+    """One consistency mode: what the contracts layer says of it (module docstring).
 
     Attributes:
         name: the ``--consistency`` value (one of :data:`herald.contracts.vocab.CONSISTENCY_MODES`).
-        protocol: entry point of the worker's ``ConsistencyProtocol`` class.
-        serve: entry point of the dispatcher's serve strategy, ``serve(dispatcher) -> records``.
-        report: entry point of the function building the report's ``consistency`` block.
-        ps_ops: the PS ops (:data:`herald.ps.wire.OPS`) the mode's workers send, for the
-            record and the docs (the shard serves every op under every mode).
-        protocol_settings: ``protocol_settings(job) -> dict``: the protocol's keyword settings
-            from a :class:`~herald.contracts.job.JobSpec` (any object with its fields).
-        flags: the :class:`~herald.contracts.train.TrainConfig` fields only this mode reads.
-        settings_check: the function of :mod:`herald.contracts.consistency` checking those flags
-            (each check runs for every job, and refuses its flags under another mode); None:
-            no flags of its own.
+        settings: its :class:`~herald.contracts.consistency.ModeSettings` subclass (``settings.name == name``).
         independent_groups: ``--groups G`` runs one dispatcher per group (NOTE [independent
             groups] in herald/job/group_dispatch.py) instead of one for the job.
         planned_transmissions: the report's ``transmissions`` are the communication plan's,
@@ -129,110 +191,42 @@ class ConsistencyMode:
             herald/ps/stepped.py): step t + 1 is then sent once step t - 2 is acked, a whole
             step before it is needed, so the dispatcher's ack-to-send latency stays off the
             step. 2 where the window bounds staleness (hybrid) or is a worker's credit (gba).
-        embedding_worker: entry point of a dispatcher-side embedding worker factory, or None
-            (the workers write the PS themselves).
-        reads_early: ``reads_early(job) -> bool``: the workers start pulls marked
-            ``pull_early`` while the step before computes (NOTE [early pulls] in
-            herald/dispatch/early.py), so the dispatcher computes the marks (bounded with
-            s > 0). False (the default) where nothing reads them: bsp's pulls ride on the
-            step messages (NOTE [step messages] in herald/ps/stepped.py), hybrid pulls
-            every row unordered, gba builds no plan-driven micro-batches; the micro-batches
-            then carry no marks (all False).
+        embedding_worker: the dispatcher runs an embedding worker that writes the PS (hybrid's,
+            NOTE [hybrid training] in herald/dispatch/hybrid.py): the workers' acks carry their
+            gradients by sample id. False: the workers write the PS themselves.
+
+    Raises:
+        ConfigError: a settings class of another name.
     """
 
     name: str
-    protocol: str
-    serve: str
-    report: str
-    ps_ops: tuple[str, ...]
-    protocol_settings: Callable[[Any], dict[str, Any]] = no_settings
-    flags: tuple[str, ...] = ()
-    settings_check: Callable[..., None] | None = None
+    settings: type[ModeSettings]
     independent_groups: bool = False
     planned_transmissions: bool = True
     inflight_steps: int = 2
-    embedding_worker: str | None = None
-    reads_early: Callable[[Any], bool] = never
-
-    #: the fields holding entry points (:meth:`resolve`)
-    REFERENCES = ("protocol", "serve", "report", "embedding_worker")
+    embedding_worker: bool = False
 
     def __post_init__(self) -> None:
-        for field in self.REFERENCES:
-            ref = getattr(self, field)
-            if ref is None and field == "embedding_worker":  # optional
-                continue
-            if not (isinstance(ref, str) and REFERENCE.fullmatch(ref)):
-                raise ConfigError(
-                    f"consistency mode {self.name!r}: {field} {ref!r} is not an entry point 'package.module:attribute'"
-                )
-
-    def resolve(self, field: str) -> Any:
-        """The object the entry point in ``field`` names (None for an unset optional one).
-
-        Raises:
-            ConfigError: ``field`` holds no entry point, or it does not resolve (names the
-                mode, the field and the reference).
-        """
-        if field not in self.REFERENCES:
-            raise ConfigError(
-                f"consistency mode {self.name!r}: {field!r} is not one of its entry points {list(self.REFERENCES)}"
-            )
-        ref = getattr(self, field)
-        if ref is None:
-            return None
-        try:
-            return resolve(ref)
-        except ConfigError as exc:
-            raise ConfigError(f"consistency mode {self.name!r}, {field}: {exc}") from None
+        if not (isinstance(self.settings, type) and issubclass(self.settings, ModeSettings)):
+            raise ConfigError(f"consistency mode {self.name!r}: settings must be a ModeSettings subclass")
+        if self.settings.name != self.name:
+            raise ConfigError(f"consistency mode {self.name!r}: its settings class is {self.settings.name!r}'s")
 
 
 #: Every consistency mode by name, in the order of :data:`~herald.contracts.vocab.CONSISTENCY_MODES`.
 MODES: dict[str, ConsistencyMode] = {
     m.name: m
     for m in (
-        ConsistencyMode(  # exact: NOTE [step protocol] in herald/scheduler/plan.py
-            name="bsp",
-            protocol="herald.worker.protocol:BSP",
-            serve="herald.dispatch.dispatcher:serve_steps",
-            report="herald.job.report:plan_block",
-            ps_ops=("step", "pull", "push_grad", "push_rows"),  # NOTE [step messages] in herald/ps/stepped.py
-            inflight_steps=3,
-        ),
-        ConsistencyMode(  # HET: NOTE [bounded reads]; conditional pulls and clock advances ride on pull / push_rows
-            name="bounded",
-            protocol="herald.worker.consistency_bounded:Bounded",
-            serve="herald.dispatch.dispatcher:serve_steps",
-            report="herald.job.report:bounded_block",
-            ps_ops=("step", "pull", "push_grad", "push_rows"),  # step messages at staleness 0
-            inflight_steps=3,
-            protocol_settings=bounded_settings,
-            flags=("staleness",),
-            settings_check=check_consistency,
-            reads_early=bounded_reads_early,
-        ),
-        ConsistencyMode(  # Persia: NOTE [hybrid training]; the dispatcher's embedding worker sends push_grad
+        ConsistencyMode(name="bsp", settings=BspSettings, inflight_steps=3),  # exact: NOTE [step protocol]
+        ConsistencyMode(name="bounded", settings=BoundedSettings, inflight_steps=3),  # HET: NOTE [bounded reads]
+        ConsistencyMode(  # Persia: NOTE [hybrid training]; the dispatcher's embedding worker pushes the gradients
             name="hybrid",
-            protocol="herald.worker.consistency_hybrid:Hybrid",
-            serve="herald.dispatch.dispatcher:serve_steps",
-            report="herald.job.report:hybrid_block",
-            ps_ops=("pull",),
-            flags=("hybrid_expiry",),
-            settings_check=check_hybrid,
+            settings=HybridSettings,
             independent_groups=True,
             planned_transmissions=False,
-            embedding_worker="herald.dispatch.hybrid:make_hybrid",
+            embedding_worker=True,
         ),
-        ConsistencyMode(  # GBA: NOTE [gba tokens] in herald/ps/gba.py
-            name="gba",
-            protocol="herald.worker.consistency_gba:GBA",
-            serve="herald.dispatch.gba:serve_gba",
-            report="herald.job.report:gba_block",
-            ps_ops=("gba_pull", "gba_push"),
-            protocol_settings=gba_settings,
-            flags=("gba_buffer", "gba_threshold"),
-            settings_check=check_gba,
-        ),
+        ConsistencyMode(name="gba", settings=GbaSettings),  # GBA: NOTE [gba tokens] in herald/ps/gba.py
     )
 }
 
@@ -253,3 +247,88 @@ def consistency_mode(name: str) -> ConsistencyMode:
         return MODES[name]
     except (KeyError, TypeError):
         raise ConfigError(f"unknown consistency mode {name!r}; choose one of {', '.join(MODES)}") from None
+
+
+def check_mode(settings: ModeSettings, job: ModeContext) -> None:
+    """Check a job's mode settings: those of a mode of :data:`MODES`, against ``job``
+    (:meth:`ModeSettings.check`), the one check every mode's settings go through.
+
+    Raises:
+        ConfigError: an unknown mode, a settings object of another class than its mode's,
+            or what the mode's check refuses.
+    """
+    entry = consistency_mode(getattr(settings, "name", None))
+    if type(settings) is not entry.settings:
+        raise ConfigError(
+            f"--consistency {entry.name} takes a {entry.settings.__name__}, got {type(settings).__name__}"
+        )
+    settings.check(job)
+
+
+def mode_from_dict(mapping: Mapping[str, Any]) -> ModeSettings:
+    """The settings of :meth:`ModeSettings.to_dict` (``{"name": mode, field: value, ...}``).
+
+    Raises:
+        ConfigError: not a mapping, an unknown mode, an unknown field or a bad value.
+    """
+    if not isinstance(mapping, Mapping):
+        raise ConfigError(f"a mode's settings must be a mapping, got {type(mapping).__name__}")
+    values = dict(mapping)
+    entry = consistency_mode(values.pop("name", None))
+    return from_mapping(entry.settings, values, where=f"--consistency {entry.name} settings")
+
+
+class ModeFlags:
+    """The flat options of a job's mode settings (:func:`herald.config.nested`'s ``flags``):
+    ``--consistency`` and every mode's own options, in registry order; a mode's option given
+    (not at its default) to another mode is refused (:meth:`ModeSettings.misplaced`)."""
+
+    consistency = Option(
+        "consistency",
+        "bsp",
+        str,
+        {
+            "help": "consistency protocol of the embeddings (docs/consistency.md): bsp (exact, "
+            "equal to single-process training), bounded (HET's bound on reads: a cached "
+            "copy at most --staleness updates behind is read instead of re-pulled; writes "
+            "stay exact), hybrid (Persia: workers hold no embeddings and return gradients "
+            "by sample id; the dispatcher, as Persia's embedding worker, pushes them "
+            "asynchronously: reads at most --max-inflight-steps - 1 steps stale; dense "
+            "exact), gba (GBA: the PS applies --gba-buffer gradients per global step, "
+            "dropping those over --gba-threshold steps stale)",
+            "choices": CONSISTENCY_MODES,
+        },
+    )
+
+    def options(self) -> list[Option]:
+        return [self.consistency, *(o for m in MODES.values() for o in Nested(m.settings).options())]
+
+    def build(self, values: Mapping[str, Any]) -> ModeSettings:
+        """The chosen mode's settings from the options given (flat names).
+
+        Raises:
+            ConfigError: an unknown ``--consistency``, a value out of range (every mode's
+                options are checked), or an option of another mode given.
+        """
+        name = values.get("consistency", "bsp")
+        if not isinstance(name, str) or name not in MODES:
+            raise ConfigError(f"--consistency must be one of {', '.join(CONSISTENCY_MODES)}, got {name!r}")
+        chosen = None
+        for mode in MODES.values():
+            settings = Nested(mode.settings).build(values)
+            if mode.name == name:
+                chosen = settings
+            elif settings != mode.settings():
+                raise ConfigError(settings.misplaced(name))
+        return chosen
+
+    def flatten(self, settings: ModeSettings) -> dict[str, Any]:
+        """Every option: the chosen mode's settings, the other modes' defaults."""
+        out: dict[str, Any] = {"consistency": settings.name}
+        for mode in MODES.values():
+            out.update(Nested(mode.settings).flatten(settings if mode.name == settings.name else mode.settings()))
+        return out
+
+
+#: The options of the ``mode`` field of :class:`~herald.contracts.train.TrainConfig`.
+MODE_FLAGS = ModeFlags()

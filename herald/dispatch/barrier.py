@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 
 from herald.dispatch.channel import PeerChannel
+from herald.dispatch.config import DispatcherConfig
 from herald.dispatch.ledger import StepLedger
-from herald.dispatch.records import DispatcherConfig, check_state
+from herald.dispatch.records import check_state
 from herald.errors import ConfigError, HeraldError
 
 

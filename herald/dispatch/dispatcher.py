@@ -54,13 +54,14 @@ from collections.abc import Callable, Iterable
 from typing import Any, BinaryIO
 
 from herald.contracts.job import JobSpec
-from herald.contracts.modes import consistency_mode
 from herald.dispatch.barrier import Barriers
 from herald.dispatch.channel import PeerChannel
+from herald.dispatch.config import DispatcherConfig
 from herald.dispatch.ledger import StepLedger
 from herald.dispatch.lockstep import LockstepServe
+from herald.dispatch.modes import dispatch_mode
 from herald.dispatch.peers import Silence, largest_frame_bytes
-from herald.dispatch.records import DispatcherConfig, StepRecord
+from herald.dispatch.records import StepRecord
 from herald.errors import HeraldError
 from herald.loader.batch import SampleBatch
 from herald.phases import PhaseTimer
@@ -98,7 +99,7 @@ class Dispatcher:
     :meth:`serve` returns.
 
     The work is split by responsibility into parts (attributes), which the serve
-    strategies (:func:`serve_steps`, :func:`herald.dispatch.gba.serve_gba`) use:
+    strategies (:func:`herald.dispatch.modes.serve_steps`, :func:`herald.dispatch.gba.serve_gba`) use:
     :attr:`channel` (:class:`~herald.dispatch.channel.PeerChannel`: the socket, peer
     validation), :attr:`ledger` (:class:`~herald.dispatch.ledger.StepLedger`: steps in
     flight, acks, records), :attr:`barriers` (:class:`~herald.dispatch.barrier.Barriers`:
@@ -247,10 +248,10 @@ class Dispatcher:
         job = self._job.replace(capacity_rows=int(self.scheduler.capacity_rows), num_workers=self.config.num_workers)
         self.channel.send_all({"op": "config", "job": job.to_dict()})
         try:
-            # the mode's serve strategy (herald.contracts.modes): serve_steps, or gba's (NOTE [gba tokens])
-            return consistency_mode(self._job.consistency).resolve("serve")(self)
+            # the mode's serve strategy (herald.dispatch.modes): serve_steps, or gba's (NOTE [gba tokens])
+            return dispatch_mode(self._job.consistency).serve(self)
         except BaseException as exc:
-            # who the failed wait was for, as it failed (NOTE [silent workers] in herald/job/silence.py)
+            # who the failed wait was for, as it failed (NOTE [silent workers] in herald/job/recovery/silence.py)
             self._silence = self.channel.peers.silence(self.config.peer_timeout_ms / 2e3)
             # tell every worker, so none waits out its timeout on a dead dispatcher
             self.channel.tell_error(f"{type(exc).__name__}: {exc}")
@@ -261,7 +262,7 @@ class Dispatcher:
     def silence(self) -> Silence | None:
         """After :meth:`serve` failed: the workers its failed wait was for that had sent
         nothing for at least half of ``peer_timeout_ms`` when it failed, and those that
-        reported an error (NOTE [silent workers] in herald/job/silence.py); None when no
+        reported an error (NOTE [silent workers] in herald/job/recovery/silence.py); None when no
         wait on named workers failed, or none of them was silent."""
         return self._silence
 
@@ -288,10 +289,3 @@ class Dispatcher:
         if self._serving:
             raise HeraldError("Dispatcher.load_state_dict() must come before serve(); make a new Dispatcher")
         self.barriers.load_state_dict(state)
-
-
-def serve_steps(disp: Dispatcher) -> list[StepRecord]:
-    """The serve strategy of the plan-driven modes (bsp, bounded, hybrid; their entries in
-    :data:`herald.contracts.modes.MODES`): global steps handed out within the credit window, with
-    checkpoint barriers and the final flush (:meth:`LockstepServe.serve`)."""
-    return disp.lockstep.serve()

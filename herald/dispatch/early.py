@@ -16,7 +16,7 @@ before the writer's all-reduce of step t + 1. Touched keys are compared by a 64-
 hash of (table, id): a collision can only mark a pull "wait", never "early".
 
 Only modes whose workers read early compute the marks
-(:attr:`herald.contracts.modes.ConsistencyMode.reads_early`: bounded with s > 0): under bsp and
+(:attr:`herald.contracts.consistency.ModeSettings.reads_early`: bounded with s > 0): under bsp and
 bounded at staleness 0 every pull of step t + 1 rides on step t's messages (NOTE [step
 messages] in herald/ps/stepped.py), and hybrid pulls every row unordered, so the marks
 would go unread (about 0.2 ms per step of the build thread at 2 workers x 256).

@@ -107,7 +107,7 @@ class GbaServe:
     def __init__(self, disp: Any):
         self.disp = disp
         self.channel, self.ledger, self.barriers = disp.channel, disp.ledger, disp.barriers
-        self.m = int(disp.job.gba_buffer or disp.config.num_workers)
+        self.m = int(disp.job.mode.buffer or disp.config.num_workers)
         self.workers = disp.config.num_workers
         self.credit = disp.config.max_inflight_steps
         self._batches = iter(self.barriers.batches)
@@ -226,6 +226,6 @@ class GbaServe:
 
 
 def serve_gba(disp: Any) -> list[StepRecord]:
-    """GBA's serve strategy (its entry in :data:`herald.contracts.modes.MODES`): the data list and
+    """GBA's serve strategy (its entry in :data:`herald.dispatch.modes.DISPATCH`): the data list and
     token list of :class:`GbaServe` (NOTE above) over the dispatcher ``disp``."""
     return GbaServe(disp).run()

@@ -406,9 +406,9 @@ class HybridEmbeddingWorker:
 
 def make_hybrid(job: Any, config: Any, first_step: int, peers: Any) -> HybridEmbeddingWorker:
     """The :class:`HybridEmbeddingWorker` of ``job`` (a :class:`~herald.contracts.job.JobSpec` of a
-    mode whose entry in :data:`herald.contracts.modes.MODES` names this factory as its
+    mode whose entry in :data:`herald.dispatch.modes.DISPATCH` names this factory as its
     ``embedding_worker``: hybrid), with a PS client of its shards on its push thread.
-    ``config``: the :class:`~herald.dispatch.records.DispatcherConfig`; ``peers``: the
+    ``config``: the :class:`~herald.dispatch.config.DispatcherConfig`; ``peers``: the
     dispatcher's :class:`~herald.dispatch.peers.PeerTable` (its acks then carry gradients)."""
     peers.ack_grads = (len(job.tables), job.dim)
     max_inflight_steps, timeout_ms = config.max_inflight_steps, config.peer_timeout_ms
@@ -419,10 +419,10 @@ def make_hybrid(job: Any, config: Any, first_step: int, peers: Any) -> HybridEmb
             tables=list(job.tables),
             timeout_ms=job.timeout_ms,
             keys_dir=job.keys_dir,
-            wire_dtype=job.wire_dtype,
+            wire_dtype=job.comm.wire_dtype,
         )
 
     pusher = GradientPusher(client, first_step, timeout_s=2 * max(job.timeout_ms, timeout_ms) / 1e3 + 1.0)
     return HybridEmbeddingWorker(
-        len(job.tables), job.dim, max_inflight_steps, job.hybrid_expiry_steps, first_step, pusher
+        len(job.tables), job.dim, max_inflight_steps, job.mode.expiry_steps, first_step, pusher
     )

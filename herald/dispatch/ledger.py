@@ -19,11 +19,13 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from herald.contracts.job import JobSpec
-from herald.contracts.modes import consistency_mode
 from herald.dispatch.channel import PeerChannel
+from herald.dispatch.config import DispatcherConfig
+from herald.dispatch.embedding_worker import EmbeddingWorker, NullEmbeddingWorker
 from herald.dispatch.idbuffer import IdFeatureBuffer
+from herald.dispatch.modes import dispatch_mode
 from herald.dispatch.peers import Message
-from herald.dispatch.records import DispatcherConfig, StepRecord, sum_consistency
+from herald.dispatch.records import StepRecord, sum_consistency
 from herald.dispatch.steps import ReadyStep
 from herald.errors import ProtocolError
 from herald.phases import PhaseTimer
@@ -62,7 +64,8 @@ class StepLedger:
         self._acks: dict[int, dict[int, tuple[dict[str, Any], list[np.ndarray]]]] = {}
         self._pending: dict[int, tuple[np.ndarray, float, np.ndarray]] = {}
         self._buffer: IdFeatureBuffer | None = None  # sized on the first step
-        self._hybrid = None  # --consistency hybrid: NOTE [hybrid training] (herald/dispatch/hybrid.py)
+        # made on the first step: hybrid's (NOTE [hybrid training] in herald/dispatch/hybrid.py), or the null one
+        self._embedding: EmbeddingWorker = NullEmbeddingWorker()
 
     @property
     def in_flight(self) -> int:
@@ -70,23 +73,21 @@ class StepLedger:
         return len(self._pending)
 
     def close(self) -> None:
-        """Stop the hybrid embedding worker's push thread, if there is one (bounded)."""
-        if self._hybrid is not None:
-            self._hybrid.close()
+        """Stop the embedding worker (hybrid's push thread; bounded)."""
+        self._embedding.close()
 
     # ------------------------------------------------------------- lockstep steps
     def open(self, ready: ReadyStep) -> None:
         """Record ``ready`` as in flight (call right before sending it): its micro-batches
-        go to the ID-feature buffer, and the hybrid embedding worker (made on the first
-        step) may wait until the step outside the credit window is applied."""
+        go to the ID-feature buffer, and the embedding worker (the mode's, made on the first
+        step) may wait: hybrid's until the step outside the credit window is applied."""
         step = ready.step
         if self._buffer is None:
             self._buffer = IdFeatureBuffer((self._config.max_inflight_steps + 1) * len(ready.sample_ids))
             self._channel.peers.ack_rows = len(ready.sample_ids) // self._workers
-            make = consistency_mode(self._job.consistency).resolve("embedding_worker")  # hybrid's, else None
-            self._hybrid = make(self._job, self._config, step, self._channel.peers) if make is not None else None
-        if self._hybrid is not None:
-            self._hybrid.before_send(step)
+            make = dispatch_mode(self._job.consistency).embedding_worker  # hybrid's, else the null one
+            self._embedding = make(self._job, self._config, step, self._channel.peers)
+        self._embedding.before_send(step)
         self._buffer.put(step, ready.micro_batches)
         self._pending[step] = (ready.counts, ready.schedule_ms, ready.sample_ids)
         self._acks[step] = {}
@@ -103,11 +104,10 @@ class StepLedger:
                 self._await_ack()
 
     def drain(self) -> None:
-        """Wait for every ack, then for the hybrid embedding worker to apply every update
-        (before a checkpoint barrier: the PS then holds every step)."""
+        """Wait for every ack, then for the embedding worker to apply every update (before a
+        checkpoint barrier: the PS then holds every step)."""
         self.wait_for_credit(drain=True)
-        if self._hybrid is not None:
-            self._hybrid.drain()
+        self._embedding.drain()
 
     def _await_ack(self) -> None:
         """Receive one ack (PeerTimeout naming the ranks the oldest step still waits for)."""
@@ -128,8 +128,8 @@ class StepLedger:
                 f"unexpected ack of step {step!r} from rank {rank!r} (steps in flight: "
                 f"{sorted(self._pending)}, ranks 0-{self._workers - 1}, one ack each)"
             )
-        if self._hybrid is not None:  # gradients by sample id (NOTE [hybrid training])
-            arrays = self._hybrid.receive(step, rank, arrays, self._buffer, self.next_step - 1)
+        # hybrid's takes the gradients by sample id (NOTE [hybrid training])
+        arrays = self._embedding.receive(step, rank, arrays, self._buffer, self.next_step - 1)
         self._acks[step][rank] = (header, arrays)
         if len(self._acks[step]) < self._workers:
             return
@@ -137,8 +137,7 @@ class StepLedger:
         acks = [by_rank[r] for r in range(self._workers)]
         counts, sched_ms, ids = self._pending.pop(step)
         consistency = sum_consistency(acks)
-        if self._hybrid is not None:
-            consistency.update(self._hybrid.step_acked(step, self._buffer))
+        consistency.update(self._embedding.step_acked(step, self._buffer))
         self._buffer.release(step)
         self.emit(step, acks, counts, sched_ms, ids, consistency)
 

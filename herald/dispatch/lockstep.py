@@ -20,13 +20,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from herald.contracts.job import JobSpec
-from herald.contracts.modes import consistency_mode
 from herald.dispatch.barrier import Barriers
 from herald.dispatch.channel import PeerChannel
+from herald.dispatch.config import DispatcherConfig
 from herald.dispatch.early import TouchedKeys
 from herald.dispatch.ledger import StepLedger
 from herald.dispatch.pipeline import Pipeline
-from herald.dispatch.records import DispatcherConfig, StepRecord
+from herald.dispatch.records import StepRecord
 from herald.dispatch.steps import ReadyStep, build_ready_step, scheduled_view
 from herald.errors import HeraldError
 from herald.loader.batch import SampleBatch
@@ -70,7 +70,7 @@ class LockstepServe:
         self._pipeline: Pipeline | None = None
         self._plan_step = config.first_step  # plan thread: number of the next step planned
         self._touched: TouchedKeys | None = None  # build thread, NOTE [early pulls]: keys the last step changes
-        self._reads_early = bool(consistency_mode(job.consistency).reads_early(job))
+        self._reads_early = job.mode.reads_early
 
     def close(self) -> None:
         """Stop the pipeline threads (joined for at most ``close_timeout_ms``) and add their

@@ -115,21 +115,22 @@ def largest_frame_bytes(job: Any, num_workers: int, batch_size_per_worker: int) 
     :attr:`PeerTable.ack_grads`) also sample ids, uint64 [rows], and bag gradients,
     float32 [rows, tables, dim]. ``rows`` is one micro-batch: ``batch_size_per_worker``,
     or under GBA the global batch (``num_workers * batch_size_per_worker``) over its
-    ``job.gba_buffer`` micro-batches. 0 rows (the batch size unknown): 0.
+    M micro-batches (:meth:`~herald.contracts.consistency.ModeSettings.micro_batch_rows`). 0 rows
+    (the batch size unknown): 0.
 
     Args:
-        job: the :class:`~herald.contracts.job.JobSpec` served (tables, consistency, gba_buffer).
+        job: the :class:`~herald.contracts.job.JobSpec` served (tables, mode).
         num_workers: the ranks this dispatcher serves; batch_size_per_worker: ``--batch-size``.
     """
-    rows = batch_size_per_worker * num_workers // job.gba_buffer if job.gba_buffer else batch_size_per_worker
-    if consistency_mode(job.consistency).embedding_worker is None:
+    rows = job.mode.micro_batch_rows(batch_size_per_worker, num_workers)
+    if not consistency_mode(job.consistency).embedding_worker:
         return rows * 4
     return rows * max(8, 4 * len(job.tables) * job.dim)
 
 
 class Silence(NamedTuple):
     """What a dispatcher's failed wait on its workers saw (NOTE [silent workers] in
-    herald/job/silence.py): ``quiet`` every rank that had sent nothing for at least
+    herald/job/recovery/silence.py): ``quiet`` every rank that had sent nothing for at least
     ``min_s`` seconds, rank -> seconds since its last message (an ``error`` does not
     count: a worker that reports a failure after a long wait was waiting too);
     ``awaited`` the ranks the wait was for; ``reported`` the ranks whose ``error`` came;
@@ -188,7 +189,7 @@ class PeerTable:
         self.rejected: dict[str, int] = dict.fromkeys(KINDS, 0)
         self.ack_rows: int | None = None
         self.ack_grads: tuple[int, int] | None = None
-        # NOTE [silent workers] (herald/job/silence.py): when each rank was last heard from
+        # NOTE [silent workers] (herald/job/recovery/silence.py): when each rank was last heard from
         # (made: the handshake's start), the ranks that reported an error, and the wait in
         # progress (ranks, words), kept when it fails
         self._made = time.monotonic()

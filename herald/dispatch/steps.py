@@ -77,7 +77,7 @@ def build_ready_step(
         replicated: the replicated tables (every rank gets the union of their keys).
         touched_before: the keys the previous step touches (None: unknown, no early pulls).
         next_follows: step ``step + 1`` is sent next, within the credit window (``MicroBatch.next_follows``).
-        reads_early: the job's workers read early (:attr:`herald.contracts.modes.ConsistencyMode.reads_early`);
+        reads_early: the job's workers read early (:attr:`herald.contracts.consistency.ModeSettings.reads_early`);
             False: no pull is marked early and no touched keys are computed.
 
     Returns:

@@ -52,7 +52,7 @@ from herald.errors import ConfigError, DataError
 from herald.files import private_dir, write_private
 from herald.ps.checkpoint import fsync_dir
 
-#: ``TrainConfig`` fields a resumed job keeps: its hyper-parameters (the global batch is
+#: ``TrainConfig`` settings (by flag) a resumed job keeps: its hyper-parameters (the global batch is
 #: ``workers x batch_size``).
 HYPER_PARAMETERS = (
     "workers",
@@ -65,16 +65,17 @@ HYPER_PARAMETERS = (
     "dense_lr",
     "seed",
 )
-#: ``TrainConfig`` fields a resumed job may change: the consistency mode and GBA's settings.
-SWITCHABLE = ("consistency", "gba_buffer", "gba_threshold")
+#: ``TrainConfig`` fields a resumed job may change: the consistency mode and its settings.
+SWITCHABLE = ("mode",)
 
 
 def job_config(cfg: Any) -> dict[str, Any]:
-    """``{"config": hyper-parameters, "consistency": {"mode", "gba_buffer", "gba_threshold"}}``
+    """``{"config": hyper-parameters, "consistency": {"mode", the mode's settings by flag}}``
     of a ``TrainConfig`` (JSON-able), what :class:`Checkpointer` writes to ``meta.json``."""
+    flags = cfg.flags()
     return {
-        "config": {k: getattr(cfg, k) for k in HYPER_PARAMETERS},
-        "consistency": {"mode": cfg.consistency, "gba_buffer": cfg.gba_buffer, "gba_threshold": cfg.gba_threshold},
+        "config": {k: flags[k] for k in HYPER_PARAMETERS},
+        "consistency": {"mode": cfg.consistency, **cfg.mode.flags()},
     }
 
 

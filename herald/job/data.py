@@ -3,7 +3,8 @@ cache size of its schedulers (shared by ``herald train`` and ``herald serve disp
 
 from __future__ import annotations
 
-from herald.contracts.train import STREAM_CACHE_ROWS, TrainConfig
+from herald.contracts.settings import STREAM_CACHE_ROWS
+from herald.contracts.train import TrainConfig
 from herald.loader import open_source, splits
 from herald.loader.global_batches import GlobalBatches, KafkaRecords
 from herald.loader.registry import infer_format
@@ -62,7 +63,7 @@ class JobData:
         self.schema = train.schema
         self.batches = GlobalBatches(train, cfg.global_batch, epochs=cfg.epochs, max_steps=cfg.steps)
         self.replicated, self.replica_rows, self.distinct_keys = [], 0, None
-        if cfg.cache_rows is None or cfg.replicate_below:
+        if cfg.cache.rows is None or cfg.replicate_below:
             per_table = splits.distinct_keys_per_table(cfg.source, options, self.split_info["train_rows"])
             # NOTE [replicated tables] (herald/worker/replicas.py): small tables live on every worker
             self.replicated = [t for t, n in enumerate(per_table) if n <= cfg.replicate_below]
@@ -81,17 +82,17 @@ class JobData:
         Raises:
             ConfigError: more scheduler threads than numba's pool.
         """
-        cache_rows = cfg.cache_rows if cfg.cache_rows or not cfg.is_stream else STREAM_CACHE_ROWS
+        cache_rows = cfg.cache.rows if cfg.cache.rows or not cfg.is_stream else STREAM_CACHE_ROWS
         sched_cfg = SchedulerConfig(
             num_workers=cfg.workers,
             batch_size_per_worker=cfg.batch_size,
-            schedule=cfg.schedule,
-            cache_policy=cfg.cache_policy,
+            schedule=cfg.scheduling.schedule,
+            cache_policy=cfg.cache.policy,
             cache_capacity_rows=cache_rows,
-            cache_ratio=cfg.cache_ratio,
+            cache_ratio=cfg.cache.ratio,
             seed=cfg.seed,
-            scheduling_budget_ms=cfg.scheduling_budget,
-            threads=cfg.scheduler_threads,
+            scheduling_budget_ms=cfg.scheduling.budget,
+            threads=cfg.scheduling.threads,
         )
         check_threads(sched_cfg.threads)
         num_tables, distinct = self.schema.num_tables, self.distinct_keys

@@ -40,7 +40,6 @@ started elsewhere (``herald serve dispatcher``, the test bed) get the single dis
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from collections.abc import Iterable
 from typing import Any
@@ -63,7 +62,7 @@ def independent_groups(cfg: Any) -> bool:
     Raises:
         ConfigError: such a job with checkpoints, ``--resume`` or a Kafka source.
     """
-    if getattr(cfg, "groups", 1) <= 1 or not consistency_mode(cfg.consistency).independent_groups:  # hybrid
+    if cfg.groups.count <= 1 or not consistency_mode(cfg.consistency).independent_groups:  # hybrid
         return False
     for on, flag in (
         (cfg.checkpoint_every, "--checkpoint-every"),
@@ -72,7 +71,7 @@ def independent_groups(cfg: Any) -> bool:
     ):
         if on:
             raise ConfigError(
-                f"--groups {cfg.groups} --consistency {cfg.consistency} (one dispatcher per group) "
+                f"--groups {cfg.groups.count} --consistency {cfg.consistency} (one dispatcher per group) "
                 f"does not support {flag} yet: drop it, or use --groups 1"
             )
     return True
@@ -130,12 +129,11 @@ def group_config(cfg: Any) -> Any:
     """The sub-job one group's dispatcher runs: k = W / G workers, G x ``steps`` batches of
     the shared stream (so the groups together train ``steps`` rounds' samples), no straggler
     flag (the worker applies it by its global rank) and one group."""
-    return dataclasses.replace(
-        cfg,
-        workers=cfg.workers // cfg.groups,
+    return cfg.with_flags(
+        workers=cfg.workers // cfg.groups.count,
         groups=1,
         slow_worker=None,
-        steps=None if cfg.steps is None else cfg.steps * cfg.groups,
+        steps=None if cfg.steps is None else cfg.steps * cfg.groups.count,
     )
 
 

@@ -63,8 +63,8 @@ def run_train(
     :func:`herald.job.runner.process_started_at`), the origin of the report's start-up
     milestones; None: the job's own start.
 
-    A PS shard that dies is survived up to ``cfg.ps_restarts`` times, a worker that dies or
-    goes silent up to ``cfg.worker_restarts`` times, by rolling the job back to its latest
+    A PS shard that dies is survived up to ``cfg.recovery.ps_restarts`` times, a worker that dies or
+    goes silent up to ``cfg.recovery.worker_restarts`` times, by rolling the job back to its latest
     checkpoint (NOTE [ps failover], :func:`herald.job.recovery.rollback.run_attempts`); see
     :func:`_run_attempt` for the rest.
     """
@@ -96,7 +96,7 @@ def _run_attempt(
     # kafka:// sources checkpoint even without --checkpoint-every: their offsets are committed there
     ckpts = Checkpointing("herald train", enabled=bool(cfg.checkpoint_every or cfg.is_stream), check_config=True)
     # Dispatcher: looked up here at each attempt (tests wrap it: tests/integration/test_fuzz_dispatcher.py)
-    ps, workers = PARTS[cfg.launcher](cfg)
+    ps, workers = PARTS[cfg.launcher.name](cfg)
     options = RunOptions(
         dispatcher=Dispatcher, progress=progress, stop_on_signals=True, sample_id_log=ids, started_at=started_at
     )

@@ -64,7 +64,8 @@ from typing import Any
 from herald.contracts.flags import flag_errors
 from herald.contracts.job import JobSpec
 from herald.contracts.train import TrainConfig
-from herald.dispatch.records import DispatcherConfig, StepRecord
+from herald.dispatch.config import DispatcherConfig
+from herald.dispatch.records import StepRecord
 from herald.errors import HeraldError
 from herald.job import group_dispatch
 from herald.job.checkpoints import DispatcherCheckpoints
@@ -121,8 +122,8 @@ def dispatcher_config(cfg: TrainConfig, **overrides: Any) -> DispatcherConfig:
         max_inflight_steps=cfg.inflight_steps,
         peer_timeout_ms=cfg.timeout_ms,
         checkpoint_every_steps=cfg.checkpoint_every,
-        keys_dir=cfg.keys_dir,
-        insecure=cfg.insecure,
+        keys_dir=cfg.security.keys_dir,
+        insecure=cfg.security.insecure,
         batch_size_per_worker=cfg.batch_size,
     )
     with flag_errors():
@@ -293,7 +294,9 @@ class JobRunner:
         dispatcher (``data_cfg`` is ``cfg``)."""
         if self.workers.places_groups and group_dispatch.independent_groups(cfg):
             sub = group_dispatch.group_config(cfg)
-            disps = [dispatcher_config(cfg, num_workers=sub.workers, dispatcher_rank=g) for g in range(cfg.groups)]
+            disps = [
+                dispatcher_config(cfg, num_workers=sub.workers, dispatcher_rank=g) for g in range(cfg.groups.count)
+            ]
             return Layout(True, sub, disps)
         return Layout(False, cfg, [dispatcher_config(cfg, **self.options.dispatcher_settings)])
 

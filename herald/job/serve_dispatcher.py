@@ -1,7 +1,7 @@
 """``herald serve dispatcher``: the dispatcher of a job as its own process.
 
 ``herald serve dispatcher`` exit status: 0 done; 1 an error; 2 invalid options; 75 a
-PS shard was lost (NOTE [ps failover across hosts] in herald/job/failover.py: restart
+PS shard was lost (NOTE [ps failover across hosts] in herald/job/recovery/failover.py: restart
 the shard, then this command with ``--resume``). ``--checkpoint-every`` / ``--resume``
 need the PS admin token in ``HERALD_PS_TOKEN`` and a ``--run-dir`` that the PS shards
 (their ``--checkpoint-root``) and worker rank 0 see at the same path.
@@ -56,7 +56,7 @@ def _serve_dispatcher(args: argparse.Namespace) -> int:
 
 
 def dispatcher_config(cfg, args: argparse.Namespace):
-    """The :class:`~herald.dispatch.records.DispatcherConfig` of ``herald serve dispatcher``:
+    """The :class:`~herald.dispatch.config.DispatcherConfig` of ``herald serve dispatcher``:
     the job's settings (``cfg``, a :class:`~herald.contracts.train.TrainConfig`) with this process's
     ``--bind`` and ``--dispatcher-rank`` (``args``): :func:`herald.job.runner.dispatcher_config`.
 
@@ -91,7 +91,7 @@ def register(commands, bench, serve) -> None:
         description="Read a source, schedule global batches and serve micro-batches to N workers "
         "that connect with `herald serve worker`.",
     )
-    # --run-dir, --checkpoint-every, --resume: NOTE [ps failover across hosts] (herald/job/failover.py);
+    # --run-dir, --checkpoint-every, --resume: NOTE [ps failover across hosts] (herald/job/recovery/failover.py);
     # --ps-restarts / --worker-restarts are the supervisor's (herald train), not this process's; --pin-cores pins
     # herald train's local processes (one role alone: taskset -c CORES herald serve ...); --launcher,
     # --ray-address, --storage-path choose who starts herald train's roles (this process starts none)

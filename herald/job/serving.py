@@ -17,8 +17,9 @@ from typing import Any
 
 from herald.contracts.job import JobSpec
 from herald.contracts.train import TrainConfig
+from herald.dispatch.config import DispatcherConfig
 from herald.dispatch.peers import Silence
-from herald.dispatch.records import DispatcherConfig, StepRecord
+from herald.dispatch.records import StepRecord
 from herald.errors import HeraldError
 from herald.job import group_dispatch
 from herald.job.checkpoints import DispatcherCheckpoints

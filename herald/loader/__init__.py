@@ -11,22 +11,18 @@ Public API (see docs/loader.md):
 - :func:`convert`, :func:`datagen`, :class:`SyntheticSpec`, :class:`SyntheticSource`
 """
 
-from herald.lazy import lazy_exports
+from herald.lazy import lazy_package
 
-# Names are imported on first use (PEP 562, herald/lazy.py).
-_EXPORTS = {
-    "SampleBatch": "batch",
-    "Schema": "batch",
-    "GlobalBatcher": "batcher",
-    "convert": "conversion",
-    "datagen": "conversion",
-    "decode_records": "formats.decode",
-    "open_source": "registry",
-    "register_format": "registry",
-    "Source": "source",
-    "SyntheticSource": "synthetic",
-    "SyntheticSpec": "synthetic",
-}
-
-__all__ = sorted(_EXPORTS)
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
+# Names are imported on first use (PEP 562, herald/lazy.py): submodule -> the names it defines.
+lazy_package(
+    globals(),
+    {
+        "batch": ("SampleBatch", "Schema"),
+        "batcher": ("GlobalBatcher",),
+        "conversion": ("convert", "datagen"),
+        "formats.decode": ("decode_records",),
+        "registry": ("open_source", "register_format"),
+        "source": ("Source",),
+        "synthetic": ("SyntheticSource", "SyntheticSpec"),
+    },
+)

@@ -13,17 +13,8 @@ from herald.loader.produce_cli import register as register_produce
 def _datagen(args) -> int:
     from herald.loader.conversion import datagen  # on use: the herald parser must not load numba and pyarrow
 
-    out = datagen(
-        args.out,
-        rows=args.rows,
-        seed=args.seed,
-        fit=args.fit,
-        preset=args.preset,
-        fit_rows=args.fit_rows,
-        row_group_rows=args.row_group_rows,
-        progress=not args.quiet,
-        force=args.force,
-    )
+    same = {name: getattr(args, name) for name in ("rows", "seed", "fit", "preset", "fit_rows", "row_group_rows")}
+    out = datagen(args.out, progress=not args.quiet, force=args.force, **same)
     print(f"wrote {out['rows']:,} rows to {out['path']}")
     return 0
 

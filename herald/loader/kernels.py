@@ -381,6 +381,8 @@ def compact_jit(ids, has, values, offsets):
     return k
 
 
+# one function: the row loop keeps its RNG state and per-table cursors in registers (a split
+# through helpers returning state costs that, as in docs/scheduler.md "Speed")
 @nb.njit(cache=True, nogil=True)
 def synthetic_jit(
     seed,

@@ -18,10 +18,10 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from herald.config import require
-from herald.errors import ConfigError, DataError, PeerTimeout
+from herald.errors import ConfigError, DataError
 from herald.loader.batch import SampleBatch
 from herald.loader.formats.arrow import batch_to_arrow
-from herald.loader.kafka.config import check_reachable
+from herald.loader.kafka.config import broker_timeout, check_reachable
 from herald.loader.registry import infer_format, open_source
 
 _RESERVED = ("bootstrap_servers", "key_serializer", "value_serializer")
@@ -164,12 +164,41 @@ def produce(
         DataError: the source is unreadable.
     """
     import kafka.errors as ke
-    from kafka import KafkaProducer
 
     if settings.format in _TEXT_FORMATS:
         check_text_source(spec, settings.format)
         if source_options:
             raise ConfigError(f"source options {sorted(source_options)} apply to --format arrow only")
+    producer = _open_producer(settings)
+    t0 = time.monotonic()
+    send = _Sender(producer, settings, progress)
+    try:
+        if settings.format in _TEXT_FORMATS:
+            for line in text_lines(spec, settings.format, settings.limit_rows):
+                send(line, 1)
+        else:
+            _produce_arrow(spec, settings, source_options or {}, send)
+        producer.flush(timeout=settings.flush_timeout_ms / 1000)
+        _settle(send.futures, settings)
+    except ke.KafkaTimeoutError as exc:
+        raise broker_timeout(
+            settings.bootstrap_servers,
+            "produce",
+            f"Kafka at {settings.bootstrap_servers} did not accept messages within the timeout: {exc}",
+        ) from exc
+    finally:
+        producer.close(timeout=settings.flush_timeout_ms / 1000)
+    return {**send.stats, "seconds": time.monotonic() - t0}
+
+
+def _open_producer(settings: ProduceSettings):
+    """A ``KafkaProducer`` for ``settings`` (messages up to ``max_message_bytes``).
+
+    Raises:
+        PeerTimeout: no broker reachable or answering.
+    """
+    import kafka.errors as ke
+    from kafka import KafkaProducer
 
     check_reachable(settings.bootstrap_servers, 10_000)
     opts = {
@@ -180,48 +209,36 @@ def produce(
         **settings.client_options,
     }
     try:
-        producer = KafkaProducer(bootstrap_servers=settings.bootstrap_servers.split(","), **opts)
+        return KafkaProducer(bootstrap_servers=settings.bootstrap_servers.split(","), **opts)
     except ke.NoBrokersAvailable as exc:
-        raise PeerTimeout(
+        raise broker_timeout(
+            settings.bootstrap_servers,
+            "bootstrap",
             f"no Kafka broker answered at {settings.bootstrap_servers}; check the address and "
             "--client-option api_version=0.9 for an old broker",
-            peer=settings.bootstrap_servers,
-            op="bootstrap",
         ) from exc
-    t0 = time.monotonic()
-    stats = {"rows": 0, "messages": 0, "bytes": 0}
-    throttle = _Throttle(settings.rate_samples_per_s)
-    futures = []
 
-    def send(payload: bytes, rows: int) -> None:
-        futures.append(producer.send(settings.topic, payload))
-        stats["rows"] += rows
-        stats["messages"] += 1
-        stats["bytes"] += len(payload)
-        if len(futures) >= 10000:
-            _settle(futures, settings)
-        throttle(rows)
-        if progress is not None:
-            progress(rows)
 
-    try:
-        if settings.format in _TEXT_FORMATS:
-            for line in text_lines(spec, settings.format, settings.limit_rows):
-                send(line, 1)
-        else:
-            _produce_arrow(spec, settings, source_options or {}, send)
-        producer.flush(timeout=settings.flush_timeout_ms / 1000)
-        _settle(futures, settings)
-    except ke.KafkaTimeoutError as exc:
-        raise PeerTimeout(
-            f"Kafka at {settings.bootstrap_servers} did not accept messages within the timeout: {exc}",
-            peer=settings.bootstrap_servers,
-            op="produce",
-        ) from exc
-    finally:
-        producer.close(timeout=settings.flush_timeout_ms / 1000)
-    stats["seconds"] = time.monotonic() - t0
-    return stats
+class _Sender:
+    """``send(payload, rows)``: one message to the topic, counted in :attr:`stats` (rows,
+    messages, payload bytes), throttled, acknowledgements settled every 10,000 messages."""
+
+    def __init__(self, producer, settings: ProduceSettings, progress: Callable[[int], None] | None) -> None:
+        self.producer, self.settings, self.progress = producer, settings, progress
+        self.stats = {"rows": 0, "messages": 0, "bytes": 0}
+        self.throttle = _Throttle(settings.rate_samples_per_s)
+        self.futures: list = []
+
+    def __call__(self, payload: bytes, rows: int) -> None:
+        self.futures.append(self.producer.send(self.settings.topic, payload))
+        self.stats["rows"] += rows
+        self.stats["messages"] += 1
+        self.stats["bytes"] += len(payload)
+        if len(self.futures) >= 10000:
+            _settle(self.futures, self.settings)
+        self.throttle(rows)
+        if self.progress is not None:
+            self.progress(rows)
 
 
 def _produce_arrow(spec: str, settings: ProduceSettings, source_options: Mapping[str, Any], send) -> None:

@@ -56,14 +56,11 @@ def run_produce(args) -> int:
     from herald.loader.kafka.config import parse_kafka_value
     from herald.loader.produce import ProduceSettings, check_text_source, produce
 
+    options = {k: parse_kafka_value(k, v) for k, v in args.client_option}
+    named = {"bootstrap_servers": "bootstrap", "rate_samples_per_s": "rate", "limit_rows": "limit"}  # field: option
+    given = {field: getattr(args, option) for field, option in named.items()}
     settings = ProduceSettings(
-        bootstrap_servers=args.bootstrap,
-        topic=args.topic,
-        format=args.format,
-        rows_per_message=args.rows_per_message,
-        rate_samples_per_s=args.rate,
-        limit_rows=args.limit,
-        client_options={k: parse_kafka_value(k, v) for k, v in args.client_option},
+        topic=args.topic, format=args.format, rows_per_message=args.rows_per_message, client_options=options, **given
     )
     source_options = {k: parse_value(v) for k, v in args.source_option}
     if settings.format != "arrow":

@@ -11,17 +11,14 @@ Public API::
 See docs/scheduler.md.
 """
 
-from herald.lazy import lazy_exports
+from herald.lazy import lazy_package
 
-# Names are imported on first use (PEP 562, herald/lazy.py).
-_EXPORTS = {
-    "SchedulerConfig": "config",
-    "CAUSES": "plan",
-    "CachePlan": "plan",
-    "KeySet": "plan",
-    "Scheduler": "scheduler",
-    "StepPlan": "scheduler",
-}
-
-__all__ = sorted(_EXPORTS)
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
+# Names are imported on first use (PEP 562, herald/lazy.py): submodule -> the names it defines.
+lazy_package(
+    globals(),
+    {
+        "config": ("SchedulerConfig",),
+        "plan": ("CAUSES", "CachePlan", "KeySet"),
+        "scheduler": ("Scheduler", "StepPlan"),
+    },
+)

@@ -118,6 +118,12 @@ class SchedulerConfig:
             f"cache_capacity_rows must be None or an int >= 1, got {self.cache_capacity_rows!r}",
         )
         require(0.0 < float(self.cache_ratio) <= 1.0, f"cache_ratio must be in (0, 1], got {self.cache_ratio!r}")
+        self._check_adaptive_and_threads()
+        require(isinstance(self.seed, int) and self.seed >= 0, f"seed must be an int >= 0, got {self.seed!r}")
+
+    def _check_adaptive_and_threads(self) -> None:
+        """The checks of the budget, the threads and the costaware settings (in
+        ``__post_init__``'s order: the first setting out of range raises)."""
         budget = self.scheduling_budget_ms
         require(
             budget is None
@@ -163,7 +169,6 @@ class SchedulerConfig:
             float(self.costaware_share_cost) >= 0,
             f"costaware_share_cost must be >= 0, got {self.costaware_share_cost!r}",
         )
-        require(isinstance(self.seed, int) and self.seed >= 0, f"seed must be an int >= 0, got {self.seed!r}")
 
     @property
     def global_batch_size(self) -> int:

@@ -4,7 +4,8 @@ Pure functions over preallocated arrays; validation, allocation and
 orchestration live in the Python modules around them. Every kernel is ``nogil``.
 
 The cache-snapshot kernels (LRU lists, LFU heaps) are in
-:mod:`herald.scheduler.snapshot_kernels` and the key map in
+:mod:`herald.scheduler.snapshot_kernels`, the key collection and the after-step update in
+:mod:`herald.scheduler.step_kernels` and the key map in
 :mod:`herald.scheduler.keymap_kernels`, to keep each module small.
 
 Shared vocabulary (see :mod:`herald.scheduler.state` for the arrays):
@@ -34,7 +35,7 @@ _AHEAD = 32  # keys ahead whose record is prefetched in the per-key passes
 
 HIT, MISS_PULL, UPDATE_PULL, GRAD_PUSH, PLAN_PUSH, EVICT_PUSH = 0, 1, 2, 3, 4, 5
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 _DEBRUIJN = np.uint64(0x03F79D71B4CB0A89)
@@ -120,7 +121,7 @@ def mix64_jit(z):
 @nb.njit(**JIT)
 def rng_next_jit(state):
     """Next uint64 of the splitmix64 stream held in ``state`` uint64 [1] (advanced in place)."""
-    state[0] += _GOLDEN
+    state[0] += GOLDEN
     return mix64_jit(state[0])
 
 
@@ -140,9 +141,27 @@ def popcount_jit(m):
     return n
 
 
+@nb.njit(inline="always", **JIT)
+def add_copies_jit(score, m):
+    """``score[w] += 1`` (float64 [W]) for every bit ``w`` of ``m`` (the workers holding a valid copy)."""
+    while m:
+        score[lowbit_index_jit(m)] += 1.0
+        m &= m - np.uint64(1)
+
+
+@nb.njit(inline="always", **JIT)
+def repeats_table_jit(samp_tab, lo, hi):
+    """Whether a table comes again among a sample's tables ``samp_tab[lo:hi]`` (int16, else
+    ascending): keys of different tables differ, so only then can the sample repeat a key."""
+    for p in range(lo + 1, hi):
+        if samp_tab[p] <= samp_tab[p - 1]:
+            return True
+    return False
+
+
 @nb.njit(**JIT)
 def key_hash_jit(table, key):
-    return mix64_jit(key ^ (np.uint64(table + 1) * _GOLDEN))
+    return mix64_jit(key ^ (np.uint64(table + 1) * GOLDEN))
 
 
 # ----------------------------------------------------------------------------- allocation
@@ -163,7 +182,7 @@ def random_alloc_jit(n, per_worker, rng, out_worker):
 
 
 @nb.njit(**JIT)
-def _pick_jit(score, load, per_worker, ties, rng, maximize):
+def pick_jit(score, load, per_worker, ties, rng, maximize):
     """Best available worker by ``score`` (max or min); ties broken by one rng draw."""
     W = score.shape[0]
     nt = 0
@@ -205,10 +224,7 @@ def laia_alloc_jit(
         tok += 1
         lo = samp_off[i]
         hi = samp_off[i + 1]
-        dedup = False  # keys of different tables differ: only a repeated table can repeat a key
-        for p in range(lo + 1, hi):
-            if samp_tab[p] <= samp_tab[p - 1]:
-                dedup = True
+        dedup = repeats_table_jit(samp_tab, lo, hi)
         for p in range(lo, hi):
             if p + _AHEAD < nnz:
                 prefetch_jit(valid, samp_slot[p + _AHEAD])
@@ -219,16 +235,15 @@ def laia_alloc_jit(
                 if mark[s] == tok:
                     continue
                 mark[s] = tok
-            m = valid[s]
-            while m:
-                score[lowbit_index_jit(m)] += 1.0
-                m &= m - np.uint64(1)
-        w = _pick_jit(score, load, per_worker, ties, rng, True)
+            add_copies_jit(score, valid[s])
+        w = pick_jit(score, load, per_worker, ties, rng, True)
         out_worker[i] = w
         load[w] += 1
     token[0] = tok
 
 
+# one function: its per-sample loop state (tokens, loads, gains) stays in registers, as in the
+# snapshot kernels, where helpers returning state cost 1.5x (docs/scheduler.md "Speed")
 @nb.njit(**JIT)
 def costaware_alloc_jit(
     samp_off,
@@ -344,166 +359,12 @@ def costaware_alloc_jit(
                 m &= m - one
         for w in range(W):
             gain[w] += base
-        w = _pick_jit(gain, load, per_worker, ties, rng, True)
+        w = pick_jit(gain, load, per_worker, ties, rng, True)
         out_worker[i] = w
         load[w] += 1
         for p in range(samp_off[i], samp_off[i + 1]):
             use_mask[samp_slot[p]] |= one << np.uint64(w)
     token[0] = tok
-
-
-# ----------------------------------------------------------------------------- step keys
-@nb.njit(**JIT)
-def group_by_worker_jit(worker_of, out_order, out_start):
-    """Samples grouped by worker, ascending within a worker (a stable counting sort: the
-    same as ``np.argsort(worker_of, kind="stable")``).
-
-    Args:
-        worker_of: int32 [B] in ``0..W-1``; out_order: int64 [B]; out_start: int64 [W+1]
-            (written: worker w's samples are ``out_order[out_start[w]:out_start[w+1]]``).
-    """
-    W = out_start.shape[0] - 1
-    out_start[:] = 0
-    for i in range(worker_of.shape[0]):
-        out_start[worker_of[i] + 1] += 1
-    for w in range(W):
-        out_start[w + 1] += out_start[w]
-    cur = out_start[:W].copy()
-    for i in range(worker_of.shape[0]):
-        w = worker_of[i]
-        out_order[cur[w]] = i
-        cur[w] += 1
-
-
-@nb.njit(**JIT)
-def collect_keys_jit(
-    samp_off,
-    samp_slot,
-    order,
-    wstart,
-    mark,
-    token,
-    use_mask,
-    freq,
-    count_freq,
-    clear_use,
-    owner,
-    plan_push,
-    out_keys,
-    out_off,
-    pp_slot,
-    pp_worker,
-):
-    """Distinct keys per worker in canonical order (samples in ``order``, tables, values),
-    and, when ``plan_push``, the previous step's plan pushes (Herald Alg. 2; their order:
-    docs/scheduler.md, "Exact semantics").
-
-    Args:
-        order: int64 [B] samples grouped by worker, ascending within a worker;
-        wstart: int64 [W+1] group bounds in ``order``.
-        use_mask: uint64 [S]: bit w set for K_w; zero on entry for these keys unless
-            ``clear_use`` (then cleared first: an allocation used it as scratch).
-        freq: int32 [S] popularity (+1 per sample occurrence; the table profiler), updated
-            only when ``count_freq``.
-        owner: int32 [S]; with ``plan_push``, every key of K_w held dirty by ``o != w`` is
-            pushed once by ``o`` in this (worker, canonical) order and ``owner`` becomes
-            -1: ``pp_slot`` / ``pp_worker`` int32 [nnz] (written).
-        out_keys: int32 [nnz]; out_off: int64 [W+1] (written).
-
-    Returns:
-        the number of plan pushes.
-    """
-    if clear_use:
-        nnz = samp_slot.shape[0]
-        for p in range(nnz):
-            if p + _AHEAD < nnz:
-                prefetch_jit(use_mask, samp_slot[p + _AHEAD])
-            use_mask[samp_slot[p]] = 0
-    W = wstart.shape[0] - 1
-    tok = token[0]
-    n = 0
-    c = 0
-    out_off[0] = 0
-    for w in range(W):
-        tok += 1
-        bit = np.uint64(1) << np.uint64(w)
-        for q in range(wstart[w], wstart[w + 1]):
-            i = order[q]
-            if q + 1 < wstart[W]:  # the next sample's records
-                i1 = order[q + 1]
-                for p in range(samp_off[i1], samp_off[i1 + 1]):
-                    prefetch_jit(use_mask, samp_slot[p])
-            for p in range(samp_off[i], samp_off[i + 1]):
-                s = samp_slot[p]
-                if count_freq:
-                    freq[s] += 1
-                if mark[s] != tok:
-                    mark[s] = tok
-                    out_keys[n] = s
-                    n += 1
-                    use_mask[s] |= bit
-                    o = owner[s]
-                    if plan_push and o >= 0 and o != w:
-                        pp_slot[c] = s
-                        pp_worker[c] = o
-                        owner[s] = -1
-                        c += 1
-        out_off[w + 1] = n
-    token[0] = tok
-    return c
-
-
-@nb.njit(**JIT)
-def update_after_step_jit(keys, off, use_mask, valid, owner, full_sync, gp_slot, gp_contrib, ul_slot, gp_cnt, ul_cnt):
-    """After backward (NOTE [step protocol], steps 4-5): gradient pushes, local updates, new validity.
-
-    Per worker ``w``, in canonical order of K_w: keys used by >= 2 workers (or every key
-    under full-set sync) go to ``grad_push`` with contributors = |U(e)|; sole-user keys
-    go to ``update_local``. Outputs are written at ``off[w] + i`` (int32 / uint16 arrays
-    [nnz]); counts in ``gp_cnt`` / ``ul_cnt`` int64 [W]. Then: sole-user keys are valid
-    only at their user, which owns them (dirty) unless full sync; shared keys are stale
-    everywhere and latest at the PS. The last user (highest worker) of a key clears its
-    ``use_mask`` (workers are visited in rank order).
-    """
-    for w in range(off.shape[0] - 1):
-        update_worker_jit(
-            w, keys, off, use_mask, valid, owner, full_sync, gp_slot, gp_contrib, ul_slot, gp_cnt, ul_cnt, True
-        )
-
-
-@nb.njit(**JIT)
-def update_worker_jit(
-    w, keys, off, use_mask, valid, owner, full_sync, gp_slot, gp_contrib, ul_slot, gp_cnt, ul_cnt, clear_use
-):
-    """Worker w's part of :func:`update_after_step_jit`. Every user of a key writes the
-    same new ``valid`` / ``owner``, so workers may run on several threads; then
-    ``clear_use`` must be False (a user clearing ``use_mask`` while another still reads
-    it) and ``use_mask`` is cleared after all of them (:mod:`herald.scheduler.parallel_kernels`)."""
-    g = off[w]
-    u = off[w]
-    hi = off[w + 1]
-    for i in range(off[w], hi):  # one pass: lists, then the key's new state (same for every user)
-        if i + _AHEAD < hi:
-            prefetch_jit(use_mask, keys[i + _AHEAD])
-        s = keys[i]
-        um = use_mask[s]
-        n = popcount_jit(um)
-        if n >= 2 or full_sync:
-            gp_slot[g] = s
-            gp_contrib[g] = n
-            g += 1
-        if n == 1:
-            ul_slot[u] = s
-            u += 1
-            valid[s] = um
-            owner[s] = -1 if full_sync else w
-        else:
-            valid[s] = 0
-            owner[s] = -1
-        if clear_use and (um >> np.uint64(w)) == np.uint64(1):  # w is its last user: use_mask
-            use_mask[s] = 0  # holds no state between steps
-    gp_cnt[w] = g - off[w]
-    ul_cnt[w] = u - off[w]
 
 
 @nb.njit(**JIT)

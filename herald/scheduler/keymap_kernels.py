@@ -103,8 +103,7 @@ def insert_missing_tables_jit(buckets, slot_ids, slot_tab, n_slots, values, slot
                 n_slots[0] = n
                 return p
             slots[p] = s
-            if s == n:
-                n += 1
+            n = max(n, s + 1)  # a new key took slot n
         i += m
     n_slots[0] = n
     return i

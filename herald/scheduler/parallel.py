@@ -54,7 +54,7 @@ class ParallelPasses:
     def lookup_and_gather(self, snap, values: tuple, offsets: tuple, B: int, nnz: int):
         """Slots of a batch's keys (read-only lookup per table on the threads, new keys
         inserted on this one in table-major order) and its sample-major CSR; the same
-        arrays as :meth:`Scheduler._prepare`."""
+        arrays as :func:`herald.scheduler.batch_keys.sample_csr`."""
         starts = np.zeros(len(values) + 1, np.int64)
         np.cumsum([v.shape[0] for v in values], out=starts[1:])
         slots = np.empty(nnz, np.int32)
@@ -90,57 +90,12 @@ class ParallelPasses:
         return out
 
     # ------------------------------------------------------------------ step
-    def collect_keys(
-        self,
-        samp_off,
-        samp_slot,
-        order,
-        wstart,
-        snap,
-        count_freq: bool,
-        clear_use: bool,
-        plan_push: bool,
-        keys,
-        off,
-        pp_slot,
-        pp_w,
-    ) -> int:
-        """:func:`herald.scheduler.kernels.collect_keys_jit` on the threads; returns the
-        number of plan pushes."""
-        snap.token[0] += off.shape[0] - 1
+    def collect_keys(self, batch, snap, count_freq: bool, clear_use: bool, plan_push: bool, out) -> int:
+        """:func:`herald.scheduler.step_kernels.collect_keys_jit` on the threads (the same ``batch``
+        and ``out`` tuples, the arrays of ``snap``); returns the number of plan pushes."""
+        snap.token[0] += out[1].shape[0] - 1
         return PK.collect_keys_par_jit(
-            samp_off,
-            samp_slot,
-            order,
-            wstart,
-            snap.use_mask,
-            snap.freq,
-            count_freq,
-            clear_use,
-            snap.owner,
-            plan_push,
-            keys,
-            off,
-            pp_slot,
-            pp_w,
-            self.threads,
-        )
-
-    def update(self, keys, off, snap, full_sync: bool, gp_slot, gp_contrib, ul_slot, gp_cnt, ul_cnt) -> None:
-        """:func:`herald.scheduler.kernels.update_after_step_jit` on the threads."""
-        PK.update_after_step_par_jit(
-            keys,
-            off,
-            snap.use_mask,
-            snap.valid,
-            snap.owner,
-            full_sync,
-            gp_slot,
-            gp_contrib,
-            ul_slot,
-            gp_cnt,
-            ul_cnt,
-            self.threads,
+            batch, snap.use_mask, snap.freq, snap.owner, count_freq, clear_use, plan_push, out, self.threads
         )
 
     def gather_plan_keys(self, *args) -> None:

@@ -31,9 +31,17 @@ from numba import prange
 
 from herald.keymap import find_many_jit
 from herald.scheduler.atomics import atomic_add_jit, atomic_or_jit
-from herald.scheduler.kernels import _GOLDEN, _pick_jit, lowbit_index_jit, prefetch_jit, update_worker_jit
+from herald.scheduler.kernels import (
+    GOLDEN,
+    add_copies_jit,
+    lowbit_index_jit,
+    pick_jit,
+    prefetch_jit,
+    repeats_table_jit,
+)
 from herald.scheduler.plan_build import copy_worker_lists_jit, plan_bounds_jit, scatter_plan_pushes_jit
-from herald.scheduler.snapshot_kernels import _lfu_worker_jit, _lru_worker_jit
+from herald.scheduler.snapshot_kernels import lfu_worker_jit, lru_worker_jit
+from herald.scheduler.step_kernels import update_worker_jit
 
 PJIT = dict(nogil=True, cache=True, parallel=True)
 _AHEAD = 32  # keys ahead whose record is prefetched (as in kernels.py)
@@ -109,27 +117,21 @@ def laia_scores_par_jit(samp_off, samp_slot, samp_tab, table_on, valid, nchunks,
         for i in range(lo, hi):
             a = samp_off[i]
             b = samp_off[i + 1]
-            dedup = False  # keys of different tables differ: only a repeated table can repeat a key
-            for p in range(a + 1, b):
-                if samp_tab[p] <= samp_tab[p - 1]:
-                    dedup = True
-            if dedup:
-                _score_distinct_jit(samp_slot, samp_tab, a, b, table_on, valid, out_score, i)
+            row = out_score[i]
+            if repeats_table_jit(samp_tab, a, b):
+                _score_distinct_jit(samp_slot, samp_tab, a, b, table_on, valid, row)
                 continue
             for p in range(a, b):
                 if p + _AHEAD < nnz:
                     prefetch_jit(valid, samp_slot[p + _AHEAD])
-                if not table_on[samp_tab[p]]:
-                    continue
-                m = valid[samp_slot[p]]
-                while m:
-                    out_score[i, lowbit_index_jit(m)] += 1.0
-                    m &= m - np.uint64(1)
+                if table_on[samp_tab[p]]:
+                    add_copies_jit(row, valid[samp_slot[p]])
 
 
 @nb.njit(nogil=True, cache=True)
-def _score_distinct_jit(samp_slot, samp_tab, a, b, table_on, valid, out_score, i):
-    """Score of sample i counting each distinct enabled slot once (no shared marks)."""
+def _score_distinct_jit(samp_slot, samp_tab, a, b, table_on, valid, score):
+    """Score (float64 [W], added to) of the sample ``samp_*[a:b]`` counting each distinct
+    enabled slot once (no shared marks)."""
     buf = np.empty(b - a, np.int32)
     k = 0
     for p in range(a, b):
@@ -138,12 +140,8 @@ def _score_distinct_jit(samp_slot, samp_tab, a, b, table_on, valid, out_score, i
             k += 1
     buf = np.sort(buf[:k])
     for q in range(k):
-        if q > 0 and buf[q] == buf[q - 1]:
-            continue
-        m = valid[buf[q]]
-        while m:
-            out_score[i, lowbit_index_jit(m)] += 1.0
-            m &= m - np.uint64(1)
+        if q == 0 or buf[q] != buf[q - 1]:
+            add_copies_jit(score, valid[buf[q]])
 
 
 @nb.njit(nogil=True, cache=True)
@@ -155,7 +153,7 @@ def laia_pick_jit(score, per_worker, rng, out_worker, lo, hi):
     load = np.zeros(W, np.int64)
     ties = np.zeros(W, np.int64)
     for i in range(lo, hi):
-        w = _pick_jit(score[i], load, per_worker, ties, rng, True)
+        w = pick_jit(score[i], load, per_worker, ties, rng, True)
         out_worker[i] = w
         load[w] += 1
 
@@ -181,33 +179,19 @@ def laia_pick_lockfree_par_jit(score, per_worker, nchunks, rng, out_worker):
         cap = per_worker // nchunks + (1 if c < per_worker % nchunks else 0)
         lo = W * before
         stream = np.empty(1, np.uint64)
-        stream[0] = state0 + np.uint64(lo) * _GOLDEN
+        stream[0] = state0 + np.uint64(lo) * GOLDEN
         laia_pick_jit(score, cap, stream, out_worker, lo, lo + W * cap)
-    rng[0] = state0 + np.uint64(B) * _GOLDEN
+    rng[0] = state0 + np.uint64(B) * GOLDEN
 
 
 # ----------------------------------------------------------------------------- step keys
 @nb.njit(**PJIT)
-def collect_keys_par_jit(
-    samp_off,
-    samp_slot,
-    order,
-    wstart,
-    use_mask,
-    freq,
-    count_freq,
-    clear_use,
-    owner,
-    plan_push,
-    out_keys,
-    out_off,
-    pp_slot,
-    pp_worker,
-    nchunks,
-):
-    """:func:`herald.scheduler.kernels.collect_keys_jit` per worker on ``nchunks`` threads
+def collect_keys_par_jit(batch, use_mask, freq, owner, count_freq, clear_use, plan_push, out, nchunks):
+    """:func:`herald.scheduler.step_kernels.collect_keys_jit` per worker on ``nchunks`` threads
     (same arguments but ``mark`` / ``token``: a worker's first occurrence of a key is the
     one that sets its bit in ``use_mask``). Returns the number of plan pushes."""
+    samp_off, samp_slot, order, wstart = batch
+    out_keys, out_off, pp_slot, pp_worker = out
     nnz = samp_slot.shape[0]
     W = wstart.shape[0] - 1
     if clear_use:  # an allocation used use_mask as scratch
@@ -229,19 +213,7 @@ def collect_keys_par_jit(
         w0, w1 = _chunk(c, W, nchunks)
         for w in range(w0, w1):
             cnt[w], ncand[w] = _collect_worker_jit(
-                w,
-                samp_off,
-                samp_slot,
-                order,
-                wstart,
-                use_mask,
-                freq,
-                count_freq,
-                owner,
-                plan_push,
-                tmp,
-                cand,
-                region[w],
+                w, batch, use_mask, freq, count_freq, owner, plan_push, tmp, cand, region[w]
             )
     out_off[0] = 0
     for w in range(W):
@@ -265,19 +237,18 @@ def collect_keys_par_jit(
 
 
 @nb.njit(nogil=True, cache=True)
-def _collect_worker_jit(
-    w, samp_off, samp_slot, order, wstart, use_mask, freq, count_freq, owner, plan_push, out, cand, n0
-):
+def _collect_worker_jit(w, batch, use_mask, freq, count_freq, owner, plan_push, out, cand, n0):
     """K_w in canonical order into ``out[n0:]`` and, with ``plan_push``, those of its keys
     held dirty by another worker into ``cand[n0:]`` (candidate plan pushes: ``owner``
     does not change in this pass); returns both counts."""
+    samp_off, samp_slot, order, wstart = batch
     bit = np.uint64(1) << np.uint64(w)
     n = n0
     m = n0
     end = wstart[w + 1]
     for q in range(wstart[w], end):
         i = order[q]
-        if q + 1 < end:  # the next sample's records
+        if q + 1 < end:  # the next sample's records (written out: as a helper 1.4x slower)
             i1 = order[q + 1]
             for p in range(samp_off[i1], samp_off[i1 + 1]):
                 prefetch_jit(use_mask, samp_slot[p])
@@ -321,27 +292,7 @@ def _claim_plan_pushes_jit(w, cand, n0, ncand, use_mask, owner, out_slot, out_ow
 
 # ----------------------------------------------------------------------------- snapshots, update
 @nb.njit(**PJIT)
-def snapshot_lru_par_jit(
-    keys,
-    off,
-    cached,
-    valid,
-    owner,
-    cap,
-    pos,
-    log,
-    head,
-    tail,
-    size,
-    ev_slot,
-    ev_wb,
-    ev_cnt,
-    pull_slot,
-    pull_cnt,
-    counts,
-    err,
-    nchunks,
-):
+def snapshot_lru_par_jit(keys, off, cap, lru, out, err, nchunks):
     """:func:`herald.scheduler.snapshot_kernels.snapshot_lru_step_jit` per worker on
     ``nchunks`` threads (same arguments). A micro-batch over capacity is reported before
     any state changes."""
@@ -352,89 +303,24 @@ def snapshot_lru_par_jit(
     for c in prange(nchunks):
         w0, w1 = _chunk(c, W, nchunks)
         for w in range(w0, w1):
-            code[w] = _lru_worker_jit(
-                w,
-                W,
-                keys,
-                off,
-                cached,
-                valid,
-                owner,
-                cap,
-                pos,
-                log,
-                head,
-                tail,
-                size,
-                ev_slot,
-                ev_wb,
-                ev_cnt,
-                pull_slot,
-                pull_cnt,
-                counts,
-                True,
-            )
+            code[w] = lru_worker_jit(w, W, keys, off, cap, lru, out, True)
     _first_error_jit(code, err)
 
 
 @nb.njit(**PJIT)
-def snapshot_lfu_par_jit(
-    keys,
-    off,
-    use_mask,
-    cached,
-    valid,
-    owner,
-    cap,
-    pos,
-    hslot,
-    hprio,
-    size,
-    seq,
-    ev_slot,
-    ev_wb,
-    ev_cnt,
-    pull_slot,
-    pull_cnt,
-    counts,
-    err,
-    nchunks,
-):
+def snapshot_lfu_par_jit(keys, off, use_mask, cap, lfu, out, err, nchunks):
     """:func:`herald.scheduler.snapshot_kernels.snapshot_lfu_step_jit` per worker on
     ``nchunks`` threads (same arguments)."""
     W = off.shape[0] - 1
     if _over_capacity_jit(off, cap, err):
         return
+    aside_s = np.empty((nchunks, cap + 1), np.int32)  # each chunk's scratch
+    aside_p = np.empty((nchunks, cap + 1), np.int64)
     code = np.zeros(W, np.int64)
     for c in prange(nchunks):
         w0, w1 = _chunk(c, W, nchunks)
-        aside_s = np.empty(cap + 1, np.int32)
-        aside_p = np.empty(cap + 1, np.int64)
         for w in range(w0, w1):
-            code[w] = _lfu_worker_jit(
-                w,
-                keys,
-                off,
-                use_mask,
-                cached,
-                valid,
-                owner,
-                cap,
-                pos,
-                hslot,
-                hprio,
-                size,
-                seq,
-                ev_slot,
-                ev_wb,
-                ev_cnt,
-                pull_slot,
-                pull_cnt,
-                counts,
-                aside_s,
-                aside_p,
-                True,
-            )
+            code[w] = lfu_worker_jit(w, keys, off, use_mask, cap, lfu, out, aside_s[c], aside_p[c], True)
     _first_error_jit(code, err)
 
 
@@ -458,18 +344,14 @@ def _first_error_jit(code, err):
 
 
 @nb.njit(**PJIT)
-def update_after_step_par_jit(
-    keys, off, use_mask, valid, owner, full_sync, gp_slot, gp_contrib, ul_slot, gp_cnt, ul_cnt, nchunks
-):
-    """:func:`herald.scheduler.kernels.update_after_step_jit` per worker on ``nchunks``
+def update_after_step_par_jit(keys, off, use_mask, valid, owner, full_sync, upd, nchunks):
+    """:func:`herald.scheduler.step_kernels.update_after_step_jit` per worker on ``nchunks``
     threads (same arguments); ``use_mask`` is cleared once every worker has read it."""
     W = off.shape[0] - 1
     for c in prange(nchunks):
         w0, w1 = _chunk(c, W, nchunks)
         for w in range(w0, w1):
-            update_worker_jit(
-                w, keys, off, use_mask, valid, owner, full_sync, gp_slot, gp_contrib, ul_slot, gp_cnt, ul_cnt, False
-            )
+            update_worker_jit(w, keys, off, use_mask, valid, owner, full_sync, upd, False)
     n = keys.shape[0]
     for c in prange(nchunks):
         lo, hi = _chunk(c, n, nchunks)
@@ -479,47 +361,13 @@ def update_after_step_par_jit(
 
 # ----------------------------------------------------------------------------- plans
 @nb.njit(**PJIT)
-def gather_plan_keys_par_jit(
-    off,
-    ev_slot,
-    pull_slot,
-    gp_slot,
-    ul_slot,
-    ev_cnt,
-    pull_cnt,
-    gp_cnt,
-    ul_cnt,
-    pp_slot,
-    pp_worker,
-    slot_tab,
-    slot_ids,
-    out_tab,
-    out_ids,
-    out_bounds,
-    nchunks,
-):
+def gather_plan_keys_par_jit(off, lists, cnts, pp, keymap, out, nchunks):
     """:func:`herald.scheduler.plan_build.gather_plan_keys_jit` with the workers' lists
     copied on ``nchunks`` threads (same arguments); the plan pushes on one."""
     W = off.shape[0] - 1
-    plan_bounds_jit(ev_cnt, pull_cnt, gp_cnt, ul_cnt, pp_worker, out_bounds)
+    plan_bounds_jit(cnts, pp[1], out[2])
     for c in prange(nchunks):
         w0, w1 = _chunk(c, W, nchunks)
         for w in range(w0, w1):
-            copy_worker_lists_jit(
-                w,
-                off,
-                ev_slot,
-                pull_slot,
-                gp_slot,
-                ul_slot,
-                ev_cnt,
-                pull_cnt,
-                gp_cnt,
-                ul_cnt,
-                slot_tab,
-                slot_ids,
-                out_tab,
-                out_ids,
-                out_bounds,
-            )
-    scatter_plan_pushes_jit(pp_slot, pp_worker, slot_tab, slot_ids, out_tab, out_ids, out_bounds)
+            copy_worker_lists_jit(w, off, lists, cnts, keymap, out)
+    scatter_plan_pushes_jit(pp, keymap, out)

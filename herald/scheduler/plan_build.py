@@ -23,7 +23,8 @@ NUM_LISTS = 5
 
 
 @nb.njit(**JIT)
-def _copy_keys_jit(src, lo, m, slot_tab, slot_ids, out_tab, out_ids, n):
+def _copy_keys_jit(src, lo, m, keymap, out_tab, out_ids, n):
+    slot_tab, slot_ids = keymap
     hi = lo + m
     for i in range(lo, hi):
         if i + _AHEAD < hi:  # the key map entries of the slot _AHEAD ahead
@@ -37,63 +38,32 @@ def _copy_keys_jit(src, lo, m, slot_tab, slot_ids, out_tab, out_ids, n):
 
 
 @nb.njit(**JIT)
-def gather_plan_keys_jit(
-    off,
-    ev_slot,
-    pull_slot,
-    gp_slot,
-    ul_slot,
-    ev_cnt,
-    pull_cnt,
-    gp_cnt,
-    ul_cnt,
-    pp_slot,
-    pp_worker,
-    slot_tab,
-    slot_ids,
-    out_tab,
-    out_ids,
-    out_bounds,
-):
+def gather_plan_keys_jit(off, lists, cnts, pp, keymap, out):
     """Keys of all plan lists of all workers, worker-major then list order.
 
     Args:
-        off: int64 [W+1]; list k of worker w is ``(ev_slot, pull_slot, gp_slot,
-            ul_slot)[k][off[w]:off[w] + counts[k][w]]`` (int32 slots [nnz]) with counts
-            ``(ev_cnt, pull_cnt, gp_cnt, ul_cnt)``, int64 [W] each (no stacking in Python).
-        pp_slot / pp_worker: int32 [P] plan pushes in push order and the pushing worker
-            (grouped by worker here, push order kept).
-        slot_tab: int16 [S]; slot_ids: uint64 [S].
-        out_tab: int32 [N], out_ids: uint64 [N] with N = the sum of the counts + P (written);
-        out_bounds: int64 [W, NUM_LISTS + 1] (written): list k of worker w is
-            ``out[out_bounds[w, k]:out_bounds[w, k + 1]]``.
+        off: int64 [W+1]; list k of worker w is ``lists[k][off[w]:off[w] + cnts[k][w]]``
+            with ``lists`` = ``(ev_slot, pull_slot, gp_slot, ul_slot)`` (int32 slots [nnz])
+            and ``cnts`` = ``(ev_cnt, pull_cnt, gp_cnt, ul_cnt)``, int64 [W] each (no
+            stacking in Python).
+        pp: ``(pp_slot, pp_worker)``, int32 [P]: plan pushes in push order and the pushing
+            worker (grouped by worker here, push order kept).
+        keymap: ``(slot_tab int16 [S], slot_ids uint64 [S])``.
+        out: ``(out_tab int32 [N], out_ids uint64 [N], out_bounds int64 [W, NUM_LISTS + 1])``
+            with N = the sum of the counts + P (written): list k of worker w is
+            ``out_*[out_bounds[w, k]:out_bounds[w, k + 1]]``.
     """
-    plan_bounds_jit(ev_cnt, pull_cnt, gp_cnt, ul_cnt, pp_worker, out_bounds)
+    plan_bounds_jit(cnts, pp[1], out[2])
     for w in range(off.shape[0] - 1):
-        copy_worker_lists_jit(
-            w,
-            off,
-            ev_slot,
-            pull_slot,
-            gp_slot,
-            ul_slot,
-            ev_cnt,
-            pull_cnt,
-            gp_cnt,
-            ul_cnt,
-            slot_tab,
-            slot_ids,
-            out_tab,
-            out_ids,
-            out_bounds,
-        )
-    scatter_plan_pushes_jit(pp_slot, pp_worker, slot_tab, slot_ids, out_tab, out_ids, out_bounds)
+        copy_worker_lists_jit(w, off, lists, cnts, keymap, out)
+    scatter_plan_pushes_jit(pp, keymap, out)
 
 
 @nb.njit(**JIT)
-def plan_bounds_jit(ev_cnt, pull_cnt, gp_cnt, ul_cnt, pp_worker, out_bounds):
+def plan_bounds_jit(cnts, pp_worker, out_bounds):
     """``out_bounds`` of :func:`gather_plan_keys_jit` (column 5 ends as the start of each
     worker's plan pushes, the cursor of :func:`scatter_plan_pushes_jit`)."""
+    ev_cnt, pull_cnt, gp_cnt, ul_cnt = cnts
     W = out_bounds.shape[0]
     out_bounds[:, 5] = 0
     for i in range(pp_worker.shape[0]):
@@ -111,35 +81,23 @@ def plan_bounds_jit(ev_cnt, pull_cnt, gp_cnt, ul_cnt, pp_worker, out_bounds):
 
 
 @nb.njit(**JIT)
-def copy_worker_lists_jit(
-    w,
-    off,
-    ev_slot,
-    pull_slot,
-    gp_slot,
-    ul_slot,
-    ev_cnt,
-    pull_cnt,
-    gp_cnt,
-    ul_cnt,
-    slot_tab,
-    slot_ids,
-    out_tab,
-    out_ids,
-    out_bounds,
-):
+def copy_worker_lists_jit(w, off, lists, cnts, keymap, out):
     """Worker w's evict, pull, grad_push and update_local keys into its part of the buffers."""
+    out_tab, out_ids, out_bounds = out
     lo = off[w]
-    n = _copy_keys_jit(ev_slot, lo, ev_cnt[w], slot_tab, slot_ids, out_tab, out_ids, out_bounds[w, 0])
-    n = _copy_keys_jit(pull_slot, lo, pull_cnt[w], slot_tab, slot_ids, out_tab, out_ids, n)
-    n = _copy_keys_jit(gp_slot, lo, gp_cnt[w], slot_tab, slot_ids, out_tab, out_ids, n)
-    _copy_keys_jit(ul_slot, lo, ul_cnt[w], slot_tab, slot_ids, out_tab, out_ids, n)
+    n = _copy_keys_jit(lists[0], lo, cnts[0][w], keymap, out_tab, out_ids, out_bounds[w, 0])
+    n = _copy_keys_jit(lists[1], lo, cnts[1][w], keymap, out_tab, out_ids, n)
+    n = _copy_keys_jit(lists[2], lo, cnts[2][w], keymap, out_tab, out_ids, n)
+    _copy_keys_jit(lists[3], lo, cnts[3][w], keymap, out_tab, out_ids, n)
 
 
 @nb.njit(**JIT)
-def scatter_plan_pushes_jit(pp_slot, pp_worker, slot_tab, slot_ids, out_tab, out_ids, out_bounds):
+def scatter_plan_pushes_jit(pp, keymap, out):
     """The plan pushes, grouped by pushing worker in push order; then ``out_bounds[:, 5]``
     becomes each worker's end."""
+    pp_slot, pp_worker = pp
+    slot_tab, slot_ids = keymap
+    out_tab, out_ids, out_bounds = out
     W = out_bounds.shape[0]
     for i in range(pp_slot.shape[0]):
         w = pp_worker[i]
@@ -184,24 +142,8 @@ def build_plans(off, before, after, pp, slot_tab, slot_ids, *, gather=None) -> l
     tab = np.empty(N, np.int32)
     ids = np.empty(N, np.uint64)
     bounds = np.empty((W, NUM_LISTS + 1), np.int64)
-    (gather or gather_plan_keys_jit)(
-        off,
-        ev_slot,
-        pull_slot,
-        gp_slot,
-        ul_slot,
-        ev_cnt,
-        pull_cnt,
-        gp_cnt,
-        ul_cnt,
-        pp[0],
-        pp[1],
-        slot_tab,
-        slot_ids,
-        tab,
-        ids,
-        bounds,
-    )
+    lists, cnts = (ev_slot, pull_slot, gp_slot, ul_slot), (ev_cnt, pull_cnt, gp_cnt, ul_cnt)
+    (gather or gather_plan_keys_jit)(off, lists, cnts, pp, (slot_tab, slot_ids), (tab, ids, bounds))
     plans = []
     for w, b in enumerate(bounds.tolist()):
         ks = [_keyset(tab[b[k] : b[k + 1]], ids[b[k] : b[k + 1]]) for k in range(NUM_LISTS)]

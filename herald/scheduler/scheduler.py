@@ -19,18 +19,34 @@ import numpy as np
 from herald.config import require
 from herald.errors import ConfigError, DataError, HeraldError
 from herald.scheduler import kernels as K
-from herald.scheduler import keymap_kernels as KM
-from herald.scheduler.bruteforce import bruteforce_alloc
+from herald.scheduler import step_kernels as STK
+from herald.scheduler.allocation import Allocator
+from herald.scheduler.batch_keys import sample_csr
 from herald.scheduler.budget import BudgetController
 from herald.scheduler.config import SchedulerConfig
 from herald.scheduler.parallel import ParallelPasses
 from herald.scheduler.plan import CAUSES, KeySet
 from herald.scheduler.plan_build import build_plans
-from herald.scheduler.profiler import TableProfiler
+from herald.scheduler.saved_state import check_scheduler_state, scheduler_state
 from herald.scheduler.state import Snapshots
 
-#: most tables whose arrays ``_prepare`` passes to the kernels as tuples (else it concatenates)
-_MAX_TUPLE_TABLES = 64
+
+def cache_capacity(config: SchedulerConfig, distinct_keys: int | None) -> int:
+    """Rows per worker cache: ``config.cache_capacity_rows``, else ``ceil(cache_ratio * distinct_keys)``.
+
+    Raises:
+        ConfigError: neither is given, or ``distinct_keys`` < 1.
+    """
+    if config.cache_capacity_rows is not None:
+        return int(config.cache_capacity_rows)
+    if distinct_keys is not None:
+        require(distinct_keys >= 1, f"distinct_keys must be >= 1, got {distinct_keys}")
+        return int(max(1, math.ceil(config.cache_ratio * distinct_keys)))
+    raise ConfigError(
+        "cannot size the worker caches: pass distinct_keys (e.g. from "
+        "herald.loader.splits.count_distinct_keys over a pre-pass) to use cache_ratio, "
+        "or set cache_capacity_rows"
+    )
 
 
 @dataclasses.dataclass
@@ -62,6 +78,27 @@ class _Pending:
     off: np.ndarray
     before: tuple
     after: tuple
+
+
+def _check_before_forward(err: np.ndarray, off: np.ndarray, step: int, capacity_rows: int) -> None:
+    """Raise what the before-forward pass's ``err`` (int64 [2]: code, worker) reports.
+
+    Raises:
+        ConfigError: code 1, a worker's keys do not fit its cache. HeraldError: code 2.
+    """
+    if err[0] == 1:
+        w = int(err[1])
+        raise ConfigError(
+            f"worker {w} needs {int(off[w + 1] - off[w])} distinct keys in step "
+            f"{step} but its cache holds {capacity_rows} rows: "
+            "use a bigger cache (cache_capacity_rows / cache_ratio) or a smaller "
+            "batch_size_per_worker"
+        )
+    if err[0] == 2:  # pragma: no cover - would be a scheduler bug
+        raise HeraldError(
+            f"protocol violation: worker {int(err[1])} must pull a key whose latest "
+            "copy is not at the PS (NOTE [step protocol])"
+        )
 
 
 class Scheduler:
@@ -100,18 +137,7 @@ class Scheduler:
         require(1 <= num_tables <= 32767, f"num_tables must be in 1..32767, got {num_tables}")
         self.config = config
         self.num_tables = num_tables
-        if config.cache_capacity_rows is not None:
-            cap = config.cache_capacity_rows
-        elif distinct_keys is not None:
-            require(distinct_keys >= 1, f"distinct_keys must be >= 1, got {distinct_keys}")
-            cap = max(1, math.ceil(config.cache_ratio * distinct_keys))
-        else:
-            raise ConfigError(
-                "cannot size the worker caches: pass distinct_keys (e.g. from "
-                "herald.scheduler.count_distinct_keys over a pre-pass) to use cache_ratio, "
-                "or set cache_capacity_rows"
-            )
-        self.capacity_rows = int(cap)
+        self.capacity_rows = cache_capacity(config, distinct_keys)
         self.build_plans = build_plans
         W = config.num_workers
         # with distinct_keys known, reserve the key state once (no regrowth while scheduling)
@@ -121,41 +147,18 @@ class Scheduler:
             config.cache_policy,
             initial_slots=int(distinct_keys) + 1024 if distinct_keys else 1 << 10,
         )
-        self._rng = np.array([config.seed], np.uint64)
         self._pending: _Pending | None = None
         self._next_step = 0
         self._finished = False
         self._used = False  # submit() was called (load_state_dict only on an unused scheduler)
         self._in_flight = False  # submitted and not yet finish() + flush(): state_dict() raises
         self._totals = np.zeros((W, len(CAUSES)), np.int64)
-        self._all_tables = np.ones(num_tables, np.bool_)
-        self._profiler = TableProfiler(num_tables, config.profile_interval_steps) if config.adaptive else None
-        if budget is not None:
-            require(
-                config.scheduling_budget_ms is not None and budget.num_tables == num_tables,
-                "a shared BudgetController needs scheduling_budget_ms set and the same num_tables",
-            )
-        elif config.scheduling_budget_ms is not None:
-            budget = BudgetController(num_tables, config.scheduling_budget_ms, fraction=config.auto_budget_fraction)
-        self._budget = budget
-        self.num_scored_tables = (
-            num_tables if config.adaptive_num_tables is None else min(config.adaptive_num_tables, num_tables)
-        )
-        if budget is not None:
-            self.num_scored_tables = budget.k
         # Herald §4.4: the passes on config.threads threads (plans identical to one thread)
         self._par = ParallelPasses(config.threads) if config.threads > 1 else None
+        self._alloc = Allocator(config, num_tables, self._par, budget)
         #: seconds spent in each submit() (scheduling time per global batch).
         self.submit_seconds: list[float] = []
         self._samples_seen = 0
-        contain = (
-            config.costaware_contain_samples
-            if config.costaware_contain_samples is not None
-            else max(1, config.batch_size_per_worker // 4)
-        )
-        # gains: valid copy, in-use containable key, in-use hot key, sharing cost, containable
-        # limit (samples), sort by affinity (see kernels.costaware_alloc_jit)
-        self._ca_params = np.array([1.0, 1.0, 0.0, config.costaware_share_cost, contain, 1.0], np.float64)
 
     # ------------------------------------------------------------------ public
     @property
@@ -164,13 +167,19 @@ class Scheduler:
         return self._snap
 
     @property
+    def num_scored_tables(self) -> int:
+        """k: the tables the next allocation scores (adaptive LAIA; ``num_tables`` when static)."""
+        return self._alloc.num_scored_tables
+
+    @property
     def table_doi(self):
         """float64 [T]: degree of infrequency per table (adaptive LAIA), or None when static."""
-        return None if self._profiler is None else self._profiler.doi.copy()
+        profiler = self._alloc.profiler
+        return None if profiler is None else profiler.doi.copy()
 
     def scored_tables(self) -> np.ndarray:
         """bool [T]: tables the next allocation scores (all for static LAIA)."""
-        return self._table_mask().copy()
+        return self._alloc.table_mask().copy()
 
     def totals(self) -> np.ndarray:
         """int64 [num_workers, len(CAUSES)]: counts accumulated over finished steps."""
@@ -182,13 +191,14 @@ class Scheduler:
         step) and ``adaptive``: the budget controller's :meth:`BudgetController.stats`
         (k over time, ``budget_unreachable``), or None without a budget."""
         sub = self.submit_seconds
+        budget = self._alloc.budget
         return {
             "threads": self.config.threads,
             "lock_free_allocation": self.config.lock_free_allocation,
             "num_tables": self.num_tables,
             "num_scored_tables": int(self.num_scored_tables),
             "submit_ms_median": 1e3 * float(np.median(sub)) if sub else None,
-            "adaptive": self._budget.stats() if self._budget is not None else None,
+            "adaptive": budget.stats() if budget is not None else None,
         }
 
     def submit(self, batch) -> StepPlan | None:
@@ -208,86 +218,28 @@ class Scheduler:
         step the snapshots are partially updated: discard the scheduler.
         """
         t0 = time.perf_counter()
-        if self._finished:
-            raise HeraldError(
-                "submit() after finish(): the final step has no plan pushes; create a new Scheduler for a new run"
-            )
-        cfg = self.config
-        if len(batch) != cfg.global_batch_size:
-            raise DataError(
-                f"global batch must have num_workers*batch_size_per_worker="
-                f"{cfg.global_batch_size} samples, got {len(batch)}; use drop_last or pad upstream"
-            )
-        if batch.num_tables != self.num_tables:
-            raise DataError(f"batch has {batch.num_tables} tables, scheduler was built for {self.num_tables}")
+        self._check_batch(batch)
         self._used = self._in_flight = True
         self._snap.renew_tokens()
-        par = self._par
-        if par is not None:
-            par.enter()
-        samp_off, samp_slot, samp_tab = self._prepare(batch)
-        table_on = self._table_mask()
+        if self._par is not None:
+            self._par.enter()
+        samp_off, samp_slot, samp_tab = sample_csr(batch, self._snap, self._par)
+        table_on = self._alloc.table_mask()
         ta = time.perf_counter()
-        worker_of = self._allocate(samp_off, samp_slot, samp_tab, table_on)
+        worker_of = self._alloc.allocate(samp_off, samp_slot, samp_tab, table_on, self._snap)
         alloc_s = time.perf_counter() - ta
-        W, Bw = cfg.num_workers, cfg.batch_size_per_worker
+        W = self.config.num_workers
         order = np.empty(worker_of.shape[0], np.int64)
         wstart = np.empty(W + 1, np.int64)  # = Bw * arange(W + 1): every worker gets Bw samples
-        K.group_by_worker_jit(worker_of, order, wstart)
-        nnz = samp_slot.shape[0]
-        keys = np.empty(nnz, np.int32)
-        off = np.empty(W + 1, np.int64)
-        pp_slot = np.empty(nnz, np.int32)
-        pp_w = np.empty(nnz, np.int32)
-        s = self._snap
+        STK.group_by_worker_jit(worker_of, order, wstart)
         prev = self._pending
-        plan_push = prev is not None and not cfg.full_sync
-        # one pass: K_w in canonical order and step t's plan pushes (Herald Alg. 2, same order)
-        if par is not None:
-            c = par.collect_keys(
-                samp_off,
-                samp_slot,
-                order,
-                wstart,
-                s,
-                self._profiler is not None,
-                cfg.allocation == "costaware",
-                plan_push,
-                keys,
-                off,
-                pp_slot,
-                pp_w,
-            )
-        else:
-            c = K.collect_keys_jit(
-                samp_off,
-                samp_slot,
-                order,
-                wstart,
-                s.mark,
-                s.token,
-                s.use_mask,
-                s.freq,
-                self._profiler is not None,
-                cfg.allocation == "costaware",
-                s.owner,
-                plan_push,
-                keys,
-                off,
-                pp_slot,
-                pp_w,
-            )
-        keys = keys[: off[-1]]
-        pp = (pp_slot[:c], pp_w[:c]) if plan_push else None
+        keys, off, pp = self._collect_keys(samp_off, samp_slot, order, wstart, prev is not None)
         self._pending = self._run_step(worker_of, order, keys, off)
-        self._samples_seen += Bw
+        self._samples_seen += self.config.batch_size_per_worker
         done = self._finalize(prev, pp) if prev is not None else None
         total_s = time.perf_counter() - t0
         self.submit_seconds.append(total_s)
-        if self._profiler is not None:
-            self._profiler.maybe_refresh(s, self._samples_seen)
-            if self._budget is not None:
-                self.num_scored_tables = self._budget.observe(self.num_scored_tables, alloc_s, total_s, t0)
+        self._alloc.after_step(self._snap, self._samples_seen, alloc_s, total_s, t0)
         return done
 
     def finish(self) -> StepPlan | None:
@@ -338,14 +290,7 @@ class Scheduler:
                 "Scheduler.state_dict() is valid only at a checkpoint barrier (NOTE [scheduler "
                 "state]): call finish() and flush() first; the cache snapshots are not serialised"
             )
-        return {
-            "format": "scheduler",
-            "config": dataclasses.asdict(self.config),
-            "num_tables": self.num_tables,
-            "capacity_rows": self.capacity_rows,
-            "next_step": self._next_step,
-            "totals": self._totals.tolist(),
-        }
+        return scheduler_state(self.config, self.num_tables, self.capacity_rows, self._next_step, self._totals)
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state`` (:meth:`state_dict`; NOTE [scheduler state]) on a
@@ -360,188 +305,62 @@ class Scheduler:
             raise HeraldError(
                 "Scheduler.load_state_dict() needs a fresh scheduler (nothing submitted); create a new Scheduler"
             )
-        if not isinstance(state, dict) or state.get("format") != "scheduler":
-            raise DataError("not a Scheduler state; pass Scheduler.state_dict()")
-        config = state.get("config")
-        mine = dataclasses.asdict(self.config)
-        if not isinstance(config, dict) or set(config) != set(mine):
-            raise DataError(
-                f"malformed scheduler state: 'config' must hold the SchedulerConfig fields "
-                f"{sorted(mine)}, got {config!r}"
-            )
-        theirs = {**config, "num_tables": state.get("num_tables"), "capacity_rows": state.get("capacity_rows")}
-        mine.update(num_tables=self.num_tables, capacity_rows=self.capacity_rows)
-        differ = sorted(k for k in mine if theirs[k] != mine[k])
-        if differ:
-            raise ConfigError(
-                "state saved by a scheduler with other settings: "
-                + ", ".join(f"{k}={theirs[k]!r} (this one: {mine[k]!r})" for k in differ)
-                + "; build the scheduler with the same settings"
-            )
-        step = state.get("next_step")
-        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-            raise DataError(f"malformed scheduler state: 'next_step' must be an int >= 0, got {step!r}")
-        try:
-            totals = np.array(state.get("totals"))
-        except (TypeError, ValueError, OverflowError):
-            totals = None
-        if totals is None or totals.dtype.kind not in "iu" or totals.shape != self._totals.shape or (totals < 0).any():
-            raise DataError(
-                f"malformed scheduler state: 'totals' must be {self._totals.shape[0]} x "
-                f"{self._totals.shape[1]} counts >= 0"
-            )
-        self._next_step, self._totals = step, totals.astype(np.int64)
+        self._next_step, self._totals = check_scheduler_state(
+            state, self.config, self.num_tables, self.capacity_rows, self._totals.shape
+        )
 
     # ------------------------------------------------------------------ parts
-    def _prepare(self, batch):
-        """Key lookup and the sample-major CSR (int64 [B+1], int32 [nnz], int16 [nnz]).
-
-        The kernels read the batch's per-table arrays directly (a tuple of arrays) when
-        they are all C-contiguous uint64 ids and int64 offsets and there are at most
-        ``_MAX_TUPLE_TABLES`` tables (numba compiles one kernel per tuple length, with a
-        branch per table at each runtime index); otherwise the ids are concatenated and
-        the offsets stacked first (:meth:`_prepare_concat`). Both give the same CSR.
-        """
-        values = tuple(batch.values)
-        offsets = tuple(batch.offsets)
-        B = len(batch)
-        nnz = 0
-        direct = len(values) <= _MAX_TUPLE_TABLES
-        for v, o in zip(values, offsets):
-            nnz += v.shape[0]
-            if v.dtype != np.uint64 or o.dtype != np.int64 or not v.flags.c_contiguous or not o.flags.c_contiguous:
-                direct = False
-        if not direct:
-            return self._prepare_concat(batch)
-        if self._par is not None:
-            return self._par.lookup_and_gather(self._snap, values, offsets, B, nnz)
-        slots = self._snap.lookup_tables(values, nnz)
-        samp_off = np.empty(B + 1, np.int64)
-        samp_slot = np.empty(nnz, np.int32)
-        samp_tab = np.empty(nnz, np.int16)
-        KM.gather_samples_tables_jit(offsets, slots, samp_off, samp_slot, samp_tab)
-        return samp_off, samp_slot, samp_tab
-
-    def _prepare_concat(self, batch):
-        """:meth:`_prepare` for batches whose arrays the kernels cannot take as a tuple."""
-        T = self.num_tables
-        nnz = np.array([v.shape[0] for v in batch.values], np.int64)
-        ids = np.concatenate(batch.values) if T > 1 else batch.values[0]
-        if ids.dtype != np.uint64:
-            raise DataError(f"key ids must be uint64, got {ids.dtype}")
-        tabs = np.repeat(np.arange(T, dtype=np.int16), nnz)
-        slots = self._snap.lookup(tabs, ids)
-        offsets = np.stack(batch.offsets)
-        base = np.zeros(T, np.int64)
-        np.cumsum(nnz[:-1], out=base[1:])
-        B = len(batch)
-        samp_off = np.empty(B + 1, np.int64)
-        samp_slot = np.empty(slots.shape[0], np.int32)
-        samp_tab = np.empty(slots.shape[0], np.int16)
-        KM.gather_samples_jit(offsets, base, slots, samp_off, samp_slot, samp_tab)
-        return samp_off, samp_slot, samp_tab
-
-    def _table_mask(self) -> np.ndarray:
-        if self._profiler is None or self.num_scored_tables >= self.num_tables:
-            return self._all_tables
-        return self._profiler.top_tables(self.num_scored_tables)
-
-    def _allocate(self, samp_off, samp_slot, samp_tab, table_on) -> np.ndarray:
+    def _check_batch(self, batch) -> None:
+        """Raise before any state changes when ``batch`` cannot be step t+1 (see :meth:`submit`)."""
+        if self._finished:
+            raise HeraldError(
+                "submit() after finish(): the final step has no plan pushes; create a new Scheduler for a new run"
+            )
         cfg = self.config
-        s = self._snap
-        B = samp_off.shape[0] - 1
-        out = np.empty(B, np.int32)
-        kind = cfg.allocation
-        if kind == "random":
-            K.random_alloc_jit(B, cfg.batch_size_per_worker, self._rng, out)
-        elif kind == "laia" and self._par is not None:
-            return self._par.laia(
-                samp_off,
-                samp_slot,
-                samp_tab,
-                table_on,
-                s,
-                cfg.num_workers,
-                cfg.batch_size_per_worker,
-                self._rng,
-                cfg.lock_free_allocation,
+        if len(batch) != cfg.global_batch_size:
+            raise DataError(
+                f"global batch must have num_workers*batch_size_per_worker="
+                f"{cfg.global_batch_size} samples, got {len(batch)}; use drop_last or pad upstream"
             )
-        elif kind == "laia":
-            K.laia_alloc_jit(
-                samp_off,
-                samp_slot,
-                samp_tab,
-                table_on,
-                s.valid,
-                s.mark,
-                s.token,
-                cfg.num_workers,
-                cfg.batch_size_per_worker,
-                self._rng,
-                out,
-            )
-        elif kind == "costaware":
-            K.costaware_alloc_jit(
-                samp_off,
-                samp_slot,
-                samp_tab,
-                table_on,
-                s.valid,
-                s.owner,
-                s.use_mask,
-                s.bcount,
-                s.mark,
-                s.token,
-                cfg.num_workers,
-                cfg.batch_size_per_worker,
-                self._ca_params,
-                self._rng,
-                out,
-            )
-        elif kind == "bruteforce":
-            bruteforce_alloc(s, samp_off, samp_slot, cfg.num_workers, out)
-        else:  # pragma: no cover - SchedulerConfig validates the name
-            raise ConfigError(f"unknown allocation {kind!r}")
-        return out
+        if batch.num_tables != self.num_tables:
+            raise DataError(f"batch has {batch.num_tables} tables, scheduler was built for {self.num_tables}")
+
+    def _collect_keys(self, samp_off, samp_slot, order, wstart, has_prev: bool):
+        """One pass: K_w of every worker in canonical order (``keys`` int32 [nnz'] at ``off``
+        int64 [W+1]) and step t's plan pushes (Herald Alg. 2, same order): ``(pp_slot, pp_w)``
+        int32 [P] each, or None without a previous step or under full-set sync."""
+        cfg, s = self.config, self._snap
+        W, nnz = cfg.num_workers, samp_slot.shape[0]
+        keys = np.empty(nnz, np.int32)
+        off = np.empty(W + 1, np.int64)
+        pp_slot = np.empty(nnz, np.int32)
+        pp_w = np.empty(nnz, np.int32)
+        plan_push = has_prev and not cfg.full_sync
+        count_freq = self._alloc.profiler is not None
+        clear_use = cfg.allocation == "costaware"
+        batch, out, flags = (
+            (samp_off, samp_slot, order, wstart),
+            (keys, off, pp_slot, pp_w),
+            (count_freq, clear_use, plan_push),
+        )
+        if self._par is not None:
+            c = self._par.collect_keys(batch, s, *flags, out)
+        else:
+            c = STK.collect_keys_jit(batch, s.mark, s.token, s.use_mask, s.freq, s.owner, *flags, out)
+        return keys[: off[-1]], off, ((pp_slot[:c], pp_w[:c]) if plan_push else None)
 
     def _run_step(self, worker_of, order, keys, off) -> _Pending:
+        """Step t+1's before-forward (evict, pull) and after-backward (grad push, local
+        update) passes on the snapshots (NOTE [step protocol]); its plan pushes come later."""
         cfg = self.config
-        W = cfg.num_workers
-        counts = np.zeros((W, len(CAUSES)), np.int64)
-        s = self._snap
-        before = s.before_forward(keys, off, counts, threads=cfg.threads)
-        err = before[-1]
-        if err[0] == 1:
-            w = int(err[1])
-            raise ConfigError(
-                f"worker {w} needs {int(off[w + 1] - off[w])} distinct keys in step "
-                f"{self._next_step} but its cache holds {self.capacity_rows} rows: "
-                "use a bigger cache (cache_capacity_rows / cache_ratio) or a smaller "
-                "batch_size_per_worker"
-            )
-        if err[0] == 2:  # pragma: no cover - would be a scheduler bug
-            raise HeraldError(
-                f"protocol violation: worker {int(err[1])} must pull a key whose latest "
-                "copy is not at the PS (NOTE [step protocol])"
-            )
-        n = keys.shape[0]
-        gp_slot = np.empty(n, np.int32)
-        gp_contrib = np.empty(n, np.uint16)
-        ul_slot = np.empty(n, np.int32)
-        gp_cnt = np.zeros(W, np.int64)
-        ul_cnt = np.zeros(W, np.int64)
-        if self._par is not None:
-            self._par.update(keys, off, s, cfg.full_sync, gp_slot, gp_contrib, ul_slot, gp_cnt, ul_cnt)
-        else:
-            K.update_after_step_jit(
-                keys, off, s.use_mask, s.valid, s.owner, cfg.full_sync, gp_slot, gp_contrib, ul_slot, gp_cnt, ul_cnt
-            )
-        counts[:, K.GRAD_PUSH] = gp_cnt
+        counts = np.zeros((cfg.num_workers, len(CAUSES)), np.int64)
+        before = self._snap.before_forward(keys, off, counts, threads=cfg.threads)
+        _check_before_forward(before[-1], off, self._next_step, self.capacity_rows)
+        after = self._snap.after_backward(keys, off, cfg.full_sync, threads=cfg.threads)
+        counts[:, K.GRAD_PUSH] = after[3]
         step = self._next_step
         self._next_step += 1
-        return _Pending(
-            step, worker_of, order, counts, keys, off, before[:5], (gp_slot, gp_contrib, ul_slot, gp_cnt, ul_cnt)
-        )
+        return _Pending(step, worker_of, order, counts, keys, off, before[:5], after)
 
     def _finalize(self, p: _Pending, pp) -> StepPlan:
         W = self.config.num_workers

@@ -4,7 +4,7 @@ Split from :mod:`herald.scheduler.kernels` (same conventions: ``nogil``, preallo
 outputs, counts int64 [W, 6] in ``plan.CAUSES`` order). Worker caches executing the
 plans hold exactly what these kernels record (NOTE [step protocol], plan.py).
 
-The work of one worker is one function (``_lru_worker_jit``, ``_lfu_worker_jit``); the
+The work of one worker is one function (``lru_worker_jit``, ``lfu_worker_jit``); the
 step kernels run them in rank order, :mod:`herald.scheduler.parallel_kernels` on several
 threads (Herald §4.4, "Multi-threading"). Worker ``w`` reads and writes only bit ``w`` of
 the shared masks, its own column of ``pos`` and its own LRU log / LFU heap, and changes
@@ -29,6 +29,11 @@ from herald.scheduler.kernels import EVICT_PUSH, HIT, JIT, MISS_PULL, UPDATE_PUL
 _COUNT_SHIFT = np.int64(40)
 _COUNT_MAX = np.int64((1 << 23) - 1)
 _PREFETCH = 16  # LRU victims whose records are prefetched ahead of the eviction
+#: the arrays of the tuples the step kernels take (:class:`herald.scheduler.state.Snapshots`'
+#: names): a worker's state of each policy, and the outputs of a step's before-forward part
+LRU_STATE = ("cached", "valid", "owner", "pos", "log", "head", "tail", "size")
+LFU_STATE = ("cached", "valid", "owner", "pos", "hslot", "hprio", "size", "seq")
+STEP_OUTPUTS = ("ev_slot", "ev_wb", "ev_cnt", "pull_slot", "pull_cnt", "counts")
 
 
 @nb.njit(**JIT)
@@ -44,6 +49,16 @@ def _lru_compact_jit(w, log, pos, hd, t):
             pos[s, w] = j
             j += 1
     return j
+
+
+# the compaction check stays at the two call sites: an inline helper returning the new
+# (head, tail) pair made the LRU pass ~1.5x slower (the pair left the registers)
+@nb.njit(inline="always", **JIT)
+def _lru_push_jit(w, s, log, pos, t):
+    """Put ``s`` at entry ``t`` of worker w's LRU log and record its position; returns the new tail."""
+    log[w, t] = s
+    pos[s, w] = t
+    return t + 1
 
 
 @nb.njit(**JIT)
@@ -69,6 +84,12 @@ def _evict_record_jit(w, s, cached, valid, owner, ev_slot, ev_wb, e, par):
 
 
 @nb.njit(inline="always", **JIT)
+def _worker_keys_jit(w, off):
+    """Worker w's keys ``keys[lo:hi]`` of the step and its bit: ``(lo, hi, bit)``."""
+    return off[w], off[w + 1], np.uint64(1) << np.uint64(w)
+
+
+@nb.njit(inline="always", **JIT)
 def _set_bit_jit(mask, s, bit, par):
     """``mask[s] |= bit`` (atomic with ``par``)."""
     if par:
@@ -78,29 +99,12 @@ def _set_bit_jit(mask, s, bit, par):
 
 
 @nb.njit(**JIT)
-def snapshot_lru_step_jit(
-    keys,
-    off,
-    cached,
-    valid,
-    owner,
-    cap,
-    pos,
-    log,
-    head,
-    tail,
-    size,
-    ev_slot,
-    ev_wb,
-    ev_cnt,
-    pull_slot,
-    pull_cnt,
-    counts,
-    err,
-):
+def snapshot_lru_step_jit(keys, off, cap, lru, out, err):
     """Before-forward part of a step (NOTE [step protocol], steps 1-2) for LRU snapshots.
 
     Per worker: touch, evict (write-back when the victim is the only latest copy), pull.
+    ``lru`` = ``(cached, valid, owner, pos, log, head, tail, size)`` (:data:`LRU_STATE`) and
+    ``out`` = ``(ev_slot, ev_wb, ev_cnt, pull_slot, pull_cnt, counts)`` (:data:`STEP_OUTPUTS`).
     LRU order per worker is an append-only log ``log`` int32 [W, L] (L > 2C) of slots,
     oldest first from ``head[w]`` to ``tail[w]`` (int64 [W]), used up to
     ``L - w C / W`` entries (different lengths: workers filling at the same rate would
@@ -109,7 +113,7 @@ def snapshot_lru_step_jit(
     entry with -1 (stale, skipped); a full log is compacted in place (amortised O(1)).
     Touches and inserts are sequential writes; only victims cost a random access, and
     their records are prefetched ``_PREFETCH`` entries ahead. Head, tail, size and the
-    counters live in registers within a worker (the reason ``_lru_worker_jit`` is one
+    counters live in registers within a worker (the reason ``lru_worker_jit`` is one
     function of ~100 lines: through arrays they cost 3x, docs/scheduler.md "Speed").
     Outputs at ``off[w] + i``: ev_slot int32, ev_wb bool, pull_slot int32; ev_cnt /
     pull_cnt int64 [W]. err int64 [2]: (1, w) if |K_w| > cap, (2, w) if a pull found the
@@ -117,64 +121,24 @@ def snapshot_lru_step_jit(
     """
     W = off.shape[0] - 1
     for w in range(W):
-        code = _lru_worker_jit(
-            w,
-            W,
-            keys,
-            off,
-            cached,
-            valid,
-            owner,
-            cap,
-            pos,
-            log,
-            head,
-            tail,
-            size,
-            ev_slot,
-            ev_wb,
-            ev_cnt,
-            pull_slot,
-            pull_cnt,
-            counts,
-            False,
-        )
+        code = lru_worker_jit(w, W, keys, off, cap, lru, out, False)
         if code != 0:
             err[0] = code
             err[1] = w
             return
 
 
+# one function of ~100 lines: head, tail, size and the counters stay in registers (through
+# arrays or helper calls they cost 3x, docs/scheduler.md "Speed")
 @nb.njit(**JIT)
-def _lru_worker_jit(
-    w,
-    W,
-    keys,
-    off,
-    cached,
-    valid,
-    owner,
-    cap,
-    pos,
-    log,
-    head,
-    tail,
-    size,
-    ev_slot,
-    ev_wb,
-    ev_cnt,
-    pull_slot,
-    pull_cnt,
-    counts,
-    par,
-):
+def lru_worker_jit(w, W, keys, off, cap, lru, out, par):
     """Worker w's part of :func:`snapshot_lru_step_jit`; returns its error code (0: none).
     ``par``: other threads run other workers at the same time (atomic mask updates)."""
-    lo = off[w]
-    hi = off[w + 1]
+    cached, valid, owner, pos, log, head, tail, size = lru
+    ev_slot, ev_wb, ev_cnt, pull_slot, pull_cnt, counts = out
+    lo, hi, bit = _worker_keys_jit(w, off)
     if hi - lo > cap:
         return 1
-    bit = np.uint64(1) << np.uint64(w)
     L = log.shape[1] - (w * cap) // W  # staggered: workers do not all compact in one step
     hd = head[w]
     t = tail[w]
@@ -197,9 +161,7 @@ def _lru_worker_jit(
             if t == L:
                 t = _lru_compact_jit(w, log, pos, hd, t)
                 hd = 0
-            log[w, t] = s
-            pos[s, w] = t
-            t += 1
+            t = _lru_push_jit(w, s, log, pos, t)
         else:
             miss += 1
             pull_slot[pc] = s
@@ -241,9 +203,7 @@ def _lru_worker_jit(
             if t == L:
                 t = _lru_compact_jit(w, log, pos, hd, t)
                 hd = 0
-            log[w, t] = s
-            pos[s, w] = t
-            t += 1
+            t = _lru_push_jit(w, s, log, pos, t)
             sz += 1
             _set_bit_jit(cached, s, bit, par)
         _set_bit_jit(valid, s, bit, par)
@@ -310,29 +270,10 @@ def _heap_pop_jit(w, hslot, hprio, pos, n):
 
 
 @nb.njit(**JIT)
-def snapshot_lfu_step_jit(
-    keys,
-    off,
-    use_mask,
-    cached,
-    valid,
-    owner,
-    cap,
-    pos,
-    hslot,
-    hprio,
-    size,
-    seq,
-    ev_slot,
-    ev_wb,
-    ev_cnt,
-    pull_slot,
-    pull_cnt,
-    counts,
-    err,
-):
+def snapshot_lfu_step_jit(keys, off, use_mask, cap, lfu, out, err):
     """As :func:`snapshot_lru_step_jit` for LFU snapshots (HET §4.3).
 
+    ``lfu`` = ``(cached, valid, owner, pos, hslot, hprio, size, seq)`` (:data:`LFU_STATE`).
     Priority int64 = count << 40 | recency seq (per worker, int64 [W]); min-heap per
     worker hslot int32 / hprio int64 [W, C]; pos int32 [S, W] heap index (else -1).
     Victims are popped in priority order, skipping keys of K_w (use_mask bit w), which
@@ -343,68 +284,23 @@ def snapshot_lfu_step_jit(
     aside_s = np.empty(cap + 1, np.int32)
     aside_p = np.empty(cap + 1, np.int64)
     for w in range(W):
-        code = _lfu_worker_jit(
-            w,
-            keys,
-            off,
-            use_mask,
-            cached,
-            valid,
-            owner,
-            cap,
-            pos,
-            hslot,
-            hprio,
-            size,
-            seq,
-            ev_slot,
-            ev_wb,
-            ev_cnt,
-            pull_slot,
-            pull_cnt,
-            counts,
-            aside_s,
-            aside_p,
-            False,
-        )
+        code = lfu_worker_jit(w, keys, off, use_mask, cap, lfu, out, aside_s, aside_p, False)
         if code != 0:
             err[0] = code
             err[1] = w
             return
 
 
+# one function, as lru_worker_jit: sizes, sequences and counters stay in registers
 @nb.njit(**JIT)
-def _lfu_worker_jit(
-    w,
-    keys,
-    off,
-    use_mask,
-    cached,
-    valid,
-    owner,
-    cap,
-    pos,
-    hslot,
-    hprio,
-    size,
-    seq,
-    ev_slot,
-    ev_wb,
-    ev_cnt,
-    pull_slot,
-    pull_cnt,
-    counts,
-    aside_s,
-    aside_p,
-    par,
-):
+def lfu_worker_jit(w, keys, off, use_mask, cap, lfu, out, aside_s, aside_p, par):
     """Worker w's part of :func:`snapshot_lfu_step_jit` (``aside_s`` int32 / ``aside_p``
     int64 [cap + 1]: scratch of this thread); returns its error code (0: none)."""
-    lo = off[w]
-    hi = off[w + 1]
+    cached, valid, owner, pos, hslot, hprio, size, seq = lfu
+    ev_slot, ev_wb, ev_cnt, pull_slot, pull_cnt, counts = out
+    lo, hi, bit = _worker_keys_jit(w, off)
     if hi - lo > cap:
         return 1
-    bit = np.uint64(1) << np.uint64(w)
     n = size[w]
     sq = seq[w]
     hit = 0

@@ -41,6 +41,22 @@ import numpy as np
 from herald import keymap
 from herald.scheduler import parallel_kernels as PK
 from herald.scheduler import snapshot_kernels as SK
+from herald.scheduler import step_kernels as STK
+
+
+def step_outputs(n: int, num_workers: int, counts: np.ndarray) -> tuple:
+    """The outputs of a step's before-forward kernels for ``n`` keys
+    (:data:`herald.scheduler.snapshot_kernels.STEP_OUTPUTS`): ``(ev_slot int32 [n], ev_wb
+    bool [n], ev_cnt int64 [W], pull_slot int32 [n], pull_cnt int64 [W], counts)``."""
+    W = num_workers
+    return (
+        np.empty(n, np.int32),
+        np.zeros(n, np.bool_),
+        np.zeros(W, np.int64),
+        np.empty(n, np.int32),
+        np.zeros(W, np.int64),
+        counts,
+    )
 
 
 class Snapshots:
@@ -170,62 +186,38 @@ class Snapshots:
 
         Returns ``(ev_slot, ev_wb, ev_cnt, pull_slot, pull_cnt, err)`` laid out at ``off[w]``.
         """
-        n = keys.shape[0]
-        ev_slot = np.empty(n, np.int32)
-        ev_wb = np.zeros(n, np.bool_)
-        pull_slot = np.empty(n, np.int32)
-        ev_cnt = np.zeros(self.num_workers, np.int64)
-        pull_cnt = np.zeros(self.num_workers, np.int64)
+        out = step_outputs(keys.shape[0], self.num_workers, counts)
         err = np.zeros(2, np.int64)
         par = (threads,) if threads > 1 else ()
+        cap = self.capacity_rows
         if self.policy == "lru":
-            kernel = PK.snapshot_lru_par_jit if par else SK.snapshot_lru_step_jit
-            kernel(
-                keys,
-                off,
-                self.cached,
-                self.valid,
-                self.owner,
-                self.capacity_rows,
-                self.pos,
-                self.log,
-                self.head,
-                self.tail,
-                self.size,
-                ev_slot,
-                ev_wb,
-                ev_cnt,
-                pull_slot,
-                pull_cnt,
-                counts,
-                err,
-                *par,
-            )
+            lru = (self.cached, self.valid, self.owner, self.pos, self.log, self.head, self.tail, self.size)
+            (PK.snapshot_lru_par_jit if par else SK.snapshot_lru_step_jit)(keys, off, cap, lru, out, err, *par)
         else:
+            lfu = (self.cached, self.valid, self.owner, self.pos, self.hslot, self.hprio, self.size, self.seq)
             kernel = PK.snapshot_lfu_par_jit if par else SK.snapshot_lfu_step_jit
-            kernel(
-                keys,
-                off,
-                self.use_mask,
-                self.cached,
-                self.valid,
-                self.owner,
-                self.capacity_rows,
-                self.pos,
-                self.hslot,
-                self.hprio,
-                self.size,
-                self.seq,
-                ev_slot,
-                ev_wb,
-                ev_cnt,
-                pull_slot,
-                pull_cnt,
-                counts,
-                err,
-                *par,
-            )
-        return ev_slot, ev_wb, ev_cnt, pull_slot, pull_cnt, err
+            kernel(keys, off, self.use_mask, cap, lfu, out, err, *par)
+        return out[:5] + (err,)
+
+    def after_backward(self, keys: np.ndarray, off: np.ndarray, full_sync: bool, threads: int = 1) -> tuple:
+        """Gradient pushes and local updates of every worker (NOTE [step protocol], steps
+        3-4), on ``threads`` threads when > 1 (the same result, as :meth:`before_forward`).
+
+        Returns ``(gp_slot int32, gp_contrib uint16, ul_slot int32, gp_cnt int64 [W],
+        ul_cnt int64 [W])``, the slot lists laid out at ``off[w]``.
+        """
+        n, W = keys.shape[0], self.num_workers
+        upd = (
+            np.empty(n, np.int32),
+            np.empty(n, np.uint16),
+            np.empty(n, np.int32),
+            np.zeros(W, np.int64),
+            np.zeros(W, np.int64),
+        )
+        par = (threads,) if threads > 1 else ()
+        kernel = PK.update_after_step_par_jit if par else STK.update_after_step_jit
+        kernel(keys, off, self.use_mask, self.valid, self.owner, full_sync, upd, *par)
+        return upd
 
     def cached_slots(self, w: int) -> np.ndarray:
         """Slots cached by worker ``w`` (int32, unordered; for tests and debugging)."""

@@ -27,7 +27,6 @@ import sys
 import time
 from typing import Any
 
-from herald.config import from_mapping
 from herald.contracts.train import TrainConfig
 from herald.errors import ConfigError, HeraldError, PeerTimeout
 from herald.job.interfaces import JobHooks, RunOptions
@@ -48,15 +47,13 @@ def load_config(path: str | os.PathLike):
     if not isinstance(values, dict):
         raise ConfigError(f"{path} must hold a JSON object of TrainConfig settings")
     values["source_options"] = tuple(tuple(kv) for kv in values.get("source_options", ()))
-    return from_mapping(TrainConfig, values, where=f"job settings {path}")
+    return TrainConfig.from_flags(values, where=f"job settings {path}")
 
 
 def save_config(cfg, path: str | os.PathLike) -> pathlib.Path:
-    """Write ``cfg`` (a :class:`~herald.contracts.train.TrainConfig`) as JSON to ``path``."""
-    import dataclasses
-
+    """Write ``cfg`` (a :class:`~herald.contracts.train.TrainConfig`) as JSON to ``path``: its settings by flag."""
     path = pathlib.Path(path)
-    path.write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
+    path.write_text(json.dumps(cfg.flags(), indent=1))
     return path
 
 

@@ -16,7 +16,7 @@ binding roles get ``--insecure``. The PS admin token is made per job and passed 
 environment of the PS and the dispatcher only.
 
 NOTE [test bed failover]: NOTE [ps failover across hosts] (herald/job/recovery/failover.py) with
-this module as the supervisor. With ``cfg.ps_restarts`` N > 0 and
+this module as the supervisor. With ``cfg.recovery.ps_restarts`` N > 0 and
 ``cfg.checkpoint_every`` > 0, a PS shard process that ends during training (seen at
 once: the bed started it), or a dispatcher that exits with status 75 (it lost a shard),
 starts a failover, decided and recorded by the failover policy (NOTE [failover policy] in
@@ -82,7 +82,7 @@ def run_job(
     role_args: dict[str, Sequence[str]] | None = None,
 ) -> dict[str, Any]:
     """Train ``cfg`` across ``bed`` (NOTE [test bed job]); returns the report dict, with
-    ``failovers`` (NOTE [test bed failover]: ``cfg.ps_restarts`` with ``cfg.checkpoint_every``).
+    ``failovers`` (NOTE [test bed failover]: ``cfg.recovery.ps_restarts`` with ``cfg.checkpoint_every``).
 
     Args:
         bed: an open :class:`TestBed` whose hosts are :func:`bed_hosts`.
@@ -105,8 +105,8 @@ def run_job(
     run_dir = pathlib.Path(cfg.run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "report.json").unlink(missing_ok=True)
-    if cfg.keys_dir is None:
-        cfg = dataclasses.replace(cfg, insecure=True)  # a private network: no keys needed
+    if cfg.security.keys_dir is None:
+        cfg = cfg.with_flags(insecure=True)  # a private network: no keys needed
     (run_dir / ".dispatcher-step").unlink(missing_ok=True)
     launch = _Launch(bed, cfg, run_dir, tag, dict(role_args or {}))
     deadline = time.monotonic() + timeout_s
@@ -133,9 +133,9 @@ def _check_job(cfg, worker_hosts: int, procs_per_host: int) -> None:
     Raises:
         ConfigError: ``worker_restarts`` set, or ``cfg.workers`` not worker hosts x ``procs_per_host``.
     """
-    if cfg.worker_restarts:
+    if cfg.recovery.worker_restarts:
         raise ConfigError(
-            f"--worker-restarts {cfg.worker_restarts}: the test bed rolls a job back for a lost PS "
+            f"--worker-restarts {cfg.recovery.worker_restarts}: the test bed rolls a job back for a lost PS "
             "shard (--ps-restarts), not for a lost worker (herald train does: NOTE [worker failover] in "
             "herald/job/recovery/rollback.py); leave it out"
         )
@@ -158,7 +158,9 @@ class _Launch:
         self.services: list[str] = []  # roles that serve until stopped: PS shards, rendezvous store
         self.finishing: list[str] = []  # roles that end with the job: dispatcher, torchrun per host
         # NOTE [test bed failover]: a lost PS shard rolls the job back, --ps-restarts times at most
-        self.policy = FailoverPolicy(run_dir, {"ps": Budget(cfg.ps_restarts, "--ps-restarts")}, resumed=cfg.resume)
+        self.policy = FailoverPolicy(
+            run_dir, {"ps": Budget(cfg.recovery.ps_restarts, "--ps-restarts")}, resumed=cfg.resume
+        )
         self.worker_hosts: list[str] = []
         self.procs_per_host = 1
         self._seen_step: int | None = None  # the step last read from the dispatcher's step file
@@ -186,8 +188,8 @@ class _Launch:
                         len(self.ps_addresses),
                         address,
                         seed=self.cfg.seed,
-                        keys_dir=self.cfg.keys_dir,
-                        insecure=not self.cfg.keys_dir,
+                        keys_dir=self.cfg.security.keys_dir,
+                        insecure=not self.cfg.security.keys_dir,
                         checkpoint_root=str(self.run_dir),
                         limits=ShardLimits(
                             aggregation_timeout_ms=self.cfg.timeout_ms, max_contributors=self.cfg.workers
@@ -274,9 +276,9 @@ class _Launch:
                     *worker_args(
                         self.dispatcher,
                         device=self.cfg.device,
-                        cache_device=self.cfg.cache_device,
+                        cache_device=self.cfg.cache.device,
                         timeout_ms=self.cfg.timeout_ms,
-                        keys_dir=self.cfg.keys_dir,
+                        keys_dir=self.cfg.security.keys_dir,
                     ),
                     *self.role_args.get("worker", ()),
                 ],
@@ -286,7 +288,7 @@ class _Launch:
 
     def wait_done(self, deadline: float) -> str | None:
         """Wait until the dispatcher and every torchrun have exited; raise on the first
-        failure. Returns None when the job ended, or (failover allowed: ``cfg.ps_restarts``)
+        failure. Returns None when the job ended, or (failover allowed: ``cfg.recovery.ps_restarts``)
         the cause of a lost PS shard (NOTE [test bed failover])."""
         procs = self.bed.children.procs
         while any(procs[n].poll() is None for n in self.finishing):
@@ -319,7 +321,7 @@ class _Launch:
         shard), as a message; None when neither, when failover is off, or once the
         dispatcher has finished the job (exit status 0: the PS is no longer needed)."""
         children = self.bed.children
-        if not self.cfg.ps_restarts or children.procs[f"{self.tag}-dispatcher"].poll() == 0:
+        if not self.cfg.recovery.ps_restarts or children.procs[f"{self.tag}-dispatcher"].poll() == 0:
             return None
         for name in self.services:
             if name.startswith(f"{self.tag}-ps-") and children.procs[name].poll() is not None:
@@ -334,7 +336,7 @@ class _Launch:
         """Roll the job back to its latest checkpoint (NOTE [test bed failover]).
 
         Raises:
-            HeraldError: no checkpoint of this job yet, or ``cfg.ps_restarts`` failovers already done.
+            HeraldError: no checkpoint of this job yet, or ``cfg.recovery.ps_restarts`` failovers already done.
         """
         seen = time.time()
         try:
@@ -343,7 +345,7 @@ class _Launch:
             raise HeraldError(f"the job on the test bed lost a PS shard: {cause} ({_why(refused)})") from None
         print(
             f"herald test bed: {cause}\nrolling the job back to checkpoint {latest.path.name} (failover "
-            f"{self.policy.used('ps') + 1} of at most {self.cfg.ps_restarts})",
+            f"{self.policy.used('ps') + 1} of at most {self.cfg.recovery.ps_restarts})",
             file=sys.stderr,
             flush=True,
         )

@@ -149,47 +149,14 @@ def shape_commands(namespace: str, device: str, rate: str | None, delay_ms: floa
     network]): ``netem delay`` at the root when ``delay_ms > 0``, ``tbf`` below it (or at
     the root) when ``rate`` is given. The tbf bucket holds 1 ms at the rate (at least
     128 KiB: a veth sends 64 KiB segments) and queues up to 20 ms."""
+    add = ["tc", "-n", namespace, "qdisc", "add", "dev", device]
     cmds, parent = [], ["root", "handle", "1:"]
     if delay_ms > 0:
-        cmds.append(
-            [
-                "tc",
-                "-n",
-                namespace,
-                "qdisc",
-                "add",
-                "dev",
-                device,
-                *parent,
-                "netem",
-                "delay",
-                f"{delay_ms:g}ms",
-                "limit",
-                "100000",
-            ]
-        )
+        cmds.append([*add, *parent, "netem", "delay", f"{delay_ms:g}ms", "limit", "100000"])
         parent = ["parent", "1:1", "handle", "10:"]
     if rate is not None:
         burst = max(128 * 1024, int(rate_bits_per_s(rate) / 8 / 1000))
-        cmds.append(
-            [
-                "tc",
-                "-n",
-                namespace,
-                "qdisc",
-                "add",
-                "dev",
-                device,
-                *parent,
-                "tbf",
-                "rate",
-                rate,
-                "burst",
-                str(burst),
-                "latency",
-                "20ms",
-            ]
-        )
+        cmds.append([*add, *parent, "tbf", "rate", rate, "burst", str(burst), "latency", "20ms"])
     return cmds
 
 

@@ -53,10 +53,11 @@ from herald.phases import PhaseTimer
 from herald.scheduler.plan import KeySet
 from herald.worker.dense import DenseState
 from herald.worker.devices import DeviceChoice, select_device, setup_collectives
-from herald.worker.executor import PlanExecutor, StepRows
+from herald.worker.executor import PlanExecutor
 from herald.worker.groups import world_position
 from herald.worker.link import DispatcherLink
-from herald.worker.protocol import job_protocol
+from herald.worker.modes import job_protocol
+from herald.worker.rows import StepRows
 
 
 @dataclasses.dataclass
@@ -171,10 +172,10 @@ class ScheduledLoader:
         self.rank, self.world_size, self.job, self.device = rank, world_size, job, device
         # torch.distributed's rank and world: differ from the dispatcher's with one dispatcher
         # per group (NOTE [independent groups] in herald/job/group_dispatch.py)
-        self.dist_rank, self.dist_world_size = world_position(job.group_index, job.groups, rank, world_size)
+        self.dist_rank, self.dist_world_size = world_position(job.group_index, job.groups.count, rank, world_size)
         self.link = link
         self.executor = PlanExecutor(job, rank, world_size, device, cache_device)
-        self.protocol = job_protocol(job, self.executor)  # its mode's entry in herald.contracts.modes
+        self.protocol = job_protocol(job, self.executor)  # its mode's entry in herald.worker.modes
         self.dense: DenseState | None = None
         self._batch: Batch | None = None
         self.steps = 0
@@ -244,7 +245,7 @@ class ScheduledLoader:
             if keys_dir is not None:  # this host's copy of the keys folder
                 job = job.replace(keys_dir=str(keys_dir))
             # the dense process group's rank and world (NOTE [independent groups] in herald/job/group_dispatch.py)
-            dist_rank, dist_world = world_position(job.group_index, job.groups, rank, world_size)
+            dist_rank, dist_world = world_position(job.group_index, job.groups.count, rank, world_size)
             choice = select_device(dist_rank, dist_world, device)  # NOTE [worker devices]; set_device before the group
             loader = cls(link, world_size, job, choice.device, cache_device)
             if rank == 0:
@@ -290,10 +291,10 @@ class ScheduledLoader:
             optimizer,
             world_size=self.dist_world_size,
             rank=self.dist_rank,
-            dense_comm=job.dense_comm,
-            groups=job.groups,
-            average_every=job.average_every,
-            easgd_alpha=job.easgd_alpha,
+            dense_comm=job.comm.dense_comm,
+            groups=job.groups.count,
+            average_every=job.groups.average_every,
+            easgd_alpha=job.groups.easgd_alpha,
         )
         if self.job.resume_dense:
             self.dense.load(self.job.resume_dense, self.device)
@@ -370,8 +371,8 @@ class ScheduledLoader:
         try:
             mb = batch.micro_batch
             self._check_finite(mb, loss, batch.rows)
-            if self.dist_rank == self.job.slow_worker_rank:  # --slow-worker: a straggler, counted as compute
-                time.sleep(self.job.slow_worker_ms / 1000.0)
+            if self.dist_rank == self.job.straggler.rank:  # --slow-worker: a straggler, counted as compute
+                time.sleep(self.job.straggler.ms / 1000.0)
             if self._yielded is not None:  # forward + backward not timed by the training loop
                 since, claimed = self._yielded
                 self.timer.add(

@@ -69,36 +69,30 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
-
+from herald.contracts.modes import BoundedSettings
 from herald.dispatch.microbatch import MicroBatch
-from herald.ps.wire import valid_copies
 from herald.scheduler.plan import CachePlan, KeySet
-from herald.worker.executor import PlanExecutor, StepGrads, StepRows
+from herald.worker.clocks import CopyClocks
+from herald.worker.executor import PlanExecutor
 from herald.worker.protocol import BSP
 from herald.worker.psio import member
-
-
-def check_valid(c_s: np.ndarray, c_c: np.ndarray, c_g: np.ndarray, staleness: int) -> np.ndarray:
-    """HET §4.1 CheckValid: bool [n], ``c_c <= c_s + s and c_g <= c_c + s`` (uint64 [n] clocks):
-    :func:`fresh_enough` (the worker's half) and the shard's :func:`~herald.ps.wire.valid_copies`."""
-    return fresh_enough(c_s, c_c, staleness) & valid_copies(c_c, c_g, staleness)
-
-
-def fresh_enough(c_s: np.ndarray, c_c: np.ndarray, staleness: int) -> np.ndarray:
-    """CheckValid's first condition, checked on the worker: bool [n], ``c_c <= c_s + s``."""
-    return c_c <= c_s + np.uint64(staleness)
+from herald.worker.rows import StepGrads, StepRows
 
 
 class Bounded(BSP):
-    """HET clock-bounded reads over the BSP plan: NOTE [bounded reads].
+    """HET clock-bounded reads over the BSP plan: NOTE [bounded reads]. The copies' clocks
+    and the clocked PS operations are its collaborator's, :class:`~herald.worker.clocks.CopyClocks`.
 
     Args:
         executor: the worker's :class:`PlanExecutor`.
-        staleness: the bound ``s`` (updates of one embedding); 0 is exact BSP.
+        staleness: the bound ``s`` (updates of one embedding); 0 is exact BSP (no clocks).
     """
 
-    name = "bounded"
+    name = BoundedSettings.name
+
+    @classmethod
+    def for_settings(cls, executor: PlanExecutor, settings: BoundedSettings) -> Bounded:
+        return cls(executor, staleness=settings.staleness)
 
     def __init__(self, executor: PlanExecutor, staleness: int = 0):
         super().__init__(executor)
@@ -106,76 +100,39 @@ class Bounded(BSP):
         self.step_messages = (
             self.staleness == 0
         )  # relaxed reads: the all-reduce orders the writes (NOTE [step protocol])
-        rows = executor.cache.capacity_rows
-        self.start = np.zeros(rows, np.uint64)  # c_s per cache slot
-        self.current = np.zeros(rows, np.uint64)  # c_c per cache slot
-        self.known = np.zeros(rows, bool)  # c_s is a PS clock (else: c_s = 0, c_c = local updates)
+        self.clocks = CopyClocks(executor, self.staleness) if self.staleness else None
 
     # ------------------------------------------------------ before forward
     def prefetch(self, mb: MicroBatch) -> None:
         """The early pulls (NOTE [early pulls]), those of shared keys with their clocks."""
-        if self.staleness == 0:
+        if self.clocks is None:
             super().prefetch(mb)
         else:
-            self.executor.prefetch(mb, clocked=member(mb.plan.pull, mb.plan.grad_push))
+            self.clocks.prefetch(mb)
 
     def before_forward(self, mb: MicroBatch) -> None:
-        ex, plan = self.executor, mb.plan
-        if self.staleness == 0:  # exact BSP (see the NOTE): no clocks needed
+        if self.clocks is None:  # exact BSP (see the NOTE): no clocks needed
             super().before_forward(mb)
             return
-        wb = plan.write_back
-        advance = None
-        if wb.any():  # Het.Cache.Evict: the written-back copy's local updates go with it
-            slots = ex.cache.slots(KeySet(plan.evict.table[wb], plan.evict.ids[wb]))
-            advance = self.current[slots] - self.start[slots]
-        ex.evict(plan, mb.step, advance)
-        pull = plan.pull
-        slots = ex.cache.slots(pull, must_exist=False)
-        shared = member(pull, plan.grad_push)
-        cand = (slots >= 0) & shared & ~member(pull, plan.update_local) & ~mb.pull_early
-        cand[cand] = self.known[slots[cand]]
-        at = np.flatnonzero(cand)  # CheckValid's first condition is local; the shard checks the second
-        checked = np.zeros(len(pull), bool)
-        checked[at[fresh_enough(self.start[slots[at]], self.current[slots[at]], self.staleness)]] = True
-        c_c = np.zeros(len(pull), np.uint64)
-        c_c[checked] = self.current[slots[checked]]
-        got = ex.pull(mb, clocked=shared, checked=checked, c_c=c_c, staleness=self.staleness)
-        skip = ~got.fetched
-        c_g = got.clocks
-        gaps = c_g[skip] - np.minimum(c_g[skip], self.current[slots[skip]])
-        ex.pull_replicas(mb)
+        self.clocks.evict(mb.plan, mb.step)
+        gaps, rereads = self.clocks.pull(mb)
+        self.executor.pull_replicas(mb)
         self.count_reads(mb, gaps)
-        self.stats["rereads"] += int(at.shape[0] - skip.sum())
-        if len(got.keys):  # a fetch: c_s = c_c = c_g (known for the shared rows)
-            fetched = ex.cache.slots(got.keys)
-            self.start[fetched] = self.current[fetched] = c_g[got.fetched]
-            self.known[fetched] = shared[got.fetched]
+        self.stats["rereads"] += rereads
 
     # ------------------------------------------------------ after backward
     def after_backward(self, mb: MicroBatch, step_rows: StepRows) -> None:
-        if self.staleness == 0:
+        if self.clocks is None:
             super().after_backward(mb, step_rows)
             return
         ex, plan = self.executor, mb.plan
         grads = ex.gradients(step_rows)
         ex.push_grads(mb, grads, step_rows)
         ex.update_local(plan, grads, step_rows)
-        if len(plan.update_local):
-            self.current[ex.cache.slots(plan.update_local)] += np.uint64(1)
+        self.clocks.local_updates(plan.update_local)
         self._read_my_updates(plan, grads, step_rows)
-        pushed = plan.plan_push
-        slots = ex.cache.slots(pushed) if len(pushed) else np.zeros(0, np.int64)
-        wait = ex.push_plan(plan, self.current[slots] - self.start[slots])  # Het.Cache.Evict's clock sync
+        self.clocks.push_plan(plan)
         ex.update_replicas(mb, grads, step_rows)
-        if wait is not None:
-
-            def settle() -> None:  # the plan-pushed copies now hold c_g: c_s = c_c = c_g
-                self.start[slots] = self.current[slots] = wait()
-                self.known[slots] = True
-
-            settle.wait = settle
-            ex.track_write(settle)
         ex.wait_writes()
 
     def _read_my_updates(self, plan: CachePlan, grads: StepGrads, step_rows: StepRows) -> None:
@@ -193,18 +150,12 @@ class Bounded(BSP):
         if not len(own):
             return
         self.executor.update_local(dataclasses.replace(plan, update_local=own), grads, step_rows)
-        self.current[self.executor.cache.slots(own)] += np.uint64(1)
+        self.clocks.local_updates(own)
 
     def flush(self, keys: KeySet, reset: bool) -> None:
         """The barrier's write-backs carry their local updates to the PS clocks too (NOTE
-        [clock frames]); kept copies then hold c_s = c_c = c_g."""
-        if not self.staleness:
+        [clock frames]; :meth:`~herald.worker.clocks.CopyClocks.flush`)."""
+        if self.clocks is None:
             super().flush(keys, reset)
-            return
-        slots = self.executor.cache.slots(keys) if len(keys) else np.zeros(0, np.int64)
-        c_g = self.executor.flush(keys, reset, self.current[slots] - self.start[slots])
-        if reset:
-            self.known[:] = False
-        elif c_g is not None:
-            self.start[slots] = self.current[slots] = c_g
-            self.known[slots] = True
+        else:
+            self.clocks.flush(keys, reset)

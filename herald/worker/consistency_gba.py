@@ -29,14 +29,16 @@ import numpy as np
 import torch
 from torch import nn
 
+from herald.contracts.modes import GbaSettings
 from herald.dispatch.microbatch import MicroBatch
 from herald.errors import ConfigError, DataError, PeerTimeout, ProtocolError
 from herald.ps.rows import shard_of
 from herald.scheduler.plan import KeySet
 from herald.worker import psio
 from herald.worker.dense import DenseState
-from herald.worker.executor import PlanExecutor, StepRows
+from herald.worker.executor import PlanExecutor
 from herald.worker.protocol import ConsistencyProtocol
+from herald.worker.rows import StepRows
 
 #: Longest pause between two gated reads of a shard that is not ready yet, seconds.
 MAX_RETRY_S = 0.004
@@ -135,7 +137,11 @@ class GBA(ConsistencyProtocol):
         gba_threshold: iota of eq. (1).
     """
 
-    name = "gba"
+    name = GbaSettings.name
+
+    @classmethod
+    def for_settings(cls, executor: PlanExecutor, settings: GbaSettings) -> GBA:
+        return cls(executor, gba_buffer=settings.buffer, gba_threshold=settings.threshold)
 
     def __init__(self, executor: PlanExecutor, gba_buffer: int, gba_threshold: int = 0):
         super().__init__(executor)

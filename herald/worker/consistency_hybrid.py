@@ -19,12 +19,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from herald.contracts.modes import HybridSettings
 from herald.dispatch.microbatch import MicroBatch
 from herald.errors import ProtocolError
 from herald.scheduler.plan import KeySet
 from herald.worker import psio
-from herald.worker.executor import PlanExecutor, StepRows
+from herald.worker.executor import PlanExecutor
 from herald.worker.protocol import ConsistencyProtocol
+from herald.worker.rows import StepRows
 
 
 def step_keys(mb: MicroBatch) -> KeySet:
@@ -59,7 +61,7 @@ class Hybrid(ConsistencyProtocol):
         executor: the worker's :class:`PlanExecutor` (its PS client and timer; its cache is not used).
     """
 
-    name = "hybrid"
+    name = HybridSettings.name
 
     def __init__(self, executor: PlanExecutor):
         super().__init__(executor)

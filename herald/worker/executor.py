@@ -4,20 +4,22 @@ It carries out the operations of a :class:`~herald.scheduler.plan.CachePlan` (ev
 with write-back, pull, gradient push, local sparse update, plan push) and the
 embedding lookup of a micro-batch; it decides nothing. The order of the calls is the
 consistency protocol's (:mod:`herald.worker.protocol`, NOTE [step protocol] in
-``herald/scheduler/plan.py``).
+``herald/scheduler/plan.py``). A protocol that sends more with the rows (HET's clocks:
+herald/worker/clocks.py) passes its own :data:`~herald.worker.rows.Fetch` and
+:data:`~herald.worker.rows.Write` functions; the executor only moves rows (the types it
+moves: :mod:`herald.worker.rows`).
 """
 
 from __future__ import annotations
 
-import dataclasses
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from herald.contracts.job import JobSpec
 from herald.dispatch.microbatch import MicroBatch
-from herald.errors import ProtocolError
 from herald.phases import PhaseTimer
 from herald.ps import PSClient
 from herald.scheduler.plan import CachePlan, KeySet
@@ -25,112 +27,7 @@ from herald.worker import psio
 from herald.worker.device_cache import DeviceCache, make_cache
 from herald.worker.devices import resolve_cache_device
 from herald.worker.replicas import ReplicaStore
-
-
-@dataclasses.dataclass
-class StepRows:
-    """The embedding rows one micro-batch uses, gathered by :meth:`PlanExecutor.lookup`.
-
-    Attributes:
-        rows: float32 [n, dim] leaf tensor on the training device; after backward its
-            ``grad`` is the micro-batch's gradient of each row.
-        uniq: uint64 [n]: the ids, table by table, each table's ids sorted.
-        bounds: int64 [T + 1]: table t's ids are ``uniq[bounds[t]:bounds[t + 1]]``.
-        slots: int64 [n]: each row's cache slot when every row came from the cache, else None.
-        removals: the cache's ``removals`` when ``slots`` were found.
-    """
-
-    rows: torch.Tensor
-    uniq: np.ndarray
-    bounds: np.ndarray
-    slots: np.ndarray | None = None
-    removals: int = -1
-
-    def tables(self) -> np.ndarray:
-        """int32 [n]: the table of each row."""
-        return np.repeat(np.arange(self.bounds.shape[0] - 1, dtype=np.int32), np.diff(self.bounds))
-
-    def positions(self, keys: KeySet) -> np.ndarray:
-        """int64 [len(keys)]: the row of each key (:class:`ProtocolError` if one is missing)."""
-        return psio.positions(self.uniq, self.bounds, keys)
-
-    def cache_slots(self, cache, at: np.ndarray) -> np.ndarray | None:
-        """The cache slots of rows ``at`` (int64 [m]) as found at the lookup, while no key
-        has left ``cache`` since (its slots are then unchanged); else None: look them up."""
-        return self.slots[at] if self.slots is not None and cache.removals == self.removals else None
-
-
-@dataclasses.dataclass
-class StepGrads:
-    """The gradients of a step's rows, divided by the number of workers (:meth:`PlanExecutor.gradients`).
-
-    Attributes:
-        tensor: float32 [n, dim] on the training device (row i is ``StepRows.rows[i]``'s).
-    """
-
-    tensor: torch.Tensor
-    _host: np.ndarray | None = None
-
-    def host(self) -> np.ndarray:
-        """float32 [n, dim] numpy: every row (one device-to-host copy per step at most)."""
-        if self._host is None:
-            self._host = self.tensor.to("cpu").numpy()
-        return self._host
-
-    def host_rows(self, at: np.ndarray) -> np.ndarray:
-        """float32 [len(at), dim] numpy: rows ``at`` (int64), copying only them off a GPU."""
-        if self._host is not None or self.tensor.device.type == "cpu":
-            return np.take(self.host(), at, axis=0)
-        index = torch.from_numpy(np.ascontiguousarray(at, dtype=np.int64)).to(self.tensor.device)
-        return self.tensor.index_select(0, index).to("cpu").numpy()
-
-
-@dataclasses.dataclass
-class Pulled:
-    """What :meth:`PlanExecutor.pull` fetched.
-
-    Attributes:
-        keys: the keys whose rows came (now in the cache), in plan order.
-        fetched: bool [len(plan.pull)]: which pulls those are (False: a checked copy was
-            still valid and stays).
-        clocks: uint64 [len(plan.pull)]: c_g of the clocked pulls (NOTE [clock frames]), 0 elsewhere.
-    """
-
-    keys: KeySet
-    fetched: np.ndarray
-    clocks: np.ndarray
-
-
-def pool_bags(
-    rows: torch.Tensor, inputs: np.ndarray, offsets_flat: np.ndarray, inverse_bounds: np.ndarray, device: torch.device
-) -> torch.Tensor:
-    """Sum-pool the bags of a micro-batch: float32 [T x b, dim], bag ``(t, i)`` at row ``t * b + i``.
-
-    Args:
-        rows: float32 [n, dim] on ``device`` (requires grad): the step's distinct rows.
-        inputs: int64 [N]: the row of each value, table after table.
-        offsets_flat: int64 [T, b + 1]: table t's bag i holds its values ``offsets[t, i]:offsets[t, i + 1]``.
-        inverse_bounds: int64 [T + 1]: table t's values start at ``inverse_bounds[t]`` in ``inputs``.
-
-    On the CPU the bags are pooled by ``index_select`` (+ ``index_add`` unless every bag
-    holds exactly one value): the forward is ``F.embedding_bag(mode="sum")``'s to the
-    bit (values added in bag order), the backward adds each row's gradients in value
-    order, and both cost about a third of ``embedding_bag``'s sorting backward (measured
-    at 26 tables x 256 samples). Elsewhere (CUDA's ``index_add`` uses atomics, whose
-    order varies) it is ``F.embedding_bag``.
-    """
-    t, b1 = offsets_flat.shape
-    bags = t * (b1 - 1)
-    index = torch.from_numpy(inputs).to(device)
-    if device.type != "cpu":
-        starts = (offsets_flat[:, :-1] + inverse_bounds[:-1, None]).reshape(-1)
-        return F.embedding_bag(index, rows, torch.from_numpy(starts).to(device), mode="sum")
-    values = rows.index_select(0, index)
-    lengths = np.diff(offsets_flat, axis=1).reshape(-1)
-    if inputs.shape[0] == bags and bool((lengths == 1).all()):  # one value per bag: the values are the bags
-        return values
-    bag_of_value = torch.from_numpy(np.repeat(np.arange(bags, dtype=np.int64), lengths))
-    return torch.zeros((bags, rows.shape[1]), dtype=rows.dtype).index_add(0, bag_of_value, values)
+from herald.worker.rows import Fetch, Pulled, StepGrads, StepRows, Write, pool_bags
 
 
 class PlanExecutor:
@@ -173,7 +70,7 @@ class PlanExecutor:
             tables=self.tables,
             timeout_ms=job.timeout_ms,
             keys_dir=job.keys_dir,
-            wire_dtype=job.wire_dtype,
+            wire_dtype=job.comm.wire_dtype,
         )  # NOTE [wire compression]
         self._replicated = np.array(job.replicated_tables, np.int32)
         self.replicas = (
@@ -183,7 +80,7 @@ class PlanExecutor:
         )
         self.bytes_pulled = self.bytes_pushed = self.bytes_allreduced = self.bytes_dense = 0
         self.timer = PhaseTimer()
-        self._early: dict[int, tuple] = {}  # step -> (pull_early mask, clocked mask, wait())
+        self._early: dict[int, tuple] = {}  # step -> (prefetched pulls mask, wait())
         self._writes: list = []  # pushes and write-backs in flight
         self._written_back: tuple[int | None, KeySet] = (None, KeySet.empty())  # NOTE [own write-backs]
         self._step: tuple | None = None  # the step message in flight: (next step or None, pulls, handle, dense carried)
@@ -200,13 +97,12 @@ class PlanExecutor:
         return f"embedding cache {type(self.cache).__name__} {where} ({self.cache.capacity_rows:,} rows)"
 
     # ------------------------------------------------------ before forward
-    def evict(self, plan: CachePlan, step: int | None = None, advance: np.ndarray | None = None) -> None:
+    def evict(self, plan: CachePlan, step: int | None = None, write: Write | None = None) -> None:
         """Drop ``plan.evict``; start writing back the rows flagged in ``plan.write_back``
         (finished by :meth:`wait_writes`: NOTE [early pulls] in herald/dispatch/early.py).
         With ``step`` (the plan's step) the written-back keys are remembered, so that
         :meth:`prefetch` may fetch them early for ``step + 1`` (NOTE [own write-backs]).
-        ``advance``: uint64 [write_back.sum()], the written-back copies' local updates, sent
-        with the rows (NOTE [clock frames] in herald/ps/wire.py)."""
+        ``write``: how the rows go (:data:`Write`; default a plain ``push_rows``)."""
         self._written_back = (step, KeySet.empty())
         if not len(plan.evict):
             return
@@ -214,10 +110,18 @@ class PlanExecutor:
             rows = self.cache.evict(plan.evict, plan.write_back)
             wb = plan.write_back
             written = KeySet(plan.evict.table[wb], plan.evict.ids[wb])
-            handle = psio.push_rows_async(self.ps, written, rows, advance)
+            handle = (write or self._write)(written, rows)
             self._written_back = (step, written)
             if handle is not None:
                 self._writes.append(handle)
+
+    def _write(self, keys: KeySet, rows: np.ndarray):
+        """The plain :data:`Write`: the rows, nothing more."""
+        return psio.push_rows_async(self.ps, keys, rows)
+
+    def _fetch(self, keys: KeySet, at: np.ndarray) -> Callable[[], psio.Fetched]:
+        """The plain :data:`Fetch`: every row of ``keys``."""
+        return psio.fetch_async(self.ps, keys, self.cache.row_width)
 
     def track_write(self, handle) -> None:
         """Have :meth:`wait_writes` wait for ``handle`` (an object with ``wait()``) too."""
@@ -232,24 +136,24 @@ class PlanExecutor:
                     handle.wait()
                 self._writes.clear()
 
-    def prefetch(self, mb: MicroBatch, clocked: np.ndarray | None = None) -> None:
+    def prefetch(self, mb: MicroBatch, fetch: Fetch | None = None) -> None:
         """Start pulling the pulls of ``mb`` marked ``pull_early`` (NOTE [early pulls]) and
         those of this worker's own write-backs (NOTE [own write-backs]); call only once the
-        step before ``mb.step - 1`` is finished on this worker. ``clocked``: bool
-        [len(plan.pull)] or None: the pulls that also fetch their PS clock c_g (NOTE
-        [bounded reads]); pass the same to :meth:`pull`."""
+        step before ``mb.step - 1`` is finished on this worker. ``fetch``: how they are read
+        (:data:`Fetch`; default: plain pulls); :meth:`prefetched` then names them."""
         early = mb.pull_early
         own = self._own_write_backs(mb)
         if own is not None:
             early = early | own
         if early.any() and mb.step not in self._early:
             keys = KeySet(mb.plan.pull.table[early], mb.plan.pull.ids[early])
-            clocked = np.zeros(len(early), bool) if clocked is None else clocked
-            self._early[mb.step] = (
-                early,
-                clocked,
-                psio.fetch_async(self.ps, keys, self.cache.row_width, clocked[early]),
-            )
+            self._early[mb.step] = (early, (fetch or self._fetch)(keys, early))
+
+    def prefetched(self, step: int) -> np.ndarray | None:
+        """bool [len(plan.pull)]: the pulls of ``step`` :meth:`prefetch` started (not yet
+        taken by :meth:`pull`), or None."""
+        got = self._early.get(step)
+        return None if got is None else got[0]
 
     def _own_write_backs(self, mb: MicroBatch) -> np.ndarray | None:
         """bool [len(mb.plan.pull)]: the pulls not marked early whose key this worker wrote
@@ -283,58 +187,19 @@ class PlanExecutor:
         out[late[ok]] = True
         return out
 
-    def pull(
-        self,
-        mb: MicroBatch,
-        clocked: np.ndarray | None = None,
-        checked: np.ndarray | None = None,
-        c_c: np.ndarray | None = None,
-        staleness: int = 0,
-    ) -> Pulled:
+    def pull(self, mb: MicroBatch, fetch: Fetch | None = None) -> Pulled:
         """Fetch ``mb.plan.pull`` (rows with optimizer state) from the PS into the cache:
-        the prefetched rows (:meth:`prefetch`), then the others.
-
-        Args:
-            clocked: bool [len(plan.pull)] or None: pulls that also fetch their PS clock c_g,
-                in a conditional pull (NOTE [clock frames] in herald/ps/wire.py): as given to
-                :meth:`prefetch`.
-            checked: bool [len(plan.pull)] or None: clocked pulls whose cached copy stays and
-                is read when the shard finds it valid, ``c_g <= c_c + staleness`` (NOTE
-                [bounded reads]); never a prefetched one.
-            c_c: uint64 [len(plan.pull)]: the cached copies' current clocks (where ``checked``).
-
-        Raises:
-            ProtocolError: a checked pull was prefetched, or a clocked one prefetched without
-                its clock (a bug of the protocol).
-        """
+        the prefetched rows (:meth:`prefetch`), then the others, read by ``fetch``
+        (:data:`Fetch`; default: plain pulls). A pull the fetch did not bring (its copy is
+        still valid: NOTE [bounded reads]) leaves the cached copy as it is."""
         pull = mb.plan.pull
         n = len(pull)
-        early, early_clocked, early_wait = self._early.pop(mb.step, (None, None, None))
-        clocked = np.zeros(n, bool) if clocked is None else clocked
-        checked = np.zeros(n, bool) if checked is None else checked
+        early, early_wait = self._early.pop(mb.step, (None, None))
         if not n:
             return Pulled(pull, np.ones(0, bool), np.zeros(0, np.uint64))
         late = np.ones(n, bool) if early is None else ~early
-        if early is not None and (checked[early].any() or (clocked & ~early_clocked)[early].any()):
-            raise ProtocolError(
-                f"step {mb.step}: a relaxed protocol checked a prefetched pull, or asked the clock "
-                "of one prefetched without it (a bug of the protocol: pass prefetch() the same "
-                "clocked pulls; a pull_early key is always fetched)"
-            )
         with self.timer("pull"):
-            late_wait = (
-                psio.fetch_async(
-                    self.ps,
-                    KeySet(pull.table[late], pull.ids[late]),
-                    self.cache.row_width,
-                    clocked[late],
-                    checked[late],
-                    None if c_c is None else c_c[late],
-                    staleness,
-                )
-                if late.any()
-                else None
-            )
+            late_wait = (fetch or self._fetch)(KeySet(pull.table[late], pull.ids[late]), late) if late.any() else None
             parts = [(mask, wait()) for mask, wait in ((early, early_wait), (late, late_wait)) if wait is not None]
             if len(parts) == 1 and parts[0][0].all():  # one pull of every key (BSP without prefetch)
                 got = parts[0][1]
@@ -432,26 +297,16 @@ class PlanExecutor:
             for t, m in psio.table_groups(plan.update_local.table):
                 self.cache.apply_gradients(slots[m], g, at[m], self.tables[t])
 
-    def push_plan(self, plan: CachePlan, advance: np.ndarray | None = None):
+    def push_plan(self, plan: CachePlan, write: Write | None = None):
         """Send the rows of ``plan.plan_push`` (with optimizer state) to the PS (Herald Alg. 2);
-        acknowledged by :meth:`wait_writes`. With ``advance`` (uint64 [len(plan_push)], the
-        copies' local updates: NOTE [clock frames]) the PS clocks advance with the rows, and
-        the returned ``wait()`` gives c_g after (uint64 [len(plan_push)]); else None."""
+        acknowledged by :meth:`wait_writes`. With ``write`` (:data:`Write`) the rows go by it
+        and its handle is returned (None for no rows); else a plain ``push_rows``, and None."""
         if not len(plan.plan_push):
             return None
         with self.timer("plan_push"):
-            handle = psio.push_rows_async(
-                self.ps,
-                plan.plan_push,
-                self.cache.read(self.cache.slots(plan.plan_push)),
-                advance,
-                read_clocks=advance is not None,
-            )
-            if advance is None:
-                self._writes.append(handle)
-                return None
+            handle = (write or self._write)(plan.plan_push, self.cache.read(self.cache.slots(plan.plan_push)))
             self._writes.append(handle)
-        return handle
+        return handle if write is not None else None
 
     # ------------------------------------------------- the step message
     def send_step(self, mb: MicroBatch, grads: StepGrads, step_rows: StepRows, next_mb: MicroBatch | None) -> None:
@@ -534,20 +389,18 @@ class PlanExecutor:
             )
 
     # ------------------------------------------------------------- barrier
-    def flush(self, keys: KeySet, reset: bool, advance: np.ndarray | None = None) -> np.ndarray | None:
-        """Write back the only-latest rows ``keys``; with ``reset`` then empty the cache
-        (NOTE [checkpoint barrier] in herald/dispatch/dispatcher.py). With ``advance``
-        (uint64 [len(keys)]: NOTE [clock frames]) the PS clocks advance with the rows and,
-        without ``reset``, c_g after is returned (uint64 [len(keys)]); else None."""
+    def flush(self, keys: KeySet, reset: bool, write: Write | None = None) -> Any:
+        """Write back the only-latest rows ``keys`` and wait; with ``reset`` then empty the
+        cache (NOTE [checkpoint barrier] in herald/dispatch/dispatcher.py). With ``write``
+        (:data:`Write`) the rows go by it and what its handle's ``wait()`` gives is returned;
+        else a plain ``push_rows``, and None."""
         self._written_back = (None, KeySet.empty())
         self._prepared = None
         clocks = None
-        if len(keys) and advance is None:
+        if len(keys) and write is None:
             psio.push_rows(self.ps, keys, self.cache.read(self.cache.slots(keys)))
         elif len(keys):
-            clocks = psio.push_rows_async(
-                self.ps, keys, self.cache.read(self.cache.slots(keys)), advance, read_clocks=not reset
-            ).wait()
+            clocks = write(keys, self.cache.read(self.cache.slots(keys))).wait()
         if self.replicas is not None:
             if self.rank == 0:
                 self.replicas.write_back()

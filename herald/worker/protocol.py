@@ -6,8 +6,8 @@ executor.PlanExecutor` for one micro-batch; the worker runtime (:mod:`herald.wor
 calls :meth:`~ConsistencyProtocol.before_forward` when a micro-batch arrives and
 :meth:`~ConsistencyProtocol.after_backward` from ``step()``, then synchronises the dense
 model and acks. A relaxed mode (HET bounded staleness, Persia hybrid, GBA) is another
-implementation, named by its mode's entry in :data:`herald.contracts.modes.MODES` (the job's
-``consistency``; docs/consistency.md, "Adding a mode"). :meth:`ConsistencyProtocol.make_dense`
+implementation, found by the mode's name in the worker's registry :data:`herald.worker.modes.PROTOCOLS`
+(docs/consistency.md, "Adding a mode"). :meth:`ConsistencyProtocol.make_dense`
 gives the runtime the dense side of the protocol (:class:`~herald.worker.dense.DenseSync`
 unless the mode synchronises the dense model otherwise, as GBA does).
 
@@ -24,17 +24,18 @@ from __future__ import annotations
 
 import abc
 import collections
-from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from herald.contracts.modes import consistency_mode
+from herald.contracts.consistency import ModeSettings
+from herald.contracts.modes import BspSettings
 from herald.dispatch.microbatch import MicroBatch
 from herald.scheduler.plan import KeySet
 from herald.worker.dense import DenseState, DenseSync
-from herald.worker.executor import PlanExecutor, StepRows
+from herald.worker.executor import PlanExecutor
+from herald.worker.rows import StepRows
 
 
 class ConsistencyProtocol(abc.ABC):
@@ -60,6 +61,13 @@ class ConsistencyProtocol(abc.ABC):
     def __init__(self, executor: PlanExecutor):
         self.executor = executor
         self.stats: collections.Counter = collections.Counter()
+
+    @classmethod
+    def for_settings(cls, executor: PlanExecutor, settings: ModeSettings) -> ConsistencyProtocol:
+        """The protocol over ``executor`` with the mode's ``settings`` (the job's ``mode``, a
+        :class:`~herald.contracts.consistency.ModeSettings` of this protocol's mode); default:
+        ``cls(executor)``, a mode without settings."""
+        return cls(executor)
 
     def count_reads(self, mb: MicroBatch, gaps: np.ndarray) -> None:
         """Count the rows ``mb`` reads; ``gaps``: uint64 clock gaps of those read stale."""
@@ -141,7 +149,7 @@ class BSP(ConsistencyProtocol):
     overlap the round trip (:attr:`step_messages`).
     """
 
-    name = "bsp"
+    name = BspSettings.name
     step_messages = True
 
     def __init__(self, executor: PlanExecutor):
@@ -171,19 +179,3 @@ class BSP(ConsistencyProtocol):
     def flush(self, keys: KeySet, reset: bool) -> None:
         self._next = None
         super().flush(keys, reset)
-
-
-def make_protocol(name: str, executor: PlanExecutor, **settings) -> ConsistencyProtocol:
-    """The protocol of mode ``name`` (its entry in :data:`herald.contracts.modes.MODES`) over
-    ``executor`` with its ``settings`` (``staleness`` for bounded).
-
-    Raises:
-        ConfigError: an unknown mode (the message lists the known ones).
-    """
-    return consistency_mode(name).resolve("protocol")(executor, **settings)
-
-
-def job_protocol(job: Any, executor: PlanExecutor) -> ConsistencyProtocol:
-    """The protocol of ``job`` (a :class:`~herald.contracts.job.JobSpec`) with the settings its
-    mode reads from it (:attr:`herald.contracts.modes.ConsistencyMode.protocol_settings`)."""
-    return make_protocol(job.consistency, executor, **consistency_mode(job.consistency).protocol_settings(job))

@@ -98,7 +98,9 @@ def fetch_async(
         c_c: uint64 [n]: the copies' current clocks (read where ``checked``).
     """
     n = len(keys)
-    clocked = np.zeros(n, bool) if clocked is None else clocked
+    if clocked is None:  # a plain pull: its rows as they come
+        rows_wait = pull_keys_async(ps, keys, row_width)
+        return lambda: Fetched(rows_wait(), np.ones(n, bool), np.zeros(n, np.uint64))
     checked = np.zeros(n, bool) if checked is None else checked & clocked
     plain = ~clocked
     plain_wait = pull_keys_async(ps, KeySet(keys.table[plain], keys.ids[plain]), row_width) if plain.any() else None

@@ -2,7 +2,7 @@
 
 import json
 
-from herald.bench.kernels import fbgemm_modules
+from herald.bench.kernel_speed import fbgemm_modules
 from herald.cli import main
 
 

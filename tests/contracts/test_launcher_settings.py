@@ -15,20 +15,23 @@ from herald.errors import ConfigError
 def test_the_ray_settings_need_the_ray_launcher():
     for name, value in (("ray_address", "auto"), ("storage_path", "/mnt/shared")):
         with pytest.raises(ConfigError, match=f"--{name.replace('_', '-')} is a setting of the Ray launcher"):
-            TrainConfig(**{name: value})
+            TrainConfig.from_flags(**{name: value})
     with pytest.raises(ConfigError, match="--launcher must be one of local, ray"):
-        TrainConfig(launcher="k8s")
-    assert TrainConfig().launcher == "local"
+        TrainConfig.from_flags(launcher="k8s")
+    assert TrainConfig().launcher.name == "local"
 
 
 def test_the_storage_path_holds_the_run_folder():
-    cfg = TrainConfig(launcher="ray", storage_path="/mnt/shared", run_dir="runs/a")
+    cfg = TrainConfig.from_flags(launcher="ray", storage_path="/mnt/shared", run_dir="runs/a")
     assert cfg.run_dir == "/mnt/shared/runs/a"
     assert dataclasses.replace(cfg, resume=True).run_dir == "/mnt/shared/runs/a"  # kept, not joined twice
-    assert TrainConfig(launcher="ray", storage_path="/mnt/shared", run_dir="/mnt/shared/b").run_dir == "/mnt/shared/b"
+    assert (
+        TrainConfig.from_flags(launcher="ray", storage_path="/mnt/shared", run_dir="/mnt/shared/b").run_dir
+        == "/mnt/shared/b"
+    )
     for outside in ("/elsewhere", "../up"):
         with pytest.raises(ConfigError, match="is outside --storage-path"):
-            TrainConfig(launcher="ray", storage_path="/mnt/shared", run_dir=outside)
+            TrainConfig.from_flags(launcher="ray", storage_path="/mnt/shared", run_dir=outside)
 
 
 @pytest.mark.parametrize(
@@ -41,7 +44,7 @@ def test_the_storage_path_holds_the_run_folder():
 )
 def test_what_the_ray_launcher_cannot_do_is_refused(settings, words):
     with pytest.raises(ConfigError, match=words):
-        TrainConfig(launcher="ray", **settings)
+        TrainConfig.from_flags(launcher="ray", **settings)
 
 
 def test_herald_train_refuses_them_before_anything_starts(capsys):

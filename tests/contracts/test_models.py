@@ -52,15 +52,19 @@ def test_a_resolved_model_is_named_with_what_was_asked():
 
 def test_check_schema_resolves_auto_and_shows_the_tables():
     schema = Schema(tuple(f"C{i}" for i in range(1, 27)), 13)
-    TrainConfig(model="auto", embedding_dim=1).check_schema(schema, None)  # synthetic / parquet: dlrm takes dim 1
+    TrainConfig.from_flags(model="auto", embedding_dim=1).check_schema(
+        schema, None
+    )  # synthetic / parquet: dlrm takes dim 1
     with pytest.raises(ConfigError, match=r"source has 26: C1, C2, C3, C4, \.\.\.; choose --model dlrm"):
-        TrainConfig(model="ncf").check_schema(schema, "criteo")
+        TrainConfig.from_flags(model="ncf").check_schema(schema, "criteo")
     with pytest.raises(ConfigError, match=r"--model auto \(here wdl\)"):
-        TrainConfig(embedding_dim=1).check_schema(schema, "criteo")
+        TrainConfig.from_flags(embedding_dim=1).check_schema(schema, "criteo")
 
 
 def test_the_job_spec_checks_the_same_needs():
     data = types.SimpleNamespace(dataset="parquet", schema=Schema(("a", "b", "c"), 0), replicated=[], replica_rows=0)
     with pytest.raises(ConfigError, match="--model ncf .* needs exactly 2 tables"):
-        JobSpec.build(TrainConfig(model="ncf"), data, ["tcp://127.0.0.1:1"])
-    assert JobSpec.build(TrainConfig(model="dcn", embedding_dim=1), data, ["tcp://127.0.0.1:1"]).model == "dcn"
+        JobSpec.build(TrainConfig.from_flags(model="ncf"), data, ["tcp://127.0.0.1:1"])
+    assert (
+        JobSpec.build(TrainConfig.from_flags(model="dcn", embedding_dim=1), data, ["tcp://127.0.0.1:1"]).model == "dcn"
+    )

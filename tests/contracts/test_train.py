@@ -67,21 +67,24 @@ def test_every_setting_is_checked_with_its_flag_name(argv, message):
 
 
 def test_restarts_with_checkpoints_are_accepted():
-    assert _config("--ps-restarts", "2", "--checkpoint-every", "10").ps_restarts == 2
+    assert _config("--ps-restarts", "2", "--checkpoint-every", "10").recovery.ps_restarts == 2
     cfg = _config("--worker-restarts", "3", "--ps-restarts", "1", "--checkpoint-every", "10")
-    assert (cfg.worker_restarts, cfg.ps_restarts) == (3, 1)
-    assert _config("--worker-restarts", "1", "--checkpoint-every", "5", "--consistency", "gba").worker_restarts == 1
+    assert (cfg.recovery.worker_restarts, cfg.recovery.ps_restarts) == (3, 1)
+    assert (
+        _config("--worker-restarts", "1", "--checkpoint-every", "5", "--consistency", "gba").recovery.worker_restarts
+        == 1
+    )
 
 
 def test_programmatic_values_are_checked_too():
     with pytest.raises(ConfigError, match="--workers must be an integer"):
-        TrainConfig(workers=2.5)
+        TrainConfig.from_flags(workers=2.5)
     with pytest.raises(ConfigError, match="--dense-lr must be a finite number"):
-        TrainConfig(dense_lr="0.1")
+        TrainConfig.from_flags(dense_lr="0.1")
     with pytest.raises(ConfigError, match="--resume is a switch"):
-        TrainConfig(resume="yes")
+        TrainConfig.from_flags(resume="yes")
     with pytest.raises(ConfigError, match="--model must be one of auto, dlrm, ncf"):
-        TrainConfig(model="wide")
+        TrainConfig.from_flags(model="wide")
     assert TrainConfig().global_batch == 256  # the defaults are valid
 
 
@@ -117,7 +120,7 @@ def test_internal_config_errors_are_reworded_with_flags():
 
 
 def test_tables_of_a_config_use_flag_names():
-    cfg = TrainConfig(embedding_dim=8, lr=0.5)
+    cfg = TrainConfig.from_flags(embedding_dim=8, lr=0.5)
     tables = cfg.tables(Schema(("C1", "C2"), 0))
     assert [t.dim for t in tables] == [8, 8] and tables[0].optimizer.lr == 0.5
 

@@ -283,13 +283,13 @@ def test_hybrid_settings_are_checked_with_the_fix_named():
     from herald.contracts.train import TrainConfig
     from herald.errors import ConfigError
 
-    assert TrainConfig(consistency="hybrid", hybrid_expiry=2).hybrid_expiry == 2
+    assert TrainConfig.from_flags(consistency="hybrid", hybrid_expiry=2).mode.expiry_steps == 2
     with pytest.raises(ConfigError, match="no meaning for --consistency bsp"):
-        TrainConfig(hybrid_expiry=2)
+        TrainConfig.from_flags(hybrid_expiry=2)
     with pytest.raises(ConfigError, match="0..1048576 steps"):
-        TrainConfig(consistency="hybrid", hybrid_expiry=-1)
+        TrainConfig.from_flags(consistency="hybrid", hybrid_expiry=-1)
     with pytest.raises(ConfigError, match="drop --replicate-below"):
-        TrainConfig(consistency="hybrid", replicate_below=100)
+        TrainConfig.from_flags(consistency="hybrid", replicate_below=100)
 
 
 def test_resolve_can_be_limited_to_one_step():
@@ -299,3 +299,24 @@ def test_resolve_can_be_limited_to_one_step():
     assert buf.resolve(MB0.sample_ids).step.tolist() == [6, 6]  # the newest
     assert buf.resolve(MB0.sample_ids, 5).step.tolist() == [5, 5]
     assert buf.resolve(MB1.sample_ids, 6).step.tolist() == [-1, -1]
+
+
+def test_the_null_embedding_worker_has_the_seams_calls_and_changes_nothing():
+    """The ledger always holds an embedding worker: hybrid's, or the null one of the other
+    modes, which must answer every call of the seam (herald/dispatch/embedding_worker.py)."""
+    import inspect
+
+    from herald.dispatch.embedding_worker import EmbeddingWorker, NullEmbeddingWorker, no_embedding_worker
+    from herald.dispatch.hybrid import HybridEmbeddingWorker
+
+    calls = [n for n, f in vars(EmbeddingWorker).items() if inspect.isfunction(f) and not n.startswith("_")]
+    assert calls == ["before_send", "receive", "step_acked", "drain", "close"]
+    for name in calls:
+        want = list(inspect.signature(getattr(EmbeddingWorker, name)).parameters)
+        for cls in (NullEmbeddingWorker, HybridEmbeddingWorker):
+            assert list(inspect.signature(getattr(cls, name)).parameters) == want, (cls.__name__, name)
+    null = no_embedding_worker(None, None, 0, None)
+    arrays = [np.zeros(2, np.float32), np.ones(2, np.float32)]
+    assert null.receive(3, 0, arrays, None, 3) is arrays
+    assert null.step_acked(3, None) == {}
+    assert (null.before_send(4), null.drain(), null.close()) == (None, None, None)

@@ -19,12 +19,13 @@ from test_hostile_peers import finish, wait_rejected
 
 from herald import wire
 from herald.contracts.job import JobSpec
+from herald.contracts.modes import GbaSettings, HybridSettings
 from herald.contracts.tables import TableConfig
 from herald.dispatch import channel as channel_mod
 from herald.dispatch.channel import PeerChannel
+from herald.dispatch.config import DispatcherConfig
 from herald.dispatch.microbatch import MAX_WORKER_FRAME_BYTES
 from herald.dispatch.peers import KINDS, largest_frame_bytes
-from herald.dispatch.records import DispatcherConfig
 from herald.errors import ConfigError, PeerTimeout
 from herald.worker.link import DispatcherLink
 from tests import rawpeer
@@ -39,7 +40,7 @@ def _hybrid_job(tables: int, dim: int) -> JobSpec:
         tables=tuple(TableConfig(f"t{i}", dim) for i in range(tables)),
         dense_dim=3,
         ps=("tcp://127.0.0.1:1",),
-        consistency="hybrid",
+        mode=HybridSettings(),
     )
 
 
@@ -47,7 +48,7 @@ def test_the_bound_is_the_largest_ack_of_the_job():
     job = make_job()  # bsp: labels and predictions, float32 [rows]
     assert largest_frame_bytes(job, WORKERS, PER_WORKER) == PER_WORKER * 4
     assert largest_frame_bytes(_hybrid_job(3, 16), WORKERS, PER_WORKER) == PER_WORKER * 3 * 16 * 4  # + bag grads
-    gba = JobSpec(tables=job.tables, dense_dim=3, ps=job.ps, consistency="gba", gba_buffer=1)
+    gba = JobSpec(tables=job.tables, dense_dim=3, ps=job.ps, mode=GbaSettings(buffer=1))
     assert largest_frame_bytes(gba, WORKERS, PER_WORKER) == WORKERS * PER_WORKER * 4  # one micro-batch per step
     assert largest_frame_bytes(job, WORKERS, 0) == 0  # batch size unknown: headers only
 

@@ -26,6 +26,7 @@ from test_dispatcher_peers import (
     scheduler_factory,
 )
 
+from herald.contracts.modes import BoundedSettings
 from herald.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from herald.dispatch.early import key_hash
 from herald.dispatch.lockstep import LockstepServe
@@ -250,7 +251,7 @@ def test_resumed_dispatcher_continues_at_the_saved_step_and_batch(job_of):
 def test_early_pulls_follow_the_previous_steps_touched_keys(job_of):
     # a mode whose workers read early (bounded, staleness > 0); bsp's pulls ride on the
     # step messages, so its micro-batches carry no marks
-    d, served, peers, _ = job_of(make_batches(8), job=make_job().replace(consistency="bounded", staleness=1))
+    d, served, peers, _ = job_of(make_batches(8), job=make_job().replace(mode=BoundedSettings(staleness=1)))
     drive(peers, cooperative, all_ended(peers))
     served.join()
     assert served.error is None, served.error

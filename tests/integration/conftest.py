@@ -7,7 +7,7 @@ opened (herald/testbed) is still there at the end.
 it fail under ``CI=true`` and are skipped (with the reason) otherwise.
 
 ``kafka_broker``: one real Kafka 0.9.0.1 broker per test session (see
-``kafka_broker.py``), yielding its bootstrap address ``"127.0.0.1:PORT"``.
+:mod:`herald.loader.kafka.broker`), yielding its bootstrap address ``"127.0.0.1:PORT"``.
 When it cannot start, the tests that need it fail under ``CI=true`` and are
 skipped (with the reason) otherwise.
 """
@@ -22,9 +22,9 @@ import uuid
 
 import pytest
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from herald.loader.kafka.broker import API_VERSION, BrokerError, KafkaBroker
 
-from kafka_broker import API_VERSION, BrokerError, KafkaBroker  # noqa: E402
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # ``from proc_tree import ...``
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -20,7 +20,7 @@ def test_evaluation_splits_its_pulls_under_ps_max_rows_and_counts_rows_read_agai
     some tables than a shard may hold: the evaluation's pulls are split so that none
     inserts more than ``--ps-max-rows`` keys of a table, and evicted rows read again are
     counted in training and in the evaluation."""
-    cfg = TrainConfig(
+    cfg = TrainConfig.from_flags(
         source=str(data_dir / "criteo" / "criteo_kaggle_sample_train.tsv"),
         workers=2,
         batch_size=16,

@@ -32,7 +32,7 @@ def _cfg(tmp_path, data_dir, **kw):
         "run_dir": str(tmp_path),
         "timeout_ms": 60_000,
     }
-    return TrainConfig(**{**base, **kw})
+    return TrainConfig.from_flags(**{**base, **kw})
 
 
 def test_int8_wire_trains_and_reports_bytes(tmp_path, data_dir):

@@ -14,7 +14,7 @@ STEPS = 60
 
 
 def _train(tmp_path, data_dir, name, **settings):
-    cfg = TrainConfig(
+    cfg = TrainConfig.from_flags(
         source=str(data_dir / "criteo" / "criteo_kaggle_sample_train.tsv"),
         schedule="herald",
         workers=2,
@@ -77,7 +77,7 @@ def test_bounded_trains_as_well_as_bsp_on_hot_keys(tmp_path, data_dir):
     epochs). The scores are the training samples' before each update (no held-out split)."""
 
     def run(name, **settings):
-        cfg = TrainConfig(
+        cfg = TrainConfig.from_flags(
             source=str(data_dir / "avazu" / "avazu_sample_train.csv"),
             workers=2,
             batch_size=128,

@@ -138,7 +138,7 @@ class Fuzzer:
 
 def test_training_under_a_hostile_peer_finishes_and_equals_single_process(tmp_path, data_dir, monkeypatch):
     source = str(data_dir / "criteo" / "criteo_kaggle_sample_train.tsv")
-    cfg = TrainConfig(
+    cfg = TrainConfig.from_flags(
         source=source,
         schedule="herald",
         workers=WORKERS,

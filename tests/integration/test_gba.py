@@ -43,7 +43,7 @@ def _cfg(tmp_path, data_dir, name, steps=STEPS, **settings):
         consistency="gba",
     )
     base.update(settings)
-    return TrainConfig(**base)
+    return TrainConfig.from_flags(**base)
 
 
 def _gba_stats(addresses, job, seen):

@@ -56,7 +56,7 @@ def _cfg(data_dir, run_dir, consistency, steps, **settings) -> TrainConfig:
         consistency=consistency,
     )
     base.update(settings)
-    return TrainConfig(**base)
+    return TrainConfig.from_flags(**base)
 
 
 def _train(data_dir, run_dir, consistency, steps, resume=False, **settings) -> dict:

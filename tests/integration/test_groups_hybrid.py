@@ -4,7 +4,6 @@ their EASGD rounds at the end (NOTE [training groups] in herald/worker/groups.py
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import threading
 
@@ -56,7 +55,7 @@ def _cfg(tmp_path, data_dir, **kw) -> TrainConfig:
         "average_every": 3,
         "easgd_alpha": 0.5,
     }
-    return TrainConfig(**{**base, **kw})
+    return TrainConfig.from_flags(**{**base, **kw})
 
 
 # ------------------------------------------------------------------ units
@@ -111,7 +110,7 @@ def test_the_groups_stream_holds_exactly_the_samples_g1_trains(tmp_path, data_di
     """--steps 5 with 2 groups: 10 group batches of k x BATCH whose samples, in stream order,
     are G = 1's 5 global batches of W x BATCH (labels, dense features and ids)."""
     cfg = _cfg(tmp_path, data_dir, steps=5)
-    one, grp = JobData(dataclasses.replace(cfg, groups=1)), JobData(group_config(cfg))
+    one, grp = JobData(cfg.with_flags(groups=1)), JobData(group_config(cfg))
     try:
         a, b = list(one.batches), list(grp.batches)
     finally:

@@ -52,7 +52,7 @@ def test_ps_shards_started_from_a_hostile_folder_serve(hostile_cwd):
 
 @pytest.mark.slow
 def test_herald_train_from_a_hostile_folder(hostile_cwd, tmp_path):
-    cfg = TrainConfig(
+    cfg = TrainConfig.from_flags(
         source="synthetic://criteo?rows=4000&seed=0",
         workers=2,
         batch_size=32,

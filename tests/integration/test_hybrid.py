@@ -20,7 +20,7 @@ CRITEO = ("criteo", "criteo_kaggle_sample_train.tsv")
 
 
 def _config(tmp_path, data_dir, name, steps, batch, **settings) -> TrainConfig:
-    return TrainConfig(
+    return TrainConfig.from_flags(
         source=str(data_dir.joinpath(*CRITEO)),
         schedule="herald",
         workers=2,
@@ -98,7 +98,7 @@ def test_hybrid_with_window_one_equals_single_process(tmp_path, data_dir, optimi
     every read is latest and hybrid equals BSP and the single-process reference within the
     exactness tolerances (NOTE [hybrid training], last paragraph)."""
     source = str(data_dir.joinpath(*CRITEO))
-    cfg = TrainConfig(
+    cfg = TrainConfig.from_flags(
         source=source,
         schedule="herald",
         workers=2,

@@ -184,7 +184,7 @@ def test_a_group_member_that_holds_the_partition_is_reported_not_read_as_the_end
             message = str(info.value)
             assert kafka_topic in message and "'held'" in message and "partition 0: offsets 5..19" in message, message
             assert "--resume" in message and "idle_timeout_ms" in message, message
-            assert src._unassigned_since is None and not src._consumer.assignment()
+            assert src._group.unassigned_since is None and not src._consumer.assignment()
             assert time.monotonic() - t0 < 30
         finally:
             src.close()

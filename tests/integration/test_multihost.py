@@ -95,7 +95,7 @@ def _config(tmp_path, source, **overrides) -> TrainConfig:
         run_dir=str(tmp_path / "run"),
         timeout_ms=60_000,
     )
-    return TrainConfig(**{**settings, **overrides})
+    return TrainConfig.from_flags(**{**settings, **overrides})
 
 
 @pytest.mark.slow  # ~24 s (2 shared cores)

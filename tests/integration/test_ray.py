@@ -101,7 +101,7 @@ def _config(tmp_path, source, **overrides) -> TrainConfig:
         launcher="ray",
         ps_shards=1,
     )
-    return TrainConfig(**{**settings, **overrides})
+    return TrainConfig.from_flags(**{**settings, **overrides})
 
 
 def _grab(seen: dict, source: str, workers: int, keys_dir: str | None):

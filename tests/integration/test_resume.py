@@ -69,7 +69,7 @@ def _flags(source, run_dir, steps):
 
 
 def _train(source, run_dir, steps, resume=False):
-    return run_train(TrainConfig(**_flags(source, run_dir, steps), resume=resume), progress=False)
+    return run_train(TrainConfig.from_flags(**_flags(source, run_dir, steps), resume=resume), progress=False)
 
 
 def _cli(source, run_dir, steps):
@@ -207,7 +207,7 @@ def _kill_mid_job(tmp_path, source, extra: dict, flags: list[str], role: tuple[s
     two more steps. The job must roll back once and end with the whole run's model. Returns (the
     failed-over job's run folder, its stderr, its report, the kill's Unix time)."""
     whole, failed = tmp_path / "whole", tmp_path / "failover"
-    run_train(TrainConfig(**_flags(source, whole, STEPS), **extra), progress=False)
+    run_train(TrainConfig.from_flags(**_flags(source, whole, STEPS), **extra), progress=False)
     args = _cli(source, failed, STEPS) + flags
     for key, value in extra.items():
         args += ["--" + key.replace("_", "-"), str(value)]

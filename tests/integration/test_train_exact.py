@@ -71,7 +71,7 @@ def test_distributed_training_equals_single_process(
     tmp_path, data_dir, workers, schedule, optimizer, replicate_below, device, cache_device, consistency="bsp"
 ):
     source = str(data_dir / "criteo" / "criteo_kaggle_sample_train.tsv")
-    cfg = TrainConfig(
+    cfg = TrainConfig.from_flags(
         source=source,
         schedule=schedule,
         workers=workers,
@@ -168,7 +168,7 @@ def _reference(job, source, global_batch):
 # LR note above (one accumulator of 1.3e-6 gave 1.5e-5 while every state agreed to 4e-10).
 def test_deepfm_on_avazu_equals_single_process(tmp_path, data_dir):
     source = str(data_dir / "avazu" / "avazu_sample_train.csv")
-    cfg = TrainConfig(
+    cfg = TrainConfig.from_flags(
         source=source,
         schedule="herald",
         workers=2,

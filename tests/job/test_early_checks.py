@@ -55,7 +55,7 @@ def _refusal(cfg: TrainConfig) -> tuple[str, float]:
 def test_ncf_on_26_tables_is_refused_before_anything_starts(data_dir, tmp_path, nothing_starts):
     """The user's case: ``--model ncf`` on the Criteo sample used to be refused by every worker
     after ~20 s of start-up; now before any process starts, in well under a second of CPU."""
-    cfg = TrainConfig(source=str(data_dir / CRITEO), model="ncf", run_dir=str(tmp_path / "run"))
+    cfg = TrainConfig.from_flags(source=str(data_dir / CRITEO), model="ncf", run_dir=str(tmp_path / "run"))
     message, cpu_s = _refusal(cfg)
     assert "--model ncf (NCF) needs exactly 2 tables (user, item), and the source has 26: C1, C2" in message
     assert "choose --model dlrm" in message
@@ -65,7 +65,7 @@ def test_ncf_on_26_tables_is_refused_before_anything_starts(data_dir, tmp_path, 
 def test_the_model_auto_picks_is_checked_against_the_embedding_dim(data_dir, tmp_path, nothing_starts):
     """``--model auto`` trains Wide&Deep on Criteo, which reads the scalar slice: dim 1 is
     refused naming both flags (TrainConfig alone cannot: auto depends on the source)."""
-    cfg = TrainConfig(source=str(data_dir / CRITEO), embedding_dim=1, run_dir=str(tmp_path / "run"))
+    cfg = TrainConfig.from_flags(source=str(data_dir / CRITEO), embedding_dim=1, run_dir=str(tmp_path / "run"))
     message, _ = _refusal(cfg)
     assert message.startswith("--model auto (here wdl) needs --embedding-dim >= 2")
     assert "set --embedding-dim 2 or more" in message
@@ -74,7 +74,7 @@ def test_the_model_auto_picks_is_checked_against_the_embedding_dim(data_dir, tmp
 def test_job_data_refuses_before_its_passes_over_the_data(data_dir, nothing_starts):
     """``herald serve dispatcher`` and the test bed read through JobData too."""
     with pytest.raises(ConfigError, match="--model ncf .* source has 22"):
-        JobData(TrainConfig(source=str(data_dir / "avazu/avazu_sample_train.csv"), model="ncf"))
+        JobData(TrainConfig.from_flags(source=str(data_dir / "avazu/avazu_sample_train.csv"), model="ncf"))
 
 
 @pytest.mark.parametrize(
@@ -82,20 +82,20 @@ def test_job_data_refuses_before_its_passes_over_the_data(data_dir, nothing_star
 )
 def test_models_the_source_can_feed_pass(data_dir, source, model, dim):
     path = str(data_dir / source)
-    cfg = TrainConfig(source=path, model=model, embedding_dim=dim)
+    cfg = TrainConfig.from_flags(source=path, model=model, embedding_dim=dim)
     cfg.check_schema(splits.source_schema(path, {}), "movielens" if source == MOVIELENS else "criteo")
 
 
 def test_device_cuda_without_a_gpu_is_refused_before_anything_starts(tmp_path, monkeypatch, nothing_starts):
     monkeypatch.setattr(devices, "visible_gpus", lambda: 0)
-    message, cpu_s = _refusal(TrainConfig(device="cuda", run_dir=str(tmp_path / "run")))
+    message, cpu_s = _refusal(TrainConfig.from_flags(device="cuda", run_dir=str(tmp_path / "run")))
     assert message.startswith("--device cuda needs CUDA, but no GPU is visible")
     assert cpu_s < 1.0, f"the refusal took {cpu_s:.3f} s of CPU"
 
 
 def test_device_beyond_the_visible_gpus_is_refused_before_anything_starts(tmp_path, monkeypatch, nothing_starts):
     monkeypatch.setattr(devices, "visible_gpus", lambda: 2)
-    message, _ = _refusal(TrainConfig(device="cuda:2", run_dir=str(tmp_path / "run")))
+    message, _ = _refusal(TrainConfig.from_flags(device="cuda:2", run_dir=str(tmp_path / "run")))
     assert message.startswith("--device cuda:2: only 2 GPU(s) are visible")
 
 
@@ -105,6 +105,6 @@ def test_the_device_check_asks_cuda_only_for_cuda(monkeypatch):
 
     monkeypatch.setattr(devices, "visible_gpus", no_cuda_call)
     for device in ("auto", "cpu"):
-        parts.LocalWorkers().prepare(TrainConfig(device=device, workers=4))
+        parts.LocalWorkers().prepare(TrainConfig.from_flags(device=device, workers=4))
     devices.check_device("cuda", 4, cuda_count=2)  # 4 workers share 2 GPUs (gloo): trains
     devices.check_device("cuda:1", 4, cuda_count=2)

@@ -16,7 +16,7 @@ import pytest
 from herald import wire
 from herald.contracts.train import TrainConfig
 from herald.dispatch.channel import PeerChannel
-from herald.dispatch.records import DispatcherConfig
+from herald.dispatch.config import DispatcherConfig
 from herald.errors import ConfigError
 from herald.job.parts import ExternalWorkers, LocalWorkers, WorkerLauncher
 from herald.job.recovery import leftovers
@@ -48,7 +48,7 @@ def test_the_dispatcher_of_a_local_job_is_out_of_other_users_reach(tmp_path):
     run_dir.mkdir(mode=0o755)
     workers = LocalWorkers()
     with contextlib.ExitStack() as stack:
-        workers.open(TrainConfig(run_dir=str(run_dir)), stack)
+        workers.open(TrainConfig.from_flags(run_dir=str(run_dir)), stack)
         address = workers.dispatcher_bind(0)
         assert address.startswith("ipc://") and workers.dispatcher_bind(1) != address
         path = pathlib.Path(address[len("ipc://") :])
@@ -86,5 +86,5 @@ def test_a_tmpdir_too_long_for_a_unix_socket_is_named(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(deep))
     (tmp_path / "run").mkdir()
     with contextlib.ExitStack() as stack, pytest.raises(ConfigError, match="longer than the 107 .*set TMPDIR"):
-        LocalWorkers().open(TrainConfig(run_dir=str(tmp_path / "run")), stack)
+        LocalWorkers().open(TrainConfig.from_flags(run_dir=str(tmp_path / "run")), stack)
     assert list(deep.iterdir()) == []  # its folder removed all the same

@@ -41,7 +41,7 @@ TABLES = [TableConfig(name=f"t{i}", dim=4, optimizer=OptimizerConfig(name="adagr
 
 
 def test_each_role_asks_for_its_cpus_gpu_and_memory():
-    cfg = TrainConfig(workers=3, ps_shards=2, launcher="ray")
+    cfg = TrainConfig.from_flags(workers=3, ps_shards=2, launcher="ray")
     roles = role_requests(cfg, TABLES, distinct_keys=1000, gpus=True, env={"OMP_NUM_THREADS": "2"})
     assert [r.name for r in roles] == ["worker-0", "worker-1", "worker-2", "ps-shard-0", "ps-shard-1"]
     assert roles[0].bundle() == {"CPU": 2.0, "GPU": 1.0}
@@ -53,9 +53,9 @@ def test_each_role_asks_for_its_cpus_gpu_and_memory():
 
 def test_ps_memory_follows_the_row_bound_else_the_distinct_keys():
     row = 4 * TABLES[0].row_width + ROW_OVERHEAD_BYTES
-    bounded = TrainConfig(ps_max_rows=500, ps_shards=2, launcher="ray")
+    bounded = TrainConfig.from_flags(ps_max_rows=500, ps_shards=2, launcher="ray")
     assert ps_memory_bytes(bounded, TABLES, distinct_keys=10**9) == PS_BASE_BYTES + ROW_GROWTH * 500 * 3 * row
-    shared = TrainConfig(ps_shards=2, launcher="ray")
+    shared = TrainConfig.from_flags(ps_shards=2, launcher="ray")
     assert ps_memory_bytes(shared, TABLES, distinct_keys=1001) == PS_BASE_BYTES + ROW_GROWTH * 501 * row
     assert ps_memory_bytes(shared, TABLES, distinct_keys=None) == PS_BASE_BYTES  # a stream: no pre-pass
 

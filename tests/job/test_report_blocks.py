@@ -38,7 +38,7 @@ def record(step: int, acked_at: float, **kw) -> StepRecord:
 
 
 def inputs(tmp_path, **kw) -> ReportInputs:
-    cfg = kw.pop("cfg", None) or TrainConfig(workers=2, batch_size=4, run_dir=str(tmp_path))
+    cfg = kw.pop("cfg", None) or TrainConfig.from_flags(workers=2, batch_size=4, run_dir=str(tmp_path))
     settings = dict(
         records=[record(s, 10.0 + s) for s in range(4)],
         train_s=5.0,
@@ -54,9 +54,8 @@ def inputs(tmp_path, **kw) -> ReportInputs:
 
 def test_the_report_has_a_consistency_block_for_exactly_the_modes():
     assert set(CONSISTENCY_BLOCKS) == set(CONSISTENCY_MODES)
-    settings = vars(TrainConfig(workers=2))
     for mode in CONSISTENCY_MODES:
-        assert consistency_block(types.SimpleNamespace(**{**settings, "consistency": mode}), [])["mode"] == mode
+        assert consistency_block(TrainConfig.from_flags(workers=2, consistency=mode), [])["mode"] == mode
 
 
 def test_a_mode_without_a_block_is_named_with_the_known_ones():
@@ -98,7 +97,7 @@ def test_earlier_attempts_count_in_the_totals_and_this_attempt_in_the_cpu_per_sa
 
 
 def test_one_dispatcher_per_group_counts_a_groups_samples_and_workers(tmp_path):
-    cfg = TrainConfig(workers=4, batch_size=4, run_dir=str(tmp_path), consistency="hybrid", groups=2)
+    cfg = TrainConfig.from_flags(workers=4, batch_size=4, run_dir=str(tmp_path), consistency="hybrid", groups=2)
     summary = {"groups": [], "samples": 0, "wall_seconds": 5.0}
     rep = build(inputs(tmp_path, cfg=cfg, groups=GroupStreams(batch_rows=8, workers=2, summary=summary)))
     assert rep["samples"] == 4 * 8 and rep["group_streams"] == summary

@@ -21,7 +21,7 @@ EVERY = 4
 
 
 def _cfg(tmp_path, **kw) -> TrainConfig:
-    return TrainConfig(run_dir=str(tmp_path), checkpoint_every=EVERY, **kw)
+    return TrainConfig.from_flags(run_dir=str(tmp_path), checkpoint_every=EVERY, **kw)
 
 
 def _checkpoint(tmp_path, step: int) -> None:

@@ -1,7 +1,6 @@
 """GlobalBatcher: sizes, drop_last, shuffle, epochs, prefetch errors, bounded close."""
 
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -10,6 +9,7 @@ from herald.errors import ConfigError, DataError
 from herald.loader import GlobalBatcher, open_source
 from herald.loader.batch import SampleBatch
 from herald.loader.source import Source
+from tests.fakes import wait_until
 
 
 def _syn(rows=1000):
@@ -113,7 +113,7 @@ def test_close_is_bounded():
 def test_close_stops_running_thread_and_queue_bounded():
     b = GlobalBatcher(_syn(100_000), 100, prefetch_batches=2)
     next(b)
-    time.sleep(0.2)
+    wait_until(b._queue.full, 30, "the prefetch thread filling its queue (then blocked on the next put)")
     assert b._queue.qsize() <= 2
     assert b.close(2.0)
     assert not any(t.name == "herald-prefetch" and t.is_alive() and t is b._thread for t in threading.enumerate())

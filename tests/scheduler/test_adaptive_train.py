@@ -30,7 +30,7 @@ STEPS, BATCH, WORKERS = 40, 8, 2
 def test_train_with_auto_budget_reports_k_and_equals_single_process(tmp_path, data_dir):
     source = str(data_dir / "criteo" / "criteo_kaggle_sample_train.tsv")
     threads = min(2, numba.config.NUMBA_NUM_THREADS)
-    cfg = TrainConfig(
+    cfg = TrainConfig.from_flags(
         source=source,
         schedule="herald",
         scheduling_budget="auto",

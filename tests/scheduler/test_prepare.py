@@ -7,6 +7,7 @@ import numpy as np
 
 from herald.loader.batch import SampleBatch
 from herald.scheduler import Scheduler, SchedulerConfig
+from herald.scheduler.batch_keys import sample_csr, sample_csr_concat
 
 
 def _uniform_batches(seed, steps, B, T, max_len):
@@ -44,9 +45,9 @@ def test_direct_and_concat_prepare_agree_with_growth():
     b = Scheduler(cfg, 5, 1)
     c = Scheduler(cfg, 5, 1)
     for batch in batches:
-        got = a._prepare(batch)
-        want = b._prepare_concat(batch)
-        strided = c._prepare(_strided(batch))
+        got = sample_csr(batch, a.snapshots, None)
+        want = sample_csr_concat(batch, b.snapshots)
+        strided = sample_csr(_strided(batch), c.snapshots, None)
         for x, y, z in zip(got, want, strided):
             assert x.dtype == y.dtype == z.dtype
             np.testing.assert_array_equal(x, y)

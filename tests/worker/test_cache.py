@@ -178,7 +178,7 @@ def test_slots_found_stay_the_keys_until_a_key_leaves():
     theirs, so those slots are still the keys'; an eviction or a clear counts a removal."""
     import torch
 
-    from herald.worker.executor import StepRows
+    from herald.worker.rows import StepRows
 
     cache = EmbeddingCache(16, 2)
     a = _ks([(0, 1), (1, 2), (0, 3)])

@@ -13,6 +13,7 @@ from herald.contracts.tables import OptimizerConfig, TableConfig
 from herald.ps import PSClient, compress
 from herald.scheduler.plan import CachePlan, KeySet
 from herald.worker import psio
+from herald.worker.clocks import advancing
 from herald.worker.executor import PlanExecutor
 from tests.fakes import InProcessPS
 
@@ -90,7 +91,7 @@ def test_executor_counts_the_clock_frames(shards):
             keys,
         )
         ex.take_traffic()  # the declaration's
-        wait = ex.push_plan(plan, np.full(8, 3, np.uint64))
+        wait = ex.push_plan(plan, write=advancing(ex.ps, np.full(8, 3, np.uint64), read_clocks=True))
         ex.wait_writes()
         clocked = ex.take_traffic()
         before = psio.pull_keys(ex.ps, keys, WIDTH)

@@ -9,11 +9,14 @@ from herald.contracts.job import JobSpec
 from herald.contracts.modes import consistency_mode
 from herald.contracts.tables import OptimizerConfig, TableConfig
 from herald.dispatch.microbatch import MicroBatch, make_sample_ids
+from herald.errors import ProtocolError
 from herald.loader.batch import SampleBatch
 from herald.scheduler.plan import CachePlan, KeySet
 from herald.worker import psio
-from herald.worker.consistency_bounded import Bounded, check_valid
+from herald.worker.clocks import CopyClocks, check_valid
+from herald.worker.consistency_bounded import Bounded
 from herald.worker.executor import PlanExecutor
+from herald.worker.modes import PROTOCOLS
 from herald.worker.psio import member
 from tests.fakes import InProcessPS
 
@@ -38,7 +41,7 @@ def test_member_matches_table_and_id():
 
 
 def test_bounded_is_registered():
-    assert consistency_mode("bounded").resolve("protocol") is Bounded
+    assert PROTOCOLS[consistency_mode("bounded").name] is Bounded
 
 
 # ---------------------------------------------------------------- read-my-updates (docs/consistency.md)
@@ -107,5 +110,40 @@ def test_a_stale_read_holds_the_workers_own_updates_and_none_is_lost(ps_address)
         assert handle.wait()[0][0][0].tolist() == [6]  # c_g: one application per step
         _step(protocol, 6, 11, evict=True)  # dropped without write-back, pulled again: the PS copy is latest
         assert np.array_equal(ex.cache.read(ex.cache.slots(key)), psio.pull_keys(ex.ps, key, ex.cache.row_width))
+    finally:
+        ex.close()
+
+
+def _pulled_mb(step: int, item: int, early: bool) -> MicroBatch:
+    """A micro-batch that pulls key (0, item) and pushes it as a gradient (a shared key),
+    its pull marked ``pull_early`` when ``early``."""
+    key = KeySet(np.array([0], np.int32), _u(item))
+    plan = CachePlan(
+        KeySet.empty(), np.zeros(0, bool), key, key, np.array([1], np.uint16), KeySet.empty(), KeySet.empty()
+    )
+    batch = SampleBatch(
+        np.array([1.0], np.float32), np.zeros((1, 1), np.float32), [_u(item)], [np.array([0, 1], np.int64)]
+    )
+    return MicroBatch.build(step, 0, batch, make_sample_ids(0, step, 1), plan, pull_early=np.array([early]))
+
+
+def test_the_clocks_prefetch_shared_pulls_with_their_clock_and_refuse_one_without(ps_address):
+    """The executor moves rows only: a shared pull prefetched through the clocks comes with
+    its c_g (known afterwards), one prefetched plainly cannot be checked later (a bug of the
+    protocol, refused by name)."""
+    job = JobSpec(tables=TABLES, dense_dim=1, ps=(ps_address,), timeout_ms=2000, capacity_rows=8, num_workers=1)
+    ex = PlanExecutor(job, 0, 1, torch.device("cpu"), cache_device="cpu")
+    try:
+        clocks = CopyClocks(ex, 2)
+        mb = _pulled_mb(0, 21, early=True)
+        clocks.prefetch(mb)
+        assert ex.prefetched(0).tolist() == [True]
+        gaps, rereads = clocks.pull(mb)
+        assert (gaps.shape, rereads, ex.prefetched(0)) == ((0,), 0, None)
+        assert clocks.known[ex.cache.slots(mb.plan.pull)].tolist() == [True]  # came with its clock
+        plain = _pulled_mb(1, 22, early=True)
+        ex.prefetch(plain)  # without the clocks' fetch: no clock comes
+        with pytest.raises(ProtocolError, match="prefetched without it"):
+            clocks.pull(plain)
     finally:
         ex.close()

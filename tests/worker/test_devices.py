@@ -142,8 +142,11 @@ def test_gloo_needs_no_side_group(monkeypatch):
 def test_herald_train_checks_device_settings_naming_the_flag():
     from herald.contracts.train import TrainConfig
 
-    assert (TrainConfig(device="cuda:3").device, TrainConfig(cache_device="torch").cache_device) == ("cuda:3", "torch")
+    assert (
+        TrainConfig.from_flags(device="cuda:3").device,
+        TrainConfig.from_flags(cache_device="torch").cache.device,
+    ) == ("cuda:3", "torch")
     with pytest.raises(ConfigError, match="--device must be auto, cpu, cuda or cuda:N, got 'gpu'"):
-        TrainConfig(device="gpu")
+        TrainConfig.from_flags(device="gpu")
     with pytest.raises(ConfigError, match="--cache-device must be one of auto, cpu, torch, got 'gpu'"):
-        TrainConfig(cache_device="gpu")
+        TrainConfig.from_flags(cache_device="gpu")

@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from herald.worker.api import _all_finite
-from herald.worker.executor import pool_bags
 from herald.worker.models import DLRM
+from herald.worker.rows import pool_bags
 from herald.worker.trainer import build_dense_optimizer
 
 

@@ -131,7 +131,7 @@ def test_bad_shapes_and_names_raise_naming_the_fix():
     with pytest.raises(ConfigError, match="choose one of"):
         build_model("xdeepfm", 3, 4, DIM, seed=0)
     with pytest.raises(ConfigError, match="--model wdl needs --embedding-dim >= 2"):
-        contracts.train.TrainConfig(model="wdl", embedding_dim=1)
+        contracts.train.TrainConfig.from_flags(model="wdl", embedding_dim=1)
 
 
 def test_the_job_options_name_every_model():
@@ -163,7 +163,11 @@ def test_the_job_spec_carries_the_resolved_model():
     data = types.SimpleNamespace(
         dataset="avazu", schema=Schema(tuple(f"C{i}" for i in range(21)), 0), replicated=[], replica_rows=0
     )
-    job = contracts.job.JobSpec.build(contracts.train.TrainConfig(embedding_dim=4), data, ["tcp://127.0.0.1:1"])
+    job = contracts.job.JobSpec.build(
+        contracts.train.TrainConfig.from_flags(embedding_dim=4), data, ["tcp://127.0.0.1:1"]
+    )
     assert job.model == "deepfm"
     with pytest.raises(ConfigError, match="--embedding-dim 2 or more"):
-        contracts.job.JobSpec.build(contracts.train.TrainConfig(embedding_dim=1), data, ["tcp://127.0.0.1:1"])
+        contracts.job.JobSpec.build(
+            contracts.train.TrainConfig.from_flags(embedding_dim=1), data, ["tcp://127.0.0.1:1"]
+        )

@@ -184,6 +184,6 @@ def job_client(cfg: TrainConfig, addresses: Sequence[str], tables: Sequence[Any]
         tables=tables,
         timeout_ms=cfg.timeout_ms,
         num_workers=cfg.workers,
-        keys_dir=cfg.keys_dir,
+        keys_dir=cfg.security.keys_dir,
         admin_token=admin_token,
     )

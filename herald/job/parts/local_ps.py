@@ -26,9 +26,9 @@ def prepare_run(cfg: TrainConfig) -> pathlib.Path:
     admin-op root, NOTE [ps admin ops]; mode 0700, NOTE [private files]) and remove what
     a killed job left there (NOTE [run leftovers] in herald/job/recovery/leftovers.py). Returns the
     run folder."""
-    if cfg.keys_dir is not None:
-        load_server_keys(cfg.keys_dir)
-        load_client_keys(cfg.keys_dir)
+    if cfg.security.keys_dir is not None:
+        load_server_keys(cfg.security.keys_dir)
+        load_client_keys(cfg.security.keys_dir)
     run_dir = pathlib.Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     private_dir(run_dir / "checkpoints")
@@ -73,7 +73,7 @@ class LocalPS(PSProvider):
                 transport="ipc",
                 log_dir=run_dir,
                 limits=ShardLimits(aggregation_timeout_ms=cfg.timeout_ms, max_rows=cfg.ps_max_rows),
-                keys_dir=cfg.keys_dir,
+                keys_dir=cfg.security.keys_dir,
                 checkpoint_root=run_dir / "checkpoints",
                 workdir=workdir,
             )

@@ -106,7 +106,7 @@ class LocalWorkers(WorkerLauncher):
         self.dist_init = stack.enter_context(dense_store(run_dir))
         # the dispatchers' sockets: a folder of mode 0700, named in the run folder until removed
         self.sockets = leftovers.private_folder(run_dir, leftovers.DISPATCH_PREFIX, stack)
-        longest = self.dispatcher_bind(max(cfg.groups, 1) - 1)[len("ipc://") :]
+        longest = self.dispatcher_bind(max(cfg.groups.count, 1) - 1)[len("ipc://") :]
         if len(longest) > IPC_PATH_MAX_LEN:
             raise ConfigError(
                 f"the dispatcher's socket {longest} would be longer than the {IPC_PATH_MAX_LEN} "
@@ -138,7 +138,7 @@ class LocalWorkers(WorkerLauncher):
                         rank=group_rank,
                         world_size=k,
                         device=cfg.device,
-                        cache_device=cfg.cache_device,
+                        cache_device=cfg.cache.device,
                         timeout_ms=cfg.timeout_ms,
                         keys_dir=job.keys_dir,
                     ),

@@ -28,7 +28,7 @@ class RemotePS(PSProvider):
         self.run_dir = run_dir
 
     def open(self, cfg: TrainConfig, data: Any, stack: contextlib.ExitStack) -> None:
-        self.watch = watch_shards(self.addresses, cfg.timeout_ms, cfg.keys_dir)  # NOTE [ps liveness]
+        self.watch = watch_shards(self.addresses, cfg.timeout_ms, cfg.security.keys_dir)  # NOTE [ps liveness]
         stack.callback(self.watch.close)
         token = os.environ.get("HERALD_PS_TOKEN")
         self.client = stack.enter_context(job_client(cfg, self.addresses, cfg.tables(data.schema), token))

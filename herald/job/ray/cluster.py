@@ -97,7 +97,7 @@ class RayCluster:
         ips = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
         self.driver_ip = ray.util.get_node_ip_address()
         self.single = single_node(node_ids, ray.get_runtime_context().get_node_id())
-        check_transport(self.single, cfg.keys_dir, cfg.insecure, len(set(node_ids)))
+        check_transport(self.single, cfg.security.keys_dir, cfg.security.insecure, len(set(node_ids)))
         stack.callback(self._kill_actors)
         self.actors = self._actors(ray, groups)
         self._check_nodes(node_ids, ips, stack)
@@ -147,7 +147,7 @@ class RayCluster:
         how = (
             "ipc sockets (one node)"
             if self.single
-            else f"TCP on the nodes' addresses, {'CURVE keys' if self.cfg.keys_dir else '--insecure: no keys'}"
+            else f"TCP on the nodes' addresses, {'CURVE keys' if self.cfg.security.keys_dir else '--insecure: no keys'}"
         )
         print(
             f"herald train: ray: {len(self.requests)} roles on {nodes} node(s): {where}; {how}",
@@ -159,13 +159,13 @@ class RayCluster:
         """Connect this process to Ray (NOTE [ray job]); True when it started a local
         instance (stopped with ``stack``)."""
         if ray.is_initialized():
-            if cfg.ray_address:
+            if cfg.launcher.ray_address:
                 raise ConfigError(
-                    f"--ray-address {cfg.ray_address}: this process is already connected to Ray; "
+                    f"--ray-address {cfg.launcher.ray_address}: this process is already connected to Ray; "
                     "leave ray_address out to run on that connection"
                 )
             return False
-        address = cfg.ray_address or os.environ.get("RAY_ADDRESS") or None
+        address = cfg.launcher.ray_address or os.environ.get("RAY_ADDRESS") or None
         if address is not None and address.startswith("ray://"):  # from RAY_ADDRESS: TrainConfig checked the flag
             raise ConfigError(
                 f"RAY_ADDRESS={address}: Ray Client (ray://) runs this process off the cluster, and "

@@ -111,7 +111,7 @@ class RayPS(PSProvider):
         cluster.open(cfg, data, stack)
         self.roles = list(range(cfg.workers, cfg.workers + cfg.num_ps_shards))
         tables, token = cfg.tables(data.schema), secrets.token_hex(32)
-        server_keys = split_keys(cfg.keys_dir)[0] if cfg.keys_dir else {}
+        server_keys = split_keys(cfg.security.keys_dir)[0] if cfg.security.keys_dir else {}
         limits = ShardLimits(aggregation_timeout_ms=cfg.timeout_ms, max_rows=cfg.ps_max_rows)
         files = {"tables.json": tables_to_json(tables).encode(), **server_keys}
 
@@ -125,8 +125,8 @@ class RayPS(PSProvider):
                 seed=cfg.seed,
                 tables_file=f"{FOLDER}/tables.json",
                 ready_file=f"{FOLDER}/ready",
-                keys_dir=f"{FOLDER}/{KEYS}" if cfg.keys_dir else None,
-                insecure=cfg.insecure,
+                keys_dir=f"{FOLDER}/{KEYS}" if cfg.security.keys_dir else None,
+                insecure=cfg.security.insecure,
                 checkpoint_root=str(cluster.run_dir / "checkpoints"),
                 limits=limits,
             )
@@ -144,7 +144,7 @@ class RayPS(PSProvider):
             max(1, cfg.timeout_ms // 2),
             describe=self._describe,
             dead=self.failure,
-            keys_dir=cfg.keys_dir,
+            keys_dir=cfg.security.keys_dir,
         )
         stack.callback(self.watch.close)
 
@@ -222,7 +222,7 @@ class RayWorkers(WorkerLauncher):
     def start(self, cfg: TrainConfig, job: JobSpec, dispatchers: list[str]) -> None:
         cluster = self.cluster
         k = cfg.workers // len(dispatchers)
-        client_keys = split_keys(cfg.keys_dir)[1] if cfg.keys_dir else {}
+        client_keys = split_keys(cfg.security.keys_dir)[1] if cfg.security.keys_dir else {}
         threads = worker_cpus()
         local = local_ranks([cluster.nodes[r]["node_id"] for r in self.roles], cluster.gpus)
         master_port = cluster.call([0], "free_port")[0]
@@ -241,9 +241,9 @@ class RayWorkers(WorkerLauncher):
                 rank=group_rank,
                 world_size=k,
                 device="cuda" if cluster.gpus else "cpu",
-                cache_device=cfg.cache_device,
+                cache_device=cfg.cache.device,
                 timeout_ms=cfg.timeout_ms,
-                keys_dir=f"{FOLDER}/{KEYS}" if cfg.keys_dir else None,
+                keys_dir=f"{FOLDER}/{KEYS}" if cfg.security.keys_dir else None,
             )
             return args, env, client_keys, "herald-worker-"
 

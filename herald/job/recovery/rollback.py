@@ -56,7 +56,7 @@ T = TypeVar("T")
 
 class PartLost(HeraldError):
     """A process of one attempt of a job died or went silent: that attempt cannot go on, a
-    rolled-back one can (:func:`run_attempts`, at most ``getattr(cfg, budget)`` times per
+    rolled-back one can (:func:`run_attempts`, at most ``getattr(cfg.recovery, budget)`` times per
     cause). The message names the process and says what followed.
 
     Args:
@@ -68,7 +68,7 @@ class PartLost(HeraldError):
 
     retriable = True
     part = "process"  # the report's word for what was lost
-    budget = ""  # the TrainConfig setting: rollbacks allowed for this cause
+    budget = ""  # the TrainConfig setting (of its recovery): rollbacks allowed for this cause
 
     def __init__(
         self, message: str, *, ranks: Sequence[int] = (), cause: str | None = None, seen_unix_s: float | None = None
@@ -106,7 +106,7 @@ class Rollbacks(FailoverPolicy):
 
     def __init__(self, cfg: TrainConfig):
         budgets = {
-            lost.part: Budget(int(getattr(cfg, lost.budget)), "--" + lost.budget.replace("_", "-"))
+            lost.part: Budget(int(getattr(cfg.recovery, lost.budget)), "--" + lost.budget.replace("_", "-"))
             for lost in (ShardFailed, WorkerFailed)
         }
         super().__init__(cfg.run_dir, budgets, resumed=cfg.resume)

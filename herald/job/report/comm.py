@@ -65,7 +65,7 @@ def transmissions_fields(inp: ReportInputs) -> dict[str, Any]:
             "pulls": pulls,
             "pushes": pushes,
             "total": pulls + pushes,
-            "embedding_bytes": (pulls + pushes) * inp.cfg.embedding_dim * 4,
+            "embedding_bytes": (pulls + pushes) * inp.cfg.embedding.dim * 4,
         },
         "wire_bytes": {
             "pulled": int(sum(r.bytes_pulled for r in recs)),
@@ -131,14 +131,14 @@ def ps_requests_lines(rep: dict[str, Any]) -> list[str]:
 def compression(cfg: Any, moved: dict[str, int]) -> dict[str, Any]:
     """``{"wire_dtype", "dense_comm", "per_cause": {cause: {"fp32": bytes, "wire": bytes}},
     "fp32_bytes", "wire_bytes", "ratio"}`` for the transmission counts ``moved`` (rows per cause)."""
-    wire = getattr(cfg, "wire_dtype", "fp32")
-    full, packed = row_bytes("fp32", cfg.embedding_dim), row_bytes(wire, cfg.embedding_dim)
+    wire = cfg.comm.wire_dtype
+    full, packed = row_bytes("fp32", cfg.embedding.dim), row_bytes(wire, cfg.embedding.dim)
     per = {c: {"fp32": n * full, "wire": n * packed} for c, n in moved.items()}
     fp32 = sum(v["fp32"] for v in per.values())
     sent = sum(v["wire"] for v in per.values())
     return {
         "wire_dtype": wire,
-        "dense_comm": getattr(cfg, "dense_comm", "fp32"),
+        "dense_comm": cfg.comm.dense_comm,
         "per_cause": per,
         "fp32_bytes": fp32,
         "wire_bytes": sent,
@@ -174,7 +174,7 @@ def compression_lines(rep: dict[str, Any]) -> list[str]:
 
 def groups(cfg: Any) -> dict[str, Any] | None:
     """The groups' averaging statistics (None with one group), from the run folder."""
-    if getattr(cfg, "groups", 1) <= 1:
+    if cfg.groups.count <= 1:
         return None
     leaders = []
     for path in sorted(pathlib.Path(cfg.run_dir).glob("groups-rank*.json")):
@@ -182,9 +182,9 @@ def groups(cfg: Any) -> dict[str, Any] | None:
         if stats.get("leader") == int(path.stem.split("rank")[-1]):  # the group's own figures
             leaders.append(stats)
     return {
-        "groups": cfg.groups,
-        "average_every": cfg.average_every,
-        "easgd_alpha": cfg.easgd_alpha,
+        "groups": cfg.groups.count,
+        "average_every": cfg.groups.average_every,
+        "easgd_alpha": cfg.groups.easgd_alpha,
         "leaders": leaders,
     }
 

@@ -20,7 +20,7 @@ def consistency_block(cfg: Any, records: list[StepRecord]) -> dict[str, Any]:
     ``mean_staleness`` (clock gap of the rows read, in updates, over every row read),
     ``dropped_or_decayed``, ``rereads`` (copies re-fetched because the bound was reached),
     ``reads``, ``stale_reads`` (the pulls saved); docs/consistency.md. Built by the mode's
-    ``report`` function (its entry in :data:`herald.contracts.modes.MODES`: :func:`plan_block`,
+    block function (its entry in :data:`CONSISTENCY_BLOCKS`: :func:`plan_block`,
     :func:`bounded_block`, :func:`hybrid_block`, :func:`gba_block`)."""
     total: dict[str, int] = {}
     for r in records:
@@ -58,7 +58,7 @@ def bounded_block(
 ) -> dict[str, Any]:
     """HET's (NOTE [bounded reads] in herald/worker/consistency_bounded.py): :func:`plan_block`
     with the bound ``staleness`` first in the settings."""
-    return plan_block(cfg, records, total, {"staleness": cfg.staleness, **settings}, reads)
+    return plan_block(cfg, records, total, {"staleness": cfg.mode.staleness, **settings}, reads)
 
 
 def hybrid_block(
@@ -70,7 +70,7 @@ def hybrid_block(
     per_step = [int(r.consistency.get("staleness", 0)) for r in records]
     settings = {
         "max_inflight_steps": getattr(cfg, "inflight_steps", None),
-        "hybrid_expiry": getattr(cfg, "hybrid_expiry", None),
+        "hybrid_expiry": cfg.mode.expiry_steps,
         **settings,
     }
     return {
@@ -92,7 +92,7 @@ def gba_block(cfg: Any, records: list[StepRecord], total: dict[str, int], settin
     """GBA (NOTE [gba tokens] in herald/ps/gba.py): staleness = global steps between a
     micro-batch's token and the step its gradient is applied at, over every contribution;
     ``dropped_or_decayed``: contributions eq. (1) dropped (shard 0's count)."""
-    settings = {"gba_buffer": cfg.gba_buffer or cfg.workers, "gba_threshold": cfg.gba_threshold, **settings}
+    settings = {"gba_buffer": cfg.mode.buffer or cfg.workers, "gba_threshold": cfg.mode.threshold, **settings}
     n = total.get("contributions", 0)
     return {
         "mode": "gba",

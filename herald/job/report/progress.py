@@ -40,7 +40,9 @@ class Progress:
         if enabled:
             from tqdm import tqdm
 
-            self._bar = tqdm(total=total_steps, unit="step", desc=f"train [{cfg.schedule}]", dynamic_ncols=True)
+            self._bar = tqdm(
+                total=total_steps, unit="step", desc=f"train [{cfg.scheduling.schedule}]", dynamic_ncols=True
+            )
 
     def update(self, rec: StepRecord) -> None:
         self._samples += self.cfg.global_batch

@@ -38,7 +38,7 @@ def startup_line(startup: dict[str, float]) -> str:
 
 def config_fields(inp: ReportInputs) -> dict[str, Any]:
     """``config``: the job's settings (``source_options`` left out)."""
-    return {"config": {k: v for k, v in vars(inp.cfg).items() if k != "source_options"}}
+    return {"config": {k: v for k, v in inp.cfg.flags().items() if k != "source_options"}}
 
 
 def config_lines(rep: dict[str, Any]) -> list[str]:

@@ -15,7 +15,8 @@ from herald.loader.policy import POLICIES
 
 # Set by the source itself; a client option naming one of these raises.
 _RESERVED = ("bootstrap_servers", "group_id", "enable_auto_commit", "key_deserializer", "value_deserializer")
-_META_PREFIX = "herald:skip="
+#: commit metadata carrying a position's skip (NOTE [kafka position]): ``herald:skip=N``
+META_PREFIX = "herald:skip="
 #: Added to the consumer's session timeout to bound the wait for a group assignment
 #: (NOTE [kafka assignment]): coordinator lookup, join and sync round trips.
 ASSIGNMENT_MARGIN_MS = 10_000
@@ -26,6 +27,12 @@ def known_client_options() -> frozenset[str]:
     from kafka import KafkaConsumer
 
     return frozenset(KafkaConsumer.DEFAULT_CONFIG) - frozenset(_RESERVED)
+
+
+def broker_timeout(bootstrap_servers: str, op: str, message: str) -> PeerTimeout:
+    """The :class:`PeerTimeout` of a Kafka call ``op`` (``"commit"``, ``"fetch"``, ...) that
+    the brokers ``bootstrap_servers`` (its peer) did not answer; ``message`` names the fix."""
+    return PeerTimeout(message, peer=bootstrap_servers, op=op)
 
 
 def check_reachable(bootstrap_servers: str, timeout_ms: int) -> None:
@@ -48,11 +55,11 @@ def check_reachable(bootstrap_servers: str, timeout_ms: int) -> None:
                 return
         except (OSError, ValueError) as exc:
             errors.append(f"{server}: {exc}")
-    raise PeerTimeout(
+    raise broker_timeout(
+        bootstrap_servers,
+        "connect",
         f"no Kafka broker reachable at {bootstrap_servers} within {timeout_ms} ms "
         f"({'; '.join(errors)}); start the broker or fix the address",
-        peer=bootstrap_servers,
-        op="connect",
     )
 
 
@@ -201,7 +208,7 @@ class KafkaPosition:
         # kafka-python >= 2.1 adds leader_epoch (-1 = unknown) to OffsetAndMetadata.
         extra = (-1,) if "leader_epoch" in OffsetAndMetadata._fields else ()
         return {
-            TopicPartition(self.topic, p): OffsetAndMetadata(o, f"{_META_PREFIX}{s}" if s else "", *extra)
+            TopicPartition(self.topic, p): OffsetAndMetadata(o, f"{META_PREFIX}{s}" if s else "", *extra)
             for p, (o, s) in self.offsets.items()
         }
 

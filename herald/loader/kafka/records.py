@@ -85,16 +85,21 @@ class Chunk:
             return self
         pos = (int(self.bad_offsets[0]), int(self.bad_rows[0]))
         idx = np.flatnonzero(self._before(self.offsets, self.rows, pos))
+        return self._subset(idx, pos, np.arange(1))
+
+    def _subset(self, idx: np.ndarray, end: tuple[int, int], bad_idx: np.ndarray) -> Chunk:
+        """The rows ``idx`` (int64 [n]) and the bad records ``bad_idx`` (int64 [k]) of this
+        chunk, as a chunk ending at ``end``."""
         return Chunk(
             self.partition,
             self.batch.take(idx),
             self.offsets[idx],
             self.rows[idx],
             self.last[idx],
-            pos,
-            self.bad_offsets[:1],
-            self.bad_rows[:1],
-            self.bad_reasons[:1],
+            end,
+            self.bad_offsets[bad_idx],
+            self.bad_rows[bad_idx],
+            [self.bad_reasons[i] for i in bad_idx],
         )
 
     @staticmethod
@@ -112,19 +117,7 @@ class Chunk:
         bkeep = ~self._before(self.bad_offsets, self.bad_rows, position)
         if keep.all() and bkeep.all():
             return self
-        idx = np.flatnonzero(keep)
-        bidx = np.flatnonzero(bkeep)
-        return Chunk(
-            self.partition,
-            self.batch.take(idx),
-            self.offsets[idx],
-            self.rows[idx],
-            self.last[idx],
-            self.end,
-            self.bad_offsets[bidx],
-            self.bad_rows[bidx],
-            [self.bad_reasons[i] for i in bidx],
-        )
+        return self._subset(np.flatnonzero(keep), self.end, np.flatnonzero(bkeep))
 
 
 def _empty_chunk(partition: int, schema: Schema, end_offset: int, bad: list) -> Chunk:

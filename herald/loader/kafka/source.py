@@ -33,7 +33,7 @@ there mean this consumer was not given them (another live member of the group ho
 the partition), not the end of data, and raise :class:`PeerTimeout` saying what to do.
 
 Clients must talk the broker's protocol: pass ``client_options={"api_version": (0, 9)}``
-for a 0.9 broker (the test broker, ``tests/integration/kafka_broker.py``).
+for a 0.9 broker (the test broker, :mod:`herald.loader.kafka.broker`).
 """
 
 from __future__ import annotations
@@ -44,13 +44,12 @@ from types import MappingProxyType
 
 import kafka.errors as ke
 import numpy as np
-from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
+from kafka import TopicPartition
 
-from herald.errors import ConfigError, DataError, PeerTimeout, ProtocolError
+from herald.errors import DataError, ProtocolError
 from herald.loader.batch import SampleBatch, Schema
+from herald.loader.kafka import offsets
 from herald.loader.kafka.config import (
-    _META_PREFIX,
-    ASSIGNMENT_MARGIN_MS,
     KafkaPosition,
     KafkaSourceConfig,
     check_reachable,
@@ -58,20 +57,11 @@ from herald.loader.kafka.config import (
     known_client_options,
     timeout_kw,
 )
+from herald.loader.kafka.group import GroupMembership
 from herald.loader.kafka.records import Chunk, make_decoder
 from herald.loader.source import Source
 
 __all__ = ["KafkaPosition", "KafkaSource", "KafkaSourceConfig", "config_from_url", "known_client_options", "open_kafka"]
-
-# Consumer defaults the caller's client_options may override.
-# metadata_max_age_ms: a topic created after the consumer subscribed (trainer started
-# before the producer) is found within seconds, not kafka-python's default 5 minutes.
-_CLIENT_DEFAULTS = {
-    "max_poll_records": 10000,
-    "fetch_max_wait_ms": 100,
-    "auto_offset_reset": "earliest",
-    "metadata_max_age_ms": 2000,
-}
 
 
 class KafkaSource(Source):
@@ -98,137 +88,38 @@ class KafkaSource(Source):
         self._chunks: list[Chunk] = []
         self._next: dict[int, tuple[int, int]] = {}  # partition -> position of delivered rows
         self._resume: dict[int, tuple[int, int]] = {}  # partition -> position to skip to
-        self._pending_start: set = set()  # newly assigned partitions (group mode)
         self._skipped_counts: dict[str, int] = {}
         self._error: DataError | None = None
         self._interrupted = threading.Event()
-        # NOTE [kafka assignment]: since when this group member waits for an assignment
-        # (None: assigned, or manual partitions); set and cleared by _Rebalance as well
-        self._unassigned_since: float | None = time.monotonic() if config.partitions is None else None
+        # NOTE [kafka assignment]: the wait for an assignment, the consumer's rebalance listener
+        self._group = GroupMembership(config, self._drop_partitions)
         self._delivered = 0  # rows returned since start / load_state_dict
         self.last_read_position = KafkaPosition(config.topic, MappingProxyType({}))
         self.last_read_records = (np.zeros(0, np.int32), np.zeros(0, np.int64))
         self.last_read_rows = np.zeros(0, np.int64)
         self._consumer = consumer if consumer is not None else self._connect()
-        self._last_data = time.monotonic()
+        self._group.consumer = self._consumer
+        self._group.last_data = time.monotonic()
         self._next_check_ms = config.connect_timeout_ms  # quiet time before the next liveness check
 
     # ------------------------------------------------------------- assignment
     @property
     def assignment_timeout_ms(self) -> int:
         """The bound on the wait for a group assignment (NOTE [kafka assignment])."""
-        if self.config.assignment_timeout_ms is not None:
-            return self.config.assignment_timeout_ms
-        return self._session_timeout_ms() + ASSIGNMENT_MARGIN_MS
+        return self._group.assignment_timeout_ms
 
-    def _session_timeout_ms(self) -> int:
-        """The consumer's effective session timeout: the caller's option, else what
-        kafka-python chose for the broker version (its coordinator's config)."""
-        if "session_timeout_ms" in self.config.client_options:
-            return int(self.config.client_options["session_timeout_ms"])
-        for owner in (getattr(self._consumer, "_coordinator", None), self._consumer):
-            value = (getattr(owner, "config", None) or {}).get("session_timeout_ms")
-            if isinstance(value, int):
-                return value
-        return 45_000
-
-    def _awaiting_assignment(self) -> bool:
-        """True while this group member has no assignment yet; PeerTimeout past the bound."""
-        since = self._unassigned_since
-        if since is None:
-            return False
-        waited_ms = (time.monotonic() - since) * 1000
-        bound = self.assignment_timeout_ms
-        if waited_ms < bound:
-            return True
-        check_reachable(self.config.bootstrap_servers, self.config.connect_timeout_ms)
-        raise PeerTimeout(
-            f"{self.config.source_name}: consumer group {self.config.group_id!r} assigned this consumer no "
-            f"partitions of topic {self.config.topic!r} within {bound} ms (assignment_timeout_ms; the session "
-            f"timeout is {self._session_timeout_ms()} ms). A consumer of a crashed run holds its partitions until "
-            "its session times out, and the group waits for every member to rejoin: check that no other "
-            "consumer of the group is stuck, then retry, or raise assignment_timeout_ms",
-            peer=self.config.bootstrap_servers,
-            op="join_group",
-        )
-
-    def _records_left(self) -> list[tuple[int, int, int]]:
-        """``[(partition, position, end offset)]`` of the topic's partitions with records after
-        this source's position (or the group's committed one); NOTE [kafka assignment]."""
-        positions = {p: off for p, (off, _) in self._next.items()}
-        try:
-            for p in self._consumer.partitions_for_topic(self.config.topic) or ():
-                if p not in positions and (self.config.partitions is None or p in self.config.partitions):
-                    committed = self._committed(self._consumer, TopicPartition(self.config.topic, p))
-                    if committed is not None:
-                        positions[p] = committed[0]
-            if not positions:
-                return []
-            tps = [TopicPartition(self.config.topic, p) for p in sorted(positions)]
-            ends = self._consumer.end_offsets(
-                tps, **timeout_kw(self._consumer.end_offsets, self.config.commit_timeout_ms)
-            )
-        except ke.KafkaTimeoutError as exc:
-            raise PeerTimeout(
-                f"{self.config.source_name}: the brokers did not return the end offsets within "
-                f"{self.config.commit_timeout_ms} ms",
-                peer=self.config.bootstrap_servers,
-                op="end_offsets",
-            ) from exc
-        except ke.KafkaError as exc:
-            raise ProtocolError(f"{self.config.source_name}: end offsets lookup failed: {exc!r}") from exc
-        return [
-            (tp.partition, positions[tp.partition], int(ends[tp]))
-            for tp in tps
-            if ends.get(tp) is not None and int(ends[tp]) > positions[tp.partition]
-        ]
-
-    def _check_end_of_data(self) -> None:
-        """At the idle end: raise if nothing was delivered while records are left (NOTE [kafka assignment])."""
-        if self._delivered:
-            return
-        left = self._records_left()
-        if not left:
-            return
-        what = ", ".join(f"partition {p}: offsets {pos}..{end - 1}" for p, pos, end in left)
-        raise PeerTimeout(
-            f"{self.config.source_name}: no record arrived within idle_timeout_ms={self.config.idle_timeout_ms} "
-            f"although records are left after this consumer's position ({what}; group "
-            f"{self.config.group_id!r}), so this is not the end of the data. Another live member of the group "
-            "holds those partitions: after a crash its consumer stays a member until its session times out "
-            f"({self._session_timeout_ms()} ms): wait that long and run --resume again; if another job reads "
-            "with the same group, give this one its own group (group=...), or raise idle_timeout_ms",
-            peer=self.config.bootstrap_servers,
-            op="fetch",
-        )
+    def _drop_partitions(self, gone: set[int]) -> None:
+        """A rebalance took the partitions ``gone`` away: drop what was fetched from them."""
+        self._chunks = [c for c in self._chunks if c.partition not in gone]
+        for p in gone:
+            self._next.pop(p, None)
 
     # ------------------------------------------------------------- connection
     def _connect(self):
-        opts = {**_CLIENT_DEFAULTS, **self.config.client_options}
-        check_reachable(self.config.bootstrap_servers, self.config.connect_timeout_ms)
-        try:
-            consumer = KafkaConsumer(
-                bootstrap_servers=self.config.bootstrap_servers.split(","),
-                group_id=self.config.group_id,
-                enable_auto_commit=False,
-                **opts,
-            )
-        except ke.NoBrokersAvailable as exc:
-            raise PeerTimeout(
-                f"no Kafka broker answered at {self.config.bootstrap_servers}; check the address "
-                "and that client_options['api_version'] matches the broker (e.g. (0, 9))",
-                peer=self.config.bootstrap_servers,
-                op="bootstrap",
-            ) from exc
-        except ke.KafkaConfigurationError as exc:
-            raise ConfigError(f"kafka-python rejected client_options: {exc}") from exc
-        if self.config.partitions is None:
-            consumer.subscribe([self.config.topic], listener=_Rebalance(self))
-        else:
-            tps = [TopicPartition(self.config.topic, p) for p in self.config.partitions]
-            consumer.assign(tps)
-            for tp in tps:
-                self._start_partition(consumer, tp)
+        consumer = offsets.connect(self.config, self._group)
+        if self.config.partitions is not None:
+            for p in self.config.partitions:
+                self._start_partition(consumer, TopicPartition(self.config.topic, p))
         return consumer
 
     def _start_partition(self, consumer, tp, first_offset: int | None = None) -> bool:
@@ -240,7 +131,7 @@ class KafkaSource(Source):
         """
         p = tp.partition
         if p not in self._resume:
-            committed = self._committed(consumer, tp)
+            committed = offsets.committed(consumer, tp, self.config)
             if committed is None:
                 return False  # auto_offset_reset decides; fetched records are right
             self._resume[p] = committed
@@ -250,25 +141,6 @@ class KafkaSource(Source):
         consumer.seek(tp, self._resume[p][0])
         return first_offset is not None
 
-    def _committed(self, consumer, tp) -> tuple[int, int] | None:
-        try:
-            meta = consumer.committed(
-                tp, metadata=True, **timeout_kw(consumer.committed, self.config.commit_timeout_ms)
-            )
-        except ke.KafkaTimeoutError as exc:
-            raise PeerTimeout(
-                f"group coordinator of {self.config.bootstrap_servers} did not return the "
-                f"committed offset of {tp} within {self.config.commit_timeout_ms} ms",
-                peer=self.config.bootstrap_servers,
-                op="committed",
-            ) from exc
-        if meta is None or meta.offset is None or meta.offset < 0:
-            return None
-        skip = 0
-        if meta.metadata and meta.metadata.startswith(_META_PREFIX):
-            skip = int(meta.metadata[len(_META_PREFIX) :] or 0)
-        return int(meta.offset), skip
-
     # --------------------------------------------------------------- reading
     @property
     def schema(self) -> Schema:
@@ -277,7 +149,7 @@ class KafkaSource(Source):
         if self._decoder.schema is None:
             deadline = None  # counts from the group assignment on (NOTE [kafka assignment])
             while self._decoder.schema is None and not self._error:
-                if self._awaiting_assignment():
+                if self._group.awaiting_assignment():
                     deadline = None
                 elif deadline is None:
                     deadline = time.monotonic() + self.config.schema_timeout_ms / 1000
@@ -318,15 +190,16 @@ class KafkaSource(Source):
                 raise self._error
             if self._interrupted.is_set():
                 return None
-            if self._awaiting_assignment():  # NOTE [kafka assignment]: not idle yet
+            if self._group.awaiting_assignment():  # NOTE [kafka assignment]: not idle yet
                 waiting_since = time.monotonic()
                 self._poll(self.config.poll_timeout_ms)
                 continue
             idle = self.config.idle_timeout_ms
-            quiet_ms = (time.monotonic() - max(self._last_data, waiting_since)) * 1000
+            quiet_ms = (time.monotonic() - max(self._group.last_data, waiting_since)) * 1000
             if idle is not None and quiet_ms >= idle:
                 check_reachable(self.config.bootstrap_servers, self.config.connect_timeout_ms)
-                self._check_end_of_data()  # records left for another member are not the end
+                if not self._delivered:  # records left for another member are not the end
+                    self._group.check_end_of_data({p: off for p, (off, _) in self._next.items()})
                 return None  # end of data, not a dead broker
             if quiet_ms >= self._next_check_ms:
                 check_reachable(self.config.bootstrap_servers, self.config.connect_timeout_ms)
@@ -383,14 +256,14 @@ class KafkaSource(Source):
             polled = self._consumer.poll(timeout_ms=timeout_ms)
         except ke.KafkaError as exc:
             raise ProtocolError(f"Kafka poll from {self.config.source_name} failed: {exc!r}") from exc
-        starting, self._pending_start = self._pending_start, set()
+        starting = self._group.take_started()
         moved = {
             tp
             for tp in starting
             if self._start_partition(self._consumer, tp, polled[tp][0].offset if polled.get(tp) else None)
         }
         if starting or any(polled.values()):
-            self._last_data = time.monotonic()  # joining the group is activity, not idleness
+            self._group.last_data = time.monotonic()  # joining the group is activity, not idleness
             self._next_check_ms = self.config.connect_timeout_ms
         for tp in sorted(polled, key=lambda t: t.partition):
             records = polled[tp]
@@ -420,26 +293,7 @@ class KafkaSource(Source):
             PeerTimeout: the group coordinator did not acknowledge within ``commit_timeout_ms``.
             ProtocolError: the broker refused the commit (e.g. the group rebalanced).
         """
-        position = self.last_read_position if position is None else position
-        if position.topic != self.config.topic:
-            raise ConfigError(f"position is for topic {position.topic!r}, this source reads {self.config.topic!r}")
-        if not position.offsets:
-            return
-        try:
-            self._consumer.commit(
-                position.to_commit(), **timeout_kw(self._consumer.commit, self.config.commit_timeout_ms)
-            )
-        except ke.KafkaTimeoutError as exc:
-            raise PeerTimeout(
-                f"commit to {self.config.source_name} not acknowledged within {self.config.commit_timeout_ms} ms",
-                peer=self.config.bootstrap_servers,
-                op="commit",
-            ) from exc
-        except ke.KafkaError as exc:
-            raise ProtocolError(
-                f"commit to {self.config.source_name} failed: {exc!r}; after a group "
-                "rebalance, re-read from the committed position"
-            ) from exc
+        offsets.commit(self._consumer, self.config, self.last_read_position if position is None else position)
 
     def committed(self) -> KafkaPosition:
         """The group's committed position for this source's partitions (blocking, bounded)."""
@@ -448,7 +302,7 @@ class KafkaSource(Source):
             parts = tuple(sorted(tp.partition for tp in self._consumer.assignment())) or tuple(self._next)
         out = {}
         for p in parts:
-            c = self._committed(self._consumer, TopicPartition(self.config.topic, p))
+            c = offsets.committed(self._consumer, TopicPartition(self.config.topic, p), self.config)
             if c is not None:
                 out[p] = c
         return KafkaPosition(self.config.topic, MappingProxyType(out))
@@ -495,28 +349,6 @@ class KafkaSource(Source):
             except Exception:  # noqa: BLE001 - closing must not raise over a dead broker
                 pass
         super().close()
-
-
-class _Rebalance(ConsumerRebalanceListener):
-    """Group-assignment hooks (``partitions=None``): drop revoked partitions, seek assigned ones."""
-
-    def __init__(self, source: KafkaSource):
-        self.source = source
-
-    def on_partitions_revoked(self, revoked) -> None:
-        if self.source._unassigned_since is None:  # NOTE [kafka assignment]: a rebalance began
-            self.source._unassigned_since = time.monotonic()
-        gone = {tp.partition for tp in revoked}
-        self.source._chunks = [c for c in self.source._chunks if c.partition not in gone]
-        for p in gone:
-            self.source._next.pop(p, None)
-
-    def on_partitions_assigned(self, assigned) -> None:
-        # Runs on kafka-python's IO thread, where blocking calls (committed()) are refused:
-        # the source starts these partitions after poll() returns (KafkaSource._poll).
-        self.source._pending_start.update(assigned)
-        self.source._last_data = time.monotonic()  # idle time counts from here
-        self.source._unassigned_since = None  # NOTE [kafka assignment] (maybe none assigned)
 
 
 def open_kafka(spec: str, **options) -> KafkaSource:

