@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     Exit status: 0 done; 1 an error (the message names the fix); 2 invalid command-line
     options (nothing was started); another code below 128 an error that carries its own
     (``exit_code``, e.g. 75: ``herald serve dispatcher`` lost a PS shard, NOTE [ps failover
-    across hosts] in herald/job/failover.py); 128 + N a job stopped by signal N after a
+    across hosts] in herald/job/recovery/failover.py); 128 + N a job stopped by signal N after a
     clean stop (130 SIGINT, 143 SIGTERM: report and final checkpoint written).
 
     Every error's line on stderr starts with ``herald: error:``; a clean stop on a signal

@@ -12,7 +12,7 @@ import pytest
 from herald import cli
 from herald.errors import ConfigError, HeraldError
 from herald.job.cli import config_from_args
-from herald.job.failover import SHARD_FAILED_EXIT, ShardLost
+from herald.job.recovery.failover import SHARD_FAILED_EXIT, ShardLost
 from herald.job.serve_dispatcher import dispatcher_config
 
 

@@ -34,6 +34,7 @@ from herald.bench.options import CAPACITY_ROWS, CAPACITY_SECONDS
 from herald.bench.thread_cpu import thread_cpu_seconds
 from herald.contracts.train import TrainConfig
 from herald.errors import ConfigError, HeraldError
+from herald.job.interfaces import JobHooks
 from herald.job.parts import NoPS, WorkerLauncher
 from herald.job.runner import JobRunner
 from herald.loader import open_source
@@ -330,9 +331,8 @@ def _measure(run: CapacityRun) -> dict[str, Any]:
     peers = AckPeerWorkers(nice=run.peers_nice)
     clock = _Clock(peers, run.warmup_steps, run.steps, run.limit_seconds)
     # the job runner (NOTE [job runner]) with no PS, the fake workers, no checkpoints, no report
-    JobRunner(ps=NoPS(), workers=peers, data=data, on_step=clock.on_step, on_serve=clock.disps.extend).run(
-        run.train_config()
-    )
+    hooks = JobHooks(on_step=clock.on_step, on_serve=clock.disps.extend)
+    JobRunner(ps=NoPS(), workers=peers, data=data, hooks=hooks).run(run.train_config())
     if "t1" not in clock.marks:
         raise ConfigError(
             f"no step measured after {run.warmup_steps} warm-up steps: {data.steps_per_epoch} steps per "

@@ -8,7 +8,7 @@ validated on construction and checked against the job by :func:`check_mode`) and
 every role reads (:class:`ConsistencyMode`). Each role keeps its own registry of objects
 keyed by mode name, beside the code it runs: the worker's protocols
 (:data:`herald.worker.modes.PROTOCOLS`), the dispatcher's serve strategies and embedding
-workers (:data:`herald.dispatch.modes.DISPATCH`), the report's blocks (herald/job/report.py).
+workers (:data:`herald.dispatch.modes.DISPATCH`), the report's blocks (herald/job/report/consistency.py).
 tests/contracts/test_modes.py checks that every registry has exactly the modes of
 :data:`herald.contracts.vocab.CONSISTENCY_MODES`.
 

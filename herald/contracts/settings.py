@@ -175,7 +175,7 @@ class DenseSettings:
 @dataclasses.dataclass(frozen=True)
 class RecoverySettings:
     """Restart budgets: a job rolls back to its latest checkpoint when one of its processes is
-    lost, each cause its own budget (NOTE [worker failover] in herald/job/rollback.py).
+    lost, each cause its own budget (NOTE [worker failover] in herald/job/recovery/rollback.py).
 
     Attributes:
         ps_restarts, worker_restarts: rollbacks at most (>= 0) for a lost PS shard, a lost worker.

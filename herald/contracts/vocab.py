@@ -54,7 +54,7 @@ DEVICE_PATTERN = r"auto|cpu|cuda(:[0-9]+)?"
 #: ``--cache-device`` choices.
 CACHE_DEVICES = ("auto", "cpu", "torch")
 #: ``--launcher``: who runs a ``herald train`` job's PS shards and workers (local processes,
-#: or Ray actors: herald/job/ray_parts.py, docs/cluster.md).
+#: or Ray actors: herald/job/ray/parts.py, docs/cluster.md).
 LAUNCHERS = ("local", "ray")
 
 #: Longest wait for any peer (a PS shard, the dispatcher, a worker) before it is

@@ -251,7 +251,7 @@ class Dispatcher:
             # the mode's serve strategy (herald.dispatch.modes): serve_steps, or gba's (NOTE [gba tokens])
             return dispatch_mode(self._job.consistency).serve(self)
         except BaseException as exc:
-            # who the failed wait was for, as it failed (NOTE [silent workers] in herald/job/silence.py)
+            # who the failed wait was for, as it failed (NOTE [silent workers] in herald/job/recovery/silence.py)
             self._silence = self.channel.peers.silence(self.config.peer_timeout_ms / 2e3)
             # tell every worker, so none waits out its timeout on a dead dispatcher
             self.channel.tell_error(f"{type(exc).__name__}: {exc}")
@@ -262,7 +262,7 @@ class Dispatcher:
     def silence(self) -> Silence | None:
         """After :meth:`serve` failed: the workers its failed wait was for that had sent
         nothing for at least half of ``peer_timeout_ms`` when it failed, and those that
-        reported an error (NOTE [silent workers] in herald/job/silence.py); None when no
+        reported an error (NOTE [silent workers] in herald/job/recovery/silence.py); None when no
         wait on named workers failed, or none of them was silent."""
         return self._silence
 

@@ -130,7 +130,7 @@ def largest_frame_bytes(job: Any, num_workers: int, batch_size_per_worker: int) 
 
 class Silence(NamedTuple):
     """What a dispatcher's failed wait on its workers saw (NOTE [silent workers] in
-    herald/job/silence.py): ``quiet`` every rank that had sent nothing for at least
+    herald/job/recovery/silence.py): ``quiet`` every rank that had sent nothing for at least
     ``min_s`` seconds, rank -> seconds since its last message (an ``error`` does not
     count: a worker that reports a failure after a long wait was waiting too);
     ``awaited`` the ranks the wait was for; ``reported`` the ranks whose ``error`` came;
@@ -189,7 +189,7 @@ class PeerTable:
         self.rejected: dict[str, int] = dict.fromkeys(KINDS, 0)
         self.ack_rows: int | None = None
         self.ack_grads: tuple[int, int] | None = None
-        # NOTE [silent workers] (herald/job/silence.py): when each rank was last heard from
+        # NOTE [silent workers] (herald/job/recovery/silence.py): when each rank was last heard from
         # (made: the handshake's start), the ranks that reported an error, and the wait in
         # progress (ranks, words), kept when it fails
         self._made = time.monotonic()

@@ -9,7 +9,7 @@ and the whole job stops (children are terminated with a bounded wait: no orphans
 [independent groups] in herald/job/group_dispatch.py). The job itself is run by
 :class:`herald.job.runner.JobRunner` (NOTE [job runner]); this module picks its parts
 and rolls it back when a PS shard or a worker is lost (NOTE [ps failover], NOTE [worker
-failover] in herald/job/rollback.py).
+failover] in herald/job/recovery/rollback.py).
 """
 
 from __future__ import annotations
@@ -19,15 +19,16 @@ from typing import Any
 
 from herald.contracts.train import TrainConfig
 from herald.dispatch.dispatcher import Dispatcher
+from herald.job.interfaces import JobHooks, RunOptions
 from herald.job.parts import Checkpointing, LocalPS, LocalWorkers
-from herald.job.ray_parts import ray_parts
-from herald.job.rollback import Rollbacks, run_attempts
+from herald.job.ray.parts import ray_parts
+from herald.job.recovery.rollback import Rollbacks, run_attempts
 from herald.job.runner import JobInterrupted, JobReport, JobRunner
 
 __all__ = ["JobInterrupted", "run_train"]  # JobInterrupted: herald train's clean stop on a signal
 
 #: ``--launcher`` -> the job's PS and worker parts (herald.contracts.vocab.LAUNCHERS): local
-#: processes, or Ray actors over a cluster's nodes (NOTE [ray job] in herald/job/ray_parts.py)
+#: processes, or Ray actors over a cluster's nodes (NOTE [ray job] in herald/job/ray/parts.py)
 PARTS = {"local": lambda cfg: (LocalPS(), LocalWorkers()), "ray": ray_parts}
 
 
@@ -45,11 +46,13 @@ PARTS = {"local": lambda cfg: (LocalPS(), LocalWorkers()), "ray": ray_parts}
 # the steps after the checkpoint are trained twice, which is the cost of a failure. The
 # report lists each failover (``failovers``: cause, checkpoint, the last step acked before,
 # the steps rolled back) and counts every attempt's steps and samples, naming the steps
-# trained again (``attempts``, ``retrained_steps``: herald/job/report_attempts.py). Without
+# trained again (``attempts``, ``retrained_steps``: herald/job/report/attempts.py). Without
 # a checkpoint (``--checkpoint-every``) there is nothing to go back to and the failure ends
 # the job as before. A lost worker is rolled back for the same way (``--worker-restarts N``,
-# its own budget: NOTE [worker failover] in herald/job/rollback.py, whose run_attempts is
-# the one loop of attempts).
+# its own budget: NOTE [worker failover] in herald/job/recovery/rollback.py, whose run_attempts is
+# the one loop of attempts). Whether to roll back, to which checkpoint, and the record of it are
+# the failover policy's (NOTE [failover policy] in herald/job/recovery/policy.py), which the test
+# bed's supervisor uses too.
 
 
 def run_train(
@@ -62,7 +65,7 @@ def run_train(
 
     A PS shard that dies is survived up to ``cfg.recovery.ps_restarts`` times, a worker that dies or
     goes silent up to ``cfg.recovery.worker_restarts`` times, by rolling the job back to its latest
-    checkpoint (NOTE [ps failover], :func:`herald.job.rollback.run_attempts`); see
+    checkpoint (NOTE [ps failover], :func:`herald.job.recovery.rollback.run_attempts`); see
     :func:`_run_attempt` for the rest.
     """
     return run_attempts(
@@ -94,19 +97,17 @@ def _run_attempt(
     ckpts = Checkpointing("herald train", enabled=bool(cfg.checkpoint_every or cfg.is_stream), check_config=True)
     # Dispatcher: looked up here at each attempt (tests wrap it: tests/integration/test_fuzz_dispatcher.py)
     ps, workers = PARTS[cfg.launcher.name](cfg)
+    options = RunOptions(
+        dispatcher=Dispatcher, progress=progress, stop_on_signals=True, sample_id_log=ids, started_at=started_at
+    )
     return (
         JobRunner(
             ps=ps,
             workers=workers,
             checkpoints=ckpts,
             report=JobReport(rollbacks.failovers, rollbacks.earlier),
-            dispatcher=Dispatcher,
-            progress=progress,
-            stop_on_signals=True,
-            on_finish=on_finish,
-            on_step=rollbacks.on_step,
-            sample_id_log=ids,
-            started_at=started_at,
+            hooks=JobHooks(on_step=rollbacks.on_step, on_finish=on_finish),
+            options=options,
         )
         .run(cfg)
         .report

@@ -1,7 +1,7 @@
 """``herald serve dispatcher``: the dispatcher of a job as its own process.
 
 ``herald serve dispatcher`` exit status: 0 done; 1 an error; 2 invalid options; 75 a
-PS shard was lost (NOTE [ps failover across hosts] in herald/job/failover.py: restart
+PS shard was lost (NOTE [ps failover across hosts] in herald/job/recovery/failover.py: restart
 the shard, then this command with ``--resume``). ``--checkpoint-every`` / ``--resume``
 need the PS admin token in ``HERALD_PS_TOKEN`` and a ``--run-dir`` that the PS shards
 (their ``--checkpoint-root``) and worker rank 0 see at the same path.
@@ -25,6 +25,7 @@ def _serve_dispatcher(args: argparse.Namespace) -> int:
     / ``--resume`` it checkpoints and resumes as ``herald train`` does, and a lost PS shard
     ends it with exit status 75 (NOTE [ps failover across hosts])."""
     from herald.auth import check_bind  # on use: see the comment on the imports
+    from herald.job.interfaces import RunOptions
     from herald.job.parts import ExternalWorkers, RemotePS
     from herald.job.runner import JobRunner
 
@@ -40,8 +41,10 @@ def _serve_dispatcher(args: argparse.Namespace) -> int:
         ps=RemotePS(args.ps.split(","), run_dir=cfg.run_dir if ckpts else None),
         workers=ExternalWorkers(dist_init=args.dist_init),
         checkpoints=ckpts,
-        dispatcher_settings={"bind": args.bind, "dispatcher_rank": args.dispatcher_rank},
-        sample_id_log=args.sample_id_log,
+        options=RunOptions(
+            dispatcher_settings={"bind": args.bind, "dispatcher_rank": args.dispatcher_rank},
+            sample_id_log=args.sample_id_log,
+        ),
     ).run(cfg)
     records = result.records
     rejected = {k: n for k, n in (records[-1].rejected if records else {}).items() if n}
@@ -88,7 +91,7 @@ def register(commands, bench, serve) -> None:
         description="Read a source, schedule global batches and serve micro-batches to N workers "
         "that connect with `herald serve worker`.",
     )
-    # --run-dir, --checkpoint-every, --resume: NOTE [ps failover across hosts] (herald/job/failover.py);
+    # --run-dir, --checkpoint-every, --resume: NOTE [ps failover across hosts] (herald/job/recovery/failover.py);
     # --ps-restarts / --worker-restarts are the supervisor's (herald train), not this process's; --pin-cores pins
     # herald train's local processes (one role alone: taskset -c CORES herald serve ...); --launcher,
     # --ray-address, --storage-path choose who starts herald train's roles (this process starts none)

@@ -49,7 +49,7 @@ class LocalShards:
             on the command line); None: a fresh ``secrets.token_hex(32)``.
         workdir: an empty folder of the caller's to use as :attr:`workdir` (``herald
             train`` names it in its run folder: NOTE [run leftovers] in
-            herald/job/leftovers.py), removed by :meth:`close` likewise; None: a fresh
+            herald/job/recovery/leftovers.py), removed by :meth:`close` likewise; None: a fresh
             temporary folder ``herald-ps-*``.
 
     Attributes:

@@ -125,7 +125,7 @@ class StepBarrier:
     # transfers. Per released step the shard counts the spread (first to last message,
     # its own clock), which rank came last (a rank that is last far more often than 1/N
     # of the steps is a straggler: a shared core, a slower device) and how long the
-    # release took; the report gives their means (herald/job/breakdown.py).
+    # release took; the report gives their means (herald/job/report/breakdown.py).
     def timed_release(self, last_rank: int, spread: float, release_s: float) -> None:
         """Count a released step: ``spread`` seconds from its first message to its last
         (``last_rank``'s, each timed once its writes were applied), then ``release_s``."""

@@ -29,6 +29,7 @@ from typing import Any
 
 from herald.contracts.train import TrainConfig
 from herald.errors import ConfigError, HeraldError, PeerTimeout
+from herald.job.interfaces import JobHooks, RunOptions
 from herald.job.parts import Checkpointing, ExternalWorkers, RemotePS
 from herald.job.runner import JobReport, JobRunner
 
@@ -126,9 +127,10 @@ def serve(
             workers=TestBedWorkers(dense_timeout_s),
             checkpoints=Checkpointing("herald test bed dispatcher", enabled=cfg.checkpoint_every > 0),
             report=JobReport(),
-            dispatcher_settings={"bind": bind},
-            on_step=_StepFile(run_dir / ".dispatcher-step"),
-            on_finish=checkpoint_ps if save_ps else None,
+            hooks=JobHooks(
+                on_step=_StepFile(run_dir / ".dispatcher-step"), on_finish=checkpoint_ps if save_ps else None
+            ),
+            options=RunOptions(dispatcher_settings={"bind": bind}),
         )
         .run(cfg)
         .report

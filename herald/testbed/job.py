@@ -15,22 +15,24 @@ holds the settings, the workers' dense replicas, the report and
 binding roles get ``--insecure``. The PS admin token is made per job and passed in the
 environment of the PS and the dispatcher only.
 
-NOTE [test bed failover]: NOTE [ps failover across hosts] (herald/job/failover.py) with
+NOTE [test bed failover]: NOTE [ps failover across hosts] (herald/job/recovery/failover.py) with
 this module as the supervisor. With ``cfg.recovery.ps_restarts`` N > 0 and
 ``cfg.checkpoint_every`` > 0, a PS shard process that ends during training (seen at
 once: the bed started it), or a dispatcher that exits with status 75 (it lost a shard),
-starts a failover: the dispatcher and the torchruns are stopped (SIGTERM, SIGKILL after
+starts a failover, decided and recorded by the failover policy (NOTE [failover policy] in
+herald/job/recovery/policy.py): the dispatcher and the torchruns are stopped (SIGTERM, SIGKILL after
 5 s) and every process left on the worker hosts is killed; every PS shard is started
 afresh on the PS host; the dispatcher is started again with ``resume`` (it restores the
 shards from the latest checkpoint through the admin op, gives the workers that
 checkpoint's dense state and continues from its position); the workers join a new
 rendezvous (``--rdzv-id ...-<attempt>``). At most N times; without a checkpoint, or
 beyond N, the job fails naming the shard. Every wait is bounded by the job's
-``timeout_s``. The report gets ``failovers``: per failover the cause, the checkpoint
-rolled back to (``rolled_back_to``, ``checkpoint_step``), the last step every worker had
-acked before (``last_acked_step``; ``steps_rolled_back`` = the difference, trained
-twice), the seconds to restart the roles (``restart_s``) and from the loss to the first
-step acked past the checkpoint (``recovered_s``).
+``timeout_s``. The report gets ``failovers``: per failover the policy's record (the cause,
+when it was seen, the checkpoint rolled back to: ``rolled_back_to``, ``checkpoint_step``; the
+last step every worker had acked before: ``last_acked_step``, ``steps_rolled_back`` = the
+difference, trained twice; ``resumed_unix_s`` and ``recovered_s``: the first step acked past
+the checkpoint, and the seconds to it from the loss seen) and the seconds to restart the roles
+(``restart_s``).
 """
 
 from __future__ import annotations
@@ -45,8 +47,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from herald.errors import ConfigError, HeraldError, PeerTimeout
-from herald.job import checkpoints
-from herald.job.failover import SHARD_FAILED_EXIT
+from herald.job.recovery.failover import SHARD_FAILED_EXIT
+from herald.job.recovery.policy import Budget, FailoverPolicy, RollbackRefused
 from herald.ps.cli import shard_args
 from herald.ps.config import ShardLimits
 from herald.testbed.dispatcher import last_step, save_config
@@ -99,17 +101,7 @@ def run_job(
             PeerTimeout: the job ran past ``timeout_s``.
     """
     workers = worker_hosts_of(bed)
-    if cfg.recovery.worker_restarts:
-        raise ConfigError(
-            f"--worker-restarts {cfg.recovery.worker_restarts}: the test bed rolls a job back for a lost PS "
-            "shard (--ps-restarts), not for a lost worker (herald train does: NOTE [worker failover] in "
-            "herald/job/rollback.py); leave it out"
-        )
-    if cfg.workers != len(workers) * procs_per_host:
-        raise ConfigError(
-            f"--workers {cfg.workers} must equal the bed's {len(workers)} worker hosts x "
-            f"{procs_per_host} processes per host"
-        )
+    _check_job(cfg, len(workers), procs_per_host)
     run_dir = pathlib.Path(cfg.run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "report.json").unlink(missing_ok=True)
@@ -130,9 +122,28 @@ def run_job(
         launch.stop()  # the bed may run another job next
     report_path = run_dir / "report.json"
     rep = json.loads(report_path.read_text())
-    rep["failovers"] = launch.failovers
+    rep["failovers"] = launch.policy.failovers
     report_path.write_text(json.dumps(rep, indent=2))
     return rep
+
+
+def _check_job(cfg, worker_hosts: int, procs_per_host: int) -> None:
+    """Refuse what the test bed cannot run (:func:`run_job`).
+
+    Raises:
+        ConfigError: ``worker_restarts`` set, or ``cfg.workers`` not worker hosts x ``procs_per_host``.
+    """
+    if cfg.recovery.worker_restarts:
+        raise ConfigError(
+            f"--worker-restarts {cfg.recovery.worker_restarts}: the test bed rolls a job back for a lost PS "
+            "shard (--ps-restarts), not for a lost worker (herald train does: NOTE [worker failover] in "
+            "herald/job/recovery/rollback.py); leave it out"
+        )
+    if cfg.workers != worker_hosts * procs_per_host:
+        raise ConfigError(
+            f"--workers {cfg.workers} must equal the bed's {worker_hosts} worker hosts x "
+            f"{procs_per_host} processes per host"
+        )
 
 
 class _Launch:
@@ -146,11 +157,13 @@ class _Launch:
         self.dispatcher = f"tcp://{bed.address(DISPATCHER_HOST)}:{DISPATCHER_PORT}"
         self.services: list[str] = []  # roles that serve until stopped: PS shards, rendezvous store
         self.finishing: list[str] = []  # roles that end with the job: dispatcher, torchrun per host
-        self.failovers: list[dict[str, Any]] = []  # NOTE [test bed failover]
+        # NOTE [test bed failover]: a lost PS shard rolls the job back, --ps-restarts times at most
+        self.policy = FailoverPolicy(
+            run_dir, {"ps": Budget(cfg.recovery.ps_restarts, "--ps-restarts")}, resumed=cfg.resume
+        )
         self.worker_hosts: list[str] = []
         self.procs_per_host = 1
-        self._recovering: tuple[dict, float] | None = None  # (failover record, time the loss was seen)
-        self.t_start = time.time()  # a checkpoint older than this is another job's
+        self._seen_step: int | None = None  # the step last read from the dispatcher's step file
 
     def _start(self, host: str, role: str, argv: list[str], env: dict | None = None) -> str:
         """Start a role (a restart reuses its name: its log goes on in the same file)."""
@@ -230,7 +243,8 @@ class _Launch:
 
     def start_workers(self, hosts: list[str], procs_per_host: int) -> None:
         self.worker_hosts, self.procs_per_host = list(hosts), procs_per_host
-        attempt = f"-{len(self.failovers)}" if self.failovers else ""  # a fresh rendezvous per attempt
+        done = len(self.policy.failovers)
+        attempt = f"-{done}" if done else ""  # a fresh rendezvous per attempt
         rendezvous = f"{self.bed.address(DISPATCHER_HOST)}:{RENDEZVOUS_PORT}"
         join_s = max(30, self.cfg.timeout_ms // 1000)
         for host in hosts:
@@ -322,55 +336,37 @@ class _Launch:
         """Roll the job back to its latest checkpoint (NOTE [test bed failover]).
 
         Raises:
-            HeraldError: no checkpoint yet, or ``cfg.recovery.ps_restarts`` failovers already done.
+            HeraldError: no checkpoint of this job yet, or ``cfg.recovery.ps_restarts`` failovers already done.
         """
-        t_lost = time.monotonic()
-        latest = checkpoints.latest(self.run_dir / "checkpoints")
-        if latest is not None and (latest.path / "meta.json").stat().st_mtime < self.t_start:
-            latest = None  # left in the run folder by an earlier job
-        if latest is None or len(self.failovers) >= self.cfg.recovery.ps_restarts:
-            why = (
-                "no checkpoint to roll back to yet"
-                if latest is None
-                else f"{len(self.failovers)} failover(s) done, --ps-restarts {self.cfg.recovery.ps_restarts}"
-            )
-            raise HeraldError(f"the job on the test bed lost a PS shard: {cause} ({why})")
-        last = last_step(self.run_dir)
+        seen = time.time()
+        try:
+            latest = self.policy.check("ps")
+        except RollbackRefused as refused:
+            raise HeraldError(f"the job on the test bed lost a PS shard: {cause} ({_why(refused)})") from None
         print(
             f"herald test bed: {cause}\nrolling the job back to checkpoint {latest.path.name} (failover "
-            f"{len(self.failovers) + 1} of at most {self.cfg.recovery.ps_restarts})",
+            f"{self.policy.used('ps') + 1} of at most {self.cfg.recovery.ps_restarts})",
             file=sys.stderr,
             flush=True,
         )
         for name in self.finishing + [n for n in self.services if n.startswith(f"{self.tag}-ps-")]:
             self.bed.children.terminate(name, timeout_s=5.0)
         self.bed.empty_hosts(self.worker_hosts, timeout_s=max(1.0, min(10.0, deadline - time.monotonic())))
+        record = self.policy.record_rollback("ps", cause, seen, last_acked=last_step(self.run_dir), restart_s=None)
         (self.run_dir / ".dispatcher-step").unlink(missing_ok=True)
-        record = {
-            "cause": cause,
-            "rolled_back_to": latest.path.name,
-            "checkpoint_step": latest.step,
-            "last_acked_step": last,
-            "steps_rolled_back": None if last is None else max(0, last - latest.step),
-            "restart_s": None,
-            "recovered_s": None,
-        }
-        self.failovers.append(record)
+        self._seen_step = None
         self.start_ps()
         self.start_dispatcher(save_ps, resume=True)
         self.start_workers(self.worker_hosts, self.procs_per_host)
-        record["restart_s"] = round(time.monotonic() - t_lost, 3)
-        self._recovering = (record, t_lost)
+        record["restart_s"] = round(time.time() - seen, 3)
 
     def _note_recovery(self) -> None:
-        """Record ``recovered_s`` once the resumed job acked a step past its checkpoint."""
-        if self._recovering is None:
-            return
-        record, t_lost = self._recovering
+        """Tell the policy each new step the dispatcher saw acked: the first past the checkpoint
+        after a failover is when training went on (``recovered_s``)."""
         step = last_step(self.run_dir)
-        if step is not None and step > record["checkpoint_step"]:
-            record["recovered_s"] = round(time.monotonic() - t_lost, 3)
-            self._recovering = None
+        if step is not None and step != self._seen_step:
+            self._seen_step = step
+            self.policy.acked(step)
 
     def _check(self) -> None:
         failure = self.bed.children.failure()
@@ -381,3 +377,12 @@ class _Launch:
         """Stop this job's roles still running (SIGTERM, SIGKILL after 5 s)."""
         for name in self.finishing + self.services:
             self.bed.children.terminate(name, timeout_s=5.0)
+
+
+def _why(refused: RollbackRefused) -> str:
+    """Why the test bed does not roll back, in its words (NOTE [test bed failover])."""
+    if refused.reason == "no checkpoint":
+        return "no checkpoint to roll back to yet"
+    if refused.reason == "unreadable":
+        return f"cannot read the latest checkpoint: {refused.detail}"
+    return f"{refused.used} failover(s) done, {refused.budget.flag} {refused.budget.allowed}"

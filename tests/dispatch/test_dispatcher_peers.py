@@ -319,7 +319,7 @@ def test_a_worker_timing_out_on_a_silent_one_leaves_the_silent_one_named(job_of)
     silence = d.silence()
     assert set(silence.silent) == {0} and silence.awaited == {0} and silence.reported == {1}
     assert set(silence.quiet) == {0, 1} and "ack of step 0 from workers [0]" in silence.waiting_for
-    # the job's headline (herald/job/parts.py), both workers still running
+    # the job's headline (herald/job/recovery/failure.py), both workers still running
     with pytest.raises(HeraldError) as failed:
         raise_job_failure(served.error, NoFailure(), FakeWorkers({0: None, 1: None}), silence)
     first, *rest = str(failed.value).splitlines()

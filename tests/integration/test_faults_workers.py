@@ -1,5 +1,5 @@
 """A worker that stops answering during `herald train` is the one the error names first
-(NOTE [silent workers] in herald/job/silence.py), not the healthy worker that timed out
+(NOTE [silent workers] in herald/job/recovery/silence.py), not the healthy worker that timed out
 waiting on it. Real `herald train` jobs: 2 workers, MovieLens ratings."""
 
 from __future__ import annotations

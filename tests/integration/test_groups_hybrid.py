@@ -23,7 +23,7 @@ from herald.job.group_dispatch import (
     independent_groups,
 )
 from herald.job.launcher import run_train
-from herald.job.metrics import log_loss
+from herald.job.report.metrics import log_loss
 from herald.worker.groups import GroupAverager, GroupLayout, world_position
 from tests.fakes import thread_all_reduce
 

@@ -1,5 +1,5 @@
 """PS failover across the test bed's hosts (NOTE [test bed failover] in herald/testbed/job.py,
-NOTE [ps failover across hosts] in herald/job/failover.py; Persia §4.4).
+NOTE [ps failover across hosts] in herald/job/recovery/failover.py; Persia §4.4).
 
 The PS host's ``herald serve ps`` is killed with SIGKILL mid-training; the bed's
 supervisor restarts it, the dispatcher with ``--resume`` (which restores the shard from
@@ -29,7 +29,7 @@ from test_train_exact import BATCH, STEPS, _reference
 
 from herald.contracts.job import JobSpec
 from herald.job.data import JobData
-from herald.job.failover import SHARD_FAILED_EXIT, shard_lost
+from herald.job.recovery.failover import SHARD_FAILED_EXIT, shard_lost
 from herald.ps.checkpoint import load as load_ps_checkpoint
 from herald.testbed import TestBed, TestBedError, cleanup_stale, list_namespaces
 from herald.testbed.dispatcher import last_step

@@ -1,4 +1,4 @@
-"""``herald train --launcher ray`` on real Ray clusters (NOTE [ray job] in herald/job/ray_parts.py).
+"""``herald train --launcher ray`` on real Ray clusters (NOTE [ray job] in herald/job/ray/parts.py).
 
 - Two Ray nodes (``ray.cluster_utils.Cluster``, 2 logical CPUs each, on this machine):
   the workers are spread over both, every role binds TCP on its node's address with

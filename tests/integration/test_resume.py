@@ -235,7 +235,7 @@ def _kill_mid_job(tmp_path, source, extra: dict, flags: list[str], role: tuple[s
 
 def _assert_one_rollback(failed: pathlib.Path, report: dict) -> tuple[int, int]:
     """The report of a job rolled back once after step EVERY + 1: its failover, every attempt
-    counted (herald/job/report_attempts.py). Returns (the checkpoint's step, the last step acked before)."""
+    counted (herald/job/report/attempts.py). Returns (the checkpoint's step, the last step acked before)."""
     assert len(report["failovers"]) == 1 and report["failovers"][0]["rolled_back_to"].startswith("step-")
     failover = report["failovers"][0]
     rolled_back, last = int(failover["rolled_back_to"][len("step-") :]), failover["last_acked_step"]
@@ -266,7 +266,7 @@ def test_a_killed_ps_shard_fails_over_to_the_latest_checkpoint(tmp_path, sources
     first checkpoint and two more steps; with --ps-restarts 1 the job rolls back to that
     checkpoint, goes on, and ends with the model of an uninterrupted run of the same mode.
     The report counts both attempts' steps and samples and names the steps trained twice
-    (herald/job/report_attempts.py).
+    (herald/job/report/attempts.py).
 
     Under GBA the replacement shard's gradient buffer lives as long as the shard (NOTE
     [gba tokens] in herald/ps/gba.py): it must start at the checkpoint's next global step
@@ -294,7 +294,7 @@ def test_a_killed_ps_shard_fails_over_to_the_latest_checkpoint(tmp_path, sources
 @pytest.mark.slow  # ~30 s a case (2 shared cores)
 @pytest.mark.parametrize("mode", sorted(_FAILOVER_MODES))
 def test_a_killed_worker_fails_over_to_the_latest_checkpoint(tmp_path, sources, mode):
-    """NOTE [worker failover] (herald/job/rollback.py): kill -9 of worker rank 1 after the
+    """NOTE [worker failover] (herald/job/recovery/rollback.py): kill -9 of worker rank 1 after the
     first checkpoint and two more steps; with --worker-restarts 1 the job rolls back to that
     checkpoint (every process restarted, as for a lost PS shard), goes on, and ends with the
     model of an uninterrupted run of the same mode. The report names the lost rank, the step

@@ -12,13 +12,13 @@ import socket
 import subprocess
 import sys
 
-from herald.job import leftovers
 from herald.job.parts import dense_store
+from herald.job.recovery import leftovers
 
 # a job process: makes and names a PS folder and a store file, says so, then waits to be killed
 OWNER = """
 import pathlib, sys, tempfile, time
-from herald.job import leftovers
+from herald.job.recovery import leftovers
 run = pathlib.Path(sys.argv[1]).resolve()
 ps = tempfile.mkdtemp(prefix=leftovers.PS_PREFIX)
 leftovers.record(run, ps)

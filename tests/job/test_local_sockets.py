@@ -1,4 +1,4 @@
-"""NOTE [local job sockets] (herald/job/parts.py): a ``herald train`` job's dispatcher
+"""NOTE [local job sockets] (herald/job/parts/local_workers.py): a ``herald train`` job's dispatcher
 listens on an ``ipc://`` socket in a folder of mode 0700, which another local user cannot
 reach, and its workers' rendezvous file is 0600."""
 
@@ -18,8 +18,8 @@ from herald.contracts.train import TrainConfig
 from herald.dispatch.channel import PeerChannel
 from herald.dispatch.config import DispatcherConfig
 from herald.errors import ConfigError
-from herald.job import leftovers
 from herald.job.parts import ExternalWorkers, LocalWorkers, WorkerLauncher
+from herald.job.recovery import leftovers
 from tests.asuser import as_nobody
 from tests.fakes import dealer
 

@@ -1,5 +1,5 @@
-"""What a Ray job asks of its cluster and tells its roles (herald/job/ray_plan.py), the role
-host of its actors run as a plain object (herald/job/ray_role.py), and the launcher's word
+"""What a Ray job asks of its cluster and tells its roles (herald/job/ray/plan.py), the role
+host of its actors run as a plain object (herald/job/ray/role.py), and the launcher's word
 when Ray is missing: no Ray cluster needed (tests/integration/test_ray.py runs real ones)."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from herald.auth import generate_keys, load_client_keys, load_server_keys
 from herald.contracts.tables import OptimizerConfig, TableConfig
 from herald.contracts.train import TrainConfig
 from herald.errors import ConfigError
-from herald.job import ray_cluster
-from herald.job.ray_plan import (
+from herald.job.ray import cluster as ray_cluster
+from herald.job.ray.plan import (
     KEYS,
     PS_BASE_BYTES,
     ROW_GROWTH,
@@ -34,7 +34,7 @@ from herald.job.ray_plan import (
     worker_cpus,
     worker_strategy,
 )
-from herald.job.ray_role import FOLDER, RoleHost, interface_of
+from herald.job.ray.role import FOLDER, RoleHost, interface_of
 from herald.ps.store import ROW_OVERHEAD_BYTES
 
 TABLES = [TableConfig(name=f"t{i}", dim=4, optimizer=OptimizerConfig(name="adagrad", lr=0.1)) for i in range(3)]

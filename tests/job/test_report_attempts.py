@@ -1,11 +1,11 @@
 """The report of a job that failed over: every attempt counted, the steps trained again
-named (herald/job/report_attempts.py, NOTE [ps failover])."""
+named (herald/job/report/attempts.py, NOTE [ps failover])."""
 
 from __future__ import annotations
 
 import pytest
 
-from herald.job.report_attempts import Attempt, attempts_block, format_lines, retrained_steps
+from herald.job.report.attempts import Attempt, attempts_block, format_lines, retrained_steps
 
 
 def test_retrained_steps_are_the_runs_of_steps_of_more_than_one_attempt():

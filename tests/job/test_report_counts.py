@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from herald.dispatch.records import StepRecord
-from herald.job.breakdown import format_breakdown, phase_breakdown
 from herald.job.report import cpu_time, ps_requests, startup_line
+from herald.job.report.breakdown import format_breakdown, phase_breakdown
 from herald.job.runner import Served, StartupClock
 
 

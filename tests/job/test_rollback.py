@@ -1,4 +1,4 @@
-"""The loop of attempts of a job that loses a process (herald/job/rollback.py, NOTE [worker
+"""The loop of attempts of a job that loses a process (herald/job/recovery/rollback.py, NOTE [worker
 failover], NOTE [ps failover]) with a fake attempt: each cause's budget, the job ending
 naming the lost rank once its budget is spent, the report's failovers, and no rollback to
 a checkpoint another job left in the run folder. The real thing (a worker killed -9, the
@@ -15,7 +15,7 @@ import pytest
 
 from herald.contracts.train import TrainConfig
 from herald.errors import HeraldError
-from herald.job.rollback import Rollbacks, ShardFailed, WorkerFailed, run_attempts
+from herald.job.recovery.rollback import Rollbacks, ShardFailed, WorkerFailed, run_attempts
 
 EVERY = 4
 
@@ -65,7 +65,10 @@ def test_a_lost_worker_rolls_back_then_the_job_goes_on(tmp_path):
     (failover,) = rep["failovers"]
     assert failover["detected_unix_s"] == round(lost_at, 3)
     assert 2.0 <= failover["stopped_s"] <= failover["recovered_s"]  # both counted from the loss seen
-    assert {k: v for k, v in failover.items() if k not in ("detected_unix_s", "stopped_s", "recovered_s")} == {
+    # recovered: from the loss seen to the first step the next attempt acked (NOTE [failover policy])
+    assert failover["recovered_s"] == pytest.approx(failover["resumed_unix_s"] - failover["detected_unix_s"], abs=2e-3)
+    timed = ("detected_unix_s", "stopped_s", "resumed_unix_s", "recovered_s")
+    assert {k: v for k, v in failover.items() if k not in timed} == {
         "part": "worker",
         "ranks": [1],
         "cause": "worker-1 was killed by signal 9 (SIGKILL)",

@@ -1,4 +1,4 @@
-"""NOTE [silent workers] (herald/job/silence.py): which worker a failed job's headline
+"""NOTE [silent workers] (herald/job/recovery/silence.py): which worker a failed job's headline
 names. The dispatcher's side (what it saw) is tested with scripted peers in
 tests/dispatch/test_dispatcher_peers.py; here the rule, on hand-made views."""
 
@@ -14,8 +14,9 @@ import pytest
 
 from herald.dispatch.peers import Silence
 from herald.errors import HeraldError
-from herald.job.parts import ShardFailed, WorkerFailed, raise_job_failure
-from herald.job.silence import killed_ranks, merge_silences, process_state, silent_culprits, silent_headline
+from herald.job.recovery.failure import raise_job_failure
+from herald.job.recovery.rollback import ShardFailed, WorkerFailed
+from herald.job.recovery.silence import killed_ranks, merge_silences, process_state, silent_culprits, silent_headline
 
 
 def _silence(quiet, awaited, reported=(), waiting_for="ack of step 11 from workers [0, 1]"):
@@ -88,7 +89,7 @@ def test_the_headline_names_the_silent_worker_then_what_followed():
 
 
 def test_a_silent_worker_is_lost_not_failed():
-    """NOTE [worker failover] (herald/job/rollback.py): the silent worker's error is a WorkerFailed."""
+    """NOTE [worker failover] (herald/job/recovery/rollback.py): the silent worker's error is a WorkerFailed."""
     silence = _silence({0: 20.4, 1: 20.0}, awaited={0, 1})
     exc = HeraldError("dispatcher x: no message within 20000 ms while waiting for ack of step 11 from workers [0, 1]")
     with pytest.raises(WorkerFailed) as lost:

@@ -1,6 +1,6 @@
-"""The report of a job that failed over (NOTE [ps failover] in herald/job/launcher.py,
-NOTE [worker failover] in herald/job/rollback.py): every attempt's steps and samples
-counted, and the steps trained again named.
+"""The report's blocks of a job that failed over (NOTE [ps failover] in herald/job/launcher.py,
+NOTE [worker failover] in herald/job/recovery/rollback.py): every attempt's steps and samples
+counted, the steps trained again named (``attempts``), and each rollback (``failovers``).
 
 A failover rolls the job back to its latest checkpoint, so the steps the lost attempt
 trained after it are trained again by the next attempt. The report counts what was
@@ -13,20 +13,12 @@ progressive validation) is the last attempt's.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-
-@dataclasses.dataclass(frozen=True)
-class Attempt:
-    """One attempt of a job that a lost PS shard or worker ended: ``steps`` the job steps every worker
-    acked in it (int, ack order), ``seconds`` from its start to its failure."""
-
-    steps: tuple[int, ...]
-    seconds: float
+from herald.job.report.inputs import Attempt, ReportInputs
 
 
 def retrained_steps(attempts: Sequence[Sequence[int]]) -> list[list[int]]:
@@ -92,3 +84,45 @@ def format_lines(rep: dict[str, Any]) -> list[str]:
         f"{len(attempts)} attempts (failover), every one counted in steps and samples: {spans}; steps "
         f"trained again: {twice} ({n_again} steps)"
     ]
+
+
+def totals(inp: ReportInputs) -> dict[str, Any]:
+    """:func:`attempts_block` of the report built from ``inp`` (this attempt's samples and seconds,
+    the earlier attempts')."""
+    this = {"samples": inp.samples, "train_seconds": inp.train_s}
+    return attempts_block(this, [r.step for r in inp.records], inp.earlier, inp.cfg.global_batch)
+
+
+def attempts_fields(inp: ReportInputs) -> dict[str, Any]:
+    """The ``attempts`` block: ``attempts`` and ``retrained_steps`` (:func:`attempts_block`; the
+    totals over every attempt are the throughput block's)."""
+    block = totals(inp)
+    return {"attempts": block["attempts"], "retrained_steps": block["retrained_steps"]}
+
+
+def failovers_fields(inp: ReportInputs) -> dict[str, Any]:
+    """The ``failovers`` block: one dict per rollback (NOTE [failover policy] in
+    herald/job/recovery/policy.py; the test bed's supervisor writes its own)."""
+    return {"failovers": list(inp.failovers)}
+
+
+def failover_lines(rep: dict[str, Any]) -> list[str]:
+    """One report.txt line per failover: its cause, the checkpoint, the steps rolled back and
+    the time to training again."""
+    lines = []
+    for i, f in enumerate(rep.get("failovers") or (), 1):
+        acked = (
+            f" from step {f['last_acked_step']} ({f['steps_rolled_back']} steps rolled back)"
+            if f.get("last_acked_step") is not None
+            else ""
+        )
+        again = (
+            f", training again {f['recovered_s']:.1f} s after the loss was seen"
+            if f.get("recovered_s") is not None
+            else ""
+        )
+        lines.append(
+            f"failover {i}: {f['cause']}; rolled back to checkpoint {f['rolled_back_to']}{acked}{again} "
+            "(NOTE [ps failover])"
+        )
+    return lines

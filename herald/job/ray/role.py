@@ -1,7 +1,7 @@
 """One role of a Ray job (a PS shard or a worker) on the Ray node that Ray placed it on.
 
 :class:`RoleHost` is the body of the Ray actor of one role (NOTE [ray job] in
-herald/job/ray_parts.py): it runs the role's ``python -m herald serve ps|worker`` command
+herald/job/ray/parts.py): it runs the role's ``python -m herald serve ps|worker`` command
 line as a child process, as :class:`herald.job.parts.LocalPS` and
 :class:`~herald.job.parts.LocalWorkers` do on one host (a :class:`~herald.procs.Supervisor`:
 the child dies with the actor, its log is ``<name>.log`` in the run folder), so the roles'
@@ -9,7 +9,7 @@ protocol code is the same under every launcher. What the role needs on its node 
 tables file, its half of the keys, its ready file, its ipc socket) is written into a
 private folder of the node (mode 0700, files 0600) that :meth:`RoleHost.stop` removes.
 
-A plain class: :mod:`herald.job.ray_parts` makes it an actor (``ray.remote(RoleHost)``)
+A plain class: :mod:`herald.job.ray.parts` makes it an actor (``ray.remote(RoleHost)``)
 when a job starts, so importing this module does not import Ray. Every method returns at
 once but :meth:`RoleHost.stop` (bounded): the actor runs one call at a time on its main
 thread, the thread that starts the child (``PR_SET_PDEATHSIG`` follows the thread that

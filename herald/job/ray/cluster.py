@@ -1,9 +1,9 @@
 """The Ray side of a ``herald train --launcher ray`` job (NOTE [ray job] in
-herald/job/ray_parts.py): :class:`RayCluster` connects to Ray (or starts a local
+herald/job/ray/parts.py): :class:`RayCluster` connects to Ray (or starts a local
 instance), places the job's roles with two placement groups, starts one
-:class:`~herald.job.ray_role.RoleHost` actor per role, calls them, and takes all of it
-down at the end of the job. :class:`herald.job.ray_parts.RayPS` and
-:class:`~herald.job.ray_parts.RayWorkers` share one.
+:class:`~herald.job.ray.role.RoleHost` actor per role, calls them, and takes all of it
+down at the end of the job. :class:`herald.job.ray.parts.RayPS` and
+:class:`~herald.job.ray.parts.RayWorkers` share one.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 from herald.contracts.train import TrainConfig
 from herald.errors import ConfigError, HeraldError
 from herald.files import write_private
-from herald.job.ray_plan import (
+from herald.job.ray.plan import (
     RoleRequest,
     check_transport,
     needed_cpus,
@@ -31,7 +31,7 @@ from herald.job.ray_plan import (
     wants_gpus,
     worker_strategy,
 )
-from herald.job.ray_role import RUN_CHECK_FILE, RoleHost
+from herald.job.ray.role import RUN_CHECK_FILE, RoleHost
 
 #: Object store of the local Ray instance (bytes): the job passes only small arguments.
 LOCAL_OBJECT_STORE_BYTES = 256 << 20
@@ -66,9 +66,9 @@ class CallFailed(str):
 class RayCluster:
     """The Ray side of one job attempt, shared by :class:`RayPS` (which opens it) and
     :class:`RayWorkers`: the connection, the placement groups and one
-    :class:`~herald.job.ray_role.RoleHost` actor per role (NOTE [ray job]).
+    :class:`~herald.job.ray.role.RoleHost` actor per role (NOTE [ray job]).
 
-    Attributes (once opened): requests: the roles (:class:`~herald.job.ray_plan.RoleRequest`,
+    Attributes (once opened): requests: the roles (:class:`~herald.job.ray.plan.RoleRequest`,
     workers first); actors; nodes: each role's ``{"node_id", "ip", "hostname", "pid",
     "ifname"}``; single: every role on this process's node; gpus: each worker has a GPU;
     driver_ip: this node's address.
@@ -91,25 +91,43 @@ class RayCluster:
         self.cfg, self.run_dir = cfg, pathlib.Path(cfg.run_dir).resolve()
         self.startup_s = max(60.0, cfg.timeout_ms / 1000)
         ours = self._connect(ray, cfg, stack)
-        gpus_there = float(ray.cluster_resources().get("GPU", 0))
-        self.gpus = wants_gpus(cfg.device, gpus_there, cfg.workers)
-        if self.gpus and ours and gpus_there < cfg.workers:
-            raise ConfigError(
-                f"--device {cfg.device}: each of the {cfg.workers} workers asks Ray for a GPU of its own "
-                f"and this host has {gpus_there:g}: use fewer --workers, --device cpu, or --ray-address "
-                "a cluster with more GPUs"
-            )
+        self.gpus = self._gpus(ray, cfg, ours)
         self.requests = role_requests(cfg, cfg.tables(data.schema), getattr(data, "distinct_keys", None), self.gpus)
         groups, node_ids = self._place(ray, stack)
         ips = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
         self.driver_ip = ray.util.get_node_ip_address()
         self.single = single_node(node_ids, ray.get_runtime_context().get_node_id())
         check_transport(self.single, cfg.security.keys_dir, cfg.security.insecure, len(set(node_ids)))
+        stack.callback(self._kill_actors)
+        self.actors = self._actors(ray, groups)
+        self._check_nodes(node_ids, ips, stack)
+        self._say_where(len(set(node_ids)))
+
+    @staticmethod
+    def _gpus(ray: Any, cfg: TrainConfig, ours: bool) -> bool:
+        """Whether each worker asks Ray for a GPU (:func:`~herald.job.ray.plan.wants_gpus`).
+
+        Raises:
+            ConfigError: a local instance (``ours``) with fewer GPUs than workers that want one.
+        """
+        gpus_there = float(ray.cluster_resources().get("GPU", 0))
+        gpus = wants_gpus(cfg.device, gpus_there, cfg.workers)
+        if gpus and ours and gpus_there < cfg.workers:
+            raise ConfigError(
+                f"--device {cfg.device}: each of the {cfg.workers} workers asks Ray for a GPU of its own "
+                f"and this host has {gpus_there:g}: use fewer --workers, --device cpu, or --ray-address "
+                "a cluster with more GPUs"
+            )
+        return gpus
+
+    def _actors(self, ray: Any, groups: list[Any]) -> list[Any]:
+        """One :class:`~herald.job.ray.role.RoleHost` actor per role, in its bundle: the workers'
+        placement group (``groups[0]``) then the shards' (``groups[1]``)."""
+        cfg = self.cfg
         host = ray.remote(RoleHost)
         strategy = ray.util.scheduling_strategies.PlacementGroupSchedulingStrategy
-        stack.callback(self._kill_actors)
         bundles = [(groups[0], r) for r in range(cfg.workers)] + [(groups[1], i) for i in range(cfg.num_ps_shards)]
-        self.actors = [
+        return [
             host.options(
                 num_cpus=r.cpus,
                 num_gpus=r.gpus,
@@ -119,7 +137,9 @@ class RayCluster:
             ).remote(r.name, str(self.run_dir))
             for r, (pg, b) in zip(self.requests, bundles)
         ]
-        self._check_nodes(node_ids, ips, stack)
+
+    def _say_where(self, nodes: int) -> None:
+        """One line on stderr: each role's node and resources, and the transport."""
         where = ", ".join(
             f"{r.name} on {n['ip']} (node {n['node_id'][:8]}, {r.describe()})"
             for r, n in zip(self.requests, self.nodes)
@@ -127,10 +147,10 @@ class RayCluster:
         how = (
             "ipc sockets (one node)"
             if self.single
-            else f"TCP on the nodes' addresses, {'CURVE keys' if cfg.security.keys_dir else '--insecure: no keys'}"
+            else f"TCP on the nodes' addresses, {'CURVE keys' if self.cfg.security.keys_dir else '--insecure: no keys'}"
         )
         print(
-            f"herald train: ray: {len(self.requests)} roles on {len(set(node_ids))} node(s): {where}; {how}",
+            f"herald train: ray: {len(self.requests)} roles on {nodes} node(s): {where}; {how}",
             file=sys.stderr,
             flush=True,
         )
@@ -280,7 +300,7 @@ class RayCluster:
         self, roles: Sequence[int], spec: Callable[[int], tuple[list[str], dict[str, str], dict[str, bytes], str]]
     ) -> list[dict]:
         """Start each role of ``roles`` as ``spec(i) = (args, env, files, folder prefix)``
-        (:meth:`herald.job.ray_role.RoleHost.start`); returns each ``{"pid", "folder"}``.
+        (:meth:`herald.job.ray.role.RoleHost.start`); returns each ``{"pid", "folder"}``.
 
         Raises:
             HeraldError: an actor was lost, or refused (its error).

@@ -6,7 +6,7 @@ A ``herald train`` killed with SIGKILL (or by the OOM killer) runs no cleanup. I
 children die with it (``PR_SET_PDEATHSIG``), but three paths stay: its local PS shards'
 folder (``$TMPDIR/herald-ps-*``: tables file, ready files, ipc sockets), its dispatchers'
 socket folder (``$TMPDIR/herald-dispatch-*``: NOTE [local job sockets] in
-herald/job/parts.py) and its workers' torch.distributed file store
+herald/job/parts/local_workers.py) and its workers' torch.distributed file store
 (``RUN_DIR/.dist-store-*``). So the job names each such path
 in an owner file of its run folder as it creates it (:func:`record`) and drops it once
 the path is removed (:func:`forget`; the owner file goes with its last path):
@@ -14,7 +14,7 @@ the path is removed (:func:`forget`; the owner file goes with its last path):
 :func:`herald.procs.start_time`), "host", "paths"}``, mode 0600.
 
 A job that starts or resumes in the run folder (:func:`clean`, from
-:func:`herald.job.parts.prepare_run`) reads every owner file. An owner that is gone (no
+:func:`herald.job.parts.local_ps.prepare_run`) reads every owner file. An owner that is gone (no
 process with its pid on this host, or one that started at another time: a reused pid)
 has its paths removed, then its owner file. A live owner's paths (a job still running in
 this folder) and those of an owner on another host (which cannot be checked from here)
@@ -26,12 +26,14 @@ symlink) and a file ``.dist-store-*`` directly in the run folder.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
 import shutil
 import socket
 import sys
+import tempfile
 
 from herald.files import write_private
 from herald.procs import is_alive, start_time
@@ -39,7 +41,7 @@ from herald.procs import is_alive, start_time
 OWNER_PREFIX = ".owner-"
 #: Name prefix of a local PS shards' folder (:class:`herald.ps.LocalShards`).
 PS_PREFIX = "herald-ps-"
-#: Name prefix of a local job's folder of dispatcher sockets (:class:`herald.job.parts.LocalWorkers`).
+#: Name prefix of a local job's folder of dispatcher sockets (:class:`herald.job.parts.local_workers.LocalWorkers`).
 DISPATCH_PREFIX = "herald-dispatch-"
 #: Name prefix of the workers' torch.distributed file store in the run folder.
 STORE_PREFIX = ".dist-store-"
@@ -81,6 +83,27 @@ def record(run_dir: str | os.PathLike, path: str | os.PathLike) -> None:
     if str(path) not in state["paths"]:
         state["paths"].append(str(path))
         _write(owner, state)
+
+
+def private_folder(run_dir: str | os.PathLike, prefix: str, stack: contextlib.ExitStack) -> str:
+    """A fresh folder ``$TMPDIR/<prefix>XXXX`` of mode 0700 (``tempfile.mkdtemp``; ``prefix``:
+    :data:`PS_PREFIX` or :data:`DISPATCH_PREFIX`), named in this process's owner file of
+    ``run_dir`` (:func:`record`) until ``stack`` ends: then the folder is removed and its name
+    dropped (NOTE [run leftovers]). Returns its path.
+
+    Raises:
+        StorageError: the owner file cannot be written (the folder is removed).
+    """
+    folder = tempfile.mkdtemp(prefix=prefix)
+    stack.callback(_drop, run_dir, folder)
+    record(run_dir, folder)
+    return folder
+
+
+def _drop(run_dir: str | os.PathLike, folder: str) -> None:
+    """Remove a :func:`private_folder` and its name in the run folder."""
+    shutil.rmtree(folder, ignore_errors=True)
+    forget(run_dir, folder)
 
 
 def forget(run_dir: str | os.PathLike, path: str | os.PathLike) -> None:

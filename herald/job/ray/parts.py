@@ -1,6 +1,6 @@
 """``herald train --launcher ray``: the job's PS shards and workers as Ray actors placed over
 the nodes of a Ray cluster (:class:`RayPS`, :class:`RayWorkers`, sharing one
-:class:`~herald.job.ray_cluster.RayCluster`); the dispatcher stays in this process (NOTE [ray
+:class:`~herald.job.ray.cluster.RayCluster`); the dispatcher stays in this process (NOTE [ray
 job]).
 
 NOTE [ray job] (docs/cluster.md)
@@ -17,7 +17,7 @@ differs is who starts each role and where:
   that cluster; neither: a local Ray instance started for the job (as many logical CPUs
   as the roles ask, at least this host's cores; no dashboard) and stopped after it. A
   connection this process already had is used and kept.
-- **Placement.** One bundle per role (:func:`herald.job.ray_plan.role_requests`): a
+- **Placement.** One bundle per role (:func:`herald.job.ray.plan.role_requests`): a
   worker asks for ``OMP_NUM_THREADS`` CPUs (1 when unset) and, with ``--device cuda`` (or
   ``auto`` on a cluster with a GPU per worker), one GPU; a PS shard one CPU and its memory
   (rows of ``--ps-max-rows``, or its share of the training split's distinct keys, plus
@@ -26,10 +26,10 @@ differs is who starts each role and where:
   effort: one SPREAD group of 2 workers and a shard over 2 nodes put both workers on one
   node in 9 of 12 tries); then the shards' (SPREAD), kept off the workers' nodes by a label selector
   (``ray.io/node-id``) when some other node can hold a shard, else beside the workers
-  (:func:`herald.job.ray_plan.worker_strategy`, :func:`~herald.job.ray_plan.shard_selector`).
+  (:func:`herald.job.ray.plan.worker_strategy`, :func:`~herald.job.ray.plan.shard_selector`).
   Both are waited for (at least 60 s, or ``--timeout-ms``); a cluster that cannot hold
   them is named with what it has.
-- **Roles.** One actor per bundle (:class:`herald.job.ray_role.RoleHost`) runs the same
+- **Roles.** One actor per bundle (:class:`herald.job.ray.role.RoleHost`) runs the same
   ``python -m herald serve ps|worker`` command line as the local parts, with its log in
   the run folder (``ps-shard-I.log``, ``worker-R.log``): the protocol code is the same.
 - **Transport.** Every role on this process's node: ipc sockets in private folders, as
@@ -55,7 +55,7 @@ differs is who starts each role and where:
 - **Liveness and failures** as under the local launcher: each check asks every role's
   actor how its child is (an actor that died, with its node, is a dead role), the PS
   shards are pinged too (NOTE [ps liveness]); a lost shard or worker is what it is under
-  the local launcher (:func:`herald.job.parts.raise_job_failure`: a worker whose actor
+  the local launcher (:func:`herald.job.recovery.failure.raise_job_failure`: a worker whose actor
   was lost counts as killed), so a rollback (NOTE [ps failover]) runs the next attempt
   with a fresh connection, placement and actors.
 - **End** (also on a failure): every child stopped (SIGTERM, SIGKILL after 5 s), every
@@ -68,8 +68,6 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-import shutil
-import tempfile
 import time
 from typing import Any, NoReturn
 
@@ -79,12 +77,13 @@ from herald.contracts.tables import tables_to_json
 from herald.contracts.train import TrainConfig
 from herald.dispatch.peers import Silence
 from herald.errors import HeraldError, PeerTimeout
-from herald.job import leftovers
-from herald.job.parts import PSProvider, WorkerLauncher, prepare_run, raise_job_failure
-from herald.job.ray_cluster import CallFailed, RayCluster
-from herald.job.ray_plan import KEYS, dense_env, local_ranks, split_keys, worker_cpus
-from herald.job.ray_role import FOLDER
-from herald.ps import PSClient
+from herald.job.parts.base import PSProvider, WorkerLauncher, job_client
+from herald.job.parts.local_ps import prepare_run
+from herald.job.ray.cluster import CallFailed, RayCluster
+from herald.job.ray.plan import KEYS, dense_env, local_ranks, split_keys, worker_cpus
+from herald.job.ray.role import FOLDER
+from herald.job.recovery import leftovers
+from herald.job.recovery.failure import raise_job_failure
 from herald.ps.admin import TOKEN_ENV
 from herald.ps.cli import shard_args
 from herald.ps.config import ShardLimits
@@ -97,7 +96,7 @@ class RayPS(PSProvider):
     """``cfg.num_ps_shards`` PS shards as Ray actors (NOTE [ray job]), each running ``python -m
     herald serve ps`` on its node; dialled with this job's admin token, watched (NOTE [ps
     liveness]); a lost shard fails the job as a local one does
-    (:func:`~herald.job.parts.raise_job_failure`: NOTE [ps failover] may roll it back)."""
+    (:func:`~herald.job.recovery.failure.raise_job_failure`: NOTE [ps failover] may roll it back)."""
 
     def __init__(self, cluster: RayCluster):
         super().__init__()
@@ -139,16 +138,7 @@ class RayPS(PSProvider):
                 leftovers.record(cluster.run_dir, answer["folder"])
                 stack.callback(leftovers.forget, cluster.run_dir, answer["folder"])
         self.addresses = self._wait_ready(cfg)
-        self.client = stack.enter_context(
-            PSClient(
-                self.addresses,
-                tables=tables,
-                timeout_ms=cfg.timeout_ms,
-                num_workers=cfg.workers,
-                keys_dir=cfg.security.keys_dir,
-                admin_token=token,
-            )
-        )
+        self.client = stack.enter_context(job_client(cfg, self.addresses, tables, token))
         self.watch = ShardWatch(
             self.addresses,
             max(1, cfg.timeout_ms // 2),
@@ -200,7 +190,7 @@ class RayPS(PSProvider):
         self.watch()
 
     def fail(self, exc: HeraldError, workers: WorkerLauncher, silence: Silence | None = None) -> NoReturn:
-        """:func:`~herald.job.parts.raise_job_failure` of these shards and ``workers``."""
+        """:func:`~herald.job.recovery.failure.raise_job_failure` of these shards and ``workers``."""
         raise_job_failure(exc, self.watch, workers, silence)
 
 
@@ -223,10 +213,7 @@ class RayWorkers(WorkerLauncher):
         self.roles = list(range(cfg.workers))
         if self.cluster.single:
             run_dir = self.cluster.run_dir
-            self.sockets = tempfile.mkdtemp(prefix=leftovers.DISPATCH_PREFIX)
-            leftovers.record(run_dir, self.sockets)
-            stack.callback(leftovers.forget, run_dir, self.sockets)
-            stack.callback(shutil.rmtree, self.sockets, ignore_errors=True)
+            self.sockets = leftovers.private_folder(run_dir, leftovers.DISPATCH_PREFIX, stack)
 
     def dispatcher_bind(self, group: int) -> str:
         """One node: ``ipc://`` in a private folder; several: TCP on this node's address, any port."""

@@ -13,7 +13,7 @@ the wait fails it notes the ranks silent for at least half of ``--timeout-ms`` (
 or not: the one that noticed may have acked the step the wait is for, and be stuck in
 the next) and those that reported an error (:class:`~herald.dispatch.peers.Silence`,
 :meth:`Dispatcher.silence() <herald.dispatch.dispatcher.Dispatcher.silence>`). The job
-(:func:`herald.job.parts.raise_job_failure`) then names as the cause the silent workers
+(:func:`herald.job.recovery.failure.raise_job_failure`) then names as the cause the silent workers
 whose process still runs and that reported nothing (:func:`silent_culprits`), provided the
 failure is one of waiting on them: a silent worker failed (reported an error, or exited
 with an error code) after its own long silence, so it had been waiting, not working.
@@ -77,7 +77,7 @@ def silent_culprits(silence: Silence | None, exit_codes: Mapping[int, int | None
 
 def killed_ranks(exit_codes: Mapping[int, int | None] | None) -> list[int]:
     """The workers a signal ended (negative exit code), ascending: dead, not failed (NOTE
-    [worker failover] in herald/job/rollback.py). Read before the job stops its workers (its
+    [worker failover] in herald/job/recovery/rollback.py). Read before the job stops its workers (its
     own SIGTERM would count); ``exit_codes`` as :func:`silent_culprits` takes them (None: [])."""
     return sorted(r for r, code in (exit_codes or {}).items() if code is not None and code < 0)
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from herald.job.report.inputs import ReportInputs
 from herald.phases import DISPATCHER_PHASES, WORKER_PHASES, ordered
 
 
@@ -136,3 +137,22 @@ def plot_breakdown(ax: Any, b: dict[str, Any]) -> None:
     ax.set(ylabel="ms per step", title="where a step goes")
     if "wall_ms_per_step" in b:
         ax.axhline(b["wall_ms_per_step"], color="k", lw=0.8, ls="--")
+
+
+def phases_fields(inp: ReportInputs) -> dict[str, Any]:
+    """The report's ``phases``: :func:`phase_breakdown` over the steady span (the whole
+    training time with fewer than two steps), busy fractions over the whole job."""
+    return {
+        "phases": phase_breakdown(
+            inp.records, inp.steady_s or inp.train_s, inp.dispatcher_s, inp.ps_stats, job_s=inp.train_s
+        )
+    }
+
+
+def phases_lines(rep: dict[str, Any]) -> list[str]:
+    return format_breakdown(rep.get("phases", {}))
+
+
+def phases_plot(ax: Any, rep: dict[str, Any], records: Sequence[Any]) -> None:
+    """The report.png panel: :func:`plot_breakdown`."""
+    plot_breakdown(ax, rep.get("phases", {}))

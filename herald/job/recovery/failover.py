@@ -12,7 +12,8 @@ liveness]: a shard that answers no ping for half of ``--timeout-ms`` is named, b
 any worker's own PS timeout blames someone else); when one is lost it stops and exits
 with :data:`SHARD_FAILED_EXIT` (75, ``EX_TEMPFAIL``: "try again"), its last stderr line
 naming the shard and the latest checkpoint. Whoever supervises the hosts (a cluster
-manager; on the test bed :func:`herald.testbed.job.run_job`) then restarts the PS shard
+manager; on the test bed :func:`herald.testbed.job.run_job`, with the failover policy of NOTE
+[failover policy] in herald/job/recovery/policy.py) then restarts the PS shard
 (a fresh ``herald serve ps``), the dispatcher with ``--resume`` (it restores every shard
 from the checkpoint through the admin op, and gives the workers the checkpoint's dense
 state and its own position) and the workers (fresh caches). Because resume is exact,
@@ -30,7 +31,7 @@ import pathlib
 from collections.abc import Sequence
 
 from herald.errors import HeraldError
-from herald.job import checkpoints
+from herald.job.recovery.policy import FailoverPolicy
 from herald.ps.watch import ShardWatch
 
 SHARD_FAILED_EXIT = 75
@@ -56,8 +57,8 @@ def shard_lost(cause: str, run_dir: str | None) -> ShardLost:
     """The error of a lost shard: ``cause`` (names the shard) and the latest checkpoint of
     ``run_dir`` (None: the process writes no checkpoints), with what to do next."""
     root = pathlib.Path(run_dir).resolve() / "checkpoints" if run_dir else None
-    try:
-        found = checkpoints.latest(root) if root is not None else None
+    try:  # the checkpoint the supervisor rolls the job back to (NOTE [failover policy])
+        found = FailoverPolicy.latest_in(pathlib.Path(run_dir).resolve()) if run_dir else None
     except HeraldError as exc:  # an unreadable checkpoint: say so, the shard is still the news
         found, root = None, f"{root} ({exc})"
     if found is not None:

@@ -1,5 +1,5 @@
 """What a Ray job asks of its cluster and what each of its roles is told (NOTE [ray job] in
-herald/job/ray_parts.py): the resource request of every role, the transport its sockets
+herald/job/ray/parts.py): the resource request of every role, the transport its sockets
 use once Ray has placed them, the keys each role is given and the torch.distributed
 environment of each worker. Pure functions over the settings and the placement: no Ray.
 """
