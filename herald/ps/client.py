@@ -50,10 +50,9 @@ from herald.ps import kernels as K
 from herald.ps.admin import AdminRefused, check_token
 from herald.ps.checkpoint import CheckpointError
 from herald.ps.clocked import ClockOps
-from herald.ps.config import ShardLimits
+from herald.ps.config import MAX_TABLES, ShardLimits
 from herald.ps.rows import table_salt
 from herald.ps.stepped import StepOps
-from herald.ps.store import MAX_TABLES
 from herald.ps.wire import PS, put_rows
 
 _ERRORS = {

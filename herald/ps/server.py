@@ -394,7 +394,7 @@ class ShardServer:
                 raise ProtocolError(
                     f"{op}: unknown table {ti!r}; this shard has {n_tables} tables (declare them first)"
                 )
-            tables = self.store.positions(ti, n)
+            tables = self.store.directory.positions(ti, n)
         else:
             if tables.dtype != wire.TABLES_DTYPE or tables.shape != (n,):
                 raise ProtocolError(
@@ -490,26 +490,15 @@ class ShardServer:
             )[1]
         else:  # every part checked before any is applied (NOTE [ps aggregation])
             checked = [
-                self.store.push_grad(
-                    p.tables,
-                    p.keys,
-                    p.rest[0],
-                    p.rest[1],
-                    step,
-                    rank,
-                    stamp,
-                    mode=K.CHECK_ONLY,
-                    bound=bound,
-                    bound_name=name,
+                self.store.check_grad(
+                    p.tables, p.keys, p.rest[0], p.rest[1], step, rank, stamp, bound=bound, bound_name=name
                 )
                 for p in parts
             ]
             if max(cmax for _, cmax in checked) > 1:
                 self.store.reserve_step(step, sum(p.keys.shape[0] for p in parts), max(p.dim for p in parts))
             applied = sum(
-                self.store.push_grad(
-                    p.tables, p.keys, p.rest[0], p.rest[1], step, rank, stamp, mode=K.APPLY_ONLY, slots=slots
-                )[1]
+                self.store.apply_grad(p.tables, p.keys, p.rest[0], p.rest[1], step, rank, slots)
                 for p, (slots, _) in zip(parts, checked)
             )
         self._pushers_add(step, rank)
@@ -542,8 +531,8 @@ class ShardServer:
         now = time.monotonic() if now is None else now
         timeout_s = self.limits.aggregation_timeout_ms / 1000.0
         out = []
-        if self.store.pending:
-            for report in self.store.expire(now, timeout_s):
+        if self.store.aggregations.pending:
+            for report in self.store.aggregations.expire(now, timeout_s):
                 pushed = sorted(self._pushers.get(report["step"], ()))
                 report["ranks_pushed"] = pushed
                 if self.workers is not None:
@@ -604,7 +593,9 @@ class ShardServer:
         caps = [t.load_capacity(k.shape[0]) for t, (k, _) in zip(self.tables, data)]
         if sum(table_bytes(c, t.width) for t, c in zip(self.tables, caps)) > self.limits.max_shard_bytes:
             caps = [max(16, k.shape[0]) for k, _ in data]
-        self.store.check_bytes(sum(table_bytes(c, t.width) for t, c in zip(self.tables, caps)), f"restoring {path}")
+        self.store.directory.check_bytes(
+            sum(table_bytes(c, t.width) for t, c in zip(self.tables, caps)), f"restoring {path}"
+        )
         for table, (keys, rows), cap in zip(self.tables, data, caps):
             table.load(keys, rows, cap)
         self.gba = None  # its global step and buffered contributions belong to the rolled-back run (NOTE [gba tokens])
