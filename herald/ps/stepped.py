@@ -327,7 +327,7 @@ class StepOps(Handler):
         pull = (sub, sections["pull"]) if "pull" in sections else None
         dense = _dense_section(sections["dense"]) if "dense" in sections else None
         held = _Held(request.peer, request.key, pull, dense)
-        if pull is not None and not ctx.store.bounded:  # NOTE [pulls resolved on arrival]
+        if pull is not None and not ctx.store.directory.bounded:  # NOTE [pulls resolved on arrival]
             try:
                 held.resolved = self.rows.resolve_pull(*pull)
             except ProtocolError as exc:  # this rank's pull is refused at release; its writes stand

@@ -76,16 +76,6 @@ class TableSet:
         self._stamp = 0
         self.lru = 0
 
-    @property
-    def tables(self) -> list:
-        """The tables, by position."""
-        return self.directory.tables
-
-    @property
-    def bounded(self) -> bool:
-        """Whether a table is LRU-bounded (NOTE [bounded ps]): its rows may move."""
-        return self.directory.bounded
-
     def nbytes(self) -> int:
         """Bytes the tables allocated (:meth:`TableDirectory.nbytes`)."""
         return self.directory.nbytes()
@@ -99,7 +89,7 @@ class TableSet:
         """A fresh duplicate-detection stamp (one per push request: NOTE [ps wire protocol])."""
         self._stamp = (self._stamp + 1) & 0xFFFFFFFF
         if self._stamp == 0:
-            for table in self.tables:
+            for table in self.directory.tables:
                 table.arrays.stamps[:] = 0
             self._stamp = 1
         return self._stamp
@@ -112,7 +102,7 @@ class TableSet:
         d, counts = self.directory.d, self.directory.counts
         short = np.flatnonzero(d[:, KD.D_NROWS] + counts > d[:, KD.D_ROOM])
         for t in short.tolist():
-            self.tables[t].prepare(keys if counts[t] == keys.shape[0] else keys[tables == t])
+            self.directory.tables[t].prepare(keys if counts[t] == keys.shape[0] else keys[tables == t])
         return False
 
     # ------------------------------------------------------------------ ops
@@ -224,37 +214,11 @@ class TableSet:
                 non-finite gradient, a repeated key (also across calls with the same
                 ``stamp``), or a broken aggregation rule; nothing applied then.
         """
-        self._check_aborted(step, tables)
-        n = keys.shape[0]
-        slots = np.empty(n, np.int64)
-        room = True
-        while True:
-            code, i, value = KA.push_grad_jit(
-                self.directory.space,
-                room,
-                tables,
-                keys,
-                grads,
-                contributors,
-                int(rank),
-                int(bound),
-                slots,
-                stamp,
-                self.lru,
-                self._state(step).state,
-                time.monotonic(),
-            )
-            if code == KD.SHORT:
-                room = self._room_for_grads(tables, keys, grads, contributors, step, rank, bound, bound_name)
-            elif code == KD.NEED_STATE:
-                self.reserve_step(step, n, grads.shape[1])
-            else:
-                break
-        self.lru += 1
-        if code:
-            refuse(self.directory, code, i, tables, keys, contributors, step, rank, bound_name)
+        out = self._push(
+            KA.push_grad_jit, True, tables, keys, grads, contributors, step, rank, stamp, bound, bound_name
+        )
         self.aggregations.settle(step)
-        return slots, int(value)
+        return out
 
     def check_grad(
         self, tables, keys, grads, contributors, step: int, rank: int, stamp: int, *, bound=65535, bound_name="65535"
@@ -268,12 +232,21 @@ class TableSet:
         Raises:
             ProtocolError: as :meth:`push_grad`.
         """
+        kernel = KA.push_grad_check_jit
+        return self._push(kernel, False, tables, keys, grads, contributors, step, rank, stamp, bound, bound_name)
+
+    def _push(self, kernel, timed, tables, keys, grads, contributors, step, rank, stamp, bound, bound_name):
+        """Call a push kernel (``timed``: with the time an opened aggregation starts) until it
+        is done: room made on SHORT (bad inputs refused first), the step's state on
+        NEED_STATE; a refusal raises. Returns ``(slots, the kernel's value)``."""
         self._check_aborted(step, tables)
-        slots = np.empty(keys.shape[0], np.int64)
+        n = keys.shape[0]
+        slots = np.empty(n, np.int64)
         room = True
         while True:
-            code, i, value = KA.push_grad_check_jit(
-                self.directory.space,
+            space, state = self.directory.space, self._state(step).state
+            args = (
+                space,
                 room,
                 tables,
                 keys,
@@ -284,11 +257,15 @@ class TableSet:
                 slots,
                 stamp,
                 self.lru,
-                self._state(step).state,
+                state,
             )
-            if code != KD.SHORT:
+            code, i, value = kernel(*args, time.monotonic()) if timed else kernel(*args)
+            if code == KD.SHORT:
+                room = self._room_for_grads(tables, keys, grads, contributors, step, rank, bound, bound_name)
+            elif code == KD.NEED_STATE:
+                self.reserve_step(step, n, grads.shape[1])
+            else:
                 break
-            room = self._room_for_grads(tables, keys, grads, contributors, step, rank, bound, bound_name)
         self.lru += 1
         if code:
             refuse(self.directory, code, i, tables, keys, contributors, step, rank, bound_name)

@@ -114,25 +114,11 @@ class EmbeddingTable:
     def n_rows(self, n: int) -> None:
         self._dir.d[self.pos, D_NROWS] = n
 
-    @property
-    def rows(self) -> np.ndarray:
-        """float32 [capacity, width]: the row array (read the first :attr:`n_rows`)."""
-        return self.arrays.rows
-
-    @property
-    def row_keys(self) -> np.ndarray:
-        """uint64 [capacity]: the key of each row."""
-        return self.arrays.row_keys
-
-    @property
-    def clocks(self) -> np.ndarray:
-        """uint64 [capacity]: c_g of each row (NOTE [embedding clocks])."""
-        return self.arrays.clocks
-
-    @property
-    def buckets(self) -> np.ndarray:
-        """int64: the key map's buckets (row slots, -1 empty; load <= 1/2)."""
-        return self.arrays.buckets
+    # the table's arrays (read-only; replaced only by TableArrays.install: NOTE [table directory])
+    rows = property(lambda self: self.arrays.rows, doc="float32 [capacity, width] (read the first n_rows)")
+    row_keys = property(lambda self: self.arrays.row_keys, doc="uint64 [capacity]: each row's key")
+    clocks = property(lambda self: self.arrays.clocks, doc="uint64 [capacity]: c_g (NOTE [embedding clocks])")
+    buckets = property(lambda self: self.arrays.buckets, doc="int64: the key map (load <= 1/2)")
 
     @property
     def pending(self) -> dict[int, PendingStep]:

@@ -48,33 +48,13 @@ class TableArrays:
             self._a[name] = np.zeros(capacity, dtype)
         self._a["buckets"] = keymap.new_buckets(2 * capacity, self._a["row_keys"], ONE_TABLE, 0, np.int64)
 
-    @property
-    def rows(self) -> np.ndarray:
-        return self._a["rows"]
-
-    @property
-    def row_keys(self) -> np.ndarray:
-        return self._a["row_keys"]
-
-    @property
-    def row_marks(self) -> np.ndarray:
-        return self._a["row_marks"]
-
-    @property
-    def stamps(self) -> np.ndarray:
-        return self._a["stamps"]
-
-    @property
-    def last_used(self) -> np.ndarray:
-        return self._a["last_used"]
-
-    @property
-    def clocks(self) -> np.ndarray:
-        return self._a["clocks"]
-
-    @property
-    def buckets(self) -> np.ndarray:
-        return self._a["buckets"]
+    rows = property(lambda self: self._a["rows"], doc="float32 [capacity, width]")
+    row_keys = property(lambda self: self._a["row_keys"], doc="uint64 [capacity]: each row's key")
+    row_marks = property(lambda self: self._a["row_marks"], doc="int32 [capacity]: open aggregations per row")
+    stamps = property(lambda self: self._a["stamps"], doc="uint32 [capacity]: duplicate detection per request")
+    last_used = property(lambda self: self._a["last_used"], doc="uint64 [capacity]: each row's last touch")
+    clocks = property(lambda self: self._a["clocks"], doc="uint64 [capacity]: c_g of each row")
+    buckets = property(lambda self: self._a["buckets"], doc="int64: the key map (row slots, -1 empty)")
 
     @property
     def capacity(self) -> int:
