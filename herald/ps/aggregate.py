@@ -71,7 +71,7 @@ RETAIN_STEPS = 4
 
 class PendingStep:
     """Open aggregations of one step over the tables of a shard (the kernels' layout:
-    "flat aggregation" in herald/ps/kernels.py): keyed by (table, key).
+    herald/ps/kernels/aggregate.py): keyed by (table, key).
 
     Args:
         dim: widest gradient kept (grows with :meth:`reserve`).

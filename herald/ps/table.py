@@ -4,10 +4,11 @@ Persia §4.2.2: rows live in one array (embedding and optimizer state together),
 checkpoint is a memory copy of ``rows[:n_rows]`` and ``row_keys[:n_rows]``; the shared
 key map (NOTE [key map] in :mod:`herald.keymap`) indexes it. The reads and writes of a
 shard run over all its tables at once (:class:`~herald.ps.store.TableSet`, NOTE [table
-directory] in herald/ps/kernels.py); this class holds one table's arrays (:class:`~herald.ps.table_arrays.TableArrays`,
-which publishes them into the set's directory whenever they are replaced) and the Python
-paths of growth, limits and eviction, and serves its own keys through its set (a set of
-its own when it stands alone).
+directory] in herald/ps/kernels/directory.py); this class holds one table's arrays
+(:class:`~herald.ps.table_arrays.TableArrays`, which publishes them into the set's
+directory whenever they are replaced), makes room for new keys (:class:`TableRoom`:
+growth, limits and eviction), and serves its own keys through its set (a set of its own
+when it stands alone).
 """
 
 from __future__ import annotations

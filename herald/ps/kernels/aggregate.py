@@ -189,7 +189,7 @@ def _aggregation_apply_jit(space, tables, keys, grads, contributors, rank, slots
 
 
 @nb.njit(inline="always", nogil=True)
-def _state_fits(agg, n, dim, n_tables):
+def _state_fits_jit(agg, n, dim, n_tables):
     """Whether ``agg`` has room for ``n`` more keys and entries of ``dim`` values, and ``n_tables`` tables."""
     buckets, p_key, e_rank, e_grad, cnt, open_t = agg[0], agg[1], agg[7], agg[9], agg[10], agg[11]
     need = cnt[0] + n
@@ -259,7 +259,7 @@ def push_grad_jit(space, check_room, tables, keys, grads, contributors, rank, bo
     code, at, cmax = _inputs_jit(space, check_room, tables, keys, grads, contributors, bound)
     if code != OK:
         return code, at, cmax
-    if cmax > 1 and not _state_fits(agg, keys.shape[0], grads.shape[1], space[0].shape[0]):
+    if cmax > 1 and not _state_fits_jit(agg, keys.shape[0], grads.shape[1], space[0].shape[0]):
         return NEED_STATE, -1, cmax
     code, at = _rules_jit(space, tables, keys, contributors, rank, slots, stamp, lru, agg)
     if code != OK:
