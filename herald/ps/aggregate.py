@@ -147,24 +147,31 @@ class PendingStep:
 
     def reserve(self, n: int, dim: int, num_tables: int) -> None:
         """Room for ``n`` more pending keys and entries, gradients of ``dim`` values and
-        ``num_tables`` tables (:attr:`state` rebuilt: arrays may be replaced)."""
+        ``num_tables`` tables (:attr:`state` rebuilt when an array is replaced)."""
+        replaced = False
         need_p = int(self.cnt[0]) + n
         if need_p > self.p_key.shape[0]:
             self._grow(("p_key", "p_table", "p_slot", "p_expected", "p_arrived", "p_head"), need_p)
+            replaced = True
         if 2 * need_p > self.buckets.shape[0]:
             self.buckets = keymap.new_buckets(need_p, self.p_key, self.p_table, int(self.cnt[0]), np.int64)
+            replaced = True
         need_e = int(self.cnt[1]) + n
         if need_e > self.e_rank.shape[0]:
             self._grow(("e_rank", "e_next"), need_e)
+            replaced = True
         if self.e_grad.shape[0] < self.e_rank.shape[0] or dim > self.dim:  # grown, or freed by a retired step
             self.dim = max(self.dim, int(dim))
             g = np.zeros((self.e_rank.shape[0], self.dim), np.float32)
             g[: self.e_grad.shape[0], : self.e_grad.shape[1]] = self.e_grad
             self.e_grad = g
+            replaced = True
         if num_tables > self.open_t.shape[0]:
             self.open_t = np.concatenate([self.open_t, np.zeros(num_tables - self.open_t.shape[0], np.int64)])
             self.opened_at = np.concatenate([self.opened_at, np.zeros(num_tables - self.opened_at.shape[0])])
-        self.state = self._state()
+            replaced = True
+        if replaced:
+            self.state = self._state()
 
     def _grow(self, names: tuple[str, ...], need: int) -> None:
         """The arrays ``names`` (of one length) reallocated for at least ``need`` entries."""

@@ -286,12 +286,10 @@ class StepOps(Handler):
     def __init__(self, ctx: ShardContext, rows: RowOps):
         self.ctx, self.rows = ctx, rows
         self.barrier = StepBarrier()
+        self.readdress = self.barrier.readdress  # a held retry (Handler.readdress): the barrier's
 
     def ops(self) -> dict[str, Op]:
         return {"step": self.step}
-
-    def readdress(self, key: tuple[int, int], peer: Any) -> bool:
-        return self.barrier.readdress(key, peer)
 
     def stats(self) -> dict[str, Any]:
         """The barrier's timing (NOTE [step barrier timing])."""
