@@ -106,8 +106,23 @@ class PendingStep:
         self.state = self._state()
 
     def _state(self) -> tuple:
-        """The kernels' ``agg`` tuple of the arrays held now."""
-        return tuple(getattr(self, name) for name in STATE_FIELDS)
+        """The kernels' ``agg`` tuple of the arrays held now, in the order of :data:`STATE_FIELDS`
+        (spelled out: it is rebuilt on every growth of a step's state)."""
+        return (
+            self.buckets,
+            self.p_key,
+            self.p_table,
+            self.p_slot,
+            self.p_expected,
+            self.p_arrived,
+            self.p_head,
+            self.e_rank,
+            self.e_next,
+            self.e_grad,
+            self.cnt,
+            self.open_t,
+            self.opened_at,
+        )
 
     @property
     def open(self) -> int:

@@ -78,10 +78,12 @@ class RequestLoop:
 
     def _keep(self, replies: list[Reply]) -> list[tuple[Any, list]]:
         """Keep the replies that name their request for its retries; ``[(peer, frames)]``."""
-        for reply in replies:
-            if reply.key is not None:
-                self.replies.remember(reply.key, reply.frames)
-        return [(reply.peer, reply.frames) for reply in replies]
+        out = []
+        for peer, frames, key in replies:
+            if key is not None:
+                self.replies.remember(key, frames)
+            out.append((peer, frames))
+        return out
 
     def _handle(self, peer: Any, frames: Sequence) -> tuple[list[Reply], Any]:
         rid = -1
