@@ -15,6 +15,10 @@ settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI", "").lower() == "true":
     settings.load_profile("ci")
 
+# Every PS table directory is checked after each publish (NOTE [table directory]), here and
+# in the shard processes the tests start (they inherit the environment).
+os.environ.setdefault("HERALD_PS_DEBUG", "1")
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # ``from tests.fakes import ...`` however pytest was started
     sys.path.append(str(REPO))

@@ -86,12 +86,12 @@ class Capture:
             [f"inproc://herald-bench-step-{i}" for i in range(num_shards)], tables, declare=False, wire_dtype=wire_dtype
         )
         self._sent: list = []
-        self.client._post = self._sent.append  # the send: keep the request (header + array frames)
+        self.client.link.post = self._sent.append  # the send: keep the request (header + array frames)
 
     def take(self, shard: int) -> list[list]:
         out = [req.frames for req in self._sent if req.shard == shard]
         self._sent.clear()
-        self.client._pending.clear()  # no reply will come
+        self.client.link.drop_pending()  # no reply will come
         return out
 
     def close(self) -> None:
@@ -152,19 +152,21 @@ def dlrm_dense_params(num_tables: int, dense_dim: int, dim: int) -> int:
 
 
 class OpTimes:
-    """Seconds, calls, keys and parts of each op the shard runs inside step messages: its
-    methods (``_op_push_rows``, ``_op_push_grad``; a pull's ``resolve_pull`` on arrival and
-    ``read_pull`` at the release) wrapped on the instance."""
+    """Seconds, calls, keys and parts of each op the shard runs inside step messages: the
+    methods of its row ops the step messages call (``push_rows``, ``push_grad``; a pull's
+    ``resolve_pull`` on arrival and ``read_pull`` at the release) wrapped on the instance
+    (:class:`herald.ps.ops_rows.RowOps`, ``ShardServer.rows``)."""
 
     def __init__(self, server: ShardServer):
         self.acc = {op: [0.0, 0, 0, 0] for op in OPS}
+        rows = server.rows
         for op, method in (
-            ("push_rows", "_op_push_rows"),
-            ("push_grad", "_op_push_grad"),
+            ("push_rows", "push_rows"),
+            ("push_grad", "push_grad"),
             ("pull", "resolve_pull"),
             ("pull", "read_pull"),
         ):
-            setattr(server, method, self._timed(op, getattr(server, method), counted=method != "read_pull"))
+            setattr(rows, method, self._timed(op, getattr(rows, method), counted=method != "read_pull"))
 
     def _timed(self, op: str, method, counted: bool = True):
         """``method`` timed into ``op``; ``counted``: its ``(header, arrays)`` call also counts

@@ -147,6 +147,11 @@ def wire_of(header: dict[str, Any]) -> str:
     return wire
 
 
+def tagged(header: dict[str, Any], wire: str) -> dict[str, Any]:
+    """``header`` naming its frames' ``wire`` dtype (a copy), or as it is for fp32."""
+    return header if wire == "fp32" else dict(header, wire=wire)
+
+
 def encode_part(op: str, arrays: Sequence[np.ndarray], dim: int, wire: str) -> list[np.ndarray]:
     """The frames of one part of ``push_grad`` (``keys, grads, contributors``) or
     ``push_rows`` (``keys, rows``) in ``wire`` (NOTE [wire compression]; unchanged for fp32).

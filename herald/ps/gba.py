@@ -1,4 +1,5 @@
-"""GBA's gradient buffer on a PS shard and its two ops, ``gba_push`` and ``gba_pull``.
+"""GBA's gradient buffer on a PS shard and its two ops, ``gba_push`` and ``gba_pull``
+(:class:`GbaOps`; the worker side: herald/worker/consistency_gba.py).
 
 NOTE [gba tokens]
 ~~~~~~~~~~~~~~~~~
@@ -58,6 +59,8 @@ import numpy as np
 
 from herald.errors import ProtocolError
 from herald.ps import wire
+from herald.ps.context import ShardContext
+from herald.ps.handler import Handler, Op, answering
 
 #: Global steps of aggregated dense gradients shard 0 keeps for workers to replay.
 DENSE_LOG_STEPS = 1024
@@ -283,96 +286,114 @@ def aggregate_rows(pieces: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndar
     uniq, inverse = np.unique(keys, return_inverse=True)
     out = np.zeros((uniq.shape[0], grads.shape[1]), np.float32)
     np.add.at(out, inverse, grads)
-    out.setflags(write=False)  # the kernels' read-only variant (herald/ps/server.py)
+    out.setflags(write=False)  # the kernels' read-only variant (herald/ps/store.py, frozen)
     return uniq, out
 
 
 # ------------------------------------------------------------------ shard ops
-def _settings(server, header: dict[str, Any]) -> GradientBuffer:
-    """The shard's buffer (made by the first GBA request, at global step ``base``: the job's
-    first global step, NOTE [gba checkpoints]; a ``restore`` drops it, so the resumed job's
-    first request makes it again), checked against the request's M, iota and base."""
-    m = wire.get_int(header, "m", 1, MAX_CAPACITY)
-    iota = wire.get_int(header, "iota", 0, MAX_THRESHOLD)
-    base = wire.get_int(header, "base", 0, MAX_TOKEN) if "base" in header else 0
-    buf = getattr(server, "gba", None)
-    if buf is None:
+class GbaOps(Handler):
+    """``gba_push`` and ``gba_pull`` on one shard (NOTE [gba tokens]).
 
-        def apply(t: int, keys: np.ndarray, grads: np.ndarray) -> None:
-            table = server.tables[t]
-            ones = np.ones(keys.shape[0], np.uint16)
-            server.counters["rows_updated"] += table.push_grad(keys, grads, ones, server.gba.global_step - 1, 0)
+    Args:
+        ctx: the shard's :class:`~herald.ps.context.ShardContext`.
 
-        buf = server.gba = GradientBuffer(m, iota, apply, start_step=base)
-    buf.check_settings(m, iota, base)
-    return buf
-
-
-def _table_parts(server, header: dict[str, Any], arrays: list, op: str) -> list:
-    """``[(table, keys, other arrays)]`` of a GBA request: per-table parts only (NOTE [ps
-    wire protocol]; a flat part is refused)."""
-    parts = server._parts(header, arrays, op)
-    if any("table" not in p.echo for p in parts):
-        raise ProtocolError(f"{op}: parts must be per-table maps {{'table': index}} (no flat parts)")
-    return [(server.tables[p.echo["table"]], p.keys, p.rest) for p in parts]
-
-
-def op_push(server, header: dict[str, Any], arrays: list) -> tuple[dict, list]:
-    """``gba_push {token, slot, rank, m, iota, base, dense: bool, parts}`` [keys, grads per part]
-    [dense float32 [P] if ``dense``]: one micro-batch's contribution to this shard
-    (NOTE [gba tokens]). Reply ``{global_step, staleness, dropped}``.
-
-    Raises:
-        ProtocolError: malformed, a non-finite gradient, a repeated (token, slot), keys of
-            another shard (nothing is changed then).
+    Attributes:
+        buffer: the shard's :class:`GradientBuffer`, made by the first GBA request (None before).
     """
-    buf = _settings(server, header)
-    token = wire.get_int(header, "token", 0, MAX_TOKEN)
-    slot = wire.get_int(header, "slot", 0, MAX_CAPACITY - 1)
-    rank = wire.get_int(header, "rank", 0, 1 << 30)
-    has_dense = header.get("dense") is True
-    dense = None
-    if has_dense:
-        if not arrays:
-            raise ProtocolError("gba_push: header dense is true but no dense frame was sent")
-        dense, arrays = np.array(arrays[-1], np.float32), arrays[:-1]
-        if dense.ndim != 1 or not np.isfinite(dense).all():
-            raise ProtocolError("gba_push: the dense gradient must be a finite float32 [P] vector")
-    out = []
-    for table, keys, (grads,) in _table_parts(server, header, arrays, "gba_push"):
-        if not np.isfinite(grads).all():
-            raise ProtocolError(
-                f"gba_push: a gradient of table {table.cfg.name!r} (token {token}, rank {rank}) "
-                "holds NaN or infinity; nothing was stored"
-            )
-        if np.unique(keys).shape[0] != keys.shape[0]:
-            raise ProtocolError(f"gba_push: duplicate keys in table {table.cfg.name!r}; send each key once")
-        out.append((table.index, keys, np.array(grads, np.float32)))
-        server.counters["push_grad_keys"] += keys.shape[0]
-    return buf.add(Contribution(token, slot, rank, out, dense)), []
 
+    def __init__(self, ctx: ShardContext):
+        self.ctx = ctx
+        self.buffer: GradientBuffer | None = None
 
-def op_pull(server, header: dict[str, Any], arrays: list) -> tuple[dict, list]:
-    """``gba_pull {token, m, iota, base, since, parts}`` [keys per part]: the rows (float32
-    [n, row_width] per part) once ``global_step >= token - iota``, then, with ``since >= 0``,
-    the dense gradients of steps ``since..global_step - 1`` (float32 [n, P]) and their kept
-    counts (uint64 [n]). Before that: ``{ready: false, global_step}`` and no frames (ask again).
+    def ops(self) -> dict[str, Op]:
+        return {"gba_push": answering(self.push), "gba_pull": answering(self.pull)}
 
-    Raises:
-        ProtocolError: malformed, keys of another shard, ``since`` outside the dense log.
-    """
-    buf = _settings(server, header)
-    token = wire.get_int(header, "token", 0, MAX_TOKEN)
-    since = wire.get_int(header, "since", -1, MAX_TOKEN)
-    parts = _table_parts(server, header, arrays, "gba_pull")
-    if not buf.ready(token):
-        server.counters["gba_pull_early"] += 1
-        return {"ready": False, "global_step": buf.global_step}, []
-    out = []
-    for table, keys, _ in parts:
-        rows, _pending = table.pull(keys)
-        server.counters["pull_keys"] += keys.shape[0]
-        out.append(rows)
-    if since >= 0:
-        out += list(buf.dense_since(since))
-    return {"ready": True, "global_step": buf.global_step, "parts": [{"table": t.index} for t, _, _ in parts]}, out
+    def reset(self) -> None:
+        """Drop the buffer (a ``restore``: its global step and buffered contributions belong
+        to the rolled-back run; the resumed job's first request makes it again)."""
+        self.buffer = None
+
+    def _settings(self, header: dict[str, Any]) -> GradientBuffer:
+        """The shard's buffer (made by the first GBA request, at global step ``base``: the
+        job's first global step, NOTE [gba checkpoints]), checked against the request's M,
+        iota and base."""
+        m = wire.get_int(header, "m", 1, MAX_CAPACITY)
+        iota = wire.get_int(header, "iota", 0, MAX_THRESHOLD)
+        base = wire.get_int(header, "base", 0, MAX_TOKEN) if "base" in header else 0
+        if self.buffer is None:
+            self.buffer = GradientBuffer(m, iota, self._apply, start_step=base)
+        self.buffer.check_settings(m, iota, base)
+        return self.buffer
+
+    def _apply(self, t: int, keys: np.ndarray, grads: np.ndarray) -> None:
+        """The buffer's apply: the table's optimizer, once per key, at the step just completed."""
+        table = self.ctx.tables[t]
+        ones = np.ones(keys.shape[0], np.uint16)
+        self.ctx.counters["rows_updated"] += table.push_grad(keys, grads, ones, self.buffer.global_step - 1, 0)
+
+    def _table_parts(self, header: dict[str, Any], arrays: list, op: str) -> list:
+        """``[(table, keys, other arrays)]`` of a GBA request: per-table parts only (NOTE [ps
+        wire protocol]; a flat part is refused)."""
+        parts = self.ctx.parts.parse(header, arrays, op)
+        if any("table" not in p.echo for p in parts):
+            raise ProtocolError(f"{op}: parts must be per-table maps {{'table': index}} (no flat parts)")
+        return [(self.ctx.tables[p.echo["table"]], p.keys, p.rest) for p in parts]
+
+    def push(self, header: dict[str, Any], arrays: list) -> tuple[dict, list]:
+        """``gba_push {token, slot, rank, m, iota, base, dense: bool, parts}`` [keys, grads per
+        part] [dense float32 [P] if ``dense``]: one micro-batch's contribution to this shard
+        (NOTE [gba tokens]). Reply ``{global_step, staleness, dropped}``.
+
+        Raises:
+            ProtocolError: malformed, a non-finite gradient, a repeated (token, slot), keys of
+                another shard (nothing is changed then).
+        """
+        buf = self._settings(header)
+        token = wire.get_int(header, "token", 0, MAX_TOKEN)
+        slot = wire.get_int(header, "slot", 0, MAX_CAPACITY - 1)
+        rank = wire.get_int(header, "rank", 0, 1 << 30)
+        dense = None
+        if header.get("dense") is True:
+            if not arrays:
+                raise ProtocolError("gba_push: header dense is true but no dense frame was sent")
+            dense, arrays = np.array(arrays[-1], np.float32), arrays[:-1]
+            if dense.ndim != 1 or not np.isfinite(dense).all():
+                raise ProtocolError("gba_push: the dense gradient must be a finite float32 [P] vector")
+        out = []
+        for table, keys, (grads,) in self._table_parts(header, arrays, "gba_push"):
+            if not np.isfinite(grads).all():
+                raise ProtocolError(
+                    f"gba_push: a gradient of table {table.cfg.name!r} (token {token}, rank {rank}) "
+                    "holds NaN or infinity; nothing was stored"
+                )
+            if np.unique(keys).shape[0] != keys.shape[0]:
+                raise ProtocolError(f"gba_push: duplicate keys in table {table.cfg.name!r}; send each key once")
+            out.append((table.index, keys, np.array(grads, np.float32)))
+            self.ctx.counters["push_grad_keys"] += keys.shape[0]
+        return buf.add(Contribution(token, slot, rank, out, dense)), []
+
+    def pull(self, header: dict[str, Any], arrays: list) -> tuple[dict, list]:
+        """``gba_pull {token, m, iota, base, since, parts}`` [keys per part]: the rows (float32
+        [n, row_width] per part) once ``global_step >= token - iota``, then, with ``since >=
+        0``, the dense gradients of steps ``since..global_step - 1`` (float32 [n, P]) and
+        their kept counts (uint64 [n]). Before that: ``{ready: false, global_step}`` and no
+        frames (ask again).
+
+        Raises:
+            ProtocolError: malformed, keys of another shard, ``since`` outside the dense log.
+        """
+        buf = self._settings(header)
+        token = wire.get_int(header, "token", 0, MAX_TOKEN)
+        since = wire.get_int(header, "since", -1, MAX_TOKEN)
+        parts = self._table_parts(header, arrays, "gba_pull")
+        if not buf.ready(token):
+            self.ctx.counters["gba_pull_early"] += 1
+            return {"ready": False, "global_step": buf.global_step}, []
+        out = []
+        for table, keys, _ in parts:
+            rows, _pending = table.pull(keys)
+            self.ctx.counters["pull_keys"] += keys.shape[0]
+            out.append(rows)
+        if since >= 0:
+            out += list(buf.dense_since(since))
+        return {"ready": True, "global_step": buf.global_step, "parts": [{"table": t.index} for t, _, _ in parts]}, out

@@ -1,7 +1,8 @@
 """One request per worker per shard per step: NOTE [step messages].
 
-The shard side (:class:`StepBarrier`, :func:`op_step`) and the client side
-(:class:`StepOps`, mixed into :class:`~herald.ps.client.PSClient`).
+The shard side: :class:`StepBarrier` (the messages held per step and rank) and
+:class:`StepOps` (the ``step`` op, its release and expiry). The client side is
+:class:`~herald.ps.front_step.StepFront` (``PSClient.step_async``).
 
 NOTE [step messages]
 ~~~~~~~~~~~~~~~~~~~~
@@ -73,7 +74,6 @@ rank gets an error reply.
 from __future__ import annotations
 
 import dataclasses
-import sys
 import time
 from typing import Any
 
@@ -81,6 +81,9 @@ import numpy as np
 
 from herald.errors import ProtocolError
 from herald.ps import compress, wire
+from herald.ps.context import ShardContext
+from herald.ps.handler import Handler, Op, Reply, Request
+from herald.ps.ops_rows import RowOps
 from herald.ps.wire import PS
 
 #: The sections of a step message, in their order (NOTE [step messages]).
@@ -233,50 +236,6 @@ def _sections(header: dict[str, Any], arrays: list) -> dict[str, list]:
     return out
 
 
-def op_step(server, peer: Any, key: tuple[int, int], header: dict[str, Any], arrays: list) -> list[tuple[Any, list]]:
-    """A step message on ``server`` (a ShardServer): apply its writes, hold it; the replies
-    ``[(peer, frames)]`` of every held message of its step once all its ranks' came, else []."""
-    step = wire.get_int(header, "step", -(1 << 62), 1 << 62)
-    bound = server.contributor_bound
-    rank = wire.get_int(header, "rank", 0, 1 << 30)
-    workers = wire.get_int(header, "workers", 1, bound)
-    if rank >= workers:
-        raise ProtocolError(f"step: rank {rank} is not below workers={workers}")
-    sections = _sections(header, arrays)
-    sub = {"step": step, "rank": rank, "parts": [{"flat": True}]}
-    if "wire" in header:
-        sub["wire"] = compress.wire_of(header)
-    if "push_rows" in sections:
-        server._op_push_rows(sub, sections["push_rows"])
-    if "push_grad" in sections:
-        server._op_push_grad(sub, sections["push_grad"])
-    server.counters["step_messages"] += 1
-    pull = (sub, sections["pull"]) if "pull" in sections else None
-    dense = _dense_section(sections["dense"]) if "dense" in sections else None
-    held = _Held(peer, key, pull, dense)
-    if pull is not None and not server.store.bounded:  # NOTE [pulls resolved on arrival]
-        try:
-            held.resolved = server.resolve_pull(*pull)
-        except ProtocolError as exc:  # this rank's pull is refused at release; its writes stand
-            held.resolved = exc
-    if not server.steps.add(step, rank, workers, held):
-        return []
-    server.counters["steps_released"] += 1
-    t0, opened = time.monotonic(), server.steps.opened_at(step)
-    held = server.steps.release(step)
-    try:
-        total = _dense_sum(held)
-    except ProtocolError as exc:  # the ranks disagree: none of them gets a sum
-        return [(h.peer, server.error_reply("step", h.key[1], exc)) for h in held]
-    out = []
-    for h in held:
-        frames = _reply(server, h, total)
-        server.remember(h.key, frames)
-        out.append((h.peer, frames))
-    server.steps.timed_release(rank, t0 - opened, time.monotonic() - t0)  # NOTE [step barrier timing]
-    return out
-
-
 def _dense_section(frames: list) -> np.ndarray:
     """The dense slice of a step message (NOTE [dense gradients on the shards]).
 
@@ -308,166 +267,129 @@ def _dense_sum(held: list[_Held]) -> np.ndarray | None:
     return total
 
 
-def _reply(server, held: _Held, dense: np.ndarray | None) -> list:
-    """The reply frames of one released step message: its pull's rows (and the dense sum, last),
-    or an error reply."""
-    rid = held.key[1]
-    try:
-        head, rows = _read_held_pull(server, held) if held.pull is not None else ({}, [])
-    except Exception as exc:  # this rank's pull is refused; the others are answered
-        return server.error_reply("step", rid, exc)
-    if dense is not None:
-        head, rows = dict(head, dense=int(dense.shape[0])), [*rows, dense]
-    return PS.pack(dict(head, op="step", rid=rid, ok=True), rows)
-
-
-# NOTE [pulls resolved on arrival]
-# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-# The release is on every rank's critical path: the last message's writes, then every
-# held pull, then the replies. A pull is a hash lookup per key (inserting unseen keys)
-# and a row copy; only the copy must wait for the step's writes, because a row's slot
-# does not change while the rows change (growth copies the rows to the same slots). So
-# the shard resolves a step message's pull (checks it, finds its slots) when the message
-# comes and copies the rows at the release: on 2 cores with 2 workers the release fell
-# from 0.62 to 0.17-0.19 ms (NOTE [step barrier timing]). Not with an LRU-bounded
-# table (NOTE [bounded ps]): its eviction moves rows, so there a pull is resolved at the
-# release too. A pull refused on arrival fails that rank's reply at the release, as a
-# pull refused at the release does.
-def _read_held_pull(server, held: _Held) -> tuple[dict, list]:
-    """The pull reply of a released message: resolved on arrival or now (NOTE [pulls resolved on arrival])."""
-    if isinstance(held.resolved, Exception):
-        raise held.resolved
-    resolved = held.resolved if held.resolved is not None else server.resolve_pull(*held.pull)
-    return server.read_pull(resolved, compress.wire_of(held.pull[0]))
-
-
 def dense_slices(size: int, shards: int) -> list[slice]:
     """The slice of a dense gradient of ``size`` values each of ``shards`` shards sums (NOTE
     [dense gradients on the shards])."""
     return [slice(s * size // shards, (s + 1) * size // shards) for s in range(shards)]
 
 
-def expire_steps(server, now: float) -> list[tuple[Any, list]]:
-    """Error replies for the steps held longer than ``aggregation_timeout_ms``, naming the
-    ranks whose step message did not come (also on stderr: the shard's log)."""
-    out = []
-    timeout_ms = server.limits.aggregation_timeout_ms
-    for step, missing, held in server.steps.expired(now, timeout_ms / 1000.0):
-        server.counters["steps_aborted"] += 1
-        msg = (
-            f"step {step}: ranks {missing} sent no step message within aggregation_timeout_ms={timeout_ms} "
-            "(stopped, slow or lost workers: their logs name the cause)"
-        )
-        print(f"herald ps shard {server.shard}/{server.num_shards}: {msg}", file=sys.stderr, flush=True)
-        out += [(h.peer, server.error_reply("step", h.key[1], ProtocolError(msg))) for h in held]
-    return out
+class StepOps(Handler):
+    """The ``step`` op of one shard (NOTE [step messages]): a message's writes applied by
+    the row ops as it comes, its reply held in :attr:`barrier` until every rank's message
+    of its step came, then every rank answered at once.
 
+    Args:
+        ctx: the shard's :class:`~herald.ps.context.ShardContext`.
+        rows: the row ops that apply the sections (their public methods).
+    """
 
-# --------------------------------------------------------------------- client side
-class StepOps:
-    """The step message of :class:`~herald.ps.client.PSClient` (NOTE [step messages]); it
-    provides ``_flat_keys``, ``_shape``, ``_route``, ``_send``, ``_send_flat``, ``_take``,
-    ``_wire``, ``_pull_op``, ``_rows_frames``, ``_grad_frames``, ``_handle``,
-    ``num_shards`` and ``wire_dtype``."""
+    def __init__(self, ctx: ShardContext, rows: RowOps):
+        self.ctx, self.rows = ctx, rows
+        self.barrier = StepBarrier()
+        self.readdress = self.barrier.readdress  # a held retry (Handler.readdress): the barrier's
 
-    def step_async(self, step: int, rank: int, workers: int, *, rows=None, grads=None, pull=None, dense=None):
-        """Send worker ``rank``'s (of ``workers``) step message for ``step`` to every shard.
+    def ops(self) -> dict[str, Op]:
+        return {"step": self.step}
 
-        Args:
-            rows: ``(tables, keys, rows)`` or None: rows to store (float32 [n, row_width]:
-                plan pushes of ``step``, write-backs of the evictions of ``step + 1``); keys unique.
-            grads: ``(tables, keys, grads, contributors)`` or None: the gradients of ``step``
-                (float32 [n, dim], uint16 [n]; NOTE [ps aggregation]); keys unique.
-            pull: ``(tables, keys)`` or None: the pulls of ``step + 1``.
-            dense: float32 [P] contiguous and writable, or None: this rank's dense gradient of
-                ``step``, summed over the ranks by the shards (NOTE [dense gradients on the
-                shards]); every rank of the step must send one of the same P, or none.
+    def stats(self) -> dict[str, Any]:
+        """The barrier's timing (NOTE [step barrier timing])."""
+        return self.barrier.stats()
 
-        Returns:
-            A handle; ``wait()`` gives the pulled rows, float32 [len(pull keys), row_width] in
-            key order (read-only when one shard held them all), once every shard has the step
-            messages of all ``workers`` ranks (NOTE [step messages]); by then ``dense`` holds the
-            sum over the ranks. Do not change the arrays before it returns.
+    def clear(self) -> None:
+        """Forget every held step (a ``restore``: they belong to the rolled-back run)."""
+        self.barrier.clear()
+
+    def step(self, request: Request) -> list[Reply]:
+        """A step message: apply its writes, hold it; the replies of every held message of
+        its step once all its ranks' came (each kept for retries), else none.
 
         Raises:
-            ConfigError: bad arrays (as the ops' own forms).
+            ProtocolError: bad sections, a rank at or above ``workers``, a refused write (the
+                sections applied before it stay applied).
         """
-        sections = []  # (op, tables, keys, frames_of(positions))
-        if rows is not None and len(rows[1]):
-            tables, keys = self._flat_keys(rows[0], rows[1])
-            sections.append(("push_rows", tables, keys, self._rows_frames(tables, keys, rows[2])))
-        if grads is not None and len(grads[1]):
-            tables, keys = self._flat_keys(grads[0], grads[1])
-            sections.append(("push_grad", tables, keys, self._grad_frames(tables, keys, grads[2], grads[3])))
-        if pull is not None and len(pull[1]):
-            tables, keys = self._flat_keys(pull[0], pull[1])
-            sections.append(("pull", tables, keys, lambda pos: []))
-        rids, pre, per_shard, late = [], [], [[] for _ in range(self.num_shards)], []
-        for op, tables, keys, frames_of in sections:
-            seen = set()
-            for sh, pos in self._route(tables, keys):
-                if sh not in seen:
-                    seen.add(sh)
-                    per_shard[sh].append((op, [*self._take((tables, keys), pos), *frames_of(pos)], pos))
-                elif op == "pull":
-                    late.append((tables, keys, pos))
-                else:  # over max_keys_per_request: ahead of the step message, on the same connection
-                    pre.append(
-                        self._send_flat(
-                            op, {"step": int(step), "rank": int(rank)}, [(sh, pos)], tables, keys, frames_of
-                        )[0]
-                    )
-        slices = [] if dense is None else dense_slices(dense.shape[0], self.num_shards)
-        for sh, part in enumerate(slices):
-            if part.stop > part.start:
-                per_shard[sh].append(("dense", [dense[part]], None))
-        for sh in range(self.num_shards):
-            header = self._wire(
-                {
-                    "step": int(step),
-                    "rank": int(rank),
-                    "workers": int(workers),
-                    "sections": [{"op": op, "frames": len(fr)} for op, fr, _ in per_shard[sh]],
-                }
+        ctx, header = self.ctx, request.header
+        step = wire.get_int(header, "step", -(1 << 62), 1 << 62)
+        rank = wire.get_int(header, "rank", 0, 1 << 30)
+        workers = wire.get_int(header, "workers", 1, ctx.job.contributor_bound)
+        if rank >= workers:
+            raise ProtocolError(f"step: rank {rank} is not below workers={workers}")
+        sections = _sections(header, request.arrays)
+        sub = {"step": step, "rank": rank, "parts": [{"flat": True}]}
+        if "wire" in header:
+            sub["wire"] = compress.wire_of(header)
+        if "push_rows" in sections:
+            self.rows.push_rows(sub, sections["push_rows"])
+        if "push_grad" in sections:
+            self.rows.push_grad(sub, sections["push_grad"])
+        ctx.counters["step_messages"] += 1
+        pull = (sub, sections["pull"]) if "pull" in sections else None
+        dense = _dense_section(sections["dense"]) if "dense" in sections else None
+        held = _Held(request.peer, request.key, pull, dense)
+        if pull is not None and not ctx.store.directory.bounded:  # NOTE [pulls resolved on arrival]
+            try:
+                held.resolved = self.rows.resolve_pull(*pull)
+            except ProtocolError as exc:  # this rank's pull is refused at release; its writes stand
+                held.resolved = exc
+        if not self.barrier.add(step, rank, workers, held):
+            return []
+        return self._release(step, rank)
+
+    def _release(self, step: int, rank: int) -> list[Reply]:
+        """Every held message of ``step`` answered (``rank``'s came last)."""
+        self.ctx.counters["steps_released"] += 1
+        t0, opened = time.monotonic(), self.barrier.opened_at(step)
+        held = self.barrier.release(step)
+        try:
+            total = _dense_sum(held)
+        except ProtocolError as exc:  # the ranks disagree: none of them gets a sum
+            return [Reply(h.peer, self.ctx.error_reply("step", h.key[1], exc)) for h in held]
+        out = [Reply(h.peer, self._reply(h, total), h.key) for h in held]
+        self.barrier.timed_release(rank, t0 - opened, time.monotonic() - t0)  # NOTE [step barrier timing]
+        return out
+
+    def _reply(self, held: _Held, dense: np.ndarray | None) -> list:
+        """The reply frames of one released step message: its pull's rows (and the dense sum,
+        last), or an error reply."""
+        rid = held.key[1]
+        try:
+            head, rows = self._read_held_pull(held) if held.pull is not None else ({}, [])
+        except Exception as exc:  # this rank's pull is refused; the others are answered
+            return self.ctx.error_reply("step", rid, exc)
+        if dense is not None:
+            head, rows = dict(head, dense=int(dense.shape[0])), [*rows, dense]
+        return PS.pack(dict(head, op="step", rid=rid, ok=True), rows)
+
+    # NOTE [pulls resolved on arrival]
+    # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    # The release is on every rank's critical path: the last message's writes, then every
+    # held pull, then the replies. A pull is a hash lookup per key (inserting unseen keys)
+    # and a row copy; only the copy must wait for the step's writes, because a row's slot
+    # does not change while the rows change (growth copies the rows to the same slots). So
+    # the shard resolves a step message's pull (checks it, finds its slots) when the message
+    # comes and copies the rows at the release: on 2 cores with 2 workers the release fell
+    # from 0.62 to 0.17-0.19 ms (NOTE [step barrier timing]). Not with an LRU-bounded
+    # table (NOTE [bounded ps]): its eviction moves rows, so there a pull is resolved at the
+    # release too. A pull refused on arrival fails that rank's reply at the release, as a
+    # pull refused at the release does.
+    def _read_held_pull(self, held: _Held) -> tuple[dict, list]:
+        """The pull reply of a released message: resolved on arrival or now (NOTE [pulls resolved on arrival])."""
+        if isinstance(held.resolved, Exception):
+            raise held.resolved
+        resolved = held.resolved if held.resolved is not None else self.rows.resolve_pull(*held.pull)
+        return self.rows.read_pull(resolved, compress.wire_of(held.pull[0]))
+
+    def expire(self, now: float) -> list[Reply]:
+        """Error replies for the steps held longer than ``aggregation_timeout_ms``, naming the
+        ranks whose step message did not come (also on stderr: the shard's log)."""
+        ctx = self.ctx
+        out = []
+        timeout_ms = ctx.limits.aggregation_timeout_ms
+        for step, missing, held in self.barrier.expired(now, timeout_ms / 1000.0):
+            ctx.counters["steps_aborted"] += 1
+            msg = (
+                f"step {step}: ranks {missing} sent no step message within aggregation_timeout_ms={timeout_ms} "
+                "(stopped, slow or lost workers: their logs name the cause)"
             )
-            rids.append(self._send(sh, "step", header, [f for _, fr, _ in per_shard[sh] for f in fr]))
-        pulled = next((s for s in sections if s[0] == "pull"), None)
-
-        def finish(replies):
-            replies = replies[len(pre) :]
-            for part, (head, arrays) in zip(slices, replies):  # the sum over the ranks: last frame
-                if part.stop > part.start:
-                    dense[part] = self._dense_of(head, arrays, part.stop - part.start)
-            if pulled is None:
-                return None
-            _, tables, keys, _ = pulled
-            width = self._shape(tables)[1]
-            parts = [
-                (pos, compress.decode_rows(arrays[:-1] if "dense" in head else arrays, compress.wire_of(head))[0])
-                for (head, arrays), sh_sections in zip(replies, per_shard)
-                for op, _, pos in sh_sections
-                if op == "pull"
-            ]
-            if len(parts) == 1 and parts[0][0] is None and not late:  # one shard held every key: zero copy
-                return parts[0][1]
-            out = np.empty((keys.shape[0], width), np.float32)
-            for pos, got in parts:
-                wire.put_rows(out, pos, got, "step reply")
-            for t, k, pos in late:  # after the reply: ordered after the step (NOTE [step messages])
-                wire.put_rows(out, pos, self._handle(*self._pull_op(t[pos], k[pos])).wait(), "pull reply")
-            return out
-
-        return self._handle(pre + rids, finish)
-
-    @staticmethod
-    def _dense_of(head: dict, arrays: list, size: int) -> np.ndarray:
-        """The dense sum a step reply ends with (NOTE [dense gradients on the shards]).
-
-        Raises:
-            ProtocolError: the reply has none, or one of another length.
-        """
-        if head.get("dense") != size or not arrays or arrays[-1].shape != (size,):
-            raise ProtocolError(
-                f"step: the reply should end with the dense sum of {size} values; it says {head.get('dense')!r}"
-            )
-        return arrays[-1]
+            ctx.log(msg)
+            out += [Reply(h.peer, ctx.error_reply("step", h.key[1], ProtocolError(msg))) for h in held]
+        return out

@@ -1,10 +1,11 @@
 """The tables of one shard as one store: every op over every table in one kernel call
 (a pull in two).
 
-A :class:`TableSet` holds the shard's :class:`~herald.ps.table.EmbeddingTable` s, their
-directory (NOTE [table directory] in herald/ps/kernels.py: each table's array addresses,
-row count and settings, so one numba call serves keys of any tables) and the open
-gradient aggregations of every step (NOTE [ps aggregation], one
+A :class:`TableSet` holds the shard's :class:`~herald.ps.table.EmbeddingTable` s through
+their directory (:class:`~herald.ps.directory.TableDirectory`, NOTE [table directory] in
+herald/ps/kernels/directory.py: each table's array addresses, row count and settings, so
+one numba call serves keys of any tables) and the open gradient aggregations of every
+step (NOTE [ps aggregation], :class:`~herald.ps.aggregate.StepAggregations`: one
 :class:`~herald.ps.aggregate.PendingStep` per step over all tables). Keys come as flat
 ``(tables uint16 [n], keys uint64 [n])`` arrays (NOTE [ps wire protocol], flat parts); a
 table alone (tests, GBA's apply) is a set of one.
@@ -17,8 +18,8 @@ limits]' ``max_table_bytes``, NOTE [bounded ps]' bound) and, when all fit, does 
 table out of room makes the kernel return before any change; its Python path runs
 (growth, the byte limits, LRU eviction) and the call is repeated. The set keeps the
 shard-wide byte limit (NOTE [ps limits]' ``max_shard_bytes``): the rows allocated over all
-its tables (:meth:`TableSet.nbytes`), which a table's growth may not take past it
-(:meth:`TableSet.room_rows`).
+its tables (:meth:`TableDirectory.nbytes`), which a table's growth may not take past it
+(:meth:`TableDirectory.room_rows`).
 """
 
 from __future__ import annotations
@@ -28,18 +29,15 @@ import time
 import numpy as np
 
 from herald.errors import ProtocolError
-from herald.ps import kernels as K
-from herald.ps.aggregate import CHECK_MESSAGES, PendingStep
-from herald.ps.config import MAX_TABLES
-from herald.ps.rows import table_salt
+from herald.ps.aggregate import CHECK_MESSAGES, PendingStep, StepAggregations
+from herald.ps.directory import ROW_OVERHEAD_BYTES, TableDirectory
+from herald.ps.kernels import aggregate as KA
+from herald.ps.kernels import directory as KD
+from herald.ps.kernels import flat as KF
+from herald.ps.kernels.rows import shard_of_jit
 
-#: Completed steps whose key maps are kept to reject late contributions (NOTE [ps aggregation]).
-RETAIN_STEPS = 4
-#: Bytes a table allocates per row besides the row itself (NOTE [ps limits]' max_shard_bytes):
-#: its key, open-aggregation mark, stamp, last use and clock (8 + 4 + 4 + 8 + 8) and at most
-#: 64 of key map (at most 8 int64 buckets per allocated row: herald/ps/table.py).
-ROW_OVERHEAD_BYTES = 96
-_NO_ROOM = np.iinfo(np.int64).max
+__all__ = ["ROW_OVERHEAD_BYTES", "TableSet", "frozen"]  # ROW_OVERHEAD_BYTES: imported from here too
+
 _EMPTY_U64 = np.zeros(0, np.uint64)
 _EMPTY_U64.setflags(write=False)
 
@@ -67,168 +65,45 @@ class TableSet:
             together (:meth:`nbytes`); None: no limit.
 
     Attributes:
-        tables: the :class:`EmbeddingTable` s, by position.
-        d: the directory, int64 [T, ``K.D_COLS``] (NOTE [table directory]).
-        pending: ``{step: PendingStep}``, open or recently completed aggregations.
-        counts: int64 [T]: keys per table of the last request (written by the kernels).
+        directory: the tables and their directory (:class:`~herald.ps.directory.TableDirectory`).
+        aggregations: the open or recently completed aggregations of every step.
+        lru: requests seen: the LRU's time (NOTE [bounded ps]).
     """
 
     def __init__(self, shard: int = 0, num_shards: int = 1, max_bytes: int | None = None):
-        self.shard, self.num_shards = int(shard), int(num_shards)
-        self.max_bytes = None if max_bytes is None else int(max_bytes)
-        self.tables: list = []
-        self.d = np.zeros((0, K.D_COLS), np.int64)
-        self.seeds = np.zeros(0, np.uint64)
-        self.salts = np.zeros(0, np.uint64)
-        self.fparams = np.zeros((0, 2), np.float64)
-        self.hp = np.zeros((0, 5), np.float32)
-        self.counts = np.zeros(0, np.int64)
-        self.pending: dict[int, PendingStep] = {}
-        self._retired: list[int] = []
+        self.directory = TableDirectory(shard, num_shards, max_bytes)
+        self.aggregations = StepAggregations(self.directory.tables)
         self._stamp = 0
-        self._hint = 0  # entries of the last completed step: a new step's first size
-        self.lru = 0  # requests seen: the LRU's time (NOTE [bounded ps])
-        #: whether a table is LRU-bounded (NOTE [bounded ps]): its rows may move
-        self.bounded = False
-        self._no_step = PendingStep(1, 0)
-
-    # ------------------------------------------------------------------ directory
-    def add(self, table) -> int:
-        """Append ``table``; returns its position."""
-        t = len(self.tables)
-        if t >= MAX_TABLES:
-            raise ProtocolError(f"a shard holds at most {MAX_TABLES} tables")
-        self.tables.append(table)
-        self.d = np.concatenate([self.d, np.zeros((1, K.D_COLS), np.int64)])
-        self.seeds = np.append(self.seeds, np.uint64(table.init_args[0]))
-        self.salts = np.append(self.salts, table_salt(t))
-        self.fparams = np.concatenate([self.fparams, [[table.init_args[3], table.init_args[5]]]])
-        self.hp = np.concatenate([self.hp, table.hp[None, :]])
-        self.counts = np.zeros(t + 1, np.int64)
-        row = self.d[t]
-        row[K.D_WIDTH], row[K.D_DIM] = table.width, table.cfg.dim
-        row[K.D_INIT], row[K.D_STATE] = table.init_args[2], table.init_args[4]
-        row[K.D_OPT], row[K.D_BOUNDED] = table.cfg.optimizer.kind, table.max_resident is not None
-        self.bounded = self.bounded or table.max_resident is not None
-        return t
-
-    def publish(self, t: int) -> None:
-        """Write table ``t``'s array addresses, sizes and room into the directory: after any
-        change of its arrays (NOTE [table directory])."""
-        table, row = self.tables[t], self.d[t]
-        row[K.D_ROWS] = table.rows.ctypes.data
-        row[K.D_KEYS] = table.row_keys.ctypes.data
-        row[K.D_BUCKETS] = table.buckets.ctypes.data
-        row[K.D_MARKS] = table.row_marks.ctypes.data
-        row[K.D_STAMPS] = table.stamps.ctypes.data
-        row[K.D_USED] = table.last_used.ctypes.data
-        row[K.D_CLOCKS] = table.clocks.ctypes.data
-        cap = table.rows.shape[0]
-        row[K.D_CAP], row[K.D_NBUCKETS] = cap, table.buckets.shape[0]
-        room = min(cap, table.buckets.shape[0] // 2)
-        for bound in (table.max_rows, table.max_resident):
-            if bound is not None:
-                room = min(room, bound)
-        row[K.D_ROOM] = room
-
-    @property
-    def n_tables(self) -> int:
-        return len(self.tables)
+        self.lru = 0
 
     def nbytes(self) -> int:
-        """Bytes the tables allocated (NOTE [ps limits]' ``max_shard_bytes``): each one's
-        allocated rows times (4 x row width + :data:`ROW_OVERHEAD_BYTES`)."""
-        return int((self.d[:, K.D_CAP] * (4 * self.d[:, K.D_WIDTH] + ROW_OVERHEAD_BYTES)).sum())
-
-    def room_rows(self, t: int) -> int | None:
-        """Most rows table position ``t`` may allocate with the others' as they are (None:
-        no ``max_bytes``); at least its allocated rows while the limit holds."""
-        if self.max_bytes is None:
-            return None
-        row_bytes = 4 * int(self.d[t, K.D_WIDTH]) + ROW_OVERHEAD_BYTES
-        others = self.nbytes() - int(self.d[t, K.D_CAP]) * row_bytes
-        return max(0, self.max_bytes - others) // row_bytes
-
-    def check_bytes(self, total: int, what: str) -> None:
-        """Raise :class:`ProtocolError` if ``total`` bytes over all tables (after ``what``)
-        pass ``max_bytes``."""
-        if self.max_bytes is not None and total > self.max_bytes:
-            raise ProtocolError(
-                f"{what} would take the tables of this shard to {total} bytes, past its "
-                f"max_shard_bytes={self.max_bytes}; add PS shards or raise --max-shard-bytes"
-            )
+        """Bytes the tables allocated (:meth:`TableDirectory.nbytes`)."""
+        return self.directory.nbytes()
 
     @property
-    def dims(self) -> np.ndarray:
-        return self.d[:, K.D_DIM]
-
-    @property
-    def widths(self) -> np.ndarray:
-        return self.d[:, K.D_WIDTH]
-
-    def positions(self, t: int, n: int) -> np.ndarray:
-        """uint16 [n] of table position ``t`` (the tables array of a one-table part)."""
-        out = np.full(n, t, np.uint16)
-        out.setflags(write=False)
-        return out
+    def open_total(self) -> int:
+        """Open aggregations over every table and step."""
+        return self.aggregations.open_total
 
     def next_stamp(self) -> int:
         """A fresh duplicate-detection stamp (one per push request: NOTE [ps wire protocol])."""
         self._stamp = (self._stamp + 1) & 0xFFFFFFFF
         if self._stamp == 0:
-            for table in self.tables:
-                table.stamps[:] = 0
+            for table in self.directory.tables:
+                table.arrays.stamps[:] = 0
             self._stamp = 1
         return self._stamp
 
-    def _head(self, check_room: bool) -> tuple:
-        """The leading arguments of every flat kernel (directory, initialisers, ownership,
-        whether to check the tables' room)."""
-        return self.d, self.seeds, self.fparams, self.salts, self.num_shards, self.shard, self.counts, check_room
-
     def _make_room(self, tables: np.ndarray, keys: np.ndarray) -> bool:
         """After a kernel's SHORT: the tables without room for every key of theirs in the
-        request (:attr:`counts`) make room for their unseen ones in their Python path
-        (:meth:`EmbeddingTable.prepare`: growth, the byte limit, eviction). Returns False:
-        call the kernel again without its room check."""
-        counts = self.counts
-        short = np.flatnonzero(self.d[:, K.D_NROWS] + counts > self.d[:, K.D_ROOM])
+        request (the directory's ``counts``) make room for their unseen ones in their Python
+        path (:meth:`EmbeddingTable.prepare`: growth, the byte limit, eviction). Returns
+        False: call the kernel again without its room check."""
+        d, counts = self.directory.d, self.directory.counts
+        short = np.flatnonzero(d[:, KD.D_NROWS] + counts > d[:, KD.D_ROOM])
         for t in short.tolist():
-            self.tables[t].prepare(keys if counts[t] == keys.shape[0] else keys[tables == t])
+            self.directory.tables[t].prepare(keys if counts[t] == keys.shape[0] else keys[tables == t])
         return False
-
-    def _fail(
-        self, code: int, i: int, tables: np.ndarray, keys: np.ndarray, op: str, dim: int = -1, width: int = -1
-    ) -> None:
-        """Raise the :class:`ProtocolError` of a flat kernel's ``code`` at key ``i``."""
-        t = int(tables[i])
-        if code == K.UNKNOWN_TABLE:
-            raise ProtocolError(f"{op}: unknown table {t}; this shard has {self.n_tables} tables (declare them first)")
-        name = self.tables[t].cfg.name
-        key = int(keys[i])
-        if code == K.WRONG_SHAPE:
-            raise ProtocolError(
-                f"{op}: table {name!r} has dim {int(self.dims[t])} and row width "
-                f"{int(self.widths[t])}, not the {dim} and {width} of its part; send tables of "
-                "another shape in another part"
-            )
-        if code == K.NOT_OWNED:
-            owner = int(K.shard_of_jit(self.salts[t], keys[i : i + 1], self.num_shards, np.empty(1, np.int64))[0])
-            raise ProtocolError(
-                f"{op}: key {key} of table {t} belongs to shard {owner}, not {self.shard}; route keys with shard_of()"
-            )
-        if code == K.DUPLICATE:
-            raise ProtocolError(
-                f"{op} on table {name!r}: key {key} appears twice; "
-                "send each key once per request (sum its gradients first)"
-            )
-        if code == K.NONFINITE:
-            raise ProtocolError(
-                f"{op} on table {name!r}: the row of key {key} holds NaN or infinity; nothing "
-                "was stored: the sender's copy diverged (lower the learning rate, or clip the "
-                "gradients, and continue from the last checkpoint)"
-            )
-        raise ProtocolError(f"{op} on table {name!r}: internal error {code} at key {key}")
 
     # ------------------------------------------------------------------ ops
     def slots(
@@ -244,19 +119,17 @@ class TableSet:
         """
         room = True
         while True:
-            code, i = K.flat_room_jit(
-                self.d, self.salts, self.num_shards, self.shard, dim, width, tables, keys, self.counts, room
-            )
-            if code != K.SHORT:
+            code, i = KD.flat_room_jit(self.directory.space, room, dim, width, tables, keys)
+            if code != KD.SHORT:
                 break
             room = self._make_room(tables, keys)
         if code:
-            self._fail(code, i, tables, keys, op, dim, width)
+            fail(self.directory, code, i, tables, keys, op, dim, width)
         out = np.empty(keys.shape[0], np.int64)
-        code, i = K.flat_slots_jit(self.d, self.seeds, self.fparams, tables, keys, out, 0, self.lru, False)
+        code, i = KD.flat_slots_jit(self.directory.space, tables, keys, out, 0, self.lru, False)
         self.lru += 1
         if code:
-            self._fail(code, i, tables, keys, op)
+            fail(self.directory, code, i, tables, keys, op)
         return out
 
     def rows_at(self, tables: np.ndarray, slots: np.ndarray, width: int) -> tuple[np.ndarray, int]:
@@ -264,7 +137,7 @@ class TableSet:
         :meth:`slots` with that width, rows not moved since: NOTE [bounded ps]'s eviction
         moves them), and how many have an open aggregation."""
         out = np.empty((slots.shape[0], width), np.float32)
-        return out, int(K.flat_rows_at_jit(self.d, tables, slots, out, self.open_total > 0))
+        return out, int(KF.flat_rows_at_jit(self.directory.d, tables, slots, out, self.open_total > 0))
 
     def pull(self, tables: np.ndarray, keys: np.ndarray, dim: int, width: int) -> tuple[np.ndarray, int]:
         """Rows of ``(tables[i], keys[i])`` (float32 [n, width]: every table has ``dim`` and
@@ -287,15 +160,15 @@ class TableSet:
         slots = np.empty(n, np.int64)
         marks, room = self.open_total > 0, True
         while True:
-            code, i, k, pending = K.flat_pull_clocked_jit(
-                *self._head(room), tables, keys, dim, c_c, int(staleness), slots, c_g, out, self.lru, marks
+            code, i, k, pending = KF.flat_pull_clocked_jit(
+                self.directory.space, room, tables, keys, dim, c_c, int(staleness), slots, c_g, out, self.lru, marks
             )
-            if code != K.SHORT:
+            if code != KD.SHORT:
                 break
             room = self._make_room(tables, keys)
         self.lru += 1
         if code:
-            self._fail(code, i, tables, keys, "pull", dim, width)
+            fail(self.directory, code, i, tables, keys, "pull", dim, width)
         return c_g, out[:k], int(pending)
 
     def push_rows(self, tables, keys, rows: np.ndarray, advance: np.ndarray | None, stamp: int):
@@ -307,8 +180,9 @@ class TableSet:
         slots = np.empty(n, np.int64)
         room = True
         while True:
-            code, i = K.flat_push_rows_jit(
-                *self._head(room),
+            code, i = KF.flat_push_rows_jit(
+                self.directory.space,
+                room,
                 tables,
                 keys,
                 rows,
@@ -319,54 +193,61 @@ class TableSet:
                 stamp,
                 self.lru,
             )
-            if code != K.SHORT:
+            if code != KD.SHORT:
                 break
             room = self._make_room(tables, keys)
         self.lru += 1
         if code:
-            self._fail(code, i, tables, keys, "push_rows", -1, rows.shape[1])
+            fail(self.directory, code, i, tables, keys, "push_rows", -1, rows.shape[1])
         return c_g if advance is not None else None
 
     def push_grad(
-        self,
-        tables,
-        keys,
-        grads,
-        contributors,
-        step: int,
-        rank: int,
-        stamp: int,
-        *,
-        mode: int = K.CHECK_AND_APPLY,
-        slots: np.ndarray | None = None,
-        bound: int = 65535,
-        bound_name: str = "65535",
+        self, tables, keys, grads, contributors, step: int, rank: int, stamp: int, *, bound=65535, bound_name="65535"
     ) -> tuple[np.ndarray, int]:
         """One contributor's gradients (float32 [n, dim]) with their ``contributors`` (uint16
-        [n]) for ``step`` (NOTE [ps aggregation], NOTE [ps limits]).
-
-        ``mode`` (:func:`~herald.ps.kernels.flat_push_grad_jit`): CHECK_AND_APPLY (one
-        request of one part) returns ``(slots, rows updated)``; CHECK_ONLY validates without
-        changing a row (unseen keys are inserted) and returns ``(slots, largest
-        contributors)``; APPLY_ONLY applies what CHECK_ONLY accepted (its ``slots``; call
-        :meth:`reserve_step` first) and returns ``(slots, rows updated)``.
+        [n]) for ``step`` (NOTE [ps aggregation], NOTE [ps limits]), checked and applied in
+        one kernel call (:func:`~herald.ps.kernels.aggregate.push_grad_jit`: a request of one
+        part). Returns ``(slots, rows updated)``.
 
         Raises:
             ProtocolError: contributors above ``bound`` (named by ``bound_name``), a
                 non-finite gradient, a repeated key (also across calls with the same
                 ``stamp``), or a broken aggregation rule; nothing applied then.
         """
+        out = self._push(
+            KA.push_grad_jit, True, tables, keys, grads, contributors, step, rank, stamp, bound, bound_name
+        )
+        self.aggregations.settle(step)
+        return out
+
+    def check_grad(
+        self, tables, keys, grads, contributors, step: int, rank: int, stamp: int, *, bound=65535, bound_name="65535"
+    ) -> tuple[np.ndarray, int]:
+        """Validate one part of a push as :meth:`push_grad` does without changing a row
+        (unseen keys are inserted; :func:`~herald.ps.kernels.aggregate.push_grad_check_jit`);
+        returns ``(slots, largest contributors)`` for :meth:`apply_grad`, called once every
+        part of the request is checked (and :meth:`reserve_step` when a part has more than
+        one contributor).
+
+        Raises:
+            ProtocolError: as :meth:`push_grad`.
+        """
+        kernel = KA.push_grad_check_jit
+        return self._push(kernel, False, tables, keys, grads, contributors, step, rank, stamp, bound, bound_name)
+
+    def _push(self, kernel, timed, tables, keys, grads, contributors, step, rank, stamp, bound, bound_name):
+        """Call a push kernel (``timed``: with the time an opened aggregation starts) until it
+        is done: room made on SHORT (bad inputs refused first), the step's state on
+        NEED_STATE; a refusal raises. Returns ``(slots, the kernel's value)``."""
+        self._check_aborted(step, tables)
         n = keys.shape[0]
-        state = self.pending.get(step)
-        if state is not None and state.aborted and mode != K.APPLY_ONLY:
-            state.check_aborted(self._counts_of(tables))
-        slots = np.empty(n, np.int64) if slots is None else slots
+        slots = np.empty(n, np.int64)
         room = True
         while True:
-            st = state if state is not None else self._no_step
-            code, i, value = K.flat_push_grad_jit(
-                *self._head(room),
-                self.hp,
+            space, state = self.directory.space, self._state(step).state
+            args = (
+                space,
+                room,
                 tables,
                 keys,
                 grads,
@@ -376,134 +257,116 @@ class TableSet:
                 slots,
                 stamp,
                 self.lru,
-                mode,
-                *st.apply_args(),
-                time.monotonic(),
+                state,
             )
-            if code == K.SHORT:
-                # growth or eviction ahead: refuse bad inputs first (nothing is changed for them)
-                bad, j, _ = K.grad_inputs_check_jit(grads, contributors, int(bound))
-                if bad != K.OK:
-                    self._refuse(bad, j, tables, keys, contributors, step, rank, bound_name)
-                room = self._make_room(tables, keys)
-            elif code == K.NEED_STATE:
-                state = self.reserve_step(step, n, grads.shape[1])
+            code, i, value = kernel(*args, time.monotonic()) if timed else kernel(*args)
+            if code == KD.SHORT:
+                room = self._room_for_grads(tables, keys, grads, contributors, step, rank, bound, bound_name)
+            elif code == KD.NEED_STATE:
+                self.reserve_step(step, n, grads.shape[1])
             else:
                 break
-        if mode != K.APPLY_ONLY:
-            self.lru += 1
+        self.lru += 1
         if code:
-            self._refuse(code, i, tables, keys, contributors, step, rank, bound_name)
-        if mode != K.CHECK_ONLY and state is not None and state.open == 0:
-            self._retire(step)
+            refuse(self.directory, code, i, tables, keys, contributors, step, rank, bound_name)
         return slots, int(value)
+
+    def apply_grad(self, tables, keys, grads, contributors, step: int, rank: int, slots: np.ndarray) -> int:
+        """Apply what :meth:`check_grad` accepted (its ``slots``); returns the rows updated
+        (:func:`~herald.ps.kernels.aggregate.push_grad_apply_jit`)."""
+        state = self._state(step).state
+        space = self.directory.space
+        applied = KA.push_grad_apply_jit(
+            space, tables, keys, grads, contributors, int(rank), slots, state, time.monotonic()
+        )
+        self.aggregations.settle(step)
+        return int(applied)
+
+    def _state(self, step: int) -> PendingStep:
+        """The pending state of ``step``, or the empty one of a step without any."""
+        state = self.aggregations.state_of(step)
+        return state if state is not None else self.aggregations.no_step
+
+    def _check_aborted(self, step: int, tables: np.ndarray) -> None:
+        """Refuse a push to a table whose aggregation of ``step`` was aborted (NOTE [ps aggregation])."""
+        state = self.aggregations.state_of(step)
+        if state is not None and state.aborted:
+            state.check_aborted(np.bincount(tables, minlength=self.directory.n_tables))
+
+    def _room_for_grads(self, tables, keys, grads, contributors, step, rank, bound, bound_name) -> bool:
+        """A push's SHORT: growth or eviction ahead, so bad inputs are refused first (nothing
+        is changed for them); then :meth:`_make_room`."""
+        bad, j, _ = KA.grad_inputs_check_jit(grads, contributors, int(bound))
+        if bad != KD.OK:
+            refuse(self.directory, bad, j, tables, keys, contributors, step, rank, bound_name)
+        return self._make_room(tables, keys)
 
     def reserve_step(self, step: int, n: int, dim: int) -> PendingStep:
         """The pending state of ``step`` (made if missing) with room for ``n`` more keys."""
-        state = self.pending.get(step)
-        if state is None:
-            # sized for the last completed step's entries and a quarter more: a step's size
-            # varies, and each growth copies the state and rebuilds its key map
-            state = self.pending[step] = PendingStep(
-                max(int(self.dims.max()), dim), self.n_tables, max(n, self._hint + self._hint // 4)
-            )
-        state.reserve(n, dim, self.n_tables)
-        return state
+        return self.aggregations.reserve(step, n, dim, self.directory.dims)
 
-    def _counts_of(self, tables: np.ndarray) -> np.ndarray:
-        return np.bincount(tables, minlength=self.n_tables)
 
-    def _refuse(self, code, i, tables, keys, contributors, step, rank, bound_name) -> None:
-        """Raise the :class:`ProtocolError` of a push_grad check's ``code`` at key ``i``."""
-        if code in (K.UNKNOWN_TABLE, K.NOT_OWNED, K.WRONG_SHAPE, K.DUPLICATE, K.FULL):
-            self._fail(code, i, tables, keys, "push_grad")
-        t = self.tables[int(tables[i])]
-        key = int(keys[i])
-        if code == K.ABOVE_BOUND:
-            raise ProtocolError(
-                f"push_grad: contributors {int(contributors[i])} of key {key} in table "
-                f"{t.cfg.name!r} exceed {bound_name}; a key has at most one contributor per "
-                "worker (NOTE [ps aggregation])"
-            )
-        if code == K.NONFINITE:
-            raise ProtocolError(
-                f"push_grad: the gradient of key {key} in table {t.cfg.name!r} (step {step}, "
-                f"rank {rank}) holds NaN or infinity; nothing was stored: fix the model's loss "
-                "(or clip the gradients) first"
-            )
-        if code in CHECK_MESSAGES:
-            raise ProtocolError(
-                f"push_grad rejected: {CHECK_MESSAGES[code]} (key {key}, rank {rank}); see NOTE [ps aggregation]"
-            )
-        self._fail(code, i, tables, keys, "push_grad")
+def fail(
+    directory: TableDirectory,
+    code: int,
+    i: int,
+    tables: np.ndarray,
+    keys: np.ndarray,
+    op: str,
+    dim: int = -1,
+    width: int = -1,
+) -> None:
+    """Raise the :class:`ProtocolError` of a flat kernel's ``code`` at key ``i``."""
+    t = int(tables[i])
+    if code == KD.UNKNOWN_TABLE:
+        raise ProtocolError(f"{op}: unknown table {t}; this shard has {directory.n_tables} tables (declare them first)")
+    name = directory.tables[t].cfg.name
+    key = int(keys[i])
+    if code == KD.WRONG_SHAPE:
+        raise ProtocolError(
+            f"{op}: table {name!r} has dim {int(directory.dims[t])} and row width "
+            f"{int(directory.widths[t])}, not the {dim} and {width} of its part; send tables of "
+            "another shape in another part"
+        )
+    if code == KD.NOT_OWNED:
+        salt, shards, shard = directory.salts[t], directory.num_shards, directory.shard
+        owner = int(shard_of_jit(salt, keys[i : i + 1], shards, np.empty(1, np.int64))[0])
+        raise ProtocolError(
+            f"{op}: key {key} of table {t} belongs to shard {owner}, not {shard}; route keys with shard_of()"
+        )
+    if code == KD.DUPLICATE:
+        raise ProtocolError(
+            f"{op} on table {name!r}: key {key} appears twice; send each key once per request (sum its gradients first)"
+        )
+    if code == KD.NONFINITE:
+        raise ProtocolError(
+            f"{op} on table {name!r}: the row of key {key} holds NaN or infinity; nothing "
+            "was stored: the sender's copy diverged (lower the learning rate, or clip the "
+            "gradients, and continue from the last checkpoint)"
+        )
+    raise ProtocolError(f"{op} on table {name!r}: internal error {code} at key {key}")
 
-    # ------------------------------------------------------------------ aggregations
-    @property
-    def open_total(self) -> int:
-        """Open aggregations over every table and step."""
-        return sum(int(s.cnt[2]) for s in self.pending.values()) if self.pending else 0
 
-    def open_of(self, t: int) -> int:
-        """Open aggregations of table position ``t``."""
-        return sum(int(s.open_t[t]) for s in self.pending.values() if t < s.open_t.shape[0])
-
-    def _retire(self, step: int) -> None:
-        """A step without open aggregations keeps its key map (so late or repeated
-        contributions are still rejected) but frees its gradients; only the last
-        ``RETAIN_STEPS`` such steps are kept."""
-        state = self.pending[step]
-        self._hint = int(state.cnt[1])
-        state.free_gradients()
-        if step in self._retired:
-            self._retired.remove(step)
-        self._retired.append(step)
-        while len(self._retired) > RETAIN_STEPS:
-            old = self._retired.pop(0)
-            if old in self.pending and self.pending[old].open == 0:
-                del self.pending[old]
-
-    def expire(self, now: float, timeout_s: float, only: int | None = None) -> list[dict]:
-        """Abort the (table, step) aggregations open longer than ``timeout_s`` (NOTE [ps
-        aggregation]), of every table or of position ``only``; returns one report per
-        aborted (table, step): ``table`` (name), ``step``, ``open_keys`` dropped,
-        ``contributors`` expected, ``waited_ms``, ``missing_ranks`` (None here: the caller,
-        who knows the ranks that pushed, fills it in place)."""
-        out = []
-        for step, state in list(self.pending.items()):
-            if not state.open:
-                continue
-            late = (state.open_t > 0) & (now - state.opened_at >= timeout_s)
-            for t in np.flatnonzero(late).tolist():
-                if only is not None and t != only:
-                    continue
-                waited = int((now - state.opened_at[t]) * 1000)
-                dropped, expected = state.abort(t, self.tables[t].row_marks)
-                report = {
-                    "table": self.tables[t].cfg.name,
-                    "step": int(step),
-                    "open_keys": dropped,
-                    "contributors": expected,
-                    "waited_ms": waited,
-                    "missing_ranks": None,
-                }
-                state.aborted[t] = report
-                out.append(report)
-            if state.open == 0:
-                self._retire(step)
-        return out
-
-    def forget(self, t: int) -> None:
-        """Drop every aggregation state of table position ``t`` (its rows were replaced)."""
-        for step, state in list(self.pending.items()):
-            state.forget(t)
-            if not (state.p_table[: int(state.cnt[0])] >= 0).any():
-                del self.pending[step]
-                if step in self._retired:
-                    self._retired.remove(step)
-            elif state.open == 0:
-                self._retire(step)
-
-    def remap(self, t: int, new_of_old: np.ndarray) -> None:
-        """Rows of table position ``t`` moved (NOTE [bounded ps]): remap its pending slots."""
-        for state in self.pending.values():
-            state.remap(t, new_of_old)
+def refuse(directory: TableDirectory, code, i, tables, keys, contributors, step, rank, bound_name) -> None:
+    """Raise the :class:`ProtocolError` of a push_grad check's ``code`` at key ``i``."""
+    if code in (KD.UNKNOWN_TABLE, KD.NOT_OWNED, KD.WRONG_SHAPE, KD.DUPLICATE, KD.FULL):
+        fail(directory, code, i, tables, keys, "push_grad")
+    t = directory.tables[int(tables[i])]
+    key = int(keys[i])
+    if code == KD.ABOVE_BOUND:
+        raise ProtocolError(
+            f"push_grad: contributors {int(contributors[i])} of key {key} in table "
+            f"{t.cfg.name!r} exceed {bound_name}; a key has at most one contributor per "
+            "worker (NOTE [ps aggregation])"
+        )
+    if code == KD.NONFINITE:
+        raise ProtocolError(
+            f"push_grad: the gradient of key {key} in table {t.cfg.name!r} (step {step}, "
+            f"rank {rank}) holds NaN or infinity; nothing was stored: fix the model's loss "
+            "(or clip the gradients) first"
+        )
+    if code in CHECK_MESSAGES:
+        raise ProtocolError(
+            f"push_grad rejected: {CHECK_MESSAGES[code]} (key {key}, rank {rank}); see NOTE [ps aggregation]"
+        )
+    fail(directory, code, i, tables, keys, "push_grad")

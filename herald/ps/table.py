@@ -4,9 +4,11 @@ Persia §4.2.2: rows live in one array (embedding and optimizer state together),
 checkpoint is a memory copy of ``rows[:n_rows]`` and ``row_keys[:n_rows]``; the shared
 key map (NOTE [key map] in :mod:`herald.keymap`) indexes it. The reads and writes of a
 shard run over all its tables at once (:class:`~herald.ps.store.TableSet`, NOTE [table
-directory] in herald/ps/kernels.py); this class owns one table's arrays and the Python
-paths of growth, limits and eviction, and serves its own keys through its set (a set of
-its own when it stands alone).
+directory] in herald/ps/kernels/directory.py); this class holds one table's arrays
+(:class:`~herald.ps.table_arrays.TableArrays`, which publishes them into the set's
+directory whenever they are replaced), makes room for new keys (:class:`TableRoom`:
+growth, limits and eviction), and serves its own keys through its set (a set of its own
+when it stands alone).
 """
 
 from __future__ import annotations
@@ -16,18 +18,13 @@ import numpy as np
 from herald import keymap
 from herald.contracts.tables import TableConfig
 from herald.errors import ProtocolError
-from herald.ps import kernels as K
 from herald.ps.aggregate import PendingStep
+from herald.ps.directory import ROW_OVERHEAD_BYTES
 from herald.ps.evicted import EvictedKeys
+from herald.ps.kernels.directory import D_NROWS
 from herald.ps.rows import hyper_params, init_args
-from herald.ps.store import ROW_OVERHEAD_BYTES, TableSet, frozen
-
-#: The table of every key in a table's map (one map per table: NOTE [key map]).
-_ONE_TABLE = 0
-
-#: Per-row arrays besides ``rows`` (grown, compacted and reset together).
-_PER_ROW = ("row_keys", "row_marks", "stamps", "last_used", "clocks")
-
+from herald.ps.store import TableSet, frozen
+from herald.ps.table_arrays import ONE_TABLE, TableArrays
 
 #: Rows a table allocates when it is declared (its arrays double as it grows).
 FIRST_ROWS = 1024
@@ -70,6 +67,7 @@ class EmbeddingTable:
 
     Attributes:
         pos: the table's position in its set (the shard's table index).
+        arrays: its :class:`~herald.ps.table_arrays.TableArrays` (rows, per-row arrays, key map).
         pending: the set's open aggregations per step (NOTE [ps aggregation]; a shard's
             tables share them).
     """
@@ -97,57 +95,35 @@ class EmbeddingTable:
         self.evicted_keys = EvictedKeys()  # their keys (NOTE [evictions read again])
         self.init_args = init_args(tcfg, table_index, seed)
         self.hp = hyper_params(tcfg)
-        cap = first_capacity(capacity_rows, self.max_rows)
-        self.rows = np.zeros((cap, self.width), np.float32)
-        self.row_keys = np.zeros(cap, np.uint64)
-        self.row_marks = np.zeros(cap, np.int32)  # open aggregations per row
-        self.stamps = np.zeros(cap, np.uint32)  # duplicate detection per request
-        self.last_used = np.zeros(cap, np.uint64)  # request clock of each row's last touch
-        self.clocks = np.zeros(cap, np.uint64)  # c_g of each row: NOTE [embedding clocks]
         self._set = tableset if tableset is not None else TableSet()
-        self.pos = self._set.add(self)
-        self._rebuild_map(2 * cap)
+        self._dir = self._set.directory
+        self.arrays = TableArrays(self.width, first_capacity(capacity_rows, self.max_rows), self._publish)
+        self.pos = self._dir.add(self)
+        self._publish()
+        self.room = TableRoom(self, self._set)
+
+    def _publish(self) -> None:
+        """The arrays were replaced: rewrite this table's directory row (NOTE [table directory])."""
+        self._dir.publish(self.pos)
 
     @property
     def n_rows(self) -> int:
         """Rows held (kept in the set's directory, where the kernels update it)."""
-        return int(self._set.d[self.pos, K.D_NROWS])
+        return int(self._dir.d[self.pos, D_NROWS])
 
     @n_rows.setter
     def n_rows(self, n: int) -> None:
-        self._set.d[self.pos, K.D_NROWS] = n
+        self._dir.d[self.pos, D_NROWS] = n
+
+    # the table's arrays (read-only; replaced only by TableArrays.install: NOTE [table directory])
+    rows = property(lambda self: self.arrays.rows, doc="float32 [capacity, width] (read the first n_rows)")
+    row_keys = property(lambda self: self.arrays.row_keys, doc="uint64 [capacity]: each row's key")
+    clocks = property(lambda self: self.arrays.clocks, doc="uint64 [capacity]: c_g (NOTE [embedding clocks])")
+    buckets = property(lambda self: self.arrays.buckets, doc="int64: the key map (load <= 1/2)")
 
     @property
     def pending(self) -> dict[int, PendingStep]:
-        return self._set.pending
-
-    def _rebuild_map(self, max_keys: int) -> None:
-        """Buckets (int64 slots) for ``max_keys`` keys at load <= 1/2, holding the rows so far."""
-        self.buckets = keymap.new_buckets(max_keys, self.row_keys, _ONE_TABLE, self.n_rows, np.int64)
-        self._set.publish(self.pos)
-
-    def reserve(self, n: int) -> None:
-        """Room for ``n`` more rows (arrays double, up to the byte limits of NOTE [ps
-        limits]; the map stays at load <= 1/2)."""
-        need = self.n_rows + n
-        cap = self.rows.shape[0]
-        if need > cap:
-            while cap < need:
-                cap *= 2
-            for bound in (self.max_rows, self._set.room_rows(self.pos)):
-                if bound is not None:
-                    cap = max(need, min(cap, bound))
-            rows = np.empty((cap, self.width), np.float32)
-            K.copy_rows_jit(rows, self.rows, self.n_rows)
-            self.rows = rows
-            for name in _PER_ROW:
-                old = getattr(self, name)
-                new = np.zeros(cap, old.dtype)
-                new[: old.shape[0]] = old
-                setattr(self, name, new)
-        if 2 * need > self.buckets.shape[0]:
-            self._rebuild_map(2 * need)
-        self._set.publish(self.pos)
+        return self._set.aggregations.pending
 
     def _check(
         self, keys: np.ndarray, arr: np.ndarray | None = None, width: int = 0, contributors: np.ndarray | None = None
@@ -173,125 +149,20 @@ class EmbeddingTable:
 
     def _mine(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(tables, keys) of a request of this table's ``keys`` to its set."""
-        return self._set.positions(self.pos, keys.shape[0]), frozen(keys)
+        return self._dir.positions(self.pos, keys.shape[0]), frozen(keys)
+
+    def reserve(self, n: int) -> None:
+        """Room for ``n`` more rows (:meth:`TableRoom.reserve`)."""
+        self.room.reserve(n)
 
     def prepare(self, keys: np.ndarray) -> None:
-        """Room for the unseen ones of ``keys`` (uint64 [n]): growth; NOTE [ps limits]'
-        ``max_bytes`` and the shard's ``max_shard_bytes`` (:class:`ProtocolError` before
-        anything is stored or evicted); NOTE [bounded ps]' eviction, never of a row of ``keys``."""
-        grow = keys.shape[0]
-        scratch = np.empty(grow, np.int64)
-        counted = self.max_rows is not None and self.n_rows + grow > self.max_rows
-        if counted:
-            grow = self._check_growth(keys, scratch)
-        room = self._set.room_rows(self.pos)
-        if room is not None and self._rows_after(grow) > room:
-            if not counted:  # keys.shape[0] overstates the growth: count the distinct unseen keys
-                grow = self._count_unseen(keys, scratch)
-            self._check_shard_growth(grow, room)
-        if self.max_resident is not None and self.n_rows + grow > self.max_resident:
-            grow = self._evict_for(keys, scratch)
-        self.reserve(grow)
+        """Room for the unseen ones of ``keys`` (:meth:`TableRoom.prepare`)."""
+        self.room.prepare(keys)
 
     def slots(self, keys: np.ndarray) -> np.ndarray:
         """Row slots of ``keys`` (uint64 [n]), inserting initialised rows for unseen keys."""
         self._check(keys)
         return self._set.slots(*self._mine(keys))
-
-    # NOTE [bounded ps]
-    # ~~~~~~~~~~~~~~~~~
-    # Persia's embedding PS (Persia §4.2.2) is an LRU cache bounded in memory: a row
-    # not touched for long is dropped and re-initialised when its id comes back. With
-    # ``max_resident_rows = N`` a table never holds more than N rows. Before a request would
-    # insert rows past N, the least recently used rows are evicted: never a row of the
-    # current request, never a row with an open gradient aggregation (NOTE [ps
-    # aggregation]). Eviction compacts the row array (keeping order) and rebuilds the key
-    # map, so it frees at least N/16 rows at a time to amortise that O(N) pass; pending
-    # aggregation states have their row slots remapped. ``evicted`` counts dropped rows,
-    # :attr:`evicted_read_again` the inserts of keys evicted earlier (NOTE [evictions read
-    # again] in herald/ps/evicted.py).
-    # A request with more distinct new keys than N, or one that cannot free enough rows
-    # (all held by open aggregations), is refused with :class:`ProtocolError`.
-
-    def _evict_for(self, keys: np.ndarray, scratch: np.ndarray) -> int:
-        """Evict least recently used rows so that ``keys``' unseen ones fit under the bound;
-        returns the number of distinct unseen keys."""
-        unseen = self._count_unseen(keys, scratch)
-        need = self.n_rows + unseen - self.max_resident
-        if need <= 0:
-            return unseen
-        if unseen > self.max_resident:
-            raise ProtocolError(
-                f"table {self.cfg.name!r}: one request has {unseen} new keys, more than this "
-                f"shard's max_resident_rows={self.max_resident}; send smaller requests or "
-                "raise --ps-max-rows"
-            )
-        n = self.n_rows
-        evictable = self.row_marks[:n] == 0
-        evictable[scratch[scratch >= 0]] = False
-        candidates = np.flatnonzero(evictable)
-        if candidates.shape[0] < need:
-            raise ProtocolError(
-                f"table {self.cfg.name!r}: {need} rows must be evicted to stay within "
-                f"max_resident_rows={self.max_resident}, but only {candidates.shape[0]} are "
-                "free of this request and of open aggregations; raise --ps-max-rows"
-            )
-        count = min(candidates.shape[0], max(need, self.max_resident // 16))
-        age = self.last_used[candidates]
-        victims = candidates[np.argpartition(age, count - 1)[:count]] if count < candidates.shape[0] else candidates
-        self._compact(victims)
-        return unseen
-
-    def _compact(self, victims: np.ndarray) -> None:
-        """Drop rows ``victims`` (int64 slots), keep the others in order, rebuild the map."""
-        n = self.n_rows
-        keep = np.ones(n, bool)
-        keep[victims] = False
-        new_of_old = np.full(n, -1, np.int64)
-        new_of_old[keep] = np.arange(int(keep.sum()))
-        kept = n - victims.shape[0]
-        self.evicted_keys.add(self.row_keys[victims])  # before the keys move
-        self.rows[:kept] = self.rows[:n][keep]
-        for name in _PER_ROW:
-            arr = getattr(self, name)
-            arr[:kept] = arr[:n][keep]
-            arr[kept:n] = 0
-        self._set.remap(self.pos, new_of_old)  # pending aggregations follow their rows
-        self.n_rows = kept
-        self.evicted += int(victims.shape[0])
-        self._rebuild_map(self.buckets.shape[0] // 2)
-
-    def _count_unseen(self, keys: np.ndarray, scratch: np.ndarray) -> int:
-        """Distinct ``keys`` not in the table; ``scratch`` (int64 [n]) gets each key's slot or -1."""
-        keymap.find_many_jit(self.buckets, self.row_keys, _ONE_TABLE, _ONE_TABLE, keys, scratch)
-        return int(np.unique(keys[scratch < 0]).shape[0])
-
-    def _check_growth(self, keys: np.ndarray, scratch: np.ndarray) -> int:
-        """The number of distinct unseen ``keys``; :class:`ProtocolError` if they would grow the
-        table past ``max_bytes``."""
-        unseen = self._count_unseen(keys, scratch)
-        if self.n_rows + unseen > self.max_rows:
-            need = (self.n_rows + unseen) * 4 * self.width
-            raise ProtocolError(
-                f"table {self.cfg.name!r}: {unseen} new keys would grow it to "
-                f"{self.n_rows + unseen} rows ({need} bytes) on this shard, past its "
-                f"max_table_bytes={self.max_bytes}; add PS shards or raise --max-table-bytes"
-            )
-        return unseen
-
-    def _rows_after(self, unseen: int) -> int:
-        """Rows the table holds once ``unseen`` new keys are in (after NOTE [bounded ps]'
-        evictions: at most ``max_resident``)."""
-        after = self.n_rows + unseen
-        return after if self.max_resident is None else min(after, self.max_resident)
-
-    def _check_shard_growth(self, unseen: int, room: int) -> None:
-        """:class:`ProtocolError` if the rows after ``unseen`` new keys need more rows than
-        ``room``, what NOTE [ps limits]' ``max_shard_bytes`` leaves this table."""
-        after = self._rows_after(unseen)
-        if after > max(room, self.rows.shape[0]):
-            total = self._set.nbytes() + table_bytes(after - self.rows.shape[0], self.width)
-            self._set.check_bytes(total, f"table {self.cfg.name!r}: {unseen} new keys ({after} rows)")
 
     def pull(self, keys: np.ndarray) -> tuple[np.ndarray, int]:
         """Rows of ``keys`` (float32 [n, width], duplicates allowed) and how many of them
@@ -366,8 +237,8 @@ class EmbeddingTable:
 
     def expire(self, now: float, timeout_s: float) -> list[dict]:
         """Abort this table's aggregations open longer than ``timeout_s`` (NOTE [ps
-        aggregation]); one report per aborted step (:meth:`TableSet.expire`)."""
-        return self._set.expire(now, timeout_s, only=self.pos)
+        aggregation]); one report per aborted step (:meth:`~herald.ps.aggregate.StepAggregations.expire`)."""
+        return self._set.aggregations.expire(now, timeout_s, only=self.pos)
 
     @property
     def evicted_read_again(self) -> int:
@@ -377,7 +248,7 @@ class EmbeddingTable:
 
     @property
     def open_aggregations(self) -> int:
-        return self._set.open_of(self.pos)
+        return self._set.aggregations.open_of(self.pos)
 
     def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
         """(row_keys uint64 [n], rows float32 [n, width]): views, copy before mutating."""
@@ -392,7 +263,7 @@ class EmbeddingTable:
         """Replace the whole table by (keys, rows), allocating ``capacity`` rows (at least
         ``len(keys)``; None: :meth:`load_capacity`); drops open aggregations. NOTE [ps
         limits]' ``max_shard_bytes`` is the caller's to check, over every table restored
-        (:meth:`~herald.ps.store.TableSet.check_bytes` before the first :meth:`load`)."""
+        (:meth:`~herald.ps.directory.TableDirectory.check_bytes` before the first :meth:`load`)."""
         n = keys.shape[0]
         if self.max_resident is not None and n > self.max_resident:
             raise ProtocolError(
@@ -406,14 +277,147 @@ class EmbeddingTable:
             )
         self.evicted_keys.clear(self.row_keys[: self.n_rows])  # NOTE [evictions read again]
         cap = self.load_capacity(n) if capacity is None else max(int(capacity), n)
-        self.rows = np.zeros((cap, self.width), np.float32)
-        self.rows[:n] = rows
-        self.row_keys = np.zeros(cap, np.uint64)
-        self.row_keys[:n] = keys
-        self.row_marks = np.zeros(cap, np.int32)
-        self.stamps = np.zeros(cap, np.uint32)
-        self.last_used = np.zeros(cap, np.uint64)
-        self.clocks = np.zeros(cap, np.uint64)  # clocks restart with a restored table
+        self._set.aggregations.forget(self.pos)  # its open aggregations, and the key maps of its steps
         self.n_rows = n
-        self._set.forget(self.pos)  # its open aggregations, and the key maps of its steps
-        self._rebuild_map(2 * cap)
+        self.arrays.reset(keys, rows, cap)  # clocks restart with a restored table
+
+
+class TableRoom:
+    """Room for a table's unseen keys, its Python path when a kernel found it short (NOTE
+    [table directory]'s ``D_ROOM``): growth (its arrays double), NOTE [ps limits]' byte
+    limits (``max_table_bytes``, the shard's ``max_shard_bytes``) and NOTE [bounded ps]'
+    eviction.
+
+    Args:
+        table: the :class:`EmbeddingTable` (its arrays, row count, bounds and counts of
+            evictions). store: the :class:`~herald.ps.store.TableSet` it belongs to (the
+            directory's byte limit, the aggregations' slots of evicted rows).
+    """
+
+    def __init__(self, table: EmbeddingTable, store: TableSet):
+        self.table = table
+        self.directory, self.aggregations = store.directory, store.aggregations
+
+    def reserve(self, n: int) -> None:
+        """Room for ``n`` more rows (arrays double, up to the byte limits of NOTE [ps
+        limits]; the map stays at load <= 1/2)."""
+        need = self.table.n_rows + n
+        cap = self.table.arrays.capacity
+        if need > cap:
+            while cap < need:
+                cap *= 2
+            for bound in (self.table.max_rows, self.directory.room_rows(self.table.pos)):
+                if bound is not None:
+                    cap = max(need, min(cap, bound))
+            self.table.arrays.grow(cap, self.table.n_rows)
+        if 2 * need > self.table.arrays.buckets.shape[0]:
+            self.table.arrays.rebuild_map(2 * need, self.table.n_rows)
+
+    def prepare(self, keys: np.ndarray) -> None:
+        """Room for the unseen ones of ``keys`` (uint64 [n]): growth; NOTE [ps limits]'
+        ``max_bytes`` and the shard's ``max_shard_bytes`` (:class:`ProtocolError` before
+        anything is stored or evicted); NOTE [bounded ps]' eviction, never of a row of ``keys``."""
+        grow = keys.shape[0]
+        scratch = np.empty(grow, np.int64)
+        counted = self.table.max_rows is not None and self.table.n_rows + grow > self.table.max_rows
+        if counted:
+            grow = self._check_growth(keys, scratch)
+        room = self.directory.room_rows(self.table.pos)
+        if room is not None and self._rows_after(grow) > room:
+            if not counted:  # keys.shape[0] overstates the growth: count the distinct unseen keys
+                grow = self._count_unseen(keys, scratch)
+            self._check_shard_growth(grow, room)
+        if self.table.max_resident is not None and self.table.n_rows + grow > self.table.max_resident:
+            grow = self._evict_for(keys, scratch)
+        self.reserve(grow)
+
+    # NOTE [bounded ps]
+    # ~~~~~~~~~~~~~~~~~
+    # Persia's embedding PS (Persia §4.2.2) is an LRU cache bounded in memory: a row
+    # not touched for long is dropped and re-initialised when its id comes back. With
+    # ``max_resident_rows = N`` a table never holds more than N rows. Before a request would
+    # insert rows past N, the least recently used rows are evicted: never a row of the
+    # current request, never a row with an open gradient aggregation (NOTE [ps
+    # aggregation]). Eviction compacts the row array (keeping order) and rebuilds the key
+    # map, so it frees at least N/16 rows at a time to amortise that O(N) pass; pending
+    # aggregation states have their row slots remapped. ``evicted`` counts dropped rows,
+    # :attr:`evicted_read_again` the inserts of keys evicted earlier (NOTE [evictions read
+    # again] in herald/ps/evicted.py).
+    # A request with more distinct new keys than N, or one that cannot free enough rows
+    # (all held by open aggregations), is refused with :class:`ProtocolError`.
+
+    def _evict_for(self, keys: np.ndarray, scratch: np.ndarray) -> int:
+        """Evict least recently used rows so that ``keys``' unseen ones fit under the bound;
+        returns the number of distinct unseen keys."""
+        unseen = self._count_unseen(keys, scratch)
+        need = self.table.n_rows + unseen - self.table.max_resident
+        if need <= 0:
+            return unseen
+        if unseen > self.table.max_resident:
+            raise ProtocolError(
+                f"table {self.table.cfg.name!r}: one request has {unseen} new keys, more than this "
+                f"shard's max_resident_rows={self.table.max_resident}; send smaller requests or "
+                "raise --ps-max-rows"
+            )
+        n = self.table.n_rows
+        evictable = self.table.arrays.row_marks[:n] == 0
+        evictable[scratch[scratch >= 0]] = False
+        candidates = np.flatnonzero(evictable)
+        if candidates.shape[0] < need:
+            raise ProtocolError(
+                f"table {self.table.cfg.name!r}: {need} rows must be evicted to stay within "
+                f"max_resident_rows={self.table.max_resident}, but only {candidates.shape[0]} are "
+                "free of this request and of open aggregations; raise --ps-max-rows"
+            )
+        count = min(candidates.shape[0], max(need, self.table.max_resident // 16))
+        age = self.table.arrays.last_used[candidates]
+        victims = candidates[np.argpartition(age, count - 1)[:count]] if count < candidates.shape[0] else candidates
+        self._compact(victims)
+        return unseen
+
+    def _compact(self, victims: np.ndarray) -> None:
+        """Drop rows ``victims`` (int64 slots), keep the others in order, rebuild the map."""
+        n = self.table.n_rows
+        keep = np.ones(n, bool)
+        keep[victims] = False
+        new_of_old = np.full(n, -1, np.int64)
+        new_of_old[keep] = np.arange(int(keep.sum()))
+        self.table.evicted_keys.add(self.table.row_keys[victims])  # before the keys move
+        kept = self.table.arrays.compact(keep, n)
+        self.aggregations.remap(self.table.pos, new_of_old)  # pending aggregations follow their rows
+        self.table.n_rows = kept
+        self.table.evicted += int(victims.shape[0])
+        self.table.arrays.rebuild_map(self.table.arrays.buckets.shape[0] // 2, kept)
+
+    def _count_unseen(self, keys: np.ndarray, scratch: np.ndarray) -> int:
+        """Distinct ``keys`` not in the table; ``scratch`` (int64 [n]) gets each key's slot or -1."""
+        keymap.find_many_jit(self.table.arrays.buckets, self.table.row_keys, ONE_TABLE, ONE_TABLE, keys, scratch)
+        return int(np.unique(keys[scratch < 0]).shape[0])
+
+    def _check_growth(self, keys: np.ndarray, scratch: np.ndarray) -> int:
+        """The number of distinct unseen ``keys``; :class:`ProtocolError` if they would grow the
+        table past ``max_bytes``."""
+        unseen = self._count_unseen(keys, scratch)
+        if self.table.n_rows + unseen > self.table.max_rows:
+            need = (self.table.n_rows + unseen) * 4 * self.table.width
+            raise ProtocolError(
+                f"table {self.table.cfg.name!r}: {unseen} new keys would grow it to "
+                f"{self.table.n_rows + unseen} rows ({need} bytes) on this shard, past its "
+                f"max_table_bytes={self.table.max_bytes}; add PS shards or raise --max-table-bytes"
+            )
+        return unseen
+
+    def _rows_after(self, unseen: int) -> int:
+        """Rows the table holds once ``unseen`` new keys are in (after NOTE [bounded ps]'
+        evictions: at most ``max_resident``)."""
+        after = self.table.n_rows + unseen
+        return after if self.table.max_resident is None else min(after, self.table.max_resident)
+
+    def _check_shard_growth(self, unseen: int, room: int) -> None:
+        """:class:`ProtocolError` if the rows after ``unseen`` new keys need more rows than
+        ``room``, what NOTE [ps limits]' ``max_shard_bytes`` leaves this table."""
+        after = self._rows_after(unseen)
+        cap = self.table.arrays.capacity
+        if after > max(room, cap):
+            total = self.directory.nbytes() + table_bytes(after - cap, self.table.width)
+            self.directory.check_bytes(total, f"table {self.table.cfg.name!r}: {unseen} new keys ({after} rows)")

@@ -259,7 +259,7 @@ def test_limits_on_real_shards_client_splits_and_aborts_are_reported(tmp_path):
         with PSClient(sh.addresses[:1], tables, timeout_ms=10_000, declare=False) as raw:
             mine = keys[shard_of(0, keys, 2) == 0]
             with pytest.raises(ProtocolError, match="max_keys_per_request=1000"):
-                raw._collect([raw._send(0, "pull", {"parts": [{"table": 0}]}, [mine])])
+                raw.request_async(0, "pull", {"parts": [{"table": 0}]}, [mine]).wait()
         with pytest.raises(ConfigError, match="max_dim=64"):
             PSClient(sh.addresses, tables + [TableConfig("wide", 128)], timeout_ms=10_000).close()
         g = np.ones((500, 8), np.float32)  # one request per shard: refused whole
@@ -316,8 +316,8 @@ def test_a_send_with_no_peer_to_take_it_is_bounded_and_retried(shards):
         client = PSClient(shards.addresses, TABLES, timeout_ms=1000, retries=retries)
         try:
             expected = client.pull("sgd", keys)
-            client._socks[0].disconnect(shards.addresses[0])
-            client._socks[1].disconnect(shards.addresses[1])
+            client.link.socket(0).disconnect(shards.addresses[0])
+            client.link.socket(1).disconnect(shards.addresses[1])
             t0 = time.monotonic()
             if answered:
                 assert np.array_equal(client.pull("sgd", keys), expected)

@@ -192,7 +192,7 @@ def _loopback(servers, tables, **kw) -> PSClient:
     client = PSClient(
         [f"inproc://flat-test-{id(servers)}-{i}" for i in range(len(servers))], tables, declare=False, **kw
     )
-    client._post = lambda req: client._accept(servers[req.shard].handle(req.frames))
+    client.link.post = lambda req: client.link.accept(servers[req.shard].handle(req.frames))
     return client
 
 
@@ -231,14 +231,14 @@ def test_client_sends_one_flat_part_per_shard_with_tables_grouped():
     server = ShardServer(0, 1, tables=cfgs, seed=SEED)
     client = _loopback([server], cfgs)
     seen = []
-    post = client._post
+    post = client.link.post
 
     def spy(req):
         header = PS.unpack_header(req.frames[0])
         seen.append((header["parts"], np.frombuffer(memoryview(req.frames[1]), np.uint16).copy()))
         post(req)
 
-    client._post = spy
+    client.link.post = spy
     tables = np.array([3, 1, 3, 0, 1, 4, 0])
     rows = client.pull_flat_async(tables, np.arange(7, dtype=np.uint64)).wait()
     assert rows.shape == (7, 8) and len(seen) == 1

@@ -138,3 +138,17 @@ def test_wrong_shapes_never_reach_the_kernels():
         table.push_grad(keys, np.zeros((4, 8), np.float32), np.ones(4, np.int32), 0, 0)
     with pytest.raises(ProtocolError):
         table.pull(keys.astype(np.int64))
+
+
+def test_a_steps_state_tuple_holds_its_current_arrays_in_the_kernels_order():
+    """The kernels' ``agg`` tuple (herald/ps/kernels/aggregate.py) is rebuilt whenever a
+    step's state replaces an array, in the order of STATE_FIELDS."""
+    from herald.ps.aggregate import STATE_FIELDS, PendingStep
+
+    state = PendingStep(4, 2, 8)
+    for n in (4, 100, 1000):
+        state.reserve(n, 8, 3)
+        assert len(state.state) == len(STATE_FIELDS)
+        assert all(a is getattr(state, name) for a, name in zip(state.state, STATE_FIELDS))
+    state.free_gradients()
+    assert state.state[STATE_FIELDS.index("e_grad")] is state.e_grad and state.e_grad.shape[0] == 0

@@ -1,10 +1,10 @@
-"""HET's clocks riding on pulls and pushes: NOTE [clock frames] (herald/ps/wire.py).
+"""The client side of HET's clocks riding on pulls and pushes: NOTE [clock frames]
+(herald/ps/wire.py).
 
-The shard side (:func:`op_pull`, :func:`op_push_rows`: a ``pull`` with ``staleness``, a
-``push_rows`` with ``advance``) and the client side (:class:`ClockOps`, mixed into
-:class:`~herald.ps.client.PSClient`). The clocks themselves are NOTE [embedding clocks]
-(herald/ps/table.py); the worker protocol using them is NOTE [bounded reads]
-(herald/worker/consistency_bounded.py).
+A conditional pull (``pull`` with ``staleness``) and a write-back with clock advances
+(``push_rows`` with ``advance`` frames); the shard side is
+:class:`~herald.ps.ops_clocked.ClockedOps`. The worker protocol using them is NOTE [bounded
+reads] (herald/worker/consistency_bounded.py).
 """
 
 from __future__ import annotations
@@ -16,63 +16,31 @@ import numpy as np
 
 from herald.errors import ConfigError, ProtocolError
 from herald.ps import compress, wire
+from herald.ps.link import ShardLink
+from herald.ps.router import KeyRouter
 
 
-# --------------------------------------------------------------------- shard side
-def op_pull(server, header: dict[str, Any], arrays: list) -> tuple[dict, list]:
-    """A conditional pull on ``server`` (a ShardServer): per part c_g of every key, then the
-    rows of the keys whose cached copy is not valid under the header's ``staleness``."""
-    staleness = wire.get_int(header, "staleness", 0, 1 << 62)
-    wire_dtype = compress.wire_of(header)  # NOTE [wire compression]
-    parts = server._parts(header, arrays, "pull", clock="clocks")
-    out = []
-    for p in parts:
-        c_g, rows, pending = server.store.pull_clocked(p.tables, p.keys, p.dim, p.width, p.rest[0], staleness)
-        server.counters["pull_keys"] += rows.shape[0]
-        server.counters["pull_valid_keys"] += p.keys.shape[0] - rows.shape[0]
-        server.counters["pull_pending_keys"] += pending
-        out += [wire.pack_clocks(c_g), *compress.encode_rows(rows, p.dim, wire_dtype)]
-    reply = {"parts": [p.echo for p in parts]}
-    return (dict(reply, wire=wire_dtype) if wire_dtype != "fp32" else reply), out
-
-
-def op_push_rows(server, header: dict[str, Any], arrays: list) -> tuple[dict, list]:
-    """A ``push_rows`` whose parts end with an advance frame (c_g += advance as each row is
-    stored); with ``read_clocks`` the reply carries c_g after, one clock frame per part."""
-    if not wire.get_flag(header, "advance"):
-        raise ProtocolError("push_rows: read_clocks needs advance frames (NOTE [clock frames])")
-    read = wire.get_flag(header, "read_clocks")
-    parts = server._parts(header, arrays, "push_rows", clock="advance", wire_dtype=compress.wire_of(header))
-    stamp = server.store.next_stamp()
-    out = []
-    for p in parts:
-        c_g = server.store.push_rows(p.tables, p.keys, p.rest[0], p.rest[1], stamp)
-        server.counters["push_rows_keys"] += p.keys.shape[0]
-        if read:
-            out.append(wire.pack_clocks(c_g))
-    return ({"parts": [p.echo for p in parts]} if read else {}), out
-
-
-# --------------------------------------------------------------------- client side
-class ClockOps:
+class ClockFront:
     """The clock-carrying operations of :class:`~herald.ps.client.PSClient` (NOTE [clock
-    frames]); it provides ``_flat_keys``, ``_shape``, ``_route``, ``_flatten``, ``_combine``,
-    ``_send``, ``_wire``, ``_handle``, ``tables`` and ``wire_dtype``. Each returns ``(Handle,
-    clock bytes sent)``."""
+    frames]) over ``link``, keys routed by ``router``, rows in ``wire_dtype``. Each returns
+    ``(Handle, clock bytes sent)``."""
 
-    def _pull_clocked_op(self, tables, keys, checked, c_c, staleness: int, shape) -> tuple[list, Any, int]:
-        _, width = shape or self._shape(tables) or (0, 0)
+    def __init__(self, link: ShardLink, router: KeyRouter, wire_dtype: str):
+        self.link, self.router, self.wire_dtype = link, router, wire_dtype
+
+    def pull_clocked_op(self, tables, keys, checked, c_c, staleness: int, shape) -> tuple[list, Any, int]:
+        _, width = shape or self.router.shape(tables) or (0, 0)
         n = keys.shape[0]
-        header = self._wire({"parts": [{"flat": True}], "staleness": staleness})
+        header = compress.tagged({"parts": [{"flat": True}], "staleness": staleness}, self.wire_dtype)
         rids, plan, sent = [], [], 0
-        for sh, pos in self._route(tables, keys):
+        for sh, pos in self.router.route(tables, keys):
             pos = np.arange(n) if pos is None else pos
             mine = checked[pos]
             sub = np.concatenate([pos[mine], pos[~mine]])  # the checked keys first, each group by table
             m = int(np.count_nonzero(mine))
             clocks = wire.pack_clocks(c_c[sub[:m]])
             sent += clocks.nbytes
-            rids.append(self._send(sh, "pull", header, [tables[sub], keys[sub], clocks]))
+            rids.append(self.link.send(sh, "pull", header, [tables[sub], keys[sub], clocks]))
             plan.append((sub, m))
 
         def finish(replies):
@@ -111,14 +79,14 @@ class ClockOps:
         """
         if type(staleness) is not int or staleness < 0:
             raise ConfigError(f"staleness must be an int >= 0, got {staleness!r}")
-        tables, keys = self._flat_keys(tables, keys)
+        tables, keys = self.router.flat_keys(tables, keys)
         checked, c_c = np.asarray(checked, bool), np.asarray(c_c, np.uint64)
         if checked.shape != keys.shape or c_c.shape != keys.shape:
             raise ConfigError(
                 f"checked and c_c must have the keys' shape {keys.shape}, got {checked.shape}, {c_c.shape}"
             )
-        rids, finish, sent = self._pull_clocked_op(tables, keys, checked, c_c, staleness, None)
-        return self._handle(rids, finish), sent
+        rids, finish, sent = self.pull_clocked_op(tables, keys, checked, c_c, staleness, None)
+        return self.link.handle(rids, finish), sent
 
     def pull_clocked_async(self, batch: Mapping, staleness: int):
         """Start a conditional pull of ``{table: (keys uint64 [n], c_c uint64 [m <= n])}``:
@@ -144,34 +112,34 @@ class ClockOps:
                 np.concatenate([c, np.zeros(pad, np.uint64)]),
                 np.concatenate([np.ones(c.shape[0], bool), np.zeros(pad, bool)]),
             )
-        flat = self._flatten(full, 3)
+        flat = self.router.flatten(full, 3)
         ops, sent = self._issue(
             flat,
-            lambda tables, keys, c_c, checked, shape: self._pull_clocked_op(
+            lambda tables, keys, c_c, checked, shape: self.pull_clocked_op(
                 tables, keys, checked, c_c, staleness, shape
             ),
         )
-        return self._combine(ops, lambda results: _per_table(flat, results)), sent
+        return self.link.combine(ops, lambda results: _per_table(flat, results)), sent
 
-    def _push_rows_clocked_op(self, tables, keys, rows, advance, read_clocks: bool, shape) -> tuple[list, Any, int]:
+    def push_rows_clocked_op(self, tables, keys, rows, advance, read_clocks: bool, shape) -> tuple[list, Any, int]:
         rows = np.ascontiguousarray(rows, np.float32)
         advance = np.ascontiguousarray(advance, np.uint64)
-        dim, width = shape or self._shape(tables) or (0, rows.shape[1] if rows.ndim == 2 else -1)
+        dim, width = shape or self.router.shape(tables) or (0, rows.shape[1] if rows.ndim == 2 else -1)
         n = keys.shape[0]
         if rows.shape != (n, width) or advance.shape != (n,):
             raise ConfigError(
                 f"rows must be float32 [{n}, {width}] and advance uint64 [{n}], got {rows.shape} and {advance.shape}"
             )
         header = {"parts": [{"flat": True}], "advance": True}
-        header = self._wire(dict(header, read_clocks=True) if read_clocks else header)
-        routes = self._route(tables, keys)
+        header = compress.tagged(dict(header, read_clocks=True) if read_clocks else header, self.wire_dtype)
+        routes = self.router.route(tables, keys)
         rids, sent = [], 0
         for sh, pos in routes:
             sub = (slice(None),) if pos is None else (pos,)
             clocks = wire.pack_clocks(advance[sub])
             sent += clocks.nbytes
             frames = compress.encode_part("push_rows", (keys[sub], rows[sub]), dim, self.wire_dtype)
-            rids.append(self._send(sh, "push_rows", header, [tables[sub], *frames, clocks]))
+            rids.append(self.link.send(sh, "push_rows", header, [tables[sub], *frames, clocks]))
 
         def finish(replies):
             if not read_clocks:
@@ -194,9 +162,9 @@ class ClockOps:
         ``wait()`` gives ``(c_g after uint64 [n] or None without ``read_clocks``, clock bytes
         received)``.
         """
-        tables, keys = self._flat_keys(tables, keys)
-        rids, finish, sent = self._push_rows_clocked_op(tables, keys, rows, advance, read_clocks, None)
-        return self._handle(rids, finish), sent
+        tables, keys = self.router.flat_keys(tables, keys)
+        rids, finish, sent = self.push_rows_clocked_op(tables, keys, rows, advance, read_clocks, None)
+        return self.link.handle(rids, finish), sent
 
     def push_rows_clocked_async(self, batch: Mapping, read_clocks: bool = False):
         """Start writing back ``{table: (keys uint64 [n] unique, rows float32 [n, row_width],
@@ -205,14 +173,14 @@ class ClockOps:
         ``wait()`` gives ``({table: c_g after, uint64 [n]} or None without ``read_clocks``,
         clock bytes received)``.
         """
-        flat = self._flatten(batch, 3)
+        flat = self.router.flatten(batch, 3)
         ops, sent = self._issue(
             flat,
-            lambda tables, keys, rows, advance, shape: self._push_rows_clocked_op(
+            lambda tables, keys, rows, advance, shape: self.push_rows_clocked_op(
                 tables, keys, rows, advance, read_clocks, shape
             ),
         )
-        return self._combine(ops, lambda results: _per_table(flat, results) if read_clocks else (None, 0)), sent
+        return self.link.combine(ops, lambda results: _per_table(flat, results) if read_clocks else (None, 0)), sent
 
     @staticmethod
     def _issue(flat: list[tuple], op) -> tuple[list, int]:
