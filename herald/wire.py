@@ -51,7 +51,7 @@ or connects:
   from its :class:`~herald.ps.config.ShardLimits` (:func:`herald.ps.config.largest_frame_bytes`),
   a dispatcher's from its job's micro-batch and tables
   (:func:`herald.dispatch.peers.largest_frame_bytes`), a worker's is the largest frame a
-  dispatcher may send it (:data:`herald.dispatch.microbatch.MAX_WORKER_FRAME_BYTES`,
+  dispatcher may send it (:data:`herald.contracts.microbatch.MAX_WORKER_FRAME_BYTES`,
   which the dispatcher checks before sending: a larger one fails the job naming it).
 - The drop is silent on both ends: the sender's send succeeds (libzmq reconnects), and
   the receiver's monitor reports a plain disconnect, the same event as a peer that left.

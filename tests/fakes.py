@@ -33,8 +33,8 @@ from zmq.utils.monitor import recv_monitor_message
 
 from herald import wire
 from herald.contracts.job import JobSpec
+from herald.contracts.microbatch import MicroBatch
 from herald.contracts.tables import TableConfig
-from herald.dispatch.microbatch import MicroBatch
 
 if TYPE_CHECKING:
     import torch

@@ -43,9 +43,9 @@ import torch
 import torch.nn.functional as F
 
 from herald.bench.options import FBGEMM_OPTIMIZERS
+from herald.contracts.plan import KeySet
 from herald.contracts.tables import OptimizerConfig, TableConfig
 from herald.errors import ConfigError
-from herald.scheduler.plan import KeySet
 from herald.worker.cache import BagLayout, EmbeddingCache
 
 INSTALL_HINT = "pip install torchrec==1.8.0 fbgemm-gpu-cpu==1.8.0 (the pair that loads on torch 2.13)"

@@ -35,9 +35,9 @@ import pathlib
 
 from herald.bench import torchrec_baseline
 from herald.bench.common import summarize
+from herald.contracts.plan import CAUSES
 from herald.contracts.train import TrainConfig
 from herald.errors import ConfigError
-from herald.scheduler.plan import CAUSES
 from herald.testbed import TestBed
 from herald.testbed.job import bed_hosts, run_job
 

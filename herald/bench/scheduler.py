@@ -22,10 +22,10 @@ import numpy as np
 from herald.bench import scheduler_compare
 from herald.bench.scheduler_args import scheduler_config
 from herald.bench.scheduler_threads import run_threads
+from herald.contracts.plan import CAUSES
 from herald.loader import SampleBatch, open_source
 from herald.loader.splits import count_distinct_keys
 from herald.scheduler.config import SchedulerConfig
-from herald.scheduler.plan import CAUSES
 from herald.scheduler.simulate import quality_ratios, simulate, to_bytes
 from herald.scheduler.state import Snapshots
 

@@ -46,6 +46,7 @@ import zmq
 from herald import keymap
 from herald.bench.options import add_step_arguments
 from herald.bench.scheduler import load_batches as load_source_batches
+from herald.contracts.plan import KeySet
 from herald.contracts.tables import OptimizerConfig, TableConfig
 from herald.errors import ConfigError
 from herald.loader.splits import count_distinct_keys
@@ -56,7 +57,6 @@ from herald.ps.server import ShardServer, warm_up
 from herald.ps.wire import PS
 from herald.scheduler import Scheduler
 from herald.scheduler.config import SchedulerConfig
-from herald.scheduler.plan import KeySet
 
 #: the ops inside a step message, in the order the shard applies them
 OPS = ("push_rows", "push_grad", "pull")

@@ -1,7 +1,8 @@
 """The contracts layer: what every part of a job agrees on (docs/design.md, "Layers").
 
 It sits at the bottom of the import graph: it imports nothing of herald above it
-(:mod:`herald.config` and :mod:`herald.errors` only) and no numba, torch or zmq, so
+(:mod:`herald.config` and :mod:`herald.errors` only; numpy for the plan and the
+micro-batch) and no numba, torch or zmq (forbidden contracts in pyproject.toml), so
 that ``herald train`` refuses a bad option before anything heavy loads.
 
 - :mod:`herald.contracts.vocab`: every vocabulary (schedules, optimizers, consistency modes,
@@ -19,6 +20,11 @@ that ``herald train`` refuses a bad option before anything heavy loads.
 - :mod:`herald.contracts.train`: :class:`TrainConfig`, the user's settings of a job.
 - :mod:`herald.contracts.job`: :class:`JobSpec`, the versioned contract sent to every worker.
 - :mod:`herald.contracts.flags`: errors worded in ``herald train``'s flags.
+- :mod:`herald.contracts.plan`: the cache plan (``KeySet``, ``CachePlan``, NOTE [step
+  protocol]) the scheduler writes and the worker executes.
+- :mod:`herald.contracts.microbatch`: the micro-batch's layout and wire codec (``MicroBatch``,
+  NOTE [micro-batch layout]) the dispatcher sends and the worker reads; the dispatcher's
+  builder is :mod:`herald.dispatch.microbatch`.
 """
 
 from herald.lazy import lazy_exports
@@ -34,7 +40,20 @@ _EXPORTS = {
     "tables_from_json": "tables",
     "tables_to_json": "tables",
 }
-_SUBMODULES = ("comm", "consistency", "flags", "job", "models", "modes", "settings", "tables", "train", "vocab")
+_SUBMODULES = (
+    "comm",
+    "consistency",
+    "flags",
+    "job",
+    "microbatch",
+    "models",
+    "modes",
+    "plan",
+    "settings",
+    "tables",
+    "train",
+    "vocab",
+)
 
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals(), _SUBMODULES)

@@ -43,7 +43,7 @@ MAX_GBA_THRESHOLD = 1 << 20
 
 @dataclasses.dataclass(frozen=True)
 class BspSettings(ModeSettings):
-    """Bulk-synchronous, exact (NOTE [step protocol] in herald/scheduler/plan.py): no settings."""
+    """Bulk-synchronous, exact (NOTE [step protocol] in herald/contracts/plan.py): no settings."""
 
     name = "bsp"
 

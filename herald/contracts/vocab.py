@@ -32,7 +32,7 @@ INITS = ("uniform", "normal", "zeros")
 #: Worker cache and cache-snapshot eviction policies (HET §4.3).
 CACHE_POLICIES = ("lru", "lfu")
 
-#: ``--consistency``: ``bsp`` exact (NOTE [step protocol] in herald/scheduler/plan.py);
+#: ``--consistency``: ``bsp`` exact (NOTE [step protocol] in herald/contracts/plan.py);
 #: ``bounded`` HET's clock-bounded reads (HET §3.3, §4.1); ``hybrid`` Persia's hybrid
 #: training (Persia §3, §4.2); ``gba`` GBA's token-controlled global-batch aggregation
 #: on the PS (GBA §4.1). docs/consistency.md.

@@ -22,8 +22,8 @@ import zmq
 
 from herald import wire
 from herald.auth import check_bind, server_socket
+from herald.contracts.microbatch import MAX_WORKER_FRAME_BYTES
 from herald.dispatch.config import DispatcherConfig
-from herald.dispatch.microbatch import MAX_WORKER_FRAME_BYTES
 from herald.dispatch.peers import Message, PeerTable
 from herald.errors import ConfigError, HeraldError, PeerTimeout, ProtocolError
 

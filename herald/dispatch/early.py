@@ -31,8 +31,8 @@ import dataclasses
 
 import numpy as np
 
+from herald.contracts.plan import KeySet
 from herald.dispatch.kernels import KEY_MIX, not_touched_jit, touched_set_jit
-from herald.scheduler.plan import KeySet
 
 
 @dataclasses.dataclass(frozen=True)

@@ -46,11 +46,12 @@ from typing import Any
 import numpy as np
 
 from herald import wire
-from herald.dispatch.microbatch import MicroBatch, build_parts, make_sample_ids
+from herald.contracts.microbatch import MicroBatch, make_sample_ids
+from herald.contracts.plan import CAUSES, CachePlan, KeySet
+from herald.dispatch.microbatch import build_parts
 from herald.dispatch.records import StepRecord
 from herald.errors import ConfigError, ProtocolError
 from herald.loader.batch import SampleBatch
-from herald.scheduler.plan import CAUSES, CachePlan, KeySet
 
 _MISS, _GRAD = CAUSES.index("miss_pull"), CAUSES.index("grad_push")
 

@@ -62,8 +62,8 @@ from typing import Any
 
 import numpy as np
 
+from herald.contracts.microbatch import MicroBatch
 from herald.dispatch.idbuffer import IdFeatureBuffer
-from herald.dispatch.microbatch import MicroBatch
 from herald.errors import HeraldError, PeerTimeout, ProtocolError
 from herald.ps import PSClient
 

@@ -7,7 +7,7 @@ import dataclasses
 
 import numpy as np
 
-from herald.dispatch.microbatch import MicroBatch
+from herald.contracts.microbatch import MicroBatch
 from herald.errors import ProtocolError
 
 

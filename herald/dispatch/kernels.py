@@ -3,8 +3,8 @@
 Pure functions over preallocated arrays, all ``nogil`` so the
 dispatcher's pipeline threads (NOTE [dispatch pipeline] in
 :mod:`herald.dispatch.pipeline`) run them in parallel with the scheduler's kernels.
-Validation and allocation are in :mod:`herald.dispatch.microbatch` and
-:mod:`herald.dispatch.pipeline`.
+Allocation is in :mod:`herald.dispatch.microbatch` and :mod:`herald.dispatch.pipeline`;
+the layout they fill, and its validation, in :mod:`herald.contracts.microbatch`.
 """
 
 from __future__ import annotations

@@ -13,10 +13,11 @@ from typing import Any
 import numpy as np
 
 from herald import wire
+from herald.contracts.microbatch import MicroBatch, make_sample_ids
+from herald.contracts.plan import KeySet
 from herald.dispatch.early import TouchedKeys, early_pulls, touched_keys
-from herald.dispatch.microbatch import MicroBatch, build_parts, make_sample_ids
+from herald.dispatch.microbatch import build_parts
 from herald.loader.batch import SampleBatch
-from herald.scheduler.plan import KeySet
 
 
 @dataclasses.dataclass

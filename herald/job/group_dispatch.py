@@ -46,9 +46,9 @@ from typing import Any
 
 import numpy as np
 
+from herald.contracts.microbatch import make_sample_ids
 from herald.contracts.modes import consistency_mode
 from herald.dispatch.dispatcher import Dispatcher
-from herald.dispatch.microbatch import make_sample_ids
 from herald.dispatch.records import StepRecord
 from herald.errors import ConfigError
 from herald.job.report import final_loss

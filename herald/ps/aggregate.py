@@ -1,7 +1,7 @@
 """Pending gradient aggregation of one step over the tables of a shard.
 
 NOTE [ps aggregation] (docs/design.md, "Consistency protocol"; NOTE [step protocol] in
-herald/scheduler/plan.py, step 4). A ``push_grad`` carries, per key, the number of
+herald/contracts/plan.py, step 4). A ``push_grad`` carries, per key, the number of
 workers that push that key in this step (``contributors``) and the pusher's ``rank``.
 The shard keeps each contribution of (key, step) until ``contributors`` distinct ranks
 have arrived, then sums them in increasing rank order and applies the optimizer once.

@@ -23,7 +23,7 @@ protocol]; NOTE [wire compression] by the header's ``wire``):
 The shard applies the writes as the message comes and holds the reply. When the step-t
 messages of all N ranks have come, it reads the held pulls and answers every rank at
 once: a ``pull`` reply (rows per key, or the compressed frames). That reads exactly what
-the serial protocol reads (NOTE [step protocol] in herald/scheduler/plan.py), because a
+the serial protocol reads (NOTE [step protocol] in herald/contracts/plan.py), because a
 key lives on one shard and:
 
 1. every write of step t to this shard's keys (gradient pushes, plan pushes) is in one of
@@ -55,7 +55,7 @@ replaces it. A step whose N messages do not all come within the shard's
 
 NOTE [dense gradients on the shards]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-Step 7 of NOTE [step protocol] (herald/scheduler/plan.py) sums the ranks' dense gradients;
+Step 7 of NOTE [step protocol] (herald/contracts/plan.py) sums the ranks' dense gradients;
 a BSP worker whose gradient is small (at most ``herald.ps.config.DENSE_MAX_BYTES``, on the CPU) sends it
 in its step messages instead of all-reducing it (herald/worker/dense.py): shard s of S gets
 the slice ``[s * P // S, (s + 1) * P // S)`` of the P values (:func:`dense_slices`), none

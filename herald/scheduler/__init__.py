@@ -8,7 +8,8 @@ Public API::
     step = sched.submit(global_batch)   # StepPlan of the previous step, or None
     last = sched.finish(); flush = sched.flush()
 
-See docs/scheduler.md.
+Its output types (``KeySet``, ``CachePlan``, ``CAUSES``) are contracts shared with the
+worker: :mod:`herald.contracts.plan`. See docs/scheduler.md.
 """
 
 from herald.lazy import lazy_package
@@ -18,7 +19,6 @@ lazy_package(
     globals(),
     {
         "config": ("SchedulerConfig",),
-        "plan": ("CAUSES", "CachePlan", "KeySet"),
         "scheduler": ("Scheduler", "StepPlan"),
     },
 )

@@ -20,7 +20,7 @@ Shared vocabulary (see :mod:`herald.scheduler.state` for the arrays):
 - counts int64 [W, 6] in the order of ``plan.CAUSES``.
 
 Herald §4.3 Alg. 1 (allocation), §4.4 Alg. 2 (plan), NOTE [step protocol] in
-:mod:`herald.scheduler.plan` (docs/design.md, "Consistency protocol").
+:mod:`herald.contracts.plan` (docs/design.md, "Consistency protocol").
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+from herald.contracts.plan import CachePlan, KeySet
 from herald.scheduler.kernels import JIT, prefetch_jit
-from herald.scheduler.plan import CachePlan, KeySet
 
 _AHEAD = 16  # slots ahead whose key is prefetched
 

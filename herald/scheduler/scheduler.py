@@ -5,7 +5,7 @@ snapshots left by step ``t``, derives step ``t``'s plan pushes from that allocat
 (Herald Alg. 2), then runs step ``t+1``'s before-forward (evict, pull) and after-backward
 (grad push, local update) parts on the snapshots, and returns the finished plan of
 step ``t``. Worker caches executing the plans in NOTE [step protocol]
-(:mod:`herald.scheduler.plan`) equal the snapshots by construction.
+(:mod:`herald.contracts.plan`) equal the snapshots by construction.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import time
 import numpy as np
 
 from herald.config import require
+from herald.contracts.plan import CAUSES, KeySet
 from herald.errors import ConfigError, DataError, HeraldError
 from herald.scheduler import kernels as K
 from herald.scheduler import step_kernels as STK
@@ -25,7 +26,6 @@ from herald.scheduler.batch_keys import sample_csr
 from herald.scheduler.budget import BudgetController
 from herald.scheduler.config import SchedulerConfig
 from herald.scheduler.parallel import ParallelPasses
-from herald.scheduler.plan import CAUSES, KeySet
 from herald.scheduler.plan_build import build_plans
 from herald.scheduler.saved_state import check_scheduler_state, scheduler_state
 from herald.scheduler.state import Snapshots

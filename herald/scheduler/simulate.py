@@ -12,8 +12,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from herald.contracts.plan import CAUSES
 from herald.scheduler.config import SchedulerConfig
-from herald.scheduler.plan import CAUSES
 from herald.scheduler.scheduler import Scheduler
 
 PULLS = ("miss_pull", "update_pull")

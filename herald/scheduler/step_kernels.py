@@ -1,6 +1,6 @@
 """Numba kernels of a step's keys: the samples grouped by worker, each worker's distinct keys
 with the previous step's plan pushes (Herald Alg. 2), and the after-step update (gradient
-pushes, local updates, new validity; NOTE [step protocol] in :mod:`herald.scheduler.plan`).
+pushes, local updates, new validity; NOTE [step protocol] in :mod:`herald.contracts.plan`).
 
 Split from :mod:`herald.scheduler.kernels` (same conventions and vocabulary: ``nogil``,
 preallocated outputs, the per-key masks); their threaded versions are in

@@ -16,7 +16,7 @@ A training script is the standard loop (see examples/train_dlrm.py)::
 micro-batches, so the mean of the ranks' gradients is the gradient of the mean loss
 over the global batch: the job equals single-process training on the same global
 batches (Herald §3.3). The order of operations is NOTE [step protocol] in
-``herald/scheduler/plan.py``; the messages are NOTE [dispatch protocol] in
+``herald/contracts/plan.py``; the messages are NOTE [dispatch protocol] in
 ``herald/dispatch/dispatcher.py``.
 
 The loader is a thin iterator over the dispatcher's messages, which its
@@ -45,12 +45,12 @@ import torch.distributed as dist
 from torch import nn
 
 from herald.contracts.job import JobSpec
+from herald.contracts.microbatch import MicroBatch
+from herald.contracts.plan import KeySet
 from herald.contracts.vocab import DEFAULT_TIMEOUT_MS
-from herald.dispatch.microbatch import MicroBatch
 from herald.errors import ConfigError, DataError, HeraldError, ProtocolError
 from herald.loader.torchrec_interop import keyed_pooled, keyed_tensor_class, kjt_from_arrays
 from herald.phases import PhaseTimer
-from herald.scheduler.plan import KeySet
 from herald.worker.dense import DenseState
 from herald.worker.devices import DeviceChoice, select_device, setup_collectives
 from herald.worker.executor import PlanExecutor

@@ -5,7 +5,7 @@ state, the PS's row layout) and a (table, id) -> slot map (the shared one, NOTE 
 map] in :mod:`herald.keymap`: fixed size, at least twice the capacity, deletion without
 tombstones, so inserting and evicting every step never degrades it). The cache makes no
 decisions: it evicts, inserts and updates exactly what the plan says (NOTE [step
-protocol] in herald/scheduler/plan.py), so its contents equal the scheduler's snapshot
+protocol] in herald/contracts/plan.py), so its contents equal the scheduler's snapshot
 by construction; :meth:`SlotMap.keys` lets a debug check compare them (HET §4.3 for the
 cache, Herald §4.2 for the snapshot).
 
@@ -37,10 +37,10 @@ import numpy as np
 import torch
 
 from herald import keymap
+from herald.contracts.plan import KeySet
 from herald.contracts.tables import TableConfig
 from herald.errors import ConfigError, ProtocolError
 from herald.ps.rows import hyper_params
-from herald.scheduler.plan import KeySet
 from herald.worker.kernels import apply_rows_at_jit, bag_grads_jit, pooled_sum_jit, take_rows_jit
 
 
@@ -298,7 +298,7 @@ class EmbeddingCache(SlotMap):
 
 
 class BagLayout:
-    """A micro-batch's bags in the flat layout of :class:`~herald.dispatch.microbatch.MicroBatch`
+    """A micro-batch's bags in the flat layout of :class:`~herald.contracts.microbatch.MicroBatch`
     (NOTE [micro-batch layout]): what :meth:`EmbeddingCache.lookup_pooled` pools.
 
     Args:
@@ -318,7 +318,7 @@ class BagLayout:
 
     @classmethod
     def of(cls, mb) -> BagLayout:
-        """The layout of a :class:`~herald.dispatch.microbatch.MicroBatch`."""
+        """The layout of a :class:`~herald.contracts.microbatch.MicroBatch`."""
         return cls(mb.id_bounds, mb.inverse_flat, mb.inverse_bounds, mb.offsets_flat)
 
     def check(self, slots: np.ndarray, dim: int, row_width: int) -> None:

@@ -16,11 +16,11 @@ from collections.abc import Callable
 
 import numpy as np
 
-from herald.dispatch.microbatch import MicroBatch
+from herald.contracts.microbatch import MicroBatch
+from herald.contracts.plan import CachePlan, KeySet
 from herald.errors import ProtocolError
 from herald.ps import PSClient
 from herald.ps.wire import valid_copies
-from herald.scheduler.plan import CachePlan, KeySet
 from herald.worker import psio
 from herald.worker.executor import PlanExecutor
 from herald.worker.psio import member

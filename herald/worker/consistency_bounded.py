@@ -69,9 +69,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from herald.contracts.microbatch import MicroBatch
 from herald.contracts.modes import BoundedSettings
-from herald.dispatch.microbatch import MicroBatch
-from herald.scheduler.plan import CachePlan, KeySet
+from herald.contracts.plan import CachePlan, KeySet
 from herald.worker.clocks import CopyClocks
 from herald.worker.executor import PlanExecutor
 from herald.worker.protocol import BSP

@@ -29,11 +29,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from herald.contracts.microbatch import MicroBatch
 from herald.contracts.modes import GbaSettings
-from herald.dispatch.microbatch import MicroBatch
+from herald.contracts.plan import KeySet
 from herald.errors import ConfigError, DataError, PeerTimeout, ProtocolError
 from herald.ps.rows import shard_of
-from herald.scheduler.plan import KeySet
 from herald.worker import psio
 from herald.worker.dense import DenseState
 from herald.worker.executor import PlanExecutor

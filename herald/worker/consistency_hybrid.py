@@ -19,10 +19,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from herald.contracts.microbatch import MicroBatch
 from herald.contracts.modes import HybridSettings
-from herald.dispatch.microbatch import MicroBatch
+from herald.contracts.plan import KeySet
 from herald.errors import ProtocolError
-from herald.scheduler.plan import KeySet
 from herald.worker import psio
 from herald.worker.executor import PlanExecutor
 from herald.worker.protocol import ConsistencyProtocol

@@ -1,6 +1,6 @@
 """The dense synchroniser: average the dense gradients over the ranks, then step.
 
-Step 7 of NOTE [step protocol] (``herald/scheduler/plan.py``). Every rank holds the
+Step 7 of NOTE [step protocol] (``herald/contracts/plan.py``). Every rank holds the
 same dense replica (same seed, same averaged gradients), as in data-parallel training.
 With ``dense_comm`` fp16/bf16 the all-reduce payload is compressed the way torch's DDP
 ``fp16_compress_hook`` / ``bf16_compress_hook`` do it (divide by the ranks, cast,

@@ -36,8 +36,8 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
+from herald.contracts.plan import KeySet
 from herald.contracts.tables import TableConfig
-from herald.scheduler.plan import KeySet
 from herald.worker.cache import EmbeddingCache, SlotMap
 from herald.worker.kernels_torch import apply_rows_torch
 

@@ -1,10 +1,10 @@
 """The plan executor: one worker's embedding cache, PS I/O and replicated tables.
 
-It carries out the operations of a :class:`~herald.scheduler.plan.CachePlan` (evict
+It carries out the operations of a :class:`~herald.contracts.plan.CachePlan` (evict
 with write-back, pull, gradient push, local sparse update, plan push) and the
 embedding lookup of a micro-batch; it decides nothing. The order of the calls is the
 consistency protocol's (:mod:`herald.worker.protocol`, NOTE [step protocol] in
-``herald/scheduler/plan.py``). A protocol that sends more with the rows (HET's clocks:
+``herald/contracts/plan.py``). A protocol that sends more with the rows (HET's clocks:
 herald/worker/clocks.py) passes its own :data:`~herald.worker.rows.Fetch` and
 :data:`~herald.worker.rows.Write` functions; the executor only moves rows (the types it
 moves: :mod:`herald.worker.rows`).
@@ -19,10 +19,10 @@ import numpy as np
 import torch
 
 from herald.contracts.job import JobSpec
-from herald.dispatch.microbatch import MicroBatch
+from herald.contracts.microbatch import MicroBatch
+from herald.contracts.plan import CachePlan, KeySet
 from herald.phases import PhaseTimer
 from herald.ps import PSClient
-from herald.scheduler.plan import CachePlan, KeySet
 from herald.worker import psio
 from herald.worker.device_cache import DeviceCache, make_cache
 from herald.worker.devices import resolve_cache_device

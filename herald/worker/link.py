@@ -20,8 +20,8 @@ import zmq
 
 from herald import wire
 from herald.auth import load_client_keys, secure_client
+from herald.contracts.microbatch import MAX_WORKER_FRAME_BYTES
 from herald.contracts.vocab import STARTUP_GRACE_MS
-from herald.dispatch.microbatch import MAX_WORKER_FRAME_BYTES
 from herald.errors import HeraldError, PeerTimeout, ProtocolError
 
 

@@ -11,7 +11,7 @@ implementation, found by the mode's name in the worker's registry :data:`herald.
 gives the runtime the dense side of the protocol (:class:`~herald.worker.dense.DenseSync`
 unless the mode synchronises the dense model otherwise, as GBA does).
 
-:class:`BSP` is the exact protocol: NOTE [step protocol] in ``herald/scheduler/plan.py``.
+:class:`BSP` is the exact protocol: NOTE [step protocol] in ``herald/contracts/plan.py``.
 A BSP step may start as soon as its micro-batch arrives: the dispatcher sends step
 ``t + 1`` only within its credit window, and the dense all-reduce of step ``t`` (which
 every worker enters after its pushes and write-backs of step ``t`` were acknowledged)
@@ -30,9 +30,9 @@ import torch
 from torch import nn
 
 from herald.contracts.consistency import ModeSettings
+from herald.contracts.microbatch import MicroBatch
 from herald.contracts.modes import BspSettings
-from herald.dispatch.microbatch import MicroBatch
-from herald.scheduler.plan import KeySet
+from herald.contracts.plan import KeySet
 from herald.worker.dense import DenseState, DenseSync
 from herald.worker.executor import PlanExecutor
 from herald.worker.rows import StepRows

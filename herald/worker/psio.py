@@ -13,9 +13,9 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
+from herald.contracts.plan import KeySet
 from herald.errors import ProtocolError
 from herald.ps import PSClient
-from herald.scheduler.plan import KeySet
 from herald.worker.kernels import member_jit, pairs_sorted_jit, positions_jit
 
 

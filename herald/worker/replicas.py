@@ -32,9 +32,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from herald.contracts.plan import KeySet
 from herald.contracts.tables import TableConfig
 from herald.ps import PSClient, apply_gradients
-from herald.scheduler.plan import KeySet
 from herald.worker import psio
 from herald.worker.cache import EmbeddingCache
 from herald.worker.devices import group_for

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from herald.scheduler.plan import KeySet
+from herald.contracts.plan import KeySet
 from herald.worker import psio
 
 

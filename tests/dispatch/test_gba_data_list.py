@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from herald.contracts.microbatch import make_sample_ids
 from herald.dispatch.gba import split_global_batch
-from herald.dispatch.microbatch import MicroBatch, make_sample_ids
+from herald.dispatch.microbatch import build_microbatch
 from herald.errors import ConfigError
 from herald.loader.batch import SampleBatch
 from herald.worker.consistency_gba import micro_batch_keys
@@ -30,7 +31,7 @@ def test_a_global_batch_becomes_m_contiguous_micro_batches_with_their_token():
     assert [mb.step for mb in mbs] == [28, 29, 30, 31]  # i = token x M + slot
     assert [divmod(mb.step, 4) for mb in mbs] == [(7, s) for s in range(4)]
     for slot, mb in enumerate(mbs):
-        ref = MicroBatch.build(
+        ref = build_microbatch(
             mb.step, slot, batch, ids[2 * slot : 2 * slot + 2], mb.plan, index=np.arange(2 * slot, 2 * slot + 2)
         )
         assert np.array_equal(mb.sample_ids, ids[2 * slot : 2 * slot + 2]) and np.array_equal(mb.labels, ref.labels)

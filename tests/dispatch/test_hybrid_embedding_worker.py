@@ -8,6 +8,8 @@ import threading
 import numpy as np
 import pytest
 
+from herald.contracts.microbatch import make_sample_ids
+from herald.contracts.plan import CachePlan, KeySet
 from herald.dispatch.hybrid import (
     GradientPusher,
     HybridEmbeddingWorker,
@@ -18,10 +20,9 @@ from herald.dispatch.hybrid import (
     sum_per_key,
 )
 from herald.dispatch.idbuffer import IdFeatureBuffer
-from herald.dispatch.microbatch import MicroBatch, make_sample_ids
+from herald.dispatch.microbatch import build_microbatch
 from herald.errors import HeraldError, PeerTimeout, ProtocolError
 from herald.loader.batch import SampleBatch
-from herald.scheduler.plan import CachePlan, KeySet
 
 
 def _plan():
@@ -38,7 +39,7 @@ def _mb(step, rank, first_seq, values, offsets):
         [np.array(v, np.uint64) for v in values],
         [np.array(o, np.int64) for o in offsets],
     )
-    return MicroBatch.build(step, rank, batch, make_sample_ids(0, first_seq, b), _plan())
+    return build_microbatch(step, rank, batch, make_sample_ids(0, first_seq, b), _plan())
 
 
 # step 5: rank 0 has samples 0-1, rank 1 samples 2-3; two tables

@@ -19,12 +19,12 @@ from test_hostile_peers import finish, wait_rejected
 
 from herald import wire
 from herald.contracts.job import JobSpec
+from herald.contracts.microbatch import MAX_WORKER_FRAME_BYTES
 from herald.contracts.modes import GbaSettings, HybridSettings
 from herald.contracts.tables import TableConfig
 from herald.dispatch import channel as channel_mod
 from herald.dispatch.channel import PeerChannel
 from herald.dispatch.config import DispatcherConfig
-from herald.dispatch.microbatch import MAX_WORKER_FRAME_BYTES
 from herald.dispatch.peers import KINDS, largest_frame_bytes
 from herald.errors import ConfigError, PeerTimeout
 from herald.worker.link import DispatcherLink

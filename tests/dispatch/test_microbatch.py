@@ -4,10 +4,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from herald import wire
-from herald.dispatch.microbatch import MicroBatch, make_sample_ids
+from herald.contracts.microbatch import MicroBatch, make_sample_ids
+from herald.contracts.plan import CachePlan, KeySet
+from herald.dispatch.microbatch import build_microbatch
 from herald.errors import ProtocolError
 from herald.loader.batch import SampleBatch
-from herald.scheduler.plan import CachePlan, KeySet
 
 
 def _plan():
@@ -23,7 +24,7 @@ def test_roundtrip_through_wire_keeps_every_bit():
         [np.arange(4, dtype=np.int64), np.array([0, 2, 2, 4], np.int64)],
     )
     ids = make_sample_ids(3, 100, 3)
-    mb = MicroBatch.build(7, 1, batch, ids, _plan())
+    mb = build_microbatch(7, 1, batch, ids, _plan())
     assert mb.inverse[0].dtype == np.uint16 and mb.unique_ids[0].tolist() == [7, 2**63 + 9]
     frames = wire.pack(*mb.to_frames())
     back = MicroBatch.from_frames(*wire.unpack([bytes(memoryview(f)) for f in frames]))
@@ -72,7 +73,7 @@ def test_flat_arrays_and_per_table_views_match_np_unique():
     rng = np.random.default_rng(3)
     batch = _batch(rng)
     index = np.array([5, 0, 0, -1, 2])
-    mb = MicroBatch.build(1, 0, batch, make_sample_ids(0, 0, 5), _plan(), index=index)
+    mb = build_microbatch(1, 0, batch, make_sample_ids(0, 0, 5), _plan(), index=index)
     sub = batch.take(index)
     assert mb.ids_flat.dtype == np.uint64 and mb.id_bounds.tolist()[0] == 0
     assert mb.offsets_flat.shape == (3, 6) and mb.inverse_flat.dtype == np.uint16
@@ -92,14 +93,14 @@ def test_inverse_is_int32_when_a_table_has_65536_values():
         [np.arange(n, dtype=np.uint64) % np.uint64(70_001), np.array([4], np.uint64)],
         [np.array([0, n], np.int64), np.array([0, 1], np.int64)],
     )
-    mb = MicroBatch.build(0, 0, batch, make_sample_ids(0, 0, 1), _plan())
+    mb = build_microbatch(0, 0, batch, make_sample_ids(0, 0, 1), _plan())
     assert mb.inverse_flat.dtype == np.int32
     back = MicroBatch.from_frames(*wire.unpack(wire.pack(*mb.to_frames())))
     assert np.array_equal(back.values(0), batch.values[0]) and back.values(1).tolist() == [4]
 
 
 def test_one_blob_frame_per_micro_batch():
-    mb = MicroBatch.build(0, 0, _batch(np.random.default_rng(0)), make_sample_ids(0, 0, 6), _plan())
+    mb = build_microbatch(0, 0, _batch(np.random.default_rng(0)), make_sample_ids(0, 0, 6), _plan())
     header, arrays = mb.to_frames()
     assert len(arrays) == 1 and arrays[0].dtype == np.uint8
     assert [d[0] for d in header["parts"]][:3] == ["<u8", "<f4", "<f4"]
@@ -107,7 +108,7 @@ def test_one_blob_frame_per_micro_batch():
 
 def _valid_message(seed: int):
     rng = np.random.default_rng(seed)
-    mb = MicroBatch.build(2, 1, _batch(rng), make_sample_ids(0, 0, 6), _plan(), pull_early=np.array([True, False]))
+    mb = build_microbatch(2, 1, _batch(rng), make_sample_ids(0, 0, 6), _plan(), pull_early=np.array([True, False]))
     return wire.unpack(wire.pack(*mb.to_frames()))
 
 

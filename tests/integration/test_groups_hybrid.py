@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
+from herald.contracts.microbatch import SAMPLE_ID_RANK_SHIFT
 from herald.contracts.train import TrainConfig
-from herald.dispatch.microbatch import SAMPLE_ID_RANK_SHIFT
 from herald.errors import ConfigError
 from herald.job import group_dispatch
 from herald.job.data import JobData

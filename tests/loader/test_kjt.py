@@ -15,14 +15,15 @@ if os.environ.get("CI", "").lower() != "true":  # CI installs torchrec (make tor
     pytest.importorskip("torchrec")
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor  # noqa: E402
 
-from herald.dispatch.microbatch import MicroBatch, make_sample_ids  # noqa: E402
+from herald.contracts.microbatch import MicroBatch, make_sample_ids  # noqa: E402
+from herald.contracts.plan import CachePlan  # noqa: E402
+from herald.dispatch.microbatch import build_microbatch  # noqa: E402
 from herald.errors import DataError  # noqa: E402
 from herald.loader import convert, decode_records, open_source  # noqa: E402
 from herald.loader.batch import SampleBatch  # noqa: E402
 from herald.loader.formats.arrow import arrow_to_batch, batch_to_arrow  # noqa: E402
 from herald.loader.registry import formats  # noqa: E402
 from herald.loader.torchrec_interop import from_kjt, from_torchrec, to_kjt, to_torchrec  # noqa: E402
-from herald.scheduler.plan import CachePlan  # noqa: E402
 from herald.worker.api import Batch  # noqa: E402
 
 CRITEO = "criteo/criteo_kaggle_sample_dev.tsv"
@@ -190,7 +191,7 @@ def test_from_kjt_rejects_what_a_sample_batch_cannot_hold():
 # ------------------------------------------------------- the worker's micro-batch
 def _worker_batch(batch: SampleBatch, index: np.ndarray) -> Batch:
     """What ScheduledLoader yields: the micro-batch after the wire (uint16 inverse index)."""
-    mb = MicroBatch.build(4, 1, batch, make_sample_ids(0, 0, len(index)), CachePlan.empty(), index=index)
+    mb = build_microbatch(4, 1, batch, make_sample_ids(0, 0, len(index)), CachePlan.empty(), index=index)
     mb = MicroBatch.from_frames(*mb.to_frames())
     return Batch(
         torch.from_numpy(mb.labels.copy()),
@@ -212,7 +213,7 @@ def test_worker_batch_round_trip(name, data_dir, tmp_path):
     _check_layout(kjt, want)
     back = from_kjt(kjt, wb.labels, wb.dense)
     assert back.equals(want)
-    again = MicroBatch.build(4, 1, back, wb.sample_ids, CachePlan.empty())  # and back to a micro-batch
+    again = build_microbatch(4, 1, back, wb.sample_ids, CachePlan.empty())  # and back to a micro-batch
     for part in ("ids_flat", "id_bounds", "inverse_flat", "offsets_flat", "labels", "dense"):
         np.testing.assert_array_equal(getattr(again, part), getattr(wb.micro_batch, part))
     one = _worker_batch(batch, np.array([1]))  # a micro-batch of 1

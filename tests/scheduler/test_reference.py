@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from herald.contracts.plan import CAUSES
 from herald.contracts.vocab import SCHEDULES
-from herald.scheduler import CAUSES, SchedulerConfig
+from herald.scheduler import SchedulerConfig
 from herald.scheduler.config import POLICIES
 
 from .helpers import keylist, random_batches, run_scheduler

@@ -9,8 +9,9 @@ import json
 import numpy as np
 import pytest
 
+from herald.contracts.plan import CAUSES
 from herald.errors import ConfigError, DataError, HeraldError
-from herald.scheduler import CAUSES, Scheduler, SchedulerConfig
+from herald.scheduler import Scheduler, SchedulerConfig
 
 from .helpers import random_batches
 

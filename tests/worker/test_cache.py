@@ -3,8 +3,8 @@ import random
 import numpy as np
 import pytest
 
+from herald.contracts.plan import KeySet
 from herald.errors import ProtocolError
-from herald.scheduler.plan import KeySet
 from herald.worker.cache import EmbeddingCache
 
 

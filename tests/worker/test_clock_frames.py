@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from herald.contracts.job import JobSpec
+from herald.contracts.plan import CachePlan, KeySet
 from herald.contracts.tables import OptimizerConfig, TableConfig
 from herald.ps import PSClient, compress
-from herald.scheduler.plan import CachePlan, KeySet
 from herald.worker import psio
 from herald.worker.clocks import advancing
 from herald.worker.executor import PlanExecutor

@@ -6,12 +6,13 @@ import pytest
 import torch
 
 from herald.contracts.job import JobSpec
+from herald.contracts.microbatch import MicroBatch, make_sample_ids
 from herald.contracts.modes import consistency_mode
+from herald.contracts.plan import CachePlan, KeySet
 from herald.contracts.tables import OptimizerConfig, TableConfig
-from herald.dispatch.microbatch import MicroBatch, make_sample_ids
+from herald.dispatch.microbatch import build_microbatch
 from herald.errors import ProtocolError
 from herald.loader.batch import SampleBatch
-from herald.scheduler.plan import CachePlan, KeySet
 from herald.worker import psio
 from herald.worker.clocks import CopyClocks, check_valid
 from herald.worker.consistency_bounded import Bounded
@@ -77,7 +78,7 @@ def _step(protocol: Bounded, step: int, item: int, evict: bool = False) -> torch
     batch = SampleBatch(
         np.array([1.0], np.float32), np.zeros((1, 1), np.float32), [_u(item)], [np.array([0, 1], np.int64)]
     )
-    mb = MicroBatch.build(step, 0, batch, make_sample_ids(0, step, 1), plan)
+    mb = build_microbatch(step, 0, batch, make_sample_ids(0, step, 1), plan)
     protocol.before_forward(mb)
     pooled, rows = protocol.lookup(mb)
     read = rows.rows.detach().clone()
@@ -124,7 +125,7 @@ def _pulled_mb(step: int, item: int, early: bool) -> MicroBatch:
     batch = SampleBatch(
         np.array([1.0], np.float32), np.zeros((1, 1), np.float32), [_u(item)], [np.array([0, 1], np.int64)]
     )
-    return MicroBatch.build(step, 0, batch, make_sample_ids(0, step, 1), plan, pull_early=np.array([early]))
+    return build_microbatch(step, 0, batch, make_sample_ids(0, step, 1), plan, pull_early=np.array([early]))
 
 
 def test_the_clocks_prefetch_shared_pulls_with_their_clock_and_refuse_one_without(ps_address):

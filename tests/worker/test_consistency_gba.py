@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
+from herald.contracts.plan import KeySet
 from herald.errors import ProtocolError
 from herald.ps.rows import shard_of
-from herald.scheduler.plan import KeySet
 from herald.worker.consistency_gba import GbaDense, route
 
 

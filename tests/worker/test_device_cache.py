@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
+from herald.contracts.plan import KeySet
 from herald.contracts.tables import OptimizerConfig, TableConfig
 from herald.errors import ProtocolError
 from herald.ps import apply_gradients
-from herald.scheduler.plan import KeySet
 from herald.worker.cache import EmbeddingCache
 from herald.worker.device_cache import DeviceCache, make_cache
 from herald.worker.kernels_torch import apply_rows_torch

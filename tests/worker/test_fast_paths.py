@@ -140,7 +140,7 @@ class _FakePS:
 def test_psio_push_and_pull_keep_key_order_across_tables():
     """One flat request over every table: the (table, id) pairs and their rows go out in
     the KeySet's order, and the pulled rows come back in it."""
-    from herald.scheduler.plan import KeySet
+    from herald.contracts.plan import KeySet
     from herald.worker import psio
 
     keys = KeySet(np.array([2, 0, 2, 1], np.int32), np.array([20, 5, 21, 7], np.uint64))
@@ -156,7 +156,7 @@ def test_psio_push_and_pull_keep_key_order_across_tables():
 
 
 def test_member_is_exact_per_table():
-    from herald.scheduler.plan import KeySet
+    from herald.contracts.plan import KeySet
     from herald.worker.psio import member
 
     of = KeySet(np.array([0, 1], np.int32), np.array([5, 2**63 + 1], np.uint64))
@@ -167,7 +167,7 @@ def test_member_is_exact_per_table():
 def test_member_equals_a_set_of_pairs_sorted_or_not():
     """The binary search over (table, id) pairs (sorted first when they are not) answers what
     a Python set of the pairs does: repeated pairs, ids >= 2**63, empty sides."""
-    from herald.scheduler.plan import KeySet
+    from herald.contracts.plan import KeySet
     from herald.worker.psio import member
 
     rng = np.random.default_rng(7)
@@ -186,8 +186,8 @@ def test_member_equals_a_set_of_pairs_sorted_or_not():
 
 def _executor(world_size: int):
     """A PlanExecutor over a host cache and a fake PS (no sockets)."""
+    from herald.contracts.plan import KeySet
     from herald.phases import PhaseTimer
-    from herald.scheduler.plan import KeySet
     from herald.worker.cache import EmbeddingCache
     from herald.worker.executor import PlanExecutor
 
@@ -200,7 +200,7 @@ def _executor(world_size: int):
 
 
 def _keys(pairs):
-    from herald.scheduler.plan import KeySet
+    from herald.contracts.plan import KeySet
 
     return KeySet(np.array([t for t, _ in pairs], np.int32), np.array([i for _, i in pairs], np.uint64))
 
@@ -209,7 +209,7 @@ class _Step:
     """What ``_own_write_backs`` reads of a micro-batch: step, plan.pull, pull_early."""
 
     def __init__(self, step, pull, early):
-        from herald.scheduler.plan import CachePlan
+        from herald.contracts.plan import CachePlan
 
         self.step, self.pull_early = step, np.array(early, bool)
         self.plan = dataclasses.replace(CachePlan.empty(), pull=pull)
@@ -220,7 +220,7 @@ def test_own_write_backs_of_the_step_before_are_pulled_early(world_size):
     """NOTE [own write-backs]: a "wait" pull of a key this worker wrote back at step t and
     no longer holds may leave early for t + 1; one it still holds, or (with several
     workers) one it did not write back, still waits; nothing is taken across steps."""
-    from herald.scheduler.plan import CachePlan
+    from herald.contracts.plan import CachePlan
 
     ex = _executor(world_size)
     held = _keys([(0, 1), (0, 2), (1, 3), (1, 4)])

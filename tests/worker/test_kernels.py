@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
+from herald.contracts.plan import KeySet
 from herald.errors import ProtocolError
-from herald.scheduler.plan import KeySet
 from herald.worker.kernels import bag_grads_jit, pooled_sum_jit, segment_unique_jit
 from herald.worker.psio import positions, table_groups
 

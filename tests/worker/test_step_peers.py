@@ -3,7 +3,7 @@ dispatcher and one in-process PS shard (FakeDispatcher and InProcessPS, tests/fa
 
 The test plays the dispatcher's side of NOTE [dispatch protocol] message by message
 and checks what the worker did to its cache and to the PS against NOTE [step protocol]
-(``herald/scheduler/plan.py``): keys only this worker used are updated in the cache and
+(``herald/contracts/plan.py``): keys only this worker used are updated in the cache and
 not at the PS (until a flush writes them back); keys in ``grad_push`` are updated at
 the PS by the same optimizer kernel. Every wait is bounded.
 """
@@ -18,12 +18,13 @@ import torch
 import torch.nn.functional as F
 
 from herald.contracts.job import JobSpec
+from herald.contracts.microbatch import MicroBatch, make_sample_ids
+from herald.contracts.plan import CachePlan, KeySet
 from herald.contracts.tables import OptimizerConfig, TableConfig
-from herald.dispatch.microbatch import MicroBatch, make_sample_ids
+from herald.dispatch.microbatch import build_microbatch
 from herald.errors import ConfigError, HeraldError, PeerTimeout, ProtocolError
 from herald.loader.batch import SampleBatch
 from herald.ps import PSClient, apply_gradients
-from herald.scheduler.plan import CachePlan, KeySet
 from herald.worker import link as link_mod
 from herald.worker.api import ScheduledLoader
 from tests.fakes import FakeDispatcher, InProcessPS
@@ -92,7 +93,7 @@ def micro_batch(step: int, base: int) -> tuple[MicroBatch, KeySet, KeySet]:
     shared = KeySet(np.array([1], np.int32), np.array([item], np.uint64))
     pull = KeySet(np.concatenate([local.table, shared.table]), np.concatenate([local.ids, shared.ids]))
     plan = CachePlan(KeySet.empty(), np.zeros(0, bool), pull, shared, np.array([1], np.uint16), local, KeySet.empty())
-    return MicroBatch.build(step, 0, batch, make_sample_ids(0, 2 * step, 2), plan), local, shared
+    return build_microbatch(step, 0, batch, make_sample_ids(0, 2 * step, 2), plan), local, shared
 
 
 def forward_backward(loader: ScheduledLoader, batch, model: torch.nn.Module) -> torch.Tensor:

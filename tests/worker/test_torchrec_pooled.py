@@ -24,12 +24,13 @@ if os.environ.get("CI", "").lower() != "true":  # CI installs torchrec (make tor
 from torchrec.sparse.jagged_tensor import KeyedTensor  # noqa: E402
 
 from herald.contracts.job import JobSpec  # noqa: E402
+from herald.contracts.microbatch import MicroBatch, make_sample_ids  # noqa: E402
+from herald.contracts.plan import CachePlan, KeySet  # noqa: E402
 from herald.contracts.tables import OptimizerConfig, TableConfig
-from herald.dispatch.microbatch import MicroBatch, make_sample_ids  # noqa: E402
+from herald.dispatch.microbatch import build_microbatch  # noqa: E402
 from herald.errors import ConfigError  # noqa: E402
 from herald.loader.batch import SampleBatch  # noqa: E402
 from herald.ps import PSClient  # noqa: E402
-from herald.scheduler.plan import CachePlan, KeySet  # noqa: E402
 from herald.worker.api import CachedEmbedding  # noqa: E402
 from tests.fakes import FakeDispatcher, InProcessPS  # noqa: E402
 
@@ -55,7 +56,7 @@ def _micro_batch(step: int) -> MicroBatch:
     shared = KeySet(np.ones(2, np.int32), np.unique(tags))
     pull = KeySet(np.concatenate([local.table, shared.table]), np.concatenate([local.ids, shared.ids]))
     plan = CachePlan(KeySet.empty(), np.zeros(0, bool), pull, shared, np.ones(2, np.uint16), local, KeySet.empty())
-    return MicroBatch.build(step, 0, batch, make_sample_ids(0, 3 * step, 3), plan)
+    return build_microbatch(step, 0, batch, make_sample_ids(0, 3 * step, 3), plan)
 
 
 def _features(pooled) -> torch.Tensor:

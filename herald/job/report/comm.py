@@ -24,16 +24,16 @@ from typing import Any
 import numpy as np
 
 from herald.contracts.modes import consistency_mode
+from herald.contracts.plan import CAUSES
 from herald.dispatch.records import StepRecord
 from herald.job.report.consistency import consistency_block
 from herald.job.report.inputs import ReportInputs
 from herald.job.report.progress import PULLS, PUSHES
 from herald.ps.compress import row_bytes
-from herald.scheduler.plan import CAUSES
 
 
 def by_cause(inp: ReportInputs) -> dict[str, int]:
-    """Embedding rows moved per cause of :data:`herald.scheduler.plan.CAUSES` over this attempt:
+    """Embedding rows moved per cause of :data:`herald.contracts.plan.CAUSES` over this attempt:
     the plan's counts less the stale reads a bounded mode took from the cache; under a mode
     that plans no transmissions (hybrid) every row read is a pull and every gradient row a push."""
     counts = (

@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 
+from herald.contracts.plan import CAUSES
 from herald.dispatch.records import StepRecord
 from herald.job.report.metrics import log_loss, roc_auc
-from herald.scheduler.plan import CAUSES
 
 PULLS = ("miss_pull", "update_pull")
 PUSHES = ("grad_push", "plan_push", "evict_push")

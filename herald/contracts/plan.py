@@ -1,5 +1,9 @@
 """What the scheduler tells each worker to do in one step: the cache plan.
 
+A contract between the two (docs/design.md, "Layers"): :mod:`herald.scheduler` builds
+these types, :mod:`herald.worker` executes them, and the micro-batch carries them
+(:mod:`herald.contracts.microbatch`); this module imports numpy only.
+
 NOTE [step protocol] (docs/design.md, "Consistency protocol"; Herald §3.3, §4.4).
 Worker ``w`` executes step ``t``
 in this order; every list comes from its :class:`CachePlan`:
