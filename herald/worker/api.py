@@ -31,17 +31,13 @@ unless the mode brings its own).
 from __future__ import annotations
 
 import dataclasses
-import math
-import os
 import sys
 import time
 from collections.abc import Iterator
-from datetime import timedelta
 from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from herald.contracts.job import JobSpec
@@ -52,9 +48,9 @@ from herald.errors import ConfigError, DataError, HeraldError, ProtocolError
 from herald.loader.torchrec_interop import keyed_pooled, keyed_tensor_class, kjt_from_arrays
 from herald.phases import PhaseTimer
 from herald.worker.dense import DenseState
-from herald.worker.devices import DeviceChoice, select_device, setup_collectives
+from herald.worker.dense_group import DenseGroup
+from herald.worker.divergence import check_finite
 from herald.worker.executor import PlanExecutor
-from herald.worker.groups import world_position
 from herald.worker.link import DispatcherLink
 from herald.worker.modes import job_protocol
 from herald.worker.rows import StepRows
@@ -103,11 +99,6 @@ class Batch:
         index = mb.inverse_flat.astype(np.int64) + np.repeat(mb.id_bounds[:-1], nnz)
         lengths = np.diff(mb.offsets_flat, axis=1).ravel()
         return kjt_from_arrays(self.table_names, mb.ids_flat[index], lengths, len(mb))
-
-
-class TrainingDiverged(HeraldError):
-    """A worker's loss or gradient turned non-finite (NaN or inf); the message names the
-    step, the rank and the likely cause (learning rate too high, or bad input)."""
 
 
 class CachedEmbedding(nn.Module):
@@ -162,27 +153,29 @@ class ScheduledLoader:
     Attributes:
         job: the :class:`JobSpec`; executor: the :class:`PlanExecutor`; protocol: the
         job's :class:`~herald.worker.protocol.ConsistencyProtocol`; steps: steps finished;
-        link: the :class:`~herald.worker.link.DispatcherLink` (the socket to the dispatcher).
+        link: the :class:`~herald.worker.link.DispatcherLink` (the socket to the dispatcher);
+        group: the :class:`~herald.worker.dense_group.DenseGroup` (the dense process group);
+        dist_rank, dist_world_size: its rank and world (they differ from the dispatcher's
+        with one dispatcher per group: NOTE [independent groups] in herald/job/group_dispatch.py).
     """
 
-    def __init__(
-        self, link: DispatcherLink, world_size: int, job: JobSpec, device: torch.device, cache_device: str = "auto"
-    ):
-        rank = link.rank
+    def __init__(self, link: DispatcherLink, world_size: int, job: JobSpec, group: DenseGroup, cache_device: str):
+        rank, device = link.rank, group.choice.device
         self.rank, self.world_size, self.job, self.device = rank, world_size, job, device
-        # torch.distributed's rank and world: differ from the dispatcher's with one dispatcher
-        # per group (NOTE [independent groups] in herald/job/group_dispatch.py)
-        self.dist_rank, self.dist_world_size = world_position(job.group_index, job.groups.count, rank, world_size)
+        self.group, self.dist_rank, self.dist_world_size = group, group.rank, group.world_size
         self.link = link
         self.executor = PlanExecutor(job, rank, world_size, device, cache_device)
         self.protocol = job_protocol(job, self.executor)  # its mode's entry in herald.worker.modes
+        if rank == 0:
+            print(
+                f"herald worker: training on {device}, {self.executor.cache_description}", file=sys.stderr, flush=True
+            )
         self.dense: DenseState | None = None
         self._batch: Batch | None = None
         self.steps = 0
         self._yielded: tuple[float, float] | None = None  # (when, phase seconds then): see step()
         self._ahead: tuple | None = None  # (header, arrays, MicroBatch or None) received early
         self._closed = False
-        self._owns_process_group = False  # set by connect() when it initialised torch.distributed
 
     @property
     def timer(self) -> PhaseTimer:
@@ -244,21 +237,9 @@ class ScheduledLoader:
             job = JobSpec.from_dict(link.handshake(world_size))
             if keys_dir is not None:  # this host's copy of the keys folder
                 job = job.replace(keys_dir=str(keys_dir))
-            # the dense process group's rank and world (NOTE [independent groups] in herald/job/group_dispatch.py)
-            dist_rank, dist_world = world_position(job.group_index, job.groups.count, rank, world_size)
-            choice = select_device(dist_rank, dist_world, device)  # NOTE [worker devices]; set_device before the group
-            loader = cls(link, world_size, job, choice.device, cache_device)
-            if rank == 0:
-                print(
-                    f"herald worker: training on {choice.device}, {loader.executor.cache_description}",
-                    file=sys.stderr,
-                    flush=True,
-                )
-            if dist_world > 1 and not dist.is_initialized():
-                _init_process_group(job, choice, dist_rank, dist_world, dist_init, timeout_ms)
-                loader._owns_process_group = True  # destroyed by close()
-            if dist_world > 1:
-                setup_collectives()  # the gloo side group for CPU tensors when the group is NCCL
+            group = DenseGroup(job, rank, world_size, device)  # NOTE [worker devices]; set_device before the group
+            loader = cls(link, world_size, job, group, cache_device)
+            group.join(dist_init, timeout_ms)  # a group it creates is destroyed by close()
         except BaseException as exc:  # tell the dispatcher (else it waits out its timeout); free the socket
             link.report_error_nowait(f"{type(exc).__name__}: {exc}")  # no dispatcher connected: nobody to tell
             if loader is not None:
@@ -361,8 +342,9 @@ class ScheduledLoader:
         Raises:
             HeraldError: no batch was yielded, its embedding was not called, or
                 :meth:`attach` was not called.
-            TrainingDiverged: the loss or a gradient is NaN or infinite (nothing of the
-                step is applied; the message names the step, the rank and the likely cause).
+            TrainingDiverged: the loss or a gradient is NaN or infinite (nothing of the step is
+                applied; the message names the step, the rank and the likely cause:
+                :func:`herald.worker.divergence.check_finite`).
         """
         batch = self._batch
         if batch is None or batch.rows is None or self.dense is None:
@@ -370,7 +352,9 @@ class ScheduledLoader:
         self._batch = None
         try:
             mb = batch.micro_batch
-            self._check_finite(mb, loss, batch.rows)
+            check_finite(
+                self.job, self.rank, mb.step, loss, [batch.rows.rows.grad] + [p.grad for p in self.dense.params]
+            )
             if self.dist_rank == self.job.straggler.rank:  # --slow-worker: a straggler, counted as compute
                 time.sleep(self.job.straggler.ms / 1000.0)
             if self._yielded is not None:  # forward + backward not timed by the training loop
@@ -382,56 +366,35 @@ class ScheduledLoader:
                 self._look_ahead(wait=mb.next_follows and self.protocol.step_messages)
             if self.protocol.step_messages:  # the dense sum rides in the step messages, or is all-reduced meanwhile
                 with self.timer("dense_allreduce"):
-                    self.executor.step_dense = self.dense.start()
+                    self.executor.step_message.dense = self.dense.start()
             self.protocol.after_backward(mb, batch.rows)
             with self.timer("dense_allreduce"):
-                self.dense.step(summed=self.executor.take_dense_summed())
-            value = (
-                float(loss.detach())
-                if isinstance(loss, torch.Tensor)
-                else (float("nan") if loss is None else float(loss))
-            )
-            preds = []
-            if logits is not None:
-                preds = [mb.labels, torch.sigmoid(logits.detach()).to("cpu", torch.float32).numpy().reshape(-1)]
-            with self.timer("ack"):
-                self.link.send_ack(
-                    mb.step,
-                    value,
-                    self.timer.take(),
-                    self.protocol.take_stats(),
-                    self.executor.take_traffic(),
-                    preds + self.protocol.ack_arrays(),
-                )
+                self.dense.step(summed=self.executor.step_message.take_dense_summed())
+            self._send_ack(mb, loss, logits)
             self.steps += 1
         except Exception as exc:
             self.link.report_error(exc)
             raise
 
-    def _check_finite(self, mb: MicroBatch, loss: torch.Tensor | float | None, rows: StepRows) -> None:
-        """Stop the job on a non-finite loss or gradient, before anything is pushed or
-        all-reduced (the PS rows and the other ranks' replicas stay clean): a NaN pushed
-        once spreads to every row and replica it reaches, and training goes on silently.
-
-        Raises:
-            TrainingDiverged: naming the step, this rank and the likely cause.
-        """
-        value = float(loss.detach()) if isinstance(loss, torch.Tensor) else (None if loss is None else float(loss))
-        grads = [g for g in [rows.rows.grad] + [p.grad for p in self.dense.params] if g is not None]
-        what = None
-        if value is not None and not math.isfinite(value):
-            what = f"the loss is {value}"
-        elif grads and not _all_finite(grads):
-            what = "a gradient is not finite" + (f" (loss {value:.4g})" if value is not None else "")
-        if what is None:
-            return
-        lr = self.job.tables[0].optimizer.lr
-        raise TrainingDiverged(
-            f"rank {self.rank}: {what} at step {mb.step}: training diverged. Likely cause: a learning rate too high "
-            f"(--lr {lr:g}, --dense-lr {self.job.dense_lr:g}: lower them) or bad input values (the loader drops "
-            "non-finite and out-of-range labels and dense values; look for extreme ones). Nothing of this step "
-            "was applied; fix and continue from the last checkpoint with --resume (docs/operations.md)"
+    def _send_ack(self, mb: MicroBatch, loss: torch.Tensor | float | None, logits: torch.Tensor | None) -> None:
+        """Ack step ``mb.step`` to the dispatcher: the loss (NaN when None), the phase times,
+        the protocol's counters, the traffic, the predictions (``mb.labels`` and the sigmoid of
+        ``logits``, when given) and the protocol's ack arrays."""
+        value = (
+            float(loss.detach()) if isinstance(loss, torch.Tensor) else (float("nan") if loss is None else float(loss))
         )
+        preds = []
+        if logits is not None:
+            preds = [mb.labels, torch.sigmoid(logits.detach()).to("cpu", torch.float32).numpy().reshape(-1)]
+        with self.timer("ack"):
+            self.link.send_ack(
+                mb.step,
+                value,
+                self.timer.take(),
+                self.protocol.take_stats(),
+                self.executor.take_traffic(),
+                preds + self.protocol.ack_arrays(),
+            )
 
     def _save(self, path: str) -> None:
         """Write the dense model and optimizer state to ``path/dense.pt`` (atomically)."""
@@ -451,49 +414,10 @@ class ScheduledLoader:
             stats = self.dense.close(self.link.timeout_ms / 1000.0, self.job.run_dir)
         self.executor.close()
         self.link.close()
-        # A process group left to the interpreter's exit can abort it (gloo: "terminate called
-        # without an active exception", signal 6). Not while an averaging thread may still be
-        # inside a collective: it is a daemon and ends with the process.
-        if self._owns_process_group and dist.is_initialized() and (stats is None or stats.get("thread_ended")):
-            dist.destroy_process_group()
+        self.group.leave(threads_ended=stats is None or bool(stats.get("thread_ended")))
 
     def __enter__(self) -> ScheduledLoader:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-def _all_finite(tensors: list[torch.Tensor]) -> bool:
-    """Whether every element of ``tensors`` is finite, in about one reduction per tensor:
-    a NaN or inf anywhere makes the sum of sums non-finite; only when it is (also when
-    finite values overflow the sum) are the elements checked one by one."""
-    if bool(torch.isfinite(torch.stack([t.sum(dtype=torch.float32) for t in tensors]).sum())):
-        return True
-    return all(bool(torch.isfinite(t).all()) for t in tensors)
-
-
-def _init_process_group(
-    job: JobSpec, choice: DeviceChoice, dist_rank: int, dist_world: int, dist_init: str | None, timeout_ms: int
-) -> None:
-    """Join the dense process group as ``dist_rank`` of ``dist_world`` with ``choice``'s
-    backend (NOTE [worker devices]); the method: ``dist_init``, else ``env://`` under
-    torchrun, else the job's.
-
-    Raises:
-        ConfigError: no init method at all.
-    """
-    method = dist_init or ("env://" if "MASTER_ADDR" in os.environ else job.dist_init)
-    if not method:
-        raise ConfigError(
-            "no torch.distributed init method: pass dist_init, run under torchrun, or set dist_init in the job"
-        )
-    if choice.notice and dist_rank == 0:
-        print(f"herald worker: {choice.notice}", file=sys.stderr, flush=True)
-    dist.init_process_group(
-        choice.backend,
-        init_method=method,
-        rank=dist_rank,
-        world_size=dist_world,
-        timeout=timedelta(milliseconds=timeout_ms),
-    )

@@ -94,7 +94,7 @@ class CopyClocks:
         """The early pulls of ``mb`` (NOTE [early pulls]), those of shared keys with their clocks."""
         clocked = member(mb.plan.pull, mb.plan.grad_push)
         self._prefetched[mb.step] = clocked
-        self.executor.prefetch(mb, fetch=self._fetch(clocked))
+        self.executor.early.prefetch(mb, fetch=self._fetch(clocked))
 
     def evict(self, plan: CachePlan, step: int) -> None:
         """The plan's evictions: a written-back copy's local updates go with it (Het.Cache.Evict)."""
@@ -135,7 +135,7 @@ class CopyClocks:
 
     def _check_prefetched(self, step: int, shared: np.ndarray, checked: np.ndarray) -> None:
         """A prefetched pull is always fetched, with its clock when shared (ProtocolError otherwise)."""
-        early = self.executor.prefetched(step)
+        early = self.executor.early.prefetched(step)
         clocked = self._prefetched.pop(step, None)
         self._prefetched = {s: m for s, m in self._prefetched.items() if s > step}
         if early is None:

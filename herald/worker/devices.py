@@ -210,7 +210,7 @@ def setup_collectives() -> None:
     """Create the gloo side group for CPU tensors when the default group is NCCL.
 
     A collective call: every rank runs it once, right after ``init_process_group``
-    (:meth:`herald.worker.api.ScheduledLoader.connect` does). Idempotent; does nothing
+    (:meth:`herald.worker.dense_group.DenseGroup.join` does). Idempotent; does nothing
     without a process group or with gloo.
     """
     if not dist.is_available() or not dist.is_initialized() or dist.get_backend() != "nccl":

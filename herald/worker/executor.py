@@ -7,7 +7,9 @@ consistency protocol's (:mod:`herald.worker.protocol`, NOTE [step protocol] in
 ``herald/contracts/plan.py``). A protocol that sends more with the rows (HET's clocks:
 herald/worker/clocks.py) passes its own :data:`~herald.worker.rows.Fetch` and
 :data:`~herald.worker.rows.Write` functions; the executor only moves rows (the types it
-moves: :mod:`herald.worker.rows`).
+moves: :mod:`herald.worker.rows`). Two parts have collaborators of their own: the pulls
+started before their step (:class:`~herald.worker.early_pulls.EarlyPulls`) and the BSP
+step message (:class:`~herald.worker.step_message.StepMessage`).
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ from herald.ps import PSClient
 from herald.worker import psio
 from herald.worker.device_cache import DeviceCache, make_cache
 from herald.worker.devices import resolve_cache_device
+from herald.worker.early_pulls import EarlyPulls
 from herald.worker.replicas import ReplicaStore
 from herald.worker.rows import Fetch, Pulled, StepGrads, StepRows, Write, pool_bags
+from herald.worker.step_message import StepMessage
 
 
 class PlanExecutor:
@@ -47,6 +51,10 @@ class PlanExecutor:
             EmbeddingCache` or the :class:`~herald.worker.device_cache.DeviceCache`.
         ps: the :class:`PSClient` of the job's shards.
         replicas: the :class:`ReplicaStore` of replicated tables, or None.
+        early: the :class:`~herald.worker.early_pulls.EarlyPulls`: pulls started before
+            their step (NOTE [early pulls], NOTE [own write-backs]).
+        step_message: the :class:`~herald.worker.step_message.StepMessage` (NOTE [step
+            messages] in herald/ps/stepped.py).
         bytes_pulled, bytes_pushed, bytes_allreduced: traffic not through :attr:`ps` since
             :meth:`take_traffic` (which adds the PS client's own count).
         timer: a :class:`~herald.phases.PhaseTimer`; each operation adds its time under
@@ -78,17 +86,11 @@ class PlanExecutor:
             if self._replicated.size
             else None
         )
-        self.bytes_pulled = self.bytes_pushed = self.bytes_allreduced = self.bytes_dense = 0
+        self.bytes_pulled = self.bytes_pushed = self.bytes_allreduced = 0
         self.timer = PhaseTimer()
-        self._early: dict[int, tuple] = {}  # step -> (prefetched pulls mask, wait())
         self._writes: list = []  # pushes and write-backs in flight
-        self._written_back: tuple[int | None, KeySet] = (None, KeySet.empty())  # NOTE [own write-backs]
-        self._step: tuple | None = None  # the step message in flight: (next step or None, pulls, handle, dense carried)
-        self._prepared: int | None = None  # the step whose evictions and pulls are done (send_step)
-        #: float32 [P] or None: the dense gradient the next step message carries (NOTE [dense
-        #: gradients on the shards] in herald/ps/stepped.py); it holds the sum after :meth:`finish_step`
-        self.step_dense: np.ndarray | None = None
-        self._dense_summed = False
+        self.early = EarlyPulls(self.cache, world_size, self._fetch)
+        self.step_message = StepMessage(self.ps, self.cache, self.timer, rank, world_size, self.update_local)
 
     @property
     def cache_description(self) -> str:
@@ -101,9 +103,9 @@ class PlanExecutor:
         """Drop ``plan.evict``; start writing back the rows flagged in ``plan.write_back``
         (finished by :meth:`wait_writes`: NOTE [early pulls] in herald/dispatch/early.py).
         With ``step`` (the plan's step) the written-back keys are remembered, so that
-        :meth:`prefetch` may fetch them early for ``step + 1`` (NOTE [own write-backs]).
+        ``early.prefetch`` may fetch them early for ``step + 1`` (NOTE [own write-backs]).
         ``write``: how the rows go (:data:`Write`; default a plain ``push_rows``)."""
-        self._written_back = (step, KeySet.empty())
+        self.early.wrote_back(step, KeySet.empty())
         if not len(plan.evict):
             return
         with self.timer("evict"):
@@ -111,7 +113,7 @@ class PlanExecutor:
             wb = plan.write_back
             written = KeySet(plan.evict.table[wb], plan.evict.ids[wb])
             handle = (write or self._write)(written, rows)
-            self._written_back = (step, written)
+            self.early.wrote_back(step, written)
             if handle is not None:
                 self._writes.append(handle)
 
@@ -136,65 +138,14 @@ class PlanExecutor:
                     handle.wait()
                 self._writes.clear()
 
-    def prefetch(self, mb: MicroBatch, fetch: Fetch | None = None) -> None:
-        """Start pulling the pulls of ``mb`` marked ``pull_early`` (NOTE [early pulls]) and
-        those of this worker's own write-backs (NOTE [own write-backs]); call only once the
-        step before ``mb.step - 1`` is finished on this worker. ``fetch``: how they are read
-        (:data:`Fetch`; default: plain pulls); :meth:`prefetched` then names them."""
-        early = mb.pull_early
-        own = self._own_write_backs(mb)
-        if own is not None:
-            early = early | own
-        if early.any() and mb.step not in self._early:
-            keys = KeySet(mb.plan.pull.table[early], mb.plan.pull.ids[early])
-            self._early[mb.step] = (early, (fetch or self._fetch)(keys, early))
-
-    def prefetched(self, step: int) -> np.ndarray | None:
-        """bool [len(plan.pull)]: the pulls of ``step`` :meth:`prefetch` started (not yet
-        taken by :meth:`pull`), or None."""
-        got = self._early.get(step)
-        return None if got is None else got[0]
-
-    def _own_write_backs(self, mb: MicroBatch) -> np.ndarray | None:
-        """bool [len(mb.plan.pull)]: the pulls not marked early whose key this worker wrote
-        back at step ``mb.step - 1`` and does not hold now; None when there is none.
-
-        NOTE [own write-backs]: the dispatcher marks a pull of step t + 1 "wait" when step t
-        touches its key, but a key that worker w writes back at step t is touched at step t
-        by that write-back only: w held its only latest copy, so no other worker could
-        read, push or plan-push it at t (nor could w, having dropped it, unless it pulled it
-        again: then w holds it and it is not taken here). w sent the write-back in
-        :meth:`evict` of step t, before this pull, to the same shard over the same
-        connection, and a shard serves one connection's requests in the order sent
-        (ZeroMQ keeps a connection's order; ``ShardServer.serve`` handles one request at a
-        time); so the pull reads the written-back row, as the serial protocol does. With
-        one worker every "wait" pull of a key it does not hold is of this kind (step t's
-        gradient and plan pushes are of keys it holds), so membership is checked only with
-        several: alone, its pulls all leave while a step computes and none waits for a
-        round trip on the critical path.
-        """
-        step, written = self._written_back
-        if step is None or step != mb.step - 1 or not len(written):
-            return None
-        late = np.flatnonzero(~mb.pull_early)
-        if not late.shape[0]:
-            return None
-        cand = KeySet(mb.plan.pull.table[late], mb.plan.pull.ids[late])
-        ok = self.cache.slots(cand, must_exist=False) < 0
-        if self.world_size > 1:  # alone, every key step t touches and this worker no longer holds is its write-back
-            ok &= psio.member(cand, written)
-        out = np.zeros(len(mb.plan.pull), bool)
-        out[late[ok]] = True
-        return out
-
     def pull(self, mb: MicroBatch, fetch: Fetch | None = None) -> Pulled:
         """Fetch ``mb.plan.pull`` (rows with optimizer state) from the PS into the cache:
-        the prefetched rows (:meth:`prefetch`), then the others, read by ``fetch``
+        the prefetched rows (:meth:`~herald.worker.early_pulls.EarlyPulls.prefetch`), then the others, read by ``fetch``
         (:data:`Fetch`; default: plain pulls). A pull the fetch did not bring (its copy is
         still valid: NOTE [bounded reads]) leaves the cached copy as it is."""
         pull = mb.plan.pull
         n = len(pull)
-        early, early_wait = self._early.pop(mb.step, (None, None))
+        early, early_wait = self.early.take(mb.step)
         if not n:
             return Pulled(pull, np.ones(0, bool), np.zeros(0, np.uint64))
         late = np.ones(n, bool) if early is None else ~early
@@ -308,75 +259,6 @@ class PlanExecutor:
             self._writes.append(handle)
         return handle if write is not None else None
 
-    # ------------------------------------------------- the step message
-    def send_step(self, mb: MicroBatch, grads: StepGrads, step_rows: StepRows, next_mb: MicroBatch | None) -> None:
-        """Steps 4-6 of NOTE [step protocol] for ``mb`` as one step message per shard (NOTE
-        [step messages] in herald/ps/stepped.py): the gradients of ``plan.grad_push``, the
-        local updates, then the rows of ``plan.plan_push``; with ``next_mb`` (the micro-batch of
-        step ``mb.step + 1``, already here) also its evictions' write-backs and its pulls,
-        which :meth:`finish_step` puts in the cache (then :meth:`prepared` is its step); and
-        :attr:`step_dense`, which :meth:`finish_step` leaves holding the sum over the ranks.
-        Nothing of the step's message is acknowledged until :meth:`finish_step`."""
-        plan = mb.plan
-        dense, self.step_dense = self.step_dense, None
-        self.bytes_dense += 0 if dense is None else dense.nbytes
-        g = None
-        if len(plan.grad_push):
-            with self.timer("grad_push"):
-                g = grads.host_rows(step_rows.positions(plan.grad_push))
-        self.update_local(plan, grads, step_rows)
-        written, rows = plan.plan_push, None
-        if len(written):
-            with self.timer("plan_push"):
-                rows = self.cache.read(self.cache.slots(written))
-        pull = KeySet.empty()
-        if next_mb is not None:
-            nplan = next_mb.plan
-            if len(nplan.evict):
-                with self.timer("evict"):
-                    back = self.cache.evict(nplan.evict, nplan.write_back)
-                    wb = nplan.write_back
-                    if wb.any():
-                        written = KeySet(
-                            np.concatenate([written.table, nplan.evict.table[wb]]),
-                            np.concatenate([written.ids, nplan.evict.ids[wb]]),
-                        )
-                        rows = back if rows is None else np.concatenate([rows, back])
-            pull = nplan.pull
-        with self.timer("step_send"):
-            handle = self.ps.step_async(
-                mb.step,
-                self.rank,
-                self.world_size,
-                rows=(written.table, written.ids, rows) if rows is not None else None,
-                grads=(plan.grad_push.table, plan.grad_push.ids, g, plan.contributors) if g is not None else None,
-                pull=(pull.table, pull.ids),
-                dense=dense,
-            )
-        self._step = (None if next_mb is None else next_mb.step, pull, handle, dense is not None)
-
-    def finish_step(self) -> None:
-        """Wait for the reply of :meth:`send_step`'s message (every rank's step writes are
-        applied on every shard then) and put the pulled rows in the cache."""
-        if self._step is None:
-            return
-        step, pull, handle, self._dense_summed = self._step
-        self._step = None
-        with self.timer("step_wait"):
-            rows = handle.wait()
-            if len(pull):
-                self.cache.put(pull, rows)
-        self._prepared = step
-
-    def take_dense_summed(self) -> bool:
-        """Whether the last step message's reply brought the dense sum (then forgotten)."""
-        summed, self._dense_summed = self._dense_summed, False
-        return summed
-
-    def prepared(self, step: int) -> bool:
-        """Whether step ``step``'s evictions and pulls came with the previous step message."""
-        return self._prepared == step
-
     def update_replicas(self, mb: MicroBatch, grads: StepGrads, step_rows: StepRows) -> None:
         """All-reduce and apply the replicated tables' gradients (NOTE [replicated tables])."""
         if self.replicas is None:
@@ -394,8 +276,8 @@ class PlanExecutor:
         cache (NOTE [checkpoint barrier] in herald/dispatch/dispatcher.py). With ``write``
         (:data:`Write`) the rows go by it and what its handle's ``wait()`` gives is returned;
         else a plain ``push_rows``, and None."""
-        self._written_back = (None, KeySet.empty())
-        self._prepared = None
+        self.early.wrote_back(None, KeySet.empty())
+        self.step_message.forget_prepared()
         clocks = None
         if len(keys) and write is None:
             psio.push_rows(self.ps, keys, self.cache.read(self.cache.slots(keys)))
@@ -410,10 +292,6 @@ class PlanExecutor:
             self.cache.clear()
         return clocks
 
-    def forget_prefetches(self) -> None:
-        """Drop prefetched rows not used yet (their replies are discarded on arrival)."""
-        self._early.clear()
-
     def take_traffic(self) -> dict[str, int]:
         """The worker's traffic since the last call (then reset to 0): ``bytes_pulled`` and
         ``bytes_pushed``, the bytes of every frame received from and sent to the PS (as they
@@ -427,10 +305,10 @@ class PlanExecutor:
             "bytes_pulled": self.bytes_pulled + ps["bytes_received"],
             "bytes_pushed": self.bytes_pushed + ps["bytes_sent"],
             "bytes_allreduced": self.bytes_allreduced,
-            "bytes_dense": self.bytes_dense,
+            "bytes_dense": self.step_message.bytes_dense,
             "ps_requests": ps["requests"],
         }
-        self.bytes_pulled = self.bytes_pushed = self.bytes_allreduced = self.bytes_dense = 0
+        self.bytes_pulled = self.bytes_pushed = self.bytes_allreduced = self.step_message.bytes_dense = 0
         return out
 
     def close(self) -> None:

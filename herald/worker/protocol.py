@@ -160,7 +160,7 @@ class BSP(ConsistencyProtocol):
         self._next = mb  # its evictions and pulls ride on this step's message
 
     def before_forward(self, mb: MicroBatch) -> None:
-        if not self.executor.prepared(mb.step):  # not sent with the previous step's message
+        if not self.executor.step_message.prepared(mb.step):  # not sent with the previous step's message
             self.executor.evict(mb.plan)  # 1. evict (write-backs acknowledged with this step's message)
             self.executor.pull(mb)  # 2. pull: every key used is now cached and latest
         self.executor.pull_replicas(mb)
@@ -171,10 +171,10 @@ class BSP(ConsistencyProtocol):
         grads = ex.gradients(step_rows)
         nxt = self._next if self._next is not None and self._next.step == mb.step + 1 else None
         self._next = None
-        ex.send_step(mb, grads, step_rows, nxt)  # 4-6 of t (and 1-2 of t + 1): one message per shard
+        ex.step_message.send(mb, grads, step_rows, nxt)  # 4-6 of t (and 1-2 of t + 1): one message per shard
         ex.update_replicas(mb, grads, step_rows)
         ex.wait_writes()  # write-backs of a step that came without its message
-        ex.finish_step()  # every rank's step-t writes applied: an ack means so
+        ex.step_message.finish()  # every rank's step-t writes applied: an ack means so
 
     def flush(self, keys: KeySet, reset: bool) -> None:
         self._next = None

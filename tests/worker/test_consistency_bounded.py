@@ -138,12 +138,12 @@ def test_the_clocks_prefetch_shared_pulls_with_their_clock_and_refuse_one_withou
         clocks = CopyClocks(ex, 2)
         mb = _pulled_mb(0, 21, early=True)
         clocks.prefetch(mb)
-        assert ex.prefetched(0).tolist() == [True]
+        assert ex.early.prefetched(0).tolist() == [True]
         gaps, rereads = clocks.pull(mb)
-        assert (gaps.shape, rereads, ex.prefetched(0)) == ((0,), 0, None)
+        assert (gaps.shape, rereads, ex.early.prefetched(0)) == ((0,), 0, None)
         assert clocks.known[ex.cache.slots(mb.plan.pull)].tolist() == [True]  # came with its clock
         plain = _pulled_mb(1, 22, early=True)
-        ex.prefetch(plain)  # without the clocks' fetch: no clock comes
+        ex.early.prefetch(plain)  # without the clocks' fetch: no clock comes
         with pytest.raises(ProtocolError, match="prefetched without it"):
             clocks.pull(plain)
     finally:

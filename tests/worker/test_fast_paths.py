@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from herald.worker.api import _all_finite
+from herald.worker.divergence import all_finite
 from herald.worker.models import DLRM
 from herald.worker.rows import pool_bags
 from herald.worker.trainer import build_dense_optimizer
@@ -77,14 +77,14 @@ def test_dlrm_pair_selection_equals_advanced_indexing():
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
 def test_all_finite_finds_any_non_finite_element(bad):
     tensors = [torch.zeros(5, 3), torch.ones(4)]
-    assert _all_finite(tensors)
+    assert all_finite(tensors)
     tensors[1][2] = bad
-    assert not _all_finite(tensors)
+    assert not all_finite(tensors)
 
 
 def test_all_finite_is_not_fooled_by_an_overflowing_sum():
     big = torch.full((4,), 3e38)  # finite values whose sum overflows float32
-    assert _all_finite([big, torch.zeros(2)])
+    assert all_finite([big, torch.zeros(2)])
 
 
 @pytest.mark.parametrize("name", ["sgd", "adagrad", "adam"])
@@ -186,16 +186,16 @@ def test_member_equals_a_set_of_pairs_sorted_or_not():
 
 def _executor(world_size: int):
     """A PlanExecutor over a host cache and a fake PS (no sockets)."""
-    from herald.contracts.plan import KeySet
     from herald.phases import PhaseTimer
     from herald.worker.cache import EmbeddingCache
+    from herald.worker.early_pulls import EarlyPulls
     from herald.worker.executor import PlanExecutor
 
     ex = PlanExecutor.__new__(PlanExecutor)
     ex.rank, ex.world_size, ex.dim = 0, world_size, 2
     ex.cache, ex.ps, ex.timer = EmbeddingCache(8, 3), _FakePS(), PhaseTimer()
-    ex.bytes_pushed, ex._writes, ex._early = 0, [], {}
-    ex._written_back = (None, KeySet.empty())
+    ex.bytes_pushed, ex._writes = 0, []
+    ex.early = EarlyPulls(ex.cache, world_size, ex._fetch)
     return ex
 
 
@@ -206,7 +206,7 @@ def _keys(pairs):
 
 
 class _Step:
-    """What ``_own_write_backs`` reads of a micro-batch: step, plan.pull, pull_early."""
+    """What ``EarlyPulls.own_write_backs`` reads of a micro-batch: step, plan.pull, pull_early."""
 
     def __init__(self, step, pull, early):
         from herald.contracts.plan import CachePlan
@@ -227,13 +227,13 @@ def test_own_write_backs_of_the_step_before_are_pulled_early(world_size):
     ex.cache.put(held, np.zeros((4, 3), np.float32))
     evict = _keys([(0, 1), (1, 3)])
     ex.evict(dataclasses.replace(CachePlan.empty(), evict=evict, write_back=np.array([True, True])), step=5)
-    assert ex.ps.pushed is not None and ex._written_back[0] == 5
+    assert ex.ps.pushed is not None and ex.early._written_back[0] == 5
     pull = _keys([(0, 1), (0, 2), (1, 3), (2, 9), (1, 7)])
-    own = ex._own_write_backs(_Step(6, pull, [False, False, True, False, False]))
+    own = ex.early.own_write_backs(_Step(6, pull, [False, False, True, False, False]))
     # (0,1): written back, not held -> early; (0,2): held -> waits; (1,3): already early;
     # (2,9), (1,7): not held, never written back: only a lone worker knows nobody else touched them
     lone = world_size == 1
     assert own.tolist() == [True, False, False, lone, lone]
-    assert ex._own_write_backs(_Step(7, pull, [False] * 5)) is None  # not the step after the write-back
+    assert ex.early.own_write_backs(_Step(7, pull, [False] * 5)) is None  # not the step after the write-back
     ex.evict(CachePlan.empty(), step=6)  # a step without write-backs
-    assert ex._own_write_backs(_Step(7, pull, [False] * 5)) is None
+    assert ex.early.own_write_backs(_Step(7, pull, [False] * 5)) is None
