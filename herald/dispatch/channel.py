@@ -68,11 +68,12 @@ class PeerChannel:
         """Messages dropped so far, per kind (NOTE [peer validation]); a copy, thread-safe."""
         return dict(self.peers.rejected)
 
-    def close(self) -> None:
-        """Close the socket (LINGER 0); idempotent."""
+    def close(self, timeout_s: float = 0.0) -> None:
+        """Close the socket; queued messages may still leave for at most ``timeout_s``
+        (default 0: LINGER 0, dropped at once). Idempotent."""
         if not self._closed:
             self._closed = True
-            self._sock.close(linger=0)
+            self._sock.close(linger=max(0, round(timeout_s * 1000)))
 
     # ------------------------------------------------------------------ send
     def send(self, rank: int, header: dict[str, Any], arrays: Sequence[np.ndarray] = ()) -> None:

@@ -26,7 +26,9 @@ class DispatcherConfig:
         first_step: number of the first step (a resumed job continues its count).
         ready_steps: built steps (encoded micro-batches) queued ahead of the serving
             thread (NOTE [dispatch pipeline]).
-        close_timeout_ms: longest :meth:`Dispatcher.close` waits for the pipeline threads.
+        close_timeout_ms: longest the dispatcher waits for its pipeline threads when
+            :meth:`Dispatcher.serve` ends, and for its threads when it closes as a context
+            manager (``with``; :meth:`Dispatcher.close` takes its own ``timeout_s``).
         keys_dir: CURVE keys folder (NOTE [transport security] in herald/auth.py): only
             workers holding its client key connect, traffic encrypted. None: plain ZeroMQ,
             allowed on loopback ``bind`` only unless ``insecure``.

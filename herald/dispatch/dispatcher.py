@@ -160,13 +160,15 @@ class Dispatcher:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.close()
+        self.close(self.config.close_timeout_ms / 1e3)
 
-    def close(self) -> None:
-        """Stop the pipeline threads (joined for at most ``close_timeout_ms``) and close
-        the socket (LINGER 0); idempotent, bounded."""
-        self.lockstep.close()
-        self.ledger.close()
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop the pipeline threads and the embedding worker's (joined for ``timeout_s`` in
+        all) and close the socket (LINGER 0); idempotent. ``with`` closes with the config's
+        ``close_timeout_ms``."""
+        deadline = time.monotonic() + timeout_s
+        self.lockstep.close(timeout_s)
+        self.ledger.close(max(0.0, deadline - time.monotonic()))
         self.channel.close()
 
     def stop(self) -> None:
@@ -257,7 +259,7 @@ class Dispatcher:
             self.channel.tell_error(f"{type(exc).__name__}: {exc}")
             raise
         finally:
-            self.lockstep.close()
+            self.lockstep.close(self.config.close_timeout_ms / 1e3)
 
     def silence(self) -> Silence | None:
         """After :meth:`serve` failed: the workers its failed wait was for that had sent

@@ -33,8 +33,8 @@ class EmbeddingWorker(Protocol):
     def drain(self) -> None:
         """Wait (bounded) until every update it took is applied (a checkpoint barrier)."""
 
-    def close(self) -> None:
-        """Stop its threads (bounded, idempotent)."""
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop its threads, bounded by ``timeout_s``; idempotent."""
 
 
 class NullEmbeddingWorker:
@@ -54,7 +54,7 @@ class NullEmbeddingWorker:
     def drain(self) -> None:
         return None
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 5.0) -> None:
         return None
 
 

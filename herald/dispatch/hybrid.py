@@ -400,8 +400,9 @@ class HybridEmbeddingWorker:
         """Wait (bounded) until every queued push is applied: at a checkpoint barrier."""
         self.pusher.wait_applied(self.pusher.submitted_through)
 
-    def close(self) -> None:
-        self.pusher.close()
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop the push thread (:meth:`GradientPusher.close`), bounded by ``timeout_s``."""
+        self.pusher.close(timeout_s)
 
 
 def make_hybrid(job: Any, config: Any, first_step: int, peers: Any) -> HybridEmbeddingWorker:

@@ -72,9 +72,9 @@ class StepLedger:
         """Steps sent and not yet acked by every worker."""
         return len(self._pending)
 
-    def close(self) -> None:
-        """Stop the embedding worker (hybrid's push thread; bounded)."""
-        self._embedding.close()
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop the embedding worker (hybrid's push thread), bounded by ``timeout_s``."""
+        self._embedding.close(timeout_s)
 
     # ------------------------------------------------------------- lockstep steps
     def open(self, ready: ReadyStep) -> None:

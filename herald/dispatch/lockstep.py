@@ -72,13 +72,13 @@ class LockstepServe:
         self._touched: TouchedKeys | None = None  # build thread, NOTE [early pulls]: keys the last step changes
         self._reads_early = job.mode.reads_early
 
-    def close(self) -> None:
-        """Stop the pipeline threads (joined for at most ``close_timeout_ms``) and add their
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop the pipeline threads (joined for at most ``timeout_s``) and add their
         stages to the serve thread's timer; idempotent."""
         pipeline, self._pipeline = self._pipeline, None
         if pipeline is None:
             return
-        pipeline.close(self._config.close_timeout_ms / 1e3)
+        pipeline.close(timeout_s)
         for timer in (self.plan_timer, self.build_timer):
             for k, v in timer.take().items():
                 self._timer.add(k, v / 1e3)

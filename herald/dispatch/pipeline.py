@@ -127,19 +127,20 @@ class Pipeline:
         """Let the plan thread go on after the barrier it waits at (serve thread)."""
         self._resume.set()
 
-    def close(self, timeout_s: float = 5.0) -> bool:
-        """Stop both threads and join them within ``timeout_s`` in all; idempotent.
-
-        Returns:
-            True when both threads ended (or never started).
-        """
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop both threads and join them within ``timeout_s`` in all (:attr:`ended` then
+        says whether they did); idempotent."""
         self._closing.set()
         if not self._started:
-            return True
+            return
         deadline = time.monotonic() + timeout_s
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
-        return not any(t.is_alive() for t in self._threads)
+
+    @property
+    def ended(self) -> bool:
+        """Whether both threads have ended (or never started)."""
+        return not self._started or not any(t.is_alive() for t in self._threads)
 
     # ------------------------------------------------------------ producer side
     def wait_resume(self) -> None:

@@ -244,7 +244,7 @@ class ScheduledLoader:
             link.report_error_nowait(f"{type(exc).__name__}: {exc}")  # no dispatcher connected: nobody to tell
             if loader is not None:
                 loader.executor.close()
-            link.close(linger_ms=1000)  # bounded: lets the error report leave
+            link.close(timeout_s=1.0)  # bounded: lets the error report leave
             raise
         return loader
 
@@ -404,14 +404,18 @@ class ScheduledLoader:
         self.link.send_saved()
 
     # ------------------------------------------------------------- closing
-    def close(self) -> None:
-        """Close the dispatcher socket and the PS client (idempotent, bounded)."""
+    def close(self, timeout_s: float = DEFAULT_TIMEOUT_MS / 1000) -> None:
+        """Stop the dense side's background thread (training groups' averaging) within
+        ``timeout_s``, close the PS client and the dispatcher socket (at once), and destroy
+        the process group :meth:`connect` created. Idempotent; ``with`` closes with the
+        link's ``timeout_ms``."""
         if self._closed:
             return
         self._closed = True
         stats = None
         if self.dense is not None:  # the averaging thread's statistics, for the report
-            stats = self.dense.close(self.link.timeout_ms / 1000.0, self.job.run_dir)
+            self.dense.close(timeout_s)
+            stats = self.dense.background_stats(self.job.run_dir)
         self.executor.close()
         self.link.close()
         self.group.leave(threads_ended=stats is None or bool(stats.get("thread_ended")))
@@ -420,4 +424,4 @@ class ScheduledLoader:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.close()
+        self.close(self.link.timeout_ms / 1000)

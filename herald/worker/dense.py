@@ -100,9 +100,13 @@ class DenseState(abc.ABC):
         """Load the state :meth:`save` wrote into ``folder``."""
         self.apply_state(self.read_state(folder, device))
 
-    def close(self, timeout_s: float = 30.0, stats_dir: str | None = None) -> dict | None:
-        """Stop what runs in the background (bounded by ``timeout_s``); its statistics for the
-        report, or None (default: nothing runs)."""
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Stop what runs in the background, bounded by ``timeout_s`` (default: nothing runs)."""
+        return None
+
+    def background_stats(self, stats_dir: str | None = None) -> dict | None:
+        """After :meth:`close`: the statistics of what ran in the background, for the report,
+        or None (default: nothing runs)."""
         return None
 
 
@@ -232,14 +236,19 @@ class DenseSync(DenseState):
         dist.all_reduce(compressed, group=group)
         flat.copy_(compressed)
 
-    def close(self, timeout_s: float = 30.0, stats_dir: str | None = None) -> dict | None:
-        """Stop the group's averaging thread (bounded by ``timeout_s``); its statistics
-        (also written to ``stats_dir/groups-rank<r>.json`` for the report), or None
-        without groups. Idempotent."""
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Stop the group's averaging thread, bounded by ``timeout_s`` (nothing without
+        groups). Idempotent."""
+        if self.groups is not None:
+            self.groups.close(timeout_s)
+
+    def background_stats(self, stats_dir: str | None = None) -> dict | None:
+        """After :meth:`close` (the queued and drain rounds count): the averaging's statistics
+        with ``thread_ended`` (also written to ``stats_dir/groups-rank<r>.json`` for the
+        report), or None without groups."""
         if self.groups is None:
             return None
-        ended = self.groups.close(timeout_s)  # first: the queued and drain rounds count in the stats
-        stats = dict(self.groups.stats(), thread_ended=ended)
+        stats = dict(self.groups.stats(), thread_ended=self.groups.ended)
         if stats_dir:
             out = pathlib.Path(stats_dir) / f"groups-rank{self.groups.rank}.json"
             out.with_suffix(".tmp").write_text(json.dumps(stats))

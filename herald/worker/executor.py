@@ -311,6 +311,7 @@ class PlanExecutor:
         self.bytes_pulled = self.bytes_pushed = self.bytes_allreduced = self.step_message.bytes_dense = 0
         return out
 
-    def close(self) -> None:
-        """Close the PS client (idempotent, bounded)."""
+    def close(self, timeout_s: float = 1.0) -> None:
+        """Close the PS client: its sockets close at once (unanswered requests are dropped),
+        well within ``timeout_s``. Idempotent."""
         self.ps.close()

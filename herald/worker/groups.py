@@ -249,14 +249,18 @@ class GroupAverager:
             if finished >= self.layout.groups:
                 return
 
-    def close(self, timeout_s: float) -> bool:
+    def close(self, timeout_s: float = 30.0) -> None:
         """Run the queued rounds (and with ``drain`` the drain, until every leader finished),
-        bounded by ``timeout_s``, then stop. Returns True if the thread ended in time (False:
-        a leader's round is stuck; the thread is a daemon)."""
+        bounded by ``timeout_s``, then stop; :attr:`ended` then says whether the thread ended
+        in time (False: a leader's round is stuck; the thread is a daemon). Idempotent."""
         with self._cond:
             self._stop = True
             self._cond.notify_all()
         self._thread.join(timeout_s)
+
+    @property
+    def ended(self) -> bool:
+        """Whether the averaging thread has ended (after :meth:`close`: in time)."""
         return not self._thread.is_alive()
 
 
@@ -341,6 +345,12 @@ class TrainingGroups:
             "lag_steps_max": int(lags.max()),
         }
 
-    def close(self, timeout_s: float) -> bool:
-        """Stop the averaging thread (bounded); True if it ended in time."""
-        return self.averager.close(timeout_s) if self.averager is not None else True
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Stop the averaging thread, bounded by ``timeout_s`` (:attr:`ended`: in time)."""
+        if self.averager is not None:
+            self.averager.close(timeout_s)
+
+    @property
+    def ended(self) -> bool:
+        """Whether this rank's averaging thread has ended (True without one)."""
+        return self.averager is None or self.averager.ended

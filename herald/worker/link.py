@@ -170,6 +170,7 @@ class DispatcherLink:
         except zmq.ZMQError:
             pass
 
-    def close(self, linger_ms: int = 0) -> None:
-        """Close the socket; ``linger_ms`` bounds how long queued messages may still leave."""
-        self.sock.close(linger=linger_ms)
+    def close(self, timeout_s: float = 0.0) -> None:
+        """Close the socket; queued messages may still leave for at most ``timeout_s``
+        (default 0: dropped at once). Idempotent."""
+        self.sock.close(linger=max(0, round(timeout_s * 1000)))

@@ -285,8 +285,9 @@ def test_bsp_micro_batches_mark_no_early_pulls(job_of):
 
 # ------------------------------------------------------------ bounded close
 def test_close_is_bounded_with_a_producer_blocked_in_a_read(job_of):
-    """close() joins the pipeline threads for at most ``close_timeout_ms``: it returns while
-    the plan thread is still blocked in a read that only the test ends, after close."""
+    """close(timeout_s) joins the pipeline threads for at most ``timeout_s`` (and serve()'s own
+    close for ``close_timeout_ms``): it returns while the plan thread is still blocked in a read
+    that only the test ends, after close."""
     blocked, release = threading.Event(), threading.Event()
 
     def batches():
@@ -297,7 +298,7 @@ def test_close_is_bounded_with_a_producer_blocked_in_a_read(job_of):
 
     d, served, peers, _ = job_of(batches(), close_timeout_ms=200)
     assert blocked.wait(WAIT_S), "the plan thread never asked for a second batch"
-    closer = threading.Thread(target=d.close, daemon=True, name="close")
+    closer = threading.Thread(target=lambda: d.close(timeout_s=0.2), daemon=True, name="close")
     closer.start()
     closer.join(WAIT_S)  # a close that joined the blocked read would wait until release
     assert not closer.is_alive(), f"close() still waiting after {WAIT_S} s on a producer blocked in a read"

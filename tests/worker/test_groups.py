@@ -92,7 +92,9 @@ def test_averagers_in_threads_match_numpy_over_rounds():
                 np.testing.assert_allclose(xs[g], want_x[g], atol=1e-6)
                 np.testing.assert_allclose(a.center.numpy(), c, atol=1e-6)
     finally:
-        assert all(a.close(5.0) for a in avgs)
+        for a in avgs:
+            a.close(5.0)
+        assert all(a.ended for a in avgs)
     assert [a.rounds for a in avgs] == [2, 2, 2]
 
 
@@ -119,7 +121,8 @@ def test_dead_averaging_thread_is_reported_by_name():
         a.take_correction()
     with pytest.raises(GroupAveragingFailed, match="group 1"):
         a.submit(10, torch.ones(3))
-    assert a.close(5.0)
+    a.close(5.0)
+    assert a.ended
 
 
 def test_busy_rounds_are_coalesced_not_dropped():
@@ -132,7 +135,8 @@ def test_busy_rounds_are_coalesced_not_dropped():
     for step in (1, 2, 3):
         a.submit(step, torch.full((2,), float(step)))
     gate.set()
-    assert a.close(10.0)
+    a.close(10.0)
+    assert a.ended
     assert a.rounds == 3 and a.coalesced >= 1  # every round ran; queued ones used the newest copy
 
 
@@ -177,7 +181,8 @@ def _rank_main(rank, world, port, groups, dense_comm, out):
         x = torch.randn(8, 4, generator=gen)
         model(x).pow(2).mean().backward()
         sync.step()
-        stats = sync.close(20.0)
+        sync.close(20.0)
+        stats = sync.background_stats()
         out[rank] = (torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy(), stats)
     finally:
         dist.destroy_process_group()
