@@ -237,16 +237,16 @@ if tuple(MODES) != CONSISTENCY_MODES:  # the vocabulary and the registry name th
     )
 
 
-def consistency_mode(name: str) -> ConsistencyMode:
-    """The registry entry of mode ``name``.
+def consistency_mode(name: object) -> ConsistencyMode:
+    """The registry entry of mode ``name`` (a ``--consistency`` value).
 
     Raises:
-        ConfigError: an unknown mode (the message lists the known ones).
+        ConfigError: an unknown mode, or not a string (the message lists the known ones).
     """
-    try:
-        return MODES[name]
-    except (KeyError, TypeError):
-        raise ConfigError(f"unknown consistency mode {name!r}; choose one of {', '.join(MODES)}") from None
+    entry = MODES.get(name) if isinstance(name, str) else None
+    if entry is None:
+        raise ConfigError(f"unknown consistency mode {name!r}; choose one of {', '.join(MODES)}")
+    return entry
 
 
 def check_mode(settings: ModeSettings, job: ModeContext) -> None:
@@ -313,14 +313,11 @@ class ModeFlags:
         name = values.get("consistency", "bsp")
         if not isinstance(name, str) or name not in MODES:
             raise ConfigError(f"--consistency must be one of {', '.join(CONSISTENCY_MODES)}, got {name!r}")
-        chosen = None
+        built = {mode.name: Nested(mode.settings).build(values) for mode in MODES.values()}
         for mode in MODES.values():
-            settings = Nested(mode.settings).build(values)
-            if mode.name == name:
-                chosen = settings
-            elif settings != mode.settings():
-                raise ConfigError(settings.misplaced(name))
-        return chosen
+            if mode.name != name and built[mode.name] != mode.settings():
+                raise ConfigError(built[mode.name].misplaced(name))
+        return built[name]
 
     def flatten(self, settings: ModeSettings) -> dict[str, Any]:
         """Every option: the chosen mode's settings, the other modes' defaults."""

@@ -15,11 +15,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from herald.errors import HeraldError
 from herald.ps import wire
 from herald.ps.wire import PS
+
+#: The ROUTER routing id of the client a request came from (None: a request handled in
+#: process, :meth:`herald.ps.server.ShardServer.handle`).
+Peer = bytes | None
 
 
 class Reply(NamedTuple):
@@ -27,7 +31,7 @@ class Reply(NamedTuple):
     arrays), and the ``key`` (client id, request id) of the request it answers when it is
     to be kept for retries (a mutating request's; None: not kept)."""
 
-    peer: Any
+    peer: Peer
     frames: list
     key: tuple[int, int] | None = None
 
@@ -38,7 +42,7 @@ class Request:
     (-1 when the header has none), ``key`` (client id, request id) of a mutating request
     (None otherwise), its ``header`` and its ``arrays`` (read-only views of the frames)."""
 
-    peer: Any
+    peer: Peer
     op: str
     rid: int
     key: tuple[int, int] | None
@@ -64,7 +68,7 @@ class Handler:
         """``{op name: op}`` this handler serves."""
         raise NotImplementedError
 
-    def readdress(self, key: tuple[int, int], peer: Any) -> bool:
+    def readdress(self, key: tuple[int, int], peer: Peer) -> bool:
         """A retry of request ``key`` came from ``peer``: True if this handler holds the
         request (its reply then goes to ``peer``), False otherwise (the default: nothing held)."""
         return False

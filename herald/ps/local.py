@@ -95,8 +95,11 @@ class LocalShards:
         self.keys_dir = str(pathlib.Path(keys_dir).resolve()) if keys_dir is not None else None
         self.checkpoint_root = str(pathlib.Path(checkpoint_root).resolve()) if checkpoint_root is not None else None
         self.admin_token = check_token(admin_token, "admin_token") or secrets.token_hex(32)
-        self._tmp = tempfile.TemporaryDirectory(prefix="herald-ps-") if workdir is None else None
-        self.workdir = pathlib.Path(self._tmp.name if self._tmp is not None else workdir)
+        self._tmp: tempfile.TemporaryDirectory | None = None
+        if workdir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="herald-ps-")
+            workdir = self._tmp.name
+        self.workdir = pathlib.Path(workdir)
         self._tables_file = self.workdir / "tables.json"
         self._tables_file.write_text(tables_to_json(self.tables))
         env = {

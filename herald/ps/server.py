@@ -32,7 +32,7 @@ from herald.ps.admin import AdminGate
 from herald.ps.config import ShardLimits
 from herald.ps.context import JobState, ShardContext
 from herald.ps.gba import GbaOps, GradientBuffer
-from herald.ps.handler import registry
+from herald.ps.handler import Peer, registry
 from herald.ps.kernels import shard_of_jit
 from herald.ps.loop import RequestLoop
 from herald.ps.ops_admin import AdminOps
@@ -138,7 +138,7 @@ class ShardServer:
         return self.ctx.job.workers
 
     @property
-    def busy_s(self) -> collections.Counter:
+    def busy_s(self) -> collections.defaultdict[str, float]:
         """Seconds spent handling each op (``busy_s[op] / wall time`` = busy fraction)."""
         return self.loop.busy_s
 
@@ -160,7 +160,7 @@ class ShardServer:
             raise ProtocolError("handle() answers one request at once; a step message needs receive()")
         return replies[0][1]
 
-    def receive(self, peer: Any, frames: Sequence) -> list[tuple[Any, list]]:
+    def receive(self, peer: Peer, frames: Sequence) -> list[tuple[Peer, list]]:
         """The replies ``[(peer, frames)]`` due after one request from ``peer`` (its routing
         id) arrived: its own, or none while a step message is held, or every held one of its
         step (NOTE [step messages] in herald/ps/stepped.py). Busy time as :meth:`handle`."""

@@ -87,7 +87,7 @@ class ShardWatch:
             if self._socks is None:  # made in the calling thread
                 self._socks = []
                 for address in self.addresses:
-                    sock = zmq.Context.instance().socket(zmq.DEALER)
+                    sock: zmq.Socket = zmq.Context.instance().socket(zmq.DEALER)
                     sock.setsockopt(zmq.LINGER, 0)
                     PS.configure(sock, max_array_bytes=0)  # ping replies: a header only (NOTE [message size limits])
                     if self._keys is not None:
@@ -124,7 +124,8 @@ class ShardWatch:
                 rid = PS.unpack_header(frames[0]).get("rid")
             except ProtocolError:
                 continue
-            if self._inflight[i] is not None and rid == self._inflight[i][0]:
+            inflight = self._inflight[i]
+            if inflight is not None and rid == inflight[0]:
                 self._inflight[i] = None
 
     def close(self) -> None:
