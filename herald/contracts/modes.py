@@ -8,7 +8,9 @@ validated on construction and checked against the job by :func:`check_mode`) and
 every role reads (:class:`ConsistencyMode`). Each role keeps its own registry of objects
 keyed by mode name, beside the code it runs: the worker's protocols
 (:data:`herald.worker.modes.PROTOCOLS`), the dispatcher's serve strategies and embedding
-workers (:data:`herald.dispatch.modes.DISPATCH`), the report's blocks (herald/job/report/consistency.py).
+workers (:data:`herald.dispatch.modes.DISPATCH`), the PS's op sets
+(:data:`herald.ps.modes.OP_SETS`), the report's blocks
+(:data:`herald.job.report.consistency.CONSISTENCY_BLOCKS`).
 tests/contracts/test_modes.py checks that every registry has exactly the modes of
 :data:`herald.contracts.vocab.CONSISTENCY_MODES`.
 

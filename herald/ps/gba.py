@@ -308,7 +308,7 @@ class GbaOps(Handler):
     def ops(self) -> dict[str, Op]:
         return {"gba_push": answering(self.push), "gba_pull": answering(self.pull)}
 
-    def reset(self) -> None:
+    def restored(self) -> None:
         """Drop the buffer (a ``restore``: its global step and buffered contributions belong
         to the rolled-back run; the resumed job's first request makes it again)."""
         self.buffer = None

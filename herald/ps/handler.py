@@ -62,11 +62,21 @@ Op = Callable[[Request], list[Reply]]
 
 class Handler:
     """The ops of one responsibility of a shard (subclasses: herald/ps/ops_*.py,
-    herald/ps/stepped.py, herald/ps/gba.py)."""
+    herald/ps/stepped.py, herald/ps/gba.py; each consistency mode's are named in
+    herald/ps/modes.py)."""
 
     def ops(self) -> dict[str, Op]:
         """``{op name: op}`` this handler serves."""
         raise NotImplementedError
+
+    def tick(self, now: float) -> list[Reply]:
+        """The replies due by time at ``now`` (``time.monotonic()`` seconds: expiries), called
+        by the loop every :data:`herald.ps.loop.EXPIRE_EVERY_S`; the default: none."""
+        return []
+
+    def restored(self) -> None:
+        """A ``restore`` rolled the shard back: drop what this handler holds of the rolled-back
+        run (held step messages, GBA's buffer); the default: nothing held."""
 
     def readdress(self, key: tuple[int, int], peer: Peer) -> bool:
         """A retry of request ``key`` came from ``peer``: True if this handler holds the

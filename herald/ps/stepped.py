@@ -1,7 +1,7 @@
 """One request per worker per shard per step: NOTE [step messages].
 
 The shard side: :class:`StepBarrier` (the messages held per step and rank) and
-:class:`StepOps` (the ``step`` op, its release and expiry). The client side is
+:class:`StepOps` (the ``step`` op, its release and expiry: its tick). The client side is
 :class:`~herald.ps.front_step.StepFront` (``PSClient.step_async``).
 
 NOTE [step messages]
@@ -299,7 +299,7 @@ class StepOps(Handler):
         """The barrier's timing (NOTE [step barrier timing])."""
         return self.barrier.stats()
 
-    def clear(self) -> None:
+    def restored(self) -> None:
         """Forget every held step (a ``restore``: they belong to the rolled-back run)."""
         self.barrier.clear()
 
@@ -385,9 +385,9 @@ class StepOps(Handler):
         resolved = held.resolved if held.resolved is not None else self.rows.resolve_pull(*pull)
         return self.rows.read_pull(resolved, compress.wire_of(pull[0]))
 
-    def expire(self, now: float) -> list[Reply]:
-        """Error replies for the steps held longer than ``aggregation_timeout_ms``, naming the
-        ranks whose step message did not come (also on stderr: the shard's log)."""
+    def tick(self, now: float) -> list[Reply]:
+        """The loop's tick: error replies for the steps held longer than ``aggregation_timeout_ms``,
+        naming the ranks whose step message did not come (also on stderr: the shard's log)."""
         ctx = self.ctx
         out = []
         timeout_ms = ctx.limits.aggregation_timeout_ms
