@@ -201,8 +201,9 @@ class _Rows:
     def interrupt(self) -> None:
         """Nothing blocks here (rows in memory or a file)."""
 
-    def close(self) -> None:
-        self.batches.close()
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Close the producer and its source within ``timeout_s``."""
+        self.batches.close(timeout_s)
 
 
 def _stage_seconds(disp) -> dict[str, float]:

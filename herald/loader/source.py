@@ -89,8 +89,9 @@ class Source:
         self._set_state(state)
         self._rows = rows
 
-    def close(self) -> None:
-        """Release files; idempotent."""
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Release files; idempotent. A source that waits to close (Kafka's group leave) waits
+        at most ``timeout_s`` (docs/design.md, "Timeouts and units")."""
         self._closed = True
 
     def __enter__(self) -> Source:

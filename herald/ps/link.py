@@ -321,8 +321,9 @@ class ShardLink:
         self.traffic = dict.fromkeys(out, 0)
         return out
 
-    def close(self) -> None:
-        """Close the sockets (immediately; idempotent). Unanswered requests are dropped."""
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Close the sockets without lingering (idempotent); unanswered requests are dropped.
+        Returns at once (``timeout_s``: nothing here waits; docs/design.md, "Timeouts and units")."""
         if self.closed:
             return
         self.closed = True

@@ -212,14 +212,14 @@ class LocalShards:
         self._spawn(i, self.addresses[i])
         self.addresses[i] = self._wait_ready(i)
 
-    def close(self, timeout_ms: int = 5000) -> None:
-        """Stop every shard (SIGTERM, then SIGKILL at ``timeout_ms``); idempotent, bounded."""
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop every shard (SIGTERM, then SIGKILL at ``timeout_s`` seconds); idempotent, bounded."""
         if self._closed:
             return
         self._closed = True
         for w in self._watches:
-            w.close()
-        self._children.close(timeout_ms / 1000.0)
+            w.close(timeout_s)
+        self._children.close(timeout_s)
         if self._tmp is not None:
             self._tmp.cleanup()
         else:

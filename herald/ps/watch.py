@@ -128,10 +128,17 @@ class ShardWatch:
             if inflight is not None and rid == inflight[0]:
                 self._inflight[i] = None
 
-    def close(self) -> None:
-        """Close the sockets (immediately; idempotent)."""
-        with self._lock:
-            self._closed = True
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Close the sockets without lingering (idempotent), waiting at most ``timeout_s`` for a
+        check in progress on another thread; past it, only the check's next call sees the watch
+        closed (its sockets go with the watch)."""
+        got = self._lock.acquire(timeout=max(0.0, timeout_s))
+        self._closed = True
+        if not got:
+            return
+        try:
             for sock in self._socks or ():
                 sock.close(linger=0)
             self._socks = None
+        finally:
+            self._lock.release()

@@ -137,6 +137,6 @@ class MovieLensSource(Source):
             raise DataError(f"malformed state: row {row} is past the end ({len(self._all)} rows)")
         self._pos = row
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 5.0) -> None:
         self._log.close()
-        super().close()
+        super().close(timeout_s)
