@@ -44,12 +44,17 @@ ray: $(RAY_STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/herald train
 
-# The import rules first (import-linter contracts in pyproject.toml: docs/design.md, "Layers"),
+# The checks first (docs/design.md, "Checks"), each failing fast: formatting and lint (ruff),
+# the import rules (import-linter contracts in pyproject.toml: docs/design.md, "Layers"), the
+# type check of the contracts, the PS and the scheduler (mypy, [tool.mypy] in pyproject.toml);
 # then every test, including integration tests against real PS processes and a real Kafka
 # broker, the TorchRec interop and the Ray launcher on local Ray clusters (so `make test`
 # installs torchrec and ray: `make torchrec`, `make ray`).
 test: $(STAMP) $(TORCHREC_STAMP) $(RAY_STAMP)
+	$(VENV)/bin/ruff format --check herald tests
+	$(VENV)/bin/ruff check herald tests
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
 	$(PY) -m pytest -q --timeout=300 --durations=15 tests
 
 # PS pull/push throughput vs memcpy and bare ZeroMQ (one shard, ~45 s).

@@ -264,7 +264,10 @@ class _Authenticators:
             else:
                 entry[1] += 1
 
-    def release(self, ctx: zmq.Context) -> None:
+    def release(self, ctx: zmq.Context, timeout_s: float) -> None:
+        """Drop one share of ``ctx``'s authenticator; the last stops it, waiting at most
+        ``timeout_s`` (``ThreadAuthenticator.stop`` joins its thread without a bound, so it
+        runs on a daemon thread of its own)."""
         with self._lock:
             entry = self._by_context.get(id(ctx))
             if entry is None:
@@ -272,7 +275,9 @@ class _Authenticators:
             entry[1] -= 1
             if entry[1] == 0:
                 del self._by_context[id(ctx)]
-                entry[0].stop()
+                stopper = threading.Thread(target=entry[0].stop, name="herald-auth-stop", daemon=True)
+                stopper.start()
+                stopper.join(timeout_s)
 
 
 _AUTHENTICATORS = _Authenticators()
@@ -285,10 +290,11 @@ class ServerAuth:
     def __init__(self, ctx: zmq.Context):
         self._ctx: zmq.Context | None = ctx
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Release the share; the last one stops the authenticator, waiting at most ``timeout_s``."""
         if self._ctx is not None:
             ctx, self._ctx = self._ctx, None
-            _AUTHENTICATORS.release(ctx)
+            _AUTHENTICATORS.release(ctx, timeout_s)
 
 
 def secure_server(sock: zmq.Socket, keys_dir: str | os.PathLike) -> ServerAuth:
@@ -308,7 +314,7 @@ def secure_server(sock: zmq.Socket, keys_dir: str | os.PathLike) -> ServerAuth:
         sock.curve_publickey = keys.public
         sock.curve_server = True
     except BaseException:
-        _AUTHENTICATORS.release(sock.context)
+        _AUTHENTICATORS.release(sock.context, 5.0)
         raise
     return ServerAuth(sock.context)
 
@@ -332,7 +338,7 @@ class _CurveServerSocket(zmq.Socket):
 
     _herald_auth: ServerAuth | None = None
 
-    def close(self, linger: int | None = None) -> None:
+    def close(self, linger: int | None = None) -> None:  # zmq.Socket.close's signature
         try:
             super().close(linger=linger)
         finally:
@@ -390,8 +396,9 @@ class HandshakeMonitor:
                 out[kind] = out.get(kind, 0) + 1
         return out
 
-    def close(self) -> None:
-        """Stop monitoring (idempotent; call before closing the socket)."""
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop monitoring (idempotent; call before closing the socket); returns at once
+        (``timeout_s``: nothing here waits; docs/design.md, "Timeouts and units")."""
         if self._mon is not None:
             mon, self._mon = self._mon, None
             try:

@@ -40,54 +40,17 @@ from herald.job.runner import JobRunner
 from herald.loader import open_source
 from herald.loader.batch import SampleBatch
 from herald.loader.global_batches import GlobalBatches
-from herald.loader.source import Source, state_int
+from herald.loader.source import MemorySource, Source, read_rows
 from herald.loader.splits import count_distinct_keys
 from herald.procs import child_env
 from herald.scheduler import Scheduler, SchedulerConfig
 
 
-class MemorySource(Source):
-    """The rows of one in-memory :class:`SampleBatch` as a source (reads are views)."""
-
-    format_name = "memory"
-
-    def __init__(self, batch: SampleBatch):
-        super().__init__()
-        self._batch, self._pos = batch, 0
-
-    @property
-    def schema(self):
-        return self._batch.schema
-
-    @property
-    def num_rows(self) -> int:
-        return len(self._batch)
-
-    def _read(self, max_rows: int) -> SampleBatch | None:
-        if self._pos >= len(self._batch):
-            return None
-        out = self._batch.slice(self._pos, self._pos + max_rows)
-        self._pos += len(out)
-        return out
-
-    def _get_state(self) -> dict:
-        return {"row": self._pos}
-
-    def _set_state(self, state: dict) -> None:
-        self._pos = state_int(state, "row")
-
-
 def _read_all(source: Source, rows: int | None) -> SampleBatch:
-    parts, have = [], 0
-    while rows is None or have < rows:
-        b = source.read(65536 if rows is None else min(65536, rows - have))
-        if b is None:
-            break
-        parts.append(b)
-        have += len(b)
-    if not parts:
+    data = read_rows(source, rows)
+    if data is None:
         raise ConfigError("the capacity source has no rows; pass more --rows or another --source")
-    return SampleBatch.concat(parts)
+    return data
 
 
 class AckPeerWorkers(WorkerLauncher):
@@ -201,8 +164,9 @@ class _Rows:
     def interrupt(self) -> None:
         """Nothing blocks here (rows in memory or a file)."""
 
-    def close(self) -> None:
-        self.batches.close()
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Close the producer and its source within ``timeout_s``."""
+        self.batches.close(timeout_s)
 
 
 def _stage_seconds(disp) -> dict[str, float]:

@@ -136,6 +136,18 @@ def train_loop(model: PlainDLRM, data: PlainBatches, warmup_steps: int) -> tuple
     return losses, time.perf_counter() - t0
 
 
+def timed_result(data: PlainBatches, warmup_steps: int, losses: list[float], train_s: float) -> dict:
+    """A timed training loop's result over ``data``: ``{"samples_per_s", "timed_steps",
+    "train_s", "losses"}``, the rate over the steps after ``warmup_steps``."""
+    rows = sum(int(b[1].shape[0]) for b in data.batches[warmup_steps:])
+    return {
+        "samples_per_s": rows / train_s,
+        "timed_steps": len(data.batches) - warmup_steps,
+        "train_s": train_s,
+        "losses": losses,
+    }
+
+
 def train_plain_torch(
     data: PlainBatches, *, embedding_dim: int = 16, seed: int = 0, warmup_steps: int = WARMUP_STEPS
 ) -> dict:
@@ -167,15 +179,8 @@ def train_plain_torch(
             cpu_s = cpu_seconds() - cpu0
     finally:
         torch.set_num_threads(threads)
-    rows = sum(int(b[1].shape[0]) for b in data.batches[warmup_steps:])
     all_rows = sum(int(b[1].shape[0]) for b in data.batches)
-    return {
-        "samples_per_s": rows / train_s,
-        "timed_steps": len(data.batches) - warmup_steps,
-        "train_s": train_s,
-        "losses": losses,
-        "cpu_us_per_sample": 1e6 * cpu_s / max(1, all_rows),
-    }
+    return dict(timed_result(data, warmup_steps, losses, train_s), cpu_us_per_sample=1e6 * cpu_s / max(1, all_rows))
 
 
 def plain_torch_losses(source: str, steps: int, *, batch_size: int = 256, seed: int = 0) -> list[float]:

@@ -34,6 +34,7 @@ from herald.bench.common import (
     load_plain_batches,
     median_phases,
     run_herald,
+    timed_result,
     top_phases,
     train_loop,
 )
@@ -69,13 +70,7 @@ def train_plain_torch_on(
     with torch.sparse.check_sparse_tensor_invariants(enable=False):
         model = PlainDLRM(data.dense_dim, data.table_rows, embedding_dim, seed).to(device)
         losses, train_s = train_loop(model, on_device, warmup)
-    rows = sum(int(b[1].shape[0]) for b in data.batches[warmup:])
-    return {
-        "samples_per_s": rows / train_s,
-        "timed_steps": len(data.batches) - warmup,
-        "train_s": train_s,
-        "losses": losses,
-    }
+    return timed_result(data, warmup, losses, train_s)
 
 
 def gpu_section(source: str, args, tmp: str) -> list[dict]:

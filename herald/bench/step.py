@@ -94,8 +94,9 @@ class Capture:
         self.client.link.drop_pending()  # no reply will come
         return out
 
-    def close(self) -> None:
-        self.client.close()
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Close the client (:meth:`herald.ps.client.PSClient.close`)."""
+        self.client.close(timeout_s)
 
 
 def _as_received(frames: list[bytes]) -> list:

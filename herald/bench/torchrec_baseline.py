@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from herald.bench.common import WARMUP_STEPS, PlainBatches, PlainDLRM, load_plain_batches
+from herald.bench.common import WARMUP_STEPS, PlainBatches, PlainDLRM, load_plain_batches, timed_result
 from herald.contracts.tables import OptimizerConfig
 from herald.contracts.train import TrainConfig
 
@@ -244,13 +244,7 @@ def train_torchrec(
         losses, train_s = _train_loop(model, to_torchrec_batches(data, dev), warmup_steps, TrainConfig().dense.lr)
     finally:
         torch.set_num_threads(threads)
-    rows = sum(int(b[1].shape[0]) for b in data.batches[warmup_steps:])
-    return {
-        "samples_per_s": rows / train_s,
-        "timed_steps": len(data.batches) - warmup_steps,
-        "train_s": train_s,
-        "losses": losses,
-    }
+    return timed_result(data, warmup_steps, losses, train_s)
 
 
 def _cuda_entry(data: PlainBatches, kw: dict, repeats: int, gpu: bool) -> dict | str:

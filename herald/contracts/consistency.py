@@ -97,7 +97,7 @@ class ModeSettings:
         return {"name": self.name, **dataclasses.asdict(self)}
 
 
-def integer_in(value: Any, low: int, high: int) -> bool:
+def integer_in(value: object, low: int, high: int) -> bool:
     """Whether ``value`` is an int (not a bool) in ``low..high``."""
     return type(value) is int and low <= value <= high
 

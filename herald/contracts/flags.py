@@ -43,8 +43,8 @@ def _integer(
     ok = (
         isinstance(value, numbers.Integral)
         and not isinstance(value, bool)
-        and value >= low
-        and (high is None or value <= high)
+        and low <= int(value)
+        and (high is None or int(value) <= high)
     )
     span = f"in {low}..{high}" if high is not None else f">= {low}"
     require(ok, f"{flag or _flag(name)} must be an integer {span}{' (or unset)' if optional else ''}, got {value!r}")

@@ -8,7 +8,9 @@ validated on construction and checked against the job by :func:`check_mode`) and
 every role reads (:class:`ConsistencyMode`). Each role keeps its own registry of objects
 keyed by mode name, beside the code it runs: the worker's protocols
 (:data:`herald.worker.modes.PROTOCOLS`), the dispatcher's serve strategies and embedding
-workers (:data:`herald.dispatch.modes.DISPATCH`), the report's blocks (herald/job/report/consistency.py).
+workers (:data:`herald.dispatch.modes.DISPATCH`), the PS's op sets
+(:data:`herald.ps.modes.OP_SETS`), the report's blocks
+(:data:`herald.job.report.consistency.CONSISTENCY_BLOCKS`).
 tests/contracts/test_modes.py checks that every registry has exactly the modes of
 :data:`herald.contracts.vocab.CONSISTENCY_MODES`.
 
@@ -237,16 +239,16 @@ if tuple(MODES) != CONSISTENCY_MODES:  # the vocabulary and the registry name th
     )
 
 
-def consistency_mode(name: str) -> ConsistencyMode:
-    """The registry entry of mode ``name``.
+def consistency_mode(name: object) -> ConsistencyMode:
+    """The registry entry of mode ``name`` (a ``--consistency`` value).
 
     Raises:
-        ConfigError: an unknown mode (the message lists the known ones).
+        ConfigError: an unknown mode, or not a string (the message lists the known ones).
     """
-    try:
-        return MODES[name]
-    except (KeyError, TypeError):
-        raise ConfigError(f"unknown consistency mode {name!r}; choose one of {', '.join(MODES)}") from None
+    entry = MODES.get(name) if isinstance(name, str) else None
+    if entry is None:
+        raise ConfigError(f"unknown consistency mode {name!r}; choose one of {', '.join(MODES)}")
+    return entry
 
 
 def check_mode(settings: ModeSettings, job: ModeContext) -> None:
@@ -313,14 +315,11 @@ class ModeFlags:
         name = values.get("consistency", "bsp")
         if not isinstance(name, str) or name not in MODES:
             raise ConfigError(f"--consistency must be one of {', '.join(CONSISTENCY_MODES)}, got {name!r}")
-        chosen = None
+        built = {mode.name: Nested(mode.settings).build(values) for mode in MODES.values()}
         for mode in MODES.values():
-            settings = Nested(mode.settings).build(values)
-            if mode.name == name:
-                chosen = settings
-            elif settings != mode.settings():
-                raise ConfigError(settings.misplaced(name))
-        return chosen
+            if mode.name != name and built[mode.name] != mode.settings():
+                raise ConfigError(built[mode.name].misplaced(name))
+        return built[name]
 
     def flatten(self, settings: ModeSettings) -> dict[str, Any]:
         """Every option: the chosen mode's settings, the other modes' defaults."""

@@ -141,6 +141,6 @@ class JobData:
         if self.source is not None:
             self.source.interrupt()
 
-    def close(self) -> None:
-        """Close the producer and its source (the eval source is closed by the evaluation)."""
-        self.batches.close()
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Close the producer and its source within ``timeout_s`` (the eval source is closed by the evaluation)."""
+        self.batches.close(timeout_s)

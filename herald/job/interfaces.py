@@ -26,6 +26,8 @@ class JobBatches(Protocol):
 
     def __iter__(self) -> Iterator[SampleBatch]: ...
 
+    def close(self, timeout_s: float = 5.0) -> None: ...
+
 
 class JobInputs(Protocol):
     """What the runner reads of every job's data: the source's ``schema`` (its tables and dense
@@ -46,7 +48,7 @@ class JobInputs(Protocol):
 
     def interrupt(self) -> None: ...
 
-    def close(self) -> None: ...
+    def close(self, timeout_s: float = 5.0) -> None: ...
 
 
 class ResumableInputs(JobInputs, Protocol):

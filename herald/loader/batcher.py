@@ -12,7 +12,7 @@ NOTE [batcher protocol]:
   and checks that the thread is alive.
 - ``close(timeout_s)`` sets a stop flag, drains the queue and joins the thread for
   at most ``timeout_s``; a thread blocked in ``source.read`` is a daemon and is
-  left behind (reported by the return value). The batcher does not close the source.
+  left behind (:attr:`~GlobalBatcher.prefetching` stays True). The batcher does not close the source.
 - Epochs: at the end of the source the batcher reloads the source state it saw at
   construction (normally the start) and reads it again. Each epoch ends with a
   short batch of the remaining rows, unless ``drop_last`` drops it.
@@ -236,22 +236,23 @@ class GlobalBatcher:
         self._moved = True
         self._state = {"epoch": state["epoch"], "batches": state["batches"], "source": state["source"]}
 
-    def close(self, timeout_s: float = 5.0) -> bool:
-        """Stop the prefetch thread within ``timeout_s`` seconds; idempotent.
-
-        Returns:
-            True when the thread has ended (or never ran), False when it is still
-            blocked in ``source.read`` (a daemon thread, abandoned).
-        """
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop the prefetch thread within ``timeout_s`` seconds; idempotent. A thread still
+        blocked in ``source.read`` then is a daemon, abandoned (:attr:`prefetching`)."""
         self._stop.set()
         self._done = True
         if self._items is not None:
             self._items.close()
-        return self._join(timeout_s)
+        self._join(timeout_s)
 
-    def _join(self, timeout_s: float) -> bool:
+    @property
+    def prefetching(self) -> bool:
+        """Whether the prefetch thread runs (after :meth:`close`: blocked in ``source.read``)."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def _join(self, timeout_s: float) -> None:
         if self._thread is None:
-            return True
+            return
         if self._queue is not None:
             try:
                 while True:
@@ -259,7 +260,6 @@ class GlobalBatcher:
             except queue.Empty:
                 pass
         self._thread.join(timeout_s)
-        return not self._thread.is_alive()
 
     def __enter__(self) -> GlobalBatcher:
         return self

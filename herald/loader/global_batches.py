@@ -28,6 +28,7 @@ sample gets the same id as its first delivery::
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -259,10 +260,11 @@ class GlobalBatches:
         self.skipped = dict(skipped)
         self._tracked.clear()
 
-    def close(self) -> None:
-        """Stop the prefetch thread (bounded) and close the source; idempotent."""
-        self._batcher.close()
-        self.source.close()
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop the prefetch thread and close the source, within ``timeout_s`` together; idempotent."""
+        deadline = time.monotonic() + timeout_s
+        self._batcher.close(timeout_s)
+        self.source.close(max(0.0, deadline - time.monotonic()))
 
     def __enter__(self) -> GlobalBatches:
         return self

@@ -107,7 +107,8 @@ class BadRecordLog:
             raise DataError(f"malformed state: 'skipped' must map reason -> count, got {skipped!r}")
         self.skipped = dict(skipped)
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Close the quarantine file; returns at once (``timeout_s``: nothing here waits)."""
         if self._quarantine is not None:
             self._quarantine.close()
             self._quarantine = None

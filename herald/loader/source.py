@@ -89,8 +89,9 @@ class Source:
         self._set_state(state)
         self._rows = rows
 
-    def close(self) -> None:
-        """Release files; idempotent."""
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Release files; idempotent. A source that waits to close (Kafka's group leave) waits
+        at most ``timeout_s`` (docs/design.md, "Timeouts and units")."""
         self._closed = True
 
     def __enter__(self) -> Source:
@@ -125,6 +126,55 @@ class Source:
 
     def _set_state(self, state: dict) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
+
+
+class MemorySource(Source):
+    """The rows of one in-memory :class:`SampleBatch` as a source, in order (reads are
+    views); position = row index. Subclasses decode a whole file at open and serve it from
+    memory (:class:`herald.loader.formats.raw.MovieLensSource`)."""
+
+    format_name = "memory"
+
+    def __init__(self, batch: SampleBatch):
+        super().__init__()
+        self._all, self._pos = batch, 0
+
+    @property
+    def schema(self) -> Schema:
+        return self._all.schema
+
+    @property
+    def num_rows(self) -> int:
+        return len(self._all)
+
+    def _read(self, max_rows: int) -> SampleBatch | None:
+        if self._pos >= len(self._all):
+            return None
+        out = self._all.slice(self._pos, self._pos + max_rows)
+        self._pos += len(out)
+        return out
+
+    def _get_state(self) -> dict:
+        return {"row": self._pos}
+
+    def _set_state(self, state: dict) -> None:
+        row = state_int(state, "row")
+        if row > len(self._all):
+            raise DataError(f"malformed state: row {row} is past the end ({len(self._all)} rows)")
+        self._pos = row
+
+
+def read_rows(source: Source, max_rows: int | None = None) -> SampleBatch | None:
+    """The next ``max_rows`` rows of ``source`` (None: up to its end) as one batch, read
+    65,536 at a time; None when it has no rows left."""
+    parts, have = [], 0
+    while max_rows is None or have < max_rows:
+        b = source.read(65536 if max_rows is None else min(65536, max_rows - have))
+        if b is None:
+            break
+        parts.append(b)
+        have += len(b)
+    return SampleBatch.concat(parts) if parts else None
 
 
 def state_int(state: dict, key: str, minimum: int = 0) -> int:

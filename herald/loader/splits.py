@@ -92,9 +92,9 @@ class RowRange(Source):
         self.inner.load_state_dict(state.get("inner"))
         self._before = before
 
-    def close(self) -> None:
-        self.inner.close()
-        super().close()
+    def close(self, timeout_s: float = 5.0) -> None:
+        self.inner.close(timeout_s)
+        super().close(timeout_s)
 
 
 def _total_rows(spec: str, options: dict[str, Any]) -> int:

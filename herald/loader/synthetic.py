@@ -27,7 +27,7 @@ from herald.errors import ConfigError, DataError
 from herald.hashing import splitmix64
 from herald.loader import kernels as K
 from herald.loader.batch import KEY_DTYPE, SampleBatch, Schema
-from herald.loader.source import Source, state_int
+from herald.loader.source import Source, read_rows, state_int
 
 # Criteo Kaggle (DAC) per-field cardinalities, as published with DLRM/TorchRec.
 CRITEO_KAGGLE_CARDINALITIES = (
@@ -160,16 +160,9 @@ def fit_alpha(counts: np.ndarray) -> float:
 def fit_spec(source: Source, max_rows: int = 1_000_000) -> SyntheticSpec:
     """Fit a spec to the first ``max_rows`` rows of ``source``: per table the distinct id
     count (cardinality), :func:`fit_alpha` and the missing rate; dense mean/std; CTR."""
-    parts, n = [], 0
-    while n < max_rows:
-        b = source.read(min(65536, max_rows - n))
-        if b is None:
-            break
-        parts.append(b)
-        n += len(b)
-    if not parts:
+    b = read_rows(source, max_rows)
+    if b is None:
         raise DataError("cannot fit a synthetic spec to an empty source")
-    b = SampleBatch.concat(parts)
     cards, alphas, missing = [], [], []
     for t in range(b.num_tables):
         _, counts = np.unique(b.values[t], return_counts=True)

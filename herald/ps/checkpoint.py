@@ -44,7 +44,7 @@ def shard_dir(root: str | os.PathLike, shard: int, num_shards: int) -> pathlib.P
 
 def _write(path: pathlib.Path, arr: np.ndarray) -> dict:
     arr = np.ascontiguousarray(arr)
-    data = memoryview(arr.reshape(-1).view(np.uint8))
+    data = arr.reshape(-1).view(np.uint8).data
     with PrivateFile(path, "checkpoint file") as f:  # fsync'ed
         f.write(data)
     return {

@@ -226,9 +226,10 @@ class PSClient:
         """:attr:`traffic` since the last call (then reset to 0)."""
         return self.link.take_traffic()
 
-    def close(self) -> None:
-        """Close the sockets (immediately; idempotent). Unanswered requests are dropped."""
-        self.link.close()
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Close the sockets (idempotent); unanswered requests are dropped. Returns at once
+        (``timeout_s``: nothing here waits; docs/design.md, "Timeouts and units")."""
+        self.link.close(timeout_s)
 
     def __enter__(self) -> PSClient:
         return self

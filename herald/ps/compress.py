@@ -47,7 +47,7 @@ from herald.contracts.vocab import WIRE_DTYPES
 from herald.errors import ConfigError, DataError, ProtocolError
 
 #: numpy dtype of the payload frame of each compressed format.
-PAYLOAD_DTYPES = {"fp16": np.dtype("<f2"), "bf16": np.dtype("<u2"), "int8": np.dtype("|i1")}
+PAYLOAD_DTYPES: dict[str, np.dtype] = {"fp16": np.dtype("<f2"), "bf16": np.dtype("<u2"), "int8": np.dtype("|i1")}
 #: Largest scaled magnitude of an fp16 row is below 2**FP16_TOP (NOTE [wire compression]).
 FP16_TOP = 14
 _F32_MIN_EXP = -149  # smallest float32 (subnormal) is 2**-149

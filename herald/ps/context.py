@@ -10,7 +10,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import sys
-from typing import Any
 
 from herald.ps.config import ShardLimits
 from herald.ps.parts import PartParser
@@ -84,7 +83,7 @@ class ShardContext:
     parts: PartParser
     job: JobState
 
-    def error_reply(self, op: Any, rid: int, exc: BaseException) -> list:
+    def error_reply(self, op: object, rid: int, exc: BaseException) -> list:
         """The error reply frames of request ``rid`` that failed with ``exc`` (counted)."""
         return error_reply(self.counters, op, rid, exc)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import Any
 
 from herald.contracts.tables import TableConfig
 from herald.contracts.vocab import DEFAULT_TIMEOUT_MS
@@ -46,7 +47,7 @@ class AdminFront:
         Raises:
             ConfigError: a shard refused the declaration. PeerTimeout: a shard did not answer.
         """
-        header = {"tables": [t.to_dict() for t in self.tables]}
+        header: dict[str, Any] = {"tables": [t.to_dict() for t in self.tables]}
         if self.num_workers is not None:
             header["workers"] = self.num_workers
         for h in self._all("declare", header, timeout_ms):

@@ -9,8 +9,7 @@ reads] (herald/worker/consistency_bounded.py).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -28,7 +27,9 @@ class ClockFront:
     def __init__(self, link: ShardLink, router: KeyRouter, wire_dtype: str):
         self.link, self.router, self.wire_dtype = link, router, wire_dtype
 
-    def pull_clocked_op(self, tables, keys, checked, c_c, staleness: int, shape) -> tuple[list, Any, int]:
+    def pull_clocked_op(
+        self, tables, keys, checked, c_c, staleness: int, shape
+    ) -> tuple[list[int], Callable[[list], tuple], int]:
         _, width = shape or self.router.shape(tables) or (0, 0)
         n = keys.shape[0]
         header = compress.tagged({"parts": [{"flat": True}], "staleness": staleness}, self.wire_dtype)
@@ -121,7 +122,9 @@ class ClockFront:
         )
         return self.link.combine(ops, lambda results: _per_table(flat, results)), sent
 
-    def push_rows_clocked_op(self, tables, keys, rows, advance, read_clocks: bool, shape) -> tuple[list, Any, int]:
+    def push_rows_clocked_op(
+        self, tables, keys, rows, advance, read_clocks: bool, shape
+    ) -> tuple[list[int], Callable[[list], tuple], int]:
         rows = np.ascontiguousarray(rows, np.float32)
         advance = np.ascontiguousarray(advance, np.uint64)
         dim, width = shape or self.router.shape(tables) or (0, rows.shape[1] if rows.ndim == 2 else -1)

@@ -95,7 +95,9 @@ class StepFront:
         (over ``max_keys_per_request``) are sent now, ahead of it on the same connection
         (their ids: ``pre``), and a pull's further ones after the reply (``late``:
         ``[(tables, keys, positions)]``)."""
-        pre, per_shard, late = [], [[] for _ in range(self.link.num_shards)], []
+        pre: list[int] = []
+        per_shard: list[list] = [[] for _ in range(self.link.num_shards)]
+        late: list[tuple] = []
         for op, tables, keys, frames_of in sections:
             seen = set()
             for sh, pos in self.router.route(tables, keys):
@@ -114,7 +116,7 @@ class StepFront:
         its ``late`` pulls, sent now (after the reply: ordered after the step, NOTE [step
         messages])."""
         _, tables, keys, _ = pulled
-        width = self.router.shape(tables)[1]
+        _, width = self.router.shape(tables) or (0, 0)  # None: no keys, of tables of several shapes
         parts = [
             (
                 pos,

@@ -134,13 +134,13 @@ class GradientBuffer:
         self._received: dict[int, set[int]] = {}  # token -> slots received, for tokens >= _complete_below
         self._complete_below = start_step  # every slot of every smaller token was received
         self._dense_size: int | None = None
-        self._dense_log: collections.OrderedDict[int, np.ndarray | None] = collections.OrderedDict()
+        self._dense_log: collections.OrderedDict[int, tuple[np.ndarray, int] | None] = collections.OrderedDict()
         self._dense_log_steps = int(dense_log_steps)
         self.counters: collections.Counter = collections.Counter()
         self.history: collections.deque = collections.deque(maxlen=256)
 
     # ------------------------------------------------------------ settings
-    def check_settings(self, capacity: Any, threshold: Any, start_step: Any = None) -> None:
+    def check_settings(self, capacity: object, threshold: object, start_step: object = None) -> None:
         """Raise :class:`ProtocolError` unless a request's ``m``, ``iota`` (and ``base``, when
         given) are this buffer's."""
         if capacity != self.capacity or threshold != self.threshold:
@@ -308,7 +308,7 @@ class GbaOps(Handler):
     def ops(self) -> dict[str, Op]:
         return {"gba_push": answering(self.push), "gba_pull": answering(self.pull)}
 
-    def reset(self) -> None:
+    def restored(self) -> None:
         """Drop the buffer (a ``restore``: its global step and buffered contributions belong
         to the rolled-back run; the resumed job's first request makes it again)."""
         self.buffer = None
@@ -327,9 +327,11 @@ class GbaOps(Handler):
 
     def _apply(self, t: int, keys: np.ndarray, grads: np.ndarray) -> None:
         """The buffer's apply: the table's optimizer, once per key, at the step just completed."""
+        buffer = self.buffer
+        assert buffer is not None, "only the buffer calls its apply"
         table = self.ctx.tables[t]
         ones = np.ones(keys.shape[0], np.uint16)
-        self.ctx.counters["rows_updated"] += table.push_grad(keys, grads, ones, self.buffer.global_step - 1, 0)
+        self.ctx.counters["rows_updated"] += table.push_grad(keys, grads, ones, buffer.global_step - 1, 0)
 
     def _table_parts(self, header: dict[str, Any], arrays: list, op: str) -> list:
         """``[(table, keys, other arrays)]`` of a GBA request: per-table parts only (NOTE [ps

@@ -15,11 +15,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from herald.errors import HeraldError
 from herald.ps import wire
 from herald.ps.wire import PS
+
+#: The ROUTER routing id of the client a request came from (None: a request handled in
+#: process, :meth:`herald.ps.server.ShardServer.handle`).
+Peer = bytes | None
 
 
 class Reply(NamedTuple):
@@ -27,7 +31,7 @@ class Reply(NamedTuple):
     arrays), and the ``key`` (client id, request id) of the request it answers when it is
     to be kept for retries (a mutating request's; None: not kept)."""
 
-    peer: Any
+    peer: Peer
     frames: list
     key: tuple[int, int] | None = None
 
@@ -38,7 +42,7 @@ class Request:
     (-1 when the header has none), ``key`` (client id, request id) of a mutating request
     (None otherwise), its ``header`` and its ``arrays`` (read-only views of the frames)."""
 
-    peer: Any
+    peer: Peer
     op: str
     rid: int
     key: tuple[int, int] | None
@@ -58,13 +62,23 @@ Op = Callable[[Request], list[Reply]]
 
 class Handler:
     """The ops of one responsibility of a shard (subclasses: herald/ps/ops_*.py,
-    herald/ps/stepped.py, herald/ps/gba.py)."""
+    herald/ps/stepped.py, herald/ps/gba.py; each consistency mode's are named in
+    herald/ps/modes.py)."""
 
     def ops(self) -> dict[str, Op]:
         """``{op name: op}`` this handler serves."""
         raise NotImplementedError
 
-    def readdress(self, key: tuple[int, int], peer: Any) -> bool:
+    def tick(self, now: float) -> list[Reply]:
+        """The replies due by time at ``now`` (``time.monotonic()`` seconds: expiries), called
+        by the loop every :data:`herald.ps.loop.EXPIRE_EVERY_S`; the default: none."""
+        return []
+
+    def restored(self) -> None:
+        """A ``restore`` rolled the shard back: drop what this handler holds of the rolled-back
+        run (held step messages, GBA's buffer); the default: nothing held."""
+
+    def readdress(self, key: tuple[int, int], peer: Peer) -> bool:
         """A retry of request ``key`` came from ``peer``: True if this handler holds the
         request (its reply then goes to ``peer``), False otherwise (the default: nothing held)."""
         return False

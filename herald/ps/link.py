@@ -120,7 +120,7 @@ class ShardLink:
         self._keys = keys
         self._cid = secrets.randbits(63)
         self._rids = itertools.count(1)
-        self._ctx = zmq.Context.instance()
+        self._ctx: zmq.Context = zmq.Context.instance()
         self._socks: list[zmq.Socket | None] = [None] * len(self.addresses)
         self._pending: dict[int, PendingRequest] = {}
         self._replies: dict[int, tuple] = {}
@@ -138,6 +138,17 @@ class ShardLink:
     def socket(self, shard: int) -> zmq.Socket | None:
         """The DEALER socket of ``shard`` now (a retry replaces it); None once closed."""
         return self._socks[shard]
+
+    def _open(self, shard: int) -> zmq.Socket:
+        """The socket of ``shard``.
+
+        Raises:
+            ConfigError: the link is closed.
+        """
+        sock = self._socks[shard]
+        if sock is None:
+            raise ConfigError("PSClient is closed")
+        return sock
 
     def _connect(self, shard: int) -> None:
         old = self._socks[shard]
@@ -191,7 +202,7 @@ class ShardLink:
     def _post(self, req: PendingRequest) -> None:
         """Queue ``req``, waiting at most ``SNDTIMEO``; if it cannot be, its attempt (and every
         later one on that socket, without waiting again) fails now: :meth:`_await` retries."""
-        sock = self._socks[req.shard]
+        sock = self._open(req.shard)
         try:
             sock.send_multipart(req.frames, copy=False)
             self.traffic["bytes_sent"] += sum(len(f) if isinstance(f, bytes) else f.nbytes for f in req.frames)
@@ -247,7 +258,7 @@ class ShardLink:
             for s in shards:
                 if self.liveness is not None:  # the seam for a liveness-aware wait
                     self.liveness(s)
-                poller.register(self._socks[s], zmq.POLLIN)
+                poller.register(self._open(s), zmq.POLLIN)
             wait_ms = max(0, int((min(r.deadline for r in waiting) - time.monotonic()) * 1000) + 1)
             if self.liveness is not None:
                 wait_ms = min(wait_ms, LIVENESS_POLL_MS)
@@ -271,7 +282,7 @@ class ShardLink:
         req = self._pending.pop(rid, None) if type(rid) is int else None
         if req is None:
             return
-        self._replies[rid] = (header, frames[1:], req, error)
+        self._replies[req.rid] = (header, frames[1:], req, error)
 
     def _pop(self, rid: int) -> tuple[dict, list]:
         header, frames, req, error = self._replies.pop(rid)
@@ -310,8 +321,9 @@ class ShardLink:
         self.traffic = dict.fromkeys(out, 0)
         return out
 
-    def close(self) -> None:
-        """Close the sockets (immediately; idempotent). Unanswered requests are dropped."""
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Close the sockets without lingering (idempotent); unanswered requests are dropped.
+        Returns at once (``timeout_s``: nothing here waits; docs/design.md, "Timeouts and units")."""
         if self.closed:
             return
         self.closed = True

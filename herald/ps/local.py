@@ -95,8 +95,11 @@ class LocalShards:
         self.keys_dir = str(pathlib.Path(keys_dir).resolve()) if keys_dir is not None else None
         self.checkpoint_root = str(pathlib.Path(checkpoint_root).resolve()) if checkpoint_root is not None else None
         self.admin_token = check_token(admin_token, "admin_token") or secrets.token_hex(32)
-        self._tmp = tempfile.TemporaryDirectory(prefix="herald-ps-") if workdir is None else None
-        self.workdir = pathlib.Path(self._tmp.name if self._tmp is not None else workdir)
+        self._tmp: tempfile.TemporaryDirectory | None = None
+        if workdir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="herald-ps-")
+            workdir = self._tmp.name
+        self.workdir = pathlib.Path(workdir)
         self._tables_file = self.workdir / "tables.json"
         self._tables_file.write_text(tables_to_json(self.tables))
         env = {
@@ -209,14 +212,14 @@ class LocalShards:
         self._spawn(i, self.addresses[i])
         self.addresses[i] = self._wait_ready(i)
 
-    def close(self, timeout_ms: int = 5000) -> None:
-        """Stop every shard (SIGTERM, then SIGKILL at ``timeout_ms``); idempotent, bounded."""
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop every shard (SIGTERM, then SIGKILL at ``timeout_s`` seconds); idempotent, bounded."""
         if self._closed:
             return
         self._closed = True
         for w in self._watches:
-            w.close()
-        self._children.close(timeout_ms / 1000.0)
+            w.close(timeout_s)
+        self._children.close(timeout_s)
         if self._tmp is not None:
             self._tmp.cleanup()
         else:

@@ -17,7 +17,6 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 import zmq
 
@@ -25,7 +24,7 @@ from herald.auth import HandshakeMonitor, server_socket
 from herald.errors import ProtocolError
 from herald.ps import wire
 from herald.ps.config import ShardLimits, largest_frame_bytes
-from herald.ps.handler import Handler, Op, Reply, Request
+from herald.ps.handler import Handler, Op, Peer, Reply, Request
 from herald.ps.replies import ReplyCache, error_reply
 from herald.ps.wire import PS
 
@@ -61,14 +60,14 @@ class RequestLoop:
     ):
         self.ops, self.counters, self.ticks, self.name = dict(ops), counters, tuple(ticks), name
         self.replies = ReplyCache(reply_cache)
-        self.busy_s: collections.Counter = collections.Counter()
+        self.busy_s: collections.defaultdict[str, float] = collections.defaultdict(float)
         self.started = time.monotonic()
         self.endpoint: str | None = None
         self._stop = False
         self._next_tick = 0.0
         self._handshakes: HandshakeMonitor | None = None
 
-    def receive(self, peer: Any, frames: Sequence) -> list[tuple[Any, list]]:
+    def receive(self, peer: Peer, frames: Sequence) -> list[tuple[Peer, list]]:
         """The replies ``[(peer, frames)]`` due after one request from ``peer`` (its routing
         id) arrived; the time taken is added to :attr:`busy_s` under the request's op."""
         t0 = time.perf_counter()
@@ -76,7 +75,7 @@ class RequestLoop:
         self.busy_s[op if op in wire.OPS else "malformed"] += time.perf_counter() - t0
         return self._keep(replies)
 
-    def _keep(self, replies: list[Reply]) -> list[tuple[Any, list]]:
+    def _keep(self, replies: list[Reply]) -> list[tuple[Peer, list]]:
         """Keep the replies that name their request for its retries; ``[(peer, frames)]``."""
         out = []
         for peer, frames, key in replies:
@@ -85,14 +84,15 @@ class RequestLoop:
             out.append((peer, frames))
         return out
 
-    def _handle(self, peer: Any, frames: Sequence) -> tuple[list[Reply], Any]:
+    def _handle(self, peer: Peer, frames: Sequence) -> tuple[list[Reply], object]:
         rid = -1
         op = None
         try:
             if not frames:
                 raise ProtocolError("empty message")
             header = PS.unpack_header(frames[0])
-            rid = header.get("rid") if type(header.get("rid")) is int else -1
+            got = header.get("rid")
+            rid = got if type(got) is int else -1
             op = header.get("op")
             if op not in wire.OPS:
                 raise ProtocolError(f"unknown op {op!r}; known ops: {list(wire.OPS)}")
@@ -117,7 +117,7 @@ class RequestLoop:
         except Exception as exc:  # every failure becomes an error reply; the loop goes on
             return [Reply(peer, error_reply(self.counters, op, rid, exc))], op
 
-    def tick(self, now: float) -> list[tuple[Any, list]]:
+    def tick(self, now: float) -> list[tuple[Peer, list]]:
         """Run the ticks (and count refused handshakes); the replies they release."""
         replies = []
         for tick in self.ticks:

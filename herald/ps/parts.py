@@ -81,7 +81,7 @@ class PartParser:
             return [p]
         out = self._parts(parts, arrays, op, spec, clock, wire_dtype)
         if op != "pull" and len(out) > 1:
-            seen = set()
+            seen: set[int] = set()
             for p in out:
                 ts = set(np.unique(p.tables).tolist())
                 if ts & seen:
@@ -89,7 +89,9 @@ class PartParser:
                 seen |= ts
         return out
 
-    def _parts(self, parts: Any, arrays: list, op: str, spec: tuple, clock: str | None, wire_dtype: str) -> list[Part]:
+    def _parts(
+        self, parts: object, arrays: list, op: str, spec: tuple, clock: str | None, wire_dtype: str
+    ) -> list[Part]:
         """:meth:`parse` of any parts but one flat part of plain frames."""
         if not isinstance(parts, list) or len(parts) > MAX_PARTS:
             raise ProtocolError(f"{op}: header 'parts' must be a list of at most {MAX_PARTS} maps")

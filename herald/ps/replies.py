@@ -5,7 +5,6 @@ from __future__ import annotations
 import collections
 import sys
 import traceback
-from typing import Any
 
 from herald.errors import ConfigError, HeraldError, ProtocolError
 from herald.ps import wire
@@ -99,7 +98,7 @@ def error_kind(exc: BaseException) -> str:
     return "internal"
 
 
-def error_reply(counters: collections.Counter, op: Any, rid: int, exc: BaseException) -> list:
+def error_reply(counters: collections.Counter, op: object, rid: int, exc: BaseException) -> list:
     """The error reply frames of request ``rid`` that failed with ``exc``, counted in
     ``counters`` (``errors``, ``errors_<kind>``); an internal error's traceback goes to stderr."""
     kind = error_kind(exc)

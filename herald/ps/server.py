@@ -2,8 +2,8 @@
 
 :class:`ShardServer` is the shard's composition root: it builds the shard's context
 (:class:`~herald.ps.context.ShardContext`: store, tables, limits, counters, part parser,
-the job's state), its op handlers (herald/ps/handler.py: rows and their clocked variants,
-step messages, GBA, admin), the registry of its ops and its request loop
+the job's state), its op handlers (herald/ps/handler.py: the op sets of every consistency
+mode, herald/ps/modes.py, and the admin ops), the registry of its ops and its request loop
 (:class:`~herald.ps.loop.RequestLoop`: framing, NOTE [reply cache], busy time, error
 replies, ticks, serving). Implements NOTE [ps wire protocol] (docs/ps.md), NOTE [ps
 aggregation] (herald/ps/aggregate.py) and NOTE [ps limits] (docs/ps.md,
@@ -31,15 +31,13 @@ from herald.errors import ConfigError, ProtocolError
 from herald.ps.admin import AdminGate
 from herald.ps.config import ShardLimits
 from herald.ps.context import JobState, ShardContext
-from herald.ps.gba import GbaOps, GradientBuffer
-from herald.ps.handler import registry
+from herald.ps.gba import GradientBuffer
+from herald.ps.handler import Peer, registry
 from herald.ps.kernels import shard_of_jit
 from herald.ps.loop import RequestLoop
+from herald.ps.modes import ShardOps
 from herald.ps.ops_admin import AdminOps
-from herald.ps.ops_clocked import ClockedOps
-from herald.ps.ops_rows import RowOps
 from herald.ps.parts import PartParser
-from herald.ps.stepped import StepOps
 from herald.ps.store import TableSet, frozen
 from herald.ps.table import EmbeddingTable
 
@@ -63,7 +61,9 @@ class ShardServer:
 
     Attributes:
         store, tables, counters, limits: the shard's (its :class:`~herald.ps.context.ShardContext`).
-        rows, steps, gba_ops, admin_ops: its op handlers (row ops, step messages, GBA, admin).
+        op_sets: the handlers of its op sets (:class:`~herald.ps.modes.ShardOps`).
+        rows, steps, gba_ops: those of the row ops, the step messages and GBA.
+        admin_ops: the handler of its admin ops (:class:`~herald.ps.ops_admin.AdminOps`).
         loop: its :class:`~herald.ps.loop.RequestLoop`.
 
     Raises:
@@ -110,15 +110,14 @@ class ShardServer:
             PartParser(self.tables, self.store.directory, self.limits),
             JobState(self.limits.max_contributors),
         )
-        self.rows = RowOps(self.ctx, ClockedOps(self.ctx))
-        self.steps = StepOps(self.ctx, self.rows)
-        self.gba_ops = GbaOps(self.ctx)
+        self.op_sets = ShardOps(self.ctx)  # every mode's (herald/ps/modes.py)
+        self.rows, self.steps, self.gba_ops = self.op_sets.rows, self.op_sets.steps, self.op_sets.gba
+        handlers = self.op_sets.handlers()
         gate = AdminGate(checkpoint_root, admin_token, self.counters)
-        self.admin_ops = AdminOps(self.ctx, gate, self.stats, self.stop, (self.gba_ops.reset, self.steps.clear))
-        handlers = (self.rows, self.steps, self.gba_ops, self.admin_ops)
+        self.admin_ops = AdminOps(self.ctx, gate, self.stats, self.stop, [h.restored for h in handlers])
         name = f"herald ps shard {self.shard}/{self.num_shards}"
         self.loop = RequestLoop(
-            registry(handlers), self.counters, reply_cache, (self.rows.tick, self.steps.expire), name
+            registry([*handlers, self.admin_ops]), self.counters, reply_cache, [h.tick for h in handlers], name
         )
         self.declare(tables)
 
@@ -138,7 +137,7 @@ class ShardServer:
         return self.ctx.job.workers
 
     @property
-    def busy_s(self) -> collections.Counter:
+    def busy_s(self) -> collections.defaultdict[str, float]:
         """Seconds spent handling each op (``busy_s[op] / wall time`` = busy fraction)."""
         return self.loop.busy_s
 
@@ -160,7 +159,7 @@ class ShardServer:
             raise ProtocolError("handle() answers one request at once; a step message needs receive()")
         return replies[0][1]
 
-    def receive(self, peer: Any, frames: Sequence) -> list[tuple[Any, list]]:
+    def receive(self, peer: Peer, frames: Sequence) -> list[tuple[Peer, list]]:
         """The replies ``[(peer, frames)]`` due after one request from ``peer`` (its routing
         id) arrived: its own, or none while a step message is held, or every held one of its
         step (NOTE [step messages] in herald/ps/stepped.py). Busy time as :meth:`handle`."""

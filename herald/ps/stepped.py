@@ -1,7 +1,7 @@
 """One request per worker per shard per step: NOTE [step messages].
 
 The shard side: :class:`StepBarrier` (the messages held per step and rank) and
-:class:`StepOps` (the ``step`` op, its release and expiry). The client side is
+:class:`StepOps` (the ``step`` op, its release and expiry: its tick). The client side is
 :class:`~herald.ps.front_step.StepFront` (``PSClient.step_async``).
 
 NOTE [step messages]
@@ -82,7 +82,7 @@ import numpy as np
 from herald.errors import ProtocolError
 from herald.ps import compress, wire
 from herald.ps.context import ShardContext
-from herald.ps.handler import Handler, Op, Reply, Request
+from herald.ps.handler import Handler, Op, Peer, Reply, Request
 from herald.ps.ops_rows import RowOps
 from herald.ps.wire import PS
 
@@ -98,7 +98,7 @@ MAX_HELD_STEPS = 64
 class _Held:
     """One rank's step message waiting for the others: where to answer and its pull."""
 
-    peer: Any
+    peer: Peer
     key: tuple[int, int]  # (client id, request id): the reply cache's key
     pull: tuple[dict, list] | None  # the pull section's (header, arrays), read at release
     dense: np.ndarray | None = None  # float32 [n]: this shard's slice of the rank's dense gradient
@@ -110,7 +110,7 @@ class StepBarrier:
 
     It also times the barrier (NOTE [step barrier timing]): :meth:`stats`."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.held: dict[int, dict[int, _Held]] = {}
         self._workers: dict[int, int] = {}
         self._opened: dict[int, float] = {}
@@ -155,7 +155,7 @@ class StepBarrier:
         """``time.monotonic()`` when the first message of held step ``step`` came."""
         return self._opened[step]
 
-    def readdress(self, key: tuple[int, int], peer: Any) -> bool:
+    def readdress(self, key: tuple[int, int], peer: Peer) -> bool:
         """A retried request still held: answer it at ``peer`` from now on; False if not held."""
         at = self._where.get(key)
         if at is None:
@@ -253,17 +253,18 @@ def _dense_sum(held: list[_Held]) -> np.ndarray | None:
     Raises:
         ProtocolError: some ranks sent a slice and others not, or slices of different lengths.
     """
-    sizes = {None if h.dense is None else h.dense.shape[0] for h in held}
-    if sizes == {None}:
+    slices = [h.dense for h in held if h.dense is not None]
+    if not slices:
         return None
+    sizes = {None if h.dense is None else h.dense.shape[0] for h in held}
     if len(sizes) > 1:
         raise ProtocolError(
             f"step: the ranks' dense slices differ (lengths {sorted(sizes, key=str)}): every "
             "worker must train the same dense model the same way"
         )
-    total = held[0].dense.copy()
-    for h in held[1:]:
-        total += h.dense
+    total = slices[0].copy()
+    for dense in slices[1:]:
+        total += dense
     return total
 
 
@@ -286,16 +287,19 @@ class StepOps(Handler):
     def __init__(self, ctx: ShardContext, rows: RowOps):
         self.ctx, self.rows = ctx, rows
         self.barrier = StepBarrier()
-        self.readdress = self.barrier.readdress  # a held retry (Handler.readdress): the barrier's
 
     def ops(self) -> dict[str, Op]:
         return {"step": self.step}
+
+    def readdress(self, key: tuple[int, int], peer: Peer) -> bool:
+        """A held retry (:meth:`Handler.readdress`): the barrier's."""
+        return self.barrier.readdress(key, peer)
 
     def stats(self) -> dict[str, Any]:
         """The barrier's timing (NOTE [step barrier timing])."""
         return self.barrier.stats()
 
-    def clear(self) -> None:
+    def restored(self) -> None:
         """Forget every held step (a ``restore``: they belong to the rolled-back run)."""
         self.barrier.clear()
 
@@ -324,6 +328,8 @@ class StepOps(Handler):
         ctx.counters["step_messages"] += 1
         pull = (sub, sections["pull"]) if "pull" in sections else None
         dense = _dense_section(sections["dense"]) if "dense" in sections else None
+        if request.key is None:  # the loop keys every mutating request (NOTE [reply cache])
+            raise ProtocolError("step: a step message needs its client and request ids (cid, rid)")
         held = _Held(request.peer, request.key, pull, dense)
         if pull is not None and not ctx.store.directory.bounded:  # NOTE [pulls resolved on arrival]
             try:
@@ -352,7 +358,7 @@ class StepOps(Handler):
         last), or an error reply."""
         rid = held.key[1]
         try:
-            head, rows = self._read_held_pull(held) if held.pull is not None else ({}, [])
+            head, rows = self._read_held_pull(held, held.pull) if held.pull is not None else ({}, [])
         except Exception as exc:  # this rank's pull is refused; the others are answered
             return self.ctx.error_reply("step", rid, exc)
         if dense is not None:
@@ -371,16 +377,17 @@ class StepOps(Handler):
     # table (NOTE [bounded ps]): its eviction moves rows, so there a pull is resolved at the
     # release too. A pull refused on arrival fails that rank's reply at the release, as a
     # pull refused at the release does.
-    def _read_held_pull(self, held: _Held) -> tuple[dict, list]:
-        """The pull reply of a released message: resolved on arrival or now (NOTE [pulls resolved on arrival])."""
+    def _read_held_pull(self, held: _Held, pull: tuple[dict, list]) -> tuple[dict, list]:
+        """The reply to ``pull``, the pull section of a released message ``held``: resolved on
+        arrival or now (NOTE [pulls resolved on arrival])."""
         if isinstance(held.resolved, Exception):
             raise held.resolved
-        resolved = held.resolved if held.resolved is not None else self.rows.resolve_pull(*held.pull)
-        return self.rows.read_pull(resolved, compress.wire_of(held.pull[0]))
+        resolved = held.resolved if held.resolved is not None else self.rows.resolve_pull(*pull)
+        return self.rows.read_pull(resolved, compress.wire_of(pull[0]))
 
-    def expire(self, now: float) -> list[Reply]:
-        """Error replies for the steps held longer than ``aggregation_timeout_ms``, naming the
-        ranks whose step message did not come (also on stderr: the shard's log)."""
+    def tick(self, now: float) -> list[Reply]:
+        """The loop's tick: error replies for the steps held longer than ``aggregation_timeout_ms``,
+        naming the ranks whose step message did not come (also on stderr: the shard's log)."""
         ctx = self.ctx
         out = []
         timeout_ms = ctx.limits.aggregation_timeout_ms

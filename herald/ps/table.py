@@ -319,16 +319,17 @@ class TableRoom:
         anything is stored or evicted); NOTE [bounded ps]' eviction, never of a row of ``keys``."""
         grow = keys.shape[0]
         scratch = np.empty(grow, np.int64)
-        counted = self.table.max_rows is not None and self.table.n_rows + grow > self.table.max_rows
-        if counted:
-            grow = self._check_growth(keys, scratch)
+        max_rows, counted = self.table.max_rows, False
+        if max_rows is not None and self.table.n_rows + grow > max_rows:
+            grow, counted = self._check_growth(keys, scratch, max_rows), True
         room = self.directory.room_rows(self.table.pos)
         if room is not None and self._rows_after(grow) > room:
             if not counted:  # keys.shape[0] overstates the growth: count the distinct unseen keys
                 grow = self._count_unseen(keys, scratch)
             self._check_shard_growth(grow, room)
-        if self.table.max_resident is not None and self.table.n_rows + grow > self.table.max_resident:
-            grow = self._evict_for(keys, scratch)
+        bound = self.table.max_resident
+        if bound is not None and self.table.n_rows + grow > bound:
+            grow = self._evict_for(keys, scratch, bound)
         self.reserve(grow)
 
     # NOTE [bounded ps]
@@ -346,14 +347,14 @@ class TableRoom:
     # A request with more distinct new keys than N, or one that cannot free enough rows
     # (all held by open aggregations), is refused with :class:`ProtocolError`.
 
-    def _evict_for(self, keys: np.ndarray, scratch: np.ndarray) -> int:
-        """Evict least recently used rows so that ``keys``' unseen ones fit under the bound;
-        returns the number of distinct unseen keys."""
+    def _evict_for(self, keys: np.ndarray, scratch: np.ndarray, bound: int) -> int:
+        """Evict least recently used rows so that ``keys``' unseen ones fit under ``bound``
+        (the table's ``max_resident``); returns the number of distinct unseen keys."""
         unseen = self._count_unseen(keys, scratch)
-        need = self.table.n_rows + unseen - self.table.max_resident
+        need = self.table.n_rows + unseen - bound
         if need <= 0:
             return unseen
-        if unseen > self.table.max_resident:
+        if unseen > bound:
             raise ProtocolError(
                 f"table {self.table.cfg.name!r}: one request has {unseen} new keys, more than this "
                 f"shard's max_resident_rows={self.table.max_resident}; send smaller requests or "
@@ -369,7 +370,7 @@ class TableRoom:
                 f"max_resident_rows={self.table.max_resident}, but only {candidates.shape[0]} are "
                 "free of this request and of open aggregations; raise --ps-max-rows"
             )
-        count = min(candidates.shape[0], max(need, self.table.max_resident // 16))
+        count = min(candidates.shape[0], max(need, bound // 16))
         age = self.table.arrays.last_used[candidates]
         victims = candidates[np.argpartition(age, count - 1)[:count]] if count < candidates.shape[0] else candidates
         self._compact(victims)
@@ -394,11 +395,11 @@ class TableRoom:
         keymap.find_many_jit(self.table.arrays.buckets, self.table.row_keys, ONE_TABLE, ONE_TABLE, keys, scratch)
         return int(np.unique(keys[scratch < 0]).shape[0])
 
-    def _check_growth(self, keys: np.ndarray, scratch: np.ndarray) -> int:
+    def _check_growth(self, keys: np.ndarray, scratch: np.ndarray, max_rows: int) -> int:
         """The number of distinct unseen ``keys``; :class:`ProtocolError` if they would grow the
-        table past ``max_bytes``."""
+        table past ``max_rows`` (its ``max_bytes``)."""
         unseen = self._count_unseen(keys, scratch)
-        if self.table.n_rows + unseen > self.table.max_rows:
+        if self.table.n_rows + unseen > max_rows:
             need = (self.table.n_rows + unseen) * 4 * self.table.width
             raise ProtocolError(
                 f"table {self.table.cfg.name!r}: {unseen} new keys would grow it to "

@@ -87,7 +87,7 @@ class ShardWatch:
             if self._socks is None:  # made in the calling thread
                 self._socks = []
                 for address in self.addresses:
-                    sock = zmq.Context.instance().socket(zmq.DEALER)
+                    sock: zmq.Socket = zmq.Context.instance().socket(zmq.DEALER)
                     sock.setsockopt(zmq.LINGER, 0)
                     PS.configure(sock, max_array_bytes=0)  # ping replies: a header only (NOTE [message size limits])
                     if self._keys is not None:
@@ -124,13 +124,21 @@ class ShardWatch:
                 rid = PS.unpack_header(frames[0]).get("rid")
             except ProtocolError:
                 continue
-            if self._inflight[i] is not None and rid == self._inflight[i][0]:
+            inflight = self._inflight[i]
+            if inflight is not None and rid == inflight[0]:
                 self._inflight[i] = None
 
-    def close(self) -> None:
-        """Close the sockets (immediately; idempotent)."""
-        with self._lock:
-            self._closed = True
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Close the sockets without lingering (idempotent), waiting at most ``timeout_s`` for a
+        check in progress on another thread; past it, only the check's next call sees the watch
+        closed (its sockets go with the watch)."""
+        got = self._lock.acquire(timeout=max(0.0, timeout_s))
+        self._closed = True
+        if not got:
+            return
+        try:
             for sock in self._socks or ():
                 sock.close(linger=0)
             self._socks = None
+        finally:
+            self._lock.release()

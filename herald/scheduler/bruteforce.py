@@ -63,7 +63,7 @@ def cost_matrix(snaps, samp_off, samp_slot, num_workers: int) -> np.ndarray:
     B = samp_off.shape[0] - 1
     W = num_workers
     keys = [set(samp_slot[samp_off[i] : samp_off[i + 1]].tolist()) for i in range(B)]
-    m = {}
+    m: dict[int, int] = {}
     for ks in keys:
         for s in ks:
             m[s] = m.get(s, 0) + 1

@@ -25,12 +25,24 @@ Herald §4.3 Alg. 1 (allocation), §4.4 Alg. 2 (plan), NOTE [step protocol] in
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 import numba as nb
 import numpy as np
 
 from herald.keymap import prefetch_jit
 
-JIT = dict(nogil=True, cache=True)
+
+class JitOptions(TypedDict, total=False):
+    """The keyword options herald's kernels pass to ``numba.njit`` (typed for the type check)."""
+
+    nogil: bool
+    cache: bool
+    parallel: bool
+
+
+#: Every scheduler kernel's options: without the GIL, compiled once per installation.
+JIT: JitOptions = {"nogil": True, "cache": True}
 _AHEAD = 32  # keys ahead whose record is prefetched in the per-key passes
 
 HIT, MISS_PULL, UPDATE_PULL, GRAD_PUSH, PLAN_PUSH, EVICT_PUSH = 0, 1, 2, 3, 4, 5

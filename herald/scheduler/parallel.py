@@ -25,7 +25,7 @@ from herald.scheduler import parallel_kernels as PK
 
 def check_threads(threads: int) -> None:
     """Raise :class:`ConfigError` when numba's pool cannot run ``threads`` threads."""
-    pool = numba.config.NUMBA_NUM_THREADS
+    pool = numba.config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]  # set from the environment at import
     if threads > pool:
         raise ConfigError(
             f"threads={threads} but numba's thread pool has {pool} threads (NUMBA_NUM_THREADS, "
@@ -98,6 +98,6 @@ class ParallelPasses:
             batch, snap.use_mask, snap.freq, snap.owner, count_freq, clear_use, plan_push, out, self.threads
         )
 
-    def gather_plan_keys(self, *args) -> None:
-        """:func:`herald.scheduler.plan_build.gather_plan_keys_jit` on the threads."""
-        PK.gather_plan_keys_par_jit(*args, self.threads)
+    def gather_plan_keys(self, off, lists, cnts, pp, keymap, out) -> None:
+        """:func:`herald.scheduler.plan_build.gather_plan_keys_jit` (the same arguments) on the threads."""
+        PK.gather_plan_keys_par_jit(off, lists, cnts, pp, keymap, out, self.threads)

@@ -33,6 +33,7 @@ from herald.keymap import find_many_jit
 from herald.scheduler.atomics import atomic_add_jit, atomic_or_jit
 from herald.scheduler.kernels import (
     GOLDEN,
+    JitOptions,
     add_copies_jit,
     lowbit_index_jit,
     pick_jit,
@@ -43,7 +44,7 @@ from herald.scheduler.plan_build import copy_worker_lists_jit, plan_bounds_jit, 
 from herald.scheduler.snapshot_kernels import lfu_worker_jit, lru_worker_jit
 from herald.scheduler.step_kernels import update_worker_jit
 
-PJIT = dict(nogil=True, cache=True, parallel=True)
+PJIT: JitOptions = {"nogil": True, "cache": True, "parallel": True}
 _AHEAD = 32  # keys ahead whose record is prefetched (as in kernels.py)
 
 

@@ -114,7 +114,7 @@ def snapshot_lru_step_jit(keys, off, cap, lru, out, err):
     Touches and inserts are sequential writes; only victims cost a random access, and
     their records are prefetched ``_PREFETCH`` entries ahead. Head, tail, size and the
     counters live in registers within a worker (the reason ``lru_worker_jit`` is one
-    function of ~100 lines: through arrays they cost 3x, docs/scheduler.md "Speed").
+    function of ~80 lines: through arrays they cost 3x, docs/scheduler.md "Speed").
     Outputs at ``off[w] + i``: ev_slot int32, ev_wb bool, pull_slot int32; ev_cnt /
     pull_cnt int64 [W]. err int64 [2]: (1, w) if |K_w| > cap, (2, w) if a pull found the
     PS copy not latest (a protocol bug); state is then partially updated.
@@ -128,7 +128,7 @@ def snapshot_lru_step_jit(keys, off, cap, lru, out, err):
             return
 
 
-# one function of ~100 lines: head, tail, size and the counters stay in registers (through
+# one function of ~80 lines: head, tail, size and the counters stay in registers (through
 # arrays or helper calls they cost 3x, docs/scheduler.md "Speed")
 @nb.njit(**JIT)
 def lru_worker_jit(w, W, keys, off, cap, lru, out, par):
@@ -291,7 +291,32 @@ def snapshot_lfu_step_jit(keys, off, use_mask, cap, lfu, out, err):
             return
 
 
-# one function, as lru_worker_jit: sizes, sequences and counters stay in registers
+@nb.njit(**JIT)
+def _lfu_evict_jit(w, need, e, bit, use_mask, lfu, ev_slot, ev_wb, aside_s, aside_p, n, par):
+    """Evict ``need`` victims from worker w's heap of ``n`` entries, least priority first,
+    into ``ev_slot`` / ``ev_wb`` from index ``e`` on; keys of K_w (``use_mask`` & ``bit``)
+    popped on the way are set aside in ``aside_s`` / ``aside_p`` and pushed back with their
+    priority. Returns ``(e after the last victim, the heap's new size, write-backs)``."""
+    cached, valid, owner, pos, hslot, hprio, _, _ = lfu
+    na = 0
+    wbs = 0
+    while need > 0:
+        s, pr, n = _heap_pop_jit(w, hslot, hprio, pos, n)
+        if use_mask[s] & bit:
+            aside_s[na] = s
+            aside_p[na] = pr
+            na += 1
+            continue
+        wbs += _evict_record_jit(w, s, cached, valid, owner, ev_slot, ev_wb, e, par)
+        e += 1
+        need -= 1
+    for a in range(na):
+        n = _heap_push_jit(w, aside_s[a], aside_p[a], hslot, hprio, pos, n)
+    return e, n, wbs
+
+
+# the touch and insert passes stay in one function, as lru_worker_jit's: the size, sequence
+# and counters stay in registers; the eviction, once per worker and step, is its own
 @nb.njit(**JIT)
 def lfu_worker_jit(w, keys, off, use_mask, cap, lfu, out, aside_s, aside_p, par):
     """Worker w's part of :func:`snapshot_lfu_step_jit` (``aside_s`` int32 / ``aside_p``
@@ -322,23 +347,8 @@ def lfu_worker_jit(w, keys, off, use_mask, cap, lfu, out, aside_s, aside_p, par)
     counts[w, HIT] += hit
     counts[w, UPDATE_PULL] += upd
     counts[w, MISS_PULL] += miss
-    need = n + miss - cap
-    e = lo
-    na = 0
-    wbs = 0
-    while need > 0:
-        s, pr, n = _heap_pop_jit(w, hslot, hprio, pos, n)
-        if use_mask[s] & bit:
-            aside_s[na] = s
-            aside_p[na] = pr
-            na += 1
-            continue
-        wbs += _evict_record_jit(w, s, cached, valid, owner, ev_slot, ev_wb, e, par)
-        e += 1
-        need -= 1
+    e, n, wbs = _lfu_evict_jit(w, n + miss - cap, lo, bit, use_mask, lfu, ev_slot, ev_wb, aside_s, aside_p, n, par)
     counts[w, EVICT_PUSH] += wbs
-    for a in range(na):
-        n = _heap_push_jit(w, aside_s[a], aside_p[a], hslot, hprio, pos, n)
     ev_cnt[w] = e - lo
     pc = lo
     code = 0

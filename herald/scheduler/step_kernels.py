@@ -40,6 +40,17 @@ def group_by_worker_jit(worker_of, out_order, out_start):
 
 
 @nb.njit(**JIT)
+def clear_mask_jit(mask, slots):
+    """``mask[s] = 0`` for every slot ``s`` of ``slots`` (int32 [n]), the records prefetched
+    ``_AHEAD`` slots ahead (an allocation used ``use_mask`` as scratch)."""
+    n = slots.shape[0]
+    for p in range(n):
+        if p + _AHEAD < n:
+            prefetch_jit(mask, slots[p + _AHEAD])
+        mask[slots[p]] = 0
+
+
+@nb.njit(**JIT)
 def collect_keys_jit(batch, mark, token, use_mask, freq, owner, count_freq, clear_use, plan_push, out):
     """Distinct keys per worker in canonical order (samples in ``order``, tables, values),
     and, when ``plan_push``, the previous step's plan pushes (Herald Alg. 2; their order:
@@ -64,11 +75,7 @@ def collect_keys_jit(batch, mark, token, use_mask, freq, owner, count_freq, clea
     samp_off, samp_slot, order, wstart = batch
     out_keys, out_off, pp_slot, pp_worker = out
     if clear_use:
-        nnz = samp_slot.shape[0]
-        for p in range(nnz):
-            if p + _AHEAD < nnz:
-                prefetch_jit(use_mask, samp_slot[p + _AHEAD])
-            use_mask[samp_slot[p]] = 0
+        clear_mask_jit(use_mask, samp_slot)
     W = wstart.shape[0] - 1
     tok = token[0]
     n = 0

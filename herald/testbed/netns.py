@@ -294,16 +294,18 @@ class TestBed:
         )
 
     # ------------------------------------------------------------------ teardown
-    def close(self) -> None:
-        """Tear the bed down (NOTE [test bed teardown]); idempotent, bounded in time."""
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Tear the bed down (NOTE [test bed teardown]) within ``timeout_s`` or the bed's
+        ``teardown_timeout_s``, the smaller, plus a few ``ip`` commands; idempotent."""
         with self._lock:
             state, self._state = self._state, "closed"
         if state != "open":  # closed already, or never opened: nothing was built
             return
+        bound_s = max(0.0, min(timeout_s, self.teardown_timeout_s))
         try:
             if self._children is not None:
-                self._children.close(timeout_s=min(10.0, self.teardown_timeout_s))
-            deadline = time.monotonic() + self.teardown_timeout_s
+                self._children.close(timeout_s=min(10.0, bound_s))
+            deadline = time.monotonic() + bound_s
             self.pids_seen |= _empty_namespaces(self.namespaces, deadline)
             _delete_namespaces(self.namespaces)
             left = [ns for ns in list_namespaces() if ns in self.namespaces]

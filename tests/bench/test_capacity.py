@@ -7,10 +7,11 @@ import json
 
 import pytest
 
-from herald.bench.capacity import MemorySource, measure_capacity
+from herald.bench.capacity import measure_capacity
 from herald.cli import main
 from herald.errors import ConfigError
 from herald.loader import open_source
+from herald.loader.source import MemorySource
 
 
 def test_measure_capacity_reports_samples_per_second_and_stages():

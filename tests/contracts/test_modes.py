@@ -30,6 +30,9 @@ from herald.dispatch.embedding_worker import no_embedding_worker
 from herald.dispatch.modes import DISPATCH, dispatch_mode
 from herald.errors import ConfigError
 from herald.job.report import consistency_block
+from herald.ps import wire
+from herald.ps.modes import OP_SETS, OpSet
+from herald.ps.server import ShardServer
 from herald.worker.consistency_bounded import Bounded
 from herald.worker.consistency_gba import GBA
 from herald.worker.modes import PROTOCOLS, job_protocol
@@ -55,7 +58,21 @@ def test_every_registry_has_exactly_the_vocabulary_modes():
     assert all(issubclass(cls, ConsistencyProtocol) and cls.name == name for name, cls in PROTOCOLS.items())
     assert tuple(DISPATCH) == CONSISTENCY_MODES
     assert all(callable(d.serve) and callable(d.embedding_worker) for d in DISPATCH.values())
+    assert tuple(OP_SETS) == CONSISTENCY_MODES
+    assert all(sets and all(isinstance(s, OpSet) for s in sets) for sets in OP_SETS.values())
     assert tuple(SETTINGS) == CONSISTENCY_MODES
+
+
+def test_the_shard_serves_every_modes_op_sets_and_the_admin_ops_every_op_once():
+    server = ShardServer(0, 1)
+    served = {op: type(handler) for op, (handler, _) in server.loop.ops.items()}
+    assert set(served) == set(wire.OPS)
+    for sets in OP_SETS.values():
+        for s in sets:
+            handler = getattr(server.op_sets, s.name)
+            assert set(handler.ops()) == s.ops and all(served[op] is type(handler) for op in s.ops)
+    admin = set(wire.OPS) - {op for sets in OP_SETS.values() for s in sets for op in s.ops}
+    assert set(server.admin_ops.ops()) == admin
 
 
 @pytest.mark.parametrize("name", CONSISTENCY_MODES)

@@ -77,7 +77,8 @@ def test_thread_exception_reaches_consumer():
         for batch in b:
             got.append(batch)
     assert len(got) == 2
-    assert b.close(1.0)
+    b.close(1.0)
+    assert not b.prefetching
 
 
 class _Blocking(_Failing):
@@ -96,15 +97,16 @@ class _Blocking(_Failing):
 
 
 def test_close_is_bounded():
-    """close(timeout_s) gives up on a prefetch thread blocked in a read: it returns False
-    while the read still blocks (only the test ends it, after close)."""
+    """close(timeout_s) gives up on a prefetch thread blocked in a read: it returns with the
+    thread still prefetching while the read blocks (only the test ends it, after close)."""
     source = _Blocking()
     b = GlobalBatcher(source, 100, prefetch_batches=1)
     next(b)
     assert source.blocked.wait(30), "the prefetch thread never started its second read"
-    ended = b.close(timeout_s=0.3)
-    assert ended is False and not source.release.is_set()
-    assert b.close(0.1) is False  # idempotent, still bounded
+    b.close(timeout_s=0.3)
+    assert b.prefetching and not source.release.is_set()
+    b.close(0.1)  # idempotent, still bounded
+    assert b.prefetching
     with pytest.raises(StopIteration):
         next(b)
     source.release.set()
@@ -115,7 +117,8 @@ def test_close_stops_running_thread_and_queue_bounded():
     next(b)
     wait_until(b._queue.full, 30, "the prefetch thread filling its queue (then blocked on the next put)")
     assert b._queue.qsize() <= 2
-    assert b.close(2.0)
+    b.close(2.0)
+    assert not b.prefetching
     assert not any(t.name == "herald-prefetch" and t.is_alive() and t is b._thread for t in threading.enumerate())
 
 

@@ -194,7 +194,7 @@ def test_bad_step_messages_are_refused_and_a_lost_rank_is_named(capsys):
     ((_, frames),) = srv.receive("x", _step_frames(0, 2, 2, 2))
     assert "rank 2 is not below workers=2" in PS.unpack(as_frames(frames))[0]["message"]
     assert srv.receive("x", _step_frames(5, 0, 2, 3, pull=([0], [1]))) == []
-    ((peer, frames, kept),) = srv.steps.expire(now=10**9)
+    ((peer, frames, kept),) = srv.steps.tick(now=10**9)
     assert kept is None  # an expired step's error reply is not kept for retries
     head = PS.unpack(as_frames(frames))[0]
     assert peer == "x" and not head["ok"] and "ranks [1]" in head["message"]

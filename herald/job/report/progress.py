@@ -76,7 +76,8 @@ class Progress:
         )
         self._bar.update(1)
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Close the bar; returns at once (``timeout_s``: nothing here waits; docs/design.md, "Timeouts and units")."""
         if self._bar is not None:
             self._bar.close()
 

@@ -337,7 +337,7 @@ class ParquetSource(Source):
         self._log.load(state.get("skipped", {}))
         self._pos, self._group = (fi, gi, row), None
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 5.0) -> None:
         if not self._closed:
             self._log.close()
-        super().close()
+        super().close(timeout_s)

@@ -14,11 +14,11 @@ import numpy as np
 
 from herald.config import require
 from herald.errors import DataError
-from herald.loader.batch import SampleBatch, Schema
+from herald.loader.batch import Schema
 from herald.loader.formats import layouts as formats
 from herald.loader.formats.text import TextFileSource, TextSettings
 from herald.loader.policy import BadRecordLog, BadRecordSettings
-from herald.loader.source import Source, state_int
+from herald.loader.source import MemorySource
 
 
 class CriteoSource(TextFileSource):
@@ -63,7 +63,7 @@ class MovieLensSettings:
         require(0.0 <= self.threshold <= 10.0, f"threshold must be in [0, 10], got {self.threshold}")
 
 
-class MovieLensSource(Source):
+class MovieLensSource(MemorySource):
     """MovieLens ratings (``ratings.csv`` with header, or ml-100k ``u.data``).
 
     Rows are served in timestamp order (stable sort, so ties keep file order), which
@@ -77,7 +77,6 @@ class MovieLensSource(Source):
     format_name = "movielens"
 
     def __init__(self, path, *, settings=MovieLensSettings(), bad=BadRecordSettings()):
-        super().__init__()
         self.path = os.fspath(path)
         try:
             with open(self.path, "rb") as f:
@@ -105,8 +104,7 @@ class MovieLensSource(Source):
         order = good[np.argsort(decoded.aux[1, good], kind="stable")]
         batch = decoded.batch(order)
         batch.labels = (decoded.aux[0, order] >= settings.threshold).astype(np.float32)
-        self._all = batch
-        self._pos = 0
+        super().__init__(batch)
         self.ratings = decoded.aux[0, order]
         self.timestamps = decoded.aux[1, order].astype(np.int64)
 
@@ -114,29 +112,9 @@ class MovieLensSource(Source):
     def schema(self) -> Schema:
         return self._schema
 
-    @property
-    def num_rows(self) -> int:
-        return len(self._all)
-
     def _skipped(self) -> dict:
         return self._log.skipped
 
-    def _read(self, max_rows: int) -> SampleBatch | None:
-        if self._pos >= len(self._all):
-            return None
-        out = self._all.slice(self._pos, self._pos + max_rows)
-        self._pos += len(out)
-        return out
-
-    def _get_state(self) -> dict:
-        return {"row": self._pos}
-
-    def _set_state(self, state: dict) -> None:
-        row = state_int(state, "row")
-        if row > len(self._all):
-            raise DataError(f"malformed state: row {row} is past the end ({len(self._all)} rows)")
-        self._pos = row
-
-    def close(self) -> None:
+    def close(self, timeout_s: float = 5.0) -> None:
         self._log.close()
-        super().close()
+        super().close(timeout_s)

@@ -188,8 +188,8 @@ class TextFileSource(Source):
         self._offset, self._line = max(offset, self._header_bytes), line
         self._chunk, self._eof = None, False
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 5.0) -> None:
         if not self._closed:
             self._file.close()
             self._log.close()
-        super().close()
+        super().close(timeout_s)

@@ -338,17 +338,19 @@ class KafkaSource(Source):
                 self._consumer.resume(assigned[p])
         self.last_read_position = self.position
 
-    def close(self) -> None:
-        """Leave the group and close the connection (bounded by ``close_timeout_ms``); idempotent.
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Leave the group and close the connection within ``close_timeout_ms`` and
+        ``timeout_s``, the smaller; idempotent.
 
         Never commits: uncommitted samples are re-delivered to the group.
         """
         if not self._closed and self._consumer is not None:
+            bound_ms = max(0, min(self.config.close_timeout_ms, int(timeout_s * 1000)))
             try:
-                self._consumer.close(autocommit=False, **timeout_kw(self._consumer.close, self.config.close_timeout_ms))
+                self._consumer.close(autocommit=False, **timeout_kw(self._consumer.close, bound_ms))
             except Exception:  # noqa: BLE001 - closing must not raise over a dead broker
                 pass
-        super().close()
+        super().close(timeout_s)
 
 
 def open_kafka(spec: str, **options) -> KafkaSource:
