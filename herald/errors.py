@@ -50,6 +50,17 @@ class PeerTimeout(HeraldError, TimeoutError):
         self.op = op
 
 
+class PeerLost(HeraldError):
+    """A peer process is known to have ended: its supervisor saw it exit (NOTE [death
+    notices] in herald/deaths.py). The message names the peer, how it ended (its signal) and
+    the end of its log; ``peer``: its address, ``op``: what was waited on, ``unix_s``: when
+    the death was seen (Unix seconds; None: unknown)."""
+
+    def __init__(self, message: str, *, peer: str | None = None, op: str | None = None, unix_s: float | None = None):
+        super().__init__(message)
+        self.peer, self.op, self.unix_s = peer, op, unix_s
+
+
 class ProtocolError(HeraldError):
     """A message on the wire broke the protocol (bad header, sizes, unknown op or table)."""
 

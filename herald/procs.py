@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import psutil
 
+from herald.deaths import ExitWatch
 from herald.errors import ConfigError, HeraldError
 
 _REAP_S = 2.0  # after SIGKILL: how long to wait for the kernel to reap a child
@@ -261,18 +262,32 @@ class Supervisor:
         env: variables set for every child on top of this process's environment.
         new_session: start each child in a session of its own, so that a Ctrl-C at the
             terminal reaches only this process, which then stops the children itself.
+        on_death: ``on_death(name)``, called from an :class:`~herald.deaths.ExitWatch` thread
+            the moment a child ends without this supervisor stopping it (reaped, its
+            :meth:`exit_status` and :meth:`died_at` set: NOTE [death notices] in
+            herald/deaths.py); None: no watch, a death is seen when :meth:`failure` looks.
 
     Used by ``herald train`` (workers: :func:`herald.job.launcher.run_train`) and
     :class:`herald.ps.LocalShards`; exercised in tests/test_procs.py.
     """
 
-    def __init__(self, log_dir: str | os.PathLike, *, env: Mapping[str, str] | None = None, new_session: bool = False):
+    def __init__(
+        self,
+        log_dir: str | os.PathLike,
+        *,
+        env: Mapping[str, str] | None = None,
+        new_session: bool = False,
+        on_death: Callable[[str], None] | None = None,
+    ):
         self.log_dir = pathlib.Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.env = dict(env or {})
         self.new_session = bool(new_session)
         self.procs: dict[str, subprocess.Popen] = {}
         self._stopped: set[str] = set()
+        self._died: dict[str, float] = {}  # name -> when its death was seen (Unix seconds)
+        self._on_death = on_death
+        self._watch = ExitWatch(self._exited, name="herald-supervisor") if on_death is not None else None
         self._closed = False
 
     # ---------------------------------------------------------------- start
@@ -303,7 +318,19 @@ class Supervisor:
                 preexec_fn=_child_setup(cores),
             )
         self._stopped.discard(name)
+        self._died.pop(name, None)
+        if self._watch is not None:
+            self._watch.add(self.procs[name].pid, (name, self.procs[name]))
         return self.procs[name]
+
+    def _exited(self, key: tuple[str, subprocess.Popen]) -> None:
+        """The exit watch saw child ``key`` end: reap it and, when it is still the child of that
+        name and this supervisor did not stop it, record when and call ``on_death``."""
+        name, p = key
+        _reap(p)
+        if self.procs.get(name) is p and self.exit_status(name) is not None:
+            self._died.setdefault(name, time.time())
+            self._on_death(name)
 
     # ---------------------------------------------------------------- liveness
     def tail(self, name: str, lines: int = 15) -> str:
@@ -314,14 +341,21 @@ class Supervisor:
             return "(no log)"
 
     def exit_status(self, name: str) -> str | None:
-        """How child ``name`` ended (``"was killed by signal 9"``, ``"exited with code 1"``,
+        """How child ``name`` ended (``"was killed by signal 9 (SIGKILL)"``, ``"exited with code 1"``,
         ``"exited with code 0"``) when it ended without this supervisor stopping it; None
         while it runs, after a stop by this supervisor, or for an unknown name."""
         p = self.procs.get(name)
         code = None if p is None else p.poll()
         if code is None or name in self._stopped:
             return None
-        return f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        return f"was killed by {signal_words(code)}" if code < 0 else f"exited with code {code}"
+
+    def died_at(self, name: str) -> float | None:
+        """When child ``name``'s end was first seen (Unix seconds; with ``on_death``, the moment
+        it ended), while :meth:`exit_status` names it; None otherwise."""
+        if self.exit_status(name) is None:
+            return None
+        return self._died.setdefault(name, time.time())
 
     def failure(self, grace_s: float = 0.0) -> str | None:
         """A message naming the child that failed, with the end of its log, waiting up to
@@ -411,6 +445,8 @@ class Supervisor:
             return
         self._closed = True
         self.stop(timeout_s)
+        if self._watch is not None:
+            self._watch.close()
 
     def __enter__(self) -> Supervisor:
         return self

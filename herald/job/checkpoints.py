@@ -131,6 +131,24 @@ class Checkpoint:
         return state
 
 
+#: Name prefix of a checkpoint being assembled (:meth:`Checkpointer.staging_path`).
+STAGING_PREFIX = ".tmp-step-"
+
+
+def remove_staging(root: str | os.PathLike) -> list[str]:
+    """Remove every checkpoint still being assembled under ``root`` (``<run_dir>/checkpoints``):
+    the ``.tmp-step-*`` folders (not symlinks) a killed job left (one killed while a shard or
+    rank 0 wrote its part). Only for a run folder no live job uses (NOTE [run leftovers] in
+    herald/job/recovery/leftovers.py calls it at a job's start or resume). Returns the paths removed."""
+    removed = []
+    for path in sorted(pathlib.Path(root).glob(STAGING_PREFIX + "*")):
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+            if not path.exists():
+                removed.append(str(path))
+    return removed
+
+
 def latest(root: str | os.PathLike) -> Checkpoint | None:
     """The newest complete checkpoint under ``root`` (``<run_dir>/checkpoints``), or None.
 
@@ -187,7 +205,7 @@ class Checkpointer:
 
     def staging_path(self, step: int) -> str:
         """Where the workers save the dense state of the checkpoint of ``step``."""
-        path = self.root / f".tmp-step-{step:08d}"
+        path = self.root / f"{STAGING_PREFIX}{step:08d}"
         shutil.rmtree(path, ignore_errors=True)
         return str(private_dir(path))
 

@@ -22,13 +22,14 @@ A client is not thread-safe: use one per thread.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
 from herald.auth import load_client_keys
 from herald.contracts.tables import TableConfig, check_tables
 from herald.contracts.vocab import DEFAULT_TIMEOUT_MS
+from herald.deaths import NoticeCheck
 from herald.errors import ConfigError
 from herald.ps import compress
 from herald.ps.admin import check_token
@@ -65,6 +66,10 @@ class PSClient:
             (NOTE [ps admin ops]); e.g. :attr:`LocalShards.admin_token`.
         wire_dtype: ``fp32`` (default), ``fp16``, ``bf16`` or ``int8``: gradients and the
             embedding part of rows travel compressed (NOTE [wire compression]).
+        liveness: ``liveness(shard)``, asked while waiting on ``shard`` besides its death
+            notice (NOTE [death notices] in herald/deaths.py: every wait on an ipc shard
+            checks it); it raises naming the shard when it is known dead (e.g. a Ray
+            actor's death). None: the notices only.
 
     Attributes:
         link, router: its :class:`ShardLink` and :class:`KeyRouter`.
@@ -87,6 +92,7 @@ class PSClient:
         keys_dir: str | os.PathLike | None = None,
         admin_token: str | None = None,
         wire_dtype: str = "fp32",
+        liveness: Callable[[int], None] | None = None,
     ):
         if not addresses:
             raise ConfigError("PSClient needs at least one shard address")
@@ -105,6 +111,7 @@ class PSClient:
         self.timeout_ms, self.retries = int(timeout_ms), int(retries)
         self.router = KeyRouter(self.tables, len(self.addresses))
         self.link = ShardLink(self.addresses, self.timeout_ms, self.retries, keys)
+        self.link.liveness = _either(NoticeCheck.of(self.addresses), liveness)  # NOTE [death notices]
         self.rows = RowFront(self.link, self.router, self.wire_dtype)
         self.clocked = ClockFront(self.link, self.router, self.wire_dtype)
         self.steps = StepFront(self.link, self.router, self.rows)
@@ -236,3 +243,15 @@ class PSClient:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _either(first: Callable[[int], None] | None, second: Callable[[int], None] | None) -> Callable[[int], None] | None:
+    """One liveness check asking ``first`` then ``second`` (either may be None; both None: None)."""
+    if first is None or second is None:
+        return first or second
+
+    def check(shard: int) -> None:
+        first(shard)
+        second(shard)
+
+    return check

@@ -15,8 +15,9 @@ timeout_ms``. Retrying is safe for every op: shards answer a repeated mutating r
 (same client id and request id) from a reply cache instead of applying it twice (NOTE
 [reply cache] in herald/ps/replies.py: every request says below which request id this
 client awaits no reply, so the shard forgets those). While it waits, the link asks its
-``liveness`` check (when one is set) about every shard it waits on, so a shard known dead
-can be named at once instead of at its deadline. A link is not thread-safe: use one per
+``liveness`` check (when one is set: a PSClient sets its shards' death notices, NOTE [death
+notices] in herald/deaths.py) about every shard it waits on, so a shard known dead is named
+at once instead of at its deadline. A link is not thread-safe: use one per
 thread.
 """
 

@@ -15,7 +15,8 @@ from collections.abc import Sequence
 
 from herald.contracts.tables import TableConfig, check_tables, tables_to_json
 from herald.contracts.vocab import DEFAULT_TIMEOUT_MS
-from herald.errors import ConfigError, HeraldError, PeerTimeout
+from herald.deaths import notice_path, write_notice
+from herald.errors import ConfigError, HeraldError, PeerTimeout, StorageError
 from herald.procs import Supervisor
 from herald.ps.admin import TOKEN_ENV, check_token
 from herald.ps.cli import shard_args
@@ -106,8 +107,10 @@ class LocalShards:
             "PYTHONPATH": _REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
             TOKEN_ENV: self.admin_token,
         }  # NOTE [ps admin ops]: not on the command line
-        self._children = Supervisor(self.workdir if log_dir is None else log_dir, env=env)
+        # NOTE [death notices]: a shard that dies is reaped at once and its notice written
+        self._children = Supervisor(self.workdir if log_dir is None else log_dir, env=env, on_death=self._on_death)
         self.addresses: list[str] = [""] * self.num_shards
+        self._binds: list[str] = [""] * self.num_shards
         self._watches: list[ShardWatch] = []
         self._closed = False
         try:
@@ -128,6 +131,10 @@ class LocalShards:
 
     def _spawn(self, i: int, bind: str) -> None:
         self._ready_file(i).unlink(missing_ok=True)
+        self._binds[i] = bind
+        notice = notice_path(bind)
+        if notice is not None:  # a restart: the notice named the shard before it
+            notice.unlink(missing_ok=True)
         args = shard_args(
             i,
             self.num_shards,
@@ -171,13 +178,37 @@ class LocalShards:
         :meth:`terminate` or :meth:`close` (index, address, pid, how, log path and tail);
         None while every shard runs. Non-blocking."""
         for i in range(self.num_shards):
-            how = self._children.exit_status(_name(i))
-            if how is not None:
-                return (
-                    f"PS shard {i} at {self.addresses[i] or '(not ready)'} (pid {self.pid(i)}) {how}; "
-                    f"{self.describe(i)}"
-                )
+            message = self._death(i)
+            if message is not None:
+                return message
         return None
+
+    def died_at(self) -> float | None:
+        """When the first shard :meth:`failure` names ended (Unix seconds: the moment its
+        supervisor reaped it, NOTE [death notices]); None while every shard runs."""
+        for i in range(self.num_shards):
+            when = self._children.died_at(_name(i))
+            if when is not None:
+                return when
+        return None
+
+    def _death(self, i: int) -> str | None:
+        how = self._children.exit_status(_name(i))
+        if how is None:
+            return None
+        return f"PS shard {i} at {self.addresses[i] or '(not ready)'} (pid {self.pid(i)}) {how}; {self.describe(i)}"
+
+    def _on_death(self, name: str) -> None:
+        """The supervisor saw shard ``name`` end: write its notice beside its ipc socket (NOTE
+        [death notices]; a TCP shard has none: clients in this process learn from :meth:`failure`)."""
+        i = int(name.rsplit("-", 1)[1])
+        message, notice = self._death(i), notice_path(self._binds[i])
+        if message is None or notice is None or self._closed:
+            return
+        try:
+            write_notice(notice, message, self._children.died_at(name) or time.time())
+        except StorageError as exc:  # the waits' own deadlines and the liveness check remain
+            print(f"herald: {exc}", file=sys.stderr, flush=True)
 
     def check(self) -> None:
         """Raise :class:`HeraldError` naming a shard process that ended (see :meth:`failure`)."""
@@ -189,7 +220,14 @@ class LocalShards:
         """A liveness check of these shards (NOTE [ps liveness]): call it every ~0.5 s; it
         raises naming a shard process that ended, or a shard that left a ping unanswered
         for ``silent_ms``. Closed by :meth:`close`."""
-        w = ShardWatch(self.addresses, silent_ms, describe=self.describe, dead=self.failure, keys_dir=self.keys_dir)
+        w = ShardWatch(
+            self.addresses,
+            silent_ms,
+            describe=self.describe,
+            dead=self.failure,
+            keys_dir=self.keys_dir,
+            died_at=self.died_at,
+        )
         self._watches.append(w)
         return w
 

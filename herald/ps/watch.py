@@ -42,6 +42,8 @@ class ShardWatch:
             end), e.g. :meth:`herald.ps.LocalShards.describe`.
         dead: ``dead()``: a message naming a shard process that ended, or None
             (e.g. :meth:`herald.ps.LocalShards.failure`); checked before the pings.
+        died_at: ``died_at()``: when the shard ``dead()`` names ended (Unix seconds), or None
+            (e.g. :meth:`herald.ps.LocalShards.died_at`); default: when the watch saw it.
         keys_dir: CURVE keys folder of shards run with ``--keys`` (NOTE [transport security]).
 
     Raises (from a call):
@@ -56,11 +58,13 @@ class ShardWatch:
         describe: Callable[[int], str] | None = None,
         dead: Callable[[], str | None] | None = None,
         keys_dir: str | None = None,
+        died_at: Callable[[], float | None] | None = None,
     ):
         if silent_ms < 1:
             raise HeraldError(f"silent_ms must be >= 1, got {silent_ms}")
         self.addresses, self.silent_ms = list(addresses), int(silent_ms)
-        self._describe, self._dead = describe, dead
+        self._describe, self._dead, self._died_at = describe, dead, died_at
+        self._failed_unix_s: float | None = None
         self._keys = load_client_keys(keys_dir) if keys_dir is not None else None
         self._socks: list[zmq.Socket] | None = None
         self._cid = secrets.randbits(63)
@@ -75,6 +79,17 @@ class ShardWatch:
         ended now; None when every shard looked healthy."""
         return self._failure or (self._dead() if self._dead is not None else None)
 
+    def failed_at(self) -> float | None:
+        """When the shard :meth:`failure` names was lost (Unix seconds): the moment its process
+        ended when ``died_at`` knows it, else when this watch first saw the failure; None
+        while :meth:`failure` is None."""
+        if self.failure() is None:
+            return None
+        when = self._died_at() if self._died_at is not None else None
+        if when is None:
+            when = self._failed_unix_s = self._failed_unix_s or time.time()
+        return when
+
     def __call__(self) -> None:
         with self._lock:  # non-blocking work only; the lock only keeps two callers apart
             if self._closed:
@@ -82,7 +97,7 @@ class ShardWatch:
             if self._dead is not None:
                 dead = self._dead()
                 if dead:
-                    self._failure = dead
+                    self._failure, self._failed_unix_s = dead, self._failed_unix_s or time.time()
                     raise HeraldError(dead)
             if self._socks is None:  # made in the calling thread
                 self._socks = []
@@ -112,6 +127,7 @@ class ShardWatch:
                         f"{(now - inflight[1]) * 1000:.0f} ms (limit {self.silent_ms} ms): it is "
                         f"alive but silent (stopped, hung or swamped){more}"
                     )
+                    self._failed_unix_s = self._failed_unix_s or time.time()
                     raise PeerTimeout(self._failure, peer=self.addresses[i], op="ping")
 
     def _drain(self, i: int, sock: zmq.Socket, now: float) -> None:

@@ -32,6 +32,12 @@ def children(pid: int) -> list[tuple[int, str]]:
     return [(p, cmd) for p, (ppid, cmd) in _processes().items() if ppid == pid]
 
 
+def parent_of(pid: int) -> int | None:
+    """The parent pid of process ``pid`` (None: no such process)."""
+    found = _processes().get(pid)
+    return None if found is None else found[0]
+
+
 def descendants(pid: int) -> list[tuple[int, str]]:
     """:func:`children` of ``pid``, their children, and so on (e.g. a Ray actor's role
     process), children first, from one pass over /proc (a test kills one mid-job: a pass

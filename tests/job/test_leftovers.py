@@ -89,3 +89,29 @@ def test_an_owner_on_another_host_and_this_process_are_left(tmp_path, capsys):
         assert leftovers.clean(tmp_path) == []
     assert "names a job on host elsewhere" in capsys.readouterr().err and store.exists()
     assert not (tmp_path / f".owner-{os.getpid()}.json").exists()
+
+
+def test_a_killed_runs_checkpoint_staging_goes_at_the_next_start_unless_a_job_is_live(tmp_path, capsys):
+    """A checkpoint being assembled when its job was killed (``checkpoints/.tmp-step-*``) is
+    never named in ``latest``: the next start or resume in the run folder removes it, complete
+    checkpoints stay; while another job lives in the folder its staging may be in use: left."""
+    run_dir, tmp = tmp_path / "run", tmp_path / "tmp"
+    tmp.mkdir()
+    root = run_dir / "checkpoints"
+    staging, done = root / ".tmp-step-00000009", root / "step-00000004"
+    for folder in (staging / "ps", done):
+        folder.mkdir(parents=True)
+    (root / "latest").write_text(done.name)
+    alive, alive_paths = _owner(run_dir, "alive", tmp)
+    try:
+        leftovers.clean(run_dir)
+        assert staging.is_dir(), "a live job's staging folder was removed"
+        assert "still running" in capsys.readouterr().err
+    finally:
+        alive.kill()
+        alive.wait(30)
+    removed = leftovers.clean(run_dir)
+    assert str(staging) in removed and not staging.exists()
+    assert done.is_dir() and (root / "latest").read_text() == done.name
+    assert f"removed the unfinished checkpoint(s) a killed run left: {staging}" in capsys.readouterr().err
+    assert leftovers.clean(run_dir) == []  # once

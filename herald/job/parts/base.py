@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from herald.contracts.job import JobSpec
@@ -175,10 +175,18 @@ class Checkpointing:
         )
 
 
-def job_client(cfg: TrainConfig, addresses: Sequence[str], tables: Sequence[Any], admin_token: str | None) -> PSClient:
+def job_client(
+    cfg: TrainConfig,
+    addresses: Sequence[str],
+    tables: Sequence[Any],
+    admin_token: str | None,
+    liveness: Callable[[int], None] | None = None,
+) -> PSClient:
     """The job's own :class:`PSClient` of the shards at ``addresses`` (shard order) over ``tables``
     (``cfg.tables(schema)``), with the job's timeout, workers and keys, holding ``admin_token``
-    (checkpoint and restore: NOTE [ps admin ops]; None: none), as every PS part opens it."""
+    (checkpoint and restore: NOTE [ps admin ops]; None: none), as every PS part opens it. Its
+    waits end as soon as a shard is known dead: its death notice (NOTE [death notices] in
+    herald/deaths.py) or ``liveness(shard)`` raising (e.g. a Ray actor lost)."""
     return PSClient(
         list(addresses),
         tables=tables,
@@ -186,4 +194,5 @@ def job_client(cfg: TrainConfig, addresses: Sequence[str], tables: Sequence[Any]
         num_workers=cfg.workers,
         keys_dir=cfg.security.keys_dir,
         admin_token=admin_token,
+        liveness=liveness,
     )

@@ -13,6 +13,7 @@ import logging
 import os
 import pathlib
 import secrets
+import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -32,6 +33,7 @@ from herald.job.ray.plan import (
     worker_strategy,
 )
 from herald.job.ray.role import RUN_CHECK_FILE, RoleHost
+from herald.job.recovery import leftovers
 
 #: Object store of the local Ray instance (bytes): the job passes only small arguments.
 LOCAL_OBJECT_STORE_BYTES = 256 << 20
@@ -76,6 +78,7 @@ class RayCluster:
 
     def __init__(self) -> None:
         self.actors: list[Any] = []
+        self.folders: dict[int, str] = {}  # role -> its private folder on its node (RoleHost.start)
 
     def open(self, cfg: TrainConfig, data: Any, stack: contextlib.ExitStack) -> None:
         """Connect to Ray, place the job's roles and start their actors (cleanups on
@@ -309,6 +312,9 @@ class RayCluster:
         for i, answer in zip(roles, answers):
             if isinstance(answer, CallFailed):
                 raise HeraldError(f"{self.requests[i].name} on {self.nodes[i]['ip']} could not start: {answer}")
+            self.folders[i] = answer["folder"]
+            if self.single:  # NOTE [run leftovers]: on this host, removed by the next job if this one is killed
+                leftovers.record(self.run_dir, answer["folder"])
         return answers
 
     def describe(self, i: int) -> str:
@@ -331,9 +337,19 @@ class RayCluster:
         return {i: a for i, a in zip(roles, self.call(roles, "exit_status")) if a is not None}
 
     def stop(self, roles: Sequence[int]) -> None:
-        """Stop the children of ``roles`` (SIGTERM, SIGKILL after 5 s; bounded)."""
-        if self.actors:
-            self.call(roles, "stop", 5.0, timeout_s=15.0)
+        """Stop the children of ``roles`` (SIGTERM, SIGKILL after 5 s; bounded). On one node the
+        private folder of a role whose actor died (``kill -9``, the OOM killer: its
+        :meth:`~herald.job.ray.role.RoleHost.stop` never ran) is removed from here."""
+        if not self.actors:
+            return
+        roles = list(roles)
+        for i, answer in zip(roles, self.call(roles, "stop", 5.0, timeout_s=15.0)):
+            folder = self.folders.pop(i, None)
+            if folder is None or not self.single:
+                continue
+            if isinstance(answer, CallFailed):  # its actor died before it could: remove the folder here
+                shutil.rmtree(folder, ignore_errors=True)
+            leftovers.forget(self.run_dir, folder)
 
     def _kill_actors(self) -> None:
         """The end of the job: every child stopped, every actor killed (bounded)."""

@@ -76,7 +76,7 @@ from herald.contracts.job import JobSpec
 from herald.contracts.tables import tables_to_json
 from herald.contracts.train import TrainConfig
 from herald.dispatch.peers import Silence
-from herald.errors import HeraldError, PeerTimeout
+from herald.errors import HeraldError, PeerLost, PeerTimeout
 from herald.job.parts.base import PSProvider, WorkerLauncher, job_client
 from herald.job.parts.local_ps import prepare_run
 from herald.job.ray.cluster import CallFailed, RayCluster
@@ -89,6 +89,9 @@ from herald.ps.cli import shard_args
 from herald.ps.config import ShardLimits
 from herald.ps.watch import ShardWatch
 from herald.worker.cli import worker_args
+
+#: How often the job's own PS client asks the shards' actors whether they live while it waits (s).
+ACTOR_CHECK_S = 0.5
 
 
 # ------------------------------------------------------------------ the PS part
@@ -132,13 +135,10 @@ class RayPS(PSProvider):
             )
             return args, {TOKEN_ENV: token, "PYTHONUNBUFFERED": "1"}, files, leftovers.PS_PREFIX
 
-        started = cluster.start(self.roles, spec)
-        if cluster.single:  # NOTE [run leftovers]: their folders are on this host
-            for answer in started:
-                leftovers.record(cluster.run_dir, answer["folder"])
-                stack.callback(leftovers.forget, cluster.run_dir, answer["folder"])
+        cluster.start(self.roles, spec)  # their folders: named in the run folder (NOTE [run leftovers])
         self.addresses = self._wait_ready(cfg)
-        self.client = stack.enter_context(job_client(cfg, self.addresses, tables, token))
+        self._looked = 0.0
+        self.client = stack.enter_context(job_client(cfg, self.addresses, tables, token, self._alive))
         self.watch = ShardWatch(
             self.addresses,
             max(1, cfg.timeout_ms // 2),
@@ -185,6 +185,18 @@ class RayPS(PSProvider):
             address = self.addresses[shard] if shard < len(self.addresses) else "(not ready)"
             return f"PS shard {shard} at {address} ({self.cluster.describe(i)}) {how}; {self.cluster.log_tail(i)}"
         return None
+
+    def _alive(self, shard: int) -> None:
+        """The job client's liveness check (NOTE [death notices]): a shard whose actor died, or
+        whose child ended, fails the client's wait, asked at most every :data:`ACTOR_CHECK_S`
+        (each question is a call to every shard's actor)."""
+        now = time.monotonic()
+        if now - self._looked < ACTOR_CHECK_S:
+            return
+        self._looked = now
+        failed = self.failure()
+        if failed:
+            raise PeerLost(failed, peer=self.addresses[shard], op="request")
 
     def check(self) -> None:
         self.watch()
@@ -245,7 +257,7 @@ class RayWorkers(WorkerLauncher):
                 timeout_ms=cfg.timeout_ms,
                 keys_dir=f"{FOLDER}/{KEYS}" if cfg.security.keys_dir else None,
             )
-            return args, env, client_keys, "herald-worker-"
+            return args, env, client_keys, leftovers.WORKER_PREFIX
 
         cluster.start(self.roles, spec)
 

@@ -27,6 +27,8 @@ import struct
 import sys
 import tempfile
 
+from herald.deaths import notice_path, write_notice
+from herald.errors import StorageError
 from herald.files import private_dir, write_private
 from herald.procs import Supervisor
 
@@ -50,6 +52,7 @@ class RoleHost:
         self.name, self.log_dir = name, log_dir
         self.children: Supervisor | None = None
         self.folder: pathlib.Path | None = None
+        self._notice: pathlib.Path | None = None  # a PS shard's death notice (NOTE [death notices])
 
     # ------------------------------------------------------------------ the node
     def node(self, ip: str) -> dict:
@@ -85,7 +88,7 @@ class RoleHost:
             ConfigError: a role is already running here.
         """
         if self.children is None:
-            self.children = Supervisor(self.log_dir, new_session=True)
+            self.children = Supervisor(self.log_dir, new_session=True, on_death=self._on_death)
         self.folder = pathlib.Path(tempfile.mkdtemp(prefix=prefix))  # mode 0700
         for rel, data in files.items():
             path = self.folder / rel
@@ -94,8 +97,22 @@ class RoleHost:
         # herald importable in the child as in this actor (a source checkout that is not installed)
         root = str(pathlib.Path(__file__).resolve().parents[2])
         self.children.env = {**env, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-        proc = self.children.start(self.name, [sys.executable, *(a.replace(FOLDER, str(self.folder)) for a in args)])
+        argv = [a.replace(FOLDER, str(self.folder)) for a in args]
+        self._notice = notice_path(argv[argv.index("--bind") + 1]) if "--bind" in argv[:-1] else None
+        proc = self.children.start(self.name, [sys.executable, *argv])
         return {"pid": proc.pid, "folder": str(self.folder)}
+
+    def _on_death(self, name: str) -> None:
+        """The child ended on its own: a PS shard bound on ipc gets its death notice beside its
+        socket (NOTE [death notices]), naming it, its node, how it ended and its log's end."""
+        failure = self.children.failure() if self.children is not None else None
+        if self._notice is None or failure is None:
+            return
+        where = f"{name} (pid {self.children.procs[name].pid} on {socket.gethostname()})"
+        try:
+            write_notice(self._notice, failure.replace(name, where, 1), self.children.died_at(name) or 0.0)
+        except StorageError as exc:  # the launcher still sees the death at its next check
+            print(f"herald: {exc}", file=sys.stderr, flush=True)
 
     def read(self, rel: str) -> str | None:
         """The text of file ``rel`` of the private folder (a PS shard's ready file: its bound

@@ -16,7 +16,8 @@ from herald.procs import signal_words
 def raise_job_failure(exc: HeraldError, ps_alive: Any, children: Any, silence: Silence | None = None) -> NoReturn:
     """Stop the children and raise what a failed job reports: ``exc`` naming its cause.
 
-    ``ps_alive``: the shards' liveness check (``failure()``); ``children``: the worker
+    ``ps_alive``: the shards' liveness check (``failure()``, and ``failed_at()`` when it knows
+    when the shard was lost: the failover's ``detected_unix_s``); ``children``: the worker
     launcher (``failure(grace_s)``, ``exit_codes()``, ``describe(rank)``, ``stop()``);
     ``silence``: the dispatchers' view of the wait that failed. A dead or silent PS shard
     is the cause of whatever the workers report next (:class:`ShardFailed`: ``run_train``
@@ -37,8 +38,10 @@ def raise_job_failure(exc: HeraldError, ps_alive: Any, children: Any, silence: S
         raise HeraldError(str(exc).split("TrainingDiverged: ", 1)[1]) from None
     shard_cause = ps_alive.failure()
     if shard_cause:
+        lost_at = getattr(ps_alive, "failed_at", lambda: None)()  # the death itself, when known
         raise ShardFailed(
-            shard_cause if shard_cause in str(exc) else f"{shard_cause}\n(then: {exc})", seen_unix_s=seen
+            shard_cause if shard_cause in str(exc) else f"{shard_cause}\n(then: {exc})",
+            seen_unix_s=min(seen, lost_at) if lost_at is not None else seen,
         ) from exc
     if head is not None:
         then = [cause] if cause else []

@@ -3,11 +3,15 @@
 NOTE [run leftovers]
 ~~~~~~~~~~~~~~~~~~~~
 A ``herald train`` killed with SIGKILL (or by the OOM killer) runs no cleanup. Its
-children die with it (``PR_SET_PDEATHSIG``), but three paths stay: its local PS shards'
+children die with it (``PR_SET_PDEATHSIG``), but these paths stay: its local PS shards'
 folder (``$TMPDIR/herald-ps-*``: tables file, ready files, ipc sockets), its dispatchers'
 socket folder (``$TMPDIR/herald-dispatch-*``: NOTE [local job sockets] in
-herald/job/parts/local_workers.py) and its workers' torch.distributed file store
-(``RUN_DIR/.dist-store-*``). So the job names each such path
+herald/job/parts/local_workers.py), its workers' torch.distributed file store
+(``RUN_DIR/.dist-store-*``) and, under ``--launcher ray`` on one node, its roles' private
+folders (``$TMPDIR/herald-ps-*``, ``$TMPDIR/herald-worker-*``: NOTE [ray job]; the launcher
+removes the folder of a role whose actor died itself, :meth:`herald.job.ray.cluster.RayCluster.stop`);
+and a job killed while it wrote a checkpoint leaves that checkpoint's staging folder
+(``RUN_DIR/checkpoints/.tmp-step-*``, never named in ``latest``). So the job names each such path
 in an owner file of its run folder as it creates it (:func:`record`) and drops it once
 the path is removed (:func:`forget`; the owner file goes with its last path):
 ``RUN_DIR/.owner-<pid>.json`` = ``{"pid", "start" (the process's start time,
@@ -20,8 +24,12 @@ has its paths removed, then its owner file. A live owner's paths (a job still ru
 this folder) and those of an owner on another host (which cannot be checked from here)
 are left, and :func:`clean` says so on stderr; so are this process's own (an earlier
 attempt of this job: NOTE [ps failover]). Whatever an owner file says, only paths of
-those kinds are removed: a folder named ``herald-ps-*`` or ``herald-dispatch-*`` (not a
-symlink) and a file ``.dist-store-*`` directly in the run folder.
+those kinds are removed: a folder named ``herald-ps-*``, ``herald-dispatch-*`` or
+``herald-worker-*`` (not a symlink) and a file ``.dist-store-*`` directly in the run folder. The staging folders
+need no owner file: when no live owner (nor one on another host) uses the run folder, every
+``checkpoints/.tmp-step-*`` folder is a killed job's, or an earlier attempt's of this one
+(NOTE [ps failover]), and is removed (:func:`herald.job.checkpoints.remove_staging`); only
+there, at the start or resume of a job in that run folder.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ import sys
 import tempfile
 
 from herald.files import write_private
+from herald.job.checkpoints import remove_staging
 from herald.procs import is_alive, start_time
 
 OWNER_PREFIX = ".owner-"
@@ -43,6 +52,9 @@ OWNER_PREFIX = ".owner-"
 PS_PREFIX = "herald-ps-"
 #: Name prefix of a local job's folder of dispatcher sockets (:class:`herald.job.parts.local_workers.LocalWorkers`).
 DISPATCH_PREFIX = "herald-dispatch-"
+#: Name prefix of a Ray role's private folder on its node (:class:`herald.job.ray.role.RoleHost`;
+#: a PS shard's is :data:`PS_PREFIX`).
+WORKER_PREFIX = "herald-worker-"
 #: Name prefix of the workers' torch.distributed file store in the run folder.
 STORE_PREFIX = ".dist-store-"
 
@@ -66,7 +78,7 @@ def _write(path: pathlib.Path, state: dict) -> None:
 
 
 def record(run_dir: str | os.PathLike, path: str | os.PathLike) -> None:
-    """Name ``path`` (a ``herald-ps-*`` or ``herald-dispatch-*`` folder, a ``.dist-store-*``
+    """Name ``path`` (a ``herald-ps-*``, ``herald-dispatch-*`` or ``herald-worker-*`` folder, a ``.dist-store-*``
     file) in this process's owner file of ``run_dir`` (NOTE [run leftovers]).
 
     Raises:
@@ -129,6 +141,7 @@ def clean(run_dir: str | os.PathLike, who: str = "herald train") -> list[str]:
     """
     run_dir = pathlib.Path(run_dir)
     removed: list[str] = []
+    in_use = False  # a live owner, or one that cannot be checked: its checkpoint may be staging
     for owner in sorted(run_dir.glob(f"{OWNER_PREFIX}*.json")):
         state = _read(owner) or {"paths": []}  # unreadable: names nothing to remove
         pid = state.get("pid")
@@ -141,6 +154,7 @@ def clean(run_dir: str | os.PathLike, who: str = "herald train") -> list[str]:
                 f"from here: its paths are left ({', '.join(paths) or 'none'})",
                 file=sys.stderr,
             )
+            in_use = True
             continue
         if is_alive(pid, state.get("start")):
             print(
@@ -149,19 +163,27 @@ def clean(run_dir: str | os.PathLike, who: str = "herald train") -> list[str]:
                 "and report: give this one another --run-dir",
                 file=sys.stderr,
             )
+            in_use = True
             continue
         gone = [p for p in paths if _remove(run_dir, pathlib.Path(p))]
         owner.unlink(missing_ok=True)
         if gone:
             print(f"{who}: removed what the killed run (pid {pid}) left: {', '.join(gone)}", file=sys.stderr)
         removed += gone
+    if not in_use:
+        staging = remove_staging(run_dir / "checkpoints")
+        if staging:
+            print(
+                f"{who}: removed the unfinished checkpoint(s) a killed run left: {', '.join(staging)}", file=sys.stderr
+            )
+        removed += staging
     return removed
 
 
 def _remove(run_dir: pathlib.Path, path: pathlib.Path) -> bool:
     """Remove ``path`` if it is one of the kinds a job records; whether it was removed."""
     if (
-        path.name.startswith((PS_PREFIX, DISPATCH_PREFIX))
+        path.name.startswith((PS_PREFIX, DISPATCH_PREFIX, WORKER_PREFIX))
         and path.is_absolute()
         and path.is_dir()
         and not path.is_symlink()

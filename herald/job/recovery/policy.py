@@ -23,8 +23,9 @@ NOTE [ps failover across hosts] in herald/job/recovery/failover.py).
    spent; each program words the refusal its own way (its messages are tested).
 4. **The record**, one dict per failover in :attr:`FailoverPolicy.failovers` (the report's
    ``failovers``): ``part``, ``cause``, ``detected_unix_s`` (when the death was noticed, Unix
-   seconds), ``lost_at_step`` (the first step not acked by every worker), ``last_acked_step``
-   (None: none in that attempt), ``rolled_back_to`` (the checkpoint's folder),
+   seconds: for a PS shard of ``herald train``, the moment its supervisor reaped it, NOTE
+   [death notices] in herald/deaths.py), ``lost_at_step`` (the first step not acked by every
+   worker), ``last_acked_step`` (None: none in that attempt), ``rolled_back_to`` (the checkpoint's folder),
    ``checkpoint_step``, ``steps_rolled_back`` (trained again), ``resumed_unix_s`` (when the next
    attempt acked its first step past the checkpoint: training again; None until then) and
    ``recovered_s`` = ``resumed_unix_s`` - ``detected_unix_s`` (seconds from the death noticed to
