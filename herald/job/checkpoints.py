@@ -164,7 +164,9 @@ class Checkpointer:
         root: ``<run_dir>/checkpoints``.
         ps_checkpoint: ``ps_checkpoint(folder)`` checkpoints every PS shard into ``folder``
             (always under ``root``/``.tmp-step-N``: give the shards ``root`` as their
-            checkpoint root, NOTE [ps admin ops], and they refuse any other folder).
+            checkpoint root, NOTE [ps admin ops], and they refuse any other folder);
+            ``ps_checkpoint(folder, clocks=True)`` with the rows' clocks, for a checkpoint
+            off the grid (NOTE [warm resume] in herald/dispatch/warm.py).
         position: ``position(batch_index)`` -> JSON-able source position after that batch,
             or None for sources without one.
         commit: ``commit(batch_index)`` commits the source position (Kafka), or None.
@@ -200,7 +202,10 @@ class Checkpointer:
             CheckpointError: a PS shard could not write its part (likewise).
         """
         staging_path = pathlib.Path(staging)
-        self._ps(str(staging_path / "ps"))
+        if (state or {}).get("warm") is not None:  # NOTE [warm resume]: the copies' clocks need the rows'
+            self._ps(str(staging_path / "ps"), clocks=True)
+        else:
+            self._ps(str(staging_path / "ps"))
         batches = (state or {}).get("batches") or {}
         meta = {
             "step": step,
@@ -274,6 +279,7 @@ class DispatcherCheckpoints:
             check_resume_config(self.resume, config) if self.resume is not None and config is not None else None
         )
         self.checkpointer: Checkpointer | None = None
+        self._who = who
 
     @property
     def resume_dense(self) -> str | None:
@@ -288,7 +294,7 @@ class DispatcherCheckpoints:
             ps.restore(str(self.resume.path / "ps"))
         self.checkpointer = Checkpointer(
             self.root,
-            lambda path: ps.checkpoint(path),
+            lambda path, clocks=False: ps.checkpoint(path, clocks=clocks),
             position=data.position if data is not None else None,
             commit=data.commit if data is not None else None,
             config=self._config,
@@ -303,6 +309,17 @@ class DispatcherCheckpoints:
         }
 
     def load(self, disp) -> None:
-        """Give ``disp`` the resume point's dispatcher state (before ``serve()``), if resuming."""
+        """Give ``disp`` the resume point's dispatcher state (before ``serve()``), if resuming,
+        with its folder: a checkpoint off the grid also holds the scheduler and the worker
+        caches (NOTE [warm resume] in herald/dispatch/warm.py); one that cannot be used
+        (other settings) is said on stderr, and the job resumes from empty caches."""
         if self.resume_state is not None:
-            disp.load_state_dict(self.resume_state)
+            disp.load_state_dict(self.resume_state, folder=str(self.resume.path))
+            cold = getattr(disp, "warm", None)
+            if cold is not None and cold.cold is not None:
+                print(
+                    f"{self._who} --resume: {self.resume.path.name} holds the warm caches of a job stopped off "
+                    f"the checkpoint grid, not used ({cold.cold}); resuming from empty caches: the model is "
+                    "not bit for bit an uninterrupted run's",
+                    file=sys.stderr,
+                )

@@ -58,6 +58,7 @@ from herald.worker.groups import world_position
 from herald.worker.link import DispatcherLink
 from herald.worker.modes import job_protocol
 from herald.worker.rows import StepRows
+from herald.worker.warm import save_checkpoint_part
 
 
 @dataclasses.dataclass
@@ -325,7 +326,7 @@ class ScheduledLoader:
                     self.protocol.flush(KeySet(arrays[0], arrays[1]), reset=bool(header.get("reset")))
                     self.link.send_flushed()
                 elif op == "save":
-                    self._save(str(header["path"]))
+                    self._save(str(header["path"]), caches=bool(header.get("caches")))
                 elif op == "end":
                     return
                 else:
@@ -433,11 +434,11 @@ class ScheduledLoader:
             "was applied; fix and continue from the last checkpoint with --resume (docs/operations.md)"
         )
 
-    def _save(self, path: str) -> None:
-        """Write the dense model and optimizer state to ``path/dense.pt`` (atomically)."""
+    def _save(self, path: str, caches: bool = False) -> None:
+        """Rank 0's dense state into ``path``, with ``caches`` this rank's cache too (herald/worker/warm.py)."""
         if self.dense is None:
             raise HeraldError("save requested before attach(model, optimizer)")
-        self.dense.save(path)
+        save_checkpoint_part(path, self.dense, self.executor, self.protocol, caches)
         self.link.send_saved()
 
     # ------------------------------------------------------------- closing
