@@ -14,7 +14,10 @@ passes NOTE [peer validation] in :mod:`herald.dispatch.peers`, which binds ident
                                                             cached row (then, with reset,
                                                             empty the cache)
     worker -> dispatcher   flushed {}
-    dispatcher -> worker   save {path}                      rank 0 writes dense state
+    dispatcher -> worker   save {path, caches}              rank 0 writes dense state; with
+                                                            caches (to every rank: a final
+                                                            barrier off the grid) each its
+                                                            cache (NOTE [warm resume])
     worker -> dispatcher   saved {}
     dispatcher -> worker   end {steps}
     worker -> dispatcher   error {message}                  a worker failed; the job stops
@@ -41,7 +44,10 @@ global-batch producer's position after the barrier's batch), the one moment that
 state is complete: a dispatcher given it by ``load_state_dict`` before ``serve``, with
 the PS rows and dense state of the same checkpoint, continues the job exactly.
 A barrier is never repeated for the same step (a periodic barrier on the last batch
-is also the final one).
+is also the final one). A final barrier off that grid (a stop between two periodic
+barriers) is one the uninterrupted run does not have: it keeps the caches and also saves
+the scheduler's warm state and every worker's cache (NOTE [warm resume] in
+:mod:`herald.dispatch.warm`).
 A peer that sends nothing for ``peer_timeout_ms`` while the dispatcher waits on
 it is reported by rank (:class:`~herald.errors.PeerTimeout`).
 """

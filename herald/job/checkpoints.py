@@ -6,6 +6,10 @@ Layout under ``<run_dir>/checkpoints``::
     step-00000123/dense.pt      rank 0's dense model + optimizer state
     step-00000123/meta.json     {"step", "batch_index", "source_position", "skipped", "dispatcher",
                                  "config", "consistency"}
+    step-00000123/scheduler-warm.npz, cache-rank<R>.npz
+                                off the checkpoint grid only: the scheduler's warm state and
+                                each worker's cache (NOTE [warm resume] in herald/dispatch/warm.py;
+                                the PS part then holds the rows' clocks too)
     latest                      the name of the newest complete checkpoint
 
 ``dispatcher`` is :meth:`herald.dispatch.dispatcher.Dispatcher.state_dict` at the
@@ -16,8 +20,10 @@ source state after the batch; for Kafka, the topic position, also in
 from which a resumed job restores them, so its report counts the whole job).
 ``herald train --resume`` (and ``herald serve dispatcher --resume``, the test bed's
 dispatcher: :class:`DispatcherCheckpoints`) restores all three parts, and since a
-barrier leaves empty caches and a fresh scheduler (NOTE [checkpoint barrier]) the
-resumed job trains exactly what the uninterrupted one would.
+barrier on the grid leaves empty caches and a fresh scheduler (NOTE [checkpoint barrier])
+the resumed job trains exactly what the uninterrupted one would; off the grid, where
+the uninterrupted run's caches stay warm, it also restores the scheduler and the caches
+(NOTE [warm resume]).
 
 ``config`` (``herald train``'s checkpoints) holds the job's hyper-parameters
 (:data:`HYPER_PARAMETERS`) and ``consistency`` the mode that wrote the checkpoint with

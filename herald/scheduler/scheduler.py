@@ -259,7 +259,7 @@ class Scheduler:
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:
-        """The scheduler's state at a checkpoint barrier (JSON-able).
+        """The scheduler's state at a checkpoint barrier (JSON-able; between them: :meth:`warm_state`).
 
         NOTE [scheduler state]: the cache snapshots are *not* serialised. The state is
         complete only where they carry nothing forward: before the first :meth:`submit`,
