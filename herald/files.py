@@ -21,11 +21,15 @@ disk (:func:`storage_error`).
 from __future__ import annotations
 
 import errno
+import io
 import os
 import pathlib
 import shutil
+import zipfile
 
-from herald.errors import StorageError
+import numpy as np
+
+from herald.errors import DataError, StorageError
 
 PRIVATE_DIR_MODE = 0o700
 PRIVATE_FILE_MODE = 0o600
@@ -195,3 +199,30 @@ def write_private(path: str | os.PathLike, data: bytes | str, what: str = "file"
     """
     with PrivateFile(path, what, sync=sync) as f:
         f.write(data.encode() if isinstance(data, str) else data)
+
+
+def write_arrays(path: pathlib.Path, arrays: dict[str, np.ndarray]) -> None:
+    """``arrays`` to ``path`` as an uncompressed ``.npz``, 0600 (NOTE [private files]).
+
+    Raises:
+        StorageError: the write failed (naming the file, why and the fix).
+    """
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    write_private(path, buf.getbuffer(), "checkpoint file")
+
+
+def read_arrays(path: pathlib.Path) -> dict[str, np.ndarray]:
+    """The arrays of :func:`write_arrays` (never unpickled).
+
+    Raises:
+        DataError: the file is missing, torn or not such a file (naming it).
+    """
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            return {k: npz[k] for k in npz.files}
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise DataError(
+            f"checkpoint file {path} is unreadable ({exc}); resume from another checkpoint, or delete "
+            f"{path.parent} to fall back to the one before it"
+        ) from None

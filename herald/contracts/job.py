@@ -53,6 +53,8 @@ class JobSpec:
         run_dir: where workers write their dense replicas at the end (None: nowhere).
         dist_init: torch.distributed init method (None: ``env://`` under torchrun).
         resume_dense: checkpoint folder whose ``dense.pt`` the workers load, or None.
+        resume_caches: the workers also load their caches from that folder (a checkpoint off
+            the checkpoint grid: NOTE [warm resume] in herald/dispatch/warm.py); set by the dispatcher.
         keys_dir: the CURVE keys folder of the job's PS shards (NOTE [transport security]
             in herald/auth.py), or None. Only the path travels: every host reads the
             keys from its own copy of the folder; a worker's own ``--keys`` wins.
@@ -81,6 +83,7 @@ class JobSpec:
     run_dir: str | None = None
     dist_init: str | None = None
     resume_dense: str | None = None
+    resume_caches: bool = False
     replicated_tables: tuple[int, ...] = ()
     replica_rows: int = 0
     capacity_rows: int = 0
@@ -115,6 +118,10 @@ class JobSpec:
         require(
             all(0 <= t < len(self.tables) for t in self.replicated_tables),
             f"replicated_tables {self.replicated_tables} must index the {len(self.tables)} tables",
+        )
+        require(
+            type(self.resume_caches) is bool and (self.resume_dense is not None or not self.resume_caches),
+            f"resume_caches must be a bool, true only with resume_dense (got {self.resume_caches!r})",
         )
         require(
             self.keys_dir is None or isinstance(self.keys_dir, str),

@@ -195,6 +195,7 @@ class MicroBatch:
         lists = (p.evict, p.pull, p.grad_push, p.update_local, p.plan_push, self.replicated)
         bounds = np.zeros(_NUM_KEY_LISTS + 1, np.int64)
         np.cumsum([len(k) for k in lists], out=bounds[1:])
+        assert self.pull_early is not None  # set by __post_init__
         parts = [
             self.sample_ids,
             self.labels,
@@ -242,13 +243,19 @@ class MicroBatch:
         if type(t) is not int or t < 0:
             raise ProtocolError(f"microbatch: 'tables' must be an int >= 0, got {t!r:.20}")
         parts = unpack_parts(header.get("parts"), arrays)
-        samples, keys = parts[:7], parts[7:]
+        sample_ids, labels, dense, ids_flat, id_bounds, inverse_flat, offsets_flat = samples = parts[:7]
         _check_samples(t, *samples)
-        plan, replicated, pull_early = _plan_from_parts(*keys)
+        plan, replicated, pull_early = _plan_from_parts(*parts[7:])
         return cls(
             int(header.get("step", -1)),
             int(header.get("rank", -1)),
-            *samples,
+            sample_ids,
+            labels,
+            dense,
+            ids_flat,
+            id_bounds,
+            inverse_flat,
+            offsets_flat,
             plan,
             replicated,
             pull_early,

@@ -21,6 +21,7 @@ from herald.dispatch.channel import PeerChannel
 from herald.dispatch.config import DispatcherConfig
 from herald.dispatch.ledger import StepLedger
 from herald.dispatch.records import check_state
+from herald.dispatch.warm import WarmState, save_scheduler
 from herald.errors import ConfigError, HeraldError
 
 
@@ -62,6 +63,11 @@ class Barriers:
         self.at_barrier = True
         self.checkpoints: list[int] = []
 
+    @property
+    def checkpointing(self) -> bool:
+        """Whether the barriers write checkpoints (an ``on_checkpoint`` was given)."""
+        return self._on_checkpoint is not None
+
     def batch_read(self, index: int) -> None:
         """Global batch ``index`` was read: the next is ``index + 1``, and the position is
         no longer at a barrier (the reading thread calls it)."""
@@ -75,24 +81,32 @@ class Barriers:
             self._channel.send(rank, {"op": "flush", "reset": reset}, arrays)
         self._channel.expect(set(range(self._workers)), "flushed")
 
-    def complete(self, step: int, batch_index: int) -> None:
+    def complete(self, step: int, batch_index: int, warm: WarmState | None = None) -> None:
         """The barrier after ``step`` (global batch ``batch_index``) is drained and flushed:
         checkpoint it when the job does, once per step, and only for a step this process
         trained (:meth:`save`)."""
         self.at_barrier = True
         if self._on_checkpoint is None or step < self.first_step or step in self.checkpoints:
             return
-        self.save(step, batch_index)
+        self.save(step, batch_index, warm)
 
-    def save(self, step: int, batch_index: int) -> None:
+    def save(self, step: int, batch_index: int, warm: WarmState | None = None) -> None:
         """At a complete barrier: rank 0 saves the dense state, then ``on_checkpoint``
-        (NOTE [checkpoint barrier]; the GBA dispatcher's barrier too, NOTE [gba checkpoints])."""
+        (NOTE [checkpoint barrier]; the GBA dispatcher's barrier too, NOTE [gba checkpoints]).
+        With ``warm`` (a final barrier off the grid, NOTE [warm resume]) every rank also saves
+        its cache and the scheduler's warm state goes into the folder and the state."""
         path = self._checkpoint_path(step) if self._checkpoint_path else ""
+        warm = warm if path else None
         if path:
-            self._channel.send(0, {"op": "save", "path": path})
-            self._channel.expect({0}, "saved")
+            ranks = set(range(self._workers)) if warm is not None else {0}
+            for rank in sorted(ranks):
+                self._channel.send(rank, {"op": "save", "path": path, "caches": warm is not None})
+            self._channel.expect(ranks, "saved")
         self.checkpoints.append(step)
-        self._on_checkpoint(step, batch_index, path, self.state_dict())
+        state = self.state_dict()
+        if warm is not None:
+            state["warm"] = save_scheduler(path, warm)
+        self._on_checkpoint(step, batch_index, path, state)
 
     # ----------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:

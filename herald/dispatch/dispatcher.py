@@ -14,7 +14,10 @@ passes NOTE [peer validation] in :mod:`herald.dispatch.peers`, which binds ident
                                                             cached row (then, with reset,
                                                             empty the cache)
     worker -> dispatcher   flushed {}
-    dispatcher -> worker   save {path}                      rank 0 writes dense state
+    dispatcher -> worker   save {path, caches}              rank 0 writes dense state; with
+                                                            caches (to every rank: a final
+                                                            barrier off the grid) each its
+                                                            cache (NOTE [warm resume])
     worker -> dispatcher   saved {}
     dispatcher -> worker   end {steps}
     worker -> dispatcher   error {message}                  a worker failed; the job stops
@@ -41,7 +44,10 @@ global-batch producer's position after the barrier's batch), the one moment that
 state is complete: a dispatcher given it by ``load_state_dict`` before ``serve``, with
 the PS rows and dense state of the same checkpoint, continues the job exactly.
 A barrier is never repeated for the same step (a periodic barrier on the last batch
-is also the final one).
+is also the final one). A final barrier off that grid (a stop between two periodic
+barriers) is one the uninterrupted run does not have: it keeps the caches and also saves
+the scheduler's warm state and every worker's cache (NOTE [warm resume] in
+:mod:`herald.dispatch.warm`).
 A peer that sends nothing for ``peer_timeout_ms`` while the dispatcher waits on
 it is reported by rank (:class:`~herald.errors.PeerTimeout`).
 """
@@ -62,6 +68,7 @@ from herald.dispatch.lockstep import LockstepServe
 from herald.dispatch.modes import dispatch_mode
 from herald.dispatch.peers import Silence, largest_frame_bytes
 from herald.dispatch.records import StepRecord
+from herald.dispatch.warm import WarmLoad
 from herald.errors import HeraldError
 from herald.loader.batch import SampleBatch
 from herald.phases import PhaseTimer
@@ -150,8 +157,11 @@ class Dispatcher:
             self.timer,
             self._stop,
             liveness,
+            warm_resume=dispatch_mode(job.consistency).warm_resume,
         )
         self._serving = False
+        #: what :meth:`load_state_dict` did with a checkpoint's warm state (NOTE [warm resume])
+        self.warm = WarmLoad()
         self._silence: Silence | None = None
         self.hellos_at: float | None = None  # time.perf_counter() when every worker had said hello
 
@@ -247,7 +257,11 @@ class Dispatcher:
         self._serving = True
         self.channel.wait_for_hellos()
         self.hellos_at = time.perf_counter()  # every worker has started (the report's start-up)
-        job = self._job.replace(capacity_rows=int(self.scheduler.capacity_rows), num_workers=self.config.num_workers)
+        job = self._job.replace(
+            capacity_rows=int(self.scheduler.capacity_rows),
+            num_workers=self.config.num_workers,
+            resume_caches=self.warm.loaded,  # NOTE [warm resume]
+        )
         self.channel.send_all({"op": "config", "job": job.to_dict()})
         try:
             # the mode's serve strategy (herald.dispatch.modes): serve_steps, or gba's (NOTE [gba tokens])
@@ -279,15 +293,21 @@ class Dispatcher:
         """
         return self.barriers.state_dict()
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], folder: str | None = None) -> None:
         """Continue from ``state`` (a :meth:`state_dict` taken at a barrier); call before
         :meth:`serve`, with the PS rows and dense state of the same checkpoint restored.
+        ``folder``: that checkpoint's folder, whose warm state (a checkpoint off the grid)
+        the first scheduler and the workers load where it applies (NOTE [warm resume];
+        :attr:`warm` says what was done).
 
         Raises:
-            DataError: malformed state. ConfigError: saved with another number of workers,
-                or it holds a producer position and ``batches`` cannot load one.
+            DataError: malformed state, or an unreadable warm state. ConfigError: saved with
+                another number of workers, or it holds a producer position and ``batches``
+                cannot load one.
             HeraldError: called after :meth:`serve` started.
         """
         if self._serving:
             raise HeraldError("Dispatcher.load_state_dict() must come before serve(); make a new Dispatcher")
         self.barriers.load_state_dict(state)
+        if folder is not None and state.get("warm") is not None:
+            self.warm = self.lockstep.load_warm(folder, state["warm"])

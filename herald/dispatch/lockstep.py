@@ -23,11 +23,12 @@ from herald.contracts.job import JobSpec
 from herald.dispatch.barrier import Barriers
 from herald.dispatch.channel import PeerChannel
 from herald.dispatch.config import DispatcherConfig
-from herald.dispatch.early import TouchedKeys
+from herald.dispatch.early import TouchedKeys, touched_keys
 from herald.dispatch.ledger import StepLedger
 from herald.dispatch.pipeline import Pipeline
 from herald.dispatch.records import StepRecord
 from herald.dispatch.steps import ReadyStep, build_ready_step, scheduled_view
+from herald.dispatch.warm import WarmLoad, WarmState, load_scheduler
 from herald.errors import HeraldError
 from herald.loader.batch import SampleBatch
 from herald.phases import PhaseTimer
@@ -44,6 +45,9 @@ class LockstepServe:
         timer: the serve thread's :class:`~herald.phases.PhaseTimer`.
         stop: set by :meth:`herald.dispatch.dispatcher.Dispatcher.stop`: read no more batches.
         liveness: called about every 0.5 s while waiting for the next built step.
+        warm_resume: a final barrier off the grid saves the scheduler's warm state, and a
+            resume loads it (NOTE [warm resume] in herald/dispatch/warm.py; the mode's
+            ``DispatchMode.warm_resume``).
 
     Attributes:
         scheduler: the scheduler in use. plan_timer, build_timer: the two threads' stages.
@@ -61,6 +65,7 @@ class LockstepServe:
         timer: PhaseTimer,
         stop: threading.Event,
         liveness: Callable[[], None] | None = None,
+        warm_resume: bool = False,
     ):
         self._config, self._replicated = config, job.replicated_tables
         self.scheduler, self._factory = scheduler, scheduler_factory
@@ -71,6 +76,8 @@ class LockstepServe:
         self._plan_step = config.first_step  # plan thread: number of the next step planned
         self._touched: TouchedKeys | None = None  # build thread, NOTE [early pulls]: keys the last step changes
         self._reads_early = job.mode.reads_early
+        self._mode, self._warm_resume = job.mode.to_dict(), warm_resume
+        self._ghost = False  # NOTE [warm resume]: the scheduler's first plan is a step trained already
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop the pipeline threads (joined for at most ``timeout_s``) and add their
@@ -97,12 +104,14 @@ class LockstepServe:
                 item = pipeline.get(on_idle=self._liveness)
             if item[0] == "end":
                 break
+            if item[0] == "touched":  # NOTE [warm resume]: a step trained before the resume
+                continue
             if item[0] == "step":
                 self._ledger.wait_for_credit(drain=False)
                 self._send_ready(item[1])
             else:
-                _, last, index, final = item
-                self._barrier(last, index, final=final)
+                _, last, index, final, warm = item
+                self._barrier(last, index, final=final, warm=warm)
                 pipeline.resume()
         if last is None:  # no batch at all
             self._ledger.wait_for_credit(drain=True)
@@ -121,18 +130,27 @@ class LockstepServe:
                 self._channel.route(rank, frames)
         self._ledger.next_step = step + 1
 
-    def _barrier(self, step: int, batch_index: int, final: bool) -> None:
+    def _barrier(self, step: int, batch_index: int, final: bool, warm: WarmState | None = None) -> None:
         """NOTE [checkpoint barrier]: every ack in, the workers flushed (their caches emptied
-        unless ``final``), then the checkpoint."""
+        unless ``final``), then the checkpoint (with ``warm``: NOTE [warm resume])."""
         self._ledger.drain()
         self._barriers.flush(([ks.table, ks.ids] for ks in self.scheduler.flush()), reset=not final)
-        self._barriers.complete(step, batch_index)
+        self._barriers.complete(step, batch_index, warm=warm)
+
+    def load_warm(self, folder: str, entry: Any) -> WarmLoad:
+        """Before serving: load a checkpoint's warm state (``state["warm"]`` of the checkpoint
+        ``folder``) into the first scheduler when it applies (NOTE [warm resume])."""
+        load = load_scheduler(folder, entry, self.scheduler, self._mode, self._warm_resume)
+        self._ghost = load.loaded
+        return load
 
     # ------------------------------------------------ plan thread (NOTE [dispatch pipeline])
     def _plans(self, pipeline: Pipeline) -> Iterator[tuple]:
         """("plan", step, StepPlan, batch, batch index, sample ids or None, schedule ms, follows)
         items, one step behind the batches read, and ("barrier", last step, its batch
-        index, final) items, after each of which it waits for the barrier to complete."""
+        index, final, warm state or None) items, after each of which it waits for the barrier
+        to complete; a final barrier off the grid carries the scheduler's warm state (NOTE
+        [warm resume])."""
         held: list[tuple[SampleBatch, int, Any]] = []
         every = self._config.checkpoint_every_steps
         source = self._barriers
@@ -152,12 +170,12 @@ class LockstepServe:
             schedule_s = time.perf_counter() - t0
             timer.add("schedule", schedule_s)
             if plan is not None:  # the held batch's step comes next: no barrier between
-                yield self._plan_item(plan, held.pop(0), schedule_s, follows=True)
+                yield self._plan_item(plan, held, schedule_s, follows=True)
             due = every and (index + 1) % every == 0
             if due or self._stop.is_set():
-                yield from self._finish_scheduler(held)
+                warm = yield from self._finish_scheduler(held, off_grid=not due)
                 final = self._stop.is_set()
-                yield ("barrier", self._plan_step - 1, index, final)
+                yield ("barrier", self._plan_step - 1, index, final, warm)
                 barrier_at = index
                 if final:
                     return
@@ -166,29 +184,43 @@ class LockstepServe:
                     return
                 self.scheduler = self._factory()
         index = source.next_batch - 1
+        warm = None
         if held:
-            yield from self._finish_scheduler(held)
+            warm = yield from self._finish_scheduler(held, off_grid=True)
         if index > barrier_at:  # batches since the last barrier (else that barrier was the final one)
-            yield ("barrier", self._plan_step - 1, index, True)
+            yield ("barrier", self._plan_step - 1, index, True, warm)
 
-    def _plan_item(self, plan: Any, held: tuple, schedule_s: float, follows: bool = False) -> tuple:
-        """A "plan" item; ``follows``: another step comes right after it (``MicroBatch.next_follows``
-        when the credit window lets it be sent before this one's ack)."""
+    def _plan_item(self, plan: Any, held: list, schedule_s: float, follows: bool = False) -> tuple:
+        """A "plan" item of the first batch ``held``; ``follows``: another step comes right after
+        it (``MicroBatch.next_follows`` when the credit window lets it be sent before this one's
+        ack). The first plan of a warm scheduler is a "touched" item instead (NOTE [warm resume])."""
+        if self._ghost:
+            self._ghost = False
+            return ("touched", plan)
         step, self._plan_step = self._plan_step, self._plan_step + 1
         follows = follows and self._config.max_inflight_steps >= 2
-        return ("plan", step, plan, *held, schedule_s * 1e3, follows)
+        return ("plan", step, plan, *held.pop(0), schedule_s * 1e3, follows)
 
-    def _finish_scheduler(self, held: list) -> Iterator[tuple]:
+    def _finish_scheduler(self, held: list, off_grid: bool = False) -> Iterator[tuple]:
+        """Finish the scheduler's last step; returns its warm state taken just before when the
+        barrier is ``off_grid`` and is checkpointed (NOTE [warm resume]), else None."""
+        keep = off_grid and self._warm_resume and self._barriers.checkpointing and not self._ghost
+        warm = WarmState(*self.scheduler.warm_state(), self._mode) if keep else None
         t0 = time.perf_counter()
         plan = self.scheduler.finish()
         schedule_s = time.perf_counter() - t0
         self.plan_timer.add("schedule", schedule_s)
         if plan is not None:
-            yield self._plan_item(plan, held.pop(0), schedule_s)
+            yield self._plan_item(plan, held, schedule_s)
+        return warm
 
     # ----------------------------------------------- build thread (NOTE [dispatch pipeline])
     def build_step(self, item: tuple) -> tuple:
-        """A "plan" item -> ("step", :class:`ReadyStep`); other items pass through."""
+        """A "plan" item -> ("step", :class:`ReadyStep`); a "touched" item sets the keys the
+        step before touched (NOTE [warm resume]); other items pass through."""
+        if item[0] == "touched":
+            self._touched = touched_keys(item[1].plans) if self._reads_early else None
+            return item
         if item[0] != "plan":
             return item
         _, step, step_plan, batch, index, ids, schedule_ms, follows = item

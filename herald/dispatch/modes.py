@@ -38,16 +38,20 @@ class DispatchMode:
             herald/dispatch/hybrid.py), made when the dispatcher sends its first step; by
             default the null one (:class:`~herald.dispatch.embedding_worker.NullEmbeddingWorker`):
             the workers write the PS themselves.
+        warm_resume: a final barrier off the checkpoint grid saves the scheduler and the
+            worker caches, and a resume loads them (NOTE [warm resume] in
+            herald/dispatch/warm.py): the modes whose worker caches follow the plan.
     """
 
     serve: Callable[[Any], list[StepRecord]]
     embedding_worker: Callable[..., EmbeddingWorker] = no_embedding_worker
+    warm_resume: bool = False
 
 
 #: Each mode's dispatcher parts, by mode name.
 DISPATCH: dict[str, DispatchMode] = {
-    BspSettings.name: DispatchMode(serve_steps),
-    BoundedSettings.name: DispatchMode(serve_steps),
+    BspSettings.name: DispatchMode(serve_steps, warm_resume=True),
+    BoundedSettings.name: DispatchMode(serve_steps, warm_resume=True),
     HybridSettings.name: DispatchMode(serve_steps, make_hybrid),
     GbaSettings.name: DispatchMode(serve_gba),  # NOTE [gba tokens]
 }

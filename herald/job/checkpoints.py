@@ -6,6 +6,10 @@ Layout under ``<run_dir>/checkpoints``::
     step-00000123/dense.pt      rank 0's dense model + optimizer state
     step-00000123/meta.json     {"step", "batch_index", "source_position", "skipped", "dispatcher",
                                  "config", "consistency"}
+    step-00000123/scheduler-warm.npz, cache-rank<R>.npz
+                                off the checkpoint grid only: the scheduler's warm state and
+                                each worker's cache (NOTE [warm resume] in herald/dispatch/warm.py;
+                                the PS part then holds the rows' clocks too)
     latest                      the name of the newest complete checkpoint
 
 ``dispatcher`` is :meth:`herald.dispatch.dispatcher.Dispatcher.state_dict` at the
@@ -16,8 +20,10 @@ source state after the batch; for Kafka, the topic position, also in
 from which a resumed job restores them, so its report counts the whole job).
 ``herald train --resume`` (and ``herald serve dispatcher --resume``, the test bed's
 dispatcher: :class:`DispatcherCheckpoints`) restores all three parts, and since a
-barrier leaves empty caches and a fresh scheduler (NOTE [checkpoint barrier]) the
-resumed job trains exactly what the uninterrupted one would.
+barrier on the grid leaves empty caches and a fresh scheduler (NOTE [checkpoint barrier])
+the resumed job trains exactly what the uninterrupted one would; off the grid, where
+the uninterrupted run's caches stay warm, it also restores the scheduler and the caches
+(NOTE [warm resume]).
 
 ``config`` (``herald train``'s checkpoints) holds the job's hyper-parameters
 (:data:`HYPER_PARAMETERS`) and ``consistency`` the mode that wrote the checkpoint with
@@ -182,7 +188,9 @@ class Checkpointer:
         root: ``<run_dir>/checkpoints``.
         ps_checkpoint: ``ps_checkpoint(folder)`` checkpoints every PS shard into ``folder``
             (always under ``root``/``.tmp-step-N``: give the shards ``root`` as their
-            checkpoint root, NOTE [ps admin ops], and they refuse any other folder).
+            checkpoint root, NOTE [ps admin ops], and they refuse any other folder);
+            ``ps_checkpoint(folder, clocks=True)`` with the rows' clocks, for a checkpoint
+            off the grid (NOTE [warm resume] in herald/dispatch/warm.py).
         position: ``position(batch_index)`` -> JSON-able source position after that batch,
             or None for sources without one.
         commit: ``commit(batch_index)`` commits the source position (Kafka), or None.
@@ -218,7 +226,10 @@ class Checkpointer:
             CheckpointError: a PS shard could not write its part (likewise).
         """
         staging_path = pathlib.Path(staging)
-        self._ps(str(staging_path / "ps"))
+        if (state or {}).get("warm") is not None:  # NOTE [warm resume]: the copies' clocks need the rows'
+            self._ps(str(staging_path / "ps"), clocks=True)
+        else:
+            self._ps(str(staging_path / "ps"))
         batches = (state or {}).get("batches") or {}
         meta = {
             "step": step,
@@ -292,6 +303,7 @@ class DispatcherCheckpoints:
             check_resume_config(self.resume, config) if self.resume is not None and config is not None else None
         )
         self.checkpointer: Checkpointer | None = None
+        self._who = who
 
     @property
     def resume_dense(self) -> str | None:
@@ -306,7 +318,7 @@ class DispatcherCheckpoints:
             ps.restore(str(self.resume.path / "ps"))
         self.checkpointer = Checkpointer(
             self.root,
-            lambda path: ps.checkpoint(path),
+            lambda path, clocks=False: ps.checkpoint(path, clocks=clocks),
             position=data.position if data is not None else None,
             commit=data.commit if data is not None else None,
             config=self._config,
@@ -321,6 +333,17 @@ class DispatcherCheckpoints:
         }
 
     def load(self, disp) -> None:
-        """Give ``disp`` the resume point's dispatcher state (before ``serve()``), if resuming."""
+        """Give ``disp`` the resume point's dispatcher state (before ``serve()``), if resuming,
+        with its folder: a checkpoint off the grid also holds the scheduler and the worker
+        caches (NOTE [warm resume] in herald/dispatch/warm.py); one that cannot be used
+        (other settings) is said on stderr, and the job resumes from empty caches."""
         if self.resume_state is not None:
-            disp.load_state_dict(self.resume_state)
+            disp.load_state_dict(self.resume_state, folder=str(self.resume.path))
+            cold = getattr(disp, "warm", None)
+            if cold is not None and cold.cold is not None:
+                print(
+                    f"{self._who} --resume: {self.resume.path.name} holds the warm caches of a job stopped off "
+                    f"the checkpoint grid, not used ({cold.cold}); resuming from empty caches: the model is "
+                    "not bit for bit an uninterrupted run's",
+                    file=sys.stderr,
+                )

@@ -2,7 +2,10 @@
 memory copy).
 
 Layout: ``<dir>/shard-<I>-of-<N>/`` holding, per table ``t``, ``t<index>.keys``
-(uint64 [n] raw little-endian) and ``t<index>.rows`` (float32 [n, row_width] raw) and a
+(uint64 [n] raw little-endian) and ``t<index>.rows`` (float32 [n, row_width] raw), when
+asked ``t<index>.clocks`` (uint64 [n]: the rows' c_g, NOTE [embedding clocks] in
+herald/ps/table.py; a checkpoint off the grid needs them: NOTE [warm resume] in
+herald/dispatch/warm.py; without them a restored table starts its clocks at 0), and a
 ``manifest.json`` written last: format version, shard, num_shards, seed, table configs,
 and for each file its dtype, shape, byte size and SHA-256.
 
@@ -65,8 +68,9 @@ def fsync_dir(path: pathlib.Path) -> None:
         os.close(fd)
 
 
-def save(root, shard: int, num_shards: int, seed: int, tables) -> pathlib.Path:
-    """Write ``tables`` (list of :class:`~herald.ps.table.EmbeddingTable`) atomically.
+def save(root, shard: int, num_shards: int, seed: int, tables, clocks: bool = False) -> pathlib.Path:
+    """Write ``tables`` (list of :class:`~herald.ps.table.EmbeddingTable`) atomically; with
+    ``clocks`` their rows' clocks too.
 
     Returns:
         The final checkpoint folder.
@@ -86,15 +90,16 @@ def save(root, shard: int, num_shards: int, seed: int, tables) -> pathlib.Path:
         entries = []
         for t in tables:
             keys, rows = t.snapshot()
-            entries.append(
-                {
-                    "name": t.cfg.name,
-                    "config": t.cfg.to_dict(),
-                    "n_rows": int(keys.shape[0]),
-                    "keys": _write(tmp / f"t{t.index}.keys", keys),
-                    "rows": _write(tmp / f"t{t.index}.rows", rows),
-                }
-            )
+            entry = {
+                "name": t.cfg.name,
+                "config": t.cfg.to_dict(),
+                "n_rows": int(keys.shape[0]),
+                "keys": _write(tmp / f"t{t.index}.keys", keys),
+                "rows": _write(tmp / f"t{t.index}.rows", rows),
+            }
+            if clocks:
+                entry["clocks"] = _write(tmp / f"t{t.index}.clocks", t.clocks[: keys.shape[0]])
+            entries.append(entry)
         manifest = {"format": FORMAT, "shard": shard, "num_shards": num_shards, "seed": int(seed), "tables": entries}
         write_private(tmp / "manifest.json", json.dumps(manifest, indent=1), "checkpoint file")
     except StorageError as exc:  # free what the partial checkpoint holds (a full disk)
@@ -143,8 +148,9 @@ def _read(folder: pathlib.Path, meta: dict) -> np.ndarray:
     return np.frombuffer(data, dtype=dtype).reshape(shape).copy()
 
 
-def load(root, shard: int, num_shards: int, seed: int, tables) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Read and verify this shard's checkpoint; returns ``[(keys, rows)]`` per table.
+def load(root, shard: int, num_shards: int, seed: int, tables, with_clocks: bool = False) -> list[tuple]:
+    """Read and verify this shard's checkpoint; returns ``[(keys, rows)]`` per table, with
+    ``with_clocks`` ``[(keys, rows, clocks uint64 [n] or None)]`` (None: saved without them).
 
     Raises:
         CheckpointError: missing/torn/corrupt files, or a layout (shard count, table
@@ -200,5 +206,19 @@ def load(root, shard: int, num_shards: int, seed: int, tables) -> list[tuple[np.
             raise CheckpointError(
                 f"checkpoint {folder}: table {t.cfg.name!r} has duplicate keys", source=str(folder), reason="keys"
             )
-        out.append((keys, rows))
+        out.append((keys, rows, _clocks(folder, e, keys, t.cfg.name)) if with_clocks else (keys, rows))
     return out
+
+
+def _clocks(folder: pathlib.Path, entry: dict, keys: np.ndarray, name: str) -> np.ndarray | None:
+    """A table's clocks (uint64 [n]) in a checkpoint, None when saved without them.
+
+    Raises:
+        CheckpointError: a torn or corrupt file, or the wrong shape.
+    """
+    if "clocks" not in entry:
+        return None
+    clocks = _read(folder, entry["clocks"])
+    if clocks.dtype != np.uint64 or clocks.shape != keys.shape:
+        raise CheckpointError(f"checkpoint {folder}: table {name!r} clocks have the wrong shape", source=str(folder))
+    return clocks

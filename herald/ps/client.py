@@ -217,9 +217,10 @@ class PSClient:
     def ping(self) -> None:
         self.admin.ping()
 
-    def checkpoint(self, path: str, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> list[str]:
-        """Every shard writes its checkpoint under ``path``: :meth:`AdminFront.checkpoint`."""
-        return self.admin.checkpoint(path, timeout_ms)
+    def checkpoint(self, path: str, timeout_ms: int = DEFAULT_TIMEOUT_MS, clocks: bool = False) -> list[str]:
+        """Every shard writes its checkpoint under ``path`` (with ``clocks``, the rows' clocks
+        too): :meth:`AdminFront.checkpoint`."""
+        return self.admin.checkpoint(path, timeout_ms, clocks)
 
     def restore(self, path: str, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> None:
         """Every shard replaces its rows by its checkpoint under ``path``: :meth:`AdminFront.restore`."""

@@ -64,9 +64,10 @@ class AdminFront:
         """Every shard answers a ping (PeerTimeout names one that does not)."""
         self._all("ping")
 
-    def checkpoint(self, path: str, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> list[str]:
+    def checkpoint(self, path: str, timeout_ms: int = DEFAULT_TIMEOUT_MS, clocks: bool = False) -> list[str]:
         """Every shard writes its checkpoint under ``path`` (atomic per shard; a relative
-        path is made absolute here, so shards on this host use the caller's folder).
+        path is made absolute here, so shards on this host use the caller's folder); with
+        ``clocks`` the rows' clocks too (herald/ps/checkpoint.py).
 
         Call between steps: a shard with open aggregations refuses (ProtocolError).
 
@@ -74,7 +75,8 @@ class AdminFront:
             AdminRefused: ``path`` is outside the shards' checkpoint root, or a wrong or
                 missing admin token (NOTE [ps admin ops]).
         """
-        return [h["path"] for h in self._all("checkpoint", self._admin({"dir": os.path.abspath(path)}), timeout_ms)]
+        header = {"dir": os.path.abspath(path), **({"clocks": True} if clocks else {})}
+        return [h["path"] for h in self._all("checkpoint", self._admin(header), timeout_ms)]
 
     def restore(self, path: str, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> None:
         """Every shard replaces its rows by its checkpoint under ``path``.

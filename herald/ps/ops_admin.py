@@ -113,7 +113,8 @@ class AdminOps(Handler):
         return {"n_tables": len(ctx.tables), "limits": ctx.limits.to_dict()}, []
 
     def _checkpoint(self, header: dict[str, Any], arrays: list) -> tuple[dict, list]:
-        """``checkpoint {dir, token}``: reply ``{path}`` (NOTE [ps admin ops])."""
+        """``checkpoint {dir, token, clocks?}``: reply ``{path}`` (NOTE [ps admin ops]; ``clocks``
+        true: the rows' clocks too, herald/ps/checkpoint.py)."""
         ctx = self.ctx
         path = self.gate.check("checkpoint", header)
         open_aggs = ctx.store.open_total
@@ -124,25 +125,27 @@ class AdminOps(Handler):
                 "aggregation whose contributors never come is aborted after "
                 f"aggregation_timeout_ms={ctx.limits.aggregation_timeout_ms}"
             )
-        final = checkpoint.save(path, ctx.shard, ctx.num_shards, ctx.seed, ctx.tables)
+        final = checkpoint.save(
+            path, ctx.shard, ctx.num_shards, ctx.seed, ctx.tables, clocks=header.get("clocks") is True
+        )
         return {"path": str(final)}, []
 
     def _restore(self, header: dict[str, Any], arrays: list) -> tuple[dict, list]:
         """``restore {dir, token}``: reply ``{rows}`` restored (NOTE [ps admin ops])."""
         ctx = self.ctx
         path = self.gate.check("restore", header)
-        data = checkpoint.load(path, ctx.shard, ctx.num_shards, ctx.seed, ctx.tables)
+        data = checkpoint.load(path, ctx.shard, ctx.num_shards, ctx.seed, ctx.tables, with_clocks=True)
         # NOTE [ps limits]: room to grow (power-of-two arrays) where max_shard_bytes allows, else the rows alone
-        caps = [t.load_capacity(k.shape[0]) for t, (k, _) in zip(ctx.tables, data)]
+        caps = [t.load_capacity(k.shape[0]) for t, (k, *_) in zip(ctx.tables, data)]
         if sum(table_bytes(c, t.width) for t, c in zip(ctx.tables, caps)) > ctx.limits.max_shard_bytes:
-            caps = [max(16, k.shape[0]) for k, _ in data]
+            caps = [max(16, k.shape[0]) for k, *_ in data]
         total = sum(table_bytes(c, t.width) for t, c in zip(ctx.tables, caps))
         ctx.store.directory.check_bytes(total, f"restoring {path}")
-        for table, (keys, rows), cap in zip(ctx.tables, data, caps):
-            table.load(keys, rows, cap)
+        for table, (keys, rows, clocks), cap in zip(ctx.tables, data, caps):
+            table.load(keys, rows, cap, clocks=clocks)
         for forget in self._on_restore:  # the rolled-back run's (NOTE [gba tokens], NOTE [step messages])
             forget()
-        return {"rows": int(sum(k.shape[0] for k, _ in data))}, []
+        return {"rows": int(sum(k.shape[0] for k, *_ in data))}, []
 
     def _shutdown(self, header: dict[str, Any], arrays: list) -> tuple[dict, list]:
         """``shutdown {token}``: acknowledged, then the loop ends (NOTE [ps admin ops])."""

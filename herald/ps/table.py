@@ -232,8 +232,11 @@ class EmbeddingTable:
     # writes a row back (NOTE [step protocol]), so c_g = c_s on the PS then and the two
     # agree. A conditional pull (``pull_clocked``) reads c_g and evaluates CheckValid's
     # second condition on the shard, sending rows only of the copies not valid (NOTE [clock
-    # frames] in herald/ps/wire.py). Clocks are not checkpointed: a restored table, like the
-    # emptied worker caches at a checkpoint barrier, starts them at 0.
+    # frames] in herald/ps/wire.py). A checkpoint on the grid, after which the worker caches
+    # are empty, holds no clocks: a table restored from it starts them at 0 (the copies
+    # fetched then take c_g as c_s: only differences count). One off the grid, whose
+    # worker caches are saved with their clocks (NOTE [warm resume] in
+    # herald/dispatch/warm.py), holds them, and the restored table goes on from them.
 
     def expire(self, now: float, timeout_s: float) -> list[dict]:
         """Abort this table's aggregations open longer than ``timeout_s`` (NOTE [ps
@@ -259,9 +262,12 @@ class EmbeddingTable:
         """Rows :meth:`load` allocates for ``n`` rows."""
         return max(16, 1 << max(0, int(n - 1).bit_length()))
 
-    def load(self, keys: np.ndarray, rows: np.ndarray, capacity: int | None = None) -> None:
+    def load(
+        self, keys: np.ndarray, rows: np.ndarray, capacity: int | None = None, clocks: np.ndarray | None = None
+    ) -> None:
         """Replace the whole table by (keys, rows), allocating ``capacity`` rows (at least
-        ``len(keys)``; None: :meth:`load_capacity`); drops open aggregations. NOTE [ps
+        ``len(keys)``; None: :meth:`load_capacity`); drops open aggregations. ``clocks``
+        (uint64 [n]): the rows' c_g (NOTE [embedding clocks]); None: 0. NOTE [ps
         limits]' ``max_shard_bytes`` is the caller's to check, over every table restored
         (:meth:`~herald.ps.directory.TableDirectory.check_bytes` before the first :meth:`load`)."""
         n = keys.shape[0]
@@ -279,7 +285,7 @@ class EmbeddingTable:
         cap = self.load_capacity(n) if capacity is None else max(int(capacity), n)
         self._set.aggregations.forget(self.pos)  # its open aggregations, and the key maps of its steps
         self.n_rows = n
-        self.arrays.reset(keys, rows, cap)  # clocks restart with a restored table
+        self.arrays.reset(keys, rows, cap, clocks)  # without clocks they restart with a restored table
 
 
 class TableRoom:

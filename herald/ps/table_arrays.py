@@ -100,14 +100,17 @@ class TableArrays:
             arr[kept:n_rows] = 0
         return kept
 
-    def reset(self, keys: np.ndarray, rows: np.ndarray, capacity: int) -> None:
+    def reset(self, keys: np.ndarray, rows: np.ndarray, capacity: int, clocks: np.ndarray | None = None) -> None:
         """Replace every array: ``keys`` (uint64 [n]) and ``rows`` (float32 [n, width]) in
-        ``capacity`` rows, every other per-row value 0, a key map of ``2 * capacity`` keys."""
+        ``capacity`` rows, the ``clocks`` (uint64 [n]) given, every other per-row value 0, a
+        key map of ``2 * capacity`` keys."""
         n = keys.shape[0]
         new = {"rows": np.zeros((capacity, self.rows.shape[1]), np.float32)}
         new["rows"][:n] = rows
         for name, dtype in PER_ROW.items():
             new[name] = np.zeros(capacity, dtype)
         new["row_keys"][:n] = keys
+        if clocks is not None:
+            new["clocks"][:n] = clocks
         new["buckets"] = keymap.new_buckets(2 * capacity, new["row_keys"], ONE_TABLE, n, np.int64)
         self.install(**new)

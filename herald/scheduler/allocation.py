@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from herald.config import require
-from herald.errors import ConfigError
+from herald.errors import ConfigError, DataError
 from herald.scheduler import kernels as K
 from herald.scheduler.bruteforce import bruteforce_alloc
 from herald.scheduler.budget import BudgetController
@@ -70,6 +70,36 @@ class Allocator:
         # gains: valid copy, in-use containable key, in-use hot key, sharing cost, containable
         # limit (samples), sort by affinity (see kernels.costaware_alloc_jit)
         self.ca_params = np.array([1.0, 1.0, 0.0, config.costaware_share_cost, contain, 1.0], np.float64)
+
+    def warm_arrays(self) -> dict[str, np.ndarray]:
+        """What it carries into the next step (herald/scheduler/warm.py): the RNG, k and
+        the table profiler's state (adaptive LAIA); copies."""
+        out = {"rng": self.rng.copy(), "k": np.array([self.num_scored_tables], np.int64)}
+        if self.profiler is not None:
+            out.update({f"profiler.{k}": v for k, v in self.profiler.arrays().items()})
+        return out
+
+    def load_warm_arrays(self, arrays: dict[str, np.ndarray]) -> None:
+        """Take back :meth:`warm_arrays` of an allocator with the same settings.
+
+        Raises:
+            DataError: other parts or shapes.
+        """
+        profiled = {k[len("profiler.") :]: v for k, v in arrays.items() if k.startswith("profiler.")}
+        rng, k = arrays.get("rng"), arrays.get("k")
+        if (
+            set(arrays) - {"rng", "k"} != {f"profiler.{n}" for n in profiled}
+            or not isinstance(rng, np.ndarray)
+            or rng.shape != self.rng.shape
+            or not isinstance(k, np.ndarray)
+            or k.shape != (1,)
+            or bool(profiled) != (self.profiler is not None)
+        ):
+            raise DataError("scheduler warm state: the allocation state does not fit this scheduler's settings")
+        self.rng = rng.astype(np.uint64).copy()
+        self.num_scored_tables = int(k[0])
+        if self.profiler is not None:
+            self.profiler.load_arrays(profiled)
 
     def table_mask(self) -> np.ndarray:
         """bool [T]: the tables the next allocation scores (all for static LAIA; not a copy)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from herald.errors import DataError
 from herald.scheduler import kernels as K
 
 
@@ -49,6 +50,30 @@ class TableProfiler:
         with np.errstate(invalid="ignore", divide="ignore"):
             doi = self._infrequent / self._total
         self.doi = np.where(self._total > 0, doi, 1.0)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Its state (the DoI, the counters, the steps since the last refresh), copies."""
+        since = np.array([self._since], np.int64)
+        return {
+            "doi": self.doi.copy(),
+            "infrequent": self._infrequent.copy(),
+            "total": self._total.copy(),
+            "since": since,
+        }
+
+    def load_arrays(self, arrays: dict[str, np.ndarray]) -> None:
+        """Take back :meth:`arrays` of a profiler of as many tables.
+
+        Raises:
+            DataError: other parts or shapes.
+        """
+        mine = self.arrays()
+        if set(arrays) != set(mine) or any(np.shape(arrays[k]) != v.shape for k, v in mine.items()):
+            raise DataError("scheduler warm state: the table profiler's state does not fit this scheduler's tables")
+        self.doi = arrays["doi"].astype(np.float64).copy()
+        self._infrequent = arrays["infrequent"].astype(np.int64).copy()
+        self._total = arrays["total"].astype(np.int64).copy()
+        self._since = int(arrays["since"][0])
 
     def top_tables(self, k: int) -> np.ndarray:
         """bool [T]: the ``k`` tables with the highest DoI (ties: lower table index)."""

@@ -29,6 +29,7 @@ from herald.scheduler.parallel import ParallelPasses
 from herald.scheduler.plan_build import build_plans
 from herald.scheduler.saved_state import check_scheduler_state, scheduler_state
 from herald.scheduler.state import Snapshots
+from herald.scheduler.warm import Pending, pack, scheduler_part, unpack
 
 
 def cache_capacity(config: SchedulerConfig, distinct_keys: int | None) -> int:
@@ -66,18 +67,6 @@ class StepPlan:
     assignment: list
     plans: list
     counts: np.ndarray
-
-
-@dataclasses.dataclass
-class _Pending:
-    step: int
-    worker_of: np.ndarray
-    order: np.ndarray
-    counts: np.ndarray
-    keys: np.ndarray
-    off: np.ndarray
-    before: tuple
-    after: tuple
 
 
 def _check_before_forward(err: np.ndarray, off: np.ndarray, step: int, capacity_rows: int) -> None:
@@ -147,7 +136,7 @@ class Scheduler:
             config.cache_policy,
             initial_slots=int(distinct_keys) + 1024 if distinct_keys else 1 << 10,
         )
-        self._pending: _Pending | None = None
+        self._pending: Pending | None = None
         self._next_step = 0
         self._finished = False
         self._used = False  # submit() was called (load_state_dict only on an unused scheduler)
@@ -270,7 +259,7 @@ class Scheduler:
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:
-        """The scheduler's state at a checkpoint barrier (JSON-able).
+        """The scheduler's state at a checkpoint barrier (JSON-able; between them: :meth:`warm_state`).
 
         NOTE [scheduler state]: the cache snapshots are *not* serialised. The state is
         complete only where they carry nothing forward: before the first :meth:`submit`,
@@ -308,6 +297,30 @@ class Scheduler:
         self._next_step, self._totals = check_scheduler_state(
             state, self.config, self.num_tables, self.capacity_rows, self._totals.shape
         )
+
+    def warm_state(self) -> tuple[dict, dict]:
+        """``(meta JSON-able, arrays by name)``: all it carries into the next step (herald/scheduler/
+        warm.py; NOTE [warm resume] in herald/dispatch/warm.py). Take it before :meth:`finish`.
+
+        Raises:
+            HeraldError: no step is pending (nothing submitted, or :meth:`finish` called).
+        """
+        if self._pending is None:
+            raise HeraldError("Scheduler.warm_state() needs a submitted step not yet finished: call it before finish()")
+        state = scheduler_state(self.config, self.num_tables, self.capacity_rows, self._next_step, self._totals)
+        return pack(state, self._pending, self._samples_seen, self._snap, self._alloc)
+
+    def load_warm_state(self, meta: dict, arrays: dict) -> None:
+        """Continue from :meth:`warm_state` on an unused scheduler: the next :meth:`submit`
+        returns the plan of the saved pending step, trained already (herald/scheduler/warm.py).
+
+        Raises:
+            DataError: malformed state. ConfigError: saved with another configuration,
+                table count or capacity. HeraldError: this scheduler already scheduled a batch.
+        """
+        self.load_state_dict(scheduler_part(meta))
+        self._pending, self._samples_seen = unpack(meta, arrays, self._snap, self._alloc)
+        self._used = self._in_flight = True
 
     # ------------------------------------------------------------------ parts
     def _check_batch(self, batch) -> None:
@@ -349,7 +362,7 @@ class Scheduler:
             c = STK.collect_keys_jit(batch, s.mark, s.token, s.use_mask, s.freq, s.owner, *flags, out)
         return keys[: off[-1]], off, ((pp_slot[:c], pp_w[:c]) if plan_push else None)
 
-    def _run_step(self, worker_of, order, keys, off) -> _Pending:
+    def _run_step(self, worker_of, order, keys, off) -> Pending:
         """Step t+1's before-forward (evict, pull) and after-backward (grad push, local
         update) passes on the snapshots (NOTE [step protocol]); its plan pushes come later."""
         cfg = self.config
@@ -360,9 +373,9 @@ class Scheduler:
         counts[:, K.GRAD_PUSH] = after[3]
         step = self._next_step
         self._next_step += 1
-        return _Pending(step, worker_of, order, counts, keys, off, before[:5], after)
+        return Pending(step, worker_of, order, counts, keys, off, before[:5], after)
 
-    def _finalize(self, p: _Pending, pp) -> StepPlan:
+    def _finalize(self, p: Pending, pp) -> StepPlan:
         W = self.config.num_workers
         counts = p.counts
         if pp is not None:
@@ -373,7 +386,7 @@ class Scheduler:
         plans = self._build_plans(p, pp) if self.build_plans else []
         return StepPlan(p.step, assignment, plans, counts)
 
-    def _build_plans(self, p: _Pending, pp) -> list:
+    def _build_plans(self, p: Pending, pp) -> list:
         s = self._snap
         gather = self._par.gather_plan_keys if self._par is not None else None
         return build_plans(p.off, p.before, p.after, pp, s.slot_tab, s.slot_ids, gather=gather)

@@ -39,6 +39,7 @@ from __future__ import annotations
 import numpy as np
 
 from herald import keymap
+from herald.errors import DataError
 from herald.scheduler import parallel_kernels as PK
 from herald.scheduler import snapshot_kernels as SK
 from herald.scheduler import step_kernels as STK
@@ -218,6 +219,40 @@ class Snapshots:
         kernel = PK.update_after_step_par_jit if par else STK.update_after_step_jit
         kernel(keys, off, self.use_mask, self.valid, self.owner, full_sync, upd, *par)
         return upd
+
+    # ------------------------------------------------------------------ warm state
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Every array of the snapshots by attribute name, copies (the views of ``rec`` and
+        ``aux`` left out): what :meth:`load_arrays` takes back (herald/scheduler/warm.py)."""
+        return {k: v.copy() for k, v in vars(self).items() if isinstance(v, np.ndarray) and k not in self._VIEWS}
+
+    def load_arrays(self, arrays: dict[str, np.ndarray]) -> None:
+        """Replace every array by those of :meth:`arrays` of snapshots with the same workers,
+        capacity and policy.
+
+        Raises:
+            DataError: other names, dtypes, or per-worker shapes (another layout).
+        """
+        mine = self.arrays()
+        slots = arrays.get("slot_ids", np.empty(0))
+        fits = set(arrays) == set(mine) and all(
+            isinstance(arrays[k], np.ndarray) and arrays[k].dtype == v.dtype and arrays[k].ndim == v.ndim
+            for k, v in mine.items()
+        )
+        fits = fits and all(
+            arrays[k].shape == v.shape for k, v in mine.items() if k not in ("hk_slot", *self._PER_SLOT, "rec")
+        )
+        fits = fits and all(arrays[k].shape[0] == slots.shape[0] for k in (*self._PER_SLOT, "rec"))
+        fits = fits and arrays["rec"].shape[1] == self.rec.shape[1] and int(arrays["n_slots"][0]) <= slots.shape[0]
+        if not fits:
+            raise DataError(
+                "scheduler warm state: the cache snapshots do not fit these snapshots "
+                f"({self.num_workers} workers, {self.capacity_rows} rows, {self.policy}); resume with the same settings"
+            )
+        for k, v in arrays.items():
+            setattr(self, k, np.ascontiguousarray(v).copy())
+        self._record_views()
+        self._aux_views()
 
     def cached_slots(self, w: int) -> np.ndarray:
         """Slots cached by worker ``w`` (int32, unordered; for tests and debugging)."""

@@ -54,6 +54,7 @@ from herald.worker.executor import PlanExecutor
 from herald.worker.link import DispatcherLink
 from herald.worker.modes import job_protocol
 from herald.worker.rows import StepRows
+from herald.worker.warm import save_checkpoint_part
 
 
 @dataclasses.dataclass
@@ -306,7 +307,7 @@ class ScheduledLoader:
                     self.protocol.flush(KeySet(arrays[0], arrays[1]), reset=bool(header.get("reset")))
                     self.link.send_flushed()
                 elif op == "save":
-                    self._save(str(header["path"]))
+                    self._save(str(header["path"]), caches=bool(header.get("caches")))
                 elif op == "end":
                     return
                 else:
@@ -396,11 +397,11 @@ class ScheduledLoader:
                 preds + self.protocol.ack_arrays(),
             )
 
-    def _save(self, path: str) -> None:
-        """Write the dense model and optimizer state to ``path/dense.pt`` (atomically)."""
+    def _save(self, path: str, caches: bool = False) -> None:
+        """Rank 0's dense state into ``path``, with ``caches`` this rank's cache too (herald/worker/warm.py)."""
         if self.dense is None:
             raise HeraldError("save requested before attach(model, optimizer)")
-        self.dense.save(path)
+        save_checkpoint_part(path, self.dense, self.executor, self.protocol, caches)
         self.link.send_saved()
 
     # ------------------------------------------------------------- closing

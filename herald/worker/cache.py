@@ -39,7 +39,7 @@ import torch
 from herald import keymap
 from herald.contracts.plan import KeySet
 from herald.contracts.tables import TableConfig
-from herald.errors import ConfigError, ProtocolError
+from herald.errors import ConfigError, DataError, ProtocolError
 from herald.ps.rows import hyper_params
 from herald.worker.kernels import apply_rows_at_jit, bag_grads_jit, pooled_sum_jit, take_rows_jit
 
@@ -136,6 +136,32 @@ class SlotMap:
     def keys(self) -> set[tuple[int, int]]:
         """Every cached (table, id), for debug checks against the snapshot."""
         return self.key_set().as_set()
+
+    _MAP = ("_buckets", "_slot_ids", "_slot_tab", "_free")
+
+    def map_state(self) -> dict[str, np.ndarray]:
+        """Which slot holds which key, and the free slots in order: copies, for
+        :meth:`load_map_state` (NOTE [warm resume] in herald/dispatch/warm.py)."""
+        out = {k.lstrip("_"): getattr(self, k).copy() for k in self._MAP}
+        out["counts"] = np.array([self._nfree, self._size], np.int64)
+        return out
+
+    def load_map_state(self, state: dict[str, np.ndarray]) -> None:
+        """Take back :meth:`map_state` of a map of the same capacity (the rows are the caller's).
+
+        Raises:
+            DataError: other arrays or shapes (another capacity).
+        """
+        mine = self.map_state()
+        if set(state) != set(mine) or any(
+            not isinstance(state[k], np.ndarray) or state[k].shape != v.shape or state[k].dtype != v.dtype
+            for k, v in mine.items()
+        ):
+            raise DataError(f"a saved worker cache does not fit this cache of {self.capacity_rows} rows")
+        for k in self._MAP:
+            setattr(self, k, state[k.lstrip("_")].copy())
+        self._nfree, self._size = (int(v) for v in state["counts"])
+        self.removals += 1
 
     def _remove(self, keys: KeySet) -> np.ndarray:
         """Drop ``keys`` from the map; returns their (now free) slots, int64 [n].

@@ -18,7 +18,7 @@ import numpy as np
 
 from herald.contracts.microbatch import MicroBatch
 from herald.contracts.plan import CachePlan, KeySet
-from herald.errors import ProtocolError
+from herald.errors import DataError, ProtocolError
 from herald.ps import PSClient
 from herald.ps.wire import valid_copies
 from herald.worker import psio
@@ -69,6 +69,27 @@ class CopyClocks:
         self.current = np.zeros(rows, np.uint64)
         self.known = np.zeros(rows, bool)
         self._prefetched: dict[int, np.ndarray] = {}  # step -> the pulls prefetched with their clock
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """c_s, c_c and known per cache slot, copies (NOTE [warm resume] in herald/dispatch/warm.py)."""
+        return {
+            "clock_start": self.start.copy(),
+            "clock_current": self.current.copy(),
+            "clock_known": self.known.copy(),
+        }
+
+    def load_arrays(self, arrays: dict[str, np.ndarray]) -> None:
+        """Take back :meth:`arrays` of a cache of as many rows.
+
+        Raises:
+            DataError: missing clocks or other shapes (a cache saved under another mode).
+        """
+        mine = self.arrays()
+        if set(arrays) != set(mine) or any(np.shape(arrays[k]) != v.shape for k, v in mine.items()):
+            raise DataError("a saved worker cache has no clocks of this cache's rows; resume with the same --staleness")
+        self.start = arrays["clock_start"].astype(np.uint64).copy()
+        self.current = arrays["clock_current"].astype(np.uint64).copy()
+        self.known = arrays["clock_known"].astype(bool).copy()
 
     def _local_updates(self, slots: np.ndarray) -> np.ndarray:
         """uint64 [n]: c_c - c_s of the copies in ``slots``: what a write of them advances."""

@@ -102,6 +102,14 @@ class Bounded(BSP):
         )  # relaxed reads: the all-reduce orders the writes (NOTE [step protocol])
         self.clocks = CopyClocks(executor, self.staleness) if self.staleness else None
 
+    def warm_arrays(self) -> dict:
+        """The copies' clocks (NOTE [warm resume] in herald/dispatch/warm.py)."""
+        return {} if self.clocks is None else self.clocks.arrays()
+
+    def load_warm_arrays(self, arrays: dict) -> None:
+        if self.clocks is not None:
+            self.clocks.load_arrays(arrays)
+
     # ------------------------------------------------------ before forward
     def prefetch(self, mb: MicroBatch) -> None:
         """The early pulls (NOTE [early pulls]), those of shared keys with their clocks."""

@@ -83,6 +83,15 @@ class ConsistencyProtocol(abc.ABC):
         self.stats.clear()
         return out
 
+    def warm_arrays(self) -> dict[str, np.ndarray]:
+        """The protocol's state of the cached copies by name, saved with the cache at a
+        checkpoint off the grid (NOTE [warm resume] in herald/dispatch/warm.py); default none."""
+        return {}
+
+    def load_warm_arrays(self, arrays: dict[str, np.ndarray]) -> None:
+        """Take back :meth:`warm_arrays` (the cache's slots restored already); default: nothing."""
+        return None
+
     def prefetch(self, mb: MicroBatch) -> None:
         """Start reading what ``mb`` (the next micro-batch, received while the current step
         runs) may read before the current step's updates land; default: nothing."""

@@ -57,3 +57,27 @@ def test_damaged_checkpoint_is_detected(tmp_path, damage):
         seed = 10
     with pytest.raises(CheckpointError):
         checkpoint.load(tmp_path, shard, 1, seed, tables)
+
+
+def test_clocks_are_saved_when_asked_and_restored(tmp_path):
+    """NOTE [embedding clocks]: a checkpoint off the grid keeps the rows' c_g (NOTE [warm resume]
+    in herald/dispatch/warm.py); one without them restores the clocks at 0."""
+    tables = _tables()
+    keys = np.arange(500, dtype=np.uint64) * 3
+    tables[0].push_rows(keys[:3], np.ones((3, tables[0].width), np.float32), np.array([4, 0, 9], np.uint64))
+    want = [t.clocks[: t.n_rows].copy() for t in tables]
+    assert want[0].max() > 1  # the push above and the gradient before it
+    plain, clocked = tmp_path / "plain", tmp_path / "clocked"
+    checkpoint.save(plain, 0, 1, 9, tables)
+    checkpoint.save(clocked, 0, 1, 9, tables, clocks=True)
+    assert not list((plain / "shard-0-of-1").glob("*.clocks"))
+    assert [c is None for *_, c in checkpoint.load(plain, 0, 1, 9, tables, with_clocks=True)] == [True, True]
+    data = checkpoint.load(clocked, 0, 1, 9, tables, with_clocks=True)
+    for t, w, (k, r, c) in zip(tables, want, data):
+        fresh = EmbeddingTable(t.cfg, t.index, 9)
+        fresh.load(k, r, clocks=c)
+        assert np.array_equal(fresh.clocks[: fresh.n_rows], w)
+    assert [len(x) for x in checkpoint.load(clocked, 0, 1, 9, tables)] == [2, 2]  # (keys, rows) unless asked
+    (clocked / "shard-0-of-1" / "t1.clocks").write_bytes(b"\0" * 8)
+    with pytest.raises(CheckpointError, match="t1.clocks"):
+        checkpoint.load(clocked, 0, 1, 9, tables, with_clocks=True)
