@@ -42,6 +42,7 @@ import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
 from herald.errors import ConfigError
+from herald.inputs import check_output_folder
 
 SERVER_PUBLIC = "server.key"
 SERVER_SECRET = "server.key_secret"
@@ -432,6 +433,7 @@ def loopback_interface() -> str | None:
 
 # ----------------------------------------------------------------- command line
 def _generate(args) -> int:
+    check_output_folder(args.dir, "DIR")  # NOTE [front doors] in herald/inputs.py
     paths = generate_keys(args.dir, force=args.force)
     root = pathlib.Path(args.dir)
     print(f"wrote CURVE keys to {root} (files 0600, folder 0700):")

@@ -15,7 +15,7 @@ import sys
 
 from herald import __version__
 from herald.errors import ConfigError, HeraldError
-from herald.job.cli import add_job_arguments, config_from_args
+from herald.job.cli import add_job_arguments, check_job_inputs, config_from_args
 
 # Order decides the order in --help.
 _COMMAND_MODULES = (
@@ -71,7 +71,7 @@ def _check_train_options(argv: list[str]) -> int | None:
     add_job_arguments(parser)
     args, _ = parser.parse_known_args(argv[1:])  # a malformed value exits 2 here, as the full parser would
     try:
-        config_from_args(args)
+        check_job_inputs(config_from_args(args))  # NOTE [front doors] in herald/inputs.py
     except ConfigError as exc:
         print(f"herald: error: {exc}", file=sys.stderr)
         return 2

@@ -32,7 +32,8 @@ def split_options(options: Mapping[str, Any], *classes: type, extra: tuple[str, 
     that has it as a field); the keys named in ``extra`` are returned last as a dict.
 
     Raises:
-        ConfigError: a key no class knows (the message lists the known settings).
+        ConfigError: a key no class knows (the message lists the known settings), or a
+            field without a default missing from ``options``.
     """
     known = {f.name: c for c in classes for f in dataclasses.fields(c)}
     unknown = sorted(set(options) - set(known) - set(extra))
@@ -40,6 +41,15 @@ def split_options(options: Mapping[str, Any], *classes: type, extra: tuple[str, 
         raise ConfigError(
             f"unknown setting(s) {unknown} for {where}; known settings: {sorted(set(known) | set(extra))}"
         )
+    required = [
+        f.name
+        for c in classes
+        for f in dataclasses.fields(c)
+        if f.init and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
+    missing = [name for name in required if name not in options]
+    if missing:
+        raise ConfigError(f"{where}: missing setting(s) {missing}; give them (known settings: {sorted(known)})")
     out = [c(**{k: v for k, v in options.items() if known.get(k) is c}) for c in classes]
     return out + [{k: v for k, v in options.items() if k in extra}]
 

@@ -17,6 +17,14 @@ class ConfigError(HeraldError, ValueError):
     """A setting is unknown, out of range, or inconsistent with another setting."""
 
 
+class UsageError(ConfigError):
+    """Invalid command-line options, found after parsing (two options that contradict each
+    other, a value checked against the host): exit status 2, as argparse's own usage
+    errors; nothing was started (NOTE [front doors] in herald/inputs.py)."""
+
+    exit_code = 2
+
+
 class DataError(HeraldError, ValueError):
     """Input data is malformed. Carries where (``source``, ``position``) and why (``reason``).
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from herald.config import require
 from herald.errors import ConfigError
+from herald.inputs import INT64_MAX
 
 
 def scheduling_budget_value(text: str) -> str | float:
@@ -36,17 +37,20 @@ def _flag(name: str) -> str:
 def _integer(
     cfg: Any, name: str, low: int, high: int | None = None, *, optional: bool = False, flag: str | None = None
 ) -> None:
-    """Check that ``cfg.name`` is an integer in ``low..high`` (``flag``: its option, default ``--name``)."""
+    """Check that ``cfg.name`` is an integer in ``low..high`` (``flag``: its option, default ``--name``;
+    no ``high``: a signed 64-bit int, :data:`herald.inputs.INT64_MAX`)."""
     value = getattr(cfg, name)
     if optional and value is None:
         return
     ok = (
         isinstance(value, numbers.Integral)
         and not isinstance(value, bool)
-        and low <= int(value)
-        and (high is None or int(value) <= high)
+        and value >= low
+        and value <= (INT64_MAX if high is None else high)
     )
     span = f"in {low}..{high}" if high is not None else f">= {low}"
+    if high is None and isinstance(value, numbers.Integral) and value > INT64_MAX:
+        span += " and at most 2**63 - 1"
     require(ok, f"{flag or _flag(name)} must be an integer {span}{' (or unset)' if optional else ''}, got {value!r}")
 
 

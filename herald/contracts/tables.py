@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -28,6 +30,15 @@ from herald.errors import ConfigError
 #: The sparse optimizers; ``OPTIMIZERS.index(name)`` is the kernels' optimizer code.
 OPTIMIZERS = SPARSE_OPTIMIZERS
 DTYPES = ("float32",)
+#: Longest table name: names travel in every declare and in reports, and a name is a label, not data.
+MAX_TABLE_NAME_CHARS = 256
+
+
+def _finite(cfg: Any, name: str, span: str, check, label: str) -> None:
+    """Check that ``cfg.name`` is a finite real number (not a bool) passing ``check``."""
+    value = getattr(cfg, name)
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and check(value)
+    require(ok, f"{label} must be a finite number {span}, got {value!r:.40}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,14 +66,16 @@ class OptimizerConfig:
     weight_decay: float = 0.0
 
     def __post_init__(self) -> None:
-        require(self.name in OPTIMIZERS, f"optimizer {self.name!r} is unknown; use one of {OPTIMIZERS}")
-        require(self.lr > 0, f"optimizer lr must be > 0, got {self.lr}")
-        require(self.eps >= 0, f"optimizer eps must be >= 0, got {self.eps}")
         require(
-            0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, f"adam betas must be in [0, 1), got {self.beta1}, {self.beta2}"
+            isinstance(self.name, str) and self.name in OPTIMIZERS,
+            f"optimizer {self.name!r:.60} is unknown; use one of {OPTIMIZERS}",
         )
-        require(self.initial_accumulator >= 0, f"initial_accumulator must be >= 0, got {self.initial_accumulator}")
-        require(self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay}")
+        _finite(self, "lr", "> 0", lambda x: x > 0, "optimizer lr")
+        _finite(self, "eps", ">= 0", lambda x: x >= 0, "optimizer eps")
+        _finite(self, "beta1", "in [0, 1)", lambda x: 0 <= x < 1, "adam beta1")
+        _finite(self, "beta2", "in [0, 1)", lambda x: 0 <= x < 1, "adam beta2")
+        _finite(self, "initial_accumulator", ">= 0", lambda x: x >= 0, "initial_accumulator")
+        _finite(self, "weight_decay", ">= 0", lambda x: x >= 0, "weight_decay")
 
     @property
     def kind(self) -> int:
@@ -98,15 +111,33 @@ class TableConfig:
     dtype: str = "float32"
 
     def __post_init__(self) -> None:
+        require(
+            isinstance(self.name, str) and 0 < len(self.name) <= MAX_TABLE_NAME_CHARS and self.name.isprintable(),
+            f"table name must be a non-empty printable string of at most {MAX_TABLE_NAME_CHARS} characters, "
+            f"got {self.name!r:.60}",
+        )
         if isinstance(self.optimizer, Mapping):
             object.__setattr__(
                 self, "optimizer", from_mapping(OptimizerConfig, self.optimizer, where=f"table {self.name!r} optimizer")
             )
-        require(isinstance(self.name, str) and self.name != "", "table name must be a non-empty string")
-        require(isinstance(self.dim, int) and self.dim > 0, f"table {self.name!r}: dim must be a positive int")
-        require(self.init in INITS, f"table {self.name!r}: init {self.init!r} is unknown; use one of {INITS}")
-        require(self.init_scale >= 0, f"table {self.name!r}: init_scale must be >= 0")
-        require(self.dtype in DTYPES, f"table {self.name!r}: dtype {self.dtype!r} unsupported; use float32")
+        require(
+            isinstance(self.optimizer, OptimizerConfig),
+            f'table {self.name!r}: optimizer must be a mapping such as {{"name": "adagrad", "lr": 0.05}}, '
+            f"got {self.optimizer!r:.60}",
+        )
+        require(
+            isinstance(self.dim, int) and not isinstance(self.dim, bool) and self.dim > 0,
+            f"table {self.name!r}: dim must be a positive int, got {self.dim!r:.40}",
+        )
+        require(
+            isinstance(self.init, str) and self.init in INITS,
+            f"table {self.name!r}: init {self.init!r:.40} is unknown; use one of {INITS}",
+        )
+        _finite(self, "init_scale", ">= 0", lambda x: x >= 0, f"table {self.name!r}: init_scale")
+        require(
+            isinstance(self.dtype, str) and self.dtype in DTYPES,
+            f"table {self.name!r}: dtype {self.dtype!r:.40} unsupported; use float32",
+        )
 
     @property
     def state_dim(self) -> int:
@@ -128,15 +159,30 @@ class TableConfig:
         return from_mapping(cls, mapping, where="table")
 
 
-def tables_from_json(text: str) -> list[TableConfig]:
-    """Parse a JSON list of table mappings (the ``--tables`` file of ``herald serve ps``)."""
+def tables_from_json(text: str, where: str = "tables file") -> list[TableConfig]:
+    """Parse a JSON list of table mappings (the ``--tables`` file of ``herald serve ps``),
+    each through :class:`TableConfig`'s checks (types, finite numbers, name length).
+
+    Args:
+        text: the file's text; where: how errors name it (``--tables FILE``).
+
+    Raises:
+        ConfigError: not JSON, not a non-empty list of mappings, or a table the checks refuse.
+    """
     try:
         data = json.loads(text)
+    except RecursionError:
+        raise ConfigError(f"{where} nests too deeply to be a list of table mappings") from None
     except ValueError as exc:
-        raise ConfigError(f"tables file is not valid JSON: {exc}") from exc
+        raise ConfigError(f"{where} is not valid JSON: {exc}") from None
     if not isinstance(data, list):
-        raise ConfigError("tables file must hold a JSON list of table mappings")
-    return check_tables([TableConfig.from_dict(d) for d in data])
+        raise ConfigError(f"{where} must hold a JSON list of table mappings, got a {type(data).__name__}")
+    if not data:
+        raise ConfigError(f"{where} lists no table: declare at least one, or leave the file out")
+    try:
+        return check_tables([TableConfig.from_dict(d) for d in data])
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
 
 
 def tables_to_json(tables: Sequence[TableConfig]) -> str:

@@ -33,6 +33,7 @@ from herald.contracts.vocab import (
     DEFAULT_TIMEOUT_MS,
     DEVICE_PATTERN,
     MAX_BRUTEFORCE_WORKERS,
+    MAX_PS_SHARDS,
     MAX_TIMEOUT_MS,
     MAX_WORKERS,
     MODELS,
@@ -244,7 +245,7 @@ class TrainConfig:
         _integer(self, "batch_size", 1)
         _integer(self, "epochs", 1)
         _integer(self, "steps", 1, optional=True)
-        _integer(self, "ps_shards", 1, 64, optional=True)
+        _integer(self, "ps_shards", 1, MAX_PS_SHARDS, optional=True)
         _integer(self, "seed", 0, 2**63 - 1)
         _integer(self, "max_inflight_steps", 1, optional=True)
         _integer(self, "timeout_ms", 100, MAX_TIMEOUT_MS)

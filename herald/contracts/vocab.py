@@ -21,6 +21,8 @@ MAX_WORKERS = 64
 #: Workers ``--schedule optimal`` (brute force over allocations) handles.
 MAX_BRUTEFORCE_WORKERS = 8
 MAX_EMBEDDING_DIM = 4096
+#: PS shards of one job (``--ps-shards``, ``herald serve ps --num-shards``).
+MAX_PS_SHARDS = 64
 
 #: Sparse optimizers of the embedding rows; the index is the kernels' optimizer code
 #: (row layouts in herald/contracts/tables.py; Persia §4.2.2: optimizer state lives in the row).

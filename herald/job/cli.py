@@ -6,6 +6,8 @@ import argparse
 
 from herald.config import add_arguments, from_arguments
 from herald.contracts.train import TrainConfig
+from herald.errors import ConfigError
+from herald.inputs import check_existing_folder, check_input_path, check_output_folder, host_port, wait_listening
 
 
 def add_job_arguments(p: argparse.ArgumentParser, *, exclude: tuple[str, ...] = ()) -> None:
@@ -17,6 +19,36 @@ def add_job_arguments(p: argparse.ArgumentParser, *, exclude: tuple[str, ...] = 
 def config_from_args(args: argparse.Namespace):
     """The :class:`~herald.contracts.train.TrainConfig` of parsed job options."""
     return from_arguments(TrainConfig, args)
+
+
+def check_job_inputs(cfg: TrainConfig, *, run_dir: bool = True) -> None:
+    """The paths and addresses a job's settings name, checked on this host before anything
+    starts (NOTE [front doors] in herald/inputs.py): a local ``--source`` is a file or a
+    folder (never a FIFO, socket or device: reading one blocks), ``--run-dir`` a folder
+    that can be made (with ``run_dir``), ``--keys`` an existing folder, and a ``--ray-address
+    HOST:PORT`` has a Ray head listening (within :data:`RAY_PROBE_S`).
+
+    Raises:
+        ConfigError: naming the flag, the value and the fix.
+    """
+    if "://" not in cfg.source:
+        check_input_path(cfg.source, "--source")
+    if run_dir:
+        check_output_folder(cfg.run_dir, "--run-dir")
+    if cfg.security.keys_dir is not None:
+        check_existing_folder(cfg.security.keys_dir, "--keys")
+    address = cfg.launcher.ray_address
+    if cfg.launcher.is_ray and address is not None and address != "auto" and "://" not in address:
+        host, port = host_port(address, "--ray-address")
+        if not wait_listening(f"tcp://{host}:{port}", RAY_PROBE_S):
+            raise ConfigError(
+                f"--ray-address {address}: nothing listens there (tried for {RAY_PROBE_S:g} s): start the Ray "
+                f"head (ray start --head --port {port}) or fix the address"
+            )
+
+
+#: How long ``herald train`` tries to reach a ``--ray-address HOST:PORT`` before saying nothing is there.
+RAY_PROBE_S = 3.0
 
 
 def _train(args: argparse.Namespace) -> int:

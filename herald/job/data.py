@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from herald.contracts.settings import STREAM_CACHE_ROWS
 from herald.contracts.train import TrainConfig
+from herald.errors import ConfigError
 from herald.loader import open_source, splits
 from herald.loader.global_batches import GlobalBatches, KafkaRecords
 from herald.loader.registry import infer_format
@@ -29,7 +30,8 @@ class JobData:
     input) and before the job runner starts any process.
 
     Raises:
-        ConfigError: a setting the source's schema refuses (named by its flag).
+        ConfigError: a setting the source's schema refuses (named by its flag), or a training
+            split shorter than one global batch.
     """
 
     def __init__(self, cfg: TrainConfig, dispatcher_rank: int = 0):
@@ -60,6 +62,16 @@ class JobData:
             return
         cfg.check_schema(splits.source_schema(cfg.source, options), self.dataset)
         train, self.eval_source, self.split_info = splits.open_train_eval(cfg.source, cfg.eval_fraction, options)
+        rows = self.split_info["train_rows"]
+        if rows is not None and rows < cfg.global_batch:  # no step to train: say so before any process starts
+            for source in (train, self.eval_source):
+                if source is not None and hasattr(source, "close"):
+                    source.close()
+            raise ConfigError(
+                f"--source {cfg.source}: its training split has {rows} rows, fewer than one global batch "
+                f"(--workers {cfg.workers} x --batch-size {cfg.batch_size} = {cfg.global_batch}): lower "
+                f"--batch-size or --workers, or lower --eval-fraction ({cfg.eval_fraction}) or give more rows"
+            )
         self.schema = train.schema
         self.batches = GlobalBatches(train, cfg.global_batch, epochs=cfg.epochs, max_steps=cfg.steps)
         self.replicated, self.replica_rows, self.distinct_keys = [], 0, None

@@ -12,8 +12,10 @@ from __future__ import annotations
 import argparse
 import os
 
+from herald.contracts.vocab import MAX_PS_SHARDS
 from herald.errors import ConfigError
-from herald.job.cli import add_job_arguments, config_from_args
+from herald.inputs import check_output_file, endpoint_type, int_type, parse_endpoint
+from herald.job.cli import add_job_arguments, check_job_inputs, config_from_args
 
 # The functions below import the job's parts on use: this module is imported to build the
 # herald parser, which must not load numba, torch or zmq (~3 s: herald/cli.py).
@@ -30,8 +32,7 @@ def _serve_dispatcher(args: argparse.Namespace) -> int:
     from herald.job.runner import JobRunner
 
     cfg = config_from_args(args)
-    if not args.ps:
-        raise ConfigError("herald serve dispatcher needs --ps ADDRESS[,ADDRESS...] (the PS shards' endpoints)")
+    _check(cfg, args)  # NOTE [front doors] in herald/inputs.py: every flag before the data or a socket
     # NOTE [transport security]: refuse an open bind (or bad keys) before reading any data; the
     # workers get the keys folder's path in the job (for the PS), never the keys
     disp_cfg = dispatcher_config(cfg, args)
@@ -53,6 +54,27 @@ def _serve_dispatcher(args: argparse.Namespace) -> int:
         + (f"; dropped messages (docs/operations.md): {rejected}" if rejected else "")
     )
     return 0
+
+
+def _check(cfg, args: argparse.Namespace) -> None:
+    """``herald serve dispatcher``'s own flags and the job's paths (:func:`herald.job.cli.check_job_inputs`;
+    ``--run-dir`` only when it checkpoints), before any data is read or socket bound.
+
+    Raises:
+        ConfigError: naming the flag, the value and the fix.
+    """
+    if not args.ps:
+        raise ConfigError("herald serve dispatcher needs --ps ADDRESS[,ADDRESS...] (the PS shards' endpoints)")
+    shards = args.ps.split(",")
+    if len(shards) > MAX_PS_SHARDS:
+        raise ConfigError(f"--ps names {len(shards)} shards, more than the {MAX_PS_SHARDS} a job may have")
+    for address in shards:
+        parse_endpoint(address.strip(), "--ps", bind=False)
+    if args.dist_init is not None and not args.dist_init.startswith(("env://", "file://")):
+        parse_endpoint(args.dist_init, "--dist-init", bind=False)
+    if args.sample_id_log is not None:
+        check_output_file(args.sample_id_log, "--sample-id-log", make_folder=True)
+    check_job_inputs(cfg, run_dir=bool(cfg.checkpoint_every or cfg.resume))
 
 
 def dispatcher_config(cfg, args: argparse.Namespace):
@@ -108,10 +130,16 @@ def register(commands, bench, serve) -> None:
             "storage_path",
         ),
     )
-    d.add_argument("--bind", default="tcp://127.0.0.1:5555", help="endpoint to bind (default: %(default)s)")
+    d.add_argument(
+        "--bind",
+        default="tcp://127.0.0.1:5555",
+        type=endpoint_type(bind=True, flag="--bind"),
+        help="endpoint to bind: tcp://HOST:PORT or ipc:///PATH (another host's address needs --keys or "
+        "--insecure) (default: %(default)s)",
+    )
     d.add_argument(
         "--dispatcher-rank",
-        type=int,
+        type=int_type(0, 255),
         default=0,
         help="this dispatcher's rank, 0-255: the top 8 bits of its sample ids (Persia §4.1), distinct per "
         "dispatcher when several feed one job's PS, e.g. each reading its own Kafka partitions "

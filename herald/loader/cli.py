@@ -7,10 +7,20 @@
 
 from __future__ import annotations
 
+import os
+
+from herald.inputs import check_input_path, check_output_file, check_output_folder, int_type
 from herald.loader.produce_cli import register as register_produce
 
 
 def _datagen(args) -> int:
+    # NOTE [front doors] in herald/inputs.py: the paths before pyarrow and numba load
+    if args.fit is not None:
+        check_input_path(args.fit, "--fit")
+    if os.path.isdir(args.out) or not args.out.endswith(".parquet"):
+        check_output_folder(args.out, "--out")
+    else:
+        check_output_file(args.out, "--out")
     from herald.loader.conversion import datagen  # on use: the herald parser must not load numba and pyarrow
 
     same = {name: getattr(args, name) for name in ("rows", "seed", "fit", "preset", "fit_rows", "row_group_rows")}
@@ -20,6 +30,11 @@ def _datagen(args) -> int:
 
 
 def _convert(args) -> int:
+    if "://" not in args.src:
+        check_input_path(args.src, "SRC")
+    check_output_file(args.dst, "DST")
+    if args.quarantine:
+        check_output_file(args.quarantine, "--quarantine")
     from herald.loader.conversion import convert  # on use: as in _datagen
 
     options = {"bad_records": args.bad_records}
@@ -43,13 +58,13 @@ def register(commands, bench, serve) -> None:
     """Add this subpackage's parsers to the herald command groups."""
     p = commands.add_parser("datagen", help="write synthetic samples calibrated on real data to Parquet")
     p.add_argument("--out", required=True, help="output .parquet file or directory")
-    p.add_argument("--rows", type=int, required=True)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rows", type=int_type(0), required=True, help="samples to write")
+    p.add_argument("--seed", type=int_type(0), default=0)
     g = p.add_mutually_exclusive_group()
     g.add_argument("--fit", help="real data file to fit cardinalities, skew, dense stats and CTR to")
     g.add_argument("--preset", help="built-in spec: criteo-kaggle (default)")
-    p.add_argument("--fit-rows", type=int, default=1_000_000, help="rows of --fit to read")
-    p.add_argument("--row-group-rows", type=int, default=131072)
+    p.add_argument("--fit-rows", type=int_type(1), default=1_000_000, help="rows of --fit to read")
+    p.add_argument("--row-group-rows", type=int_type(1), default=131072)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--force", action="store_true", help="overwrite an existing output file")
     p.set_defaults(func=_datagen)
@@ -60,7 +75,7 @@ def register(commands, bench, serve) -> None:
     p.add_argument("--format", default=None, help="input format (default: inferred from the name)")
     p.add_argument("--bad-records", choices=("strict", "skip"), default="strict")
     p.add_argument("--quarantine", default=None, help="file for raw bad records (with --bad-records skip)")
-    p.add_argument("--row-group-rows", type=int, default=131072)
+    p.add_argument("--row-group-rows", type=int_type(1), default=131072)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--force", action="store_true", help="overwrite an existing output file (never an input)")
     p.set_defaults(func=_convert)

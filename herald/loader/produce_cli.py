@@ -8,6 +8,20 @@ from __future__ import annotations
 import sys
 
 from herald.config import key_value, parse_value
+from herald.errors import ConfigError
+from herald.inputs import check_input_path, float_type, host_port, int_type
+
+
+def _brokers(text: str) -> str:
+    """argparse type of ``--bootstrap HOST:PORT[,HOST:PORT...]`` (NOTE [front doors] in herald/inputs.py)."""
+    import argparse
+
+    try:
+        for broker in text.split(","):
+            host_port(broker, "a broker")
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def register(commands) -> None:
@@ -24,12 +38,18 @@ def register(commands) -> None:
     p.add_argument(
         "source", metavar="SOURCE", help="dataset path or URL (e.g. data.tsv, dir/, synthetic://criteo?rows=1000)"
     )
-    p.add_argument("--bootstrap", required=True, metavar="HOST:PORT", help="broker(s), comma-separated")
-    p.add_argument("--topic", required=True)
+    p.add_argument("--bootstrap", required=True, type=_brokers, metavar="HOST:PORT", help="broker(s), comma-separated")
+    p.add_argument("--topic", required=True, type=_topic)
     p.add_argument("--format", choices=("arrow", "tsv", "csv"), default="arrow")
-    p.add_argument("--rows-per-message", type=int, default=1024, metavar="N", help="samples per Arrow message")
-    p.add_argument("--rate", type=float, default=None, metavar="SAMPLES_PER_S", help="throttle (default: unthrottled)")
-    p.add_argument("--limit", type=int, default=None, metavar="N", help="publish at most N samples")
+    p.add_argument("--rows-per-message", type=int_type(1), default=1024, metavar="N", help="samples per Arrow message")
+    p.add_argument(
+        "--rate",
+        type=float_type("> 0", lambda x: x > 0),
+        default=None,
+        metavar="SAMPLES_PER_S",
+        help="throttle (default: unthrottled)",
+    )
+    p.add_argument("--limit", type=int_type(1), default=None, metavar="N", help="publish at most N samples")
     p.add_argument(
         "--client-option",
         type=key_value,
@@ -50,8 +70,20 @@ def register(commands) -> None:
     p.set_defaults(func=run_produce)
 
 
+def _topic(text: str) -> str:
+    """argparse type of ``--topic``: Kafka's legal topic names (1..249 of ``[A-Za-z0-9._-]``)."""
+    import argparse
+    import re
+
+    if re.fullmatch(r"[A-Za-z0-9._-]{1,249}", text) is None or text in (".", ".."):
+        raise argparse.ArgumentTypeError(f"must be 1..249 characters of A-Z a-z 0-9 . _ -, got {text!r:.60}")
+    return text
+
+
 def run_produce(args) -> int:
     """Entry of ``herald produce``; prints a one-line summary."""
+    if "://" not in args.source:  # NOTE [front doors]: a FIFO or a missing file, before kafka-python loads
+        check_input_path(args.source, "SOURCE")
     # imported on use: building the herald parser must not load numba and pyarrow (~0.5 s)
     from herald.loader.kafka.config import parse_kafka_value
     from herald.loader.produce import ProduceSettings, check_text_source, produce

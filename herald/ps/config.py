@@ -10,11 +10,24 @@ import dataclasses
 
 from herald.config import require
 from herald.contracts.tables import OptimizerConfig, TableConfig
-from herald.contracts.vocab import DEFAULT_TIMEOUT_MS, SPARSE_OPTIMIZERS
+from herald.contracts.vocab import DEFAULT_TIMEOUT_MS, MAX_PS_SHARDS, SPARSE_OPTIMIZERS
 from herald.errors import ConfigError
+from herald.inputs import host_memory_bytes
 
 #: Most tables a shard can hold at all: table positions travel as uint16 (NOTE [ps wire protocol]).
 MAX_TABLES = 1 << 16
+#: Most shards of one job (``--num-shards``).
+MAX_SHARDS = MAX_PS_SHARDS
+#: The share of this host's memory the PS shards on it may fill together by default (the rest:
+#: the processes' own memory, the workers and dispatcher of a local job, the page cache).
+HOST_SHARE = 3 / 4
+
+
+def host_shard_bytes(shards_on_host: int = 1) -> int:
+    """Default ``max_shard_bytes`` of each of ``shards_on_host`` shards on this host:
+    :data:`HOST_SHARE` of its memory (:func:`herald.inputs.host_memory_bytes`, the cgroup's
+    limit when lower) split between them, in bytes (NOTE [ps limits])."""
+    return max(1, int(host_memory_bytes() * HOST_SHARE) // max(1, int(shards_on_host)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,9 +58,10 @@ class ShardLimits:
             (``--max-shard-bytes``): each table's allocated rows times its row bytes plus
             ``ROW_OVERHEAD_BYTES`` (its key, marks, clock and key-map share: herald/ps/table.py).
             Checked at declare (the new tables' first rows), at restore, and whenever a
-            table's row array would grow (the request is refused, nothing inserted). 64 GiB
-            by default: the per-table ``max_table_bytes`` alone bounds nothing once a job
-            declares many tables.
+            table's row array would grow (the request is refused, nothing inserted). By
+            default 3/4 of this host's memory (:func:`host_shard_bytes`; ``herald train``
+            splits it between the shards it starts): the per-table ``max_table_bytes`` alone
+            bounds nothing once a job declares many tables.
         max_tables: tables one shard accepts (``--max-tables``; at most 65,536, the uint16
             table positions of the wire), checked at declare.
 
@@ -61,7 +75,7 @@ class ShardLimits:
     max_contributors: int = 1024
     aggregation_timeout_ms: int = DEFAULT_TIMEOUT_MS
     max_rows: int = 0
-    max_shard_bytes: int = 64 << 30
+    max_shard_bytes: int = dataclasses.field(default_factory=host_shard_bytes)
     max_tables: int = 1024
 
     def __post_init__(self) -> None:
@@ -125,11 +139,14 @@ def largest_frame_bytes(limits: ShardLimits) -> int:
     ``max_keys_per_request`` keys, and its largest frame is the rows of a ``push_rows``:
     one float32 row per key, as wide as a table may be (``max_dim`` values plus the
     widest optimizer state, Adam's ``2 * max_dim + 1``). Keys, tables, contributors,
-    clocks, gradients and compressed payloads are no larger. A GBA dense gradient
-    (float32 [P], NOTE [gba tokens]) must fit it as well: ``4 * P`` bytes at most. It is at
-    least :data:`DENSE_MAX_BYTES`, so a BSP step message's dense slice always fits.
-    With the defaults this is about 48 GiB, no bound in practice: lower
-    ``--max-keys-per-request`` and ``--max-dim`` to tighten it.
+    clocks, gradients and compressed payloads are no larger. Every row such a frame
+    carries is one the shard then holds, so no legitimate frame is larger than
+    ``max_shard_bytes`` either: the bound is the smaller of the two, a host's memory at
+    most. A GBA dense gradient (float32 [P], NOTE [gba tokens]) must fit it as well: ``4 *
+    P`` bytes at most. It is at least :data:`DENSE_MAX_BYTES`, so a BSP step message's dense
+    slice always fits. ``herald serve ps --tables`` sets ``max_dim`` to the widest table's
+    dim unless ``--max-dim`` is given, so the bound follows the job's tables.
     """
     widest = max(limits.max_dim + OptimizerConfig(name).state_dim(limits.max_dim) for name in SPARSE_OPTIMIZERS)
-    return max(limits.max_keys_per_request * max(4 * widest, 8), DENSE_MAX_BYTES)
+    rows = min(limits.max_keys_per_request * max(4 * widest, 8), limits.max_shard_bytes)
+    return max(rows, DENSE_MAX_BYTES)

@@ -5,29 +5,56 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import re
 
-from herald.contracts.vocab import DEFAULT_TIMEOUT_MS
-from herald.errors import ConfigError
+from herald.contracts.vocab import DEFAULT_TIMEOUT_MS, DEVICE_PATTERN, MAX_TIMEOUT_MS, MAX_WORKERS
+from herald.errors import PeerTimeout, UsageError
+from herald.inputs import check_existing_folder, endpoint_type, int_type, wait_listening
 
 
-def _from_env(value: int | None, name: str, flag: str) -> int:
+def _from_env(value: int | None, name: str, flag: str, low: int) -> int:
     """``--rank`` / ``--world-size``, else torchrun's ``RANK`` / ``WORLD_SIZE``."""
     if value is not None:
         return value
     text = os.environ.get(name)
-    if text is None or not text.strip().isdigit():
-        raise ConfigError(
-            f"herald serve worker needs {flag} (or run it under torchrun, which sets {name}); got {name}={text!r}"
+    if text is None or not text.strip().isdigit() or not low <= int(text) <= MAX_WORKERS:
+        raise UsageError(
+            f"herald serve worker needs {flag} (or run it under torchrun, which sets {name}); got {name}={text!r:.40}"
         )
     return int(text)
 
 
+def _checked(args: argparse.Namespace) -> tuple[int, int]:
+    """``herald serve worker``'s flags checked before torch is imported (NOTE [front doors] in
+    herald/inputs.py), and the dispatcher found listening within ``--timeout-ms`` (a worker
+    with no dispatcher to reach ends naming it, rather than waiting for a job that cannot
+    come). Returns ``(rank, world_size)``.
+
+    Raises:
+        UsageError: a rank not below the world size. ConfigError: a keys folder that is not
+            one. PeerTimeout: nothing listens at ``--dispatcher`` within ``--timeout-ms``.
+    """
+    rank = _from_env(args.rank, "RANK", "--rank", 0)
+    world_size = _from_env(args.world_size, "WORLD_SIZE", "--world-size", 1)
+    if rank >= world_size:
+        raise UsageError(f"--rank {rank} must be below --world-size {world_size} (ranks are 0..N-1)")
+    if args.keys is not None:
+        check_existing_folder(args.keys, "--keys")
+    if not wait_listening(args.dispatcher, args.timeout_ms / 1000):
+        raise PeerTimeout(
+            f"no dispatcher listens at --dispatcher {args.dispatcher} (waited {args.timeout_ms} ms): start "
+            "herald serve dispatcher there first, or fix the address",
+            peer=args.dispatcher,
+            op="connect",
+        )
+    return rank, world_size
+
+
 def _serve_worker(args: argparse.Namespace) -> int:
+    rank, world_size = _checked(args)
     gc.disable()  # NOTE [start-up garbage] in herald/procs.py: on again once run_worker has set up
     from herald.worker.trainer import run_worker  # on use: the herald parser must not load torch (herald/cli.py)
 
-    rank = _from_env(args.rank, "RANK", "--rank")
-    world_size = _from_env(args.world_size, "WORLD_SIZE", "--world-size")
     steps = run_worker(
         args.dispatcher,
         rank,
@@ -39,6 +66,13 @@ def _serve_worker(args: argparse.Namespace) -> int:
     )
     print(f"worker {rank}: trained {steps} steps")
     return 0
+
+
+def _device(text: str) -> str:
+    """argparse type of ``--device``."""
+    if re.fullmatch(DEVICE_PATTERN, text) is None:
+        raise argparse.ArgumentTypeError(f"must be auto, cpu, cuda or cuda:N, got {text!r:.40}")
+    return text
 
 
 def worker_args(
@@ -73,17 +107,28 @@ def register(commands, bench, serve) -> None:
         "keeps the plan-driven embedding cache, talks to the PS shards named by the "
         "dispatcher's job, and all-reduces dense gradients with torch.distributed.",
     )
-    w.add_argument("--dispatcher", required=True, help="dispatcher endpoint, e.g. tcp://127.0.0.1:5555")
-    w.add_argument("--rank", type=int, default=None, help="this worker's rank (default: $RANK, set by torchrun)")
+    w.add_argument(
+        "--dispatcher",
+        required=True,
+        type=endpoint_type(bind=False, flag="--dispatcher"),
+        help="dispatcher endpoint, e.g. tcp://127.0.0.1:5555 or ipc:///PATH; it must be listening within --timeout-ms",
+    )
+    w.add_argument(
+        "--rank",
+        type=int_type(0, MAX_WORKERS - 1),
+        default=None,
+        help="this worker's rank, below --world-size (default: $RANK, set by torchrun)",
+    )
     w.add_argument(
         "--world-size",
-        type=int,
+        type=int_type(1, MAX_WORKERS),
         default=None,
         help="number of workers of the job (default: $WORLD_SIZE, set by torchrun)",
     )
     w.add_argument(
         "--device",
         default="auto",
+        type=_device,
         help="auto (cuda:LOCAL_RANK %% GPUs when CUDA is available, else cpu), "
         "cpu, cuda or cuda:N (default: %(default)s; docs/worker.md, Devices)",
     )
@@ -96,7 +141,7 @@ def register(commands, bench, serve) -> None:
     )
     w.add_argument(
         "--timeout-ms",
-        type=int,
+        type=int_type(100, MAX_TIMEOUT_MS),
         default=DEFAULT_TIMEOUT_MS,
         help="longest wait for the dispatcher, the PS and the other workers; the wait for the job after "
         "hello lasts at least 60 s however short this is (default: %(default)s)",

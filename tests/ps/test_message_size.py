@@ -23,7 +23,9 @@ def test_the_bound_is_a_full_request_of_the_widest_rows():
     assert largest_frame_bytes(LIMITS) == KEYS * WIDE.row_width * 4 == KEYS * 193 * 4 > DENSE_MAX_BYTES
     # tight limits still admit a BSP step message's dense slice (NOTE [dense gradients on the shards])
     assert largest_frame_bytes(ShardLimits(max_keys_per_request=10, max_dim=1)) == DENSE_MAX_BYTES > 10 * 4 * 4
-    assert largest_frame_bytes(ShardLimits()) == (1 << 20) * (3 * 4096 + 1) * 4  # the defaults: ~48 GiB
+    # the defaults: ~48 GiB of rows, bounded by the shard's memory (3/4 of this host's, NOTE [ps limits])
+    assert largest_frame_bytes(ShardLimits()) == min((1 << 20) * (3 * 4096 + 1) * 4, ShardLimits().max_shard_bytes)
+    assert largest_frame_bytes(ShardLimits(max_shard_bytes=1 << 28)) == 1 << 28
 
 
 def test_an_oversized_frame_is_dropped_unseen_and_the_shard_serves_on():

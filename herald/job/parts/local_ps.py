@@ -17,7 +17,7 @@ from herald.job.recovery import leftovers
 from herald.job.recovery.failure import raise_job_failure
 from herald.procs import pin_to_cores
 from herald.ps import LocalShards
-from herald.ps.config import ShardLimits
+from herald.ps.config import ShardLimits, host_shard_bytes
 
 
 def prepare_run(cfg: TrainConfig) -> pathlib.Path:
@@ -72,7 +72,11 @@ class LocalPS(PSProvider):
                 seed=cfg.seed,
                 transport="ipc",
                 log_dir=run_dir,
-                limits=ShardLimits(aggregation_timeout_ms=cfg.timeout_ms, max_rows=cfg.ps_max_rows),
+                limits=ShardLimits(
+                    aggregation_timeout_ms=cfg.timeout_ms,
+                    max_rows=cfg.ps_max_rows,
+                    max_shard_bytes=host_shard_bytes(cfg.num_ps_shards),  # NOTE [ps limits]: this host's share
+                ),
                 keys_dir=cfg.security.keys_dir,
                 checkpoint_root=run_dir / "checkpoints",
                 workdir=workdir,
