@@ -69,6 +69,25 @@ class PeerLost(HeraldError):
         self.peer, self.op, self.unix_s = peer, op, unix_s
 
 
+class SourceLost(PeerTimeout):
+    """The job's data source (a Kafka broker) stayed unreachable past its outage window
+    (NOTE [kafka outage] in herald/loader/kafka/outage.py): the dispatcher's own input
+    failed, so the workers that stop with it are not the cause. The message names the
+    brokers, the topic, the last committed offsets and how to resume.
+
+    Attributes:
+        topic: the topic read. committed: ``{partition: (offset, skip)}``, the group's
+            committed positions as the source last knew them (empty: none).
+    """
+
+    retriable = False
+
+    def __init__(self, message: str, *, peer: str, op: str, topic: str, committed: dict[int, tuple[int, int]]):
+        super().__init__(message, peer=peer, op=op)
+        self.topic = topic
+        self.committed = dict(committed)
+
+
 class ProtocolError(HeraldError):
     """A message on the wire broke the protocol (bad header, sizes, unknown op or table)."""
 

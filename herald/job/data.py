@@ -41,6 +41,11 @@ class JobData:
         self.source = None
         if cfg.is_stream:
             self.source = open_source(cfg.source, **options)
+            if hasattr(self.source, "outage"):  # NOTE [kafka outage]: how a job lost with its broker goes on
+                self.source.outage.resume_hint = (
+                    f"start the broker again, then run this job's command with --resume (run folder {cfg.run_dir}): "
+                    "it continues from the latest checkpoint there, whose position is at or after these offsets"
+                )
             self.schema = self.source.schema
             try:
                 cfg.check_schema(self.schema, self.dataset)

@@ -43,6 +43,7 @@ def sample_csr(batch, snap: Snapshots, par: ParallelPasses | None):
             direct = False
     if not direct:
         return sample_csr_concat(batch, snap)
+    values, offsets = _same_flags(values), _same_flags(offsets)
     if par is not None:
         return par.lookup_and_gather(snap, values, offsets, B, nnz)
     slots = snap.lookup_tables(values, nnz)
@@ -51,6 +52,20 @@ def sample_csr(batch, snap: Snapshots, par: ParallelPasses | None):
     samp_tab = np.empty(nnz, np.int16)
     KM.gather_samples_tables_jit(offsets, slots, samp_off, samp_slot, samp_tab)
     return samp_off, samp_slot, samp_tab
+
+
+def _same_flags(arrays: tuple) -> tuple:
+    """``arrays``, as read-only views when some are writeable and some not: numba types a tuple
+    by its arrays' flags too, and one of mixed flags (an Arrow batch's zero-copy columns beside
+    copied ones) is a heterogeneous tuple its kernels cannot index at a runtime position."""
+    if len({a.flags.writeable for a in arrays}) <= 1:
+        return arrays
+    views = []
+    for a in arrays:
+        view = a.view()
+        view.flags.writeable = False
+        views.append(view)
+    return tuple(views)
 
 
 def sample_csr_concat(batch, snap: Snapshots):

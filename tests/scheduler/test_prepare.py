@@ -56,3 +56,20 @@ def test_direct_and_concat_prepare_agree_with_growth():
     n = a.snapshots.num_keys
     np.testing.assert_array_equal(a.snapshots.slot_ids[:n], b.snapshots.slot_ids[:n])
     np.testing.assert_array_equal(a.snapshots.slot_tab[:n], b.snapshots.slot_tab[:n])
+
+
+def test_arrays_of_mixed_flags_take_the_direct_path():
+    """An Arrow batch's zero-copy (read-only) columns beside copied (writeable) ones: one
+    heterogeneous tuple numba cannot index; they are passed as read-only views instead."""
+    cfg = SchedulerConfig(num_workers=2, batch_size_per_worker=16, schedule="herald", cache_capacity_rows=1000, seed=0)
+    batch = _uniform_batches(5, 1, 32, 4, max_len=3)[0]
+    values, offsets = [v.copy() for v in batch.values], [o.copy() for o in batch.offsets]
+    for arrays in (values, offsets):
+        for a in arrays[::2]:
+            a.flags.writeable = False
+    mixed = SampleBatch(batch.labels, batch.dense, values, offsets)
+    got = sample_csr(mixed, Scheduler(cfg, 4, 1).snapshots, None)
+    want = sample_csr_concat(batch, Scheduler(cfg, 4, 1).snapshots)
+    for x, y in zip(got, want):
+        np.testing.assert_array_equal(x, y)
+    assert all(v.flags.writeable for v in values[1::2])  # the caller's arrays are left as they were

@@ -7,7 +7,7 @@ import time
 from typing import Any, NoReturn
 
 from herald.dispatch.peers import Silence
-from herald.errors import HeraldError
+from herald.errors import HeraldError, SourceLost
 from herald.job.recovery.rollback import ShardFailed, WorkerFailed
 from herald.job.recovery.silence import killed_ranks, silent_culprits, silent_headline
 from herald.procs import signal_words
@@ -26,8 +26,13 @@ def raise_job_failure(exc: HeraldError, ps_alive: Any, children: Any, silence: S
     workers that timed out waiting on it (NOTE [silent workers] in herald/job/recovery/silence.py)
     and a worker a signal ended is put first: both are :class:`WorkerFailed` (lost, not
     failed: NOTE [worker failover] in herald/job/recovery/rollback.py); else a dead child's failure
-    is put first (a worker's own error: the job ends).
+    is put first (a worker's own error: the job ends). A lost data source (:class:`SourceLost`,
+    NOTE [kafka outage] in herald/loader/kafka/outage.py) is the dispatcher's own failure: the
+    workers it stopped are not blamed.
     """
+    if isinstance(exc, SourceLost):
+        children.stop()
+        raise exc
     seen = time.time()  # the loss seen (NOTE [worker failover]: the report's recovery time counts from here)
     cause = ps_alive.failure() or children.failure(grace_s=2.0)
     codes = children.exit_codes()  # before the stop: which still run, which a signal ended

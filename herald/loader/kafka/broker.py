@@ -140,6 +140,16 @@ def _tail(path: pathlib.Path, lines: int = 40) -> str:
         return "(no log)"
 
 
+def _log_from(path: pathlib.Path, offset: int) -> str:
+    """The text of the log ``path`` after byte ``offset`` ("" when unreadable)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def _server_properties(tmp: pathlib.Path, zk_port: int, kafka_port: int) -> str:
     """The broker's ``server.properties``: loopback listeners, logs under ``tmp``, topics
     auto-created, a one-partition offsets topic (the group coordinator is ready at once)."""
@@ -196,6 +206,7 @@ class KafkaBroker:
         self._procs: list[subprocess.Popen] = []
         self._watchdog: subprocess.Popen | None = None
         self._tmp: pathlib.Path | None = None
+        self._kafka_argv: list[str] = []
 
     # ------------------------------------------------------------------ start
     def start(self, attempts: int = 3) -> str:
@@ -239,10 +250,27 @@ class KafkaBroker:
         self._spawn(
             "zk", [self.java, "-Xmx128M", *_JVM_FLAGS, log4j, "-cp", cp, _ZK_MAIN, str(self._tmp / "zk.properties")]
         )
-        self._spawn(
-            "kafka",
-            [self.java, "-Xmx256M", *_JVM_FLAGS, log4j, "-cp", cp, _KAFKA_MAIN, str(self._tmp / "server.properties")],
-        )
+        self._kafka_argv = [
+            self.java,
+            "-Xmx256M",
+            *_JVM_FLAGS,
+            log4j,
+            "-cp",
+            cp,
+            _KAFKA_MAIN,
+            str(self._tmp / "server.properties"),
+        ]
+        self._spawn("kafka", self._kafka_argv)
+        self._start_watchdog()
+        self.bootstrap = f"127.0.0.1:{kafka_port}"
+        self._wait_ready()
+
+    def _start_watchdog(self) -> None:
+        """(Re)start the shell loop that kills the JVMs and removes the folders if this process dies."""
+        if self._watchdog is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self._watchdog.pid, signal.SIGKILL)
+            self._watchdog.wait(timeout=10)
         pids = " ".join(str(p.pid) for p in self._procs)
         self._watchdog = subprocess.Popen(
             [
@@ -257,11 +285,9 @@ class KafkaBroker:
             stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
-        self.bootstrap = f"127.0.0.1:{kafka_port}"
-        self._wait_ready()
 
-    def _spawn(self, name: str, argv: list[str]) -> None:  # self._tmp is set by _start_once
-        with open(self._tmp / f"{name}.log", "wb") as out:
+    def _spawn(self, name: str, argv: list[str], *, append: bool = False) -> None:  # self._tmp: set by _start_once
+        with open(self._tmp / f"{name}.log", "ab" if append else "wb") as out:
             self._procs.append(
                 subprocess.Popen(
                     argv,
@@ -295,8 +321,9 @@ class KafkaBroker:
         thread.join(timeout_s)
         return bool(ok)
 
-    def _wait_ready(self) -> None:
-        """Poll until the broker logged its start and answers a metadata request; JVMs must stay alive."""
+    def _wait_ready(self, log_from: int = 0) -> None:
+        """Poll until the broker logged its start (after byte ``log_from`` of its log) and answers
+        a metadata request; JVMs must stay alive."""
         deadline = time.monotonic() + self.start_timeout_s
         kafka_log = self._tmp / "kafka.log"
         while True:
@@ -307,7 +334,7 @@ class KafkaBroker:
                         f"tail of {self._tmp / (name + '.log')}:\n"
                         f"{_tail(self._tmp / (name + '.log'))}"
                     )
-            if "started (kafka.server.KafkaServer)" in _tail(kafka_log, 400) and self._probe():
+            if "started (kafka.server.KafkaServer)" in _log_from(kafka_log, log_from) and self._probe():
                 return
             if time.monotonic() > deadline:
                 raise BrokerError(
@@ -315,6 +342,43 @@ class KafkaBroker:
                     f"tail of {kafka_log}:\n{_tail(kafka_log)}"
                 )
             time.sleep(0.1)
+
+    # ------------------------------------------------------------ outages
+    @property
+    def kafka_pid(self) -> int | None:
+        """The Kafka JVM's pid while it runs (None before :meth:`start` or after :meth:`kill_kafka`)."""
+        procs = self._procs[1:]
+        return procs[0].pid if procs and procs[0].poll() is None else None
+
+    def kill_kafka(self) -> None:
+        """SIGKILL the Kafka JVM, as a crash would (ZooKeeper and the log folder stay): the
+        outage tests' broker failure. :meth:`restart_kafka` brings it back."""
+        if len(self._procs) < 2:
+            raise BrokerError("kill_kafka: the broker was not started")
+        proc = self._procs[1]
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+    def restart_kafka(self) -> None:
+        """Start the Kafka JVM again on the same port, log folder and ZooKeeper after
+        :meth:`kill_kafka`; returns once it answers (up to ``start_timeout_s``: a broker killed
+        with SIGKILL leaves its ZooKeeper registration until that session times out, and the
+        new one waits for it).
+
+        Raises:
+            BrokerError: it did not answer in time (the message holds the tail of its log).
+        """
+        if len(self._procs) < 2 or self._tmp is None:
+            raise BrokerError("restart_kafka: the broker was not started")
+        if self._procs[1].poll() is None:
+            raise BrokerError("restart_kafka: Kafka still runs; kill_kafka() first")
+        log_from = (self._tmp / "kafka.log").stat().st_size
+        self._procs.pop(1)
+        self._spawn("kafka", self._kafka_argv, append=True)
+        self._start_watchdog()
+        self._wait_ready(log_from)
 
     # ------------------------------------------------------------------- stop
     def stop(self, stop_timeout_s: float = 10.0) -> None:

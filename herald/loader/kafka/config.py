@@ -93,6 +93,10 @@ class KafkaSourceConfig:
             assignment (NOTE [kafka assignment]); idle time counts only after it. None:
             the consumer's ``session_timeout_ms`` plus :data:`ASSIGNMENT_MARGIN_MS` (a
             crashed run's consumer holds its partitions until its session times out).
+        outage_timeout_ms: how long reads and commits wait for a lost broker (NOTE [kafka
+            outage] in :mod:`herald.loader.kafka.outage`) before raising
+            :class:`~herald.errors.SourceLost`; None: the consumer's ``session_timeout_ms``
+            + ``request_timeout_ms``.
 
     Raises:
         ConfigError: a value out of range or an unknown/reserved client option.
@@ -113,6 +117,7 @@ class KafkaSourceConfig:
     connect_timeout_ms: int = 10000
     close_timeout_ms: int = 5000
     assignment_timeout_ms: int | None = None
+    outage_timeout_ms: int | None = None
 
     def __post_init__(self) -> None:
         require(bool(self.bootstrap_servers), "bootstrap_servers must name at least one host:port")
@@ -138,11 +143,12 @@ class KafkaSourceConfig:
             "close_timeout_ms",
         ):
             require(int(getattr(self, name)) >= 1, f"{name} must be >= 1 ms, got {getattr(self, name)}")
-        require(
-            self.assignment_timeout_ms is None or self.assignment_timeout_ms >= 1,
-            f"assignment_timeout_ms must be >= 1 ms or None (session timeout + margin), "
-            f"got {self.assignment_timeout_ms}",
-        )
+        for name in ("assignment_timeout_ms", "outage_timeout_ms"):
+            value = getattr(self, name)
+            require(
+                value is None or int(value) >= 1,
+                f"{name} must be >= 1 ms or None (the consumer's own timeouts), got {value}",
+            )
         require(
             self.idle_timeout_ms is None or self.idle_timeout_ms >= 1,
             f"idle_timeout_ms must be >= 1 ms or None (unbounded), got {self.idle_timeout_ms}",
@@ -235,6 +241,7 @@ _INT_FIELDS = (
     "connect_timeout_ms",
     "close_timeout_ms",
     "assignment_timeout_ms",
+    "outage_timeout_ms",
 )
 
 
@@ -252,7 +259,7 @@ def parse_kafka_value(key: str, value: Any) -> Any:
         return tuple(int(x) for x in value.replace(",", ".").split("."))
     if key == "partitions":
         return tuple(int(x) for x in value.split(",") if x != "")
-    if key == "assignment_timeout_ms" and value.lower() in ("", "none"):
+    if key in ("assignment_timeout_ms", "outage_timeout_ms") and value.lower() in ("", "none"):
         return None
     if key == "idle_timeout_ms" and value.lower() in ("", "none", "inf"):
         return None

@@ -4,6 +4,8 @@ position] in :mod:`herald.loader.kafka.source`)."""
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import kafka.errors as ke
 from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
 
@@ -20,11 +22,18 @@ from herald.loader.kafka.config import (
 # Consumer defaults the caller's client_options may override.
 # metadata_max_age_ms: a topic created after the consumer subscribed (trainer started
 # before the producer) is found within seconds, not kafka-python's default 5 minutes.
+# reconnect_backoff_max_ms: a broker back from an outage (NOTE [kafka outage]) is dialled
+# again within a second, not after kafka-python's backoff of up to 30 s (measured: a
+# 40 s outage was read on 31 s after the broker returned).
+#: kafka-python's "no broker answered" errors (``NoBrokersAvailable`` is gone from 3.x)
+_NO_BROKERS = tuple(e for e in (getattr(ke, "NoBrokersAvailable", None), ke.KafkaConnectionError) if e is not None)
+
 CLIENT_DEFAULTS = {
     "max_poll_records": 10000,
     "fetch_max_wait_ms": 100,
     "auto_offset_reset": "earliest",
     "metadata_max_age_ms": 2000,
+    "reconnect_backoff_max_ms": 1000,
 }
 
 
@@ -45,7 +54,7 @@ def connect(config: KafkaSourceConfig, listener: ConsumerRebalanceListener):
             enable_auto_commit=False,
             **opts,
         )
-    except ke.NoBrokersAvailable as exc:
+    except _NO_BROKERS as exc:
         raise broker_timeout(
             config.bootstrap_servers,
             "bootstrap",
@@ -84,6 +93,20 @@ def committed(consumer, tp, config: KafkaSourceConfig) -> tuple[int, int] | None
     return int(meta.offset), skip
 
 
+def committed_position(consumer, config: KafkaSourceConfig, partitions) -> KafkaPosition:
+    """The group's committed position of ``partitions`` (ints; those without a commit left out).
+
+    Raises:
+        PeerTimeout: the group coordinator did not answer within ``commit_timeout_ms``.
+    """
+    out = {}
+    for p in partitions:
+        c = committed(consumer, TopicPartition(config.topic, p), config)
+        if c is not None:
+            out[p] = c
+    return KafkaPosition(config.topic, MappingProxyType(out))
+
+
 def records_left(consumer, config: KafkaSourceConfig, positions: dict[int, int]) -> list[tuple[int, int, int]]:
     """``[(partition, position, end offset)]`` of the topic's partitions with records after
     ``positions`` (partition -> next offset; a partition not in it: the group's committed
@@ -119,28 +142,48 @@ def records_left(consumer, config: KafkaSourceConfig, positions: dict[int, int])
     ]
 
 
-def commit(consumer, config: KafkaSourceConfig, position: KafkaPosition) -> None:
+class CommitRefused(ProtocolError):
+    """The group refused a commit because this consumer must rejoin it first (a rebalance,
+    or a restarted broker that forgot the member): rejoin (``poll``), then commit again."""
+
+
+def commit(consumer, config: KafkaSourceConfig, position: KafkaPosition, timeout_ms: int | None = None) -> None:
     """Commit ``position`` to the group, synchronously (nothing when it holds no partition).
 
+    ``timeout_ms``: the bound on this call (default ``commit_timeout_ms``).
+
     Raises:
-        ConfigError: a position of another topic. PeerTimeout: the group coordinator did not
-            acknowledge within ``commit_timeout_ms``. ProtocolError: the broker refused the
-            commit (e.g. the group rebalanced).
+        ConfigError: a position of another topic. PeerTimeout: no broker acknowledged within
+            the bound, or none could be reached (NOTE [kafka outage]: retry). CommitRefused:
+            the group asks this consumer to rejoin first. ProtocolError: the broker refused
+            the commit for another reason.
     """
     if position.topic != config.topic:
         raise ConfigError(f"position is for topic {position.topic!r}, this source reads {config.topic!r}")
     if not position.offsets:
         return
+    bound = config.commit_timeout_ms if timeout_ms is None else timeout_ms
     try:
-        consumer.commit(position.to_commit(), **timeout_kw(consumer.commit, config.commit_timeout_ms))
-    except ke.KafkaTimeoutError as exc:
-        raise broker_timeout(
-            config.bootstrap_servers,
-            "commit",
-            f"commit to {config.source_name} not acknowledged within {config.commit_timeout_ms} ms",
+        consumer.commit(position.to_commit(), **timeout_kw(consumer.commit, bound))
+    except ke.CommitFailedError as exc:
+        raise CommitRefused(
+            f"commit to {config.source_name} refused: {exc!r}; the group (group {config.group_id!r}) "
+            "rebalanced or its broker restarted: rejoin it and commit again"
         ) from exc
     except ke.KafkaError as exc:
-        raise ProtocolError(
-            f"commit to {config.source_name} failed: {exc!r}; after a group "
-            "rebalance, re-read from the committed position"
-        ) from exc
+        if isinstance(exc, ke.KafkaTimeoutError):
+            what = f"not acknowledged within {bound} ms"
+        elif is_outage(exc):
+            what = f"reached no broker ({exc!r})"
+        else:
+            raise ProtocolError(
+                f"commit to {config.source_name} (group {config.group_id!r}) refused by the broker: {exc!r}; "
+                "check the group's permissions and the broker's log"
+            ) from exc
+        raise broker_timeout(config.bootstrap_servers, "commit", f"commit to {config.source_name} {what}") from exc
+
+
+def is_outage(exc: BaseException) -> bool:
+    """True when ``exc`` (a kafka-python error) means no broker answered, so a retry may
+    succeed (NOTE [kafka outage] in herald/loader/kafka/outage.py)."""
+    return isinstance(exc, (*_NO_BROKERS, ke.KafkaTimeoutError)) or bool(getattr(exc, "retriable", False))

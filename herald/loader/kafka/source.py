@@ -32,6 +32,11 @@ offsets are compared with its position (else the group's committed one): records
 there mean this consumer was not given them (another live member of the group holds
 the partition), not the end of data, and raise :class:`PeerTimeout` saying what to do.
 
+A broker lost mid-stream is waited for within a bounded window: NOTE [kafka outage] in
+:mod:`herald.loader.kafka.outage`. A rejoin after a rebalance resumes each partition at
+the later of this source's own position (rows delivered) and the group's committed one:
+what was delivered is trained by this job and committed with its next checkpoint.
+
 Clients must talk the broker's protocol: pass ``client_options={"api_version": (0, 9)}``
 for a 0.9 broker (the test broker, :mod:`herald.loader.kafka.broker`).
 """
@@ -52,12 +57,12 @@ from herald.loader.kafka import offsets
 from herald.loader.kafka.config import (
     KafkaPosition,
     KafkaSourceConfig,
-    check_reachable,
     config_from_url,
     known_client_options,
     timeout_kw,
 )
 from herald.loader.kafka.group import GroupMembership
+from herald.loader.kafka.outage import BrokerOutage, consumer_window_ms
 from herald.loader.kafka.records import Chunk, make_decoder
 from herald.loader.source import Source
 
@@ -73,10 +78,17 @@ class KafkaSource(Source):
 
     Raises:
         ConfigError: invalid settings. PeerTimeout: no broker reachable at
-        ``bootstrap_servers`` within ``connect_timeout_ms`` (at start, at the idle end of
-        data, and every ``connect_timeout_ms`` without records in unbounded mode); no
-        group assignment within ``assignment_timeout_ms``; records left after the
-        position of a source that delivered nothing (NOTE [kafka assignment]).
+        ``bootstrap_servers`` within ``connect_timeout_ms`` at start; no group assignment
+        within ``assignment_timeout_ms``; records left after the position of a source that
+        delivered nothing (NOTE [kafka assignment]). SourceLost: a broker lost later (found
+        at the idle end of data, every ``connect_timeout_ms`` without records in unbounded
+        mode, or by a commit) did not answer again within ``outage_timeout_ms`` (NOTE
+        [kafka outage]).
+
+    Attributes:
+        outage: the brokers' outages (:class:`~herald.loader.kafka.outage.BrokerOutage`: its
+            ``resume_hint`` ends a :class:`~herald.errors.SourceLost`'s message, ``herald
+            train`` names its ``--resume`` command there; ``count``, ``total_s``).
     """
 
     format_name = "kafka"
@@ -93,6 +105,8 @@ class KafkaSource(Source):
         self._interrupted = threading.Event()
         # NOTE [kafka assignment]: the wait for an assignment, the consumer's rebalance listener
         self._group = GroupMembership(config, self._drop_partitions)
+        # NOTE [kafka outage]: a lost broker is waited for within its window
+        self.outage = BrokerOutage(config, lambda: consumer_window_ms(self._consumer))
         self._delivered = 0  # rows returned since start / load_state_dict
         self.last_read_position = KafkaPosition(config.topic, MappingProxyType({}))
         self.last_read_records = (np.zeros(0, np.int32), np.zeros(0, np.int64))
@@ -109,10 +123,9 @@ class KafkaSource(Source):
         return self._group.assignment_timeout_ms
 
     def _drop_partitions(self, gone: set[int]) -> None:
-        """A rebalance took the partitions ``gone`` away: drop what was fetched from them."""
+        """A rebalance took the partitions ``gone`` away: drop what was fetched from them (their
+        delivered position stays in ``_next``: a rejoin resumes from it, NOTE [kafka position])."""
         self._chunks = [c for c in self._chunks if c.partition not in gone]
-        for p in gone:
-            self._next.pop(p, None)
 
     # ------------------------------------------------------------- connection
     def _connect(self):
@@ -132,9 +145,13 @@ class KafkaSource(Source):
         p = tp.partition
         if p not in self._resume:
             committed = offsets.committed(consumer, tp, self.config)
-            if committed is None:
+            if committed is not None:
+                self.outage.committed[p] = committed
+            # a rejoin: rows delivered up to _next[p] are this job's to train and commit
+            known = [pos for pos in (committed, self._next.get(p)) if pos is not None]
+            if not known:
                 return False  # auto_offset_reset decides; fetched records are right
-            self._resume[p] = committed
+            self._resume[p] = max(known)
         self._next[p] = self._resume[p]
         if first_offset == self._resume[p][0]:
             return False
@@ -196,23 +213,26 @@ class KafkaSource(Source):
                 continue
             idle = self.config.idle_timeout_ms
             quiet_ms = (time.monotonic() - max(self._group.last_data, waiting_since)) * 1000
+            check = self.outage.since is not None or quiet_ms >= self._next_check_ms
+            if check or (idle is not None and quiet_ms >= idle):
+                if not self.outage.reachable(self._group):  # NOTE [kafka outage]: not the end of data
+                    self._poll(self.config.poll_timeout_ms)
+                    continue
+                quiet_ms = (time.monotonic() - max(self._group.last_data, waiting_since)) * 1000
+                self._next_check_ms = quiet_ms + self.config.connect_timeout_ms
             if idle is not None and quiet_ms >= idle:
-                check_reachable(self.config.bootstrap_servers, self.config.connect_timeout_ms)
                 if not self._delivered:  # records left for another member are not the end
                     self._group.check_end_of_data({p: off for p, (off, _) in self._next.items()})
                 return None  # end of data, not a dead broker
-            if quiet_ms >= self._next_check_ms:
-                check_reachable(self.config.bootstrap_servers, self.config.connect_timeout_ms)
-                self._next_check_ms = quiet_ms + self.config.connect_timeout_ms
             self._poll(self.config.poll_timeout_ms if idle is None else max(1, min(self.config.poll_timeout_ms, idle)))
-        parts, partitions, offsets, rows, need = [], [], [], [], max_rows
+        parts, partitions, at, rows, need = [], [], [], [], max_rows
         while need and self._chunks:
             chunk = self._chunks[0]
             take = min(need, chunk.remaining)
             if take:
                 parts.append(chunk.batch.slice(chunk.cursor, chunk.cursor + take))
                 partitions.append(np.full(take, chunk.partition, np.int32))
-                offsets.append(chunk.offsets[chunk.cursor : chunk.cursor + take])
+                at.append(chunk.offsets[chunk.cursor : chunk.cursor + take])
                 rows.append(chunk.rows[chunk.cursor : chunk.cursor + take])
                 chunk.cursor += take
                 need -= take
@@ -220,7 +240,7 @@ class KafkaSource(Source):
             if chunk.remaining == 0:
                 self._finish(self._chunks.pop(0))
         self.last_read_position = self.position
-        self.last_read_records = (np.concatenate(partitions), np.concatenate(offsets))
+        self.last_read_records = (np.concatenate(partitions), np.concatenate(at))
         self._delivered += int(self.last_read_records[1].shape[0])
         self.last_read_rows = np.concatenate(rows)
         return SampleBatch.concat(parts)
@@ -255,7 +275,10 @@ class KafkaSource(Source):
         try:
             polled = self._consumer.poll(timeout_ms=timeout_ms)
         except ke.KafkaError as exc:
-            raise ProtocolError(f"Kafka poll from {self.config.source_name} failed: {exc!r}") from exc
+            if not offsets.is_outage(exc):
+                raise ProtocolError(f"Kafka poll from {self.config.source_name} failed: {exc!r}") from exc
+            self.outage.lost("poll", repr(exc))  # NOTE [kafka outage]: SourceLost past its window
+            return
         starting = self._group.take_started()
         moved = {
             tp
@@ -263,14 +286,15 @@ class KafkaSource(Source):
             if self._start_partition(self._consumer, tp, polled[tp][0].offset if polled.get(tp) else None)
         }
         if starting or any(polled.values()):
+            self.outage.back()
             self._group.last_data = time.monotonic()  # joining the group is activity, not idleness
             self._next_check_ms = self.config.connect_timeout_ms
         for tp in sorted(polled, key=lambda t: t.partition):
             records = polled[tp]
             if not records or tp in moved:
                 continue  # the partition was moved: its records come again
-            offsets = np.fromiter((r.offset for r in records), np.int64, len(records))
-            chunk = self._decoder.decode(tp.partition, offsets, [r.value for r in records])
+            at = np.fromiter((r.offset for r in records), np.int64, len(records))
+            chunk = self._decoder.decode(tp.partition, at, [r.value for r in records])
             resume = self._resume.get(tp.partition)
             if resume is not None:
                 chunk = chunk.drop_before(resume)
@@ -285,27 +309,21 @@ class KafkaSource(Source):
 
     # -------------------------------------------------------------- commits
     def commit(self, position: KafkaPosition | None = None) -> None:
-        """Commit ``position`` (default: ``last_read_position``) to the group, synchronously.
-
-        Call it with the position of a batch once all its samples are trained.
+        """Commit ``position`` (default: ``last_read_position``: call it once all its samples
+        are trained) to the group, synchronously, retrying a lost broker or a rejoin within
+        ``outage_timeout_ms`` (:meth:`BrokerOutage.commit`, NOTE [kafka outage]).
 
         Raises:
-            PeerTimeout: the group coordinator did not acknowledge within ``commit_timeout_ms``.
-            ProtocolError: the broker refused the commit (e.g. the group rebalanced).
+            SourceLost: no commit went through within the window. ProtocolError: refused.
         """
-        offsets.commit(self._consumer, self.config, self.last_read_position if position is None else position)
+        self.outage.commit(self._consumer, self.last_read_position if position is None else position, self._poll)
 
     def committed(self) -> KafkaPosition:
         """The group's committed position for this source's partitions (blocking, bounded)."""
         parts = self.config.partitions
         if parts is None:
             parts = tuple(sorted(tp.partition for tp in self._consumer.assignment())) or tuple(self._next)
-        out = {}
-        for p in parts:
-            c = offsets.committed(self._consumer, TopicPartition(self.config.topic, p), self.config)
-            if c is not None:
-                out[p] = c
-        return KafkaPosition(self.config.topic, MappingProxyType(out))
+        return offsets.committed_position(self._consumer, self.config, parts)
 
     # ---------------------------------------------------------------- state
     @property
