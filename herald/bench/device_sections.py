@@ -249,10 +249,17 @@ def _verdict(shards: list[dict], workers: int) -> str:
     )
     if within is None or between is None:
         return head + "; no own work measured (no consecutive released steps)"
+    means = {r: m for r, m in s["own_ms_mean"].items() if m is not None}
+    slow = max(means, key=means.get)
+    extra = means[slow] - statistics.median(means.values())
+    # one rank persistently slower: it comes last far more often than 1/N, and its mean own
+    # work stands out by at least half a step-to-step deviation; else the ranks take turns
+    persistent = share >= 1.5 / workers and slow == rank and between >= within / 2
     kind = (
-        f"persistent: rank {max(s['own_ms_mean'], key=lambda r: s['own_ms_mean'][r] or 0.0)}'s own work is "
-        "longer on most steps"
-        if between > within
-        else "jitter: each rank's own work varies from step to step more than the ranks' means differ"
+        f"persistent: rank {slow}'s own work is {extra:.2f} ms longer than the median rank's (a shared "
+        "core, a busier micro-batch)"
+        if persistent
+        else "jitter: the ranks take turns being last; their own work varies from step to step more than "
+        "their means differ"
     )
     return f"{head}; own work std {within:.2f} ms within a rank, {between:.2f} ms between ranks: {kind}"

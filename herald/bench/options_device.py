@@ -20,8 +20,8 @@ def add_device_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--budget-s",
         type=float,
-        default=480.0,
-        help="seconds for every section together; a section past it is not started (default: %(default)s)",
+        default=None,
+        help="seconds for every section together; a section past it is not started (default: 480, --smoke 1200)",
     )
     p.add_argument("--section", default=None, help=argparse.SUPPRESS)
     p.add_argument("--part", default=None, help=argparse.SUPPRESS)
