@@ -88,7 +88,7 @@ def _plans(smoke: bool) -> dict[str, dict]:
             "warmup": 10,
             "cache_ratio": 0.1,
         },
-        "gpu": {"budget_s": 100, "rows": 560_000, "batch_sizes": [4096, 16384]},
+        "gpu": {"budget_s": 100, "rows": 400_000, "batch_sizes": [4096, 16384]},
         "profile": {"budget_s": 30, "rows": 140_000, "batch_size": 4096, "steps": 20},
     }
 
