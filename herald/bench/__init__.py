@@ -11,6 +11,8 @@ below it; nothing outside this package (but ``herald/cli.py``) imports it.
   shared by the benches below.
 - ``loader``, ``scheduler`` (with ``scheduler_threads``), ``ps``, ``capacity`` (with
   ``ackpeers``, the fake workers), ``kernels``, ``e2e``, ``scale`` (with ``gpu`` and
-  ``torchrec_baseline``), ``network``, ``comm`` (compression, groups), ``consistency``:
+  ``torchrec_baseline`` and ``torchrec_dist``, TorchRec at N workers), ``network``, ``comm``
+  (compression, groups), ``consistency``, ``device`` (with ``device_sections``,
+  ``device_summary``, ``options_device``: one prepared GPU-machine run, docs/bench.md):
   one module per subcommand.
 """

@@ -13,6 +13,8 @@
 - ``herald bench compression | groups`` (:mod:`herald.bench.comm`, docs/compression.md)
 - ``herald bench consistency`` (:mod:`herald.bench.consistency`, docs/consistency.md)
 - ``herald bench kernels``: the worker cache's hot path against FBGEMM (:mod:`herald.bench.kernel_speed`)
+- ``herald bench device --out DIR [--smoke] [--wheels DIR]``: one prepared GPU-machine run
+  (:mod:`herald.bench.device`)
 
 Building the parsers imports :mod:`herald.bench.options` only: a bench module is imported
 when its subcommand runs, and its docstring (the ``--help`` description) is read from its
@@ -184,6 +186,15 @@ SUBCOMMANDS = (
         options.add_consistency_arguments,
         "bsp, bounded (s = 1, 4, 16), hybrid and gba (iota = 0, 4), with and without a straggler (2x each "
         "mode's own step by default): AUC, log loss, samples/s and its ratio to bsp, transmissions (same run)",
+        {},
+    ),
+    # one prepared GPU-machine run: the CUDA tests, scale, step, gpu, a profile, arrivals
+    (
+        "device",
+        "herald.bench.device",
+        options.add_device_arguments,
+        "one GPU-machine run (<= 8 min on 16 cores): CUDA exactness tests, scale with TorchRec at N, step, "
+        "herald GPU vs PyTorch GPU, a profile, the shards' arrivals; --smoke: the same at tiny sizes",
         {},
     ),
     # the worker cache's hot path against FBGEMM TBE, one thread

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from herald.bench.options_device import add_device_arguments  # noqa: F401  (herald.bench.cli builds from here)
+
 #: the schedules ``herald bench scheduler`` and ``herald bench network`` compare by default
 COMPARED_SCHEDULES = ("vanilla", "laia", "plan", "herald", "costaware")
 
@@ -344,7 +346,15 @@ def add_scale_arguments(p: argparse.ArgumentParser) -> None:
         help="batch sizes of the GPU section, run when CUDA is available (default: %(default)s)",
     )
     p.add_argument("--no-gpu", action="store_true", help="skip the GPU section (and TorchRec on CUDA)")
-    p.add_argument("--no-torchrec", action="store_true", help="leave the TorchRec baseline out")
+    p.add_argument("--no-torchrec", action="store_true", help="leave the TorchRec baselines out")
+    p.add_argument(
+        "--torchrec-workers",
+        type=int,
+        nargs="+",
+        default=None,
+        metavar="N",
+        help="TorchRec at these N workers (default: every N of the herald runs)",
+    )
     p.add_argument(
         "--pin-cores",
         action="store_true",

@@ -34,7 +34,14 @@ Criteo-shaped stream of ``--rows`` rows: 13 dense features, 26 tables):
    into backward), 1 process, 1 thread; on CUDA too where FBGEMM's CUDA build is installed.
    Without torchrec the JSON says ``{"error": "torchrec not installed: make torchrec"}``.
 
-5. on a machine with CUDA (unless ``--no-gpu``), the GPU section
+5. **TorchRec at N workers** (unless ``--no-torchrec``; :mod:`herald.bench.torchrec_dist`):
+   for each N of 2., N gloo processes training the same model on the same rows at
+   ``--batch-size`` per process, under ``DistributedModelParallel`` (or, where TorchRec
+   cannot shard on the CPU, its ``EmbeddingBagCollection`` under DDP, the failing call
+   named): ``torchrec_runs``, one entry per N with ``workers``, ``samples_per_s``,
+   ``cpu_us_per_sample``, ``mode``; each herald run gets ``ratio_vs_torchrec_same_workers``.
+
+6. on a machine with CUDA (unless ``--no-gpu``), the GPU section
    (:mod:`herald.bench.gpu`): plain PyTorch on the GPU against herald with 1 worker
    on the GPU (the device-resident cache) and on the CPU, at batch 256 and 4,096.
 
@@ -63,15 +70,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import statistics
 import tempfile
 
 import torch
 
-from herald.bench import gpu
+from herald.bench import gpu, torchrec_dist
 from herald.bench.capacity import measure_capacity
 from herald.bench.common import (
+    WARMUP_STEPS,
     PlainBatches,
     load_plain_batches,
     median_phases,
@@ -111,6 +120,8 @@ def _validate(args: argparse.Namespace) -> None:
     for name in ("rows", "max_workers", "batch_size", "repeats"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if min(args.torchrec_workers or [1]) < 1:
+        raise ConfigError(f"--torchrec-workers must be >= 1, got {args.torchrec_workers}")
     if min(args.gpu_batch_sizes, default=1) < 1:
         raise ConfigError(f"--gpu-batch-sizes must be >= 1, got {args.gpu_batch_sizes}")
     if args.capacity_seconds <= 0:
@@ -200,6 +211,7 @@ def _runs(source: str, args: argparse.Namespace, data: PlainBatches, trec: dict 
                 "repeats_cpu_us_per_sample": [r["cpu_us_per_sample"] for r in reps],
                 "repeats_steady_cpu_us_per_sample": [r["steady_cpu_us_per_sample"] for r in reps],
                 "step_barrier": barrier_summary([r["step_barrier"] for r in reps]),
+                "arrivals": [b.get("arrivals") for b in reps[-1]["step_barrier"]],  # NOTE [step arrivals]
             }
         )
     for r in out:
@@ -225,6 +237,22 @@ def barrier_summary(per_repeat: list[list[dict]]) -> dict | None:
     }
 
 
+def torchrec_at_each(data: PlainBatches, args: argparse.Namespace) -> list[dict]:
+    """TorchRec at each N of the herald runs (:func:`herald.bench.torchrec_dist.torchrec_runs`),
+    pinned one rank per core with ``--pin-cores``; the warm-up shortened to half a rank's
+    steps where the rows leave fewer than twice :data:`WARMUP_STEPS` at the largest N."""
+    counts = args.torchrec_workers or worker_counts(args.max_workers)
+    warmup = max(1, min(WARMUP_STEPS, len(data.batches) // counts[-1] // 2))
+    pin = sorted(os.sched_getaffinity(0)) if args.pin_cores and hasattr(os, "sched_getaffinity") else None
+    return torchrec_dist.torchrec_runs(data, counts, seed=args.seed, warmup_steps=warmup, pin_cores=pin)
+
+
+def _same_workers_ratio(trec_runs: list[dict] | None, run: dict) -> float | None:
+    """A herald run's samples/s over TorchRec's at the same N, or None without that figure."""
+    got = [t for t in trec_runs or [] if t.get("workers") == run["workers"] and t.get("samples_per_s")]
+    return run["samples_per_s"] / got[0]["samples_per_s"] if got else None
+
+
 def run(args: argparse.Namespace) -> dict:
     """Everything above; prints the table and returns (and with ``--out`` writes) the results.
 
@@ -238,6 +266,9 @@ def run(args: argparse.Namespace) -> dict:
         None if args.no_torchrec else torchrec_baseline(data, repeats=args.repeats, seed=args.seed, gpu=not args.no_gpu)
     )
     plain, runs = _runs(source, args, data, trec)
+    trec_runs = None if args.no_torchrec else torchrec_at_each(data, args)
+    for r in runs:
+        r["ratio_vs_torchrec_same_workers"] = _same_workers_ratio(trec_runs, r)
     capacity = None if args.no_capacity else dispatcher_capacity(args.capacity_seconds)
     gpu_rows = None
     if torch.cuda.is_available() and not args.no_gpu:
@@ -247,6 +278,7 @@ def run(args: argparse.Namespace) -> dict:
         "plain_torch": plain,
         "torchrec": trec,
         "runs": runs,
+        "torchrec_runs": trec_runs,
         "dispatcher_capacity_samples_per_s": capacity,
         "gpu": gpu_rows,
         "cores": cores(),
@@ -313,6 +345,7 @@ def print_table(results: dict) -> None:
                 f"{b['release_ms']:.2f} ms; the workers' step_wait {r['phases_ms'].get('step_wait', 0.0):.2f} ms"
             )
     print(f"\n{describe(trec)}")
+    print_torchrec_runs(results.get("torchrec_runs"), results["runs"])
     cap = results["dispatcher_capacity_samples_per_s"]
     print(
         f"\ndispatcher capacity ({CAPACITY_WORKERS} workers x {CAPACITY_BATCH_SIZE}, {CAPACITY_SCHEDULE}): "
@@ -332,3 +365,27 @@ def main(argv: list[str] | None = None) -> int:
     add_scale_arguments(p)
     run(p.parse_args(argv))
     return 0
+
+
+def print_torchrec_runs(trec_runs: list[dict] | None, runs: list[dict]) -> None:
+    """TorchRec at N workers beside herald's best run at the same N."""
+    if trec_runs is None:
+        print("\nTorchRec at N workers: not run (--no-torchrec)")
+        return
+    print("\nTorchRec at N workers (gloo, 1 thread per process; herald: its fastest schedule at that N)\n")
+    print("| workers | TorchRec mode | samples/s | CPU us/sample | herald samples/s | herald vs TorchRec |")
+    print("|---|---|---|---|---|---|")
+    for t in trec_runs:
+        if "error" in t:
+            print(f"| {t.get('workers', '-')} | {t['error']} | - | - | - | - |")
+            continue
+        best = max((r for r in runs if r["workers"] == t["workers"]), key=lambda r: r["samples_per_s"], default=None)
+        mode = t["mode"] + (f" (DMP failed: {t['dmp_error']})" if t.get("dmp_error") else "")
+        print(
+            f"| {t['workers']} | {mode} | {t['samples_per_s']:,.0f} | {t['cpu_us_per_sample']:.1f} | "
+            + (
+                f"{best['samples_per_s']:,.0f} | {best['samples_per_s'] / t['samples_per_s']:.2f}x |"
+                if best
+                else "- | - |"
+            )
+        )

@@ -29,7 +29,10 @@ per op section of a request, as the shard's op methods see them), ``sections_per
 ``rows_per_step``, ``per_request_us``, ``per_row_ns`` (per
 op: its time / its rows), ``numba_limit_ns_per_row``, ``ratio_vs_numba_limit``, the
 settings, and ``repeats`` (each repeat's figures); every figure is the median over the
-repeats.
+repeats. ``arrivals``: the replaying shard's arrivals of every step of the last repeat
+(NOTE [step arrivals] in herald/ps/arrivals.py: per step the rank that came last and its
+lag; replayed back to back, a lag is the shard's own time on the ranks' messages before
+it, not a worker's skew, which ``herald bench device`` reads from real jobs).
 """
 
 from __future__ import annotations
@@ -290,10 +293,14 @@ def _keys_of(msgs: list) -> KeySet:
     )
 
 
-def replay(args: argparse.Namespace, tables: list[TableConfig], steps: list, by_op: bool = True) -> list[dict]:
+def replay(
+    args: argparse.Namespace, tables: list[TableConfig], steps: list, by_op: bool = True
+) -> tuple[list[dict], dict]:
     """The captured ``steps`` served by a fresh shard, timed; per measured step
     ``{"total": [s, requests, sections], op: [s, calls, keys, parts]}`` (``by_op`` False:
-    the ops untimed, only ``total``).
+    the ops untimed, only ``total``), and the shard's arrivals of every step (NOTE [step
+    arrivals] in herald/ps/arrivals.py: replayed back to back, a rank's lag is the
+    shard's time on the ranks' messages before it).
 
     Raises:
         RuntimeError: the shard refused a step message (a bug of the replay or of the shard).
@@ -318,7 +325,7 @@ def replay(args: argparse.Namespace, tables: list[TableConfig], steps: list, by_
                     raise RuntimeError(f"shard refused the step message of worker {w} at step {step}: {reply}")
         if step >= args.warmup:
             per_step.append({"total": total, **(ops.take() if ops is not None else {})})
-    return per_step
+    return per_step, server.steps.stats()["arrivals"]
 
 
 def run_step_bench(args: argparse.Namespace) -> dict:
@@ -343,12 +350,13 @@ def run_step_bench(args: argparse.Namespace) -> dict:
     )
     steps, shard_keys = capture_steps(args, tables, dense, batches)
     warm_up()
-    runs = []
+    runs, arrivals = [], {}
     for _ in range(args.repeats):  # a noisy machine: each repeat's ratio against its own limit
-        per_step = replay(args, tables, steps)
+        per_step, _ = replay(args, tables, steps)
         # the whole messages timed again without the op timers (4 wrapped calls per message,
         # ~1.5 us each, that a shard process does not run), right before the limit
-        for timed, bare in zip(per_step, replay(args, tables, steps, by_op=False)):
+        bare_steps, arrivals = replay(args, tables, steps, by_op=False)
+        for timed, bare in zip(per_step, bare_steps):
             timed["total"] = bare["total"]
         runs.append(summarize(args, per_step, numba_limit(shard_keys, args.dim, tables[0]), source, len(tables), dense))
     out = _median_of(runs)  # ratio_vs_numba_limit among them: the median of the repeats' ratios
@@ -356,6 +364,7 @@ def run_step_bench(args: argparse.Namespace) -> dict:
         {k: r[k] for k in ("shard_ms_per_step", "shard_ns_per_row", "numba_limit_ns_per_row", "ratio_vs_numba_limit")}
         for r in runs
     ]
+    out["arrivals"] = arrivals  # the last bare replay's (NOTE [step arrivals]), warm-up steps in
     return out
 
 

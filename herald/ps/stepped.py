@@ -81,6 +81,7 @@ import numpy as np
 
 from herald.errors import ProtocolError
 from herald.ps import compress, wire
+from herald.ps.arrivals import Arrivals
 from herald.ps.context import ShardContext
 from herald.ps.handler import Handler, Op, Peer, Reply, Request
 from herald.ps.ops_rows import RowOps
@@ -103,12 +104,14 @@ class _Held:
     pull: tuple[dict, list] | None  # the pull section's (header, arrays), read at release
     dense: np.ndarray | None = None  # float32 [n]: this shard's slice of the rank's dense gradient
     resolved: list | Exception | None = None  # the pull's parts and slots, found on arrival, or why not
+    arrived: float = 0.0  # time.monotonic() when the shard took the message up (NOTE [step arrivals])
 
 
 class StepBarrier:
     """The step messages a shard holds (NOTE [step messages]): per step, per rank.
 
-    It also times the barrier (NOTE [step barrier timing]): :meth:`stats`."""
+    It also times the barrier (NOTE [step barrier timing]) and keeps the ranks' arrivals
+    (:attr:`arrivals`, NOTE [step arrivals] in herald/ps/arrivals.py): :meth:`stats`."""
 
     def __init__(self) -> None:
         self.held: dict[int, dict[int, _Held]] = {}
@@ -118,6 +121,7 @@ class StepBarrier:
         self._released = 0
         self._spread_s, self._spread_max_s, self._release_s = 0.0, 0.0, 0.0
         self._last: dict[int, int] = {}  # rank -> steps whose message it sent last
+        self.arrivals = Arrivals()
 
     # NOTE [step barrier timing]
     # ~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -140,8 +144,9 @@ class StepBarrier:
 
     def stats(self) -> dict[str, Any]:
         """``released`` steps, ``spread_ms_mean`` / ``spread_ms_max`` (first to last message
-        of a step), ``release_ms_mean`` and ``last_rank`` ({rank: steps it came last}; str
-        keys, msgpack maps); NOTE [step barrier timing]."""
+        of a step), ``release_ms_mean``, ``last_rank`` ({rank: steps it came last}; str
+        keys, msgpack maps); NOTE [step barrier timing]; ``arrivals``:
+        :meth:`herald.ps.arrivals.Arrivals.summary`."""
         n = max(1, self._released)
         return {
             "released": self._released,
@@ -149,6 +154,7 @@ class StepBarrier:
             "spread_ms_max": round(1e3 * self._spread_max_s, 4),
             "release_ms_mean": round(1e3 * self._release_s / n, 4),
             "last_rank": {str(r): c for r, c in sorted(self._last.items())},
+            "arrivals": self.arrivals.summary(),  # NOTE [step arrivals] in herald/ps/arrivals.py
         }
 
     def opened_at(self, step: int) -> float:
@@ -207,6 +213,7 @@ class StepBarrier:
 
     def clear(self) -> list[_Held]:
         """Forget every held step (``restore``); what was held."""
+        self.arrivals.forget()
         return [h for step in list(self.held) for h in self.release(step)]
 
 
@@ -311,6 +318,7 @@ class StepOps(Handler):
             ProtocolError: bad sections, a rank at or above ``workers``, a refused write (the
                 sections applied before it stay applied).
         """
+        arrived = time.monotonic()  # NOTE [step arrivals] in herald/ps/arrivals.py
         ctx, header = self.ctx, request.header
         step = wire.get_int(header, "step", -(1 << 62), 1 << 62)
         rank = wire.get_int(header, "rank", 0, 1 << 30)
@@ -330,7 +338,7 @@ class StepOps(Handler):
         dense = _dense_section(sections["dense"]) if "dense" in sections else None
         if request.key is None:  # the loop keys every mutating request (NOTE [reply cache])
             raise ProtocolError("step: a step message needs its client and request ids (cid, rid)")
-        held = _Held(request.peer, request.key, pull, dense)
+        held = _Held(request.peer, request.key, pull, dense, arrived=arrived)
         if pull is not None and not ctx.store.directory.bounded:  # NOTE [pulls resolved on arrival]
             try:
                 held.resolved = self.rows.resolve_pull(*pull)
@@ -350,7 +358,9 @@ class StepOps(Handler):
         except ProtocolError as exc:  # the ranks disagree: none of them gets a sum
             return [Reply(h.peer, self.ctx.error_reply("step", h.key[1], exc)) for h in held]
         out = [Reply(h.peer, self._reply(h, total), h.key) for h in held]
-        self.barrier.timed_release(rank, t0 - opened, time.monotonic() - t0)  # NOTE [step barrier timing]
+        done = time.monotonic()
+        self.barrier.timed_release(rank, t0 - opened, done - t0)  # NOTE [step barrier timing]
+        self.barrier.arrivals.record(step, [h.arrived for h in held], done)  # NOTE [step arrivals]
         return out
 
     def _reply(self, held: _Held, dense: np.ndarray | None) -> list:

@@ -82,6 +82,8 @@ def test_bench_scale_writes_every_run(tmp_path):
                 "herald",
                 "--capacity-seconds",
                 "1",
+                "--torchrec-workers",
+                "2",
                 "--out",
                 str(out),
             ]
@@ -109,6 +111,7 @@ def test_bench_scale_writes_every_run(tmp_path):
     if torchrec_baseline.torchrec_import_error() and os.environ.get("CI") != "true":
         assert trec == {"error": "torchrec not installed: make torchrec"}
         assert all(r["ratio_vs_torchrec"] is None for r in got["runs"])
+        assert got["torchrec_runs"] == [{"error": "torchrec not installed: make torchrec"}]
     else:
         assert "error" not in trec, trec
         assert trec["samples_per_s"] > 0 and trec["timed_steps"] == got["plain_torch"]["timed_steps"]
@@ -119,5 +122,12 @@ def test_bench_scale_writes_every_run(tmp_path):
         )
         for r in got["runs"]:
             assert r["ratio_vs_torchrec"] == pytest.approx(r["samples_per_s"] / trec["samples_per_s"])
+        # TorchRec at 2 gloo workers, the same rows and batch per process (herald.bench.torchrec_dist)
+        (at2,) = got["torchrec_runs"]
+        assert at2["workers"] == 2 and at2["samples_per_s"] > 0 and at2["cpu_us_per_sample"] > 0, at2
+        assert at2["mode"] in ("dmp", "ddp") and (at2["mode"] == "dmp") == (at2["dmp_error"] is None)
+        two = got["runs"][1]
+        assert two["ratio_vs_torchrec_same_workers"] == pytest.approx(two["samples_per_s"] / at2["samples_per_s"])
+        assert got["runs"][0]["ratio_vs_torchrec_same_workers"] is None  # no TorchRec run at 1 worker here
     cap = got["dispatcher_capacity_samples_per_s"]
     assert cap is None or cap > 0

@@ -17,6 +17,7 @@ KEYS = {
     "ratio_vs_numba_limit",
     "repeats",
     "settings",
+    "arrivals",
 }
 
 
@@ -59,6 +60,10 @@ def test_bench_step_writes_its_figures(tmp_path):
     assert 1 <= res["sections_per_request"] <= 4  # with the dense section (NOTE [dense gradients on the shards])
     assert res["settings"]["dense_params"] == 27_601  # herald's DLRM on the synthetic Criteo rows
     assert {"pull", "push_grad"} <= set(res["per_row_ns"]) <= {"push_rows", "push_grad", "pull"}
+    # NOTE [step arrivals]: every replayed step (warm-up in), the rank replayed last came last
+    arr = res["arrivals"]
+    assert arr["steps"] == 4 and [p[1] for p in arr["per_step"]] == [1, 1, 1, 1]
+    assert all(p[2] > 0 for p in arr["per_step"]) and [r["rank"] for r in arr["by_rank"]] == [0, 1]
 
 
 def test_bench_step_refuses_no_repeat():
