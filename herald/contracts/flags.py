@@ -45,11 +45,10 @@ def _integer(
     ok = (
         isinstance(value, numbers.Integral)
         and not isinstance(value, bool)
-        and value >= low
-        and value <= (INT64_MAX if high is None else high)
+        and low <= int(value) <= (INT64_MAX if high is None else high)
     )
     span = f"in {low}..{high}" if high is not None else f">= {low}"
-    if high is None and isinstance(value, numbers.Integral) and value > INT64_MAX:
+    if high is None and isinstance(value, numbers.Integral) and int(value) > INT64_MAX:
         span += " and at most 2**63 - 1"
     require(ok, f"{flag or _flag(name)} must be an integer {span}{' (or unset)' if optional else ''}, got {value!r}")
 

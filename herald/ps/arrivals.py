@@ -98,13 +98,15 @@ class Arrivals:
         margin = lag_max - ordered[:, -2] if width > 1 else np.zeros(k)
         margin = np.where(np.isfinite(margin), margin, 0.0)
         per_step = [[int(s), int(r), _ms(x), _ms(m)] for s, r, x, m in zip(self._step[rows], last, lag_max, margin)]
-        by_rank, means, stds = [], [], []
+        by_rank: list[dict] = []
+        means: list[float] = []
+        stds: list[float] = []
         for r in range(width):
             lr, orr = lag[:, r], own[:, r]
             lr, orr = lr[np.isfinite(lr)], orr[np.isfinite(orr)]
             mean_own = float(orr.mean()) if orr.size else None
             std_own = float(orr.std()) if orr.size else None
-            if orr.size:
+            if mean_own is not None and std_own is not None:
                 means.append(mean_own)
                 stds.append(std_own)
             by_rank.append(
