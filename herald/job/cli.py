@@ -7,7 +7,7 @@ import argparse
 from herald.config import add_arguments, from_arguments
 from herald.contracts.train import TrainConfig
 from herald.errors import ConfigError
-from herald.inputs import check_existing_folder, check_input_path, check_output_folder, host_port, wait_listening
+from herald.inputs import check_input_path, check_output_folder, host_port, wait_listening
 
 
 def add_job_arguments(p: argparse.ArgumentParser, *, exclude: tuple[str, ...] = ()) -> None:
@@ -25,7 +25,7 @@ def check_job_inputs(cfg: TrainConfig, *, run_dir: bool = True) -> None:
     """The paths and addresses a job's settings name, checked on this host before anything
     starts (NOTE [front doors] in herald/inputs.py): a local ``--source`` is a file or a
     folder (never a FIFO, socket or device: reading one blocks), ``--run-dir`` a folder
-    that can be made (with ``run_dir``), ``--keys`` an existing folder, and a ``--ray-address
+    that can be made (with ``run_dir``), ``--keys`` a folder holding both key pairs, and a ``--ray-address
     HOST:PORT`` has a Ray head listening (within :data:`RAY_PROBE_S`).
 
     Raises:
@@ -35,8 +35,11 @@ def check_job_inputs(cfg: TrainConfig, *, run_dir: bool = True) -> None:
         check_input_path(cfg.source, "--source")
     if run_dir:
         check_output_folder(cfg.run_dir, "--run-dir")
-    if cfg.security.keys_dir is not None:
-        check_existing_folder(cfg.security.keys_dir, "--keys")
+    if cfg.security.keys_dir is not None:  # the roles of a job need both pairs (NOTE [transport security])
+        from herald.auth import load_client_keys, load_server_keys  # on use: herald/cli.py checks before zmq loads
+
+        load_server_keys(cfg.security.keys_dir)
+        load_client_keys(cfg.security.keys_dir)
     address = cfg.launcher.ray_address
     if cfg.launcher.is_ray and address is not None and address != "auto" and "://" not in address:
         host, port = host_port(address, "--ray-address")

@@ -76,8 +76,6 @@ def _checked(args) -> tuple[list, ShardLimits, str | None]:
         check_output_file(args.ready_file, "--ready-file")
     if args.checkpoint_root is not None:
         check_existing_folder(args.checkpoint_root, "--checkpoint-root")
-    if args.keys is not None:
-        check_existing_folder(args.keys, "--keys")
     check_bind(args.bind, args.keys, args.insecure, f"ps shard {args.shard}")
     token = None
     if args.token_file is not None:

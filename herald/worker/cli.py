@@ -7,9 +7,10 @@ import gc
 import os
 import re
 
+from herald.auth import load_client_keys
 from herald.contracts.vocab import DEFAULT_TIMEOUT_MS, DEVICE_PATTERN, MAX_TIMEOUT_MS, MAX_WORKERS
 from herald.errors import PeerTimeout, UsageError
-from herald.inputs import check_existing_folder, endpoint_type, int_type, wait_listening
+from herald.inputs import endpoint_type, int_type, wait_listening
 
 
 def _from_env(value: int | None, name: str, flag: str, low: int) -> int:
@@ -31,15 +32,15 @@ def _checked(args: argparse.Namespace) -> tuple[int, int]:
     come). Returns ``(rank, world_size)``.
 
     Raises:
-        UsageError: a rank not below the world size. ConfigError: a keys folder that is not
-            one. PeerTimeout: nothing listens at ``--dispatcher`` within ``--timeout-ms``.
+        UsageError: a rank not below the world size. ConfigError: a keys folder without
+            usable client keys. PeerTimeout: nothing listens at ``--dispatcher`` within ``--timeout-ms``.
     """
     rank = _from_env(args.rank, "RANK", "--rank", 0)
     world_size = _from_env(args.world_size, "WORLD_SIZE", "--world-size", 1)
     if rank >= world_size:
         raise UsageError(f"--rank {rank} must be below --world-size {world_size} (ranks are 0..N-1)")
     if args.keys is not None:
-        check_existing_folder(args.keys, "--keys")
+        load_client_keys(args.keys)  # a folder without usable keys, named with its fix (herald/auth.py)
     if not wait_listening(args.dispatcher, args.timeout_ms / 1000):
         raise PeerTimeout(
             f"no dispatcher listens at --dispatcher {args.dispatcher} (waited {args.timeout_ms} ms): start "
