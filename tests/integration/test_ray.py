@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 
 import numpy as np
 import pytest
@@ -175,16 +176,64 @@ def test_several_nodes_with_insecure_run_on_plain_tcp(ray, two_nodes, tmp_path, 
     assert not actors and not groups, (actors, groups)
 
 
+def _listening(pids) -> dict[int, list[str]]:
+    """The TCP addresses each of ``pids`` listens on (``"HOST:PORT"``)."""
+    import psutil
+
+    out: dict[int, list[str]] = {}
+    for pid in pids:
+        try:
+            conns = psutil.Process(pid).net_connections("inet")
+        except psutil.Error:
+            continue
+        out[pid] = [f"{c.laddr.ip}:{c.laddr.port}" for c in conns if c.status == psutil.CONN_LISTEN]
+    return out
+
+
+def _auth_mode(pid: int) -> str | None:
+    import psutil
+
+    try:
+        return psutil.Process(pid).environ().get("RAY_AUTH_MODE")
+    except psutil.Error:
+        return None
+
+
 @pytest.mark.slow  # ~15 s on 2 cores: a Ray instance started and stopped
 def test_local_ray_instance_is_started_and_stopped(ray, tmp_path, data_dir):
+    """... and the job's roles listen on no address but loopback (the dense group's store is a
+    file; gloo binds loopback), and the instance runs with Ray's token authentication."""
     source = str(data_dir / "criteo" / "criteo_kaggle_sample_train.tsv")
     seen: dict = {}
     before = _ray_services()
-    rep = run_train(
-        _config(tmp_path, source, steps=10),
-        progress=False,
-        on_finish=lambda addresses, job: seen.update(addresses=list(addresses)),
-    )
+    serving_before = _serving()
+
+    def on_finish(addresses, job):
+        seen.update(addresses=list(addresses), dist_init=job.dist_init)
+        seen["auth"] = {pid: _auth_mode(pid) for pid in _ray_services() - before}
+
+    listening: dict[int, set[str]] = {}
+    done = threading.Event()
+
+    def watch():  # every role's listening sockets while the job runs (the workers end before on_finish)
+        while not done.wait(0.1):
+            for pid, addresses in _listening(_serving() - serving_before).items():
+                listening.setdefault(pid, set()).update(addresses)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        rep = run_train(_config(tmp_path, source, steps=10), progress=False, on_finish=on_finish)
+    finally:
+        done.set()
+        watcher.join(10)
+    seen["listening"] = listening
+    assert len(listening) == 3, seen  # the shard and both workers
+    wide = {pid: a for pid, a in seen["listening"].items() if any(not x.startswith(("127.", "::1:")) for x in a)}
+    assert not wide, f"a role of the job listens beyond loopback: {wide}"
+    assert seen["dist_init"].startswith("file://"), seen["dist_init"]
+    assert seen["auth"] and set(seen["auth"].values()) == {"token"}, seen["auth"]
+    assert "RAY_AUTH_TOKEN" not in os.environ or os.environ.get("RAY_AUTH_MODE"), "the job's token outlived it"
     assert rep["steps"] == 10
     assert all(a.startswith("ipc://") for a in seen["addresses"]), "one node: ipc sockets (NOTE [local job sockets])"
     assert set(rep["startup"]) >= {"ps_ready", "workers_ready", "first_step"}

@@ -125,6 +125,8 @@ def test_local_ranks_as_torchrun_numbers_them_and_a_gpu_worker_sees_its_gpu():
         "GLOO_SOCKET_IFNAME": "eth0",
     }
     assert "GLOO_SOCKET_IFNAME" not in dense_env(0, 2, (0, 2), ("10.0.0.5", 1), 1, None)
+    one_node = dense_env(0, 2, (0, 2), None, 1, "lo")  # the job's FileStore: no TCP store to name
+    assert "MASTER_ADDR" not in one_node and "MASTER_PORT" not in one_node and one_node["RANK"] == "0"
 
 
 def test_role_host_runs_its_child_in_a_private_folder_and_cleans_up(tmp_path):

@@ -59,6 +59,38 @@ def _ray() -> Any:
     return ray
 
 
+def _reset_token_cache() -> None:
+    """Make this process's Ray read its authentication settings again (Ray caches its token)."""
+    # Ray: an optional dependency whose import takes 0.8 s (see _ray(), which loaded it already)
+    from ray._private.authentication.authentication_token_setup import Config
+    from ray._raylet import AuthenticationTokenLoader
+
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
+
+
+def _token_auth(stack: contextlib.ExitStack) -> None:
+    """Ray's token authentication for the instance this job starts, with a fresh token of
+    its own (``RAY_AUTH_MODE=token``, ``RAY_AUTH_TOKEN`` in this process's environment,
+    which Ray's services inherit; put back with ``stack``), unless the caller set
+    ``RAY_AUTH_MODE``: Ray's services listen on every interface (docs/cluster.md)."""
+    if "RAY_AUTH_MODE" in os.environ:
+        return
+    saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
+    os.environ["RAY_AUTH_MODE"], os.environ["RAY_AUTH_TOKEN"] = "token", secrets.token_hex(32)
+    _reset_token_cache()
+
+    def restore() -> None:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        _reset_token_cache()
+
+    stack.callback(restore)
+
+
 class CallFailed(str):
     """What a call to a role's actor gave instead of its answer, the reason in words: the
     actor died (with its node, perhaps), answered nothing within :data:`ACTOR_CALL_S`, or
@@ -181,7 +213,9 @@ class RayCluster:
                 num_cpus=max(os.cpu_count() or 1, needed_cpus(cfg)),
                 include_dashboard=False,
                 object_store_memory=LOCAL_OBJECT_STORE_BYTES,
+                _node_ip_address="127.0.0.1",
             )
+            _token_auth(stack)
         try:
             ray.init(address=address or "local", **options)
         except (ConnectionError, RuntimeError, ValueError) as exc:

@@ -42,11 +42,13 @@ differs is who starts each role and where:
   the servers' public key), the PS admin token (the shard's environment: NOTE [ps admin
   ops]) and rank 0's address and port. A role writes what it is given into a private
   folder of its node (0700, files 0600), removed when it stops.
-- **Dense group**, as torchrun sets it up: ``MASTER_ADDR`` (rank 0's node; 127.0.0.1 on
-  one node), ``MASTER_PORT`` (a port free there), ``RANK``, ``WORLD_SIZE``,
-  ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``; torch's TCP store on rank 0's node; gloo on the
-  interface of the node's IP (loopback on one node); NCCL when each worker has a GPU of
-  its own (NOTE [worker devices]).
+- **Dense group**, as torchrun sets it up: ``MASTER_ADDR`` (rank 0's node), ``MASTER_PORT``
+  (a port free there), ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``;
+  torch's TCP store on rank 0's node (it listens on every interface, whatever the host);
+  on one node no ``MASTER_*`` but a FileStore in the run folder, as under the local
+  launcher (:func:`herald.job.parts.local_workers.dense_store`: no listening socket);
+  gloo on the interface of the node's IP (loopback on one node); NCCL when each worker
+  has a GPU of its own (NOTE [worker devices]).
 - **Files.** The run folder must be the same folder on every node that runs a role
   (PS checkpoints, dense replicas and logs are written there): the launcher writes a
   random token into ``RUN_DIR/.ray-run-check`` and every role reads it before anything
@@ -79,6 +81,7 @@ from herald.dispatch.peers import Silence
 from herald.errors import HeraldError, PeerLost, PeerTimeout
 from herald.job.parts.base import PSProvider, WorkerLauncher, job_client
 from herald.job.parts.local_ps import prepare_run
+from herald.job.parts.local_workers import dense_store
 from herald.job.ray.cluster import CallFailed, RayCluster
 from herald.job.ray.plan import KEYS, dense_env, local_ranks, split_keys, worker_cpus
 from herald.job.ray.role import FOLDER
@@ -221,11 +224,14 @@ class RayWorkers(WorkerLauncher):
         self.stopped = False
 
     def open(self, cfg: TrainConfig, stack: contextlib.ExitStack) -> None:
-        """On one node: the dispatchers' private ipc folder (NOTE [local job sockets])."""
+        """On one node: the dispatchers' private ipc folder (NOTE [local job sockets]) and the
+        dense group's FileStore in the run folder, as under the local launcher: torch's
+        TCPStore listens on every interface whatever ``MASTER_ADDR`` says."""
         self.roles = list(range(cfg.workers))
         if self.cluster.single:
             run_dir = self.cluster.run_dir
             self.sockets = leftovers.private_folder(run_dir, leftovers.DISPATCH_PREFIX, stack)
+            self.dist_init = stack.enter_context(dense_store(run_dir))
 
     def dispatcher_bind(self, group: int) -> str:
         """One node: ``ipc://`` in a private folder; several: TCP on this node's address, any port."""
@@ -237,10 +243,12 @@ class RayWorkers(WorkerLauncher):
         client_keys = split_keys(cfg.security.keys_dir)[1] if cfg.security.keys_dir else {}
         threads = worker_cpus()
         local = local_ranks([cluster.nodes[r]["node_id"] for r in self.roles], cluster.gpus)
-        master_port = cluster.call([0], "free_port")[0]
-        if isinstance(master_port, CallFailed):
-            raise HeraldError(f"worker-0 on {cluster.nodes[0]['ip']} could not start: {master_port}")
-        master = ("127.0.0.1" if cluster.single else cluster.nodes[0]["ip"], master_port)
+        master = None  # one node: the FileStore of open() (dist_init), no TCPStore
+        if not cluster.single:
+            master_port = cluster.call([0], "free_port")[0]
+            if isinstance(master_port, CallFailed):
+                raise HeraldError(f"worker-0 on {cluster.nodes[0]['ip']} could not start: {master_port}")
+            master = (cluster.nodes[0]["ip"], master_port)
 
         def spec(rank: int) -> tuple[list[str], dict[str, str], dict[str, bytes], str]:
             group, group_rank = divmod(rank, k)

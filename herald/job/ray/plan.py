@@ -205,17 +205,21 @@ def local_ranks(role_nodes: Sequence[str], gpus: bool) -> list[tuple[int, int]]:
 
 
 def dense_env(
-    rank: int, world_size: int, local: tuple[int, int], master: tuple[str, int], threads: int, ifname: str | None
+    rank: int,
+    world_size: int,
+    local: tuple[int, int],
+    master: tuple[str, int] | None,
+    threads: int,
+    ifname: str | None,
 ) -> dict[str, str]:
     """The environment of worker ``rank`` (of ``world_size``) for its dense group, as
     torchrun sets it: ``MASTER_ADDR``/``MASTER_PORT`` (``master``: rank 0's node and a
-    port free there, where torch's TCP store listens), ``RANK``, ``WORLD_SIZE``,
+    port free there, where torch's TCP store listens; None: neither, the job's ``dist_init``
+    is the store, as on one node), ``RANK``, ``WORLD_SIZE``,
     ``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` (``local``), the intra-op threads
     (``OMP_NUM_THREADS``) and gloo's interface (``GLOO_SOCKET_IFNAME`` = ``ifname``: the
     node's, or loopback on one node; None: gloo's own choice)."""
     env = {
-        "MASTER_ADDR": master[0],
-        "MASTER_PORT": str(master[1]),
         "RANK": str(rank),
         "WORLD_SIZE": str(world_size),
         "LOCAL_RANK": str(local[0]),
@@ -223,6 +227,8 @@ def dense_env(
         "OMP_NUM_THREADS": str(threads),
         "PYTHONUNBUFFERED": "1",
     }
+    if master is not None:
+        env["MASTER_ADDR"], env["MASTER_PORT"] = master[0], str(master[1])
     if ifname is not None:
         env["GLOO_SOCKET_IFNAME"] = ifname
     return env
