@@ -251,12 +251,13 @@ def _verdict(shards: list[dict], workers: int) -> str:
         return head + "; no own work measured (no consecutive released steps)"
     means = {r: m for r, m in s["own_ms_mean"].items() if m is not None}
     slow = max(means, key=means.get)
-    extra = means[slow] - statistics.median(means.values())
+    others = [m for r, m in means.items() if r != slow]
+    extra = means[slow] - statistics.median(others) if others else 0.0
     # one rank persistently slower: it comes last far more often than 1/N, and its mean own
     # work stands out by at least half a step-to-step deviation; else the ranks take turns
     persistent = share >= 1.5 / workers and slow == rank and between >= within / 2
     kind = (
-        f"persistent: rank {slow}'s own work is {extra:.2f} ms longer than the median rank's (a shared "
+        f"persistent: rank {slow}'s own work is {extra:.2f} ms longer than the other ranks' median (a shared "
         "core, a busier micro-batch)"
         if persistent
         else "jitter: the ranks take turns being last; their own work varies from step to step more than "

@@ -88,7 +88,7 @@ def test_arrivals_section_reads_the_largest_run_and_says_what_the_spread_is():
     got = device_sections.arrivals_section(scale)
     assert got["workers"] == 2 and got["per_step"] == shard["per_step"]
     assert got["shards"][0]["last_share"] == {"0": 0.25, "1": 0.75}
-    assert "persistent: rank 1" in got["verdict"] and "75%" in got["verdict"]
+    assert "persistent: rank 1's own work is 4.00 ms longer" in got["verdict"] and "75%" in got["verdict"]
     # the ranks taking turns, their own work alike on average: jitter
     shard["by_rank"] = [dict(r, last=2, own_ms_mean=12.0) for r in per_rank]
     shard["own_ms_std_between"] = 0.0
