@@ -141,7 +141,6 @@ def build_torchrec_dlrm(
             does not fuse.
     """
     # torchrec and FBGEMM are optional: imported only when a TorchRec run needs them
-    from torchrec.models.dlrm import DLRM
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
     from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection
 
@@ -158,23 +157,8 @@ def build_torchrec_dlrm(
     ebc = FusedEmbeddingBagCollection(
         tables=tables, optimizer_type=_optimizer_type(optimizer, device), optimizer_kwargs=kwargs, device=device
     )
-    bottom, top = _linears(plain.dense.bottom), _linears(plain.dense.top)
-    model = DLRM(
-        embedding_bag_collection=ebc,
-        dense_in_features=data.dense_dim,
-        dense_arch_layer_sizes=[lin.out_features for lin in bottom],
-        over_arch_layer_sizes=[lin.out_features for lin in top],
-        dense_device=device,
-    )
+    model = dlrm_with_dense_of(plain, ebc, data.dense_dim, device)
     with torch.no_grad():
-        for src, dst in zip(bottom + top, _linears(model.dense_arch) + _linears(model.over_arch)):
-            if src.weight.shape != dst.weight.shape:
-                raise ConfigError(
-                    f"TorchRec's DLRM layer {tuple(dst.weight.shape)} does not match herald's "
-                    f"{tuple(src.weight.shape)}; herald's DLRM changed: update {__name__}"
-                )
-            dst.weight.copy_(src.weight)
-            dst.bias.copy_(src.bias)
         for bag, cfg in zip(plain.bags, tables):
             ebc.embedding_bags[cfg.name].weight.copy_(bag.weight)  # a view of FBGEMM's weights
     return model
@@ -345,3 +329,32 @@ def torchrec_on_source(
     data = load_plain_batches(source, batch_size, eval_fraction=eval_fraction)
     entry = torchrec_baseline(data, seed=seed, embedding_dim=embedding_dim, optimizer=optimizer, gpu=gpu)
     return {**entry, "batch_size": batch_size, "embedding_dim": embedding_dim}
+
+
+def dlrm_with_dense_of(plain: PlainDLRM, ebc, dense_dim: int, device: torch.device):
+    """TorchRec's ``DLRM`` over ``ebc`` with herald's dense layers (``plain``'s bottom and top
+    MLPs) copied in, so both start from the same model.
+
+    Raises:
+        ConfigError: TorchRec's layer shapes do not match herald's (herald's DLRM changed).
+    """
+    from torchrec.models.dlrm import DLRM
+
+    bottom, top = _linears(plain.dense.bottom), _linears(plain.dense.top)
+    model = DLRM(
+        embedding_bag_collection=ebc,
+        dense_in_features=dense_dim,
+        dense_arch_layer_sizes=[lin.out_features for lin in bottom],
+        over_arch_layer_sizes=[lin.out_features for lin in top],
+        dense_device=device,
+    )
+    with torch.no_grad():
+        for src, dst in zip(bottom + top, _linears(model.dense_arch) + _linears(model.over_arch)):
+            if src.weight.shape != dst.weight.shape:
+                raise ConfigError(
+                    f"TorchRec's DLRM layer {tuple(dst.weight.shape)} does not match herald's "
+                    f"{tuple(src.weight.shape)}; herald's DLRM changed: update {__name__}"
+                )
+            dst.weight.copy_(src.weight)
+            dst.bias.copy_(src.bias)
+    return model

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 
 from herald.auth import loopback_interface
 from herald.bench.common import WARMUP_STEPS, PlainBatches, PlainDLRM
-from herald.bench.torchrec_baseline import _linears, torchrec_import_error
+from herald.bench.torchrec_baseline import dlrm_with_dense_of, torchrec_import_error
 from herald.contracts.tables import OptimizerConfig, TableConfig
 from herald.contracts.train import TrainConfig
 from herald.errors import ConfigError
@@ -60,7 +60,6 @@ def _build(data: PlainBatches, seed: int, meta: bool):
     materialises it per shard), herald's dense layers copied in, the tables initialised as
     herald's PS initialises rows (uniform in +-``init_scale``)."""
     # torchrec and FBGEMM are optional: imported only when a TorchRec run needs them
-    from torchrec.models.dlrm import DLRM
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
@@ -78,19 +77,7 @@ def _build(data: PlainBatches, seed: int, meta: bool):
         for t, n in enumerate(data.table_rows)
     ]
     ebc = EmbeddingBagCollection(tables=tables, device=torch.device("meta" if meta else "cpu"))
-    bottom, top = _linears(plain.dense.bottom), _linears(plain.dense.top)
-    model = DLRM(
-        embedding_bag_collection=ebc,
-        dense_in_features=data.dense_dim,
-        dense_arch_layer_sizes=[lin.out_features for lin in bottom],
-        over_arch_layer_sizes=[lin.out_features for lin in top],
-        dense_device=torch.device("cpu"),
-    )
-    with torch.no_grad():
-        for src, dst in zip(bottom + top, _linears(model.dense_arch) + _linears(model.over_arch)):
-            dst.weight.copy_(src.weight)
-            dst.bias.copy_(src.bias)
-    return model
+    return dlrm_with_dense_of(plain, ebc, data.dense_dim, torch.device("cpu"))
 
 
 def _sparse_kwargs() -> dict:

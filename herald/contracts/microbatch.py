@@ -195,7 +195,8 @@ class MicroBatch:
         lists = (p.evict, p.pull, p.grad_push, p.update_local, p.plan_push, self.replicated)
         bounds = np.zeros(_NUM_KEY_LISTS + 1, np.int64)
         np.cumsum([len(k) for k in lists], out=bounds[1:])
-        assert self.pull_early is not None  # set by __post_init__
+        if self.pull_early is None:  # __post_init__ sets it; a caller that cleared it broke the layout
+            raise ProtocolError("microbatch: pull_early is None; build micro-batches with build_microbatch")
         parts = [
             self.sample_ids,
             self.labels,

@@ -328,7 +328,8 @@ class GbaOps(Handler):
     def _apply(self, t: int, keys: np.ndarray, grads: np.ndarray) -> None:
         """The buffer's apply: the table's optimizer, once per key, at the step just completed."""
         buffer = self.buffer
-        assert buffer is not None, "only the buffer calls its apply"
+        if buffer is None:
+            raise ProtocolError("gba: the buffer's apply called with no buffer open (only the buffer calls it)")
         table = self.ctx.tables[t]
         ones = np.ones(keys.shape[0], np.uint16)
         self.ctx.counters["rows_updated"] += table.push_grad(keys, grads, ones, buffer.global_step - 1, 0)

@@ -118,9 +118,10 @@ def unpack(meta: dict, arrays: dict[str, np.ndarray], snapshots, allocator) -> t
         DataError: a part is missing or does not fit (another layout, a torn file).
     """
     step, seen = meta.get("pending_step"), meta.get("samples_seen")
-    if not all(type(v) is int and v >= 0 for v in (step, seen)):
+    if not (isinstance(step, int) and isinstance(seen, int)) or isinstance(step, bool) or isinstance(seen, bool):
         raise DataError(f"malformed scheduler warm state: pending_step {step!r}, samples_seen {seen!r}")
-    assert isinstance(step, int) and isinstance(seen, int)  # checked above
+    if step < 0 or seen < 0:
+        raise DataError(f"malformed scheduler warm state: pending_step {step!r}, samples_seen {seen!r}")
 
     def part(prefix: str) -> dict[str, np.ndarray]:
         return {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}
