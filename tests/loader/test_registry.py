@@ -39,10 +39,15 @@ def test_bucket_count(data_dir):
     assert all(v.max() < 1000 for v in b.values if v.size)
 
 
-def test_register_format():
+def test_register_format(monkeypatch):
+    from herald.loader import registry
+
+    # the registry is process-wide: a copy keeps "fake" out of later tests (test_kjt lists every format)
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
     register_format("fake", lambda spec, **o: SyntheticSource(preset_spec("criteo-kaggle"), rows=3))
     with open_source("fake://anything") as s:
         assert len(s.read(10)) == 3
+    assert "fake" in registry.formats()
 
 
 def test_decode_records_strict_and_skip(data_dir):
