@@ -364,8 +364,8 @@ class KafkaBroker:
     def restart_kafka(self) -> None:
         """Start the Kafka JVM again on the same port, log folder and ZooKeeper after
         :meth:`kill_kafka`; returns once it answers (up to ``start_timeout_s``: a broker killed
-        with SIGKILL leaves its ZooKeeper registration until that session times out, and the
-        new one waits for it).
+        with SIGKILL leaves its ZooKeeper registration until that session times out; a start
+        refused for it is retried once a second).
 
         Raises:
             BrokerError: it did not answer in time (the message holds the tail of its log).
@@ -374,11 +374,22 @@ class KafkaBroker:
             raise BrokerError("restart_kafka: the broker was not started")
         if self._procs[1].poll() is None:
             raise BrokerError("restart_kafka: Kafka still runs; kill_kafka() first")
-        log_from = (self._tmp / "kafka.log").stat().st_size
-        self._procs.pop(1)
-        self._spawn("kafka", self._kafka_argv, append=True)
-        self._start_watchdog()
-        self._wait_ready(log_from)
+        deadline = time.monotonic() + self.start_timeout_s
+        while True:
+            log_from = (self._tmp / "kafka.log").stat().st_size
+            self._procs.pop(1)
+            self._spawn("kafka", self._kafka_argv, append=True)
+            self._start_watchdog()
+            try:
+                self._wait_ready(log_from)
+                return
+            except BrokerError:
+                # Kafka 0.9 does not wait for the dead broker's ephemeral /brokers/ids node: it
+                # exits at once. Start it again until ZooKeeper's session timeout removed the node.
+                stale = "already registered" in _log_from(self._tmp / "kafka.log", log_from)
+                if not stale or self._procs[1].poll() is None or time.monotonic() > deadline:
+                    raise
+                time.sleep(1.0)
 
     # ------------------------------------------------------------------- stop
     def stop(self, stop_timeout_s: float = 10.0) -> None:
