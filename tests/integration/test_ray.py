@@ -17,13 +17,14 @@ it skips them with the reason.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import threading
 
 import numpy as np
 import pytest
-from proc_tree import children
+from proc_tree import children, descendants
 from test_train_exact import BATCH, LR, STEPS, _reference, assert_matches_reference
 
 from herald.auth import generate_keys
@@ -190,6 +191,14 @@ def _listening(pids) -> dict[int, list[str]]:
     return out
 
 
+def _loopback(address: str) -> bool:
+    """Whether ``"HOST:PORT"`` is a loopback address (``127.x``, ``::1``, or IPv4's loopback
+    mapped into IPv6, ``::ffff:127.0.0.1``, as an IPv6 socket bound to it shows)."""
+    ip = ipaddress.ip_address(address.rsplit(":", 1)[0])
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return ip.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
 def _auth_mode(pid: int) -> str | None:
     import psutil
 
@@ -202,23 +211,32 @@ def _auth_mode(pid: int) -> str | None:
 @pytest.mark.slow  # ~15 s on 2 cores: a Ray instance started and stopped
 def test_local_ray_instance_is_started_and_stopped(ray, tmp_path, data_dir):
     """... and the job's roles listen on no address but loopback (the dense group's store is a
-    file; gloo binds loopback), and the instance runs with Ray's token authentication."""
+    file; gloo binds loopback), nor does any process of the Ray instance (GCS, raylet, core
+    workers, agents, this process's core worker), and the instance runs with Ray's token
+    authentication."""
     source = str(data_dir / "criteo" / "criteo_kaggle_sample_train.tsv")
     seen: dict = {}
     before = _ray_services()
     serving_before = _serving()
+    tree_before = {pid for pid, _ in descendants(os.getpid())}
+    own_before = set(_listening([os.getpid()]).get(os.getpid(), []))
 
     def on_finish(addresses, job):
         seen.update(addresses=list(addresses), dist_init=job.dist_init)
         seen["auth"] = {pid: _auth_mode(pid) for pid in _ray_services() - before}
 
     listening: dict[int, set[str]] = {}
+    instance: dict[tuple[int, str], set[str]] = {}  # (pid, command) -> its listening addresses
     done = threading.Event()
 
-    def watch():  # every role's listening sockets while the job runs (the workers end before on_finish)
+    def watch():  # every process's listening sockets while the job runs (the workers end before on_finish)
         while not done.wait(0.1):
             for pid, addresses in _listening(_serving() - serving_before).items():
                 listening.setdefault(pid, set()).update(addresses)
+            tree = {pid: cmd for pid, cmd in descendants(os.getpid()) if pid not in tree_before}
+            for pid, addresses in _listening([*tree, os.getpid()]).items():
+                ours = set(addresses) - own_before if pid == os.getpid() else set(addresses)
+                instance.setdefault((pid, tree.get(pid, "herald train")[:80]), set()).update(ours)
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
@@ -229,8 +247,12 @@ def test_local_ray_instance_is_started_and_stopped(ray, tmp_path, data_dir):
         watcher.join(10)
     seen["listening"] = listening
     assert len(listening) == 3, seen  # the shard and both workers
-    wide = {pid: a for pid, a in seen["listening"].items() if any(not x.startswith(("127.", "::1:")) for x in a)}
+    wide = {pid: a for pid, a in seen["listening"].items() if not all(map(_loopback, a))}
     assert not wide, f"a role of the job listens beyond loopback: {wide}"
+    services = {who: a for who, a in instance.items() if a}
+    assert any("gcs_server" in cmd for _, cmd in services) and any("raylet" in cmd for _, cmd in services), services
+    wide = {who: a for who, a in services.items() if not all(map(_loopback, a))}
+    assert not wide, f"a process of the job's Ray instance listens beyond loopback: {wide}"
     assert seen["dist_init"].startswith("file://"), seen["dist_init"]
     assert seen["auth"] and set(seen["auth"].values()) == {"token"}, seen["auth"]
     assert "RAY_AUTH_TOKEN" not in os.environ or os.environ.get("RAY_AUTH_MODE"), "the job's token outlived it"

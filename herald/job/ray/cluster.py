@@ -16,7 +16,7 @@ import secrets
 import shutil
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from herald.contracts.train import TrainConfig
@@ -73,7 +73,8 @@ def _token_auth(stack: contextlib.ExitStack) -> None:
     """Ray's token authentication for the instance this job starts, with a fresh token of
     its own (``RAY_AUTH_MODE=token``, ``RAY_AUTH_TOKEN`` in this process's environment,
     which Ray's services inherit; put back with ``stack``), unless the caller set
-    ``RAY_AUTH_MODE``: Ray's services listen on every interface (docs/cluster.md)."""
+    ``RAY_AUTH_MODE``: no process of the host but the job's own reaches Ray's loopback ports
+    without it (docs/cluster.md, "Security")."""
     if "RAY_AUTH_MODE" in os.environ:
         return
     saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
@@ -89,6 +90,34 @@ def _token_auth(stack: contextlib.ExitStack) -> None:
         _reset_token_cache()
 
     stack.callback(restore)
+
+
+#: Ray's switch (ray/_private/ray_constants.py) that, off, keeps a local node on the address it
+#: is given: on (Ray's default on Linux) ``_node_ip_address="127.0.0.1"`` is replaced by the
+#: host's outward address, on which every service then listens.
+_RAY_CLUSTER_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+@contextlib.contextmanager
+def _loopback_node() -> Iterator[None]:
+    """While a local instance starts: Ray keeps its node on loopback, so each of its services
+    (GCS, raylet, object manager, core workers, agents) listens on loopback only (they bind
+    the node's address when it is loopback, every interface otherwise). Ray's switch is set
+    in the environment its services inherit and in this process's Ray (which read it at
+    import), both put back after."""
+    # Ray: an optional dependency whose import takes 0.8 s (see _ray(), which loaded it already)
+    from ray._private import ray_constants
+
+    saved_env, saved_flag = os.environ.get(_RAY_CLUSTER_SWITCH), ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[_RAY_CLUSTER_SWITCH], ray_constants.ENABLE_RAY_CLUSTER = "0", False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved_flag
+        if saved_env is None:
+            os.environ.pop(_RAY_CLUSTER_SWITCH, None)
+        else:
+            os.environ[_RAY_CLUSTER_SWITCH] = saved_env
 
 
 class CallFailed(str):
@@ -217,7 +246,8 @@ class RayCluster:
             )
             _token_auth(stack)
         try:
-            ray.init(address=address or "local", **options)
+            with _loopback_node() if address is None else contextlib.nullcontext():
+                ray.init(address=address or "local", **options)
         except (ConnectionError, RuntimeError, ValueError) as exc:
             raise HeraldError(
                 f"cannot {'connect to the Ray cluster at ' + address if address else 'start Ray'}: {exc}"
