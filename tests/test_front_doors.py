@@ -13,6 +13,7 @@ import json
 import os
 import pathlib
 import re
+import socket
 import subprocess
 import sys
 
@@ -375,3 +376,19 @@ def test_a_source_shorter_than_one_global_batch_is_named_before_any_process(tmp_
     line = _error_line(capsys.readouterr().err)
     assert line.startswith(f"--source {source}: its training split has 36 rows, fewer than one global batch"), line
     assert "--workers 2 x --batch-size 32 = 64" in line
+
+
+def test_produce_to_a_port_that_is_not_kafka_names_the_broker(tmp_path):
+    """A port that accepts connections but never answers as Kafka (a listening socket that
+    never reads): the producer's bootstrap gives up within its timeout and says so."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        bootstrap = f"127.0.0.1:{listener.getsockname()[1]}"
+        argv = ["produce", "--bootstrap", bootstrap, "--topic", "t", "--limit", "10", "--no-progress",
+                "--client-option", "bootstrap_timeout_ms=1000", "synthetic://criteo?rows=10"]  # fmt: skip
+        env = {**os.environ, "PYTHONPATH": str(REPO), "CWD": str(tmp_path)}
+        (result,) = _run_all([argv], env)
+    assert result.returncode == 1, result.stderr
+    assert _error_line(result.stderr).startswith(f"no Kafka broker answered at {bootstrap}"), result.stderr
+    assert not RAW.search(result.stderr), result.stderr

@@ -21,7 +21,7 @@ from herald.config import require
 from herald.errors import ConfigError, DataError
 from herald.loader.batch import SampleBatch
 from herald.loader.formats.arrow import batch_to_arrow
-from herald.loader.kafka.config import broker_timeout, check_reachable
+from herald.loader.kafka.config import broker_timeout, check_reachable, no_broker_errors
 from herald.loader.registry import infer_format, open_source
 
 _RESERVED = ("bootstrap_servers", "key_serializer", "value_serializer")
@@ -210,7 +210,7 @@ def _open_producer(settings: ProduceSettings):
     }
     try:
         return KafkaProducer(bootstrap_servers=settings.bootstrap_servers.split(","), **opts)
-    except ke.NoBrokersAvailable as exc:
+    except (*no_broker_errors(), ke.KafkaTimeoutError) as exc:
         raise broker_timeout(
             settings.bootstrap_servers,
             "bootstrap",

@@ -29,6 +29,14 @@ def known_client_options() -> frozenset[str]:
     return frozenset(KafkaConsumer.DEFAULT_CONFIG) - frozenset(_RESERVED)
 
 
+def no_broker_errors() -> tuple[type[Exception], ...]:
+    """kafka-python's "no broker answered" errors (``NoBrokersAvailable`` is gone from 3.x,
+    ``KafkaConnectionError`` is in both)."""
+    import kafka.errors as ke
+
+    return tuple(e for e in (getattr(ke, "NoBrokersAvailable", None), ke.KafkaConnectionError) if e is not None)
+
+
 def broker_timeout(bootstrap_servers: str, op: str, message: str) -> PeerTimeout:
     """The :class:`PeerTimeout` of a Kafka call ``op`` (``"commit"``, ``"fetch"``, ...) that
     the brokers ``bootstrap_servers`` (its peer) did not answer; ``message`` names the fix."""

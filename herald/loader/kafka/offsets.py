@@ -16,8 +16,11 @@ from herald.loader.kafka.config import (
     KafkaSourceConfig,
     broker_timeout,
     check_reachable,
+    no_broker_errors,
     timeout_kw,
 )
+
+_NO_BROKERS = no_broker_errors()
 
 # Consumer defaults the caller's client_options may override.
 # metadata_max_age_ms: a topic created after the consumer subscribed (trainer started
@@ -25,9 +28,6 @@ from herald.loader.kafka.config import (
 # reconnect_backoff_max_ms: a broker back from an outage (NOTE [kafka outage]) is dialled
 # again within a second, not after kafka-python's backoff of up to 30 s (measured: a
 # 40 s outage was read on 31 s after the broker returned).
-#: kafka-python's "no broker answered" errors (``NoBrokersAvailable`` is gone from 3.x)
-_NO_BROKERS = tuple(e for e in (getattr(ke, "NoBrokersAvailable", None), ke.KafkaConnectionError) if e is not None)
-
 CLIENT_DEFAULTS = {
     "max_poll_records": 10000,
     "fetch_max_wait_ms": 100,
