@@ -122,6 +122,18 @@ def endpoint_type(*, bind: bool, flag: str = "the endpoint"):
     return parse
 
 
+def add_bind_argument(p: argparse.ArgumentParser, default: str, *, note: str = "") -> None:
+    """``--bind``, the endpoint a serving role (PS shard, dispatcher) binds, checked by
+    :func:`endpoint_type`; ``note``: what the role adds to the help (e.g. its port rules)."""
+    p.add_argument(
+        "--bind",
+        default=default,
+        type=endpoint_type(bind=True, flag="--bind"),
+        help=f"ZeroMQ endpoint to bind: tcp://HOST:PORT or ipc:///PATH ({note}another host's address needs "
+        "--keys or --insecure) (default: %(default)s)",
+    )
+
+
 def _without(message: str, flag: str) -> str:
     """argparse prefixes ``argument FLAG:``; the message need not name the flag again."""
     return message[len(flag) + 1 :] if message.startswith(flag + " ") else message

@@ -14,7 +14,7 @@ import os
 
 from herald.contracts.vocab import MAX_PS_SHARDS
 from herald.errors import ConfigError
-from herald.inputs import check_output_file, endpoint_type, int_type, parse_endpoint
+from herald.inputs import add_bind_argument, check_output_file, int_type, parse_endpoint
 from herald.job.cli import add_job_arguments, check_job_inputs, config_from_args
 
 # The functions below import the job's parts on use: this module is imported to build the
@@ -130,13 +130,7 @@ def register(commands, bench, serve) -> None:
             "storage_path",
         ),
     )
-    d.add_argument(
-        "--bind",
-        default="tcp://127.0.0.1:5555",
-        type=endpoint_type(bind=True, flag="--bind"),
-        help="endpoint to bind: tcp://HOST:PORT or ipc:///PATH (another host's address needs --keys or "
-        "--insecure) (default: %(default)s)",
-    )
+    add_bind_argument(d, "tcp://127.0.0.1:5555")
     d.add_argument(
         "--dispatcher-rank",
         type=int_type(0, 255),

@@ -20,9 +20,9 @@ from herald.contracts.tables import tables_from_json
 from herald.errors import ConfigError, UsageError
 from herald.inputs import (
     INT64_MAX,
+    add_bind_argument,
     check_existing_folder,
     check_output_file,
-    endpoint_type,
     int_type,
     read_text_file,
 )
@@ -150,13 +150,7 @@ def register(commands, bench, serve) -> None:
     p.add_argument(
         "--num-shards", type=int_type(1, MAX_SHARDS), required=True, help=f"total number of shards, 1..{MAX_SHARDS}"
     )
-    p.add_argument(
-        "--bind",
-        default="tcp://127.0.0.1:*",
-        type=endpoint_type(bind=True, flag="--bind"),
-        help="ZeroMQ endpoint to bind: tcp://HOST:PORT or ipc:///PATH (loopback by default; '*' port = any "
-        "free port; another host's address needs --keys or --insecure) (default: %(default)s)",
-    )
+    add_bind_argument(p, "tcp://127.0.0.1:*", note="loopback by default; '*' port = any free port; ")
     p.add_argument("--tables", default=None, metavar="FILE", help="JSON file: list of table declarations (docs/ps.md)")
     p.add_argument("--seed", type=int_type(0), default=0, help="initialiser seed, equal on every shard")
     p.add_argument("--ready-file", default=None, help="write the bound endpoint here once serving")
