@@ -21,6 +21,7 @@ import json
 import pathlib
 
 from herald.bench.options import DATASETS
+from herald.bench.table import print_head
 from herald.contracts.train import TrainConfig
 from herald.job.launcher import run_train
 
@@ -56,11 +57,9 @@ def run_compression(args: argparse.Namespace) -> dict:
                 "auc": rep["metrics"].get("auc", float("nan")),
                 "steps": rep["steps"],
             }
-    print(
-        "\n| dataset | wire | embedding MiB fp32 | on the wire MiB | fewer bytes | samples/s | held-out AUC "
-        "| AUC - fp32 |"
+    print_head(
+        "dataset | wire | embedding MiB fp32 | on the wire MiB | fewer bytes | samples/s | held-out AUC | AUC - fp32"
     )
-    print("|---|---|---|---|---|---|---|---|")
     for dataset in args.datasets:
         base = results.get(f"{dataset}-fp32")
         for wire in args.wire_dtypes:
@@ -109,11 +108,10 @@ def run_groups(args: argparse.Namespace) -> dict:
                     easgd_alpha=args.easgd_alpha,
                 )
                 results[name] = _groups_row(rep, g, slow, mode)
-    print(
-        "\n| consistency | straggler | G | samples/s | speed-up vs G=1 | held-out AUC | AUC - G=1 | averaging lag "
-        "mean / max (steps) | steps per group |"
+    print_head(
+        "consistency | straggler | G | samples/s | speed-up vs G=1 | held-out AUC | AUC - G=1 "
+        "| averaging lag mean / max (steps) | steps per group"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
     for mode in args.consistencies:
         for slow in (None, args.slow_worker):
             tag = "straggler" if slow else "even"

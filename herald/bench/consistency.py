@@ -31,6 +31,7 @@ import json
 import pathlib
 
 from herald.bench.options import BASELINE, CONSISTENCY_MODES
+from herald.bench.table import print_head
 from herald.contracts.train import TrainConfig
 from herald.errors import ConfigError
 from herald.job.launcher import run_train
@@ -151,11 +152,10 @@ def add_ratios(results: dict) -> None:
 
 def print_table(results: dict) -> None:
     """A markdown table of :func:`summarize` rows (with ``vs_bsp`` and ``slow_ms``), keyed by the run's label."""
-    print(
-        "\n| mode | straggler ms | AUC | log loss | samples/s | vs bsp | embeddings moved | update pulls "
-        "| pulls saved | rereads | staleness max / mean | worker<->PS MiB |"
+    print_head(
+        "mode | straggler ms | AUC | log loss | samples/s | vs bsp | embeddings moved | update pulls | pulls saved "
+        "| rereads | staleness max / mean | worker<->PS MiB"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for key, r in results.items():
         slow = "-" if r.get("slow_ms") is None else str(r["slow_ms"])
         print(

@@ -23,6 +23,7 @@ import pathlib
 
 from herald.bench import torchrec_baseline
 from herald.bench.common import summarize
+from herald.bench.table import print_head
 from herald.contracts.train import TrainConfig
 from herald.job.launcher import run_train
 
@@ -80,11 +81,10 @@ def run(args: argparse.Namespace) -> dict:
 def _print_table(args: argparse.Namespace, results: dict, trec) -> None:
     """The markdown table of every run against vanilla (same worker count) and TorchRec
     (``trec``); adds the ratios to each run's entry of ``results``."""
-    print(
-        "\n| workers | schedule | samples/s | worker<->PS MiB | embeddings moved | bytes vs vanilla "
-        "| all-reduce MiB | time vs vanilla | vs TorchRec |"
+    print_head(
+        "workers | schedule | samples/s | worker<->PS MiB | embeddings moved | bytes vs vanilla | all-reduce MiB "
+        "| time vs vanilla | vs TorchRec"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
     for workers in args.workers:
         base = results.get(f"vanilla-w{workers}")
         for schedule in args.schedules:

@@ -38,6 +38,7 @@ from herald.bench.common import (
     top_phases,
     train_loop,
 )
+from herald.bench.table import print_head
 from herald.errors import ConfigError
 
 
@@ -123,11 +124,11 @@ def gpu_section(source: str, args, tmp: str) -> list[dict]:
 def print_gpu_table(rows: list[dict], device_name: str) -> None:
     """The GPU comparison as a Markdown table."""
     print(f"\nGPU ({device_name}), 1 herald worker, herald schedule\n")
-    print(
-        "| batch | plain PyTorch GPU | herald GPU | vs plain GPU | herald CPU | GPU vs CPU "
-        "| top herald GPU phases (ms/step) |"
+    print_head(
+        "batch | plain PyTorch GPU | herald GPU | vs plain GPU | herald CPU | GPU vs CPU "
+        "| top herald GPU phases (ms/step)",
+        lead="",
     )
-    print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(
             f"| {r['batch_size']} | {r['plain_torch_gpu_samples_per_s']:,.0f} | {r['herald_gpu_samples_per_s']:,.0f} "

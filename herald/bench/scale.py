@@ -89,6 +89,7 @@ from herald.bench.common import (
     train_plain_torch,
 )
 from herald.bench.options import add_scale_arguments, cores
+from herald.bench.table import print_head
 from herald.bench.torchrec_baseline import describe, format_ratio, ratio_to, torchrec_baseline
 from herald.contracts.vocab import SCHEDULES
 from herald.errors import ConfigError
@@ -305,11 +306,11 @@ def print_table(results: dict) -> None:
         "is workers x batch samples; the ratios to plain PyTorch are medians of each repeat's ratio to the "
         "plain run of the same repeat\n"
     )
-    print(
-        "| workers | schedule | samples/s | vs plain PyTorch | vs TorchRec | scaling T_N/(N*T_1) | wall ms/step "
-        "| job CPU us/sample (steady) | top worker phases (ms/step) |"
+    print_head(
+        "workers | schedule | samples/s | vs plain PyTorch | vs TorchRec | scaling T_N/(N*T_1) | wall ms/step "
+        "| job CPU us/sample (steady) | top worker phases (ms/step)",
+        lead="",
     )
-    print("|---|---|---|---|---|---|---|---|---|")
     ms = 1e3 * results["batch_size"] / plain["samples_per_s"]
     trec_ratio = format_ratio(plain["samples_per_s"] / trec["samples_per_s"] if trec and "error" not in trec else None)
     print(
@@ -373,8 +374,7 @@ def print_torchrec_runs(trec_runs: list[dict] | None, runs: list[dict]) -> None:
         print("\nTorchRec at N workers: not run (--no-torchrec)")
         return
     print("\nTorchRec at N workers (gloo, 1 thread per process; herald: its fastest schedule at that N)\n")
-    print("| workers | TorchRec mode | samples/s | CPU us/sample | herald samples/s | herald vs TorchRec |")
-    print("|---|---|---|---|---|---|")
+    print_head("workers | TorchRec mode | samples/s | CPU us/sample | herald samples/s | herald vs TorchRec", lead="")
     for t in trec_runs:
         if "error" in t:
             print(f"| {t.get('workers', '-')} | {t['error']} | - | - | - | - |")

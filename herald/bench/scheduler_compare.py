@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numba as nb
 import numpy as np
 
+from herald.bench.table import print_head
 from herald.errors import ConfigError
 from herald.loader import SampleBatch
 from herald.loader.splits import count_distinct_keys
@@ -123,8 +124,7 @@ def compare(
             "wall = perf_counter around submit (what Scheduler.submit_seconds records), "
             "cpu = thread CPU time (excludes time the shared machine ran other processes)"
         )
-        print("| case | schedule | wall before | wall after | speed-up | cpu before | cpu after | speed-up |")
-        print("|---|---|---|---|---|---|---|---|")
+        print_head("case | schedule | wall before | wall after | speed-up | cpu before | cpu after | speed-up", lead="")
         for case in CASES if cases is None else [CASES[i] for i in cases]:
             for schedule in schedules:
                 print(_compare_case(roots, case, schedule, rounds, build_plans, ref), flush=True)
