@@ -3,6 +3,8 @@ table per section of device.json."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 
 def _num(x, fmt: str = ",.0f") -> str:
     return "-" if x is None else format(x, fmt)
@@ -15,22 +17,20 @@ def _head(name: str, entry: dict) -> list[str]:
 
 
 def _tests(e: dict) -> list[str]:
-    out = _head("tests: CUDA exactness (pytest -k cuda)", e)
-    if "tests" in e:
-        out.append(
-            f"   {e['status']}: {e['tests']} collected, {e['passed']} passed, {e['failures']} failed, "
-            f"{e['errors']} errors, {e['skipped']} skipped"
-        )
-        out += [f"   failed: {f}" for f in e.get("failed", [])]
-    return out
+    if "tests" not in e:
+        return []
+    head = (
+        f"   {e['status']}: {e['tests']} collected, {e['passed']} passed, {e['failures']} failed, "
+        f"{e['errors']} errors, {e['skipped']} skipped"
+    )
+    return [head] + [f"   failed: {f}" for f in e.get("failed", [])]
 
 
 def _scale(e: dict) -> list[str]:
-    out = _head("scale: herald at N pinned workers vs plain PyTorch and TorchRec", e)
     plain = e.get("plain_torch")
     if not plain:
-        return out
-    out.append(f"   plain PyTorch (1 process): {plain['samples_per_s']:,.0f} samples/s")
+        return []
+    out = [f"   plain PyTorch (1 process): {plain['samples_per_s']:,.0f} samples/s"]
     trec = {t.get("workers"): t for t in e.get("torchrec_runs") or []}
     out.append("   | N | herald samples/s | vs plain | scaling | TorchRec at N | herald vs TorchRec | TorchRec mode |")
     out.append("   |---|---|---|---|---|---|---|")
@@ -45,20 +45,17 @@ def _scale(e: dict) -> list[str]:
 
 
 def _step(e: dict) -> list[str]:
-    out = _head("step: one PS shard's CPU time per global step", e)
-    if "shard_ms_per_step" in e:
-        s = e["settings"]
-        out.append(
-            f"   {s['workers']} workers, {s['shards']} shards: {e['shard_ms_per_step']:.3f} ms per step, "
-            f"{e['shard_ns_per_row']:.0f} ns/row ({e['ratio_vs_numba_limit']:.2f}x the numba limit)"
-        )
-    return out
+    if "shard_ms_per_step" not in e:
+        return []
+    s = e["settings"]
+    return [
+        f"   {s['workers']} workers, {s['shards']} shards: {e['shard_ms_per_step']:.3f} ms per step, "
+        f"{e['shard_ns_per_row']:.0f} ns/row ({e['ratio_vs_numba_limit']:.2f}x the numba limit)"
+    ]
 
 
 def _gpu(e: dict) -> list[str]:
-    out = _head("gpu: herald on the GPU vs plain PyTorch on the GPU", e)
-    if "status" in e:
-        out.append(f"   {e['status']}")
+    out = [f"   {e['status']}"] if "status" in e else []
     for r in e.get("rows", []):
         if "herald_gpu_samples_per_s" in r:
             out.append(
@@ -73,15 +70,15 @@ def _gpu(e: dict) -> list[str]:
 
 
 def _profile(e: dict) -> list[str]:
-    out = _head("profile: torch.profiler over the plain baseline's training steps", e)
-    if "top_ops" in e:
-        out.append(
-            f"   {e['status']}, {e['steps']} steps of {e['batch_size']:,}: {e['ms_per_step']:.2f} ms/step; "
-            f"trace {e['trace']}"
-        )
-        for op in e["top_ops"][:8]:
-            name, dev, cpu = op["op"][:48], op["self_device_us"], op["self_cpu_us"]
-            out.append(f"   {name:48s} {op['calls']:6d} calls  device {dev:10.0f} us  cpu {cpu:10.0f} us")
+    if "top_ops" not in e:
+        return []
+    out = [
+        f"   {e['status']}, {e['steps']} steps of {e['batch_size']:,}: {e['ms_per_step']:.2f} ms/step; "
+        f"trace {e['trace']}"
+    ]
+    for op in e["top_ops"][:8]:
+        name, dev, cpu = op["op"][:48], op["self_device_us"], op["self_cpu_us"]
+        out.append(f"   {name:48s} {op['calls']:6d} calls  device {dev:10.0f} us  cpu {cpu:10.0f} us")
     return out
 
 
@@ -108,6 +105,17 @@ def _arrivals(e: dict) -> list[str]:
     return out
 
 
+#: The sections of ``summary.txt`` after the machine's line: (device.json key, title, body lines of
+#: its entry); each under the head of :func:`_head` (the title, the seconds, the entry's error).
+SECTIONS: tuple[tuple[str, str, Callable[[dict], list[str]]], ...] = (
+    ("tests", "CUDA exactness (pytest -k cuda)", _tests),
+    ("scale", "herald at N pinned workers vs plain PyTorch and TorchRec", _scale),
+    ("step", "one PS shard's CPU time per global step", _step),
+    ("gpu", "herald on the GPU vs plain PyTorch on the GPU", _gpu),
+    ("profile", "torch.profiler over the plain baseline's training steps", _profile),
+)
+
+
 def summary_text(results: dict) -> str:
     """The text of ``summary.txt`` for :func:`herald.bench.device.run`'s results."""
     m = results["machine"]
@@ -116,7 +124,8 @@ def summary_text(results: dict) -> str:
         f"CUDA {'yes: ' + m['device_name'] if m['cuda'] else 'no'}, TorchRec {m['torchrec']}; "
         f"{results.get('seconds', '-')} s in all"
     ]
-    for name, fn in (("tests", _tests), ("scale", _scale), ("step", _step), ("gpu", _gpu), ("profile", _profile)):
-        lines += fn(results.get(name) or {"error": "not run"})
+    for name, title, body in SECTIONS:
+        entry = results.get(name) or {"error": "not run"}
+        lines += _head(f"{name}: {title}", entry) + body(entry)
     lines += _arrivals(results.get("arrivals") or {"error": "not run"})
     return "\n".join(lines) + "\n"
