@@ -286,6 +286,7 @@ class JobRunner:
             enabled=self.options.progress,
             total_steps=data.total_steps(data_cfg),
             skipped=lambda: data.batches.skipped,
+            lag=lambda: data.batches.lag.last,
         )
 
     def _layout(self, cfg: TrainConfig) -> Layout:
@@ -376,6 +377,7 @@ class JobRunner:
             replicated_tables=[data.schema.table_names[t] for t in data.replicated],
             replica_rows=data.replica_rows,
             switched_from=ckpts.switched_from if ckpts is not None else None,  # NOTE [gba checkpoints]
+            lag=data.batches.lag.summary(),  # NOTE [lag] in herald/loader/kafka/source.py
         )
         # one dispatcher per group: the job's steps in ack order (each group numbers its own from 0) for the plots
         plotted = [dataclasses.replace(r, step=i) for i, r in enumerate(records)] if layout.grouped else records

@@ -36,6 +36,7 @@ import numpy as np
 from herald.errors import ConfigError, DataError
 from herald.loader.batch import SampleBatch
 from herald.loader.batcher import GlobalBatcher, ReadTracker
+from herald.loader.lag import LagHistory
 from herald.loader.source import Source
 from herald.loader.splits import RowRange
 
@@ -168,6 +169,7 @@ class GlobalBatches:
         )
         self.info = dict.fromkeys(_INFO_KEYS, 0)
         self.skipped: dict[str, int] = {}
+        self.lag = LagHistory()  # NOTE [lag] in herald/loader/kafka/source.py
         self._tracked: dict[int, tuple[np.ndarray | None, Any]] = {}
 
     def __iter__(self) -> GlobalBatches:
@@ -188,6 +190,7 @@ class GlobalBatches:
                 self._tracked[self.info["batches"]] = self._batcher.last_tracked
             self.info["batches"] += 1
             self.info["samples"] += len(batch)
+            self.lag.add(self.info["batches"], self.source.lag())
             return batch
         raise StopIteration
 

@@ -48,6 +48,14 @@ class Source:
         """``rows`` (returned so far), ``skipped`` (reason -> count) and source extras."""
         return {"rows": self._rows, "skipped": dict(self._skipped())}
 
+    def lag(self) -> dict | None:
+        """How far the reads are behind a stream's end (NOTE [lag] in
+        herald/loader/kafka/source.py): ``records`` (partition -> records between the read
+        position and the log end), ``event_time_s`` (seconds from the newest record read, by
+        its timestamp, to now; None without timestamps). None: a source with no moving end
+        (files, synthetic data)."""
+        return None
+
     def read(self, max_rows: int) -> SampleBatch | None:
         """Up to ``max_rows`` (int >= 1) next rows, or None at the end of data.
 

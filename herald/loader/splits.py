@@ -53,6 +53,9 @@ class RowRange(Source):
     def stats(self) -> dict:
         return {**self.inner.stats, **super().stats}
 
+    def lag(self) -> dict | None:
+        return self.inner.lag()
+
     def _skipped(self) -> dict:
         if self._before is None:
             return {}

@@ -213,3 +213,16 @@ def test_shared_resume_harness_with_bad_records_mid_message(kafka_broker, kafka_
 
     full = check_source_resume(make, trials=2, max_read=90)
     assert full.equals(SampleBatch.concat([criteo_batch.slice(0, 140), criteo_batch.slice(210, 300)]))
+
+
+def test_lag_counts_the_records_behind_the_log_end(kafka_broker, kafka_topic, criteo_lines):
+    # NOTE [lag]: what the last fetch reported as the log end minus the read position
+    send_all(kafka_broker, kafka_topic, criteo_lines)
+    with source(kafka_broker, kafka_topic, "tsv") as src:
+        assert src.lag() == {"records": {}, "event_time_s": None}  # nothing fetched yet
+        take(src, 64)
+        lag = src.lag()
+        assert lag["records"] == {0: len(criteo_lines) - 64}, lag
+        assert lag["event_time_s"] is None  # a 0.9 broker gives no timestamps
+        read_all(src)
+        assert src.lag()["records"] == {0: 0}

@@ -162,8 +162,14 @@ def test_kill_minus_9_then_resume_trains_every_record(tmp_path, data_dir, kafka_
         _train_cmd(kafka_broker, kafka_topic, run_dir, *mode, "--resume"), capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    consistency = json.loads((run_dir / "report.json").read_text())["consistency"]
+    report = json.loads((run_dir / "report.json").read_text())
+    consistency = report["consistency"]
     assert consistency["mode"] == ("gba" if mode else "bsp")
+    # NOTE [lag]: the resumed job started behind the log end and read up to it (what is left
+    # at the last full global batch: the records of the partial one, less than a batch's)
+    lag = report["lag"]["records"]
+    assert lag["peak"] > lag["final_total"] and lag["final_total"] <= STEP_SAMPLES // ROWS_PER_MESSAGE + 2, lag
+    assert f"lag behind the stream's end: {lag['final_total']} records" in (run_dir / "report.txt").read_text()
     assert consistency.get("dropped_or_decayed", 0) == 0  # iota = 0: GBA is exactly BSP
     trained = _logged(run_dir)
     everything = _ids_before(

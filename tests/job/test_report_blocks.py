@@ -73,7 +73,10 @@ def test_every_key_comes_from_one_block_in_the_registrys_order(tmp_path):
     names = [b.name for b in BLOCKS]
     assert len(set(names)) == len(names) and set(TEXT_ORDER) <= set(names)
     assert len(set(TEXT_ORDER)) == len(TEXT_ORDER)
-    assert [b.name for b in plotted()] == ["throughput", "transmissions", "phases"]
+    assert [b.name for b in plotted()] == ["throughput", "lag", "transmissions", "phases"]
+    assert [b.name for b in plotted(rep)] == ["throughput", "transmissions", "phases"]  # a file: no lag
+    with_lag = build(inputs(tmp_path, lag={"records": {"final": {}, "final_total": 0, "peak": 0}}))
+    assert "lag" in with_lag and "lag" in [b.name for b in plotted(with_lag)]
 
 
 def test_the_text_is_made_again_from_the_json(tmp_path):

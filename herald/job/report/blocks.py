@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from herald.dispatch.records import StepRecord
-from herald.job.report import attempts, breakdown, comm, consistency, costs, run
+from herald.job.report import attempts, breakdown, comm, consistency, costs, lag, run
 from herald.job.report.inputs import ReportInputs
 
 
@@ -30,18 +30,24 @@ def _no_lines(rep: dict[str, Any]) -> list[str]:
     return []
 
 
+def _always(rep: dict[str, Any]) -> bool:
+    return True
+
+
 @dataclasses.dataclass(frozen=True)
 class Block:
     """One block of the report (NOTE [report blocks]): ``name``, ``fields`` (inputs -> its
     report.json keys), ``lines`` (report dict -> its report.txt lines), ``plot`` (matplotlib
-    axes, report dict, the step records -> its report.png panel; None: no panel) and
-    ``plot_width`` (the panel's relative width)."""
+    axes, report dict, the step records -> its report.png panel; None: no panel),
+    ``plot_width`` (the panel's relative width) and ``shown`` (report dict -> whether this
+    report has the panel)."""
 
     name: str
     fields: Callable[[ReportInputs], dict[str, Any]]
     lines: Callable[[dict[str, Any]], list[str]] = _no_lines
     plot: Callable[[Any, dict[str, Any], Sequence[StepRecord]], None] | None = None
     plot_width: float = 1.0
+    shown: Callable[[dict[str, Any]], bool] = _always
 
 
 #: The report's blocks in report.json's key order (NOTE [report blocks]).
@@ -53,6 +59,7 @@ BLOCKS: tuple[Block, ...] = (
     Block("evictions", costs.evictions_fields, costs.evictions_lines),
     Block("data", run.data_fields),
     Block("throughput", run.throughput_fields, run.throughput_lines, run.throughput_plot),
+    Block("lag", lag.fields, lag.lines, lag.plot, shown=lag.shown),
     Block("metrics", run.metrics_fields, run.metrics_lines),
     Block("transmissions", comm.transmissions_fields, comm.transmissions_lines, comm.transmissions_plot),
     Block("ps_requests", comm.ps_requests_fields, comm.ps_requests_lines),
@@ -74,6 +81,7 @@ TEXT_ORDER: tuple[str, ...] = (
     "interrupted",
     "config",
     "throughput",
+    "lag",
     "startup",
     "consistency",
     "skipped",
@@ -108,6 +116,7 @@ def format_text(rep: dict[str, Any]) -> str:
     return "\n".join(line for name in TEXT_ORDER for line in _BY_NAME[name].lines(rep))
 
 
-def plotted() -> list[Block]:
-    """The blocks with a panel in report.png, in :data:`BLOCKS` order."""
-    return [b for b in BLOCKS if b.plot is not None]
+def plotted(rep: dict[str, Any] | None = None) -> list[Block]:
+    """The blocks with a panel in report.png, in :data:`BLOCKS` order (of the report ``rep``:
+    those it shows; None: every block that can have one)."""
+    return [b for b in BLOCKS if b.plot is not None and (rep is None or b.shown(rep))]

@@ -32,7 +32,7 @@ def write(rep: dict[str, Any], records: Sequence[StepRecord], run_dir: str | pat
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = plotted()
+    panels = plotted(rep)
     widths = [b.plot_width for b in panels]
     size = (round(15 * sum(widths) / 2.7, 2), 4)  # inches: 15 wide for the three panels
     fig, axes = plt.subplots(1, len(panels), figsize=size, gridspec_kw={"width_ratios": widths}, squeeze=False)

@@ -69,6 +69,8 @@ class ReportInputs:
         failovers: the report's ``failovers``, one dict per rollback (NOTE [failover policy]).
         replicated_tables: names of the tables replicated on every worker; replica_rows: their rows.
         switched_from: the consistency mode of the checkpoint this job resumed under another mode.
+        lag: the stream's lag over the job (:meth:`herald.loader.lag.LagHistory.summary`;
+            None: the source has no end to be behind, or no lag was sampled).
     """
 
     cfg: Any
@@ -91,6 +93,7 @@ class ReportInputs:
     replicated_tables: Sequence[str] = ()
     replica_rows: int = 0
     switched_from: str | None = None
+    lag: dict[str, Any] | None = None
 
     @property
     def steps(self) -> int:

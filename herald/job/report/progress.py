@@ -19,9 +19,11 @@ PUSHES = ("grad_push", "plan_push", "evict_push")
 
 
 class Progress:
-    """A tqdm bar over steps showing samples/s, loss, hit rate, transmissions/step and,
-    once there are any, the bad records skipped so far per reason (``skipped()``:
-    reason -> count, e.g. ``GlobalBatches.skipped``; NOTE [bad records])."""
+    """A tqdm bar over steps showing samples/s, loss, hit rate, transmissions/step, a
+    stream's lag (``lag()``: :meth:`herald.loader.source.Source.lag`'s dict or None, e.g.
+    ``GlobalBatches.lag.last``; NOTE [lag] in herald/loader/kafka/source.py) and, once there
+    are any, the bad records skipped so far per reason (``skipped()``: reason -> count, e.g.
+    ``GlobalBatches.skipped``; NOTE [bad records])."""
 
     def __init__(
         self,
@@ -30,9 +32,10 @@ class Progress:
         enabled: bool = True,
         total_steps: int | None = None,
         skipped: Callable[[], dict[str, int]] | None = None,
+        lag: Callable[[], dict | None] | None = None,
     ):
         self.cfg, self.enabled = cfg, enabled
-        self._skipped = skipped
+        self._skipped, self._lag = skipped, lag
         self._bar = None
         self._t0 = time.perf_counter()
         self._samples = 0
@@ -71,6 +74,7 @@ class Progress:
         skipped = format_skipped(self._skipped() if self._skipped else {})
         self._bar.set_postfix_str(
             f"{rate:,.0f} samples/s loss {rec.loss:.4f} hit {hit:.2f} tx/step {moved}"
+            + format_lag(self._lag() if self._lag else None)
             + (f" skipped {skipped}" if skipped else ""),
             refresh=False,
         )
@@ -80,6 +84,15 @@ class Progress:
         """Close the bar; returns at once (``timeout_s``: nothing here waits; docs/design.md, "Timeouts and units")."""
         if self._bar is not None:
             self._bar.close()
+
+
+def format_lag(lag: dict | None) -> str:
+    """``" lag 1,234 rec 3.2 s"`` (records behind the stream's end, event-time lag where
+    known), or ``""`` for a source without one."""
+    if not lag or not lag["records"]:
+        return ""
+    event = lag["event_time_s"]
+    return f" lag {sum(lag['records'].values()):,} rec" + (f" {event:.1f} s" if event is not None else "")
 
 
 def format_skipped(skipped: dict[str, int]) -> str:

@@ -49,6 +49,9 @@ class Chunk:
         bad_reasons: k reason names.
         cursor: rows already delivered.
         bad_counted: bad records already counted (those before the position).
+        record_at, record_ms: int64 [r], each polled record's offset (ascending) and its
+            timestamp (ms since the epoch; -1 where the broker gives none, as 0.9 does):
+            NOTE [lag] in herald/loader/kafka/source.py. Empty until the source sets them.
     """
 
     partition: int
@@ -62,6 +65,8 @@ class Chunk:
     bad_reasons: list[str]
     cursor: int = 0
     bad_counted: int = 0
+    record_at: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
+    record_ms: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
 
     @property
     def remaining(self) -> int:
@@ -100,7 +105,14 @@ class Chunk:
             self.bad_offsets[bad_idx],
             self.bad_rows[bad_idx],
             [self.bad_reasons[i] for i in bad_idx],
+            record_at=self.record_at,
+            record_ms=self.record_ms,
         )
+
+    def timestamp_ms(self, offset: int) -> int:
+        """The timestamp (ms since the epoch) of the record at ``offset``; -1: unknown."""
+        i = int(np.searchsorted(self.record_at, offset))
+        return int(self.record_ms[i]) if i < self.record_at.shape[0] and self.record_at[i] == offset else -1
 
     @staticmethod
     def _before(offsets: np.ndarray, rows: np.ndarray, position: tuple[int, int]) -> np.ndarray:

@@ -37,6 +37,16 @@ A broker lost mid-stream is waited for within a bounded window: NOTE [kafka outa
 the later of this source's own position (rows delivered) and the group's committed one:
 what was delivered is trained by this job and committed with its next checkpoint.
 
+NOTE [lag]: how far the job is behind the stream, from what the consumer already knows
+(no request of its own): ``records`` per partition, the log end the last fetch reported
+(``KafkaConsumer.highwater``) minus the read position (a record partly read counts as
+behind; reads run up to the dispatcher's prefetch, two global batches, ahead of training);
+``event_time_s``, now minus the timestamp of the newest record read, the largest over the
+partitions that are behind (a partition read to its end is 0 s behind, however old its
+last record; None when the broker gives no timestamps, as 0.9 does). :meth:`KafkaSource.lag`
+is sampled after every global batch (:class:`~herald.loader.global_batches.GlobalBatches`);
+the progress bar shows it and the report gives it over the job.
+
 Clients must talk the broker's protocol: pass ``client_options={"api_version": (0, 9)}``
 for a 0.9 broker (the test broker, :mod:`herald.loader.kafka.broker`).
 """
@@ -108,6 +118,7 @@ class KafkaSource(Source):
         # NOTE [kafka outage]: a lost broker is waited for within its window
         self.outage = BrokerOutage(config, lambda: consumer_window_ms(self._consumer))
         self._delivered = 0  # rows returned since start / load_state_dict
+        self._event_ms: dict[int, int] = {}  # partition -> timestamp of its newest record read (NOTE [lag])
         self.last_read_position = KafkaPosition(config.topic, MappingProxyType({}))
         self.last_read_records = (np.zeros(0, np.int32), np.zeros(0, np.int64))
         self.last_read_rows = np.zeros(0, np.int64)
@@ -236,6 +247,9 @@ class KafkaSource(Source):
                 rows.append(chunk.rows[chunk.cursor : chunk.cursor + take])
                 chunk.cursor += take
                 need -= take
+                stamp = chunk.timestamp_ms(int(chunk.offsets[chunk.cursor - 1]))
+                if stamp >= 0:
+                    self._event_ms[chunk.partition] = max(stamp, self._event_ms.get(chunk.partition, -1))
                 self._advance(chunk, chunk.position_after(chunk.cursor))
             if chunk.remaining == 0:
                 self._finish(self._chunks.pop(0))
@@ -295,6 +309,7 @@ class KafkaSource(Source):
                 continue  # the partition was moved: its records come again
             at = np.fromiter((r.offset for r in records), np.int64, len(records))
             chunk = self._decoder.decode(tp.partition, at, [r.value for r in records])
+            chunk.record_at, chunk.record_ms = at, _timestamps_ms(records)  # NOTE [lag]
             resume = self._resume.get(tp.partition)
             if resume is not None:
                 chunk = chunk.drop_before(resume)
@@ -336,6 +351,24 @@ class KafkaSource(Source):
     def _get_state(self) -> dict:
         return {**self.position.to_dict(), "skipped": dict(self._skipped_counts)}
 
+    def lag(self) -> dict | None:
+        """NOTE [lag]: ``records`` (partition -> records behind the log end, for the
+        partitions whose log end a fetch reported) and ``event_time_s`` (float seconds, or
+        None without timestamps). Thread-safe: it reads what the consumer knows."""
+        now_ms = time.time() * 1000
+        at, stamps = dict(self._next), dict(self._event_ms)
+        records: dict[int, int] = {}
+        behind_s: list[float] = []
+        for tp in sorted(self._consumer.assignment(), key=lambda t: t.partition):
+            end, pos = self._consumer.highwater(tp), at.get(tp.partition)
+            if end is None or pos is None:
+                continue
+            records[tp.partition] = max(0, int(end) - pos[0])
+            stamp = stamps.get(tp.partition)
+            if stamp is not None:
+                behind_s.append(max(0.0, now_ms - stamp) / 1000 if records[tp.partition] else 0.0)
+        return {"records": records, "event_time_s": max(behind_s) if behind_s else None}
+
     def _set_state(self, state: dict) -> None:
         pos = KafkaPosition.from_dict(state)
         if pos.topic != self.config.topic:
@@ -369,6 +402,12 @@ class KafkaSource(Source):
             except Exception:  # noqa: BLE001 - closing must not raise over a dead broker
                 pass
         super().close(timeout_s)
+
+
+def _timestamps_ms(records) -> np.ndarray:
+    """int64 [r]: each polled record's timestamp in ms (-1 where the broker gives none)."""
+    stamps = (getattr(r, "timestamp", None) for r in records)
+    return np.fromiter((t if t is not None and t >= 0 else -1 for t in stamps), np.int64, len(records))
 
 
 def open_kafka(spec: str, **options) -> KafkaSource:
