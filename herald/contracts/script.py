@@ -45,6 +45,8 @@ class ScriptSettings:
     )
 
     def __post_init__(self) -> None:
+        if isinstance(self.args, list):  # a saved config's JSON (lists for tuples)
+            object.__setattr__(self, "args", tuple(self.args))
         require(
             self.path is None or (isinstance(self.path, str) and self.path.strip() != ""),
             f"--script must be a path to a Python file, got {self.path!r}",

@@ -76,8 +76,8 @@ for batch in loader:
 """
 
 
-@pytest.mark.integration
-def test_a_script_that_raises_names_the_rank_the_script_and_the_traceback(tmp_path, monkeypatch):
+def _raising_job(tmp_path, monkeypatch, **settings) -> tuple[pathlib.Path, str]:
+    """Run a job whose script raises on rank 1 at step 2; ``(script, the job's error)``."""
     folder, cwd = tmp_path / "scripts", tmp_path / "cwd"
     folder.mkdir()
     cwd.mkdir()
@@ -87,14 +87,30 @@ def test_a_script_that_raises_names_the_rank_the_script_and_the_traceback(tmp_pa
     monkeypatch.chdir(cwd)
     cfg = TrainConfig.from_flags(
         source=SOURCE, workers=2, batch_size=32, steps=6, eval_fraction=0.0, run_dir=str(tmp_path / "run"),
-        script=str(script), script_args=("--fail-at", "2"),
+        script=str(script), script_args=("--fail-at", "2"), **settings,
     )  # fmt: skip
     with pytest.raises(HeraldError) as err:
         run_train(cfg, progress=False)
-    text = str(err.value)
+    return script, str(err.value)
+
+
+def _assert_names_the_script(script: pathlib.Path, text: str) -> None:
     assert text.startswith(f"worker rank 1: script {script} raised ValueError: boom at step 2"), text
     assert "helper.py" in text and "raise ValueError(f'boom at step {step}')" in text  # the traceback's end
     assert "exited with code" not in text.splitlines()[0]
+
+
+@pytest.mark.integration
+def test_a_script_that_raises_names_the_rank_the_script_and_the_traceback(tmp_path, monkeypatch):
+    _assert_names_the_script(*_raising_job(tmp_path, monkeypatch))
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_under_ray_the_script_runs_and_its_failure_is_named(ray, tmp_path, monkeypatch):
+    """``--launcher ray`` (a local Ray instance): the script runs as every worker actor's
+    child (steps 0 and 1 trained) and the failure is named as under the local launcher."""
+    _assert_names_the_script(*_raising_job(tmp_path, monkeypatch, launcher="ray", timeout_ms=60_000))
 
 
 def test_connect_reads_the_job_from_the_environment(monkeypatch):
