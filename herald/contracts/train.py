@@ -19,6 +19,7 @@ from herald.contracts.consistency import ModeContext, ModeSettings, Straggler
 from herald.contracts.flags import _choice, _flag, _integer, _number, flag_errors
 from herald.contracts.models import check_model
 from herald.contracts.modes import MODE_FLAGS, BspSettings, check_mode, consistency_mode
+from herald.contracts.script import ScriptSettings
 from herald.contracts.settings import (
     CacheSettings,
     DenseSettings,
@@ -196,6 +197,7 @@ class TrainConfig:
     )
     security: SecuritySettings = nested(SecuritySettings)  # --keys, --insecure
     launcher: LauncherSettings = nested(LauncherSettings)  # --launcher, --ray-address, --storage-path
+    script: ScriptSettings = nested(ScriptSettings)  # --script FILE [-- ARGS]: the user's own worker loop
 
     def __post_init__(self) -> None:
         """Check every setting before any process starts, naming the flag: each nested group

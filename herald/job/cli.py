@@ -17,8 +17,10 @@ def add_job_arguments(p: argparse.ArgumentParser, *, exclude: tuple[str, ...] = 
 
 
 def config_from_args(args: argparse.Namespace):
-    """The :class:`~herald.contracts.train.TrainConfig` of parsed job options."""
-    return from_arguments(TrainConfig, args)
+    """The :class:`~herald.contracts.train.TrainConfig` of parsed job options (``herald train``'s
+    words after ``--`` appended to ``--script-arg``'s: :func:`add_script_arguments`)."""
+    extra = tuple(getattr(args, "script_argv", None) or ())
+    return from_arguments(TrainConfig, args, **({"script_args": (*args.script_args, *extra)} if extra else {}))
 
 
 def check_job_inputs(cfg: TrainConfig, *, run_dir: bool = True) -> None:
@@ -33,6 +35,8 @@ def check_job_inputs(cfg: TrainConfig, *, run_dir: bool = True) -> None:
     """
     if "://" not in cfg.source:
         check_input_path(cfg.source, "--source")
+    if cfg.script.path is not None:
+        check_input_path(cfg.script.path, "--script", folder_ok=False)
     if run_dir:
         check_output_folder(cfg.run_dir, "--run-dir")
     if cfg.security.keys_dir is not None:  # the roles of a job need both pairs (NOTE [transport security])
@@ -52,6 +56,20 @@ def check_job_inputs(cfg: TrainConfig, *, run_dir: bool = True) -> None:
 
 #: How long ``herald train`` tries to reach a ``--ray-address HOST:PORT`` before saying nothing is there.
 RAY_PROBE_S = 3.0
+
+
+# --- herald train --script FILE [-- ARGS] (NOTE [own script] in herald/worker/script.py) ---
+def add_script_arguments(p: argparse.ArgumentParser) -> None:
+    """``herald train``'s words after ``--``: the arguments of ``--script``'s file."""
+    p.add_argument(
+        "script_argv",
+        nargs="*",
+        metavar="-- ARGS",
+        help="after --: the arguments of --script's file (its sys.argv[1:])",
+    )
+
+
+# --- end of --script ---
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -74,5 +92,6 @@ def register(commands, bench, serve) -> None:
         "with 2 workers.",
     )
     add_job_arguments(p)
+    add_script_arguments(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_train)

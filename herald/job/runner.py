@@ -329,11 +329,12 @@ class JobRunner:
 
     def _after_training(self, cfg: TrainConfig, data: JobInputs, job: JobSpec) -> _Trained:
         """With the PS shards still up: their stats and the held-out evaluation (with a report
-        only; ``metrics`` empty without eval rows), ``on_finish`` between."""
+        only, and not of a ``--script`` job's model; ``metrics`` empty without eval rows), ``on_finish`` between."""
         ps_stats = self.ps.client.stats() if self.report is not None else None
         self.hooks.finished(list(self.ps.addresses), job)
         metrics: dict = {}
-        if self.report is not None and data.eval_source is not None:
+        # --script: the model is the script's, which herald cannot rebuild (NOTE [own script])
+        if self.report is not None and data.eval_source is not None and cfg.script.path is None:
             self.workers.replicas_written(cfg)
             metrics = evaluate(job, data.eval_source, pathlib.Path(cfg.run_dir), self.ps.addresses)
         return _Trained(job, ps_stats, metrics)

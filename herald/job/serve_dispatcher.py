@@ -116,7 +116,8 @@ def register(commands, bench, serve) -> None:
     # --run-dir, --checkpoint-every, --resume: NOTE [ps failover across hosts] (herald/job/recovery/failover.py);
     # --ps-restarts / --worker-restarts are the supervisor's (herald train), not this process's; --pin-cores pins
     # herald train's local processes (one role alone: taskset -c CORES herald serve ...); --launcher,
-    # --ray-address, --storage-path choose who starts herald train's roles (this process starts none)
+    # --ray-address, --storage-path choose who starts herald train's roles (this process starts none); --script is
+    # what herald train's workers run (here: herald serve worker, or torchrun of a script that connects)
     add_job_arguments(
         d,
         exclude=(
@@ -128,6 +129,8 @@ def register(commands, bench, serve) -> None:
             "launcher",
             "ray_address",
             "storage_path",
+            "script",
+            "script_args",
         ),
     )
     add_bind_argument(d, "tcp://127.0.0.1:5555")

@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -54,7 +55,12 @@ from herald.worker.executor import PlanExecutor
 from herald.worker.link import DispatcherLink
 from herald.worker.modes import job_protocol
 from herald.worker.rows import StepRows
+from herald.worker.script import job_environment
 from herald.worker.warm import save_checkpoint_part
+
+#: The loaders connected and not yet closed in this process (NOTE [own script] in
+#: herald/worker/script.py closes those a script leaves open).
+OPEN_LOADERS: weakref.WeakSet = weakref.WeakSet()
 
 
 @dataclasses.dataclass
@@ -194,21 +200,27 @@ class ScheduledLoader:
     @classmethod
     def connect(
         cls,
-        dispatcher: str,
+        dispatcher: str | None = None,
         *,
-        rank: int,
-        world_size: int,
+        rank: int | None = None,
+        world_size: int | None = None,
         device: str | None = None,
-        cache_device: str = "auto",
-        timeout_ms: int = DEFAULT_TIMEOUT_MS,
+        cache_device: str | None = None,
+        timeout_ms: int | None = None,
         dist_init: str | None = None,
         keys_dir: str | None = None,
     ) -> ScheduledLoader:
         """Say hello to the dispatcher, receive the job, join the dense all-reduce group.
 
+        Under ``herald train --script`` every argument may be left out: each one not given is
+        read from the environment the job gives its workers (:func:`job_environment`, NOTE
+        [own script] in herald/worker/script.py).
+
         Args:
-            dispatcher: the dispatcher's ZeroMQ endpoint (``tcp://host:port``).
-            rank, world_size: this worker's rank among ``world_size`` workers.
+            dispatcher: the dispatcher's ZeroMQ endpoint (``tcp://host:port``; default
+                ``$HERALD_DISPATCHER``).
+            rank, world_size: this worker's rank among ``world_size`` workers (default
+                ``$RANK`` / ``$WORLD_SIZE``, as torchrun sets them).
             device: ``auto`` (default: ``cuda:LOCAL_RANK % GPUs`` when CUDA is available,
                 else ``cpu``), ``cpu``, ``cuda`` or ``cuda:N``; the backend is NCCL only
                 when every rank of this host has a GPU of its own, else gloo (NOTE
@@ -218,6 +230,9 @@ class ScheduledLoader:
                 host memory), ``cpu`` (host memory) or ``torch`` (torch rows on the
                 device, also on the CPU): NOTE [device cache] in herald/worker/device_cache.py.
             timeout_ms: longest wait for any dispatcher message.
+            device, cache_device, timeout_ms, keys_dir not given: ``$HERALD_DEVICE``,
+                ``$HERALD_CACHE_DEVICE``, ``$HERALD_TIMEOUT_MS``, ``$HERALD_KEYS`` when set, else
+                ``auto``, ``auto``, 120 s and None.
             dist_init: torch.distributed init method; default the job's ``dist_init``,
                 or ``env://`` under torchrun. Unused when ``world_size == 1``.
             keys_dir: CURVE keys folder (NOTE [transport security] in herald/auth.py), for
@@ -230,8 +245,12 @@ class ScheduledLoader:
                 what a dispatcher that does not accept this worker's keys looks like).
             ConfigError: the job spec is of another version or malformed; a device that
                 cannot be had (``cuda`` without a GPU, ``cuda:N`` beyond the GPUs).
+            UsageError: an argument not given and not in the environment either (or malformed there).
             On any failure the dispatcher is sent an ``error`` message (if it is there).
         """
+        dispatcher, rank, world_size, device, cache_device, timeout_ms, keys_dir = job_environment(
+            dispatcher, rank, world_size, device, cache_device, timeout_ms, keys_dir
+        )
         link = DispatcherLink.connect(dispatcher, rank, timeout_ms, keys_dir)  # bad keys: raise before any socket
         loader = None
         try:
@@ -247,6 +266,7 @@ class ScheduledLoader:
                 loader.executor.close()
             link.close(timeout_s=1.0)  # bounded: lets the error report leave
             raise
+        OPEN_LOADERS.add(loader)
         return loader
 
     def embedding(self, output: str = "tensor") -> CachedEmbedding:
@@ -413,6 +433,7 @@ class ScheduledLoader:
         if self._closed:
             return
         self._closed = True
+        OPEN_LOADERS.discard(self)
         stats = None
         if self.dense is not None:  # the averaging thread's statistics, for the report
             self.dense.close(timeout_s)

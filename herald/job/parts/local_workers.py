@@ -37,6 +37,7 @@ from herald.job.recovery import leftovers
 from herald.job.recovery.silence import process_state
 from herald.procs import Supervisor
 from herald.worker.cli import worker_args
+from herald.worker.script import script_failure, script_launch
 
 #: Longest path of a Unix socket (``sockaddr_un.sun_path`` less its NUL; 107 on Linux).
 IPC_PATH_MAX_LEN = getattr(zmq, "IPC_PATH_MAX_LEN", 107)
@@ -83,10 +84,14 @@ class LocalWorkers(WorkerLauncher):
     With :attr:`cores`, rank ``R`` is pinned to ``cores[R]`` from its start and its torch
     intra-op threads are one per core (``OMP_NUM_THREADS``, unless set for the job).
 
+    With ``--script FILE`` each rank runs FILE instead of ``herald serve worker`` (NOTE [own
+    script] in herald/worker/script.py).
+
     Attributes (once opened): children: the :class:`Supervisor`.
     """
 
     places_groups = True
+    script: str | None = None  # --script's file (NOTE [own script] in herald/worker/script.py), once opened
 
     def local_processes(self, cfg: TrainConfig) -> int:
         return cfg.workers
@@ -102,6 +107,7 @@ class LocalWorkers(WorkerLauncher):
 
     def open(self, cfg: TrainConfig, stack: contextlib.ExitStack) -> None:
         run_dir = pathlib.Path(cfg.run_dir)
+        self.script = cfg.script.path
         self.children = Supervisor(run_dir, new_session=True, env=worker_env())
         self.dist_init = stack.enter_context(dense_store(run_dir))
         # the dispatchers' sockets: a folder of mode 0700, named in the run folder until removed
@@ -129,22 +135,21 @@ class LocalWorkers(WorkerLauncher):
             self.children.env.update(LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(cfg.workers))
             if cores is not None and "OMP_NUM_THREADS" not in os.environ:
                 self.children.env["OMP_NUM_THREADS"] = str(len(cores))
-            self.children.start(
-                f"worker-{rank}",
-                [
-                    sys.executable,
-                    *worker_args(
-                        dispatchers[group],
-                        rank=group_rank,
-                        world_size=k,
-                        device=cfg.device,
-                        cache_device=cfg.cache.device,
-                        timeout_ms=cfg.timeout_ms,
-                        keys_dir=job.keys_dir,
-                    ),
-                ],
-                cores=cores,
+            settings = dict(
+                rank=group_rank,
+                world_size=k,
+                device=cfg.device,
+                cache_device=cfg.cache.device,
+                timeout_ms=cfg.timeout_ms,
+                keys_dir=job.keys_dir,
             )
+            if cfg.script.path is None:
+                args = worker_args(dispatchers[group], **settings)
+            else:  # NOTE [own script] in herald/worker/script.py
+                script = os.path.abspath(cfg.script.path)
+                args, env = script_launch(script, cfg.script.args, dispatchers[group], **settings)
+                self.children.env.update(env)
+            self.children.start(f"worker-{rank}", [sys.executable, *args], cores=cores)
 
     def check(self) -> None:
         self.children.check()
@@ -153,7 +158,13 @@ class LocalWorkers(WorkerLauncher):
         self.children.wait(timeout_s=60, context=" after the end of training")
 
     def failure(self, grace_s: float = 0.0) -> str | None:
-        return self.children.failure(grace_s=grace_s)
+        """The failed worker, with its log's end; with ``--script``, the first rank whose script
+        raised, the script and its traceback's end (:func:`~herald.worker.script.script_failure`)."""
+        cause = self.children.failure(grace_s=grace_s)
+        if cause is None or self.script is None or "was killed by" in cause.split(";", 1)[0]:
+            return cause
+        logs = {int(name.rsplit("-", 1)[1]): self.children.log_path(name) for name in self.children.procs}
+        return script_failure(logs, self.script) or cause
 
     def exit_codes(self) -> dict[int, int | None]:
         return {int(name.rsplit("-", 1)[1]): p.poll() for name, p in self.children.procs.items()}

@@ -83,7 +83,7 @@ from herald.job.parts.base import PSProvider, WorkerLauncher, job_client
 from herald.job.parts.local_ps import prepare_run
 from herald.job.parts.local_workers import dense_store
 from herald.job.ray.cluster import CallFailed, RayCluster
-from herald.job.ray.plan import KEYS, dense_env, local_ranks, split_keys, worker_cpus
+from herald.job.ray.plan import KEYS, dense_env, local_ranks, script_file, split_keys, worker_cpus
 from herald.job.ray.role import FOLDER
 from herald.job.recovery import leftovers
 from herald.job.recovery.failure import raise_job_failure
@@ -92,6 +92,7 @@ from herald.ps.cli import shard_args
 from herald.ps.config import ShardLimits
 from herald.ps.watch import ShardWatch
 from herald.worker.cli import worker_args
+from herald.worker.script import script_failure, script_launch
 
 #: How often the job's own PS client asks the shards' actors whether they live while it waits (s).
 ACTOR_CHECK_S = 0.5
@@ -212,11 +213,12 @@ class RayPS(PSProvider):
 # ------------------------------------------------------------------ the worker part
 class RayWorkers(WorkerLauncher):
     """``cfg.workers`` workers as Ray actors (NOTE [ray job]), each running ``python -m herald
-    serve worker`` on its node with torchrun's environment for its dense group; rank ``R``
+    serve worker`` (or ``--script``'s file) on its node with torchrun's environment for its dense group; rank ``R``
     is rank ``R mod k`` of group ``R // k``'s dispatcher (k workers per dispatcher), as
     :class:`~herald.job.parts.LocalWorkers` places groups."""
 
     places_groups = True
+    script: str | None = None  # --script's file (NOTE [own script] in herald/worker/script.py), once opened
 
     def __init__(self, cluster: RayCluster):
         super().__init__()
@@ -228,6 +230,7 @@ class RayWorkers(WorkerLauncher):
         dense group's FileStore in the run folder, as under the local launcher: torch's
         TCPStore listens on every interface whatever ``MASTER_ADDR`` says."""
         self.roles = list(range(cfg.workers))
+        self.script = cfg.script.path
         if self.cluster.single:
             run_dir = self.cluster.run_dir
             self.sockets = leftovers.private_folder(run_dir, leftovers.DISPATCH_PREFIX, stack)
@@ -256,8 +259,7 @@ class RayWorkers(WorkerLauncher):
             env = dense_env(
                 rank, cfg.workers, local[rank], master, threads, os.environ.get("GLOO_SOCKET_IFNAME", ifname)
             )
-            args = worker_args(
-                dispatchers[group],
+            settings = dict(
                 rank=group_rank,
                 world_size=k,
                 device="cuda" if cluster.gpus else "cpu",
@@ -265,7 +267,12 @@ class RayWorkers(WorkerLauncher):
                 timeout_ms=cfg.timeout_ms,
                 keys_dir=f"{FOLDER}/{KEYS}" if cfg.security.keys_dir else None,
             )
-            return args, env, client_keys, leftovers.WORKER_PREFIX
+            if cfg.script.path is None:
+                return worker_args(dispatchers[group], **settings), env, client_keys, leftovers.WORKER_PREFIX
+            # NOTE [own script] in herald/worker/script.py; on several nodes its file travels with the role
+            path, files = script_file(cfg.script.path, cluster.single, FOLDER)
+            args, script_vars = script_launch(path, cfg.script.args, dispatchers[group], **settings)
+            return args, {**env, **script_vars}, {**client_keys, **files}, leftovers.WORKER_PREFIX
 
         cluster.start(self.roles, spec)
 
@@ -280,7 +287,11 @@ class RayWorkers(WorkerLauncher):
                 rank = min(
                     failed, key=lambda r: ("signal" not in failed[r] and not isinstance(failed[r], CallFailed), r)
                 )
-                return f"worker-{rank} {failed[rank]} ({self.cluster.describe(rank)}); {self.cluster.log_tail(rank)}"
+                cause = f"worker-{rank} {failed[rank]} ({self.cluster.describe(rank)}); {self.cluster.log_tail(rank)}"
+                if self.script is None or "signal" in str(failed[rank]) or isinstance(failed[rank], CallFailed):
+                    return cause
+                logs = {r: self.cluster.run_dir / f"worker-{r}.log" for r in failed}  # the run folder: on every node
+                return script_failure(logs, self.script) or cause
             if time.monotonic() >= deadline:
                 break
             time.sleep(0.1)

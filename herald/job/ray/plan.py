@@ -232,3 +232,24 @@ def dense_env(
     if ifname is not None:
         env["GLOO_SOCKET_IFNAME"] = ifname
     return env
+
+
+def script_file(path: str, single: bool, folder: str) -> tuple[str, dict[str, bytes]]:
+    """Where a worker finds ``--script``'s file (NOTE [own script] in herald/worker/script.py),
+    and the role files that carry it: on one node the file itself (absolute), none; on
+    several, a copy in the role's private folder (``folder``, the role's placeholder for it:
+    ``folder/script/NAME``, the file alone,
+    not its folder's other modules).
+
+    Raises:
+        ConfigError: the file cannot be read on this node.
+    """
+    source = os.path.abspath(path)
+    if single:
+        return source, {}
+    name = f"script/{os.path.basename(source)}"
+    try:
+        data = pathlib.Path(source).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"--script {path}: cannot be read ({exc.strerror or exc}); check the path") from None
+    return f"{folder}/{name}", {name: data}
