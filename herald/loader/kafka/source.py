@@ -40,7 +40,8 @@ what was delivered is trained by this job and committed with its next checkpoint
 NOTE [lag]: how far the job is behind the stream, from what the consumer already knows
 (no request of its own): ``records`` per partition, the log end the last fetch reported
 (``KafkaConsumer.highwater``) minus the read position (a record partly read counts as
-behind; reads run up to the dispatcher's prefetch, two global batches, ahead of training);
+behind; a Kafka source is read in the dispatcher's thread without prefetch, so the read
+position is that of the global batch just cut);
 ``event_time_s``, now minus the timestamp of the newest record read, the largest over the
 partitions that are behind (a partition read to its end is 0 s behind, however old its
 last record; None when the broker gives no timestamps, as 0.9 does). :meth:`KafkaSource.lag`
@@ -354,7 +355,8 @@ class KafkaSource(Source):
     def lag(self) -> dict | None:
         """NOTE [lag]: ``records`` (partition -> records behind the log end, for the
         partitions whose log end a fetch reported) and ``event_time_s`` (float seconds, or
-        None without timestamps). Thread-safe: it reads what the consumer knows."""
+        None without timestamps), from what the consumer already knows (no request). Call it
+        from the thread that reads (kafka-python's consumer is not thread-safe)."""
         now_ms = time.time() * 1000
         at, stamps = dict(self._next), dict(self._event_ms)
         records: dict[int, int] = {}
