@@ -212,45 +212,35 @@ class ScheduledLoader:
     ) -> ScheduledLoader:
         """Say hello to the dispatcher, receive the job, join the dense all-reduce group.
 
-        Under ``herald train --script`` every argument may be left out: each one not given is
-        read from the environment the job gives its workers (:func:`job_environment`, NOTE
-        [own script] in herald/worker/script.py).
+        Under ``herald train --script`` any argument may be left out: it is read from the
+        environment the job gives its workers (:func:`job_environment`, NOTE [own script]).
 
         Args:
-            dispatcher: the dispatcher's ZeroMQ endpoint (``tcp://host:port``; default
-                ``$HERALD_DISPATCHER``).
+            dispatcher: the dispatcher's endpoint (``tcp://host:port``; ``$HERALD_DISPATCHER``).
             rank, world_size: this worker's rank among ``world_size`` workers (default
                 ``$RANK`` / ``$WORLD_SIZE``, as torchrun sets them).
-            device: ``auto`` (default: ``cuda:LOCAL_RANK % GPUs`` when CUDA is available,
-                else ``cpu``), ``cpu``, ``cuda`` or ``cuda:N``; the backend is NCCL only
-                when every rank of this host has a GPU of its own, else gloo (NOTE
-                [worker devices] in herald/worker/devices.py). ``torch.cuda.set_device``
-                is called before the process group is created.
-            cache_device: ``auto`` (the cache on the GPU when the device is one, else in
-                host memory), ``cpu`` (host memory) or ``torch`` (torch rows on the
-                device, also on the CPU): NOTE [device cache] in herald/worker/device_cache.py.
-            timeout_ms: longest wait for any dispatcher message.
-            device, cache_device, timeout_ms, keys_dir not given: ``$HERALD_DEVICE``,
-                ``$HERALD_CACHE_DEVICE``, ``$HERALD_TIMEOUT_MS``, ``$HERALD_KEYS`` when set, else
-                ``auto``, ``auto``, 120 s and None.
-            dist_init: torch.distributed init method; default the job's ``dist_init``,
-                or ``env://`` under torchrun. Unused when ``world_size == 1``.
-            keys_dir: CURVE keys folder (NOTE [transport security] in herald/auth.py), for
-                a dispatcher and PS shards run with ``--keys``; it replaces the job's
-                ``keys_dir`` (the keys are read here, never received). None: plain
-                ZeroMQ to the dispatcher, the job's ``keys_dir`` for the PS.
+            device: ``auto`` (default, or ``$HERALD_DEVICE``: ``cuda:LOCAL_RANK % GPUs`` with
+                CUDA, else ``cpu``), ``cpu``, ``cuda`` or ``cuda:N``; NCCL only when every rank
+                of this host has a GPU of its own, else gloo (NOTE [worker devices] in
+                herald/worker/devices.py); ``torch.cuda.set_device`` before the group.
+            cache_device: ``auto`` (default, or ``$HERALD_CACHE_DEVICE``: on the GPU when the
+                device is one), ``cpu`` or ``torch`` (NOTE [device cache]).
+            timeout_ms: longest wait for any dispatcher message (``$HERALD_TIMEOUT_MS``, 120 s).
+            dist_init: torch.distributed init method (default: the job's, ``env://`` under torchrun; unused alone).
+            keys_dir: CURVE keys folder (``$HERALD_KEYS``; NOTE [transport security] in
+                herald/auth.py) for a dispatcher and PS shards run with ``--keys``; it replaces
+                the job's ``keys_dir`` (read here, never received). None: plain ZeroMQ.
 
         Raises:
             PeerTimeout: the dispatcher did not send the job within ``timeout_ms`` (also
                 what a dispatcher that does not accept this worker's keys looks like).
             ConfigError: the job spec is of another version or malformed; a device that
                 cannot be had (``cuda`` without a GPU, ``cuda:N`` beyond the GPUs).
-            UsageError: an argument not given and not in the environment either (or malformed there).
+            UsageError: an argument neither given nor in the environment (or malformed there).
             On any failure the dispatcher is sent an ``error`` message (if it is there).
         """
-        dispatcher, rank, world_size, device, cache_device, timeout_ms, keys_dir = job_environment(
-            dispatcher, rank, world_size, device, cache_device, timeout_ms, keys_dir
-        )
+        env = job_environment(dispatcher, rank, world_size, device, cache_device, timeout_ms, keys_dir)
+        dispatcher, rank, world_size, device, cache_device, timeout_ms, keys_dir = env
         link = DispatcherLink.connect(dispatcher, rank, timeout_ms, keys_dir)  # bad keys: raise before any socket
         loader = None
         try:

@@ -4,6 +4,7 @@ position] in :mod:`herald.loader.kafka.source`)."""
 
 from __future__ import annotations
 
+import time
 from types import MappingProxyType
 
 import kafka.errors as ke
@@ -181,6 +182,27 @@ def commit(consumer, config: KafkaSourceConfig, position: KafkaPosition, timeout
                 "check the group's permissions and the broker's log"
             ) from exc
         raise broker_timeout(config.bootstrap_servers, "commit", f"commit to {config.source_name} {what}") from exc
+
+
+def stream_lag(consumer, positions: dict[int, tuple[int, int]], stamps_ms: dict[int, int]) -> dict:
+    """NOTE [lag] in herald/loader/kafka/source.py, from what ``consumer`` already knows (no
+    request): ``records`` (partition -> records between ``positions`` (partition -> (offset,
+    skip)) and the log end its last fetch reported; partitions without one are left out) and
+    ``event_time_s`` (float s from the newest read record's timestamp, ``stamps_ms``
+    partition -> ms (-1: none), to now: the largest over the partitions behind; None without
+    any)."""
+    now_ms = time.time() * 1000
+    records: dict[int, int] = {}
+    behind_s: list[float] = []
+    for tp in sorted(consumer.assignment(), key=lambda t: t.partition):
+        end, pos = consumer.highwater(tp), positions.get(tp.partition)
+        if end is None or pos is None:
+            continue
+        records[tp.partition] = max(0, int(end) - pos[0])
+        stamp = stamps_ms.get(tp.partition)
+        if stamp is not None and stamp >= 0:
+            behind_s.append(max(0.0, now_ms - stamp) / 1000 if records[tp.partition] else 0.0)
+    return {"records": records, "event_time_s": max(behind_s) if behind_s else None}
 
 
 def is_outage(exc: BaseException) -> bool:

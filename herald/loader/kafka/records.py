@@ -109,6 +109,23 @@ class Chunk:
             record_ms=self.record_ms,
         )
 
+    def delivered_ms(self) -> int:
+        """The timestamp (ms; -1: unknown) of the record of the last row delivered (``cursor`` >= 1)."""
+        return self.timestamp_ms(int(self.offsets[self.cursor - 1]))
+
+    def first_bad_error(self, fmt: str, source_name: str) -> DataError:
+        """The :class:`DataError` of this chunk's first bad record under ``strict`` (NOTE [bad
+        records]): the format ``fmt``, the reason, where (``source_name``/partition, offset)."""
+        off, row = int(self.bad_offsets[0]), int(self.bad_rows[0])
+        return DataError(
+            f"bad {fmt} record: {self.bad_reasons[0]}"
+            + (f" (sample {row} of the message)" if row else "")
+            + "; fix the producer or open the source with bad_records='skip' to drop and count bad records",
+            source=f"{source_name}/{self.partition}",
+            position=off,
+            reason=self.bad_reasons[0],
+        )
+
     def timestamp_ms(self, offset: int) -> int:
         """The timestamp (ms since the epoch) of the record at ``offset``; -1: unknown."""
         i = int(np.searchsorted(self.record_at, offset))

@@ -248,9 +248,7 @@ class KafkaSource(Source):
                 rows.append(chunk.rows[chunk.cursor : chunk.cursor + take])
                 chunk.cursor += take
                 need -= take
-                stamp = chunk.timestamp_ms(int(chunk.offsets[chunk.cursor - 1]))
-                if stamp >= 0:
-                    self._event_ms[chunk.partition] = max(stamp, self._event_ms.get(chunk.partition, -1))
+                self._event_ms[chunk.partition] = max(chunk.delivered_ms(), self._event_ms.get(chunk.partition, -1))
                 self._advance(chunk, chunk.position_after(chunk.cursor))
             if chunk.remaining == 0:
                 self._finish(self._chunks.pop(0))
@@ -268,15 +266,7 @@ class KafkaSource(Source):
         """A drained chunk: move to its end (past trailing bad records); strict raises at its bad one."""
         self._advance(chunk, chunk.end)
         if self.config.bad_records == "strict" and chunk.bad_reasons and self._error is None:
-            off, row = int(chunk.bad_offsets[0]), int(chunk.bad_rows[0])
-            self._error = DataError(
-                f"bad {self.config.format} record: {chunk.bad_reasons[0]}"
-                + (f" (sample {row} of the message)" if row else "")
-                + "; fix the producer or open the source with bad_records='skip' to drop and count bad records",
-                source=f"{self.config.source_name}/{chunk.partition}",
-                position=off,
-                reason=chunk.bad_reasons[0],
-            )
+            self._error = chunk.first_bad_error(self.config.format, self.config.source_name)
 
     def _advance(self, chunk: Chunk, position: tuple[int, int]) -> None:
         self._next[chunk.partition] = position
@@ -353,23 +343,8 @@ class KafkaSource(Source):
         return {**self.position.to_dict(), "skipped": dict(self._skipped_counts)}
 
     def lag(self) -> dict | None:
-        """NOTE [lag]: ``records`` (partition -> records behind the log end, for the
-        partitions whose log end a fetch reported) and ``event_time_s`` (float seconds, or
-        None without timestamps), from what the consumer already knows (no request). Call it
-        from the thread that reads (kafka-python's consumer is not thread-safe)."""
-        now_ms = time.time() * 1000
-        at, stamps = dict(self._next), dict(self._event_ms)
-        records: dict[int, int] = {}
-        behind_s: list[float] = []
-        for tp in sorted(self._consumer.assignment(), key=lambda t: t.partition):
-            end, pos = self._consumer.highwater(tp), at.get(tp.partition)
-            if end is None or pos is None:
-                continue
-            records[tp.partition] = max(0, int(end) - pos[0])
-            stamp = stamps.get(tp.partition)
-            if stamp is not None:
-                behind_s.append(max(0.0, now_ms - stamp) / 1000 if records[tp.partition] else 0.0)
-        return {"records": records, "event_time_s": max(behind_s) if behind_s else None}
+        """NOTE [lag] (:func:`~herald.loader.kafka.offsets.stream_lag`); from the reading thread only."""
+        return offsets.stream_lag(self._consumer, dict(self._next), dict(self._event_ms))
 
     def _set_state(self, state: dict) -> None:
         pos = KafkaPosition.from_dict(state)
