@@ -226,10 +226,10 @@ class ScheduledLoader:
             cache_device: ``auto`` (default, or ``$HERALD_CACHE_DEVICE``: on the GPU when the
                 device is one), ``cpu`` or ``torch`` (NOTE [device cache]).
             timeout_ms: longest wait for any dispatcher message (``$HERALD_TIMEOUT_MS``, 120 s).
-            dist_init: torch.distributed init method (default: the job's, ``env://`` under torchrun; unused alone).
-            keys_dir: CURVE keys folder (``$HERALD_KEYS``; NOTE [transport security] in
-                herald/auth.py) for a dispatcher and PS shards run with ``--keys``; it replaces
-                the job's ``keys_dir`` (read here, never received). None: plain ZeroMQ.
+            dist_init: the dense group's init method (the job's; ``env://`` under torchrun); unused for 1 worker.
+            keys_dir: CURVE keys folder (``$HERALD_KEYS``; NOTE [transport security] in herald/auth.py)
+                for a dispatcher and PS shards run with ``--keys``, read here, never received; it replaces
+                the job's ``keys_dir``. None: plain ZeroMQ to the dispatcher, the job's ``keys_dir`` for the PS.
 
         Raises:
             PeerTimeout: the dispatcher did not send the job within ``timeout_ms`` (also

@@ -28,6 +28,7 @@ import time
 import traceback
 
 from herald.contracts.vocab import DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS, MAX_WORKERS
+from herald.errors import UsageError
 
 #: The job's settings a script's :meth:`~herald.worker.api.ScheduledLoader.connect` reads.
 DISPATCHER_ENV = "HERALD_DISPATCHER"
@@ -73,8 +74,6 @@ def script_env(
 def _env_int(name: str, low: int, high: int, hint: str) -> int:
     text = os.environ.get(name)
     if text is None or not text.strip().isdigit() or not low <= int(text) <= high:
-        from herald.errors import UsageError
-
         raise UsageError(f"ScheduledLoader.connect() needs {hint} (or ${name}, set by herald train --script "
                          f"and torchrun: {low}..{high}); got {name}={text!r:.40}")  # fmt: skip
     return int(text)
@@ -100,8 +99,6 @@ def job_environment(
     if dispatcher is None:
         dispatcher = env.get(DISPATCHER_ENV) or None
         if dispatcher is None:
-            from herald.errors import UsageError
-
             raise UsageError(
                 f"ScheduledLoader.connect() needs the dispatcher's address: pass it, or set ${DISPATCHER_ENV} "
                 "(herald train --script sets it for every worker)"
@@ -139,7 +136,11 @@ def script_failure(logs: dict[int, pathlib.Path], script: str) -> str | None:
         marks = [i for i, line in enumerate(lines) if line.startswith(MARKER + " ")]
         if marks:
             words = lines[marks[-1]].split(" ", 3)
-            found.append((float(words[1]), rank, log, words[3] if len(words) > 3 else "", lines[marks[-1] + 1 :]))
+            try:  # the script may print a line that starts like a marker
+                at = float(words[1])
+            except (IndexError, ValueError):
+                continue
+            found.append((at, rank, log, words[3] if len(words) > 3 else "", lines[marks[-1] + 1 :]))
     if not found:
         return None
     _, rank, log, how, tail = min(found)
