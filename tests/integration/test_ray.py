@@ -199,6 +199,13 @@ def _loopback(address: str) -> bool:
     return ip.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
+def _short(command: str) -> str:
+    """A process's command line kept short for a message: its program's base name (whatever
+    folder the checkout lies in) and the start of its arguments."""
+    program, _, rest = command.partition(" ")
+    return f"{os.path.basename(program)} {rest}"[:80]
+
+
 def _auth_mode(pid: int) -> str | None:
     import psutil
 
@@ -236,7 +243,7 @@ def test_local_ray_instance_is_started_and_stopped(ray, tmp_path, data_dir):
             tree = {pid: cmd for pid, cmd in descendants(os.getpid()) if pid not in tree_before}
             for pid, addresses in _listening([*tree, os.getpid()]).items():
                 ours = set(addresses) - own_before if pid == os.getpid() else set(addresses)
-                instance.setdefault((pid, tree.get(pid, "herald train")[:80]), set()).update(ours)
+                instance.setdefault((pid, _short(tree.get(pid, "herald train"))), set()).update(ours)
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
