@@ -16,6 +16,7 @@ from typing import Any
 from herald.config import from_mapping, require
 from herald.contracts.comm import CommSettings, GroupSettings
 from herald.contracts.consistency import ModeContext, ModeSettings, Straggler
+from herald.contracts.features import FeatureConfig
 from herald.contracts.flags import flag_errors
 from herald.contracts.models import check_model
 from herald.contracts.modes import BspSettings, check_mode, mode_from_dict
@@ -33,6 +34,9 @@ class JobSpec:
 
     Attributes:
         tables: the embedding tables (dim, sparse optimizer), in table order.
+        features: the source's sparse features, in source order: the table each reads and its
+            pooling (NOTE [tables and features] in herald/contracts/features.py); empty: one
+            sum-pooled feature per table, in table order (what :attr:`feature_list` gives then).
         dense_dim: dense features per sample; model: one of :data:`MODELS` (``auto``
             resolved by :meth:`build`: :func:`auto_model`); seed:
             seed of the dense model (equal replicas on every rank).
@@ -66,8 +70,9 @@ class JobSpec:
     """
 
     #: 2: ps_timeout_ms became timeout_ms (the name TrainConfig gives it); 3: the mode's settings,
-    #: the straggler, compression and groups nest (``mode``, ``straggler``, ``comm``, ``groups``)
-    VERSION = 3
+    #: the straggler, compression and groups nest (``mode``, ``straggler``, ``comm``, ``groups``);
+    #: 4: ``features`` (NOTE [tables and features] in herald/contracts/features.py)
+    VERSION = 4
     #: The nested settings of the wire form other than ``mode``: field -> class.
     NESTED = {"straggler": Straggler, "comm": CommSettings, "groups": GroupSettings}
 
@@ -93,6 +98,7 @@ class JobSpec:
     comm: CommSettings = CommSettings()
     groups: GroupSettings = GroupSettings()
     group_index: int = -1
+    features: tuple[FeatureConfig, ...] = ()
 
     def __post_init__(self) -> None:
         require(
@@ -102,7 +108,8 @@ class JobSpec:
         require(len(self.ps) >= 1, "a job needs at least one PS shard endpoint")
         require(self.dense_dim >= 0, f"dense_dim must be >= 0, got {self.dense_dim}")
         require(self.model in MODELS, f"model must be one of {MODELS}, got {self.model!r}")
-        check_model(self.model, len(self.tables), min(t.dim for t in self.tables))
+        self._check_features()
+        check_model(self.model, self.num_features, min(t.dim for t in self.tables))
         require(
             self.dense_optimizer in DENSE_OPTIMIZERS,
             f"dense optimizer must be one of {DENSE_OPTIMIZERS}, got {self.dense_optimizer!r}",
@@ -137,9 +144,11 @@ class JobSpec:
         """The spec of the job ``cfg`` reading ``data`` (a :class:`herald.job.data.JobData`: its
         ``schema``, ``dataset``, ``replicated`` and ``replica_rows`` are read), served by the PS
         at ``ps_addresses``."""
+        tables, features = cfg.layout(data.schema)
         with flag_errors():
             return cls(
-                tables=tuple(cfg.tables(data.schema)),
+                tables=tuple(tables),
+                features=tuple(features),
                 dense_dim=data.schema.dense_dim,
                 ps=tuple(ps_addresses),
                 model=auto_model(cfg.model, data.dataset, data.schema.num_tables, data.schema.dense_dim),
@@ -167,6 +176,7 @@ class JobSpec:
         out.update(
             version=self.VERSION,
             tables=[t.to_dict() for t in self.tables],
+            features=[f.to_dict() for f in self.features],
             ps=list(self.ps),
             replicated_tables=list(self.replicated_tables),
             mode=self.mode.to_dict(),
@@ -192,6 +202,9 @@ class JobSpec:
             )
         try:
             values["tables"] = tuple(TableConfig.from_dict(t) for t in values.get("tables", ()))
+            values["features"] = tuple(
+                from_mapping(FeatureConfig, f, where="job spec feature") for f in values.get("features", ())
+            )
             values["ps"] = tuple(values.get("ps", ()))
             values["replicated_tables"] = tuple(int(t) for t in values.get("replicated_tables", ()))
             if "mode" in values:
@@ -202,6 +215,48 @@ class JobSpec:
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"malformed job spec: {exc}") from None
         return from_mapping(cls, values, where="job spec")
+
+    @property
+    def feature_list(self) -> tuple[FeatureConfig, ...]:
+        """One :class:`FeatureConfig` per feature of the micro-batch (:attr:`features`, or one
+        sum-pooled feature per table)."""
+        return self.features or tuple(FeatureConfig(name=t.name, table=t.name) for t in self.tables)
+
+    @property
+    def num_features(self) -> int:
+        """The features ``T`` of every micro-batch (the model's pooled and sequence inputs)."""
+        return len(self.features) or len(self.tables)
+
+    @property
+    def feature_tables(self) -> tuple[int, ...]:
+        """The table index of each feature (:attr:`feature_list`)."""
+        index = {t.name: i for i, t in enumerate(self.tables)}
+        return tuple(index[f.table] for f in self.feature_list)
+
+    def _check_features(self) -> None:
+        require(
+            all(isinstance(f, FeatureConfig) for f in self.features),
+            "features must be FeatureConfig objects",
+        )
+        if not self.features:
+            return
+        names = [f.name for f in self.features]
+        require(len(set(names)) == len(names), f"feature names must be unique, got {names[:40]}")
+        tables = [t.name for t in self.tables]
+        read = [f.table for f in self.features]
+        unknown = sorted(set(read) - set(tables))
+        require(not unknown, f"features read table(s) {unknown} the job does not have ({tables[:40]})")
+        sequences = [f.name for f in self.features if f.is_sequence]
+        require(
+            not sequences or self.mode.name != "hybrid",
+            f"sequence features {sequences[:10]} need each row's gradient, and hybrid training (Persia §3) "
+            "sends the pooled bags' gradients: pool them (sum or mean) or use another --consistency",
+        )
+        require(
+            read == tables,
+            "features sharing a table are not trained yet: every feature must read a table of its own "
+            f"(tables {tables[:40]}, read in order {read[:40]}); declare one table per feature",
+        )
 
     @property
     def consistency(self) -> str:

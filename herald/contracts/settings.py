@@ -15,6 +15,7 @@ import os
 import re
 
 from herald.config import require, setting
+from herald.contracts.features import Declarations
 from herald.contracts.flags import _choice, _flag, _integer, _number, scheduling_budget_value
 from herald.contracts.vocab import (
     CACHE_DEVICES,
@@ -145,14 +146,33 @@ class EmbeddingSettings:
         ConfigError: a value out of range.
     """
 
-    dim: int = setting(16, "embedding dimension of every table", dest="embedding_dim")
+    dim: int = setting(16, "embedding dimension of every table a --tables file does not size", dest="embedding_dim")
     optimizer: str = setting("rowwise_adagrad", "sparse optimizer of the embeddings", choices=SPARSE_OPTIMIZERS)
     lr: float = setting(0.05, "sparse learning rate")
+    tables_file: str | None = setting(
+        None,
+        "TOML or JSON file declaring tables (dim, optimizer, lr, init) and the features that read them "
+        "(table, pooling sum|mean|none, max_length): features may share a table, pool by mean, or be "
+        "sequences (docs/models.md, 'Tables and features'); a feature it does not name keeps a table of "
+        "its own at --embedding-dim (default: one table per feature)",
+        metavar="FILE",
+        dest="tables",
+    )
 
     def __post_init__(self) -> None:
         _choice(self, "optimizer", SPARSE_OPTIMIZERS)
         _integer(self, "dim", 1, MAX_EMBEDDING_DIM, flag="--embedding-dim")
         _number(self, "lr", "> 0", lambda x: x > 0)
+        if self.tables_file is not None:  # a bad file is named before anything starts
+            self.declarations()
+
+    def declarations(self) -> Declarations:
+        """The ``--tables`` file's :class:`~herald.contracts.features.Declarations` (empty without one).
+
+        Raises:
+            ConfigError: the file is unreadable or its declarations are refused.
+        """
+        return Declarations() if self.tables_file is None else Declarations.from_file(self.tables_file)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,6 +16,7 @@ from typing import Any
 from herald.config import Nested, flags_of, from_flags, key_value, nested, parse_value, require, setting
 from herald.contracts.comm import CommSettings, GroupSettings
 from herald.contracts.consistency import ModeContext, ModeSettings, Straggler
+from herald.contracts.features import FeatureConfig
 from herald.contracts.flags import _choice, _flag, _integer, _number, flag_errors
 from herald.contracts.models import check_model
 from herald.contracts.modes import MODE_FLAGS, BspSettings, check_mode, consistency_mode
@@ -39,6 +40,7 @@ from herald.contracts.vocab import (
     MAX_WORKERS,
     MODELS,
 )
+from herald.errors import ConfigError
 
 DEFAULT_SOURCE = "synthetic://criteo?rows=600000&seed=0"
 #: ``--model auto`` on a known dataset: Herald's workload table (Herald
@@ -321,17 +323,36 @@ class TrainConfig:
         return self.source.startswith("kafka://")
 
     def tables(self, schema) -> list[TableConfig]:
-        """One table config per table of ``schema`` (same dim and sparse optimizer).
+        """The job's tables: those of the ``--tables`` file and one per feature it does not
+        name (NOTE [tables and features] in herald/contracts/features.py); without a file one
+        per feature of ``schema``, all at ``--embedding-dim`` with ``--optimizer`` / ``--lr``.
 
         Args:
-            schema: a :class:`herald.loader.batch.Schema` (its ``table_names`` are read).
+            schema: a :class:`herald.loader.batch.Schema` (its ``table_names``, the features, are read).
 
         Raises:
-            ConfigError: worded with the flags (:func:`flag_errors`).
+            ConfigError: worded with the flags (:func:`flag_errors`); declarations the source refuses.
         """
+        return self.layout(schema)[0]
+
+    def features(self, schema) -> list[FeatureConfig]:
+        """One :class:`~herald.contracts.features.FeatureConfig` per feature of ``schema`` (:meth:`tables`)."""
+        return self.layout(schema)[1]
+
+    def layout(self, schema) -> tuple[list[TableConfig], list[FeatureConfig]]:
+        """``(tables, features)`` of :meth:`tables` and :meth:`features`."""
+        e = self.embedding
         with flag_errors():
-            opt = OptimizerConfig(name=self.embedding.optimizer, lr=self.embedding.lr)
-            return [TableConfig(name=n, dim=self.embedding.dim, optimizer=opt) for n in schema.table_names]
+            if e.tables_file is None:
+                opt = OptimizerConfig(name=e.optimizer, lr=e.lr)
+                names = schema.table_names
+                return [TableConfig(name=n, dim=e.dim, optimizer=opt) for n in names], [
+                    FeatureConfig(name=n, table=n) for n in names
+                ]
+            try:
+                return e.declarations().resolve(schema.table_names, e.dim, e.optimizer, e.lr)
+            except ConfigError as exc:
+                raise ConfigError(f"--tables {e.tables_file}: {exc}") from None
 
     def check_schema(self, schema, dataset: str | None) -> None:
         """Check the settings that need the source's schema, naming the flag: the model
@@ -349,9 +370,23 @@ class TrainConfig:
             ConfigError: a model the source cannot feed.
         """
         model = auto_model(self.model, dataset, schema.num_tables, schema.dense_dim)
-        check_model(
-            model, schema.num_tables, self.embedding.dim, chosen_as=self.model, table_names=tuple(schema.table_names)
+        tables, features = self.layout(schema)
+        widths = sorted({(t.dim, t.row_width) for t in tables})
+        where = f"--tables {self.embedding.tables_file}"
+        require(
+            len(widths) == 1,
+            f"{where}: tables of different widths (dim, row floats with the optimizer state: {widths}) are not "
+            "trained yet (the worker cache holds rows of one width): give every table the same dim, and "
+            "optimizers of the same state width (sgd; adagrad; rowwise_adagrad; adam)",
         )
+        sequences = [f.name for f in features if f.is_sequence]
+        require(
+            not sequences or self.script.path is not None,
+            f'{where}: the sequence feature(s) {sequences[:10]} (pooling "none") need a model that reads '
+            "sequences, which --model's do not: train your own with --script (ScheduledLoader.embedding("
+            "'features') gives padded sequences), or pool them (sum or mean)",
+        )
+        check_model(model, schema.num_tables, widths[0][0], chosen_as=self.model, table_names=tuple(schema.table_names))
 
     @property
     def num_ps_shards(self) -> int:

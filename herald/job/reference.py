@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from herald.contracts.job import JobSpec
 from herald.loader.batch import SampleBatch
 from herald.ps import apply_gradients, init_rows
+from herald.worker.pooling import pool_mean
 from herald.worker.trainer import build_dense_optimizer, model_from_job
 
 
@@ -37,6 +38,7 @@ def train_reference(job: JobSpec, batches: Iterable[SampleBatch]):
     opt = build_dense_optimizer(model.parameters(), job.dense_optimizer, job.dense_lr)
     rows: dict[tuple[int, int], np.ndarray] = {}
     dim = tables[0].dim
+    mean = np.array([f.pooling == "mean" for f in job.feature_list], bool)  # NOTE [tables and features]
     for batch in batches:
         uniq, inv = [], []
         for t, v in enumerate(batch.values):
@@ -59,7 +61,7 @@ def train_reference(job: JobSpec, batches: Iterable[SampleBatch]):
                     torch.from_numpy(inv[t].astype(np.int64)), w, torch.from_numpy(batch.offsets[t][:-1]), mode="sum"
                 )
             )
-        emb = torch.stack(pooled, dim=1)
+        emb = pool_mean(torch.stack(pooled, dim=1), np.stack(batch.offsets), mean)
         logits = model(torch.from_numpy(batch.dense), emb)
         loss = F.binary_cross_entropy_with_logits(logits, torch.from_numpy(batch.labels))
         loss.backward()

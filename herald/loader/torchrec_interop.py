@@ -72,6 +72,15 @@ def keyed_tensor_class():
     return KeyedTensor
 
 
+def jagged_tensor_class():
+    """TorchRec's ``JaggedTensor`` class. Raises: ImportError naming the install."""
+    try:
+        from torchrec.sparse.jagged_tensor import JaggedTensor
+    except (ImportError, OSError) as exc:
+        raise _missing("FeatureEmbeddings.to_jagged()", "use the PaddedSequence itself", exc) from exc
+    return JaggedTensor
+
+
 def kjt_from_arrays(names: Sequence[str], values: np.ndarray, lengths: np.ndarray, batch_size: int):
     """A ``KeyedJaggedTensor`` from numpy ``values`` uint64 [nnz] and ``lengths`` int64 [T x B]
     (NOTE [kjt layout]); ``batch_size`` B is its stride.

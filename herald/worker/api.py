@@ -54,6 +54,7 @@ from herald.worker.divergence import check_finite
 from herald.worker.executor import PlanExecutor
 from herald.worker.link import DispatcherLink
 from herald.worker.modes import job_protocol
+from herald.worker.pooling import FeaturePooling
 from herald.worker.rows import StepRows
 from herald.worker.script import job_environment
 from herald.worker.warm import save_checkpoint_part
@@ -109,33 +110,53 @@ class Batch:
 
 
 class CachedEmbedding(nn.Module):
-    """Sum-pooled embedding lookup from the worker cache: ``batch -> float32 [b, T, dim]``.
+    """Embedding lookup from the worker cache, each feature pooled as the job declares it
+    (sum, mean or a sequence: NOTE [tables and features] in herald/contracts/features.py).
 
     Holds no parameters: the rows a micro-batch uses are gathered from the cache into
     one leaf tensor per step, recorded in ``batch.rows``.
 
     Args:
         executor: the worker's :class:`PlanExecutor` (``ScheduledLoader.embedding()``).
-        output: ``tensor`` (default: float32 [b, T, dim]) or ``keyed_tensor``: a
-            ``torchrec.KeyedTensor`` (keys = ``table_names``, ``length_per_key`` dim,
+        output: ``tensor`` (default: float32 [b, T, dim], every feature pooled), ``keyed_tensor``:
+            a ``torchrec.KeyedTensor`` (keys = ``table_names``, ``length_per_key`` dim,
             values float32 [b, T x dim]), what a TorchRec ``EmbeddingBagCollection``
-            returns (docs/torchrec.md); gradients reach the rows either way.
-        table_names: the keys of ``keyed_tensor`` (the job's tables, in order).
+            returns (docs/torchrec.md), or ``features``: a
+            :class:`~herald.worker.pooling.FeatureEmbeddings` (pooled features float32 [b, dim],
+            sequence features padded [b, L, dim] with their lengths; ``to_keyed_tensor()``,
+            ``to_jagged(name)`` for TorchRec); gradients reach the rows every way.
+        table_names: the keys of ``keyed_tensor`` (the job's features, in order).
+        pooling: the features' :class:`~herald.worker.pooling.FeaturePooling` (default: every
+            feature sum-pooled).
 
     Raises:
-        ConfigError: an unknown ``output``. ImportError: ``keyed_tensor`` without torchrec.
+        ConfigError: an unknown ``output``, or ``tensor`` / ``keyed_tensor`` for a job with
+            sequence features. ImportError: ``keyed_tensor`` without torchrec.
     """
 
-    OUTPUTS = ("tensor", "keyed_tensor")
+    OUTPUTS = ("tensor", "keyed_tensor", "features")
     #: the job's :class:`~herald.worker.protocol.ConsistencyProtocol` when it pools the rows itself
     #: (hybrid: NOTE [hybrid training]); set by :meth:`ScheduledLoader.embedding`
     protocol = None
 
-    def __init__(self, executor: PlanExecutor, output: str = "tensor", table_names: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        executor: PlanExecutor,
+        output: str = "tensor",
+        table_names: tuple[str, ...] = (),
+        pooling: FeaturePooling | None = None,
+    ):
         super().__init__()
         if output not in self.OUTPUTS:
             raise ConfigError(f"embedding output must be one of {list(self.OUTPUTS)}, got {output!r}")
         self.executor, self.output, self.table_names = executor, output, tuple(table_names)
+        self.pooling = pooling
+        if output == "features" and pooling is None:
+            raise ConfigError(
+                "output='features' needs the features' pooling: use ScheduledLoader.embedding(output='features')"
+            )
+        if pooling is not None and output != "features":
+            pooling.check_tensor_output()
         if output == "keyed_tensor":  # a missing torchrec is named here, not at the first batch
             keyed_tensor_class()
             if not self.table_names:
@@ -145,7 +166,13 @@ class CachedEmbedding(nn.Module):
                 )
 
     def forward(self, batch: Batch) -> Any:
-        pooled, batch.rows = (self.protocol or self.executor).lookup(batch.micro_batch)
+        mb = batch.micro_batch
+        pooled, batch.rows = (self.protocol or self.executor).lookup(mb)
+        if self.pooling is None:
+            return pooled if self.output == "tensor" else keyed_pooled(pooled, self.table_names)
+        if self.output == "features":
+            return self.pooling.features_of(pooled, batch.rows.rows, mb, batch.rows.bounds)
+        pooled = self.pooling.pooled(pooled, mb.offsets_flat)
         if self.output == "tensor":
             return pooled
         return keyed_pooled(pooled, self.table_names)
@@ -173,6 +200,7 @@ class ScheduledLoader:
         self.link = link
         self.executor = PlanExecutor(job, rank, world_size, device, cache_device)
         self.protocol = job_protocol(job, self.executor)  # its mode's entry in herald.worker.modes
+        self.pooling = FeaturePooling(job.feature_list)  # each feature's pooling, shared by embedding() modules
         if rank == 0:
             print(
                 f"herald worker: training on {device}, {self.executor.cache_description}", file=sys.stderr, flush=True
@@ -262,7 +290,7 @@ class ScheduledLoader:
     def embedding(self, output: str = "tensor") -> CachedEmbedding:
         """The embedding module to call inside the model's forward; ``output="keyed_tensor"``
         makes it return a ``torchrec.KeyedTensor`` for a TorchRec model (:class:`CachedEmbedding`)."""
-        module = CachedEmbedding(self.executor, output, self.table_names)
+        module = CachedEmbedding(self.executor, output, self.feature_names, self.pooling)
         module.protocol = self.protocol
         return module
 
@@ -270,6 +298,12 @@ class ScheduledLoader:
     def table_names(self) -> tuple[str, ...]:
         """The job's table names, in order."""
         return tuple(t.name for t in self.job.tables)
+
+    @property
+    def feature_names(self) -> tuple[str, ...]:
+        """The job's feature names, in micro-batch order (the table names when each feature
+        reads a table of its own: NOTE [tables and features] in herald/contracts/features.py)."""
+        return self.pooling.names
 
     def attach(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """Register the dense model and its optimizer (all-reduced and stepped in :meth:`step`).
@@ -309,7 +343,7 @@ class ScheduledLoader:
                         mb.sample_ids,
                         mb.step,
                         mb,
-                        table_names=self.table_names,
+                        table_names=self.feature_names,
                     )
                     self._yielded = (time.perf_counter(), sum(self.timer.seconds.values()))
                     yield self._batch

@@ -35,11 +35,12 @@ def evaluate(job: dict[str, Any], source, run_dir: pathlib.Path, ps_addresses, b
     """
     model, replicas_equal = _trained_model(job, run_dir)
     tables = list(job.tables)
+    mean = np.array([f.pooling == "mean" for f in job.feature_list], bool)
     labels, probs = [], []
     with PSClient(list(ps_addresses), tables=tables, timeout_ms=job.timeout_ms, keys_dir=job.keys_dir) as client:
         before = client.stats()
         while (batch := source.read(batch_rows)) is not None:
-            probs.append(_predict(model, client, batch, tables[0].dim))
+            probs.append(_predict(model, client, batch, tables[0].dim, mean))
             labels.append(batch.labels)
         first = evictions(before)
         during = {k: v - first[k] for k, v in evictions(client.stats()).items()}
@@ -79,11 +80,14 @@ def _trained_model(job: Any, run_dir: pathlib.Path) -> tuple[Any, bool]:
     return model, replicas_equal
 
 
-def _predict(model: Any, client: PSClient, batch: Any, dim: int) -> np.ndarray:
+def _predict(model: Any, client: PSClient, batch: Any, dim: int, mean: np.ndarray) -> np.ndarray:
     """float32 [rows]: the model's probabilities for ``batch`` (a :class:`~herald.loader.batch.SampleBatch`),
-    its embeddings (``dim`` wide) pulled from the PS through ``client`` and sum-pooled per table."""
+    its embeddings (``dim`` wide) pulled from the PS through ``client`` and pooled per feature
+    (summed, and divided by the bag's length for the features ``mean``, bool [T])."""
     import torch  # on use: see _trained_model
     import torch.nn.functional as F
+
+    from herald.worker.pooling import pool_mean
 
     uniq = [np.unique(v, return_inverse=True) for v in batch.values]
     got = client.pull_async({t: u for t, (u, _) in enumerate(uniq) if u.size}).wait()
@@ -93,7 +97,8 @@ def _predict(model: Any, client: PSClient, batch: Any, dim: int) -> np.ndarray:
         offsets = torch.from_numpy(batch.offsets[t][:-1])
         pooled.append(F.embedding_bag(torch.from_numpy(inv.astype(np.int64)), w, offsets, mode="sum"))
     with torch.no_grad():
-        logits = model(torch.from_numpy(batch.dense), torch.stack(pooled, dim=1))
+        emb = pool_mean(torch.stack(pooled, dim=1), np.stack(batch.offsets), mean)
+        logits = model(torch.from_numpy(batch.dense), emb)
     return torch.sigmoid(logits).numpy()
 
 

@@ -1,0 +1,202 @@
+"""What the model sees of each feature: its bag sum-pooled, mean-pooled, or kept as a
+sequence (NOTE [tables and features] in herald/contracts/features.py).
+
+The lookups (:meth:`~herald.worker.executor.PlanExecutor.lookup`, a protocol's own) sum-pool
+every bag; :class:`FeaturePooling` turns that into each feature's pooling with torch
+operations, so gradients flow back through autograd to the step's rows:
+
+- ``mean``: the sum divided by the bag's length (an empty bag: 0 / 1 = zeros), what
+  ``F.embedding_bag(mode="mean")`` gives;
+- ``none``: the bag's rows in order, padded to ``max_length`` (the last ``max_length`` of a
+  longer bag), with the lengths.
+
+The single-process reference (herald/job/reference.py) and the evaluation pool through
+the same functions, so a job with mean-pooled features is exact against it to the bit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping
+
+import numpy as np
+import torch
+
+from herald.contracts.features import FeatureConfig
+from herald.errors import ConfigError
+
+
+def mean_divisor(offsets_flat: np.ndarray, mean: np.ndarray) -> np.ndarray:
+    """float32 [b, T]: the divisor of each pooled bag: its length (at least 1) for the
+    features ``mean`` (bool [T]), 1 elsewhere.
+
+    Args:
+        offsets_flat: int64 [T, b + 1]: feature t's bag i is its values ``offsets[t, i]:offsets[t, i + 1]``.
+    """
+    lengths = np.diff(offsets_flat, axis=1).T  # [b, T]
+    return np.where(mean[None, :], np.maximum(lengths, 1), 1).astype(np.float32)
+
+
+def pool_mean(pooled: torch.Tensor, offsets_flat: np.ndarray, mean: np.ndarray) -> torch.Tensor:
+    """``pooled`` (float32 [b, T, dim], bags summed) with the features ``mean`` divided by
+    their bags' lengths (:func:`mean_divisor`); ``pooled`` itself when none is."""
+    if not mean.any():
+        return pooled
+    divisor = torch.from_numpy(mean_divisor(offsets_flat, mean)).to(pooled.device)
+    return pooled / divisor[:, :, None]
+
+
+@dataclasses.dataclass
+class PaddedSequence:
+    """One sequence feature of a micro-batch.
+
+    Attributes:
+        values: float32 [b, L, dim]: sample i's rows at ``values[i, :lengths[i]]``, in the
+            bag's order; zeros beyond (``L`` = the feature's ``max_length``).
+        lengths: int64 [b] on the same device (at most ``L``).
+    """
+
+    values: torch.Tensor
+    lengths: torch.Tensor
+
+    @property
+    def mask(self) -> torch.Tensor:
+        """bool [b, L]: True at the rows that are there."""
+        steps = torch.arange(self.values.shape[1], device=self.lengths.device)
+        return steps[None, :] < self.lengths[:, None]
+
+
+def sequence_index(
+    offsets: np.ndarray, inverse: np.ndarray, row_base: int, max_length: int, pad: int
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """Where each padded position of one feature's sequences reads.
+
+    Args:
+        offsets: int64 [b + 1]: the feature's bags; inverse: int [nnz]: each value's index
+            into the feature's distinct ids; row_base: the row of its first distinct id among
+            the step's rows; max_length: ``L``; pad: the row index that reads zeros.
+
+    Returns:
+        ``(index int64 [b * L], lengths int64 [b], truncated)``: position ``(i, j)`` reads row
+        ``index[i * L + j]``; ``truncated`` bags were longer than ``L`` (their last ``L`` kept).
+    """
+    lengths = np.diff(offsets)
+    keep = np.minimum(lengths, max_length)
+    first = offsets[1:] - keep  # the last `keep` values of each bag
+    steps = np.arange(max_length, dtype=np.int64)
+    at = first[:, None] + steps[None, :]
+    there = steps[None, :] < keep[:, None]
+    rows = np.where(there, row_base + inverse[np.where(there, at, 0)].astype(np.int64) if inverse.size else pad, pad)
+    return rows.reshape(-1).astype(np.int64), keep.astype(np.int64), int((lengths > max_length).sum())
+
+
+class FeatureEmbeddings(Mapping):
+    """A micro-batch's features as the model asks for them: ``emb["C1"]`` is a pooled
+    feature's float32 [b, dim] tensor, ``emb["history"]`` a sequence feature's
+    :class:`PaddedSequence`; iterating gives the feature names in source order.
+
+    Attributes:
+        pooled: feature name -> float32 [b, dim] (sum or mean pooled);
+        sequences: feature name -> :class:`PaddedSequence`.
+    """
+
+    def __init__(self, names: tuple[str, ...], pooled: dict[str, torch.Tensor], sequences: dict[str, PaddedSequence]):
+        self.names, self.pooled, self.sequences = names, pooled, sequences
+
+    def __getitem__(self, name: str):
+        if name in self.pooled:
+            return self.pooled[name]
+        if name in self.sequences:
+            return self.sequences[name]
+        raise KeyError(f"no feature {name!r}; the features are {list(self.names)[:40]}")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def to_keyed_tensor(self):
+        """The pooled features as a ``torchrec.KeyedTensor`` (keys in source order, each its
+        width), what an ``EmbeddingBagCollection`` returns.
+
+        Raises:
+            ImportError: torchrec is not installed (the message gives the install).
+        """
+        from herald.loader.torchrec_interop import keyed_tensor_class
+
+        keys = [n for n in self.names if n in self.pooled]
+        values = [self.pooled[k] for k in keys]
+        return keyed_tensor_class()(
+            keys=keys, length_per_key=[v.shape[1] for v in values], values=torch.cat(values, dim=1), key_dim=1
+        )
+
+    def to_jagged(self, name: str):
+        """Sequence feature ``name`` as a ``torchrec.JaggedTensor`` (values [sum lengths, dim],
+        lengths), what an ``EmbeddingCollection`` returns per feature.
+
+        Raises:
+            KeyError: not a sequence feature. ImportError: torchrec is not installed.
+        """
+        from herald.loader.torchrec_interop import jagged_tensor_class
+
+        if name not in self.sequences:
+            raise KeyError(f"{name!r} is not a sequence feature; the sequences are {sorted(self.sequences)}")
+        seq = self.sequences[name]
+        return jagged_tensor_class()(values=seq.values[seq.mask], lengths=seq.lengths)
+
+
+class FeaturePooling:
+    """Each feature's pooling over a micro-batch's sum-pooled bags (module docstring).
+
+    Args:
+        features: one :class:`FeatureConfig` per feature of the micro-batches (``JobSpec.feature_list``).
+    """
+
+    def __init__(self, features: tuple[FeatureConfig, ...]):
+        self.features = tuple(features)
+        self.names = tuple(f.name for f in self.features)
+        self.mean = np.array([f.pooling == "mean" for f in self.features], bool)
+        self.has_sequences = any(f.is_sequence for f in self.features)
+        self.truncated = 0  # sequence bags longer than max_length seen so far
+
+    def check_tensor_output(self) -> None:
+        """Raise unless every feature is pooled (what the ``[b, T, dim]`` tensor can hold)."""
+        if self.has_sequences:
+            seqs = [f.name for f in self.features if f.is_sequence]
+            raise ConfigError(
+                f"the job has sequence features {seqs[:10]}: a [b, T, dim] tensor cannot hold them; "
+                "use ScheduledLoader.embedding(output='features')"
+            )
+
+    def pooled(self, pooled: torch.Tensor, offsets_flat: np.ndarray) -> torch.Tensor:
+        """float32 [b, T, dim]: the sum-pooled bags with each feature's pooling (:func:`pool_mean`)."""
+        return pool_mean(pooled, offsets_flat, self.mean)
+
+    def features_of(self, pooled: torch.Tensor, rows: torch.Tensor, mb, bounds: np.ndarray) -> FeatureEmbeddings:
+        """The :class:`FeatureEmbeddings` of micro-batch ``mb``.
+
+        Args:
+            pooled: float32 [b, T, dim], the sum-pooled bags; rows: float32 [n, dim], the
+                step's distinct rows (requires grad) feature after feature; bounds: int64
+                [T + 1]: feature t's rows are ``rows[bounds[t]:bounds[t + 1]]``.
+        """
+        pooled = self.pooled(pooled, mb.offsets_flat)
+        out, seqs = {}, {}
+        padded = None
+        for t, f in enumerate(self.features):
+            if not f.is_sequence:
+                out[f.name] = pooled[:, t]
+                continue
+            if padded is None:  # one zero row to read at the padding
+                padded = torch.cat([rows, rows.new_zeros((1, rows.shape[1]))])
+            ib = mb.inverse_bounds
+            index, lengths, cut = sequence_index(
+                mb.offsets_flat[t], mb.inverse_flat[ib[t] : ib[t + 1]], int(bounds[t]), f.max_length, rows.shape[0]
+            )
+            self.truncated += cut
+            values = padded.index_select(0, torch.from_numpy(index).to(rows.device))
+            seqs[f.name] = PaddedSequence(
+                values.view(len(mb), f.max_length, rows.shape[1]), torch.from_numpy(lengths).to(rows.device)
+            )
+        return FeatureEmbeddings(self.names, out, seqs)
