@@ -1,7 +1,8 @@
 """``herald`` subcommands of :mod:`herald.loader`; see :mod:`herald.cli`.
 
 - ``herald datagen --out DIR_OR_FILE.parquet --rows N --seed S [--fit FILE | --preset NAME]``
-- ``herald convert SRC DST.parquet [--format F] [--bad-records skip] [--quarantine FILE]``
+- ``herald convert SRC DST.parquet [--format F] [--bad-records skip] [--quarantine FILE]
+  [--source-option KEY=VALUE ...]``
 - ``herald produce SOURCE --bootstrap HOST:PORT --topic T`` (:mod:`herald.loader.produce_cli`)
 """
 
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 import os
 
+from herald.config import key_value, parse_value
+from herald.errors import ConfigError
 from herald.inputs import check_input_path, check_output_file, check_output_folder, int_type
 from herald.loader.produce_cli import register as register_produce
 
@@ -37,7 +40,11 @@ def _convert(args) -> int:
         check_output_file(args.quarantine, "--quarantine")
     from herald.loader.conversion import convert  # on use: as in _datagen
 
-    options = {"bad_records": args.bad_records}
+    options = {key: parse_value(value) for key, value in args.source_option}
+    for key, flag in (("bad_records", "--bad-records"), ("quarantine_path", "--quarantine")):
+        if key in options:
+            raise ConfigError(f"--source-option {key}=... is the flag {flag} of herald convert; give {flag} instead")
+    options["bad_records"] = args.bad_records
     if args.quarantine:
         options["quarantine_path"] = args.quarantine
     out = convert(
@@ -49,8 +56,12 @@ def _convert(args) -> int:
         force=args.force,
         **options,
     )
-    skipped = out["source"].get("skipped", {})
-    print(f"wrote {out['rows']:,} rows to {out['path']}; skipped: {skipped or 'none'}")
+    stats = out["source"]
+    line = f"wrote {out['rows']:,} rows to {out['path']}; skipped: {stats.get('skipped') or 'none'}"
+    if "side_skipped" in stats:  # NOTE [movielens side features]
+        line += f"; side files skipped: {stats['side_skipped'] or 'none'}"
+        line += f"; histories truncated: {stats['history_truncated']:,}"
+    print(line)
     return 0
 
 
@@ -75,6 +86,14 @@ def register(commands, bench, serve) -> None:
     p.add_argument("--format", default=None, help="input format (default: inferred from the name)")
     p.add_argument("--bad-records", choices=("strict", "skip"), default="strict")
     p.add_argument("--quarantine", default=None, help="file for raw bad records (with --bad-records skip)")
+    p.add_argument(
+        "--source-option",
+        type=key_value,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a setting of the input's format, repeatable (e.g. side_features=true history_length=50 for MovieLens)",
+    )
     p.add_argument("--row-group-rows", type=int_type(1), default=131072)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--force", action="store_true", help="overwrite an existing output file (never an input)")

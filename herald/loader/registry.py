@@ -132,7 +132,8 @@ def open_source(spec, *, format: str | None = None, **options) -> Source:
     Args:
         spec: path or URL; format: a registered format name (default: inferred);
         options: the format's settings, e.g. ``bad_records="skip"``,
-            ``quarantine_path=...``, ``threshold=4.0`` (movielens),
+            ``quarantine_path=...``, ``threshold=4.0``, ``side_features=True``,
+            ``history_length=50`` (movielens: NOTE [movielens side features]),
             ``bucket_count=...`` (criteo, avazu), ``chunk_bytes=...`` (text formats).
 
     Raises:

@@ -152,16 +152,8 @@ class DeepFM(nn.Module):
     sum of first-order weights + sum over field pairs of ``<v_i, v_j>`` (computed as
     ``((sum v)^2 - sum v^2) / 2``); y_DNN = MLP over the concatenated field vectors.
 
-    Args:
-        dense_dim: number of dense features ``D`` (>= 0).
-        num_tables: number of embedding tables ``T`` (>= 1).
-        embedding_dim: row width ``dim`` (>= 2): ``dim - 1`` vector + 1 first-order weight.
-        deep_mlp: hidden sizes of the DNN (a final layer of size 1 is added).
-
-    Forward: ``dense float32 [B, D]``, ``emb float32 [B, T, dim]`` -> logits ``[B]``.
-
-    Raises:
-        ConfigError: no table or ``embedding_dim < 2``.
+    Args, forward and raises: those of :class:`WideAndDeep`, the other scalar-slice model
+    (the last element of a row is here the first-order weight; ``deep_mlp`` sizes the DNN).
     """
 
     def __init__(self, dense_dim: int, num_tables: int, embedding_dim: int, deep_mlp: tuple[int, ...] = DEEP_MLP):

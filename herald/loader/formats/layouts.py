@@ -16,7 +16,9 @@ Layouts (NOTE [id hash] for hashed tables; table salt = table index):
   categorical value) are hashed tables; no dense features.
 - ``movielens``: ``user,item,rating,timestamp`` separated by ``,`` (ratings.csv) or
   ``\\t`` (u.data); tables ``user`` and ``item`` use the raw ids; rating and
-  timestamp are auxiliary columns (the source sorts and labels with them).
+  timestamp are auxiliary columns (the source sorts and labels with them). The side
+  tables (genres, history, ml-100k user attributes) come from other files: NOTE
+  [movielens side features] in :mod:`herald.loader.formats.movielens_side`.
 - ``libfm``: ``label idx:val ...``; see :class:`LibfmFormat`.
 """
 

@@ -14,8 +14,9 @@ import numpy as np
 
 from herald.config import require
 from herald.errors import DataError
-from herald.loader.batch import Schema
+from herald.loader.batch import SampleBatch, Schema
 from herald.loader.formats import layouts as formats
+from herald.loader.formats import movielens_side as side
 from herald.loader.formats.text import TextFileSource, TextSettings
 from herald.loader.policy import BadRecordLog, BadRecordSettings
 from herald.loader.source import MemorySource
@@ -55,12 +56,24 @@ class LibfmSource(TextFileSource):
 
 @dataclasses.dataclass(frozen=True)
 class MovieLensSettings:
-    """Args: threshold: label = 1 when rating >= threshold (rating units, 1-5 stars)."""
+    """Args: threshold: label = 1 when rating >= threshold (rating units, 1-5 stars);
+    side_features: add the tables of NOTE [movielens side features] (``genres``,
+    ``history``; ml-100k also ``age``, ``gender``, ``occupation``, ``zip``) from the side
+    files beside the ratings file; history_length: most ids (the most recent) in a
+    sample's ``history``, >= 1."""
 
     threshold: float = 4.0
+    side_features: bool = False
+    history_length: int = 50
 
     def __post_init__(self) -> None:
         require(0.0 <= self.threshold <= 10.0, f"threshold must be in [0, 10], got {self.threshold}")
+        require(isinstance(self.side_features, bool), f"side_features must be a bool, got {self.side_features!r}")
+        require(
+            isinstance(self.history_length, int) and not isinstance(self.history_length, bool),
+            f"history_length must be an int, got {self.history_length!r}",
+        )
+        require(self.history_length >= 1, f"history_length must be >= 1, got {self.history_length}")
 
 
 class MovieLensSource(MemorySource):
@@ -72,6 +85,12 @@ class MovieLensSource(MemorySource):
     ids; label = ``rating >= threshold``; no dense features. Bad records are counted
     at open (the whole file is passed then); ``stats["skipped"]`` is complete from the
     start. Position = row index in timestamp order.
+
+    With ``settings.side_features`` the tables of NOTE [movielens side features]
+    (:mod:`herald.loader.formats.movielens_side`) follow ``user`` and ``item``, built at
+    open from the side files beside ``path`` (a missing one raises DataError naming it);
+    ``stats`` then adds ``side_skipped`` (side file -> reason -> bad rows skipped) and
+    ``history_truncated`` (samples whose history was cut to ``history_length``).
     """
 
     format_name = "movielens"
@@ -104,13 +123,41 @@ class MovieLensSource(MemorySource):
         order = good[np.argsort(decoded.aux[1, good], kind="stable")]
         batch = decoded.batch(order)
         batch.labels = (decoded.aux[0, order] >= settings.threshold).astype(np.float32)
-        super().__init__(batch)
         self.ratings = decoded.aux[0, order]
         self.timestamps = decoded.aux[1, order].astype(np.int64)
+        self._side: side.SideFeatures | None = None
+        if settings.side_features:
+            self._side = side.side_features(
+                self.path, sep == b"\t", batch.values[0], batch.values[1], self.timestamps, settings.history_length
+            )
+            batch = SampleBatch(
+                batch.labels,
+                batch.dense,
+                batch.values + self._side.values,
+                batch.offsets + self._side.offsets,
+                batch.table_names + self._side.names,
+                validate=False,
+            )
+            self._schema = batch.schema
+        super().__init__(batch)
 
     @property
     def schema(self) -> Schema:
         return self._schema
+
+    @property
+    def multi_hot_tables(self) -> frozenset[str]:
+        return frozenset(side.LATEST_TABLES) if self._side is not None else frozenset()
+
+    @property
+    def stats(self) -> dict:
+        if self._side is None:
+            return super().stats
+        return {
+            **super().stats,
+            "side_skipped": {f: dict(r) for f, r in self._side.skipped.items()},
+            "history_truncated": self._side.history_truncated,
+        }
 
     def _skipped(self) -> dict:
         return self._log.skipped
