@@ -233,6 +233,12 @@ class JobSpec:
         index = {t.name: i for i, t in enumerate(self.tables)}
         return tuple(index[f.table] for f in self.feature_list)
 
+    @property
+    def shared_feature_tables(self) -> tuple[int, ...] | None:
+        """:attr:`feature_tables` where some features share a table, else None (feature t reads table t)."""
+        tables = self.feature_tables
+        return None if tables == tuple(range(len(self.tables))) else tables
+
     def _check_features(self) -> None:
         require(
             all(isinstance(f, FeatureConfig) for f in self.features),
@@ -252,10 +258,12 @@ class JobSpec:
             f"sequence features {sequences[:10]} need each row's gradient, and hybrid training (Persia §3) "
             "sends the pooled bags' gradients: pool them (sum or mean) or use another --consistency",
         )
+        unread = [t for t in tables if t not in read]
+        require(not unread, f"table(s) {unread[:10]} are read by no feature")
         require(
-            read == tables,
-            "features sharing a table are not trained yet: every feature must read a table of its own "
-            f"(tables {tables[:40]}, read in order {read[:40]}); declare one table per feature",
+            self.shared_feature_tables is None or self.mode.name not in ("hybrid", "gba"),
+            f"features sharing a table are trained under bsp and bounded; {self.mode.name} does not share "
+            "them yet: give each feature a table of its own, or use --consistency bsp or bounded",
         )
 
     @property

@@ -67,7 +67,9 @@ class LockstepServe:
         liveness: Callable[[], None] | None = None,
         warm_resume: bool = False,
     ):
-        self._config, self._replicated = config, job.replicated_tables
+        # the features reading replicated tables (NOTE [tables and features]: a table may have several)
+        self._config, self._feature_tables = config, job.shared_feature_tables
+        self._replicated = tuple(f for f, t in enumerate(job.feature_tables) if t in job.replicated_tables)
         self.scheduler, self._factory = scheduler, scheduler_factory
         self._channel, self._ledger, self._barriers = channel, ledger, barriers
         self._timer, self._stop, self._liveness = timer, stop, liveness
@@ -234,6 +236,7 @@ class LockstepServe:
                 schedule_ms,
                 dispatcher_rank=self._config.dispatcher_rank,
                 replicated=self._replicated,
+                feature_tables=self._feature_tables,
                 touched_before=self._touched,
                 next_follows=follows,
                 reads_early=self._reads_early,

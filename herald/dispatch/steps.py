@@ -42,14 +42,29 @@ class ReadyStep:
     sample_ids: np.ndarray
 
 
-def replicated_union(batch: SampleBatch, replicated: tuple[int, ...]) -> KeySet:
-    """The keys of the ``replicated`` tables that ``batch`` uses, sorted by (table, id)
-    (docs/design.md, "Replicated tables")."""
+def replicated_union(
+    batch: SampleBatch, replicated: tuple[int, ...], feature_tables: tuple[int, ...] | None = None
+) -> KeySet:
+    """The keys that ``batch``'s ``replicated`` features (those reading a replicated table) use,
+    sorted by (table, id), each once (docs/design.md, "Replicated tables").
+
+    Args:
+        feature_tables: the table of each feature (NOTE [tables and features] in
+            herald/contracts/features.py); None: feature t reads table t.
+    """
     if not replicated:
         return KeySet.empty()
-    ids = [np.unique(batch.values[t]) for t in replicated]
-    tables = [np.full(u.shape[0], t, np.int32) for t, u in zip(replicated, ids)]
-    return KeySet(np.concatenate(tables), np.concatenate(ids))
+    ids = [np.unique(batch.values[f]) for f in replicated]
+    of = (lambda f: f) if feature_tables is None else feature_tables.__getitem__
+    tables = np.concatenate([np.full(u.shape[0], of(f), np.int32) for f, u in zip(replicated, ids)])
+    keys = np.concatenate(ids)
+    if feature_tables is None:
+        return KeySet(tables, keys)
+    order = np.lexsort((keys, tables))
+    tables, keys = tables[order], keys[order]
+    first = np.ones(keys.shape[0], bool)
+    first[1:] = (tables[1:] != tables[:-1]) | (keys[1:] != keys[:-1])
+    return KeySet(tables[first], keys[first])
 
 
 def build_ready_step(
@@ -65,6 +80,7 @@ def build_ready_step(
     touched_before: TouchedKeys | None,
     next_follows: bool = False,
     reads_early: bool = True,
+    feature_tables: tuple[int, ...] | None = None,
 ) -> tuple[ReadyStep, TouchedKeys | None]:
     """Cut ``batch`` by ``step_plan.assignment``, compress every rank's micro-batch
     (one kernel pass for all ranks), mark its early pulls and encode its frames.
@@ -75,7 +91,8 @@ def build_ready_step(
         sample_ids: uint64 [global batch] from the producer (Kafka), or None:
             ``dispatcher_rank << 56 | batch_index * global batch + i``.
         schedule_ms: carried to the step's record.
-        replicated: the replicated tables (every rank gets the union of their keys).
+        replicated: the features reading replicated tables (every rank gets the union of their
+            keys); feature_tables: the table of each feature, None: feature t reads table t.
         touched_before: the keys the previous step touches (None: unknown, no early pulls).
         next_follows: step ``step + 1`` is sent next, within the credit window (``MicroBatch.next_follows``).
         reads_early: the job's workers read early (:attr:`herald.contracts.consistency.ModeSettings.reads_early`);
@@ -88,7 +105,7 @@ def build_ready_step(
     gb, W = len(batch), len(step_plan.assignment)
     if sample_ids is None:
         sample_ids = make_sample_ids(dispatcher_rank, batch_index * gb, gb)
-    union = replicated_union(batch, replicated)
+    union = replicated_union(batch, replicated, feature_tables)
     order = np.concatenate(step_plan.assignment).astype(np.int64, copy=False)
     wstart = np.zeros(W + 1, np.int64)
     np.cumsum([a.shape[0] for a in step_plan.assignment], out=wstart[1:])
@@ -109,8 +126,8 @@ def build_ready_step(
 
 
 def scheduled_view(batch: SampleBatch, replicated: tuple[int, ...]) -> SampleBatch:
-    """``batch`` with the ``replicated`` tables emptied: the scheduler never sees their
-    keys (every worker holds them; docs/design.md, "Replicated tables")."""
+    """``batch`` with the ``replicated`` features (those reading replicated tables) emptied:
+    the scheduler never sees their keys (every worker holds them; docs/design.md, "Replicated tables")."""
     if not replicated:
         return batch
     empty_values, empty_offsets = np.zeros(0, np.uint64), np.zeros(len(batch) + 1, np.int64)

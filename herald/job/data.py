@@ -49,6 +49,7 @@ class JobData:
             self.schema = self.source.schema
             try:
                 cfg.check_schema(self.schema, self.dataset)
+                self._layout(cfg)
             except BaseException:
                 self.source.close()
                 raise
@@ -78,14 +79,26 @@ class JobData:
                 f"--batch-size or --workers, or lower --eval-fraction ({cfg.eval_fraction}) or give more rows"
             )
         self.schema = train.schema
+        self._layout(cfg)
         self.batches = GlobalBatches(train, cfg.global_batch, epochs=cfg.epochs, max_steps=cfg.steps)
         self.replicated, self.replica_rows, self.distinct_keys = [], 0, None
         if cfg.cache.rows is None or cfg.replicate_below:
-            per_table = splits.distinct_keys_per_table(cfg.source, options, self.split_info["train_rows"])
+            per_feature = splits.distinct_keys_per_table(cfg.source, options, self.split_info["train_rows"])
+            # a table's distinct keys, at most the sum of its features' (NOTE [tables and features])
+            per_table = [0] * self.num_tables
+            for f, n in enumerate(per_feature):
+                per_table[self.feature_tables[f]] += n
             # NOTE [replicated tables] (herald/worker/replicas.py): small tables live on every worker
             self.replicated = [t for t, n in enumerate(per_table) if n <= cfg.replicate_below]
             self.replica_rows = sum(per_table[t] for t in self.replicated)
             self.distinct_keys = max(1, sum(n for t, n in enumerate(per_table) if t not in self.replicated))
+
+    def _layout(self, cfg: TrainConfig) -> None:
+        """The job's tables and the table of each feature (NOTE [tables and features])."""
+        tables, features = cfg.layout(self.schema)
+        index = {t.name: i for i, t in enumerate(tables)}
+        self.num_tables = len(tables)
+        self.feature_tables = tuple(index[f.table] for f in features)
 
     def scheduler_factory(self, cfg: TrainConfig):
         """A callable returning a fresh :class:`Scheduler` for this job (the dispatcher
@@ -112,14 +125,17 @@ class JobData:
             threads=cfg.scheduling.threads,
         )
         check_threads(sched_cfg.threads)
-        num_tables, distinct = self.schema.num_tables, self.distinct_keys
+        num_tables, distinct = self.num_tables, self.distinct_keys
+        feature_tables = None if self.feature_tables == tuple(range(num_tables)) else self.feature_tables
         budget = (
             BudgetController(num_tables, sched_cfg.scheduling_budget_ms, fraction=sched_cfg.auto_budget_fraction)
             if sched_cfg.scheduling_budget_ms is not None
             else None
         )
         self._scheduling = (sched_cfg, budget)
-        return lambda: Scheduler(sched_cfg, num_tables=num_tables, distinct_keys=distinct, budget=budget)
+        return lambda: Scheduler(
+            sched_cfg, num_tables=num_tables, distinct_keys=distinct, budget=budget, feature_tables=feature_tables
+        )
 
     def scheduler_stats(self) -> dict | None:
         """The job's scheduler settings and adaptive LAIA's k over the job, for the report:

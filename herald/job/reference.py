@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from herald.contracts.job import JobSpec
 from herald.loader.batch import SampleBatch
 from herald.ps import apply_gradients, init_rows
-from herald.worker.pooling import pool_mean
+from herald.worker.pooling import batch_table_ids, pool_mean
 from herald.worker.trainer import build_dense_optimizer, model_from_job
 
 
@@ -39,28 +39,24 @@ def train_reference(job: JobSpec, batches: Iterable[SampleBatch]):
     rows: dict[tuple[int, int], np.ndarray] = {}
     dim = tables[0].dim
     mean = np.array([f.pooling == "mean" for f in job.feature_list], bool)  # NOTE [tables and features]
+    feature_tables = job.feature_tables  # features sharing a table share its rows (NOTE [tables and features])
     for batch in batches:
-        uniq, inv = [], []
-        for t, v in enumerate(batch.values):
-            u, i = np.unique(v, return_inverse=True)
-            uniq.append(u), inv.append(i)
+        uniq, inv = batch_table_ids(batch.values, feature_tables, len(tables))
+        for t, u in enumerate(uniq):
             new = [k for k in u.tolist() if (t, k) not in rows]
             if new:
                 fresh = init_rows(tables[t], t, np.array(new, np.uint64), seed)
                 rows.update({(t, k): r for k, r in zip(new, fresh)})
-        pooled, leaves = [], []
-        for t in range(batch.num_tables):
-            w = torch.from_numpy(
-                np.stack([rows[(t, k)][:dim] for k in uniq[t].tolist()])
-                if uniq[t].size
-                else np.zeros((0, dim), np.float32)
+        leaves = [
+            torch.from_numpy(
+                np.stack([rows[(t, k)][:dim] for k in u.tolist()]) if u.size else np.zeros((0, dim), np.float32)
             ).requires_grad_(True)
-            leaves.append(w)
-            pooled.append(
-                F.embedding_bag(
-                    torch.from_numpy(inv[t].astype(np.int64)), w, torch.from_numpy(batch.offsets[t][:-1]), mode="sum"
-                )
-            )
+            for t, u in enumerate(uniq)
+        ]
+        pooled = [
+            F.embedding_bag(torch.from_numpy(inv[f]), leaves[t], torch.from_numpy(batch.offsets[f][:-1]), mode="sum")
+            for f, t in enumerate(feature_tables)
+        ]
         emb = pool_mean(torch.stack(pooled, dim=1), np.stack(batch.offsets), mean)
         logits = model(torch.from_numpy(batch.dense), emb)
         loss = F.binary_cross_entropy_with_logits(logits, torch.from_numpy(batch.labels))

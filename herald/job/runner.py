@@ -375,7 +375,7 @@ class JobRunner:
             groups=groups,
             cpu=CpuTime(served.cpu_s, served.cpu_scope, served.steady_cpu_s),  # this attempt's
             startup=served.startup,  # this attempt's milestones (StartupClock)
-            replicated_tables=[data.schema.table_names[t] for t in data.replicated],
+            replicated_tables=[trained.job.tables[t].name for t in data.replicated],
             replica_rows=data.replica_rows,
             switched_from=ckpts.switched_from if ckpts is not None else None,  # NOTE [gba checkpoints]
             lag=data.batches.lag.summary(),  # NOTE [lag] in herald/loader/kafka/source.py

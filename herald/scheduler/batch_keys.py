@@ -19,8 +19,13 @@ from herald.scheduler.state import Snapshots
 MAX_TUPLE_TABLES = 64
 
 
-def sample_csr(batch, snap: Snapshots, par: ParallelPasses | None):
+def sample_csr(batch, snap: Snapshots, par: ParallelPasses | None, feature_tables: np.ndarray | None = None):
     """Key lookup and the sample-major CSR (int64 [B+1], int32 [nnz], int16 [nnz]) of ``batch``.
+
+    ``feature_tables`` (int16 [T], or None: feature t reads table t) is the table of each of
+    the batch's features: a key is (table, id), so features sharing a table share its keys
+    (NOTE [tables and features] in herald/contracts/features.py); such batches take the
+    concatenating path.
 
     The kernels read the batch's per-table arrays directly (a tuple of arrays) when
     they are all C-contiguous uint64 ids and int64 offsets and there are at most
@@ -36,13 +41,13 @@ def sample_csr(batch, snap: Snapshots, par: ParallelPasses | None):
     offsets = tuple(batch.offsets)
     B = len(batch)
     nnz = 0
-    direct = len(values) <= MAX_TUPLE_TABLES
+    direct = len(values) <= MAX_TUPLE_TABLES and feature_tables is None
     for v, o in zip(values, offsets):
         nnz += v.shape[0]
         if v.dtype != np.uint64 or o.dtype != np.int64 or not v.flags.c_contiguous or not o.flags.c_contiguous:
             direct = False
     if not direct:
-        return sample_csr_concat(batch, snap)
+        return sample_csr_concat(batch, snap, feature_tables)
     values, offsets = _same_flags(values), _same_flags(offsets)
     if par is not None:
         return par.lookup_and_gather(snap, values, offsets, B, nnz)
@@ -68,8 +73,9 @@ def _same_flags(arrays: tuple) -> tuple:
     return tuple(views)
 
 
-def sample_csr_concat(batch, snap: Snapshots):
-    """:func:`sample_csr` for batches whose arrays the kernels cannot take as a tuple.
+def sample_csr_concat(batch, snap: Snapshots, feature_tables: np.ndarray | None = None):
+    """:func:`sample_csr` for batches whose arrays the kernels cannot take as a tuple, or
+    whose features share tables (``feature_tables``).
 
     Raises:
         DataError: key ids that are not uint64.
@@ -79,7 +85,7 @@ def sample_csr_concat(batch, snap: Snapshots):
     ids = np.concatenate(batch.values) if T > 1 else batch.values[0]
     if ids.dtype != np.uint64:
         raise DataError(f"key ids must be uint64, got {ids.dtype}")
-    tabs = np.repeat(np.arange(T, dtype=np.int16), nnz)
+    tabs = np.repeat(np.arange(T, dtype=np.int16) if feature_tables is None else feature_tables, nnz)
     slots = snap.lookup(tabs, ids)
     offsets = np.stack(batch.offsets)
     base = np.zeros(T, np.int64)
@@ -89,4 +95,6 @@ def sample_csr_concat(batch, snap: Snapshots):
     samp_slot = np.empty(slots.shape[0], np.int32)
     samp_tab = np.empty(slots.shape[0], np.int16)
     KM.gather_samples_jit(offsets, base, slots, samp_off, samp_slot, samp_tab)
+    if feature_tables is not None:  # the kernel writes each key's feature: its table
+        samp_tab = feature_tables[samp_tab]
     return samp_off, samp_slot, samp_tab

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -121,11 +122,24 @@ class Scheduler:
         *,
         build_plans: bool = True,
         budget: BudgetController | None = None,
+        feature_tables: Sequence[int] | None = None,
     ) -> None:
         require(isinstance(config, SchedulerConfig), "config must be a SchedulerConfig")
         require(1 <= num_tables <= 32767, f"num_tables must be in 1..32767, got {num_tables}")
         self.config = config
         self.num_tables = num_tables
+        # NOTE [tables and features] (herald/contracts/features.py): a key is (table, id), and
+        # features sharing a table share its keys; None: feature t reads table t
+        self.feature_tables = None if feature_tables is None else np.asarray(feature_tables, np.int16)
+        require(
+            self.feature_tables is None
+            or bool(
+                self.feature_tables.ndim == 1
+                and ((self.feature_tables >= 0) & (self.feature_tables < num_tables)).all()
+            ),
+            f"feature_tables must index the {num_tables} tables",
+        )
+        self.num_features = num_tables if self.feature_tables is None else int(self.feature_tables.shape[0])
         self.capacity_rows = cache_capacity(config, distinct_keys)
         self.build_plans = build_plans
         W = config.num_workers
@@ -212,7 +226,7 @@ class Scheduler:
         self._snap.renew_tokens()
         if self._par is not None:
             self._par.enter()
-        samp_off, samp_slot, samp_tab = sample_csr(batch, self._snap, self._par)
+        samp_off, samp_slot, samp_tab = sample_csr(batch, self._snap, self._par, self.feature_tables)
         table_on = self._alloc.table_mask()
         ta = time.perf_counter()
         worker_of = self._alloc.allocate(samp_off, samp_slot, samp_tab, table_on, self._snap)
@@ -335,8 +349,8 @@ class Scheduler:
                 f"global batch must have num_workers*batch_size_per_worker="
                 f"{cfg.global_batch_size} samples, got {len(batch)}; use drop_last or pad upstream"
             )
-        if batch.num_tables != self.num_tables:
-            raise DataError(f"batch has {batch.num_tables} tables, scheduler was built for {self.num_tables}")
+        if batch.num_tables != self.num_features:
+            raise DataError(f"batch has {batch.num_tables} tables, scheduler was built for {self.num_features}")
 
     def _collect_keys(self, samp_off, samp_slot, order, wstart, has_prev: bool):
         """One pass: K_w of every worker in canonical order (``keys`` int32 [nnz'] at ``off``

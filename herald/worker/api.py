@@ -171,7 +171,7 @@ class CachedEmbedding(nn.Module):
         if self.pooling is None:
             return pooled if self.output == "tensor" else keyed_pooled(pooled, self.table_names)
         if self.output == "features":
-            return self.pooling.features_of(pooled, batch.rows.rows, mb, batch.rows.bounds)
+            return self.pooling.features_of(pooled, batch.rows.rows, mb, batch.rows.value_rows)
         pooled = self.pooling.pooled(pooled, mb.offsets_flat)
         if self.output == "tensor":
             return pooled

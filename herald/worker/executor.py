@@ -30,7 +30,7 @@ from herald.worker.device_cache import DeviceCache, make_cache
 from herald.worker.devices import resolve_cache_device
 from herald.worker.early_pulls import EarlyPulls
 from herald.worker.replicas import ReplicaStore
-from herald.worker.rows import Fetch, Pulled, StepGrads, StepRows, Write, pool_bags
+from herald.worker.rows import Fetch, Pulled, StepGrads, StepRows, Write, pool_bags, step_keys
 from herald.worker.step_message import StepMessage
 
 
@@ -69,6 +69,9 @@ class PlanExecutor:
         self.rank, self.world_size, self.device = rank, world_size, device
         self.tables = list(job.tables)
         self.dim = job.dim
+        #: the table of each feature, or None when feature t reads table t (NOTE [tables and features])
+        shared = job.shared_feature_tables
+        self.feature_tables = None if shared is None else np.array(shared, np.int64)
         self._one_optimizer = len({t.optimizer for t in self.tables}) == 1  # dims are equal (job.dim)
         row_width = self.tables[0].row_width
         self.cache = make_cache(resolve_cache_device(cache_device, device), job.capacity_rows, row_width, device)
@@ -183,9 +186,8 @@ class PlanExecutor:
     def _lookup(self, mb: MicroBatch) -> tuple[torch.Tensor, StepRows]:
         # the micro-batch's flat arrays (NOTE [micro-batch layout]) serve as they are: no per-table lists
         t, b = mb.num_tables, len(mb)
-        bounds = np.ascontiguousarray(mb.id_bounds, dtype=np.int64)
-        uniq = mb.ids_flat.copy()  # writable (the message's blob is not): one numba signature for its kernels
-        keys = KeySet(np.repeat(np.arange(t, dtype=np.int32), np.diff(bounds)), uniq)
+        sk = step_keys(mb, self.feature_tables, len(self.tables))  # features sharing a table read its rows once
+        keys, bounds = sk.keys, sk.bounds
         slots = None
         if self.replicas is None:
             slots = self.cache.slots(keys)
@@ -202,11 +204,9 @@ class PlanExecutor:
                 self.cache.slots(KeySet(keys.table[rest], keys.ids[rest])), self.dim, self.device
             )
         rows = gathered.requires_grad_(True)
-        nnz = np.diff(mb.inverse_bounds)
-        inputs = mb.inverse_flat.astype(np.int64)  # row of each value among the step's rows
-        inputs += np.repeat(bounds[:-1], nnz)
-        pooled = pool_bags(rows, inputs, mb.offsets_flat, mb.inverse_bounds, self.device)
-        return pooled.view(t, b, self.dim).transpose(0, 1), StepRows(rows, uniq, bounds, slots, self.cache.removals)
+        pooled = pool_bags(rows, sk.value_rows, mb.offsets_flat, mb.inverse_bounds, self.device)
+        step_rows = StepRows(rows, keys.ids, bounds, slots, self.cache.removals, sk.value_rows)
+        return pooled.view(t, b, self.dim).transpose(0, 1), step_rows
 
     # ------------------------------------------------------ after backward
     def gradients(self, step_rows: StepRows) -> StepGrads:

@@ -46,6 +46,33 @@ def pool_mean(pooled: torch.Tensor, offsets_flat: np.ndarray, mean: np.ndarray) 
     return pooled / divisor[:, :, None]
 
 
+def batch_table_ids(
+    values: list[np.ndarray], feature_tables: tuple[int, ...], num_tables: int
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """A whole batch's keys as one process sees them (the reference, the evaluation).
+
+    Args:
+        values: uint64 [nnz_f] per feature (a :class:`~herald.loader.batch.SampleBatch`'s);
+            feature_tables: the table of each feature; num_tables: the job's tables.
+
+    Returns:
+        ``(ids, inverse)``: ``ids[t]`` uint64, the sorted distinct ids of table t over every
+        feature reading it; ``inverse[f]`` int64 [nnz_f], each value's index into its table's ids.
+    """
+    ids: list[np.ndarray] = []
+    inverse: list[np.ndarray] = [np.zeros(0, np.int64)] * len(values)
+    for t in range(num_tables):
+        feats = [f for f, ft in enumerate(feature_tables) if ft == t]
+        u, inv = np.unique(np.concatenate([values[f] for f in feats]), return_inverse=True)
+        ids.append(u)
+        at = 0
+        for f in feats:
+            n = values[f].shape[0]
+            inverse[f] = inv[at : at + n].astype(np.int64)
+            at += n
+    return ids, inverse
+
+
 @dataclasses.dataclass
 class PaddedSequence:
     """One sequence feature of a micro-batch.
@@ -67,14 +94,13 @@ class PaddedSequence:
 
 
 def sequence_index(
-    offsets: np.ndarray, inverse: np.ndarray, row_base: int, max_length: int, pad: int
+    offsets: np.ndarray, value_rows: np.ndarray, max_length: int, pad: int
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """Where each padded position of one feature's sequences reads.
 
     Args:
-        offsets: int64 [b + 1]: the feature's bags; inverse: int [nnz]: each value's index
-            into the feature's distinct ids; row_base: the row of its first distinct id among
-            the step's rows; max_length: ``L``; pad: the row index that reads zeros.
+        offsets: int64 [b + 1]: the feature's bags; value_rows: int64 [nnz]: the row of each
+            of its values among the step's rows; max_length: ``L``; pad: the row index that reads zeros.
 
     Returns:
         ``(index int64 [b * L], lengths int64 [b], truncated)``: position ``(i, j)`` reads row
@@ -86,7 +112,7 @@ def sequence_index(
     steps = np.arange(max_length, dtype=np.int64)
     at = first[:, None] + steps[None, :]
     there = steps[None, :] < keep[:, None]
-    rows = np.where(there, row_base + inverse[np.where(there, at, 0)].astype(np.int64) if inverse.size else pad, pad)
+    rows = np.where(there, value_rows[np.where(there, at, 0)] if value_rows.size else pad, pad)
     return rows.reshape(-1).astype(np.int64), keep.astype(np.int64), int((lengths > max_length).sum())
 
 
@@ -173,13 +199,18 @@ class FeaturePooling:
         """float32 [b, T, dim]: the sum-pooled bags with each feature's pooling (:func:`pool_mean`)."""
         return pool_mean(pooled, offsets_flat, self.mean)
 
-    def features_of(self, pooled: torch.Tensor, rows: torch.Tensor, mb, bounds: np.ndarray) -> FeatureEmbeddings:
+    def features_of(
+        self, pooled: torch.Tensor, rows: torch.Tensor, mb, value_rows: np.ndarray | None
+    ) -> FeatureEmbeddings:
         """The :class:`FeatureEmbeddings` of micro-batch ``mb``.
 
         Args:
             pooled: float32 [b, T, dim], the sum-pooled bags; rows: float32 [n, dim], the
-                step's distinct rows (requires grad) feature after feature; bounds: int64
-                [T + 1]: feature t's rows are ``rows[bounds[t]:bounds[t + 1]]``.
+                step's distinct rows (requires grad); value_rows: int64 [N], the row of each
+                value of ``mb`` (:class:`~herald.worker.rows.StepKeys`; None: no sequence read).
+
+        Raises:
+            ConfigError: a sequence feature without ``value_rows`` (a protocol that pools itself).
         """
         pooled = self.pooled(pooled, mb.offsets_flat)
         out, seqs = {}, {}
@@ -190,9 +221,11 @@ class FeaturePooling:
                 continue
             if padded is None:  # one zero row to read at the padding
                 padded = torch.cat([rows, rows.new_zeros((1, rows.shape[1]))])
+            if value_rows is None:
+                raise ConfigError(f"sequence feature {f.name!r}: this consistency mode pools the rows itself")
             ib = mb.inverse_bounds
             index, lengths, cut = sequence_index(
-                mb.offsets_flat[t], mb.inverse_flat[ib[t] : ib[t + 1]], int(bounds[t]), f.max_length, rows.shape[0]
+                mb.offsets_flat[t], value_rows[ib[t] : ib[t + 1]], f.max_length, rows.shape[0]
             )
             self.truncated += cut
             values = padded.index_select(0, torch.from_numpy(index).to(rows.device))

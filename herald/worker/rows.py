@@ -19,6 +19,62 @@ from herald.worker import psio
 
 
 @dataclasses.dataclass
+class StepKeys:
+    """The distinct keys a micro-batch reads, table by table, and where each of its values reads.
+
+    Attributes:
+        keys: the (table, id) keys, table after table, each table's ids sorted and distinct
+            (features that read one table share its keys: NOTE [tables and features] in
+            herald/contracts/features.py).
+        bounds: int64 [tables + 1]: table t's keys are ``keys[bounds[t]:bounds[t + 1]]``.
+        value_rows: int64 [N]: the key (row) of each value of the micro-batch, feature after
+            feature, bag after bag (``MicroBatch.inverse_flat``'s order).
+    """
+
+    keys: KeySet
+    bounds: np.ndarray
+    value_rows: np.ndarray
+
+
+def step_keys(mb, feature_tables: np.ndarray | None, num_tables: int) -> StepKeys:
+    """The :class:`StepKeys` of micro-batch ``mb``.
+
+    Args:
+        mb: a :class:`~herald.contracts.microbatch.MicroBatch` (its features' distinct ids,
+            ``id_bounds``, ``inverse_flat``, ``inverse_bounds``).
+        feature_tables: int [T]: the table of each feature (``JobSpec.feature_tables``), or
+            None when feature t reads table t (then the micro-batch's ids serve as they are).
+        num_tables: the job's tables.
+    """
+    ids_bounds = np.ascontiguousarray(mb.id_bounds, dtype=np.int64)
+    nnz = np.diff(mb.inverse_bounds)
+    inputs = mb.inverse_flat.astype(np.int64)  # index of each value among its feature's distinct ids
+    if feature_tables is None:
+        uniq = mb.ids_flat.copy()  # writable (the message's blob is not): one numba signature for its kernels
+        keys = KeySet(np.repeat(np.arange(mb.num_tables, dtype=np.int32), np.diff(ids_bounds)), uniq)
+        inputs += np.repeat(ids_bounds[:-1], nnz)
+        return StepKeys(keys, ids_bounds, inputs)
+    tables, ids, where = [], [], np.empty(mb.ids_flat.shape[0], np.int64)
+    bounds = np.zeros(num_tables + 1, np.int64)
+    for t in range(num_tables):  # each table: the union of its features' distinct ids
+        feats = np.flatnonzero(feature_tables == t)
+        parts = [mb.ids_flat[ids_bounds[f] : ids_bounds[f + 1]] for f in feats]
+        merged, back = np.unique(np.concatenate(parts) if parts else np.zeros(0, np.uint64), return_inverse=True)
+        start = bounds[t]
+        at = 0
+        for f in feats:
+            n = int(ids_bounds[f + 1] - ids_bounds[f])
+            where[ids_bounds[f] : ids_bounds[f + 1]] = start + back[at : at + n]
+            at += n
+        bounds[t + 1] = start + merged.shape[0]
+        tables.append(np.full(merged.shape[0], t, np.int32))
+        ids.append(merged.astype(np.uint64, copy=False))
+    keys = KeySet(np.concatenate(tables), np.concatenate(ids))
+    inputs += np.repeat(ids_bounds[:-1], nnz)  # index among the micro-batch's (feature, id) entries
+    return StepKeys(keys, bounds, where[inputs])
+
+
+@dataclasses.dataclass
 class StepRows:
     """The embedding rows one micro-batch uses, gathered by :meth:`PlanExecutor.lookup`.
 
@@ -29,6 +85,8 @@ class StepRows:
         bounds: int64 [T + 1]: table t's ids are ``uniq[bounds[t]:bounds[t + 1]]``.
         slots: int64 [n]: each row's cache slot when every row came from the cache, else None.
         removals: the cache's ``removals`` when ``slots`` were found.
+        value_rows: int64 [N]: the row of each value of the micro-batch (:class:`StepKeys`),
+            what a sequence feature reads (None where the rows are pooled bags: hybrid).
     """
 
     rows: torch.Tensor
@@ -36,6 +94,7 @@ class StepRows:
     bounds: np.ndarray
     slots: np.ndarray | None = None
     removals: int = -1
+    value_rows: np.ndarray | None = None
 
     def tables(self) -> np.ndarray:
         """int32 [n]: the table of each row."""

@@ -120,7 +120,7 @@ def test_a_sequence_keeps_order_pads_and_truncates_to_the_last_rows(tmp_path):
 def test_sequence_index_and_mean_divisor():
     offsets = np.array([0, 3, 3, 4])
     inverse = np.array([2, 0, 1, 1], np.uint16)
-    index, lengths, cut = sequence_index(offsets, inverse, 10, 2, 99)
+    index, lengths, cut = sequence_index(offsets, inverse.astype(np.int64) + 10, 2, 99)
     assert index.tolist() == [10, 11, 99, 99, 11, 99] and lengths.tolist() == [2, 0, 1] and cut == 1
     div = mean_divisor(np.array([[0, 3, 3, 4], [0, 1, 2, 3]]), np.array([True, False]))
     assert div.tolist() == [[3, 1], [1, 1], [1, 1]]

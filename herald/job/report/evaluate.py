@@ -40,7 +40,7 @@ def evaluate(job: dict[str, Any], source, run_dir: pathlib.Path, ps_addresses, b
     with PSClient(list(ps_addresses), tables=tables, timeout_ms=job.timeout_ms, keys_dir=job.keys_dir) as client:
         before = client.stats()
         while (batch := source.read(batch_rows)) is not None:
-            probs.append(_predict(model, client, batch, tables[0].dim, mean))
+            probs.append(_predict(model, client, batch, tables[0].dim, mean, job.feature_tables))
             labels.append(batch.labels)
         first = evictions(before)
         during = {k: v - first[k] for k, v in evictions(client.stats()).items()}
@@ -80,22 +80,30 @@ def _trained_model(job: Any, run_dir: pathlib.Path) -> tuple[Any, bool]:
     return model, replicas_equal
 
 
-def _predict(model: Any, client: PSClient, batch: Any, dim: int, mean: np.ndarray) -> np.ndarray:
+def _predict(
+    model: Any, client: PSClient, batch: Any, dim: int, mean: np.ndarray, feature_tables: tuple[int, ...]
+) -> np.ndarray:
     """float32 [rows]: the model's probabilities for ``batch`` (a :class:`~herald.loader.batch.SampleBatch`),
-    its embeddings (``dim`` wide) pulled from the PS through ``client`` and pooled per feature
-    (summed, and divided by the bag's length for the features ``mean``, bool [T])."""
+    its embeddings (``dim`` wide) pulled from the PS through ``client`` (features sharing a table,
+    ``feature_tables``, share its rows) and pooled per feature (summed, and divided by the bag's
+    length for the features ``mean``, bool [T])."""
     import torch  # on use: see _trained_model
     import torch.nn.functional as F
 
-    from herald.worker.pooling import pool_mean
+    from herald.worker.pooling import batch_table_ids, pool_mean
 
-    uniq = [np.unique(v, return_inverse=True) for v in batch.values]
-    got = client.pull_async({t: u for t, (u, _) in enumerate(uniq) if u.size}).wait()
-    pooled = []
-    for t, (u, inv) in enumerate(uniq):
-        w = torch.from_numpy(np.ascontiguousarray(got[t][:, :dim]) if u.size else np.zeros((0, dim), np.float32))
-        offsets = torch.from_numpy(batch.offsets[t][:-1])
-        pooled.append(F.embedding_bag(torch.from_numpy(inv.astype(np.int64)), w, offsets, mode="sum"))
+    num_tables = max(feature_tables) + 1 if feature_tables else 0
+
+    uniq, inv = batch_table_ids(batch.values, feature_tables, num_tables)
+    got = client.pull_async({t: u for t, u in enumerate(uniq) if u.size}).wait()
+    rows = [
+        torch.from_numpy(np.ascontiguousarray(got[t][:, :dim]) if u.size else np.zeros((0, dim), np.float32))
+        for t, u in enumerate(uniq)
+    ]
+    pooled = [
+        F.embedding_bag(torch.from_numpy(inv[f]), rows[t], torch.from_numpy(batch.offsets[f][:-1]), mode="sum")
+        for f, t in enumerate(feature_tables)
+    ]
     with torch.no_grad():
         emb = pool_mean(torch.stack(pooled, dim=1), np.stack(batch.offsets), mean)
         logits = model(torch.from_numpy(batch.dense), emb)
