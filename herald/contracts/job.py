@@ -109,7 +109,7 @@ class JobSpec:
         require(self.dense_dim >= 0, f"dense_dim must be >= 0, got {self.dense_dim}")
         require(self.model in MODELS, f"model must be one of {MODELS}, got {self.model!r}")
         self._check_features()
-        check_model(self.model, self.num_features, min(t.dim for t in self.tables))
+        check_model(self.model, self.num_features, min(t.dim for t in self.tables), features=self.feature_list)
         require(
             self.dense_optimizer in DENSE_OPTIMIZERS,
             f"dense optimizer must be one of {DENSE_OPTIMIZERS}, got {self.dense_optimizer!r}",

@@ -16,7 +16,9 @@ Plain Python, like the rest of :mod:`herald.contracts` (no torch: the launcher c
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
+from herald.contracts.features import FeatureConfig
 from herald.contracts.vocab import MODELS, SCALAR_SLICE_MODELS
 from herald.errors import ConfigError
 
@@ -32,12 +34,19 @@ class ModelNeeds:
         min_dim: the smallest ``--embedding-dim``: 2 for the models reading the last
             element of each row as the id's scalar weight (NOTE [scalar slice] in
             herald/worker/models.py: :data:`~herald.contracts.vocab.SCALAR_SLICE_MODELS`), else 1.
+        sequence: the model reads one sequence feature (pooling ``none``) and a pooled feature
+            reading the same table, its target (DIN: the history and the item scored against it).
+        reads_features: its forward takes ``(dense [B, D], features:
+            herald.worker.pooling.FeatureEmbeddings)`` (``ScheduledLoader.embedding(output="features")``),
+            not the ``[B, T, dim]`` tensor of pooled features.
     """
 
     label: str
     tables: int | None = None
     tables_are: str = ""
     min_dim: int = 1
+    sequence: bool = False
+    reads_features: bool = False
 
 
 def _needs(name: str, label: str, **kw) -> ModelNeeds:
@@ -51,7 +60,28 @@ MODEL_NEEDS: dict[str, ModelNeeds] = {
     "deepfm": _needs("deepfm", "DeepFM"),
     "dcn": _needs("dcn", "DCN"),
     "ncf": _needs("ncf", "NCF", tables=2, tables_are="user, item"),
+    "din": _needs("din", "DIN", sequence=True, reads_features=True),
 }
+
+
+def reads_features(model: str) -> bool:
+    """Whether ``model``'s forward takes a ``FeatureEmbeddings`` (:attr:`ModelNeeds.reads_features`;
+    ``auto`` and the other models take the ``[B, T, dim]`` tensor)."""
+    needs = MODEL_NEEDS.get(model)
+    return needs is not None and needs.reads_features
+
+
+def sequence_and_target(features: Sequence[FeatureConfig]) -> tuple[int, int] | None:
+    """``(s, a)``: the index of the only sequence feature and of the first pooled feature reading
+    its table (the target item a sequence model scores against its history), or None when
+    ``features`` have not exactly one sequence feature or no such pooled feature."""
+    seqs = [i for i, f in enumerate(features) if f.is_sequence]
+    if len(seqs) != 1:
+        return None
+    table = features[seqs[0]].table
+    targets = [i for i, f in enumerate(features) if not f.is_sequence and f.table == table]
+    return (seqs[0], targets[0]) if targets else None
+
 
 if set(MODEL_NEEDS) != set(MODELS) - {"auto"}:  # the vocabulary and this table name the same models
     raise ImportError(
@@ -67,6 +97,7 @@ def check_model(
     *,
     chosen_as: str | None = None,
     table_names: tuple[str, ...] | None = None,
+    features: Sequence[FeatureConfig] | None = None,
 ) -> None:
     """Raise unless ``model`` can train ``num_tables`` tables of rows ``embedding_dim`` wide,
     naming the flags (``--model``, ``--embedding-dim``) and the fix.
@@ -80,9 +111,12 @@ def check_model(
         chosen_as: what the user asked for when ``model`` is its resolution (``"auto"``:
             the message says ``--model auto (here ncf)``).
         table_names: the source's table names, for the message (the first few are shown).
+        features: the job's features (NOTE [tables and features] in herald/contracts/features.py),
+            checked for a :attr:`ModelNeeds.sequence` model; None: not known yet.
 
     Raises:
-        ConfigError: no table, a table count the model cannot take, or a row too narrow.
+        ConfigError: no table, a table count the model cannot take, a row too narrow, or (DIN)
+            features without one sequence and a pooled feature reading its table.
     """
     named = f"--model {model}" if chosen_as in (None, model) else f"--model {chosen_as} (here {model})"
     if num_tables is not None and num_tables < 1:
@@ -109,4 +143,14 @@ def check_model(
         raise ConfigError(
             f"{named} needs --embedding-dim >= {needs.min_dim}{why}, got {embedding_dim}; set "
             f"--embedding-dim {needs.min_dim} or more, or choose another --model"
+        )
+    if needs.sequence and features is not None and sequence_and_target(features) is None:
+        shown = ", ".join(f"{f.name} ({f.table}, {f.pooling})" for f in list(features)[:6])
+        raise ConfigError(
+            f'{named} ({needs.label}) needs exactly one sequence feature (pooling "none", e.g. a user\'s '
+            "history) and a pooled feature reading the same table (the target item it is scored against); "
+            f"the features are: {shown}{', ...' if len(features) > 6 else ''}. On a MovieLens ratings file "
+            "--model din declares them itself (genres, a history of --source-option history=20); for another "
+            'source declare them with --tables FILE ([features.history] table = "items", pooling = "none", '
+            'max_length = 20, and the target feature reading table "items"): docs/models.md'
         )

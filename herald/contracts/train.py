@@ -16,9 +16,9 @@ from typing import Any
 from herald.config import Nested, flags_of, from_flags, key_value, nested, parse_value, require, setting
 from herald.contracts.comm import CommSettings, GroupSettings
 from herald.contracts.consistency import ModeContext, ModeSettings, Straggler
-from herald.contracts.features import FeatureConfig
+from herald.contracts.features import MAX_SEQUENCE_LENGTH, FeatureConfig
 from herald.contracts.flags import _choice, _flag, _integer, _number, flag_errors
-from herald.contracts.models import check_model
+from herald.contracts.models import MODEL_NEEDS, check_model
 from herald.contracts.modes import MODE_FLAGS, BspSettings, check_mode, consistency_mode
 from herald.contracts.script import ScriptSettings
 from herald.contracts.settings import (
@@ -48,6 +48,20 @@ DEFAULT_SOURCE = "synthetic://criteo?rows=600000&seed=0"
 #: source's format. Other sources (synthetic, Parquet, libFM, Kafka) keep the shape rule
 #: of :func:`auto_model`, so the synthetic default still trains DLRM.
 WORKLOAD_MODELS = {"criteo": "wdl", "movielens": "ncf", "avazu": "deepfm"}
+#: NOTE [din layout]. ``--model din`` without ``--tables`` on a source whose features are
+#: MovieLens's side features (``user, item, genres, history``: a ratings file opened with
+#: ``side_features=True``, which din turns on for a MovieLens source, or such a file converted
+#: to Parquet) lays them out itself: ``history`` is a sequence (pooling ``none``) of the last
+#: ``L`` movies reading ``item``'s table (one key space: a behaviour and the target item are
+#: the same kind of id and share their embeddings, as in DIN, Zhou et al., KDD'18), ``genres`` is
+#: mean-pooled, the others keep their own tables, sum-pooled. ``L`` is
+#: ``--source-option history=L`` (default :data:`DIN_HISTORY_LENGTH`), passed to the source as
+#: ``history_length=L`` (the source keeps the most recent L) and used as the feature's
+#: ``max_length``. A ``--tables`` file wins over this layout; any other source needs one that
+#: declares a sequence feature (:func:`herald.contracts.models.check_model` says how).
+DIN_HISTORY_LENGTH = 20
+#: The features NOTE [din layout] reads: the target, the sequence, the mean-pooled bag.
+DIN_TARGET, DIN_SEQUENCE, DIN_MEAN = "item", "history", "genres"
 
 
 def source_option(text: str) -> tuple[str, Any]:
@@ -73,6 +87,22 @@ def auto_model(model: str, dataset: str | None, num_tables: int, dense_dim: int)
     if dataset in WORKLOAD_MODELS:
         return WORKLOAD_MODELS[dataset]
     return "ncf" if num_tables == 2 and dense_dim == 0 else "dlrm"
+
+
+def din_history_length(source_options: tuple[tuple[str, Any], ...]) -> int:
+    """``L`` of NOTE [din layout] from ``--source-option`` pairs: ``history=L``, else the
+    source's ``history_length``, else :data:`DIN_HISTORY_LENGTH`.
+
+    Raises:
+        ConfigError: ``L`` not an int in 1..MAX_SEQUENCE_LENGTH.
+    """
+    options = dict(source_options)
+    length = options.get("history", options.get("history_length", DIN_HISTORY_LENGTH))
+    require(
+        isinstance(length, int) and not isinstance(length, bool) and 1 <= length <= MAX_SEQUENCE_LENGTH,
+        f"--source-option history=L needs an int L in 1..{MAX_SEQUENCE_LENGTH}, got {length!r:.40}",
+    )
+    return length
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,7 +145,9 @@ class TrainConfig:
     dense: DenseSettings = nested(DenseSettings, prefix="dense_")  # --dense-optimizer, --dense-lr
     model: str = setting(
         "auto",
-        "dlrm, wdl (Wide&Deep), deepfm, dcn (DCN v2) or ncf; auto = the Herald workload "
+        "dlrm, wdl (Wide&Deep), deepfm, dcn (DCN v2), ncf or din (DIN: attention over a history "
+        "sequence; on MovieLens it turns on the side features, --source-option history=L, default 20); "
+        "auto = the Herald workload "
         "model of a known dataset (Criteo .tsv: wdl, MovieLens: ncf, Avazu .csv: deepfm), "
         "else ncf for two tables without dense features, else dlrm; wdl and deepfm use "
         "the last element of each embedding row as the id's scalar weight "
@@ -216,6 +248,13 @@ class TrainConfig:
         self.recovery.check(self.checkpoint_every)
         check_mode(self.mode, self.mode_context)
         check_model(self.model, None, self.embedding.dim)  # the tables: check_schema, once the source is open
+        require(
+            self.model == "din" or "history" not in dict(self.source_options),
+            "--source-option history=L is the history length of --model din (NOTE [din layout]); for another "
+            "model give the MovieLens source history_length=L (with side_features=true)",
+        )
+        if self.model == "din":
+            din_history_length(self.source_options)  # --source-option history=L checked before the source opens
         require(
             self.scheduling.schedule != "optimal" or (self.batch_size == 1 and self.workers <= MAX_BRUTEFORCE_WORKERS),
             f"--schedule optimal (brute force) needs --batch-size 1 and --workers <= {MAX_BRUTEFORCE_WORKERS}, got "
@@ -322,6 +361,39 @@ class TrainConfig:
     def is_stream(self) -> bool:
         return self.source.startswith("kafka://")
 
+    @property
+    def din_history_length(self) -> int:
+        """``L`` of NOTE [din layout]: ``--source-option history=L``, else the source's
+        ``history_length``, else :data:`DIN_HISTORY_LENGTH`.
+
+        Raises:
+            ConfigError: ``L`` not an int in 1..MAX_SEQUENCE_LENGTH.
+        """
+        return din_history_length(self.source_options)
+
+    def source_options_for(self, dataset: str | None) -> dict[str, Any]:
+        """The options the source is opened with: ``--source-option``'s, and for ``--model din``
+        on MovieLens (``dataset``, the source's format name) ``side_features=True`` (unless given)
+        and ``history_length=L`` (NOTE [din layout]); ``history`` itself is not the source's.
+
+        Raises:
+            ConfigError: ``history=L`` for a source that is not MovieLens (nothing would read it).
+        """
+        options = dict(self.source_options)
+        if self.model != "din":
+            return options
+        history = options.pop("history", None)
+        if dataset == "movielens":
+            options.setdefault("side_features", True)
+            options["history_length"] = self.din_history_length
+        elif history is not None:
+            raise ConfigError(
+                f"--source-option history={history} sets the history of --model din on a MovieLens ratings "
+                f"file; this source ({dataset or self.source}) has none: declare your sequence feature's "
+                "max_length with --tables FILE instead"
+            )
+        return options
+
     def tables(self, schema) -> list[TableConfig]:
         """The job's tables: those of the ``--tables`` file and one per feature it does not
         name (NOTE [tables and features] in herald/contracts/features.py); without a file one
@@ -346,13 +418,21 @@ class TrainConfig:
             if e.tables_file is None:
                 opt = OptimizerConfig(name=e.optimizer, lr=e.lr)
                 names = schema.table_names
-                return [TableConfig(name=n, dim=e.dim, optimizer=opt) for n in names], [
-                    FeatureConfig(name=n, table=n) for n in names
-                ]
+                features = [FeatureConfig(name=n, table=n) for n in names]
+                if self.model == "din" and DIN_TARGET in names and DIN_SEQUENCE in names:
+                    features = [self._din_feature(n) for n in names]
+                tables = list(dict.fromkeys(f.table for f in features))
+                return [TableConfig(name=n, dim=e.dim, optimizer=opt) for n in tables], features
             try:
                 return e.declarations().resolve(schema.table_names, e.dim, e.optimizer, e.lr)
             except ConfigError as exc:
                 raise ConfigError(f"--tables {e.tables_file}: {exc}") from None
+
+    def _din_feature(self, name: str) -> FeatureConfig:
+        """Feature ``name`` of NOTE [din layout]."""
+        if name == DIN_SEQUENCE:
+            return FeatureConfig(name=name, table=DIN_TARGET, pooling="none", max_length=self.din_history_length)
+        return FeatureConfig(name=name, table=name, pooling="mean" if name == DIN_MEAN else "sum")
 
     def check_schema(self, schema, dataset: str | None) -> None:
         """Check the settings that need the source's schema, naming the flag: the model
@@ -381,12 +461,20 @@ class TrainConfig:
         )
         sequences = [f.name for f in features if f.is_sequence]
         require(
-            not sequences or self.script.path is not None,
+            not sequences or self.script.path is not None or (model in MODEL_NEEDS and MODEL_NEEDS[model].sequence),
             f'{where}: the sequence feature(s) {sequences[:10]} (pooling "none") need a model that reads '
-            "sequences, which --model's do not: train your own with --script (ScheduledLoader.embedding("
-            "'features') gives padded sequences), or pool them (sum or mean)",
+            "sequences, which of --model's only din does: choose --model din (one sequence and its target), train "
+            "your own with --script (ScheduledLoader.embedding('features') gives padded sequences), or pool them "
+            "(sum or mean)",
         )
-        check_model(model, schema.num_tables, widths[0][0], chosen_as=self.model, table_names=tuple(schema.table_names))
+        check_model(
+            model,
+            schema.num_tables,
+            widths[0][0],
+            chosen_as=self.model,
+            table_names=tuple(schema.table_names),
+            features=features,
+        )
 
     @property
     def num_ps_shards(self) -> int:

@@ -47,7 +47,7 @@ WIRE_DTYPES = ("fp32", "fp16", "bf16", "int8")
 DENSE_COMM_DTYPES = ("fp32", "fp16", "bf16")
 
 #: ``--model``: ``auto`` picks by dataset (:func:`herald.contracts.train.auto_model`).
-MODELS = ("auto", "dlrm", "ncf", "wdl", "deepfm", "dcn")
+MODELS = ("auto", "dlrm", "ncf", "wdl", "deepfm", "dcn", "din")
 #: Models reading the last element of each row as a scalar weight (NOTE [scalar slice]
 #: in herald/worker/models.py): they need rows of at least 2 elements.
 SCALAR_SLICE_MODELS = ("wdl", "deepfm")

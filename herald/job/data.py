@@ -35,9 +35,9 @@ class JobData:
     """
 
     def __init__(self, cfg: TrainConfig, dispatcher_rank: int = 0):
-        options = dict(cfg.source_options)
         self._scheduling = None  # (SchedulerConfig, BudgetController or None): scheduler_factory()
-        self.dataset = options.get("format") or infer_format(cfg.source)
+        self.dataset = dict(cfg.source_options).get("format") or infer_format(cfg.source)
+        options = cfg.source_options_for(self.dataset)  # --model din on MovieLens: NOTE [din layout]
         self.source = None
         if cfg.is_stream:
             self.source = open_source(cfg.source, **options)

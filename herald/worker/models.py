@@ -1,11 +1,13 @@
-"""Models used by ``herald train``: DLRM, Wide&Deep, DeepFM, DCN v2 and NCF.
+"""Models used by ``herald train``: DLRM, Wide&Deep, DeepFM, DCN v2, NCF and DIN.
 
 Every model takes the dense features ``[B, D]`` and the pooled embeddings
 ``[B, T, dim]`` (one sum-pooled row per table, produced by
 :class:`herald.worker.api.CachedEmbedding` from the worker cache, or by the
 single-process reference) and returns logits ``[B]``. Embedding tables live in the
 worker cache and the PS, never in the model: the model holds only dense parameters,
-which ``DenseSync`` all-reduces.
+which ``DenseSync`` all-reduces. DIN (herald/worker/din.py) reads a history sequence: its
+forward takes a :class:`~herald.worker.pooling.FeatureEmbeddings` instead
+(:attr:`herald.contracts.models.ModelNeeds.reads_features`).
 
 NOTE [scalar slice]: Wide&Deep's wide part and DeepFM's first-order term need one
 scalar weight per id. The worker cache and the PS hold one row layout for every table
@@ -33,8 +35,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from herald.contracts.models import check_model
+from herald.contracts.features import FeatureConfig
+from herald.contracts.models import check_model, reads_features
 from herald.errors import ConfigError
+from herald.worker.din import DIN
 
 #: Hidden layers of the deep part of WDL, DeepFM and DCN (HET Table 3).
 DEEP_MLP = (256, 256, 256)
@@ -261,19 +265,29 @@ class NCF(nn.Module):
         return self.out(torch.cat([user * item, h], dim=1)).squeeze(1)
 
 
-MODELS = {"dlrm": DLRM, "wdl": WideAndDeep, "deepfm": DeepFM, "dcn": DCNv2, "ncf": NCF}
+MODELS = {"dlrm": DLRM, "wdl": WideAndDeep, "deepfm": DeepFM, "dcn": DCNv2, "ncf": NCF, "din": DIN}
 
 
-def build_model(name: str, dense_dim: int, num_tables: int, embedding_dim: int, seed: int) -> nn.Module:
-    """Build model ``name`` (``dlrm`` | ``wdl`` | ``deepfm`` | ``dcn`` | ``ncf`` | ``auto``)
+def build_model(
+    name: str,
+    dense_dim: int,
+    num_tables: int,
+    embedding_dim: int,
+    seed: int,
+    features: tuple[FeatureConfig, ...] | None = None,
+) -> nn.Module:
+    """Build model ``name`` (``dlrm`` | ``wdl`` | ``deepfm`` | ``dcn`` | ``ncf`` | ``din`` | ``auto``)
     with parameters drawn from ``seed`` (equal replicas on every rank).
 
     ``auto`` here picks by shape: NCF for two tables without dense features, else DLRM
     (``herald train`` resolves ``auto`` by dataset before this: :func:`herald.contracts.train.auto_model`).
 
     Args:
-        dense_dim: dense features per sample ``D``; num_tables: tables ``T``;
-        embedding_dim: row width ``dim`` of every table; seed: initialisation seed.
+        dense_dim: dense features per sample ``D``; num_tables: the features ``T`` of each
+        sample (``JobSpec.num_features``: one per table unless features share tables);
+        embedding_dim: row width ``dim`` of every table; seed: initialisation seed;
+        features: the job's features (``JobSpec.feature_list``), read by the models whose
+            forward takes a ``FeatureEmbeddings`` (DIN; :func:`herald.contracts.models.reads_features`).
 
     Raises:
         ConfigError: unknown model name or a shape the model cannot take.
@@ -285,6 +299,8 @@ def build_model(name: str, dense_dim: int, num_tables: int, embedding_dim: int, 
     gen_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
+        if reads_features(name):
+            return MODELS[name](dense_dim, num_tables, embedding_dim, features=tuple(features or ()))
         return MODELS[name](dense_dim, num_tables, embedding_dim)
     finally:
         torch.random.set_rng_state(gen_state)

@@ -68,3 +68,64 @@ def test_the_job_spec_checks_the_same_needs():
     assert (
         JobSpec.build(TrainConfig.from_flags(model="dcn", embedding_dim=1), data, ["tcp://127.0.0.1:1"]).model == "dcn"
     )
+
+
+# --- DIN (NOTE [din layout] in herald/contracts/train.py)
+MOVIELENS_SIDE = Schema(("user", "item", "genres", "history"), 0)
+
+
+def test_din_lays_out_movielens_side_features_itself():
+    cfg = TrainConfig.from_flags(source="ratings.csv", model="din", embedding_dim=8)
+    assert cfg.source_options_for("movielens") == {"side_features": True, "history_length": 20}
+    tables, features = cfg.layout(MOVIELENS_SIDE)
+    assert [t.name for t in tables] == ["user", "item", "genres"]
+    assert [(f.name, f.table, f.pooling, f.max_length) for f in features] == [
+        ("user", "user", "sum", 0),
+        ("item", "item", "sum", 0),
+        ("genres", "genres", "mean", 0),
+        ("history", "item", "none", 20),
+    ]
+    cfg.check_schema(MOVIELENS_SIDE, "movielens")  # a sequence without --script: din reads it
+    short = TrainConfig.from_flags(source="ratings.csv", model="din", source_options=(("history", 5),))
+    assert short.source_options_for("movielens") == {"side_features": True, "history_length": 5}
+    assert short.layout(MOVIELENS_SIDE)[1][3].max_length == 5
+    # the other models keep one table per feature, and history=L is din's
+    assert [t.name for t in TrainConfig.from_flags(model="dlrm").layout(MOVIELENS_SIDE)[0]] == list(
+        MOVIELENS_SIDE.table_names
+    )
+    assert TrainConfig.from_flags(model="ncf").source_options_for("movielens") == {}
+
+
+def test_din_refusals_name_the_fix(tmp_path):
+    with pytest.raises(ConfigError, match="history=L is the history length of --model din"):
+        TrainConfig.from_flags(model="dlrm", source_options=(("history", 5),))
+    with pytest.raises(ConfigError, match=r"history=L needs an int L in 1\.\."):
+        TrainConfig.from_flags(model="din", source_options=(("history", 0),))
+    cfg = TrainConfig.from_flags(source="x.tsv", model="din", source_options=(("history", 5),))
+    with pytest.raises(ConfigError, match="declare your sequence feature's max_length with --tables"):
+        cfg.source_options_for("criteo")
+    criteo = Schema(tuple(f"C{i}" for i in range(1, 27)), 13)
+    with pytest.raises(ConfigError, match=r"--model din \(DIN\) needs exactly one sequence feature.*--tables FILE"):
+        TrainConfig.from_flags(source="x.tsv", model="din").check_schema(criteo, "criteo")
+    # a --tables file wins over the layout, and declares din's features for any source
+    decl = tmp_path / "t.toml"
+    decl.write_text(
+        '[tables.ads]\n[features.C1]\ntable = "ads"\n[features.C2]\ntable = "ads"\npooling = "none"\nmax_length = 4\n'
+    )
+    cfg = TrainConfig.from_flags(source="x.tsv", model="din", tables=str(decl))
+    cfg.check_schema(criteo, "criteo")
+    assert [(f.table, f.pooling) for f in cfg.layout(criteo)[1][:3]] == [("ads", "sum"), ("ads", "none"), ("C3", "sum")]
+    mean_history = tmp_path / "m.toml"
+    mean_history.write_text(
+        '[tables.m]\n[features.item]\ntable = "m"\n[features.history]\ntable = "m"\npooling = "mean"\n'
+    )
+    with pytest.raises(ConfigError, match="exactly one sequence feature"):
+        TrainConfig.from_flags(model="din", tables=str(mean_history)).check_schema(MOVIELENS_SIDE, "movielens")
+
+
+def test_the_job_spec_checks_dins_features():
+    data = types.SimpleNamespace(dataset="movielens", schema=MOVIELENS_SIDE, replicated=[], replica_rows=0)
+    job = JobSpec.build(TrainConfig.from_flags(model="din"), data, ["tcp://127.0.0.1:1"])
+    assert job.model == "din" and job.num_features == 4 and job.feature_tables == (0, 1, 2, 1)
+    with pytest.raises(ConfigError, match="exactly one sequence feature"):
+        job.replace(features=())

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from herald import contracts
+from herald.contracts.features import FeatureConfig
 from herald.errors import ConfigError
 from herald.worker.models import MODELS, DCNv2, DeepFM, WideAndDeep, build_model
 
@@ -27,6 +28,13 @@ SHAPES = [
     ("ncf", 0, 2),
     ("ncf", 3, 2),
 ]
+#: DIN's features on MovieLens (NOTE [din layout]): the history reads item's table
+DIN_FEATURES = (
+    FeatureConfig("user", "user"),
+    FeatureConfig("item", "item"),
+    FeatureConfig("genres", "genres", "mean"),
+    FeatureConfig("history", "item", "none", 6),
+)
 
 
 def _inputs(dense_dim, num_tables, seed=0):
@@ -52,9 +60,10 @@ def test_forward_gives_one_logit_per_sample_and_every_parameter_gets_a_gradient(
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_same_seed_builds_equal_replicas_and_leaves_the_global_rng_alone(name):
     num_tables = 2 if name == "ncf" else 4
+    features = DIN_FEATURES if name == "din" else None
     torch.manual_seed(123)
     before = torch.random.get_rng_state()
-    a, b = build_model(name, 3, num_tables, DIM, seed=7), build_model(name, 3, num_tables, DIM, seed=7)
+    a, b = (build_model(name, 3, num_tables, DIM, seed=7, features=features) for _ in range(2))
     assert torch.equal(before, torch.random.get_rng_state())
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
 
