@@ -15,9 +15,10 @@ import torch
 import torch.nn.functional as F
 
 from herald.contracts.job import JobSpec
+from herald.contracts.models import reads_features
 from herald.loader.batch import SampleBatch
 from herald.ps import apply_gradients, init_rows
-from herald.worker.pooling import batch_table_ids, pool_mean
+from herald.worker.pooling import batch_table_ids, features_from_rows, pool_mean
 from herald.worker.trainer import build_dense_optimizer, model_from_job
 
 
@@ -40,6 +41,7 @@ def train_reference(job: JobSpec, batches: Iterable[SampleBatch]):
     dim = tables[0].dim
     mean = np.array([f.pooling == "mean" for f in job.feature_list], bool)  # NOTE [tables and features]
     feature_tables = job.feature_tables  # features sharing a table share its rows (NOTE [tables and features])
+    as_features = reads_features(job.model)
     for batch in batches:
         uniq, inv = batch_table_ids(batch.values, feature_tables, len(tables))
         for t, u in enumerate(uniq):
@@ -53,11 +55,16 @@ def train_reference(job: JobSpec, batches: Iterable[SampleBatch]):
             ).requires_grad_(True)
             for t, u in enumerate(uniq)
         ]
-        pooled = [
-            F.embedding_bag(torch.from_numpy(inv[f]), leaves[t], torch.from_numpy(batch.offsets[f][:-1]), mode="sum")
-            for f, t in enumerate(feature_tables)
-        ]
-        emb = pool_mean(torch.stack(pooled, dim=1), np.stack(batch.offsets), mean)
+        if as_features:  # DIN: pooled features and padded sequences, as the workers' embedding(output="features")
+            emb = features_from_rows(leaves, inv, batch.offsets, feature_tables, job.feature_list)
+        else:
+            pooled = [
+                F.embedding_bag(
+                    torch.from_numpy(inv[f]), leaves[t], torch.from_numpy(batch.offsets[f][:-1]), mode="sum"
+                )
+                for f, t in enumerate(feature_tables)
+            ]
+            emb = pool_mean(torch.stack(pooled, dim=1), np.stack(batch.offsets), mean)
         logits = model(torch.from_numpy(batch.dense), emb)
         loss = F.binary_cross_entropy_with_logits(logits, torch.from_numpy(batch.labels))
         loss.backward()

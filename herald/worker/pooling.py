@@ -11,7 +11,9 @@ operations, so gradients flow back through autograd to the step's rows:
   longer bag), with the lengths.
 
 The single-process reference (herald/job/reference.py) and the evaluation pool through
-the same functions, so a job with mean-pooled features is exact against it to the bit.
+the same functions, so a job with mean-pooled features is exact against it to the bit; for a
+model reading :class:`FeatureEmbeddings` (DIN) they build them for a whole batch with
+:func:`features_from_rows`, the same truncation and padding as :meth:`FeaturePooling.features_of`.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collections.abc import Iterator, Mapping
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from herald.contracts.features import FeatureConfig
 from herald.errors import ConfigError
@@ -233,3 +236,53 @@ class FeaturePooling:
                 values.view(len(mb), f.max_length, rows.shape[1]), torch.from_numpy(lengths).to(rows.device)
             )
         return FeatureEmbeddings(self.names, out, seqs)
+
+
+def features_from_rows(
+    rows: list[torch.Tensor],
+    inverse: list[np.ndarray],
+    offsets: list[np.ndarray],
+    feature_tables: tuple[int, ...],
+    features: tuple[FeatureConfig, ...],
+) -> FeatureEmbeddings:
+    """A whole batch's :class:`FeatureEmbeddings` in one process (the reference, the evaluation):
+    what :meth:`FeaturePooling.features_of` gives a worker for its micro-batch.
+
+    Pooled features: their bags summed (``F.embedding_bag``) and divided by their lengths where
+    ``mean`` (:func:`pool_mean`, as the reference pools every feature); sequences: each bag's
+    last ``max_length`` rows in order, zeros beyond (:func:`sequence_index`).
+
+    Args:
+        rows: float32 [n_t, dim] per table: table t's distinct rows of the batch, in the order of
+            :func:`batch_table_ids`'s ``ids[t]`` (may require grad: gradients flow back to them).
+        inverse: int64 [nnz_f] per feature, each value's row in its table's ``rows``
+            (:func:`batch_table_ids`); offsets: int64 [b + 1] per feature (its bags).
+        feature_tables: the table of each feature; features: one :class:`FeatureConfig` each.
+
+    Returns:
+        the :class:`FeatureEmbeddings` (pooled float32 [b, dim], sequences [b, L, dim] + lengths).
+    """
+    b = offsets[0].shape[0] - 1 if offsets else 0
+    names = tuple(f.name for f in features)
+    pooled_at = [i for i, f in enumerate(features) if not f.is_sequence]
+    out: dict[str, torch.Tensor] = {}
+    if pooled_at:
+        bags = [
+            F.embedding_bag(
+                torch.from_numpy(inverse[i]), rows[feature_tables[i]], torch.from_numpy(offsets[i][:-1]), mode="sum"
+            )
+            for i in pooled_at
+        ]
+        mean = np.array([features[i].pooling == "mean" for i in pooled_at], bool)
+        stacked = pool_mean(torch.stack(bags, dim=1), np.stack([offsets[i] for i in pooled_at]), mean)
+        out = {features[i].name: stacked[:, k] for k, i in enumerate(pooled_at)}
+    seqs: dict[str, PaddedSequence] = {}
+    for i, f in enumerate(features):
+        if not f.is_sequence:
+            continue
+        table = rows[feature_tables[i]]
+        padded = torch.cat([table, table.new_zeros((1, table.shape[1]))])  # one zero row read at the padding
+        index, lengths, _ = sequence_index(offsets[i], inverse[i], f.max_length, table.shape[0])
+        values = padded.index_select(0, torch.from_numpy(index))
+        seqs[f.name] = PaddedSequence(values.view(b, f.max_length, table.shape[1]), torch.from_numpy(lengths))
+    return FeatureEmbeddings(names, out, seqs)

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from herald.contracts.job import JobSpec
+from herald.contracts.models import reads_features
 from herald.contracts.vocab import DEFAULT_TIMEOUT_MS
 from herald.errors import ConfigError
 from herald.files import PrivateFile
@@ -42,8 +43,9 @@ def build_dense_optimizer(params, name: str, lr: float) -> torch.optim.Optimizer
 
 
 def model_from_job(job: JobSpec) -> torch.nn.Module:
-    """The dense model described by a job (same parameters on every rank: seeded)."""
-    return build_model(job.model, job.dense_dim, len(job.tables), job.dim, seed=job.seed)
+    """The dense model described by a job (same parameters on every rank: seeded): one input
+    per feature (``job.num_features``; features sharing a table are inputs each)."""
+    return build_model(job.model, job.dense_dim, job.num_features, job.dim, seed=job.seed, features=job.feature_list)
 
 
 def worker_threads(world_size: int) -> int:
@@ -88,7 +90,8 @@ def run_worker(
         with startup_garbage_frozen():  # NOTE [start-up garbage] in herald/procs.py
             job = loader.job
             model = model_from_job(job).to(loader.device)
-            embedding = loader.embedding()
+            # DIN reads FeatureEmbeddings (its history as a padded sequence), the others the [b, T, dim] tensor
+            embedding = loader.embedding(output="features" if reads_features(job.model) else "tensor")
             loader.attach(model, build_dense_optimizer(model.parameters(), job.dense_optimizer, job.dense_lr))
         timer = loader.timer
         for batch in loader:
