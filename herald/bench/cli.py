@@ -188,6 +188,15 @@ SUBCOMMANDS = (
         "mode's own step by default): AUC, log loss, samples/s and its ratio to bsp, transmissions (same run)",
         {},
     ),
+    # DIN on MovieLens against a plain PyTorch DIN and NCF: docs/models.md
+    (
+        "din",
+        "herald.bench.din",
+        options.add_din_arguments,
+        "herald --model din (2 workers, bsp) vs a plain single-process PyTorch DIN and herald ncf on "
+        "MovieLens: held-out AUC per seed and median (same run)",
+        {},
+    ),
     # one prepared GPU-machine run: the CUDA tests, scale, step, gpu, a profile, arrivals
     (
         "device",

@@ -497,3 +497,43 @@ def add_consistency_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--steps", type=int, default=None, help="stop each job after this many steps (default: all data)")
     p.add_argument("--out", default=None, metavar="FILE.json", help="write every figure here")
+
+
+# ------------------------------------------------------------------ din
+
+#: sgd's lr on the embeddings: the gradient is that of the global batch's mean loss, so a row's
+#: step is lr / (global batch) per sample touching it
+DIN_SPARSE_LR = 50.0
+DIN_SOURCE = "../shared/data/movielens/ml-latest-small/ratings.csv"
+
+
+def add_din_arguments(p: argparse.ArgumentParser) -> None:
+    """Arguments of ``herald bench din``."""
+    p.add_argument("--source", default=DIN_SOURCE, help="a MovieLens ratings file (default: %(default)s)")
+    p.add_argument(
+        "--seeds", type=int, nargs="+", default=[0, 1, 2], help="model seeds, one run each (default: %(default)s)"
+    )
+    p.add_argument("--workers", type=int, default=2, help="herald's workers (default: %(default)s)")
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=256,
+        help="samples per worker per step; the plain script's batch is the global batch (default: %(default)s)",
+    )
+    p.add_argument("--history", type=int, default=20, help="history length L of DIN (default: %(default)s)")
+    p.add_argument("--embedding-dim", type=int, default=16, help="(default: %(default)s)")
+    p.add_argument(
+        "--lr", type=float, default=DIN_SPARSE_LR, help="sgd learning rate of the embeddings (default: %(default)s)"
+    )
+    p.add_argument(
+        "--dense-lr",
+        type=float,
+        default=0.002,
+        help="adam learning rate of the dense parameters (default: %(default)s)",
+    )
+    p.add_argument(
+        "--eval-fraction", type=float, default=0.1, help="the last rows (in time), held out (default: %(default)s)"
+    )
+    p.add_argument("--steps", type=int, default=None, help="stop every run after this many steps (default: 1 epoch)")
+    p.add_argument("--run-dir", default="runs/bench-din", help="job folders (default: %(default)s)")
+    p.add_argument("--out", default=None, metavar="FILE.json", help="write every figure here")
