@@ -22,8 +22,9 @@ ml-latest-small; rows in time order, the last ``--eval-fraction`` held out, 1 ep
    MovieLens workload model, Herald Table 1), the same optimizers and batches.
 
 Printed: a table of held-out AUC per seed, the medians, and |AUC(herald din) - AUC(plain din)|;
-``--out FILE.json`` keeps every figure. About 4 minutes on 2 cores for 3 seeds (each herald job
-spends ~10-20 s starting and evaluating). Run as ``herald bench din``.
+``--out FILE.json`` keeps every figure. About 1.5 minutes on 2 cores for 3 seeds (measured: each
+herald job 6-13 s with its start-up and evaluation, the plain script 2-3 s;
+docs/results/2026-12-04-din.md). Run as ``herald bench din``.
 """
 
 from __future__ import annotations

@@ -128,7 +128,7 @@ def check_model(
         shown = ""
         if table_names:
             shown = ": " + ", ".join(table_names[:4]) + (", ..." if len(table_names) > 4 else "")
-        others = ", ".join(m for m, n in MODEL_NEEDS.items() if n.tables is None)
+        others = ", ".join(m for m, n in MODEL_NEEDS.items() if n.tables is None and not n.sequence)
         raise ConfigError(
             f"{named} ({needs.label}) needs exactly {needs.tables} tables ({needs.tables_are}), and "
             f"the source has {num_tables}{shown}; choose --model {others} (or auto), or a source of "
