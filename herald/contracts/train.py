@@ -18,7 +18,7 @@ from herald.contracts.comm import CommSettings, GroupSettings
 from herald.contracts.consistency import ModeContext, ModeSettings, Straggler
 from herald.contracts.features import FeatureConfig
 from herald.contracts.flags import _choice, _flag, _integer, _number, flag_errors
-from herald.contracts.models import check_model
+from herald.contracts.models import MODEL_NEEDS, check_model
 from herald.contracts.modes import MODE_FLAGS, BspSettings, check_mode, consistency_mode
 from herald.contracts.script import ScriptSettings
 from herald.contracts.settings import (
@@ -65,13 +65,13 @@ def auto_model(model: str, dataset: str | None, num_tables: int, dense_dim: int)
             the source's schema.
 
     Returns:
-        ``WORKLOAD_MODELS[dataset]`` for a known dataset (Herald's workloads),
-        else ``ncf`` for two tables without dense features, else ``dlrm``.
+        ``WORKLOAD_MODELS[dataset]`` for a known dataset (Herald's workloads) when its tables
+        fit that model, else ``ncf`` for two tables without dense features, else ``dlrm``.
     """
     if model != "auto":
         return model
-    if dataset in WORKLOAD_MODELS:
-        return WORKLOAD_MODELS[dataset]
+    if dataset in WORKLOAD_MODELS and MODEL_NEEDS[WORKLOAD_MODELS[dataset]].tables in (None, num_tables):
+        return WORKLOAD_MODELS[dataset]  # (MovieLens with its side features has more tables than NCF reads)
     return "ncf" if num_tables == 2 and dense_dim == 0 else "dlrm"
 
 
@@ -386,6 +386,8 @@ class TrainConfig:
             "sequences, which --model's do not: train your own with --script (ScheduledLoader.embedding("
             "'features') gives padded sequences), or pool them (sum or mean)",
         )
+        if self.script.path is not None:  # the script brings its own model: --model is not trained
+            return
         check_model(model, schema.num_tables, widths[0][0], chosen_as=self.model, table_names=tuple(schema.table_names))
 
     @property

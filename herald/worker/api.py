@@ -171,7 +171,11 @@ class CachedEmbedding(nn.Module):
         if self.pooling is None:
             return pooled if self.output == "tensor" else keyed_pooled(pooled, self.table_names)
         if self.output == "features":
-            return self.pooling.features_of(pooled, batch.rows.rows, mb, batch.rows.value_rows)
+            out = self.pooling.features_of(pooled, batch.rows.rows, mb, batch.rows.value_rows)
+            if self.protocol is not None and self.pooling.truncated:  # counted in the report (its embeddings block)
+                self.protocol.stats["sequence_truncated"] += self.pooling.truncated
+                self.pooling.truncated = 0
+            return out
         pooled = self.pooling.pooled(pooled, mb.offsets_flat)
         if self.output == "tensor":
             return pooled
