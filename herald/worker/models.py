@@ -8,9 +8,8 @@ worker cache and the PS, never in the model: the model holds only dense paramete
 which ``DenseSync`` all-reduces.
 
 NOTE [scalar slice]: Wide&Deep's wide part and DeepFM's first-order term need one
-scalar weight per id. The worker cache and the PS hold one row layout for every table
-(``JobSpec.dim``), so a separate dim-1 table cannot be declared beside them; instead
-these two models read the *last element* of each table's row as the id's scalar
+scalar weight per id. These models take one width for every feature (``JobSpec.dim``),
+so a separate dim-1 table does not fit them; instead they read the *last element* of each table's row as the id's scalar
 weight and the first ``dim - 1`` elements as its embedding vector. The scalar is then
 pulled, cached, pushed, sum-pooled (a multi-hot field sums its ids' weights: the
 linear term of the one-hot encoding) and updated by the sparse optimizer exactly like
@@ -33,7 +32,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from herald.contracts.models import check_model
+from herald.contracts.models import MIXED_WIDTH_MODELS, check_model, mixed_width_error
 from herald.errors import ConfigError
 
 #: Hidden layers of the deep part of WDL, DeepFM and DCN (HET Table 3).
@@ -205,8 +204,11 @@ class DCNv2(nn.Module):
         embedding_dim: embedding dimension ``dim`` (>= 1).
         cross_layers: number of cross layers (>= 1).
         deep_mlp: hidden sizes of the deep part (a final layer of size 1 is added).
+        feature_dims: each feature's width when they differ (tables of several widths:
+            docs/models.md, "Tables and features"); ``emb`` is then their concatenation.
 
-    Forward: ``dense float32 [B, D]``, ``emb float32 [B, T, dim]`` -> logits ``[B]``.
+    Forward: ``dense float32 [B, D]``, ``emb float32 [B, T, dim]`` (or ``[B, sum(feature_dims)]``)
+    -> logits ``[B]``.
 
     Raises:
         ConfigError: no table, ``embedding_dim < 1`` or ``cross_layers < 1``.
@@ -219,12 +221,13 @@ class DCNv2(nn.Module):
         embedding_dim: int,
         cross_layers: int = 3,
         deep_mlp: tuple[int, ...] = DEEP_MLP,
+        feature_dims: tuple[int, ...] | None = None,
     ):
         super().__init__()
         check_model("dcn", num_tables, embedding_dim)
         if cross_layers < 1:
             raise ConfigError(f"DCN needs cross_layers >= 1, got {cross_layers}")
-        width = dense_dim + num_tables * embedding_dim
+        width = dense_dim + (sum(feature_dims) if feature_dims else num_tables * embedding_dim)
         self.cross = nn.ModuleList(CrossLayer(width) for _ in range(cross_layers))
         self.deep = _mlp([width, *deep_mlp, 1], last_activation=False)
 
@@ -264,7 +267,14 @@ class NCF(nn.Module):
 MODELS = {"dlrm": DLRM, "wdl": WideAndDeep, "deepfm": DeepFM, "dcn": DCNv2, "ncf": NCF}
 
 
-def build_model(name: str, dense_dim: int, num_tables: int, embedding_dim: int, seed: int) -> nn.Module:
+def build_model(
+    name: str,
+    dense_dim: int,
+    num_tables: int,
+    embedding_dim: int,
+    seed: int,
+    feature_dims: tuple[int, ...] | None = None,
+) -> nn.Module:
     """Build model ``name`` (``dlrm`` | ``wdl`` | ``deepfm`` | ``dcn`` | ``ncf`` | ``auto``)
     with parameters drawn from ``seed`` (equal replicas on every rank).
 
@@ -274,6 +284,8 @@ def build_model(name: str, dense_dim: int, num_tables: int, embedding_dim: int, 
     Args:
         dense_dim: dense features per sample ``D``; num_tables: tables ``T``;
         embedding_dim: row width ``dim`` of every table; seed: initialisation seed.
+        feature_dims: each feature's width when the tables' widths differ (None: all
+            ``embedding_dim``); only the models that concatenate the features take them (DCN).
 
     Raises:
         ConfigError: unknown model name or a shape the model cannot take.
@@ -285,6 +297,10 @@ def build_model(name: str, dense_dim: int, num_tables: int, embedding_dim: int, 
     gen_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
+        if feature_dims is not None and len(set(feature_dims)) > 1:
+            if name not in MIXED_WIDTH_MODELS:
+                raise ConfigError(mixed_width_error(name))
+            return MODELS[name](dense_dim, num_tables, embedding_dim, feature_dims=tuple(feature_dims))
         return MODELS[name](dense_dim, num_tables, embedding_dim)
     finally:
         torch.random.set_rng_state(gen_state)

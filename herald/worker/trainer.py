@@ -43,7 +43,8 @@ def build_dense_optimizer(params, name: str, lr: float) -> torch.optim.Optimizer
 
 def model_from_job(job: JobSpec) -> torch.nn.Module:
     """The dense model described by a job (same parameters on every rank: seeded)."""
-    return build_model(job.model, job.dense_dim, len(job.tables), job.dim, seed=job.seed)
+    dims = job.feature_dims  # the features, not the tables: several features may read one table
+    return build_model(job.model, job.dense_dim, job.num_features, max(dims), seed=job.seed, feature_dims=dims)
 
 
 def worker_threads(world_size: int) -> int:

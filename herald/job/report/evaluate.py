@@ -40,7 +40,7 @@ def evaluate(job: dict[str, Any], source, run_dir: pathlib.Path, ps_addresses, b
     with PSClient(list(ps_addresses), tables=tables, timeout_ms=job.timeout_ms, keys_dir=job.keys_dir) as client:
         before = client.stats()
         while (batch := source.read(batch_rows)) is not None:
-            probs.append(_predict(model, client, batch, tables[0].dim, mean, job.feature_tables))
+            probs.append(_predict(model, client, batch, [t.dim for t in tables], mean, job.feature_tables))
             labels.append(batch.labels)
         first = evictions(before)
         during = {k: v - first[k] for k, v in evictions(client.stats()).items()}
@@ -81,23 +81,23 @@ def _trained_model(job: Any, run_dir: pathlib.Path) -> tuple[Any, bool]:
 
 
 def _predict(
-    model: Any, client: PSClient, batch: Any, dim: int, mean: np.ndarray, feature_tables: tuple[int, ...]
+    model: Any, client: PSClient, batch: Any, dims: list[int], mean: np.ndarray, feature_tables: tuple[int, ...]
 ) -> np.ndarray:
     """float32 [rows]: the model's probabilities for ``batch`` (a :class:`~herald.loader.batch.SampleBatch`),
-    its embeddings (``dim`` wide) pulled from the PS through ``client`` (features sharing a table,
+    its embeddings (table t's ``dims[t]`` wide) pulled from the PS through ``client`` (features sharing a table,
     ``feature_tables``, share its rows) and pooled per feature (summed, and divided by the bag's
     length for the features ``mean``, bool [T])."""
     import torch  # on use: see _trained_model
     import torch.nn.functional as F
 
-    from herald.worker.pooling import batch_table_ids, pool_mean
+    from herald.worker.pooling import batch_table_ids, model_input
 
-    num_tables = max(feature_tables) + 1 if feature_tables else 0
+    num_tables = len(dims)
 
     uniq, inv = batch_table_ids(batch.values, feature_tables, num_tables)
     got = client.pull_async({t: u for t, u in enumerate(uniq) if u.size}).wait()
-    rows = [
-        torch.from_numpy(np.ascontiguousarray(got[t][:, :dim]) if u.size else np.zeros((0, dim), np.float32))
+    rows = [  # each table at its own width
+        torch.from_numpy(np.ascontiguousarray(got[t][:, : dims[t]]) if u.size else np.zeros((0, dims[t]), np.float32))
         for t, u in enumerate(uniq)
     ]
     pooled = [
@@ -105,7 +105,7 @@ def _predict(
         for f, t in enumerate(feature_tables)
     ]
     with torch.no_grad():
-        emb = pool_mean(torch.stack(pooled, dim=1), np.stack(batch.offsets), mean)
+        emb = model_input(pooled, np.stack(batch.offsets), mean)
         logits = model(torch.from_numpy(batch.dense), emb)
     return torch.sigmoid(logits).numpy()
 
