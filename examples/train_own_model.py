@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     with ScheduledLoader.connect() as loader:  # the job's dispatcher, rank and keys from the environment
         job = loader.job
         torch.manual_seed(job.seed)  # every rank builds the same dense replica
-        model = FMMLP(job.dense_dim, len(job.tables), loader.dim, args.hidden).to(loader.device)
+        model = FMMLP(job.dense_dim, len(loader.feature_names), loader.dim, args.hidden).to(loader.device)
         embedding = loader.embedding()  # batch -> [b, T, dim], from the worker cache
         loader.attach(model, torch.optim.Adam(model.parameters(), lr=args.lr))
         for batch in loader:

@@ -217,6 +217,27 @@ class JobSpec:
         return from_mapping(cls, values, where="job spec")
 
     @property
+    def max_dim(self) -> int:
+        """The widest table's dim: the worker's rows and gradients are padded to it (NOTE
+        [mixed widths] in herald/ps/router.py)."""
+        return max(t.dim for t in self.tables)
+
+    @property
+    def max_row_width(self) -> int:
+        """The widest table's row (embedding and optimizer state): the worker cache's width."""
+        return max(t.row_width for t in self.tables)
+
+    @property
+    def mixed_widths(self) -> bool:
+        """The tables differ in dim or row width."""
+        return len({(t.dim, t.row_width) for t in self.tables}) > 1
+
+    @property
+    def feature_dims(self) -> tuple[int, ...]:
+        """The dim of each feature's table (:attr:`feature_list`)."""
+        return tuple(self.tables[t].dim for t in self.feature_tables)
+
+    @property
     def feature_list(self) -> tuple[FeatureConfig, ...]:
         """One :class:`FeatureConfig` per feature of the micro-batch (:attr:`features`, or one
         sum-pooled feature per table)."""
@@ -264,6 +285,11 @@ class JobSpec:
             self.shared_feature_tables is None or self.mode.name not in ("hybrid", "gba"),
             f"features sharing a table are trained under bsp and bounded; {self.mode.name} does not share "
             "them yet: give each feature a table of its own, or use --consistency bsp or bounded",
+        )
+        require(
+            not self.mixed_widths or self.mode.name not in ("hybrid", "gba"),
+            f"tables of different widths are trained under bsp and bounded; {self.mode.name} needs one "
+            "width: give every table the same dim and optimizer, or use --consistency bsp or bounded",
         )
 
     @property

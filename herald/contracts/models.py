@@ -90,6 +90,22 @@ if set(MODEL_NEEDS) != set(MODELS) - {"auto"}:  # the vocabulary and this table 
     )
 
 
+#: The models that take tables of several widths: they concatenate the features (DCN v2's
+#: x_0). DLRM's dot interactions, DeepFM's FM, NCF's GMF product and Wide&Deep's scalar slice
+#: need one width.
+MIXED_WIDTH_MODELS = ("dcn",)
+
+
+def mixed_width_error(model: str) -> str:
+    """The message refusing ``model`` for tables of several widths, naming the fix."""
+    label = MODEL_NEEDS[model].label if model in MODEL_NEEDS else model
+    return (
+        f"--model {model} ({label}) needs every table at one width (its interactions multiply features "
+        f"pairwise); with tables of several widths use --model {' or '.join(MIXED_WIDTH_MODELS)} (it concatenates "
+        "them), give every table the same dim, or train your own model with --script"
+    )
+
+
 def check_model(
     model: str,
     num_tables: int | None,

@@ -18,7 +18,7 @@ from herald.contracts.comm import CommSettings, GroupSettings
 from herald.contracts.consistency import ModeContext, ModeSettings, Straggler
 from herald.contracts.features import MAX_SEQUENCE_LENGTH, FeatureConfig
 from herald.contracts.flags import _choice, _flag, _integer, _number, flag_errors
-from herald.contracts.models import MODEL_NEEDS, check_model
+from herald.contracts.models import MIXED_WIDTH_MODELS, MODEL_NEEDS, check_model, mixed_width_error
 from herald.contracts.modes import MODE_FLAGS, BspSettings, check_mode, consistency_mode
 from herald.contracts.script import ScriptSettings
 from herald.contracts.settings import (
@@ -79,13 +79,13 @@ def auto_model(model: str, dataset: str | None, num_tables: int, dense_dim: int)
             the source's schema.
 
     Returns:
-        ``WORKLOAD_MODELS[dataset]`` for a known dataset (Herald's workloads),
-        else ``ncf`` for two tables without dense features, else ``dlrm``.
+        ``WORKLOAD_MODELS[dataset]`` for a known dataset (Herald's workloads) when its tables
+        fit that model, else ``ncf`` for two tables without dense features, else ``dlrm``.
     """
     if model != "auto":
         return model
-    if dataset in WORKLOAD_MODELS:
-        return WORKLOAD_MODELS[dataset]
+    if dataset in WORKLOAD_MODELS and MODEL_NEEDS[WORKLOAD_MODELS[dataset]].tables in (None, num_tables):
+        return WORKLOAD_MODELS[dataset]  # (MovieLens with its side features has more tables than NCF reads)
     return "ncf" if num_tables == 2 and dense_dim == 0 else "dlrm"
 
 
@@ -451,13 +451,17 @@ class TrainConfig:
         """
         model = auto_model(self.model, dataset, schema.num_tables, schema.dense_dim)
         tables, features = self.layout(schema)
-        widths = sorted({(t.dim, t.row_width) for t in tables})
+        widths = sorted({t.dim for t in tables})
         where = f"--tables {self.embedding.tables_file}"
+        shapes = {(t.dim, t.row_width) for t in tables}
         require(
-            len(widths) == 1,
-            f"{where}: tables of different widths (dim, row floats with the optimizer state: {widths}) are not "
-            "trained yet (the worker cache holds rows of one width): give every table the same dim, and "
-            "optimizers of the same state width (sgd; adagrad; rowwise_adagrad; adam)",
+            len(shapes) == 1 or self.script.path is not None or model in MIXED_WIDTH_MODELS,
+            f"{where}: {mixed_width_error(model)}",
+        )
+        require(
+            len(shapes) == 1 or self.mode.name not in ("hybrid", "gba"),
+            f"{where}: tables of different widths are trained under --consistency bsp and bounded, not "
+            f"{self.mode.name}: give every table the same dim and optimizer",
         )
         sequences = [f.name for f in features if f.is_sequence]
         require(
@@ -467,10 +471,12 @@ class TrainConfig:
             "your own with --script (ScheduledLoader.embedding('features') gives padded sequences), or pool them "
             "(sum or mean)",
         )
+        if self.script.path is not None:  # the script brings its own model: --model is not trained
+            return
         check_model(
             model,
             schema.num_tables,
-            widths[0][0],
+            widths[0],
             chosen_as=self.model,
             table_names=tuple(schema.table_names),
             features=features,

@@ -18,7 +18,7 @@ from herald.contracts.job import JobSpec
 from herald.contracts.models import reads_features
 from herald.loader.batch import SampleBatch
 from herald.ps import apply_gradients, init_rows
-from herald.worker.pooling import batch_table_ids, features_from_rows, pool_mean
+from herald.worker.pooling import batch_table_ids, features_from_rows, model_input
 from herald.worker.trainer import build_dense_optimizer, model_from_job
 
 
@@ -38,7 +38,6 @@ def train_reference(job: JobSpec, batches: Iterable[SampleBatch]):
     model = model_from_job(job)
     opt = build_dense_optimizer(model.parameters(), job.dense_optimizer, job.dense_lr)
     rows: dict[tuple[int, int], np.ndarray] = {}
-    dim = tables[0].dim
     mean = np.array([f.pooling == "mean" for f in job.feature_list], bool)  # NOTE [tables and features]
     feature_tables = job.feature_tables  # features sharing a table share its rows (NOTE [tables and features])
     as_features = reads_features(job.model)
@@ -49,9 +48,11 @@ def train_reference(job: JobSpec, batches: Iterable[SampleBatch]):
             if new:
                 fresh = init_rows(tables[t], t, np.array(new, np.uint64), seed)
                 rows.update({(t, k): r for k, r in zip(new, fresh)})
-        leaves = [
+        leaves = [  # each table at its own width
             torch.from_numpy(
-                np.stack([rows[(t, k)][:dim] for k in u.tolist()]) if u.size else np.zeros((0, dim), np.float32)
+                np.stack([rows[(t, k)][: tables[t].dim] for k in u.tolist()])
+                if u.size
+                else np.zeros((0, tables[t].dim), np.float32)
             ).requires_grad_(True)
             for t, u in enumerate(uniq)
         ]
@@ -64,7 +65,7 @@ def train_reference(job: JobSpec, batches: Iterable[SampleBatch]):
                 )
                 for f, t in enumerate(feature_tables)
             ]
-            emb = pool_mean(torch.stack(pooled, dim=1), np.stack(batch.offsets), mean)
+            emb = model_input(pooled, np.stack(batch.offsets), mean)
         logits = model(torch.from_numpy(batch.dense), emb)
         loss = F.binary_cross_entropy_with_logits(logits, torch.from_numpy(batch.labels))
         loss.backward()

@@ -376,6 +376,8 @@ class JobRunner:
             cpu=CpuTime(served.cpu_s, served.cpu_scope, served.steady_cpu_s),  # this attempt's
             startup=served.startup,  # this attempt's milestones (StartupClock)
             replicated_tables=[trained.job.tables[t].name for t in data.replicated],
+            tables=trained.job.tables,
+            features=trained.job.feature_list,
             replica_rows=data.replica_rows,
             switched_from=ckpts.switched_from if ckpts is not None else None,  # NOTE [gba checkpoints]
             lag=data.batches.lag.summary(),  # NOTE [lag] in herald/loader/kafka/source.py

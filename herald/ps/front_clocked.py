@@ -86,8 +86,27 @@ class ClockFront:
             raise ConfigError(
                 f"checked and c_c must have the keys' shape {keys.shape}, got {checked.shape}, {c_c.shape}"
             )
-        rids, finish, sent = self.pull_clocked_op(tables, keys, checked, c_c, staleness, None)
-        return self.link.handle(rids, finish), sent
+        if not self.router.mixed:
+            rids, finish, sent = self.pull_clocked_op(tables, keys, checked, c_c, staleness, None)
+            return self.link.handle(rids, finish), sent
+        groups = self.router.shape_groups(tables)  # NOTE [mixed widths]: padded rows
+        ops, sent = [], 0
+        for shape, pos in groups:
+            t, k, ch, cc = self.router.take((tables, keys, checked, c_c), pos)
+            rids, finish, out = self.pull_clocked_op(t, k, ch, cc, staleness, shape)
+            ops.append((rids, finish))
+            sent += out
+        n, width = keys.shape[0], self.router.padded_shape[1]
+
+        def merge(results):
+            c_g, fetched, got = np.zeros(n, np.uint64), np.zeros(n, bool), 0
+            for (_, pos), (cg, ok, _, g) in zip(groups, results):
+                at = slice(None) if pos is None else pos
+                c_g[at], fetched[at], got = cg, ok, got + g
+            rows = self.router.padded(n, width, groups, [r for _, _, r, _ in results])
+            return c_g, fetched, rows, got
+
+        return self.link.combine(ops, merge), sent
 
     def pull_clocked_async(self, batch: Mapping, staleness: int):
         """Start a conditional pull of ``{table: (keys uint64 [n], c_c uint64 [m <= n])}``:
@@ -166,8 +185,32 @@ class ClockFront:
         received)``.
         """
         tables, keys = self.router.flat_keys(tables, keys)
-        rids, finish, sent = self.push_rows_clocked_op(tables, keys, rows, advance, read_clocks, None)
-        return self.link.handle(rids, finish), sent
+        if not self.router.mixed:
+            rids, finish, sent = self.push_rows_clocked_op(tables, keys, rows, advance, read_clocks, None)
+            return self.link.handle(rids, finish), sent
+        n = keys.shape[0]  # NOTE [mixed widths]: padded rows, one part per shape
+        rows = self.router.check_padded(rows, n, self.router.padded_shape[1], "rows")
+        advance = np.ascontiguousarray(advance, np.uint64)
+        groups = self.router.shape_groups(tables)
+        ops, sent = [], 0
+        for shape, pos in groups:
+            t, k, a = self.router.take((tables, keys, advance), pos)
+            rids, finish, out = self.push_rows_clocked_op(
+                t, k, self.router.columns(rows, pos, shape[1]), a, read_clocks, shape
+            )
+            ops.append((rids, finish))
+            sent += out
+
+        def merge(results):
+            if not read_clocks:
+                return None, 0
+            c_g, got = np.zeros(n, np.uint64), 0
+            for (_, pos), (cg, g) in zip(groups, results):
+                c_g[slice(None) if pos is None else pos] = cg
+                got += g
+            return c_g, got
+
+        return self.link.combine(ops, merge), sent
 
     def push_rows_clocked_async(self, batch: Mapping, read_clocks: bool = False):
         """Start writing back ``{table: (keys uint64 [n] unique, rows float32 [n, row_width],

@@ -52,12 +52,22 @@ class RowFront:
     def pull_flat_async(self, tables, keys) -> Handle:
         """Start pulling ``(tables[i], keys[i])`` (table indices, uint64 keys; tables of one
         dim and row width); ``wait()`` gives float32 [n, row_width] in key order (read-only
-        when one request carried every key: zero copy). Duplicates are allowed.
+        when one request carried every key: zero copy). Duplicates are allowed. Tables of
+        several widths: rows padded to the widest (NOTE [mixed widths] in herald/ps/router.py).
 
         Raises:
             ConfigError: bad arrays, tables of several shapes.
         """
-        return self.link.handle(*self.pull_op(*self.router.flat_keys(tables, keys)))
+        tables, keys = self.router.flat_keys(tables, keys)
+        if not self.router.mixed:
+            return self.link.handle(*self.pull_op(tables, keys))
+        groups = self.router.shape_groups(tables)  # NOTE [mixed widths]: padded rows
+        ops = []
+        for shape, pos in groups:
+            t, k = self.router.take((tables, keys), pos)
+            ops.append(self.pull_op(t, k, shape))
+        width = self.router.padded_shape[1]
+        return self.link.combine(ops, lambda parts: self.router.padded(keys.shape[0], width, groups, parts))
 
     def pull_async(self, batch: Mapping) -> Handle:
         """Start pulling ``{table: keys uint64 [n]}``; ``wait()`` gives ``{table: rows}``.
@@ -125,9 +135,20 @@ class RowFront:
     def push_grad_flat_async(self, tables, keys, grads, contributors, step: int, rank: int) -> Handle:
         """Start pushing the gradients ``grads`` (float32 [n, dim]) of unique ``(tables[i],
         keys[i])`` with their ``contributors`` (uint16 [n]) for ``step`` from ``rank`` (NOTE
-        [ps aggregation]); ``wait()`` returns the rows the shards updated."""
+        [ps aggregation]); ``wait()`` returns the rows the shards updated. Tables of several
+        widths: ``grads`` padded to the widest dim (NOTE [mixed widths] in herald/ps/router.py)."""
         tables, keys = self.router.flat_keys(tables, keys)
-        return self.link.handle(*self.push_grad_op(tables, keys, grads, contributors, step, rank))
+        if not self.router.mixed:
+            return self.link.handle(*self.push_grad_op(tables, keys, grads, contributors, step, rank))
+        grads = self.router.check_padded(grads, keys.shape[0], self.router.padded_shape[0], "gradients")
+        contributors = np.ascontiguousarray(contributors, np.uint16)
+        if contributors.shape != keys.shape:
+            raise ConfigError(f"contributors must be uint16 [{keys.shape[0]}], got {contributors.shape}")
+        ops = []
+        for shape, pos in self.router.shape_groups(tables):
+            t, k, c = self.router.take((tables, keys, contributors), pos)
+            ops.append(self.push_grad_op(t, k, self.router.columns(grads, pos, shape[0]), c, step, rank, shape))
+        return self.link.combine(ops, sum)
 
     def push_grad_async(self, batch: Mapping, step: int, rank: int) -> Handle:
         """Start pushing ``{table: (keys uint64 [n] unique, grads float32 [n, dim],
@@ -148,9 +169,17 @@ class RowFront:
 
     def push_rows_flat_async(self, tables, keys, rows) -> Handle:
         """Start writing back ``rows`` (float32 [n, row_width]: embedding and optimizer
-        state) of unique ``(tables[i], keys[i])`` (NOTE [step protocol] steps 1 and 6)."""
+        state) of unique ``(tables[i], keys[i])`` (NOTE [step protocol] steps 1 and 6); tables
+        of several widths: padded to the widest row (NOTE [mixed widths] in herald/ps/router.py)."""
         tables, keys = self.router.flat_keys(tables, keys)
-        return self.link.handle(*self.push_rows_op(tables, keys, rows))
+        if not self.router.mixed:
+            return self.link.handle(*self.push_rows_op(tables, keys, rows))
+        rows = self.router.check_padded(rows, keys.shape[0], self.router.padded_shape[1], "rows")
+        ops = []
+        for shape, pos in self.router.shape_groups(tables):
+            t, k = self.router.take((tables, keys), pos)
+            ops.append(self.push_rows_op(t, k, self.router.columns(rows, pos, shape[1]), shape))
+        return self.link.combine(ops, lambda results: None)
 
     def push_rows_async(self, batch: Mapping) -> Handle:
         """Start writing back ``{table: (keys uint64 [n] unique, rows float32 [n, row_width])}``

@@ -8,6 +8,17 @@ takes in one request (NOTE [ps limits]: ``max_keys_per_request``) is split into 
 requests per shard. Per-table batches (``{table: keys}``) are flattened into one flat
 operation per table shape. The replies' rows are put back in key order by
 :meth:`KeyRouter.in_key_order`.
+
+NOTE [mixed widths]
+~~~~~~~~~~~~~~~~~~~
+Tables of different widths (``dim``, and the row's floats with the optimizer state) are
+stored at their own width on the shards, and a flat part carries the keys of one shape.
+A client whose tables differ takes *padded* arrays in its flat operations: rows float32
+[n, widest row] and gradients float32 [n, widest dim], table t's values in the first
+``row_width_t`` / ``dim_t`` columns (the worker cache holds rows so: herald/worker/cache.py);
+it sends one flat part per shape (:meth:`KeyRouter.shape_groups`; a step message's
+section carries them all: NOTE [step messages] in herald/ps/stepped.py) and gives back
+padded rows, zeros beyond each table's width. A client of one shape is unchanged.
 """
 
 from __future__ import annotations
@@ -91,6 +102,60 @@ class KeyRouter:
                 "operations (pull_async({table: keys}), ...) for tables of several shapes"
             )
         return self._shapes[int(classes[0])]
+
+    @property
+    def mixed(self) -> bool:
+        """The tables have several shapes (NOTE [mixed widths])."""
+        return len(self._shapes) > 1
+
+    @property
+    def padded_shape(self) -> tuple[int, int]:
+        """``(widest dim, widest row)`` over the tables: the columns of a flat operation's
+        padded arrays (NOTE [mixed widths])."""
+        return max(d for d, _ in self._shapes), max(w for _, w in self._shapes)
+
+    def shape_groups(self, tables: np.ndarray) -> list[tuple[tuple[int, int], np.ndarray | None]]:
+        """``[((dim, row width), positions or None for all)]``: the keys of each table shape
+        among ``tables`` (uint16 [n]), shapes ascending, positions ascending (NOTE [mixed widths])."""
+        if len(self._shapes) == 1:
+            return [(self._shapes[0], None)]
+        if not tables.shape[0]:
+            return []
+        classes = self._shape_of[tables]
+        present = np.unique(classes)
+        if present.shape[0] == 1:
+            return [(self._shapes[int(present[0])], None)]
+        return [(self._shapes[int(c)], np.flatnonzero(classes == c)) for c in present]
+
+    def check_padded(self, array: np.ndarray, n: int, width: int, what: str) -> np.ndarray:
+        """``array`` as float32 [n, width] (a mixed client's padded rows or gradients:
+        NOTE [mixed widths]). Raises ConfigError otherwise."""
+        array = np.asarray(array, np.float32)
+        if array.shape != (n, width):
+            raise ConfigError(
+                f"{what} of tables of several widths must be float32 [{n}, {width}] (padded to the widest "
+                f"table, NOTE [mixed widths]), got {array.shape}"
+            )
+        return array
+
+    @staticmethod
+    def columns(array: np.ndarray, pos: np.ndarray | None, cols: int) -> np.ndarray:
+        """float32 [len(pos), cols]: the first ``cols`` columns of the rows ``pos`` of
+        ``array`` (all rows for None), C-contiguous."""
+        part = array if pos is None else np.take(array, pos, axis=0)
+        return np.ascontiguousarray(part[:, :cols])
+
+    @staticmethod
+    def padded(n: int, width: int, groups: list, parts: list[np.ndarray]) -> np.ndarray:
+        """float32 [n, width]: each group's rows (``parts``, in ``groups``' order) at its
+        positions, zeros beyond its shape's width (NOTE [mixed widths])."""
+        out = np.zeros((n, width), np.float32)
+        for ((_, w), pos), rows in zip(groups, parts):
+            if pos is None:
+                out[:, :w] = rows
+            else:
+                out[pos, :w] = rows
+        return out
 
     def route(self, tables: np.ndarray, keys: np.ndarray) -> list[Route]:
         """``[(shard, positions or None for all)]``: the requests of a flat operation, each of

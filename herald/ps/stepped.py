@@ -9,8 +9,9 @@ NOTE [step messages]
 A BSP worker ends step t with one ``step`` request to every shard of the job, empty or
 not. Its header holds ``step`` t, ``rank`` r, ``workers`` N and ``sections``: at most one
 of each op, in the order ``push_rows``, ``push_grad``, ``pull``, ``dense``, each ``{"op": op,
-"frames": k}``, its k frames following in the message in that order, each section but
-``dense`` one flat part exactly as the op's own request carries it (NOTE [ps wire
+"frames": k}`` (and ``"parts": m`` when m > 1), its k frames following in the message in
+that order, each section but ``dense`` m flat parts (one, or one per table shape of a job
+whose tables differ in width) exactly as the op's own request carries them (NOTE [ps wire
 protocol]; NOTE [wire compression] by the header's ``wire``):
 
 - ``push_rows``: the rows plan-pushed at step t (Herald Alg. 2) and the write-backs of the
@@ -89,6 +90,8 @@ from herald.ps.wire import PS
 
 #: The sections of a step message, in their order (NOTE [step messages]).
 SECTIONS = ("push_rows", "push_grad", "pull", "dense")
+#: Flat parts one section of a step message may carry (one per table shape: NOTE [step messages]).
+MAX_SECTION_PARTS = 64
 #: Steps held at once on a shard (a message of one more step is refused; a job holds
 #: one, or two while a restarted worker's message replaces a lost one).
 MAX_HELD_STEPS = 64
@@ -217,8 +220,8 @@ class StepBarrier:
         return [h for step in list(self.held) for h in self.release(step)]
 
 
-def _sections(header: dict[str, Any], arrays: list) -> dict[str, list]:
-    """``{op: frames}`` of a step message's ``sections`` (NOTE [step messages]).
+def _sections(header: dict[str, Any], arrays: list) -> dict[str, tuple[list, int]]:
+    """``{op: (frames, parts)}`` of a step message's ``sections`` (NOTE [step messages]).
 
     Raises:
         ProtocolError: a bad section list or frame count.
@@ -230,13 +233,22 @@ def _sections(header: dict[str, Any], arrays: list) -> dict[str, list]:
     for k, sec in enumerate(sections):
         op = sec.get("op") if type(sec) is dict else None
         frames = sec.get("frames") if type(sec) is dict else None
-        if op not in SECTIONS or SECTIONS.index(op) <= last or type(frames) is not int or not 0 < frames <= 8:
+        parts = sec.get("parts", 1) if type(sec) is dict else None
+        if (
+            op not in SECTIONS
+            or SECTIONS.index(op) <= last
+            or type(parts) is not int
+            or not 0 < parts <= (1 if op == "dense" else MAX_SECTION_PARTS)
+            or type(frames) is not int
+            or not 0 < frames <= 8 * parts
+            or (len(sec) != (2 if "parts" not in sec else 3))
+        ):
             raise ProtocolError(
                 f"step: section {k} must be {{'op': one of {list(SECTIONS)} in that order, "
-                f"'frames': 1..8}}, got {sec!r:.80}"
+                f"'frames': 1..8 per part, 'parts': 1..{MAX_SECTION_PARTS} (1 by default)}}, got {sec!r:.80}"
             )
         last = SECTIONS.index(op)
-        out[op] = arrays[at : at + frames]
+        out[op] = (arrays[at : at + frames], parts)
         at += frames
     if at != len(arrays):
         raise ProtocolError(f"step: the sections name {at} frames, the message has {len(arrays)}")
@@ -326,16 +338,18 @@ class StepOps(Handler):
         if rank >= workers:
             raise ProtocolError(f"step: rank {rank} is not below workers={workers}")
         sections = _sections(header, request.arrays)
-        sub = {"step": step, "rank": rank, "parts": [{"flat": True}]}
-        if "wire" in header:
-            sub["wire"] = compress.wire_of(header)
+        subs = {}
+        for op, (_, parts) in sections.items():  # each section's parts, as the op's own request names them
+            subs[op] = {"step": step, "rank": rank, "parts": [{"flat": True}] * parts}
+            if "wire" in header:
+                subs[op]["wire"] = compress.wire_of(header)
         if "push_rows" in sections:
-            self.rows.push_rows(sub, sections["push_rows"])
+            self.rows.push_rows(subs["push_rows"], sections["push_rows"][0])
         if "push_grad" in sections:
-            self.rows.push_grad(sub, sections["push_grad"])
+            self.rows.push_grad(subs["push_grad"], sections["push_grad"][0])
         ctx.counters["step_messages"] += 1
-        pull = (sub, sections["pull"]) if "pull" in sections else None
-        dense = _dense_section(sections["dense"]) if "dense" in sections else None
+        pull = (subs["pull"], sections["pull"][0]) if "pull" in sections else None
+        dense = _dense_section(sections["dense"][0]) if "dense" in sections else None
         if request.key is None:  # the loop keys every mutating request (NOTE [reply cache])
             raise ProtocolError("step: a step message needs its client and request ids (cid, rid)")
         held = _Held(request.peer, request.key, pull, dense, arrived=arrived)

@@ -171,7 +171,13 @@ class CachedEmbedding(nn.Module):
         if self.pooling is None:
             return pooled if self.output == "tensor" else keyed_pooled(pooled, self.table_names)
         if self.output == "features":
-            return self.pooling.features_of(pooled, batch.rows.rows, mb, batch.rows.value_rows)
+            out = self.pooling.features_of(pooled, batch.rows.rows, mb, batch.rows.value_rows)
+            if self.protocol is not None and self.pooling.truncated:  # counted in the report (its embeddings block)
+                self.protocol.stats["sequence_truncated"] += self.pooling.truncated
+                self.pooling.truncated = 0
+            return out
+        if self.output == "keyed_tensor" and self.pooling.dims is not None:  # per-feature widths
+            return self.pooling.features_of(pooled, batch.rows.rows, mb, batch.rows.value_rows).to_keyed_tensor()
         pooled = self.pooling.pooled(pooled, mb.offsets_flat)
         if self.output == "tensor":
             return pooled
@@ -200,7 +206,8 @@ class ScheduledLoader:
         self.link = link
         self.executor = PlanExecutor(job, rank, world_size, device, cache_device)
         self.protocol = job_protocol(job, self.executor)  # its mode's entry in herald.worker.modes
-        self.pooling = FeaturePooling(job.feature_list)  # each feature's pooling, shared by embedding() modules
+        # each feature's pooling and width, shared by embedding() modules
+        self.pooling = FeaturePooling(job.feature_list, job.feature_dims)
         if rank == 0:
             print(
                 f"herald worker: training on {device}, {self.executor.cache_description}", file=sys.stderr, flush=True
@@ -221,8 +228,22 @@ class ScheduledLoader:
 
     @property
     def dim(self) -> int:
-        """Embedding dim of every table."""
+        """Embedding dim of every table.
+
+        Raises:
+            ConfigError: the tables differ in width (read :attr:`feature_dims`).
+        """
+        if self.job.mixed_widths:
+            raise ConfigError(
+                f"the job's tables differ in width ({sorted({t.dim for t in self.job.tables})}): read "
+                "loader.feature_dims, each feature's"
+            )
         return self.executor.dim
+
+    @property
+    def feature_dims(self) -> tuple[int, ...]:
+        """Each feature's embedding width, in :attr:`feature_names` order."""
+        return self.job.feature_dims
 
     # ------------------------------------------------------------ creation
     @classmethod

@@ -268,17 +268,17 @@ class EmbeddingCache(SlotMap):
         if isinstance(grads, torch.Tensor):
             grads = grads.detach().to("cpu").numpy()
         grads = np.ascontiguousarray(grads, np.float32)
-        if (
-            table.row_width != self.row_width
+        if (  # rows and gradients may be wider than the table's (NOTE [mixed widths] in herald/ps/router.py)
+            table.row_width > self.row_width
             or grads.ndim != 2
-            or grads.shape[1] != table.dim
+            or grads.shape[1] < table.dim
             or slots.shape != grad_rows.shape
             or slots.ndim != 1
         ):
             raise ConfigError(
-                f"apply_gradients: grads must be float32 [m, {table.dim}] (got {grads.shape}), slots "
+                f"apply_gradients: grads must be float32 [m, >= {table.dim}] (got {grads.shape}), slots "
                 f"and grad_rows of one length (got {slots.shape}, {grad_rows.shape}), and the table's "
-                f"row width {table.row_width} the cache's ({self.row_width})"
+                f"row width {table.row_width} at most the cache's ({self.row_width})"
             )
         slots = slots.astype(np.int64, copy=False)
         grad_rows = grad_rows.astype(np.int64, copy=False)

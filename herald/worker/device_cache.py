@@ -38,6 +38,7 @@ import torch
 
 from herald.contracts.plan import KeySet
 from herald.contracts.tables import TableConfig
+from herald.errors import ConfigError
 from herald.worker.cache import EmbeddingCache, SlotMap
 from herald.worker.kernels_torch import apply_rows_torch
 
@@ -173,6 +174,11 @@ class DeviceCache(SlotMap):
         """The sparse optimizer of ``table`` on the rows in ``slots`` (int64 [n], distinct)
         with ``grads[grad_rows]`` (float32 [m, dim] tensor on the device, or numpy; int64
         [n]), in place, as torch operations on the device (:func:`apply_rows_torch`)."""
+        if table.row_width > self.row_width:
+            raise ConfigError(
+                f"apply_gradients: table {table.name!r}'s rows ({table.row_width} floats) are wider than the "
+                f"cache's ({self.row_width})"
+            )
         if slots.shape[0] == 0:
             return
         if isinstance(grads, np.ndarray):
@@ -181,9 +187,15 @@ class DeviceCache(SlotMap):
         g_at = torch.from_numpy(np.ascontiguousarray(grad_rows, dtype=np.int64)).to(
             grads.device, non_blocking=self._cuda
         )
+        width, dim = table.row_width, table.dim  # the cache's rows may be wider (NOTE [mixed widths])
         with self._on_compute():
-            g = grads.detach().index_select(0, g_at).to(self.device, torch.float32)
-            self.rows.index_copy_(0, at, apply_rows_torch(self.rows.index_select(0, at), g, table))
+            g = grads.detach().index_select(0, g_at).to(self.device, torch.float32)[:, :dim].contiguous()
+            rows = self.rows.index_select(0, at)
+            if width == self.row_width:
+                self.rows.index_copy_(0, at, apply_rows_torch(rows, g, table))
+            else:
+                rows[:, :width] = apply_rows_torch(rows[:, :width].contiguous(), g, table)
+                self.rows.index_copy_(0, at, rows)
 
     def clear(self) -> None:
         """Forget every key (the rows' contents are left; every slot is free)."""

@@ -68,12 +68,13 @@ class PlanExecutor:
     def __init__(self, job: JobSpec, rank: int, world_size: int, device: torch.device, cache_device: str = "auto"):
         self.rank, self.world_size, self.device = rank, world_size, device
         self.tables = list(job.tables)
-        self.dim = job.dim
+        # the widest table's: rows and gradients are padded to it (NOTE [mixed widths] in herald/ps/router.py)
+        self.dim = job.max_dim
         #: the table of each feature, or None when feature t reads table t (NOTE [tables and features])
         shared = job.shared_feature_tables
         self.feature_tables = None if shared is None else np.array(shared, np.int64)
-        self._one_optimizer = len({t.optimizer for t in self.tables}) == 1  # dims are equal (job.dim)
-        row_width = self.tables[0].row_width
+        self._one_optimizer = len({(t.optimizer, t.dim) for t in self.tables}) == 1
+        row_width = job.max_row_width
         self.cache = make_cache(resolve_cache_device(cache_device, device), job.capacity_rows, row_width, device)
         self._divisor = torch.tensor(float(world_size), dtype=torch.float32, device=device)
         self.ps = PSClient(

@@ -10,9 +10,8 @@ forward takes a :class:`~herald.worker.pooling.FeatureEmbeddings` instead
 (:attr:`herald.contracts.models.ModelNeeds.reads_features`).
 
 NOTE [scalar slice]: Wide&Deep's wide part and DeepFM's first-order term need one
-scalar weight per id. The worker cache and the PS hold one row layout for every table
-(``JobSpec.dim``), so a separate dim-1 table cannot be declared beside them; instead
-these two models read the *last element* of each table's row as the id's scalar
+scalar weight per id. These models take one width for every feature (``JobSpec.dim``),
+so a separate dim-1 table does not fit them; instead they read the *last element* of each table's row as the id's scalar
 weight and the first ``dim - 1`` elements as its embedding vector. The scalar is then
 pulled, cached, pushed, sum-pooled (a multi-hot field sums its ids' weights: the
 linear term of the one-hot encoding) and updated by the sparse optimizer exactly like
@@ -36,7 +35,7 @@ import torch
 from torch import nn
 
 from herald.contracts.features import FeatureConfig
-from herald.contracts.models import check_model, reads_features
+from herald.contracts.models import MIXED_WIDTH_MODELS, check_model, mixed_width_error, reads_features
 from herald.errors import ConfigError
 from herald.worker.din import DIN
 
@@ -209,8 +208,11 @@ class DCNv2(nn.Module):
         embedding_dim: embedding dimension ``dim`` (>= 1).
         cross_layers: number of cross layers (>= 1).
         deep_mlp: hidden sizes of the deep part (a final layer of size 1 is added).
+        feature_dims: each feature's width when they differ (tables of several widths:
+            docs/models.md, "Tables and features"); ``emb`` is then their concatenation.
 
-    Forward: ``dense float32 [B, D]``, ``emb float32 [B, T, dim]`` -> logits ``[B]``.
+    Forward: ``dense float32 [B, D]``, ``emb float32 [B, T, dim]`` (or ``[B, sum(feature_dims)]``)
+    -> logits ``[B]``.
 
     Raises:
         ConfigError: no table, ``embedding_dim < 1`` or ``cross_layers < 1``.
@@ -223,12 +225,13 @@ class DCNv2(nn.Module):
         embedding_dim: int,
         cross_layers: int = 3,
         deep_mlp: tuple[int, ...] = DEEP_MLP,
+        feature_dims: tuple[int, ...] | None = None,
     ):
         super().__init__()
         check_model("dcn", num_tables, embedding_dim)
         if cross_layers < 1:
             raise ConfigError(f"DCN needs cross_layers >= 1, got {cross_layers}")
-        width = dense_dim + num_tables * embedding_dim
+        width = dense_dim + (sum(feature_dims) if feature_dims else num_tables * embedding_dim)
         self.cross = nn.ModuleList(CrossLayer(width) for _ in range(cross_layers))
         self.deep = _mlp([width, *deep_mlp, 1], last_activation=False)
 
@@ -274,6 +277,7 @@ def build_model(
     num_tables: int,
     embedding_dim: int,
     seed: int,
+    feature_dims: tuple[int, ...] | None = None,
     features: tuple[FeatureConfig, ...] | None = None,
 ) -> nn.Module:
     """Build model ``name`` (``dlrm`` | ``wdl`` | ``deepfm`` | ``dcn`` | ``ncf`` | ``din`` | ``auto``)
@@ -284,8 +288,10 @@ def build_model(
 
     Args:
         dense_dim: dense features per sample ``D``; num_tables: the features ``T`` of each
-        sample (``JobSpec.num_features``: one per table unless features share tables);
-        embedding_dim: row width ``dim`` of every table; seed: initialisation seed;
+            sample (``JobSpec.num_features``: one per table unless features share tables);
+        embedding_dim: row width ``dim`` of every table; seed: initialisation seed.
+        feature_dims: each feature's width when the tables' widths differ (None: all
+            ``embedding_dim``); only the models that concatenate the features take them (DCN).
         features: the job's features (``JobSpec.feature_list``), read by the models whose
             forward takes a ``FeatureEmbeddings`` (DIN; :func:`herald.contracts.models.reads_features`).
 
@@ -299,6 +305,10 @@ def build_model(
     gen_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
+        if feature_dims is not None and len(set(feature_dims)) > 1:
+            if name not in MIXED_WIDTH_MODELS:
+                raise ConfigError(mixed_width_error(name))
+            return MODELS[name](dense_dim, num_tables, embedding_dim, feature_dims=tuple(feature_dims))
         if reads_features(name):
             return MODELS[name](dense_dim, num_tables, embedding_dim, features=tuple(features or ()))
         return MODELS[name](dense_dim, num_tables, embedding_dim)

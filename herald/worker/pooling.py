@@ -49,6 +49,21 @@ def pool_mean(pooled: torch.Tensor, offsets_flat: np.ndarray, mean: np.ndarray) 
     return pooled / divisor[:, :, None]
 
 
+def model_input(pooled: list[torch.Tensor], offsets_flat: np.ndarray, mean: np.ndarray) -> torch.Tensor:
+    """What a zoo model reads, from each feature's summed bags ``pooled[f]`` (float32 [b, dim_f]):
+    the features with ``mean`` (bool [T]) divided by their bags' lengths, then stacked as
+    float32 [b, T, dim] when the widths are equal, else concatenated as float32 [b, sum dim_f]
+    (the one-process form of :meth:`FeaturePooling.pooled`: the same arithmetic, to the bit).
+
+    Args:
+        offsets_flat: int64 [T, b + 1]: each feature's bags.
+    """
+    if len({p.shape[1] for p in pooled}) <= 1:
+        return pool_mean(torch.stack(pooled, dim=1), offsets_flat, mean)
+    divisor = torch.from_numpy(mean_divisor(offsets_flat, mean))
+    return torch.cat([p / divisor[:, f, None] if mean[f] else p for f, p in enumerate(pooled)], dim=1)
+
+
 def batch_table_ids(
     values: list[np.ndarray], feature_tables: tuple[int, ...], num_tables: int
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -180,10 +195,14 @@ class FeaturePooling:
 
     Args:
         features: one :class:`FeatureConfig` per feature of the micro-batches (``JobSpec.feature_list``).
+        dims: each feature's width (``JobSpec.feature_dims``); None: the lookup's width for every
+            feature. The lookup's rows are padded to the widest (NOTE [mixed widths] in
+            herald/ps/router.py): each feature keeps its first ``dims[f]`` columns.
     """
 
-    def __init__(self, features: tuple[FeatureConfig, ...]):
+    def __init__(self, features: tuple[FeatureConfig, ...], dims: tuple[int, ...] | None = None):
         self.features = tuple(features)
+        self.dims = None if dims is None or len(set(dims)) <= 1 else tuple(int(d) for d in dims)
         self.names = tuple(f.name for f in self.features)
         self.mean = np.array([f.pooling == "mean" for f in self.features], bool)
         self.has_sequences = any(f.is_sequence for f in self.features)
@@ -199,8 +218,13 @@ class FeaturePooling:
             )
 
     def pooled(self, pooled: torch.Tensor, offsets_flat: np.ndarray) -> torch.Tensor:
-        """float32 [b, T, dim]: the sum-pooled bags with each feature's pooling (:func:`pool_mean`)."""
-        return pool_mean(pooled, offsets_flat, self.mean)
+        """The sum-pooled bags (float32 [b, T, widest dim]) with each feature's pooling
+        (:func:`pool_mean`): float32 [b, T, dim] when the widths are equal, else each feature's
+        columns concatenated, float32 [b, sum dim_f] (what :func:`model_input` gives)."""
+        out = pool_mean(pooled, offsets_flat, self.mean)
+        if self.dims is None:
+            return out
+        return torch.cat([out[:, f, :d] for f, d in enumerate(self.dims)], dim=1)
 
     def features_of(
         self, pooled: torch.Tensor, rows: torch.Tensor, mb, value_rows: np.ndarray | None
@@ -215,12 +239,13 @@ class FeaturePooling:
         Raises:
             ConfigError: a sequence feature without ``value_rows`` (a protocol that pools itself).
         """
-        pooled = self.pooled(pooled, mb.offsets_flat)
+        pooled = pool_mean(pooled, mb.offsets_flat, self.mean)
+        dims = self.dims or (pooled.shape[2],) * len(self.features)
         out, seqs = {}, {}
         padded = None
         for t, f in enumerate(self.features):
             if not f.is_sequence:
-                out[f.name] = pooled[:, t]
+                out[f.name] = pooled[:, t, : dims[t]]
                 continue
             if padded is None:  # one zero row to read at the padding
                 padded = torch.cat([rows, rows.new_zeros((1, rows.shape[1]))])
@@ -232,9 +257,8 @@ class FeaturePooling:
             )
             self.truncated += cut
             values = padded.index_select(0, torch.from_numpy(index).to(rows.device))
-            seqs[f.name] = PaddedSequence(
-                values.view(len(mb), f.max_length, rows.shape[1]), torch.from_numpy(lengths).to(rows.device)
-            )
+            values = values.view(len(mb), f.max_length, rows.shape[1])[:, :, : dims[t]]
+            seqs[f.name] = PaddedSequence(values, torch.from_numpy(lengths).to(rows.device))
         return FeatureEmbeddings(self.names, out, seqs)
 
 

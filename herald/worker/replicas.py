@@ -88,10 +88,11 @@ class ReplicaStore:
             dist.all_reduce(summed, group=group_for(summed))
             buf = summed.numpy()
         slots = self.store.slots(union)
-        for t, m in psio.table_groups(union.table):
-            local = np.ascontiguousarray(self.store.rows[slots[m]])
-            apply_gradients(local, np.ascontiguousarray(buf[m]), self.tables[t])
-            self.store.rows[slots[m]] = local
+        for t, m in psio.table_groups(union.table):  # each table at its own width (NOTE [mixed widths])
+            table = self.tables[t]
+            local = np.ascontiguousarray(self.store.rows[slots[m], : table.row_width])
+            apply_gradients(local, np.ascontiguousarray(buf[m, : table.dim]), table)
+            self.store.rows[slots[m], : table.row_width] = local
         return buf.nbytes
 
     def write_back(self) -> None:

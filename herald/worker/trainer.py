@@ -44,8 +44,17 @@ def build_dense_optimizer(params, name: str, lr: float) -> torch.optim.Optimizer
 
 def model_from_job(job: JobSpec) -> torch.nn.Module:
     """The dense model described by a job (same parameters on every rank: seeded): one input
-    per feature (``job.num_features``; features sharing a table are inputs each)."""
-    return build_model(job.model, job.dense_dim, job.num_features, job.dim, seed=job.seed, features=job.feature_list)
+    per feature (``job.num_features``; features sharing a table are inputs each), each its width."""
+    dims = job.feature_dims
+    return build_model(
+        job.model,
+        job.dense_dim,
+        job.num_features,
+        max(dims),
+        seed=job.seed,
+        feature_dims=dims,
+        features=job.feature_list,
+    )
 
 
 def worker_threads(world_size: int) -> int:

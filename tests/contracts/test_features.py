@@ -140,11 +140,16 @@ def test_train_flag_names_the_file_and_checks_it_first(tmp_path):
         TrainConfig.from_flags(source="x.tsv", tables=bad)
 
 
-def test_the_job_refuses_what_the_workers_cannot_train_yet(tmp_path):
+def test_the_job_refuses_what_the_models_cannot_train(tmp_path):
     schema = Schema(("a", "b", "s"), 2)
     mixed = _write(tmp_path, "[tables.t]\ndim = 4\n[features.a]\ntable = 't'\n", "mixed.toml")
-    with pytest.raises(ConfigError, match="different widths"):
-        TrainConfig.from_flags(source="x.tsv", tables=mixed, embedding_dim=8).check_schema(schema, None)
+    with pytest.raises(ConfigError, match="--model dlrm .DLRM. needs every table at one width.*--model dcn"):
+        TrainConfig.from_flags(source="x.tsv", tables=mixed, embedding_dim=8, model="dlrm").check_schema(schema, None)
+    TrainConfig.from_flags(source="x.tsv", tables=mixed, embedding_dim=8, model="dcn").check_schema(schema, None)
+    with pytest.raises(ConfigError, match="bsp and bounded, not hybrid"):
+        TrainConfig.from_flags(
+            source="x.tsv", tables=mixed, embedding_dim=8, model="dcn", consistency="hybrid"
+        ).check_schema(schema, None)
     seq = _write(tmp_path, "[tables.t]\n[features.s]\ntable = 't'\npooling = 'none'\nmax_length = 4\n", "seq.toml")
     with pytest.raises(ConfigError, match="--script"):
         TrainConfig.from_flags(source="x.tsv", tables=seq).check_schema(schema, None)

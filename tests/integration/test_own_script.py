@@ -52,6 +52,31 @@ def test_the_example_trains_two_workers_and_writes_the_report(tmp_path):
     assert state["head.weight"].shape == (1, 8)  # --hidden 8 reached the script (after --)
 
 
+@pytest.mark.integration
+def test_the_sequence_example_trains_a_shared_table_and_a_history(tmp_path, data_dir):
+    """examples/train_sequence_model.py with examples/movielens_tables.toml: a model of the
+    user's own reading a sequence feature that shares the movie table with the rated item."""
+    run_dir = tmp_path / "run"
+    done = _herald(
+        "train", "--source", str(data_dir / "movielens" / "ml-latest-small" / "ratings.csv"),
+        "--source-option", "side_features=true", "--tables", str(REPO / "examples" / "movielens_tables.toml"),
+        "--workers", "2", "--batch-size", "64", "--steps", "12", "--run-dir", str(run_dir), "--quiet",
+        "--script", str(REPO / "examples" / "train_sequence_model.py"),
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["steps"] == 12
+    emb = report["embeddings"]
+    assert [t["name"] for t in emb["tables"]] == ["user", "movies", "genres"]
+    history = next(f for f in emb["features"] if f["name"] == "history")
+    assert (history["table"], history["pooling"], history["max_length"]) == ("movies", "none", 20)
+    assert emb["sequence_truncated"] > 0  # the source keeps 50 rated movies, the feature the last 20
+    assert "sequence of 20" in (run_dir / "report.txt").read_text()
+    for rank in (0, 1):
+        assert f"rank {rank}: trained 12 steps" in (run_dir / f"worker-{rank}.log").read_text()
+
+
 RAISING = """
 import os, sys
 import helper  # the script's folder is first on sys.path

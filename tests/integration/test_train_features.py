@@ -43,11 +43,42 @@ pooling = "mean"
 """
 
 
-@pytest.mark.parametrize("workers,consistency,replicate_below", [(2, "bsp", 0), (2, "bounded", 0), (2, "bsp", 25)])
-def test_shared_table_and_mean_bags_equal_single_process(tmp_path, data_dir, workers, consistency, replicate_below):
+# Tables of three widths and two row layouts (NOTE [mixed widths] in herald/ps/router.py):
+# user 4 (sgd), movies 16 (shared by item and history), genres 8 (adagrad: a wider row).
+MIXED = """
+[tables.user]
+dim = 4
+optimizer = "sgd"
+[tables.movies]
+dim = 16
+[features.user]
+table = "user"
+[features.item]
+table = "movies"
+[features.history]
+table = "movies"
+pooling = "mean"
+[tables.genres]
+dim = 8
+optimizer = "adagrad"
+lr = 0.05
+[features.genres]
+table = "genres"
+pooling = "mean"
+"""
+
+
+@pytest.mark.parametrize(
+    "workers,consistency,replicate_below,layout",
+    [(2, "bsp", 0, "shared"), (2, "bounded", 0, "shared"), (2, "bsp", 25, "shared"), (2, "bsp", 0, "mixed"),
+     (2, "bounded", 0, "mixed"), (2, "bsp", 25, "mixed")],
+)  # fmt: skip
+def test_shared_table_and_mean_bags_equal_single_process(
+    tmp_path, data_dir, workers, consistency, replicate_below, layout, cache_device="auto"
+):
     source = str(data_dir / "movielens" / "ml-latest-small" / "ratings.csv")
     tables_file = tmp_path / "tables.toml"
-    tables_file.write_text(TABLES)
+    tables_file.write_text(TABLES if layout == "shared" else MIXED)
     cfg = TrainConfig.from_flags(
         source=source,
         source_options=(("side_features", True), ("history_length", 12)),
@@ -61,7 +92,7 @@ def test_shared_table_and_mean_bags_equal_single_process(tmp_path, data_dir, wor
         lr=0.1,
         dense_optimizer="sgd",
         dense_lr=0.05,
-        model="dlrm",
+        model="dlrm" if layout == "shared" else "dcn",
         steps=STEPS,
         eval_fraction=0.0,
         seed=5,
@@ -69,6 +100,7 @@ def test_shared_table_and_mean_bags_equal_single_process(tmp_path, data_dir, wor
         timeout_ms=60_000,
         consistency=consistency,
         replicate_below=replicate_below,
+        cache_device=cache_device,
     )
     seen: dict = {}
 
@@ -84,10 +116,17 @@ def test_shared_table_and_mean_bags_equal_single_process(tmp_path, data_dir, wor
             by_table.setdefault(t, []).append(k)
         with PSClient(addresses, tables=list(job.tables), timeout_ms=10_000) as client:
             got = client.pull_async({t: np.array(ks, np.uint64) for t, ks in by_table.items()}).wait()
-        dim = job.tables[0].dim
-        pairs = [(got[t][i], ref_rows[(t, k)]) for t, ks in by_table.items() for i, k in enumerate(ks)]
-        seen["diff"] = max(float(np.abs(a[:dim] - b[:dim]).max()) for a, b in pairs)
-        seen["state_rel"] = 0.0
+        worst = {"diff": 0.0, "state_rel": 0.0}
+        for t, ks in by_table.items():
+            dim = job.tables[t].dim
+            for i, k in enumerate(ks):
+                a, b = got[t][i], ref_rows[(t, k)]
+                assert a.shape == b.shape == (job.tables[t].row_width,)
+                worst["diff"] = max(worst["diff"], float(np.abs(a[:dim] - b[:dim]).max()))
+                if a.shape[0] > dim:
+                    rel = np.abs(a[dim:] - b[dim:]) / np.maximum(1.0, np.abs(b[dim:]))
+                    worst["state_rel"] = max(worst["state_rel"], float(rel.max()))
+        seen.update(worst)
 
     rep = run_train(cfg, progress=False, on_finish=grab)
     job = seen["job"]
@@ -96,9 +135,19 @@ def test_shared_table_and_mean_bags_equal_single_process(tmp_path, data_dir, wor
     assert [t.name for t in job.tables] == ["user", "movies", "genres"]
     assert [f.name for f in job.features] == ["user", "item", "genres", "history"]
     assert job.feature_tables == (0, 1, 2, 1) and [f.pooling for f in job.features] == ["sum", "sum", "mean", "mean"]
-    assert job.tables[1].optimizer.lr == 0.2 and job.tables[2].init == "normal"
+    if layout == "shared":
+        assert job.tables[1].optimizer.lr == 0.2 and job.tables[2].init == "normal"
+    else:
+        assert [t.dim for t in job.tables] == [4, 16, 8] and job.mixed_widths
+        assert job.feature_dims == (4, 16, 8, 16)
     assert seen["ref_keys"] == {0, 1, 2}
     tx = rep["transmissions"]
     assert tx["evict_push"] + tx["update_pull"] > 0, "the cache was never under pressure"
     assert bool(rep["replicated_tables"]) == bool(replicate_below)
     assert_matches_reference(seen, tmp_path / "run", workers)
+
+
+def test_mixed_widths_in_the_torch_cache_equal_single_process(tmp_path, data_dir):
+    """The device cache's torch optimizer (NOTE [device cache]) on rows padded to the widest table."""
+    test_shared_table_and_mean_bags_equal_single_process(tmp_path, data_dir, 2, "bsp", 0, "mixed", cache_device="torch")
+    assert "embedding cache DeviceCache" in (tmp_path / "run" / "worker-0.log").read_text()

@@ -13,7 +13,7 @@ import torch
 
 from herald.contracts.plan import KeySet
 from herald.contracts.tables import OptimizerConfig, TableConfig
-from herald.errors import ProtocolError
+from herald.errors import ConfigError, ProtocolError
 from herald.ps import apply_gradients
 from herald.worker.cache import EmbeddingCache
 from herald.worker.device_cache import DeviceCache, make_cache
@@ -133,8 +133,10 @@ def test_device_cache_rejects_plans_that_break_it():
         cache.slots(_keys([(1, 1)]))
     with pytest.raises(ProtocolError, match="do not match"):
         cache.put(_keys([(0, 1)]), np.zeros((1, 2), np.float32))
-    with pytest.raises(ValueError, match="grads must be float32"):
-        cache.apply_gradients(np.array([0]), torch.zeros(1, 2), np.array([0]), TableConfig("t", 1))
+    with pytest.raises(ValueError, match="grads must be float32"):  # narrower than the table (wider: padded)
+        cache.apply_gradients(np.array([0]), torch.zeros(1, 0), np.array([0]), TableConfig("t", 1))
+    with pytest.raises(ConfigError, match="wider than the cache"):
+        cache.apply_gradients(np.array([0]), torch.zeros(1, 2), np.array([0]), TableConfig("t", 2))
 
 
 def test_make_cache_builds_the_named_kind():

@@ -132,3 +132,32 @@ def test_a_tensor_output_refuses_sequence_features():
     pooling = FeaturePooling((FeatureConfig("a", "a"), FeatureConfig("s", "s", "none", 4)))
     with pytest.raises(ConfigError, match="output='features'"):
         pooling.check_tensor_output()
+
+
+def test_torchrec_views_keyed_tensor_and_jagged_tensor():
+    """``FeatureEmbeddings.to_keyed_tensor()`` is what an EmbeddingBagCollection returns, and
+    ``to_jagged(name)`` what an EmbeddingCollection returns per feature; gradients reach the
+    rows through both."""
+    import os
+
+    if os.environ.get("CI", "").lower() != "true":  # CI installs torchrec (make torchrec): a missing one fails there
+        pytest.importorskip("torchrec")
+    from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedTensor
+
+    a = torch.arange(8, dtype=torch.float32).view(2, 4).requires_grad_(True)
+    b = torch.ones(2, 2, requires_grad=True)
+    seq = torch.arange(24, dtype=torch.float32).view(2, 3, 4).requires_grad_(True)
+    emb = FeatureEmbeddings(("a", "s", "b"), {"a": a, "b": b}, {"s": PaddedSequence(seq, torch.tensor([2, 0]))})
+    kt = emb.to_keyed_tensor()
+    assert isinstance(kt, KeyedTensor) and kt.keys() == ["a", "b"] and kt.length_per_key() == [4, 2]
+    assert torch.equal(kt["a"], a) and torch.equal(kt["b"], b)
+    jt = emb.to_jagged("s")
+    assert isinstance(jt, JaggedTensor) and jt.lengths().tolist() == [2, 0]
+    assert torch.equal(jt.values(), seq[0, :2])
+    (kt.values().sum() + jt.values().sum()).backward()
+    assert a.grad.eq(1).all() and b.grad.eq(1).all()
+    assert seq.grad[0, :2].eq(1).all() and seq.grad[0, 2].eq(0).all() and seq.grad[1].eq(0).all()
+    with pytest.raises(KeyError, match="not a sequence"):
+        emb.to_jagged("a")
+    with pytest.raises(KeyError, match="no feature"):
+        emb["zz"]

@@ -73,6 +73,7 @@ BLOCKS: tuple[Block, ...] = (
     Block("startup", run.startup_fields, run.startup_lines),
     Block("attempts", attempts.attempts_fields, attempts.format_lines),
     Block("replicas", run.replicas_fields),
+    Block("embeddings", run.embeddings_fields, run.embeddings_lines),
     Block("failovers", attempts.failovers_fields, attempts.failover_lines),
 )
 
@@ -80,6 +81,7 @@ BLOCKS: tuple[Block, ...] = (
 TEXT_ORDER: tuple[str, ...] = (
     "interrupted",
     "config",
+    "embeddings",
     "throughput",
     "lag",
     "startup",

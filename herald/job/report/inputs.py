@@ -68,6 +68,8 @@ class ReportInputs:
         earlier: the attempts a failover ended before this one (NOTE [ps failover]).
         failovers: the report's ``failovers``, one dict per rollback (NOTE [failover policy]).
         replicated_tables: names of the tables replicated on every worker; replica_rows: their rows.
+        tables, features: the job's tables and features (``JobSpec.tables`` / ``feature_list``:
+            NOTE [tables and features] in herald/contracts/features.py); empty: not known.
         switched_from: the consistency mode of the checkpoint this job resumed under another mode.
         lag: the stream's lag over the job (:meth:`herald.loader.lag.LagHistory.summary`;
             None: the source has no end to be behind, or no lag was sampled).
@@ -92,6 +94,8 @@ class ReportInputs:
     failovers: Sequence[dict[str, Any]] = ()
     replicated_tables: Sequence[str] = ()
     replica_rows: int = 0
+    tables: Sequence[Any] = ()
+    features: Sequence[Any] = ()
     switched_from: str | None = None
     lag: dict[str, Any] | None = None
 

@@ -163,6 +163,42 @@ def metrics_lines(rep: dict[str, Any]) -> list[str]:
     return lines
 
 
+def embeddings_fields(inp: ReportInputs) -> dict[str, Any]:
+    """``embeddings``: the job's ``tables`` (name, dim, optimizer, lr) and ``features`` (name,
+    table, pooling, max_length; NOTE [tables and features] in herald/contracts/features.py),
+    and ``sequence_truncated``, the sequence bags longer than their feature's ``max_length``
+    (the last ``max_length`` rows kept), summed over the workers' acks."""
+    if not inp.tables:
+        return {}
+    truncated = sum(r.consistency.get("sequence_truncated", 0) for r in inp.records)
+    return {
+        "embeddings": {
+            "tables": [
+                {"name": t.name, "dim": t.dim, "optimizer": t.optimizer.name, "lr": t.optimizer.lr} for t in inp.tables
+            ],
+            "features": [f.to_dict() for f in inp.features],
+            "sequence_truncated": int(truncated),
+        }
+    }
+
+
+def embeddings_lines(rep: dict[str, Any]) -> list[str]:
+    """One line of the tables and the features reading them, when the job declared any."""
+    emb = rep.get("embeddings")
+    if not emb or all(f["table"] == f["name"] and f["pooling"] == "sum" for f in emb["features"]):
+        return []  # one sum-pooled table per feature: nothing the settings line does not say
+    tables = {t["name"]: t for t in emb["tables"]}
+    feats = {}
+    for f in emb["features"]:
+        pool = f["pooling"] if f["pooling"] != "none" else f"sequence of {f['max_length']}"
+        feats.setdefault(f["table"], []).append(f"{f['name']} ({pool})")
+    parts = [f"{name} dim {t['dim']} {t['optimizer']}: {', '.join(feats[name])}" for name, t in tables.items()]
+    line = f"tables {len(tables)} for {len(emb['features'])} features: " + "; ".join(parts)
+    if emb["sequence_truncated"]:
+        line += f"; sequences truncated {emb['sequence_truncated']:,}"
+    return [line]
+
+
 def replicas_fields(inp: ReportInputs) -> dict[str, Any]:
     """``replicated_tables`` (names; NOTE [replicated tables]) and ``replica_rows_per_worker``."""
     return {"replicated_tables": list(inp.replicated_tables), "replica_rows_per_worker": inp.replica_rows}
