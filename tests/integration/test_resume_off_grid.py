@@ -38,12 +38,30 @@ WORKERS, BATCH, EVERY, STEPS = 2, 32, 20, 60
 GB = WORKERS * BATCH
 #: --consistency flags: bsp, and bounded at s = 1, where the copies' clocks decide the stale reads
 MODES = {"bsp": {}, "bounded": {"consistency": "bounded", "staleness": 1}}
+#: A job with declared tables (NOTE [tables and features] in herald/contracts/features.py): C1
+#: and C2 share one table (C2 mean-pooled), at widths 8 (sgd), 2 and 4 (adagrad): NOTE [mixed widths]
+LAYOUT = """
+[tables.shared]
+dim = 8
+optimizer = "sgd"
+lr = 0.2
+[tables.narrow]
+dim = 2
+[features.C1]
+table = "shared"
+[features.C2]
+table = "shared"
+pooling = "mean"
+[features.C3]
+table = "narrow"
+"""
 
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory) -> pathlib.Path:
     path = tmp_path_factory.mktemp("off-grid") / "synthetic.parquet"
     datagen(path, rows=4000, seed=11, progress=False)  # 62 global batches: one epoch holds STEPS
+    (path.parent / "tables.toml").write_text(LAYOUT)
     return path
 
 
@@ -78,7 +96,7 @@ def _flags(source, run_dir, steps: int, mode: str) -> dict:
         "run_dir": str(run_dir),
         "timeout_ms": 60_000,
         "log_sample_ids": True,
-        **MODES[mode],
+        **(MODES[mode] if mode != "layout" else {"tables": str(source.parent / "tables.toml"), "model": "dcn"}),
     }
 
 
@@ -190,15 +208,25 @@ def test_a_job_stopped_by_sigterm_off_the_grid_resumes_bit_for_bit(tmp_path, sou
     _assert_bit_identical(parts, whole(mode))
 
 
+@pytest.mark.slow  # ~40 s (2 shared cores)
+def test_a_job_of_shared_tables_and_several_widths_resumes_bit_for_bit(tmp_path, source, whole):
+    """Declared tables (a shared one, three widths, two optimizers) through a stop off the grid
+    and a resume: the uninterrupted model bit for bit."""
+    test_a_job_ended_by_steps_off_the_grid_resumes_bit_for_bit(tmp_path, source, whole, "layout", 25)
+    report = json.loads((tmp_path / "parts" / "report.json").read_text())
+    assert [t["dim"] for t in report["embeddings"]["tables"][:2]] == [8, 2]
+
+
 @pytest.mark.slow  # ~60 s (2 shared cores): a job, its resume, a kill -9 and a rollback
-def test_a_failover_back_to_a_checkpoint_off_the_grid_is_bit_for_bit(tmp_path, source, whole):
+@pytest.mark.parametrize("mode", ["bsp", "layout"])
+def test_a_failover_back_to_a_checkpoint_off_the_grid_is_bit_for_bit(tmp_path, source, whole, mode):
     """A job ended by --steps 25 is resumed to 60 with --worker-restarts 1; worker rank 1 is
     killed -9 two steps later, the job rolls back to the warm checkpoint of step 24 (NOTE
     [worker failover] in herald/job/recovery/rollback.py) and ends with the uninterrupted model."""
     parts = tmp_path / "parts"
-    _train(source, parts, 25, "bsp")
+    _train(source, parts, 25, mode)
     before = _ids(parts).size
-    args = _cli(source, parts, STEPS, "bsp", "--resume", "--worker-restarts", "1")
+    args = _cli(source, parts, STEPS, mode, "--resume", "--worker-restarts", "1")
     job = subprocess.Popen(args, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         _wait_for_ids(job, parts, before + 2 * GB)
@@ -213,14 +241,14 @@ def test_a_failover_back_to_a_checkpoint_off_the_grid_is_bit_for_bit(tmp_path, s
     failovers = json.loads((parts / "report.json").read_text())["failovers"]
     assert [f["rolled_back_to"] for f in failovers] == ["step-00000024"], failovers
     # the steps between the checkpoint and the kill were trained twice: compare past them
-    ids, want = _ids(parts), _ids(whole("bsp"))
+    ids, want = _ids(parts), _ids(whole(mode))
     assert np.array_equal(ids[: 25 * GB], want[: 25 * GB])
     assert np.array_equal(ids[-(STEPS - 25) * GB :], want[25 * GB : STEPS * GB])
     final = f"checkpoints/step-{STEPS - 1:08d}"
-    a, b = _ps_rows(parts / final), _ps_rows(whole("bsp") / final)
+    a, b = _ps_rows(parts / final), _ps_rows(whole(mode) / final)
     assert a.keys() == b.keys() and all(
         np.array_equal(a[t][0], b[t][0]) and np.array_equal(a[t][1], b[t][1]) for t in a
     )
     da = torch.load(parts / "dense-rank0.pt", weights_only=True)
-    db = torch.load(whole("bsp") / "dense-rank0.pt", weights_only=True)
+    db = torch.load(whole(mode) / "dense-rank0.pt", weights_only=True)
     assert all(torch.equal(da[k], db[k]) for k in db)
