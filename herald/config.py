@@ -85,6 +85,12 @@ def key_value(text: str) -> tuple[str, str]:
     return key.strip(), value
 
 
+def add_key_value_option(parser, flag: str, help: str) -> None:
+    """Add the repeatable ``flag KEY=VALUE`` option to the argparse ``parser`` (a list of
+    ``(key, value)`` pairs by :func:`key_value`, empty by default)."""
+    parser.add_argument(flag, type=key_value, action="append", default=[], metavar="KEY=VALUE", help=help)
+
+
 def require(condition: bool, message: str) -> None:
     """Raise :class:`ConfigError` with ``message`` unless ``condition`` holds.
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from herald.config import key_value, parse_value
+from herald.config import add_key_value_option, parse_value
 from herald.errors import ConfigError
 from herald.inputs import check_input_path, check_output_file, check_output_folder, int_type
 from herald.loader.produce_cli import register as register_produce
@@ -86,13 +86,10 @@ def register(commands, bench, serve) -> None:
     p.add_argument("--format", default=None, help="input format (default: inferred from the name)")
     p.add_argument("--bad-records", choices=("strict", "skip"), default="strict")
     p.add_argument("--quarantine", default=None, help="file for raw bad records (with --bad-records skip)")
-    p.add_argument(
+    add_key_value_option(
+        p,
         "--source-option",
-        type=key_value,
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a setting of the input's format, repeatable (e.g. side_features=true history_length=50 for MovieLens)",
+        "a setting of the input's format, repeatable (e.g. side_features=true history_length=50 for MovieLens)",
     )
     p.add_argument("--row-group-rows", type=int_type(1), default=131072)
     p.add_argument("--quiet", action="store_true", help="no progress bar")

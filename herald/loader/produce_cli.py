@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from herald.config import key_value, parse_value
+from herald.config import add_key_value_option, parse_value
 from herald.errors import ConfigError
 from herald.inputs import check_input_path, float_type, host_port, int_type
 
@@ -50,22 +50,10 @@ def register(commands) -> None:
         help="throttle (default: unthrottled)",
     )
     p.add_argument("--limit", type=int_type(1), default=None, metavar="N", help="publish at most N samples")
-    p.add_argument(
-        "--client-option",
-        type=key_value,
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="kafka-python KafkaProducer setting, repeatable (e.g. api_version=0.9, acks=all)",
+    add_key_value_option(
+        p, "--client-option", "kafka-python KafkaProducer setting, repeatable (e.g. api_version=0.9, acks=all)"
     )
-    p.add_argument(
-        "--source-option",
-        type=key_value,
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="loader option for SOURCE (arrow only; e.g. bad_records=skip)",
-    )
+    add_key_value_option(p, "--source-option", "loader option for SOURCE (arrow only; e.g. bad_records=skip)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run_produce)
 

@@ -114,16 +114,8 @@ def read_movies_csv(path: str, skipped: dict) -> dict[int, np.ndarray]:
         for row in csv.reader(f):
             if not row or row == ["movieId", "title", "genres"]:
                 continue
-            if len(row) != 3:
-                _count(skipped, name, "field_count")
-                continue
-            try:
-                movie = int(row[0])
-            except ValueError:
-                _count(skipped, name, "bad_id")
-                continue
-            if movie < 0 or movie in out:
-                _count(skipped, name, "bad_id" if movie < 0 else "duplicate_id")
+            movie = _row_id(row, 3, out, skipped, name)
+            if movie is None:
                 continue
             ids = []
             for genre in row[2].strip().split("|"):
@@ -135,6 +127,23 @@ def read_movies_csv(path: str, skipped: dict) -> dict[int, np.ndarray]:
                     _count(skipped, name, "unknown_genre")
             out[movie] = np.asarray(ids, KEY_DTYPE)
     return out
+
+
+def _row_id(fields: list[str], count: int, seen: dict, skipped: dict, name: str) -> int | None:
+    """The id in the first of a side row's ``count`` fields, or None for a row to skip (counted
+    in ``skipped`` under ``name``: ``field_count``, ``bad_id`` or ``duplicate_id``, an id already ``seen``)."""
+    if len(fields) != count:
+        _count(skipped, name, "field_count")
+        return None
+    try:
+        value = int(fields[0])
+    except ValueError:
+        _count(skipped, name, "bad_id")
+        return None
+    if value < 0 or value in seen:
+        _count(skipped, name, "bad_id" if value < 0 else "duplicate_id")
+        return None
+    return value
 
 
 def _pipe_rows(path: str):
@@ -152,20 +161,12 @@ def read_u_item(path: str, skipped: dict) -> dict[int, np.ndarray]:
     name = os.path.basename(path)
     out: dict[int, np.ndarray] = {}
     for fields in _pipe_rows(path):
-        if len(fields) != 24:
-            _count(skipped, name, "field_count")
-            continue
-        try:
-            movie = int(fields[0])
-        except ValueError:
-            _count(skipped, name, "bad_id")
+        movie = _row_id(fields, 24, out, skipped, name)
+        if movie is None:
             continue
         flags = [f.strip() for f in fields[5:]]
         if any(f not in ("0", "1") for f in flags):
             _count(skipped, name, "bad_value")
-            continue
-        if movie < 0 or movie in out:
-            _count(skipped, name, "bad_id" if movie < 0 else "duplicate_id")
             continue
         out[movie] = np.asarray([g for g, f in enumerate(flags) if f == "1"], KEY_DTYPE)
     return out
