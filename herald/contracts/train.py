@@ -454,8 +454,8 @@ class TrainConfig:
         widths = sorted({t.dim for t in tables})
         where = f"--tables {self.embedding.tables_file}"
         shapes = {(t.dim, t.row_width) for t in tables}
-        require(
-            len(shapes) == 1 or self.script.path is not None or model in MIXED_WIDTH_MODELS,
+        require(  # the model sees the dims (the optimizer state stays in the rows)
+            len(widths) == 1 or self.script.path is not None or model in MIXED_WIDTH_MODELS,
             f"{where}: {mixed_width_error(model)}",
         )
         require(

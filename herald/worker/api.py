@@ -118,7 +118,8 @@ class CachedEmbedding(nn.Module):
 
     Args:
         executor: the worker's :class:`PlanExecutor` (``ScheduledLoader.embedding()``).
-        output: ``tensor`` (default: float32 [b, T, dim], every feature pooled), ``keyed_tensor``:
+        output: ``tensor`` (default: float32 [b, T, dim], every feature pooled; tables of several
+            widths: the features concatenated, float32 [b, sum dim_f]), ``keyed_tensor``:
             a ``torchrec.KeyedTensor`` (keys = ``table_names``, ``length_per_key`` dim,
             values float32 [b, T x dim]), what a TorchRec ``EmbeddingBagCollection``
             returns (docs/torchrec.md), or ``features``: a
@@ -233,7 +234,7 @@ class ScheduledLoader:
         Raises:
             ConfigError: the tables differ in width (read :attr:`feature_dims`).
         """
-        if self.job.mixed_widths:
+        if len({t.dim for t in self.job.tables}) > 1:
             raise ConfigError(
                 f"the job's tables differ in width ({sorted({t.dim for t in self.job.tables})}): read "
                 "loader.feature_dims, each feature's"

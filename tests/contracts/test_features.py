@@ -171,3 +171,19 @@ def test_job_spec_carries_the_features():
         JobSpec(
             tables=tables, dense_dim=1, ps=("ipc:///x",), features=features, mode=mode_from_dict({"name": "hybrid"})
         )
+
+
+def test_one_dim_with_optimizers_of_other_state_widths_suits_every_model(tmp_path):
+    """Row widths differ (adagrad's state beside rowwise_adagrad's), dims do not: the pairwise
+    models train it; hybrid and gba, whose workers hold one row width, refuse it."""
+    schema = Schema(("a", "b"), 2)
+    text = "[tables.t]\ndim = 8\noptimizer = 'adagrad'\n[features.a]\ntable = 't'\n"
+    path = _write(tmp_path, text, "opt.toml")
+    cfg = TrainConfig.from_flags(
+        source="x.tsv", tables=path, embedding_dim=8, optimizer="rowwise_adagrad", model="dlrm"
+    )
+    cfg.check_schema(schema, None)
+    tables, _ = cfg.layout(schema)
+    assert [t.row_width for t in tables] == [16, 9]
+    with pytest.raises(ConfigError, match="bsp and bounded"):
+        cfg.with_flags(consistency="hybrid").check_schema(schema, None)

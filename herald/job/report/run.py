@@ -188,11 +188,25 @@ def embeddings_lines(rep: dict[str, Any]) -> list[str]:
     if not emb or all(f["table"] == f["name"] and f["pooling"] == "sum" for f in emb["features"]):
         return []  # one sum-pooled table per feature: nothing the settings line does not say
     tables = {t["name"]: t for t in emb["tables"]}
-    feats = {}
+    feats: dict[str, list] = {}
     for f in emb["features"]:
-        pool = f["pooling"] if f["pooling"] != "none" else f"sequence of {f['max_length']}"
-        feats.setdefault(f["table"], []).append(f"{f['name']} ({pool})")
-    parts = [f"{name} dim {t['dim']} {t['optimizer']}: {', '.join(feats[name])}" for name, t in tables.items()]
+        feats.setdefault(f["table"], []).append(f)
+    # a feature alone on a table of its name, sum-pooled, at the most common dim and optimizer: summarised
+    plain = [n for n, fs in feats.items() if len(fs) == 1 and fs[0]["name"] == n and fs[0]["pooling"] == "sum"]
+    shapes = [(tables[n]["dim"], tables[n]["optimizer"]) for n in plain]
+    common = max(set(shapes), key=shapes.count) if shapes else None
+    parts = []
+    for name, t in tables.items():
+        if name in plain and (t["dim"], t["optimizer"]) == common:
+            continue
+        shown = [
+            f"{f['name']} ({f['pooling'] if f['pooling'] != 'none' else 'sequence of ' + str(f['max_length'])})"
+            for f in feats[name]
+        ]
+        parts.append(f"{name} dim {t['dim']} {t['optimizer']}: {', '.join(shown)}")
+    rest = sum(1 for n in plain if (tables[n]["dim"], tables[n]["optimizer"]) == common)
+    if rest and common is not None:
+        parts.append(f"{rest} more on tables of their own (dim {common[0]} {common[1]})")
     line = f"tables {len(tables)} for {len(emb['features'])} features: " + "; ".join(parts)
     if emb["sequence_truncated"]:
         line += f"; sequences truncated {emb['sequence_truncated']:,}"
