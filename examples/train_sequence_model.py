@@ -9,13 +9,15 @@ GRU over the user's rating history, trained as every worker of a ``herald train`
 The table file declares what no zoo model reads: the ``history`` feature is a sequence (the
 movies the user rated before this rating, oldest first) that reads the ``movies`` table the
 rated ``item`` reads, so a movie's row is one row whichever feature looks it up; ``genres``
-is a mean-pooled bag. ``loader.embedding(output="features")`` gives them as a mapping:
-``emb["item"]`` float32 [b, dim], ``emb["history"]`` a padded sequence (``values`` float32
-[b, L, dim], ``lengths`` int64 [b]); gradients reach the rows of every one.
+is a mean-pooled bag of a narrower table (8 wide beside 16, its own optimizer).
+``loader.embedding(output="features")`` gives them as a mapping: ``emb["item"]`` float32
+[b, 16], ``emb["genres"]`` [b, 8], ``emb["history"]`` a padded sequence (``values`` float32
+[b, L, 16], ``lengths`` int64 [b]); ``loader.feature_dims`` are the widths. Gradients reach
+the rows of every one.
 
 The model: user tower = user embedding + the GRU's last state over the history (zeros for
-an empty one); item tower = item embedding + mean genre embedding; logit = their dot
-product plus an MLP over both towers.
+an empty one); item tower = item embedding + the mean genre embedding projected to the
+item's width; logit = their dot product plus an MLP over both towers.
 """
 
 from __future__ import annotations
@@ -30,11 +32,13 @@ from herald.worker.api import ScheduledLoader
 
 
 class HistoryTwoTower(nn.Module):
-    """Args: dim: the embedding width; hidden: the MLP's width."""
+    """Args: dim: the width of the user, item and history rows; genre_dim: the genres' width;
+    hidden: the MLP's width."""
 
-    def __init__(self, dim: int, hidden: int = 32):
+    def __init__(self, dim: int, genre_dim: int, hidden: int = 32):
         super().__init__()
         self.gru = nn.GRU(dim, dim, batch_first=True)
+        self.genres = nn.Linear(genre_dim, dim, bias=False)
         self.mlp = nn.Sequential(nn.Linear(2 * dim, hidden), nn.ReLU(), nn.Linear(hidden, 1))
 
     def history_state(self, values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
@@ -53,7 +57,7 @@ class HistoryTwoTower(nn.Module):
         """``emb``: the loader's features (user, item, genres pooled; history a sequence) -> logits [b]."""
         history = emb["history"]
         user = emb["user"] + self.history_state(history.values, history.lengths)
-        item = emb["item"] + emb["genres"]
+        item = emb["item"] + self.genres(emb["genres"])
         return (user * item).sum(1) + self.mlp(torch.cat([user, item], dim=1)).squeeze(1)
 
 
@@ -71,7 +75,10 @@ def main(argv: list[str] | None = None) -> None:
                 "train on MovieLens with --source-option side_features=true --tables examples/movielens_tables.toml"
             )
         torch.manual_seed(loader.job.seed)  # every rank builds the same dense replica
-        model = HistoryTwoTower(loader.dim, args.hidden).to(loader.device)
+        dims = dict(zip(loader.feature_names, loader.feature_dims))  # each feature's width
+        if len({dims["user"], dims["item"], dims["history"]}) != 1:
+            raise SystemExit(f"user, item and history must be one width for the towers' dot product, got {dims}")
+        model = HistoryTwoTower(dims["item"], dims["genres"], args.hidden).to(loader.device)
         embedding = loader.embedding(output="features")
         loader.attach(model, torch.optim.Adam(model.parameters(), lr=args.lr))
         for batch in loader:

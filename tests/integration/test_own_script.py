@@ -68,7 +68,7 @@ def test_the_sequence_example_trains_a_shared_table_and_a_history(tmp_path, data
     report = json.loads((run_dir / "report.json").read_text())
     assert report["steps"] == 12
     emb = report["embeddings"]
-    assert [t["name"] for t in emb["tables"]] == ["user", "movies", "genres"]
+    assert [(t["name"], t["dim"]) for t in emb["tables"]] == [("user", 16), ("movies", 16), ("genres", 8)]
     history = next(f for f in emb["features"] if f["name"] == "history")
     assert (history["table"], history["pooling"], history["max_length"]) == ("movies", "none", 20)
     assert emb["sequence_truncated"] > 0  # the source keeps 50 rated movies, the feature the last 20

@@ -54,9 +54,11 @@ def by_cause(inp: ReportInputs) -> dict[str, int]:
 
 def transmissions_fields(inp: ReportInputs) -> dict[str, Any]:
     """``transmissions`` (:func:`by_cause`, ``pulls``, ``pushes``, ``total`` and their
-    ``embedding_bytes`` as fp32 rows) and ``wire_bytes`` (``pulled``, ``pushed``,
-    ``allreduced``, ``dense``: what the workers' acks counted)."""
+    ``embedding_bytes`` as fp32 rows of the job's one width; None where the tables' widths
+    differ: the rows are counted, not their tables) and ``wire_bytes`` (``pulled``, ``pushed``,
+    ``allreduced``, ``dense``: what the workers' acks counted, every width as it went)."""
     moved = by_cause(inp)
+    dims = {t.dim for t in inp.tables} or {inp.cfg.embedding.dim}
     pulls, pushes = sum(moved[c] for c in PULLS), sum(moved[c] for c in PUSHES)
     recs = inp.records
     return {
@@ -65,7 +67,7 @@ def transmissions_fields(inp: ReportInputs) -> dict[str, Any]:
             "pulls": pulls,
             "pushes": pushes,
             "total": pulls + pushes,
-            "embedding_bytes": (pulls + pushes) * inp.cfg.embedding.dim * 4,
+            "embedding_bytes": (pulls + pushes) * dims.pop() * 4 if len(dims) == 1 else None,
         },
         "wire_bytes": {
             "pulled": int(sum(r.bytes_pulled for r in recs)),
@@ -81,7 +83,12 @@ def transmissions_lines(rep: dict[str, Any]) -> list[str]:
     return [
         "transmissions: " + "  ".join(f"{c} {tx[c]:,}" for c in CAUSES),
         f"  pulls {tx['pulls']:,}  pushes {tx['pushes']:,}  total {tx['total']:,}  "
-        f"({tx['embedding_bytes'] / 2**20:.1f} MiB of embeddings); on the wire: pulled "
+        + (
+            f"({tx['embedding_bytes'] / 2**20:.1f} MiB of embeddings)"
+            if tx.get("embedding_bytes") is not None
+            else "(tables of several widths)"
+        )
+        + "; on the wire: pulled "
         f"{wire['pulled'] / 2**20:.1f} MiB, pushed {wire['pushed'] / 2**20:.1f} MiB"
         + (
             f" (each with {wire['dense'] / 2**20:.1f} MiB of dense gradients, summed on the shards)"
