@@ -70,8 +70,9 @@ pooling = "mean"
 
 @pytest.mark.parametrize(
     "workers,consistency,replicate_below,layout",
-    [(2, "bsp", 0, "shared"), (2, "bounded", 0, "shared"), (2, "bsp", 25, "shared"), (2, "bsp", 0, "mixed"),
-     (2, "bounded", 0, "mixed"), (2, "bsp", 25, "mixed")],
+    # one width under DLRM; three widths (with the shared table and mean bags) under bsp, bounded
+    # and with replicated tables
+    [(2, "bsp", 0, "shared"), (2, "bsp", 0, "mixed"), (2, "bounded", 0, "mixed"), (2, "bsp", 25, "mixed")],
 )  # fmt: skip
 def test_shared_table_and_mean_bags_equal_single_process(
     tmp_path, data_dir, workers, consistency, replicate_below, layout, cache_device="auto"
