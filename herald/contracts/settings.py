@@ -163,16 +163,16 @@ class EmbeddingSettings:
         _choice(self, "optimizer", SPARSE_OPTIMIZERS)
         _integer(self, "dim", 1, MAX_EMBEDDING_DIM, flag="--embedding-dim")
         _number(self, "lr", "> 0", lambda x: x > 0)
-        if self.tables_file is not None:  # a bad file is named before anything starts
-            self.declarations()
+        # read once, here: a bad file is named before anything starts, and every later use
+        # (the schema checks, the job data, the job spec) resolves the same declarations
+        decl = Declarations() if self.tables_file is None else Declarations.from_file(self.tables_file)
+        object.__setattr__(self, "_declarations", decl)  # not a field: not compared, not a flag
 
     def declarations(self) -> Declarations:
-        """The ``--tables`` file's :class:`~herald.contracts.features.Declarations` (empty without one).
-
-        Raises:
-            ConfigError: the file is unreadable or its declarations are refused.
-        """
-        return Declarations() if self.tables_file is None else Declarations.from_file(self.tables_file)
+        """The ``--tables`` file's :class:`~herald.contracts.features.Declarations` (empty without
+        one), as read when these settings were made."""
+        decl: Declarations = self.__dict__["_declarations"]  # set by __post_init__ (not a field)
+        return decl
 
 
 @dataclasses.dataclass(frozen=True)

@@ -35,12 +35,11 @@ def evaluate(job: dict[str, Any], source, run_dir: pathlib.Path, ps_addresses, b
     """
     model, replicas_equal = _trained_model(job, run_dir)
     tables = list(job.tables)
-    mean = np.array([f.pooling == "mean" for f in job.feature_list], bool)
     labels, probs = [], []
     with PSClient(list(ps_addresses), tables=tables, timeout_ms=job.timeout_ms, keys_dir=job.keys_dir) as client:
         before = client.stats()
         while (batch := source.read(batch_rows)) is not None:
-            probs.append(_predict(model, client, batch, [t.dim for t in tables], mean, job))
+            probs.append(_predict(model, client, batch, job))
             labels.append(batch.labels)
         first = evictions(before)
         during = {k: v - first[k] for k, v in evictions(client.stats()).items()}
@@ -80,11 +79,11 @@ def _trained_model(job: Any, run_dir: pathlib.Path) -> tuple[Any, bool]:
     return model, replicas_equal
 
 
-def _predict(model: Any, client: PSClient, batch: Any, dims: list[int], mean: np.ndarray, job: Any) -> np.ndarray:
+def _predict(model: Any, client: PSClient, batch: Any, job: Any) -> np.ndarray:
     """float32 [rows]: the model's probabilities for ``batch`` (a :class:`~herald.loader.batch.SampleBatch`),
-    its embeddings (table t's ``dims[t]`` wide) pulled from the PS through ``client`` (features sharing a table,
-    ``job.feature_tables``, share its rows) and pooled per feature as in training (summed, and divided
-    by the bag's length for the features ``mean``, bool [T]), or, for a model reading
+    its embeddings (each table at its own width) pulled from the PS through ``client`` (features sharing
+    a table, ``job.feature_tables``, share its rows) and pooled per feature as in training (summed, and
+    divided by the bag's length for the mean-pooled features), or, for a model reading
     ``FeatureEmbeddings`` (DIN), built as the reference builds them (padded sequences too)."""
     import torch  # on use: see _trained_model
     import torch.nn.functional as F
@@ -92,11 +91,8 @@ def _predict(model: Any, client: PSClient, batch: Any, dims: list[int], mean: np
     from herald.contracts.models import reads_features
     from herald.worker.pooling import batch_table_ids, features_from_rows, model_input
 
-    feature_tables = job.feature_tables
-
-    num_tables = len(dims)
-
-    uniq, inv = batch_table_ids(batch.values, feature_tables, num_tables)
+    feature_tables, dims = job.feature_tables, [t.dim for t in job.tables]
+    uniq, inv = batch_table_ids(batch.values, feature_tables, len(dims))
     got = client.pull_async({t: u for t, u in enumerate(uniq) if u.size}).wait()
     rows = [  # each table at its own width
         torch.from_numpy(np.ascontiguousarray(got[t][:, : dims[t]]) if u.size else np.zeros((0, dims[t]), np.float32))
@@ -106,6 +102,7 @@ def _predict(model: Any, client: PSClient, batch: Any, dims: list[int], mean: np
         if reads_features(job.model):
             emb = features_from_rows(rows, inv, batch.offsets, feature_tables, job.feature_list)
         else:
+            mean = np.array([f.pooling == "mean" for f in job.feature_list], bool)
             pooled = [
                 F.embedding_bag(torch.from_numpy(inv[f]), rows[t], torch.from_numpy(batch.offsets[f][:-1]), mode="sum")
                 for f, t in enumerate(feature_tables)
