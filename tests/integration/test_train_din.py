@@ -22,8 +22,7 @@ from herald.job.launcher import run_train
 from herald.job.reference import train_reference
 from herald.loader import GlobalBatcher, open_source
 from herald.loader.splits import RowRange
-from herald.ps import PSClient
-from tests.integration.test_train_exact import assert_matches_reference
+from tests.integration.test_train_exact import assert_matches_reference, ps_against_reference
 
 pytestmark = pytest.mark.integration
 
@@ -64,15 +63,7 @@ def test_din_on_movielens_equals_single_process(tmp_path, data_dir):
             batches = list(itertools.islice(batcher, STEPS))
         seen["long_histories"] = sum(int((np.diff(b.offsets[3]) == HISTORY).sum()) for b in batches)
         seen["ref_model"], ref_rows = train_reference(job, batches)
-        by_table: dict[int, list[int]] = {}
-        for t, k in ref_rows:
-            by_table.setdefault(t, []).append(k)
-        with PSClient(addresses, tables=list(job.tables), timeout_ms=10_000) as client:
-            got = client.pull_async({t: np.array(ks, np.uint64) for t, ks in by_table.items()}).wait()
-        dim = job.tables[0].dim
-        pairs = [(got[t][i], ref_rows[(t, k)]) for t, ks in by_table.items() for i, k in enumerate(ks)]
-        seen["diff"] = max(float(np.abs(a[:dim] - b[:dim]).max()) for a, b in pairs)
-        seen["state_rel"] = 0.0
+        seen.update(ps_against_reference(addresses, job, ref_rows))
 
     rep = run_train(cfg, progress=False, on_finish=grab)
     job = seen["job"]

@@ -133,6 +133,28 @@ def test_distributed_training_equals_single_process(
     assert_matches_reference(seen, tmp_path, workers)
 
 
+def ps_against_reference(addresses, job, ref_rows: dict) -> dict[str, float]:
+    """``{"diff", "state_rel"}``: the largest gap between the PS rows of the reference's keys and
+    the reference's (``ref_rows[(table, id)]``), each table at its own width: its embedding
+    (absolute) and its optimizer state (relative to max(1, |reference|))."""
+    by_table: dict[int, list[int]] = {}
+    for t, k in ref_rows:
+        by_table.setdefault(t, []).append(k)
+    with PSClient(addresses, tables=list(job.tables), timeout_ms=10_000) as client:
+        got = client.pull_async({t: np.array(ks, np.uint64) for t, ks in by_table.items()}).wait()
+    worst = {"diff": 0.0, "state_rel": 0.0}
+    for t, ks in by_table.items():
+        dim = job.tables[t].dim
+        for i, k in enumerate(ks):
+            a, b = got[t][i], ref_rows[(t, k)]
+            assert a.shape == b.shape == (job.tables[t].row_width,)
+            worst["diff"] = max(worst["diff"], float(np.abs(a[:dim] - b[:dim]).max()))
+            if a.shape[0] > dim:
+                rel = np.abs(a[dim:] - b[dim:]) / np.maximum(1.0, np.abs(b[dim:]))
+                worst["state_rel"] = max(worst["state_rel"], float(rel.max()))
+    return worst
+
+
 def assert_matches_reference(seen: dict, run_dir: pathlib.Path, workers: int) -> None:
     """The job's PS rows, optimizer state (``seen``, read by ``on_finish``) and every rank's
     dense replica (in ``run_dir``) equal the single-process reference within 1e-5."""

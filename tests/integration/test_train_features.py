@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 
-import numpy as np
 import pytest
 
 from herald.contracts.train import TrainConfig
@@ -19,8 +18,7 @@ from herald.job.launcher import run_train
 from herald.job.reference import train_reference
 from herald.loader import GlobalBatcher, open_source
 from herald.loader.splits import RowRange
-from herald.ps import PSClient
-from tests.integration.test_train_exact import assert_matches_reference
+from tests.integration.test_train_exact import assert_matches_reference, ps_against_reference
 
 pytestmark = pytest.mark.integration
 
@@ -112,22 +110,7 @@ def test_shared_table_and_mean_bags_equal_single_process(
             batches = list(itertools.islice(batcher, STEPS))
         seen["ref_model"], ref_rows = train_reference(job, batches)
         seen["ref_keys"] = {t for t, _ in ref_rows}
-        by_table: dict[int, list[int]] = {}
-        for t, k in ref_rows:
-            by_table.setdefault(t, []).append(k)
-        with PSClient(addresses, tables=list(job.tables), timeout_ms=10_000) as client:
-            got = client.pull_async({t: np.array(ks, np.uint64) for t, ks in by_table.items()}).wait()
-        worst = {"diff": 0.0, "state_rel": 0.0}
-        for t, ks in by_table.items():
-            dim = job.tables[t].dim
-            for i, k in enumerate(ks):
-                a, b = got[t][i], ref_rows[(t, k)]
-                assert a.shape == b.shape == (job.tables[t].row_width,)
-                worst["diff"] = max(worst["diff"], float(np.abs(a[:dim] - b[:dim]).max()))
-                if a.shape[0] > dim:
-                    rel = np.abs(a[dim:] - b[dim:]) / np.maximum(1.0, np.abs(b[dim:]))
-                    worst["state_rel"] = max(worst["state_rel"], float(rel.max()))
-        seen.update(worst)
+        seen.update(ps_against_reference(addresses, job, ref_rows))
 
     rep = run_train(cfg, progress=False, on_finish=grab)
     job = seen["job"]
